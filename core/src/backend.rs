@@ -1,0 +1,254 @@
+//! The `Backend` trait: the primitives every model is written against.
+//!
+//! A backend owns its buffers (`Backend::Buffer`: a `Vec<f32>` on the CPU, a device
+//! allocation on a GPU) and runs the primitives of [`crate::ops`] on them. Semantics are
+//! exactly those of the reference functions of the same name (shapes, which outputs are
+//! overwritten and which accumulate, errors); [`crate::ReferenceBackend`] is the definition
+//! and every backend is tested against it.
+//!
+//! Dispatch: model code is generic over `B: Backend` internally, so each backend's kernels
+//! are called statically; the user-facing model types hold an enum of per-backend states
+//! and pick the arm at run time, which is how a built model moves to a device without a
+//! type parameter. The trait is also object-safe for a fixed buffer type
+//! (`&dyn Backend<Buffer = Vec<f32>>`), which the tests use to run one sweep over several
+//! host backends.
+//!
+//! Token ids, targets and masks are host slices: they are small, and a device backend
+//! uploads them itself.
+
+use alloc::vec::Vec;
+
+pub use crate::ops::attention::AttentionSpec;
+pub use crate::ops::cross_entropy::CrossEntropySum;
+pub use crate::ops::matmul::{MatmulSpec, Precision};
+pub use crate::ops::optim::{AdamParams, SgdParams};
+pub use crate::ops::rope::RopeSpec;
+use crate::{Activation, Loss, Result};
+
+pub trait Backend {
+    /// A contiguous f32 buffer living wherever this backend computes.
+    type Buffer;
+
+    /// A short name for messages ("reference", "cpu", "cuda", "wgpu").
+    fn name(&self) -> &'static str;
+
+    // ----- memory -----
+    /// A new buffer of `len` zeros.
+    fn zeros(&self, len: usize) -> Result<Self::Buffer>;
+    /// A new buffer holding `data`.
+    fn upload(&self, data: &[f32]) -> Result<Self::Buffer>;
+    /// The buffer's contents on the host.
+    fn download(&self, buf: &Self::Buffer) -> Result<Vec<f32>>;
+    /// Overwrites `dst` with `data` (same length).
+    fn write(&self, dst: &mut Self::Buffer, data: &[f32]) -> Result<()>;
+    /// Number of f32 elements.
+    fn len(&self, buf: &Self::Buffer) -> usize;
+    fn fill(&self, buf: &mut Self::Buffer, value: f32) -> Result<()>;
+    /// dst = src (same length).
+    fn copy(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<()>;
+
+    // ----- element-wise -----
+    /// y += alpha * x.
+    fn axpy(&self, y: &mut Self::Buffer, alpha: f32, x: &Self::Buffer) -> Result<()>;
+    /// x *= alpha.
+    fn scale(&self, x: &mut Self::Buffer, alpha: f32) -> Result<()>;
+    /// sum(x^2), accumulated in f64 where the backend can.
+    fn sum_of_squares(&self, x: &Self::Buffer) -> Result<f64>;
+
+    // ----- dense layers -----
+    /// See [`crate::ops::matmul::matmul`].
+    fn matmul(
+        &self,
+        c: &mut Self::Buffer,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        spec: &MatmulSpec,
+    ) -> Result<()>;
+    fn add_bias(&self, out: &mut Self::Buffer, bias: &Self::Buffer, rows: usize, cols: usize) -> Result<()>;
+    /// Accumulates.
+    fn bias_backward(
+        &self,
+        dbias: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    fn activation_forward(
+        &self,
+        act: Activation,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn activation_backward(
+        &self,
+        act: Activation,
+        dinp: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        inp: &Self::Buffer,
+        out: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    fn loss_forward(
+        &self,
+        loss: Loss,
+        pred: &Self::Buffer,
+        target: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<f64>;
+    fn loss_backward(
+        &self,
+        loss: Loss,
+        dpred: &mut Self::Buffer,
+        pred: &Self::Buffer,
+        target: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    fn fused_output_backward(
+        &self,
+        loss: Loss,
+        dlogits: &mut Self::Buffer,
+        pred: &Self::Buffer,
+        target: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+
+    // ----- transformer blocks -----
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_forward(
+        &self,
+        out: &mut Self::Buffer,
+        rstd: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        weight: &Self::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()>;
+    /// dinp overwritten, dweight accumulated.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Self::Buffer,
+        dweight: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        inp: &Self::Buffer,
+        weight: &Self::Buffer,
+        rstd: &Self::Buffer,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// In place.
+    fn rope_forward(&self, x: &mut Self::Buffer, spec: &RopeSpec) -> Result<()>;
+    /// In place.
+    fn rope_backward(&self, dx: &mut Self::Buffer, spec: &RopeSpec) -> Result<()>;
+    fn softmax_forward(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    fn softmax_backward(
+        &self,
+        dinp: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        out: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    fn swiglu_forward(&self, out: &mut Self::Buffer, gate: &Self::Buffer, up: &Self::Buffer) -> Result<()>;
+    fn swiglu_backward(
+        &self,
+        dgate: &mut Self::Buffer,
+        dup: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+    ) -> Result<()>;
+    fn attention_forward(
+        &self,
+        out: &mut Self::Buffer,
+        lse: &mut Self::Buffer,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        spec: &AttentionSpec,
+    ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        dq: &mut Self::Buffer,
+        dk: &mut Self::Buffer,
+        dv: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        out: &Self::Buffer,
+        lse: &Self::Buffer,
+        spec: &AttentionSpec,
+    ) -> Result<()>;
+    fn embedding_forward(
+        &self,
+        out: &mut Self::Buffer,
+        table: &Self::Buffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// Accumulates.
+    fn embedding_backward(
+        &self,
+        dtable: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// See [`crate::ops::cross_entropy::cross_entropy`]: logits overwritten by their
+    /// gradient when `grad_scale` is given.
+    fn cross_entropy(
+        &self,
+        logits: &mut Self::Buffer,
+        targets: &[u32],
+        mask: Option<&[bool]>,
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) -> Result<CrossEntropySum>;
+
+    // ----- optimizers -----
+    fn adam_update(
+        &self,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        m: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        hp: &AdamParams,
+        step: u64,
+    ) -> Result<()>;
+    fn sgd_update(
+        &self,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        velocity: Option<&mut Self::Buffer>,
+        hp: &SgdParams,
+    ) -> Result<()>;
+}
+
+/// The global L2 norm over several buffers (gradient clipping): `sqrt(sum of sum(x^2))`.
+/// NaN/Inf anywhere gives a NaN/Inf norm, which the caller reports.
+pub fn global_l2_norm<B: Backend + ?Sized>(backend: &B, buffers: &[&B::Buffer]) -> Result<f64> {
+    let mut total = 0.0;
+    for b in buffers {
+        total += backend.sum_of_squares(b)?;
+    }
+    Ok(libm::sqrt(total))
+}

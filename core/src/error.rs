@@ -1,0 +1,75 @@
+use alloc::string::String;
+
+/// Everything that can go wrong in a primitive or a backend, with enough context to act on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CoreError {
+    /// A buffer does not have the number of elements the shape arguments imply.
+    #[error("{op}: `{what}` has {actual} elements but the shape needs {expected}")]
+    ShapeMismatch {
+        op: &'static str,
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+    /// A dimension that must be positive (a norm's width, a head size, a vocabulary) is zero,
+    /// or dimensions are inconsistent with each other.
+    #[error("{op}: invalid dimensions: {message}")]
+    InvalidDimension { op: &'static str, message: String },
+    /// A token id (or class index) is not below the table size.
+    #[error("{op}: id {id} at position {index} is outside the vocabulary ({vocab})")]
+    IdOutOfRange {
+        op: &'static str,
+        id: u32,
+        index: usize,
+        vocab: usize,
+    },
+    /// A hyper-parameter is outside its valid range (negative learning rate, beta >= 1, ...).
+    #[error("{op}: invalid argument: {message}")]
+    InvalidArgument { op: &'static str, message: String },
+    /// A loss came out NaN or infinite; the inputs were not finite or overflowed.
+    #[error("{op}: the result is not finite ({value}); check the inputs for NaN/Inf")]
+    NonFinite { op: &'static str, value: f64 },
+    /// A device backend failed (driver, allocation, kernel launch). Never silently recovered.
+    #[error("{backend} backend: {message}")]
+    Device { backend: &'static str, message: String },
+}
+
+/// Checks that `buf_len == expected`.
+pub(crate) fn check_len(
+    op: &'static str,
+    what: &'static str,
+    actual: usize,
+    expected: usize,
+) -> Result<(), CoreError> {
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(CoreError::ShapeMismatch {
+            op,
+            what,
+            expected,
+            actual,
+        })
+    }
+}
+
+/// Multiplies dimensions, failing instead of wrapping on overflow.
+pub(crate) fn product(op: &'static str, dims: &[usize]) -> Result<usize, CoreError> {
+    dims.iter().try_fold(1usize, |acc, &d| {
+        acc.checked_mul(d).ok_or_else(|| CoreError::InvalidDimension {
+            op,
+            message: alloc::format!("the shape {dims:?} overflows usize"),
+        })
+    })
+}
+
+pub(crate) fn nonzero(op: &'static str, what: &str, value: usize) -> Result<(), CoreError> {
+    if value == 0 {
+        Err(CoreError::InvalidDimension {
+            op,
+            message: alloc::format!("{what} must be at least 1"),
+        })
+    } else {
+        Ok(())
+    }
+}

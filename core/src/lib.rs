@@ -1,0 +1,42 @@
+//! `rusting_brain_core`: everything a browser, a CPU and a GPU must agree on, written once.
+//!
+//! This crate is `#![no_std]` + `alloc` so that the same definitions run natively and in
+//! WebAssembly. It holds:
+//!
+//! - [`ops`]: the reference math, forward and backward, on plain slices, single-threaded and
+//!   written for clarity. Every function is generic over [`Real`] so tests can run it in `f64`
+//!   against central finite differences; backends run it in `f32`.
+//! - [`Backend`]: the trait naming the primitives a model is built from, over an associated
+//!   buffer type, and [`ReferenceBackend`], which implements it with [`ops`]. Every other
+//!   backend (the rayon CPU one, CUDA, wgpu) is tested against it.
+//! - [`CoreError`]: the one error type of this crate.
+//!
+//! Later layers (model definitions, quantization, sampling, checkpoint layout) live here too,
+//! so the web crate runs the same model code as the native one.
+#![no_std]
+#![forbid(unsafe_code)]
+
+extern crate alloc;
+#[cfg(feature = "std")]
+extern crate std;
+
+pub mod backend;
+pub mod error;
+pub mod ops;
+pub mod real;
+pub mod reference;
+pub mod rng;
+
+pub use backend::{
+    global_l2_norm, AdamParams, AttentionSpec, Backend, CrossEntropySum, MatmulSpec, Precision, RopeSpec,
+    SgdParams,
+};
+pub use error::CoreError;
+pub use ops::activation::Activation;
+pub use ops::loss::Loss;
+pub use real::Real;
+pub use reference::ReferenceBackend;
+pub use rng::Rng;
+
+/// Result type of this crate.
+pub type Result<T, E = CoreError> = core::result::Result<T, E>;

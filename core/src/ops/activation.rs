@@ -1,0 +1,117 @@
+//! The activations of a dense network, forward and backward, row-wise over (rows, cols).
+
+use crate::error::{check_len, nonzero, product};
+use crate::ops::softmax::{softmax_backward, softmax_row};
+use crate::ops::swiglu::sigmoid;
+use crate::{Real, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Activation {
+    /// f(x) = x (also called linear).
+    #[default]
+    Identity,
+    Relu,
+    /// f(x) = x for x > 0, `alpha * x` otherwise.
+    LeakyRelu(f32),
+    Sigmoid,
+    Tanh,
+    /// Row-wise softmax over the layer's units.
+    Softmax,
+}
+
+impl Activation {
+    /// The leaky ReLU slope PyTorch uses by default.
+    pub const LEAKY_RELU_DEFAULT: f32 = 0.01;
+}
+
+fn check(op: &'static str, a: usize, b: usize, rows: usize, cols: usize) -> Result<usize> {
+    nonzero(op, "cols", cols)?;
+    let n = product(op, &[rows, cols])?;
+    check_len(op, "inp", a, n)?;
+    check_len(op, "out", b, n)?;
+    Ok(n)
+}
+
+/// out = f(inp), inp and out: (rows, cols).
+pub fn activation_forward<T: Real>(
+    act: Activation,
+    out: &mut [T],
+    inp: &[T],
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    check("activation_forward", inp.len(), out.len(), rows, cols)?;
+    match act {
+        Activation::Identity => out.copy_from_slice(inp),
+        Activation::Relu => {
+            for (o, &x) in out.iter_mut().zip(inp) {
+                *o = if x > T::ZERO { x } else { T::ZERO };
+            }
+        }
+        Activation::LeakyRelu(alpha) => {
+            let a = T::from_f32(alpha);
+            for (o, &x) in out.iter_mut().zip(inp) {
+                *o = if x > T::ZERO { x } else { a * x };
+            }
+        }
+        Activation::Sigmoid => {
+            for (o, &x) in out.iter_mut().zip(inp) {
+                *o = sigmoid(x);
+            }
+        }
+        Activation::Tanh => {
+            for (o, &x) in out.iter_mut().zip(inp) {
+                *o = x.tanh();
+            }
+        }
+        Activation::Softmax => {
+            for r in 0..rows {
+                softmax_row(&mut out[r * cols..(r + 1) * cols], &inp[r * cols..(r + 1) * cols]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// dinp = f'(inp) * dout (overwritten). `inp` is the pre-activation, `out` the forward result;
+/// each activation reads whichever makes its derivative cheapest. ReLU's derivative at 0 is 0.
+pub fn activation_backward<T: Real>(
+    act: Activation,
+    dinp: &mut [T],
+    dout: &[T],
+    inp: &[T],
+    out: &[T],
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    const OP: &str = "activation_backward";
+    let n = check(OP, inp.len(), out.len(), rows, cols)?;
+    check_len(OP, "dinp", dinp.len(), n)?;
+    check_len(OP, "dout", dout.len(), n)?;
+    match act {
+        Activation::Identity => dinp.copy_from_slice(dout),
+        Activation::Relu => {
+            for i in 0..n {
+                dinp[i] = if inp[i] > T::ZERO { dout[i] } else { T::ZERO };
+            }
+        }
+        Activation::LeakyRelu(alpha) => {
+            let a = T::from_f32(alpha);
+            for i in 0..n {
+                dinp[i] = if inp[i] > T::ZERO { dout[i] } else { a * dout[i] };
+            }
+        }
+        Activation::Sigmoid => {
+            for i in 0..n {
+                dinp[i] = dout[i] * out[i] * (T::ONE - out[i]);
+            }
+        }
+        Activation::Tanh => {
+            for i in 0..n {
+                dinp[i] = dout[i] * (T::ONE - out[i] * out[i]);
+            }
+        }
+        Activation::Softmax => softmax_backward(dinp, dout, out, rows, cols)?,
+    }
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! Causal grouped-query attention, flash style: the forward saves one log-sum-exp per query
+//! row instead of the (T, T) probabilities, and the backward recomputes them.
+//!
+//! Layouts (row-major), matching the output of the Q/K/V projections without a transpose:
+//! - `q`, `out`: `(batch, q_len, q_heads, head_dim)`
+//! - `k`, `v`: `(batch, kv_capacity, kv_heads, head_dim)`, of which the first `kv_len`
+//!   positions are valid (a KV cache is allocated at capacity and filled as decoding goes)
+//! - `lse`: `(batch, q_len, q_heads)`
+//!
+//! Query row `t` sits at absolute position `kv_len - q_len + t` and attends to keys
+//! `0..=position`. Query head `h` reads key/value head `h / (q_heads / kv_heads)`.
+//! Scores are scaled by `1 / sqrt(head_dim)`.
+
+use crate::error::{check_len, nonzero, product};
+use crate::{CoreError, Real, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionSpec {
+    pub batch: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub kv_capacity: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttentionSpec {
+    /// Self-attention over a full sequence (training): `kv_len == kv_capacity == q_len`.
+    pub fn causal(batch: usize, seq: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        AttentionSpec {
+            batch,
+            q_len: seq,
+            kv_len: seq,
+            kv_capacity: seq,
+            q_heads,
+            kv_heads,
+            head_dim,
+        }
+    }
+
+    /// Validates the spec; returns `(len of q/out, len of k/v, len of lse)`.
+    pub fn check(&self, op: &'static str) -> Result<(usize, usize, usize)> {
+        nonzero(op, "head_dim", self.head_dim)?;
+        nonzero(op, "kv_heads", self.kv_heads)?;
+        if self.q_heads % self.kv_heads != 0 {
+            return Err(CoreError::InvalidDimension {
+                op,
+                message: alloc::format!(
+                    "q_heads ({}) must be a multiple of kv_heads ({})",
+                    self.q_heads,
+                    self.kv_heads
+                ),
+            });
+        }
+        if self.q_len > self.kv_len || self.kv_len > self.kv_capacity {
+            return Err(CoreError::InvalidDimension {
+                op,
+                message: alloc::format!(
+                    "need q_len ({}) <= kv_len ({}) <= kv_capacity ({})",
+                    self.q_len,
+                    self.kv_len,
+                    self.kv_capacity
+                ),
+            });
+        }
+        let q = product(op, &[self.batch, self.q_len, self.q_heads, self.head_dim])?;
+        let kv = product(op, &[self.batch, self.kv_capacity, self.kv_heads, self.head_dim])?;
+        let lse = product(op, &[self.batch, self.q_len, self.q_heads])?;
+        Ok((q, kv, lse))
+    }
+
+    pub fn group(&self) -> usize {
+        self.q_heads / self.kv_heads
+    }
+    /// Offset of query row `(b, t, h)` in `q`/`out`.
+    pub fn q_index(&self, b: usize, t: usize, h: usize) -> usize {
+        ((b * self.q_len + t) * self.q_heads + h) * self.head_dim
+    }
+    /// Offset of key/value row `(b, j, kvh)` in `k`/`v`.
+    pub fn kv_index(&self, b: usize, j: usize, kvh: usize) -> usize {
+        ((b * self.kv_capacity + j) * self.kv_heads + kvh) * self.head_dim
+    }
+    /// Number of keys query row `t` sees.
+    pub fn visible(&self, t: usize) -> usize {
+        self.kv_len - self.q_len + t + 1
+    }
+    /// Multiply-adds of the forward pass (QK^T and PV, causal), times two.
+    pub fn flops(&self) -> f64 {
+        let mut pairs = 0.0;
+        for t in 0..self.q_len {
+            pairs += self.visible(t) as f64;
+        }
+        4.0 * self.batch as f64 * self.q_heads as f64 * self.head_dim as f64 * pairs
+    }
+}
+
+fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let mut acc = T::ZERO;
+    for i in 0..a.len() {
+        acc += a[i] * b[i];
+    }
+    acc
+}
+
+/// Forward: writes `out` and `lse`.
+pub fn attention_forward<T: Real>(
+    out: &mut [T],
+    lse: &mut [T],
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    spec: &AttentionSpec,
+) -> Result<()> {
+    const OP: &str = "attention_forward";
+    let (nq, nkv, nl) = spec.check(OP)?;
+    check_len(OP, "q", q.len(), nq)?;
+    check_len(OP, "out", out.len(), nq)?;
+    check_len(OP, "k", k.len(), nkv)?;
+    check_len(OP, "v", v.len(), nkv)?;
+    check_len(OP, "lse", lse.len(), nl)?;
+    let d = spec.head_dim;
+    let scale = T::ONE / T::from_usize(d).sqrt();
+    let mut scores = alloc::vec![T::ZERO; spec.kv_len];
+    for b in 0..spec.batch {
+        for t in 0..spec.q_len {
+            for h in 0..spec.q_heads {
+                let kvh = h / spec.group();
+                let qi = spec.q_index(b, t, h);
+                let qrow = &q[qi..qi + d];
+                let n = spec.visible(t);
+                let mut max = T::NEG_INFINITY;
+                for (j, s) in scores[..n].iter_mut().enumerate() {
+                    let ki = spec.kv_index(b, j, kvh);
+                    *s = scale * dot(qrow, &k[ki..ki + d]);
+                    max = max.max(*s);
+                }
+                let mut sum = T::ZERO;
+                for s in &scores[..n] {
+                    sum += (*s - max).exp();
+                }
+                let l = max + sum.ln();
+                lse[(b * spec.q_len + t) * spec.q_heads + h] = l;
+                let o = &mut out[qi..qi + d];
+                o.iter_mut().for_each(|x| *x = T::ZERO);
+                for (j, s) in scores[..n].iter().enumerate() {
+                    let p = (*s - l).exp();
+                    let vi = spec.kv_index(b, j, kvh);
+                    for i in 0..d {
+                        o[i] += p * v[vi + i];
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Backward: writes `dq`, `dk`, `dv` (same shapes as `q`, `k`, `v`; cache rows past `kv_len`
+/// get zero) from `dout`, the forward inputs, and the forward's `out` and `lse`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward<T: Real>(
+    dq: &mut [T],
+    dk: &mut [T],
+    dv: &mut [T],
+    dout: &[T],
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    out: &[T],
+    lse: &[T],
+    spec: &AttentionSpec,
+) -> Result<()> {
+    const OP: &str = "attention_backward";
+    let (nq, nkv, nl) = spec.check(OP)?;
+    for (what, len, want) in [
+        ("dq", dq.len(), nq),
+        ("dout", dout.len(), nq),
+        ("q", q.len(), nq),
+        ("out", out.len(), nq),
+        ("dk", dk.len(), nkv),
+        ("dv", dv.len(), nkv),
+        ("k", k.len(), nkv),
+        ("v", v.len(), nkv),
+        ("lse", lse.len(), nl),
+    ] {
+        check_len(OP, what, len, want)?;
+    }
+    let d = spec.head_dim;
+    let scale = T::ONE / T::from_usize(d).sqrt();
+    dq.iter_mut().for_each(|x| *x = T::ZERO);
+    dk.iter_mut().for_each(|x| *x = T::ZERO);
+    dv.iter_mut().for_each(|x| *x = T::ZERO);
+    for b in 0..spec.batch {
+        for t in 0..spec.q_len {
+            for h in 0..spec.q_heads {
+                let kvh = h / spec.group();
+                let qi = spec.q_index(b, t, h);
+                let l = lse[(b * spec.q_len + t) * spec.q_heads + h];
+                // D = rowsum(dout * out) = sum_j P_j dP_j
+                let delta = dot(&dout[qi..qi + d], &out[qi..qi + d]);
+                for j in 0..spec.visible(t) {
+                    let ki = spec.kv_index(b, j, kvh);
+                    let p = (scale * dot(&q[qi..qi + d], &k[ki..ki + d]) - l).exp();
+                    let dp = dot(&dout[qi..qi + d], &v[ki..ki + d]);
+                    let ds = p * (dp - delta) * scale;
+                    for i in 0..d {
+                        dq[qi + i] += ds * k[ki + i];
+                        dk[ki + i] += ds * q[qi + i];
+                        dv[ki + i] += p * dout[qi + i];
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! Softmax + cross-entropy over a vocabulary, fused so the (rows, vocab) probabilities are
+//! never stored: the logits buffer is overwritten in place with the gradient.
+
+use crate::error::{check_len, nonzero, product};
+use crate::{CoreError, Real, Result};
+
+/// The summed loss over the rows that count, and how many rows counted. The mean is
+/// `loss_sum / count`; keeping the sum lets micro-batches combine exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CrossEntropySum {
+    pub loss_sum: f64,
+    pub count: usize,
+}
+
+impl CrossEntropySum {
+    pub fn mean(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.loss_sum / self.count as f64
+        }
+    }
+}
+
+/// logits: (rows, vocab); targets: (rows); mask: (rows), `false` = ignored row.
+///
+/// Loss of row r: `logsumexp(logits[r]) - logits[r][targets[r]]`.
+/// With `grad_scale = Some(s)`, `logits` is overwritten with `s * (softmax - onehot)` on the
+/// counted rows and zero on ignored ones (pass `s = 1 / count` for the mean loss's gradient).
+/// With `None`, `logits` is left as it was (evaluation).
+///
+/// Targets of ignored rows are not read, so padding may hold any id. A non-finite loss is
+/// [`CoreError::NonFinite`]; the logits may then be partly overwritten.
+pub fn cross_entropy<T: Real>(
+    logits: &mut [T],
+    targets: &[u32],
+    mask: Option<&[bool]>,
+    rows: usize,
+    vocab: usize,
+    grad_scale: Option<f32>,
+) -> Result<CrossEntropySum> {
+    const OP: &str = "cross_entropy";
+    nonzero(OP, "vocab", vocab)?;
+    check_len(OP, "logits", logits.len(), product(OP, &[rows, vocab])?)?;
+    check_len(OP, "targets", targets.len(), rows)?;
+    if let Some(mask) = mask {
+        check_len(OP, "mask", mask.len(), rows)?;
+    }
+    let counted = |r: usize| mask.map_or(true, |m| m[r]);
+    for r in 0..rows {
+        if counted(r) && targets[r] as usize >= vocab {
+            return Err(CoreError::IdOutOfRange {
+                op: OP,
+                id: targets[r],
+                index: r,
+                vocab,
+            });
+        }
+    }
+    let mut total = CrossEntropySum::default();
+    for r in 0..rows {
+        let row = &mut logits[r * vocab..(r + 1) * vocab];
+        if !counted(r) {
+            if grad_scale.is_some() {
+                row.iter_mut().for_each(|x| *x = T::ZERO);
+            }
+            continue;
+        }
+        let target = targets[r] as usize;
+        let mut max = T::NEG_INFINITY;
+        for &x in row.iter() {
+            max = max.max(x);
+        }
+        let mut sum = T::ZERO;
+        for &x in row.iter() {
+            sum += (x - max).exp();
+        }
+        let lse = max + sum.ln();
+        let loss = (lse - row[target]).to_f64();
+        if !loss.is_finite() {
+            return Err(CoreError::NonFinite { op: OP, value: loss });
+        }
+        total.loss_sum += loss;
+        total.count += 1;
+        if let Some(s) = grad_scale {
+            let s = T::from_f32(s);
+            for (i, x) in row.iter_mut().enumerate() {
+                let p = (*x - lse).exp();
+                let y = if i == target { T::ONE } else { T::ZERO };
+                *x = s * (p - y);
+            }
+        }
+    }
+    Ok(total)
+}

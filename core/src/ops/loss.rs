@@ -1,0 +1,128 @@
+//! The losses of a dense network, on predictions after the output activation.
+//!
+//! Means follow PyTorch: MSE and binary cross-entropy average over every element,
+//! categorical cross-entropy sums over classes and averages over rows. Logarithms are
+//! clamped at -100 and gradient denominators at 1e-12, as `torch.nn.BCELoss` does, so a
+//! saturated prediction gives a large finite loss instead of Inf.
+
+use crate::error::{check_len, nonzero, product};
+use crate::ops::activation::Activation;
+use crate::{CoreError, Real, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    MeanSquaredError,
+    BinaryCrossEntropy,
+    CategoricalCrossEntropy,
+}
+
+const LOG_FLOOR: f64 = -100.0;
+const GRAD_EPS: f64 = 1e-12;
+
+fn clamped_ln<T: Real>(x: T) -> T {
+    x.ln().max(T::from_f64(LOG_FLOOR))
+}
+
+impl Loss {
+    /// The divisor of the mean: element count or row count.
+    fn divisor(self, rows: usize, cols: usize) -> usize {
+        match self {
+            Loss::CategoricalCrossEntropy => rows,
+            _ => rows * cols,
+        }
+    }
+
+    /// Whether this loss after `act` has the fused, stable gradient
+    /// `d loss / d logits = (prediction - target) / divisor` (softmax + categorical
+    /// cross-entropy, sigmoid + binary cross-entropy).
+    pub fn fuses_with(self, act: Activation) -> bool {
+        matches!(
+            (self, act),
+            (Loss::CategoricalCrossEntropy, Activation::Softmax)
+                | (Loss::BinaryCrossEntropy, Activation::Sigmoid)
+        )
+    }
+}
+
+fn check(op: &'static str, pred: usize, target: usize, rows: usize, cols: usize) -> Result<usize> {
+    nonzero(op, "cols", cols)?;
+    let n = product(op, &[rows, cols])?;
+    check_len(op, "pred", pred, n)?;
+    check_len(op, "target", target, n)?;
+    Ok(n)
+}
+
+/// The mean loss of `pred` against `target`, both (rows, cols). Zero rows give 0.
+pub fn loss_forward<T: Real>(loss: Loss, pred: &[T], target: &[T], rows: usize, cols: usize) -> Result<f64> {
+    const OP: &str = "loss_forward";
+    check(OP, pred.len(), target.len(), rows, cols)?;
+    if rows == 0 {
+        return Ok(0.0);
+    }
+    let mut sum = T::ZERO;
+    for (&p, &y) in pred.iter().zip(target) {
+        sum += match loss {
+            Loss::MeanSquaredError => (p - y) * (p - y),
+            Loss::BinaryCrossEntropy => -(y * clamped_ln(p) + (T::ONE - y) * clamped_ln(T::ONE - p)),
+            Loss::CategoricalCrossEntropy => -(y * clamped_ln(p)),
+        };
+    }
+    let value = sum.to_f64() / loss.divisor(rows, cols) as f64;
+    if !value.is_finite() {
+        return Err(CoreError::NonFinite { op: OP, value });
+    }
+    Ok(value)
+}
+
+/// dpred = d(mean loss) / d pred (overwritten).
+pub fn loss_backward<T: Real>(
+    loss: Loss,
+    dpred: &mut [T],
+    pred: &[T],
+    target: &[T],
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    const OP: &str = "loss_backward";
+    let n = check(OP, pred.len(), target.len(), rows, cols)?;
+    check_len(OP, "dpred", dpred.len(), n)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let inv = T::ONE / T::from_usize(loss.divisor(rows, cols));
+    let eps = T::from_f64(GRAD_EPS);
+    for i in 0..n {
+        let (p, y) = (pred[i], target[i]);
+        dpred[i] = inv
+            * match loss {
+                Loss::MeanSquaredError => (T::ONE + T::ONE) * (p - y),
+                Loss::BinaryCrossEntropy => (p - y) / (p * (T::ONE - p)).max(eps),
+                Loss::CategoricalCrossEntropy => -y / p.max(eps),
+            };
+    }
+    Ok(())
+}
+
+/// The fused gradient with respect to the logits for a pairing where
+/// [`Loss::fuses_with`] holds: `dlogits = (pred - target) / divisor`. `pred` is the output
+/// of the softmax or sigmoid.
+pub fn fused_output_backward<T: Real>(
+    loss: Loss,
+    dlogits: &mut [T],
+    pred: &[T],
+    target: &[T],
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    const OP: &str = "fused_output_backward";
+    let n = check(OP, pred.len(), target.len(), rows, cols)?;
+    check_len(OP, "dlogits", dlogits.len(), n)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let inv = T::ONE / T::from_usize(loss.divisor(rows, cols));
+    for i in 0..n {
+        dlogits[i] = (pred[i] - target[i]) * inv;
+    }
+    Ok(())
+}

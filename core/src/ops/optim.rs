@@ -1,0 +1,225 @@
+//! Optimizer updates, element-wise over a parameter buffer and its gradient. The formulas
+//! follow PyTorch's `torch.optim.Adam`/`AdamW`/`SGD` (single-tensor path) term by term, so
+//! f32 results agree to rounding.
+
+use crate::error::check_len;
+use crate::{CoreError, Real, Result};
+
+/// Adam hyper-parameters. `decoupled = true` is AdamW (decay applied to the weights,
+/// `p *= 1 - lr * weight_decay`); `false` is Adam with L2 (`g += weight_decay * p`).
+/// `grad_scale` multiplies every gradient first (micro-batch averaging, clipping).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamParams {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub decoupled: bool,
+    pub grad_scale: f32,
+}
+
+impl Default for AdamParams {
+    /// PyTorch's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, no weight decay.
+    fn default() -> Self {
+        AdamParams {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: true,
+            grad_scale: 1.0,
+        }
+    }
+}
+
+fn invalid(op: &'static str, message: alloc::string::String) -> CoreError {
+    CoreError::InvalidArgument { op, message }
+}
+
+impl AdamParams {
+    pub fn validate(&self, op: &'static str) -> Result<()> {
+        let ok = |x: f32| x.is_finite() && x >= 0.0;
+        if !ok(self.lr) {
+            return Err(invalid(
+                op,
+                alloc::format!("learning rate must be finite and >= 0, got {}", self.lr),
+            ));
+        }
+        for (name, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(ok(b) && b < 1.0) {
+                return Err(invalid(op, alloc::format!("{name} must be in [0, 1), got {b}")));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(invalid(
+                op,
+                alloc::format!("eps must be finite and > 0, got {}", self.eps),
+            ));
+        }
+        if !ok(self.weight_decay) {
+            return Err(invalid(
+                op,
+                alloc::format!("weight decay must be finite and >= 0, got {}", self.weight_decay),
+            ));
+        }
+        if !self.grad_scale.is_finite() {
+            return Err(invalid(
+                op,
+                alloc::format!("gradient scale must be finite, got {}", self.grad_scale),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One Adam/AdamW step at `step` (1 for the first update), in place on `param`, `m`, `v`.
+pub fn adam_update<T: Real>(
+    param: &mut [T],
+    grad: &[T],
+    m: &mut [T],
+    v: &mut [T],
+    hp: &AdamParams,
+    step: u64,
+) -> Result<()> {
+    const OP: &str = "adam_update";
+    hp.validate(OP)?;
+    if step == 0 {
+        return Err(invalid(OP, "the step count starts at 1".into()));
+    }
+    let n = param.len();
+    check_len(OP, "grad", grad.len(), n)?;
+    check_len(OP, "m", m.len(), n)?;
+    check_len(OP, "v", v.len(), n)?;
+    let c = AdamConstants::<T>::new(hp, step);
+    for i in 0..n {
+        adam_element(&mut param[i], grad[i], &mut m[i], &mut v[i], &c);
+    }
+    Ok(())
+}
+
+/// The per-step scalars of Adam, computed once per step (in f64, then rounded to T).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamConstants<T> {
+    pub lr: T,
+    pub beta1: T,
+    pub beta2: T,
+    pub one_minus_beta1: T,
+    pub one_minus_beta2: T,
+    pub eps: T,
+    pub weight_decay: T,
+    pub decoupled: bool,
+    pub grad_scale: T,
+    /// lr / (1 - beta1^t)
+    pub step_size: T,
+    /// sqrt(1 - beta2^t)
+    pub bias_correction2_sqrt: T,
+}
+
+impl<T: Real> AdamConstants<T> {
+    pub fn new(hp: &AdamParams, step: u64) -> AdamConstants<T> {
+        let t = step.min(i32::MAX as u64) as i32;
+        let bc1 = 1.0 - libm::pow(hp.beta1 as f64, t as f64);
+        let bc2 = 1.0 - libm::pow(hp.beta2 as f64, t as f64);
+        AdamConstants {
+            lr: T::from_f32(hp.lr),
+            beta1: T::from_f32(hp.beta1),
+            beta2: T::from_f32(hp.beta2),
+            one_minus_beta1: T::from_f32(1.0 - hp.beta1),
+            one_minus_beta2: T::from_f32(1.0 - hp.beta2),
+            eps: T::from_f32(hp.eps),
+            weight_decay: T::from_f32(hp.weight_decay),
+            decoupled: hp.decoupled,
+            grad_scale: T::from_f32(hp.grad_scale),
+            step_size: T::from_f64(hp.lr as f64 / bc1),
+            bias_correction2_sqrt: T::from_f64(libm::sqrt(bc2)),
+        }
+    }
+}
+
+/// One element of Adam: shared by the reference and the CPU backend so both round alike.
+#[inline(always)]
+pub fn adam_element<T: Real>(p: &mut T, g: T, m: &mut T, v: &mut T, c: &AdamConstants<T>) {
+    let mut g = g * c.grad_scale;
+    if c.decoupled {
+        *p *= T::ONE - c.lr * c.weight_decay;
+    } else {
+        g += c.weight_decay * *p;
+    }
+    *m = c.beta1 * *m + c.one_minus_beta1 * g;
+    *v = c.beta2 * *v + c.one_minus_beta2 * g * g;
+    let denom = v.sqrt() / c.bias_correction2_sqrt + c.eps;
+    *p -= c.step_size * *m / denom;
+}
+
+/// SGD hyper-parameters, PyTorch semantics (no dampening): with momentum `mu`,
+/// `buf = mu * buf + g`, and the step uses `buf` (or `g + mu * buf` when `nesterov`).
+/// Weight decay is L2: `g += weight_decay * p`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdParams {
+    pub lr: f32,
+    pub momentum: f32,
+    pub nesterov: bool,
+    pub weight_decay: f32,
+    pub grad_scale: f32,
+}
+
+impl SgdParams {
+    pub fn new(lr: f32) -> Self {
+        SgdParams {
+            lr,
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            grad_scale: 1.0,
+        }
+    }
+    pub fn validate(&self, op: &'static str) -> Result<()> {
+        let ok = |x: f32| x.is_finite() && x >= 0.0;
+        if !ok(self.lr) || !ok(self.momentum) || !ok(self.weight_decay) || !self.grad_scale.is_finite() {
+            return Err(invalid(
+                op,
+                alloc::format!("SGD needs finite lr, momentum, weight decay >= 0 and a finite gradient scale, got {self:?}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One SGD step. `velocity` is required when `momentum > 0` (zero-initialised by the caller).
+pub fn sgd_update<T: Real>(
+    param: &mut [T],
+    grad: &[T],
+    velocity: Option<&mut [T]>,
+    hp: &SgdParams,
+) -> Result<()> {
+    const OP: &str = "sgd_update";
+    hp.validate(OP)?;
+    let n = param.len();
+    check_len(OP, "grad", grad.len(), n)?;
+    let lr = T::from_f32(hp.lr);
+    let mu = T::from_f32(hp.momentum);
+    let wd = T::from_f32(hp.weight_decay);
+    let scale = T::from_f32(hp.grad_scale);
+    match velocity {
+        None if hp.momentum != 0.0 => Err(invalid(OP, "momentum > 0 needs a velocity buffer".into())),
+        None => {
+            for i in 0..n {
+                let g = grad[i] * scale + wd * param[i];
+                param[i] -= lr * g;
+            }
+            Ok(())
+        }
+        Some(buf) => {
+            check_len(OP, "velocity", buf.len(), n)?;
+            for i in 0..n {
+                let g = grad[i] * scale + wd * param[i];
+                buf[i] = mu * buf[i] + g;
+                let d = if hp.nesterov { g + mu * buf[i] } else { buf[i] };
+                param[i] -= lr * d;
+            }
+            Ok(())
+        }
+    }
+}

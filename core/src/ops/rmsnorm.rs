@@ -1,0 +1,81 @@
+//! RMSNorm: `out = x / sqrt(mean(x^2) + eps) * weight`, over the last dimension.
+
+use crate::error::{check_len, nonzero, product};
+use crate::{Real, Result};
+
+/// inp, out: (rows, dim); weight: (dim); rstd: (rows), saved for the backward pass.
+pub fn rmsnorm_forward<T: Real>(
+    out: &mut [T],
+    rstd: &mut [T],
+    inp: &[T],
+    weight: &[T],
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "rmsnorm_forward";
+    nonzero(OP, "dim", dim)?;
+    let n = product(OP, &[rows, dim])?;
+    check_len(OP, "inp", inp.len(), n)?;
+    check_len(OP, "out", out.len(), n)?;
+    check_len(OP, "weight", weight.len(), dim)?;
+    check_len(OP, "rstd", rstd.len(), rows)?;
+    let eps = T::from_f32(eps);
+    for r in 0..rows {
+        let x = &inp[r * dim..(r + 1) * dim];
+        let mut ss = T::ZERO;
+        for &v in x {
+            ss += v * v;
+        }
+        let s = T::ONE / (ss / T::from_usize(dim) + eps).sqrt();
+        rstd[r] = s;
+        let o = &mut out[r * dim..(r + 1) * dim];
+        for i in 0..dim {
+            o[i] = x[i] * s * weight[i];
+        }
+    }
+    Ok(())
+}
+
+/// dinp (overwritten), dweight (accumulated): gradients given dout, with `rstd` from forward.
+///
+/// With `g = weight * dout` and `xhat = x * rstd`:
+/// `dx = rstd * (g - xhat * mean(g * xhat))`, `dweight += sum_rows(dout * xhat)`.
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_backward<T: Real>(
+    dinp: &mut [T],
+    dweight: &mut [T],
+    dout: &[T],
+    inp: &[T],
+    weight: &[T],
+    rstd: &[T],
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    const OP: &str = "rmsnorm_backward";
+    nonzero(OP, "dim", dim)?;
+    let n = product(OP, &[rows, dim])?;
+    check_len(OP, "dinp", dinp.len(), n)?;
+    check_len(OP, "dout", dout.len(), n)?;
+    check_len(OP, "inp", inp.len(), n)?;
+    check_len(OP, "weight", weight.len(), dim)?;
+    check_len(OP, "dweight", dweight.len(), dim)?;
+    check_len(OP, "rstd", rstd.len(), rows)?;
+    for r in 0..rows {
+        let x = &inp[r * dim..(r + 1) * dim];
+        let dy = &dout[r * dim..(r + 1) * dim];
+        let s = rstd[r];
+        let mut dot = T::ZERO;
+        for i in 0..dim {
+            dot += weight[i] * dy[i] * x[i] * s;
+        }
+        let mean = dot / T::from_usize(dim);
+        let dx = &mut dinp[r * dim..(r + 1) * dim];
+        for i in 0..dim {
+            let xhat = x[i] * s;
+            dx[i] = s * (weight[i] * dy[i] - xhat * mean);
+            dweight[i] += dy[i] * xhat;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,66 @@
+//! Row-wise softmax, stabilised by subtracting the row maximum.
+
+use crate::error::{check_len, nonzero, product};
+use crate::{Real, Result};
+
+/// out, inp: (rows, cols). A row of all `-inf` gives NaN (0/0), as in PyTorch.
+pub fn softmax_forward<T: Real>(out: &mut [T], inp: &[T], rows: usize, cols: usize) -> Result<()> {
+    const OP: &str = "softmax_forward";
+    nonzero(OP, "cols", cols)?;
+    let n = product(OP, &[rows, cols])?;
+    check_len(OP, "inp", inp.len(), n)?;
+    check_len(OP, "out", out.len(), n)?;
+    for r in 0..rows {
+        softmax_row(&mut out[r * cols..(r + 1) * cols], &inp[r * cols..(r + 1) * cols]);
+    }
+    Ok(())
+}
+
+/// One row of softmax; shared with the losses and attention.
+pub fn softmax_row<T: Real>(out: &mut [T], x: &[T]) {
+    let mut max = T::NEG_INFINITY;
+    for &v in x {
+        // `v != v` keeps a NaN input visible instead of silently dropping it.
+        #[allow(clippy::eq_op)]
+        if v > max || v != v {
+            max = v;
+        }
+    }
+    let mut sum = T::ZERO;
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = (v - max).exp();
+        sum += *o;
+    }
+    let inv = T::ONE / sum;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
+/// dinp = out * (dout - sum(dout * out)), per row. `out` is the forward result.
+pub fn softmax_backward<T: Real>(
+    dinp: &mut [T],
+    dout: &[T],
+    out: &[T],
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    const OP: &str = "softmax_backward";
+    nonzero(OP, "cols", cols)?;
+    let n = product(OP, &[rows, cols])?;
+    check_len(OP, "dinp", dinp.len(), n)?;
+    check_len(OP, "dout", dout.len(), n)?;
+    check_len(OP, "out", out.len(), n)?;
+    for r in 0..rows {
+        let y = &out[r * cols..(r + 1) * cols];
+        let dy = &dout[r * cols..(r + 1) * cols];
+        let mut dot = T::ZERO;
+        for i in 0..cols {
+            dot += dy[i] * y[i];
+        }
+        for i in 0..cols {
+            dinp[r * cols + i] = y[i] * (dy[i] - dot);
+        }
+    }
+    Ok(())
+}
