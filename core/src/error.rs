@@ -34,8 +34,8 @@ pub enum CoreError {
     Device { backend: &'static str, message: String },
 }
 
-/// Checks that `buf_len == expected`.
-pub(crate) fn check_len(
+/// Checks that a buffer has `expected` elements (shared by every backend's validation).
+pub fn check_len(
     op: &'static str,
     what: &'static str,
     actual: usize,
@@ -54,7 +54,7 @@ pub(crate) fn check_len(
 }
 
 /// Multiplies dimensions, failing instead of wrapping on overflow.
-pub(crate) fn product(op: &'static str, dims: &[usize]) -> Result<usize, CoreError> {
+pub fn product(op: &'static str, dims: &[usize]) -> Result<usize, CoreError> {
     dims.iter().try_fold(1usize, |acc, &d| {
         acc.checked_mul(d).ok_or_else(|| CoreError::InvalidDimension {
             op,
@@ -63,7 +63,7 @@ pub(crate) fn product(op: &'static str, dims: &[usize]) -> Result<usize, CoreErr
     })
 }
 
-pub(crate) fn nonzero(op: &'static str, what: &str, value: usize) -> Result<(), CoreError> {
+pub fn nonzero(op: &'static str, what: &str, value: usize) -> Result<(), CoreError> {
     if value == 0 {
         Err(CoreError::InvalidDimension {
             op,

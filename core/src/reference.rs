@@ -1,5 +1,12 @@
-//! The reference backend: [`crate::ops`] in f32 on `Vec<f32>`, single-threaded. It is the
+//! The reference backend: [`crate::ops`] on `Vec<f32>`, single-threaded. It is the
 //! definition the other backends are tested against, and it runs anywhere `alloc` does.
+//!
+//! Every primitive that sums (matmul, norms, softmax, attention, losses, gradient
+//! accumulation) runs in f64 on the f32 inputs and rounds once at the end, so the
+//! reference is the exact answer to within one f32 rounding, whatever the summation order.
+//! A backend's distance from it is then its own error alone, and tolerances can be tight.
+//! The purely element-wise updates (optimizers, axpy, scale, bias add) run in f32: they do
+//! not accumulate, and keeping them in f32 lets backends match them bit for bit.
 
 use alloc::vec::Vec;
 
@@ -10,6 +17,30 @@ use crate::ops::{
     softmax, swiglu,
 };
 use crate::{Activation, Loss, Result};
+
+fn wide(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+fn narrow(dst: &mut [f32], src: &[f64]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = s as f32;
+    }
+}
+
+/// Runs `f` on f64 copies of the outputs (`outs`, read first so accumulating outputs
+/// keep their values) and writes the rounded results back.
+fn in_f64<const N: usize, R>(
+    outs: [&mut Vec<f32>; N],
+    f: impl FnOnce(&mut [Vec<f64>; N]) -> Result<R>,
+) -> Result<R> {
+    let mut wide_outs: [Vec<f64>; N] = core::array::from_fn(|i| wide(outs[i]));
+    let r = f(&mut wide_outs)?;
+    for (o, w) in outs.into_iter().zip(wide_outs.iter()) {
+        narrow(o, w);
+    }
+    Ok(r)
+}
 
 /// Plain loops on the host; see the module docs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -43,7 +74,9 @@ impl Backend for ReferenceBackend {
         Ok(())
     }
     fn copy(&self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
-        self.write(dst, src)
+        check_len("copy", "src", src.len(), dst.len())?;
+        dst.copy_from_slice(src);
+        Ok(())
     }
     fn axpy(&self, y: &mut Vec<f32>, alpha: f32, x: &Vec<f32>) -> Result<()> {
         elementwise::axpy(y, alpha, x)
@@ -56,13 +89,15 @@ impl Backend for ReferenceBackend {
         Ok(l2norm::sum_of_squares(x))
     }
     fn matmul(&self, c: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, spec: &MatmulSpec) -> Result<()> {
-        matmul::matmul(c, a, b, spec)
+        in_f64([c], |[c]| matmul::matmul(c, &wide(a), &wide(b), spec))
     }
     fn add_bias(&self, out: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
         elementwise::add_bias(out, bias, rows, cols)
     }
     fn bias_backward(&self, dbias: &mut Vec<f32>, dout: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
-        elementwise::bias_backward(dbias, dout, rows, cols)
+        in_f64([dbias], |[d]| {
+            elementwise::bias_backward(d, &wide(dout), rows, cols)
+        })
     }
     fn activation_forward(
         &self,
@@ -72,7 +107,9 @@ impl Backend for ReferenceBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        activation::activation_forward(act, out, inp, rows, cols)
+        in_f64([out], |[o]| {
+            activation::activation_forward(act, o, &wide(inp), rows, cols)
+        })
     }
     fn activation_backward(
         &self,
@@ -84,7 +121,9 @@ impl Backend for ReferenceBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        activation::activation_backward(act, dinp, dout, inp, out, rows, cols)
+        in_f64([dinp], |[d]| {
+            activation::activation_backward(act, d, &wide(dout), &wide(inp), &wide(out), rows, cols)
+        })
     }
     fn loss_forward(
         &self,
@@ -94,7 +133,7 @@ impl Backend for ReferenceBackend {
         rows: usize,
         cols: usize,
     ) -> Result<f64> {
-        loss::loss_forward(l, pred, target, rows, cols)
+        loss::loss_forward(l, &wide(pred), &wide(target), rows, cols)
     }
     fn loss_backward(
         &self,
@@ -105,7 +144,9 @@ impl Backend for ReferenceBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        loss::loss_backward(l, dpred, pred, target, rows, cols)
+        in_f64([dpred], |[d]| {
+            loss::loss_backward(l, d, &wide(pred), &wide(target), rows, cols)
+        })
     }
     fn fused_output_backward(
         &self,
@@ -116,7 +157,9 @@ impl Backend for ReferenceBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        loss::fused_output_backward(l, dlogits, pred, target, rows, cols)
+        in_f64([dlogits], |[d]| {
+            loss::fused_output_backward(l, d, &wide(pred), &wide(target), rows, cols)
+        })
     }
     fn rmsnorm_forward(
         &self,
@@ -128,7 +171,9 @@ impl Backend for ReferenceBackend {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        rmsnorm::rmsnorm_forward(out, rstd, inp, weight, rows, dim, eps)
+        in_f64([out, rstd], |[o, r]| {
+            rmsnorm::rmsnorm_forward(o, r, &wide(inp), &wide(weight), rows, dim, eps)
+        })
     }
     fn rmsnorm_backward(
         &self,
@@ -141,16 +186,27 @@ impl Backend for ReferenceBackend {
         rows: usize,
         dim: usize,
     ) -> Result<()> {
-        rmsnorm::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim)
+        in_f64([dinp, dweight], |[dx, dw]| {
+            rmsnorm::rmsnorm_backward(
+                dx,
+                dw,
+                &wide(dout),
+                &wide(inp),
+                &wide(weight),
+                &wide(rstd),
+                rows,
+                dim,
+            )
+        })
     }
     fn rope_forward(&self, x: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
-        rope::rope_forward(x, spec)
+        in_f64([x], |[x]| rope::rope_forward(x, spec))
     }
     fn rope_backward(&self, dx: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
-        rope::rope_backward(dx, spec)
+        in_f64([dx], |[dx]| rope::rope_backward(dx, spec))
     }
     fn softmax_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
-        softmax::softmax_forward(out, inp, rows, cols)
+        in_f64([out], |[o]| softmax::softmax_forward(o, &wide(inp), rows, cols))
     }
     fn softmax_backward(
         &self,
@@ -160,10 +216,12 @@ impl Backend for ReferenceBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        softmax::softmax_backward(dinp, dout, out, rows, cols)
+        in_f64([dinp], |[d]| {
+            softmax::softmax_backward(d, &wide(dout), &wide(out), rows, cols)
+        })
     }
     fn swiglu_forward(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>) -> Result<()> {
-        swiglu::swiglu_forward(out, gate, up)
+        in_f64([out], |[o]| swiglu::swiglu_forward(o, &wide(gate), &wide(up)))
     }
     fn swiglu_backward(
         &self,
@@ -173,7 +231,9 @@ impl Backend for ReferenceBackend {
         gate: &Vec<f32>,
         up: &Vec<f32>,
     ) -> Result<()> {
-        swiglu::swiglu_backward(dgate, dup, dout, gate, up)
+        in_f64([dgate, dup], |[dg, du]| {
+            swiglu::swiglu_backward(dg, du, &wide(dout), &wide(gate), &wide(up))
+        })
     }
     fn attention_forward(
         &self,
@@ -184,7 +244,9 @@ impl Backend for ReferenceBackend {
         v: &Vec<f32>,
         spec: &AttentionSpec,
     ) -> Result<()> {
-        attention::attention_forward(out, lse, q, k, v, spec)
+        in_f64([out, lse], |[o, l]| {
+            attention::attention_forward(o, l, &wide(q), &wide(k), &wide(v), spec)
+        })
     }
     fn attention_backward(
         &self,
@@ -199,7 +261,10 @@ impl Backend for ReferenceBackend {
         lse: &Vec<f32>,
         spec: &AttentionSpec,
     ) -> Result<()> {
-        attention::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, spec)
+        in_f64([dq, dk, dv], |[dq, dk, dv]| {
+            let (q, k, v) = (wide(q), wide(k), wide(v));
+            attention::attention_backward(dq, dk, dv, &wide(dout), &q, &k, &v, &wide(out), &wide(lse), spec)
+        })
     }
     fn embedding_forward(
         &self,
@@ -219,7 +284,9 @@ impl Backend for ReferenceBackend {
         vocab: usize,
         dim: usize,
     ) -> Result<()> {
-        embedding::embedding_backward(dtable, dout, ids, vocab, dim)
+        in_f64([dtable], |[d]| {
+            embedding::embedding_backward(d, &wide(dout), ids, vocab, dim)
+        })
     }
     fn cross_entropy(
         &self,
@@ -230,7 +297,9 @@ impl Backend for ReferenceBackend {
         vocab: usize,
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
-        cross_entropy::cross_entropy(logits, targets, mask, rows, vocab, grad_scale)
+        in_f64([logits], |[l]| {
+            cross_entropy::cross_entropy(l, targets, mask, rows, vocab, grad_scale)
+        })
     }
     fn adam_update(
         &self,

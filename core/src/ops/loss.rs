@@ -59,15 +59,17 @@ pub fn loss_forward<T: Real>(loss: Loss, pred: &[T], target: &[T], rows: usize, 
     if rows == 0 {
         return Ok(0.0);
     }
-    let mut sum = T::ZERO;
+    // Accumulated in f64: a batch's loss sums rows * cols terms, too many for f32.
+    let mut sum = 0.0f64;
     for (&p, &y) in pred.iter().zip(target) {
         sum += match loss {
             Loss::MeanSquaredError => (p - y) * (p - y),
             Loss::BinaryCrossEntropy => -(y * clamped_ln(p) + (T::ONE - y) * clamped_ln(T::ONE - p)),
             Loss::CategoricalCrossEntropy => -(y * clamped_ln(p)),
-        };
+        }
+        .to_f64();
     }
-    let value = sum.to_f64() / loss.divisor(rows, cols) as f64;
+    let value = sum / loss.divisor(rows, cols) as f64;
     if !value.is_finite() {
         return Err(CoreError::NonFinite { op: OP, value });
     }

@@ -1,0 +1,65 @@
+//! Element-wise helpers on the CPU. Twin of `rusting_brain_core::ops::elementwise` and
+//! `ops::l2norm`.
+
+use rayon::prelude::*;
+use rusting_brain_core::error::{check_len, nonzero, product};
+use rusting_brain_core::Result;
+
+use super::{rows_per_task, simd, ELEMENTS_PER_TASK};
+
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) -> Result<()> {
+    check_len("axpy", "x", x.len(), y.len())?;
+    y.par_chunks_mut(ELEMENTS_PER_TASK)
+        .zip(x.par_chunks(ELEMENTS_PER_TASK))
+        .for_each(|(y, x)| simd::axpy(y, alpha, x));
+    Ok(())
+}
+
+pub fn scale(x: &mut [f32], alpha: f32) {
+    x.par_chunks_mut(ELEMENTS_PER_TASK)
+        .for_each(|x| simd::scale(x, alpha));
+}
+
+/// Per-chunk f32 SIMD sums promoted to f64 and added in chunk order: deterministic, and
+/// the f32 part only ever sums `ELEMENTS_PER_TASK` terms.
+pub fn sum_of_squares(x: &[f32]) -> f64 {
+    let partials: Vec<f64> = x
+        .par_chunks(ELEMENTS_PER_TASK)
+        .map(|c| simd::sum_sq(c) as f64)
+        .collect();
+    partials.iter().sum()
+}
+
+pub fn add_bias(out: &mut [f32], bias: &[f32], rows: usize, cols: usize) -> Result<()> {
+    const OP: &str = "add_bias";
+    nonzero(OP, "cols", cols)?;
+    check_len(OP, "out", out.len(), product(OP, &[rows, cols])?)?;
+    check_len(OP, "bias", bias.len(), cols)?;
+    out.par_chunks_mut(rows_per_task(cols) * cols).for_each(|block| {
+        for row in block.chunks_exact_mut(cols) {
+            simd::axpy(row, 1.0, bias);
+        }
+    });
+    Ok(())
+}
+
+pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) -> Result<()> {
+    const OP: &str = "bias_backward";
+    nonzero(OP, "cols", cols)?;
+    check_len(OP, "dout", dout.len(), product(OP, &[rows, cols])?)?;
+    check_len(OP, "dbias", dbias.len(), cols)?;
+    let partials: Vec<Vec<f32>> = dout
+        .par_chunks(rows_per_task(cols) * cols)
+        .map(|block| {
+            let mut acc = vec![0.0f32; cols];
+            for row in block.chunks_exact(cols) {
+                simd::axpy(&mut acc, 1.0, row);
+            }
+            acc
+        })
+        .collect();
+    for p in &partials {
+        simd::axpy(dbias, 1.0, p);
+    }
+    Ok(())
+}

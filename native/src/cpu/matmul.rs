@@ -1,0 +1,177 @@
+//! GEMM on the CPU: the `gemm` crate (faer's kernels, AVX-512 where detected) for general
+//! shapes, and our own GEMV for the decode-shaped products (m = 1 or n = 1), where a
+//! packed GEMM spends its time packing and runs at a few GFLOP/s.
+//!
+//! Reference twin: `rusting_brain_core::ops::matmul::matmul`; tests/backend_vs_reference.rs.
+
+use rayon::prelude::*;
+use rusting_brain_core::ops::matmul::{round_bf16, MatmulSpec, Precision};
+use rusting_brain_core::Result;
+
+use super::simd;
+
+/// Below this many multiply-adds the product runs on one thread: splitting costs more.
+const PARALLEL_MACS: f64 = 64.0 * 64.0 * 64.0;
+/// Output elements per GEMV task.
+const GEMV_CHUNK: usize = 256;
+
+pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<()> {
+    let (la, lb, lc) = spec.check("matmul", a.len(), b.len(), c.len())?;
+    if lc == 0 {
+        return Ok(());
+    }
+    let rounded;
+    let (a, b) = match spec.precision {
+        Precision::F32 => (a, b),
+        Precision::Bf16 => {
+            // BF16 operands with f32 accumulation: products of two bf16 values are exact in
+            // f32, so rounding the operands and running the f32 kernel is numerically the
+            // same as a bf16 GEMM with f32 compute. It saves no time on CPUs without bf16
+            // dot-product kernels in `gemm`; it exists so mixed precision means one thing on
+            // every backend.
+            rounded = (round_all(a), round_all(b));
+            (&rounded.0[..], &rounded.1[..])
+        }
+    };
+    for batch in 0..spec.batch {
+        let (a, b, c) = (
+            &a[batch * la..(batch + 1) * la],
+            &b[batch * lb..(batch + 1) * lb],
+            &mut c[batch * lc..(batch + 1) * lc],
+        );
+        if spec.k == 0 {
+            epilogue_only(c, spec.beta);
+        } else if spec.m == 1 || spec.n == 1 {
+            gemv(c, a, b, spec);
+        } else {
+            gemm_crate(c, a, b, spec);
+        }
+    }
+    Ok(())
+}
+
+fn round_all(x: &[f32]) -> Vec<f32> {
+    x.par_iter().with_min_len(4096).map(|&v| round_bf16(v)).collect()
+}
+
+fn epilogue_only(c: &mut [f32], beta: f32) {
+    if beta == 0.0 {
+        c.fill(0.0);
+    } else {
+        simd::scale(c, beta);
+    }
+}
+
+/// One problem through `gemm::gemm`, whose convention is `dst = alpha*dst + beta*lhs*rhs`
+/// (so our beta is its alpha and our alpha its beta).
+fn gemm_crate(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    // Row-major strides of op(A) (m x k) and op(B) (k x n) as stored.
+    let (a_cs, a_rs) = if spec.trans_a {
+        (m as isize, 1)
+    } else {
+        (1, k as isize)
+    };
+    let (b_cs, b_rs) = if spec.trans_b {
+        (k as isize, 1)
+    } else {
+        (1, n as isize)
+    };
+    let parallelism = if (m * n * k) as f64 >= PARALLEL_MACS && rayon::current_num_threads() > 1 {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: `spec.check` proved a.len() == m*k, b.len() == k*n, c.len() == m*n for this
+    // problem, and the strides above address exactly those row-major layouts, so every
+    // read and write stays in bounds. `c` is a unique borrow, so nothing aliases dst.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            spec.beta != 0.0,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            spec.beta,
+            spec.alpha,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// out = alpha * (matrix-vector product) + beta * out, for m == 1 or n == 1.
+fn gemv(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    if m == 1 {
+        // y(n) = x(k) op(B): B stored (n, k) gives dot products, (k, n) a sum of rows.
+        if spec.trans_b {
+            dot_rows(c, b, a, k, spec.alpha, spec.beta);
+        } else {
+            sum_rows(c, b, a, n, spec.alpha, spec.beta);
+        }
+    } else {
+        // c(m) = op(A)(m, k) b(k): A stored (m, k) gives dot products, (k, m) a sum of rows.
+        if spec.trans_a {
+            sum_rows(c, a, b, m, spec.alpha, spec.beta);
+        } else {
+            dot_rows(c, a, b, k, spec.alpha, spec.beta);
+        }
+    }
+}
+
+#[inline]
+fn store(out: &mut f32, value: f32, alpha: f32, beta: f32) {
+    *out = if beta == 0.0 {
+        alpha * value
+    } else {
+        alpha * value + beta * *out
+    };
+}
+
+/// out[i] = alpha * dot(mat[i, :], vec) + beta * out[i]; mat: (out.len(), cols).
+fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, beta: f32) {
+    let work = |(chunk, o): (usize, &mut [f32])| {
+        for (i, y) in o.iter_mut().enumerate() {
+            let row = (chunk * GEMV_CHUNK + i) * cols;
+            store(y, simd::dot(&mat[row..row + cols], vec), alpha, beta);
+        }
+    };
+    if out.len() * cols >= 1 << 15 {
+        out.par_chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
+    } else {
+        out.chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
+    }
+}
+
+/// out = alpha * sum_p vec[p] * mat[p, :] + beta * out; mat: (vec.len(), width).
+/// Each task owns a column range and streams down the rows of `mat` within it.
+fn sum_rows(out: &mut [f32], mat: &[f32], vec: &[f32], width: usize, alpha: f32, beta: f32) {
+    let work = |(chunk, o): (usize, &mut [f32])| {
+        let j0 = chunk * GEMV_CHUNK;
+        let mut acc = [0.0f32; GEMV_CHUNK];
+        let acc = &mut acc[..o.len()];
+        for (p, &x) in vec.iter().enumerate() {
+            let row = p * width + j0;
+            simd::axpy(acc, x, &mat[row..row + acc.len()]);
+        }
+        for (y, &v) in o.iter_mut().zip(acc.iter()) {
+            store(y, v, alpha, beta);
+        }
+    };
+    if out.len() * vec.len() >= 1 << 15 {
+        out.par_chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
+    } else {
+        out.chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
+    }
+}

@@ -1,0 +1,296 @@
+//! The CPU backend: every primitive of `rusting_brain_core::Backend`, parallel over rayon's
+//! pool and vectorized for the instruction set detected at run time (AVX-512, AVX2+FMA,
+//! or the baseline / NEON). GEMMs go to the `gemm` crate, GEMVs to our own kernels.
+//!
+//! Each op lives in the file named after it, beside its reference twin in
+//! `rusting_brain_core::ops`; `tests/backend_vs_reference.rs` compares every one of them on
+//! awkward shapes with the outputs poisoned first.
+//!
+//! Reductions are split at fixed sizes (never by thread count) and their partial results
+//! added in a fixed order, so a run gives the same bits on 2 cores and on 64.
+
+mod attention;
+mod cross_entropy;
+mod dense;
+mod elementwise;
+mod embedding;
+mod matmul;
+mod optim;
+mod rmsnorm;
+mod rope;
+pub mod simd;
+mod softmax;
+mod swiglu;
+
+use rusting_brain_core::backend::*;
+use rusting_brain_core::error::check_len;
+use rusting_brain_core::{Activation, Loss, Result};
+
+/// Elements per parallel task for element-wise work: large enough that rayon's overhead
+/// (~1 us a task) is noise, small enough to spread over many cores.
+pub(crate) const ELEMENTS_PER_TASK: usize = 1 << 14;
+
+/// Rows per parallel task for row-wise work with `cols` columns: about
+/// `ELEMENTS_PER_TASK` elements, at least one row. Depends on the shape only.
+pub(crate) fn rows_per_task(cols: usize) -> usize {
+    (ELEMENTS_PER_TASK / cols.max(1)).max(1)
+}
+
+/// The multi-threaded, SIMD CPU backend. Buffers are `Vec<f32>`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend
+    }
+    /// Threads in rayon's pool (set `RAYON_NUM_THREADS` to change it).
+    pub fn threads(&self) -> usize {
+        rayon::current_num_threads()
+    }
+    /// The SIMD instruction set the kernels run with on this CPU.
+    pub fn isa(&self) -> &'static str {
+        simd::isa().name()
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn zeros(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+    fn upload(&self, data: &[f32]) -> Result<Vec<f32>> {
+        Ok(data.to_vec())
+    }
+    fn download(&self, buf: &Vec<f32>) -> Result<Vec<f32>> {
+        Ok(buf.clone())
+    }
+    fn write(&self, dst: &mut Vec<f32>, data: &[f32]) -> Result<()> {
+        check_len("write", "data", data.len(), dst.len())?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+    fn len(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+    fn fill(&self, buf: &mut Vec<f32>, value: f32) -> Result<()> {
+        buf.fill(value);
+        Ok(())
+    }
+    fn copy(&self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
+        check_len("copy", "src", src.len(), dst.len())?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+    fn axpy(&self, y: &mut Vec<f32>, alpha: f32, x: &Vec<f32>) -> Result<()> {
+        elementwise::axpy(y, alpha, x)
+    }
+    fn scale(&self, x: &mut Vec<f32>, alpha: f32) -> Result<()> {
+        elementwise::scale(x, alpha);
+        Ok(())
+    }
+    fn sum_of_squares(&self, x: &Vec<f32>) -> Result<f64> {
+        Ok(elementwise::sum_of_squares(x))
+    }
+    fn matmul(&self, c: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, spec: &MatmulSpec) -> Result<()> {
+        matmul::matmul(c, a, b, spec)
+    }
+    fn add_bias(&self, out: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        elementwise::add_bias(out, bias, rows, cols)
+    }
+    fn bias_backward(&self, dbias: &mut Vec<f32>, dout: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        elementwise::bias_backward(dbias, dout, rows, cols)
+    }
+    fn activation_forward(
+        &self,
+        act: Activation,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        dense::activation_forward(act, out, inp, rows, cols)
+    }
+    fn activation_backward(
+        &self,
+        act: Activation,
+        dinp: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        out: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        dense::activation_backward(act, dinp, dout, inp, out, rows, cols)
+    }
+    fn loss_forward(
+        &self,
+        l: Loss,
+        pred: &Vec<f32>,
+        target: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<f64> {
+        dense::loss_forward(l, pred, target, rows, cols)
+    }
+    fn loss_backward(
+        &self,
+        l: Loss,
+        dpred: &mut Vec<f32>,
+        pred: &Vec<f32>,
+        target: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        dense::loss_backward(l, dpred, pred, target, rows, cols)
+    }
+    fn fused_output_backward(
+        &self,
+        l: Loss,
+        dlogits: &mut Vec<f32>,
+        pred: &Vec<f32>,
+        target: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        dense::fused_output_backward(l, dlogits, pred, target, rows, cols)
+    }
+    fn rmsnorm_forward(
+        &self,
+        out: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        rmsnorm::rmsnorm_forward(out, rstd, inp, weight, rows, dim, eps)
+    }
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Vec<f32>,
+        dweight: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        rstd: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        rmsnorm::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim)
+    }
+    fn rope_forward(&self, x: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
+        rope::rope_forward(x, spec)
+    }
+    fn rope_backward(&self, dx: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
+        rope::rope_backward(dx, spec)
+    }
+    fn softmax_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        softmax::softmax_forward(out, inp, rows, cols)
+    }
+    fn softmax_backward(
+        &self,
+        dinp: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        out: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        softmax::softmax_backward(dinp, dout, out, rows, cols)
+    }
+    fn swiglu_forward(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>) -> Result<()> {
+        swiglu::swiglu_forward(out, gate, up)
+    }
+    fn swiglu_backward(
+        &self,
+        dgate: &mut Vec<f32>,
+        dup: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        gate: &Vec<f32>,
+        up: &Vec<f32>,
+    ) -> Result<()> {
+        swiglu::swiglu_backward(dgate, dup, dout, gate, up)
+    }
+    fn attention_forward(
+        &self,
+        out: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        attention::attention_forward(out, lse, q, k, v, spec)
+    }
+    fn attention_backward(
+        &self,
+        dq: &mut Vec<f32>,
+        dk: &mut Vec<f32>,
+        dv: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        out: &Vec<f32>,
+        lse: &Vec<f32>,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        attention::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, spec)
+    }
+    fn embedding_forward(
+        &self,
+        out: &mut Vec<f32>,
+        table: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        embedding::embedding_forward(out, table, ids, vocab, dim)
+    }
+    fn embedding_backward(
+        &self,
+        dtable: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        embedding::embedding_backward(dtable, dout, ids, vocab, dim)
+    }
+    fn cross_entropy(
+        &self,
+        logits: &mut Vec<f32>,
+        targets: &[u32],
+        mask: Option<&[bool]>,
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) -> Result<CrossEntropySum> {
+        cross_entropy::cross_entropy(logits, targets, mask, rows, vocab, grad_scale)
+    }
+    fn adam_update(
+        &self,
+        param: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        m: &mut Vec<f32>,
+        v: &mut Vec<f32>,
+        hp: &AdamParams,
+        step: u64,
+    ) -> Result<()> {
+        optim::adam_update(param, grad, m, v, hp, step)
+    }
+    fn sgd_update(
+        &self,
+        param: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        velocity: Option<&mut Vec<f32>>,
+        hp: &SgdParams,
+    ) -> Result<()> {
+        optim::sgd_update(param, grad, velocity.map(|v| v.as_mut_slice()), hp)
+    }
+}

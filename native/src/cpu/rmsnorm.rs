@@ -1,0 +1,97 @@
+//! RMSNorm on the CPU: rows in parallel, SIMD reductions. Twin of
+//! `rusting_brain_core::ops::rmsnorm`.
+
+use rayon::prelude::*;
+use rusting_brain_core::error::{check_len, nonzero, product};
+use rusting_brain_core::Result;
+
+use super::{rows_per_task, simd};
+
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_forward(
+    out: &mut [f32],
+    rstd: &mut [f32],
+    inp: &[f32],
+    weight: &[f32],
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "rmsnorm_forward";
+    nonzero(OP, "dim", dim)?;
+    let n = product(OP, &[rows, dim])?;
+    check_len(OP, "inp", inp.len(), n)?;
+    check_len(OP, "out", out.len(), n)?;
+    check_len(OP, "weight", weight.len(), dim)?;
+    check_len(OP, "rstd", rstd.len(), rows)?;
+    let per = rows_per_task(dim);
+    out.par_chunks_mut(per * dim)
+        .zip(rstd.par_chunks_mut(per))
+        .zip(inp.par_chunks(per * dim))
+        .for_each(|((o, r), x)| {
+            for ((o, r), x) in o.chunks_exact_mut(dim).zip(r.iter_mut()).zip(x.chunks_exact(dim)) {
+                let s = 1.0 / (simd::sum_sq(x) / dim as f32 + eps).sqrt();
+                *r = s;
+                for i in 0..dim {
+                    o[i] = x[i] * s * weight[i];
+                }
+            }
+        });
+    Ok(())
+}
+
+/// dinp overwritten; dweight accumulated from per-task partial sums, added in task order so
+/// the result does not depend on the thread count.
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_backward(
+    dinp: &mut [f32],
+    dweight: &mut [f32],
+    dout: &[f32],
+    inp: &[f32],
+    weight: &[f32],
+    rstd: &[f32],
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    const OP: &str = "rmsnorm_backward";
+    nonzero(OP, "dim", dim)?;
+    let n = product(OP, &[rows, dim])?;
+    check_len(OP, "dinp", dinp.len(), n)?;
+    check_len(OP, "dout", dout.len(), n)?;
+    check_len(OP, "inp", inp.len(), n)?;
+    check_len(OP, "weight", weight.len(), dim)?;
+    check_len(OP, "dweight", dweight.len(), dim)?;
+    check_len(OP, "rstd", rstd.len(), rows)?;
+    let per = rows_per_task(dim);
+    let partials: Vec<Vec<f32>> = dinp
+        .par_chunks_mut(per * dim)
+        .zip(dout.par_chunks(per * dim))
+        .zip(inp.par_chunks(per * dim))
+        .zip(rstd.par_chunks(per))
+        .map(|(((dx, dy), x), r)| {
+            let mut dw = vec![0.0f32; dim];
+            let mut g = vec![0.0f32; dim];
+            for (((dx, dy), x), &s) in dx
+                .chunks_exact_mut(dim)
+                .zip(dy.chunks_exact(dim))
+                .zip(x.chunks_exact(dim))
+                .zip(r)
+            {
+                for i in 0..dim {
+                    g[i] = weight[i] * dy[i];
+                }
+                let mean = simd::dot(&g, x) * s / dim as f32;
+                for i in 0..dim {
+                    let xhat = x[i] * s;
+                    dx[i] = s * (g[i] - xhat * mean);
+                    dw[i] += dy[i] * xhat;
+                }
+            }
+            dw
+        })
+        .collect();
+    for p in &partials {
+        simd::axpy(dweight, 1.0, p);
+    }
+    Ok(())
+}

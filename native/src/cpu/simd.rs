@@ -1,0 +1,327 @@
+//! The inner loops of the CPU backend, compiled three times (AVX-512, AVX2+FMA, baseline)
+//! and picked at run time, so one binary runs fast on any x86-64 and on aarch64 without
+//! `-C target-cpu=native`.
+//!
+//! Each kernel is one `#[inline(always)]` body written with independent accumulator lanes
+//! (so LLVM can vectorize a reduction without reassociating it), instantiated inside
+//! `#[target_feature]` wrappers. Each has a plain twin in `rusting_brain_core::ops` and
+//! the backend tests compare them.
+
+use std::sync::OnceLock;
+
+/// The instruction set the kernels run with, detected once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2Fma,
+    /// SSE2 on x86-64, NEON (which always has FMA) on aarch64.
+    Baseline,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512f",
+            Isa::Avx2Fma => "avx2+fma",
+            Isa::Baseline if cfg!(target_arch = "aarch64") => "neon",
+            Isa::Baseline => "baseline",
+        }
+    }
+}
+
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Isa::Avx2Fma;
+            }
+        }
+        Isa::Baseline
+    })
+}
+
+/// `a * b + c`, fused where the instruction set has FMA (never a slow libm call).
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+const LANES: usize = 16;
+const BASE_FMA: bool = cfg!(target_arch = "aarch64");
+
+/// Defines `pub fn $name(args) -> ret` that dispatches to `$body::<FMA>` compiled for the
+/// detected instruction set. The `unsafe` calls are sound because each wrapper is only
+/// called after `isa()` detected its features on this CPU.
+macro_rules! dispatch {
+    ($(#[$doc:meta])* $name:ident => $body:ident ( $($arg:ident : $ty:ty),* ) $(-> $ret:ty)?) => {
+        $(#[$doc])*
+        #[inline]
+        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? { $body::<true>($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? { $body::<true>($($arg),*) }
+                match isa() {
+                    // SAFETY: isa() returned this variant only after run-time detection
+                    // found these features on the running CPU.
+                    Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    Isa::Avx2Fma => return unsafe { avx2($($arg),*) },
+                    Isa::Baseline => {}
+                }
+            }
+            $body::<BASE_FMA>($($arg),*)
+        }
+    };
+}
+
+#[inline(always)]
+fn dot_body<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; LANES];
+    let chunks = n / LANES;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * LANES..(c + 1) * LANES], &b[c * LANES..(c + 1) * LANES]);
+        for l in 0..LANES {
+            acc[l] = madd::<FMA>(x[l], y[l], acc[l]);
+        }
+    }
+    let mut tail = 0.0f32;
+    for i in chunks * LANES..n {
+        tail = madd::<FMA>(a[i], b[i], tail);
+    }
+    hsum(&acc) + tail
+}
+
+#[inline(always)]
+fn hsum(acc: &[f32; LANES]) -> f32 {
+    // Pairwise, so the result does not depend on which lane held what.
+    let mut v = *acc;
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            v[l] += v[l + width];
+        }
+        width /= 2;
+    }
+    v[0]
+}
+
+#[inline(always)]
+fn sum_sq_body<const FMA: bool>(a: &[f32]) -> f32 {
+    dot_body::<FMA>(a, a)
+}
+
+#[inline(always)]
+fn axpy_body<const FMA: bool>(y: &mut [f32], alpha: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = madd::<FMA>(alpha, x, *y);
+    }
+}
+
+#[inline(always)]
+fn scale_body<const FMA: bool>(x: &mut [f32], alpha: f32) {
+    for v in x.iter_mut() {
+        *v *= alpha;
+    }
+}
+
+#[inline(always)]
+fn max_body<const FMA: bool>(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = x.len() / LANES;
+    let mut nan = false;
+    for c in 0..chunks {
+        let v = &x[c * LANES..(c + 1) * LANES];
+        for l in 0..LANES {
+            nan |= v[l].is_nan();
+            acc[l] = if v[l] > acc[l] { v[l] } else { acc[l] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &v in &x[chunks * LANES..] {
+        nan |= v.is_nan();
+        m = if v > m { v } else { m };
+    }
+    for a in acc {
+        m = if a > m { a } else { m };
+    }
+    if nan {
+        f32::NAN
+    } else {
+        m
+    }
+}
+
+/// `e^x` for f32 in a form LLVM vectorizes: range reduction `x = k ln2 + r` with a two-part
+/// ln2, a degree-6 polynomial for `e^r` on |r| <= ln2/2, and `2^k` built from the exponent
+/// bits. Relative error under 2e-7 (about 2 ulp) over the normal range; below -87.3 it
+/// returns 0 (no subnormals), above 88.7 +Inf, and NaN stays NaN.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let xc = x.clamp(-87.33, 88.72);
+    let k = (xc * LOG2E).round();
+    let r = (xc - k * LN2_HI) - k * LN2_LO;
+    // Taylor coefficients 1/n!; on |r| <= 0.347 the degree-6 remainder is < 1e-7.
+    let p = 1.0
+        + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    // 2^k in two halves: k reaches 128 near the top of the range, one past the largest
+    // normal exponent, so a single scale factor would overflow to Inf too early.
+    let k = k as i32;
+    let (k1, k2) = (k / 2, k - k / 2);
+    let y = p * f32::from_bits(((k1 + 127) as u32) << 23) * f32::from_bits(((k2 + 127) as u32) << 23);
+    if x.is_nan() {
+        x
+    } else if x < -87.33 {
+        0.0
+    } else if x > 88.72 {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
+#[inline(always)]
+fn exp_sub_sum_body<const FMA: bool>(x: &mut [f32], shift: f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let chunks = x.len() / LANES;
+    for c in 0..chunks {
+        let v = &mut x[c * LANES..(c + 1) * LANES];
+        for l in 0..LANES {
+            v[l] = exp(v[l] - shift);
+            acc[l] += v[l];
+        }
+    }
+    let mut tail = 0.0;
+    for v in &mut x[chunks * LANES..] {
+        *v = exp(*v - shift);
+        tail += *v;
+    }
+    hsum(&acc) + tail
+}
+
+#[inline(always)]
+fn silu_one(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+#[inline(always)]
+fn swiglu_body<const FMA: bool>(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu_one(g) * u;
+    }
+}
+
+#[inline(always)]
+fn swiglu_backward_body<const FMA: bool>(
+    dgate: &mut [f32],
+    dup: &mut [f32],
+    dout: &[f32],
+    gate: &[f32],
+    up: &[f32],
+) {
+    for i in 0..dgate
+        .len()
+        .min(dup.len())
+        .min(dout.len())
+        .min(gate.len())
+        .min(up.len())
+    {
+        let g = gate[i];
+        let s = 1.0 / (1.0 + exp(-g));
+        dgate[i] = dout[i] * up[i] * (s * (1.0 + g * (1.0 - s)));
+        dup[i] = dout[i] * (g * s);
+    }
+}
+
+dispatch!(
+    /// sum(a * b) over the shorter length.
+    dot => dot_body(a: &[f32], b: &[f32]) -> f32
+);
+dispatch!(
+    /// sum(a^2).
+    sum_sq => sum_sq_body(a: &[f32]) -> f32
+);
+dispatch!(
+    /// y += alpha * x over the shorter length.
+    axpy => axpy_body(y: &mut [f32], alpha: f32, x: &[f32])
+);
+dispatch!(
+    /// x *= alpha.
+    scale => scale_body(x: &mut [f32], alpha: f32)
+);
+dispatch!(
+    /// The maximum, or NaN if any element is NaN (-inf for an empty slice).
+    max => max_body(x: &[f32]) -> f32
+);
+dispatch!(
+    /// x = exp(x - shift) in place; returns the sum of the new values.
+    exp_sub_sum => exp_sub_sum_body(x: &mut [f32], shift: f32) -> f32
+);
+dispatch!(
+    /// out = silu(gate) * up.
+    swiglu => swiglu_body(out: &mut [f32], gate: &[f32], up: &[f32])
+);
+dispatch!(
+    /// dgate = dout * up * silu'(gate), dup = dout * silu(gate).
+    swiglu_backward => swiglu_backward_body(dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &[f32], up: &[f32])
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_within_two_ulp_of_libm_over_the_range() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x < 88.5 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.001_37;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst:e}");
+        assert_eq!(exp(-100.0), 0.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn max_propagates_nan_and_handles_tails() {
+        let mut v: Vec<f32> = (0..37).map(|i| i as f32).collect();
+        assert_eq!(max(&v), 36.0);
+        v[20] = f32::NAN;
+        assert!(max(&v).is_nan());
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn dot_matches_a_double_precision_sum_on_odd_lengths() {
+        for n in [0usize, 1, 3, 7, 15, 16, 17, 33, 127, 1000] {
+            let a: Vec<f32> = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+            let b: Vec<f32> = (0..n).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.3).collect();
+            let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            assert!((dot(&a, &b) as f64 - want).abs() < 1e-4, "n = {n}");
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Row-wise softmax on the CPU: rows in parallel, vectorized max / exp / sum.
+//! Twin of `rusting_brain_core::ops::softmax`.
+
+use rayon::prelude::*;
+use rusting_brain_core::error::{check_len, nonzero, product};
+use rusting_brain_core::Result;
+
+use super::{rows_per_task, simd};
+
+/// One row: out = softmax(x). Shared with attention and the losses.
+pub fn softmax_row(out: &mut [f32], x: &[f32]) {
+    let max = simd::max(x);
+    out.copy_from_slice(x);
+    let sum = simd::exp_sub_sum(out, max);
+    simd::scale(out, 1.0 / sum);
+}
+
+pub fn softmax_forward(out: &mut [f32], inp: &[f32], rows: usize, cols: usize) -> Result<()> {
+    const OP: &str = "softmax_forward";
+    nonzero(OP, "cols", cols)?;
+    let n = product(OP, &[rows, cols])?;
+    check_len(OP, "inp", inp.len(), n)?;
+    check_len(OP, "out", out.len(), n)?;
+    let per = rows_per_task(cols) * cols;
+    out.par_chunks_mut(per)
+        .zip(inp.par_chunks(per))
+        .for_each(|(o, x)| {
+            for (o, x) in o.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
+                softmax_row(o, x);
+            }
+        });
+    Ok(())
+}
+
+pub fn softmax_backward(dinp: &mut [f32], dout: &[f32], out: &[f32], rows: usize, cols: usize) -> Result<()> {
+    const OP: &str = "softmax_backward";
+    nonzero(OP, "cols", cols)?;
+    let n = product(OP, &[rows, cols])?;
+    check_len(OP, "dinp", dinp.len(), n)?;
+    check_len(OP, "dout", dout.len(), n)?;
+    check_len(OP, "out", out.len(), n)?;
+    let per = rows_per_task(cols) * cols;
+    dinp.par_chunks_mut(per)
+        .zip(dout.par_chunks(per))
+        .zip(out.par_chunks(per))
+        .for_each(|((dx, dy), y)| {
+            for ((dx, dy), y) in dx
+                .chunks_exact_mut(cols)
+                .zip(dy.chunks_exact(cols))
+                .zip(y.chunks_exact(cols))
+            {
+                let dot = simd::dot(dy, y);
+                for i in 0..cols {
+                    dx[i] = y[i] * (dy[i] - dot);
+                }
+            }
+        });
+    Ok(())
+}

@@ -1,0 +1,501 @@
+//! Every CPU-backend primitive against the reference backend on awkward shapes (1, 3, 7,
+//! 33, 127, 1000; non-square; every transpose). Outputs that a primitive overwrites are
+//! poisoned with NaN first, so an element it forgets to write fails the comparison; outputs
+//! that accumulate start from the same random values on both sides.
+//!
+//! Tolerance: |cpu - ref| <= 2e-5 * (|ref| + rms(ref)). The reference sums in f64 and
+//! rounds once, so the distance is the CPU backend's own f32 error: summation order (SIMD
+//! lanes, blocked GEMM, per-task partial sums) and its polynomial exp (2 ulp). Measured
+//! worst: 0.22 of the tolerance (softmax backward at 33x1000; every case prints its ratio
+//! with --nocapture). An indexing or formula error shows up at O(1), far above it.
+
+use rusting_brain::cpu::CpuBackend;
+use rusting_brain_core::backend::*;
+use rusting_brain_core::{Activation, Backend, Loss, ReferenceBackend, Rng};
+
+type Dyn = dyn Backend<Buffer = Vec<f32>>;
+const TOL: f64 = 2e-5;
+
+fn backends() -> (&'static Dyn, &'static Dyn) {
+    (&CpuBackend, &ReferenceBackend)
+}
+
+fn randn(rng: &mut Rng, n: usize) -> Vec<f32> {
+    rng.normal_vec(n, 1.0)
+}
+
+fn nan(n: usize) -> Vec<f32> {
+    vec![f32::NAN; n]
+}
+
+fn rms(x: &[f32]) -> f64 {
+    (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len().max(1) as f64).sqrt()
+}
+
+#[track_caller]
+fn close(what: &str, got: &[f32], want: &[f32]) {
+    close_scaled(what, got, want, 0.0)
+}
+
+/// `close` where the result is a difference of terms of size about `term_scale` that can
+/// cancel (RMSNorm's input gradient at dim 1 is `w * eps / (x^2 + eps)`, computed as a
+/// difference of two O(w) terms): no f32 code can do better than eps * term_scale there.
+#[track_caller]
+fn close_scaled(what: &str, got: &[f32], want: &[f32], term_scale: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let rms = rms(want).max(term_scale);
+    let mut worst = (0.0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let allowed = TOL * (w.abs() as f64 + rms) + 1e-30;
+        let ratio = if g.is_nan() != w.is_nan() {
+            f64::INFINITY
+        } else if g.is_nan() {
+            0.0
+        } else {
+            (g as f64 - w as f64).abs() / allowed
+        };
+        if !(ratio <= worst.0) {
+            worst = (ratio, i);
+        }
+    }
+    println!("{what}: worst {:.3} of the tolerance", worst.0);
+    assert!(
+        worst.0 <= 1.0,
+        "{what}: element {} is {} on the CPU backend but {} in the reference ({:.2}x the tolerance)",
+        worst.1,
+        got[worst.1],
+        want[worst.1],
+        worst.0
+    );
+}
+
+#[test]
+fn matmul_matches_reference_on_awkward_shapes_and_every_transpose() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(100);
+    let shapes = [
+        (1, 1, 1),
+        (1, 7, 33),
+        (33, 1, 7),
+        (3, 7, 1),
+        (7, 33, 127),
+        (127, 33, 1000),
+        (1, 1000, 127),
+        (1000, 1, 127),
+        (33, 127, 7),
+        (1000, 3, 33),
+        (64, 64, 64),
+    ];
+    for &(m, n, k) in &shapes {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0), (-2.0, 0.25)] {
+                let a = randn(&mut rng, m * k);
+                let b = randn(&mut rng, k * n);
+                let spec = MatmulSpec::new(m, n, k)
+                    .trans_a(ta)
+                    .trans_b(tb)
+                    .alpha(alpha)
+                    .beta(beta);
+                let init = if beta == 0.0 {
+                    nan(m * n)
+                } else {
+                    randn(&mut rng, m * n)
+                };
+                let (mut c1, mut c2) = (init.clone(), init);
+                cpu.matmul(&mut c1, &a, &b, &spec).unwrap();
+                rf.matmul(&mut c2, &a, &b, &spec).unwrap();
+                close(
+                    &format!("matmul {m}x{n}x{k} ta={ta} tb={tb} alpha={alpha} beta={beta}"),
+                    &c1,
+                    &c2,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn batched_and_bf16_matmul_match_reference() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(101);
+    for &(m, n, k, batch) in &[(7, 33, 3, 3), (1, 127, 33, 2), (33, 33, 33, 2)] {
+        for precision in [Precision::F32, Precision::Bf16] {
+            let a = randn(&mut rng, batch * m * k);
+            let b = randn(&mut rng, batch * k * n);
+            let spec = MatmulSpec::new(m, n, k)
+                .trans_b(true)
+                .batch(batch)
+                .precision(precision);
+            let (mut c1, mut c2) = (nan(batch * m * n), nan(batch * m * n));
+            cpu.matmul(&mut c1, &a, &b, &spec).unwrap();
+            rf.matmul(&mut c2, &a, &b, &spec).unwrap();
+            close(&format!("matmul batch {batch} {precision:?}"), &c1, &c2);
+        }
+    }
+    // k = 0: the product is empty, C = beta * C.
+    let mut c = vec![2.0f32; 6];
+    cpu.matmul(&mut c, &vec![], &vec![], &MatmulSpec::new(2, 3, 0).beta(0.5))
+        .unwrap();
+    assert_eq!(c, vec![1.0; 6]);
+    let mut c = nan(6);
+    cpu.matmul(&mut c, &vec![], &vec![], &MatmulSpec::new(2, 3, 0))
+        .unwrap();
+    assert_eq!(c, vec![0.0; 6]);
+}
+
+#[test]
+fn rmsnorm_matches_reference() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(102);
+    for &(rows, dim) in &[(1, 1), (3, 7), (33, 127), (1000, 33), (7, 1000), (600, 64)] {
+        let x = randn(&mut rng, rows * dim);
+        let w = randn(&mut rng, dim);
+        let dy = randn(&mut rng, rows * dim);
+        let dw0 = randn(&mut rng, dim);
+        let mut outs = Vec::new();
+        for be in [cpu, rf] {
+            let (mut y, mut r) = (nan(rows * dim), nan(rows));
+            be.rmsnorm_forward(&mut y, &mut r, &x, &w, rows, dim, 1e-5)
+                .unwrap();
+            let (mut dx, mut dw) = (nan(rows * dim), dw0.clone());
+            be.rmsnorm_backward(&mut dx, &mut dw, &dy, &x, &w, &r, rows, dim)
+                .unwrap();
+            outs.push((y, r, dx, dw));
+        }
+        let tag = format!("rmsnorm {rows}x{dim}");
+        close(&format!("{tag} out"), &outs[0].0, &outs[1].0);
+        close(&format!("{tag} rstd"), &outs[0].1, &outs[1].1);
+        let terms: Vec<f32> = (0..rows * dim)
+            .map(|i| outs[1].1[i / dim] * w[i % dim] * dy[i])
+            .collect();
+        close_scaled(&format!("{tag} dinp"), &outs[0].2, &outs[1].2, rms(&terms));
+        close(&format!("{tag} dweight"), &outs[0].3, &outs[1].3);
+    }
+}
+
+#[test]
+fn rope_matches_reference() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(103);
+    for &(batch, seq, heads, head_dim, pos_offset, theta) in &[
+        (1, 1, 1, 2, 0, 10_000.0),
+        (2, 7, 3, 8, 5, 10_000.0),
+        (1, 33, 2, 64, 0, 500_000.0),
+        (3, 127, 1, 6, 1000, 10_000.0),
+    ] {
+        let spec = RopeSpec {
+            batch,
+            seq,
+            heads,
+            head_dim,
+            pos_offset,
+            theta,
+        };
+        let x = randn(&mut rng, batch * seq * heads * head_dim);
+        let (mut a, mut b) = (x.clone(), x.clone());
+        cpu.rope_forward(&mut a, &spec).unwrap();
+        rf.rope_forward(&mut b, &spec).unwrap();
+        close(&format!("rope fwd {spec:?}"), &a, &b);
+        cpu.rope_backward(&mut a, &spec).unwrap();
+        rf.rope_backward(&mut b, &spec).unwrap();
+        close(&format!("rope bwd {spec:?}"), &a, &b);
+        close("rope bwd undoes fwd", &a, &x);
+    }
+}
+
+#[test]
+fn softmax_matches_reference() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(104);
+    for &(rows, cols) in &[(1, 1), (3, 7), (33, 1000), (1000, 3), (2, 127)] {
+        let x: Vec<f32> = randn(&mut rng, rows * cols).iter().map(|v| v * 4.0).collect();
+        let dy = randn(&mut rng, rows * cols);
+        let mut outs = Vec::new();
+        for be in [cpu, rf] {
+            let mut y = nan(rows * cols);
+            be.softmax_forward(&mut y, &x, rows, cols).unwrap();
+            let mut dx = nan(rows * cols);
+            be.softmax_backward(&mut dx, &dy, &y, rows, cols).unwrap();
+            outs.push((y, dx));
+        }
+        close(&format!("softmax fwd {rows}x{cols}"), &outs[0].0, &outs[1].0);
+        close(&format!("softmax bwd {rows}x{cols}"), &outs[0].1, &outs[1].1);
+    }
+}
+
+#[test]
+fn swiglu_matches_reference() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(105);
+    for n in [1usize, 3, 7, 33, 127, 1000, 100_003] {
+        let g: Vec<f32> = randn(&mut rng, n).iter().map(|v| v * 5.0).collect();
+        let u = randn(&mut rng, n);
+        let dy = randn(&mut rng, n);
+        let mut outs = Vec::new();
+        for be in [cpu, rf] {
+            let mut y = nan(n);
+            be.swiglu_forward(&mut y, &g, &u).unwrap();
+            let (mut dg, mut du) = (nan(n), nan(n));
+            be.swiglu_backward(&mut dg, &mut du, &dy, &g, &u).unwrap();
+            outs.push((y, dg, du));
+        }
+        close(&format!("swiglu fwd {n}"), &outs[0].0, &outs[1].0);
+        close(&format!("swiglu dgate {n}"), &outs[0].1, &outs[1].1);
+        close(&format!("swiglu dup {n}"), &outs[0].2, &outs[1].2);
+    }
+}
+
+#[test]
+fn attention_matches_reference_with_gqa_and_caches() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(106);
+    let specs = [
+        AttentionSpec::causal(1, 1, 1, 1, 1),
+        AttentionSpec::causal(2, 7, 4, 2, 3),
+        AttentionSpec::causal(1, 33, 3, 1, 8),
+        AttentionSpec::causal(2, 127, 2, 2, 32),
+        AttentionSpec {
+            batch: 2,
+            q_len: 3,
+            kv_len: 33,
+            kv_capacity: 40,
+            q_heads: 4,
+            kv_heads: 1,
+            head_dim: 7,
+        },
+        AttentionSpec {
+            batch: 1,
+            q_len: 1,
+            kv_len: 127,
+            kv_capacity: 127,
+            q_heads: 8,
+            kv_heads: 2,
+            head_dim: 16,
+        },
+    ];
+    for spec in specs {
+        let (nq, nkv, nl) = spec.check("test").unwrap();
+        let q = randn(&mut rng, nq);
+        let k = randn(&mut rng, nkv);
+        let v = randn(&mut rng, nkv);
+        let dy = randn(&mut rng, nq);
+        let mut outs = Vec::new();
+        for be in [cpu, rf] {
+            let (mut o, mut l) = (nan(nq), nan(nl));
+            be.attention_forward(&mut o, &mut l, &q, &k, &v, &spec).unwrap();
+            let (mut dq, mut dk, mut dv) = (nan(nq), nan(nkv), nan(nkv));
+            be.attention_backward(&mut dq, &mut dk, &mut dv, &dy, &q, &k, &v, &o, &l, &spec)
+                .unwrap();
+            outs.push([o, l, dq, dk, dv]);
+        }
+        for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
+            close(&format!("attention {name} {spec:?}"), &outs[0][i], &outs[1][i]);
+        }
+    }
+}
+
+#[test]
+fn embedding_matches_reference() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(107);
+    for &(vocab, dim, n) in &[(1, 1, 1), (1000, 33, 127), (7, 127, 1000)] {
+        let table = randn(&mut rng, vocab * dim);
+        let ids: Vec<u32> = (0..n).map(|_| rng.below(vocab as u64) as u32).collect();
+        let dy = randn(&mut rng, n * dim);
+        let dt0 = randn(&mut rng, vocab * dim);
+        let mut outs = Vec::new();
+        for be in [cpu, rf] {
+            let mut o = nan(n * dim);
+            be.embedding_forward(&mut o, &table, &ids, vocab, dim).unwrap();
+            let mut dt = dt0.clone();
+            be.embedding_backward(&mut dt, &dy, &ids, vocab, dim).unwrap();
+            outs.push((o, dt));
+        }
+        assert_eq!(outs[0].0, outs[1].0, "embedding lookup is a copy");
+        close(&format!("embedding dtable {vocab}x{dim}"), &outs[0].1, &outs[1].1);
+    }
+}
+
+#[test]
+fn cross_entropy_matches_reference_with_and_without_gradient() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(108);
+    for &(rows, vocab) in &[(1, 1), (3, 7), (33, 1000), (127, 33)] {
+        let logits: Vec<f32> = randn(&mut rng, rows * vocab).iter().map(|v| v * 3.0).collect();
+        let targets: Vec<u32> = (0..rows).map(|_| rng.below(vocab as u64) as u32).collect();
+        let mask: Vec<bool> = (0..rows).map(|r| r % 3 != 1).collect();
+        for grad in [None, Some(0.25f32)] {
+            let mut outs = Vec::new();
+            for be in [cpu, rf] {
+                let mut l = logits.clone();
+                let s = be
+                    .cross_entropy(&mut l, &targets, Some(&mask), rows, vocab, grad)
+                    .unwrap();
+                outs.push((l, s));
+            }
+            let (a, b) = (&outs[0], &outs[1]);
+            assert_eq!(a.1.count, b.1.count);
+            assert!(
+                (a.1.loss_sum - b.1.loss_sum).abs() <= 1e-5 * b.1.loss_sum.abs().max(1.0),
+                "{rows}x{vocab} loss"
+            );
+            close(&format!("cross_entropy {rows}x{vocab} grad={grad:?}"), &a.0, &b.0);
+        }
+    }
+}
+
+#[test]
+fn optimizers_match_reference_bit_for_bit() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(109);
+    for n in [1usize, 33, 100_003] {
+        let p0 = randn(&mut rng, n);
+        let g = randn(&mut rng, n);
+        for hp in [
+            AdamParams::default(),
+            AdamParams {
+                weight_decay: 0.1,
+                decoupled: true,
+                grad_scale: 0.5,
+                ..AdamParams::default()
+            },
+            AdamParams {
+                weight_decay: 0.1,
+                decoupled: false,
+                ..AdamParams::default()
+            },
+        ] {
+            let mut outs = Vec::new();
+            for be in [cpu, rf] {
+                let (mut p, mut m, mut v) = (p0.clone(), vec![0.0; n], vec![0.0; n]);
+                for step in 1..=3 {
+                    be.adam_update(&mut p, &g, &mut m, &mut v, &hp, step).unwrap();
+                }
+                outs.push((p, m, v));
+            }
+            assert_eq!(outs[0], outs[1], "adam n={n} {hp:?}");
+        }
+        for hp in [
+            SgdParams::new(0.1),
+            SgdParams {
+                momentum: 0.9,
+                nesterov: true,
+                weight_decay: 0.01,
+                ..SgdParams::new(0.1)
+            },
+        ] {
+            let mut outs = Vec::new();
+            for be in [cpu, rf] {
+                let mut p = p0.clone();
+                let mut buf = vec![0.0; n];
+                for _ in 0..3 {
+                    be.sgd_update(
+                        &mut p,
+                        &g,
+                        if hp.momentum > 0.0 { Some(&mut buf) } else { None },
+                        &hp,
+                    )
+                    .unwrap();
+                }
+                outs.push(p);
+            }
+            assert_eq!(outs[0], outs[1], "sgd n={n} {hp:?}");
+        }
+    }
+}
+
+#[test]
+fn elementwise_bias_and_norm_match_reference() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(110);
+    for &(rows, cols) in &[(1, 1), (3, 7), (1000, 33), (33, 1000)] {
+        let x = randn(&mut rng, rows * cols);
+        let y0 = randn(&mut rng, rows * cols);
+        let bias = randn(&mut rng, cols);
+        let db0 = randn(&mut rng, cols);
+        let mut outs = Vec::new();
+        for be in [cpu, rf] {
+            let mut y = y0.clone();
+            be.axpy(&mut y, -0.75, &x).unwrap();
+            be.scale(&mut y, 1.5).unwrap();
+            be.add_bias(&mut y, &bias, rows, cols).unwrap();
+            let mut db = db0.clone();
+            be.bias_backward(&mut db, &x, rows, cols).unwrap();
+            let ss = be.sum_of_squares(&y).unwrap();
+            outs.push((y, db, ss));
+        }
+        close(
+            &format!("axpy/scale/add_bias {rows}x{cols}"),
+            &outs[0].0,
+            &outs[1].0,
+        );
+        close(&format!("bias_backward {rows}x{cols}"), &outs[0].1, &outs[1].1);
+        assert!(
+            (outs[0].2 - outs[1].2).abs() <= 1e-6 * outs[1].2,
+            "sum_of_squares {rows}x{cols}"
+        );
+    }
+    let bufs = [vec![3.0f32, 4.0], vec![12.0]];
+    let refs: Vec<&Vec<f32>> = bufs.iter().collect();
+    assert_eq!(global_l2_norm(&CpuBackend, &refs).unwrap(), 13.0);
+}
+
+#[test]
+fn dense_activations_and_losses_match_reference() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(111);
+    for &(rows, cols) in &[(1, 1), (3, 7), (1000, 33), (2000, 10)] {
+        let z = randn(&mut rng, rows * cols);
+        let dy = randn(&mut rng, rows * cols);
+        for act in [
+            Activation::Identity,
+            Activation::Relu,
+            Activation::LeakyRelu(0.01),
+            Activation::Sigmoid,
+            Activation::Tanh,
+            Activation::Softmax,
+        ] {
+            let mut outs = Vec::new();
+            for be in [cpu, rf] {
+                let mut y = nan(rows * cols);
+                be.activation_forward(act, &mut y, &z, rows, cols).unwrap();
+                let mut dz = nan(rows * cols);
+                be.activation_backward(act, &mut dz, &dy, &z, &y, rows, cols)
+                    .unwrap();
+                outs.push((y, dz));
+            }
+            close(&format!("{act:?} fwd {rows}x{cols}"), &outs[0].0, &outs[1].0);
+            close(&format!("{act:?} bwd {rows}x{cols}"), &outs[0].1, &outs[1].1);
+        }
+        let mut probs = nan(rows * cols);
+        rf.activation_forward(Activation::Softmax, &mut probs, &z, rows, cols)
+            .unwrap();
+        let mut target = vec![0.0f32; rows * cols];
+        for r in 0..rows {
+            target[r * cols + rng.below(cols as u64) as usize] = 1.0;
+        }
+        for loss in [
+            Loss::MeanSquaredError,
+            Loss::BinaryCrossEntropy,
+            Loss::CategoricalCrossEntropy,
+        ] {
+            let mut outs = Vec::new();
+            for be in [cpu, rf] {
+                let l = be.loss_forward(loss, &probs, &target, rows, cols).unwrap();
+                let mut d = nan(rows * cols);
+                be.loss_backward(loss, &mut d, &probs, &target, rows, cols)
+                    .unwrap();
+                let mut f = nan(rows * cols);
+                be.fused_output_backward(loss, &mut f, &probs, &target, rows, cols)
+                    .unwrap();
+                outs.push((l, d, f));
+            }
+            assert!(
+                (outs[0].0 - outs[1].0).abs() <= 1e-6 * outs[1].0.abs().max(1e-3),
+                "{loss:?} {rows}x{cols} value"
+            );
+            close(&format!("{loss:?} bwd {rows}x{cols}"), &outs[0].1, &outs[1].1);
+            close(&format!("{loss:?} fused {rows}x{cols}"), &outs[0].2, &outs[1].2);
+        }
+    }
+}
