@@ -155,23 +155,43 @@ fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, 
 }
 
 /// out = alpha * sum_p vec[p] * mat[p, :] + beta * out; mat: (vec.len(), width).
-/// Each task owns a column range and streams down the rows of `mat` within it.
+///
+/// Each task takes a contiguous block of rows of `mat` (sequential memory, no TLB churn)
+/// and sums it into a partial row; the partials are added in block order, so the result
+/// does not depend on the thread count.
 fn sum_rows(out: &mut [f32], mat: &[f32], vec: &[f32], width: usize, alpha: f32, beta: f32) {
-    let work = |(chunk, o): (usize, &mut [f32])| {
-        let j0 = chunk * GEMV_CHUNK;
-        let mut acc = [0.0f32; GEMV_CHUNK];
-        let acc = &mut acc[..o.len()];
-        for (p, &x) in vec.iter().enumerate() {
-            let row = p * width + j0;
-            simd::axpy(acc, x, &mat[row..row + acc.len()]);
+    let rows_per_block = ((1usize << 16) / width.max(1)).max(4);
+    let block = |(b, x): (usize, &[f32])| {
+        let mut acc = vec![0.0f32; width];
+        let p0 = b * rows_per_block;
+        let at = |p: usize| &mat[(p0 + p) * width..(p0 + p + 1) * width];
+        let quads = x.len() / 4;
+        for q in 0..quads {
+            let p = 4 * q;
+            simd::axpy4(
+                &mut acc,
+                [x[p], x[p + 1], x[p + 2], x[p + 3]],
+                at(p),
+                at(p + 1),
+                at(p + 2),
+                at(p + 3),
+            );
         }
-        for (y, &v) in o.iter_mut().zip(acc.iter()) {
-            store(y, v, alpha, beta);
+        for p in 4 * quads..x.len() {
+            simd::axpy(&mut acc, x[p], at(p));
         }
+        acc
     };
-    if out.len() * vec.len() >= 1 << 15 {
-        out.par_chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
+    let partials: Vec<Vec<f32>> = if out.len() * vec.len() >= 1 << 15 {
+        vec.par_chunks(rows_per_block).enumerate().map(block).collect()
     } else {
-        out.chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
+        vec.chunks(rows_per_block).enumerate().map(block).collect()
+    };
+    let mut sum = vec![0.0f32; width];
+    for p in &partials {
+        simd::axpy(&mut sum, 1.0, p);
+    }
+    for (y, &v) in out.iter_mut().zip(&sum) {
+        store(y, v, alpha, beta);
     }
 }

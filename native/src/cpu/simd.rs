@@ -89,23 +89,48 @@ macro_rules! dispatch {
     };
 }
 
+/// Elements per step of the reductions: four vectors of 16, so four independent FMA
+/// chains hide the FMA latency (one chain would run at a quarter of the machine's rate).
+const STEP: usize = 4 * LANES;
+
+/// Fixed-size views, so the inner loops have no bounds checks and vectorize fully.
+#[inline(always)]
+fn block(x: &[f32]) -> &[f32; STEP] {
+    x.try_into().expect("chunks_exact yields STEP elements")
+}
+
+#[inline(always)]
+fn block_mut(x: &mut [f32]) -> &mut [f32; STEP] {
+    x.try_into().expect("chunks_exact yields STEP elements")
+}
+
+#[inline(always)]
+fn fold(acc: &[f32; STEP]) -> f32 {
+    let mut v = [0.0f32; LANES];
+    for l in 0..LANES {
+        v[l] = (acc[l] + acc[LANES + l]) + (acc[2 * LANES + l] + acc[3 * LANES + l]);
+    }
+    hsum(&v)
+}
+
 #[inline(always)]
 fn dot_body<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; LANES];
-    let chunks = n / LANES;
-    for c in 0..chunks {
-        let (x, y) = (&a[c * LANES..(c + 1) * LANES], &b[c * LANES..(c + 1) * LANES]);
-        for l in 0..LANES {
+    let mut acc = [0.0f32; STEP];
+    let (ca, cb) = (a.chunks_exact(STEP), b.chunks_exact(STEP));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        let (x, y) = (block(x), block(y));
+        for l in 0..STEP {
             acc[l] = madd::<FMA>(x[l], y[l], acc[l]);
         }
     }
     let mut tail = 0.0f32;
-    for i in chunks * LANES..n {
-        tail = madd::<FMA>(a[i], b[i], tail);
+    for (x, y) in ta.iter().zip(tb) {
+        tail = madd::<FMA>(*x, *y, tail);
     }
-    hsum(&acc) + tail
+    fold(&acc) + tail
 }
 
 #[inline(always)]
@@ -135,6 +160,18 @@ fn axpy_body<const FMA: bool>(y: &mut [f32], alpha: f32, x: &[f32]) {
 }
 
 #[inline(always)]
+fn axpy4_body<const FMA: bool>(y: &mut [f32], a: [f32; 4], x0: &[f32], x1: &[f32], x2: &[f32], x3: &[f32]) {
+    let n = y.len().min(x0.len()).min(x1.len()).min(x2.len()).min(x3.len());
+    let (x0, x1, x2, x3) = (&x0[..n], &x1[..n], &x2[..n], &x3[..n]);
+    for (i, y) in y[..n].iter_mut().enumerate() {
+        let mut v = madd::<FMA>(a[0], x0[i], *y);
+        v = madd::<FMA>(a[1], x1[i], v);
+        v = madd::<FMA>(a[2], x2[i], v);
+        *y = madd::<FMA>(a[3], x3[i], v);
+    }
+}
+
+#[inline(always)]
 fn scale_body<const FMA: bool>(x: &mut [f32], alpha: f32) {
     for v in x.iter_mut() {
         *v *= alpha;
@@ -143,25 +180,24 @@ fn scale_body<const FMA: bool>(x: &mut [f32], alpha: f32) {
 
 #[inline(always)]
 fn max_body<const FMA: bool>(x: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    let chunks = x.len() / LANES;
-    let mut nan = false;
-    for c in 0..chunks {
-        let v = &x[c * LANES..(c + 1) * LANES];
-        for l in 0..LANES {
-            nan |= v[l].is_nan();
+    let mut acc = [f32::NEG_INFINITY; STEP];
+    let mut nan = [false; STEP];
+    let chunks = x.chunks_exact(STEP);
+    let tail = chunks.remainder();
+    for v in chunks {
+        let v = block(v);
+        for l in 0..STEP {
+            nan[l] |= v[l].is_nan();
             acc[l] = if v[l] > acc[l] { v[l] } else { acc[l] };
         }
     }
     let mut m = f32::NEG_INFINITY;
-    for &v in &x[chunks * LANES..] {
-        nan |= v.is_nan();
+    let mut any_nan = nan.iter().any(|&b| b);
+    for &v in tail.iter().chain(acc.iter()) {
+        any_nan |= v.is_nan();
         m = if v > m { v } else { m };
     }
-    for a in acc {
-        m = if a > m { a } else { m };
-    }
-    if nan {
+    if any_nan {
         f32::NAN
     } else {
         m
@@ -201,21 +237,21 @@ pub fn exp(x: f32) -> f32 {
 
 #[inline(always)]
 fn exp_sub_sum_body<const FMA: bool>(x: &mut [f32], shift: f32) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let chunks = x.len() / LANES;
-    for c in 0..chunks {
-        let v = &mut x[c * LANES..(c + 1) * LANES];
-        for l in 0..LANES {
+    let mut acc = [0.0f32; STEP];
+    let mut chunks = x.chunks_exact_mut(STEP);
+    for v in chunks.by_ref() {
+        let v = block_mut(v);
+        for l in 0..STEP {
             v[l] = exp(v[l] - shift);
             acc[l] += v[l];
         }
     }
     let mut tail = 0.0;
-    for v in &mut x[chunks * LANES..] {
+    for v in chunks.into_remainder() {
         *v = exp(*v - shift);
         tail += *v;
     }
-    hsum(&acc) + tail
+    fold(&acc) + tail
 }
 
 #[inline(always)]
@@ -263,6 +299,11 @@ dispatch!(
 dispatch!(
     /// y += alpha * x over the shorter length.
     axpy => axpy_body(y: &mut [f32], alpha: f32, x: &[f32])
+);
+dispatch!(
+    /// y += a[0] x0 + a[1] x1 + a[2] x2 + a[3] x3: four rows per pass over `y`, so a GEMV
+    /// loads and stores its accumulator a quarter as often.
+    axpy4 => axpy4_body(y: &mut [f32], a: [f32; 4], x0: &[f32], x1: &[f32], x2: &[f32], x3: &[f32])
 );
 dispatch!(
     /// x *= alpha.

@@ -1,0 +1,163 @@
+//! f32 GEMM throughput on this machine: the CPU backend next to the `gemm` crate called
+//! directly (same threads, and one thread) and to the reference loops, plus the decode
+//! shapes (m = 1) where the backend uses its own GEMV.
+//!
+//!     cargo run --release -p rusting_brain --example bench_gemm
+//!
+//! Prints one table; GFLOP/s = 2 m n k / best time over the repetitions.
+
+use std::time::Instant;
+
+use rusting_brain::cpu::CpuBackend;
+use rusting_brain_core::backend::{MatmulSpec, Precision};
+use rusting_brain_core::{Backend, ReferenceBackend, Rng};
+
+/// Best times of several contenders measured in rotating turns (a b c, b c a, ...), so a slow
+/// patch of the machine (another process, frequency change) hits all of them alike.
+fn best_in_turns(reps: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    for f in fs.iter_mut() {
+        f(); // warm-up: page faults, thread pool start, packing buffers
+    }
+    let mut best = vec![f64::INFINITY; fs.len()];
+    let n = fs.len();
+    for rep in 0..reps {
+        // Rotate who goes first: the first call after a single-threaded one pays for
+        // waking rayon's sleeping workers.
+        for j in 0..n {
+            let i = (rep + j) % n;
+            let t = Instant::now();
+            fs[i]();
+            best[i] = best[i].min(t.elapsed().as_secs_f64());
+        }
+    }
+    best
+}
+
+/// `gemm::gemm` on row-major A (m, k) and B given by its (row, column) strides.
+#[allow(clippy::too_many_arguments)]
+fn gemm_direct(
+    c: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    b_rs: isize,
+    b_cs: isize,
+    threads: usize,
+) {
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: a is m*k, b is k*n (either layout), c is m*n, all contiguous; the strides
+    // address exactly those elements, and c is borrowed uniquely.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+fn main() {
+    let cpu = CpuBackend::new();
+    let threads = cpu.threads();
+    println!(
+        "bench_gemm: {} logical cores, rayon threads {threads}, SIMD {} ({})",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        cpu.isa(),
+        std::env::consts::ARCH
+    );
+    println!();
+    println!(
+        "{:<26} {:>12} {:>14} {:>14} {:>12} {:>10}",
+        "shape (m x n x k)", "backend", "gemm crate", "gemm 1 thread", "reference", "ratio"
+    );
+    println!(
+        "{:<26} {:>12} {:>14} {:>14} {:>12} {:>10}",
+        "", "GFLOP/s", "GFLOP/s", "GFLOP/s", "GFLOP/s", "bk/crate"
+    );
+    let mut rng = Rng::new(7);
+    let shapes: &[(usize, usize, usize, &str)] = &[
+        (256, 256, 256, ""),
+        (1024, 1024, 1024, ""),
+        (2048, 2048, 2048, ""),
+        (2048, 704, 256, " (LM FFN)"),
+        (1, 2048, 2048, " (decode)"),
+        (1, 4096, 1024, " (decode)"),
+        (1, 1024, 4096, " (decode, W^T)"),
+    ];
+    for &(m, n, k, label) in shapes {
+        let a = rng.normal_vec(m * k, 1.0);
+        let b = rng.normal_vec(k * n, 1.0);
+        let mut c = vec![0.0f32; m * n];
+        let flops = 2.0 * (m * n * k) as f64;
+        let reps = ((8e9 / flops) as usize).clamp(5, 300);
+        let trans_b = label.contains("W^T");
+        let spec = MatmulSpec::new(m, n, k).trans_b(trans_b);
+        let (mut c1, mut c2, mut c3) = (c.clone(), c.clone(), c.clone());
+        let (b_rs, b_cs) = (
+            if trans_b { 1 } else { n as isize },
+            if trans_b { k as isize } else { 1 },
+        );
+        let times = best_in_turns(
+            reps,
+            &mut [
+                &mut || cpu.matmul(&mut c1, &a, &b, &spec).unwrap(),
+                &mut || gemm_direct(&mut c2, &a, &b, m, n, k, b_rs, b_cs, threads),
+                &mut || gemm_direct(&mut c3, &a, &b, m, n, k, b_rs, b_cs, 1),
+            ],
+        );
+        let (t_backend, t_crate, t_single) = (times[0], times[1], times[2]);
+        // The reference is a triple loop; past ~1 GFLOP it takes minutes, so it is skipped.
+        let reference = if flops <= 2.0 * 1024f64.powi(3) {
+            let t = best_in_turns(
+                1,
+                &mut [&mut || ReferenceBackend.matmul(&mut c, &a, &b, &spec).unwrap()],
+            )[0];
+            format!("{:.2}", flops / t / 1e9)
+        } else {
+            "skipped".to_string()
+        };
+        println!(
+            "{:<26} {:>12.1} {:>14.1} {:>14.1} {:>12} {:>9.2}x",
+            format!("{m}x{n}x{k}{label}"),
+            flops / t_backend / 1e9,
+            flops / t_crate / 1e9,
+            flops / t_single / 1e9,
+            reference,
+            t_crate / t_backend
+        );
+    }
+    // Mixed precision: operands rounded to bf16, f32 accumulation (see cpu::matmul).
+    let n = 1024;
+    let a = rng.normal_vec(n * n, 1.0);
+    let b = rng.normal_vec(n * n, 1.0);
+    let mut c = vec![0.0f32; n * n];
+    let spec = MatmulSpec::new(n, n, n).precision(Precision::Bf16);
+    let t = best_in_turns(5, &mut [&mut || cpu.matmul(&mut c, &a, &b, &spec).unwrap()])[0];
+    println!();
+    println!(
+        "bf16 operands, f32 accumulate, 1024^3: {:.1} GFLOP/s (rounding + f32 kernel: the gemm crate has no bf16 kernels)",
+        2.0 * (n * n * n) as f64 / t / 1e9
+    );
+}
