@@ -15,6 +15,9 @@
 //! so the web crate runs the same model code as the native one.
 #![no_std]
 #![forbid(unsafe_code)]
+// The reference math indexes several arrays with one loop variable, as the formulas do;
+// rewriting those loops as zipped iterators would make them harder to check by eye.
+#![allow(clippy::needless_range_loop)]
 
 extern crate alloc;
 #[cfg(feature = "std")]

@@ -6,6 +6,29 @@
 //! `Dataset`, `TokenBatch`, ...) live here, along with files, threads and loaders.
 //!
 //! Everything that can fail returns [`NetworkError`]; nothing panics on user input.
+//!
+//! A primitive on the CPU backend (the same example as the README):
+//!
+//! ```
+//! use rusting_brain::cpu::CpuBackend;
+//! use rusting_brain::core::backend::MatmulSpec;
+//! use rusting_brain::Backend;
+//!
+//! let cpu = CpuBackend::new();
+//! let a = cpu.upload(&[1.0, 2.0, 3.0, 4.0])?; // (2, 2)
+//! let w = cpu.upload(&[1.0, 0.0, 0.0, 1.0])?; // (2, 2), stored (out, in)
+//! let mut y = cpu.zeros(4)?;
+//! cpu.matmul(&mut y, &a, &w, &MatmulSpec::new(2, 2, 2).trans_b(true))?;
+//! assert_eq!(cpu.download(&y)?, vec![1.0, 2.0, 3.0, 4.0]);
+//!
+//! // Bad input is an error, not a panic:
+//! let err = cpu.matmul(&mut y, &a, &cpu.zeros(3)?, &MatmulSpec::new(2, 2, 2)).unwrap_err();
+//! assert_eq!(err.to_string(), "matmul: `b` has 3 elements but the shape needs 4");
+//! # Ok::<(), rusting_brain::CoreError>(())
+//! ```
+
+// Kernels index several slices with one loop variable, as the formulas do.
+#![allow(clippy::needless_range_loop)]
 
 pub mod cpu;
 mod error;

@@ -54,7 +54,7 @@ fn close_scaled(what: &str, got: &[f32], want: &[f32], term_scale: f64) {
         } else {
             (g as f64 - w as f64).abs() / allowed
         };
-        if !(ratio <= worst.0) {
+        if ratio.is_nan() || ratio > worst.0 {
             worst = (ratio, i);
         }
     }

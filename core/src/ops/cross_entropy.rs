@@ -46,7 +46,7 @@ pub fn cross_entropy<T: Real>(
     if let Some(mask) = mask {
         check_len(OP, "mask", mask.len(), rows)?;
     }
-    let counted = |r: usize| mask.map_or(true, |m| m[r]);
+    let counted = |r: usize| mask.is_none_or(|m| m[r]);
     for r in 0..rows {
         if counted(r) && targets[r] as usize >= vocab {
             return Err(CoreError::IdOutOfRange {

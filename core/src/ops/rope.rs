@@ -29,7 +29,7 @@ impl RopeSpec {
                 message: alloc::format!("head_dim must be even for RoPE, got {}", self.head_dim),
             });
         }
-        if !(self.theta > 1.0) || !self.theta.is_finite() {
+        if self.theta.is_nan() || self.theta <= 1.0 || self.theta.is_infinite() {
             return Err(CoreError::InvalidArgument {
                 op,
                 message: alloc::format!("rope theta must be a finite number above 1, got {}", self.theta),

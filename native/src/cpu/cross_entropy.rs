@@ -25,7 +25,7 @@ pub fn cross_entropy(
     if let Some(mask) = mask {
         check_len(OP, "mask", mask.len(), rows)?;
     }
-    let counted = |r: usize| mask.map_or(true, |m| m[r]);
+    let counted = |r: usize| mask.is_none_or(|m| m[r]);
     if let Some(r) = (0..rows).find(|&r| counted(r) && targets[r] as usize >= vocab) {
         return Err(CoreError::IdOutOfRange {
             op: OP,
