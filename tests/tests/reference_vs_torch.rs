@@ -184,3 +184,104 @@ fn fixture_records_its_generator() {
     );
     assert!(f.metadata("torch").is_some());
 }
+
+/// The CPU backend, through the `Backend` trait, on the same fixture: it must meet the same
+/// f32 tolerance as the reference does.
+#[test]
+fn cpu_backend_matches_pytorch_to_f32_rounding() {
+    use rusting_brain::cpu::CpuBackend;
+    use rusting_brain_core::Backend;
+    let f = fixture();
+    let cpu = CpuBackend::new();
+    let x = |name: &str| input::<f32>(&f, name);
+    let mut c = vec![f32::NAN; 15];
+    cpu.matmul(
+        &mut c,
+        &x("mm_a"),
+        &x("mm_w"),
+        &MatmulSpec::new(5, 3, 7).trans_b(true),
+    )
+    .unwrap();
+    check(&f, "mm_cw", &c, F32_TOL);
+    let mut dw = vec![f32::NAN; 21];
+    cpu.matmul(
+        &mut dw,
+        &x("mm_dc"),
+        &x("mm_a"),
+        &MatmulSpec::new(3, 7, 5).trans_a(true),
+    )
+    .unwrap();
+    check(&f, "mm_cw_dw", &dw, F32_TOL);
+
+    let (mut y, mut rstd) = (vec![f32::NAN; 60], vec![f32::NAN; 6]);
+    cpu.rmsnorm_forward(&mut y, &mut rstd, &x("rms_x"), &x("rms_w"), 6, 10, 1e-5)
+        .unwrap();
+    check(&f, "rms_out", &y, F32_TOL);
+    let (mut dx, mut dg) = (vec![f32::NAN; 60], vec![0.0; 10]);
+    cpu.rmsnorm_backward(
+        &mut dx,
+        &mut dg,
+        &x("rms_dout"),
+        &x("rms_x"),
+        &x("rms_w"),
+        &rstd,
+        6,
+        10,
+    )
+    .unwrap();
+    check(&f, "rms_dx", &dx, F32_TOL);
+    check(&f, "rms_dw", &dg, F32_TOL);
+
+    let spec = RopeSpec {
+        batch: 2,
+        seq: 5,
+        heads: 3,
+        head_dim: 8,
+        pos_offset: 3,
+        theta: 10_000.0,
+    };
+    let mut r = x("rope_x");
+    cpu.rope_forward(&mut r, &spec).unwrap();
+    check(&f, "rope_out", &r, F32_TOL);
+
+    let spec = AttentionSpec::causal(2, 6, 4, 2, 8);
+    let (nq, nkv, nl) = spec.check("test").unwrap();
+    let (q, k, v) = (x("att_q"), x("att_k"), x("att_v"));
+    let (mut o, mut lse) = (vec![f32::NAN; nq], vec![f32::NAN; nl]);
+    cpu.attention_forward(&mut o, &mut lse, &q, &k, &v, &spec)
+        .unwrap();
+    check(&f, "att_out", &o, F32_TOL);
+    let (mut dq, mut dk, mut dv) = (vec![f32::NAN; nq], vec![f32::NAN; nkv], vec![f32::NAN; nkv]);
+    cpu.attention_backward(
+        &mut dq,
+        &mut dk,
+        &mut dv,
+        &x("att_dout"),
+        &q,
+        &k,
+        &v,
+        &o,
+        &lse,
+        &spec,
+    )
+    .unwrap();
+    check(&f, "att_dq", &dq, F32_TOL);
+    check(&f, "att_dk", &dk, F32_TOL);
+    check(&f, "att_dv", &dv, F32_TOL);
+
+    let (mut dgate, mut dup) = (vec![f32::NAN; 44], vec![f32::NAN; 44]);
+    cpu.swiglu_backward(&mut dgate, &mut dup, &x("swi_dout"), &x("swi_gate"), &x("swi_up"))
+        .unwrap();
+    check(&f, "swi_dgate", &dgate, F32_TOL);
+    check(&f, "swi_dup", &dup, F32_TOL);
+
+    let raw = f.get("ce_targets").unwrap().data;
+    let mask: Vec<bool> = raw.iter().map(|&t| t >= 0.0).collect();
+    let targets: Vec<u32> = raw.iter().map(|&t| t.max(0.0) as u32).collect();
+    let mut logits = x("ce_logits");
+    let sum = cpu
+        .cross_entropy(&mut logits, &targets, Some(&mask), 6, 13, Some(0.25))
+        .unwrap();
+    check(&f, "ce_loss", &[sum.mean() as f32], F32_TOL);
+    check(&f, "ce_dlogits", &logits, F32_TOL);
+}

@@ -9,6 +9,5 @@
 //! and a native build must agree on lives in `rusting_brain_core`, which builds for
 //! wasm32 without `std`. Today the crate re-exports that core; the bindings, the npm
 //! package and the demo page under `www/` arrive with the browser work.
-#![no_std]
 
 pub use rusting_brain_core as core;
