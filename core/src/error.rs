@@ -63,6 +63,22 @@ pub fn product(op: &'static str, dims: &[usize]) -> Result<usize, CoreError> {
     })
 }
 
+/// Checks a row-wise op: `cols > 0` and every named buffer holding `rows * cols` elements.
+/// Returns `rows * cols`.
+pub fn check_rows(
+    op: &'static str,
+    rows: usize,
+    cols: usize,
+    bufs: &[(&'static str, usize)],
+) -> Result<usize, CoreError> {
+    nonzero(op, "cols", cols)?;
+    let n = product(op, &[rows, cols])?;
+    for &(what, len) in bufs {
+        check_len(op, what, len, n)?;
+    }
+    Ok(n)
+}
+
 pub fn nonzero(op: &'static str, what: &str, value: usize) -> Result<(), CoreError> {
     if value == 0 {
         Err(CoreError::InvalidDimension {

@@ -1,6 +1,6 @@
 //! The activations of a dense network, forward and backward, row-wise over (rows, cols).
 
-use crate::error::{check_len, nonzero, product};
+use crate::error::{check_len, check_rows};
 use crate::ops::softmax::{softmax_backward, softmax_row};
 use crate::ops::swiglu::sigmoid;
 use crate::{Real, Result};
@@ -24,12 +24,8 @@ impl Activation {
     pub const LEAKY_RELU_DEFAULT: f32 = 0.01;
 }
 
-fn check(op: &'static str, a: usize, b: usize, rows: usize, cols: usize) -> Result<usize> {
-    nonzero(op, "cols", cols)?;
-    let n = product(op, &[rows, cols])?;
-    check_len(op, "inp", a, n)?;
-    check_len(op, "out", b, n)?;
-    Ok(n)
+fn check(op: &'static str, inp: usize, out: usize, rows: usize, cols: usize) -> Result<usize> {
+    check_rows(op, rows, cols, &[("inp", inp), ("out", out)])
 }
 
 /// out = f(inp), inp and out: (rows, cols).

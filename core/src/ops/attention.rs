@@ -70,6 +70,30 @@ impl AttentionSpec {
         Ok((q, kv, lse))
     }
 
+    /// The shape contract of `attention_forward`, shared by every backend (buffer lengths).
+    pub fn check_forward(&self, out: usize, lse: usize, q: usize, k: usize, v: usize) -> Result<()> {
+        const OP: &str = "attention_forward";
+        let (nq, nkv, nl) = self.check(OP)?;
+        check_len(OP, "q", q, nq)?;
+        check_len(OP, "out", out, nq)?;
+        check_len(OP, "k", k, nkv)?;
+        check_len(OP, "v", v, nkv)?;
+        check_len(OP, "lse", lse, nl)
+    }
+
+    /// The shape contract of `attention_backward`: the lengths of
+    /// `[dq, dk, dv, dout, q, k, v, out, lse]`, in the function's argument order.
+    pub fn check_backward(&self, lens: [usize; 9]) -> Result<()> {
+        const OP: &str = "attention_backward";
+        let (nq, nkv, nl) = self.check(OP)?;
+        let names = ["dq", "dk", "dv", "dout", "q", "k", "v", "out", "lse"];
+        let wants = [nq, nkv, nkv, nq, nq, nkv, nkv, nq, nl];
+        for i in 0..9 {
+            check_len(OP, names[i], lens[i], wants[i])?;
+        }
+        Ok(())
+    }
+
     pub fn group(&self) -> usize {
         self.q_heads / self.kv_heads
     }
@@ -112,13 +136,7 @@ pub fn attention_forward<T: Real>(
     v: &[T],
     spec: &AttentionSpec,
 ) -> Result<()> {
-    const OP: &str = "attention_forward";
-    let (nq, nkv, nl) = spec.check(OP)?;
-    check_len(OP, "q", q.len(), nq)?;
-    check_len(OP, "out", out.len(), nq)?;
-    check_len(OP, "k", k.len(), nkv)?;
-    check_len(OP, "v", v.len(), nkv)?;
-    check_len(OP, "lse", lse.len(), nl)?;
+    spec.check_forward(out.len(), lse.len(), q.len(), k.len(), v.len())?;
     let d = spec.head_dim;
     let scale = T::ONE / T::from_usize(d).sqrt();
     let mut scores = alloc::vec![T::ZERO; spec.kv_len];
@@ -171,21 +189,17 @@ pub fn attention_backward<T: Real>(
     lse: &[T],
     spec: &AttentionSpec,
 ) -> Result<()> {
-    const OP: &str = "attention_backward";
-    let (nq, nkv, nl) = spec.check(OP)?;
-    for (what, len, want) in [
-        ("dq", dq.len(), nq),
-        ("dout", dout.len(), nq),
-        ("q", q.len(), nq),
-        ("out", out.len(), nq),
-        ("dk", dk.len(), nkv),
-        ("dv", dv.len(), nkv),
-        ("k", k.len(), nkv),
-        ("v", v.len(), nkv),
-        ("lse", lse.len(), nl),
-    ] {
-        check_len(OP, what, len, want)?;
-    }
+    spec.check_backward([
+        dq.len(),
+        dk.len(),
+        dv.len(),
+        dout.len(),
+        q.len(),
+        k.len(),
+        v.len(),
+        out.len(),
+        lse.len(),
+    ])?;
     let d = spec.head_dim;
     let scale = T::ONE / T::from_usize(d).sqrt();
     dq.iter_mut().for_each(|x| *x = T::ZERO);

@@ -22,6 +22,34 @@ impl CrossEntropySum {
     }
 }
 
+/// The contract of `cross_entropy`, shared by every backend: logits `(rows, vocab)`,
+/// one target and (optionally) one mask flag per row, every counted target below `vocab`.
+pub fn check_cross_entropy(
+    logits: usize,
+    targets: &[u32],
+    mask: Option<&[bool]>,
+    rows: usize,
+    vocab: usize,
+) -> Result<()> {
+    const OP: &str = "cross_entropy";
+    nonzero(OP, "vocab", vocab)?;
+    check_len(OP, "logits", logits, product(OP, &[rows, vocab])?)?;
+    check_len(OP, "targets", targets.len(), rows)?;
+    if let Some(mask) = mask {
+        check_len(OP, "mask", mask.len(), rows)?;
+    }
+    let counted = |r: usize| mask.is_none_or(|m| m[r]);
+    match (0..rows).find(|&r| counted(r) && targets[r] as usize >= vocab) {
+        Some(r) => Err(CoreError::IdOutOfRange {
+            op: OP,
+            id: targets[r],
+            index: r,
+            vocab,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// logits: (rows, vocab); targets: (rows); mask: (rows), `false` = ignored row.
 ///
 /// Loss of row r: `logsumexp(logits[r]) - logits[r][targets[r]]`.
@@ -40,23 +68,8 @@ pub fn cross_entropy<T: Real>(
     grad_scale: Option<f32>,
 ) -> Result<CrossEntropySum> {
     const OP: &str = "cross_entropy";
-    nonzero(OP, "vocab", vocab)?;
-    check_len(OP, "logits", logits.len(), product(OP, &[rows, vocab])?)?;
-    check_len(OP, "targets", targets.len(), rows)?;
-    if let Some(mask) = mask {
-        check_len(OP, "mask", mask.len(), rows)?;
-    }
+    check_cross_entropy(logits.len(), targets, mask, rows, vocab)?;
     let counted = |r: usize| mask.is_none_or(|m| m[r]);
-    for r in 0..rows {
-        if counted(r) && targets[r] as usize >= vocab {
-            return Err(CoreError::IdOutOfRange {
-                op: OP,
-                id: targets[r],
-                index: r,
-                vocab,
-            });
-        }
-    }
     let mut total = CrossEntropySum::default();
     for r in 0..rows {
         let row = &mut logits[r * vocab..(r + 1) * vocab];

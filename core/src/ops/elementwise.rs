@@ -20,12 +20,24 @@ pub fn scale<T: Real>(x: &mut [T], alpha: f32) {
     x.iter_mut().for_each(|v| *v *= a);
 }
 
+/// The contract of `add_bias` and `bias_backward`, shared by every backend: a
+/// `(rows, cols)` matrix and a `(cols)` bias; `names` are their argument names.
+pub fn check_bias(
+    op: &'static str,
+    names: [&'static str; 2],
+    matrix: usize,
+    bias: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    nonzero(op, "cols", cols)?;
+    check_len(op, names[0], matrix, product(op, &[rows, cols])?)?;
+    check_len(op, names[1], bias, cols)
+}
+
 /// out[r] += bias for every row r; out: (rows, cols), bias: (cols).
 pub fn add_bias<T: Real>(out: &mut [T], bias: &[T], rows: usize, cols: usize) -> Result<()> {
-    const OP: &str = "add_bias";
-    nonzero(OP, "cols", cols)?;
-    check_len(OP, "out", out.len(), product(OP, &[rows, cols])?)?;
-    check_len(OP, "bias", bias.len(), cols)?;
+    check_bias("add_bias", ["out", "bias"], out.len(), bias.len(), rows, cols)?;
     for row in out.chunks_exact_mut(cols) {
         for (o, &b) in row.iter_mut().zip(bias) {
             *o += b;
@@ -36,10 +48,14 @@ pub fn add_bias<T: Real>(out: &mut [T], bias: &[T], rows: usize, cols: usize) ->
 
 /// dbias += sum over rows of dout (accumulated); dout: (rows, cols).
 pub fn bias_backward<T: Real>(dbias: &mut [T], dout: &[T], rows: usize, cols: usize) -> Result<()> {
-    const OP: &str = "bias_backward";
-    nonzero(OP, "cols", cols)?;
-    check_len(OP, "dout", dout.len(), product(OP, &[rows, cols])?)?;
-    check_len(OP, "dbias", dbias.len(), cols)?;
+    check_bias(
+        "bias_backward",
+        ["dout", "dbias"],
+        dout.len(),
+        dbias.len(),
+        rows,
+        cols,
+    )?;
     for row in dout.chunks_exact(cols) {
         for (d, &g) in dbias.iter_mut().zip(row) {
             *d += g;

@@ -16,6 +16,24 @@ pub fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
     }
 }
 
+/// The shape contract of the embedding ops, shared by every backend: a `(vocab, dim)`
+/// table, `(ids.len(), dim)` rows, every id below `vocab`. `names` are the table's and the
+/// rows' argument names for the message.
+pub fn check_embedding(
+    op: &'static str,
+    names: [&'static str; 2],
+    table: usize,
+    rows: usize,
+    ids: &[u32],
+    vocab: usize,
+    dim: usize,
+) -> Result<()> {
+    nonzero(op, "dim", dim)?;
+    check_len(op, names[0], table, product(op, &[vocab, dim])?)?;
+    check_len(op, names[1], rows, product(op, &[ids.len(), dim])?)?;
+    check_ids(op, ids, vocab)
+}
+
 /// out: (ids.len(), dim) = table[ids]; table: (vocab, dim).
 pub fn embedding_forward<T: Real>(
     out: &mut [T],
@@ -24,11 +42,15 @@ pub fn embedding_forward<T: Real>(
     vocab: usize,
     dim: usize,
 ) -> Result<()> {
-    const OP: &str = "embedding_forward";
-    nonzero(OP, "dim", dim)?;
-    check_len(OP, "table", table.len(), product(OP, &[vocab, dim])?)?;
-    check_len(OP, "out", out.len(), product(OP, &[ids.len(), dim])?)?;
-    check_ids(OP, ids, vocab)?;
+    check_embedding(
+        "embedding_forward",
+        ["table", "out"],
+        table.len(),
+        out.len(),
+        ids,
+        vocab,
+        dim,
+    )?;
     for (r, &id) in ids.iter().enumerate() {
         let id = id as usize;
         out[r * dim..(r + 1) * dim].copy_from_slice(&table[id * dim..(id + 1) * dim]);
@@ -44,11 +66,15 @@ pub fn embedding_backward<T: Real>(
     vocab: usize,
     dim: usize,
 ) -> Result<()> {
-    const OP: &str = "embedding_backward";
-    nonzero(OP, "dim", dim)?;
-    check_len(OP, "dtable", dtable.len(), product(OP, &[vocab, dim])?)?;
-    check_len(OP, "dout", dout.len(), product(OP, &[ids.len(), dim])?)?;
-    check_ids(OP, ids, vocab)?;
+    check_embedding(
+        "embedding_backward",
+        ["dtable", "dout"],
+        dtable.len(),
+        dout.len(),
+        ids,
+        vocab,
+        dim,
+    )?;
     for (r, &id) in ids.iter().enumerate() {
         let id = id as usize;
         for i in 0..dim {

@@ -5,7 +5,7 @@
 //! clamped at -100 and gradient denominators at 1e-12, as `torch.nn.BCELoss` does, so a
 //! saturated prediction gives a large finite loss instead of Inf.
 
-use crate::error::{check_len, nonzero, product};
+use crate::error::{check_len, check_rows};
 use crate::ops::activation::Activation;
 use crate::{CoreError, Real, Result};
 
@@ -45,11 +45,7 @@ impl Loss {
 }
 
 fn check(op: &'static str, pred: usize, target: usize, rows: usize, cols: usize) -> Result<usize> {
-    nonzero(op, "cols", cols)?;
-    let n = product(op, &[rows, cols])?;
-    check_len(op, "pred", pred, n)?;
-    check_len(op, "target", target, n)?;
-    Ok(n)
+    check_rows(op, rows, cols, &[("pred", pred), ("target", target)])
 }
 
 /// The mean loss of `pred` against `target`, both (rows, cols). Zero rows give 0.

@@ -74,6 +74,32 @@ impl AdamParams {
     }
 }
 
+/// The contract of `adam_update`, shared by every backend: valid hyper-parameters, a step
+/// count from 1, and `grad`, `m`, `v` as long as `param`.
+pub fn check_adam(param: usize, grad: usize, m: usize, v: usize, hp: &AdamParams, step: u64) -> Result<()> {
+    const OP: &str = "adam_update";
+    hp.validate(OP)?;
+    if step == 0 {
+        return Err(invalid(OP, "the step count starts at 1".into()));
+    }
+    check_len(OP, "grad", grad, param)?;
+    check_len(OP, "m", m, param)?;
+    check_len(OP, "v", v, param)
+}
+
+/// The contract of `sgd_update`: valid hyper-parameters, `grad` (and the velocity, which
+/// momentum requires) as long as `param`.
+pub fn check_sgd(param: usize, grad: usize, velocity: Option<usize>, hp: &SgdParams) -> Result<()> {
+    const OP: &str = "sgd_update";
+    hp.validate(OP)?;
+    check_len(OP, "grad", grad, param)?;
+    match velocity {
+        None if hp.momentum != 0.0 => Err(invalid(OP, "momentum > 0 needs a velocity buffer".into())),
+        None => Ok(()),
+        Some(len) => check_len(OP, "velocity", len, param),
+    }
+}
+
 /// One Adam/AdamW step at `step` (1 for the first update), in place on `param`, `m`, `v`.
 pub fn adam_update<T: Real>(
     param: &mut [T],
@@ -83,17 +109,9 @@ pub fn adam_update<T: Real>(
     hp: &AdamParams,
     step: u64,
 ) -> Result<()> {
-    const OP: &str = "adam_update";
-    hp.validate(OP)?;
-    if step == 0 {
-        return Err(invalid(OP, "the step count starts at 1".into()));
-    }
-    let n = param.len();
-    check_len(OP, "grad", grad.len(), n)?;
-    check_len(OP, "m", m.len(), n)?;
-    check_len(OP, "v", v.len(), n)?;
+    check_adam(param.len(), grad.len(), m.len(), v.len(), hp, step)?;
     let c = AdamConstants::<T>::new(hp, step);
-    for i in 0..n {
+    for i in 0..param.len() {
         adam_element(&mut param[i], grad[i], &mut m[i], &mut v[i], &c);
     }
     Ok(())
@@ -194,16 +212,13 @@ pub fn sgd_update<T: Real>(
     velocity: Option<&mut [T]>,
     hp: &SgdParams,
 ) -> Result<()> {
-    const OP: &str = "sgd_update";
-    hp.validate(OP)?;
+    check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
     let n = param.len();
-    check_len(OP, "grad", grad.len(), n)?;
     let lr = T::from_f32(hp.lr);
     let mu = T::from_f32(hp.momentum);
     let wd = T::from_f32(hp.weight_decay);
     let scale = T::from_f32(hp.grad_scale);
     match velocity {
-        None if hp.momentum != 0.0 => Err(invalid(OP, "momentum > 0 needs a velocity buffer".into())),
         None => {
             for i in 0..n {
                 let g = grad[i] * scale + wd * param[i];
@@ -212,7 +227,6 @@ pub fn sgd_update<T: Real>(
             Ok(())
         }
         Some(buf) => {
-            check_len(OP, "velocity", buf.len(), n)?;
             for i in 0..n {
                 let g = grad[i] * scale + wd * param[i];
                 buf[i] = mu * buf[i] + g;

@@ -3,6 +3,47 @@
 use crate::error::{check_len, nonzero, product};
 use crate::{Real, Result};
 
+/// The shape contract of `rmsnorm_forward`, shared by every backend (buffer lengths).
+pub fn check_rmsnorm_forward(
+    out: usize,
+    rstd: usize,
+    inp: usize,
+    weight: usize,
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    const OP: &str = "rmsnorm_forward";
+    nonzero(OP, "dim", dim)?;
+    let n = product(OP, &[rows, dim])?;
+    check_len(OP, "inp", inp, n)?;
+    check_len(OP, "out", out, n)?;
+    check_len(OP, "weight", weight, dim)?;
+    check_len(OP, "rstd", rstd, rows)
+}
+
+/// The shape contract of `rmsnorm_backward` (buffer lengths).
+#[allow(clippy::too_many_arguments)]
+pub fn check_rmsnorm_backward(
+    dinp: usize,
+    dweight: usize,
+    dout: usize,
+    inp: usize,
+    weight: usize,
+    rstd: usize,
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    const OP: &str = "rmsnorm_backward";
+    nonzero(OP, "dim", dim)?;
+    let n = product(OP, &[rows, dim])?;
+    check_len(OP, "dinp", dinp, n)?;
+    check_len(OP, "dout", dout, n)?;
+    check_len(OP, "inp", inp, n)?;
+    check_len(OP, "weight", weight, dim)?;
+    check_len(OP, "dweight", dweight, dim)?;
+    check_len(OP, "rstd", rstd, rows)
+}
+
 /// inp, out: (rows, dim); weight: (dim); rstd: (rows), saved for the backward pass.
 pub fn rmsnorm_forward<T: Real>(
     out: &mut [T],
@@ -13,13 +54,7 @@ pub fn rmsnorm_forward<T: Real>(
     dim: usize,
     eps: f32,
 ) -> Result<()> {
-    const OP: &str = "rmsnorm_forward";
-    nonzero(OP, "dim", dim)?;
-    let n = product(OP, &[rows, dim])?;
-    check_len(OP, "inp", inp.len(), n)?;
-    check_len(OP, "out", out.len(), n)?;
-    check_len(OP, "weight", weight.len(), dim)?;
-    check_len(OP, "rstd", rstd.len(), rows)?;
+    check_rmsnorm_forward(out.len(), rstd.len(), inp.len(), weight.len(), rows, dim)?;
     let eps = T::from_f32(eps);
     for r in 0..rows {
         let x = &inp[r * dim..(r + 1) * dim];
@@ -52,15 +87,16 @@ pub fn rmsnorm_backward<T: Real>(
     rows: usize,
     dim: usize,
 ) -> Result<()> {
-    const OP: &str = "rmsnorm_backward";
-    nonzero(OP, "dim", dim)?;
-    let n = product(OP, &[rows, dim])?;
-    check_len(OP, "dinp", dinp.len(), n)?;
-    check_len(OP, "dout", dout.len(), n)?;
-    check_len(OP, "inp", inp.len(), n)?;
-    check_len(OP, "weight", weight.len(), dim)?;
-    check_len(OP, "dweight", dweight.len(), dim)?;
-    check_len(OP, "rstd", rstd.len(), rows)?;
+    check_rmsnorm_backward(
+        dinp.len(),
+        dweight.len(),
+        dout.len(),
+        inp.len(),
+        weight.len(),
+        rstd.len(),
+        rows,
+        dim,
+    )?;
     for r in 0..rows {
         let x = &inp[r * dim..(r + 1) * dim];
         let dy = &dout[r * dim..(r + 1) * dim];

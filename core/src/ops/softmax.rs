@@ -1,15 +1,16 @@
 //! Row-wise softmax, stabilised by subtracting the row maximum.
 
-use crate::error::{check_len, nonzero, product};
+use crate::error::check_rows;
 use crate::{Real, Result};
 
 /// out, inp: (rows, cols). A row of all `-inf` gives NaN (0/0), as in PyTorch.
 pub fn softmax_forward<T: Real>(out: &mut [T], inp: &[T], rows: usize, cols: usize) -> Result<()> {
-    const OP: &str = "softmax_forward";
-    nonzero(OP, "cols", cols)?;
-    let n = product(OP, &[rows, cols])?;
-    check_len(OP, "inp", inp.len(), n)?;
-    check_len(OP, "out", out.len(), n)?;
+    check_rows(
+        "softmax_forward",
+        rows,
+        cols,
+        &[("inp", inp.len()), ("out", out.len())],
+    )?;
     for r in 0..rows {
         softmax_row(&mut out[r * cols..(r + 1) * cols], &inp[r * cols..(r + 1) * cols]);
     }
@@ -45,12 +46,12 @@ pub fn softmax_backward<T: Real>(
     rows: usize,
     cols: usize,
 ) -> Result<()> {
-    const OP: &str = "softmax_backward";
-    nonzero(OP, "cols", cols)?;
-    let n = product(OP, &[rows, cols])?;
-    check_len(OP, "dinp", dinp.len(), n)?;
-    check_len(OP, "dout", dout.len(), n)?;
-    check_len(OP, "out", out.len(), n)?;
+    check_rows(
+        "softmax_backward",
+        rows,
+        cols,
+        &[("dinp", dinp.len()), ("dout", dout.len()), ("out", out.len())],
+    )?;
     for r in 0..rows {
         let y = &out[r * cols..(r + 1) * cols];
         let dy = &dout[r * cols..(r + 1) * cols];

@@ -42,11 +42,23 @@ pub fn silu_backward<T: Real>(dinp: &mut [T], dout: &[T], inp: &[T]) -> Result<(
     Ok(())
 }
 
+/// The shape contract of `swiglu_forward`: every buffer as long as `gate`.
+pub fn check_swiglu_forward(out: usize, gate: usize, up: usize) -> Result<()> {
+    check_len("swiglu_forward", "up", up, gate)?;
+    check_len("swiglu_forward", "out", out, gate)
+}
+
+/// The shape contract of `swiglu_backward`: every buffer as long as `gate`.
+pub fn check_swiglu_backward(dgate: usize, dup: usize, dout: usize, gate: usize, up: usize) -> Result<()> {
+    for (what, len) in [("up", up), ("dout", dout), ("dgate", dgate), ("dup", dup)] {
+        check_len("swiglu_backward", what, len, gate)?;
+    }
+    Ok(())
+}
+
 /// out = silu(gate) * up, element-wise; all the same length.
 pub fn swiglu_forward<T: Real>(out: &mut [T], gate: &[T], up: &[T]) -> Result<()> {
-    const OP: &str = "swiglu_forward";
-    check_len(OP, "up", up.len(), gate.len())?;
-    check_len(OP, "out", out.len(), gate.len())?;
+    check_swiglu_forward(out.len(), gate.len(), up.len())?;
     for i in 0..gate.len() {
         out[i] = silu(gate[i]) * up[i];
     }
@@ -61,13 +73,8 @@ pub fn swiglu_backward<T: Real>(
     gate: &[T],
     up: &[T],
 ) -> Result<()> {
-    const OP: &str = "swiglu_backward";
-    let n = gate.len();
-    check_len(OP, "up", up.len(), n)?;
-    check_len(OP, "dout", dout.len(), n)?;
-    check_len(OP, "dgate", dgate.len(), n)?;
-    check_len(OP, "dup", dup.len(), n)?;
-    for i in 0..n {
+    check_swiglu_backward(dgate.len(), dup.len(), dout.len(), gate.len(), up.len())?;
+    for i in 0..gate.len() {
         dgate[i] = dout[i] * up[i] * silu_grad(gate[i]);
         dup[i] = dout[i] * silu(gate[i]);
     }

@@ -11,7 +11,6 @@
 //! twice the QK^T work for no (T, T) buffer).
 
 use rayon::prelude::*;
-use rusting_brain_core::error::check_len;
 use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::Result;
 
@@ -25,13 +24,8 @@ pub fn attention_forward(
     v: &[f32],
     spec: &AttentionSpec,
 ) -> Result<()> {
-    const OP: &str = "attention_forward";
-    let (nq, nkv, nl) = spec.check(OP)?;
-    check_len(OP, "q", q.len(), nq)?;
-    check_len(OP, "out", out.len(), nq)?;
-    check_len(OP, "k", k.len(), nkv)?;
-    check_len(OP, "v", v.len(), nkv)?;
-    check_len(OP, "lse", lse.len(), nl)?;
+    let (nq, _, _) = spec.check("attention_forward")?;
+    spec.check_forward(out.len(), lse.len(), q.len(), k.len(), v.len())?;
     let (d, hq) = (spec.head_dim, spec.q_heads);
     if nq == 0 {
         return Ok(());
@@ -83,21 +77,18 @@ pub fn attention_backward(
     lse: &[f32],
     spec: &AttentionSpec,
 ) -> Result<()> {
-    const OP: &str = "attention_backward";
-    let (nq, nkv, nl) = spec.check(OP)?;
-    for (what, len, want) in [
-        ("dq", dq.len(), nq),
-        ("dout", dout.len(), nq),
-        ("q", q.len(), nq),
-        ("out", out.len(), nq),
-        ("dk", dk.len(), nkv),
-        ("dv", dv.len(), nkv),
-        ("k", k.len(), nkv),
-        ("v", v.len(), nkv),
-        ("lse", lse.len(), nl),
-    ] {
-        check_len(OP, what, len, want)?;
-    }
+    let (nq, nkv, nl) = spec.check("attention_backward")?;
+    spec.check_backward([
+        dq.len(),
+        dk.len(),
+        dv.len(),
+        dout.len(),
+        q.len(),
+        k.len(),
+        v.len(),
+        out.len(),
+        lse.len(),
+    ])?;
     let (d, hq, hkv) = (spec.head_dim, spec.q_heads, spec.kv_heads);
     let scale = 1.0 / (d as f32).sqrt();
     // delta[b, t, h] = dot(dout, out): the row sums of P * dP.

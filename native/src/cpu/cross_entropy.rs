@@ -4,8 +4,7 @@
 //! Twin of `rusting_brain_core::ops::cross_entropy`.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::{check_len, nonzero, product};
-use rusting_brain_core::ops::cross_entropy::CrossEntropySum;
+use rusting_brain_core::ops::cross_entropy::{check_cross_entropy, CrossEntropySum};
 use rusting_brain_core::{CoreError, Result};
 
 use super::simd;
@@ -19,21 +18,8 @@ pub fn cross_entropy(
     grad_scale: Option<f32>,
 ) -> Result<CrossEntropySum> {
     const OP: &str = "cross_entropy";
-    nonzero(OP, "vocab", vocab)?;
-    check_len(OP, "logits", logits.len(), product(OP, &[rows, vocab])?)?;
-    check_len(OP, "targets", targets.len(), rows)?;
-    if let Some(mask) = mask {
-        check_len(OP, "mask", mask.len(), rows)?;
-    }
+    check_cross_entropy(logits.len(), targets, mask, rows, vocab)?;
     let counted = |r: usize| mask.is_none_or(|m| m[r]);
-    if let Some(r) = (0..rows).find(|&r| counted(r) && targets[r] as usize >= vocab) {
-        return Err(CoreError::IdOutOfRange {
-            op: OP,
-            id: targets[r],
-            index: r,
-            vocab,
-        });
-    }
     let mut losses = vec![0.0f64; rows];
     logits
         .par_chunks_mut(vocab)

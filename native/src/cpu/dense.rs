@@ -4,18 +4,14 @@
 //! Twin of `rusting_brain_core::ops::{activation, loss}`.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::{check_len, nonzero, product};
+use rusting_brain_core::error::check_rows;
 use rusting_brain_core::ops::{activation as act_ref, loss as loss_ref};
 use rusting_brain_core::{Activation, Loss, Result};
 
 use super::rows_per_task;
 
 fn lens(op: &'static str, rows: usize, cols: usize, bufs: &[(&'static str, usize)]) -> Result<usize> {
-    nonzero(op, "cols", cols)?;
-    let n = product(op, &[rows, cols])?;
-    for &(what, len) in bufs {
-        check_len(op, what, len, n)?;
-    }
+    check_rows(op, rows, cols, bufs)?;
     Ok(rows_per_task(cols) * cols)
 }
 

@@ -2,7 +2,8 @@
 //! `ops::l2norm`.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::{check_len, nonzero, product};
+use rusting_brain_core::error::check_len;
+use rusting_brain_core::ops::elementwise::check_bias;
 use rusting_brain_core::Result;
 
 use super::{rows_per_task, simd, ELEMENTS_PER_TASK};
@@ -31,10 +32,7 @@ pub fn sum_of_squares(x: &[f32]) -> f64 {
 }
 
 pub fn add_bias(out: &mut [f32], bias: &[f32], rows: usize, cols: usize) -> Result<()> {
-    const OP: &str = "add_bias";
-    nonzero(OP, "cols", cols)?;
-    check_len(OP, "out", out.len(), product(OP, &[rows, cols])?)?;
-    check_len(OP, "bias", bias.len(), cols)?;
+    check_bias("add_bias", ["out", "bias"], out.len(), bias.len(), rows, cols)?;
     out.par_chunks_mut(rows_per_task(cols) * cols).for_each(|block| {
         for row in block.chunks_exact_mut(cols) {
             simd::axpy(row, 1.0, bias);
@@ -44,10 +42,14 @@ pub fn add_bias(out: &mut [f32], bias: &[f32], rows: usize, cols: usize) -> Resu
 }
 
 pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) -> Result<()> {
-    const OP: &str = "bias_backward";
-    nonzero(OP, "cols", cols)?;
-    check_len(OP, "dout", dout.len(), product(OP, &[rows, cols])?)?;
-    check_len(OP, "dbias", dbias.len(), cols)?;
+    check_bias(
+        "bias_backward",
+        ["dout", "dbias"],
+        dout.len(),
+        dbias.len(),
+        rows,
+        cols,
+    )?;
     let partials: Vec<Vec<f32>> = dout
         .par_chunks(rows_per_task(cols) * cols)
         .map(|block| {

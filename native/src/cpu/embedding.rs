@@ -4,8 +4,7 @@
 //! row is owned by one task and repeated ids sum in position order, as in the reference.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::{check_len, nonzero, product};
-use rusting_brain_core::ops::embedding::check_ids;
+use rusting_brain_core::ops::embedding::check_embedding;
 use rusting_brain_core::Result;
 
 use super::simd;
@@ -17,11 +16,15 @@ pub fn embedding_forward(
     vocab: usize,
     dim: usize,
 ) -> Result<()> {
-    const OP: &str = "embedding_forward";
-    nonzero(OP, "dim", dim)?;
-    check_len(OP, "table", table.len(), product(OP, &[vocab, dim])?)?;
-    check_len(OP, "out", out.len(), product(OP, &[ids.len(), dim])?)?;
-    check_ids(OP, ids, vocab)?;
+    check_embedding(
+        "embedding_forward",
+        ["table", "out"],
+        table.len(),
+        out.len(),
+        ids,
+        vocab,
+        dim,
+    )?;
     out.par_chunks_mut(dim)
         .zip(ids.par_iter())
         .with_min_len(64)
@@ -39,11 +42,15 @@ pub fn embedding_backward(
     vocab: usize,
     dim: usize,
 ) -> Result<()> {
-    const OP: &str = "embedding_backward";
-    nonzero(OP, "dim", dim)?;
-    check_len(OP, "dtable", dtable.len(), product(OP, &[vocab, dim])?)?;
-    check_len(OP, "dout", dout.len(), product(OP, &[ids.len(), dim])?)?;
-    check_ids(OP, ids, vocab)?;
+    check_embedding(
+        "embedding_backward",
+        ["dtable", "dout"],
+        dtable.len(),
+        dout.len(),
+        ids,
+        vocab,
+        dim,
+    )?;
     // CSR layout: positions of id v are order[start[v]..start[v + 1]], in position order.
     let mut start = vec![0usize; vocab + 1];
     for &id in ids {

@@ -3,9 +3,10 @@
 //! Twin of `rusting_brain_core::ops::optim`.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::check_len;
-use rusting_brain_core::ops::optim::{adam_element, AdamConstants, AdamParams, SgdParams};
-use rusting_brain_core::{CoreError, Result};
+use rusting_brain_core::ops::optim::{
+    adam_element, check_adam, check_sgd, AdamConstants, AdamParams, SgdParams,
+};
+use rusting_brain_core::Result;
 
 use super::ELEMENTS_PER_TASK;
 
@@ -17,18 +18,7 @@ pub fn adam_update(
     hp: &AdamParams,
     step: u64,
 ) -> Result<()> {
-    const OP: &str = "adam_update";
-    hp.validate(OP)?;
-    if step == 0 {
-        return Err(CoreError::InvalidArgument {
-            op: OP,
-            message: "the step count starts at 1".into(),
-        });
-    }
-    let n = param.len();
-    check_len(OP, "grad", grad.len(), n)?;
-    check_len(OP, "m", m.len(), n)?;
-    check_len(OP, "v", v.len(), n)?;
+    check_adam(param.len(), grad.len(), m.len(), v.len(), hp, step)?;
     let c = AdamConstants::<f32>::new(hp, step);
     let e = ELEMENTS_PER_TASK;
     param
@@ -50,17 +40,10 @@ pub fn sgd_update(
     velocity: Option<&mut [f32]>,
     hp: &SgdParams,
 ) -> Result<()> {
-    const OP: &str = "sgd_update";
-    hp.validate(OP)?;
-    let n = param.len();
-    check_len(OP, "grad", grad.len(), n)?;
+    check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
     let (lr, mu, wd, s) = (hp.lr, hp.momentum, hp.weight_decay, hp.grad_scale);
     let e = ELEMENTS_PER_TASK;
     match velocity {
-        None if hp.momentum != 0.0 => Err(CoreError::InvalidArgument {
-            op: OP,
-            message: "momentum > 0 needs a velocity buffer".into(),
-        }),
         None => {
             param
                 .par_chunks_mut(e)
@@ -74,7 +57,6 @@ pub fn sgd_update(
             Ok(())
         }
         Some(buf) => {
-            check_len(OP, "velocity", buf.len(), n)?;
             param
                 .par_chunks_mut(e)
                 .zip(grad.par_chunks(e))

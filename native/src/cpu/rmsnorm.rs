@@ -2,7 +2,7 @@
 //! `rusting_brain_core::ops::rmsnorm`.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::{check_len, nonzero, product};
+use rusting_brain_core::ops::rmsnorm::{check_rmsnorm_backward, check_rmsnorm_forward};
 use rusting_brain_core::Result;
 
 use super::{rows_per_task, simd};
@@ -17,13 +17,7 @@ pub fn rmsnorm_forward(
     dim: usize,
     eps: f32,
 ) -> Result<()> {
-    const OP: &str = "rmsnorm_forward";
-    nonzero(OP, "dim", dim)?;
-    let n = product(OP, &[rows, dim])?;
-    check_len(OP, "inp", inp.len(), n)?;
-    check_len(OP, "out", out.len(), n)?;
-    check_len(OP, "weight", weight.len(), dim)?;
-    check_len(OP, "rstd", rstd.len(), rows)?;
+    check_rmsnorm_forward(out.len(), rstd.len(), inp.len(), weight.len(), rows, dim)?;
     let per = rows_per_task(dim);
     out.par_chunks_mut(per * dim)
         .zip(rstd.par_chunks_mut(per))
@@ -53,15 +47,16 @@ pub fn rmsnorm_backward(
     rows: usize,
     dim: usize,
 ) -> Result<()> {
-    const OP: &str = "rmsnorm_backward";
-    nonzero(OP, "dim", dim)?;
-    let n = product(OP, &[rows, dim])?;
-    check_len(OP, "dinp", dinp.len(), n)?;
-    check_len(OP, "dout", dout.len(), n)?;
-    check_len(OP, "inp", inp.len(), n)?;
-    check_len(OP, "weight", weight.len(), dim)?;
-    check_len(OP, "dweight", dweight.len(), dim)?;
-    check_len(OP, "rstd", rstd.len(), rows)?;
+    check_rmsnorm_backward(
+        dinp.len(),
+        dweight.len(),
+        dout.len(),
+        inp.len(),
+        weight.len(),
+        rstd.len(),
+        rows,
+        dim,
+    )?;
     let per = rows_per_task(dim);
     let partials: Vec<Vec<f32>> = dinp
         .par_chunks_mut(per * dim)

@@ -2,7 +2,7 @@
 //! Twin of `rusting_brain_core::ops::softmax`.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::{check_len, nonzero, product};
+use rusting_brain_core::error::check_rows;
 use rusting_brain_core::Result;
 
 use super::{rows_per_task, simd};
@@ -16,11 +16,12 @@ pub fn softmax_row(out: &mut [f32], x: &[f32]) {
 }
 
 pub fn softmax_forward(out: &mut [f32], inp: &[f32], rows: usize, cols: usize) -> Result<()> {
-    const OP: &str = "softmax_forward";
-    nonzero(OP, "cols", cols)?;
-    let n = product(OP, &[rows, cols])?;
-    check_len(OP, "inp", inp.len(), n)?;
-    check_len(OP, "out", out.len(), n)?;
+    check_rows(
+        "softmax_forward",
+        rows,
+        cols,
+        &[("inp", inp.len()), ("out", out.len())],
+    )?;
     let per = rows_per_task(cols) * cols;
     out.par_chunks_mut(per)
         .zip(inp.par_chunks(per))
@@ -33,12 +34,12 @@ pub fn softmax_forward(out: &mut [f32], inp: &[f32], rows: usize, cols: usize) -
 }
 
 pub fn softmax_backward(dinp: &mut [f32], dout: &[f32], out: &[f32], rows: usize, cols: usize) -> Result<()> {
-    const OP: &str = "softmax_backward";
-    nonzero(OP, "cols", cols)?;
-    let n = product(OP, &[rows, cols])?;
-    check_len(OP, "dinp", dinp.len(), n)?;
-    check_len(OP, "dout", dout.len(), n)?;
-    check_len(OP, "out", out.len(), n)?;
+    check_rows(
+        "softmax_backward",
+        rows,
+        cols,
+        &[("dinp", dinp.len()), ("dout", dout.len()), ("out", out.len())],
+    )?;
     let per = rows_per_task(cols) * cols;
     dinp.par_chunks_mut(per)
         .zip(dout.par_chunks(per))

@@ -2,15 +2,13 @@
 //! Twin of `rusting_brain_core::ops::swiglu`.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::check_len;
+use rusting_brain_core::ops::swiglu::{check_swiglu_backward, check_swiglu_forward};
 use rusting_brain_core::Result;
 
 use super::{simd, ELEMENTS_PER_TASK};
 
 pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
-    const OP: &str = "swiglu_forward";
-    check_len(OP, "up", up.len(), gate.len())?;
-    check_len(OP, "out", out.len(), gate.len())?;
+    check_swiglu_forward(out.len(), gate.len(), up.len())?;
     out.par_chunks_mut(ELEMENTS_PER_TASK)
         .zip(gate.par_chunks(ELEMENTS_PER_TASK))
         .zip(up.par_chunks(ELEMENTS_PER_TASK))
@@ -25,12 +23,7 @@ pub fn swiglu_backward(
     gate: &[f32],
     up: &[f32],
 ) -> Result<()> {
-    const OP: &str = "swiglu_backward";
-    let n = gate.len();
-    check_len(OP, "up", up.len(), n)?;
-    check_len(OP, "dout", dout.len(), n)?;
-    check_len(OP, "dgate", dgate.len(), n)?;
-    check_len(OP, "dup", dup.len(), n)?;
+    check_swiglu_backward(dgate.len(), dup.len(), dout.len(), gate.len(), up.len())?;
     let c = ELEMENTS_PER_TASK;
     dgate
         .par_chunks_mut(c)
