@@ -142,9 +142,17 @@ fn store(out: &mut f32, value: f32, alpha: f32, beta: f32) {
 /// out[i] = alpha * dot(mat[i, :], vec) + beta * out[i]; mat: (out.len(), cols).
 fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, beta: f32) {
     let work = |(chunk, o): (usize, &mut [f32])| {
-        for (i, y) in o.iter_mut().enumerate() {
-            let row = (chunk * GEMV_CHUNK + i) * cols;
-            store(y, simd::dot(&mat[row..row + cols], vec), alpha, beta);
+        let row = |i: usize| &mat[(chunk * GEMV_CHUNK + i) * cols..(chunk * GEMV_CHUNK + i + 1) * cols];
+        let quads = o.len() / 4;
+        for q in 0..quads {
+            let i = 4 * q;
+            let d = simd::dot4(vec, row(i), row(i + 1), row(i + 2), row(i + 3));
+            for u in 0..4 {
+                store(&mut o[i + u], d[u], alpha, beta);
+            }
+        }
+        for i in 4 * quads..o.len() {
+            store(&mut o[i], simd::dot(row(i), vec), alpha, beta);
         }
     };
     if out.len() * cols >= 1 << 15 {
@@ -156,30 +164,15 @@ fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, 
 
 /// out = alpha * sum_p vec[p] * mat[p, :] + beta * out; mat: (vec.len(), width).
 ///
-/// Each task takes a contiguous block of rows of `mat` (sequential memory, no TLB churn)
-/// and sums it into a partial row; the partials are added in block order, so the result
-/// does not depend on the thread count.
+/// Each task takes a contiguous block of rows of `mat` and sums it into a partial row,
+/// 64 columns at a time in registers (`simd::sum_rows`); the partials are added in block
+/// order, so the result does not depend on the thread count.
 fn sum_rows(out: &mut [f32], mat: &[f32], vec: &[f32], width: usize, alpha: f32, beta: f32) {
     let rows_per_block = ((1usize << 16) / width.max(1)).max(4);
     let block = |(b, x): (usize, &[f32])| {
-        let mut acc = vec![0.0f32; width];
         let p0 = b * rows_per_block;
-        let at = |p: usize| &mat[(p0 + p) * width..(p0 + p + 1) * width];
-        let quads = x.len() / 4;
-        for q in 0..quads {
-            let p = 4 * q;
-            simd::axpy4(
-                &mut acc,
-                [x[p], x[p + 1], x[p + 2], x[p + 3]],
-                at(p),
-                at(p + 1),
-                at(p + 2),
-                at(p + 3),
-            );
-        }
-        for p in 4 * quads..x.len() {
-            simd::axpy(&mut acc, x[p], at(p));
-        }
+        let mut acc = vec![0.0f32; width];
+        simd::sum_rows(&mut acc, &mat[p0 * width..(p0 + x.len()) * width], x, width);
         acc
     };
     let partials: Vec<Vec<f32>> = if out.len() * vec.len() >= 1 << 15 {

@@ -134,6 +134,38 @@ fn dot_body<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline(always)]
+fn dot4_body<const FMA: bool>(x: &[f32], r0: &[f32], r1: &[f32], r2: &[f32], r3: &[f32]) -> [f32; 4] {
+    // Four rows against one vector: four independent memory streams in flight (one
+    // sequential stream per core leaves bandwidth unused) and x loaded once for all four.
+    let n = x.len().min(r0.len()).min(r1.len()).min(r2.len()).min(r3.len());
+    let (x, r0, r1, r2, r3) = (&x[..n], &r0[..n], &r1[..n], &r2[..n], &r3[..n]);
+    let (mut a0, mut a1, mut a2, mut a3) = ([0.0f32; 32], [0.0f32; 32], [0.0f32; 32], [0.0f32; 32]);
+    let chunks = n / 32;
+    for c in 0..chunks {
+        let at = |v: &[f32]| -> [f32; 32] { v[c * 32..c * 32 + 32].try_into().expect("32 elements") };
+        let (xs, v0, v1, v2, v3) = (at(x), at(r0), at(r1), at(r2), at(r3));
+        for l in 0..32 {
+            a0[l] = madd::<FMA>(xs[l], v0[l], a0[l]);
+            a1[l] = madd::<FMA>(xs[l], v1[l], a1[l]);
+            a2[l] = madd::<FMA>(xs[l], v2[l], a2[l]);
+            a3[l] = madd::<FMA>(xs[l], v3[l], a3[l]);
+        }
+    }
+    let finish = |a: &[f32; 32], r: &[f32]| {
+        let mut v = [0.0f32; LANES];
+        for l in 0..LANES {
+            v[l] = a[l] + a[LANES + l];
+        }
+        let mut tail = 0.0f32;
+        for i in chunks * 32..n {
+            tail = madd::<FMA>(x[i], r[i], tail);
+        }
+        hsum(&v) + tail
+    };
+    [finish(&a0, r0), finish(&a1, r1), finish(&a2, r2), finish(&a3, r3)]
+}
+
+#[inline(always)]
 fn hsum(acc: &[f32; LANES]) -> f32 {
     // Pairwise, so the result does not depend on which lane held what.
     let mut v = *acc;
@@ -160,14 +192,28 @@ fn axpy_body<const FMA: bool>(y: &mut [f32], alpha: f32, x: &[f32]) {
 }
 
 #[inline(always)]
-fn axpy4_body<const FMA: bool>(y: &mut [f32], a: [f32; 4], x0: &[f32], x1: &[f32], x2: &[f32], x3: &[f32]) {
-    let n = y.len().min(x0.len()).min(x1.len()).min(x2.len()).min(x3.len());
-    let (x0, x1, x2, x3) = (&x0[..n], &x1[..n], &x2[..n], &x3[..n]);
-    for (i, y) in y[..n].iter_mut().enumerate() {
-        let mut v = madd::<FMA>(a[0], x0[i], *y);
-        v = madd::<FMA>(a[1], x1[i], v);
-        v = madd::<FMA>(a[2], x2[i], v);
-        *y = madd::<FMA>(a[3], x3[i], v);
+fn sum_rows_body<const FMA: bool>(out: &mut [f32], mat: &[f32], x: &[f32], width: usize) {
+    let rows = x.len().min(mat.len() / width.max(1));
+    let strips = width / STEP;
+    // A 64-column strip at a time, its sums in registers across all rows: nothing is
+    // stored until the strip is done, and no store can alias the rows being read.
+    for s in 0..strips {
+        let j0 = s * STEP;
+        let mut acc = [0.0f32; STEP];
+        for (p, &xp) in x[..rows].iter().enumerate() {
+            let row = block(&mat[p * width + j0..p * width + j0 + STEP]);
+            for l in 0..STEP {
+                acc[l] = madd::<FMA>(xp, row[l], acc[l]);
+            }
+        }
+        out[j0..j0 + STEP].copy_from_slice(&acc);
+    }
+    for j in strips * STEP..width.min(out.len()) {
+        let mut a = 0.0f32;
+        for (p, &xp) in x[..rows].iter().enumerate() {
+            a = madd::<FMA>(xp, mat[p * width + j], a);
+        }
+        out[j] = a;
     }
 }
 
@@ -293,6 +339,10 @@ dispatch!(
     dot => dot_body(a: &[f32], b: &[f32]) -> f32
 );
 dispatch!(
+    /// [dot(x, r0), dot(x, r1), dot(x, r2), dot(x, r3)].
+    dot4 => dot4_body(x: &[f32], r0: &[f32], r1: &[f32], r2: &[f32], r3: &[f32]) -> [f32; 4]
+);
+dispatch!(
     /// sum(a^2).
     sum_sq => sum_sq_body(a: &[f32]) -> f32
 );
@@ -301,9 +351,9 @@ dispatch!(
     axpy => axpy_body(y: &mut [f32], alpha: f32, x: &[f32])
 );
 dispatch!(
-    /// y += a[0] x0 + a[1] x1 + a[2] x2 + a[3] x3: four rows per pass over `y`, so a GEMV
-    /// loads and stores its accumulator a quarter as often.
-    axpy4 => axpy4_body(y: &mut [f32], a: [f32; 4], x0: &[f32], x1: &[f32], x2: &[f32], x3: &[f32])
+    /// out[j] = sum_p x[p] * mat[p * width + j] for j < width (overwritten); mat holds
+    /// x.len() rows of `width`.
+    sum_rows => sum_rows_body(out: &mut [f32], mat: &[f32], x: &[f32], width: usize)
 );
 dispatch!(
     /// x *= alpha.
