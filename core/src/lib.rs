@@ -25,7 +25,9 @@ extern crate std;
 
 pub mod backend;
 pub mod error;
+pub mod models;
 pub mod ops;
+pub mod optimizer;
 pub mod real;
 pub mod reference;
 pub mod rng;
@@ -37,6 +39,7 @@ pub use backend::{
 pub use error::CoreError;
 pub use ops::activation::Activation;
 pub use ops::loss::Loss;
+pub use optimizer::{Optimizer, OptimizerKind};
 pub use real::Real;
 pub use reference::ReferenceBackend;
 pub use rng::Rng;

@@ -1,0 +1,4 @@
+//! Model definitions: configuration, parameter layout, and forward/backward/update written
+//! once over the [`Backend`](crate::Backend) trait, so every backend runs the same model.
+
+pub mod dense;
