@@ -31,11 +31,17 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod cpu;
+mod dataset;
 mod error;
+mod files;
+mod network;
+mod network_json;
 
+pub use dataset::{Dataset, Statistics, SPLIT_SEED};
 pub use error::NetworkError;
+pub use network::{Network, NetworkBuilder, TrainConfig};
 pub use rusting_brain_core as core;
-pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, ReferenceBackend};
+pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, Optimizer, ReferenceBackend};
 
 /// Result type of this crate.
 pub type Result<T, E = NetworkError> = std::result::Result<T, E>;
