@@ -19,6 +19,7 @@ pub enum OptimizerKind {
 /// let mut opt = Optimizer::adam(3e-4).betas(0.9, 0.95).weight_decay(0.1);
 /// opt.set_learning_rate(1e-4); // keeps the betas and the decay
 /// assert_eq!(opt.learning_rate(), 1e-4);
+/// assert_eq!(opt, Optimizer::adam(1e-4).betas(0.9, 0.95).weight_decay(0.1));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Optimizer {

@@ -3,12 +3,10 @@
 //! Twin of `rusting_brain_core::ops::optim`.
 
 use rayon::prelude::*;
-use rusting_brain_core::ops::optim::{
-    adam_element, check_adam, check_sgd, AdamConstants, AdamParams, SgdParams,
-};
+use rusting_brain_core::ops::optim::{check_adam, check_sgd, AdamConstants, AdamParams, SgdParams};
 use rusting_brain_core::Result;
 
-use super::ELEMENTS_PER_TASK;
+use super::{simd, ELEMENTS_PER_TASK};
 
 pub fn adam_update(
     param: &mut [f32],
@@ -26,11 +24,7 @@ pub fn adam_update(
         .zip(grad.par_chunks(e))
         .zip(m.par_chunks_mut(e))
         .zip(v.par_chunks_mut(e))
-        .for_each(|(((p, g), m), v)| {
-            for i in 0..p.len() {
-                adam_element(&mut p[i], g[i], &mut m[i], &mut v[i], &c);
-            }
-        });
+        .for_each(|(((p, g), m), v)| simd::adam(p, g, m, v, &c));
     Ok(())
 }
 

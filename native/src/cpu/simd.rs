@@ -9,6 +9,8 @@
 
 use std::sync::OnceLock;
 
+use rusting_brain_core::ops::optim::AdamConstants;
+
 /// The instruction set the kernels run with, detected once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
@@ -218,6 +220,39 @@ fn sum_rows_body<const FMA: bool>(out: &mut [f32], mat: &[f32], x: &[f32], width
 }
 
 #[inline(always)]
+fn adam_body<const FMA: bool>(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    c: &AdamConstants<f32>,
+) {
+    // `rusting_brain_core::ops::optim::adam_element`, operation for operation (the tests
+    // check the results are bit-identical), written with std's `f32::sqrt` — an LLVM
+    // intrinsic with a vector form, where core's no_std `libm` sqrt keeps the loop scalar —
+    // and with the decay mode decided outside the loop so the body is branch-free.
+    let c = *c;
+    let decay = 1.0 - c.lr * c.weight_decay;
+    let it = p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut());
+    if c.decoupled {
+        for (((p, &g), m), v) in it {
+            let g = g * c.grad_scale;
+            *p *= decay;
+            *m = c.beta1 * *m + c.one_minus_beta1 * g;
+            *v = c.beta2 * *v + c.one_minus_beta2 * g * g;
+            *p -= c.step_size * *m / (v.sqrt() / c.bias_correction2_sqrt + c.eps);
+        }
+    } else {
+        for (((p, &g), m), v) in it {
+            let g = g * c.grad_scale + c.weight_decay * *p;
+            *m = c.beta1 * *m + c.one_minus_beta1 * g;
+            *v = c.beta2 * *v + c.one_minus_beta2 * g * g;
+            *p -= c.step_size * *m / (v.sqrt() / c.bias_correction2_sqrt + c.eps);
+        }
+    }
+}
+
+#[inline(always)]
 fn scale_body<const FMA: bool>(x: &mut [f32], alpha: f32) {
     for v in x.iter_mut() {
         *v *= alpha;
@@ -354,6 +389,10 @@ dispatch!(
     /// out[j] = sum_p x[p] * mat[p * width + j] for j < width (overwritten); mat holds
     /// x.len() rows of `width`.
     sum_rows => sum_rows_body(out: &mut [f32], mat: &[f32], x: &[f32], width: usize)
+);
+dispatch!(
+    /// One Adam step over matching slices (see `rusting_brain_core::ops::optim`).
+    adam => adam_body(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: &AdamConstants<f32>)
 );
 dispatch!(
     /// x *= alpha.
