@@ -12,9 +12,12 @@ use std::path::{Path, PathBuf};
 use rusting_brain::core::Rng;
 use rusting_brain::{Activation, Dataset, Loss, Network, Optimizer, TrainConfig};
 
+/// A class name and the pixels where its shape is bright.
+type Shape = (&'static str, fn(u32, u32) -> bool);
+
 fn generate(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = Rng::new(11);
-    let shapes: [(&str, fn(u32, u32) -> bool); 3] = [
+    let shapes: [Shape; 3] = [
         ("horizontal", |_, y| (y / 4) % 2 == 0),
         ("vertical", |x, _| (x / 4) % 2 == 0),
         ("square", |x, y| (6..18).contains(&x) && (6..18).contains(&y)),

@@ -38,6 +38,29 @@ pub(crate) enum Engine {
 }
 
 /// A dense network. Build one with [`Network::builder`].
+///
+/// ```
+/// use rusting_brain::{Activation, Dataset, Loss, Network, Optimizer, TrainConfig};
+///
+/// let data = Dataset::new(
+///     vec![vec![0.0, 0.0], vec![0.0, 1.0], vec![1.0, 0.0], vec![1.0, 1.0]],
+///     vec![vec![0.0], vec![1.0], vec![1.0], vec![0.0]],
+/// )?;
+/// let mut model = Network::builder()
+///     .input_size(2)
+///     .dense(8, Activation::Tanh)
+///     .dense(1, Activation::Sigmoid)
+///     .loss(Loss::BinaryCrossEntropy)
+///     .optimizer(Optimizer::adam(0.05))
+///     .seed(42)
+///     .build();
+/// let config = TrainConfig { epochs: 2_000, batch_size: 4, shuffle: true, seed: Some(42) };
+/// let history = model.fit_with(&data, config, |_epoch, loss| loss > 1e-4)?;
+/// assert!(history.len() <= 2_000);
+/// assert_eq!(model.accuracy(&data)?, 1.0);
+/// assert_eq!(model.confusion_matrix(&data)?, vec![vec![2, 0], vec![0, 2]]);
+/// # Ok::<(), rusting_brain::NetworkError>(())
+/// ```
 pub struct Network {
     /// `Err` holds the reason `build()` could not make the model; every call reports it.
     engine: std::result::Result<Engine, String>,

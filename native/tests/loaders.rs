@@ -28,7 +28,7 @@ impl Drop for Dir {
 
 #[track_caller]
 fn err_contains(r: Result<impl std::fmt::Debug, NetworkError>, parts: &[&str]) {
-    let e = r.err().expect("expected an error").to_string();
+    let e = r.expect_err("expected an error").to_string();
     for p in parts {
         assert!(e.contains(p), "error `{e}` should mention `{p}`");
     }

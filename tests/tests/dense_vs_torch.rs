@@ -13,6 +13,10 @@ use rusting_brain_tests::*;
 
 const TOL: Tolerance = Tolerance::new(1e-5, 1e-7);
 
+/// One fixture configuration, as the generator's CONFIGS list spells it:
+/// (hidden activations, output units, output activation, loss, (optimizer, lr, extra)).
+type Config = (Vec<String>, usize, String, String, (String, f32, f32));
+
 fn activation(name: &str) -> Activation {
     match name {
         "identity" => Activation::Identity,
@@ -28,8 +32,7 @@ fn activation(name: &str) -> Activation {
 #[test]
 fn dense_gradients_and_one_step_match_pytorch_for_every_pairing() {
     let f = Fixture::named("dense_gradients.safetensors").unwrap();
-    let configs: Vec<(Vec<String>, usize, String, String, (String, f32, f32))> =
-        serde_json::from_str(&f.metadata("configs").unwrap()).unwrap();
+    let configs: Vec<Config> = serde_json::from_str(&f.metadata("configs").unwrap()).unwrap();
     assert_eq!(configs.len(), 6);
     let mut worst: f64 = 0.0;
     for (c, (hidden, n_out, out_act, loss, (opt, lr, extra))) in configs.iter().enumerate() {
