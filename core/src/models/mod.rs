@@ -2,3 +2,4 @@
 //! once over the [`Backend`](crate::Backend) trait, so every backend runs the same model.
 
 pub mod dense;
+pub mod transformer;
