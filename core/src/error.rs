@@ -23,6 +23,17 @@ pub enum CoreError {
         index: usize,
         vocab: usize,
     },
+    /// A token id of a batch is not below the vocabulary size.
+    #[error(
+        "token id {id} at batch row {row}, position {position} ({what}) is outside the vocabulary ({vocab})"
+    )]
+    TokenOutOfRange {
+        what: &'static str,
+        id: u32,
+        row: usize,
+        position: usize,
+        vocab: usize,
+    },
     /// A hyper-parameter is outside its valid range (negative learning rate, beta >= 1, ...).
     #[error("{op}: invalid argument: {message}")]
     InvalidArgument { op: &'static str, message: String },

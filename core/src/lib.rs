@@ -31,6 +31,7 @@ pub mod optimizer;
 pub mod real;
 pub mod reference;
 pub mod rng;
+pub mod schedule;
 
 pub use backend::{
     global_l2_norm, AdamParams, AttentionSpec, Backend, CrossEntropySum, MatmulSpec, Precision, RopeSpec,
@@ -43,6 +44,7 @@ pub use optimizer::{Optimizer, OptimizerKind};
 pub use real::Real;
 pub use reference::ReferenceBackend;
 pub use rng::Rng;
+pub use schedule::Schedule;
 
 /// Result type of this crate.
 pub type Result<T, E = CoreError> = core::result::Result<T, E>;

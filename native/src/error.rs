@@ -32,6 +32,10 @@ pub enum NetworkError {
         batch: usize,
         source: CoreError,
     },
+    /// A language-model step failed: the loss or a gradient stopped being finite. The
+    /// weights were left as they were before the step.
+    #[error("step {step}: {source}")]
+    Step { step: u64, source: CoreError },
 }
 
 impl NetworkError {

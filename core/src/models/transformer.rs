@@ -13,7 +13,6 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::backend::{AttentionSpec, MatmulSpec, Precision, RopeSpec};
-use crate::ops::embedding::check_ids;
 use crate::{Backend, CoreError, Optimizer, Result, Rng};
 
 /// The architecture of a [`TransformerModel`].
@@ -206,6 +205,33 @@ impl TokenBatch {
         }
         self.mask = flags;
         Ok(self)
+    }
+
+    /// Checks the layout and every id that is read: all inputs, and the targets of counted
+    /// positions (padding may hold anything).
+    pub fn check(&self, vocab: usize) -> Result<()> {
+        let n = self.batch * self.seq;
+        for (what, len) in [
+            ("inputs", self.inputs.len()),
+            ("targets", self.targets.len()),
+            ("mask", self.mask.len()),
+        ] {
+            crate::error::check_len("token batch", what, len, n)?;
+        }
+        let bad = |what, i: usize, id: u32| CoreError::TokenOutOfRange {
+            what,
+            id,
+            row: i / self.seq,
+            position: i % self.seq,
+            vocab,
+        };
+        if let Some(i) = self.inputs.iter().position(|&t| t as usize >= vocab) {
+            return Err(bad("input", i, self.inputs[i]));
+        }
+        if let Some(i) = (0..n).find(|&i| self.mask[i] && self.targets[i] as usize >= vocab) {
+            return Err(bad("target", i, self.targets[i]));
+        }
+        Ok(())
     }
 
     /// Positions whose prediction counts in the loss.
@@ -523,7 +549,7 @@ impl<B: Backend> TransformerModel<B> {
 
     /// Forward pass of a batch up to the logits (kept in the arena).
     fn forward(&mut self, tb: &TokenBatch) -> Result<()> {
-        check_ids("transformer forward (inputs)", &tb.inputs, self.config.vocab_size)?;
+        tb.check(self.config.vocab_size)?;
         self.ensure_arena(tb.batch, tb.seq)?;
         let c = &self.config;
         let (n, d, q, kv, f) = (tb.batch * tb.seq, c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
@@ -612,11 +638,6 @@ impl<B: Backend> TransformerModel<B> {
 
     /// Forward and loss, no gradients.
     pub fn evaluate(&mut self, tb: &TokenBatch) -> Result<LossSum> {
-        check_ids(
-            "transformer loss (targets)",
-            &masked_targets(tb),
-            self.config.vocab_size,
-        )?;
         self.forward(tb)?;
         let arena = self.arena.as_mut().expect("forward made it");
         let n = tb.batch * tb.seq;
@@ -637,11 +658,6 @@ impl<B: Backend> TransformerModel<B> {
     /// Forward and backward: adds the gradient of this batch's mean loss (over its counted
     /// positions) to `grads`, and returns the loss.
     pub fn accumulate(&mut self, tb: &TokenBatch) -> Result<LossSum> {
-        check_ids(
-            "transformer loss (targets)",
-            &masked_targets(tb),
-            self.config.vocab_size,
-        )?;
         let count = tb.counted();
         if count == 0 {
             return Err(batch_err(
@@ -860,14 +876,4 @@ impl<B: Backend> TransformerModel<B> {
             .map(|(n, g, _)| Ok((n, self.backend.download(g)?)))
             .collect()
     }
-}
-
-/// Targets of counted positions (ignored ones may hold padding of any value).
-fn masked_targets(tb: &TokenBatch) -> Vec<u32> {
-    tb.targets
-        .iter()
-        .zip(&tb.mask)
-        .filter(|(_, &m)| m)
-        .map(|(&t, _)| t)
-        .collect()
 }

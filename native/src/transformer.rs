@@ -1,0 +1,294 @@
+//! `TransformerLm`: a decoder-only language model — build, train, evaluate.
+
+use std::fmt;
+
+use rusting_brain_core::models::transformer::{LossSum, TokenBatch, TransformerConfig, TransformerModel};
+use rusting_brain_core::{CoreError, Optimizer, Precision};
+
+use crate::cpu::CpuBackend;
+use crate::{NetworkError, Result};
+
+/// The loss of one step or evaluation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepLoss {
+    /// Mean next-token cross-entropy over the positions that count (nats).
+    pub lm_loss: f32,
+    /// How many positions counted.
+    pub tokens: usize,
+}
+
+impl StepLoss {
+    /// `exp(lm_loss)`.
+    pub fn perplexity(&self) -> f32 {
+        self.lm_loss.exp()
+    }
+    fn from_sum(s: LossSum) -> StepLoss {
+        StepLoss {
+            lm_loss: (s.sum / s.count.max(1) as f64) as f32,
+            tokens: s.count,
+        }
+    }
+}
+
+/// Parameter counts; `Display` prints like "38.9M total, 38.9M active".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParameterCounts {
+    /// Every parameter, the tied embedding counted once, norms included.
+    pub total: usize,
+    /// Parameters a token passes through (all of them for a dense model).
+    pub active: usize,
+    /// The token embedding (which is also the output head).
+    pub embedding: usize,
+    /// One transformer block.
+    pub per_layer: usize,
+}
+
+fn human(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+impl fmt::Display for ParameterCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} total, {} active", human(self.total), human(self.active))
+    }
+}
+
+/// Collects the architecture; see [`TransformerLm::builder`].
+#[derive(Debug, Clone)]
+pub struct TransformerLmBuilder {
+    config: TransformerConfig,
+    optimizer: Optimizer,
+    seed: u64,
+}
+
+impl TransformerLmBuilder {
+    pub fn vocab_size(mut self, n: usize) -> Self {
+        self.config.vocab_size = n;
+        self
+    }
+    pub fn d_model(mut self, n: usize) -> Self {
+        self.config.d_model = n;
+        self
+    }
+    pub fn n_layers(mut self, n: usize) -> Self {
+        self.config.n_layers = n;
+        self
+    }
+    /// Query heads, key/value heads (grouped-query attention when fewer), head size.
+    pub fn heads(mut self, q_heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        self.config.q_heads = q_heads;
+        self.config.kv_heads = kv_heads;
+        self.config.head_dim = head_dim;
+        self
+    }
+    /// Hidden width of the SwiGLU feed-forward.
+    pub fn d_ff(mut self, n: usize) -> Self {
+        self.config.d_ff = n;
+        self
+    }
+    pub fn max_seq_len(mut self, n: usize) -> Self {
+        self.config.max_seq_len = n;
+        self
+    }
+    /// RoPE base (default 10000).
+    pub fn rope_theta(mut self, theta: f32) -> Self {
+        self.config.rope_theta = theta;
+        self
+    }
+    /// RMSNorm epsilon (default 1e-5).
+    pub fn norm_eps(mut self, eps: f32) -> Self {
+        self.config.norm_eps = eps;
+        self
+    }
+    /// Default `Optimizer::adam(3e-4)`; weight decay never applies to norm weights.
+    pub fn optimizer(mut self, optimizer: Optimizer) -> Self {
+        self.optimizer = optimizer;
+        self
+    }
+    /// Seed of the initialization (default 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    pub fn build(self) -> Result<TransformerLm> {
+        self.config
+            .validate()
+            .map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
+        self.optimizer
+            .validate()
+            .map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
+        let model = TransformerModel::new(CpuBackend::new(), self.config, self.seed)?;
+        Ok(TransformerLm {
+            engine: LmEngine::Cpu(model),
+            optimizer: self.optimizer,
+        })
+    }
+}
+
+/// The model on its device; one arm per backend, picked at run time.
+enum LmEngine {
+    Cpu(TransformerModel<CpuBackend>),
+}
+
+/// A decoder-only transformer language model. Build one with [`TransformerLm::builder`].
+pub struct TransformerLm {
+    engine: LmEngine,
+    /// Read again at every step: `model.optimizer.set_learning_rate(schedule.rate(step))`.
+    pub optimizer: Optimizer,
+}
+
+impl TransformerLm {
+    pub fn builder() -> TransformerLmBuilder {
+        TransformerLmBuilder {
+            config: TransformerConfig {
+                vocab_size: 0,
+                d_model: 0,
+                n_layers: 0,
+                q_heads: 0,
+                kv_heads: 0,
+                head_dim: 0,
+                d_ff: 0,
+                max_seq_len: 0,
+                rope_theta: 10_000.0,
+                norm_eps: 1e-5,
+            },
+            optimizer: Optimizer::adam(3e-4),
+            seed: 0,
+        }
+    }
+
+    fn model(&self) -> &TransformerModel<CpuBackend> {
+        match &self.engine {
+            LmEngine::Cpu(m) => m,
+        }
+    }
+    fn model_mut(&mut self) -> &mut TransformerModel<CpuBackend> {
+        match &mut self.engine {
+            LmEngine::Cpu(m) => m,
+        }
+    }
+
+    pub fn config(&self) -> &TransformerConfig {
+        &self.model().config
+    }
+
+    /// Optimizer steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.model().step
+    }
+
+    pub fn parameter_counts(&self) -> ParameterCounts {
+        let c = self.config();
+        let total = c.parameter_count();
+        ParameterCounts {
+            total,
+            active: total,
+            embedding: c.vocab_size * c.d_model,
+            per_layer: c.layer_parameters(),
+        }
+    }
+
+    /// With `true`, every GEMM rounds its operands to bfloat16 and accumulates in f32; the
+    /// master weights, gradients and optimizer state stay f32. On the CPU this changes the
+    /// numerics to match a BF16 GPU run but not the speed (the CPU GEMM has no bf16 kernels).
+    pub fn set_mixed_precision(&mut self, on: bool) {
+        self.model_mut().precision = if on { Precision::Bf16 } else { Precision::F32 };
+    }
+
+    fn step_error(&self, source: CoreError) -> NetworkError {
+        NetworkError::Step {
+            step: self.model().step + 1,
+            source,
+        }
+    }
+
+    /// One step on equal-length sequences: zero the gradients, forward, backward, update.
+    pub fn train_step(&mut self, seqs: &[Vec<u32>]) -> Result<StepLoss> {
+        let batch = TokenBatch::new(seqs)?;
+        self.train_step_batch(&batch)
+    }
+
+    /// [`TransformerLm::train_step`] on a prepared batch.
+    pub fn train_step_batch(&mut self, batch: &TokenBatch) -> Result<StepLoss> {
+        self.zero_grad()?;
+        let loss = self.accumulate_step(batch)?;
+        self.step(1.0)?;
+        Ok(loss)
+    }
+
+    /// Forward and loss only: no gradients, no step.
+    pub fn evaluate(&mut self, batch: &TokenBatch) -> Result<StepLoss> {
+        let s = self.model_mut().evaluate(batch).map_err(NetworkError::from)?;
+        Ok(StepLoss::from_sum(s))
+    }
+
+    pub fn zero_grad(&mut self) -> Result<()> {
+        Ok(self.model_mut().zero_grad()?)
+    }
+
+    /// Adds this micro-batch's gradients (of its mean loss) to the accumulated ones.
+    pub fn accumulate_step(&mut self, batch: &TokenBatch) -> Result<StepLoss> {
+        let r = self.model_mut().accumulate(batch);
+        let s = r.map_err(|e| match e {
+            e @ CoreError::NonFinite { .. } => self.step_error(e),
+            e => NetworkError::from(e),
+        })?;
+        Ok(StepLoss::from_sum(s))
+    }
+
+    /// Updates the weights with the accumulated gradients times `scale` (`1 / micro-batches`
+    /// for their mean). Refuses, changing nothing, when a gradient is NaN or infinite.
+    pub fn step(&mut self, scale: f32) -> Result<()> {
+        let norm = self.model().grad_norm(scale)?;
+        if !norm.is_finite() {
+            return Err(self.step_error(CoreError::NonFinite {
+                op: "gradient norm",
+                value: norm,
+            }));
+        }
+        let opt = self.optimizer;
+        self.model_mut().step(&opt, scale).map_err(|e| self.step_error(e))
+    }
+
+    /// [`TransformerLm::step`] with the (scaled) gradients clipped to a global L2 norm of
+    /// `max_norm` first; returns the norm before clipping.
+    pub fn step_clipped(&mut self, scale: f32, max_norm: f32) -> Result<f32> {
+        if !(max_norm.is_finite() && max_norm > 0.0) {
+            return Err(NetworkError::InvalidInput(format!(
+                "step_clipped: max_norm {max_norm} must be finite and > 0"
+            )));
+        }
+        let norm = self.model().grad_norm(scale)?;
+        if !norm.is_finite() {
+            return Err(self.step_error(CoreError::NonFinite {
+                op: "gradient norm",
+                value: norm,
+            }));
+        }
+        let clip = if norm > max_norm as f64 {
+            (max_norm as f64 / norm) as f32
+        } else {
+            1.0
+        };
+        let opt = self.optimizer;
+        self.model_mut()
+            .step(&opt, scale * clip)
+            .map_err(|e| self.step_error(e))?;
+        Ok(norm as f32)
+    }
+
+    /// Logits of a batch on the host, `(batch * seq, vocab)` row-major.
+    pub fn forward_batch(&mut self, batch: &TokenBatch) -> Result<Vec<f32>> {
+        Ok(self.model_mut().forward_logits(batch)?)
+    }
+
+    /// Every parameter with its Hugging Face `LlamaForCausalLM` name.
+    pub fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
+        Ok(self.model().named_parameters()?)
+    }
+}
