@@ -36,6 +36,7 @@ mod error;
 mod files;
 mod network;
 mod network_json;
+pub mod profile;
 mod transformer;
 
 pub use dataset::{Dataset, Statistics, SPLIT_SEED};

@@ -100,6 +100,17 @@ impl TransformerConfig {
     pub fn parameter_count(&self) -> usize {
         self.vocab_size * self.d_model + self.n_layers * self.layer_parameters() + self.d_model
     }
+    /// f32 values in the activation arena for one (batch, seq) shape: what the forward pass
+    /// keeps for the backward pass, the logits, and the backward scratch.
+    pub fn activation_floats(&self, batch: usize, seq: usize) -> usize {
+        let n = batch * seq;
+        let (d, q, kv, f, h) = (self.d_model, self.q_dim(), self.kv_dim(), self.d_ff, self.q_heads);
+        let per_layer = 4 * d + 2 + 2 * q + 2 * kv + h + 3 * f;
+        let tail = 2 * d + 1 + self.vocab_size;
+        let scratch = 3 * d + 3 * f + 2 * q + 2 * kv;
+        n * (self.n_layers * per_layer + tail + scratch)
+    }
+
     /// Multiply-adds per token of the forward pass in the matrix products (projections,
     /// FFN, output head) and in attention at sequence length `seq` (causal average).
     pub fn forward_macs_per_token(&self, seq: usize) -> f64 {
