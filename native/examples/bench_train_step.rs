@@ -24,16 +24,34 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-fn torch(python: &str, script: &str, batch: usize, seq: usize, threads: usize, compile: bool) -> Option<(f64, String)> {
+fn torch(
+    python: &str,
+    script: &str,
+    batch: usize,
+    seq: usize,
+    threads: usize,
+    compile: bool,
+) -> Option<(f64, String)> {
     let mut cmd = Command::new(python);
-    cmd.args([script, "--batch", &batch.to_string(), "--seq", &seq.to_string(), "--threads", &threads.to_string()]);
+    cmd.args([
+        script,
+        "--batch",
+        &batch.to_string(),
+        "--seq",
+        &seq.to_string(),
+        "--threads",
+        &threads.to_string(),
+    ]);
     if compile {
         cmd.arg("--compile");
     }
     let out = cmd.output().ok().filter(|o| o.status.success())?;
     let line = String::from_utf8_lossy(&out.stdout).lines().last()?.to_string();
     let v: serde_json::Value = serde_json::from_str(&line).ok()?;
-    Some((v["train_tokens_per_s"].as_f64()?, format!("{} {}", v["framework"].as_str()?, v["mode"].as_str()?)))
+    Some((
+        v["train_tokens_per_s"].as_f64()?,
+        format!("{} {}", v["framework"].as_str()?, v["mode"].as_str()?),
+    ))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,7 +74,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let config: TransformerConfig = model.config().clone();
     let mut rng = Rng::new(1);
-    let seqs: Vec<Vec<u32>> = (0..batch).map(|_| (0..=seq).map(|_| rng.below(4096) as u32).collect()).collect();
+    let seqs: Vec<Vec<u32>> = (0..batch)
+        .map(|_| (0..=seq).map(|_| rng.below(4096) as u32).collect())
+        .collect();
     let tokens = (batch * seq) as f64;
 
     for _ in 0..3 {
@@ -76,8 +96,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let threads = rayon::current_num_threads();
     let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = std::env::var("RB_TORCH_LM")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/bench/torch_lm.py").to_string());
+    let script = std::env::var("RB_TORCH_LM").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/bench/torch_lm.py").to_string()
+    });
     let eager = torch(&python, &script, batch, seq, threads, false);
     let compiled = torch(&python, &script, batch, seq, threads, true);
 
@@ -86,13 +107,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "bench_train_step: {counts}; d_model 256, 6 layers, heads 8/2/32, d_ff 704, vocab 4096; batch {batch} x {seq}; {threads} threads"
     );
     println!("{:<30} {:>12} {:>10} {:>9}", "", "tokens/s", "GFLOP/s", "ratio");
-    println!("{:<30} {:>12.0} {:>10.1} {:>9}", "rusting_brain (cpu, f32)", ours, ours * flops_per_token / 1e9, "1.00x");
+    println!(
+        "{:<30} {:>12.0} {:>10.1} {:>9}",
+        "rusting_brain (cpu, f32)",
+        ours,
+        ours * flops_per_token / 1e9,
+        "1.00x"
+    );
     for (r, fallback) in [(eager, "PyTorch eager"), (compiled, "PyTorch compile")] {
         match r {
             Some((tps, name)) => {
-                println!("{:<30} {:>12.0} {:>10.1} {:>8.2}x", name, tps, tps * flops_per_token / 1e9, ours / tps)
+                println!(
+                    "{:<30} {:>12.0} {:>10.1} {:>8.2}x",
+                    name,
+                    tps,
+                    tps * flops_per_token / 1e9,
+                    ours / tps
+                )
             }
-            None => println!("{fallback:<30} not run ({python} {script} failed; set RB_PYTHON / RB_TORCH_LM)"),
+            None => {
+                println!("{fallback:<30} not run ({python} {script} failed; set RB_PYTHON / RB_TORCH_LM)")
+            }
         }
     }
 
@@ -129,13 +164,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         pm.step(&opt, 1.0)?;
     }
     let wall = t.elapsed().as_secs_f64() / steps as f64;
-    println!("\nper step, by primitive ({steps} steps, {:.1} ms a step):", wall * 1e3);
+    println!(
+        "\nper step, by primitive ({steps} steps, {:.1} ms a step):",
+        wall * 1e3
+    );
     let mut covered = 0.0;
     for (op, calls, total) in pm.backend.report() {
         let ms = total.as_secs_f64() * 1e3 / steps as f64;
         covered += ms;
-        println!("  {op:<22} {:>6} calls {:>9.2} ms {:>6.1}%", calls / steps, ms, 100.0 * ms / (wall * 1e3));
+        println!(
+            "  {op:<22} {:>6} calls {:>9.2} ms {:>6.1}%",
+            calls / steps,
+            ms,
+            100.0 * ms / (wall * 1e3)
+        );
     }
-    println!("  {:<22} {:>6}       {:>9.2} ms {:>6.1}%", "(outside primitives)", "", wall * 1e3 - covered, 100.0 * (1.0 - covered / (wall * 1e3)));
+    println!(
+        "  {:<22} {:>6}       {:>9.2} ms {:>6.1}%",
+        "(outside primitives)",
+        "",
+        wall * 1e3 - covered,
+        100.0 * (1.0 - covered / (wall * 1e3))
+    );
     Ok(())
 }

@@ -16,7 +16,10 @@ pub struct Profiled<B: Backend> {
 
 impl<B: Backend> Profiled<B> {
     pub fn new(inner: B) -> Self {
-        Profiled { inner, times: RefCell::new(BTreeMap::new()) }
+        Profiled {
+            inner,
+            times: RefCell::new(BTreeMap::new()),
+        }
     }
     fn time<R>(&self, op: &'static str, f: impl FnOnce() -> R) -> R {
         let t = Instant::now();
@@ -33,7 +36,12 @@ impl<B: Backend> Profiled<B> {
     }
     /// (primitive, calls, total time), largest total first.
     pub fn report(&self) -> Vec<(&'static str, usize, Duration)> {
-        let mut v: Vec<_> = self.times.borrow().iter().map(|(k, (n, d))| (*k, *n, *d)).collect();
+        let mut v: Vec<_> = self
+            .times
+            .borrow()
+            .iter()
+            .map(|(k, (n, d))| (*k, *n, *d))
+            .collect();
         v.sort_by(|a, b| b.2.cmp(&a.2));
         v
     }
@@ -82,28 +90,105 @@ impl<B: Backend> Backend for Profiled<B> {
         self.time("add_bias", || self.inner.add_bias(out, bias, rows, cols))
     }
     fn bias_backward(&self, dbias: &mut B::Buffer, dout: &B::Buffer, rows: usize, cols: usize) -> Result<()> {
-        self.time("bias_backward", || self.inner.bias_backward(dbias, dout, rows, cols))
+        self.time("bias_backward", || {
+            self.inner.bias_backward(dbias, dout, rows, cols)
+        })
     }
-    fn activation_forward(&self, act: Activation, out: &mut B::Buffer, inp: &B::Buffer, rows: usize, cols: usize) -> Result<()> {
-        self.time("activation_forward", || self.inner.activation_forward(act, out, inp, rows, cols))
+    fn activation_forward(
+        &self,
+        act: Activation,
+        out: &mut B::Buffer,
+        inp: &B::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.time("activation_forward", || {
+            self.inner.activation_forward(act, out, inp, rows, cols)
+        })
     }
-    fn activation_backward(&self, act: Activation, dinp: &mut B::Buffer, dout: &B::Buffer, inp: &B::Buffer, out: &B::Buffer, rows: usize, cols: usize) -> Result<()> {
-        self.time("activation_backward", || self.inner.activation_backward(act, dinp, dout, inp, out, rows, cols))
+    fn activation_backward(
+        &self,
+        act: Activation,
+        dinp: &mut B::Buffer,
+        dout: &B::Buffer,
+        inp: &B::Buffer,
+        out: &B::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.time("activation_backward", || {
+            self.inner
+                .activation_backward(act, dinp, dout, inp, out, rows, cols)
+        })
     }
-    fn loss_forward(&self, loss: Loss, pred: &B::Buffer, target: &B::Buffer, rows: usize, cols: usize) -> Result<f64> {
-        self.time("loss_forward", || self.inner.loss_forward(loss, pred, target, rows, cols))
+    fn loss_forward(
+        &self,
+        loss: Loss,
+        pred: &B::Buffer,
+        target: &B::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<f64> {
+        self.time("loss_forward", || {
+            self.inner.loss_forward(loss, pred, target, rows, cols)
+        })
     }
-    fn loss_backward(&self, loss: Loss, dpred: &mut B::Buffer, pred: &B::Buffer, target: &B::Buffer, rows: usize, cols: usize) -> Result<()> {
-        self.time("loss_backward", || self.inner.loss_backward(loss, dpred, pred, target, rows, cols))
+    fn loss_backward(
+        &self,
+        loss: Loss,
+        dpred: &mut B::Buffer,
+        pred: &B::Buffer,
+        target: &B::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.time("loss_backward", || {
+            self.inner.loss_backward(loss, dpred, pred, target, rows, cols)
+        })
     }
-    fn fused_output_backward(&self, loss: Loss, dlogits: &mut B::Buffer, pred: &B::Buffer, target: &B::Buffer, rows: usize, cols: usize) -> Result<()> {
-        self.time("fused_output_backward", || self.inner.fused_output_backward(loss, dlogits, pred, target, rows, cols))
+    fn fused_output_backward(
+        &self,
+        loss: Loss,
+        dlogits: &mut B::Buffer,
+        pred: &B::Buffer,
+        target: &B::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.time("fused_output_backward", || {
+            self.inner
+                .fused_output_backward(loss, dlogits, pred, target, rows, cols)
+        })
     }
-    fn rmsnorm_forward(&self, out: &mut B::Buffer, rstd: &mut B::Buffer, inp: &B::Buffer, weight: &B::Buffer, rows: usize, dim: usize, eps: f32) -> Result<()> {
-        self.time("rmsnorm_forward", || self.inner.rmsnorm_forward(out, rstd, inp, weight, rows, dim, eps))
+    fn rmsnorm_forward(
+        &self,
+        out: &mut B::Buffer,
+        rstd: &mut B::Buffer,
+        inp: &B::Buffer,
+        weight: &B::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.time("rmsnorm_forward", || {
+            self.inner.rmsnorm_forward(out, rstd, inp, weight, rows, dim, eps)
+        })
     }
-    fn rmsnorm_backward(&self, dinp: &mut B::Buffer, dweight: &mut B::Buffer, dout: &B::Buffer, inp: &B::Buffer, weight: &B::Buffer, rstd: &B::Buffer, rows: usize, dim: usize) -> Result<()> {
-        self.time("rmsnorm_backward", || self.inner.rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim))
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut B::Buffer,
+        dweight: &mut B::Buffer,
+        dout: &B::Buffer,
+        inp: &B::Buffer,
+        weight: &B::Buffer,
+        rstd: &B::Buffer,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.time("rmsnorm_backward", || {
+            self.inner
+                .rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim)
+        })
     }
     fn rope_forward(&self, x: &mut B::Buffer, spec: &RopeSpec) -> Result<()> {
         self.time("rope_forward", || self.inner.rope_forward(x, spec))
@@ -112,36 +197,126 @@ impl<B: Backend> Backend for Profiled<B> {
         self.time("rope_backward", || self.inner.rope_backward(dx, spec))
     }
     fn softmax_forward(&self, out: &mut B::Buffer, inp: &B::Buffer, rows: usize, cols: usize) -> Result<()> {
-        self.time("softmax_forward", || self.inner.softmax_forward(out, inp, rows, cols))
+        self.time("softmax_forward", || {
+            self.inner.softmax_forward(out, inp, rows, cols)
+        })
     }
-    fn softmax_backward(&self, dinp: &mut B::Buffer, dout: &B::Buffer, out: &B::Buffer, rows: usize, cols: usize) -> Result<()> {
-        self.time("softmax_backward", || self.inner.softmax_backward(dinp, dout, out, rows, cols))
+    fn softmax_backward(
+        &self,
+        dinp: &mut B::Buffer,
+        dout: &B::Buffer,
+        out: &B::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.time("softmax_backward", || {
+            self.inner.softmax_backward(dinp, dout, out, rows, cols)
+        })
     }
     fn swiglu_forward(&self, out: &mut B::Buffer, gate: &B::Buffer, up: &B::Buffer) -> Result<()> {
         self.time("swiglu_forward", || self.inner.swiglu_forward(out, gate, up))
     }
-    fn swiglu_backward(&self, dgate: &mut B::Buffer, dup: &mut B::Buffer, dout: &B::Buffer, gate: &B::Buffer, up: &B::Buffer) -> Result<()> {
-        self.time("swiglu_backward", || self.inner.swiglu_backward(dgate, dup, dout, gate, up))
+    fn swiglu_backward(
+        &self,
+        dgate: &mut B::Buffer,
+        dup: &mut B::Buffer,
+        dout: &B::Buffer,
+        gate: &B::Buffer,
+        up: &B::Buffer,
+    ) -> Result<()> {
+        self.time("swiglu_backward", || {
+            self.inner.swiglu_backward(dgate, dup, dout, gate, up)
+        })
     }
-    fn attention_forward(&self, out: &mut B::Buffer, lse: &mut B::Buffer, q: &B::Buffer, k: &B::Buffer, v: &B::Buffer, spec: &AttentionSpec) -> Result<()> {
-        self.time("attention_forward", || self.inner.attention_forward(out, lse, q, k, v, spec))
+    fn attention_forward(
+        &self,
+        out: &mut B::Buffer,
+        lse: &mut B::Buffer,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        self.time("attention_forward", || {
+            self.inner.attention_forward(out, lse, q, k, v, spec)
+        })
     }
-    fn attention_backward(&self, dq: &mut B::Buffer, dk: &mut B::Buffer, dv: &mut B::Buffer, dout: &B::Buffer, q: &B::Buffer, k: &B::Buffer, v: &B::Buffer, out: &B::Buffer, lse: &B::Buffer, spec: &AttentionSpec) -> Result<()> {
-        self.time("attention_backward", || self.inner.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, spec))
+    fn attention_backward(
+        &self,
+        dq: &mut B::Buffer,
+        dk: &mut B::Buffer,
+        dv: &mut B::Buffer,
+        dout: &B::Buffer,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        out: &B::Buffer,
+        lse: &B::Buffer,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        self.time("attention_backward", || {
+            self.inner
+                .attention_backward(dq, dk, dv, dout, q, k, v, out, lse, spec)
+        })
     }
-    fn embedding_forward(&self, out: &mut B::Buffer, table: &B::Buffer, ids: &[u32], vocab: usize, dim: usize) -> Result<()> {
-        self.time("embedding_forward", || self.inner.embedding_forward(out, table, ids, vocab, dim))
+    fn embedding_forward(
+        &self,
+        out: &mut B::Buffer,
+        table: &B::Buffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.time("embedding_forward", || {
+            self.inner.embedding_forward(out, table, ids, vocab, dim)
+        })
     }
-    fn embedding_backward(&self, dtable: &mut B::Buffer, dout: &B::Buffer, ids: &[u32], vocab: usize, dim: usize) -> Result<()> {
-        self.time("embedding_backward", || self.inner.embedding_backward(dtable, dout, ids, vocab, dim))
+    fn embedding_backward(
+        &self,
+        dtable: &mut B::Buffer,
+        dout: &B::Buffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.time("embedding_backward", || {
+            self.inner.embedding_backward(dtable, dout, ids, vocab, dim)
+        })
     }
-    fn cross_entropy(&self, logits: &mut B::Buffer, targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize, grad_scale: Option<f32>) -> Result<CrossEntropySum> {
-        self.time("cross_entropy", || self.inner.cross_entropy(logits, targets, mask, rows, vocab, grad_scale))
+    fn cross_entropy(
+        &self,
+        logits: &mut B::Buffer,
+        targets: &[u32],
+        mask: Option<&[bool]>,
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) -> Result<CrossEntropySum> {
+        self.time("cross_entropy", || {
+            self.inner
+                .cross_entropy(logits, targets, mask, rows, vocab, grad_scale)
+        })
     }
-    fn adam_update(&self, param: &mut B::Buffer, grad: &B::Buffer, m: &mut B::Buffer, v: &mut B::Buffer, hp: &AdamParams, step: u64) -> Result<()> {
-        self.time("adam_update", || self.inner.adam_update(param, grad, m, v, hp, step))
+    fn adam_update(
+        &self,
+        param: &mut B::Buffer,
+        grad: &B::Buffer,
+        m: &mut B::Buffer,
+        v: &mut B::Buffer,
+        hp: &AdamParams,
+        step: u64,
+    ) -> Result<()> {
+        self.time("adam_update", || {
+            self.inner.adam_update(param, grad, m, v, hp, step)
+        })
     }
-    fn sgd_update(&self, param: &mut B::Buffer, grad: &B::Buffer, velocity: Option<&mut B::Buffer>, hp: &SgdParams) -> Result<()> {
+    fn sgd_update(
+        &self,
+        param: &mut B::Buffer,
+        grad: &B::Buffer,
+        velocity: Option<&mut B::Buffer>,
+        hp: &SgdParams,
+    ) -> Result<()> {
         self.time("sgd_update", || self.inner.sgd_update(param, grad, velocity, hp))
     }
 }

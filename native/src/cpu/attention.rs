@@ -30,6 +30,10 @@ pub fn attention_forward(
     if nq == 0 {
         return Ok(());
     }
+    if spec.q_len >= BLOCKED_MIN_Q {
+        attention_forward_blocked(out, lse, q, k, v, spec);
+        return Ok(());
+    }
     let scale = 1.0 / (d as f32).sqrt();
     out.par_chunks_mut(hq * d)
         .zip(lse.par_chunks_mut(hq))
@@ -89,6 +93,10 @@ pub fn attention_backward(
         out.len(),
         lse.len(),
     ])?;
+    if spec.q_len >= BLOCKED_MIN_Q && nq > 0 {
+        attention_backward_blocked(dq, dk, dv, dout, q, k, v, out, lse, spec);
+        return Ok(());
+    }
     let (d, hq, hkv) = (spec.head_dim, spec.q_heads, spec.kv_heads);
     let scale = 1.0 / (d as f32).sqrt();
     // delta[b, t, h] = dot(dout, out): the row sums of P * dP.
@@ -156,4 +164,281 @@ pub fn attention_backward(
             });
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Blocked path for prefill/training shapes: per (batch, head) the scores are one GEMM,
+// the softmax runs over rows of a (q_len, kv_len) tile, and the weighted sum is another
+// GEMM. Row-at-a-time dot products cost a function call and a horizontal sum per (query,
+// key) pair; here the inner loops are the `gemm` crate's micro-kernels.
+// ---------------------------------------------------------------------------------------
+
+/// A row-major matrix view into a slice: element (i, j) at `i * rs + j * cs`.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    data: &'a [f32],
+    rs: usize,
+    cs: usize,
+}
+
+/// `dst (m x n, contiguous) = alpha * lhs (m x k) rhs (k x n) + beta * dst`, single-threaded
+/// (the callers already run one tile per rayon task).
+fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: View, rhs: View, alpha: f32, beta: f32) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(dst.len() >= m * n, "gemm_views: destination too small");
+    if k == 0 {
+        if beta == 0.0 {
+            dst[..m * n].fill(0.0);
+        } else {
+            dst[..m * n].iter_mut().for_each(|v| *v *= beta);
+        }
+        return;
+    }
+    // The largest index each view reads must be inside its slice.
+    assert!(
+        (m - 1) * lhs.rs + (k - 1) * lhs.cs < lhs.data.len(),
+        "gemm_views: lhs view out of bounds"
+    );
+    assert!(
+        (k - 1) * rhs.rs + (n - 1) * rhs.cs < rhs.data.len(),
+        "gemm_views: rhs view out of bounds"
+    );
+    // SAFETY: the asserts above prove every element the strides address lies inside `lhs`,
+    // `rhs` and `dst`; `dst` is a unique borrow, so it aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            beta != 0.0,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Query lengths from which the blocked path is used (below it, the per-row path: decode).
+pub(crate) const BLOCKED_MIN_Q: usize = 16;
+
+/// Views of head `h` of batch `b`: q/out rows have stride `q_heads * d`, k/v rows
+/// `kv_heads * d`.
+fn q_view<'a>(x: &'a [f32], spec: &AttentionSpec, b: usize, h: usize) -> View<'a> {
+    let start = spec.q_index(b, 0, h);
+    View {
+        data: &x[start..],
+        rs: spec.q_heads * spec.head_dim,
+        cs: 1,
+    }
+}
+
+fn kv_view<'a>(x: &'a [f32], spec: &AttentionSpec, b: usize, kvh: usize) -> View<'a> {
+    let start = spec.kv_index(b, 0, kvh);
+    View {
+        data: &x[start..],
+        rs: spec.kv_heads * spec.head_dim,
+        cs: 1,
+    }
+}
+
+fn transpose(v: View) -> View {
+    View {
+        data: v.data,
+        rs: v.cs,
+        cs: v.rs,
+    }
+}
+
+/// Softmax of the causal rows of `s` (q_len x kv_len, raw dot products) in place, scaled by
+/// `scale`; writes each row's log-sum-exp (of the scaled scores) to `lse_out[t]`.
+fn causal_softmax(s: &mut [f32], lse_out: &mut [f32], spec: &AttentionSpec, scale: f32) {
+    let n = spec.kv_len;
+    for t in 0..spec.q_len {
+        let row = &mut s[t * n..(t + 1) * n];
+        let vis = spec.visible(t);
+        simd::scale(&mut row[..vis], scale);
+        let max = simd::max(&row[..vis]);
+        let sum = simd::exp_sub_sum(&mut row[..vis], max);
+        lse_out[t] = max + sum.ln();
+        simd::scale(&mut row[..vis], 1.0 / sum);
+        row[vis..].fill(0.0);
+    }
+}
+
+pub(crate) fn attention_forward_blocked(
+    out: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    spec: &AttentionSpec,
+) {
+    let (d, hq, tq, tk) = (spec.head_dim, spec.q_heads, spec.q_len, spec.kv_len);
+    let scale = 1.0 / (d as f32).sqrt();
+    let tiles: Vec<(usize, usize)> = (0..spec.batch)
+        .flat_map(|b| (0..hq).map(move |h| (b, h)))
+        .collect();
+    // Per (b, h): O_h (tq x d) and its lse row, computed into task-local buffers.
+    let results: Vec<(Vec<f32>, Vec<f32>)> = tiles
+        .par_iter()
+        .map(|&(b, h)| {
+            let kvh = h / spec.group();
+            let mut s = vec![0.0f32; tq * tk];
+            gemm_views(
+                &mut s,
+                tq,
+                tk,
+                d,
+                q_view(q, spec, b, h),
+                transpose(kv_view(k, spec, b, kvh)),
+                1.0,
+                0.0,
+            );
+            let mut l = vec![0.0f32; tq];
+            causal_softmax(&mut s, &mut l, spec, scale);
+            let mut o = vec![0.0f32; tq * d];
+            gemm_views(
+                &mut o,
+                tq,
+                d,
+                tk,
+                View {
+                    data: &s,
+                    rs: tk,
+                    cs: 1,
+                },
+                kv_view(v, spec, b, kvh),
+                1.0,
+                0.0,
+            );
+            (o, l)
+        })
+        .collect();
+    for (&(b, h), (o, l)) in tiles.iter().zip(&results) {
+        for t in 0..tq {
+            let i = spec.q_index(b, t, h);
+            out[i..i + d].copy_from_slice(&o[t * d..(t + 1) * d]);
+            lse[(b * tq + t) * hq + h] = l[t];
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward_blocked(
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    spec: &AttentionSpec,
+) {
+    let (d, hq, hkv, tq, tk) = (
+        spec.head_dim,
+        spec.q_heads,
+        spec.kv_heads,
+        spec.q_len,
+        spec.kv_len,
+    );
+    let scale = 1.0 / (d as f32).sqrt();
+    // One task per (b, kv head): it owns that head's dK and dV and handles every query head
+    // of its group, so no two tasks add into the same gradient.
+    let tiles: Vec<(usize, usize)> = (0..spec.batch)
+        .flat_map(|b| (0..hkv).map(move |g| (b, g)))
+        .collect();
+    type Grads = (Vec<Vec<f32>>, Vec<f32>, Vec<f32>);
+    let results: Vec<Grads> = tiles
+        .par_iter()
+        .map(|&(b, kvh)| {
+            let (kv_k, kv_v) = (kv_view(k, spec, b, kvh), kv_view(v, spec, b, kvh));
+            let mut dk_t = vec![0.0f32; tk * d];
+            let mut dv_t = vec![0.0f32; tk * d];
+            let mut dqs = Vec::with_capacity(spec.group());
+            let mut p = vec![0.0f32; tq * tk];
+            let mut dp = vec![0.0f32; tq * tk];
+            for h in kvh * spec.group()..(kvh + 1) * spec.group() {
+                let (qv, dov) = (q_view(q, spec, b, h), q_view(dout, spec, b, h));
+                // P = exp(scale * Q K^T - lse), causal
+                gemm_views(&mut p, tq, tk, d, qv, transpose(kv_k), 1.0, 0.0);
+                for t in 0..tq {
+                    let l = lse[(b * tq + t) * hq + h];
+                    let row = &mut p[t * tk..(t + 1) * tk];
+                    let vis = spec.visible(t);
+                    for x in &mut row[..vis] {
+                        *x = simd::exp(scale * *x - l);
+                    }
+                    row[vis..].fill(0.0);
+                }
+                // dV += P^T dO
+                gemm_views(
+                    &mut dv_t,
+                    tk,
+                    d,
+                    tq,
+                    transpose(View {
+                        data: &p,
+                        rs: tk,
+                        cs: 1,
+                    }),
+                    dov,
+                    1.0,
+                    1.0,
+                );
+                // dP = dO V^T; dS = P * (dP - delta) * scale, delta_t = dot(dO_t, O_t)
+                gemm_views(&mut dp, tq, tk, d, dov, transpose(kv_v), 1.0, 0.0);
+                for t in 0..tq {
+                    let i = spec.q_index(b, t, h);
+                    let delta = simd::dot(&dout[i..i + d], &out[i..i + d]);
+                    let (pr, dr) = (&p[t * tk..(t + 1) * tk], &mut dp[t * tk..(t + 1) * tk]);
+                    for j in 0..tk {
+                        dr[j] = pr[j] * (dr[j] - delta) * scale;
+                    }
+                }
+                // dQ_h = dS K; dK += dS^T Q
+                let mut dq_h = vec![0.0f32; tq * d];
+                let ds = View {
+                    data: &dp,
+                    rs: tk,
+                    cs: 1,
+                };
+                gemm_views(&mut dq_h, tq, d, tk, ds, kv_k, 1.0, 0.0);
+                gemm_views(&mut dk_t, tk, d, tq, transpose(ds), qv, 1.0, 1.0);
+                dqs.push(dq_h);
+            }
+            (dqs, dk_t, dv_t)
+        })
+        .collect();
+    dk.fill(0.0);
+    dv.fill(0.0);
+    for (&(b, kvh), (dqs, dk_t, dv_t)) in tiles.iter().zip(&results) {
+        for (u, dq_h) in dqs.iter().enumerate() {
+            let h = kvh * spec.group() + u;
+            for t in 0..tq {
+                let i = spec.q_index(b, t, h);
+                dq[i..i + d].copy_from_slice(&dq_h[t * d..(t + 1) * d]);
+            }
+        }
+        for j in 0..tk {
+            let i = spec.kv_index(b, j, kvh);
+            dk[i..i + d].copy_from_slice(&dk_t[j * d..(j + 1) * d]);
+            dv[i..i + d].copy_from_slice(&dv_t[j * d..(j + 1) * d]);
+        }
+    }
 }
