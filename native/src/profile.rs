@@ -42,7 +42,7 @@ impl<B: Backend> Profiled<B> {
             .iter()
             .map(|(k, (n, d))| (*k, *n, *d))
             .collect();
-        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v.sort_by_key(|e| std::cmp::Reverse(e.2));
         v
     }
 }

@@ -181,9 +181,9 @@ struct View<'a> {
     cs: usize,
 }
 
-/// `dst (m x n, contiguous) = alpha * lhs (m x k) rhs (k x n) + beta * dst`, single-threaded
-/// (the callers already run one tile per rayon task).
-fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: View, rhs: View, alpha: f32, beta: f32) {
+/// `dst (m x n, contiguous) = lhs (m x k) rhs (k x n) + beta * dst`, single-threaded (the
+/// callers already run one tile per rayon task).
+fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: View, rhs: View, beta: f32) {
     if m == 0 || n == 0 {
         return;
     }
@@ -223,13 +223,34 @@ fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: View, rhs: Vie
             rhs.cs as isize,
             rhs.rs as isize,
             beta,
-            alpha,
+            1.0,
             false,
             false,
             false,
             gemm::Parallelism::None,
         );
     }
+}
+
+thread_local! {
+    /// Per-thread score tiles, kept between calls: a (q_len, kv_len) tile is 256 KiB at
+    /// 256 x 256, past malloc's mmap threshold, so allocating it per call costs page faults
+    /// on every step.
+    static TILES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `f` with two zeroed-length-agnostic scratch tiles of `len` floats each (contents
+/// are garbage; callers overwrite them with beta = 0 GEMMs).
+fn with_tiles<R>(len: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
+    TILES.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.0.len() < len {
+            t.0.resize(len, 0.0);
+            t.1.resize(len, 0.0);
+        }
+        let (a, b) = &mut *t;
+        f(&mut a[..len], &mut b[..len])
+    })
 }
 
 /// Query lengths from which the blocked path is used (below it, the per-row path: decode).
@@ -297,35 +318,34 @@ pub(crate) fn attention_forward_blocked(
         .par_iter()
         .map(|&(b, h)| {
             let kvh = h / spec.group();
-            let mut s = vec![0.0f32; tq * tk];
-            gemm_views(
-                &mut s,
-                tq,
-                tk,
-                d,
-                q_view(q, spec, b, h),
-                transpose(kv_view(k, spec, b, kvh)),
-                1.0,
-                0.0,
-            );
-            let mut l = vec![0.0f32; tq];
-            causal_softmax(&mut s, &mut l, spec, scale);
-            let mut o = vec![0.0f32; tq * d];
-            gemm_views(
-                &mut o,
-                tq,
-                d,
-                tk,
-                View {
-                    data: &s,
-                    rs: tk,
-                    cs: 1,
-                },
-                kv_view(v, spec, b, kvh),
-                1.0,
-                0.0,
-            );
-            (o, l)
+            with_tiles(tq * tk, |s, _| {
+                gemm_views(
+                    s,
+                    tq,
+                    tk,
+                    d,
+                    q_view(q, spec, b, h),
+                    transpose(kv_view(k, spec, b, kvh)),
+                    0.0,
+                );
+                let mut l = vec![0.0f32; tq];
+                causal_softmax(s, &mut l, spec, scale);
+                let mut o = vec![0.0f32; tq * d];
+                gemm_views(
+                    &mut o,
+                    tq,
+                    d,
+                    tk,
+                    View {
+                        data: s,
+                        rs: tk,
+                        cs: 1,
+                    },
+                    kv_view(v, spec, b, kvh),
+                    0.0,
+                );
+                (o, l)
+            })
         })
         .collect();
     for (&(b, h), (o, l)) in tiles.iter().zip(&results) {
@@ -371,57 +391,56 @@ pub(crate) fn attention_backward_blocked(
             let mut dk_t = vec![0.0f32; tk * d];
             let mut dv_t = vec![0.0f32; tk * d];
             let mut dqs = Vec::with_capacity(spec.group());
-            let mut p = vec![0.0f32; tq * tk];
-            let mut dp = vec![0.0f32; tq * tk];
-            for h in kvh * spec.group()..(kvh + 1) * spec.group() {
-                let (qv, dov) = (q_view(q, spec, b, h), q_view(dout, spec, b, h));
-                // P = exp(scale * Q K^T - lse), causal
-                gemm_views(&mut p, tq, tk, d, qv, transpose(kv_k), 1.0, 0.0);
-                for t in 0..tq {
-                    let l = lse[(b * tq + t) * hq + h];
-                    let row = &mut p[t * tk..(t + 1) * tk];
-                    let vis = spec.visible(t);
-                    for x in &mut row[..vis] {
-                        *x = simd::exp(scale * *x - l);
+            with_tiles(tq * tk, |p, dp| {
+                for h in kvh * spec.group()..(kvh + 1) * spec.group() {
+                    let (qv, dov) = (q_view(q, spec, b, h), q_view(dout, spec, b, h));
+                    // P = exp(scale * Q K^T - lse), causal
+                    gemm_views(p, tq, tk, d, qv, transpose(kv_k), 0.0);
+                    for t in 0..tq {
+                        let l = lse[(b * tq + t) * hq + h];
+                        let row = &mut p[t * tk..(t + 1) * tk];
+                        let vis = spec.visible(t);
+                        for x in &mut row[..vis] {
+                            *x = simd::exp(scale * *x - l);
+                        }
+                        row[vis..].fill(0.0);
                     }
-                    row[vis..].fill(0.0);
-                }
-                // dV += P^T dO
-                gemm_views(
-                    &mut dv_t,
-                    tk,
-                    d,
-                    tq,
-                    transpose(View {
-                        data: &p,
+                    // dV += P^T dO
+                    gemm_views(
+                        &mut dv_t,
+                        tk,
+                        d,
+                        tq,
+                        transpose(View {
+                            data: p,
+                            rs: tk,
+                            cs: 1,
+                        }),
+                        dov,
+                        1.0,
+                    );
+                    // dP = dO V^T; dS = P * (dP - delta) * scale, delta_t = dot(dO_t, O_t)
+                    gemm_views(dp, tq, tk, d, dov, transpose(kv_v), 0.0);
+                    for t in 0..tq {
+                        let i = spec.q_index(b, t, h);
+                        let delta = simd::dot(&dout[i..i + d], &out[i..i + d]);
+                        let (pr, dr) = (&p[t * tk..(t + 1) * tk], &mut dp[t * tk..(t + 1) * tk]);
+                        for j in 0..tk {
+                            dr[j] = pr[j] * (dr[j] - delta) * scale;
+                        }
+                    }
+                    // dQ_h = dS K; dK += dS^T Q
+                    let mut dq_h = vec![0.0f32; tq * d];
+                    let ds = View {
+                        data: dp,
                         rs: tk,
                         cs: 1,
-                    }),
-                    dov,
-                    1.0,
-                    1.0,
-                );
-                // dP = dO V^T; dS = P * (dP - delta) * scale, delta_t = dot(dO_t, O_t)
-                gemm_views(&mut dp, tq, tk, d, dov, transpose(kv_v), 1.0, 0.0);
-                for t in 0..tq {
-                    let i = spec.q_index(b, t, h);
-                    let delta = simd::dot(&dout[i..i + d], &out[i..i + d]);
-                    let (pr, dr) = (&p[t * tk..(t + 1) * tk], &mut dp[t * tk..(t + 1) * tk]);
-                    for j in 0..tk {
-                        dr[j] = pr[j] * (dr[j] - delta) * scale;
-                    }
+                    };
+                    gemm_views(&mut dq_h, tq, d, tk, ds, kv_k, 0.0);
+                    gemm_views(&mut dk_t, tk, d, tq, transpose(ds), qv, 1.0);
+                    dqs.push(dq_h);
                 }
-                // dQ_h = dS K; dK += dS^T Q
-                let mut dq_h = vec![0.0f32; tq * d];
-                let ds = View {
-                    data: &dp,
-                    rs: tk,
-                    cs: 1,
-                };
-                gemm_views(&mut dq_h, tq, d, tk, ds, kv_k, 1.0, 0.0);
-                gemm_views(&mut dk_t, tk, d, tq, transpose(ds), qv, 1.0, 1.0);
-                dqs.push(dq_h);
-            }
+            });
             (dqs, dk_t, dv_t)
         })
         .collect();
