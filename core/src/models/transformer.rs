@@ -440,6 +440,62 @@ impl<B: Backend> Arena<B> {
     }
 }
 
+/// The feed-forward of a block, `out += down(silu(gate(h2)) * up(h2))`: the residual add
+/// is the down projection's `beta = 1`. This pair of functions is the slot a
+/// mixture-of-experts layer takes over; everything it needs is its input `h2`, the block's
+/// activations, and the output stream.
+#[allow(clippy::too_many_arguments)]
+fn ffn_forward<B: Backend>(
+    b: &B,
+    p: &LayerParams<B>,
+    a: &mut LayerActs<B>,
+    out: &mut B::Buffer,
+    n: usize,
+    d: usize,
+    f: usize,
+    prec: Precision,
+) -> Result<()> {
+    let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
+    // gate, up = h2 W^T   h2: (n, d), W: (f, d)
+    b.matmul(&mut a.gate, &a.h2, &p.w_gate, &mm(n, f, d).trans_b(true))?;
+    b.matmul(&mut a.up, &a.h2, &p.w_up, &mm(n, f, d).trans_b(true))?;
+    b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
+    b.matmul(out, &a.s, &p.w_down, &mm(n, d, f).trans_b(true).accumulate())
+}
+
+/// Backward of [`ffn_forward`]: from `dout` (n, d), accumulates the three weight gradients
+/// into `g` and writes `dh2` (n, d). `scratch` is (ds, dgate, dup), each (n, f).
+#[allow(clippy::too_many_arguments)]
+fn ffn_backward<B: Backend>(
+    b: &B,
+    p: &LayerParams<B>,
+    g: &mut LayerParams<B>,
+    a: &LayerActs<B>,
+    dout: &B::Buffer,
+    dh2: &mut B::Buffer,
+    scratch: [&mut B::Buffer; 3],
+    n: usize,
+    d: usize,
+    f: usize,
+    prec: Precision,
+) -> Result<()> {
+    let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
+    let [ds, dgate, dup] = scratch;
+    // dWd += dout^T s; ds = dout Wd
+    b.matmul(&mut g.w_down, dout, &a.s, &mm(d, f, n).trans_a(true).accumulate())?;
+    b.matmul(ds, dout, &p.w_down, &mm(n, f, d))?;
+    b.swiglu_backward(dgate, dup, ds, &a.gate, &a.up)?;
+    b.matmul(
+        &mut g.w_gate,
+        dgate,
+        &a.h2,
+        &mm(f, d, n).trans_a(true).accumulate(),
+    )?;
+    b.matmul(&mut g.w_up, dup, &a.h2, &mm(f, d, n).trans_a(true).accumulate())?;
+    b.matmul(dh2, dgate, &p.w_gate, &mm(n, d, f))?;
+    b.matmul(dh2, dup, &p.w_up, &mm(n, d, f).accumulate())
+}
+
 /// The loss of one batch: summed over the counted positions, and their number.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LossSum {
@@ -609,17 +665,9 @@ impl<B: Backend> TransformerModel<B> {
             )?;
             // FFN
             b.rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x_mid, &p.ffn_norm, n, d, c.norm_eps)?;
-            b.matmul(&mut a.gate, &a.h2, &p.w_gate, &mm(n, f, d).trans_b(true))?;
-            b.matmul(&mut a.up, &a.h2, &p.w_up, &mm(n, f, d).trans_b(true))?;
-            b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
-            // x_out = x_mid + s Wd^T
+            // x_out = x_mid + FFN(h2)
             b.copy(&mut arena.x_out, &a.x_mid)?;
-            b.matmul(
-                &mut arena.x_out,
-                &a.s,
-                &p.w_down,
-                &mm(n, d, f).trans_b(true).accumulate(),
-            )?;
+            ffn_forward(b, p, a, &mut arena.x_out, n, d, f, prec)?;
         }
         b.rmsnorm_forward(
             &mut arena.hf,
@@ -730,29 +778,20 @@ impl<B: Backend> TransformerModel<B> {
         let att_spec = AttentionSpec::causal(tb.batch, tb.seq, c.q_heads, c.kv_heads, c.head_dim);
         for l in (0..c.n_layers).rev() {
             let (p, g, a) = (&params.layers[l], &mut grads.layers[l], &arena.layers[l]);
-            // --- FFN: x_out = x_mid + s Wd^T; dx holds d x_out.
-            b.matmul(
-                &mut g.w_down,
+            // --- FFN: x_out = x_mid + FFN(h2); dx holds d x_out, dh gets d h2.
+            ffn_backward(
+                b,
+                p,
+                g,
+                a,
                 &arena.dx,
-                &a.s,
-                &mm(d, f, n).trans_a(true).accumulate(),
+                &mut arena.dh,
+                [&mut arena.ds, &mut arena.dgate, &mut arena.dup],
+                n,
+                d,
+                f,
+                prec,
             )?;
-            b.matmul(&mut arena.ds, &arena.dx, &p.w_down, &mm(n, f, d))?;
-            b.swiglu_backward(&mut arena.dgate, &mut arena.dup, &arena.ds, &a.gate, &a.up)?;
-            b.matmul(
-                &mut g.w_gate,
-                &arena.dgate,
-                &a.h2,
-                &mm(f, d, n).trans_a(true).accumulate(),
-            )?;
-            b.matmul(
-                &mut g.w_up,
-                &arena.dup,
-                &a.h2,
-                &mm(f, d, n).trans_a(true).accumulate(),
-            )?;
-            b.matmul(&mut arena.dh, &arena.dgate, &p.w_gate, &mm(n, d, f))?;
-            b.matmul(&mut arena.dh, &arena.dup, &p.w_up, &mm(n, d, f).accumulate())?;
             // d x_mid = dx (residual) + rmsnorm backward of dh
             b.rmsnorm_backward(
                 &mut arena.dx2,
