@@ -136,6 +136,41 @@ enum LmEngine {
 }
 
 /// A decoder-only transformer language model. Build one with [`TransformerLm::builder`].
+///
+/// ```
+/// use rusting_brain::{Optimizer, Schedule, TokenBatch, TransformerLm};
+///
+/// let mut model = TransformerLm::builder()
+///     .vocab_size(64)
+///     .d_model(32)
+///     .n_layers(2)
+///     .heads(4, 2, 8) // 4 query heads, 2 key/value heads, head size 8
+///     .d_ff(64)
+///     .max_seq_len(16)
+///     .optimizer(Optimizer::adam(3e-3).betas(0.9, 0.95).weight_decay(0.1))
+///     .seed(42)
+///     .build()?;
+/// println!("{}", model.parameter_counts());
+///
+/// let loss = model.train_step(&[vec![1, 2, 3, 4], vec![5, 6, 7, 8]])?;
+/// assert!((loss.lm_loss - 64f32.ln()).abs() < 0.5);
+///
+/// let schedule = Schedule::warmup_cosine(3e-3, 10, 100);
+/// model.optimizer.set_learning_rate(schedule.rate(10));
+/// model.zero_grad()?;
+/// for micro in [&[vec![1, 2, 3, 4]][..], &[vec![4, 3, 2, 1]][..]] {
+///     model.accumulate_step(&TokenBatch::new(micro)?)?;
+/// }
+/// let norm = model.step_clipped(0.5, 1.0)?;
+/// assert!(norm > 0.0);
+///
+/// let held_out = TokenBatch::new(&[vec![9, 8, 7, 6]])?;
+/// let val = model.evaluate(&held_out)?;
+/// assert!(val.perplexity() > 1.0);
+/// let sft = TokenBatch::supervised(&[(vec![1, 2, 3], vec![4, 5])])?;
+/// assert_eq!(model.train_step_batch(&sft)?.tokens, 2);
+/// # Ok::<(), rusting_brain::NetworkError>(())
+/// ```
 pub struct TransformerLm {
     engine: LmEngine,
     /// Read again at every step: `model.optimizer.set_learning_rate(schedule.rate(step))`.

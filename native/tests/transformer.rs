@@ -274,15 +274,27 @@ fn warmup_cosine_schedule_and_set_learning_rate() {
 #[test]
 fn mixed_precision_rounds_gemm_operands_and_still_trains() {
     let mut rng = Rng::new(12);
-    let seqs: Vec<Vec<u32>> = (0..4).map(|_| (0..17).map(|_| rng.below(32) as u32).collect()).collect();
+    let seqs: Vec<Vec<u32>> = (0..4)
+        .map(|_| (0..17).map(|_| rng.below(32) as u32).collect())
+        .collect();
     let batch = TokenBatch::new(&seqs).unwrap();
     let (mut full, mut mixed) = (tiny(13), tiny(13));
     mixed.set_mixed_precision(true);
-    let (a, b) = (full.forward_batch(&batch).unwrap(), mixed.forward_batch(&batch).unwrap());
+    let (a, b) = (
+        full.forward_batch(&batch).unwrap(),
+        mixed.forward_batch(&batch).unwrap(),
+    );
     let scale = a.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
-    let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
     // bf16 keeps 8 mantissa bits: differences of ~1e-2 of the logits' scale, never zero.
-    assert!(diff > 0.0 && diff < 3e-2 * scale, "bf16 vs f32 logits differ by {diff} (scale {scale})");
+    assert!(
+        diff > 0.0 && diff < 3e-2 * scale,
+        "bf16 vs f32 logits differ by {diff} (scale {scale})"
+    );
     let first = mixed.train_step_batch(&batch).unwrap().lm_loss;
     let mut last = first;
     for _ in 0..200 {
