@@ -31,6 +31,7 @@ pub mod optimizer;
 pub mod real;
 pub mod reference;
 pub mod rng;
+pub mod sampler;
 pub mod schedule;
 
 pub use backend::{
@@ -44,6 +45,7 @@ pub use optimizer::{Optimizer, OptimizerKind};
 pub use real::Real;
 pub use reference::ReferenceBackend;
 pub use rng::Rng;
+pub use sampler::Sampler;
 pub use schedule::Schedule;
 
 /// Result type of this crate.
