@@ -46,6 +46,15 @@ pub trait Backend {
     fn fill(&self, buf: &mut Self::Buffer, value: f32) -> Result<()>;
     /// dst = src (same length).
     fn copy(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<()>;
+    /// `dst[dst_offset..][..len] = src[src_offset..][..len]` (KV-cache appends, row picks).
+    fn copy_range(
+        &self,
+        dst: &mut Self::Buffer,
+        dst_offset: usize,
+        src: &Self::Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()>;
 
     // ----- element-wise -----
     /// y += alpha * x.

@@ -64,6 +64,25 @@ pub fn check_len(
     }
 }
 
+/// Checks that `offset..offset + len` lies inside a buffer of `buf_len` elements.
+pub fn check_range(
+    op: &'static str,
+    what: &'static str,
+    buf_len: usize,
+    offset: usize,
+    len: usize,
+) -> Result<(), CoreError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= buf_len => Ok(()),
+        _ => Err(CoreError::InvalidDimension {
+            op,
+            message: alloc::format!(
+                "`{what}` range {offset}..{offset}+{len} is outside its {buf_len} elements"
+            ),
+        }),
+    }
+}
+
 /// Multiplies dimensions, failing instead of wrapping on overflow.
 pub fn product(op: &'static str, dims: &[usize]) -> Result<usize, CoreError> {
     dims.iter().try_fold(1usize, |acc, &d| {

@@ -44,9 +44,9 @@ pub use error::NetworkError;
 pub use network::{Network, NetworkBuilder, TrainConfig};
 pub use rusting_brain_core as core;
 pub use rusting_brain_core::models::transformer::TokenBatch;
-pub use rusting_brain_core::Schedule;
 pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, Optimizer, ReferenceBackend};
-pub use transformer::{ParameterCounts, StepLoss, TransformerLm, TransformerLmBuilder};
+pub use rusting_brain_core::{Sampler, Schedule};
+pub use transformer::{Decoder, KvCaches, ParameterCounts, StepLoss, TransformerLm, TransformerLmBuilder};
 
 /// Result type of this crate.
 pub type Result<T, E = NetworkError> = std::result::Result<T, E>;

@@ -71,6 +71,18 @@ impl<B: Backend> Backend for Profiled<B> {
     fn fill(&self, buf: &mut B::Buffer, value: f32) -> Result<()> {
         self.time("fill", || self.inner.fill(buf, value))
     }
+    fn copy_range(
+        &self,
+        dst: &mut B::Buffer,
+        dst_offset: usize,
+        src: &B::Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.time("copy_range", || {
+            self.inner.copy_range(dst, dst_offset, src, src_offset, len)
+        })
+    }
     fn copy(&self, dst: &mut B::Buffer, src: &B::Buffer) -> Result<()> {
         self.time("copy", || self.inner.copy(dst, src))
     }

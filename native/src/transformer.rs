@@ -2,8 +2,10 @@
 
 use std::fmt;
 
-use rusting_brain_core::models::transformer::{LossSum, TokenBatch, TransformerConfig, TransformerModel};
-use rusting_brain_core::{CoreError, Optimizer, Precision};
+use rusting_brain_core::models::transformer::{
+    KvCache, LossSum, TokenBatch, TransformerConfig, TransformerModel,
+};
+use rusting_brain_core::{CoreError, Optimizer, Precision, Sampler};
 
 use crate::cpu::CpuBackend;
 use crate::{NetworkError, Result};
@@ -322,8 +324,141 @@ impl TransformerLm {
         Ok(self.model_mut().forward_logits(batch)?)
     }
 
+    /// Empty key/value caches for one sequence of up to `max_seq_len` positions.
+    pub fn new_kv_caches(&self) -> Result<KvCaches> {
+        Ok(KvCaches {
+            inner: match &self.engine {
+                LmEngine::Cpu(m) => CacheEngine::Cpu(m.new_kv_caches()?),
+            },
+        })
+    }
+
+    /// Runs `ids` after what `caches` holds and returns the logits of the last new position
+    /// (`vocab_size` values): prefill with the whole prompt, then one call per token.
+    pub fn forward_cached(&mut self, ids: &[u32], caches: &mut KvCaches) -> Result<Vec<f32>> {
+        match (&mut self.engine, &mut caches.inner) {
+            (LmEngine::Cpu(m), CacheEngine::Cpu(c)) => Ok(m.forward_cached(ids, c)?),
+        }
+    }
+
+    /// Prefills a fresh cache with `prompt`, then decodes up to `max_new` tokens; returns the
+    /// new ids.
+    pub fn generate(&mut self, prompt: &[u32], max_new: usize, sampler: &mut Sampler) -> Result<Vec<u32>> {
+        self.generate_with(prompt, max_new, sampler, |_| true)
+    }
+
+    /// [`TransformerLm::generate`], handing each id to `on_token` as it is decoded; returning
+    /// `false` stops (the id that stopped it is kept).
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        sampler: &mut Sampler,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>> {
+        let mut decoder = self.decoder()?;
+        decoder.feed(prompt)?;
+        let mut out = Vec::new();
+        for _ in 0..max_new {
+            // No pending logits: the cache filled up at max_seq_len.
+            if decoder.logits().is_none() {
+                break;
+            }
+            let id = decoder.next(sampler)?;
+            out.push(id);
+            if !on_token(id) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// A decoding session that keeps its caches between calls: feed a turn, draw tokens,
+    /// feed the next turn, and only the new tokens are read.
+    pub fn decoder(&mut self) -> Result<Decoder<'_>> {
+        let caches = self.new_kv_caches()?;
+        Ok(Decoder {
+            model: self,
+            caches,
+            context: Vec::new(),
+            logits: None,
+        })
+    }
+
     /// Every parameter with its Hugging Face `LlamaForCausalLM` name.
     pub fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
         Ok(self.model().named_parameters()?)
+    }
+}
+
+enum CacheEngine {
+    Cpu(KvCache<CpuBackend>),
+}
+
+/// Key/value caches of one sequence; see [`TransformerLm::new_kv_caches`].
+pub struct KvCaches {
+    inner: CacheEngine,
+}
+
+impl KvCaches {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        match &self.inner {
+            CacheEngine::Cpu(c) => c.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A conversation's decoding state: the caches and every id fed or drawn so far.
+pub struct Decoder<'a> {
+    model: &'a mut TransformerLm,
+    caches: KvCaches,
+    context: Vec<u32>,
+    /// Logits after the last position, waiting for `next`.
+    logits: Option<Vec<f32>>,
+}
+
+impl Decoder<'_> {
+    /// Reads `ids` after everything so far (a prompt, a user's turn).
+    pub fn feed(&mut self, ids: &[u32]) -> Result<()> {
+        let logits = self.model.forward_cached(ids, &mut self.caches)?;
+        self.context.extend_from_slice(ids);
+        self.logits = Some(logits);
+        Ok(())
+    }
+
+    /// Draws the next token and reads it, so the following call continues from it.
+    pub fn next(&mut self, sampler: &mut Sampler) -> Result<u32> {
+        let logits = self
+            .logits
+            .take()
+            .ok_or_else(|| NetworkError::InvalidInput("Decoder::next before any feed".into()))?;
+        let id = sampler.sample(&logits, &self.context)?;
+        if self.caches.len() < self.model.config().max_seq_len {
+            self.feed(&[id])?;
+        } else {
+            self.context.push(id);
+        }
+        Ok(id)
+    }
+
+    /// Every id fed or drawn so far.
+    pub fn context(&self) -> &[u32] {
+        &self.context
+    }
+    /// Positions in the cache.
+    pub fn position(&self) -> usize {
+        self.caches.len()
+    }
+    /// The most positions the cache can hold (`max_seq_len`).
+    pub fn capacity(&self) -> usize {
+        self.model.config().max_seq_len
+    }
+    /// The logits the next draw will use, if any.
+    pub fn logits(&self) -> Option<&[f32]> {
+        self.logits.as_deref()
     }
 }

@@ -496,6 +496,47 @@ fn ffn_backward<B: Backend>(
     b.matmul(dh2, dup, &p.w_up, &mm(n, d, f).accumulate())
 }
 
+/// Keys and values of every block for one sequence being decoded, with room for
+/// `max_seq_len` positions; `len` are filled. Made by
+/// [`TransformerModel::new_kv_caches`].
+pub struct KvCache<B: Backend> {
+    k: Vec<B::Buffer>,
+    v: Vec<B::Buffer>,
+    len: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Forgets every position (the buffers stay allocated).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// Scratch of a cached forward pass over `rows` new positions.
+struct DecodeArena<B: Backend> {
+    rows: usize,
+    x: B::Buffer,
+    h: B::Buffer,
+    rstd: B::Buffer,
+    q: B::Buffer,
+    k: B::Buffer,
+    v: B::Buffer,
+    att: B::Buffer,
+    lse: B::Buffer,
+    gate: B::Buffer,
+    up: B::Buffer,
+    s: B::Buffer,
+    last: B::Buffer,
+    logits: B::Buffer,
+}
+
 /// The loss of one batch: summed over the counted positions, and their number.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LossSum {
@@ -516,6 +557,7 @@ pub struct TransformerModel<B: Backend> {
     /// Operand precision of every GEMM (BF16 operands, f32 accumulation, when mixed).
     pub precision: Precision,
     arena: Option<Arena<B>>,
+    decode: Option<DecodeArena<B>>,
 }
 
 impl<B: Backend> TransformerModel<B> {
@@ -589,6 +631,7 @@ impl<B: Backend> TransformerModel<B> {
             step: 0,
             precision: Precision::F32,
             arena: None,
+            decode: None,
         })
     }
 
@@ -686,6 +729,147 @@ impl<B: Backend> TransformerModel<B> {
             &mm(n, c.vocab_size, d).trans_b(true),
         )?;
         Ok(())
+    }
+
+    /// Empty key/value caches for one sequence of up to `max_seq_len` positions.
+    pub fn new_kv_caches(&self) -> Result<KvCache<B>> {
+        let n = self.config.max_seq_len * self.config.kv_dim();
+        let b = &self.backend;
+        Ok(KvCache {
+            k: (0..self.config.n_layers)
+                .map(|_| b.zeros(n))
+                .collect::<Result<_>>()?,
+            v: (0..self.config.n_layers)
+                .map(|_| b.zeros(n))
+                .collect::<Result<_>>()?,
+            len: 0,
+        })
+    }
+
+    /// Runs `ids` (one sequence, any number of new positions) after the `cache.len()`
+    /// positions already in `cache`, appends their keys and values, and returns the logits
+    /// of the last new position (`vocab_size` values). Prefill is one call with the whole
+    /// prompt; decoding, one call per token.
+    pub fn forward_cached(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<Vec<f32>> {
+        let c = self.config.clone();
+        let r = ids.len();
+        if r == 0 {
+            return Err(batch_err("forward_cached needs at least one token id".into()));
+        }
+        if let Some(i) = ids.iter().position(|&t| t as usize >= c.vocab_size) {
+            return Err(CoreError::TokenOutOfRange {
+                what: "input",
+                id: ids[i],
+                row: 0,
+                position: cache.len + i,
+                vocab: c.vocab_size,
+            });
+        }
+        let want = c.max_seq_len * c.kv_dim();
+        if cache.k.len() != c.n_layers
+            || cache
+                .k
+                .iter()
+                .chain(&cache.v)
+                .any(|buf| self.backend.len(buf) != want)
+        {
+            return Err(invalid(
+                "this KV cache was made for a model of another shape".into(),
+            ));
+        }
+        if cache.len + r > c.max_seq_len {
+            return Err(CoreError::InvalidDimension {
+                op: "forward_cached",
+                message: format!(
+                    "{} cached + {r} new positions is over max_seq_len {}",
+                    cache.len, c.max_seq_len
+                ),
+            });
+        }
+        let (d, q, kv, f) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
+        let b = &self.backend;
+        if self.decode.as_ref().is_none_or(|a| a.rows != r) {
+            self.decode = None;
+            self.decode = Some(DecodeArena {
+                rows: r,
+                x: b.zeros(r * d)?,
+                h: b.zeros(r * d)?,
+                rstd: b.zeros(r)?,
+                q: b.zeros(r * q)?,
+                k: b.zeros(r * kv)?,
+                v: b.zeros(r * kv)?,
+                att: b.zeros(r * q)?,
+                lse: b.zeros(r * c.q_heads)?,
+                gate: b.zeros(r * f)?,
+                up: b.zeros(r * f)?,
+                s: b.zeros(r * f)?,
+                last: b.zeros(d)?,
+                logits: b.zeros(c.vocab_size)?,
+            });
+        }
+        let a = self.decode.as_mut().expect("made above");
+        let prec = self.precision;
+        let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
+        let pos = cache.len;
+        let rope_q = RopeSpec {
+            batch: 1,
+            seq: r,
+            heads: c.q_heads,
+            head_dim: c.head_dim,
+            pos_offset: pos,
+            theta: c.rope_theta,
+        };
+        let rope_k = RopeSpec {
+            heads: c.kv_heads,
+            ..rope_q
+        };
+        let spec = AttentionSpec {
+            batch: 1,
+            q_len: r,
+            kv_len: pos + r,
+            kv_capacity: c.max_seq_len,
+            q_heads: c.q_heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+        };
+        b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?;
+        for l in 0..c.n_layers {
+            let p = &self.params.layers[l];
+            b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &p.attn_norm, r, d, c.norm_eps)?;
+            b.matmul(&mut a.q, &a.h, &p.wq, &mm(r, q, d).trans_b(true))?;
+            b.matmul(&mut a.k, &a.h, &p.wk, &mm(r, kv, d).trans_b(true))?;
+            b.matmul(&mut a.v, &a.h, &p.wv, &mm(r, kv, d).trans_b(true))?;
+            b.rope_forward(&mut a.q, &rope_q)?;
+            b.rope_forward(&mut a.k, &rope_k)?;
+            b.copy_range(&mut cache.k[l], pos * kv, &a.k, 0, r * kv)?;
+            b.copy_range(&mut cache.v[l], pos * kv, &a.v, 0, r * kv)?;
+            b.attention_forward(&mut a.att, &mut a.lse, &a.q, &cache.k[l], &cache.v[l], &spec)?;
+            b.matmul(&mut a.x, &a.att, &p.wo, &mm(r, d, q).trans_b(true).accumulate())?;
+            b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &p.ffn_norm, r, d, c.norm_eps)?;
+            b.matmul(&mut a.gate, &a.h, &p.w_gate, &mm(r, f, d).trans_b(true))?;
+            b.matmul(&mut a.up, &a.h, &p.w_up, &mm(r, f, d).trans_b(true))?;
+            b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
+            b.matmul(&mut a.x, &a.s, &p.w_down, &mm(r, d, f).trans_b(true).accumulate())?;
+        }
+        b.rmsnorm_forward(
+            &mut a.h,
+            &mut a.rstd,
+            &a.x,
+            &self.params.final_norm,
+            r,
+            d,
+            c.norm_eps,
+        )?;
+        b.copy_range(&mut a.last, 0, &a.h, (r - 1) * d, d)?;
+        // Only the last position's logits: one (1, d) x (d, vocab) product.
+        b.matmul(
+            &mut a.logits,
+            &a.last,
+            &self.params.embed,
+            &mm(1, c.vocab_size, d).trans_b(true),
+        )?;
+        cache.len += r;
+        b.download(&a.logits)
     }
 
     /// Logits of the last forward pass, on the host, `(batch * seq, vocab)`.

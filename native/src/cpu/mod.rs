@@ -86,6 +86,19 @@ impl Backend for CpuBackend {
         dst.copy_from_slice(src);
         Ok(())
     }
+    fn copy_range(
+        &self,
+        dst: &mut Vec<f32>,
+        dst_offset: usize,
+        src: &Vec<f32>,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        rusting_brain_core::error::check_range("copy_range", "dst", dst.len(), dst_offset, len)?;
+        rusting_brain_core::error::check_range("copy_range", "src", src.len(), src_offset, len)?;
+        dst[dst_offset..dst_offset + len].copy_from_slice(&src[src_offset..src_offset + len]);
+        Ok(())
+    }
     fn axpy(&self, y: &mut Vec<f32>, alpha: f32, x: &Vec<f32>) -> Result<()> {
         elementwise::axpy(y, alpha, x)
     }

@@ -1,0 +1,151 @@
+//! KV-cached decoding against the full forward pass, the Decoder across turns, generate,
+//! and the cache's errors.
+
+use rusting_brain::core::Rng;
+use rusting_brain::{Optimizer, Sampler, TokenBatch, TransformerLm};
+
+fn model(max_seq: usize, seed: u64) -> TransformerLm {
+    let mut m = TransformerLm::builder()
+        .vocab_size(48)
+        .d_model(32)
+        .n_layers(2)
+        .heads(4, 2, 8)
+        .d_ff(64)
+        .max_seq_len(max_seq)
+        .optimizer(Optimizer::adam(1e-2))
+        .seed(seed)
+        .build()
+        .unwrap();
+    // A few steps so the weights are not just the initialization.
+    let mut rng = Rng::new(seed);
+    for _ in 0..5 {
+        let n = 17.min(max_seq + 1);
+        let seqs: Vec<Vec<u32>> = (0..2)
+            .map(|_| (0..n).map(|_| rng.below(48) as u32).collect())
+            .collect();
+        m.train_step(&seqs).unwrap();
+    }
+    m
+}
+
+/// Row `t` of the full forward's logits over `seq` (inputs `seq[..n-1]`).
+fn full_logits(m: &mut TransformerLm, seq: &[u32]) -> Vec<Vec<f32>> {
+    let mut padded = seq.to_vec();
+    padded.push(0); // the target of the last position is not used
+    let logits = m.forward_batch(&TokenBatch::new(&[padded]).unwrap()).unwrap();
+    logits.chunks(48).map(<[f32]>::to_vec).collect()
+}
+
+#[track_caller]
+fn same(what: &str, a: &[f32], b: &[f32]) {
+    let scale = b.iter().map(|v| v.abs()).fold(0.0f32, f32::max).max(1e-6);
+    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    // 1e-5 of the row's scale: the two paths sum in different orders (the full pass uses
+    // the blocked attention, decoding the per-row one), nothing more.
+    assert!(
+        diff <= 1e-5 * scale,
+        "{what}: cached and full logits differ by {diff} (scale {scale})"
+    );
+}
+
+#[test]
+fn kv_cache_decode_matches_full_forward_at_every_step() {
+    let mut m = model(40, 1);
+    let mut rng = Rng::new(2);
+    let seq: Vec<u32> = (0..30).map(|_| rng.below(48) as u32).collect();
+    let full = full_logits(&mut m, &seq);
+    let mut caches = m.new_kv_caches().unwrap();
+    let first = m.forward_cached(&seq[..5], &mut caches).unwrap();
+    same("prefill of 5", &first, &full[4]);
+    for t in 5..seq.len() {
+        let l = m.forward_cached(&seq[t..t + 1], &mut caches).unwrap();
+        same(&format!("decode at {t}"), &l, &full[t]);
+    }
+    assert_eq!(caches.len(), 30);
+    // A prefill of 20 (the blocked attention path) after 5 cached positions.
+    let mut c2 = m.new_kv_caches().unwrap();
+    m.forward_cached(&seq[..5], &mut c2).unwrap();
+    let l = m.forward_cached(&seq[5..25], &mut c2).unwrap();
+    same("prefill of 20 after 5", &l, &full[24]);
+}
+
+#[test]
+fn the_decoder_keeps_its_caches_across_turns() {
+    let mut m = model(64, 3);
+    let mut greedy = Sampler::greedy();
+    let context = {
+        let mut d = m.decoder().unwrap();
+        d.feed(&[1, 2, 3, 4]).unwrap();
+        for _ in 0..3 {
+            d.next(&mut greedy).unwrap();
+        }
+        d.feed(&[7, 8]).unwrap();
+        d.next(&mut greedy).unwrap();
+        d.feed(&[9]).unwrap();
+        (d.context().to_vec(), d.logits().unwrap().to_vec())
+    };
+    assert_eq!(context.0.len(), 4 + 3 + 2 + 1 + 1);
+    let full = full_logits(&mut m, &context.0);
+    same("after three turns", &context.1, full.last().unwrap());
+}
+
+#[test]
+fn generate_is_greedy_argmax_and_streams_until_told_to_stop() {
+    let mut m = model(64, 4);
+    let prompt = [5u32, 6, 7];
+    let ids = m.generate(&prompt, 10, &mut Sampler::greedy()).unwrap();
+    assert_eq!(ids.len(), 10);
+    // The same by hand: argmax of the full forward, one token at a time.
+    let mut ctx = prompt.to_vec();
+    for &id in &ids {
+        let row = full_logits(&mut m, &ctx).pop().unwrap();
+        let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32;
+        assert_eq!(id, best);
+        ctx.push(id);
+    }
+    let mut seen = Vec::new();
+    let stopped = m
+        .generate_with(
+            &prompt,
+            10,
+            &mut Sampler::temperature(0.9, Some(7)).top_k(10),
+            |id| {
+                seen.push(id);
+                seen.len() < 4
+            },
+        )
+        .unwrap();
+    assert_eq!(stopped, seen);
+    assert_eq!(stopped.len(), 4);
+    let again = m
+        .generate(&prompt, 4, &mut Sampler::temperature(0.9, Some(7)).top_k(10))
+        .unwrap();
+    assert_eq!(again, stopped, "a seed gives the same continuation");
+    // The cache fills at max_seq_len: generation stops there instead of failing.
+    let mut small = model(8, 5);
+    assert_eq!(
+        small
+            .generate(&[1, 2, 3], 100, &mut Sampler::greedy())
+            .unwrap()
+            .len(),
+        6
+    );
+}
+
+#[test]
+fn cache_errors_are_reported() {
+    let mut m = model(8, 6);
+    let mut c = m.new_kv_caches().unwrap();
+    let e = m.forward_cached(&[1, 2, 99], &mut c).unwrap_err().to_string();
+    assert!(e.contains("token id 99 at batch row 0, position 2"), "{e}");
+    assert!(m.forward_cached(&[], &mut c).is_err());
+    m.forward_cached(&[1, 2, 3, 4, 5, 6], &mut c).unwrap();
+    let e = m.forward_cached(&[1, 2, 3], &mut c).unwrap_err().to_string();
+    assert!(
+        e.contains("6 cached + 3 new positions is over max_seq_len 8"),
+        "{e}"
+    );
+    let mut other = model(16, 7);
+    let e = other.forward_cached(&[1], &mut c).unwrap_err().to_string();
+    assert!(e.contains("another shape"), "{e}");
+}
