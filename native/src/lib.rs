@@ -30,6 +30,7 @@
 // Kernels index several slices with one loop variable, as the formulas do.
 #![allow(clippy::needless_range_loop)]
 
+mod checkpoint;
 pub mod cpu;
 mod dataset;
 mod error;
@@ -39,6 +40,7 @@ mod network_json;
 pub mod profile;
 mod transformer;
 
+pub use checkpoint::Precision;
 pub use dataset::{Dataset, Statistics, SPLIT_SEED};
 pub use error::NetworkError;
 pub use network::{Network, NetworkBuilder, TrainConfig};

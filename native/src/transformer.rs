@@ -385,6 +385,33 @@ impl TransformerLm {
         })
     }
 
+    /// Writes the configuration and weights (safetensors, atomically).
+    pub fn save_bin(&self, path: impl AsRef<std::path::Path>, precision: crate::Precision) -> Result<()> {
+        crate::checkpoint::save_weights(self.model(), path.as_ref(), precision)
+    }
+
+    /// Reads a checkpoint written by [`TransformerLm::save_bin`]; the optimizer starts at
+    /// the builder's default until [`TransformerLm::load_optimizer_state`].
+    pub fn load_bin(path: impl AsRef<std::path::Path>) -> Result<TransformerLm> {
+        let model = crate::checkpoint::load_weights(path.as_ref())?;
+        Ok(TransformerLm {
+            engine: LmEngine::Cpu(model),
+            optimizer: Optimizer::adam(3e-4),
+        })
+    }
+
+    /// Writes Adam's moments, the step count and the optimizer settings.
+    pub fn save_optimizer_state(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        crate::checkpoint::save_optimizer(self.model(), &self.optimizer, path.as_ref())
+    }
+
+    /// Restores what [`TransformerLm::save_optimizer_state`] wrote, settings included.
+    pub fn load_optimizer_state(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let opt = crate::checkpoint::load_optimizer(self.model_mut(), path.as_ref())?;
+        self.optimizer = opt;
+        Ok(())
+    }
+
     /// Every parameter with its Hugging Face `LlamaForCausalLM` name.
     pub fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
         Ok(self.model().named_parameters()?)

@@ -550,8 +550,10 @@ pub struct TransformerModel<B: Backend> {
     pub config: TransformerConfig,
     pub params: Params<B>,
     pub grads: Params<B>,
-    m: Params<B>,
-    v: Params<B>,
+    /// Adam's first moments (SGD's velocity), laid out like `params`.
+    pub m: Params<B>,
+    /// Adam's second moments.
+    pub v: Params<B>,
     /// Optimizer steps taken.
     pub step: u64,
     /// Operand precision of every GEMM (BF16 operands, f32 accumulation, when mixed).

@@ -1,0 +1,171 @@
+//! Transformer checkpoints: round trip, exact resume, and every kind of bad file.
+
+use std::path::PathBuf;
+
+use rusting_brain::core::Rng;
+use rusting_brain::{Optimizer, Precision, TokenBatch, TransformerLm};
+
+struct Dir(PathBuf);
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("rb_ckpt_{tag}_{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+impl Drop for Dir {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+fn build(vocab: usize, seed: u64) -> TransformerLm {
+    TransformerLm::builder()
+        .vocab_size(vocab)
+        .d_model(32)
+        .n_layers(2)
+        .heads(4, 2, 8)
+        .d_ff(48)
+        .max_seq_len(16)
+        .optimizer(Optimizer::adam(5e-3).betas(0.9, 0.95).weight_decay(0.1))
+        .seed(seed)
+        .build()
+        .unwrap()
+}
+
+/// The batch of step `s`: a pure function of the step, as a resumed run needs.
+fn batch(step: u64) -> TokenBatch {
+    let mut rng = Rng::new(1000 + step);
+    let seqs: Vec<Vec<u32>> = (0..2)
+        .map(|_| (0..13).map(|_| rng.below(40) as u32).collect())
+        .collect();
+    TokenBatch::new(&seqs).unwrap()
+}
+
+fn bits(m: &TransformerLm) -> Vec<(String, Vec<u32>)> {
+    m.named_parameters()
+        .unwrap()
+        .into_iter()
+        .map(|(n, v)| (n, v.iter().map(|x| x.to_bits()).collect()))
+        .collect()
+}
+
+#[test]
+fn resuming_from_a_checkpoint_is_bitwise_identical_to_not_stopping() {
+    let d = Dir::new("resume");
+    let mut straight = build(40, 1);
+    for s in 0..7 {
+        straight.train_step_batch(&batch(s)).unwrap();
+    }
+    let mut first = build(40, 1);
+    for s in 0..4 {
+        first.train_step_batch(&batch(s)).unwrap();
+    }
+    first.save_bin(d.path("m.rbw"), Precision::F32).unwrap();
+    first.save_optimizer_state(d.path("m.rbw.opt")).unwrap();
+    drop(first);
+    let mut resumed = TransformerLm::load_bin(d.path("m.rbw")).unwrap();
+    resumed.load_optimizer_state(d.path("m.rbw.opt")).unwrap();
+    assert_eq!(
+        resumed.optimizer,
+        Optimizer::adam(5e-3).betas(0.9, 0.95).weight_decay(0.1)
+    );
+    assert_eq!(resumed.steps(), 4);
+    for s in 4..7 {
+        resumed.train_step_batch(&batch(s)).unwrap();
+    }
+    assert!(
+        bits(&resumed) == bits(&straight),
+        "4 + 3 resumed steps differ from 7 straight ones"
+    );
+}
+
+#[test]
+fn weights_round_trip_and_the_file_is_plain_safetensors() {
+    let d = Dir::new("roundtrip");
+    let mut m = build(40, 2);
+    m.train_step_batch(&batch(0)).unwrap();
+    m.save_bin(d.path("a.rbw"), Precision::F32).unwrap();
+    let mut back = TransformerLm::load_bin(d.path("a.rbw")).unwrap();
+    assert!(bits(&back) == bits(&m));
+    assert_eq!(back.config(), m.config());
+    let b = batch(1);
+    assert_eq!(back.forward_batch(&b).unwrap(), m.forward_batch(&b).unwrap());
+    // What Python's safetensors sees: F32 tensors under Hugging Face names, config in metadata.
+    let bytes = std::fs::read(d.path("a.rbw")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("model.layers.1.self_attn.k_proj.weight").unwrap();
+    assert_eq!(
+        (t.dtype(), t.shape().to_vec()),
+        (safetensors::Dtype::F32, vec![16, 32])
+    );
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    assert!(meta.metadata().as_ref().unwrap()["config"].contains("\"kv_heads\":2"));
+}
+
+#[test]
+fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
+    let d = Dir::new("bad");
+    let m = build(40, 3);
+    m.save_bin(d.path("good.rbw"), Precision::F32).unwrap();
+    m.save_optimizer_state(d.path("good.opt")).unwrap();
+    let good = std::fs::read(d.path("good.rbw")).unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        std::fs::write(d.path(name), bytes).unwrap();
+        d.path(name)
+    };
+    let err = |p: PathBuf| {
+        TransformerLm::load_bin(&p)
+            .err()
+            .expect("should fail")
+            .to_string()
+    };
+
+    let e = err(write("truncated.rbw", &good[..good.len() - 100]));
+    assert!(
+        e.contains("truncated.rbw") && e.contains("not a valid safetensors"),
+        "{e}"
+    );
+    let e = err(write("magic.rbw", b"PK\x03\x04 definitely a zip file"));
+    assert!(e.contains("magic.rbw"), "{e}");
+    // A header that claims a huge length: rejected before anything is allocated from it.
+    let mut lying = good.clone();
+    lying[..8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    let e = err(write("lying.rbw", &lying));
+    assert!(e.contains("not a valid safetensors"), "{e}");
+    // A config whose shapes disagree with the tensors.
+    let header_len = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&good[8..8 + header_len]).unwrap();
+    let swapped = header.replace("\\\"d_ff\\\":48", "\\\"d_ff\\\":40");
+    assert_ne!(swapped, header, "the test edits the config");
+    let mut wrong = (swapped.len() as u64).to_le_bytes().to_vec();
+    wrong.extend_from_slice(swapped.as_bytes());
+    wrong.extend_from_slice(&good[8 + header_len..]);
+    let e = err(write("shapes.rbw", &wrong));
+    assert!(
+        e.contains("mlp.gate_proj.weight") && e.contains("the config needs [40, 32]"),
+        "{e}"
+    );
+    // A missing tensor: a file of another format altogether.
+    let e = err(d.path("good.opt"));
+    assert!(e.contains("format"), "{e}");
+    let e = err(d.path("nothing.rbw"));
+    assert!(e.contains("nothing.rbw"), "{e}");
+
+    // Optimizer state of another model: refused, and nothing changes.
+    let mut other = build(44, 4);
+    let before = bits(&other);
+    let e = other
+        .load_optimizer_state(d.path("good.opt"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another configuration"), "{e}");
+    assert_eq!(other.steps(), 0);
+    assert!(bits(&other) == before);
+    // A failed save does not touch the old file.
+    assert!(m.save_bin(d.path("missing_dir/x.rbw"), Precision::F32).is_err());
+    assert_eq!(std::fs::read(d.path("good.rbw")).unwrap(), good);
+}
