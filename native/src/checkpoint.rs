@@ -107,6 +107,9 @@ fn optimizer_from_json(v: &Value) -> std::result::Result<Optimizer, String> {
     Ok(o.weight_decay(f("weight_decay")?))
 }
 
+/// A tensor on the host: name, shape, values.
+type HostTensor = (String, Vec<usize>, Vec<f32>);
+
 fn le_bytes(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
@@ -159,7 +162,7 @@ fn host_tensors(
     c: &TransformerConfig,
     p: &Params<CpuBackend>,
     prefix: &str,
-) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+) -> Result<Vec<HostTensor>> {
     shapes(c)
         .into_iter()
         .zip(p.named())
