@@ -1,0 +1,140 @@
+//! Decode throughput at batch 1 (greedy, KV-cached) next to PyTorch, with the bytes each
+//! token reads and the share of this machine's measured read bandwidth that is.
+//!
+//!     cargo run --release -p rusting_brain --example bench_decode -- [PROMPT_LEN] [NEW_TOKENS]
+//!
+//! Shape: the training benchmark's (d_model 256, 6 layers, heads 8/2/32, d_ff 704, vocab
+//! 4096). PyTorch: `../shared/bench/torch_lm.py --decode N` (or `$RB_TORCH_LM`) through
+//! `$RB_PYTHON`; its prompt is 16 tokens whatever PROMPT_LEN is.
+
+use std::process::Command;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use rusting_brain::core::Rng;
+use rusting_brain::cpu::simd;
+use rusting_brain::{Sampler, TransformerLm};
+
+/// Read bandwidth over a buffer of `bytes`: the best of several parallel SIMD passes (the
+/// same kernels the decode path runs), after one pass to bring it in.
+fn read_bandwidth_gb_s(bytes: usize) -> f64 {
+    let data = vec![1.0f32; bytes / 4];
+    let reps = ((2usize << 30) / bytes).clamp(5, 200);
+    let mut best = f64::INFINITY;
+    let mut sink = 0.0f32;
+    for _ in 0..=reps {
+        let t = Instant::now();
+        sink += data.par_chunks(1 << 14).map(simd::sum_sq).sum::<f32>();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    assert!(sink > 0.0);
+    (data.len() * 4) as f64 / best / 1e9
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let prompt_len = args.first().copied().unwrap_or(16).max(1);
+    let new_tokens = args.get(1).copied().unwrap_or(128).max(1);
+    let mut model = TransformerLm::builder()
+        .vocab_size(4096)
+        .d_model(256)
+        .n_layers(6)
+        .heads(8, 2, 32)
+        .d_ff(704)
+        .max_seq_len(prompt_len + new_tokens + 1)
+        .seed(0)
+        .build()?;
+    let config = model.config().clone();
+    let mut rng = Rng::new(3);
+    let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(4096) as u32).collect();
+
+    // Warm-up run, then the timed one: prefill, then `new_tokens` single-token steps.
+    model.generate(&prompt, 8.min(new_tokens), &mut Sampler::greedy())?;
+    let mut decoder = model.decoder()?;
+    let t = Instant::now();
+    decoder.feed(&prompt)?;
+    let prefill = t.elapsed().as_secs_f64();
+    let mut greedy = Sampler::greedy();
+    let t = Instant::now();
+    for _ in 0..new_tokens {
+        decoder.next(&mut greedy)?;
+    }
+    let decode = t.elapsed().as_secs_f64();
+    let tps = new_tokens as f64 / decode;
+    drop(decoder);
+
+    // Bytes per decoded token: every weight once (the tied embedding is read as the head)
+    // plus the keys and values of the positions so far (their mean over the run).
+    let weights = model.parameter_counts().total as f64 * 4.0;
+    let mean_pos = prompt_len as f64 + new_tokens as f64 / 2.0;
+    let kv = 2.0 * config.n_layers as f64 * mean_pos * config.kv_dim() as f64 * 4.0;
+    let per_token = weights + kv;
+    // The weights (21 MB at this shape) fit in this machine's 32 MiB L3, so the bound that
+    // matters is the bandwidth at the working set's size; DRAM's is printed beside it.
+    let bw = read_bandwidth_gb_s(per_token as usize);
+    let dram = read_bandwidth_gb_s(512 << 20);
+
+    let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = std::env::var("RB_TORCH_LM").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/bench/torch_lm.py").to_string()
+    });
+    let threads = rayon::current_num_threads();
+    let torch = Command::new(&python)
+        .args([
+            &script,
+            "--decode",
+            &new_tokens.to_string(),
+            "--steps",
+            "1",
+            "--batch",
+            "1",
+            "--seq",
+            "16",
+        ])
+        .args(["--threads", &threads.to_string()])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            let line = String::from_utf8_lossy(&o.stdout).lines().last()?.to_string();
+            let v: serde_json::Value = serde_json::from_str(&line).ok()?;
+            Some((
+                v["decode_tokens_per_s"].as_f64()?,
+                v["framework"].as_str()?.to_string(),
+            ))
+        });
+
+    println!(
+        "bench_decode: {}; prompt {prompt_len}, {new_tokens} new tokens, batch 1, greedy, {threads} threads",
+        model.parameter_counts()
+    );
+    println!(
+        "prefill {:.1} ms ({:.0} tokens/s)",
+        prefill * 1e3,
+        prompt_len as f64 / prefill
+    );
+    println!(
+        "{:<28} {:>10} {:>14} {:>12} {:>9}",
+        "", "tokens/s", "MB read/token", "GB/s", "of peak"
+    );
+    println!(
+        "{:<28} {:>10.1} {:>14.2} {:>12.1} {:>8.0}%",
+        "rusting_brain (cpu, f32)",
+        tps,
+        per_token / 1e6,
+        tps * per_token / 1e9,
+        100.0 * tps * per_token / 1e9 / bw
+    );
+    println!(
+        "measured read bandwidth: {bw:.1} GB/s over a {:.0} MB buffer (the working set; \"of peak\" is against this), {dram:.1} GB/s over 512 MiB",
+        per_token / 1e6
+    );
+    match torch {
+        Some((t, name)) => println!(
+            "{name} eager decode: {t:.1} tokens/s; ratio rusting_brain / PyTorch {:.2}x",
+            tps / t
+        ),
+        None => println!("PyTorch: not run ({python} {script} failed; set RB_PYTHON / RB_TORCH_LM)"),
+    }
+    Ok(())
+}
