@@ -38,6 +38,7 @@ mod files;
 mod network;
 mod network_json;
 pub mod profile;
+mod token_file;
 mod transformer;
 
 pub use checkpoint::Precision;
@@ -48,6 +49,7 @@ pub use rusting_brain_core as core;
 pub use rusting_brain_core::models::transformer::TokenBatch;
 pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, Optimizer, ReferenceBackend};
 pub use rusting_brain_core::{Sampler, Schedule};
+pub use token_file::TokenFile;
 pub use transformer::{Decoder, KvCaches, ParameterCounts, StepLoss, TransformerLm, TransformerLmBuilder};
 
 /// Result type of this crate.
