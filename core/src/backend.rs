@@ -233,6 +233,32 @@ pub trait Backend {
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum>;
 
+    // ----- int8 inference (see crate::ops::q8) -----
+    /// `out = x W^T + beta * out` with W (n x k) int8, packed four to a slot, one scale a row.
+    #[allow(clippy::too_many_arguments)]
+    fn q8_matmul(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        packed: &Self::Buffer,
+        scales: &Self::Buffer,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<()>;
+    /// Rows of an int8 table, dequantized.
+    #[allow(clippy::too_many_arguments)]
+    fn q8_embedding(
+        &self,
+        out: &mut Self::Buffer,
+        packed: &Self::Buffer,
+        scales: &Self::Buffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()>;
+
     // ----- optimizers -----
     fn adam_update(
         &self,

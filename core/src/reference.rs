@@ -13,8 +13,8 @@ use alloc::vec::Vec;
 use crate::backend::*;
 use crate::error::check_len;
 use crate::ops::{
-    activation, attention, cross_entropy, elementwise, embedding, l2norm, loss, matmul, optim, rmsnorm, rope,
-    softmax, swiglu,
+    activation, attention, cross_entropy, elementwise, embedding, l2norm, loss, matmul, optim, q8, rmsnorm,
+    rope, softmax, swiglu,
 };
 use crate::{Activation, Loss, Result};
 
@@ -313,6 +313,32 @@ impl Backend for ReferenceBackend {
         in_f64([logits], |[l]| {
             cross_entropy::cross_entropy(l, targets, mask, rows, vocab, grad_scale)
         })
+    }
+    fn q8_matmul(
+        &self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        packed: &Vec<f32>,
+        scales: &Vec<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<()> {
+        in_f64([out], |[o]| {
+            q8::q8_matmul(o, &wide(x), packed, scales, m, n, k, beta)
+        })
+    }
+    fn q8_embedding(
+        &self,
+        out: &mut Vec<f32>,
+        packed: &Vec<f32>,
+        scales: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        q8::q8_embedding(out, packed, scales, ids, vocab, dim)
     }
     fn adam_update(
         &self,

@@ -83,6 +83,34 @@ impl<B: Backend> Backend for Profiled<B> {
             self.inner.copy_range(dst, dst_offset, src, src_offset, len)
         })
     }
+    fn q8_matmul(
+        &self,
+        out: &mut B::Buffer,
+        x: &B::Buffer,
+        packed: &B::Buffer,
+        scales: &B::Buffer,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<()> {
+        self.time("q8_matmul", || {
+            self.inner.q8_matmul(out, x, packed, scales, m, n, k, beta)
+        })
+    }
+    fn q8_embedding(
+        &self,
+        out: &mut B::Buffer,
+        packed: &B::Buffer,
+        scales: &B::Buffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.time("q8_embedding", || {
+            self.inner.q8_embedding(out, packed, scales, ids, vocab, dim)
+        })
+    }
     fn copy(&self, dst: &mut B::Buffer, src: &B::Buffer) -> Result<()> {
         self.time("copy", || self.inner.copy(dst, src))
     }

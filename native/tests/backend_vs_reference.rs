@@ -499,3 +499,50 @@ fn dense_activations_and_losses_match_reference() {
         }
     }
 }
+
+#[test]
+fn q8_products_and_lookups_match_reference() {
+    use rusting_brain_core::ops::q8::{dequantize_row, quantize_rows};
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(112);
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (1, 33, 7),
+        (3, 7, 127),
+        (1, 1000, 33),
+        (7, 127, 1000),
+        (1, 64, 256),
+    ] {
+        let w = randn(&mut rng, n * k);
+        let (packed, scales) = quantize_rows(&w, n, k).unwrap();
+        // |w - q * scale| <= scale / 2 for every weight
+        for r in 0..n {
+            let d = dequantize_row(&packed, &scales, r, k);
+            for c in 0..k {
+                assert!(
+                    (d[c] - w[r * k + c]).abs() <= scales[r] * 0.5 + 1e-6,
+                    "rounding of ({r}, {c})"
+                );
+            }
+        }
+        let x = randn(&mut rng, m * k);
+        for beta in [0.0, 1.0] {
+            let init = if beta == 0.0 {
+                nan(m * n)
+            } else {
+                randn(&mut rng, m * n)
+            };
+            let (mut a, mut b) = (init.clone(), init);
+            cpu.q8_matmul(&mut a, &x, &packed, &scales, m, n, k, beta)
+                .unwrap();
+            rf.q8_matmul(&mut b, &x, &packed, &scales, m, n, k, beta).unwrap();
+            close(&format!("q8_matmul {m}x{n}x{k} beta={beta}"), &a, &b);
+        }
+        let ids: Vec<u32> = (0..5).map(|_| rng.below(n as u64) as u32).collect();
+        let (mut a, mut b) = (nan(5 * k), nan(5 * k));
+        cpu.q8_embedding(&mut a, &packed, &scales, &ids, n, k).unwrap();
+        rf.q8_embedding(&mut b, &packed, &scales, &ids, n, k).unwrap();
+        assert_eq!(a, b, "q8_embedding {n}x{k}");
+    }
+    assert!(quantize_rows(&[1.0, f32::NAN], 1, 2).is_err());
+}

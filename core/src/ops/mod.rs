@@ -22,6 +22,7 @@ pub mod l2norm;
 pub mod loss;
 pub mod matmul;
 pub mod optim;
+pub mod q8;
 pub mod rmsnorm;
 pub mod rope;
 pub mod softmax;

@@ -16,6 +16,7 @@ mod elementwise;
 mod embedding;
 mod matmul;
 mod optim;
+mod q8;
 mod rmsnorm;
 mod rope;
 pub mod simd;
@@ -285,6 +286,30 @@ impl Backend for CpuBackend {
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
         cross_entropy::cross_entropy(logits, targets, mask, rows, vocab, grad_scale)
+    }
+    fn q8_matmul(
+        &self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        packed: &Vec<f32>,
+        scales: &Vec<f32>,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<()> {
+        q8::q8_matmul(out, x, packed, scales, m, n, k, beta)
+    }
+    fn q8_embedding(
+        &self,
+        out: &mut Vec<f32>,
+        packed: &Vec<f32>,
+        scales: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        q8::q8_embedding(out, packed, scales, ids, vocab, dim)
     }
     fn adam_update(
         &self,

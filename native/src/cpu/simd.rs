@@ -168,6 +168,27 @@ fn dot4_body<const FMA: bool>(x: &[f32], r0: &[f32], r1: &[f32], r2: &[f32], r3:
 }
 
 #[inline(always)]
+fn dot_q8_body<const FMA: bool>(x: &[f32], q: &[i8]) -> f32 {
+    let n = x.len().min(q.len());
+    let (x, q) = (&x[..n], &q[..n]);
+    let mut acc = [0.0f32; STEP];
+    let (cx, cq) = (x.chunks_exact(STEP), q.chunks_exact(STEP));
+    let (tx, tq) = (cx.remainder(), cq.remainder());
+    for (xs, qs) in cx.zip(cq) {
+        let xs = block(xs);
+        let qs: &[i8; STEP] = qs.try_into().expect("chunks_exact yields STEP elements");
+        for l in 0..STEP {
+            acc[l] = madd::<FMA>(qs[l] as f32, xs[l], acc[l]);
+        }
+    }
+    let mut tail = 0.0f32;
+    for (&a, &b) in tx.iter().zip(tq) {
+        tail = madd::<FMA>(b as f32, a, tail);
+    }
+    fold(&acc) + tail
+}
+
+#[inline(always)]
 fn hsum(acc: &[f32; LANES]) -> f32 {
     // Pairwise, so the result does not depend on which lane held what.
     let mut v = *acc;
@@ -376,6 +397,10 @@ dispatch!(
 dispatch!(
     /// [dot(x, r0), dot(x, r1), dot(x, r2), dot(x, r3)].
     dot4 => dot4_body(x: &[f32], r0: &[f32], r1: &[f32], r2: &[f32], r3: &[f32]) -> [f32; 4]
+);
+dispatch!(
+    /// sum(x * q) with int8 `q` widened to f32.
+    dot_q8 => dot_q8_body(x: &[f32], q: &[i8]) -> f32
 );
 dispatch!(
     /// sum(a^2).

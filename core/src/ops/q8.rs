@@ -1,0 +1,126 @@
+//! Int8 weights with one f32 scale per output row (absmax / 127), and the products that
+//! read them. Four int8 values are packed into each f32 slot of an ordinary buffer, in
+//! memory order (`f32::from_ne_bytes`), so every backend stores them without a new buffer
+//! type and a kernel can read the slot's bytes as `i8`s directly.
+
+use alloc::vec::Vec;
+
+use crate::error::{check_len, nonzero, product};
+use crate::{CoreError, Real, Result};
+
+/// f32 slots per packed row of `cols` int8 values.
+pub fn packed_cols(cols: usize) -> usize {
+    cols.div_ceil(4)
+}
+
+/// Rounds each row of `w` (rows x cols) to int8 with its own scale: returns the packed
+/// values (rows x packed_cols(cols) slots; padding bytes are 0) and the scales (rows).
+/// A row of zeros gets scale 0. Per value, |w - q * scale| <= scale / 2.
+pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    const OP: &str = "quantize_rows";
+    check_len(OP, "w", w.len(), product(OP, &[rows, cols])?)?;
+    if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+        return Err(CoreError::NonFinite {
+            op: OP,
+            value: w[i] as f64,
+        });
+    }
+    let pc = packed_cols(cols);
+    let mut packed = alloc::vec![0.0f32; rows * pc];
+    let mut scales = alloc::vec![0.0f32; rows];
+    for r in 0..rows {
+        let row = &w[r * cols..(r + 1) * cols];
+        let absmax = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let scale = absmax / 127.0;
+        scales[r] = scale;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        for s in 0..pc {
+            let mut bytes = [0u8; 4];
+            for (b, byte) in bytes.iter_mut().enumerate() {
+                if let Some(&v) = row.get(4 * s + b) {
+                    *byte = (libm::roundf(v * inv).clamp(-127.0, 127.0) as i8) as u8;
+                }
+            }
+            packed[r * pc + s] = f32::from_ne_bytes(bytes);
+        }
+    }
+    Ok((packed, scales))
+}
+
+/// The int8 value at column `c` of packed row `row`.
+pub fn q8_at(row: &[f32], c: usize) -> i8 {
+    row[c / 4].to_ne_bytes()[c % 4] as i8
+}
+
+/// Unpacks row `r` to f32: `q * scale`.
+pub fn dequantize_row(packed: &[f32], scales: &[f32], r: usize, cols: usize) -> Vec<f32> {
+    let pc = packed_cols(cols);
+    let row = &packed[r * pc..(r + 1) * pc];
+    (0..cols).map(|c| q8_at(row, c) as f32 * scales[r]).collect()
+}
+
+/// Checks a packed weight of `n` rows of `k` columns.
+pub fn check_q8(op: &'static str, packed: usize, scales: usize, n: usize, k: usize) -> Result<()> {
+    nonzero(op, "k", k)?;
+    check_len(op, "packed weights", packed, product(op, &[n, packed_cols(k)])?)?;
+    check_len(op, "scales", scales, n)
+}
+
+/// `out (m x n) = x (m x k) W^T + beta * out`, W the dequantized (n x k) int8 weight: the
+/// `Linear` product with weights stored at one byte each.
+#[allow(clippy::too_many_arguments)]
+pub fn q8_matmul<T: Real>(
+    out: &mut [T],
+    x: &[T],
+    packed: &[f32],
+    scales: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    beta: f32,
+) -> Result<()> {
+    const OP: &str = "q8_matmul";
+    check_q8(OP, packed.len(), scales.len(), n, k)?;
+    check_len(OP, "x", x.len(), product(OP, &[m, k])?)?;
+    check_len(OP, "out", out.len(), product(OP, &[m, n])?)?;
+    let pc = packed_cols(k);
+    for i in 0..m {
+        for j in 0..n {
+            let row = &packed[j * pc..(j + 1) * pc];
+            let mut acc = T::ZERO;
+            for c in 0..k {
+                acc += T::from_f32(q8_at(row, c) as f32) * x[i * k + c];
+            }
+            let v = acc * T::from_f32(scales[j]);
+            out[i * n + j] = if beta == 0.0 {
+                v
+            } else {
+                v + T::from_f32(beta) * out[i * n + j]
+            };
+        }
+    }
+    Ok(())
+}
+
+/// Embedding lookup from an int8 table (vocab x dim): `out[r] = dequantize(table[ids[r]])`.
+pub fn q8_embedding<T: Real>(
+    out: &mut [T],
+    packed: &[f32],
+    scales: &[f32],
+    ids: &[u32],
+    vocab: usize,
+    dim: usize,
+) -> Result<()> {
+    const OP: &str = "q8_embedding";
+    check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
+    check_len(OP, "out", out.len(), product(OP, &[ids.len(), dim])?)?;
+    crate::ops::embedding::check_ids(OP, ids, vocab)?;
+    let pc = packed_cols(dim);
+    for (r, &id) in ids.iter().enumerate() {
+        let row = &packed[id as usize * pc..(id as usize + 1) * pc];
+        for c in 0..dim {
+            out[r * dim + c] = T::from_f32(q8_at(row, c) as f32 * scales[id as usize]);
+        }
+    }
+    Ok(())
+}
