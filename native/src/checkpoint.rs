@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use rusting_brain_core::models::transformer::{Params, TransformerConfig, TransformerModel};
+use rusting_brain_core::models::transformer::{
+    Params, QuantLayer, QuantParams, TransformerConfig, TransformerModel,
+};
+use rusting_brain_core::ops::q8;
 use rusting_brain_core::{Backend, Optimizer, OptimizerKind};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::{json, Value};
@@ -22,6 +25,9 @@ pub const VERSION: u64 = 1;
 pub enum Precision {
     /// 4 bytes per weight, exact: what to resume training from.
     F32,
+    /// 1 byte per weight (int8, one f32 scale per row; norm weights stay f32): for
+    /// shipping a model that will only be run. Loads as a quantized model.
+    Q8,
 }
 
 pub fn config_json(c: &TransformerConfig) -> Value {
@@ -115,18 +121,24 @@ fn le_bytes(x: &[f32]) -> Vec<u8> {
 }
 
 /// Serializes named f32 tensors with their shapes and metadata, then writes atomically.
-fn write(
-    path: &Path,
-    tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
-    meta: HashMap<String, String>,
-) -> Result<()> {
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .into_iter()
-        .map(|(n, s, d)| (n, s, le_bytes(&d)))
-        .collect();
+fn write(path: &Path, tensors: Vec<HostTensor>, meta: HashMap<String, String>) -> Result<()> {
+    write_raw(
+        path,
+        tensors
+            .into_iter()
+            .map(|(n, s, d)| (n, Dtype::F32, s, le_bytes(&d)))
+            .collect(),
+        meta,
+    )
+}
+
+/// A tensor as stored: name, dtype, shape, little-endian bytes.
+type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+fn write_raw(path: &Path, bytes: Vec<RawTensor>, meta: HashMap<String, String>) -> Result<()> {
     let views: Vec<(String, TensorView<'_>)> = bytes
         .iter()
-        .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
+        .map(|(n, dt, s, b)| TensorView::new(*dt, s.clone(), b).map(|v| (n.clone(), v)))
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| NetworkError::InvalidInput(format!("{}: {e}", path.display())))?;
     let data = safetensors::tensor::serialize(views, Some(meta))
@@ -170,8 +182,87 @@ fn host_tensors(
         .collect()
 }
 
+/// The int8 bytes (rows x cols) of a packed weight.
+fn packed_to_i8(packed: &[f32], rows: usize, cols: usize) -> Vec<u8> {
+    let pc = q8::packed_cols(cols);
+    let mut out = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        for c in 0..cols {
+            out.push(q8::q8_at(&packed[r * pc..(r + 1) * pc], c) as u8);
+        }
+    }
+    out
+}
+
+/// Packs int8 bytes (rows x cols) four to an f32 slot.
+fn i8_to_packed(bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let pc = q8::packed_cols(cols);
+    let mut out = vec![0.0f32; rows * pc];
+    for r in 0..rows {
+        for s in 0..pc {
+            let mut b4 = [0u8; 4];
+            for (b, byte) in b4.iter_mut().enumerate() {
+                if 4 * s + b < cols {
+                    *byte = bytes[r * cols + 4 * s + b];
+                }
+            }
+            out[r * pc + s] = f32::from_ne_bytes(b4);
+        }
+    }
+    out
+}
+
+/// The int8 tensor at position `i` of `shapes(c)` (a matrix, not a norm).
+fn quantized_tensor(qp: &QuantParams<CpuBackend>, i: usize) -> &(Vec<f32>, Vec<f32>) {
+    if i == 0 {
+        return &qp.embed;
+    }
+    let ql = &qp.layers[(i - 1) / 9];
+    match (i - 1) % 9 {
+        1 => &ql.wq,
+        2 => &ql.wk,
+        3 => &ql.wv,
+        4 => &ql.wo,
+        6 => &ql.w_gate,
+        7 => &ql.w_up,
+        _ => &ql.w_down,
+    }
+}
+
+fn save_q8(model: &TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
+    let c = &model.config;
+    let b = &model.backend;
+    let meta = HashMap::from([
+        ("format".to_string(), WEIGHTS_FORMAT.to_string()),
+        ("version".to_string(), VERSION.to_string()),
+        ("precision".to_string(), "Q8".to_string()),
+        ("config".to_string(), config_json(c).to_string()),
+    ]);
+    let mut out: Vec<RawTensor> = Vec::new();
+    let named = model.params.named();
+    for (i, (name, shape)) in shapes(c).into_iter().enumerate() {
+        if shape.len() == 1 {
+            out.push((name, Dtype::F32, shape, le_bytes(&b.download(named[i].1)?)));
+            continue;
+        }
+        let (rows, cols) = (shape[0], shape[1]);
+        let (packed, scales) = match &model.quantized {
+            Some(qp) => {
+                let (p, s) = quantized_tensor(qp, i);
+                (b.download(p)?, b.download(s)?)
+            }
+            None => q8::quantize_rows(&b.download(named[i].1)?, rows, cols)?,
+        };
+        out.push((format!("{name}.scale"), Dtype::F32, vec![rows], le_bytes(&scales)));
+        out.push((name, Dtype::I8, shape, packed_to_i8(&packed, rows, cols)));
+    }
+    write_raw(path, out, meta)
+}
+
 pub fn save_weights(model: &TransformerModel<CpuBackend>, path: &Path, precision: Precision) -> Result<()> {
-    let Precision::F32 = precision;
+    if precision == Precision::Q8 {
+        return save_q8(model, path);
+    }
     let meta = HashMap::from([
         ("format".to_string(), WEIGHTS_FORMAT.to_string()),
         ("version".to_string(), VERSION.to_string()),
@@ -319,15 +410,99 @@ impl File {
     }
 }
 
+fn load_q8(file: &File, path: &Path) -> Result<TransformerModel<CpuBackend>> {
+    let config = file.config(path)?;
+    let b = CpuBackend::new();
+    let st = SafeTensors::deserialize(&file.bytes)
+        .map_err(|e| NetworkError::parse(path, "header", e.to_string()))?;
+    let get = |name: &str, dtype: Dtype, shape: &[usize]| -> Result<Vec<u8>> {
+        let t = st
+            .tensor(name)
+            .map_err(|_| NetworkError::parse(path, name, "missing tensor"))?;
+        if t.dtype() != dtype || t.shape() != shape {
+            return Err(NetworkError::parse(
+                path,
+                name,
+                format!("{:?} {:?}, expected {dtype:?} {shape:?}", t.dtype(), t.shape()),
+            ));
+        }
+        Ok(t.data().to_vec())
+    };
+    let f32s = |bytes: Vec<u8>| -> Vec<f32> {
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    let mut norms_flat = Vec::new();
+    let mut mats = Vec::new();
+    for (name, shape) in shapes(&config) {
+        if shape.len() == 1 {
+            let v = f32s(get(&name, Dtype::F32, &shape)?);
+            if v.iter().any(|x| !x.is_finite()) {
+                return Err(NetworkError::parse(path, &name, "holds NaN or infinite values"));
+            }
+            norms_flat.push(b.upload(&v)?);
+        } else {
+            let (rows, cols) = (shape[0], shape[1]);
+            let q = get(&name, Dtype::I8, &shape)?;
+            let scale_name = format!("{name}.scale");
+            let s = f32s(get(&scale_name, Dtype::F32, &[rows])?);
+            if s.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                return Err(NetworkError::parse(
+                    path,
+                    &scale_name,
+                    "scales must be finite and >= 0",
+                ));
+            }
+            mats.push((b.upload(&i8_to_packed(&q, rows, cols))?, b.upload(&s)?));
+        }
+    }
+    // shapes() lists, per block, [attn_norm, q, k, v, o, ffn_norm, gate, up, down], the
+    // embedding first and the final norm last.
+    let final_norm = norms_flat.pop().expect("the final norm is listed last");
+    let mut norm_it = norms_flat.into_iter();
+    let mut norms = Vec::new();
+    for _ in 0..config.n_layers {
+        norms.push((
+            norm_it.next().expect("two norms a block"),
+            norm_it.next().expect("two norms a block"),
+        ));
+    }
+    let mut mat_it = mats.into_iter();
+    let embed = mat_it.next().expect("the embedding is listed first");
+    let mut layers = Vec::new();
+    for _ in 0..config.n_layers {
+        let mut n = || mat_it.next().expect("seven matrices a block");
+        layers.push(QuantLayer {
+            wq: n(),
+            wk: n(),
+            wv: n(),
+            wo: n(),
+            w_gate: n(),
+            w_up: n(),
+            w_down: n(),
+        });
+    }
+    Ok(TransformerModel::from_quantized(
+        b,
+        config,
+        norms,
+        final_norm,
+        QuantParams { embed, layers },
+    )?)
+}
+
 pub fn load_weights(path: &Path) -> Result<TransformerModel<CpuBackend>> {
     let file = open(path, WEIGHTS_FORMAT)?;
     match file.meta.get("precision").map(String::as_str) {
         Some("F32") => {}
+        Some("Q8") => return load_q8(&file, path),
         other => {
             return Err(NetworkError::parse(
                 path,
                 "metadata",
-                format!("precision {other:?} is not one this build reads (F32)"),
+                format!("precision {other:?} is not one this build reads (F32, Q8)"),
             ))
         }
     }

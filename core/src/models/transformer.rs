@@ -440,6 +440,96 @@ impl<B: Backend> Arena<B> {
     }
 }
 
+/// The seven projections of a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proj {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+/// A block's matrices at one byte per weight: (packed int8, per-row scales) each.
+pub struct QuantLayer<B: Backend> {
+    pub wq: (B::Buffer, B::Buffer),
+    pub wk: (B::Buffer, B::Buffer),
+    pub wv: (B::Buffer, B::Buffer),
+    pub wo: (B::Buffer, B::Buffer),
+    pub w_gate: (B::Buffer, B::Buffer),
+    pub w_up: (B::Buffer, B::Buffer),
+    pub w_down: (B::Buffer, B::Buffer),
+}
+
+impl<B: Backend> QuantLayer<B> {
+    fn get(&self, p: Proj) -> &(B::Buffer, B::Buffer) {
+        match p {
+            Proj::Q => &self.wq,
+            Proj::K => &self.wk,
+            Proj::V => &self.wv,
+            Proj::O => &self.wo,
+            Proj::Gate => &self.w_gate,
+            Proj::Up => &self.w_up,
+            Proj::Down => &self.w_down,
+        }
+    }
+}
+
+/// Every matrix of the model in int8 (the embedding doubles as the head, as in f32).
+pub struct QuantParams<B: Backend> {
+    pub embed: (B::Buffer, B::Buffer),
+    pub layers: Vec<QuantLayer<B>>,
+}
+
+/// A block's projections, from the f32 weights or their int8 copies.
+struct Lin<'a, B: Backend> {
+    f: &'a LayerParams<B>,
+    q: Option<&'a QuantLayer<B>>,
+}
+
+impl<B: Backend> Lin<'_, B> {
+    /// `out (m x n) = x (m x k) W^T + beta * out` for projection `proj`.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        b: &B,
+        proj: Proj,
+        out: &mut B::Buffer,
+        x: &B::Buffer,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+        prec: Precision,
+    ) -> Result<()> {
+        match self.q {
+            Some(q) => {
+                let (packed, scales) = q.get(proj);
+                b.q8_matmul(out, x, packed, scales, m, n, k, beta)
+            }
+            None => {
+                let w = match proj {
+                    Proj::Q => &self.f.wq,
+                    Proj::K => &self.f.wk,
+                    Proj::V => &self.f.wv,
+                    Proj::O => &self.f.wo,
+                    Proj::Gate => &self.f.w_gate,
+                    Proj::Up => &self.f.w_up,
+                    Proj::Down => &self.f.w_down,
+                };
+                b.matmul(
+                    out,
+                    x,
+                    w,
+                    &MatmulSpec::new(m, n, k).trans_b(true).beta(beta).precision(prec),
+                )
+            }
+        }
+    }
+}
+
 /// The feed-forward of a block, `out += down(silu(gate(h2)) * up(h2))`: the residual add
 /// is the down projection's `beta = 1`. This pair of functions is the slot a
 /// mixture-of-experts layer takes over; everything it needs is its input `h2`, the block's
@@ -447,7 +537,7 @@ impl<B: Backend> Arena<B> {
 #[allow(clippy::too_many_arguments)]
 fn ffn_forward<B: Backend>(
     b: &B,
-    p: &LayerParams<B>,
+    w: &Lin<'_, B>,
     a: &mut LayerActs<B>,
     out: &mut B::Buffer,
     n: usize,
@@ -455,12 +545,11 @@ fn ffn_forward<B: Backend>(
     f: usize,
     prec: Precision,
 ) -> Result<()> {
-    let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
     // gate, up = h2 W^T   h2: (n, d), W: (f, d)
-    b.matmul(&mut a.gate, &a.h2, &p.w_gate, &mm(n, f, d).trans_b(true))?;
-    b.matmul(&mut a.up, &a.h2, &p.w_up, &mm(n, f, d).trans_b(true))?;
+    w.apply(b, Proj::Gate, &mut a.gate, &a.h2, n, f, d, 0.0, prec)?;
+    w.apply(b, Proj::Up, &mut a.up, &a.h2, n, f, d, 0.0, prec)?;
     b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
-    b.matmul(out, &a.s, &p.w_down, &mm(n, d, f).trans_b(true).accumulate())
+    w.apply(b, Proj::Down, out, &a.s, n, d, f, 1.0, prec)
 }
 
 /// Backward of [`ffn_forward`]: from `dout` (n, d), accumulates the three weight gradients
@@ -560,6 +649,9 @@ pub struct TransformerModel<B: Backend> {
     pub precision: Precision,
     arena: Option<Arena<B>>,
     decode: Option<DecodeArena<B>>,
+    /// Set by [`TransformerModel::quantize`]: the int8 matrices. The f32 matrices, the
+    /// gradients and the optimizer state are then gone.
+    pub quantized: Option<QuantParams<B>>,
 }
 
 impl<B: Backend> TransformerModel<B> {
@@ -634,6 +726,7 @@ impl<B: Backend> TransformerModel<B> {
             precision: Precision::F32,
             arena: None,
             decode: None,
+            quantized: None,
         })
     }
 
@@ -683,9 +776,16 @@ impl<B: Backend> TransformerModel<B> {
         let prec = self.precision;
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
         let first = &mut arena.layers[0].x_in;
-        b.embedding_forward(first, &self.params.embed, &tb.inputs, c.vocab_size, d)?;
+        match &self.quantized {
+            Some(qp) => b.q8_embedding(first, &qp.embed.0, &qp.embed.1, &tb.inputs, c.vocab_size, d)?,
+            None => b.embedding_forward(first, &self.params.embed, &tb.inputs, c.vocab_size, d)?,
+        }
         for l in 0..c.n_layers {
             let p = &self.params.layers[l];
+            let w = Lin {
+                f: p,
+                q: self.quantized.as_ref().map(|q| &q.layers[l]),
+            };
             if l > 0 {
                 // This block's input is the previous block's output.
                 b.copy(&mut arena.layers[l].x_in, &arena.x_out)?;
@@ -694,25 +794,20 @@ impl<B: Backend> TransformerModel<B> {
             // h = rmsnorm(x_in)
             b.rmsnorm_forward(&mut a.h, &mut a.rstd1, &a.x_in, &p.attn_norm, n, d, c.norm_eps)?;
             // q, k, v = h W^T   h: (n, d), Wq: (q, d)
-            b.matmul(&mut a.q, &a.h, &p.wq, &mm(n, q, d).trans_b(true))?;
-            b.matmul(&mut a.k, &a.h, &p.wk, &mm(n, kv, d).trans_b(true))?;
-            b.matmul(&mut a.v, &a.h, &p.wv, &mm(n, kv, d).trans_b(true))?;
+            w.apply(b, Proj::Q, &mut a.q, &a.h, n, q, d, 0.0, prec)?;
+            w.apply(b, Proj::K, &mut a.k, &a.h, n, kv, d, 0.0, prec)?;
+            w.apply(b, Proj::V, &mut a.v, &a.h, n, kv, d, 0.0, prec)?;
             b.rope_forward(&mut a.q, &rope_q)?;
             b.rope_forward(&mut a.k, &rope_k)?;
             b.attention_forward(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &att_spec)?;
             // x_mid = x_in + att Wo^T
             b.copy(&mut a.x_mid, &a.x_in)?;
-            b.matmul(
-                &mut a.x_mid,
-                &a.att,
-                &p.wo,
-                &mm(n, d, q).trans_b(true).accumulate(),
-            )?;
+            w.apply(b, Proj::O, &mut a.x_mid, &a.att, n, d, q, 1.0, prec)?;
             // FFN
             b.rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x_mid, &p.ffn_norm, n, d, c.norm_eps)?;
             // x_out = x_mid + FFN(h2)
             b.copy(&mut arena.x_out, &a.x_mid)?;
-            ffn_forward(b, p, a, &mut arena.x_out, n, d, f, prec)?;
+            ffn_forward(b, &w, a, &mut arena.x_out, n, d, f, prec)?;
         }
         b.rmsnorm_forward(
             &mut arena.hf,
@@ -724,13 +819,134 @@ impl<B: Backend> TransformerModel<B> {
             c.norm_eps,
         )?;
         // logits = hf E^T   (n, d) x (vocab, d)^T
-        b.matmul(
-            &mut arena.logits,
-            &arena.hf,
-            &self.params.embed,
-            &mm(n, c.vocab_size, d).trans_b(true),
-        )?;
+        match &self.quantized {
+            Some(qp) => b.q8_matmul(
+                &mut arena.logits,
+                &arena.hf,
+                &qp.embed.0,
+                &qp.embed.1,
+                n,
+                c.vocab_size,
+                d,
+                0.0,
+            )?,
+            None => b.matmul(
+                &mut arena.logits,
+                &arena.hf,
+                &self.params.embed,
+                &mm(n, c.vocab_size, d).trans_b(true),
+            )?,
+        }
         Ok(())
+    }
+
+    /// An int8 model from its parts (a Q8 checkpoint): norm weights in f32 (`attn_norms`,
+    /// `ffn_norms` per block, `final_norm`) and the int8 matrices.
+    pub fn from_quantized(
+        backend: B,
+        config: TransformerConfig,
+        norms: Vec<(B::Buffer, B::Buffer)>,
+        final_norm: B::Buffer,
+        quantized: QuantParams<B>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let (d, q, kv, f) = (config.d_model, config.q_dim(), config.kv_dim(), config.d_ff);
+        let pc = crate::ops::q8::packed_cols;
+        if norms.len() != config.n_layers || quantized.layers.len() != config.n_layers {
+            return Err(invalid(format!(
+                "{} blocks of norms and {} of int8 weights for {} layers",
+                norms.len(),
+                quantized.layers.len(),
+                config.n_layers
+            )));
+        }
+        let b = &backend;
+        let check = |name: &str, (p, s): &(B::Buffer, B::Buffer), rows: usize, cols: usize| -> Result<()> {
+            if b.len(p) != rows * pc(cols) || b.len(s) != rows {
+                return Err(CoreError::InvalidArgument {
+                    op: "transformer parameters",
+                    message: format!("int8 {name} does not have {rows} rows of {cols}"),
+                });
+            }
+            Ok(())
+        };
+        check("embedding", &quantized.embed, config.vocab_size, d)?;
+        for (l, ql) in quantized.layers.iter().enumerate() {
+            for (name, t, rows, cols) in [
+                ("q_proj", &ql.wq, q, d),
+                ("k_proj", &ql.wk, kv, d),
+                ("v_proj", &ql.wv, kv, d),
+                ("o_proj", &ql.wo, d, q),
+                ("gate_proj", &ql.w_gate, f, d),
+                ("up_proj", &ql.w_up, f, d),
+                ("down_proj", &ql.w_down, d, f),
+            ] {
+                check(&format!("layer {l} {name}"), t, rows, cols)?;
+            }
+        }
+        for (a, m) in &norms {
+            if b.len(a) != d || b.len(m) != d {
+                return Err(invalid(format!("a norm weight does not have {d} values")));
+            }
+        }
+        if b.len(&final_norm) != d {
+            return Err(invalid(format!("the final norm does not have {d} values")));
+        }
+        let empty = || b.zeros(0);
+        let mut layers = Vec::new();
+        for (attn_norm, ffn_norm) in norms {
+            layers.push(LayerParams {
+                attn_norm,
+                wq: empty()?,
+                wk: empty()?,
+                wv: empty()?,
+                wo: empty()?,
+                ffn_norm,
+                w_gate: empty()?,
+                w_up: empty()?,
+                w_down: empty()?,
+            });
+        }
+        let params = Params {
+            embed: empty()?,
+            layers,
+            final_norm,
+        };
+        let hollow = |b: &B| -> Result<Params<B>> {
+            Ok(Params {
+                embed: b.zeros(0)?,
+                layers: (0..config.n_layers)
+                    .map(|_| {
+                        Ok(LayerParams {
+                            attn_norm: b.zeros(0)?,
+                            wq: b.zeros(0)?,
+                            wk: b.zeros(0)?,
+                            wv: b.zeros(0)?,
+                            wo: b.zeros(0)?,
+                            ffn_norm: b.zeros(0)?,
+                            w_gate: b.zeros(0)?,
+                            w_up: b.zeros(0)?,
+                            w_down: b.zeros(0)?,
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+                final_norm: b.zeros(0)?,
+            })
+        };
+        let (grads, m, v) = (hollow(b)?, hollow(b)?, hollow(b)?);
+        Ok(TransformerModel {
+            backend,
+            config,
+            params,
+            grads,
+            m,
+            v,
+            step: 0,
+            precision: Precision::F32,
+            arena: None,
+            decode: None,
+            quantized: Some(quantized),
+        })
     }
 
     /// Empty key/value caches for one sequence of up to `max_seq_len` positions.
@@ -834,24 +1050,31 @@ impl<B: Backend> TransformerModel<B> {
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
         };
-        b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?;
+        match &self.quantized {
+            Some(qp) => b.q8_embedding(&mut a.x, &qp.embed.0, &qp.embed.1, ids, c.vocab_size, d)?,
+            None => b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?,
+        }
         for l in 0..c.n_layers {
             let p = &self.params.layers[l];
+            let w = Lin {
+                f: p,
+                q: self.quantized.as_ref().map(|q| &q.layers[l]),
+            };
             b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &p.attn_norm, r, d, c.norm_eps)?;
-            b.matmul(&mut a.q, &a.h, &p.wq, &mm(r, q, d).trans_b(true))?;
-            b.matmul(&mut a.k, &a.h, &p.wk, &mm(r, kv, d).trans_b(true))?;
-            b.matmul(&mut a.v, &a.h, &p.wv, &mm(r, kv, d).trans_b(true))?;
+            w.apply(b, Proj::Q, &mut a.q, &a.h, r, q, d, 0.0, prec)?;
+            w.apply(b, Proj::K, &mut a.k, &a.h, r, kv, d, 0.0, prec)?;
+            w.apply(b, Proj::V, &mut a.v, &a.h, r, kv, d, 0.0, prec)?;
             b.rope_forward(&mut a.q, &rope_q)?;
             b.rope_forward(&mut a.k, &rope_k)?;
             b.copy_range(&mut cache.k[l], pos * kv, &a.k, 0, r * kv)?;
             b.copy_range(&mut cache.v[l], pos * kv, &a.v, 0, r * kv)?;
             b.attention_forward(&mut a.att, &mut a.lse, &a.q, &cache.k[l], &cache.v[l], &spec)?;
-            b.matmul(&mut a.x, &a.att, &p.wo, &mm(r, d, q).trans_b(true).accumulate())?;
+            w.apply(b, Proj::O, &mut a.x, &a.att, r, d, q, 1.0, prec)?;
             b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &p.ffn_norm, r, d, c.norm_eps)?;
-            b.matmul(&mut a.gate, &a.h, &p.w_gate, &mm(r, f, d).trans_b(true))?;
-            b.matmul(&mut a.up, &a.h, &p.w_up, &mm(r, f, d).trans_b(true))?;
+            w.apply(b, Proj::Gate, &mut a.gate, &a.h, r, f, d, 0.0, prec)?;
+            w.apply(b, Proj::Up, &mut a.up, &a.h, r, f, d, 0.0, prec)?;
             b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
-            b.matmul(&mut a.x, &a.s, &p.w_down, &mm(r, d, f).trans_b(true).accumulate())?;
+            w.apply(b, Proj::Down, &mut a.x, &a.s, r, d, f, 1.0, prec)?;
         }
         b.rmsnorm_forward(
             &mut a.h,
@@ -864,12 +1087,24 @@ impl<B: Backend> TransformerModel<B> {
         )?;
         b.copy_range(&mut a.last, 0, &a.h, (r - 1) * d, d)?;
         // Only the last position's logits: one (1, d) x (d, vocab) product.
-        b.matmul(
-            &mut a.logits,
-            &a.last,
-            &self.params.embed,
-            &mm(1, c.vocab_size, d).trans_b(true),
-        )?;
+        match &self.quantized {
+            Some(qp) => b.q8_matmul(
+                &mut a.logits,
+                &a.last,
+                &qp.embed.0,
+                &qp.embed.1,
+                1,
+                c.vocab_size,
+                d,
+                0.0,
+            )?,
+            None => b.matmul(
+                &mut a.logits,
+                &a.last,
+                &self.params.embed,
+                &mm(1, c.vocab_size, d).trans_b(true),
+            )?,
+        }
         cache.len += r;
         b.download(&a.logits)
     }
@@ -903,6 +1138,7 @@ impl<B: Backend> TransformerModel<B> {
     /// Forward and backward: adds the gradient of this batch's mean loss (over its counted
     /// positions) to `grads`, and returns the loss.
     pub fn accumulate(&mut self, tb: &TokenBatch) -> Result<LossSum> {
+        self.refuse_if_quantized("training")?;
         let count = tb.counted();
         if count == 0 {
             return Err(batch_err(
@@ -1053,7 +1289,73 @@ impl<B: Backend> TransformerModel<B> {
         })
     }
 
+    /// Rounds every matrix to int8 with per-row absmax scales (the norm weights stay f32),
+    /// then frees the f32 matrices, the gradients and the optimizer state: one-way,
+    /// inference only. Calling it again does nothing.
+    pub fn quantize(&mut self) -> Result<()> {
+        if self.quantized.is_some() {
+            return Ok(());
+        }
+        let c = self.config.clone();
+        let (d, q, kv, f) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
+        let b = &self.backend;
+        let quant = |buf: &B::Buffer, rows: usize, cols: usize| -> Result<(B::Buffer, B::Buffer)> {
+            let host = b.download(buf)?;
+            let (packed, scales) = crate::ops::q8::quantize_rows(&host, rows, cols)?;
+            Ok((b.upload(&packed)?, b.upload(&scales)?))
+        };
+        let mut layers = Vec::new();
+        for p in &self.params.layers {
+            layers.push(QuantLayer {
+                wq: quant(&p.wq, q, d)?,
+                wk: quant(&p.wk, kv, d)?,
+                wv: quant(&p.wv, kv, d)?,
+                wo: quant(&p.wo, d, q)?,
+                w_gate: quant(&p.w_gate, f, d)?,
+                w_up: quant(&p.w_up, f, d)?,
+                w_down: quant(&p.w_down, d, f)?,
+            });
+        }
+        let embed = quant(&self.params.embed, c.vocab_size, d)?;
+        self.quantized = Some(QuantParams { embed, layers });
+        // Free what an int8 model no longer has: f32 matrices, gradients, moments, arenas.
+        let empty = |b: &B| b.zeros(0);
+        self.params.embed = empty(b)?;
+        for p in &mut self.params.layers {
+            for m in [
+                &mut p.wq,
+                &mut p.wk,
+                &mut p.wv,
+                &mut p.wo,
+                &mut p.w_gate,
+                &mut p.w_up,
+                &mut p.w_down,
+            ] {
+                *m = empty(b)?;
+            }
+        }
+        for set in [&mut self.grads, &mut self.m, &mut self.v] {
+            for buf in set.all_mut() {
+                *buf = empty(b)?;
+            }
+        }
+        self.arena = None;
+        self.decode = None;
+        Ok(())
+    }
+
+    fn refuse_if_quantized(&self, what: &str) -> Result<()> {
+        if self.quantized.is_some() {
+            return Err(CoreError::InvalidArgument {
+                op: "transformer",
+                message: format!("{what}: the model is quantized (int8, inference only); reload the f32 checkpoint to train"),
+            });
+        }
+        Ok(())
+    }
+
     pub fn zero_grad(&mut self) -> Result<()> {
+        self.refuse_if_quantized("zero_grad")?;
         for g in self.grads.all_mut() {
             self.backend.fill(g, 0.0)?;
         }
@@ -1072,6 +1374,7 @@ impl<B: Backend> TransformerModel<B> {
     /// One AdamW (or SGD) step with the accumulated gradients times `grad_scale`; weight
     /// decay applies to the embedding and the projections, never to norm weights.
     pub fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> Result<()> {
+        self.refuse_if_quantized("step")?;
         optimizer.validate()?;
         self.step += 1;
         let decays: Vec<bool> = self.params.named().iter().map(|(_, _, d)| *d).collect();
