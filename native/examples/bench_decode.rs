@@ -31,6 +31,22 @@ fn read_bandwidth_gb_s(bytes: usize) -> f64 {
     (data.len() * 4) as f64 / best / 1e9
 }
 
+/// One warm-up generation, then a timed prefill and `new` single-token greedy steps;
+/// returns (prefill seconds, decode tokens/s).
+fn decode_run(model: &mut TransformerLm, prompt: &[u32], new: usize) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    model.generate(prompt, 8.min(new), &mut Sampler::greedy())?;
+    let mut decoder = model.decoder()?;
+    let t = Instant::now();
+    decoder.feed(prompt)?;
+    let prefill = t.elapsed().as_secs_f64();
+    let mut greedy = Sampler::greedy();
+    let t = Instant::now();
+    for _ in 0..new {
+        decoder.next(&mut greedy)?;
+    }
+    Ok((prefill, new as f64 / t.elapsed().as_secs_f64()))
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let prompt_len = args.first().copied().unwrap_or(16).max(1);
@@ -48,20 +64,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = Rng::new(3);
     let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(4096) as u32).collect();
 
-    // Warm-up run, then the timed one: prefill, then `new_tokens` single-token steps.
-    model.generate(&prompt, 8.min(new_tokens), &mut Sampler::greedy())?;
-    let mut decoder = model.decoder()?;
-    let t = Instant::now();
-    decoder.feed(&prompt)?;
-    let prefill = t.elapsed().as_secs_f64();
-    let mut greedy = Sampler::greedy();
-    let t = Instant::now();
-    for _ in 0..new_tokens {
-        decoder.next(&mut greedy)?;
-    }
-    let decode = t.elapsed().as_secs_f64();
-    let tps = new_tokens as f64 / decode;
-    drop(decoder);
+    let (prefill, tps) = decode_run(&mut model, &prompt, new_tokens)?;
+    let mut q8 = TransformerLm::builder()
+        .vocab_size(4096)
+        .d_model(256)
+        .n_layers(6)
+        .heads(8, 2, 32)
+        .d_ff(704)
+        .max_seq_len(prompt_len + new_tokens + 1)
+        .seed(0)
+        .build()?;
+    q8.quantize()?;
+    let (_, tps_q8) = decode_run(&mut q8, &prompt, new_tokens)?;
 
     // Bytes per decoded token: every weight once (the tied embedding is read as the head)
     // plus the keys and values of the positions so far (their mean over the run).
@@ -69,6 +83,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mean_pos = prompt_len as f64 + new_tokens as f64 / 2.0;
     let kv = 2.0 * config.n_layers as f64 * mean_pos * config.kv_dim() as f64 * 4.0;
     let per_token = weights + kv;
+    // Q8: one byte a weight plus a 4-byte scale a row (norms stay f32, negligible).
+    let per_token_q8 = weights / 4.0 + kv;
     // The weights (21 MB at this shape) fit in this machine's 32 MiB L3, so the bound that
     // matters is the bandwidth at the working set's size; DRAM's is printed beside it.
     let bw = read_bandwidth_gb_s(per_token as usize);
@@ -124,6 +140,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         per_token / 1e6,
         tps * per_token / 1e9,
         100.0 * tps * per_token / 1e9 / bw
+    );
+    println!(
+        "{:<28} {:>10.1} {:>14.2} {:>12.1} {:>8.0}%   ({:.2}x f32)",
+        "rusting_brain (cpu, q8)",
+        tps_q8,
+        per_token_q8 / 1e6,
+        tps_q8 * per_token_q8 / 1e9,
+        100.0 * tps_q8 * per_token_q8 / 1e9 / bw,
+        tps_q8 / tps
     );
     println!(
         "measured read bandwidth: {bw:.1} GB/s over a {:.0} MB buffer (the working set; \"of peak\" is against this), {dram:.1} GB/s over 512 MiB",
