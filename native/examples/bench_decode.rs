@@ -33,7 +33,11 @@ fn read_bandwidth_gb_s(bytes: usize) -> f64 {
 
 /// One warm-up generation, then a timed prefill and `new` single-token greedy steps;
 /// returns (prefill seconds, decode tokens/s).
-fn decode_run(model: &mut TransformerLm, prompt: &[u32], new: usize) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+fn decode_run(
+    model: &mut TransformerLm,
+    prompt: &[u32],
+    new: usize,
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     model.generate(prompt, 8.min(new), &mut Sampler::greedy())?;
     let mut decoder = model.decoder()?;
     let t = Instant::now();

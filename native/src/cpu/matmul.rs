@@ -12,6 +12,10 @@ use super::simd;
 
 /// Below this many multiply-adds the product runs on one thread: splitting costs more.
 const PARALLEL_MACS: f64 = 64.0 * 64.0 * 64.0;
+/// Matrix elements below which a GEMV stays on one thread: waking rayon's workers costs
+/// more than reading a matrix under ~1 MiB (seen as 30% of a decode step in the
+/// scheduler before this threshold).
+pub(crate) const PARALLEL_GEMV: usize = 1 << 18;
 /// Output elements per GEMV task.
 const GEMV_CHUNK: usize = 256;
 
@@ -155,7 +159,7 @@ fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, 
             store(&mut o[i], simd::dot(row(i), vec), alpha, beta);
         }
     };
-    if out.len() * cols >= 1 << 15 {
+    if out.len() * cols >= PARALLEL_GEMV {
         out.par_chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
     } else {
         out.chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
@@ -175,7 +179,7 @@ fn sum_rows(out: &mut [f32], mat: &[f32], vec: &[f32], width: usize, alpha: f32,
         simd::sum_rows(&mut acc, &mat[p0 * width..(p0 + x.len()) * width], x, width);
         acc
     };
-    let partials: Vec<Vec<f32>> = if out.len() * vec.len() >= 1 << 15 {
+    let partials: Vec<Vec<f32>> = if out.len() * vec.len() >= PARALLEL_GEMV {
         vec.par_chunks(rows_per_block).enumerate().map(block).collect()
     } else {
         vec.chunks(rows_per_block).enumerate().map(block).collect()

@@ -37,13 +37,19 @@ pub fn q8_matmul(
     let row = |j: usize| &w[j * pc * 4..j * pc * 4 + k];
     let store = |o: &mut f32, v: f32| *o = if beta == 0.0 { v } else { v + beta * *o };
     if m == 1 {
-        // Decode: one task per block of 64 outputs, each streaming its weight rows once.
-        out.par_chunks_mut(64).enumerate().for_each(|(c, o)| {
+        // Decode: one task per block of 64 outputs, each streaming its weight rows once;
+        // one thread when the matrix is small (see matmul::PARALLEL_GEMV).
+        let work = |(c, o): (usize, &mut [f32])| {
             for (u, y) in o.iter_mut().enumerate() {
                 let j = c * 64 + u;
                 store(y, scales[j] * simd::dot_q8(x, row(j)));
             }
-        });
+        };
+        if n * k >= super::matmul::PARALLEL_GEMV {
+            out.par_chunks_mut(64).enumerate().for_each(work);
+        } else {
+            out.chunks_mut(64).enumerate().for_each(work);
+        }
     } else {
         out.par_chunks_mut(n).zip(x.par_chunks(k)).for_each(|(o, xi)| {
             for (j, y) in o.iter_mut().enumerate() {
