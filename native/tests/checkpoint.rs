@@ -149,7 +149,23 @@ fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
         e.contains("mlp.gate_proj.weight") && e.contains("the config needs [40, 32]"),
         "{e}"
     );
-    // A missing tensor: a file of another format altogether.
+    // A missing tensor: the same file rebuilt without one.
+    {
+        let st = safetensors::SafeTensors::deserialize(&good).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&good).unwrap();
+        let kept: Vec<(String, safetensors::tensor::TensorView)> = st
+            .tensors()
+            .into_iter()
+            .filter(|(n, _)| n != "model.layers.0.mlp.up_proj.weight")
+            .collect();
+        let bytes = safetensors::tensor::serialize(kept, meta.metadata().clone()).unwrap();
+        let e = err(write("missing.rbw", &bytes));
+        assert!(
+            e.contains("model.layers.0.mlp.up_proj.weight") && e.contains("missing tensor"),
+            "{e}"
+        );
+    }
+    // A file of another format altogether.
     let e = err(d.path("good.opt"));
     assert!(e.contains("format"), "{e}");
     let e = err(d.path("nothing.rbw"));
