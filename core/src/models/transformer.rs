@@ -85,6 +85,24 @@ impl TransformerConfig {
         }
         Ok(())
     }
+    /// RoPE over the query and the key heads of `batch` x `seq` positions from `pos_offset`.
+    pub fn rope_specs(&self, batch: usize, seq: usize, pos_offset: usize) -> (RopeSpec, RopeSpec) {
+        let q = RopeSpec {
+            batch,
+            seq,
+            heads: self.q_heads,
+            head_dim: self.head_dim,
+            pos_offset,
+            theta: self.rope_theta,
+        };
+        (
+            q,
+            RopeSpec {
+                heads: self.kv_heads,
+                ..q
+            },
+        )
+    }
     pub fn q_dim(&self) -> usize {
         self.q_heads * self.head_dim
     }
@@ -760,18 +778,7 @@ impl<B: Backend> TransformerModel<B> {
         let (n, d, q, kv, f) = (tb.batch * tb.seq, c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
         let b = &self.backend;
         let arena = self.arena.as_mut().expect("ensured above");
-        let rope_q = RopeSpec {
-            batch: tb.batch,
-            seq: tb.seq,
-            heads: c.q_heads,
-            head_dim: c.head_dim,
-            pos_offset: 0,
-            theta: c.rope_theta,
-        };
-        let rope_k = RopeSpec {
-            heads: c.kv_heads,
-            ..rope_q
-        };
+        let (rope_q, rope_k) = c.rope_specs(tb.batch, tb.seq, 0);
         let att_spec = AttentionSpec::causal(tb.batch, tb.seq, c.q_heads, c.kv_heads, c.head_dim);
         let prec = self.precision;
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
@@ -1029,18 +1036,7 @@ impl<B: Backend> TransformerModel<B> {
         let prec = self.precision;
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
         let pos = cache.len;
-        let rope_q = RopeSpec {
-            batch: 1,
-            seq: r,
-            heads: c.q_heads,
-            head_dim: c.head_dim,
-            pos_offset: pos,
-            theta: c.rope_theta,
-        };
-        let rope_k = RopeSpec {
-            heads: c.kv_heads,
-            ..rope_q
-        };
+        let (rope_q, rope_k) = c.rope_specs(1, r, pos);
         let spec = AttentionSpec {
             batch: 1,
             q_len: r,
@@ -1185,18 +1181,7 @@ impl<B: Backend> TransformerModel<B> {
             n,
             d,
         )?;
-        let rope_q = RopeSpec {
-            batch: tb.batch,
-            seq: tb.seq,
-            heads: c.q_heads,
-            head_dim: c.head_dim,
-            pos_offset: 0,
-            theta: c.rope_theta,
-        };
-        let rope_k = RopeSpec {
-            heads: c.kv_heads,
-            ..rope_q
-        };
+        let (rope_q, rope_k) = c.rope_specs(tb.batch, tb.seq, 0);
         let att_spec = AttentionSpec::causal(tb.batch, tb.seq, c.q_heads, c.kv_heads, c.head_dim);
         for l in (0..c.n_layers).rev() {
             let (p, g, a) = (&params.layers[l], &mut grads.layers[l], &arena.layers[l]);

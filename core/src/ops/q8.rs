@@ -66,6 +66,22 @@ pub fn check_q8(op: &'static str, packed: usize, scales: usize, n: usize, k: usi
     check_len(op, "scales", scales, n)
 }
 
+/// The contract of `q8_matmul`, shared by every backend (buffer lengths).
+pub fn check_q8_matmul(
+    out: usize,
+    x: usize,
+    packed: usize,
+    scales: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    const OP: &str = "q8_matmul";
+    check_q8(OP, packed, scales, n, k)?;
+    check_len(OP, "x", x, product(OP, &[m, k])?)?;
+    check_len(OP, "out", out, product(OP, &[m, n])?)
+}
+
 /// `out (m x n) = x (m x k) W^T + beta * out`, W the dequantized (n x k) int8 weight: the
 /// `Linear` product with weights stored at one byte each.
 #[allow(clippy::too_many_arguments)]
@@ -79,10 +95,7 @@ pub fn q8_matmul<T: Real>(
     k: usize,
     beta: f32,
 ) -> Result<()> {
-    const OP: &str = "q8_matmul";
-    check_q8(OP, packed.len(), scales.len(), n, k)?;
-    check_len(OP, "x", x.len(), product(OP, &[m, k])?)?;
-    check_len(OP, "out", out.len(), product(OP, &[m, n])?)?;
+    check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let pc = packed_cols(k);
     for i in 0..m {
         for j in 0..n {

@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 use rusting_brain_core::error::{check_len, product};
 use rusting_brain_core::ops::embedding::check_ids;
-use rusting_brain_core::ops::q8::{check_q8, packed_cols};
+use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols};
 use rusting_brain_core::Result;
 
 use super::simd;
@@ -28,10 +28,7 @@ pub fn q8_matmul(
     k: usize,
     beta: f32,
 ) -> Result<()> {
-    const OP: &str = "q8_matmul";
-    check_q8(OP, packed.len(), scales.len(), n, k)?;
-    check_len(OP, "x", x.len(), product(OP, &[m, k])?)?;
-    check_len(OP, "out", out.len(), product(OP, &[m, n])?)?;
+    check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let pc = packed_cols(k);
     let w = as_i8(packed);
     let row = |j: usize| &w[j * pc * 4..j * pc * 4 + k];
