@@ -1,5 +1,8 @@
 //! Int8 weights with one f32 scale per output row (absmax / 127), and the products that
-//! read them. Four int8 values are packed into each f32 slot of an ordinary buffer, in
+//! read them. The product quantizes each activation row the same way (absmax / 127, so
+//! a row is int8 with its own scale) and sums int8 x int8 in i32, exactly: every backend
+//! gets the same integer, and the result `acc * x_scale * w_scale` is bit-identical
+//! across backends — which is also what lets the CPU use VNNI's int8 dot products. Four int8 values are packed into each f32 slot of an ordinary buffer, in
 //! memory order (`f32::from_ne_bytes`), so every backend stores them without a new buffer
 //! type and a kernel can read the slot's bytes as `i8`s directly.
 
@@ -82,12 +85,26 @@ pub fn check_q8_matmul(
     check_len(OP, "out", out, product(OP, &[m, n])?)
 }
 
-/// `out (m x n) = x (m x k) W^T + beta * out`, W the dequantized (n x k) int8 weight: the
-/// `Linear` product with weights stored at one byte each.
+/// An activation row rounded to int8: the values and the row's scale (absmax / 127).
+pub fn quantize_activations(x: &[f32]) -> (Vec<i8>, f32) {
+    let absmax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale = absmax / 127.0;
+    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    (
+        x.iter()
+            .map(|&v| libm::roundf(v * inv).clamp(-127.0, 127.0) as i8)
+            .collect(),
+        scale,
+    )
+}
+
+/// `out (m x n) = x (m x k) W^T + beta * out`, W the (n x k) int8 weight: the `Linear`
+/// product at one byte per weight. Each row of `x` is quantized to int8 first (see the
+/// module docs); the i32 sum is exact, then scaled by `x_scale * w_scale`.
 #[allow(clippy::too_many_arguments)]
-pub fn q8_matmul<T: Real>(
-    out: &mut [T],
-    x: &[T],
+pub fn q8_matmul(
+    out: &mut [f32],
+    x: &[f32],
     packed: &[f32],
     scales: &[f32],
     m: usize,
@@ -98,18 +115,15 @@ pub fn q8_matmul<T: Real>(
     check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let pc = packed_cols(k);
     for i in 0..m {
+        let (xq, sx) = quantize_activations(&x[i * k..(i + 1) * k]);
         for j in 0..n {
             let row = &packed[j * pc..(j + 1) * pc];
-            let mut acc = T::ZERO;
+            let mut acc = 0i32;
             for c in 0..k {
-                acc += T::from_f32(q8_at(row, c) as f32) * x[i * k + c];
+                acc += q8_at(row, c) as i32 * xq[c] as i32;
             }
-            let v = acc * T::from_f32(scales[j]);
-            out[i * n + j] = if beta == 0.0 {
-                v
-            } else {
-                v + T::from_f32(beta) * out[i * n + j]
-            };
+            let v = acc as f32 * sx * scales[j];
+            out[i * n + j] = if beta == 0.0 { v } else { v + beta * out[i * n + j] };
         }
     }
     Ok(())

@@ -1,11 +1,13 @@
-//! Int8 products on the CPU: rows of int8 weights converted to f32 on the fly inside a
-//! SIMD dot product (the weights cross the memory bus at one byte each, which is what
-//! decoding is bound by). Twin of `rusting_brain_core::ops::q8`.
+//! Int8 products on the CPU: each activation row is rounded to int8 (its own scale), then
+//! int8 x int8 dot products in i32 — AVX-512 VNNI `vpdpbusd` where the CPU has it, widening
+//! SIMD loops elsewhere — exactly the integers the reference computes. The weights cross
+//! the memory bus at one byte each, which is what decoding is bound by.
+//! Twin of `rusting_brain_core::ops::q8`.
 
 use rayon::prelude::*;
 use rusting_brain_core::error::{check_len, product};
 use rusting_brain_core::ops::embedding::check_ids;
-use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols};
+use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols, quantize_activations};
 use rusting_brain_core::Result;
 
 use super::simd;
@@ -32,14 +34,18 @@ pub fn q8_matmul(
     let pc = packed_cols(k);
     let w = as_i8(packed);
     let row = |j: usize| &w[j * pc * 4..j * pc * 4 + k];
-    let store = |o: &mut f32, v: f32| *o = if beta == 0.0 { v } else { v + beta * *o };
+    let store = |o: &mut f32, acc: i32, sx: f32, j: usize| {
+        let v = acc as f32 * sx * scales[j];
+        *o = if beta == 0.0 { v } else { v + beta * *o };
+    };
     if m == 1 {
         // Decode: one task per block of 64 outputs, each streaming its weight rows once;
         // one thread when the matrix is small (see matmul::PARALLEL_GEMV).
+        let (xq, sx) = quantize_activations(x);
         let work = |(c, o): (usize, &mut [f32])| {
             for (u, y) in o.iter_mut().enumerate() {
                 let j = c * 64 + u;
-                store(y, scales[j] * simd::dot_q8(x, row(j)));
+                store(y, simd::dot_i8(&xq, row(j)), sx, j);
             }
         };
         if n * k >= super::matmul::PARALLEL_GEMV {
@@ -49,8 +55,9 @@ pub fn q8_matmul(
         }
     } else {
         out.par_chunks_mut(n).zip(x.par_chunks(k)).for_each(|(o, xi)| {
+            let (xq, sx) = quantize_activations(xi);
             for (j, y) in o.iter_mut().enumerate() {
-                store(y, scales[j] * simd::dot_q8(xi, row(j)));
+                store(y, simd::dot_i8(&xq, row(j)), sx, j);
             }
         });
     }
