@@ -53,13 +53,13 @@ impl TransformerConfig {
                 return Err(invalid(format!("{name} must be at least 1")));
             }
         }
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(invalid(format!(
                 "{} query heads are not a multiple of {} key/value heads",
                 self.q_heads, self.kv_heads
             )));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(invalid(format!(
                 "head_dim {} is odd; rotary embeddings rotate pairs",
                 self.head_dim

@@ -43,7 +43,7 @@ impl AttentionSpec {
     pub fn check(&self, op: &'static str) -> Result<(usize, usize, usize)> {
         nonzero(op, "head_dim", self.head_dim)?;
         nonzero(op, "kv_heads", self.kv_heads)?;
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(CoreError::InvalidDimension {
                 op,
                 message: alloc::format!(

@@ -23,7 +23,7 @@ pub struct RopeSpec {
 impl RopeSpec {
     pub fn check(&self, op: &'static str, len: usize) -> Result<()> {
         nonzero(op, "head_dim", self.head_dim)?;
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(CoreError::InvalidDimension {
                 op,
                 message: alloc::format!("head_dim must be even for RoPE, got {}", self.head_dim),

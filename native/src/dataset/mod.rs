@@ -332,7 +332,7 @@ impl Dataset {
     /// [`Dataset::from_image_folder`]), so `input_size` must be a multiple of `width`.
     pub fn flip_horizontal(&mut self, width: usize) -> Result<()> {
         let w = self.input_size();
-        if width == 0 || w % width != 0 {
+        if width == 0 || !w.is_multiple_of(width) {
             return Err(NetworkError::InvalidInput(format!(
                 "flip_horizontal({width}): the rows have {w} values, not a whole number of {width}-pixel lines"
             )));
