@@ -1,0 +1,378 @@
+//! Train a small language model on the bundled corpus and generate text with it.
+//!
+//!     cargo run --release -p rusting_brain --example language_model               # train, then sample
+//!     cargo run --release -p rusting_brain --example language_model -- train [--steps N] [--corpus FILE]
+//!     cargo run --release -p rusting_brain --example language_model -- generate "prompt" \
+//!         [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--q8]
+//!     cargo run --release -p rusting_brain --example language_model -- chat
+//!
+//! The corpus is the text of the Rust book and Rust by Example (examples/data/corpus, see
+//! NOTICE.txt there); `--corpus` takes a .txt, .txt.gz or .jsonl (field "text") instead.
+//! `train` learns a byte-level BPE vocabulary (Hugging Face `tokenizers`), writes the token
+//! files, trains with warmup-cosine, clipping and held-out evaluation, and leaves
+//! `model.rbw`, `tokenizer.json` and `loss.svg` in `target/language_model/`; `generate` and
+//! `chat` are separate runs that read those back.
+
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rusting_brain::{Optimizer, Precision, Sampler, Schedule, TokenFile, TransformerLm};
+use tokenizers::models::bpe::{BpeTrainer, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, Tokenizer,
+    TokenizerBuilder,
+};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const VOCAB: usize = 2048;
+const SEQ: usize = 128;
+const BATCH: usize = 16;
+const END: &str = "<|end|>";
+/// About 2.5 minutes on the 2-core development VM (15K tokens/s), ~4.8 passes over the corpus.
+const DEFAULT_STEPS: u64 = 1000;
+
+fn out_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/language_model"))
+}
+
+fn corpus_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/corpus"))
+}
+
+/// Reads a .txt, .txt.gz or .jsonl (one document per line, field "text") into text.
+fn read_text(path: &Path) -> Result<String, Error> {
+    let name = path.to_string_lossy();
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if name.ends_with(".gz") {
+        let mut s = String::new();
+        flate2::read::GzDecoder::new(file)
+            .read_to_string(&mut s)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(s)
+    } else if name.ends_with(".jsonl") {
+        let mut s = String::new();
+        for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+            let line = line?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(&line)
+                .map_err(|e| format!("{}: line {}: {e}", path.display(), i + 1))?;
+            let text = v["text"]
+                .as_str()
+                .ok_or_else(|| format!("{}: line {}: no string field \"text\"", path.display(), i + 1))?;
+            s.push_str(text);
+            s.push('\n');
+        }
+        Ok(s)
+    } else {
+        Ok(std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?)
+    }
+}
+
+fn model(max_seq: usize) -> Result<TransformerLm, Error> {
+    Ok(TransformerLm::builder()
+        .vocab_size(VOCAB)
+        .d_model(192)
+        .n_layers(4)
+        .heads(6, 2, 32)
+        .d_ff(512)
+        .max_seq_len(max_seq)
+        .optimizer(Optimizer::adam(2e-3).betas(0.9, 0.95).weight_decay(0.1))
+        .seed(7)
+        .build()?)
+}
+
+fn train_tokenizer(train_txt: &Path, out: &Path) -> Result<Tokenizer, Error> {
+    let mut trainer = BpeTrainer::builder()
+        .vocab_size(VOCAB)
+        .min_frequency(2)
+        .show_progress(false)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .special_tokens(vec![AddedToken::from(END, true)])
+        .build();
+    let mut tokenizer = TokenizerBuilder::<
+        BPE,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >::default()
+    .with_model(BPE::default())
+    .with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(
+        ByteLevel::default().add_prefix_space(false),
+    )))
+    .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())))
+    .build()?;
+    tokenizer.train_from_files(&mut trainer, vec![train_txt.to_string_lossy().into_owned()])?;
+    tokenizer.save(out, false)?;
+    Tokenizer::from_file(out)
+}
+
+/// Unigram entropy of a token sequence, in nats: the loss of a model that knows only
+/// token frequencies, the bar a language model must get under.
+fn unigram_entropy(ids: &[u32]) -> f64 {
+    let mut counts = vec![0usize; VOCAB];
+    ids.iter().for_each(|&i| counts[i as usize] += 1);
+    let n = ids.len() as f64;
+    counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| c as f64 / n)
+        .map(|p| -p * p.ln())
+        .sum()
+}
+
+fn held_out_loss(model: &mut TransformerLm, file: &mut TokenFile, max_chunks: usize) -> Result<f32, Error> {
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    let mut i = 0;
+    while let Some(b) = file.chunk(i, BATCH, SEQ)? {
+        let l = model.evaluate(&b)?;
+        sum += l.lm_loss as f64 * l.tokens as f64;
+        n += l.tokens;
+        i += 1;
+        if i == max_chunks {
+            break;
+        }
+    }
+    Ok((sum / n.max(1) as f64) as f32)
+}
+
+fn plot(path: &Path, train: &[(u64, f32)], held: &[(u64, f32)], steps: u64) -> Result<(), Error> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let top = train.iter().chain(held).map(|p| p.1).fold(0.0f32, f32::max) * 1.05;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("language_model: loss per token (nats)", ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0u64..steps, 0f32..top)?;
+    chart.configure_mesh().x_desc("step").y_desc("loss").draw()?;
+    chart
+        .draw_series(LineSeries::new(train.iter().copied(), &BLUE))?
+        .label("train")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    chart
+        .draw_series(LineSeries::new(held.iter().copied(), &RED))?
+        .label("held-out")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn train(steps: u64, corpus: Option<PathBuf>) -> Result<(), Error> {
+    let dir = out_dir();
+    std::fs::create_dir_all(&dir)?;
+    let t0 = Instant::now();
+    let (train_text, held_text) = match &corpus {
+        Some(p) => {
+            let text = read_text(p)?;
+            // A user corpus: the last tenth (at a line break) is held out.
+            let cut = text[..text.len() * 9 / 10]
+                .rfind('\n')
+                .unwrap_or(text.len() * 9 / 10);
+            (text[..cut].to_string(), text[cut..].to_string())
+        }
+        None => (
+            read_text(&corpus_dir().join("train.txt.gz"))?,
+            read_text(&corpus_dir().join("heldout.txt.gz"))?,
+        ),
+    };
+    let train_txt = dir.join("train.txt");
+    std::fs::write(&train_txt, &train_text)?;
+    let tokenizer = train_tokenizer(&train_txt, &dir.join("tokenizer.json"))?;
+    let encode = |t: &str| -> Result<Vec<u32>, Error> { Ok(tokenizer.encode(t, false)?.get_ids().to_vec()) };
+    let (train_ids, held_ids) = (encode(&train_text)?, encode(&held_text)?);
+    TokenFile::write(dir.join("train.bin"), &train_ids)?;
+    TokenFile::write(dir.join("heldout.bin"), &held_ids)?;
+    let entropy = unigram_entropy(&train_ids);
+    println!(
+        "corpus: {} train and {} held-out tokens, vocabulary {VOCAB} (BPE trained in {:.1} s); unigram entropy {entropy:.3} nats",
+        train_ids.len(),
+        held_ids.len(),
+        t0.elapsed().as_secs_f64()
+    );
+
+    let mut model = model(SEQ)?;
+    println!("model: {}", model.parameter_counts());
+    let mut data = TokenFile::open(dir.join("train.bin"), 42)?;
+    let mut held = TokenFile::open(dir.join("heldout.bin"), 0)?;
+    let first = held_out_loss(&mut model, &mut held, 8)?;
+    println!(
+        "held-out loss at start {first:.3} (perplexity {:.0})",
+        first.exp()
+    );
+    let schedule = Schedule::warmup_cosine(2e-3, steps / 10 + 1, steps);
+    let bar = indicatif::ProgressBar::new(steps);
+    bar.set_style(indicatif::ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} {msg} ETA {eta}",
+    )?);
+    let (mut train_curve, mut held_curve) = (Vec::new(), vec![(0u64, first)]);
+    let t = Instant::now();
+    for step in 0..steps {
+        model.optimizer.set_learning_rate(schedule.rate(step));
+        let batch = data.batch(step, BATCH, SEQ)?;
+        model.zero_grad()?;
+        let loss = model.accumulate_step(&batch)?;
+        model.step_clipped(1.0, 1.0)?;
+        train_curve.push((step + 1, loss.lm_loss));
+        let tps = (step + 1) as f64 * (BATCH * SEQ) as f64 / t.elapsed().as_secs_f64();
+        bar.set_message(format!("loss {:.3}  {tps:.0} tokens/s", loss.lm_loss));
+        bar.inc(1);
+        if (step + 1) % 100 == 0 || step + 1 == steps {
+            held_curve.push((step + 1, held_out_loss(&mut model, &mut held, 8)?));
+        }
+    }
+    bar.finish_and_clear();
+    let secs = t.elapsed().as_secs_f64();
+    let last = held_out_loss(&mut model, &mut held, usize::MAX)?;
+    println!(
+        "trained {steps} steps in {secs:.0} s ({:.0} tokens/s); held-out loss {first:.3} -> {last:.3} (perplexity {:.1}), unigram entropy {entropy:.3}",
+        steps as f64 * (BATCH * SEQ) as f64 / secs,
+        last.exp()
+    );
+    model.save_bin(dir.join("model.rbw"), Precision::F32)?;
+    plot(&dir.join("loss.svg"), &train_curve, &held_curve, steps)?;
+    println!("wrote {}/{{model.rbw, tokenizer.json, loss.svg}}", dir.display());
+    Ok(())
+}
+
+struct Gen {
+    tokens: usize,
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    q8: bool,
+}
+
+fn load(q8: bool) -> Result<(TransformerLm, Tokenizer), Error> {
+    let dir = out_dir();
+    let mut model =
+        TransformerLm::load_bin(dir.join("model.rbw")).map_err(|e| format!("{e} (run `train` first)"))?;
+    if q8 {
+        model.quantize()?;
+    }
+    Ok((model, Tokenizer::from_file(dir.join("tokenizer.json"))?))
+}
+
+fn sampler(g: &Gen) -> Sampler {
+    Sampler::temperature(g.temperature, None)
+        .top_k(g.top_k)
+        .top_p(g.top_p)
+        .repetition_penalty(1.1)
+}
+
+/// Streams the continuation of `prompt`, printing text as ids arrive.
+fn generate(model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, g: &Gen) -> Result<(), Error> {
+    let ids = tok.encode(prompt, false)?.get_ids().to_vec();
+    let end = tok.token_to_id(END);
+    let mut sampler = sampler(g);
+    let mut out: Vec<u32> = Vec::new();
+    let mut printed = 0;
+    print!("{prompt}");
+    model.generate_with(&ids, g.tokens, &mut sampler, |id| {
+        if Some(id) == end {
+            return false;
+        }
+        out.push(id);
+        // Byte-level BPE: decode everything so far and print the new, complete characters.
+        if let Ok(text) = tok.decode(&out, false) {
+            let text = text.trim_end_matches('\u{fffd}');
+            if text.len() > printed {
+                print!("{}", &text[printed..]);
+                printed = text.len();
+                let _ = std::io::stdout().flush();
+            }
+        }
+        true
+    })?;
+    println!();
+    Ok(())
+}
+
+fn chat(g: &Gen) -> Result<(), Error> {
+    let (mut model, tok) = load(g.q8)?;
+    let mut decoder = model.decoder()?;
+    let mut sampler = sampler(g);
+    println!("chat: each line you type is fed to one decoder that keeps its cache; empty line quits");
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            break;
+        }
+        decoder.feed(tok.encode(format!("{line}\n").as_str(), false)?.get_ids())?;
+        let mut reply = Vec::new();
+        for _ in 0..g.tokens {
+            if decoder.logits().is_none() {
+                println!("(the context is full: {} positions)", decoder.capacity());
+                return Ok(());
+            }
+            let id = decoder.next(&mut sampler)?;
+            reply.push(id);
+            if tok.decode(&[id], false)?.contains('\n') {
+                break;
+            }
+        }
+        println!("> {}", tok.decode(&reply, false)?.trim_end());
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let num = |name: &str, default: f64| -> Result<f64, Error> {
+        flag(name).map_or(Ok(default), |v| {
+            v.parse::<f64>()
+                .map_err(|_| format!("{name} {v}: not a number").into())
+        })
+    };
+    let g = Gen {
+        tokens: num("--tokens", 120.0)? as usize,
+        temperature: num("--temperature", 0.8)? as f32,
+        top_k: num("--top-k", 40.0)? as usize,
+        top_p: num("--top-p", 0.95)? as f32,
+        q8: args.iter().any(|a| a == "--q8"),
+    };
+    match args.first().map(String::as_str) {
+        None => {
+            train(DEFAULT_STEPS, None)?;
+            let (mut model, tok) = load(false)?;
+            for prompt in ["The borrow checker", "fn main() {", "A trait"] {
+                println!("---");
+                generate(&mut model, &tok, prompt, &g)?;
+            }
+            Ok(())
+        }
+        Some("train") => train(
+            num("--steps", DEFAULT_STEPS as f64)? as u64,
+            flag("--corpus").map(PathBuf::from),
+        ),
+        Some("generate") => {
+            let prompt = args
+                .get(1)
+                .filter(|p| !p.starts_with("--"))
+                .ok_or("generate needs a prompt: generate \"fn main\"")?;
+            let (mut model, tok) = load(g.q8)?;
+            generate(&mut model, &tok, prompt, &g)
+        }
+        Some("chat") => chat(&g),
+        Some(other) => Err(format!("unknown subcommand `{other}` (train, generate, chat, or none)").into()),
+    }
+}
