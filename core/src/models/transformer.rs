@@ -351,6 +351,30 @@ impl<B: Backend> Params<B> {
             final_norm: b.zeros(c.d_model)?,
         })
     }
+    /// A set of zero-length buffers in the layout of `n_layers` blocks: what an int8 model
+    /// keeps in place of gradients and optimizer moments it does not have.
+    pub fn hollow(b: &B, n_layers: usize) -> Result<Self> {
+        let e = || b.zeros(0);
+        Ok(Params {
+            embed: e()?,
+            layers: (0..n_layers)
+                .map(|_| {
+                    Ok(LayerParams {
+                        attn_norm: e()?,
+                        wq: e()?,
+                        wk: e()?,
+                        wv: e()?,
+                        wo: e()?,
+                        ffn_norm: e()?,
+                        w_gate: e()?,
+                        w_up: e()?,
+                        w_down: e()?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            final_norm: e()?,
+        })
+    }
     /// Every tensor with its Hugging Face name and whether weight decay applies.
     pub fn named(&self) -> Vec<(String, &B::Buffer, bool)> {
         let mut out = alloc::vec![(String::from("model.embed_tokens.weight"), &self.embed, true)];
@@ -919,28 +943,11 @@ impl<B: Backend> TransformerModel<B> {
             layers,
             final_norm,
         };
-        let hollow = |b: &B| -> Result<Params<B>> {
-            Ok(Params {
-                embed: b.zeros(0)?,
-                layers: (0..config.n_layers)
-                    .map(|_| {
-                        Ok(LayerParams {
-                            attn_norm: b.zeros(0)?,
-                            wq: b.zeros(0)?,
-                            wk: b.zeros(0)?,
-                            wv: b.zeros(0)?,
-                            wo: b.zeros(0)?,
-                            ffn_norm: b.zeros(0)?,
-                            w_gate: b.zeros(0)?,
-                            w_up: b.zeros(0)?,
-                            w_down: b.zeros(0)?,
-                        })
-                    })
-                    .collect::<Result<_>>()?,
-                final_norm: b.zeros(0)?,
-            })
-        };
-        let (grads, m, v) = (hollow(b)?, hollow(b)?, hollow(b)?);
+        let (grads, m, v) = (
+            Params::hollow(b, config.n_layers)?,
+            Params::hollow(b, config.n_layers)?,
+            Params::hollow(b, config.n_layers)?,
+        );
         Ok(TransformerModel {
             backend,
             config,
