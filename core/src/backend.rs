@@ -233,19 +233,41 @@ pub trait Backend {
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum>;
 
-    // ----- int8 inference (see crate::ops::q8) -----
-    /// `out = x W^T + beta * out` with W (n x k) int8, packed four to a slot, one scale a row.
+    // ----- mixture of experts (see crate::ops::moe) -----
+    /// `out[t] += sum_j weight[t, j] * y[row_of_slot[t, j]]`; `out (n, dim)`,
+    /// `y (n * top_k, dim)`. Host-side routing tables, like token ids.
+    fn moe_combine(
+        &self,
+        out: &mut Self::Buffer,
+        y: &Self::Buffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// `dy` overwritten; returns the gradient of each slot's weight on the host.
     #[allow(clippy::too_many_arguments)]
+    fn moe_combine_backward(
+        &self,
+        dy: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        y: &Self::Buffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>>;
+
+    // ----- int8 inference (see crate::ops::q8) -----
+    /// `out = x W^T + beta * out` with W (n x k) int8, packed four to a slot, one scale a
+    /// row; `spec` as for an f32 `Linear` product (see [`crate::ops::q8::q8_operands`]).
     fn q8_matmul(
         &self,
         out: &mut Self::Buffer,
         x: &Self::Buffer,
         packed: &Self::Buffer,
         scales: &Self::Buffer,
-        m: usize,
-        n: usize,
-        k: usize,
-        beta: f32,
+        spec: &MatmulSpec,
     ) -> Result<()>;
     /// Rows of an int8 table, dequantized.
     #[allow(clippy::too_many_arguments)]

@@ -13,8 +13,8 @@ use alloc::vec::Vec;
 use crate::backend::*;
 use crate::error::check_len;
 use crate::ops::{
-    activation, attention, cross_entropy, elementwise, embedding, l2norm, loss, matmul, optim, q8, rmsnorm,
-    rope, softmax, swiglu,
+    activation, attention, cross_entropy, elementwise, embedding, l2norm, loss, matmul, moe, optim, q8,
+    rmsnorm, rope, softmax, swiglu,
 };
 use crate::{Activation, Loss, Result};
 
@@ -314,19 +314,44 @@ impl Backend for ReferenceBackend {
             cross_entropy::cross_entropy(l, targets, mask, rows, vocab, grad_scale)
         })
     }
+    fn moe_combine(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        in_f64([out], |[o]| {
+            moe::moe_combine(o, &wide(y), row_of_slot, weight, top_k, dim)
+        })
+    }
+    fn moe_combine_backward(
+        &self,
+        dy: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        y: &Vec<f32>,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>> {
+        in_f64([dy], |[d]| {
+            moe::moe_combine_backward(d, &wide(dout), &wide(y), row_of_slot, weight, top_k, dim)
+        })
+    }
     fn q8_matmul(
         &self,
         out: &mut Vec<f32>,
         x: &Vec<f32>,
         packed: &Vec<f32>,
         scales: &Vec<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-        beta: f32,
+        spec: &MatmulSpec,
     ) -> Result<()> {
         // Exact integer sums: no f64 detour needed.
-        q8::q8_matmul(out, x, packed, scales, m, n, k, beta)
+        let (x, out) = q8::q8_operands(spec, x, out)?;
+        q8::q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
     }
     fn q8_embedding(
         &self,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use rusting_brain_core::models::transformer::{
-    Params, QuantLayer, QuantParams, TransformerConfig, TransformerModel,
+    MoeConfig, Params, QuantParams, TensorKind, TensorSpec, TransformerConfig, TransformerModel,
 };
 use rusting_brain_core::ops::q8;
 use rusting_brain_core::{Backend, Optimizer, OptimizerKind};
@@ -31,25 +31,74 @@ pub enum Precision {
 }
 
 pub fn config_json(c: &TransformerConfig) -> Value {
+    let moe = c.moe.as_ref().map(|m| {
+        json!({
+            "n_experts": m.n_experts, "top_k": m.top_k, "layers": m.layers,
+            "shared_expert": m.shared_expert, "expert_d_ff": m.expert_d_ff,
+            "load_balance_coef": m.load_balance_coef, "router_z_coef": m.router_z_coef,
+            "renormalize": m.renormalize,
+        })
+    });
     json!({
         "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers,
         "q_heads": c.q_heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim, "d_ff": c.d_ff,
         "max_seq_len": c.max_seq_len, "rope_theta": c.rope_theta, "norm_eps": c.norm_eps,
+        "moe": moe,
+    })
+}
+
+fn usize_of(v: &Value, k: &str, what: &str) -> std::result::Result<usize, String> {
+    v.get(k)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .ok_or(format!("{what} has no integer `{k}`"))
+}
+
+fn f32_of(v: &Value, k: &str, what: &str) -> std::result::Result<f32, String> {
+    v.get(k)
+        .and_then(Value::as_f64)
+        .map(|x| x as f32)
+        .ok_or(format!("{what} has no number `{k}`"))
+}
+
+fn bool_of(v: &Value, k: &str, what: &str) -> std::result::Result<bool, String> {
+    v.get(k)
+        .and_then(Value::as_bool)
+        .ok_or(format!("{what} has no boolean `{k}`"))
+}
+
+fn moe_from_json(v: &Value) -> std::result::Result<MoeConfig, String> {
+    let w = "config.moe";
+    let layers = v
+        .get("layers")
+        .and_then(Value::as_array)
+        .ok_or(format!("{w} has no array `layers`"))?
+        .iter()
+        .map(|l| {
+            l.as_u64()
+                .map(|x| x as usize)
+                .ok_or(format!("{w}.layers holds a non-integer"))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(MoeConfig {
+        n_experts: usize_of(v, "n_experts", w)?,
+        top_k: usize_of(v, "top_k", w)?,
+        layers,
+        shared_expert: bool_of(v, "shared_expert", w)?,
+        expert_d_ff: usize_of(v, "expert_d_ff", w)?,
+        load_balance_coef: f32_of(v, "load_balance_coef", w)?,
+        router_z_coef: f32_of(v, "router_z_coef", w)?,
+        renormalize: bool_of(v, "renormalize", w)?,
     })
 }
 
 fn config_from_json(v: &Value) -> std::result::Result<TransformerConfig, String> {
-    let u = |k: &str| {
-        v.get(k)
-            .and_then(Value::as_u64)
-            .map(|x| x as usize)
-            .ok_or(format!("config has no integer `{k}`"))
-    };
-    let f = |k: &str| {
-        v.get(k)
-            .and_then(Value::as_f64)
-            .map(|x| x as f32)
-            .ok_or(format!("config has no number `{k}`"))
+    let u = |k: &str| usize_of(v, k, "config");
+    let f = |k: &str| f32_of(v, k, "config");
+    // Files written before mixture of experts have no `moe` key: dense.
+    let moe = match v.get("moe") {
+        None | Some(Value::Null) => None,
+        Some(m) => Some(moe_from_json(m)?),
     };
     Ok(TransformerConfig {
         vocab_size: u("vocab_size")?,
@@ -62,6 +111,7 @@ fn config_from_json(v: &Value) -> std::result::Result<TransformerConfig, String>
         max_seq_len: u("max_seq_len")?,
         rope_theta: f("rope_theta")?,
         norm_eps: f("norm_eps")?,
+        moe,
     })
 }
 
@@ -146,39 +196,17 @@ fn write_raw(path: &Path, bytes: Vec<RawTensor>, meta: HashMap<String, String>) 
     crate::files::write_atomic(path, &data)
 }
 
-/// Shape of each named tensor of a config, in `Params::named` order.
-fn shapes(c: &TransformerConfig) -> Vec<(String, Vec<usize>)> {
-    let (d, q, kv, f) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
-    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![c.vocab_size, d])];
-    for i in 0..c.n_layers {
-        for (name, shape) in [
-            ("input_layernorm.weight", vec![d]),
-            ("self_attn.q_proj.weight", vec![q, d]),
-            ("self_attn.k_proj.weight", vec![kv, d]),
-            ("self_attn.v_proj.weight", vec![kv, d]),
-            ("self_attn.o_proj.weight", vec![d, q]),
-            ("post_attention_layernorm.weight", vec![d]),
-            ("mlp.gate_proj.weight", vec![f, d]),
-            ("mlp.up_proj.weight", vec![f, d]),
-            ("mlp.down_proj.weight", vec![d, f]),
-        ] {
-            out.push((format!("model.layers.{i}.{name}"), shape));
-        }
-    }
-    out.push(("model.norm.weight".to_string(), vec![d]));
-    out
-}
-
 fn host_tensors(
     b: &CpuBackend,
     c: &TransformerConfig,
     p: &Params<CpuBackend>,
     prefix: &str,
 ) -> Result<Vec<HostTensor>> {
-    shapes(c)
+    c.layout()
+        .into_named()
         .into_iter()
-        .zip(p.named())
-        .map(|((name, shape), (_, buf, _))| Ok((format!("{prefix}{name}"), shape, b.download(buf)?)))
+        .zip(p.as_ref().into_leaves())
+        .map(|((name, t), buf)| Ok((format!("{prefix}{name}"), t.shape, b.download(buf)?)))
         .collect()
 }
 
@@ -212,23 +240,6 @@ fn i8_to_packed(bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// The int8 tensor at position `i` of `shapes(c)` (a matrix, not a norm).
-fn quantized_tensor(qp: &QuantParams<CpuBackend>, i: usize) -> &(Vec<f32>, Vec<f32>) {
-    if i == 0 {
-        return &qp.embed;
-    }
-    let ql = &qp.layers[(i - 1) / 9];
-    match (i - 1) % 9 {
-        1 => &ql.wq,
-        2 => &ql.wk,
-        3 => &ql.wv,
-        4 => &ql.wo,
-        6 => &ql.w_gate,
-        7 => &ql.w_up,
-        _ => &ql.w_down,
-    }
-}
-
 fn save_q8(model: &TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
     let c = &model.config;
     let b = &model.backend;
@@ -238,23 +249,29 @@ fn save_q8(model: &TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
         ("precision".to_string(), "Q8".to_string()),
         ("config".to_string(), config_json(c).to_string()),
     ]);
+    let quantized: Vec<Option<&(Vec<f32>, Vec<f32>)>> = match &model.quantized {
+        Some(qp) => qp
+            .as_ref()
+            .into_leaves()
+            .into_iter()
+            .map(Option::as_ref)
+            .collect(),
+        None => Vec::new(),
+    };
     let mut out: Vec<RawTensor> = Vec::new();
-    let named = model.params.named();
-    for (i, (name, shape)) in shapes(c).into_iter().enumerate() {
-        if shape.len() == 1 {
-            out.push((name, Dtype::F32, shape, le_bytes(&b.download(named[i].1)?)));
+    let leaves = model.params.as_ref().into_leaves();
+    for (i, (name, t)) in c.layout().into_named().into_iter().enumerate() {
+        if t.kind != TensorKind::Matrix {
+            out.push((name, Dtype::F32, t.shape, le_bytes(&b.download(leaves[i])?)));
             continue;
         }
-        let (rows, cols) = (shape[0], shape[1]);
-        let (packed, scales) = match &model.quantized {
-            Some(qp) => {
-                let (p, s) = quantized_tensor(qp, i);
-                (b.download(p)?, b.download(s)?)
-            }
-            None => q8::quantize_rows(&b.download(named[i].1)?, rows, cols)?,
+        let (rows, cols) = t.rows_cols();
+        let (packed, scales) = match quantized.get(i) {
+            Some(Some((p, s))) => (b.download(p)?, b.download(s)?),
+            _ => q8::quantize_rows(&b.download(leaves[i])?, rows, cols)?,
         };
         out.push((format!("{name}.scale"), Dtype::F32, vec![rows], le_bytes(&scales)));
-        out.push((name, Dtype::I8, shape, packed_to_i8(&packed, rows, cols)));
+        out.push((name, Dtype::I8, t.shape, packed_to_i8(&packed, rows, cols)));
     }
     write_raw(path, out, meta)
 }
@@ -356,58 +373,41 @@ impl File {
     ) -> Result<Params<CpuBackend>> {
         let st = SafeTensors::deserialize(&self.bytes)
             .map_err(|e| NetworkError::parse(path, "header", e.to_string()))?;
-        let mut bufs = Vec::new();
-        for (name, shape) in shapes(c) {
-            let full = format!("{prefix}{name}");
-            let t = st
-                .tensor(&full)
-                .map_err(|_| NetworkError::parse(path, &full, "missing tensor"))?;
-            if t.dtype() != Dtype::F32 {
-                return Err(NetworkError::parse(
-                    path,
-                    &full,
-                    format!("dtype {:?}, expected F32", t.dtype()),
-                ));
-            }
-            if t.shape() != shape.as_slice() {
-                return Err(NetworkError::parse(
-                    path,
-                    &full,
-                    format!("shape {:?}, the config needs {shape:?}", t.shape()),
-                ));
-            }
-            let data: Vec<f32> = t
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            if data.iter().any(|v| !v.is_finite()) {
-                return Err(NetworkError::parse(path, &full, "holds NaN or infinite values"));
-            }
-            bufs.push(b.upload(&data)?);
-        }
-        let mut it = bufs.into_iter();
-        let mut next = || it.next().expect("one buffer per shape");
-        let embed = next();
-        let layers = (0..c.n_layers)
-            .map(|_| rusting_brain_core::models::transformer::LayerParams {
-                attn_norm: next(),
-                wq: next(),
-                wk: next(),
-                wv: next(),
-                wo: next(),
-                ffn_norm: next(),
-                w_gate: next(),
-                w_up: next(),
-                w_down: next(),
-            })
-            .collect();
-        Ok(Params {
-            embed,
-            layers,
-            final_norm: next(),
+        c.layout().try_map(|name, t| {
+            let data = read_f32(&st, path, &format!("{prefix}{name}"), &t)?;
+            b.upload(&data).map_err(NetworkError::from)
         })
     }
+}
+
+/// The F32 tensor `name`, checked against `t`'s shape and for finite values.
+fn read_f32(st: &SafeTensors<'_>, path: &Path, name: &str, t: &TensorSpec) -> Result<Vec<f32>> {
+    let tensor = st
+        .tensor(name)
+        .map_err(|_| NetworkError::parse(path, name, "missing tensor"))?;
+    if tensor.dtype() != Dtype::F32 {
+        return Err(NetworkError::parse(
+            path,
+            name,
+            format!("dtype {:?}, expected F32", tensor.dtype()),
+        ));
+    }
+    if tensor.shape() != t.shape.as_slice() {
+        return Err(NetworkError::parse(
+            path,
+            name,
+            format!("shape {:?}, the config needs {:?}", tensor.shape(), t.shape),
+        ));
+    }
+    let data: Vec<f32> = tensor
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if data.iter().any(|v| !v.is_finite()) {
+        return Err(NetworkError::parse(path, name, "holds NaN or infinite values"));
+    }
+    Ok(data)
 }
 
 fn load_q8(file: &File, path: &Path) -> Result<TransformerModel<CpuBackend>> {
@@ -415,82 +415,49 @@ fn load_q8(file: &File, path: &Path) -> Result<TransformerModel<CpuBackend>> {
     let b = CpuBackend::new();
     let st = SafeTensors::deserialize(&file.bytes)
         .map_err(|e| NetworkError::parse(path, "header", e.to_string()))?;
-    let get = |name: &str, dtype: Dtype, shape: &[usize]| -> Result<Vec<u8>> {
-        let t = st
+    let layout = config.layout();
+    // Norms and routers in f32; an int8 model keeps no f32 matrices.
+    let params = layout.as_ref().try_map(|name, t| match t.kind {
+        TensorKind::Matrix => b.zeros(0).map_err(NetworkError::from),
+        _ => b
+            .upload(&read_f32(&st, path, name, t)?)
+            .map_err(NetworkError::from),
+    })?;
+    let quantized: QuantParams<CpuBackend> = layout.as_ref().try_map(|name, t| {
+        if t.kind != TensorKind::Matrix {
+            return Ok(None);
+        }
+        let (rows, cols) = t.rows_cols();
+        let tensor = st
             .tensor(name)
             .map_err(|_| NetworkError::parse(path, name, "missing tensor"))?;
-        if t.dtype() != dtype || t.shape() != shape {
+        if tensor.dtype() != Dtype::I8 || tensor.shape() != t.shape.as_slice() {
             return Err(NetworkError::parse(
                 path,
                 name,
-                format!("{:?} {:?}, expected {dtype:?} {shape:?}", t.dtype(), t.shape()),
+                format!(
+                    "{:?} {:?}, expected I8 {:?}",
+                    tensor.dtype(),
+                    tensor.shape(),
+                    t.shape
+                ),
             ));
         }
-        Ok(t.data().to_vec())
-    };
-    let f32s = |bytes: Vec<u8>| -> Vec<f32> {
-        bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
-    let mut norms_flat = Vec::new();
-    let mut mats = Vec::new();
-    for (name, shape) in shapes(&config) {
-        if shape.len() == 1 {
-            let v = f32s(get(&name, Dtype::F32, &shape)?);
-            if v.iter().any(|x| !x.is_finite()) {
-                return Err(NetworkError::parse(path, &name, "holds NaN or infinite values"));
-            }
-            norms_flat.push(b.upload(&v)?);
-        } else {
-            let (rows, cols) = (shape[0], shape[1]);
-            let q = get(&name, Dtype::I8, &shape)?;
-            let scale_name = format!("{name}.scale");
-            let s = f32s(get(&scale_name, Dtype::F32, &[rows])?);
-            if s.iter().any(|x| !x.is_finite() || *x < 0.0) {
-                return Err(NetworkError::parse(
-                    path,
-                    &scale_name,
-                    "scales must be finite and >= 0",
-                ));
-            }
-            mats.push((b.upload(&i8_to_packed(&q, rows, cols))?, b.upload(&s)?));
+        let scale = TensorSpec {
+            shape: vec![rows],
+            kind: TensorKind::Norm,
+        };
+        let scale_name = format!("{name}.scale");
+        let s = read_f32(&st, path, &scale_name, &scale)?;
+        if s.iter().any(|x| *x < 0.0) {
+            return Err(NetworkError::parse(path, &scale_name, "scales must be >= 0"));
         }
-    }
-    // shapes() lists, per block, [attn_norm, q, k, v, o, ffn_norm, gate, up, down], the
-    // embedding first and the final norm last.
-    let final_norm = norms_flat.pop().expect("the final norm is listed last");
-    let mut norm_it = norms_flat.into_iter();
-    let mut norms = Vec::new();
-    for _ in 0..config.n_layers {
-        norms.push((
-            norm_it.next().expect("two norms a block"),
-            norm_it.next().expect("two norms a block"),
-        ));
-    }
-    let mut mat_it = mats.into_iter();
-    let embed = mat_it.next().expect("the embedding is listed first");
-    let mut layers = Vec::new();
-    for _ in 0..config.n_layers {
-        let mut n = || mat_it.next().expect("seven matrices a block");
-        layers.push(QuantLayer {
-            wq: n(),
-            wk: n(),
-            wv: n(),
-            wo: n(),
-            w_gate: n(),
-            w_up: n(),
-            w_down: n(),
-        });
-    }
-    Ok(TransformerModel::from_quantized(
-        b,
-        config,
-        norms,
-        final_norm,
-        QuantParams { embed, layers },
-    )?)
+        Ok(Some((
+            b.upload(&i8_to_packed(tensor.data(), rows, cols))?,
+            b.upload(&s)?,
+        )))
+    })?;
+    Ok(TransformerModel::from_quantized(b, config, params, quantized)?)
 }
 
 pub fn load_weights(path: &Path) -> Result<TransformerModel<CpuBackend>> {

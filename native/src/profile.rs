@@ -83,20 +83,43 @@ impl<B: Backend> Backend for Profiled<B> {
             self.inner.copy_range(dst, dst_offset, src, src_offset, len)
         })
     }
+    fn moe_combine(
+        &self,
+        out: &mut B::Buffer,
+        y: &B::Buffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.time("moe_combine", || {
+            self.inner.moe_combine(out, y, row_of_slot, weight, top_k, dim)
+        })
+    }
+    fn moe_combine_backward(
+        &self,
+        dy: &mut B::Buffer,
+        dout: &B::Buffer,
+        y: &B::Buffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>> {
+        self.time("moe_combine_backward", || {
+            self.inner
+                .moe_combine_backward(dy, dout, y, row_of_slot, weight, top_k, dim)
+        })
+    }
     fn q8_matmul(
         &self,
         out: &mut B::Buffer,
         x: &B::Buffer,
         packed: &B::Buffer,
         scales: &B::Buffer,
-        m: usize,
-        n: usize,
-        k: usize,
-        beta: f32,
+        spec: &MatmulSpec,
     ) -> Result<()> {
-        self.time("q8_matmul", || {
-            self.inner.q8_matmul(out, x, packed, scales, m, n, k, beta)
-        })
+        self.time("q8_matmul", || self.inner.q8_matmul(out, x, packed, scales, spec))
     }
     fn q8_embedding(
         &self,

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use rusting_brain_core::models::transformer::{
-    KvCache, LossSum, TokenBatch, TransformerConfig, TransformerModel,
+    KvCache, LossSum, MoeConfig, TokenBatch, TransformerConfig, TransformerModel,
 };
 use rusting_brain_core::{CoreError, Optimizer, Precision, Sampler};
 
@@ -17,6 +17,13 @@ pub struct StepLoss {
     pub lm_loss: f32,
     /// How many positions counted.
     pub tokens: usize,
+    /// Switch-Transformer load-balancing loss, averaged over the sparse layers: 1 when
+    /// the experts share the routed tokens evenly, up to `n_experts / top_k`. 0 for a
+    /// dense model. Enters the objective times `load_balance_coef`.
+    pub load_balance_loss: f32,
+    /// ST-MoE router z-loss (mean squared log-sum-exp of the router logits), averaged
+    /// over the sparse layers; 0 for a dense model. Enters times `router_z_coef`.
+    pub router_z_loss: f32,
 }
 
 impl StepLoss {
@@ -28,6 +35,8 @@ impl StepLoss {
         StepLoss {
             lm_loss: (s.sum / s.count.max(1) as f64) as f32,
             tokens: s.count,
+            load_balance_loss: s.load_balance as f32,
+            router_z_loss: s.router_z as f32,
         }
     }
 }
@@ -41,8 +50,12 @@ pub struct ParameterCounts {
     pub active: usize,
     /// The token embedding (which is also the output head).
     pub embedding: usize,
-    /// One transformer block.
+    /// One dense transformer block.
     pub per_layer: usize,
+    /// One sparse block: every expert, the router, the shared expert (0 without experts).
+    pub per_sparse_layer: usize,
+    /// What one token passes through in a sparse block (0 without experts).
+    pub per_sparse_layer_active: usize,
 }
 
 fn human(n: usize) -> String {
@@ -66,6 +79,54 @@ pub struct TransformerLmBuilder {
     config: TransformerConfig,
     optimizer: Optimizer,
     seed: u64,
+    moe: MoeOptions,
+}
+
+/// The mixture-of-experts settings as given to the builder, resolved at `build`.
+#[derive(Debug, Clone, Default)]
+struct MoeOptions {
+    experts: Option<(usize, usize)>,
+    layers: Option<Vec<usize>>,
+    shared_expert: Option<bool>,
+    expert_d_ff: Option<usize>,
+    load_balance_coef: Option<f32>,
+    router_z_coef: Option<f32>,
+    renormalize: Option<bool>,
+}
+
+impl MoeOptions {
+    fn resolve(&self, config: &TransformerConfig) -> Result<Option<MoeConfig>> {
+        let Some((n_experts, top_k)) = self.experts else {
+            let set = self.layers.is_some()
+                || self.shared_expert.is_some()
+                || self.expert_d_ff.is_some()
+                || self.load_balance_coef.is_some()
+                || self.router_z_coef.is_some()
+                || self.renormalize.is_some();
+            if set {
+                return Err(NetworkError::InvalidConfig(
+                    "mixture-of-experts options were set without .experts(n_experts, top_k)".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let mut layers = self
+            .layers
+            .clone()
+            .unwrap_or_else(|| (0..config.n_layers).collect());
+        layers.sort_unstable();
+        layers.dedup();
+        Ok(Some(MoeConfig {
+            n_experts,
+            top_k,
+            layers,
+            shared_expert: self.shared_expert.unwrap_or(false),
+            expert_d_ff: self.expert_d_ff.unwrap_or(config.d_ff),
+            load_balance_coef: self.load_balance_coef.unwrap_or(0.01),
+            router_z_coef: self.router_z_coef.unwrap_or(0.001),
+            renormalize: self.renormalize.unwrap_or(top_k > 1),
+        }))
+    }
 }
 
 impl TransformerLmBuilder {
@@ -107,6 +168,48 @@ impl TransformerLmBuilder {
         self.config.norm_eps = eps;
         self
     }
+    /// Makes feed-forward layers sparse: `n_experts` SwiGLU experts, of which each token
+    /// goes to the `top_k` its router rates highest (dropless: no capacity limit, no token
+    /// is ever skipped). Which layers: [`TransformerLmBuilder::moe_layers`], all by default.
+    pub fn experts(mut self, n_experts: usize, top_k: usize) -> Self {
+        self.moe.experts = Some((n_experts, top_k));
+        self
+    }
+    /// The sparse layers, as a range (`2..8`) or any set of indices; the others stay
+    /// dense. Default: every layer, once experts are set.
+    pub fn moe_layers(mut self, layers: impl IntoIterator<Item = usize>) -> Self {
+        self.moe.layers = Some(layers.into_iter().collect());
+        self
+    }
+    /// Adds one always-active SwiGLU expert of width `expert_d_ff` to each sparse layer,
+    /// its output added unweighted to the routed experts' (default off).
+    pub fn shared_expert(mut self, on: bool) -> Self {
+        self.moe.shared_expert = Some(on);
+        self
+    }
+    /// Hidden width of each expert (default `d_ff`).
+    pub fn expert_d_ff(mut self, n: usize) -> Self {
+        self.moe.expert_d_ff = Some(n);
+        self
+    }
+    /// Weight of the load-balancing loss in the objective (default 0.01).
+    pub fn load_balance_coef(mut self, coef: f32) -> Self {
+        self.moe.load_balance_coef = Some(coef);
+        self
+    }
+    /// Weight of the router z-loss in the objective (default 0.001).
+    pub fn router_z_coef(mut self, coef: f32) -> Self {
+        self.moe.router_z_coef = Some(coef);
+        self
+    }
+    /// Whether each token's `top_k` routing weights are rescaled to sum to one (Mixtral)
+    /// or left as the router's probabilities (Switch). Default: on for `top_k >= 2`, off
+    /// for `top_k == 1`, where renormalizing would make every weight 1 and leave the
+    /// router nothing to learn from the language-model loss.
+    pub fn renormalize_top_k(mut self, on: bool) -> Self {
+        self.moe.renormalize = Some(on);
+        self
+    }
     /// Default `Optimizer::adam(3e-4)`; weight decay never applies to norm weights.
     pub fn optimizer(mut self, optimizer: Optimizer) -> Self {
         self.optimizer = optimizer;
@@ -117,7 +220,8 @@ impl TransformerLmBuilder {
         self.seed = seed;
         self
     }
-    pub fn build(self) -> Result<TransformerLm> {
+    pub fn build(mut self) -> Result<TransformerLm> {
+        self.config.moe = self.moe.resolve(&self.config)?;
         self.config
             .validate()
             .map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
@@ -193,9 +297,11 @@ impl TransformerLm {
                 max_seq_len: 0,
                 rope_theta: 10_000.0,
                 norm_eps: 1e-5,
+                moe: None,
             },
             optimizer: Optimizer::adam(3e-4),
             seed: 0,
+            moe: MoeOptions::default(),
         }
     }
 
@@ -221,13 +327,30 @@ impl TransformerLm {
 
     pub fn parameter_counts(&self) -> ParameterCounts {
         let c = self.config();
-        let total = c.parameter_count();
+        let dense = TransformerConfig {
+            moe: None,
+            ..c.clone()
+        };
+        let sparse = c
+            .moe
+            .as_ref()
+            .and_then(|m| m.layers.first())
+            .map_or((0, 0), |&l| c.layer_parameters(l));
         ParameterCounts {
-            total,
-            active: total,
+            total: c.parameter_count(),
+            active: c.active_parameter_count(),
             embedding: c.vocab_size * c.d_model,
-            per_layer: c.layer_parameters(),
+            per_layer: dense.layer_parameters(0).0,
+            per_sparse_layer: sparse.0,
+            per_sparse_layer_active: sparse.1,
         }
+    }
+
+    /// Expert usage of the last forward pass: per sparse layer, the fraction of routed
+    /// token slots each expert received (1 / n_experts each when perfectly balanced).
+    /// Empty for a dense model.
+    pub fn expert_usage(&self) -> Vec<Vec<f64>> {
+        self.model().expert_usage().to_vec()
     }
 
     /// With `true`, every GEMM rounds its operands to bfloat16 and accumulates in f32; the

@@ -533,9 +533,9 @@ fn q8_products_and_lookups_match_reference() {
                 randn(&mut rng, m * n)
             };
             let (mut a, mut b) = (init.clone(), init);
-            cpu.q8_matmul(&mut a, &x, &packed, &scales, m, n, k, beta)
-                .unwrap();
-            rf.q8_matmul(&mut b, &x, &packed, &scales, m, n, k, beta).unwrap();
+            let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
+            cpu.q8_matmul(&mut a, &x, &packed, &scales, &spec).unwrap();
+            rf.q8_matmul(&mut b, &x, &packed, &scales, &spec).unwrap();
             close(&format!("q8_matmul {m}x{n}x{k} beta={beta}"), &a, &b);
         }
         let ids: Vec<u32> = (0..5).map(|_| rng.below(n as u64) as u32).collect();
@@ -545,4 +545,136 @@ fn q8_products_and_lookups_match_reference() {
         assert_eq!(a, b, "q8_embedding {n}x{k}");
     }
     assert!(quantize_rows(&[1.0, f32::NAN], 1, 2).is_err());
+}
+
+/// A windowed product touches exactly its rows: the same numbers as the product of the
+/// cut-out operands, and every element outside the window unchanged.
+#[test]
+fn windowed_products_touch_only_their_rows() {
+    use rusting_brain_core::ops::q8::quantize_rows;
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(131);
+    // (rows before, rows in the window, rows after, n, k)
+    for &(before, m, after, n, k) in &[
+        (0, 1, 3, 7, 33),
+        (5, 3, 0, 33, 7),
+        (2, 7, 4, 127, 33),
+        (1, 1, 1, 1000, 33),
+    ] {
+        let rows = before + m + after;
+        let x = randn(&mut rng, rows * k);
+        let w = randn(&mut rng, n * k);
+        let (packed, scales) = quantize_rows(&w, n, k).unwrap();
+        let cut = x[before * k..(before + m) * k].to_vec();
+        for beta in [0.0, 1.0] {
+            let init = randn(&mut rng, rows * n);
+            let windowed =
+                MatmulSpec::new(m, n, k)
+                    .trans_b(true)
+                    .beta(beta)
+                    .window(before * k, 0, before * n);
+            let whole = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
+            for be in [cpu, rf] {
+                let mut c = init.clone();
+                be.matmul(&mut c, &x, &w, &windowed).unwrap();
+                let mut want = init[before * n..(before + m) * n].to_vec();
+                rf.matmul(&mut want, &cut, &w, &whole).unwrap();
+                close(
+                    &format!("{} windowed matmul {before}+{m}+{after}", be.name()),
+                    &c[before * n..(before + m) * n],
+                    &want,
+                );
+                assert_eq!(&c[..before * n], &init[..before * n], "rows before the window");
+                assert_eq!(
+                    &c[(before + m) * n..],
+                    &init[(before + m) * n..],
+                    "rows after the window"
+                );
+                let mut q = init.clone();
+                be.q8_matmul(&mut q, &x, &packed, &scales, &windowed).unwrap();
+                let mut want = init[before * n..(before + m) * n].to_vec();
+                rf.q8_matmul(&mut want, &cut, &packed, &scales, &whole).unwrap();
+                assert_eq!(&q[before * n..(before + m) * n], &want[..], "windowed q8_matmul");
+                assert_eq!(&q[..before * n], &init[..before * n]);
+                assert_eq!(&q[(before + m) * n..], &init[(before + m) * n..]);
+            }
+        }
+        // A transposed-A window (a weight gradient over an expert's rows).
+        let dy = randn(&mut rng, rows * n);
+        let acc = MatmulSpec::new(n, k, m)
+            .trans_a(true)
+            .accumulate()
+            .window(before * n, before * k, 0);
+        let init = randn(&mut rng, n * k);
+        let (mut g1, mut g2) = (init.clone(), init.clone());
+        cpu.matmul(&mut g1, &dy, &x, &acc).unwrap();
+        let whole = MatmulSpec::new(n, k, m).trans_a(true).accumulate();
+        rf.matmul(&mut g2, &dy[before * n..(before + m) * n].to_vec(), &cut, &whole)
+            .unwrap();
+        close("windowed trans_a matmul", &g1, &g2);
+    }
+    // A window past the end is an error, not a read out of bounds.
+    let mut c = vec![0.0; 8];
+    let spec = MatmulSpec::new(2, 2, 2).window(6, 0, 0);
+    assert!(cpu.matmul(&mut c, &vec![0.0; 8], &vec![0.0; 4], &spec).is_err());
+    assert!(rf.matmul(&mut c, &vec![0.0; 8], &vec![0.0; 4], &spec).is_err());
+    let spec = MatmulSpec::new(2, 2, 2).batch(2).window(0, 0, 0);
+    assert!(cpu.matmul(&mut c, &vec![0.0; 8], &vec![0.0; 8], &spec).is_err());
+    // The int8 product is x W^T: a spec without trans_b is refused.
+    let (packed, scales) = quantize_rows(&[1.0; 4], 2, 2).unwrap();
+    let mut out = vec![0.0; 4];
+    let plain = MatmulSpec::new(2, 2, 2);
+    assert!(cpu
+        .q8_matmul(&mut out, &vec![1.0; 4], &packed, &scales, &plain)
+        .is_err());
+    assert!(rf
+        .q8_matmul(&mut out, &vec![1.0; 4], &packed, &scales, &plain)
+        .is_err());
+}
+
+#[test]
+fn moe_combine_matches_reference() {
+    use rusting_brain_core::ops::moe::Routing;
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(141);
+    for &(n, experts, top_k, dim) in &[
+        (1, 1, 1, 1),
+        (7, 4, 2, 33),
+        (33, 8, 2, 7),
+        (127, 3, 3, 127),
+        (3, 5, 1, 1000),
+    ] {
+        let logits = randn(&mut rng, n * experts);
+        let mut r = Routing::default();
+        r.route(&logits, n, experts, top_k, true).unwrap();
+        let y = randn(&mut rng, n * top_k * dim);
+        let init = randn(&mut rng, n * dim);
+        let (mut a, mut b) = (init.clone(), init.clone());
+        cpu.moe_combine(&mut a, &y, &r.row_of_slot, &r.weight, top_k, dim)
+            .unwrap();
+        rf.moe_combine(&mut b, &y, &r.row_of_slot, &r.weight, top_k, dim)
+            .unwrap();
+        close(
+            &format!("moe_combine n={n} e={experts} k={top_k} dim={dim}"),
+            &a,
+            &b,
+        );
+        let dout = randn(&mut rng, n * dim);
+        let (mut da, mut db) = (nan(n * top_k * dim), nan(n * top_k * dim));
+        let wa = cpu
+            .moe_combine_backward(&mut da, &dout, &y, &r.row_of_slot, &r.weight, top_k, dim)
+            .unwrap();
+        let wb = rf
+            .moe_combine_backward(&mut db, &dout, &y, &r.row_of_slot, &r.weight, top_k, dim)
+            .unwrap();
+        close(&format!("moe_combine_backward dy n={n} dim={dim}"), &da, &db);
+        close(&format!("moe_combine_backward dweight n={n} dim={dim}"), &wa, &wb);
+    }
+    // A row index outside y is an error on both backends.
+    let mut out = vec![0.0; 4];
+    for be in [cpu, rf] {
+        assert!(be
+            .moe_combine(&mut out, &vec![0.0; 4], &[0, 5], &[1.0, 1.0], 1, 2)
+            .is_err());
+    }
 }

@@ -28,12 +28,77 @@ pub struct TransformerConfig {
     pub max_seq_len: usize,
     pub rope_theta: f32,
     pub norm_eps: f32,
+    /// Sparse feed-forward layers, when some are.
+    pub moe: Option<MoeConfig>,
+}
+
+/// The mixture-of-experts part of a [`TransformerConfig`]: which blocks have a sparse
+/// feed-forward, and how it routes. See [`crate::ops::moe`] for the routing and the losses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    /// Experts each token goes to.
+    pub top_k: usize,
+    /// Indices of the sparse blocks, ascending; the others keep a dense feed-forward.
+    pub layers: Vec<usize>,
+    /// One always-active SwiGLU expert of width `expert_d_ff`, added unweighted.
+    pub shared_expert: bool,
+    /// Hidden width of each expert.
+    pub expert_d_ff: usize,
+    /// Weight of the load-balancing loss in the objective (averaged over sparse blocks).
+    pub load_balance_coef: f32,
+    /// Weight of the router z-loss in the objective (averaged over sparse blocks).
+    pub router_z_coef: f32,
+    /// Whether the `top_k` routing weights are rescaled to sum to one.
+    pub renormalize: bool,
 }
 
 fn invalid(message: String) -> CoreError {
     CoreError::InvalidArgument {
         op: "transformer config",
         message,
+    }
+}
+
+impl MoeConfig {
+    fn validate(&self, n_layers: usize) -> Result<()> {
+        if self.n_experts == 0 {
+            return Err(invalid("a mixture of experts needs at least 1 expert".into()));
+        }
+        if self.top_k == 0 || self.top_k > self.n_experts {
+            return Err(invalid(format!(
+                "top_k {} must be between 1 and the number of experts ({})",
+                self.top_k, self.n_experts
+            )));
+        }
+        if self.expert_d_ff == 0 {
+            return Err(invalid("expert_d_ff must be at least 1".into()));
+        }
+        if self.layers.is_empty() {
+            return Err(invalid(
+                "experts are set but no layer is sparse (moe_layers is empty)".into(),
+            ));
+        }
+        if let Some(&l) = self.layers.iter().find(|&&l| l >= n_layers) {
+            return Err(invalid(format!(
+                "moe layer {l} does not exist: the model has {n_layers} layers (0..{n_layers})"
+            )));
+        }
+        if self.layers.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(invalid(format!(
+                "moe layers {:?} must be ascending without repeats",
+                self.layers
+            )));
+        }
+        for (name, v) in [
+            ("load_balance_coef", self.load_balance_coef),
+            ("router_z_coef", self.router_z_coef),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid(format!("{name} {v} must be finite and >= 0")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -83,6 +148,9 @@ impl TransformerConfig {
                 self.norm_eps
             )));
         }
+        if let Some(moe) = &self.moe {
+            moe.validate(self.n_layers)?;
+        }
         Ok(())
     }
     /// RoPE over the query and the key heads of `batch` x `seq` positions from `pos_offset`.
@@ -109,38 +177,98 @@ impl TransformerConfig {
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
     }
-    /// Parameters of one block: two norms, four attention projections, three FFN ones.
-    pub fn layer_parameters(&self) -> usize {
-        let (d, q, kv, f) = (self.d_model, self.q_dim(), self.kv_dim(), self.d_ff);
-        2 * d + d * q + 2 * d * kv + q * d + 3 * d * f
+    /// The mixture-of-experts settings of block `layer`, when it is sparse.
+    pub fn sparse(&self, layer: usize) -> Option<&MoeConfig> {
+        self.moe.as_ref().filter(|m| m.layers.contains(&layer))
     }
-    /// Every parameter, the tied embedding counted once, norms included.
+    /// Blocks with a sparse feed-forward.
+    pub fn sparse_layers(&self) -> usize {
+        self.moe.as_ref().map_or(0, |m| m.layers.len())
+    }
+    /// Hidden width of block `layer`'s dense feed-forward (or of its shared expert), if it
+    /// has one.
+    pub fn mlp_width(&self, layer: usize) -> Option<usize> {
+        match self.sparse(layer) {
+            None => Some(self.d_ff),
+            Some(m) => m.shared_expert.then_some(m.expert_d_ff),
+        }
+    }
+    /// Parameters of block `layer`: `(total, active per token)`. Two norms and four
+    /// attention projections; a dense SwiGLU, or a router, the experts (of which a token
+    /// passes through `top_k`) and the shared expert.
+    pub fn layer_parameters(&self, layer: usize) -> (usize, usize) {
+        let (d, q, kv) = (self.d_model, self.q_dim(), self.kv_dim());
+        let attn = 2 * d + d * q + 2 * d * kv + q * d;
+        let mlp = self.mlp_width(layer).map_or(0, |f| 3 * d * f);
+        match self.sparse(layer) {
+            None => (attn + mlp, attn + mlp),
+            Some(m) => {
+                let expert = 3 * d * m.expert_d_ff;
+                let router = m.n_experts * d;
+                (
+                    attn + mlp + router + m.n_experts * expert,
+                    attn + mlp + router + m.top_k * expert,
+                )
+            }
+        }
+    }
+    /// Every parameter, the tied embedding counted once, norms and routers included.
     pub fn parameter_count(&self) -> usize {
-        self.vocab_size * self.d_model + self.n_layers * self.layer_parameters() + self.d_model
+        self.vocab_size * self.d_model
+            + (0..self.n_layers)
+                .map(|l| self.layer_parameters(l).0)
+                .sum::<usize>()
+            + self.d_model
+    }
+    /// Parameters one token passes through: all of a dense model's; in a sparse block, the
+    /// router, `top_k` experts and the shared expert.
+    pub fn active_parameter_count(&self) -> usize {
+        self.vocab_size * self.d_model
+            + (0..self.n_layers)
+                .map(|l| self.layer_parameters(l).1)
+                .sum::<usize>()
+            + self.d_model
     }
     /// f32 values in the activation arena for one (batch, seq) shape: what the forward pass
     /// keeps for the backward pass, the logits, and the backward scratch.
     pub fn activation_floats(&self, batch: usize, seq: usize) -> usize {
         let n = batch * seq;
-        let (d, q, kv, f, h) = (self.d_model, self.q_dim(), self.kv_dim(), self.d_ff, self.q_heads);
-        let per_layer = 4 * d + 2 + 2 * q + 2 * kv + h + 3 * f;
-        let tail = 2 * d + 1 + self.vocab_size;
-        let scratch = 3 * d + 3 * f + 2 * q + 2 * kv;
-        n * (self.n_layers * per_layer + tail + scratch)
+        let (d, q, kv, h) = (self.d_model, self.q_dim(), self.kv_dim(), self.q_heads);
+        let mut total = 0;
+        let mut widths = Vec::new();
+        for l in 0..self.n_layers {
+            let f = self.mlp_width(l).unwrap_or(0);
+            total += n * (4 * d + 2 + 2 * q + 2 * kv + h + 3 * f);
+            if f > 0 && !widths.contains(&(n * f)) {
+                widths.push(n * f);
+            }
+            if let Some(m) = self.sparse(l) {
+                let rows = n * m.top_k;
+                total += n * m.n_experts + rows * (2 * d + 3 * m.expert_d_ff);
+                if !widths.contains(&(rows * m.expert_d_ff)) {
+                    widths.push(rows * m.expert_d_ff);
+                }
+            }
+        }
+        let tail = n * (2 * d + 1 + self.vocab_size);
+        let mut scratch = n * (3 * d + 2 * q + 2 * kv) + 3 * widths.iter().sum::<usize>();
+        if let Some(m) = &self.moe {
+            scratch += n * m.top_k * d + n * m.n_experts;
+        }
+        total + tail + scratch
     }
 
     /// Multiply-adds per token of the forward pass in the matrix products (projections,
-    /// FFN, output head) and in attention at sequence length `seq` (causal average).
+    /// active FFN weights and routers, output head) and in attention at sequence length
+    /// `seq` (causal average).
     pub fn forward_macs_per_token(&self, seq: usize) -> f64 {
-        let (d, q, kv, f) = (
-            self.d_model as f64,
-            self.q_dim() as f64,
-            self.kv_dim() as f64,
-            self.d_ff as f64,
-        );
-        let dense = d * q + 2.0 * d * kv + q * d + 3.0 * d * f;
+        let (d, q) = (self.d_model as f64, self.q_dim() as f64);
         let attn = 2.0 * q * (seq as f64 + 1.0) / 2.0;
-        self.n_layers as f64 * (dense + attn) + d * self.vocab_size as f64
+        let norms = 2.0 * d;
+        (0..self.n_layers)
+            .map(|l| self.layer_parameters(l).1 as f64 - norms + attn)
+            .sum::<f64>()
+            + d * self.vocab_size as f64
     }
 }
 
@@ -276,124 +404,122 @@ fn batch_err(message: String) -> CoreError {
     }
 }
 
-/// One block's parameters (or gradients, or optimizer moments: the same layout).
-pub struct LayerParams<B: Backend> {
-    pub attn_norm: B::Buffer,
-    pub wq: B::Buffer,
-    pub wk: B::Buffer,
-    pub wv: B::Buffer,
-    pub wo: B::Buffer,
-    pub ffn_norm: B::Buffer,
-    pub w_gate: B::Buffer,
-    pub w_up: B::Buffer,
-    pub w_down: B::Buffer,
+mod params;
+pub use params::{Block, Experts, Swiglu, TensorKind, TensorSpec, Tree};
+
+use crate::ops::moe::Routing;
+
+/// Parameters, gradients or optimizer moments on backend `B`, as one [`Tree`].
+pub type Params<B> = Tree<<B as Backend>::Buffer>;
+/// One block of [`Params`].
+pub type LayerParams<B> = Block<<B as Backend>::Buffer>;
+/// An int8 model's matrices: (packed int8, per-row scales) where the layout has a
+/// [`TensorKind::Matrix`], `None` for norms and routers (they stay f32 in [`Params`]).
+pub type QuantParams<B> = Tree<Option<(<B as Backend>::Buffer, <B as Backend>::Buffer)>>;
+
+/// Zeroed buffers of `layout`'s shapes.
+pub fn zeros_like<B: Backend>(b: &B, layout: &Tree<TensorSpec>) -> Result<Params<B>> {
+    layout.as_ref().try_map(|_, t| b.zeros(t.len()))
 }
 
-impl<B: Backend> LayerParams<B> {
-    fn zeros(b: &B, c: &TransformerConfig) -> Result<Self> {
-        let (d, q, kv, f) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
-        Ok(LayerParams {
-            attn_norm: b.zeros(d)?,
-            wq: b.zeros(q * d)?,
-            wk: b.zeros(kv * d)?,
-            wv: b.zeros(kv * d)?,
-            wo: b.zeros(d * q)?,
-            ffn_norm: b.zeros(d)?,
-            w_gate: b.zeros(f * d)?,
-            w_up: b.zeros(f * d)?,
-            w_down: b.zeros(d * f)?,
-        })
-    }
-    /// (Hugging Face name suffix, buffer, whether weight decay applies).
-    pub fn named(&self) -> [(&'static str, &B::Buffer, bool); 9] {
-        [
-            ("input_layernorm.weight", &self.attn_norm, false),
-            ("self_attn.q_proj.weight", &self.wq, true),
-            ("self_attn.k_proj.weight", &self.wk, true),
-            ("self_attn.v_proj.weight", &self.wv, true),
-            ("self_attn.o_proj.weight", &self.wo, true),
-            ("post_attention_layernorm.weight", &self.ffn_norm, false),
-            ("mlp.gate_proj.weight", &self.w_gate, true),
-            ("mlp.up_proj.weight", &self.w_up, true),
-            ("mlp.down_proj.weight", &self.w_down, true),
-        ]
-    }
-    fn all_mut(&mut self) -> [&mut B::Buffer; 9] {
-        [
-            &mut self.attn_norm,
-            &mut self.wq,
-            &mut self.wk,
-            &mut self.wv,
-            &mut self.wo,
-            &mut self.ffn_norm,
-            &mut self.w_gate,
-            &mut self.w_up,
-            &mut self.w_down,
-        ]
+/// Zero-length buffers in `layout`'s tree: what an int8 model keeps in place of the
+/// gradients and optimizer moments it does not have.
+pub fn hollow<B: Backend>(b: &B, layout: &Tree<TensorSpec>) -> Result<Params<B>> {
+    layout.as_ref().try_map(|_, _| b.zeros(0))
+}
+
+/// A weight as a product reads it: f32, or int8 with one scale per row.
+enum Mat<'a, B: Backend> {
+    F32(&'a B::Buffer),
+    Q8(&'a B::Buffer, &'a B::Buffer),
+}
+
+impl<B: Backend> Mat<'_, B> {
+    /// `out = x W^T + beta * out` with the spec's `m, n, k`, `beta`, precision and window
+    /// (W is stored `(n, k)`, a `Linear` weight).
+    fn apply(&self, b: &B, out: &mut B::Buffer, x: &B::Buffer, spec: MatmulSpec) -> Result<()> {
+        match *self {
+            Mat::F32(w) => b.matmul(out, x, w, &spec.trans_b(true)),
+            Mat::Q8(packed, scales) => b.q8_matmul(out, x, packed, scales, &spec.trans_b(true)),
+        }
     }
 }
 
-/// All parameters (or gradients, or moments) of the model.
-pub struct Params<B: Backend> {
-    /// `(vocab, d_model)`, also the output head.
-    pub embed: B::Buffer,
-    pub layers: Vec<LayerParams<B>>,
-    pub final_norm: B::Buffer,
-}
-
-impl<B: Backend> Params<B> {
-    pub fn zeros(b: &B, c: &TransformerConfig) -> Result<Self> {
-        Ok(Params {
-            embed: b.zeros(c.vocab_size * c.d_model)?,
-            layers: (0..c.n_layers)
-                .map(|_| LayerParams::zeros(b, c))
-                .collect::<Result<_>>()?,
-            final_norm: b.zeros(c.d_model)?,
-        })
-    }
-    /// A set of zero-length buffers in the layout of `n_layers` blocks: what an int8 model
-    /// keeps in place of gradients and optimizer moments it does not have.
-    pub fn hollow(b: &B, n_layers: usize) -> Result<Self> {
-        let e = || b.zeros(0);
-        Ok(Params {
-            embed: e()?,
-            layers: (0..n_layers)
-                .map(|_| {
-                    Ok(LayerParams {
-                        attn_norm: e()?,
-                        wq: e()?,
-                        wk: e()?,
-                        wv: e()?,
-                        wo: e()?,
-                        ffn_norm: e()?,
-                        w_gate: e()?,
-                        w_up: e()?,
-                        w_down: e()?,
-                    })
+/// Block `l`'s weights as the forward pass reads them: int8 where quantized, else f32.
+fn block_view<'a, B: Backend>(
+    params: &'a Params<B>,
+    quantized: Option<&'a QuantParams<B>>,
+    l: usize,
+) -> Result<Block<Mat<'a, B>>> {
+    let f = params.layers[l].as_ref();
+    match quantized {
+        None => Ok(f.map(Mat::F32)),
+        Some(q) => f
+            .zip(q.layers[l].as_ref())
+            .map(|pair| {
+                pair.map(|(w, q)| match q {
+                    Some((packed, scales)) => Mat::Q8(packed, scales),
+                    None => Mat::F32(w),
                 })
-                .collect::<Result<_>>()?,
-            final_norm: e()?,
-        })
+            })
+            .ok_or_else(|| invalid(format!("the int8 weights of layer {l} do not match its layout"))),
     }
-    /// Every tensor with its Hugging Face name and whether weight decay applies.
-    pub fn named(&self) -> Vec<(String, &B::Buffer, bool)> {
-        let mut out = alloc::vec![(String::from("model.embed_tokens.weight"), &self.embed, true)];
-        for (i, l) in self.layers.iter().enumerate() {
-            for (name, buf, decay) in l.named() {
-                out.push((format!("model.layers.{i}.{name}"), buf, decay));
+}
+
+/// Backward-pass scratch triples `(ds, dgate, dup)` (or forward `(gate, up, s)`), one per
+/// buffer length: dense blocks, shared experts and grouped experts may differ in width.
+struct Triples<B: Backend> {
+    by_len: Vec<(usize, [B::Buffer; 3])>,
+}
+
+impl<B: Backend> Triples<B> {
+    fn new(b: &B, lens: impl IntoIterator<Item = usize>) -> Result<Self> {
+        let mut by_len: Vec<(usize, [B::Buffer; 3])> = Vec::new();
+        for len in lens {
+            if !by_len.iter().any(|(l, _)| *l == len) {
+                by_len.push((len, [b.zeros(len)?, b.zeros(len)?, b.zeros(len)?]));
             }
         }
-        out.push((String::from("model.norm.weight"), &self.final_norm, false));
-        out
+        Ok(Triples { by_len })
     }
-    /// Every tensor, mutably, in the order of [`Params::named`].
-    pub fn all_mut(&mut self) -> Vec<&mut B::Buffer> {
-        let mut out = alloc::vec![&mut self.embed];
-        for l in &mut self.layers {
-            out.extend(l.all_mut());
-        }
-        out.push(&mut self.final_norm);
-        out
+    fn get(&mut self, len: usize) -> Result<&mut [B::Buffer; 3]> {
+        self.by_len
+            .iter_mut()
+            .find(|(l, _)| *l == len)
+            .map(|(_, t)| t)
+            .ok_or_else(|| invalid(format!("no scratch of {len} values was prepared")))
+    }
+}
+
+/// What a sparse block's forward pass keeps for its backward pass (and a cached forward
+/// pass uses as scratch).
+struct MoeActs<B: Backend> {
+    /// `(n, n_experts)` router logits.
+    logits: B::Buffer,
+    /// On the host.
+    routing: Routing,
+    /// `(n * top_k, d)`: the block's input rows, grouped by expert.
+    xe: B::Buffer,
+    /// `(n * top_k, expert_d_ff)` each.
+    gate: B::Buffer,
+    up: B::Buffer,
+    s: B::Buffer,
+    /// `(n * top_k, d)`: each expert's output, before its routing weight.
+    y: B::Buffer,
+}
+
+impl<B: Backend> MoeActs<B> {
+    fn new(b: &B, n: usize, d: usize, m: &MoeConfig) -> Result<Self> {
+        let rows = n * m.top_k;
+        Ok(MoeActs {
+            logits: b.zeros(n * m.n_experts)?,
+            routing: Routing::default(),
+            xe: b.zeros(rows * d)?,
+            gate: b.zeros(rows * m.expert_d_ff)?,
+            up: b.zeros(rows * m.expert_d_ff)?,
+            s: b.zeros(rows * m.expert_d_ff)?,
+            y: b.zeros(rows * d)?,
+        })
     }
 }
 
@@ -410,9 +536,11 @@ struct LayerActs<B: Backend> {
     x_mid: B::Buffer,
     h2: B::Buffer,
     rstd2: B::Buffer,
+    /// `(n, f)` of the dense feed-forward or the shared expert; empty without one.
     gate: B::Buffer,
     up: B::Buffer,
     s: B::Buffer,
+    moe: Option<MoeActs<B>>,
 }
 
 /// Everything one (batch, seq) shape needs, allocated once and reused.
@@ -428,21 +556,35 @@ struct Arena<B: Backend> {
     dx: B::Buffer,
     dx2: B::Buffer,
     dh: B::Buffer,
-    dgate: B::Buffer,
-    dup: B::Buffer,
-    ds: B::Buffer,
     datt: B::Buffer,
     dq: B::Buffer,
     dk: B::Buffer,
     dv: B::Buffer,
+    /// `(ds, dgate, dup)` for each feed-forward width.
+    ffn: Triples<B>,
+    /// `(n * top_k, d)` and `(n, n_experts)` for sparse blocks; empty without.
+    dxe: B::Buffer,
+    dlogits: B::Buffer,
 }
 
 impl<B: Backend> Arena<B> {
     fn new(b: &B, c: &TransformerConfig, batch: usize, seq: usize) -> Result<Self> {
         let n = batch * seq;
-        let (d, q, kv, f) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
+        let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
         let mut layers = Vec::new();
-        for _ in 0..c.n_layers {
+        let mut lens = Vec::new();
+        for l in 0..c.n_layers {
+            let f = c.mlp_width(l).unwrap_or(0);
+            if f > 0 {
+                lens.push(n * f);
+            }
+            let moe = match c.sparse(l) {
+                Some(m) => {
+                    lens.push(n * m.top_k * m.expert_d_ff);
+                    Some(MoeActs::new(b, n, d, m)?)
+                }
+                None => None,
+            };
             layers.push(LayerActs {
                 x_in: b.zeros(n * d)?,
                 h: b.zeros(n * d)?,
@@ -458,8 +600,13 @@ impl<B: Backend> Arena<B> {
                 gate: b.zeros(n * f)?,
                 up: b.zeros(n * f)?,
                 s: b.zeros(n * f)?,
+                moe,
             });
         }
+        let (dxe, dlogits) = match &c.moe {
+            Some(m) => (b.zeros(n * m.top_k * d)?, b.zeros(n * m.n_experts)?),
+            None => (b.zeros(0)?, b.zeros(0)?),
+        };
         Ok(Arena {
             batch,
             seq,
@@ -471,160 +618,180 @@ impl<B: Backend> Arena<B> {
             dx: b.zeros(n * d)?,
             dx2: b.zeros(n * d)?,
             dh: b.zeros(n * d)?,
-            dgate: b.zeros(n * f)?,
-            dup: b.zeros(n * f)?,
-            ds: b.zeros(n * f)?,
             datt: b.zeros(n * q)?,
             dq: b.zeros(n * q)?,
             dk: b.zeros(n * kv)?,
             dv: b.zeros(n * kv)?,
+            ffn: Triples::new(b, lens)?,
+            dxe,
+            dlogits,
         })
     }
 }
 
-/// The seven projections of a block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Proj {
-    Q,
-    K,
-    V,
-    O,
-    Gate,
-    Up,
-    Down,
-}
-
-/// A block's matrices at one byte per weight: (packed int8, per-row scales) each.
-pub struct QuantLayer<B: Backend> {
-    pub wq: (B::Buffer, B::Buffer),
-    pub wk: (B::Buffer, B::Buffer),
-    pub wv: (B::Buffer, B::Buffer),
-    pub wo: (B::Buffer, B::Buffer),
-    pub w_gate: (B::Buffer, B::Buffer),
-    pub w_up: (B::Buffer, B::Buffer),
-    pub w_down: (B::Buffer, B::Buffer),
-}
-
-impl<B: Backend> QuantLayer<B> {
-    fn get(&self, p: Proj) -> &(B::Buffer, B::Buffer) {
-        match p {
-            Proj::Q => &self.wq,
-            Proj::K => &self.wk,
-            Proj::V => &self.wv,
-            Proj::O => &self.wo,
-            Proj::Gate => &self.w_gate,
-            Proj::Up => &self.w_up,
-            Proj::Down => &self.w_down,
-        }
-    }
-}
-
-/// Every matrix of the model in int8 (the embedding doubles as the head, as in f32).
-pub struct QuantParams<B: Backend> {
-    pub embed: (B::Buffer, B::Buffer),
-    pub layers: Vec<QuantLayer<B>>,
-}
-
-/// A block's projections, from the f32 weights or their int8 copies.
-struct Lin<'a, B: Backend> {
-    f: &'a LayerParams<B>,
-    q: Option<&'a QuantLayer<B>>,
-}
-
-impl<B: Backend> Lin<'_, B> {
-    /// `out (m x n) = x (m x k) W^T + beta * out` for projection `proj`.
-    #[allow(clippy::too_many_arguments)]
-    fn apply(
-        &self,
-        b: &B,
-        proj: Proj,
-        out: &mut B::Buffer,
-        x: &B::Buffer,
-        m: usize,
-        n: usize,
-        k: usize,
-        beta: f32,
-        prec: Precision,
-    ) -> Result<()> {
-        match self.q {
-            Some(q) => {
-                let (packed, scales) = q.get(proj);
-                b.q8_matmul(out, x, packed, scales, m, n, k, beta)
-            }
-            None => {
-                let w = match proj {
-                    Proj::Q => &self.f.wq,
-                    Proj::K => &self.f.wk,
-                    Proj::V => &self.f.wv,
-                    Proj::O => &self.f.wo,
-                    Proj::Gate => &self.f.w_gate,
-                    Proj::Up => &self.f.w_up,
-                    Proj::Down => &self.f.w_down,
-                };
-                b.matmul(
-                    out,
-                    x,
-                    w,
-                    &MatmulSpec::new(m, n, k).trans_b(true).beta(beta).precision(prec),
-                )
-            }
-        }
-    }
-}
-
-/// The feed-forward of a block, `out += down(silu(gate(h2)) * up(h2))`: the residual add
-/// is the down projection's `beta = 1`. This pair of functions is the slot a
-/// mixture-of-experts layer takes over; everything it needs is its input `h2`, the block's
-/// activations, and the output stream.
+/// A SwiGLU feed-forward over `n` rows, added to the stream:
+/// `out += down(silu(gate(x)) * up(x))` (the residual add is the down projection's
+/// `beta = 1`). `x`, `out`: `(n, d)`; `gate`, `up`, `s`: `(n, f)`, kept for the backward pass.
 #[allow(clippy::too_many_arguments)]
-fn ffn_forward<B: Backend>(
+fn mlp_forward<B: Backend>(
     b: &B,
-    w: &Lin<'_, B>,
-    a: &mut LayerActs<B>,
+    w: &Swiglu<Mat<'_, B>>,
+    x: &B::Buffer,
     out: &mut B::Buffer,
-    n: usize,
-    d: usize,
-    f: usize,
-    prec: Precision,
-) -> Result<()> {
-    // gate, up = h2 W^T   h2: (n, d), W: (f, d)
-    w.apply(b, Proj::Gate, &mut a.gate, &a.h2, n, f, d, 0.0, prec)?;
-    w.apply(b, Proj::Up, &mut a.up, &a.h2, n, f, d, 0.0, prec)?;
-    b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
-    w.apply(b, Proj::Down, out, &a.s, n, d, f, 1.0, prec)
-}
-
-/// Backward of [`ffn_forward`]: from `dout` (n, d), accumulates the three weight gradients
-/// into `g` and writes `dh2` (n, d). `scratch` is (ds, dgate, dup), each (n, f).
-#[allow(clippy::too_many_arguments)]
-fn ffn_backward<B: Backend>(
-    b: &B,
-    p: &LayerParams<B>,
-    g: &mut LayerParams<B>,
-    a: &LayerActs<B>,
-    dout: &B::Buffer,
-    dh2: &mut B::Buffer,
-    scratch: [&mut B::Buffer; 3],
+    [gate, up, s]: [&mut B::Buffer; 3],
     n: usize,
     d: usize,
     f: usize,
     prec: Precision,
 ) -> Result<()> {
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
-    let [ds, dgate, dup] = scratch;
+    w.gate.apply(b, gate, x, mm(n, f, d))?;
+    w.up.apply(b, up, x, mm(n, f, d))?;
+    b.swiglu_forward(s, gate, up)?;
+    w.down.apply(b, out, s, mm(n, d, f).beta(1.0))
+}
+
+/// Backward of [`mlp_forward`]: from `dout` `(n, d)`, accumulates the three weight
+/// gradients into `g` and writes `dx` `(n, d)`. `scratch` is `(ds, dgate, dup)`, `(n, f)`.
+#[allow(clippy::too_many_arguments)]
+fn mlp_backward<B: Backend>(
+    b: &B,
+    p: &Swiglu<B::Buffer>,
+    g: &mut Swiglu<B::Buffer>,
+    a: [&B::Buffer; 4],
+    dout: &B::Buffer,
+    dx: &mut B::Buffer,
+    [ds, dgate, dup]: &mut [B::Buffer; 3],
+    n: usize,
+    d: usize,
+    f: usize,
+    prec: Precision,
+) -> Result<()> {
+    let [x, gate, up, s] = a;
+    let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
     // dWd += dout^T s; ds = dout Wd
-    b.matmul(&mut g.w_down, dout, &a.s, &mm(d, f, n).trans_a(true).accumulate())?;
-    b.matmul(ds, dout, &p.w_down, &mm(n, f, d))?;
+    b.matmul(&mut g.down, dout, s, &mm(d, f, n).trans_a(true).accumulate())?;
+    b.matmul(ds, dout, &p.down, &mm(n, f, d))?;
+    b.swiglu_backward(dgate, dup, ds, gate, up)?;
+    b.matmul(&mut g.gate, dgate, x, &mm(f, d, n).trans_a(true).accumulate())?;
+    b.matmul(&mut g.up, dup, x, &mm(f, d, n).trans_a(true).accumulate())?;
+    b.matmul(dx, dgate, &p.gate, &mm(n, d, f))?;
+    b.matmul(dx, dup, &p.up, &mm(n, d, f).accumulate())
+}
+
+/// The routed experts of a sparse block, added to the stream: each token's `top_k` expert
+/// outputs, weighted by the router (see [`crate::ops::moe`]). Tokens are grouped by expert
+/// (gather, then one product per expert over its rows, then a weighted scatter-add), so
+/// an expert multiplies only the tokens routed to it and none is dropped. `x`, `out`:
+/// `(n, d)`. The router runs in f32 whatever the GEMM precision: routing is a discrete
+/// choice that bf16 rounding would flip.
+#[allow(clippy::too_many_arguments)]
+fn moe_forward<B: Backend>(
+    b: &B,
+    w: &Experts<Mat<'_, B>>,
+    m: &MoeConfig,
+    a: &mut MoeActs<B>,
+    x: &B::Buffer,
+    out: &mut B::Buffer,
+    n: usize,
+    d: usize,
+    prec: Precision,
+) -> Result<()> {
+    let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
+    let mm = |rows, nn, kk| MatmulSpec::new(rows, nn, kk).precision(prec);
+    w.router.apply(b, &mut a.logits, x, MatmulSpec::new(n, e_n, d))?;
+    let logits = b.download(&a.logits)?;
+    a.routing.route(&logits, n, e_n, k, m.renormalize)?;
+    let r = &a.routing;
+    // Gather: xe[row] = x[token_of_row[row]], an embedding lookup with x as the table.
+    b.embedding_forward(&mut a.xe, x, &r.token_of_row, n, d)?;
+    for (e, ex) in w.experts.iter().enumerate() {
+        let (o, c) = r.rows(e);
+        if c > 0 {
+            ex.gate
+                .apply(b, &mut a.gate, &a.xe, mm(c, fe, d).window(o * d, 0, o * fe))?;
+            ex.up
+                .apply(b, &mut a.up, &a.xe, mm(c, fe, d).window(o * d, 0, o * fe))?;
+        }
+    }
+    b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
+    for (e, ex) in w.experts.iter().enumerate() {
+        let (o, c) = r.rows(e);
+        if c > 0 {
+            ex.down
+                .apply(b, &mut a.y, &a.s, mm(c, d, fe).window(o * fe, 0, o * d))?;
+        }
+    }
+    b.moe_combine(out, &a.y, &r.row_of_slot, &r.weight, k, d)
+}
+
+/// Backward of [`moe_forward`]: from `dout` `(n, d)`, accumulates the experts' and the
+/// router's gradients into `g` and *adds* the input gradient into `dx` `(n, d)`. The
+/// router's gradient includes `lb_scale` times the load-balancing loss and `z_scale` times
+/// the z-loss. `dxe` `(n * top_k, d)` and `dlogits` `(n, n_experts)` are scratch, and
+/// `ffn` is `(ds, dgate, dup)` of `(n * top_k, expert_d_ff)`.
+#[allow(clippy::too_many_arguments)]
+fn moe_backward<B: Backend>(
+    b: &B,
+    p: &Experts<B::Buffer>,
+    g: &mut Experts<B::Buffer>,
+    m: &MoeConfig,
+    a: &MoeActs<B>,
+    x: &B::Buffer,
+    dout: &B::Buffer,
+    dx: &mut B::Buffer,
+    dxe: &mut B::Buffer,
+    dlogits: &mut B::Buffer,
+    [ds, dgate, dup]: &mut [B::Buffer; 3],
+    n: usize,
+    d: usize,
+    prec: Precision,
+    (lb_scale, z_scale): (f32, f32),
+) -> Result<()> {
+    let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
+    let mm = |rows, nn, kk| MatmulSpec::new(rows, nn, kk).precision(prec);
+    let r = &a.routing;
+    // dy[row] = weight * dout[token] (into dxe), and each slot's weight gradient.
+    let dweight = b.moe_combine_backward(dxe, dout, &a.y, &r.row_of_slot, &r.weight, k, d)?;
+    for e in 0..e_n {
+        let (o, c) = r.rows(e);
+        if c > 0 {
+            // dWd_e += dy_e^T s_e; ds_e = dy_e Wd_e
+            let acc = mm(d, fe, c).trans_a(true).accumulate().window(o * d, o * fe, 0);
+            b.matmul(&mut g.experts[e].down, dxe, &a.s, &acc)?;
+            b.matmul(
+                ds,
+                dxe,
+                &p.experts[e].down,
+                &mm(c, fe, d).window(o * d, 0, o * fe),
+            )?;
+        }
+    }
     b.swiglu_backward(dgate, dup, ds, &a.gate, &a.up)?;
+    for e in 0..e_n {
+        let (o, c) = r.rows(e);
+        if c > 0 {
+            let acc = mm(fe, d, c).trans_a(true).accumulate().window(o * fe, o * d, 0);
+            b.matmul(&mut g.experts[e].gate, dgate, &a.xe, &acc)?;
+            b.matmul(&mut g.experts[e].up, dup, &a.xe, &acc)?;
+            // dxe_e = dgate_e Wg_e + dup_e Wu_e (dy is spent: its rows are reused)
+            let into = mm(c, d, fe).window(o * fe, 0, o * d);
+            b.matmul(dxe, dgate, &p.experts[e].gate, &into)?;
+            b.matmul(dxe, dup, &p.experts[e].up, &into.accumulate())?;
+        }
+    }
+    // Scatter-add: dx[token_of_row[row]] += dxe[row], the embedding gradient with x as table.
+    b.embedding_backward(dx, dxe, &r.token_of_row, n, d)?;
+    let mut dl = alloc::vec![0.0f32; n * e_n];
+    r.backward(&mut dl, &dweight, lb_scale, z_scale)?;
+    b.write(dlogits, &dl)?;
     b.matmul(
-        &mut g.w_gate,
-        dgate,
-        &a.h2,
-        &mm(f, d, n).trans_a(true).accumulate(),
+        &mut g.router,
+        dlogits,
+        x,
+        &MatmulSpec::new(e_n, d, n).trans_a(true).accumulate(),
     )?;
-    b.matmul(&mut g.w_up, dup, &a.h2, &mm(f, d, n).trans_a(true).accumulate())?;
-    b.matmul(dh2, dgate, &p.w_gate, &mm(n, d, f))?;
-    b.matmul(dh2, dup, &p.w_up, &mm(n, d, f).accumulate())
+    b.matmul(dx, dlogits, &p.router, &MatmulSpec::new(n, d, e_n).accumulate())
 }
 
 /// Keys and values of every block for one sequence being decoded, with room for
@@ -661,18 +828,30 @@ struct DecodeArena<B: Backend> {
     v: B::Buffer,
     att: B::Buffer,
     lse: B::Buffer,
-    gate: B::Buffer,
-    up: B::Buffer,
-    s: B::Buffer,
+    /// `(gate, up, s)` per feed-forward width.
+    ffn: Triples<B>,
+    /// Shared by every sparse block (they route one after another).
+    moe: Option<MoeActs<B>>,
     last: B::Buffer,
     logits: B::Buffer,
 }
 
-/// The loss of one batch: summed over the counted positions, and their number.
+/// The loss of one batch: the LM loss summed over the counted positions, and their
+/// number; the auxiliary losses of the sparse blocks, averaged over those blocks (0 for a
+/// dense model).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LossSum {
     pub sum: f64,
     pub count: usize,
+    pub load_balance: f64,
+    pub router_z: f64,
+}
+
+/// Auxiliary losses of a forward pass, averaged over the sparse blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct AuxLoss {
+    load_balance: f64,
+    router_z: f64,
 }
 
 /// A transformer LM living on backend `B`.
@@ -694,69 +873,60 @@ pub struct TransformerModel<B: Backend> {
     /// Set by [`TransformerModel::quantize`]: the int8 matrices. The f32 matrices, the
     /// gradients and the optimizer state are then gone.
     pub quantized: Option<QuantParams<B>>,
+    /// Expert usage of the last forward pass: per sparse block, the fraction of routed
+    /// slots each expert received.
+    expert_usage: Vec<Vec<f64>>,
 }
 
 impl<B: Backend> TransformerModel<B> {
-    /// Initialization (GPT-2 / Llama practice): every matrix normal(0, 0.02), the two
-    /// output projections of each block (`o_proj`, `down_proj`) scaled by
-    /// `1 / sqrt(2 * n_layers)` so the residual stream's variance does not grow with depth;
-    /// norm weights one.
+    /// Initialization (GPT-2 / Llama practice): every matrix and router normal(0, 0.02),
+    /// the two output projections of each block and expert (`o_proj`, `down_proj`) scaled
+    /// by `1 / sqrt(2 * n_layers)` so the residual stream's variance does not grow with
+    /// depth; norm weights one. Tensors are drawn in [`Tree::into_leaves`] order.
     pub fn new(backend: B, config: TransformerConfig, seed: u64) -> Result<Self> {
         config.validate()?;
         let mut rng = Rng::new(seed);
         let std = 0.02f32;
         let out_std = std / libm::sqrtf(2.0 * config.n_layers as f32);
-        let (d, q, kv, f) = (config.d_model, config.q_dim(), config.kv_dim(), config.d_ff);
         let b = &backend;
-        let ones = |n: usize| b.upload(&alloc::vec![1.0f32; n]);
-        let embed = b.upload(&rng.normal_vec(config.vocab_size * d, std))?;
-        let mut layers = Vec::new();
-        for _ in 0..config.n_layers {
-            layers.push(LayerParams {
-                attn_norm: ones(d)?,
-                wq: b.upload(&rng.normal_vec(q * d, std))?,
-                wk: b.upload(&rng.normal_vec(kv * d, std))?,
-                wv: b.upload(&rng.normal_vec(kv * d, std))?,
-                wo: b.upload(&rng.normal_vec(d * q, out_std))?,
-                ffn_norm: ones(d)?,
-                w_gate: b.upload(&rng.normal_vec(f * d, std))?,
-                w_up: b.upload(&rng.normal_vec(f * d, std))?,
-                w_down: b.upload(&rng.normal_vec(d * f, out_std))?,
-            });
-        }
-        let params = Params {
-            embed,
-            layers,
-            final_norm: ones(d)?,
-        };
+        let params = config.layout().try_map(|name, t| match t.kind {
+            TensorKind::Norm => b.upload(&alloc::vec![1.0f32; t.len()]),
+            TensorKind::Matrix | TensorKind::Router => {
+                let out_proj = name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight");
+                b.upload(&rng.normal_vec(t.len(), if out_proj { out_std } else { std }))
+            }
+        })?;
         Self::from_params(backend, config, params)
     }
 
     /// A model around given parameters (a checkpoint, a test fixture).
     pub fn from_params(backend: B, config: TransformerConfig, params: Params<B>) -> Result<Self> {
         config.validate()?;
-        let shapes = Params::<B>::zeros(&backend, &config)?;
-        let want = shapes.named();
-        let have = params.named();
-        if want.len() != have.len() {
-            return Err(invalid(format!(
-                "{} parameter tensors, the configuration has {}",
-                have.len(),
-                want.len()
-            )));
+        let layout = config.layout();
+        let named = params.as_ref().into_named();
+        let want = layout.as_ref().into_named();
+        if named.len() != want.len() || params.as_ref().zip(layout.as_ref()).is_none() {
+            return Err(CoreError::InvalidArgument {
+                op: "transformer parameters",
+                message: format!(
+                    "{} parameter tensors laid out differently from the configuration's {}",
+                    named.len(),
+                    want.len()
+                ),
+            });
         }
-        for ((name, w, _), (_, h, _)) in want.iter().zip(&have) {
-            let (lw, lh) = (backend.len(w), backend.len(h));
-            if lw != lh {
+        for ((name, buf), (_, t)) in named.iter().zip(&want) {
+            let (have, need) = (backend.len(buf), t.len());
+            if have != need {
                 return Err(CoreError::InvalidArgument {
                     op: "transformer parameters",
-                    message: format!("{name} has {lh} values, the configuration needs {lw}"),
+                    message: format!("{name} has {have} values, the configuration needs {need}"),
                 });
             }
         }
-        let grads = shapes;
-        let m = Params::zeros(&backend, &config)?;
-        let v = Params::zeros(&backend, &config)?;
+        let grads = zeros_like(&backend, &layout)?;
+        let m = zeros_like(&backend, &layout)?;
+        let v = zeros_like(&backend, &layout)?;
         Ok(TransformerModel {
             backend,
             config,
@@ -769,6 +939,76 @@ impl<B: Backend> TransformerModel<B> {
             arena: None,
             decode: None,
             quantized: None,
+            expert_usage: Vec::new(),
+        })
+    }
+
+    /// An int8 model from its parts (a Q8 checkpoint): `params` holds the f32 norms and
+    /// routers (its matrices may be empty: they are dropped), `quantized` the int8
+    /// matrices, both in the configuration's layout.
+    pub fn from_quantized(
+        backend: B,
+        config: TransformerConfig,
+        params: Params<B>,
+        quantized: QuantParams<B>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let layout = config.layout();
+        let b = &backend;
+        let pc = crate::ops::q8::packed_cols;
+        let bad = |message: String| CoreError::InvalidArgument {
+            op: "transformer parameters",
+            message,
+        };
+        let mismatch = || bad("the tensors are laid out differently from the configuration".into());
+        let pairs = params
+            .as_ref()
+            .zip(quantized.as_ref())
+            .and_then(|t| t.zip(layout.as_ref()))
+            .ok_or_else(mismatch)?;
+        for (name, ((f, q), t)) in pairs.into_named() {
+            let (rows, cols) = t.rows_cols();
+            match (t.kind, q) {
+                (TensorKind::Matrix, Some((p, s))) => {
+                    if b.len(p) != rows * pc(cols) || b.len(s) != rows {
+                        return Err(bad(format!("int8 {name} does not have {rows} rows of {cols}")));
+                    }
+                }
+                (TensorKind::Matrix, None) => return Err(bad(format!("{name} has no int8 weights"))),
+                (_, Some(_)) => return Err(bad(format!("{name} stays f32 in an int8 model"))),
+                (_, None) => {
+                    if b.len(f) != t.len() {
+                        return Err(bad(format!("{name} does not have {} values", t.len())));
+                    }
+                }
+            }
+        }
+        // The f32 matrices an int8 model does not keep.
+        let mut params = params;
+        for (buf, t) in params
+            .as_mut()
+            .into_leaves()
+            .into_iter()
+            .zip(layout.as_ref().into_leaves())
+        {
+            if t.kind == TensorKind::Matrix {
+                *buf = b.zeros(0)?;
+            }
+        }
+        let (grads, m, v) = (hollow(b, &layout)?, hollow(b, &layout)?, hollow(b, &layout)?);
+        Ok(TransformerModel {
+            backend,
+            config,
+            params,
+            grads,
+            m,
+            v,
+            step: 0,
+            precision: Precision::F32,
+            arena: None,
+            decode: None,
+            quantized: Some(quantized),
+            expert_usage: Vec::new(),
         })
     }
 
@@ -794,29 +1034,39 @@ impl<B: Backend> TransformerModel<B> {
         Ok(())
     }
 
-    /// Forward pass of a batch up to the logits (kept in the arena).
-    fn forward(&mut self, tb: &TokenBatch) -> Result<()> {
+    /// Expert usage of the last forward pass (training, evaluation or decoding): one row
+    /// per sparse block, the fraction of routed slots each expert received. Empty for a
+    /// dense model or before any forward pass.
+    pub fn expert_usage(&self) -> &[Vec<f64>] {
+        &self.expert_usage
+    }
+
+    /// Forward pass of a batch up to the logits (kept in the arena); returns the sparse
+    /// blocks' auxiliary losses.
+    fn forward(&mut self, tb: &TokenBatch) -> Result<AuxLoss> {
         tb.check(self.config.vocab_size)?;
         self.ensure_arena(tb.batch, tb.seq)?;
         let c = &self.config;
-        let (n, d, q, kv, f) = (tb.batch * tb.seq, c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
+        let (n, d, q, kv) = (tb.batch * tb.seq, c.d_model, c.q_dim(), c.kv_dim());
         let b = &self.backend;
         let arena = self.arena.as_mut().expect("ensured above");
         let (rope_q, rope_k) = c.rope_specs(tb.batch, tb.seq, 0);
         let att_spec = AttentionSpec::causal(tb.batch, tb.seq, c.q_heads, c.kv_heads, c.head_dim);
         let prec = self.precision;
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
+        let quantized = self.quantized.as_ref();
         let first = &mut arena.layers[0].x_in;
-        match &self.quantized {
-            Some(qp) => b.q8_embedding(first, &qp.embed.0, &qp.embed.1, &tb.inputs, c.vocab_size, d)?,
-            None => b.embedding_forward(first, &self.params.embed, &tb.inputs, c.vocab_size, d)?,
+        match quantized.map(|q| &q.embed) {
+            Some(Some((packed, scales))) => {
+                b.q8_embedding(first, packed, scales, &tb.inputs, c.vocab_size, d)?
+            }
+            _ => b.embedding_forward(first, &self.params.embed, &tb.inputs, c.vocab_size, d)?,
         }
+        let mut aux = AuxLoss::default();
+        self.expert_usage.clear();
         for l in 0..c.n_layers {
             let p = &self.params.layers[l];
-            let w = Lin {
-                f: p,
-                q: self.quantized.as_ref().map(|q| &q.layers[l]),
-            };
+            let w = block_view(&self.params, quantized, l)?;
             if l > 0 {
                 // This block's input is the previous block's output.
                 b.copy(&mut arena.layers[l].x_in, &arena.x_out)?;
@@ -825,21 +1075,32 @@ impl<B: Backend> TransformerModel<B> {
             // h = rmsnorm(x_in)
             b.rmsnorm_forward(&mut a.h, &mut a.rstd1, &a.x_in, &p.attn_norm, n, d, c.norm_eps)?;
             // q, k, v = h W^T   h: (n, d), Wq: (q, d)
-            w.apply(b, Proj::Q, &mut a.q, &a.h, n, q, d, 0.0, prec)?;
-            w.apply(b, Proj::K, &mut a.k, &a.h, n, kv, d, 0.0, prec)?;
-            w.apply(b, Proj::V, &mut a.v, &a.h, n, kv, d, 0.0, prec)?;
+            w.wq.apply(b, &mut a.q, &a.h, mm(n, q, d))?;
+            w.wk.apply(b, &mut a.k, &a.h, mm(n, kv, d))?;
+            w.wv.apply(b, &mut a.v, &a.h, mm(n, kv, d))?;
             b.rope_forward(&mut a.q, &rope_q)?;
             b.rope_forward(&mut a.k, &rope_k)?;
             b.attention_forward(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &att_spec)?;
             // x_mid = x_in + att Wo^T
             b.copy(&mut a.x_mid, &a.x_in)?;
-            w.apply(b, Proj::O, &mut a.x_mid, &a.att, n, d, q, 1.0, prec)?;
-            // FFN
+            w.wo.apply(b, &mut a.x_mid, &a.att, mm(n, d, q).beta(1.0))?;
             b.rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x_mid, &p.ffn_norm, n, d, c.norm_eps)?;
-            // x_out = x_mid + FFN(h2)
+            // x_out = x_mid + FFN(h2): a dense SwiGLU, or routed experts plus the shared one.
             b.copy(&mut arena.x_out, &a.x_mid)?;
-            ffn_forward(b, &w, a, &mut arena.x_out, n, d, f, prec)?;
+            if let (Some(wm), Some(f)) = (&w.mlp, c.mlp_width(l)) {
+                let scratch = [&mut a.gate, &mut a.up, &mut a.s];
+                mlp_forward(b, wm, &a.h2, &mut arena.x_out, scratch, n, d, f, prec)?;
+            }
+            if let (Some(we), Some(m), Some(acts)) = (&w.moe, c.sparse(l), a.moe.as_mut()) {
+                moe_forward(b, we, m, acts, &a.h2, &mut arena.x_out, n, d, prec)?;
+                aux.load_balance += acts.routing.load_balance;
+                aux.router_z += acts.routing.z_loss;
+                self.expert_usage.push(acts.routing.usage());
+            }
         }
+        let sparse = c.sparse_layers().max(1) as f64;
+        aux.load_balance /= sparse;
+        aux.router_z /= sparse;
         b.rmsnorm_forward(
             &mut arena.hf,
             &mut arena.rstd_f,
@@ -850,117 +1111,12 @@ impl<B: Backend> TransformerModel<B> {
             c.norm_eps,
         )?;
         // logits = hf E^T   (n, d) x (vocab, d)^T
-        match &self.quantized {
-            Some(qp) => b.q8_matmul(
-                &mut arena.logits,
-                &arena.hf,
-                &qp.embed.0,
-                &qp.embed.1,
-                n,
-                c.vocab_size,
-                d,
-                0.0,
-            )?,
-            None => b.matmul(
-                &mut arena.logits,
-                &arena.hf,
-                &self.params.embed,
-                &mm(n, c.vocab_size, d).trans_b(true),
-            )?,
-        }
-        Ok(())
-    }
-
-    /// An int8 model from its parts (a Q8 checkpoint): norm weights in f32 (`attn_norms`,
-    /// `ffn_norms` per block, `final_norm`) and the int8 matrices.
-    pub fn from_quantized(
-        backend: B,
-        config: TransformerConfig,
-        norms: Vec<(B::Buffer, B::Buffer)>,
-        final_norm: B::Buffer,
-        quantized: QuantParams<B>,
-    ) -> Result<Self> {
-        config.validate()?;
-        let (d, q, kv, f) = (config.d_model, config.q_dim(), config.kv_dim(), config.d_ff);
-        let pc = crate::ops::q8::packed_cols;
-        if norms.len() != config.n_layers || quantized.layers.len() != config.n_layers {
-            return Err(invalid(format!(
-                "{} blocks of norms and {} of int8 weights for {} layers",
-                norms.len(),
-                quantized.layers.len(),
-                config.n_layers
-            )));
-        }
-        let b = &backend;
-        let check = |name: &str, (p, s): &(B::Buffer, B::Buffer), rows: usize, cols: usize| -> Result<()> {
-            if b.len(p) != rows * pc(cols) || b.len(s) != rows {
-                return Err(CoreError::InvalidArgument {
-                    op: "transformer parameters",
-                    message: format!("int8 {name} does not have {rows} rows of {cols}"),
-                });
-            }
-            Ok(())
+        let head = match quantized.map(|q| &q.embed) {
+            Some(Some((packed, scales))) => Mat::Q8(packed, scales),
+            _ => Mat::F32(&self.params.embed),
         };
-        check("embedding", &quantized.embed, config.vocab_size, d)?;
-        for (l, ql) in quantized.layers.iter().enumerate() {
-            for (name, t, rows, cols) in [
-                ("q_proj", &ql.wq, q, d),
-                ("k_proj", &ql.wk, kv, d),
-                ("v_proj", &ql.wv, kv, d),
-                ("o_proj", &ql.wo, d, q),
-                ("gate_proj", &ql.w_gate, f, d),
-                ("up_proj", &ql.w_up, f, d),
-                ("down_proj", &ql.w_down, d, f),
-            ] {
-                check(&format!("layer {l} {name}"), t, rows, cols)?;
-            }
-        }
-        for (a, m) in &norms {
-            if b.len(a) != d || b.len(m) != d {
-                return Err(invalid(format!("a norm weight does not have {d} values")));
-            }
-        }
-        if b.len(&final_norm) != d {
-            return Err(invalid(format!("the final norm does not have {d} values")));
-        }
-        let empty = || b.zeros(0);
-        let mut layers = Vec::new();
-        for (attn_norm, ffn_norm) in norms {
-            layers.push(LayerParams {
-                attn_norm,
-                wq: empty()?,
-                wk: empty()?,
-                wv: empty()?,
-                wo: empty()?,
-                ffn_norm,
-                w_gate: empty()?,
-                w_up: empty()?,
-                w_down: empty()?,
-            });
-        }
-        let params = Params {
-            embed: empty()?,
-            layers,
-            final_norm,
-        };
-        let (grads, m, v) = (
-            Params::hollow(b, config.n_layers)?,
-            Params::hollow(b, config.n_layers)?,
-            Params::hollow(b, config.n_layers)?,
-        );
-        Ok(TransformerModel {
-            backend,
-            config,
-            params,
-            grads,
-            m,
-            v,
-            step: 0,
-            precision: Precision::F32,
-            arena: None,
-            decode: None,
-            quantized: Some(quantized),
-        })
+        head.apply(b, &mut arena.logits, &arena.hf, mm(n, c.vocab_size, d))?;
+        Ok(aux)
     }
 
     /// Empty key/value caches for one sequence of up to `max_seq_len` positions.
@@ -983,7 +1139,7 @@ impl<B: Backend> TransformerModel<B> {
     /// of the last new position (`vocab_size` values). Prefill is one call with the whole
     /// prompt; decoding, one call per token.
     pub fn forward_cached(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<Vec<f32>> {
-        let c = self.config.clone();
+        let c = &self.config;
         let r = ids.len();
         if r == 0 {
             return Err(batch_err("forward_cached needs at least one token id".into()));
@@ -1018,10 +1174,15 @@ impl<B: Backend> TransformerModel<B> {
                 ),
             });
         }
-        let (d, q, kv, f) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
+        let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
         let b = &self.backend;
         if self.decode.as_ref().is_none_or(|a| a.rows != r) {
             self.decode = None;
+            let mut lens: Vec<usize> = (0..c.n_layers)
+                .filter_map(|l| c.mlp_width(l))
+                .map(|f| r * f)
+                .collect();
+            lens.dedup();
             self.decode = Some(DecodeArena {
                 rows: r,
                 x: b.zeros(r * d)?,
@@ -1032,9 +1193,11 @@ impl<B: Backend> TransformerModel<B> {
                 v: b.zeros(r * kv)?,
                 att: b.zeros(r * q)?,
                 lse: b.zeros(r * c.q_heads)?,
-                gate: b.zeros(r * f)?,
-                up: b.zeros(r * f)?,
-                s: b.zeros(r * f)?,
+                ffn: Triples::new(b, lens)?,
+                moe: match &c.moe {
+                    Some(m) => Some(MoeActs::new(b, r, d, m)?),
+                    None => None,
+                },
                 last: b.zeros(d)?,
                 logits: b.zeros(c.vocab_size)?,
             });
@@ -1053,31 +1216,34 @@ impl<B: Backend> TransformerModel<B> {
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
         };
-        match &self.quantized {
-            Some(qp) => b.q8_embedding(&mut a.x, &qp.embed.0, &qp.embed.1, ids, c.vocab_size, d)?,
-            None => b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?,
+        let quantized = self.quantized.as_ref();
+        match quantized.map(|q| &q.embed) {
+            Some(Some((packed, scales))) => b.q8_embedding(&mut a.x, packed, scales, ids, c.vocab_size, d)?,
+            _ => b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?,
         }
+        self.expert_usage.clear();
         for l in 0..c.n_layers {
             let p = &self.params.layers[l];
-            let w = Lin {
-                f: p,
-                q: self.quantized.as_ref().map(|q| &q.layers[l]),
-            };
+            let w = block_view(&self.params, quantized, l)?;
             b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &p.attn_norm, r, d, c.norm_eps)?;
-            w.apply(b, Proj::Q, &mut a.q, &a.h, r, q, d, 0.0, prec)?;
-            w.apply(b, Proj::K, &mut a.k, &a.h, r, kv, d, 0.0, prec)?;
-            w.apply(b, Proj::V, &mut a.v, &a.h, r, kv, d, 0.0, prec)?;
+            w.wq.apply(b, &mut a.q, &a.h, mm(r, q, d))?;
+            w.wk.apply(b, &mut a.k, &a.h, mm(r, kv, d))?;
+            w.wv.apply(b, &mut a.v, &a.h, mm(r, kv, d))?;
             b.rope_forward(&mut a.q, &rope_q)?;
             b.rope_forward(&mut a.k, &rope_k)?;
             b.copy_range(&mut cache.k[l], pos * kv, &a.k, 0, r * kv)?;
             b.copy_range(&mut cache.v[l], pos * kv, &a.v, 0, r * kv)?;
             b.attention_forward(&mut a.att, &mut a.lse, &a.q, &cache.k[l], &cache.v[l], &spec)?;
-            w.apply(b, Proj::O, &mut a.x, &a.att, r, d, q, 1.0, prec)?;
+            w.wo.apply(b, &mut a.x, &a.att, mm(r, d, q).beta(1.0))?;
             b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &p.ffn_norm, r, d, c.norm_eps)?;
-            w.apply(b, Proj::Gate, &mut a.gate, &a.h, r, f, d, 0.0, prec)?;
-            w.apply(b, Proj::Up, &mut a.up, &a.h, r, f, d, 0.0, prec)?;
-            b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
-            w.apply(b, Proj::Down, &mut a.x, &a.s, r, d, f, 1.0, prec)?;
+            if let (Some(wm), Some(f)) = (&w.mlp, c.mlp_width(l)) {
+                let [gate, up, s] = a.ffn.get(r * f)?;
+                mlp_forward(b, wm, &a.h, &mut a.x, [gate, up, s], r, d, f, prec)?;
+            }
+            if let (Some(we), Some(m), Some(acts)) = (&w.moe, c.sparse(l), a.moe.as_mut()) {
+                moe_forward(b, we, m, acts, &a.h, &mut a.x, r, d, prec)?;
+                self.expert_usage.push(acts.routing.usage());
+            }
         }
         b.rmsnorm_forward(
             &mut a.h,
@@ -1090,24 +1256,11 @@ impl<B: Backend> TransformerModel<B> {
         )?;
         b.copy_range(&mut a.last, 0, &a.h, (r - 1) * d, d)?;
         // Only the last position's logits: one (1, d) x (d, vocab) product.
-        match &self.quantized {
-            Some(qp) => b.q8_matmul(
-                &mut a.logits,
-                &a.last,
-                &qp.embed.0,
-                &qp.embed.1,
-                1,
-                c.vocab_size,
-                d,
-                0.0,
-            )?,
-            None => b.matmul(
-                &mut a.logits,
-                &a.last,
-                &self.params.embed,
-                &mm(1, c.vocab_size, d).trans_b(true),
-            )?,
-        }
+        let head = match quantized.map(|q| &q.embed) {
+            Some(Some((packed, scales))) => Mat::Q8(packed, scales),
+            _ => Mat::F32(&self.params.embed),
+        };
+        head.apply(b, &mut a.logits, &a.last, mm(1, c.vocab_size, d))?;
         cache.len += r;
         b.download(&a.logits)
     }
@@ -1121,7 +1274,7 @@ impl<B: Backend> TransformerModel<B> {
 
     /// Forward and loss, no gradients.
     pub fn evaluate(&mut self, tb: &TokenBatch) -> Result<LossSum> {
-        self.forward(tb)?;
+        let aux = self.forward(tb)?;
         let arena = self.arena.as_mut().expect("forward made it");
         let n = tb.batch * tb.seq;
         let s = self.backend.cross_entropy(
@@ -1135,11 +1288,14 @@ impl<B: Backend> TransformerModel<B> {
         Ok(LossSum {
             sum: s.loss_sum,
             count: s.count,
+            load_balance: aux.load_balance,
+            router_z: aux.router_z,
         })
     }
 
-    /// Forward and backward: adds the gradient of this batch's mean loss (over its counted
-    /// positions) to `grads`, and returns the loss.
+    /// Forward and backward: adds the gradient of this batch's objective — the mean LM
+    /// loss over its counted positions, plus the sparse blocks' auxiliary losses times
+    /// their coefficients — to `grads`, and returns the losses.
     pub fn accumulate(&mut self, tb: &TokenBatch) -> Result<LossSum> {
         self.refuse_if_quantized("training")?;
         let count = tb.counted();
@@ -1148,14 +1304,22 @@ impl<B: Backend> TransformerModel<B> {
                 "no position of the batch counts in the loss (the mask is all false)".into(),
             ));
         }
-        self.forward(tb)?;
-        let c = self.config.clone();
-        let (n, d, q, kv, f) = (tb.batch * tb.seq, c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
+        let aux = self.forward(tb)?;
+        let c = &self.config;
+        let (n, d, q, kv) = (tb.batch * tb.seq, c.d_model, c.q_dim(), c.kv_dim());
         let prec = self.precision;
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
         let b = &self.backend;
         let arena = self.arena.as_mut().expect("forward made it");
         let (params, grads) = (&self.params, &mut self.grads);
+        // Each sparse block's share of the auxiliary losses' weights.
+        let aux_scales = match &c.moe {
+            Some(m) => {
+                let sparse = m.layers.len() as f32;
+                (m.load_balance_coef / sparse, m.router_z_coef / sparse)
+            }
+            None => (0.0, 0.0),
+        };
         // Loss and dlogits (in place), for the mean over counted positions.
         let s = b.cross_entropy(
             &mut arena.logits,
@@ -1190,22 +1354,48 @@ impl<B: Backend> TransformerModel<B> {
         )?;
         let (rope_q, rope_k) = c.rope_specs(tb.batch, tb.seq, 0);
         let att_spec = AttentionSpec::causal(tb.batch, tb.seq, c.q_heads, c.kv_heads, c.head_dim);
+        let layout_err = || invalid("gradients laid out differently from the parameters".into());
         for l in (0..c.n_layers).rev() {
             let (p, g, a) = (&params.layers[l], &mut grads.layers[l], &arena.layers[l]);
-            // --- FFN: x_out = x_mid + FFN(h2); dx holds d x_out, dh gets d h2.
-            ffn_backward(
-                b,
-                p,
-                g,
-                a,
-                &arena.dx,
-                &mut arena.dh,
-                [&mut arena.ds, &mut arena.dgate, &mut arena.dup],
-                n,
-                d,
-                f,
-                prec,
-            )?;
+            // --- FFN: x_out = x_mid + mlp(h2) + experts(h2); dx holds d x_out, dh gets d h2.
+            match (&p.mlp, &mut g.mlp, c.mlp_width(l)) {
+                (Some(pm), Some(gm), Some(f)) => mlp_backward(
+                    b,
+                    pm,
+                    gm,
+                    [&a.h2, &a.gate, &a.up, &a.s],
+                    &arena.dx,
+                    &mut arena.dh,
+                    arena.ffn.get(n * f)?,
+                    n,
+                    d,
+                    f,
+                    prec,
+                )?,
+                (None, None, None) => b.fill(&mut arena.dh, 0.0)?,
+                _ => return Err(layout_err()),
+            }
+            match (&p.moe, &mut g.moe, c.sparse(l), &a.moe) {
+                (Some(pe), Some(ge), Some(m), Some(acts)) => moe_backward(
+                    b,
+                    pe,
+                    ge,
+                    m,
+                    acts,
+                    &a.h2,
+                    &arena.dx,
+                    &mut arena.dh,
+                    &mut arena.dxe,
+                    &mut arena.dlogits,
+                    arena.ffn.get(n * m.top_k * m.expert_d_ff)?,
+                    n,
+                    d,
+                    prec,
+                    aux_scales,
+                )?,
+                (None, None, None, None) => {}
+                _ => return Err(layout_err()),
+            }
             // d x_mid = dx (residual) + rmsnorm backward of dh
             b.rmsnorm_backward(
                 &mut arena.dx2,
@@ -1278,57 +1468,50 @@ impl<B: Backend> TransformerModel<B> {
         Ok(LossSum {
             sum: s.loss_sum,
             count: s.count,
+            load_balance: aux.load_balance,
+            router_z: aux.router_z,
         })
     }
 
-    /// Rounds every matrix to int8 with per-row absmax scales (the norm weights stay f32),
-    /// then frees the f32 matrices, the gradients and the optimizer state: one-way,
-    /// inference only. Calling it again does nothing.
+    /// Rounds every matrix to int8 with per-row absmax scales (norm weights and routers
+    /// stay f32), then frees the f32 matrices, the gradients and the optimizer state:
+    /// one-way, inference only. Calling it again does nothing.
     pub fn quantize(&mut self) -> Result<()> {
         if self.quantized.is_some() {
             return Ok(());
         }
-        let c = self.config.clone();
-        let (d, q, kv, f) = (c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
+        let layout = self.config.layout();
         let b = &self.backend;
-        let quant = |buf: &B::Buffer, rows: usize, cols: usize| -> Result<(B::Buffer, B::Buffer)> {
-            let host = b.download(buf)?;
-            let (packed, scales) = crate::ops::q8::quantize_rows(&host, rows, cols)?;
-            Ok((b.upload(&packed)?, b.upload(&scales)?))
-        };
-        let mut layers = Vec::new();
-        for p in &self.params.layers {
-            layers.push(QuantLayer {
-                wq: quant(&p.wq, q, d)?,
-                wk: quant(&p.wk, kv, d)?,
-                wv: quant(&p.wv, kv, d)?,
-                wo: quant(&p.wo, d, q)?,
-                w_gate: quant(&p.w_gate, f, d)?,
-                w_up: quant(&p.w_up, f, d)?,
-                w_down: quant(&p.w_down, d, f)?,
-            });
-        }
-        let embed = quant(&self.params.embed, c.vocab_size, d)?;
-        self.quantized = Some(QuantParams { embed, layers });
+        let pairs = self
+            .params
+            .as_ref()
+            .zip(layout.as_ref())
+            .ok_or_else(|| invalid("parameters laid out differently from the configuration".into()))?;
+        let quantized = pairs.try_map(|_, (buf, t)| match t.kind {
+            TensorKind::Matrix => {
+                let (rows, cols) = t.rows_cols();
+                let host = b.download(buf)?;
+                let (packed, scales) = crate::ops::q8::quantize_rows(&host, rows, cols)?;
+                Ok(Some((b.upload(&packed)?, b.upload(&scales)?)))
+            }
+            TensorKind::Norm | TensorKind::Router => Ok(None),
+        })?;
+        self.quantized = Some(quantized);
         // Free what an int8 model no longer has: f32 matrices, gradients, moments, arenas.
-        let empty = |b: &B| b.zeros(0);
-        self.params.embed = empty(b)?;
-        for p in &mut self.params.layers {
-            for m in [
-                &mut p.wq,
-                &mut p.wk,
-                &mut p.wv,
-                &mut p.wo,
-                &mut p.w_gate,
-                &mut p.w_up,
-                &mut p.w_down,
-            ] {
-                *m = empty(b)?;
+        for (buf, t) in self
+            .params
+            .as_mut()
+            .into_leaves()
+            .into_iter()
+            .zip(layout.as_ref().into_leaves())
+        {
+            if t.kind == TensorKind::Matrix {
+                *buf = b.zeros(0)?;
             }
         }
         for set in [&mut self.grads, &mut self.m, &mut self.v] {
-            for buf in set.all_mut() {
-                *buf = empty(b)?;
+            for buf in set.as_mut().into_leaves() {
+                *buf = b.zeros(0)?;
             }
         }
         self.arena = None;
@@ -1348,7 +1531,7 @@ impl<B: Backend> TransformerModel<B> {
 
     pub fn zero_grad(&mut self) -> Result<()> {
         self.refuse_if_quantized("zero_grad")?;
-        for g in self.grads.all_mut() {
+        for g in self.grads.as_mut().into_leaves() {
             self.backend.fill(g, 0.0)?;
         }
         Ok(())
@@ -1357,24 +1540,31 @@ impl<B: Backend> TransformerModel<B> {
     /// The global L2 norm of the accumulated gradients times `scale`.
     pub fn grad_norm(&self, scale: f32) -> Result<f64> {
         let mut total = 0.0;
-        for (_, g, _) in self.grads.named() {
+        for g in self.grads.as_ref().into_leaves() {
             total += self.backend.sum_of_squares(g)?;
         }
         Ok(libm::sqrt(total) * scale.abs() as f64)
     }
 
     /// One AdamW (or SGD) step with the accumulated gradients times `grad_scale`; weight
-    /// decay applies to the embedding and the projections, never to norm weights.
+    /// decay applies to the embedding, the projections and the routers, never to norm
+    /// weights.
     pub fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> Result<()> {
         self.refuse_if_quantized("step")?;
         optimizer.validate()?;
         self.step += 1;
-        let decays: Vec<bool> = self.params.named().iter().map(|(_, _, d)| *d).collect();
+        let decays: Vec<bool> = self
+            .config
+            .layout()
+            .into_leaves()
+            .iter()
+            .map(|t| t.kind != TensorKind::Norm)
+            .collect();
         let b = &self.backend;
-        let params = self.params.all_mut();
-        let grads: Vec<&B::Buffer> = self.grads.named().into_iter().map(|(_, g, _)| g).collect();
-        let ms = self.m.all_mut();
-        let vs = self.v.all_mut();
+        let params = self.params.as_mut().into_leaves();
+        let grads = self.grads.as_ref().into_leaves();
+        let ms = self.m.as_mut().into_leaves();
+        let vs = self.v.as_mut().into_leaves();
         for ((((p, g), m), v), decay) in params.into_iter().zip(grads).zip(ms).zip(vs).zip(decays) {
             let opt = if decay {
                 *optimizer
@@ -1394,17 +1584,19 @@ impl<B: Backend> TransformerModel<B> {
     /// Every parameter on the host with its Hugging Face name.
     pub fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
         self.params
-            .named()
+            .as_ref()
+            .into_named()
             .into_iter()
-            .map(|(n, p, _)| Ok((n, self.backend.download(p)?)))
+            .map(|(n, p)| Ok((n, self.backend.download(p)?)))
             .collect()
     }
     /// Every gradient on the host, named like its parameter.
     pub fn named_gradients(&self) -> Result<Vec<(String, Vec<f32>)>> {
         self.grads
-            .named()
+            .as_ref()
+            .into_named()
             .into_iter()
-            .map(|(n, g, _)| Ok((n, self.backend.download(g)?)))
+            .map(|(n, g)| Ok((n, self.backend.download(g)?)))
             .collect()
     }
 }

@@ -1,6 +1,6 @@
 //! General matrix multiply: `C = alpha * op(A) * op(B) + beta * C`, batched.
 
-use crate::error::{check_len, product};
+use crate::error::{check_len, check_range, product};
 use crate::{Real, Result};
 
 /// The element type GEMM operands are rounded to before multiplying. Accumulation is always
@@ -23,6 +23,10 @@ pub enum Precision {
 ///
 /// With `beta == 0` the old contents of `C` are never read, so NaN garbage there is harmless.
 /// With `k == 0` the product is zero and `C = beta * C`.
+///
+/// Without a [`Window`] each buffer holds exactly its operand. With one, the operands start
+/// at the window's offsets inside larger buffers (a mixture-of-experts layer multiplies each
+/// expert's block of rows of one grouped buffer this way).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MatmulSpec {
     pub m: usize,
@@ -34,6 +38,15 @@ pub struct MatmulSpec {
     pub beta: f32,
     pub precision: Precision,
     pub batch: usize,
+    pub window: Option<Window>,
+}
+
+/// Element offsets of `A`, `B` and `C` inside their buffers; see [`MatmulSpec::window`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Window {
+    pub a: usize,
+    pub b: usize,
+    pub c: usize,
 }
 
 impl MatmulSpec {
@@ -49,6 +62,7 @@ impl MatmulSpec {
             beta: 0.0,
             precision: Precision::F32,
             batch: 1,
+            window: None,
         }
     }
     pub fn trans_a(mut self, t: bool) -> Self {
@@ -79,15 +93,64 @@ impl MatmulSpec {
         self.batch = batch;
         self
     }
-    /// Checks the three buffer lengths; returns `(len_a, len_b, len_c)` of one problem.
+    /// The operands start `a`, `b`, `c` elements into their buffers, which may be longer
+    /// than the operands (one problem only: `batch` must be 1).
+    pub fn window(mut self, a: usize, b: usize, c: usize) -> Self {
+        self.window = Some(Window { a, b, c });
+        self
+    }
+    /// Checks the three buffer lengths (exact, or covering the window); returns
+    /// `(len_a, len_b, len_c)` of one problem.
     pub fn check(&self, op: &'static str, a: usize, b: usize, c: usize) -> Result<(usize, usize, usize)> {
         let la = product(op, &[self.m, self.k])?;
         let lb = product(op, &[self.k, self.n])?;
         let lc = product(op, &[self.m, self.n])?;
-        check_len(op, "a", a, product(op, &[la, self.batch])?)?;
-        check_len(op, "b", b, product(op, &[lb, self.batch])?)?;
-        check_len(op, "c", c, product(op, &[lc, self.batch])?)?;
+        match self.window {
+            None => {
+                check_len(op, "a", a, product(op, &[la, self.batch])?)?;
+                check_len(op, "b", b, product(op, &[lb, self.batch])?)?;
+                check_len(op, "c", c, product(op, &[lc, self.batch])?)?;
+            }
+            Some(w) => {
+                if self.batch != 1 {
+                    return Err(crate::CoreError::InvalidDimension {
+                        op,
+                        message: alloc::format!(
+                            "a windowed product is one problem, not a batch of {}",
+                            self.batch
+                        ),
+                    });
+                }
+                check_range(op, "a", a, w.a, la)?;
+                check_range(op, "b", b, w.b, lb)?;
+                check_range(op, "c", c, w.c, lc)?;
+            }
+        }
         Ok((la, lb, lc))
+    }
+    /// Checks the buffers and cuts them to the operands: the whole buffers, or the window's
+    /// parts. The returned spec has no window, so a kernel written for whole operands runs
+    /// it unchanged.
+    pub fn operands<'a, T>(
+        &self,
+        op: &'static str,
+        a: &'a [T],
+        b: &'a [T],
+        c: &'a mut [T],
+    ) -> Result<(&'a [T], &'a [T], &'a mut [T], MatmulSpec)> {
+        let (la, lb, lc) = self.check(op, a.len(), b.len(), c.len())?;
+        match self.window {
+            None => Ok((a, b, c, *self)),
+            Some(w) => Ok((
+                &a[w.a..w.a + la],
+                &b[w.b..w.b + lb],
+                &mut c[w.c..w.c + lc],
+                MatmulSpec {
+                    window: None,
+                    ..*self
+                },
+            )),
+        }
     }
     /// Floating-point operations of the whole product (2 per multiply-add).
     pub fn flops(&self) -> f64 {
@@ -109,6 +172,8 @@ fn operand<T: Real>(x: T, p: Precision) -> T {
 
 /// Reference GEMM. `a`, `b`, `c` as described on [`MatmulSpec`].
 pub fn matmul<T: Real>(c: &mut [T], a: &[T], b: &[T], spec: &MatmulSpec) -> Result<()> {
+    let (a, b, c, spec) = spec.operands("matmul", a, b, c)?;
+    let spec = &spec;
     let (la, lb, lc) = spec.check("matmul", a.len(), b.len(), c.len())?;
     let MatmulSpec { m, n, k, .. } = *spec;
     let alpha = T::from_f32(spec.alpha);

@@ -21,6 +21,7 @@ pub mod embedding;
 pub mod l2norm;
 pub mod loss;
 pub mod matmul;
+pub mod moe;
 pub mod optim;
 pub mod q8;
 pub mod rmsnorm;

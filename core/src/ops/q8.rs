@@ -8,7 +8,8 @@
 
 use alloc::vec::Vec;
 
-use crate::error::{check_len, nonzero, product};
+use crate::error::{check_len, check_range, nonzero, product};
+use crate::ops::matmul::MatmulSpec;
 use crate::{CoreError, Real, Result};
 
 /// f32 slots per packed row of `cols` int8 values.
@@ -83,6 +84,42 @@ pub fn check_q8_matmul(
     check_q8(OP, packed, scales, n, k)?;
     check_len(OP, "x", x, product(OP, &[m, k])?)?;
     check_len(OP, "out", out, product(OP, &[m, n])?)
+}
+
+/// The `MatmulSpec` form of `q8_matmul` on backends: `out = x W^T + beta * out`, so the
+/// spec must say `trans_b` (W is stored `(n, k)` like a `Linear` weight), with no `trans_a`,
+/// `alpha` 1 and one problem; a window may place `x` and `out` inside larger buffers (its `b`
+/// offset must be 0: the weight is always whole). Returns the `x` and `out` operands.
+pub fn q8_operands<'a>(
+    spec: &MatmulSpec,
+    x: &'a [f32],
+    out: &'a mut [f32],
+) -> Result<(&'a [f32], &'a mut [f32])> {
+    const OP: &str = "q8_matmul";
+    if !spec.trans_b || spec.trans_a || spec.alpha != 1.0 || spec.batch != 1 {
+        return Err(CoreError::InvalidArgument {
+            op: OP,
+            message: alloc::format!(
+                "the int8 product is out = x W^T + beta * out (trans_b, alpha 1, one problem); got {spec:?}"
+            ),
+        });
+    }
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    match spec.window {
+        None => Ok((x, out)),
+        Some(w) => {
+            if w.b != 0 {
+                return Err(CoreError::InvalidArgument {
+                    op: OP,
+                    message: "the int8 weight cannot be windowed (window b must be 0)".into(),
+                });
+            }
+            let (lx, lo) = (product(OP, &[m, k])?, product(OP, &[m, n])?);
+            check_range(OP, "x", x.len(), w.a, lx)?;
+            check_range(OP, "out", out.len(), w.c, lo)?;
+            Ok((&x[w.a..w.a + lx], &mut out[w.c..w.c + lo]))
+        }
+    }
 }
 
 /// An activation row rounded to int8: the values and the row's scale (absmax / 127).

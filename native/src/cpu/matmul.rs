@@ -20,6 +20,8 @@ pub(crate) const PARALLEL_GEMV: usize = 1 << 18;
 const GEMV_CHUNK: usize = 256;
 
 pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<()> {
+    let (a, b, c, spec) = spec.operands("matmul", a, b, c)?;
+    let spec = &spec;
     let (la, lb, lc) = spec.check("matmul", a.len(), b.len(), c.len())?;
     if lc == 0 {
         return Ok(());

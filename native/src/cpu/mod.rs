@@ -15,6 +15,7 @@ mod dense;
 mod elementwise;
 mod embedding;
 mod matmul;
+mod moe;
 mod optim;
 mod q8;
 mod rmsnorm;
@@ -287,18 +288,39 @@ impl Backend for CpuBackend {
     ) -> Result<CrossEntropySum> {
         cross_entropy::cross_entropy(logits, targets, mask, rows, vocab, grad_scale)
     }
+    fn moe_combine(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        moe::moe_combine(out, y, row_of_slot, weight, top_k, dim)
+    }
+    fn moe_combine_backward(
+        &self,
+        dy: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        y: &Vec<f32>,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>> {
+        moe::moe_combine_backward(dy, dout, y, row_of_slot, weight, top_k, dim)
+    }
     fn q8_matmul(
         &self,
         out: &mut Vec<f32>,
         x: &Vec<f32>,
         packed: &Vec<f32>,
         scales: &Vec<f32>,
-        m: usize,
-        n: usize,
-        k: usize,
-        beta: f32,
+        spec: &MatmulSpec,
     ) -> Result<()> {
-        q8::q8_matmul(out, x, packed, scales, m, n, k, beta)
+        let (x, out) = rusting_brain_core::ops::q8::q8_operands(spec, x, out)?;
+        q8::q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
     }
     fn q8_embedding(
         &self,

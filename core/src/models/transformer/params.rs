@@ -1,0 +1,384 @@
+//! The transformer's tensors as one tree: the token embedding, the blocks, the final norm.
+//!
+//! The same tree holds the parameters, their gradients and both optimizer moments (leaves
+//! are buffers), the shapes of a configuration (leaves are [`TensorSpec`]s), and an int8
+//! model's matrices (leaves are optional (packed, scales) pairs), so checkpoints, the
+//! optimizer and quantization walk one layout instead of each repeating it. Names are
+//! Hugging Face's: `LlamaForCausalLM` for dense blocks, the Qwen-MoE spelling for sparse
+//! ones (`mlp.gate.weight` is the router, `mlp.experts.{j}.gate_proj.weight` an expert,
+//! `mlp.shared_expert.up_proj.weight` the shared expert).
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use super::TransformerConfig;
+
+/// What a tensor is, which decides its initialization, weight decay and int8 storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorKind {
+    /// An RMSNorm weight: starts at one, never decayed, stays f32 in int8 models.
+    Norm,
+    /// A projection or the embedding: decayed, int8 in quantized models.
+    Matrix,
+    /// A sparse block's router `(n_experts, d_model)`: decayed like a matrix, but kept in
+    /// f32 by quantization, since flipping a routing decision costs more than its bytes.
+    Router,
+}
+
+/// Shape and kind of one tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub shape: Vec<usize>,
+    pub kind: TensorKind,
+}
+
+impl TensorSpec {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// `(rows, cols)` of a matrix; a vector is one row.
+    pub fn rows_cols(&self) -> (usize, usize) {
+        match self.shape.as_slice() {
+            [r, c] => (*r, *c),
+            [c] => (1, *c),
+            _ => (0, 0),
+        }
+    }
+}
+
+/// A SwiGLU feed-forward: a dense block's, one expert, or the shared expert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Swiglu<T> {
+    /// `(f, d_model)`.
+    pub gate: T,
+    /// `(f, d_model)`.
+    pub up: T,
+    /// `(d_model, f)`.
+    pub down: T,
+}
+
+/// A sparse block's router and routed experts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Experts<T> {
+    /// `(n_experts, d_model)`.
+    pub router: T,
+    pub experts: Vec<Swiglu<T>>,
+}
+
+/// One block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block<T> {
+    pub attn_norm: T,
+    pub wq: T,
+    pub wk: T,
+    pub wv: T,
+    pub wo: T,
+    pub ffn_norm: T,
+    /// The dense feed-forward; in a sparse block, the shared expert (if it has one).
+    pub mlp: Option<Swiglu<T>>,
+    /// A sparse block's router and experts.
+    pub moe: Option<Experts<T>>,
+}
+
+/// The whole model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tree<T> {
+    /// `(vocab, d_model)`, also the output head.
+    pub embed: T,
+    pub layers: Vec<Block<T>>,
+    pub final_norm: T,
+}
+
+impl<T> Swiglu<T> {
+    pub fn as_ref(&self) -> Swiglu<&T> {
+        Swiglu {
+            gate: &self.gate,
+            up: &self.up,
+            down: &self.down,
+        }
+    }
+    pub fn as_mut(&mut self) -> Swiglu<&mut T> {
+        Swiglu {
+            gate: &mut self.gate,
+            up: &mut self.up,
+            down: &mut self.down,
+        }
+    }
+    pub fn map<U>(self, f: &mut impl FnMut(T) -> U) -> Swiglu<U> {
+        Swiglu {
+            gate: f(self.gate),
+            up: f(self.up),
+            down: f(self.down),
+        }
+    }
+    fn try_map<U, E>(
+        self,
+        prefix: &str,
+        f: &mut impl FnMut(&str, T) -> Result<U, E>,
+    ) -> Result<Swiglu<U>, E> {
+        Ok(Swiglu {
+            gate: f(&format!("{prefix}gate_proj.weight"), self.gate)?,
+            up: f(&format!("{prefix}up_proj.weight"), self.up)?,
+            down: f(&format!("{prefix}down_proj.weight"), self.down)?,
+        })
+    }
+    fn zip<U>(self, o: Swiglu<U>) -> Swiglu<(T, U)> {
+        Swiglu {
+            gate: (self.gate, o.gate),
+            up: (self.up, o.up),
+            down: (self.down, o.down),
+        }
+    }
+}
+
+impl<T> Block<T> {
+    pub fn as_ref(&self) -> Block<&T> {
+        Block {
+            attn_norm: &self.attn_norm,
+            wq: &self.wq,
+            wk: &self.wk,
+            wv: &self.wv,
+            wo: &self.wo,
+            ffn_norm: &self.ffn_norm,
+            mlp: self.mlp.as_ref().map(Swiglu::as_ref),
+            moe: self.moe.as_ref().map(|m| Experts {
+                router: &m.router,
+                experts: m.experts.iter().map(Swiglu::as_ref).collect(),
+            }),
+        }
+    }
+    pub fn as_mut(&mut self) -> Block<&mut T> {
+        Block {
+            attn_norm: &mut self.attn_norm,
+            wq: &mut self.wq,
+            wk: &mut self.wk,
+            wv: &mut self.wv,
+            wo: &mut self.wo,
+            ffn_norm: &mut self.ffn_norm,
+            mlp: self.mlp.as_mut().map(Swiglu::as_mut),
+            moe: self.moe.as_mut().map(|m| Experts {
+                router: &mut m.router,
+                experts: m.experts.iter_mut().map(Swiglu::as_mut).collect(),
+            }),
+        }
+    }
+    /// Every leaf through `f`, without names (the per-token paths use this).
+    pub fn map<U>(self, mut f: impl FnMut(T) -> U) -> Block<U> {
+        Block {
+            attn_norm: f(self.attn_norm),
+            wq: f(self.wq),
+            wk: f(self.wk),
+            wv: f(self.wv),
+            wo: f(self.wo),
+            ffn_norm: f(self.ffn_norm),
+            mlp: self.mlp.map(|m| m.map(&mut f)),
+            moe: self.moe.map(|m| Experts {
+                router: f(m.router),
+                experts: m.experts.into_iter().map(|e| e.map(&mut f)).collect(),
+            }),
+        }
+    }
+    /// Every leaf through `f` with its name under `prefix` (`model.layers.3.`), in the
+    /// order of [`Tree::into_leaves`].
+    pub fn try_map<U, E>(
+        self,
+        prefix: &str,
+        f: &mut impl FnMut(&str, T) -> Result<U, E>,
+    ) -> Result<Block<U>, E> {
+        let mut g = |name: &str, t: T| f(&format!("{prefix}{name}"), t);
+        let attn_norm = g("input_layernorm.weight", self.attn_norm)?;
+        let wq = g("self_attn.q_proj.weight", self.wq)?;
+        let wk = g("self_attn.k_proj.weight", self.wk)?;
+        let wv = g("self_attn.v_proj.weight", self.wv)?;
+        let wo = g("self_attn.o_proj.weight", self.wo)?;
+        let ffn_norm = g("post_attention_layernorm.weight", self.ffn_norm)?;
+        let sparse = self.moe.is_some();
+        let moe = match self.moe {
+            None => None,
+            Some(m) => {
+                let router = f(&format!("{prefix}mlp.gate.weight"), m.router)?;
+                let experts = m
+                    .experts
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, e)| e.try_map(&format!("{prefix}mlp.experts.{j}."), f))
+                    .collect::<Result<_, E>>()?;
+                Some(Experts { router, experts })
+            }
+        };
+        let mlp_prefix = if sparse {
+            format!("{prefix}mlp.shared_expert.")
+        } else {
+            format!("{prefix}mlp.")
+        };
+        let mlp = match self.mlp {
+            None => None,
+            Some(m) => Some(m.try_map(&mlp_prefix, f)?),
+        };
+        Ok(Block {
+            attn_norm,
+            wq,
+            wk,
+            wv,
+            wo,
+            ffn_norm,
+            mlp,
+            moe,
+        })
+    }
+    /// Pairs the leaves of two blocks of the same layout; `None` when the layouts differ.
+    pub fn zip<U>(self, o: Block<U>) -> Option<Block<(T, U)>> {
+        let mlp = match (self.mlp, o.mlp) {
+            (None, None) => None,
+            (Some(a), Some(b)) => Some(a.zip(b)),
+            _ => return None,
+        };
+        let moe = match (self.moe, o.moe) {
+            (None, None) => None,
+            (Some(a), Some(b)) if a.experts.len() == b.experts.len() => Some(Experts {
+                router: (a.router, b.router),
+                experts: a
+                    .experts
+                    .into_iter()
+                    .zip(b.experts)
+                    .map(|(x, y)| x.zip(y))
+                    .collect(),
+            }),
+            _ => return None,
+        };
+        Some(Block {
+            attn_norm: (self.attn_norm, o.attn_norm),
+            wq: (self.wq, o.wq),
+            wk: (self.wk, o.wk),
+            wv: (self.wv, o.wv),
+            wo: (self.wo, o.wo),
+            ffn_norm: (self.ffn_norm, o.ffn_norm),
+            mlp,
+            moe,
+        })
+    }
+    /// Every leaf, in the order of [`Tree::into_leaves`].
+    pub fn into_leaves(self) -> Vec<T> {
+        let mut out = Vec::new();
+        let _ = self.try_map("", &mut |_, t| {
+            out.push(t);
+            Ok::<(), ()>(())
+        });
+        out
+    }
+}
+
+impl<T> Tree<T> {
+    pub fn as_ref(&self) -> Tree<&T> {
+        Tree {
+            embed: &self.embed,
+            layers: self.layers.iter().map(Block::as_ref).collect(),
+            final_norm: &self.final_norm,
+        }
+    }
+    pub fn as_mut(&mut self) -> Tree<&mut T> {
+        Tree {
+            embed: &mut self.embed,
+            layers: self.layers.iter_mut().map(Block::as_mut).collect(),
+            final_norm: &mut self.final_norm,
+        }
+    }
+    /// Every leaf through `f` with its Hugging Face name, in the order of
+    /// [`Tree::into_leaves`]; the first error stops the walk.
+    pub fn try_map<U, E>(self, mut f: impl FnMut(&str, T) -> Result<U, E>) -> Result<Tree<U>, E> {
+        let embed = f("model.embed_tokens.weight", self.embed)?;
+        let layers = self
+            .layers
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| l.try_map(&format!("model.layers.{i}."), &mut f))
+            .collect::<Result<_, E>>()?;
+        let final_norm = f("model.norm.weight", self.final_norm)?;
+        Ok(Tree {
+            embed,
+            layers,
+            final_norm,
+        })
+    }
+    /// Pairs the leaves of two trees of the same layout; `None` when the layouts differ.
+    pub fn zip<U>(self, o: Tree<U>) -> Option<Tree<(T, U)>> {
+        if self.layers.len() != o.layers.len() {
+            return None;
+        }
+        let layers = self
+            .layers
+            .into_iter()
+            .zip(o.layers)
+            .map(|(a, b)| a.zip(b))
+            .collect::<Option<_>>()?;
+        Some(Tree {
+            embed: (self.embed, o.embed),
+            layers,
+            final_norm: (self.final_norm, o.final_norm),
+        })
+    }
+    /// Every leaf: the embedding; per block the norms and attention projections, then the
+    /// router and experts, then the dense feed-forward or shared expert; the final norm.
+    pub fn into_leaves(self) -> Vec<T> {
+        self.into_named().into_iter().map(|(_, t)| t).collect()
+    }
+    /// Every leaf with its name, in the order of [`Tree::into_leaves`].
+    pub fn into_named(self) -> Vec<(String, T)> {
+        let mut out = Vec::new();
+        let _ = self.try_map(|name, t| {
+            out.push((String::from(name), t));
+            Ok::<(), ()>(())
+        });
+        out
+    }
+    /// Builds a tree of this layout from `leaves` in [`Tree::into_leaves`] order; `None`
+    /// when the count differs.
+    pub fn with_leaves<U>(&self, leaves: Vec<U>) -> Option<Tree<U>> {
+        let n = leaves.len();
+        let mut it = leaves.into_iter();
+        let tree = self.as_ref().try_map(|_, _| it.next().ok_or(())).ok()?;
+        (it.next().is_none() && self.as_ref().into_leaves().len() == n).then_some(tree)
+    }
+}
+
+impl TransformerConfig {
+    /// The shape and kind of every tensor.
+    pub fn layout(&self) -> Tree<TensorSpec> {
+        let (d, q, kv) = (self.d_model, self.q_dim(), self.kv_dim());
+        let t = |shape: &[usize], kind| TensorSpec {
+            shape: shape.to_vec(),
+            kind,
+        };
+        let norm = || t(&[d], TensorKind::Norm);
+        let mat = |r: usize, c: usize| t(&[r, c], TensorKind::Matrix);
+        let swiglu = |f: usize| Swiglu {
+            gate: mat(f, d),
+            up: mat(f, d),
+            down: mat(d, f),
+        };
+        let layers = (0..self.n_layers)
+            .map(|l| Block {
+                attn_norm: norm(),
+                wq: mat(q, d),
+                wk: mat(kv, d),
+                wv: mat(kv, d),
+                wo: mat(d, q),
+                ffn_norm: norm(),
+                mlp: self.mlp_width(l).map(swiglu),
+                moe: self.sparse(l).map(|m| Experts {
+                    router: t(&[m.n_experts, d], TensorKind::Router),
+                    experts: (0..m.n_experts).map(|_| swiglu(m.expert_d_ff)).collect(),
+                }),
+            })
+            .collect();
+        Tree {
+            embed: mat(self.vocab_size, d),
+            layers,
+            final_norm: norm(),
+        }
+    }
+}

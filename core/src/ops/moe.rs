@@ -1,0 +1,306 @@
+//! Mixture-of-experts routing, its auxiliary losses, and the weighted combine of the
+//! experts' outputs.
+//!
+//! A router gives each token `n_experts` logits. Softmax turns them into probabilities, each
+//! token goes to its `top_k` most probable experts (ties to the lower index), and the
+//! expert outputs are summed with the chosen probabilities as weights — renormalized to sum
+//! to one over the `top_k` when [`Routing::route`] is asked to (Mixtral, Qwen-MoE's
+//! `norm_topk_prob`). Routing is dropless: every token reaches every expert it chose, with
+//! no capacity limit.
+//!
+//! Two auxiliary losses keep the router healthy, each computed per MoE layer:
+//! - load balance (Switch Transformer): `n_experts * sum_i f_i * P_i`, with `f_i` the
+//!   fraction of the `n * top_k` routed slots that went to expert `i` (a count, no gradient)
+//!   and `P_i` the mean router probability of expert `i` (carries the gradient). It is 1 for
+//!   a perfectly even split and `n_experts / top_k` at worst (every token sends its `top_k`
+//!   slots to the same experts and puts all its probability there).
+//! - router z-loss (ST-MoE): `mean_t logsumexp(logits_t)^2`, which keeps the logits small.
+//!
+//! The routing decisions are made on the host: they are `n * n_experts` numbers, and the
+//! per-expert products that follow need each expert's row count anyway. Computed in f64
+//! internally so every backend, given the same logits, routes the same way.
+
+use alloc::vec::Vec;
+
+use crate::error::{check_len, nonzero, product};
+use crate::{CoreError, Real, Result};
+
+/// How one batch of `n` tokens is routed, and the quantities its backward pass needs.
+///
+/// Grouped order: the `n * top_k` (token, slot) pairs sorted by expert, tokens ascending
+/// within an expert; expert `e` owns rows `offsets[e]..offsets[e + 1]` of the grouped
+/// buffers. Slot order: row-major `(n, top_k)`, best choice first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Routing {
+    pub tokens: usize,
+    pub n_experts: usize,
+    pub top_k: usize,
+    pub renormalize: bool,
+    /// Router probabilities, `(n, n_experts)`.
+    pub probs: Vec<f32>,
+    /// `logsumexp` of each token's logits, `(n)`.
+    pub lse: Vec<f32>,
+    /// Chosen expert per slot, `(n, top_k)`.
+    pub expert: Vec<u32>,
+    /// Combine weight per slot, `(n, top_k)`.
+    pub weight: Vec<f32>,
+    /// Token of each grouped row, `(n * top_k)`.
+    pub token_of_row: Vec<u32>,
+    /// Grouped row of each slot, `(n * top_k)`: the inverse of the grouping.
+    pub row_of_slot: Vec<u32>,
+    /// `n_experts + 1` row offsets into the grouped buffers.
+    pub offsets: Vec<usize>,
+    /// This batch's load-balancing loss (see the module docs).
+    pub load_balance: f64,
+    /// This batch's router z-loss.
+    pub z_loss: f64,
+}
+
+impl Routing {
+    /// Rows of expert `e` in the grouped buffers: `(first row, count)`.
+    pub fn rows(&self, e: usize) -> (usize, usize) {
+        (self.offsets[e], self.offsets[e + 1] - self.offsets[e])
+    }
+
+    /// Fraction of the routed slots each expert received.
+    pub fn usage(&self) -> Vec<f64> {
+        let slots = (self.tokens * self.top_k).max(1) as f64;
+        (0..self.n_experts)
+            .map(|e| self.rows(e).1 as f64 / slots)
+            .collect()
+    }
+
+    /// Routes `n` tokens from their router `logits` `(n, n_experts)`, reusing this value's
+    /// storage. Non-finite logits are an error (a diverged router).
+    pub fn route(
+        &mut self,
+        logits: &[f32],
+        n: usize,
+        n_experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<()> {
+        const OP: &str = "moe route";
+        nonzero(OP, "n_experts", n_experts)?;
+        if top_k == 0 || top_k > n_experts {
+            return Err(CoreError::InvalidDimension {
+                op: OP,
+                message: alloc::format!("top_k {top_k} must be between 1 and n_experts {n_experts}"),
+            });
+        }
+        check_len(OP, "logits", logits.len(), product(OP, &[n, n_experts])?)?;
+        if let Some(&v) = logits.iter().find(|v| !v.is_finite()) {
+            return Err(CoreError::NonFinite {
+                op: OP,
+                value: v as f64,
+            });
+        }
+        self.tokens = n;
+        self.n_experts = n_experts;
+        self.top_k = top_k;
+        self.renormalize = renormalize;
+        let (e_n, k) = (n_experts, top_k);
+        self.probs.clear();
+        self.lse.clear();
+        self.expert.clear();
+        self.weight.clear();
+        let mut counts = alloc::vec![0usize; e_n];
+        let mut prob_sum = alloc::vec![0.0f64; e_n];
+        let mut z = 0.0f64;
+        let mut p = alloc::vec![0.0f64; e_n];
+        let mut chosen: Vec<usize> = Vec::with_capacity(k);
+        for t in 0..n {
+            let row = &logits[t * e_n..(t + 1) * e_n];
+            let max = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+            let mut sum = 0.0;
+            for (pi, &v) in p.iter_mut().zip(row) {
+                *pi = libm::exp(v as f64 - max);
+                sum += *pi;
+            }
+            let lse = max + libm::log(sum);
+            z += lse * lse;
+            self.lse.push(lse as f32);
+            for (i, pi) in p.iter_mut().enumerate() {
+                *pi /= sum;
+                prob_sum[i] += *pi;
+                self.probs.push(*pi as f32);
+            }
+            // Top-k by repeated selection: k is small, and ties go to the lower index.
+            chosen.clear();
+            for _ in 0..k {
+                let mut best = usize::MAX;
+                for i in 0..e_n {
+                    if !chosen.contains(&i) && (best == usize::MAX || p[i] > p[best]) {
+                        best = i;
+                    }
+                }
+                chosen.push(best);
+            }
+            let norm: f64 = if renormalize {
+                chosen.iter().map(|&i| p[i]).sum()
+            } else {
+                1.0
+            };
+            for &i in &chosen {
+                counts[i] += 1;
+                self.expert.push(i as u32);
+                self.weight.push((p[i] / norm) as f32);
+            }
+        }
+        // Group the slots by expert with a counting sort (stable: tokens stay in order).
+        self.offsets.clear();
+        self.offsets.push(0);
+        for e in 0..e_n {
+            let last = self.offsets[e];
+            self.offsets.push(last + counts[e]);
+        }
+        let mut next = self.offsets.clone();
+        self.token_of_row.clear();
+        self.token_of_row.resize(n * k, 0);
+        self.row_of_slot.clear();
+        self.row_of_slot.resize(n * k, 0);
+        for (slot, &e) in self.expert.iter().enumerate() {
+            let row = next[e as usize];
+            next[e as usize] += 1;
+            self.token_of_row[row] = (slot / k) as u32;
+            self.row_of_slot[slot] = row as u32;
+        }
+        let slots = (n * k).max(1) as f64;
+        let tokens = n.max(1) as f64;
+        self.load_balance = e_n as f64
+            * (0..e_n)
+                .map(|i| counts[i] as f64 / slots * prob_sum[i] / tokens)
+                .sum::<f64>();
+        self.z_loss = z / tokens;
+        Ok(())
+    }
+
+    /// The gradient with respect to the router logits `(n, n_experts)` (overwritten), from
+    /// the gradient of each slot's combine weight `dweight` `(n, top_k)`, plus `lb_scale`
+    /// times the load-balancing loss and `z_scale` times the z-loss.
+    pub fn backward(&self, dlogits: &mut [f32], dweight: &[f32], lb_scale: f32, z_scale: f32) -> Result<()> {
+        const OP: &str = "moe route backward";
+        let (n, e_n, k) = (self.tokens, self.n_experts, self.top_k);
+        check_len(OP, "dlogits", dlogits.len(), n * e_n)?;
+        check_len(OP, "dweight", dweight.len(), n * k)?;
+        let slots = (n * k).max(1) as f64;
+        let tokens = n.max(1) as f64;
+        // d(load balance)/dP_i = n_experts * f_i, and P_i is a mean over tokens.
+        let dlb: Vec<f64> = (0..e_n)
+            .map(|i| lb_scale as f64 * e_n as f64 * self.rows(i).1 as f64 / slots / tokens)
+            .collect();
+        let mut dp = alloc::vec![0.0f64; e_n];
+        for t in 0..n {
+            let p = &self.probs[t * e_n..(t + 1) * e_n];
+            dp.copy_from_slice(&dlb);
+            let slots_t = t * k..(t + 1) * k;
+            let (experts, weights, dw) = (
+                &self.expert[slots_t.clone()],
+                &self.weight[slots_t.clone()],
+                &dweight[slots_t],
+            );
+            if self.renormalize {
+                // w_j = p_j / S over the chosen: dp_j = (dw_j - sum_i dw_i w_i) / S.
+                let s: f64 = experts.iter().map(|&e| p[e as usize] as f64).sum();
+                let dot: f64 = dw.iter().zip(weights).map(|(&a, &b)| a as f64 * b as f64).sum();
+                for (&e, &g) in experts.iter().zip(dw) {
+                    dp[e as usize] += (g as f64 - dot) / s;
+                }
+            } else {
+                for (&e, &g) in experts.iter().zip(dw) {
+                    dp[e as usize] += g as f64;
+                }
+            }
+            // Softmax backward, then the z-loss term: d(lse^2)/dx_i = 2 lse p_i.
+            let pdp: f64 = p.iter().zip(&dp).map(|(&a, &b)| a as f64 * b).sum();
+            let zg = z_scale as f64 * 2.0 * self.lse[t] as f64 / tokens;
+            for i in 0..e_n {
+                let pi = p[i] as f64;
+                dlogits[t * e_n + i] = (pi * (dp[i] - pdp) + zg * pi) as f32;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The shape contract of the combine ops: `out (n, dim)`, `y (n * top_k, dim)`,
+/// `row_of_slot` and `weight` `(n * top_k)`, every row index inside `y`.
+pub fn check_combine(
+    op: &'static str,
+    out: usize,
+    y: usize,
+    row_of_slot: &[u32],
+    weight: &[f32],
+    top_k: usize,
+    dim: usize,
+) -> Result<usize> {
+    nonzero(op, "dim", dim)?;
+    nonzero(op, "top_k", top_k)?;
+    let slots = row_of_slot.len();
+    if !slots.is_multiple_of(top_k) {
+        return Err(CoreError::InvalidDimension {
+            op,
+            message: alloc::format!("{slots} slots is not a multiple of top_k {top_k}"),
+        });
+    }
+    let n = slots / top_k;
+    check_len(op, "weight", weight.len(), slots)?;
+    check_len(op, "out", out, product(op, &[n, dim])?)?;
+    check_len(op, "y", y, product(op, &[slots, dim])?)?;
+    crate::ops::embedding::check_ids(op, row_of_slot, slots)?;
+    Ok(n)
+}
+
+/// `out[t] += sum_j weight[t, j] * y[row_of_slot[t, j]]`: the experts' outputs, weighted,
+/// back in token order. `out (n, dim)`, `y (n * top_k, dim)` in grouped order.
+pub fn moe_combine<T: Real>(
+    out: &mut [T],
+    y: &[T],
+    row_of_slot: &[u32],
+    weight: &[f32],
+    top_k: usize,
+    dim: usize,
+) -> Result<()> {
+    let n = check_combine("moe_combine", out.len(), y.len(), row_of_slot, weight, top_k, dim)?;
+    for t in 0..n {
+        for j in 0..top_k {
+            let slot = t * top_k + j;
+            let (r, w) = (row_of_slot[slot] as usize, T::from_f32(weight[slot]));
+            for c in 0..dim {
+                out[t * dim + c] += w * y[r * dim + c];
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Backward of [`moe_combine`]: `dy[row] = weight * dout[token]` (overwritten), and the
+/// gradient of each slot's weight, `dout[token] . y[row]`, returned in slot order.
+pub fn moe_combine_backward<T: Real>(
+    dy: &mut [T],
+    dout: &[T],
+    y: &[T],
+    row_of_slot: &[u32],
+    weight: &[f32],
+    top_k: usize,
+    dim: usize,
+) -> Result<Vec<f32>> {
+    const OP: &str = "moe_combine_backward";
+    let n = check_combine(OP, dout.len(), y.len(), row_of_slot, weight, top_k, dim)?;
+    check_len(OP, "dy", dy.len(), y.len())?;
+    let mut dweight = alloc::vec![0.0f32; n * top_k];
+    for t in 0..n {
+        for j in 0..top_k {
+            let slot = t * top_k + j;
+            let (r, w) = (row_of_slot[slot] as usize, T::from_f32(weight[slot]));
+            let mut dot = T::ZERO;
+            for c in 0..dim {
+                let g = dout[t * dim + c];
+                dy[r * dim + c] = w * g;
+                dot += g * y[r * dim + c];
+            }
+            dweight[slot] = dot.to_f32();
+        }
+    }
+    Ok(dweight)
+}
