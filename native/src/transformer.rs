@@ -557,7 +557,16 @@ impl TransformerLm {
         Ok(())
     }
 
-    /// Every parameter with its Hugging Face `LlamaForCausalLM` name.
+    /// Overwrites one parameter by its Hugging Face name (`model.layers.2.mlp.gate.weight`):
+    /// model surgery, a weight brought from elsewhere, an experiment's starting point. The
+    /// values must match the tensor's size and be finite; the optimizer state is kept.
+    pub fn set_parameter(&mut self, name: &str, values: &[f32]) -> Result<()> {
+        Ok(self.model_mut().set_parameter(name, values)?)
+    }
+
+    /// Every parameter with its Hugging Face name (`LlamaForCausalLM`'s; sparse layers use
+    /// the Qwen-MoE names: `mlp.gate.weight` is the router, `mlp.experts.{j}.*` the experts,
+    /// `mlp.shared_expert.*` the shared expert).
     pub fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
         Ok(self.model().named_parameters()?)
     }

@@ -1581,6 +1581,46 @@ impl<B: Backend> TransformerModel<B> {
         Ok(())
     }
 
+    /// Overwrites the parameter called `name` (a Hugging Face name, as listed by
+    /// [`TransformerModel::named_parameters`]) with `values`, which must hold exactly its
+    /// number of elements, all finite. On an int8 model only the f32 tensors (norms,
+    /// routers) can be set.
+    pub fn set_parameter(&mut self, name: &str, values: &[f32]) -> Result<()> {
+        let bad = |message: String| CoreError::InvalidArgument {
+            op: "set_parameter",
+            message,
+        };
+        let layout = self.config.layout();
+        let pairs = self
+            .params
+            .as_mut()
+            .zip(layout.as_ref())
+            .ok_or_else(|| bad("parameters laid out differently from the configuration".into()))?;
+        let (buf, spec) = pairs
+            .into_named()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, pair)| pair)
+            .ok_or_else(|| bad(format!("the model has no parameter named `{name}`")))?;
+        if self.quantized.is_some() && spec.kind == TensorKind::Matrix {
+            return Err(bad(format!(
+                "{name} is int8 in a quantized model; set it before quantize()"
+            )));
+        }
+        if values.len() != spec.len() {
+            return Err(bad(format!(
+                "{name} has shape {:?} ({} values); got {}",
+                spec.shape,
+                spec.len(),
+                values.len()
+            )));
+        }
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(bad(format!("{name}: value {i} is {}", values[i])));
+        }
+        self.backend.write(buf, values)
+    }
+
     /// Every parameter on the host with its Hugging Face name.
     pub fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
         self.params
