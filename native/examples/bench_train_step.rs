@@ -1,12 +1,18 @@
 //! Training throughput of `TransformerLm` next to PyTorch at the same shape, in one run,
 //! with a per-primitive breakdown of our step and the peak memory.
 //!
-//!     cargo run --release -p rusting_brain --example bench_train_step -- 8 256 cpu
+//!     cargo run --release -p rusting_brain --example bench_train_step -- 8 256 cpu [--moe]
 //!
 //! Shape: d_model 256, 6 layers, heads 8/2/32, d_ff 704, vocab 4096, batch x seq from the
 //! arguments. PyTorch runs `../shared/bench/torch_lm.py` (or `$RB_TORCH_LM`) through
 //! `$RB_PYTHON` (default `python3`), eager and with `--compile`; where that fails only our
 //! side is printed. Both report the median of 10 steps after 3 warm-up steps.
+//!
+//! `--moe` adds the mixture-of-experts model with the dense model's active parameters:
+//! every layer 8 experts of width 352, top-2 (2 x 352 = 704 = the dense d_ff), so a token
+//! does the same multiply-adds (plus a 256 x 8 router); PyTorch's side is
+//! `bench/torch_moe.py` (a Mixtral-style expert loop), eager. The per-primitive breakdown
+//! is then the MoE model's.
 
 use std::process::Command;
 use std::time::Instant;
@@ -30,7 +36,7 @@ fn torch(
     batch: usize,
     seq: usize,
     threads: usize,
-    compile: bool,
+    extra: &[&str],
 ) -> Option<(f64, String)> {
     let mut cmd = Command::new(python);
     cmd.args([
@@ -42,9 +48,7 @@ fn torch(
         "--threads",
         &threads.to_string(),
     ]);
-    if compile {
-        cmd.arg("--compile");
-    }
+    cmd.args(extra);
     let out = cmd.output().ok().filter(|o| o.status.success())?;
     let line = String::from_utf8_lossy(&out.stdout).lines().last()?.to_string();
     let v: serde_json::Value = serde_json::from_str(&line).ok()?;
@@ -54,80 +58,113 @@ fn torch(
     ))
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let batch: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(8);
-    let seq: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(256);
-    let device = args.get(2).map_or("cpu", String::as_str);
-    if device != "cpu" {
-        return Err(format!("device `{device}`: only `cpu` is built so far").into());
-    }
-    let mut model = TransformerLm::builder()
-        .vocab_size(4096)
-        .d_model(256)
-        .n_layers(6)
-        .heads(8, 2, 32)
-        .d_ff(704)
-        .max_seq_len(seq)
-        .optimizer(Optimizer::adam(3e-4).weight_decay(0.1))
-        .seed(0)
-        .build()?;
-    let config: TransformerConfig = model.config().clone();
-    let mut rng = Rng::new(1);
-    let seqs: Vec<Vec<u32>> = (0..batch)
-        .map(|_| (0..=seq).map(|_| rng.below(4096) as u32).collect())
-        .collect();
-    let tokens = (batch * seq) as f64;
-
+/// Median training tokens/s over 10 steps after 3 warm-up steps.
+fn measure(model: &mut TransformerLm, seqs: &[Vec<u32>]) -> Result<f64, Box<dyn std::error::Error>> {
     for _ in 0..3 {
-        model.train_step(&seqs)?;
+        model.train_step(seqs)?;
     }
     let mut times = Vec::new();
     for _ in 0..10 {
         let t = Instant::now();
-        model.train_step(&seqs)?;
+        model.train_step(seqs)?;
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(|a, b| a.total_cmp(b));
-    let median = times[times.len() / 2];
-    let ours = tokens / median;
-    let flops_per_token = 6.0 * config.forward_macs_per_token(seq);
-    let rss = peak_rss_mib();
+    Ok((seqs.len() * (seqs[0].len() - 1)) as f64 / times[times.len() / 2])
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let moe = args.iter().any(|a| a == "--moe");
+    let args: Vec<&String> = args.iter().filter(|a| *a != "--moe").collect();
+    let batch: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(8);
+    let seq: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(256);
+    let device = args.get(2).map_or("cpu", |s| s.as_str());
+    if device != "cpu" {
+        return Err(format!("device `{device}`: only `cpu` is built so far").into());
+    }
+    let base = || {
+        TransformerLm::builder()
+            .vocab_size(4096)
+            .d_model(256)
+            .n_layers(6)
+            .heads(8, 2, 32)
+            .d_ff(704)
+            .max_seq_len(seq)
+            .optimizer(Optimizer::adam(3e-4).weight_decay(0.1))
+            .seed(0)
+    };
+    let mut rng = Rng::new(1);
+    let seqs: Vec<Vec<u32>> = (0..batch)
+        .map(|_| (0..=seq).map(|_| rng.below(4096) as u32).collect())
+        .collect();
+    // The sparse model runs first: it is the larger, so the peak memory read after it is
+    // its own (the dense model is dropped-in later and smaller).
+    let mut sparse = None;
+    let mut rss = None;
+    if moe {
+        let mut m = base().experts(8, 2).expert_d_ff(352).build()?;
+        let tps = measure(&mut m, &seqs)?;
+        rss = peak_rss_mib();
+        sparse = Some((m.config().clone(), m.parameter_counts(), tps));
+    }
+    let mut model = base().build()?;
+    let ours = measure(&mut model, &seqs)?;
+    let dense_flops = 6.0 * model.config().forward_macs_per_token(seq);
+    // The model the memory count and the breakdown describe.
+    let (config, counts): (TransformerConfig, _) = match &sparse {
+        Some((c, counts, _)) => (c.clone(), *counts),
+        None => {
+            rss = peak_rss_mib();
+            (model.config().clone(), model.parameter_counts())
+        }
+    };
 
     let threads = rayon::current_num_threads();
     let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = std::env::var("RB_TORCH_LM").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/bench/torch_lm.py").to_string()
     });
-    let eager = torch(&python, &script, batch, seq, threads, false);
-    let compiled = torch(&python, &script, batch, seq, threads, true);
+    let moe_script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_moe.py");
+    let eager = torch(&python, &script, batch, seq, threads, &[]);
+    let compiled = torch(&python, &script, batch, seq, threads, &["--compile"]);
 
-    let counts = model.parameter_counts();
     println!(
-        "bench_train_step: {counts}; d_model 256, 6 layers, heads 8/2/32, d_ff 704, vocab 4096; batch {batch} x {seq}; {threads} threads"
+        "bench_train_step: {}; d_model 256, 6 layers, heads 8/2/32, d_ff 704, vocab 4096; batch {batch} x {seq}; {threads} threads",
+        model.parameter_counts()
     );
-    println!("{:<30} {:>12} {:>10} {:>9}", "", "tokens/s", "GFLOP/s", "ratio");
-    println!(
-        "{:<30} {:>12.0} {:>10.1} {:>9}",
-        "rusting_brain (cpu, f32)",
-        ours,
-        ours * flops_per_token / 1e9,
-        "1.00x"
-    );
+    println!("{:<34} {:>12} {:>10} {:>9}", "", "tokens/s", "GFLOP/s", "ratio");
+    let row = |name: &str, tps: f64, flops: f64, ratio: String| {
+        println!("{name:<34} {tps:>12.0} {:>10.1} {ratio:>9}", tps * flops / 1e9);
+    };
+    row("rusting_brain (cpu, f32)", ours, dense_flops, "1.00x".into());
     for (r, fallback) in [(eager, "PyTorch eager"), (compiled, "PyTorch compile")] {
         match r {
-            Some((tps, name)) => {
-                println!(
-                    "{:<30} {:>12.0} {:>10.1} {:>8.2}x",
-                    name,
-                    tps,
-                    tps * flops_per_token / 1e9,
-                    ours / tps
-                )
-            }
+            Some((tps, name)) => row(&name, tps, dense_flops, format!("{:.2}x", ours / tps)),
             None => {
-                println!("{fallback:<30} not run ({python} {script} failed; set RB_PYTHON / RB_TORCH_LM)")
+                println!("{fallback:<34} not run ({python} {script} failed; set RB_PYTHON / RB_TORCH_LM)")
             }
+        }
+    }
+    if let Some((c, counts, tps)) = &sparse {
+        let flops = 6.0 * c.forward_macs_per_token(seq);
+        println!(
+            "\nmixture of experts, same active parameters: {counts}; 8 experts of width 352, top-2, every layer"
+        );
+        row("rusting_brain moe (cpu, f32)", *tps, flops, "1.00x".into());
+        row(
+            "rusting_brain dense (above)",
+            ours,
+            dense_flops,
+            format!("{:.2}x", tps / ours),
+        );
+        let extra = ["--experts", "8", "--top-k", "2", "--expert-d-ff", "352"];
+        match torch(&python, moe_script, batch, seq, threads, &extra) {
+            Some((t, name)) => row(&name, t, flops, format!("{:.2}x", tps / t)),
+            None => println!(
+                "{:<34} not run ({python} {moe_script} failed)",
+                "PyTorch eager moe"
+            ),
         }
     }
 
@@ -147,7 +184,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Where the time goes: the same step through a timing wrapper around the CPU backend.
     let profiled = Profiled::new(CpuBackend::new());
-    let mut pm = TransformerModel::new(profiled, config, 0)?;
+    let mut pm = TransformerModel::new(profiled, config.clone(), 0)?;
     let tb = TokenBatch::new(&seqs)?;
     let opt = Optimizer::adam(3e-4).weight_decay(0.1);
     for _ in 0..2 {
