@@ -1,7 +1,7 @@
 //! Train a small language model on the bundled corpus and generate text with it.
 //!
 //!     cargo run --release -p rusting_brain --example language_model               # train, then sample
-//!     cargo run --release -p rusting_brain --example language_model -- train [--steps N] [--corpus FILE]
+//!     cargo run --release -p rusting_brain --example language_model -- train [--moe] [--steps N] [--corpus FILE]
 //!     cargo run --release -p rusting_brain --example language_model -- generate "prompt" \
 //!         [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--q8]
 //!     cargo run --release -p rusting_brain --example language_model -- chat
@@ -11,7 +11,10 @@
 //! `train` learns a byte-level BPE vocabulary (Hugging Face `tokenizers`), writes the token
 //! files, trains with warmup-cosine, clipping and held-out evaluation, and leaves
 //! `model.rbw`, `tokenizer.json` and `loss.svg` in `target/language_model/`; `generate` and
-//! `chat` are separate runs that read those back.
+//! `chat` are separate runs that read those back. `--moe` trains a mixture of experts with
+//! the dense model's active size instead: layers 1-3 get 8 experts of width 256, top-2
+//! (2 x 256 = the dense d_ff of 512), so each token does the same work with 3.1x the
+//! feed-forward parameters.
 
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
@@ -73,8 +76,8 @@ fn read_text(path: &Path) -> Result<String, Error> {
     }
 }
 
-fn model(max_seq: usize) -> Result<TransformerLm, Error> {
-    Ok(TransformerLm::builder()
+fn model(max_seq: usize, moe: bool) -> Result<TransformerLm, Error> {
+    let builder = TransformerLm::builder()
         .vocab_size(VOCAB)
         .d_model(192)
         .n_layers(4)
@@ -82,8 +85,26 @@ fn model(max_seq: usize) -> Result<TransformerLm, Error> {
         .d_ff(512)
         .max_seq_len(max_seq)
         .optimizer(Optimizer::adam(2e-3).betas(0.9, 0.95).weight_decay(0.1))
-        .seed(7)
-        .build()?)
+        .seed(7);
+    let builder = if moe {
+        builder.experts(8, 2).moe_layers(1..4).expert_d_ff(256)
+    } else {
+        builder
+    };
+    Ok(builder.build()?)
+}
+
+/// Each sparse layer's share of routed tokens per expert, in percent.
+fn usage_line(model: &TransformerLm) -> String {
+    model
+        .expert_usage()
+        .iter()
+        .map(|layer| {
+            let cells: Vec<String> = layer.iter().map(|u| format!("{:.0}", 100.0 * u)).collect();
+            format!("[{}]", cells.join(" "))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn train_tokenizer(train_txt: &Path, out: &Path) -> Result<Tokenizer, Error> {
@@ -171,7 +192,7 @@ fn plot(path: &Path, train: &[(u64, f32)], held: &[(u64, f32)], steps: u64) -> R
     Ok(())
 }
 
-fn train(steps: u64, corpus: Option<PathBuf>) -> Result<(), Error> {
+fn train(steps: u64, corpus: Option<PathBuf>, moe: bool) -> Result<(), Error> {
     let dir = out_dir();
     std::fs::create_dir_all(&dir)?;
     let t0 = Instant::now();
@@ -204,7 +225,7 @@ fn train(steps: u64, corpus: Option<PathBuf>) -> Result<(), Error> {
         t0.elapsed().as_secs_f64()
     );
 
-    let mut model = model(SEQ)?;
+    let mut model = model(SEQ, moe)?;
     println!("model: {}", model.parameter_counts());
     let mut data = TokenFile::open(dir.join("train.bin"), 42)?;
     let mut held = TokenFile::open(dir.join("heldout.bin"), 0)?;
@@ -228,7 +249,12 @@ fn train(steps: u64, corpus: Option<PathBuf>) -> Result<(), Error> {
         model.step_clipped(1.0, 1.0)?;
         train_curve.push((step + 1, loss.lm_loss));
         let tps = (step + 1) as f64 * (BATCH * SEQ) as f64 / t.elapsed().as_secs_f64();
-        bar.set_message(format!("loss {:.3}  {tps:.0} tokens/s", loss.lm_loss));
+        let balance = if moe {
+            format!("  balance {:.3}", loss.load_balance_loss)
+        } else {
+            String::new()
+        };
+        bar.set_message(format!("loss {:.3}{balance}  {tps:.0} tokens/s", loss.lm_loss));
         bar.inc(1);
         if (step + 1) % 100 == 0 || step + 1 == steps {
             held_curve.push((step + 1, held_out_loss(&mut model, &mut held, 8)?));
@@ -242,6 +268,12 @@ fn train(steps: u64, corpus: Option<PathBuf>) -> Result<(), Error> {
         steps as f64 * (BATCH * SEQ) as f64 / secs,
         last.exp()
     );
+    if moe {
+        println!(
+            "expert shares in the last held-out batch, % per sparse layer: {}",
+            usage_line(&model)
+        );
+    }
     model.save_bin(dir.join("model.rbw"), Precision::F32)?;
     plot(&dir.join("loss.svg"), &train_curve, &held_curve, steps)?;
     println!("wrote {}/{{model.rbw, tokenizer.json, loss.svg}}", dir.display());
@@ -352,7 +384,7 @@ fn main() -> Result<(), Error> {
     };
     match args.first().map(String::as_str) {
         None => {
-            train(DEFAULT_STEPS, None)?;
+            train(DEFAULT_STEPS, None, false)?;
             let (mut model, tok) = load(false)?;
             for prompt in ["The borrow checker", "fn main() {", "A trait"] {
                 println!("---");
@@ -363,6 +395,7 @@ fn main() -> Result<(), Error> {
         Some("train") => train(
             num("--steps", DEFAULT_STEPS as f64)? as u64,
             flag("--corpus").map(PathBuf::from),
+            args.iter().any(|a| a == "--moe"),
         ),
         Some("generate") => {
             let prompt = args
