@@ -1,6 +1,9 @@
 //! Mixture-of-experts routing (`ops::moe`): top-k choices, weights, grouping, the two
 //! auxiliary losses by hand, and the router gradient against central finite differences.
 
+// The checks index several arrays with one loop variable, as the formulas do.
+#![allow(clippy::needless_range_loop)]
+
 use rusting_brain_core::ops::moe::{moe_combine, moe_combine_backward, Routing};
 use rusting_brain_core::Rng;
 
@@ -110,6 +113,7 @@ fn bad_routing_input_is_an_error() {
 
 /// The objective `sum_slots c_slot * weight_slot + a * load_balance + b * z_loss` as a
 /// function of the router logits, with `routing` choices held fixed (as autograd does).
+#[allow(clippy::too_many_arguments)]
 fn objective(logits: &[f32], n: usize, e: usize, k: usize, renorm: bool, c: &[f32], a: f32, b: f32) -> f64 {
     let mut r = Routing::default();
     r.route(logits, n, e, k, renorm).unwrap();

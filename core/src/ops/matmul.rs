@@ -41,6 +41,10 @@ pub struct MatmulSpec {
     pub window: Option<Window>,
 }
 
+/// `A`, `B` and `C` of one product and its spec without a window; see
+/// [`MatmulSpec::operands`].
+pub type Operands<'a, T> = (&'a [T], &'a [T], &'a mut [T], MatmulSpec);
+
 /// Element offsets of `A`, `B` and `C` inside their buffers; see [`MatmulSpec::window`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Window {
@@ -137,7 +141,7 @@ impl MatmulSpec {
         a: &'a [T],
         b: &'a [T],
         c: &'a mut [T],
-    ) -> Result<(&'a [T], &'a [T], &'a mut [T], MatmulSpec)> {
+    ) -> Result<Operands<'a, T>> {
         let (la, lb, lc) = self.check(op, a.len(), b.len(), c.len())?;
         match self.window {
             None => Ok((a, b, c, *self)),
