@@ -1,18 +1,22 @@
 //! Decode throughput at batch 1 (greedy, KV-cached) next to PyTorch, with the bytes each
 //! token reads and the share of this machine's measured read bandwidth that is.
 //!
-//!     cargo run --release -p rusting_brain --example bench_decode -- [PROMPT_LEN] [NEW_TOKENS]
+//!     cargo run --release -p rusting_brain --example bench_decode -- [PROMPT_LEN] [NEW_TOKENS] [readme]
 //!
 //! Shape: the training benchmark's (d_model 256, 6 layers, heads 8/2/32, d_ff 704, vocab
-//! 4096). PyTorch: `../shared/bench/torch_lm.py --decode N` (or `$RB_TORCH_LM`) through
+//! 4096), or with `readme` the README's 38.9M model (d_model 512, 8 layers, heads 8/2/64,
+//! d_ff 1408, vocab 32000). Rows: f32, int8, and int8 mixture of experts with the same
+//! active size; then where a Q8 step's time goes. PyTorch: `../shared/bench/torch_lm.py --decode N` (or `$RB_TORCH_LM`) through
 //! `$RB_PYTHON`; its prompt is 16 tokens whatever PROMPT_LEN is.
 
 use std::process::Command;
 use std::time::Instant;
 
 use rayon::prelude::*;
+use rusting_brain::core::models::transformer::TransformerModel;
 use rusting_brain::core::Rng;
-use rusting_brain::cpu::simd;
+use rusting_brain::cpu::{simd, CpuBackend};
+use rusting_brain::profile::Profiled;
 use rusting_brain::{Sampler, TransformerLm};
 
 /// Read bandwidth over a buffer of `bytes`: the best of several parallel SIMD passes (the
@@ -52,34 +56,43 @@ fn decode_run(
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let words: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<usize> = words.iter().filter_map(|a| a.parse().ok()).collect();
     let prompt_len = args.first().copied().unwrap_or(16).max(1);
     let new_tokens = args.get(1).copied().unwrap_or(128).max(1);
-    let mut model = TransformerLm::builder()
-        .vocab_size(4096)
-        .d_model(256)
-        .n_layers(6)
-        .heads(8, 2, 32)
-        .d_ff(704)
-        .max_seq_len(prompt_len + new_tokens + 1)
-        .seed(0)
-        .build()?;
+    // `readme`: the README's 38.9M configuration, where the bytes outweigh the ~90 calls
+    // of a step; by default the training benchmark's 5.3M one.
+    let large = words.iter().any(|w| w == "readme");
+    let (vocab, d_model, layers, q_heads, kv_heads, head_dim, d_ff) = if large {
+        (32_000, 512, 8, 8, 2, 64, 1408)
+    } else {
+        (4096, 256, 6, 8, 2, 32, 704)
+    };
+    let shape = || {
+        TransformerLm::builder()
+            .vocab_size(vocab)
+            .d_model(d_model)
+            .n_layers(layers)
+            .heads(q_heads, kv_heads, head_dim)
+            .d_ff(d_ff)
+            .max_seq_len(prompt_len + new_tokens + 1)
+            .seed(0)
+    };
+    let mut model = shape().build()?;
     let config = model.config().clone();
     let mut rng = Rng::new(3);
-    let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(4096) as u32).collect();
+    let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab as u64) as u32).collect();
 
     let (prefill, tps) = decode_run(&mut model, &prompt, new_tokens)?;
-    let mut q8 = TransformerLm::builder()
-        .vocab_size(4096)
-        .d_model(256)
-        .n_layers(6)
-        .heads(8, 2, 32)
-        .d_ff(704)
-        .max_seq_len(prompt_len + new_tokens + 1)
-        .seed(0)
-        .build()?;
+    let mut q8 = shape().build()?;
     q8.quantize()?;
     let (_, tps_q8) = decode_run(&mut q8, &prompt, new_tokens)?;
+    // The mixture of experts with the same active size (8 experts of width d_ff / 2, top-2):
+    // a token reads its two experts' weights, the router and everything else.
+    let mut moe = shape().experts(8, 2).expert_d_ff(d_ff / 2).build()?;
+    moe.quantize()?;
+    let (_, tps_moe) = decode_run(&mut moe, &prompt, new_tokens)?;
+    let moe_counts = moe.parameter_counts();
 
     // Bytes per decoded token: every weight once (the tied embedding is read as the head)
     // plus the keys and values of the positions so far (their mean over the run).
@@ -89,9 +102,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let per_token = weights + kv;
     // Q8: one byte a weight plus a 4-byte scale a row (norms stay f32, negligible).
     let per_token_q8 = weights / 4.0 + kv;
-    // The weights (21 MB at this shape) fit in this machine's 32 MiB L3, so the bound that
-    // matters is the bandwidth at the working set's size; DRAM's is printed beside it.
+    // The bound that matters is the read bandwidth at each working set's size (the weights
+    // may sit in the last-level cache); DRAM's is printed beside it.
     let bw = read_bandwidth_gb_s(per_token as usize);
+    let bw_q8 = read_bandwidth_gb_s(per_token_q8 as usize);
     let dram = read_bandwidth_gb_s(512 << 20);
 
     let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -112,6 +126,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "16",
         ])
         .args(["--threads", &threads.to_string()])
+        .args(["--vocab", &vocab.to_string(), "--d-model", &d_model.to_string()])
+        .args(["--layers", &layers.to_string(), "--heads", &q_heads.to_string()])
+        .args([
+            "--kv-heads",
+            &kv_heads.to_string(),
+            "--head-dim",
+            &head_dim.to_string(),
+        ])
+        .args(["--d-ff", &d_ff.to_string()])
         .output()
         .ok()
         .filter(|o| o.status.success())
@@ -151,12 +174,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tps_q8,
         per_token_q8 / 1e6,
         tps_q8 * per_token_q8 / 1e9,
-        100.0 * tps_q8 * per_token_q8 / 1e9 / bw,
+        100.0 * tps_q8 * per_token_q8 / 1e9 / bw_q8,
         tps_q8 / tps
     );
+    let per_token_moe = moe_counts.active as f64 + kv;
     println!(
-        "measured read bandwidth: {bw:.1} GB/s over a {:.0} MB buffer (the working set; \"of peak\" is against this), {dram:.1} GB/s over 512 MiB",
-        per_token / 1e6
+        "{:<28} {:>10.1} {:>14.2} {:>12.1} {:>8.0}%   ({} experts, int8)",
+        "rusting_brain moe (cpu, q8)",
+        tps_moe,
+        per_token_moe / 1e6,
+        tps_moe * per_token_moe / 1e9,
+        100.0 * tps_moe * per_token_moe / 1e9 / bw_q8,
+        moe_counts
+    );
+    println!(
+        "measured read bandwidth (\"of peak\" is against the row's working set): {bw:.1} GB/s over {:.0} MB (f32), {bw_q8:.1} GB/s over {:.0} MB (int8), {dram:.1} GB/s over 512 MiB",
+        per_token / 1e6,
+        per_token_q8 / 1e6
     );
     match torch {
         Some((t, name)) => println!(
@@ -165,5 +199,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         None => println!("PyTorch: not run ({python} {script} failed; set RB_PYTHON / RB_TORCH_LM)"),
     }
+
+    // Where a Q8 decode step goes: the same model through a timing wrapper.
+    let mut pm = TransformerModel::new(Profiled::new(CpuBackend::new()), config.clone(), 0)?;
+    pm.quantize()?;
+    let mut cache = pm.new_kv_caches()?;
+    let mut logits = pm.forward_cached(&prompt, &mut cache)?;
+    pm.backend.reset();
+    let steps = new_tokens.min(config.max_seq_len - prompt_len);
+    let t = Instant::now();
+    for _ in 0..steps {
+        let next = logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i as u32);
+        logits = pm.forward_cached(&[next], &mut cache)?;
+    }
+    let wall = t.elapsed().as_secs_f64() / steps as f64;
+    println!(
+        "\nper Q8 decode step, by primitive ({steps} steps, {:.1} us a step):",
+        wall * 1e6
+    );
+    let mut covered = 0.0;
+    for (op, calls, total) in pm.backend.report() {
+        let us = total.as_secs_f64() * 1e6 / steps as f64;
+        covered += us;
+        println!(
+            "  {op:<22} {:>6} calls {:>9.1} us {:>6.1}%",
+            calls / steps,
+            us,
+            100.0 * us / (wall * 1e6)
+        );
+    }
+    println!(
+        "  {:<22} {:>6}       {:>9.1} us {:>6.1}%",
+        "(outside primitives)",
+        "",
+        wall * 1e6 - covered,
+        100.0 * (1.0 - covered / (wall * 1e6))
+    );
     Ok(())
 }

@@ -272,6 +272,16 @@ fn attention_matches_reference_with_gqa_and_caches() {
             kv_heads: 2,
             head_dim: 16,
         },
+        // Decoding with heads that do not split evenly over the threads.
+        AttentionSpec {
+            batch: 1,
+            q_len: 1,
+            kv_len: 100,
+            kv_capacity: 1000,
+            q_heads: 7,
+            kv_heads: 1,
+            head_dim: 33,
+        },
     ];
     for spec in specs {
         let (nq, nkv, nl) = spec.check("test").unwrap();

@@ -14,7 +14,12 @@ use rayon::prelude::*;
 use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::Result;
 
-use super::simd;
+use std::sync::Mutex;
+
+use super::{simd, team};
+
+/// Scores times head size below which a decode step's attention stays on one thread.
+const TEAM_MIN: usize = 1 << 13;
 
 pub fn attention_forward(
     out: &mut [f32],
@@ -35,36 +40,55 @@ pub fn attention_forward(
         return Ok(());
     }
     let scale = 1.0 / (d as f32).sqrt();
-    out.par_chunks_mut(hq * d)
-        .zip(lse.par_chunks_mut(hq))
-        .enumerate()
-        .for_each_init(
-            || vec![0.0f32; spec.kv_len],
-            |scores, (row, (o, l))| {
-                let (b, t) = (row / spec.q_len, row % spec.q_len);
-                let n = spec.visible(t);
-                for h in 0..hq {
-                    let kvh = h / spec.group();
-                    let qi = spec.q_index(b, t, h);
-                    let qrow = &q[qi..qi + d];
-                    let s = &mut scores[..n];
-                    for (j, sj) in s.iter_mut().enumerate() {
-                        let ki = spec.kv_index(b, j, kvh);
-                        *sj = scale * simd::dot(qrow, &k[ki..ki + d]);
-                    }
-                    let max = simd::max(s);
-                    let sum = simd::exp_sub_sum(s, max);
-                    l[h] = max + sum.ln();
-                    let inv = 1.0 / sum;
-                    let oh = &mut o[h * d..(h + 1) * d];
-                    oh.fill(0.0);
-                    for (j, &p) in s.iter().enumerate() {
-                        let vi = spec.kv_index(b, j, kvh);
-                        simd::axpy(oh, p * inv, &v[vi..vi + d]);
-                    }
-                }
-            },
-        );
+    // One query row's heads `h0..h0 + l.len()`: scores against the visible keys, softmax,
+    // weighted sum of values. `o` holds those heads' outputs.
+    let heads = |row: usize, h0: usize, o: &mut [f32], l: &mut [f32], scores: &mut Vec<f32>| {
+        let (b, t) = (row / spec.q_len, row % spec.q_len);
+        let n = spec.visible(t);
+        scores.resize(n, 0.0);
+        for (u, lu) in l.iter_mut().enumerate() {
+            let h = h0 + u;
+            let kvh = h / spec.group();
+            let qi = spec.q_index(b, t, h);
+            let qrow = &q[qi..qi + d];
+            let s = &mut scores[..n];
+            // Key/value rows of this head are `stride` apart in the cache.
+            let (first, stride) = (spec.kv_index(b, 0, kvh), spec.kv_heads * d);
+            let span = (n - 1) * stride + d;
+            simd::dot_rows(s, qrow, &k[first..first + span], stride, scale);
+            let max = simd::max(s);
+            let sum = simd::exp_sub_sum(s, max);
+            *lu = max + sum.ln();
+            let oh = &mut o[u * d..(u + 1) * d];
+            oh.fill(0.0);
+            simd::axpy_rows(oh, s, 1.0 / sum, &v[first..first + span], stride);
+        }
+    };
+    let parts = team::parts();
+    if nq == 1 && parts > 1 && hq >= 2 && spec.kv_len * hq * d >= TEAM_MIN {
+        // Decoding one token: the heads split over the spinning team (rayon would have
+        // one task, the row, and its workers sleep between decode calls anyway).
+        let per = hq.div_ceil(parts);
+        let blocks: Vec<Mutex<(&mut [f32], &mut [f32])>> = out
+            .chunks_mut(per * d)
+            .zip(lse.chunks_mut(per))
+            .map(Mutex::new)
+            .collect();
+        team::run(&|p| {
+            if let Some(Ok(mut g)) = blocks.get(p).map(|b| b.lock()) {
+                let (o, l) = &mut *g;
+                heads(0, p * per, o, l, &mut Vec::with_capacity(spec.kv_len));
+            }
+        });
+    } else {
+        out.par_chunks_mut(hq * d)
+            .zip(lse.par_chunks_mut(hq))
+            .enumerate()
+            .for_each_init(
+                || Vec::with_capacity(spec.kv_len),
+                |scores, (row, (o, l))| heads(row, 0, o, l, scores),
+            );
+    }
     Ok(())
 }
 

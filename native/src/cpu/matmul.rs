@@ -8,7 +8,9 @@ use rayon::prelude::*;
 use rusting_brain_core::ops::matmul::{round_bf16, MatmulSpec, Precision};
 use rusting_brain_core::Result;
 
-use super::simd;
+use std::sync::Mutex;
+
+use super::{simd, team};
 
 /// Below this many multiply-adds the product runs on one thread: splitting costs more.
 const PARALLEL_MACS: f64 = 64.0 * 64.0 * 64.0;
@@ -16,6 +18,8 @@ const PARALLEL_MACS: f64 = 64.0 * 64.0 * 64.0;
 /// more than reading a matrix under ~1 MiB (seen as 30% of a decode step in the
 /// scheduler before this threshold).
 pub(crate) const PARALLEL_GEMV: usize = 1 << 18;
+/// Matrix elements above which a GEMV with rows to spare is split across the team.
+const TEAM_GEMV: usize = 1 << 14;
 /// Output elements per GEMV task.
 const GEMV_CHUNK: usize = 256;
 
@@ -161,8 +165,21 @@ fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, 
             store(&mut o[i], simd::dot(row(i), vec), alpha, beta);
         }
     };
-    if out.len() * cols >= PARALLEL_GEMV {
-        out.par_chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
+    let parts = team::parts();
+    if parts > 1 && out.len() * cols >= TEAM_GEMV && out.len() >= 2 * GEMV_CHUNK {
+        // Decode: each part of the spinning team takes a contiguous block of rows (whole
+        // chunks, so `work` indexes as before); rayon's workers sleep between the ~90
+        // calls of a decode step, and waking them costs more than these products.
+        let per = out.len().div_ceil(parts).div_ceil(GEMV_CHUNK) * GEMV_CHUNK;
+        let blocks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per).map(Mutex::new).collect();
+        team::run(&|p| {
+            if let Some(Ok(mut o)) = blocks.get(p).map(|b| b.lock()) {
+                let first = p * per / GEMV_CHUNK;
+                o.chunks_mut(GEMV_CHUNK)
+                    .enumerate()
+                    .for_each(|(c, oc)| work((first + c, oc)));
+            }
+        });
     } else {
         out.chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
     }

@@ -23,6 +23,7 @@ mod rope;
 pub mod simd;
 mod softmax;
 mod swiglu;
+pub(crate) mod team;
 
 use rusting_brain_core::backend::*;
 use rusting_brain_core::error::check_len;

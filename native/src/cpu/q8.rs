@@ -4,13 +4,19 @@
 //! the memory bus at one byte each, which is what decoding is bound by.
 //! Twin of `rusting_brain_core::ops::q8`.
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 use rusting_brain_core::error::{check_len, product};
 use rusting_brain_core::ops::embedding::check_ids;
 use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols, quantize_activations};
 use rusting_brain_core::Result;
 
-use super::simd;
+use super::{simd, team};
+
+/// int8 weights below which a decode product stays on the calling thread: handing half of
+/// a 32 KiB matrix to the other core costs about what reading it does.
+const TEAM_MIN_BYTES: usize = 1 << 15;
 
 /// The int8 values packed in `x` (four per slot, memory order).
 fn as_i8(x: &[f32]) -> &[i8] {
@@ -38,27 +44,43 @@ pub fn q8_matmul(
         let v = acc as f32 * sx * scales[j];
         *o = if beta == 0.0 { v } else { v + beta * *o };
     };
-    if m == 1 {
-        // Decode: one task per block of 64 outputs, each streaming its weight rows once;
-        // one thread when the matrix is small (see matmul::PARALLEL_GEMV).
-        let (xq, sx) = quantize_activations(x);
-        let work = |(c, o): (usize, &mut [f32])| {
-            for (u, y) in o.iter_mut().enumerate() {
-                let j = c * 64 + u;
-                store(y, simd::dot_i8(&xq, row(j)), sx, j);
+    // Outputs `first..first + o.len()` of one activation row: four weight rows a call.
+    let outputs = |o: &mut [f32], first: usize, xq: &[i8], sx: f32| {
+        let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
+        let done = o.len() / 4 * 4;
+        let mut quads = o.chunks_exact_mut(4);
+        for (q, y4) in quads.by_ref().enumerate() {
+            let j = first + 4 * q;
+            let acc = simd::dot4_i8(xq, xsum, [row(j), row(j + 1), row(j + 2), row(j + 3)]);
+            for (u, (y, a)) in y4.iter_mut().zip(acc).enumerate() {
+                store(y, a, sx, j + u);
             }
-        };
-        if n * k >= super::matmul::PARALLEL_GEMV {
-            out.par_chunks_mut(64).enumerate().for_each(work);
+        }
+        for (u, y) in quads.into_remainder().iter_mut().enumerate() {
+            let j = first + done + u;
+            store(y, simd::dot_i8(xq, row(j)), sx, j);
+        }
+    };
+    if m == 1 {
+        // Decode: each part of the team (both cores here) streams a contiguous block of
+        // weight rows once; small matrices stay on the calling thread.
+        let (xq, sx) = quantize_activations(x);
+        let parts = team::parts();
+        if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 8 * parts {
+            let per = n.div_ceil(parts).div_ceil(4) * 4;
+            let blocks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per).map(Mutex::new).collect();
+            team::run(&|p| {
+                if let Some(Ok(mut o)) = blocks.get(p).map(|b| b.lock()) {
+                    outputs(&mut o, p * per, &xq, sx);
+                }
+            });
         } else {
-            out.chunks_mut(64).enumerate().for_each(work);
+            outputs(out, 0, &xq, sx);
         }
     } else {
         out.par_chunks_mut(n).zip(x.par_chunks(k)).for_each(|(o, xi)| {
             let (xq, sx) = quantize_activations(xi);
-            for (j, y) in o.iter_mut().enumerate() {
-                store(y, simd::dot_i8(&xq, row(j)), sx, j);
-            }
+            outputs(o, 0, &xq, sx);
         });
     }
     Ok(())

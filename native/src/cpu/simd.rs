@@ -220,6 +220,62 @@ unsafe fn dot_i8_vnni(x: &[i8], w: &[i8]) -> i32 {
     total
 }
 
+/// `[x . r0, x . r1, x . r2, x . r3]` over int8, exact in i32, with `xsum = sum(x)` given
+/// (computed once per activation row): four weight rows share each load of `x` and the
+/// function's entry, which is what a decode-sized product spends its time on.
+#[inline]
+pub fn dot4_i8(x: &[i8], xsum: i32, rows: [&[i8]; 4]) -> [i32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if has_vnni() {
+        // SAFETY: has_vnni() checked avx512f, avx512bw and avx512vnni on this CPU.
+        return unsafe { dot4_i8_vnni(x, xsum, rows) };
+    }
+    let _ = xsum;
+    rows.map(|r| dot_i8_generic(x, r))
+}
+
+/// `dot4_i8` with VNNI: `vpdpbusd` multiplies unsigned by signed bytes, so here the
+/// weights are the unsigned side, biased to `w + 128` (a sign-bit flip), and the bias's
+/// contribution `128 * sum(x)` comes off at the end -- one product per row instead of the
+/// two `dot_i8_vnni` needs, since `sum(x)` is shared by every row.
+///
+/// # Safety
+/// The CPU must have avx512f, avx512bw and avx512vnni (checked by the caller).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn dot4_i8_vnni(x: &[i8], xsum: i32, rows: [&[i8]; 4]) -> [i32; 4] {
+    use std::arch::x86_64::*;
+    let n = rows.iter().fold(x.len(), |m, r| m.min(r.len()));
+    let chunks = n / 64;
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let mut acc = [_mm512_setzero_si512(); 4];
+    for c in 0..chunks {
+        // SAFETY: c * 64 + 64 <= n <= every length, so each 64-byte load is in bounds;
+        // unaligned loads need no alignment.
+        let xv = unsafe { _mm512_loadu_si512(x.as_ptr().add(c * 64) as *const __m512i) };
+        for (a, r) in acc.iter_mut().zip(&rows) {
+            // SAFETY: as above.
+            let wv = unsafe { _mm512_loadu_si512(r.as_ptr().add(c * 64) as *const __m512i) };
+            *a = _mm512_dpbusd_epi32(*a, _mm512_xor_si512(wv, flip), xv);
+        }
+    }
+    // Only the bytes the chunks covered carry the bias.
+    let covered: i32 = if chunks * 64 == x.len() {
+        xsum
+    } else {
+        x[..chunks * 64].iter().map(|&v| v as i32).sum()
+    };
+    let mut out = [0i32; 4];
+    for (o, (a, r)) in out.iter_mut().zip(acc.iter().zip(&rows)) {
+        let mut total = _mm512_reduce_add_epi32(*a) - 128 * covered;
+        for i in chunks * 64..n {
+            total += x[i] as i32 * r[i] as i32;
+        }
+        *o = total;
+    }
+    out
+}
+
 /// Whether `dot_i8` runs on VNNI here.
 pub fn has_vnni() -> bool {
     static VNNI: OnceLock<bool> = OnceLock::new();
@@ -250,21 +306,48 @@ pub fn dot_i8(x: &[i8], w: &[i8]) -> i32 {
 
 #[inline(always)]
 fn hsum(acc: &[f32; LANES]) -> f32 {
-    // Pairwise, so the result does not depend on which lane held what.
-    let mut v = *acc;
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            v[l] += v[l + width];
-        }
-        width /= 2;
-    }
-    v[0]
+    // Pairwise halving (8, 4, 2, 1 lanes apart), so the result does not depend on which
+    // lane held what; written with fixed-size arrays so it compiles to a few shuffles and
+    // adds (the attention scores at decode time take one per key).
+    let h8: [f32; 8] = std::array::from_fn(|i| acc[i] + acc[i + 8]);
+    let h4: [f32; 4] = std::array::from_fn(|i| h8[i] + h8[i + 4]);
+    let h2 = [h4[0] + h4[2], h4[1] + h4[3]];
+    h2[0] + h2[1]
 }
 
 #[inline(always)]
 fn sum_sq_body<const FMA: bool>(a: &[f32]) -> f32 {
     dot_body::<FMA>(a, a)
+}
+
+#[inline(always)]
+fn dot_rows_body<const FMA: bool>(out: &mut [f32], q: &[f32], rows: &[f32], stride: usize, scale: f32) {
+    let d = q.len();
+    // One vector of accumulators, not `dot`'s four: a head is 32-128 wide, under `dot`'s
+    // 64-element step, which would leave it all to the scalar tail.
+    let (cq, tq) = (q.chunks_exact(LANES), q.chunks_exact(LANES).remainder());
+    for (j, o) in out.iter_mut().enumerate() {
+        let r = &rows[j * stride..j * stride + d];
+        let mut acc = [0.0f32; LANES];
+        for (x, y) in cq.clone().zip(r.chunks_exact(LANES)) {
+            for l in 0..LANES {
+                acc[l] = madd::<FMA>(x[l], y[l], acc[l]);
+            }
+        }
+        let mut tail = 0.0f32;
+        for (x, y) in tq.iter().zip(&r[d - tq.len()..]) {
+            tail = madd::<FMA>(*x, *y, tail);
+        }
+        *o = scale * (hsum(&acc) + tail);
+    }
+}
+
+#[inline(always)]
+fn axpy_rows_body<const FMA: bool>(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], stride: usize) {
+    let d = out.len();
+    for (j, &pj) in p.iter().enumerate() {
+        axpy_body::<FMA>(out, pj * inv, &rows[j * stride..j * stride + d]);
+    }
 }
 
 #[inline(always)]
@@ -465,6 +548,17 @@ dispatch!(
 dispatch!(
     /// sum(a^2).
     sum_sq => sum_sq_body(a: &[f32]) -> f32
+);
+dispatch!(
+    /// out[j] = scale * dot(q, rows[j * stride..][..q.len()]) for every j < out.len(): one
+    /// head's attention scores against a strided KV cache, in one dispatched call (the
+    /// per-row `dot` calls cost more than their 32-wide work at decode time).
+    dot_rows => dot_rows_body(out: &mut [f32], q: &[f32], rows: &[f32], stride: usize, scale: f32)
+);
+dispatch!(
+    /// out += sum_j (p[j] * inv) * rows[j * stride..][..out.len()], in order of j: the
+    /// weighted sum of values, one `axpy` per row as before, in one dispatched call.
+    axpy_rows => axpy_rows_body(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], stride: usize)
 );
 dispatch!(
     /// y += alpha * x over the shorter length.

@@ -1,0 +1,240 @@
+//! A small team of spinning threads for decode-sized work.
+//!
+//! Decoding one token is ~90 primitive calls of a few microseconds each. Rayon parks idle
+//! workers, and waking one through the kernel costs tens of microseconds on a VM (measured:
+//! the one parallel product a Q8 decode step made cost more than the rest of the step), so
+//! those calls ran on one core. This team keeps `threads - 1` helpers spinning for a short
+//! while after each job (then parking, so an idle process burns nothing): a job reaches
+//! them in well under a microsecond, which makes splitting even a 64 KiB product across
+//! both cores worth it.
+//!
+//! [`run`] calls `job(part)` for every part in `0..parts()`, part 0 on the calling thread,
+//! and returns when all are done. A helper claims its part before running it; the caller,
+//! done with its own, claims and runs any part no helper has started, so a helper the OS
+//! has not scheduled costs the speed of one core, never a wait. If the team is busy
+//! (another thread's job, or a job calling `run` again) the parts run one after another on
+//! the caller: same results, no deadlock. A panic in a part is raised again on the caller.
+
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long a helper spins for the next job before it parks. Consecutive decode calls
+/// arrive microseconds apart; a generation that ends leaves the helpers asleep after this.
+const SPIN: Duration = Duration::from_micros(300);
+
+type Job = dyn Fn(usize) + Sync;
+
+struct Shared {
+    /// Bumped once per job; helpers run a job when they see a new value.
+    epoch: AtomicU64,
+    /// The current job. Written by the caller holding the team's lock before the epoch
+    /// bump (release), read by helpers after seeing it (acquire); valid until `pending`
+    /// reaches zero, which the caller waits for before its borrow ends.
+    job: UnsafeCell<*const Job>,
+    /// Parts of the current job (after part 0) not finished yet.
+    pending: AtomicUsize,
+    /// Per helper part: the last epoch whose part was claimed, by the helper or the caller.
+    taken: Vec<AtomicU64>,
+    /// Per helper: parked, or about to park.
+    sleeping: Vec<AtomicBool>,
+    panicked: AtomicBool,
+}
+
+// SAFETY: `job` is written only by the thread holding the team's mutex, while no helper
+// can read it (every helper finished the previous job: `pending` was zero), and read by
+// helpers only after an acquire load of the epoch that the write happened before.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw pointer is only dereferenced under that protocol.
+unsafe impl Send for Shared {}
+
+struct Team {
+    shared: Arc<Shared>,
+    helpers: Vec<Thread>,
+}
+
+static TEAM: OnceLock<Mutex<Team>> = OnceLock::new();
+/// Helpers that started, plus the caller; fixed once the team exists.
+static PARTS: AtomicUsize = AtomicUsize::new(0);
+
+fn team() -> &'static Mutex<Team> {
+    TEAM.get_or_init(|| {
+        let n = rayon::current_num_threads().saturating_sub(1);
+        let shared = Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            job: UnsafeCell::new(std::ptr::null::<fn(usize)>() as *const Job),
+            pending: AtomicUsize::new(0),
+            taken: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            sleeping: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            panicked: AtomicBool::new(false),
+        });
+        let helpers = (0..n)
+            .filter_map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("rusting_brain-team-{}", i + 1))
+                    .spawn(move || helper(&s, i))
+                    .ok()
+                    .map(|h| h.thread().clone())
+            })
+            .collect::<Vec<_>>();
+        PARTS.store(helpers.len() + 1, Ordering::Release);
+        Mutex::new(Team { shared, helpers })
+    })
+}
+
+fn helper(s: &Shared, index: usize) {
+    let mut seen = 0u64;
+    loop {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        let epoch = loop {
+            let e = s.epoch.load(Ordering::Acquire);
+            if e != seen {
+                break e;
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+                s.sleeping[index].store(true, Ordering::SeqCst);
+                if s.epoch.load(Ordering::SeqCst) == seen {
+                    std::thread::park();
+                }
+                s.sleeping[index].store(false, Ordering::SeqCst);
+                continue;
+            }
+            std::hint::spin_loop();
+        };
+        seen = epoch;
+        // A stale epoch (the caller finished that job without us) fails the claim: every
+        // part of a finished job was taken.
+        if s.taken[index].fetch_max(epoch, Ordering::AcqRel) >= epoch {
+            continue;
+        }
+        // SAFETY: see `Shared::job`: the pointer was stored before this epoch was
+        // published, and the caller waits for this part (counted in `pending`).
+        let job = unsafe { &**s.job.get() };
+        if catch_unwind(AssertUnwindSafe(|| job(index + 1))).is_err() {
+            s.panicked.store(true, Ordering::SeqCst);
+        }
+        s.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How many parts [`run`] splits work into: the helpers plus the caller.
+pub fn parts() -> usize {
+    team();
+    PARTS.load(Ordering::Acquire).max(1)
+}
+
+/// Runs `job(p)` for every part `p` in `0..parts()`, in parallel where the team is free.
+pub fn run(job: &(dyn Fn(usize) + Sync)) {
+    let team = team();
+    let guard = match team.try_lock() {
+        Ok(g) if !g.helpers.is_empty() => g,
+        // Busy, poisoned or no helpers: every part here, in order.
+        _ => {
+            (0..parts()).for_each(job);
+            return;
+        }
+    };
+    let s = &guard.shared;
+    s.pending.store(guard.helpers.len(), Ordering::Relaxed);
+    // SAFETY: we hold the lock and `pending` was zero (every earlier job finished before
+    // its caller released the lock), so no helper reads `job` now. The lifetime is erased
+    // only for the duration of this call: we wait for `pending == 0` below.
+    unsafe {
+        *s.job.get() = std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Job>(job) as *const Job;
+    }
+    let epoch = s.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+    for (i, t) in guard.helpers.iter().enumerate() {
+        if s.sleeping[i].load(Ordering::SeqCst) {
+            t.unpark();
+        }
+    }
+    let mut mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+    // Parts no helper has started yet: run them here rather than wait for a helper the
+    // scheduler may not run for a while.
+    for (i, taken) in s.taken.iter().enumerate() {
+        if taken.fetch_max(epoch, Ordering::AcqRel) < epoch {
+            let r = catch_unwind(AssertUnwindSafe(|| job(i + 1)));
+            if mine.is_ok() {
+                mine = r;
+            }
+            s.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    while s.pending.load(Ordering::Acquire) != 0 {
+        std::hint::spin_loop();
+    }
+    let theirs = s.panicked.swap(false, Ordering::SeqCst);
+    drop(guard);
+    if let Err(p) = mine {
+        resume_unwind(p);
+    }
+    if theirs {
+        panic!("a rusting_brain team thread panicked while running a kernel");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_part_runs_once_per_job_and_nested_or_concurrent_calls_fall_back() {
+        let parts = parts();
+        for round in 0..2000 {
+            let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
+            run(&|p| {
+                hits[p].fetch_add(1, Ordering::SeqCst);
+                if round % 100 == 0 {
+                    // A job that calls `run` again gets every part on its own thread.
+                    let inner: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
+                    run(&|q| {
+                        inner[q].fetch_add(1, Ordering::SeqCst);
+                    });
+                    assert!(inner.iter().all(|h| h.load(Ordering::SeqCst) == 1));
+                }
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::SeqCst) == 1),
+                "round {round}: {hits:?}"
+            );
+        }
+        // Several threads at once: each job still runs every part exactly once.
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..300 {
+                        let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
+                        run(&|p| {
+                            hits[p].fetch_add(1, Ordering::SeqCst);
+                        });
+                        assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 1));
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn a_panicking_part_panics_the_caller_and_the_team_keeps_working() {
+        let parts = parts();
+        let r = std::panic::catch_unwind(|| {
+            run(&|p| {
+                if p == parts - 1 {
+                    panic!("part {p} fails");
+                }
+            })
+        });
+        assert!(r.is_err());
+        let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
+        run(&|p| {
+            hits[p].fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 1));
+    }
+}
