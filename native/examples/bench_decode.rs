@@ -221,23 +221,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "\nper Q8 decode step, by primitive ({steps} steps, {:.1} us a step):",
         wall * 1e6
     );
-    let mut covered = 0.0;
-    for (op, calls, total) in pm.backend.report() {
-        let us = total.as_secs_f64() * 1e6 / steps as f64;
-        covered += us;
-        println!(
-            "  {op:<22} {:>6} calls {:>9.1} us {:>6.1}%",
-            calls / steps,
-            us,
-            100.0 * us / (wall * 1e6)
-        );
-    }
-    println!(
-        "  {:<22} {:>6}       {:>9.1} us {:>6.1}%",
-        "(outside primitives)",
-        "",
-        wall * 1e6 - covered,
-        100.0 * (1.0 - covered / (wall * 1e6))
-    );
+    print!("{}", pm.backend.breakdown(steps, wall, true));
     Ok(())
 }

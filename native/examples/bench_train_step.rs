@@ -205,23 +205,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "\nper step, by primitive ({steps} steps, {:.1} ms a step):",
         wall * 1e3
     );
-    let mut covered = 0.0;
-    for (op, calls, total) in pm.backend.report() {
-        let ms = total.as_secs_f64() * 1e3 / steps as f64;
-        covered += ms;
-        println!(
-            "  {op:<22} {:>6} calls {:>9.2} ms {:>6.1}%",
-            calls / steps,
-            ms,
-            100.0 * ms / (wall * 1e3)
-        );
-    }
-    println!(
-        "  {:<22} {:>6}       {:>9.2} ms {:>6.1}%",
-        "(outside primitives)",
-        "",
-        wall * 1e3 - covered,
-        100.0 * (1.0 - covered / (wall * 1e3))
-    );
+    print!("{}", pm.backend.breakdown(steps, wall, false));
     Ok(())
 }

@@ -34,6 +34,33 @@ impl<B: Backend> Profiled<B> {
     pub fn reset(&self) {
         self.times.borrow_mut().clear();
     }
+    /// The table the benchmarks print: each primitive's calls and time per step over
+    /// `steps` steps of `step_seconds` each, and what fell outside the primitives;
+    /// times in milliseconds, or microseconds when `micros`.
+    pub fn breakdown(&self, steps: usize, step_seconds: f64, micros: bool) -> String {
+        let (scale, unit) = if micros { (1e6, "us") } else { (1e3, "ms") };
+        let steps = steps.max(1);
+        let wall = step_seconds * scale;
+        let mut out = String::new();
+        let mut covered = 0.0;
+        for (op, calls, total) in self.report() {
+            let t = total.as_secs_f64() * scale / steps as f64;
+            covered += t;
+            out += &format!(
+                "  {op:<22} {:>6} calls {t:>9.2} {unit} {:>6.1}%\n",
+                calls / steps,
+                100.0 * t / wall
+            );
+        }
+        out += &format!(
+            "  {:<22} {:>6}       {:>9.2} {unit} {:>6.1}%\n",
+            "(outside primitives)",
+            "",
+            wall - covered,
+            100.0 * (1.0 - covered / wall)
+        );
+        out
+    }
     /// (primitive, calls, total time), largest total first.
     pub fn report(&self) -> Vec<(&'static str, usize, Duration)> {
         let mut v: Vec<_> = self

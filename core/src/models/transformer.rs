@@ -927,20 +927,7 @@ impl<B: Backend> TransformerModel<B> {
         let grads = zeros_like(&backend, &layout)?;
         let m = zeros_like(&backend, &layout)?;
         let v = zeros_like(&backend, &layout)?;
-        Ok(TransformerModel {
-            backend,
-            config,
-            params,
-            grads,
-            m,
-            v,
-            step: 0,
-            precision: Precision::F32,
-            arena: None,
-            decode: None,
-            quantized: None,
-            expert_usage: Vec::new(),
-        })
+        Ok(Self::assemble(backend, config, params, [grads, m, v], None))
     }
 
     /// An int8 model from its parts (a Q8 checkpoint): `params` holds the f32 norms and
@@ -995,8 +982,19 @@ impl<B: Backend> TransformerModel<B> {
                 *buf = b.zeros(0)?;
             }
         }
-        let (grads, m, v) = (hollow(b, &layout)?, hollow(b, &layout)?, hollow(b, &layout)?);
-        Ok(TransformerModel {
+        let state = [hollow(b, &layout)?, hollow(b, &layout)?, hollow(b, &layout)?];
+        Ok(Self::assemble(backend, config, params, state, Some(quantized)))
+    }
+
+    /// A model at step 0 around checked parts: `[grads, m, v]` laid out like `params`.
+    fn assemble(
+        backend: B,
+        config: TransformerConfig,
+        params: Params<B>,
+        [grads, m, v]: [Params<B>; 3],
+        quantized: Option<QuantParams<B>>,
+    ) -> Self {
+        TransformerModel {
             backend,
             config,
             params,
@@ -1007,9 +1005,9 @@ impl<B: Backend> TransformerModel<B> {
             precision: Precision::F32,
             arena: None,
             decode: None,
-            quantized: Some(quantized),
+            quantized,
             expert_usage: Vec::new(),
-        })
+        }
     }
 
     fn ensure_arena(&mut self, batch: usize, seq: usize) -> Result<()> {
