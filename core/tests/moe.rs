@@ -208,3 +208,39 @@ fn combine_and_its_backward_in_f64() {
         assert!((dw[slot] as f64 - want).abs() < 1e-5, "dweight[{slot}]");
     }
 }
+
+#[test]
+fn leaves_and_named_leaves_come_in_one_order() {
+    use rusting_brain_core::models::transformer::{MoeConfig, TransformerConfig};
+    let c = TransformerConfig {
+        vocab_size: 11,
+        d_model: 4,
+        n_layers: 3,
+        q_heads: 2,
+        kv_heads: 1,
+        head_dim: 2,
+        d_ff: 6,
+        max_seq_len: 8,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        moe: Some(MoeConfig {
+            n_experts: 3,
+            top_k: 2,
+            layers: vec![0, 2],
+            shared_expert: true,
+            expert_d_ff: 5,
+            load_balance_coef: 0.01,
+            router_z_coef: 0.001,
+            renormalize: true,
+        }),
+    };
+    // Checkpoints pair names with leaves by position, and the optimizer pairs leaves of
+    // four trees by position: both walks must agree.
+    let named: Vec<_> = c.layout().into_named().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(named, c.layout().into_leaves());
+    let names: Vec<String> = c.layout().into_named().into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&"model.layers.2.mlp.shared_expert.down_proj.weight".to_string()));
+    assert!(names.contains(&"model.layers.1.mlp.up_proj.weight".to_string()));
+    assert!(names.contains(&"model.layers.0.mlp.experts.2.gate_proj.weight".to_string()));
+    assert_eq!(names.len(), 1 + 3 * 6 + 2 * (1 + 3 * 3 + 3) + 3 + 1);
+}

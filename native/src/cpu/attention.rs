@@ -14,8 +14,6 @@ use rayon::prelude::*;
 use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::Result;
 
-use std::sync::Mutex;
-
 use super::{simd, team};
 
 /// Scores times head size below which a decode step's attention stays on one thread.
@@ -65,20 +63,14 @@ pub fn attention_forward(
         }
     };
     let parts = team::parts();
-    if nq == 1 && parts > 1 && hq >= 2 && spec.kv_len * hq * d >= TEAM_MIN {
+    let rows = spec.batch * spec.q_len;
+    if rows == 1 && parts > 1 && hq >= 2 && spec.kv_len * hq * d >= TEAM_MIN {
         // Decoding one token: the heads split over the spinning team (rayon would have
         // one task, the row, and its workers sleep between decode calls anyway).
         let per = hq.div_ceil(parts);
-        let blocks: Vec<Mutex<(&mut [f32], &mut [f32])>> = out
-            .chunks_mut(per * d)
-            .zip(lse.chunks_mut(per))
-            .map(Mutex::new)
-            .collect();
-        team::run(&|p| {
-            if let Some(Ok(mut g)) = blocks.get(p).map(|b| b.lock()) {
-                let (o, l) = &mut *g;
-                heads(0, p * per, o, l, &mut Vec::with_capacity(spec.kv_len));
-            }
+        let blocks = out.chunks_mut(per * d).zip(lse.chunks_mut(per)).collect();
+        team::run_blocks(blocks, |p, (o, l)| {
+            heads(0, p * per, o, l, &mut Vec::with_capacity(spec.kv_len))
         });
     } else {
         out.par_chunks_mut(hq * d)

@@ -8,8 +8,6 @@ use rayon::prelude::*;
 use rusting_brain_core::ops::matmul::{round_bf16, MatmulSpec, Precision};
 use rusting_brain_core::Result;
 
-use std::sync::Mutex;
-
 use super::{simd, team};
 
 /// Below this many multiply-adds the product runs on one thread: splitting costs more.
@@ -171,14 +169,11 @@ fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, 
         // chunks, so `work` indexes as before); rayon's workers sleep between the ~90
         // calls of a decode step, and waking them costs more than these products.
         let per = out.len().div_ceil(parts).div_ceil(GEMV_CHUNK) * GEMV_CHUNK;
-        let blocks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per).map(Mutex::new).collect();
-        team::run(&|p| {
-            if let Some(Ok(mut o)) = blocks.get(p).map(|b| b.lock()) {
-                let first = p * per / GEMV_CHUNK;
-                o.chunks_mut(GEMV_CHUNK)
-                    .enumerate()
-                    .for_each(|(c, oc)| work((first + c, oc)));
-            }
+        team::run_blocks(out.chunks_mut(per).collect(), |p, o| {
+            let first = p * per / GEMV_CHUNK;
+            o.chunks_mut(GEMV_CHUNK)
+                .enumerate()
+                .for_each(|(c, oc)| work((first + c, oc)));
         });
     } else {
         out.chunks_mut(GEMV_CHUNK).enumerate().for_each(work);

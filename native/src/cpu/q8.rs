@@ -4,8 +4,6 @@
 //! the memory bus at one byte each, which is what decoding is bound by.
 //! Twin of `rusting_brain_core::ops::q8`.
 
-use std::sync::Mutex;
-
 use rayon::prelude::*;
 use rusting_brain_core::error::{check_len, product};
 use rusting_brain_core::ops::embedding::check_ids;
@@ -68,12 +66,7 @@ pub fn q8_matmul(
         let parts = team::parts();
         if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 8 * parts {
             let per = n.div_ceil(parts).div_ceil(4) * 4;
-            let blocks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per).map(Mutex::new).collect();
-            team::run(&|p| {
-                if let Some(Ok(mut o)) = blocks.get(p).map(|b| b.lock()) {
-                    outputs(&mut o, p * per, &xq, sx);
-                }
-            });
+            team::run_blocks(out.chunks_mut(per).collect(), |p, o| outputs(o, p * per, &xq, sx));
         } else {
             outputs(out, 0, &xq, sx);
         }

@@ -179,6 +179,21 @@ pub fn run(job: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Runs `job(p, &mut blocks[p])` for every block, block `p` as part `p` of the team:
+/// the way a kernel hands each thread its own slice of an output. `blocks` should hold at
+/// most [`parts`] items; any beyond run on the caller after its own.
+pub fn run_blocks<B: Send>(blocks: Vec<B>, job: impl Fn(usize, &mut B) + Sync) {
+    let parts = parts();
+    let blocks: Vec<Mutex<B>> = blocks.into_iter().map(Mutex::new).collect();
+    let one = |p: usize| {
+        if let Some(Ok(mut b)) = blocks.get(p).map(|b| b.lock()) {
+            job(p, &mut b);
+        }
+    };
+    run(&one);
+    (parts..blocks.len()).for_each(one);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -261,13 +261,19 @@ impl<T> Block<T> {
             moe,
         })
     }
-    /// Every leaf, in the order of [`Tree::into_leaves`].
+    /// Every leaf, in the order of [`Block::try_map`] (no names are built: the optimizer
+    /// and the gradient norm walk this every step).
     pub fn into_leaves(self) -> Vec<T> {
-        let mut out = Vec::new();
-        let _ = self.try_map("", &mut |_, t| {
-            out.push(t);
-            Ok::<(), ()>(())
-        });
+        let mut out = alloc::vec![self.attn_norm, self.wq, self.wk, self.wv, self.wo, self.ffn_norm];
+        if let Some(m) = self.moe {
+            out.push(m.router);
+            for e in m.experts {
+                out.extend([e.gate, e.up, e.down]);
+            }
+        }
+        if let Some(m) = self.mlp {
+            out.extend([m.gate, m.up, m.down]);
+        }
         out
     }
 }
@@ -324,7 +330,12 @@ impl<T> Tree<T> {
     /// Every leaf: the embedding; per block the norms and attention projections, then the
     /// router and experts, then the dense feed-forward or shared expert; the final norm.
     pub fn into_leaves(self) -> Vec<T> {
-        self.into_named().into_iter().map(|(_, t)| t).collect()
+        let mut out = alloc::vec![self.embed];
+        for l in self.layers {
+            out.extend(l.into_leaves());
+        }
+        out.push(self.final_norm);
+        out
     }
     /// Every leaf with its name, in the order of [`Tree::into_leaves`].
     pub fn into_named(self) -> Vec<(String, T)> {
