@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use rayon::prelude::*;
-use rusting_brain::core::models::transformer::TransformerModel;
+use rusting_brain::core::models::transformer::{TransformerConfig, TransformerModel};
 use rusting_brain::core::Rng;
 use rusting_brain::cpu::{simd, CpuBackend};
 use rusting_brain::profile::Profiled;
@@ -200,13 +200,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => println!("PyTorch: not run ({python} {script} failed; set RB_PYTHON / RB_TORCH_LM)"),
     }
 
-    // Where a Q8 decode step goes: the same model through a timing wrapper.
+    // Where a decode step goes, f32 and Q8: the same model through a timing wrapper.
+    for quantized in [false, true] {
+        breakdown(&config, &prompt, new_tokens, quantized)?;
+    }
+    Ok(())
+}
+
+fn breakdown(
+    config: &TransformerConfig,
+    prompt: &[u32],
+    new_tokens: usize,
+    quantized: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let mut pm = TransformerModel::new(Profiled::new(CpuBackend::new()), config.clone(), 0)?;
-    pm.quantize()?;
+    if quantized {
+        pm.quantize()?;
+    }
     let mut cache = pm.new_kv_caches()?;
-    let mut logits = pm.forward_cached(&prompt, &mut cache)?;
+    let mut logits = pm.forward_cached(prompt, &mut cache)?;
     pm.backend.reset();
-    let steps = new_tokens.min(config.max_seq_len - prompt_len);
+    let steps = new_tokens.min(config.max_seq_len - prompt.len());
     let t = Instant::now();
     for _ in 0..steps {
         let next = logits
@@ -218,7 +232,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let wall = t.elapsed().as_secs_f64() / steps as f64;
     println!(
-        "\nper Q8 decode step, by primitive ({steps} steps, {:.1} us a step):",
+        "\nper {} decode step, by primitive ({steps} steps, {:.1} us a step):",
+        if quantized { "Q8" } else { "f32" },
         wall * 1e6
     );
     print!("{}", pm.backend.breakdown(steps, wall, true));

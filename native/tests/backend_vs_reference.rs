@@ -282,6 +282,26 @@ fn attention_matches_reference_with_gqa_and_caches() {
             kv_heads: 1,
             head_dim: 33,
         },
+        // A long cache at one query row (the row path at every length now), and a short
+        // query block against a long cache.
+        AttentionSpec {
+            batch: 1,
+            q_len: 1,
+            kv_len: 1000,
+            kv_capacity: 1003,
+            q_heads: 6,
+            kv_heads: 3,
+            head_dim: 64,
+        },
+        AttentionSpec {
+            batch: 2,
+            q_len: 3,
+            kv_len: 301,
+            kv_capacity: 301,
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        },
     ];
     for spec in specs {
         let (nq, nkv, nl) = spec.check("test").unwrap();

@@ -269,11 +269,13 @@ fn with_tiles<R>(len: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
     })
 }
 
-/// The blocked path runs for prefill-sized query blocks, and for decoding once the cache
-/// is long enough that one GEMM per head beats a dot-product call per cached key (measured
-/// at batch 1: the per-row path wins at 16-144 positions, the blocked one at ~1000).
+/// The blocked path runs for prefill-sized query blocks. A decode row stays on the row
+/// path at every cache length: since the scores and value sums became one SIMD call per
+/// head and the heads split over the thread team, it beats the per-head GEMMs (which
+/// wake rayon and pack a one-row operand) at 528 cached positions by 4x and more
+/// (bench_decode -- 16 512: Q8 attention 382 -> see docs/optimize-plan.md).
 pub(crate) fn use_blocked(spec: &AttentionSpec) -> bool {
-    spec.q_len >= 16 || spec.kv_len >= 256
+    spec.q_len >= 16
 }
 
 /// Views of head `h` of batch `b`: q/out rows have stride `q_heads * d`, k/v rows

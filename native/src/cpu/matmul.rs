@@ -18,8 +18,6 @@ const PARALLEL_MACS: f64 = 64.0 * 64.0 * 64.0;
 pub(crate) const PARALLEL_GEMV: usize = 1 << 18;
 /// Matrix elements above which a GEMV with rows to spare is split across the team.
 const TEAM_GEMV: usize = 1 << 14;
-/// Output elements per GEMV task.
-const GEMV_CHUNK: usize = 256;
 
 pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<()> {
     let (a, b, c, spec) = spec.operands("matmul", a, b, c)?;
@@ -149,8 +147,9 @@ fn store(out: &mut f32, value: f32, alpha: f32, beta: f32) {
 
 /// out[i] = alpha * dot(mat[i, :], vec) + beta * out[i]; mat: (out.len(), cols).
 fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, beta: f32) {
-    let work = |(chunk, o): (usize, &mut [f32])| {
-        let row = |i: usize| &mat[(chunk * GEMV_CHUNK + i) * cols..(chunk * GEMV_CHUNK + i + 1) * cols];
+    // Rows `first..first + o.len()`, four a call.
+    let work = |first: usize, o: &mut [f32]| {
+        let row = |i: usize| &mat[(first + i) * cols..(first + i + 1) * cols];
         let quads = o.len() / 4;
         for q in 0..quads {
             let i = 4 * q;
@@ -164,19 +163,16 @@ fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, 
         }
     };
     let parts = team::parts();
-    if parts > 1 && out.len() * cols >= TEAM_GEMV && out.len() >= 2 * GEMV_CHUNK {
-        // Decode: each part of the spinning team takes a contiguous block of rows (whole
-        // chunks, so `work` indexes as before); rayon's workers sleep between the ~90
-        // calls of a decode step, and waking them costs more than these products.
-        let per = out.len().div_ceil(parts).div_ceil(GEMV_CHUNK) * GEMV_CHUNK;
-        team::run_blocks(out.chunks_mut(per).collect(), |p, o| {
-            let first = p * per / GEMV_CHUNK;
-            o.chunks_mut(GEMV_CHUNK)
-                .enumerate()
-                .for_each(|(c, oc)| work((first + c, oc)));
-        });
+    if parts > 1 && out.len() * cols >= TEAM_GEMV && out.len() >= 8 * parts {
+        // Decode: each part of the spinning team streams a contiguous block of rows (a
+        // multiple of four); rayon's workers sleep between the ~90 calls of a decode step,
+        // and waking them costs more than these products. Matrices of every size split:
+        // one core alone reads the f32 weights at a third of what two do once they have
+        // left the cache.
+        let per = out.len().div_ceil(parts).div_ceil(4) * 4;
+        team::run_blocks(out.chunks_mut(per).collect(), |p, o| work(p * per, o));
     } else {
-        out.chunks_mut(GEMV_CHUNK).enumerate().for_each(work);
+        work(0, out);
     }
 }
 

@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 use rusting_brain_core::error::{check_len, product};
 use rusting_brain_core::ops::embedding::check_ids;
-use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols, quantize_activations};
+use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols};
 use rusting_brain_core::Result;
 
 use super::{simd, team};
@@ -43,8 +43,7 @@ pub fn q8_matmul(
         *o = if beta == 0.0 { v } else { v + beta * *o };
     };
     // Outputs `first..first + o.len()` of one activation row: four weight rows a call.
-    let outputs = |o: &mut [f32], first: usize, xq: &[i8], sx: f32| {
-        let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
+    let outputs = |o: &mut [f32], first: usize, xq: &[i8], xsum: i32, sx: f32| {
         let done = o.len() / 4 * 4;
         let mut quads = o.chunks_exact_mut(4);
         for (q, y4) in quads.by_ref().enumerate() {
@@ -62,18 +61,20 @@ pub fn q8_matmul(
     if m == 1 {
         // Decode: each part of the team (both cores here) streams a contiguous block of
         // weight rows once; small matrices stay on the calling thread.
-        let (xq, sx) = quantize_activations(x);
+        let (xq, sx) = simd::quantize_i8(x);
+        let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
         let parts = team::parts();
         if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 8 * parts {
             let per = n.div_ceil(parts).div_ceil(4) * 4;
-            team::run_blocks(out.chunks_mut(per).collect(), |p, o| outputs(o, p * per, &xq, sx));
+            team::run_blocks(out.chunks_mut(per).collect(), |p, o| outputs(o, p * per, &xq, xsum, sx));
         } else {
-            outputs(out, 0, &xq, sx);
+            outputs(out, 0, &xq, xsum, sx);
         }
     } else {
         out.par_chunks_mut(n).zip(x.par_chunks(k)).for_each(|(o, xi)| {
-            let (xq, sx) = quantize_activations(xi);
-            outputs(o, 0, &xq, sx);
+            let (xq, sx) = simd::quantize_i8(xi);
+            let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
+            outputs(o, 0, &xq, xsum, sx);
         });
     }
     Ok(())

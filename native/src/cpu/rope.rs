@@ -1,6 +1,8 @@
-//! RoPE on the CPU: the cos/sin table is built once per call (angles in f32 exactly as the
-//! reference forms them, so results agree to the bit), then rows rotate in parallel.
-//! Twin of `rusting_brain_core::ops::rope`.
+//! RoPE on the CPU: cos/sin come from a table kept per (head_dim, theta) across calls
+//! (angles in f32 exactly as the reference forms them, so results agree to the bit), then
+//! rows rotate in parallel. Twin of `rusting_brain_core::ops::rope`.
+
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use rusting_brain_core::ops::rope::{inv_freq, RopeSpec};
@@ -8,18 +10,75 @@ use rusting_brain_core::{Real, Result};
 
 use super::rows_per_task;
 
-fn rotate(x: &mut [f32], spec: &RopeSpec, sign: f32) {
-    let (d, half, heads, seq) = (spec.head_dim, spec.head_dim / 2, spec.heads, spec.seq);
-    let freqs: Vec<f32> = (0..half).map(|i| inv_freq(i, d, spec.theta)).collect();
-    let mut table = vec![0.0f32; seq * d]; // per position: cos[half], sin[half]
-    table.par_chunks_mut(d).enumerate().for_each(|(t, row)| {
-        let pos = (spec.pos_offset + t) as f32;
+/// Positions past this are computed per call instead of kept (a table row is head_dim floats).
+const MAX_CACHED_POSITIONS: usize = 1 << 16;
+
+/// One table: per position, cos[half] then sin[half].
+struct Table {
+    head_dim: usize,
+    theta: u32,
+    rows: Arc<Vec<f32>>,
+}
+
+/// Decoding rotates one position per call, and building its row took 2 * half libm calls
+/// (a sixth of a decode step's RoPE time was trig); the table grows, never changes.
+static TABLES: Mutex<Vec<Table>> = Mutex::new(Vec::new());
+
+fn build_rows(d: usize, theta: f32, from: usize, to: usize) -> Vec<f32> {
+    let half = d / 2;
+    let freqs: Vec<f32> = (0..half).map(|i| inv_freq(i, d, theta)).collect();
+    let mut rows = vec![0.0f32; (to - from) * d];
+    rows.par_chunks_mut(d).enumerate().for_each(|(t, row)| {
+        let pos = (from + t) as f32;
         for i in 0..half {
             let angle = pos * freqs[i];
             row[i] = Real::cos(angle);
-            row[half + i] = Real::sin(angle) * sign;
+            row[half + i] = Real::sin(angle);
         }
     });
+    rows
+}
+
+/// The rows of positions `0..end`, or `None` when `end` is past what is kept.
+fn cached_rows(d: usize, theta: f32, end: usize) -> Option<Arc<Vec<f32>>> {
+    if end > MAX_CACHED_POSITIONS {
+        return None;
+    }
+    // A poisoned lock only means another thread panicked mid-update; the tables are
+    // replaced whole, so what is there is still consistent.
+    let mut tables = TABLES.lock().unwrap_or_else(|e| e.into_inner());
+    let at = match tables.iter().position(|t| t.head_dim == d && t.theta == theta.to_bits()) {
+        Some(i) => i,
+        None => {
+            tables.push(Table {
+                head_dim: d,
+                theta: theta.to_bits(),
+                rows: Arc::new(Vec::new()),
+            });
+            tables.len() - 1
+        }
+    };
+    let table = &mut tables[at];
+    let have = table.rows.len() / d;
+    if have < end {
+        // Grow to at least double, so a decode loop rebuilds the table O(log n) times.
+        let want = end.max(2 * have).min(MAX_CACHED_POSITIONS);
+        let mut rows = Vec::with_capacity(want * d);
+        rows.extend_from_slice(&table.rows);
+        rows.extend(build_rows(d, theta, have, want));
+        table.rows = Arc::new(rows);
+    }
+    Some(table.rows.clone())
+}
+
+fn rotate(x: &mut [f32], spec: &RopeSpec, sign: f32) {
+    let (d, half, heads, seq) = (spec.head_dim, spec.head_dim / 2, spec.heads, spec.seq);
+    let end = spec.pos_offset + seq;
+    let (rows, first) = match cached_rows(d, spec.theta, end) {
+        Some(rows) => (rows, spec.pos_offset),
+        None => (Arc::new(build_rows(d, spec.theta, spec.pos_offset, end)), 0),
+    };
+    let table = &rows[first * d..(first + seq) * d];
     let row_len = heads * d;
     x.par_chunks_mut(row_len * rows_per_task(row_len))
         .enumerate()
@@ -32,8 +91,10 @@ fn rotate(x: &mut [f32], spec: &RopeSpec, sign: f32) {
                     let (x1, x2) = head.split_at_mut(half);
                     for i in 0..half {
                         let (a, b) = (x1[i], x2[i]);
-                        x1[i] = a * cos[i] - b * sin[i];
-                        x2[i] = b * cos[i] + a * sin[i];
+                        // sign is +-1, so sin * sign is exact, as in the reference.
+                        let s = sin[i] * sign;
+                        x1[i] = a * cos[i] - b * s;
+                        x2[i] = b * cos[i] + a * s;
                     }
                 }
             }
