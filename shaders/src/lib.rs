@@ -1,12 +1,108 @@
 //! `rusting_brain_shaders`: the WGSL compute shaders of rusting_brain and their runner.
 //!
-//! Each shader is a `.wgsl` file in this crate's `src/`, named after the op it implements
-//! (`rmsnorm.wgsl` beside `rusting_brain_core::ops::rmsnorm`), embedded with `include_str!`
-//! so the crate publishes on its own. One runner, over wgpu, serves the native build
-//! (Metal, Vulkan, DX12) and the browser (WebGPU): pipelines and bind groups are created
-//! once, int8 weights travel packed in `u32` with their scales in a buffer of their own.
-//! Every shader has its reference twin in `rusting_brain_core::ops` and a test comparing
-//! them (in CI on Mesa's lavapipe).
+//! Each shader is a `.wgsl` file under `src/wgsl/`, named after the op it implements
+//! (`rmsnorm.wgsl` beside `rusting_brain_core::ops::rmsnorm`), embedded with
+//! `include_str!` so the crate publishes on its own. One runner, over wgpu, serves the
+//! native build (Metal, Vulkan, DX12) and the browser (WebGPU): kernels compile once when
+//! the [`Gpu`] opens, int8 weights travel packed four to a `u32` with their scales in a
+//! buffer of their own, reads back never block the thread. Every shader has its reference
+//! twin in `rusting_brain_core::ops` and a test comparing them (`tests/kernels.rs`, in CI
+//! on Mesa's lavapipe).
 //!
-//! The shaders and the runner arrive with the wgpu backend; this crate fixes their home.
-#![no_std]
+//! Portability: only WebGPU's core features (f32, `dot4I8Packed`, workgroup-memory
+//! reductions), at most 8 storage buffers per stage and 64 invocations per workgroup, so
+//! the same WGSL runs on SwiftShader in a browser and on lavapipe.
+
+mod gpu;
+mod ops;
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use gpu::block_on;
+pub use gpu::{Gpu, GpuBuffer, GpuOptions};
+pub use ops::{check_ids, rope_table, AttentionScratch, Batch};
+pub use wgpu;
+
+/// What can go wrong on the GPU; every message says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ShaderError {
+    #[error("no GPU adapter: {0} (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers for the software one, or use the CPU backend)")]
+    NoAdapter(String),
+    #[error("the adapter refused a device: {0}")]
+    Device(String),
+    #[error("{what} needs {bytes} bytes in one binding, over this adapter's limit of {limit} (max_storage_buffer_binding_size / max_buffer_size): use a smaller model or the CPU backend")]
+    TooLarge { what: String, bytes: u64, limit: u64 },
+    #[error("GPU validation or device error: {0}")]
+    Validation(String),
+    #[error("reading a GPU buffer back failed: {0}")]
+    Readback(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Core(#[from] rusting_brain_core::CoreError),
+}
+
+/// The kernels, in the order their pipelines are built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    RmsNorm,
+    Q8Quantize,
+    Q8Matmul,
+    Swiglu,
+    Add,
+    Rope,
+    Attention,
+    Q8Embedding,
+    Argmax,
+}
+
+impl Kernel {
+    pub(crate) const ALL: [Kernel; 9] = [
+        Kernel::RmsNorm,
+        Kernel::Q8Quantize,
+        Kernel::Q8Matmul,
+        Kernel::Swiglu,
+        Kernel::Add,
+        Kernel::Rope,
+        Kernel::Attention,
+        Kernel::Q8Embedding,
+        Kernel::Argmax,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kernel::RmsNorm => "rmsnorm",
+            Kernel::Q8Quantize => "q8_quantize",
+            Kernel::Q8Matmul => "q8_matmul",
+            Kernel::Swiglu => "swiglu",
+            Kernel::Add => "add",
+            Kernel::Rope => "rope",
+            Kernel::Attention => "attention",
+            Kernel::Q8Embedding => "q8_embedding",
+            Kernel::Argmax => "argmax",
+        }
+    }
+
+    pub(crate) fn source(self) -> &'static str {
+        match self {
+            Kernel::RmsNorm => include_str!("wgsl/rmsnorm.wgsl"),
+            Kernel::Q8Quantize => include_str!("wgsl/q8_quantize.wgsl"),
+            Kernel::Q8Matmul => include_str!("wgsl/q8_matmul.wgsl"),
+            Kernel::Swiglu => include_str!("wgsl/swiglu.wgsl"),
+            Kernel::Add => include_str!("wgsl/add.wgsl"),
+            Kernel::Rope => include_str!("wgsl/rope.wgsl"),
+            Kernel::Attention => include_str!("wgsl/attention.wgsl"),
+            Kernel::Q8Embedding => include_str!("wgsl/q8_embedding.wgsl"),
+            Kernel::Argmax => include_str!("wgsl/argmax.wgsl"),
+        }
+    }
+
+    /// Every kernel's name and WGSL source (for validation with naga, or inspection).
+    pub fn sources() -> impl Iterator<Item = (&'static str, &'static str)> {
+        Kernel::ALL.iter().map(|k| (k.name(), k.source()))
+    }
+}
+
+/// Every kernel's name and WGSL source.
+pub fn sources() -> impl Iterator<Item = (&'static str, &'static str)> {
+    Kernel::sources()
+}

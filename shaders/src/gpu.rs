@@ -1,0 +1,402 @@
+//! The device, its buffers and the compiled kernels: everything created once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use wgpu::util::DeviceExt;
+
+use crate::{Kernel, ShaderError};
+
+/// Which adapter to ask for.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// Ask for the fallback (software) adapter, e.g. lavapipe: what CI tests on.
+    pub software: bool,
+    /// Prefer the discrete GPU over an integrated one.
+    pub high_performance: bool,
+}
+
+/// A buffer on the device: `len` 4-byte words (f32 values, or int8 packed four to a u32).
+#[derive(Debug, Clone)]
+pub struct GpuBuffer {
+    pub(crate) buf: wgpu::Buffer,
+    pub(crate) len: usize,
+}
+
+impl GpuBuffer {
+    /// Words (4 bytes each) in the buffer.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// One adapter's device and queue, with every kernel compiled up front (pipeline creation
+/// is slow on WebGPU; doing it once at start keeps it out of the decode loop).
+pub struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    pub(crate) limits: wgpu::Limits,
+    pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
+    /// Errors the device reported outside any scope (validation, out of memory, lost).
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("adapter", &self.info.name).finish()
+    }
+}
+
+impl Gpu {
+    /// Opens an adapter and compiles every kernel. Asks for the adapter's own storage
+    /// binding and buffer sizes (the defaults are WebGPU's 128/256 MiB minimums).
+    pub async fn new(options: &GpuOptions) -> Result<Gpu, ShaderError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: if options.high_performance {
+                    wgpu::PowerPreference::HighPerformance
+                } else {
+                    wgpu::PowerPreference::default()
+                },
+                force_fallback_adapter: options.software,
+                compatible_surface: None,
+                apply_limit_buckets: false,
+            })
+            .await
+            .map_err(|e| ShaderError::NoAdapter(e.to_string()))?;
+        let info = adapter.get_info();
+        let offered = adapter.limits();
+        let limits = wgpu::Limits {
+            max_storage_buffer_binding_size: offered.max_storage_buffer_binding_size,
+            max_buffer_size: offered.max_buffer_size,
+            ..wgpu::Limits::default()
+        };
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("rusting_brain"),
+                required_features: wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| ShaderError::Device(format!("{} ({:?}): {e}", info.name, info.backend)))?;
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            sink.lock().unwrap_or_else(|p| p.into_inner()).push(describe(&e));
+        }));
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let pipelines = Kernel::ALL
+            .iter()
+            .map(|k| {
+                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(k.name()),
+                    source: wgpu::ShaderSource::Wgsl(k.source().into()),
+                });
+                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(k.name()),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+            })
+            .collect();
+        if let Some(e) = scope.pop().await {
+            return Err(ShaderError::Validation(describe(&e)));
+        }
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            pipelines,
+            errors,
+        })
+    }
+
+    /// [`Gpu::new`], waiting for the adapter on this thread (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new_blocking(options: &GpuOptions) -> Result<Gpu, ShaderError> {
+        block_on(Gpu::new(options))
+    }
+
+    /// The adapter: name, backend, device type.
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    /// The largest buffer one binding may cover, in bytes.
+    pub fn max_binding(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size
+    }
+
+    fn check_size(&self, what: &str, words: usize) -> Result<u64, ShaderError> {
+        let bytes = (words as u64).saturating_mul(4);
+        let limit = self.max_binding().min(self.limits.max_buffer_size);
+        if bytes > limit {
+            return Err(ShaderError::TooLarge {
+                what: what.to_string(),
+                bytes,
+                limit,
+            });
+        }
+        Ok(bytes.max(4))
+    }
+
+    fn create(&self, what: &str, words: usize, contents: Option<&[u8]>) -> Result<GpuBuffer, ShaderError> {
+        let size = self.check_size(what, words)?;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let buf = match contents {
+            Some(bytes) if !bytes.is_empty() => {
+                self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(what),
+                    contents: bytes,
+                    usage,
+                })
+            }
+            _ => self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(what),
+                size,
+                usage,
+                mapped_at_creation: false,
+            }),
+        };
+        Ok(GpuBuffer { buf, len: words })
+    }
+
+    /// A zeroed buffer of `words` 4-byte words.
+    pub fn zeros(&self, what: &str, words: usize) -> Result<GpuBuffer, ShaderError> {
+        self.create(what, words, None)
+    }
+
+    /// Copies f32 values (or int8 packed in f32 slots, as the CPU stores them) to the device.
+    pub fn upload(&self, what: &str, data: &[f32]) -> Result<GpuBuffer, ShaderError> {
+        self.create(
+            what,
+            data.len(),
+            Some(&words_to_bytes(data.iter().map(|v| v.to_bits()))),
+        )
+    }
+
+    /// Copies u32 values (token ids) to the device.
+    pub fn upload_u32(&self, what: &str, data: &[u32]) -> Result<GpuBuffer, ShaderError> {
+        self.create(what, data.len(), Some(&words_to_bytes(data.iter().copied())))
+    }
+
+    /// Overwrites `buf` from word `offset` on with `data` (queued before the next submit).
+    pub fn write(&self, buf: &GpuBuffer, offset: usize, data: &[f32]) -> Result<(), ShaderError> {
+        self.write_words(buf, offset, data.iter().map(|v| v.to_bits()), data.len())
+    }
+
+    /// As [`Gpu::write`], u32 words.
+    pub fn write_u32(&self, buf: &GpuBuffer, offset: usize, data: &[u32]) -> Result<(), ShaderError> {
+        self.write_words(buf, offset, data.iter().copied(), data.len())
+    }
+
+    fn write_words(
+        &self,
+        buf: &GpuBuffer,
+        offset: usize,
+        words: impl Iterator<Item = u32>,
+        n: usize,
+    ) -> Result<(), ShaderError> {
+        if offset.checked_add(n).is_none_or(|end| end > buf.len) {
+            return Err(ShaderError::Invalid(format!(
+                "writing {n} words at {offset} into a buffer of {}",
+                buf.len
+            )));
+        }
+        if n > 0 {
+            self.queue
+                .write_buffer(&buf.buf, offset as u64 * 4, &words_to_bytes(words));
+        }
+        Ok(())
+    }
+
+    /// Reads a buffer back as f32 without blocking the thread (on wasm the browser
+    /// resolves the map; natively the device is polled until it completes).
+    pub async fn read(&self, buf: &GpuBuffer) -> Result<Vec<f32>, ShaderError> {
+        Ok(self
+            .read_words(buf, 0, buf.len)
+            .await?
+            .into_iter()
+            .map(f32::from_bits)
+            .collect())
+    }
+
+    /// Reads `n` u32 words from word `offset` on.
+    pub async fn read_u32(&self, buf: &GpuBuffer, offset: usize, n: usize) -> Result<Vec<u32>, ShaderError> {
+        self.read_words(buf, offset, n).await
+    }
+
+    async fn read_words(&self, buf: &GpuBuffer, offset: usize, n: usize) -> Result<Vec<u32>, ShaderError> {
+        if offset.checked_add(n).is_none_or(|end| end > buf.len) {
+            return Err(ShaderError::Invalid(format!(
+                "reading {n} words at {offset} from a buffer of {}",
+                buf.len
+            )));
+        }
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let bytes = n as u64 * 4;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(&buf.buf, offset as u64 * 4, &staging, 0, bytes);
+        let (tx, rx) = oneshot();
+        encoder.map_buffer_on_submit(&staging, wgpu::MapMode::Read, .., move |r| tx.send(r));
+        self.queue.submit([encoder.finish()]);
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| ShaderError::Readback(e.to_string()))?;
+        rx.await
+            .ok_or_else(|| ShaderError::Readback("the map callback was dropped".into()))?
+            .map_err(|e| ShaderError::Readback(e.to_string()))?;
+        let words = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| ShaderError::Readback(e.to_string()))?;
+            view.chunks_exact(4)
+                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()
+        };
+        staging.unmap();
+        self.check_errors()?;
+        Ok(words)
+    }
+
+    /// [`Gpu::read`] on this thread (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_blocking(&self, buf: &GpuBuffer) -> Result<Vec<f32>, ShaderError> {
+        block_on(self.read(buf))
+    }
+
+    /// [`Gpu::read_u32`] of the whole buffer on this thread (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_u32_blocking(&self, buf: &GpuBuffer) -> Result<Vec<u32>, ShaderError> {
+        block_on(self.read_words(buf, 0, buf.len))
+    }
+
+    /// Errors the device reported since the last check (validation, lost device).
+    pub fn check_errors(&self) -> Result<(), ShaderError> {
+        let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let all = errors.join("; ");
+        errors.clear();
+        Err(ShaderError::Validation(all))
+    }
+
+    /// A uniform buffer of parameters (each kernel's `Params` struct, 16-byte padded).
+    pub(crate) fn params(&self, words: &[u32]) -> wgpu::Buffer {
+        let mut padded = words.to_vec();
+        padded.resize(words.len().div_ceil(4).max(1) * 4, 0);
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("params"),
+            contents: &words_to_bytes(padded.into_iter()),
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+    }
+}
+
+/// A wgpu error on one line (its Display spreads the causes over several).
+fn describe(e: &wgpu::Error) -> String {
+    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn words_to_bytes(words: impl Iterator<Item = u32>) -> Vec<u8> {
+    words.flat_map(u32::to_ne_bytes).collect()
+}
+
+/// A one-value channel whose receiving end is a future: the map callback sends, `read`
+/// awaits (the browser wakes it; natively `poll` has run the callback already).
+struct Slot<T> {
+    value: Option<T>,
+    waker: Option<Waker>,
+    closed: bool,
+}
+
+struct Sender<T>(Arc<Mutex<Slot<T>>>);
+struct Receiver<T>(Arc<Mutex<Slot<T>>>);
+
+fn oneshot<T>() -> (Sender<T>, Receiver<T>) {
+    let slot = Arc::new(Mutex::new(Slot {
+        value: None,
+        waker: None,
+        closed: false,
+    }));
+    (Sender(slot.clone()), Receiver(slot))
+}
+
+impl<T> Sender<T> {
+    fn send(self, value: T) {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        s.value = Some(value);
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        s.closed = true;
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Future for Receiver<T> {
+    type Output = Option<T>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = s.value.take() {
+            return Poll::Ready(Some(v));
+        }
+        if s.closed {
+            return Poll::Ready(None);
+        }
+        s.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// Runs a future to completion on this thread, parking between polls (native only; the
+/// browser must never block).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    use std::task::Wake;
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}

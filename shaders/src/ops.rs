@@ -1,0 +1,406 @@
+//! Recording kernels into one command encoder: shapes are checked here, on the host,
+//! before anything is queued, so a wrong size is an error and never a GPU fault.
+
+use rusting_brain_core::ops::attention::AttentionSpec;
+use rusting_brain_core::ops::q8::packed_cols;
+use rusting_brain_core::ops::rope::RopeSpec;
+
+use crate::{Gpu, GpuBuffer, Kernel, ShaderError};
+
+/// Workgroups one grid dimension may hold (WebGPU's minimum limit).
+const MAX_GROUPS: usize = 65_535;
+/// Invocations per workgroup in every kernel.
+const WG: usize = 64;
+
+/// The scratch row attention keeps its scores in: `batch * q_len * q_heads * kv_capacity`
+/// words.
+pub type AttentionScratch = GpuBuffer;
+
+/// Kernels recorded into one command encoder and submitted together.
+pub struct Batch<'g> {
+    gpu: &'g Gpu,
+    encoder: wgpu::CommandEncoder,
+}
+
+fn u(v: usize, what: &str) -> Result<u32, ShaderError> {
+    u32::try_from(v)
+        .map_err(|_| ShaderError::Invalid(format!("{what} = {v} does not fit the GPU's 32-bit indices")))
+}
+
+fn need(op: &str, name: &str, buf: &GpuBuffer, words: usize) -> Result<(), ShaderError> {
+    if buf.len < words {
+        return Err(ShaderError::Invalid(format!(
+            "{op}: {name} holds {} words, the shape needs {words}",
+            buf.len
+        )));
+    }
+    Ok(())
+}
+
+/// A grid of `groups` workgroups as (x, y) within the per-dimension limit.
+fn grid(groups: usize) -> (u32, u32) {
+    let x = groups.clamp(1, MAX_GROUPS);
+    (x as u32, groups.div_ceil(x).max(1) as u32)
+}
+
+impl Gpu {
+    /// Starts recording kernels.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            gpu: self,
+            encoder: self.device.create_command_encoder(&Default::default()),
+        }
+    }
+}
+
+impl Batch<'_> {
+    fn dispatch(&mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32)) {
+        let pipeline = &self.gpu.pipelines[kernel as usize];
+        let uniform = self.gpu.params(params);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        for (i, b) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.buf.as_entire_binding(),
+            });
+        }
+        let group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name()),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut pass = self.encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(kernel.name()),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(groups.0, groups.1, 1);
+    }
+
+    /// `out = x / sqrt(mean(x^2) + eps) * weight` per row; `rstd` gets each row's factor.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm(
+        &mut self,
+        out: &GpuBuffer,
+        rstd: &GpuBuffer,
+        inp: &GpuBuffer,
+        weight: &GpuBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "rmsnorm";
+        let n = rows
+            .checked_mul(dim)
+            .ok_or_else(|| ShaderError::Invalid(format!("{OP}: size overflows")))?;
+        need(OP, "inp", inp, n)?;
+        need(OP, "out", out, n)?;
+        need(OP, "weight", weight, dim)?;
+        need(OP, "rstd", rstd, rows)?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let p = [u(rows, "rows")?, u(dim, "dim")?, eps.to_bits()];
+        self.dispatch(Kernel::RmsNorm, &p, &[inp, weight, out, rstd], grid(rows));
+        Ok(())
+    }
+
+    /// Each row of `x` (rows x cols) to int8 with its own scale: `xq` gets
+    /// `rows * packed_cols(cols)` packed words, `xs` the scales.
+    pub fn q8_quantize(
+        &mut self,
+        xq: &GpuBuffer,
+        xs: &GpuBuffer,
+        x: &GpuBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "q8_quantize";
+        let pc = packed_cols(cols);
+        need(OP, "x", x, rows * cols)?;
+        need(OP, "xq", xq, rows * pc)?;
+        need(OP, "xs", xs, rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let p = [u(rows, "rows")?, u(cols, "cols")?, u(pc, "packed cols")?];
+        self.dispatch(Kernel::Q8Quantize, &p, &[x, xq, xs], grid(rows));
+        Ok(())
+    }
+
+    /// `out (m x n) = xq . W^T + beta * out` with int8 activations (from
+    /// [`Batch::q8_quantize`]) and int8 weights `w` (n x packed_cols(k)) with scales `ws`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn q8_matmul(
+        &mut self,
+        out: &GpuBuffer,
+        xq: &GpuBuffer,
+        xs: &GpuBuffer,
+        w: &GpuBuffer,
+        ws: &GpuBuffer,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "q8_matmul";
+        let pc = packed_cols(k);
+        need(OP, "xq", xq, m * pc)?;
+        need(OP, "xs", xs, m)?;
+        need(OP, "w", w, n * pc)?;
+        need(OP, "ws", ws, n)?;
+        need(OP, "out", out, m * n)?;
+        if m > MAX_GROUPS {
+            return Err(ShaderError::Invalid(format!(
+                "{OP}: {m} rows at once, over {MAX_GROUPS}; split the batch"
+            )));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let p = [u(m, "m")?, u(n, "n")?, u(pc, "packed cols")?, beta.to_bits()];
+        self.dispatch(
+            Kernel::Q8Matmul,
+            &p,
+            &[xq, xs, w, ws, out],
+            (n.min(MAX_GROUPS) as u32, m as u32),
+        );
+        Ok(())
+    }
+
+    /// `out = silu(gate) * up` over `len` values.
+    pub fn swiglu(
+        &mut self,
+        out: &GpuBuffer,
+        gate: &GpuBuffer,
+        up: &GpuBuffer,
+        len: usize,
+    ) -> Result<(), ShaderError> {
+        for (name, b) in [("out", out), ("gate", gate), ("up", up)] {
+            need("swiglu", name, b, len)?;
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        self.dispatch(
+            Kernel::Swiglu,
+            &[u(len, "len")?],
+            &[gate, up, out],
+            grid(len.div_ceil(WG)),
+        );
+        Ok(())
+    }
+
+    /// `y += x` over `len` values.
+    pub fn add(&mut self, y: &GpuBuffer, x: &GpuBuffer, len: usize) -> Result<(), ShaderError> {
+        need("add", "y", y, len)?;
+        need("add", "x", x, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.dispatch(Kernel::Add, &[u(len, "len")?], &[x, y], grid(len.div_ceil(WG)));
+        Ok(())
+    }
+
+    /// Rotates `x` (batch, seq, heads, head_dim) in place; `table` holds cos/sin per
+    /// position (see [`rope_table`]) up to at least `pos_offset + seq`. `inverse` rotates
+    /// back (the backward pass).
+    pub fn rope(
+        &mut self,
+        x: &GpuBuffer,
+        table: &GpuBuffer,
+        spec: &RopeSpec,
+        inverse: bool,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "rope";
+        let rows = spec.batch * spec.seq;
+        spec.check(OP, rows * spec.heads * spec.head_dim)?;
+        need(OP, "x", x, rows * spec.heads * spec.head_dim)?;
+        need(OP, "table", table, (spec.pos_offset + spec.seq) * spec.head_dim)?;
+        let pairs = rows * spec.heads * (spec.head_dim / 2);
+        if pairs == 0 {
+            return Ok(());
+        }
+        let sign: f32 = if inverse { -1.0 } else { 1.0 };
+        let p = [
+            u(rows, "rows")?,
+            u(spec.seq, "seq")?,
+            u(spec.heads, "heads")?,
+            u(spec.head_dim, "head_dim")?,
+            u(spec.pos_offset, "pos_offset")?,
+            sign.to_bits(),
+        ];
+        self.dispatch(Kernel::Rope, &p, &[table, x], grid(pairs.div_ceil(WG)));
+        Ok(())
+    }
+
+    /// Causal GQA attention over a cache (layouts of `rusting_brain_core::ops::attention`):
+    /// writes `out` and the log-sum-exp `lse`; `scratch` holds the scores.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &mut self,
+        out: &GpuBuffer,
+        lse: &GpuBuffer,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        scratch: &AttentionScratch,
+        spec: &AttentionSpec,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "attention";
+        let (nq, nkv, nl) = spec.check(OP)?;
+        need(OP, "q", q, nq)?;
+        need(OP, "out", out, nq)?;
+        need(OP, "k", k, nkv)?;
+        need(OP, "v", v, nkv)?;
+        need(OP, "lse", lse, nl)?;
+        need(OP, "scratch", scratch, nl * spec.kv_capacity)?;
+        if nl == 0 {
+            return Ok(());
+        }
+        let scale = 1.0 / (spec.head_dim as f32).sqrt();
+        let p = [
+            u(spec.batch, "batch")?,
+            u(spec.q_len, "q_len")?,
+            u(spec.kv_len, "kv_len")?,
+            u(spec.kv_capacity, "kv_capacity")?,
+            u(spec.q_heads, "q_heads")?,
+            u(spec.kv_heads, "kv_heads")?,
+            u(spec.head_dim, "head_dim")?,
+            scale.to_bits(),
+        ];
+        self.dispatch(Kernel::Attention, &p, &[q, k, v, out, lse, scratch], grid(nl));
+        Ok(())
+    }
+
+    /// `out[r] = table[ids[r]] * scales[ids[r]]` from an int8 table (vocab x dim). Ids
+    /// from the host are checked when uploaded (see [`check_ids`]); an id the GPU made
+    /// itself (the sampler's) is in range by construction, and a stray one reads as NaN.
+    #[allow(clippy::too_many_arguments)]
+    pub fn q8_embedding(
+        &mut self,
+        out: &GpuBuffer,
+        ids: &GpuBuffer,
+        table: &GpuBuffer,
+        scales: &GpuBuffer,
+        rows: usize,
+        vocab: usize,
+        dim: usize,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "q8_embedding";
+        let pc = packed_cols(dim);
+        need(OP, "ids", ids, rows)?;
+        need(OP, "table", table, vocab * pc)?;
+        need(OP, "scales", scales, vocab)?;
+        need(OP, "out", out, rows * dim)?;
+        if rows * dim == 0 {
+            return Ok(());
+        }
+        let p = [
+            u(rows, "rows")?,
+            u(dim, "dim")?,
+            u(pc, "packed cols")?,
+            u(vocab, "vocab")?,
+        ];
+        self.dispatch(
+            Kernel::Q8Embedding,
+            &p,
+            &[ids, table, scales, out],
+            grid((rows * dim).div_ceil(WG)),
+        );
+        Ok(())
+    }
+
+    /// `ids[r]` = the index of row r's largest value (ties: the lower index).
+    pub fn argmax(
+        &mut self,
+        ids: &GpuBuffer,
+        logits: &GpuBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), ShaderError> {
+        need("argmax", "logits", logits, rows * cols)?;
+        need("argmax", "ids", ids, rows)?;
+        if rows > MAX_GROUPS {
+            return Err(ShaderError::Invalid(format!(
+                "argmax: {rows} rows, over {MAX_GROUPS}"
+            )));
+        }
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        self.dispatch(
+            Kernel::Argmax,
+            &[u(rows, "rows")?, u(cols, "cols")?],
+            &[logits, ids],
+            (rows as u32, 1),
+        );
+        Ok(())
+    }
+
+    /// Copies `n` words from `src[src_at..]` to `dst[dst_at..]` (the KV-cache append).
+    pub fn copy(
+        &mut self,
+        dst: &GpuBuffer,
+        dst_at: usize,
+        src: &GpuBuffer,
+        src_at: usize,
+        n: usize,
+    ) -> Result<(), ShaderError> {
+        need("copy", "src", src, src_at + n)?;
+        need("copy", "dst", dst, dst_at + n)?;
+        if n > 0 {
+            self.encoder.copy_buffer_to_buffer(
+                &src.buf,
+                src_at as u64 * 4,
+                &dst.buf,
+                dst_at as u64 * 4,
+                n as u64 * 4,
+            );
+        }
+        Ok(())
+    }
+
+    /// Queues everything recorded.
+    pub fn submit(self) -> Result<(), ShaderError> {
+        self.gpu.queue.submit([self.encoder.finish()]);
+        self.gpu.check_errors()
+    }
+}
+
+/// cos/sin per position for [`Batch::rope`]: `positions` rows of (cos[half], sin[half]),
+/// the f32 angles formed exactly as the CPU forms them.
+pub fn rope_table(positions: usize, head_dim: usize, theta: f32) -> Vec<f32> {
+    use rusting_brain_core::ops::rope::inv_freq;
+    let half = head_dim / 2;
+    let freqs: Vec<f32> = (0..half).map(|i| inv_freq(i, head_dim, theta)).collect();
+    let mut t = vec![0.0f32; positions * head_dim];
+    for (pos, row) in t.chunks_exact_mut(head_dim.max(1)).enumerate() {
+        for i in 0..half {
+            let angle = pos as f32 * freqs[i];
+            row[i] = libm_cos(angle);
+            row[half + i] = libm_sin(angle);
+        }
+    }
+    t
+}
+
+fn libm_cos(x: f32) -> f32 {
+    use rusting_brain_core::Real;
+    Real::cos(x)
+}
+
+fn libm_sin(x: f32) -> f32 {
+    use rusting_brain_core::Real;
+    Real::sin(x)
+}
+
+/// Token ids the host hands the GPU, checked against the vocabulary.
+pub fn check_ids(ids: &[u32], vocab: usize) -> Result<(), ShaderError> {
+    rusting_brain_core::ops::embedding::check_ids("gpu embedding", ids, vocab)?;
+    Ok(())
+}

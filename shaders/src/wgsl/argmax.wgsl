@@ -1,0 +1,39 @@
+// The index of the largest logit of each row (ties go to the lower index, as the core
+// sampler's greedy draw), so a decode step reads back 4 bytes.
+struct Params { rows: u32, cols: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
+
+const WG: u32 = 64u;
+var<workgroup> best_v: array<f32, WG>;
+var<workgroup> best_i: array<u32, WG>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let r = wid.x;
+    if (r >= p.rows) { return; }
+    var bv = -3.4028235e38;
+    var bi = 0xffffffffu;
+    for (var c = t; c < p.cols; c += WG) {
+        let v = logits[r * p.cols + c];
+        // Strictly greater: a thread's first maximum wins within its stride.
+        if (bi == 0xffffffffu || v > bv) { bv = v; bi = c; }
+    }
+    best_v[t] = bv;
+    best_i[t] = bi;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (t < s) {
+            let ov = best_v[t + s];
+            let oi = best_i[t + s];
+            if (oi != 0xffffffffu && (best_i[t] == 0xffffffffu || ov > best_v[t] || (ov == best_v[t] && oi < best_i[t]))) {
+                best_v[t] = ov;
+                best_i[t] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (t == 0u) { ids[r] = best_i[0]; }
+}

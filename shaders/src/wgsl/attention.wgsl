@@ -1,0 +1,89 @@
+// Causal GQA attention forward over a KV cache, one workgroup per (query row, head):
+// scores into a scratch row, max, exp and sum, then the weighted sum of values with the
+// head's dimensions spread over the threads; writes the log-sum-exp like the CPU.
+// Layouts as rusting_brain_core::ops::attention (its twin): q/out (batch, q_len, q_heads, d),
+// k/v (batch, kv_capacity, kv_heads, d), lse (batch, q_len, q_heads).
+struct Params {
+    batch: u32, q_len: u32, kv_len: u32, kv_capacity: u32,
+    q_heads: u32, kv_heads: u32, head_dim: u32, scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(6) var<storage, read_write> scores: array<f32>;
+
+const WG: u32 = 64u;
+var<workgroup> part: array<f32, WG>;
+
+fn reduce_max(t: u32, value: f32) -> f32 {
+    part[t] = value;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (t < s) { part[t] = max(part[t], part[t + s]); }
+        workgroupBarrier();
+    }
+    let r = part[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(t: u32, value: f32) -> f32 {
+    part[t] = value;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (t < s) { part[t] += part[t + s]; }
+        workgroupBarrier();
+    }
+    let r = part[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+    let item = wid.x + wid.y * nwg.x; // (b, row, h)
+    if (item >= p.batch * p.q_len * p.q_heads) { return; }
+    let h = item % p.q_heads;
+    let bt = item / p.q_heads;
+    let row = bt % p.q_len;
+    let b = bt / p.q_len;
+    let d = p.head_dim;
+    let kvh = h / (p.q_heads / p.kv_heads);
+    let n = p.kv_len - p.q_len + row + 1u;
+    let qb = item * d;
+    let sb = item * p.kv_capacity;
+    var m = -3.4028235e38;
+    for (var j = t; j < n; j += WG) {
+        let kb = ((b * p.kv_capacity + j) * p.kv_heads + kvh) * d;
+        var acc = 0.0;
+        for (var e = 0u; e < d; e++) { acc += q[qb + e] * k[kb + e]; }
+        let s = acc * p.scale;
+        scores[sb + j] = s;
+        m = max(m, s);
+    }
+    let mx = reduce_max(t, m);
+    var sum = 0.0;
+    for (var j = t; j < n; j += WG) {
+        let e = exp(scores[sb + j] - mx);
+        scores[sb + j] = e;
+        sum += e;
+    }
+    let total = reduce_sum(t, sum);
+    // Every thread's scores must be visible before any thread reads them all.
+    storageBarrier();
+    workgroupBarrier();
+    let inv = 1.0 / total;
+    for (var e = t; e < d; e += WG) {
+        var acc = 0.0;
+        for (var j = 0u; j < n; j++) {
+            acc += scores[sb + j] * v[((b * p.kv_capacity + j) * p.kv_heads + kvh) * d + e];
+        }
+        out[qb + e] = acc * inv;
+    }
+    if (t == 0u) { lse[item] = mx + log(total); }
+}

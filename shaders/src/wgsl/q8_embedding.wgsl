@@ -1,0 +1,24 @@
+// out[r] = int8 row ids[r] of the table times its scale. Ids are checked on the host.
+// Twin of rusting_brain_core::ops::q8::q8_embedding.
+struct Params { rows: u32, dim: u32, packed_cols: u32, vocab: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(2) var<storage, read> table: array<u32>;
+@group(0) @binding(3) var<storage, read> scales: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * nwg.x * 64u;
+    if (idx >= p.rows * p.dim) { return; }
+    let r = idx / p.dim;
+    let c = idx % p.dim;
+    let id = ids[r];
+    if (id >= p.vocab) {
+        out[idx] = bitcast<f32>(0x7fc00000u); // NaN: never a silent wrong row
+        return;
+    }
+    let word = unpack4xI8(table[id * p.packed_cols + c / 4u]);
+    out[idx] = f32(word[c % 4u]) * scales[id];
+}

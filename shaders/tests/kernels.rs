@@ -1,0 +1,365 @@
+//! Every WGSL kernel against its reference twin in `rusting_brain_core::ops`, on awkward
+//! shapes (1, 3, 7, 33, 127, 1000 rows; widths that are not multiples of 4 or of the
+//! workgroup), with outputs poisoned (NaN) before each run so a kernel that skips an
+//! element fails.
+//!
+//! The adapter is the software one (lavapipe in CI: `.ci/run` installs
+//! mesa-vulkan-drivers). A machine with no adapter prints why and skips, unless
+//! `RB_REQUIRE_GPU=1` (CI sets it), where that is a failure: a pass that tested nothing.
+//!
+//! Tolerances: the integer parts (int8 rounding, dot4I8Packed sums, argmax, gathers) are
+//! compared exactly. The float kernels are compared at 1e-5 relative to the row's scale
+//! (1e-4 for attention): the GPU sums in another order than the reference and may fuse
+//! multiply-adds, and exp/log on Vulkan are specified to a few ULP; the largest errors
+//! measured on lavapipe are printed by each test.
+
+use rusting_brain_core::ops::attention::{attention_forward, AttentionSpec};
+use rusting_brain_core::ops::q8::{
+    packed_cols, q8_embedding, q8_matmul, quantize_activations, quantize_rows,
+};
+use rusting_brain_core::ops::rope::{rope_forward, RopeSpec};
+use rusting_brain_core::ops::{rmsnorm, swiglu};
+use rusting_brain_core::Rng;
+use rusting_brain_shaders::{rope_table, Gpu, GpuBuffer, GpuOptions, ShaderError};
+
+fn gpu() -> Option<Gpu> {
+    match Gpu::new_blocking(&GpuOptions {
+        software: true,
+        ..Default::default()
+    }) {
+        Ok(g) => {
+            let info = g.adapter_info();
+            eprintln!(
+                "adapter: {} ({:?}, {})",
+                info.name, info.backend, info.driver_info
+            );
+            Some(g)
+        }
+        Err(e @ ShaderError::NoAdapter(_)) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
+            eprintln!("SKIPPED, no GPU adapter here: {e}");
+            None
+        }
+        Err(e) => panic!("the GPU did not open: {e}"),
+    }
+}
+
+fn randn(rng: &mut Rng, n: usize, std: f32) -> Vec<f32> {
+    rng.normal_vec(n, std)
+}
+
+/// A buffer of NaN, so every element a kernel should write is checked.
+fn poisoned(g: &Gpu, n: usize) -> GpuBuffer {
+    g.upload("poisoned", &vec![f32::NAN; n]).unwrap()
+}
+
+/// max |a - b| / (max |b| + tiny): the error relative to the values' scale.
+fn rel(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            assert!(
+                x.is_finite(),
+                "an output was not written (NaN poison left) or is not finite: {x}"
+            );
+            (x - y).abs() / scale
+        })
+        .fold(0.0, f32::max)
+}
+
+const ROWS: [usize; 6] = [1, 3, 7, 33, 127, 1000];
+
+#[test]
+fn every_kernel_passes_naga_validation() {
+    for (name, source) in rusting_brain_shaders::sources() {
+        let module = naga::front::wgsl::parse_str(source)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::empty(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+    }
+}
+
+#[test]
+fn rmsnorm_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1);
+    let mut worst = 0.0f32;
+    for (rows, dim) in ROWS.iter().zip([1usize, 7, 64, 33, 300, 129]) {
+        let x = randn(&mut rng, rows * dim, 2.0);
+        let w = randn(&mut rng, dim, 1.0);
+        let (mut out, mut rstd) = (vec![0.0; rows * dim], vec![0.0; *rows]);
+        rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &x, &w, *rows, dim, 1e-5).unwrap();
+        let (go, gr) = (poisoned(&g, rows * dim), poisoned(&g, *rows));
+        let (gx, gw) = (g.upload("x", &x).unwrap(), g.upload("w", &w).unwrap());
+        let mut b = g.batch();
+        b.rmsnorm(&go, &gr, &gx, &gw, *rows, dim, 1e-5).unwrap();
+        b.submit().unwrap();
+        let e = rel(&g.read_blocking(&go).unwrap(), &out).max(rel(&g.read_blocking(&gr).unwrap(), &rstd));
+        assert!(e < 1e-5, "rows {rows} dim {dim}: {e}");
+        worst = worst.max(e);
+    }
+    eprintln!("rmsnorm worst relative error {worst:e}");
+}
+
+#[test]
+fn q8_quantize_and_matmul_match_reference_exactly() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(2);
+    // (m, n, k): k not a multiple of 4 or of the workgroup; n up to 1000.
+    for (m, (n, k)) in ROWS
+        .iter()
+        .zip([(1usize, 1usize), (3, 7), (33, 65), (7, 130), (1000, 33), (5, 257)])
+    {
+        let m = (*m).min(64);
+        let mut x = randn(&mut rng, m * k, 1.5);
+        if k >= 6 {
+            // Row 0 scaled by exactly 1 (absmax 127): ties that round away from zero, where
+            // WGSL's round() would go to even, and the float just below one half.
+            x[..6].copy_from_slice(&[127.0, 2.5, -2.5, 0.5, -1.5, 0.49999997]);
+        }
+        let w = randn(&mut rng, n * k, 0.3);
+        let (packed, scales) = quantize_rows(&w, n, k).unwrap();
+        let mut out = vec![0.0; m * n];
+        q8_matmul(&mut out, &x, &packed, &scales, m, n, k, 0.0).unwrap();
+        let pc = packed_cols(k);
+        let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), poisoned(&g, m));
+        let gx = g.upload("x", &x).unwrap();
+        let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
+        let go = poisoned(&g, m * n);
+        let mut b = g.batch();
+        b.q8_quantize(&gxq, &gxs, &gx, m, k).unwrap();
+        b.q8_matmul(&go, &gxq, &gxs, &gw, &gws, m, n, k, 0.0).unwrap();
+        b.submit().unwrap();
+        // The int8 activations and their scales equal the CPU's, byte for byte.
+        let xq = g.read_blocking(&gxq).unwrap();
+        let xs = g.read_blocking(&gxs).unwrap();
+        for i in 0..m {
+            let (q, s) = quantize_activations(&x[i * k..(i + 1) * k]);
+            let bytes: Vec<i8> = xq[i * pc..(i + 1) * pc]
+                .iter()
+                .flat_map(|v| v.to_ne_bytes())
+                .map(|b| b as i8)
+                .take(k)
+                .collect();
+            assert_eq!(bytes, q, "row {i} of ({m}, {k})");
+            assert_eq!(xs[i].to_bits(), s.to_bits(), "scale of row {i}");
+        }
+        // Exact i32 sums and the same two f32 multiplies: the same bits.
+        let got = g.read_blocking(&go).unwrap();
+        for (i, (a, e)) in got.iter().zip(&out).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                e.to_bits(),
+                "({m}, {n}, {k}) element {i}: {a} vs {e}"
+            );
+        }
+        // beta accumulates into what is there.
+        let mut b = g.batch();
+        b.q8_matmul(&go, &gxq, &gxs, &gw, &gws, m, n, k, 1.0).unwrap();
+        b.submit().unwrap();
+        let twice = g.read_blocking(&go).unwrap();
+        for (a, e) in twice.iter().zip(&out) {
+            assert_eq!(*a, e + e);
+        }
+    }
+}
+
+#[test]
+fn elementwise_kernels_match_reference() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(3);
+    for n in [1usize, 3, 7, 33, 127, 1000, 64 * 70_000 + 5] {
+        let (gate, up) = (randn(&mut rng, n, 3.0), randn(&mut rng, n, 1.0));
+        let mut out = vec![0.0; n];
+        swiglu::swiglu_forward(&mut out, &gate, &up).unwrap();
+        let go = poisoned(&g, n);
+        let (gg, gu) = (g.upload("gate", &gate).unwrap(), g.upload("up", &up).unwrap());
+        let mut b = g.batch();
+        b.swiglu(&go, &gg, &gu, n).unwrap();
+        b.add(&gu, &gg, n).unwrap();
+        b.submit().unwrap();
+        let e = rel(&g.read_blocking(&go).unwrap(), &out);
+        assert!(e < 1e-5, "swiglu n {n}: {e}");
+        let sum: Vec<f32> = gate.iter().zip(&up).map(|(a, b)| a + b).collect();
+        assert_eq!(g.read_blocking(&gu).unwrap(), sum, "add n {n}");
+    }
+}
+
+#[test]
+fn rope_matches_reference_and_inverts() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(4);
+    for (seq, (heads, d, off)) in ROWS.iter().zip([
+        (1usize, 2usize, 0usize),
+        (3, 8, 5),
+        (2, 32, 0),
+        (1, 6, 900),
+        (4, 64, 17),
+        (2, 16, 0),
+    ]) {
+        let spec = RopeSpec {
+            batch: 1 + seq % 2,
+            seq: *seq,
+            heads,
+            head_dim: d,
+            pos_offset: off,
+            theta: 10_000.0,
+        };
+        let n = spec.batch * seq * heads * d;
+        let x = randn(&mut rng, n, 1.0);
+        let mut want = x.clone();
+        rope_forward(&mut want, &spec).unwrap();
+        let table = g.upload("rope", &rope_table(off + seq, d, 10_000.0)).unwrap();
+        let gx = g.upload("x", &x).unwrap();
+        let mut b = g.batch();
+        b.rope(&gx, &table, &spec, false).unwrap();
+        b.submit().unwrap();
+        let e = rel(&g.read_blocking(&gx).unwrap(), &want);
+        assert!(e < 1e-5, "{spec:?}: {e}");
+        let mut b = g.batch();
+        b.rope(&gx, &table, &spec, true).unwrap();
+        b.submit().unwrap();
+        let e = rel(&g.read_blocking(&gx).unwrap(), &x);
+        assert!(e < 1e-5, "inverse {spec:?}: {e}");
+        // A table too short for the positions is an error, not an out-of-bounds read.
+        let short = g.upload("rope", &rope_table(off + seq - 1, d, 10_000.0)).unwrap();
+        assert!(g.batch().rope(&gx, &short, &spec, false).is_err());
+    }
+}
+
+#[test]
+fn attention_matches_reference_with_gqa_and_caches() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(5);
+    let specs = [
+        AttentionSpec::causal(1, 1, 1, 1, 1),
+        AttentionSpec::causal(2, 7, 4, 2, 3),
+        AttentionSpec::causal(1, 33, 3, 1, 8),
+        AttentionSpec::causal(1, 127, 2, 2, 32),
+        // Decoding one row against a partly filled cache, heads not a power of two.
+        AttentionSpec {
+            batch: 1,
+            q_len: 1,
+            kv_len: 1000,
+            kv_capacity: 1003,
+            q_heads: 6,
+            kv_heads: 3,
+            head_dim: 64,
+        },
+        AttentionSpec {
+            batch: 2,
+            q_len: 3,
+            kv_len: 33,
+            kv_capacity: 40,
+            q_heads: 4,
+            kv_heads: 1,
+            head_dim: 7,
+        },
+    ];
+    let mut worst = 0.0f32;
+    for spec in specs {
+        let (nq, nkv, nl) = spec.check("test").unwrap();
+        let (q, k, v) = (
+            randn(&mut rng, nq, 1.0),
+            randn(&mut rng, nkv, 1.0),
+            randn(&mut rng, nkv, 1.0),
+        );
+        let (mut out, mut lse) = (vec![0.0; nq], vec![0.0; nl]);
+        attention_forward(&mut out, &mut lse, &q, &k, &v, &spec).unwrap();
+        let (go, gl) = (poisoned(&g, nq), poisoned(&g, nl));
+        let scratch = g.zeros("scores", nl * spec.kv_capacity).unwrap();
+        let (gq, gk, gv) = (
+            g.upload("q", &q).unwrap(),
+            g.upload("k", &k).unwrap(),
+            g.upload("v", &v).unwrap(),
+        );
+        let mut b = g.batch();
+        b.attention(&go, &gl, &gq, &gk, &gv, &scratch, &spec).unwrap();
+        b.submit().unwrap();
+        let e = rel(&g.read_blocking(&go).unwrap(), &out).max(rel(&g.read_blocking(&gl).unwrap(), &lse));
+        assert!(e < 1e-4, "{spec:?}: {e}");
+        worst = worst.max(e);
+        // A scratch row too small for the cache is an error.
+        let small = g.zeros("scores", nl * spec.kv_capacity - 1).unwrap();
+        assert!(g
+            .batch()
+            .attention(&go, &gl, &gq, &gk, &gv, &small, &spec)
+            .is_err());
+    }
+    eprintln!("attention worst relative error {worst:e}");
+}
+
+#[test]
+fn q8_embedding_and_argmax_match_reference_exactly() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(6);
+    for (rows, (vocab, dim)) in
+        ROWS.iter()
+            .zip([(1usize, 1usize), (5, 7), (50, 33), (1000, 64), (3, 130), (77, 3)])
+    {
+        let table = randn(&mut rng, vocab * dim, 1.0);
+        let (packed, scales) = quantize_rows(&table, vocab, dim).unwrap();
+        let ids: Vec<u32> = (0..*rows).map(|_| rng.below(vocab as u64) as u32).collect();
+        let mut out = vec![0.0; rows * dim];
+        q8_embedding(&mut out, &packed, &scales, &ids, vocab, dim).unwrap();
+        let go = poisoned(&g, rows * dim);
+        let gids = g.upload_u32("ids", &ids).unwrap();
+        let (gt, gs) = (
+            g.upload("table", &packed).unwrap(),
+            g.upload("scales", &scales).unwrap(),
+        );
+        let mut b = g.batch();
+        b.q8_embedding(&go, &gids, &gt, &gs, *rows, vocab, dim).unwrap();
+        b.submit().unwrap();
+        assert_eq!(
+            g.read_blocking(&go).unwrap(),
+            out,
+            "embedding rows {rows} vocab {vocab} dim {dim}"
+        );
+        assert!(rusting_brain_shaders::check_ids(&[vocab as u32], vocab).is_err());
+
+        // argmax over rows of `dim` values, with a tie planted: the lower index wins.
+        let mut logits = randn(&mut rng, rows * vocab, 1.0);
+        if vocab > 2 {
+            logits[vocab - 1] = 50.0;
+            logits[1] = 50.0;
+        }
+        let want: Vec<u32> = logits
+            .chunks(vocab)
+            .map(|r| (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b }) as u32)
+            .collect();
+        let gl = g.upload("logits", &logits).unwrap();
+        let gi = g.upload_u32("ids", &vec![u32::MAX; *rows]).unwrap();
+        let mut b = g.batch();
+        b.argmax(&gi, &gl, *rows, vocab).unwrap();
+        b.submit().unwrap();
+        assert_eq!(
+            g.read_u32_blocking(&gi).unwrap(),
+            want,
+            "argmax rows {rows} vocab {vocab}"
+        );
+    }
+}
+
+#[test]
+fn shape_errors_are_errors() {
+    let Some(g) = gpu() else { return };
+    let small = g.zeros("small", 10).unwrap();
+    let mut b = g.batch();
+    assert!(b.rmsnorm(&small, &small, &small, &small, 3, 4, 1e-5).is_err());
+    assert!(b.swiglu(&small, &small, &small, 11).is_err());
+    assert!(b
+        .q8_matmul(&small, &small, &small, &small, &small, 1, 11, 4, 0.0)
+        .is_err());
+    assert!(b.copy(&small, 5, &small, 0, 6).is_err());
+    assert!(g.write(&small, 9, &[1.0, 2.0]).is_err());
+    // A buffer over the adapter's binding limit is refused before allocating.
+    let words = (g.max_binding() / 4 + 1) as usize;
+    let err = g.zeros("huge", words).unwrap_err().to_string();
+    assert!(err.contains("over this adapter's limit"), "{err}");
+}
