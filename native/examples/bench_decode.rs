@@ -187,6 +187,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         100.0 * tps_moe * per_token_moe / 1e9 / bw_q8,
         moe_counts
     );
+    #[cfg(feature = "gpu")]
+    if words.iter().any(|w| w == "gpu") {
+        gpu_row(&shape, &prompt, new_tokens, per_token_q8, tps_q8)?;
+    }
+    #[cfg(not(feature = "gpu"))]
+    if words.iter().any(|w| w == "gpu") {
+        println!("gpu: this build has no GPU support; run with --features gpu");
+    }
     println!(
         "measured read bandwidth (\"of peak\" is against the row's working set): {bw:.1} GB/s over {:.0} MB (f32), {bw_q8:.1} GB/s over {:.0} MB (int8), {dram:.1} GB/s over 512 MiB",
         per_token / 1e6,
@@ -237,5 +245,34 @@ fn breakdown(
         wall * 1e6
     );
     print!("{}", pm.backend.breakdown(steps, wall, true));
+    Ok(())
+}
+
+/// The int8 model on the default adapter (`RB_GPU_SOFTWARE=1` asks for the fallback one):
+/// tokens/s, bytes per token, and the fraction of the adapter's copy bandwidth measured
+/// over a buffer of the int8 working set's size in the same run.
+#[cfg(feature = "gpu")]
+fn gpu_row(
+    shape: &dyn Fn() -> rusting_brain::TransformerLmBuilder,
+    prompt: &[u32],
+    new_tokens: usize,
+    per_token_q8: f64,
+    tps_cpu_q8: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut m = shape().build()?;
+    m.quantize()?;
+    m.to_gpu_with(std::env::var("RB_GPU_SOFTWARE").as_deref() == Ok("1"))?;
+    let (_, tps) = decode_run(&mut m, prompt, new_tokens)?;
+    let bw = m.device_bandwidth(per_token_q8 as usize)?.unwrap_or(f64::NAN);
+    println!(
+        "{:<28} {:>10.1} {:>14.2} {:>12.1} {:>8.0}%   ({:.2}x cpu q8; {}, copy bandwidth {bw:.1} GB/s)",
+        "rusting_brain (gpu, q8)",
+        tps,
+        per_token_q8 / 1e6,
+        tps * per_token_q8 / 1e9,
+        100.0 * tps * per_token_q8 / 1e9 / bw,
+        tps / tps_cpu_q8,
+        m.device().unwrap_or_default()
+    );
     Ok(())
 }

@@ -346,7 +346,7 @@ fn chat(g: &Gen) -> Result<(), Error> {
         decoder.feed(tok.encode(format!("{line}\n").as_str(), false)?.get_ids())?;
         let mut reply = Vec::new();
         for _ in 0..g.tokens {
-            if decoder.logits().is_none() {
+            if !decoder.has_next() {
                 println!("(the context is full: {} positions)", decoder.capacity());
                 return Ok(());
             }

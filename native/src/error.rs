@@ -36,6 +36,9 @@ pub enum NetworkError {
     /// weights were left as they were before the step.
     #[error("step {step}: {source}")]
     Step { step: u64, source: CoreError },
+    /// The GPU could not be used: no adapter, a model over its limits, a device error.
+    #[error("GPU: {0}")]
+    Gpu(String),
 }
 
 impl NetworkError {

@@ -35,6 +35,8 @@ pub mod cpu;
 mod dataset;
 mod error;
 mod files;
+#[cfg(feature = "gpu")]
+mod gpu;
 mod network;
 mod network_json;
 pub mod profile;

@@ -236,9 +236,15 @@ impl TransformerLmBuilder {
     }
 }
 
-/// The model on its device; one arm per backend, picked at run time.
+/// The model on its device; one arm per backend, picked at run time. One per model, so
+/// the arms' size difference costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum LmEngine {
     Cpu(TransformerModel<CpuBackend>),
+    /// An int8 model on a GPU; the host copy stays for the configuration, counts and
+    /// saving (int8 weights: a quarter of the f32 size).
+    #[cfg(feature = "gpu")]
+    Gpu(Box<TransformerModel<CpuBackend>>, Box<crate::gpu::GpuLm>),
 }
 
 /// A decoder-only transformer language model. Build one with [`TransformerLm::builder`].
@@ -308,11 +314,65 @@ impl TransformerLm {
     fn model(&self) -> &TransformerModel<CpuBackend> {
         match &self.engine {
             LmEngine::Cpu(m) => m,
+            #[cfg(feature = "gpu")]
+            LmEngine::Gpu(m, _) => m,
         }
     }
     fn model_mut(&mut self) -> &mut TransformerModel<CpuBackend> {
         match &mut self.engine {
             LmEngine::Cpu(m) => m,
+            #[cfg(feature = "gpu")]
+            LmEngine::Gpu(m, _) => m,
+        }
+    }
+
+    /// Moves an int8 model (after [`TransformerLm::quantize`] or a Q8 `load_bin`) to the
+    /// default GPU (feature `gpu`): Metal on a Mac, Vulkan or DX12 elsewhere, WebGPU in a
+    /// browser. `generate`, `generate_with`, `decoder` and `forward_cached` then run there;
+    /// greedy decoding reads back one id per token. Errors (no adapter, a model over the
+    /// adapter's limits, an f32 or mixture-of-experts model) never fall back to the CPU.
+    #[cfg(feature = "gpu")]
+    pub fn to_gpu(&mut self) -> Result<()> {
+        self.to_gpu_with(false)
+    }
+
+    /// [`TransformerLm::to_gpu`], asking for the fallback (software) adapter when
+    /// `software` is set: Mesa's lavapipe on Linux, what the tests run on.
+    #[cfg(feature = "gpu")]
+    pub fn to_gpu_with(&mut self, software: bool) -> Result<()> {
+        if let LmEngine::Gpu(..) = self.engine {
+            return Ok(());
+        }
+        let gpu = crate::gpu::GpuLm::new(self.model(), &crate::gpu::options(software))?;
+        let placeholder = LmEngine::Cpu(TransformerModel::new(
+            CpuBackend::new(),
+            self.config().clone(),
+            0,
+        )?);
+        let LmEngine::Cpu(model) = std::mem::replace(&mut self.engine, placeholder) else {
+            unreachable!("checked above")
+        };
+        self.engine = LmEngine::Gpu(Box::new(model), Box::new(gpu));
+        Ok(())
+    }
+
+    /// The copy bandwidth (GB/s) of the adapter the model runs on, over a buffer of
+    /// `bytes`: the bound a decode step's weight reads are measured against. `None` on
+    /// the CPU.
+    #[cfg(feature = "gpu")]
+    pub fn device_bandwidth(&self, bytes: usize) -> Result<Option<f64>> {
+        match &self.engine {
+            LmEngine::Gpu(_, g) => Ok(Some(g.copy_bandwidth(bytes)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The adapter the model runs on, or `None` on the CPU.
+    pub fn device(&self) -> Option<String> {
+        match &self.engine {
+            LmEngine::Cpu(_) => None,
+            #[cfg(feature = "gpu")]
+            LmEngine::Gpu(_, g) => Some(g.adapter()),
         }
     }
 
@@ -452,6 +512,8 @@ impl TransformerLm {
         Ok(KvCaches {
             inner: match &self.engine {
                 LmEngine::Cpu(m) => CacheEngine::Cpu(m.new_kv_caches()?),
+                #[cfg(feature = "gpu")]
+                LmEngine::Gpu(_, g) => CacheEngine::Gpu(g.new_cache()?),
             },
         })
     }
@@ -461,6 +523,52 @@ impl TransformerLm {
     pub fn forward_cached(&mut self, ids: &[u32], caches: &mut KvCaches) -> Result<Vec<f32>> {
         match (&mut self.engine, &mut caches.inner) {
             (LmEngine::Cpu(m), CacheEngine::Cpu(c)) => Ok(m.forward_cached(ids, c)?),
+            #[cfg(feature = "gpu")]
+            (LmEngine::Gpu(_, g), CacheEngine::Gpu(c)) => {
+                g.forward(ids, c)?;
+                g.logits()
+            }
+            #[cfg(feature = "gpu")]
+            _ => Err(NetworkError::InvalidInput(
+                "these KV caches belong to another device; make them with new_kv_caches() after to_gpu()"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Runs `ids` and leaves the logits where they are: on the GPU, only the argmax is read
+    /// back when the sampler is greedy.
+    fn advance(&mut self, ids: &[u32], caches: &mut KvCaches) -> Result<Pending> {
+        match (&mut self.engine, &mut caches.inner) {
+            #[cfg(feature = "gpu")]
+            (LmEngine::Gpu(_, g), CacheEngine::Gpu(c)) => {
+                g.forward(ids, c)?;
+                Ok(Pending::Device)
+            }
+            _ => Ok(Pending::Host(self.forward_cached(ids, caches)?)),
+        }
+    }
+
+    /// The next id from the pending logits.
+    fn draw(&mut self, pending: &Pending, sampler: &mut Sampler, context: &[u32]) -> Result<u32> {
+        match pending {
+            Pending::Host(logits) => Ok(sampler.sample(logits, context)?),
+            #[cfg(feature = "gpu")]
+            Pending::Device => {
+                let LmEngine::Gpu(_, g) = &self.engine else {
+                    return Err(NetworkError::InvalidInput(
+                        "the model left the GPU during decoding".into(),
+                    ));
+                };
+                // The device's argmax is the greedy draw only without a penalty (which
+                // changes the logits first); anything else samples the logits on the host.
+                if sampler.temperature == 0.0 && sampler.repetition_penalty == 1.0 {
+                    sampler.sample(&[0.0], &[])?; // validates the sampler as the host path does
+                    g.argmax()
+                } else {
+                    Ok(sampler.sample(&g.logits()?, context)?)
+                }
+            }
         }
     }
 
@@ -484,7 +592,7 @@ impl TransformerLm {
         let mut out = Vec::new();
         for _ in 0..max_new {
             // No pending logits: the cache filled up at max_seq_len.
-            if decoder.logits().is_none() {
+            if !decoder.has_next() {
                 break;
             }
             let id = decoder.next(sampler)?;
@@ -504,7 +612,7 @@ impl TransformerLm {
             model: self,
             caches,
             context: Vec::new(),
-            logits: None,
+            pending: None,
         })
     }
 
@@ -574,6 +682,15 @@ impl TransformerLm {
 
 enum CacheEngine {
     Cpu(KvCache<CpuBackend>),
+    #[cfg(feature = "gpu")]
+    Gpu(crate::gpu::GpuCache),
+}
+
+/// Logits a decoder has not drawn from yet: on the host, or still on the device.
+enum Pending {
+    Host(Vec<f32>),
+    #[cfg(feature = "gpu")]
+    Device,
 }
 
 /// Key/value caches of one sequence; see [`TransformerLm::new_kv_caches`].
@@ -586,6 +703,8 @@ impl KvCaches {
     pub fn len(&self) -> usize {
         match &self.inner {
             CacheEngine::Cpu(c) => c.len(),
+            #[cfg(feature = "gpu")]
+            CacheEngine::Gpu(c) => c.len,
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -599,31 +718,38 @@ pub struct Decoder<'a> {
     caches: KvCaches,
     context: Vec<u32>,
     /// Logits after the last position, waiting for `next`.
-    logits: Option<Vec<f32>>,
+    pending: Option<Pending>,
 }
 
 impl Decoder<'_> {
     /// Reads `ids` after everything so far (a prompt, a user's turn).
     pub fn feed(&mut self, ids: &[u32]) -> Result<()> {
-        let logits = self.model.forward_cached(ids, &mut self.caches)?;
+        self.pending = None;
+        let pending = self.model.advance(ids, &mut self.caches)?;
         self.context.extend_from_slice(ids);
-        self.logits = Some(logits);
+        self.pending = Some(pending);
         Ok(())
     }
 
     /// Draws the next token and reads it, so the following call continues from it.
     pub fn next(&mut self, sampler: &mut Sampler) -> Result<u32> {
-        let logits = self
-            .logits
+        let pending = self
+            .pending
             .take()
             .ok_or_else(|| NetworkError::InvalidInput("Decoder::next before any feed".into()))?;
-        let id = sampler.sample(&logits, &self.context)?;
+        let id = self.model.draw(&pending, sampler, &self.context)?;
         if self.caches.len() < self.model.config().max_seq_len {
             self.feed(&[id])?;
         } else {
             self.context.push(id);
         }
         Ok(id)
+    }
+
+    /// Whether there are logits to draw from: false before the first feed, and once the
+    /// cache is full (`max_seq_len` positions).
+    pub fn has_next(&self) -> bool {
+        self.pending.is_some()
     }
 
     /// Every id fed or drawn so far.
@@ -638,8 +764,17 @@ impl Decoder<'_> {
     pub fn capacity(&self) -> usize {
         self.model.config().max_seq_len
     }
-    /// The logits the next draw will use, if any.
-    pub fn logits(&self) -> Option<&[f32]> {
-        self.logits.as_deref()
+    /// The logits the next draw will use, if any (on a GPU this reads them back).
+    pub fn logits(&mut self) -> Result<Option<&[f32]>> {
+        #[cfg(feature = "gpu")]
+        if let Some(Pending::Device) = self.pending {
+            if let LmEngine::Gpu(_, g) = &self.model.engine {
+                self.pending = Some(Pending::Host(g.logits()?));
+            }
+        }
+        Ok(match &self.pending {
+            Some(Pending::Host(l)) => Some(l),
+            _ => None,
+        })
     }
 }

@@ -82,7 +82,7 @@ fn the_decoder_keeps_its_caches_across_turns() {
         d.feed(&[7, 8]).unwrap();
         d.next(&mut greedy).unwrap();
         d.feed(&[9]).unwrap();
-        (d.context().to_vec(), d.logits().unwrap().to_vec())
+        (d.context().to_vec(), d.logits().unwrap().unwrap().to_vec())
     };
     assert_eq!(context.0.len(), 4 + 3 + 2 + 1 + 1);
     let full = full_logits(&mut m, &context.0);

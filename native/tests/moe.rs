@@ -293,9 +293,9 @@ fn kv_cache_decode_matches_full_forward_with_experts() {
         // Across Decoder turns: feed two turns, the logits after each are the full pass's.
         let mut dec = m.decoder().unwrap();
         dec.feed(&seq[..12]).unwrap();
-        let after_first = dec.logits().unwrap().to_vec();
+        let after_first = dec.logits().unwrap().unwrap().to_vec();
         dec.feed(&seq[12..25]).unwrap();
-        let after_second = dec.logits().unwrap().to_vec();
+        let after_second = dec.logits().unwrap().unwrap().to_vec();
         drop(dec);
         check("turn 1", &after_first, full[11]);
         check("turn 2", &after_second, full[24]);

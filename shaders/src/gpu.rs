@@ -292,6 +292,31 @@ impl Gpu {
         block_on(self.read_words(buf, 0, buf.len))
     }
 
+    /// The device's copy bandwidth in GB/s (bytes read per second): `repeats` copies of a
+    /// `bytes` buffer in one submission, timed to completion, after one untimed warm-up.
+    /// Native only (it waits on the device).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn copy_bandwidth(&self, bytes: usize, repeats: usize) -> Result<f64, ShaderError> {
+        let words = bytes / 4;
+        let (src, dst) = (self.zeros("copy src", words)?, self.zeros("copy dst", words)?);
+        let run = |n: usize| -> Result<f64, ShaderError> {
+            let t = std::time::Instant::now();
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            for _ in 0..n {
+                encoder.copy_buffer_to_buffer(&src.buf, 0, &dst.buf, 0, words as u64 * 4);
+            }
+            self.queue.submit([encoder.finish()]);
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| ShaderError::Readback(e.to_string()))?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        run(1)?;
+        let secs = run(repeats.max(1))?;
+        self.check_errors()?;
+        Ok((words * 4 * repeats.max(1)) as f64 / secs / 1e9)
+    }
+
     /// Errors the device reported since the last check (validation, lost device).
     pub fn check_errors(&self) -> Result<(), ShaderError> {
         let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());

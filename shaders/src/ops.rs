@@ -163,11 +163,17 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(m, "m")?, u(n, "n")?, u(pc, "packed cols")?, beta.to_bits()];
+        if n.div_ceil(WG) > MAX_GROUPS {
+            return Err(ShaderError::Invalid(format!(
+                "{OP}: {n} outputs, over {}",
+                MAX_GROUPS * WG
+            )));
+        }
         self.dispatch(
             Kernel::Q8Matmul,
             &p,
             &[xq, xs, w, ws, out],
-            (n.min(MAX_GROUPS) as u32, m as u32),
+            (n.div_ceil(WG) as u32, m as u32),
         );
         Ok(())
     }

@@ -66,7 +66,9 @@ pub fn q8_matmul(
         let parts = team::parts();
         if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 8 * parts {
             let per = n.div_ceil(parts).div_ceil(4) * 4;
-            team::run_blocks(out.chunks_mut(per).collect(), |p, o| outputs(o, p * per, &xq, xsum, sx));
+            team::run_blocks(out.chunks_mut(per).collect(), |p, o| {
+                outputs(o, p * per, &xq, xsum, sx)
+            });
         } else {
             outputs(out, 0, &xq, xsum, sx);
         }

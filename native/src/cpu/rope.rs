@@ -47,7 +47,10 @@ fn cached_rows(d: usize, theta: f32, end: usize) -> Option<Arc<Vec<f32>>> {
     // A poisoned lock only means another thread panicked mid-update; the tables are
     // replaced whole, so what is there is still consistent.
     let mut tables = TABLES.lock().unwrap_or_else(|e| e.into_inner());
-    let at = match tables.iter().position(|t| t.head_dim == d && t.theta == theta.to_bits()) {
+    let at = match tables
+        .iter()
+        .position(|t| t.head_dim == d && t.theta == theta.to_bits())
+    {
         Some(i) => i,
         None => {
             tables.push(Table {

@@ -253,11 +253,13 @@ unsafe fn dot4_i8_vnni(x: &[i8], xsum: i32, rows: [&[i8]; 4]) -> [i32; 4] {
     // quad further on: ask for them now. Rows of ~0.5-1.5 KB are too short for the
     // hardware prefetcher to lock on, and without this a core streamed int8 weights at a
     // third of its read bandwidth. A prefetch of an address past the matrix is harmless.
-    let quad = (rows[1].as_ptr() as usize).wrapping_sub(rows[0].as_ptr() as usize).wrapping_mul(4);
+    let quad = (rows[1].as_ptr() as usize)
+        .wrapping_sub(rows[0].as_ptr() as usize)
+        .wrapping_mul(4);
     for c in 0..chunks {
         for r in &rows {
             let ahead = r.as_ptr().wrapping_add(c * 64).wrapping_add(quad);
-            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(ahead);
         }
         // SAFETY: c * 64 + 64 <= n <= every length, so each 64-byte load is in bounds;
         // unaligned loads need no alignment.
@@ -314,7 +316,9 @@ unsafe fn quantize_i8_avx512(x: &[f32]) -> (Vec<i8>, f32) {
     for c in 0..chunks {
         m = _mm512_max_ps(_mm512_abs_ps(load(c)), m);
     }
-    let absmax = x[chunks * 16..].iter().fold(_mm512_reduce_max_ps(m), |m, v| m.max(v.abs()));
+    let absmax = x[chunks * 16..]
+        .iter()
+        .fold(_mm512_reduce_max_ps(m), |m, v| m.max(v.abs()));
     let scale = absmax / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
     let mut out = vec![0i8; x.len()];
@@ -324,7 +328,10 @@ unsafe fn quantize_i8_avx512(x: &[f32]) -> (Vec<i8>, f32) {
         _mm512_set1_ps(-127.0),
         _mm512_set1_ps(127.0),
     );
-    let (sign, one) = (_mm512_set1_epi32(i32::MIN), _mm512_castps_si512(_mm512_set1_ps(1.0)));
+    let (sign, one) = (
+        _mm512_set1_epi32(i32::MIN),
+        _mm512_castps_si512(_mm512_set1_ps(1.0)),
+    );
     for c in 0..chunks {
         let y = _mm512_mul_ps(load(c), vinv);
         // roundf (half away from zero) exactly: truncate, then step away from zero when the
@@ -694,7 +701,7 @@ mod tests {
             assert_eq!(quantize_i8(&x), quantize_activations(&x), "n = {n}");
         }
         // Every value tiny enough that 1 / scale overflows to infinity.
-        let tiny = vec![1e-40f32, -3e-41, 0.0, 2e-45].repeat(5);
+        let tiny = [1e-40f32, -3e-41, 0.0, 2e-45].repeat(5);
         assert_eq!(quantize_i8(&tiny), quantize_activations(&tiny));
     }
 

@@ -1,7 +1,10 @@
 // out (m x n) = xq (m x k, int8 rows with scales xs) . W^T (n x k, int8 rows with scales
-// ws) + beta * out. One workgroup per output element: its threads stride over the packed
-// row, dot4I8Packed sums exactly in i32, a tree adds the partials (integer, so the order
-// does not matter), then f32(acc) * xs * ws as the CPU does.
+// ws) + beta * out. One invocation per output element, no barriers: it walks its weight
+// row a packed word (four int8) at a time, dot4I8Packed sums exactly in i32, then
+// f32(acc) * xs * ws as the CPU does, so the result is bit-identical to it.
+// (A workgroup per output with a tree reduction ran at 8 tokens/s on lavapipe, where
+// every barrier is a coroutine switch per invocation; this layout runs at several times
+// that, and on GPUs neighbouring invocations still share the activation row in cache.)
 // Twin of rusting_brain_core::ops::q8::q8_matmul.
 struct Params { m: u32, n: u32, packed_cols: u32, beta: f32 }
 
@@ -12,32 +15,18 @@ struct Params { m: u32, n: u32, packed_cols: u32, beta: f32 }
 @group(0) @binding(4) var<storage, read> ws: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-const WG: u32 = 64u;
-var<workgroup> part: array<i32, WG>;
-
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) t: u32) {
-    let i = wid.y;
-    // Output columns past the grid's width come round again (n can exceed 65535).
-    for (var j = wid.x; j < p.n; j += nwg.x) {
-        var acc = 0;
-        let xb = i * p.packed_cols;
-        let wb = j * p.packed_cols;
-        for (var s = t; s < p.packed_cols; s += WG) {
-            acc += dot4I8Packed(xq[xb + s], w[wb + s]);
-        }
-        part[t] = acc;
-        workgroupBarrier();
-        for (var h = WG / 2u; h > 0u; h = h / 2u) {
-            if (t < h) { part[t] += part[t + h]; }
-            workgroupBarrier();
-        }
-        if (t == 0u) {
-            let v = f32(part[0]) * xs[i] * ws[j];
-            let o = i * p.n + j;
-            if (p.beta == 0.0) { out[o] = v; } else { out[o] = v + p.beta * out[o]; }
-        }
-        workgroupBarrier();
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let j = gid.x;
+    let i = gid.y;
+    if (j >= p.n || i >= p.m) { return; }
+    let xb = i * p.packed_cols;
+    let wb = j * p.packed_cols;
+    var acc = 0;
+    for (var s = 0u; s < p.packed_cols; s++) {
+        acc += dot4I8Packed(xq[xb + s], w[wb + s]);
     }
+    let v = f32(acc) * xs[i] * ws[j];
+    let o = i * p.n + j;
+    if (p.beta == 0.0) { out[o] = v; } else { out[o] = v + p.beta * out[o]; }
 }

@@ -1,0 +1,318 @@
+//! An int8 `TransformerLm` on a GPU through wgpu (feature `gpu`): the same forward pass as
+//! `TransformerModel::forward_cached` on the CPU, kernel for kernel, with the weights,
+//! the KV caches and every activation resident on the device. One command encoder per
+//! forward pass; the greedy draw (argmax) runs on the device, so a decoded token reads back
+//! 4 bytes.
+//!
+//! The int8 products are bit-identical to the CPU's (same int8 activations, exact i32
+//! sums, the same two f32 multiplies); RMSNorm, RoPE, attention and SwiGLU differ from it
+//! by float summation order and fused multiply-adds, so logits agree to ~1e-5 of their
+//! range, and the greedy ids match (tests/gpu.rs).
+
+use rusting_brain_core::models::transformer::{TransformerConfig, TransformerModel};
+use rusting_brain_core::ops::attention::AttentionSpec;
+use rusting_brain_core::ops::q8::packed_cols;
+use rusting_brain_core::CoreError;
+use rusting_brain_shaders::{rope_table, Batch, Gpu, GpuBuffer, GpuOptions, ShaderError};
+
+use crate::cpu::CpuBackend;
+use crate::{NetworkError, Result};
+
+impl From<ShaderError> for NetworkError {
+    fn from(e: ShaderError) -> Self {
+        match e {
+            ShaderError::Core(c) => NetworkError::Core(c),
+            other => NetworkError::Gpu(other.to_string()),
+        }
+    }
+}
+
+/// An int8 matrix on the device: `n` rows of `k` values packed four to a word, and `n`
+/// scales.
+struct Q8 {
+    w: GpuBuffer,
+    s: GpuBuffer,
+    n: usize,
+    k: usize,
+}
+
+struct Layer {
+    attn_norm: GpuBuffer,
+    ffn_norm: GpuBuffer,
+    wq: Q8,
+    wk: Q8,
+    wv: Q8,
+    wo: Q8,
+    /// gate, up, down.
+    mlp: [Q8; 3],
+}
+
+/// Scratch of a forward pass over up to `rows` positions.
+struct Acts {
+    rows: usize,
+    x: GpuBuffer,
+    h: GpuBuffer,
+    rstd: GpuBuffer,
+    /// int8 activations and their scales, for the widest input (d, q_dim or d_ff).
+    xq: GpuBuffer,
+    xs: GpuBuffer,
+    q: GpuBuffer,
+    k: GpuBuffer,
+    v: GpuBuffer,
+    att: GpuBuffer,
+    lse: GpuBuffer,
+    scores: GpuBuffer,
+    gate: GpuBuffer,
+    up: GpuBuffer,
+    s: GpuBuffer,
+    ids: GpuBuffer,
+}
+
+/// The model on the device.
+pub(crate) struct GpuLm {
+    gpu: Gpu,
+    cfg: TransformerConfig,
+    embed: Q8,
+    final_norm: GpuBuffer,
+    layers: Vec<Layer>,
+    rope: GpuBuffer,
+    acts: Option<Acts>,
+    last: GpuBuffer,
+    logits: GpuBuffer,
+    /// The argmax of the last logits.
+    best: GpuBuffer,
+}
+
+/// Key/value caches of one sequence on the device: `max_seq_len` positions per layer,
+/// allocated once.
+pub(crate) struct GpuCache {
+    k: Vec<GpuBuffer>,
+    v: Vec<GpuBuffer>,
+    pub(crate) len: usize,
+}
+
+fn q8(gpu: &Gpu, name: &str, leaf: &Option<(Vec<f32>, Vec<f32>)>, n: usize, k: usize) -> Result<Q8> {
+    let (packed, scales) = leaf
+        .as_ref()
+        .ok_or_else(|| NetworkError::InvalidInput(format!("to_gpu: {name} has no int8 weights")))?;
+    Ok(Q8 {
+        w: gpu.upload(name, packed)?,
+        s: gpu.upload(name, scales)?,
+        n,
+        k,
+    })
+}
+
+impl GpuLm {
+    /// Uploads an int8 model. Dense models only so far: the sparse blocks need the routing
+    /// kernels, and refusing is better than a silent CPU fallback.
+    pub(crate) fn new(model: &TransformerModel<CpuBackend>, options: &GpuOptions) -> Result<GpuLm> {
+        let c = &model.config;
+        let quant = model.quantized.as_ref().ok_or_else(|| {
+            NetworkError::InvalidInput(
+                "to_gpu runs int8 models: call quantize() first (or load a Q8 file)".into(),
+            )
+        })?;
+        if c.moe.is_some() {
+            return Err(NetworkError::InvalidInput(
+                "to_gpu: mixture-of-experts models do not run on the GPU yet; decode them on the CPU".into(),
+            ));
+        }
+        let gpu = Gpu::new_blocking(options)?;
+        let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for (l, (p, qp)) in model.params.layers.iter().zip(&quant.layers).enumerate() {
+            let f = c
+                .mlp_width(l)
+                .ok_or_else(|| NetworkError::InvalidInput("to_gpu: a block without a feed-forward".into()))?;
+            let mlp = qp.mlp.as_ref().ok_or_else(|| {
+                NetworkError::InvalidInput("to_gpu: a block without int8 feed-forward weights".into())
+            })?;
+            let name = |w: &str| format!("model.layers.{l}.{w}");
+            layers.push(Layer {
+                attn_norm: gpu.upload("attn_norm", &p.attn_norm)?,
+                ffn_norm: gpu.upload("ffn_norm", &p.ffn_norm)?,
+                wq: q8(&gpu, &name("self_attn.q_proj"), &qp.wq, q, d)?,
+                wk: q8(&gpu, &name("self_attn.k_proj"), &qp.wk, kv, d)?,
+                wv: q8(&gpu, &name("self_attn.v_proj"), &qp.wv, kv, d)?,
+                wo: q8(&gpu, &name("self_attn.o_proj"), &qp.wo, d, q)?,
+                mlp: [
+                    q8(&gpu, &name("mlp.gate_proj"), &mlp.gate, f, d)?,
+                    q8(&gpu, &name("mlp.up_proj"), &mlp.up, f, d)?,
+                    q8(&gpu, &name("mlp.down_proj"), &mlp.down, d, f)?,
+                ],
+            });
+        }
+        let embed = q8(&gpu, "model.embed_tokens", &quant.embed, c.vocab_size, d)?;
+        Ok(GpuLm {
+            final_norm: gpu.upload("final_norm", &model.params.final_norm)?,
+            rope: gpu.upload("rope", &rope_table(c.max_seq_len, c.head_dim, c.rope_theta))?,
+            last: gpu.zeros("last", d)?,
+            logits: gpu.zeros("logits", c.vocab_size)?,
+            best: gpu.zeros("best", 1)?,
+            acts: None,
+            layers,
+            embed,
+            cfg: c.clone(),
+            gpu,
+        })
+    }
+
+    /// The adapter's copy bandwidth in GB/s over a buffer of `bytes`.
+    pub(crate) fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {
+        Ok(self.gpu.copy_bandwidth(bytes, 20)?)
+    }
+
+    pub(crate) fn adapter(&self) -> String {
+        let i = self.gpu.adapter_info();
+        format!("{} ({:?})", i.name, i.backend)
+    }
+
+    pub(crate) fn new_cache(&self) -> Result<GpuCache> {
+        let n = self.cfg.max_seq_len * self.cfg.kv_dim();
+        let layers = self.cfg.n_layers;
+        Ok(GpuCache {
+            k: (0..layers)
+                .map(|_| self.gpu.zeros("k cache", n))
+                .collect::<std::result::Result<_, _>>()?,
+            v: (0..layers)
+                .map(|_| self.gpu.zeros("v cache", n))
+                .collect::<std::result::Result<_, _>>()?,
+            len: 0,
+        })
+    }
+
+    fn acts(&mut self, rows: usize) -> Result<()> {
+        if self.acts.as_ref().is_some_and(|a| a.rows >= rows) {
+            return Ok(());
+        }
+        let c = &self.cfg;
+        let (g, d, q, kv) = (&self.gpu, c.d_model, c.q_dim(), c.kv_dim());
+        let f = (0..c.n_layers).filter_map(|l| c.mlp_width(l)).max().unwrap_or(0);
+        let widest = d.max(q).max(f);
+        self.acts = Some(Acts {
+            rows,
+            x: g.zeros("x", rows * d)?,
+            h: g.zeros("h", rows * d)?,
+            rstd: g.zeros("rstd", rows)?,
+            xq: g.zeros("xq", rows * packed_cols(widest))?,
+            xs: g.zeros("xs", rows)?,
+            q: g.zeros("q", rows * q)?,
+            k: g.zeros("k", rows * kv)?,
+            v: g.zeros("v", rows * kv)?,
+            att: g.zeros("att", rows * q)?,
+            lse: g.zeros("lse", rows * c.q_heads)?,
+            scores: g.zeros("scores", rows * c.q_heads * c.max_seq_len)?,
+            gate: g.zeros("gate", rows * f)?,
+            up: g.zeros("up", rows * f)?,
+            s: g.zeros("s", rows * f)?,
+            ids: g.zeros("ids", rows)?,
+        });
+        Ok(())
+    }
+
+    /// Encodes and submits a forward pass over `ids` after the cache's positions, leaving
+    /// the last position's logits and their argmax on the device. Checks as the CPU does.
+    pub(crate) fn forward(&mut self, ids: &[u32], cache: &mut GpuCache) -> Result<()> {
+        let c = self.cfg.clone();
+        let r = ids.len();
+        if r == 0 {
+            return Err(NetworkError::InvalidInput(
+                "forward_cached needs at least one token id".into(),
+            ));
+        }
+        if let Some(i) = ids.iter().position(|&t| t as usize >= c.vocab_size) {
+            return Err(CoreError::TokenOutOfRange {
+                what: "input",
+                id: ids[i],
+                row: 0,
+                position: cache.len + i,
+                vocab: c.vocab_size,
+            }
+            .into());
+        }
+        if cache.k.len() != c.n_layers {
+            return Err(NetworkError::InvalidInput(
+                "this KV cache was made for a model of another shape".into(),
+            ));
+        }
+        if cache.len + r > c.max_seq_len {
+            return Err(CoreError::InvalidDimension {
+                op: "forward_cached",
+                message: format!(
+                    "{} cached + {r} new positions is over max_seq_len {}",
+                    cache.len, c.max_seq_len
+                ),
+            }
+            .into());
+        }
+        self.acts(r)?;
+        let a = self.acts.as_ref().expect("made above");
+        let (d, kv) = (c.d_model, c.kv_dim());
+        let pos = cache.len;
+        let (rope_q, rope_k) = c.rope_specs(1, r, pos);
+        let spec = AttentionSpec {
+            batch: 1,
+            q_len: r,
+            kv_len: pos + r,
+            kv_capacity: c.max_seq_len,
+            q_heads: c.q_heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+        };
+        self.gpu.write_u32(&a.ids, 0, ids)?;
+        let g = &self.gpu;
+        let mut b = g.batch();
+        b.q8_embedding(&a.x, &a.ids, &self.embed.w, &self.embed.s, r, c.vocab_size, d)?;
+        // out = x . W^T + beta * out, with x rounded to int8 first, as the CPU's q8_matmul.
+        let linear = |b: &mut Batch, out: &GpuBuffer, x: &GpuBuffer, w: &Q8, rows: usize, beta: f32| {
+            b.q8_quantize(&a.xq, &a.xs, x, rows, w.k)?;
+            b.q8_matmul(out, &a.xq, &a.xs, &w.w, &w.s, rows, w.n, w.k, beta)
+        };
+        for (l, w) in self.layers.iter().enumerate() {
+            b.rmsnorm(&a.h, &a.rstd, &a.x, &w.attn_norm, r, d, c.norm_eps)?;
+            linear(&mut b, &a.q, &a.h, &w.wq, r, 0.0)?;
+            linear(&mut b, &a.k, &a.h, &w.wk, r, 0.0)?;
+            linear(&mut b, &a.v, &a.h, &w.wv, r, 0.0)?;
+            b.rope(&a.q, &self.rope, &rope_q, false)?;
+            b.rope(&a.k, &self.rope, &rope_k, false)?;
+            b.copy(&cache.k[l], pos * kv, &a.k, 0, r * kv)?;
+            b.copy(&cache.v[l], pos * kv, &a.v, 0, r * kv)?;
+            b.attention(&a.att, &a.lse, &a.q, &cache.k[l], &cache.v[l], &a.scores, &spec)?;
+            linear(&mut b, &a.x, &a.att, &w.wo, r, 1.0)?;
+            b.rmsnorm(&a.h, &a.rstd, &a.x, &w.ffn_norm, r, d, c.norm_eps)?;
+            let f = w.mlp[0].n;
+            linear(&mut b, &a.gate, &a.h, &w.mlp[0], r, 0.0)?;
+            linear(&mut b, &a.up, &a.h, &w.mlp[1], r, 0.0)?;
+            b.swiglu(&a.s, &a.gate, &a.up, r * f)?;
+            linear(&mut b, &a.x, &a.s, &w.mlp[2], r, 1.0)?;
+        }
+        b.rmsnorm(&a.h, &a.rstd, &a.x, &self.final_norm, r, d, c.norm_eps)?;
+        b.copy(&self.last, 0, &a.h, (r - 1) * d, d)?;
+        // Only the last position's logits, through the tied int8 embedding.
+        linear(&mut b, &self.logits, &self.last, &self.embed, 1, 0.0)?;
+        b.argmax(&self.best, &self.logits, 1, c.vocab_size)?;
+        b.submit()?;
+        cache.len += r;
+        Ok(())
+    }
+
+    /// The logits of the last forward pass (`vocab_size` values).
+    pub(crate) fn logits(&self) -> Result<Vec<f32>> {
+        Ok(self.gpu.read_blocking(&self.logits)?)
+    }
+
+    /// The greedy id after the last forward pass: 4 bytes read back.
+    pub(crate) fn argmax(&self) -> Result<u32> {
+        let id = self.gpu.read_u32_blocking(&self.best)?;
+        Ok(id[0])
+    }
+}
+
+/// Opens the default GPU (`software` asks for the fallback adapter, e.g. lavapipe).
+pub(crate) fn options(software: bool) -> GpuOptions {
+    GpuOptions {
+        software,
+        high_performance: true,
+    }
+}

@@ -1,0 +1,200 @@
+//! The int8 language model on a GPU (`to_gpu`) against the same model on the CPU:
+//! greedy ids for 64 tokens, logits at every step, Decoder turns, a seeded sampled run,
+//! and the errors. Runs on the software adapter (lavapipe in CI, which sets
+//! `RB_REQUIRE_GPU=1`; elsewhere a machine with no adapter prints why and skips).
+//!
+//! Tolerance: the int8 products are bit-identical on both sides, but RMSNorm, RoPE,
+//! attention and SwiGLU sum in another order on the GPU and may fuse multiply-adds, and
+//! the next product rounds its input to int8 again, so a value one ULP off can move one
+//! int8 step. Logits are compared at 2e-3 of their range (measured worst printed below,
+//! 2e-7 on lavapipe; one int8 rounding flipped would show up as ~1e-3).
+
+use rusting_brain::core::Rng;
+use rusting_brain::{NetworkError, Optimizer, Sampler, TokenBatch, TransformerLm};
+
+/// Sequences of `next = (5 * prev + 3) mod 64`: learnable, so the model is confident.
+fn rule_batch(rng: &mut Rng, rows: usize) -> TokenBatch {
+    let seqs: Vec<Vec<u32>> = (0..rows)
+        .map(|_| {
+            let mut t = rng.below(64) as u32;
+            (0..25)
+                .map(|_| {
+                    let c = t;
+                    t = (5 * t + 3) % 64;
+                    c
+                })
+                .collect()
+        })
+        .collect();
+    TokenBatch::new(&seqs).unwrap()
+}
+
+fn trained_q8() -> TransformerLm {
+    let mut m = TransformerLm::builder()
+        .vocab_size(64)
+        .d_model(64)
+        .n_layers(2)
+        .heads(4, 2, 16)
+        .d_ff(96)
+        .max_seq_len(96)
+        .optimizer(Optimizer::adam(3e-3))
+        .seed(5)
+        .build()
+        .unwrap();
+    let mut rng = Rng::new(6);
+    for _ in 0..120 {
+        m.train_step_batch(&rule_batch(&mut rng, 8)).unwrap();
+    }
+    m.quantize().unwrap();
+    m
+}
+
+/// The model moved to the software adapter, or None (skip) when there is none.
+fn on_gpu(m: &mut TransformerLm) -> Option<()> {
+    match m.to_gpu_with(true) {
+        Ok(()) => {
+            eprintln!("device: {}", m.device().unwrap());
+            Some(())
+        }
+        Err(NetworkError::Gpu(e))
+            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
+        {
+            eprintln!("SKIPPED, no GPU adapter here: {e}");
+            None
+        }
+        Err(e) => panic!("to_gpu failed: {e}"),
+    }
+}
+
+fn rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / scale)
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn greedy_ids_and_logits_match_the_cpu_int8_path() {
+    let mut cpu = trained_q8();
+    let mut gpu = trained_q8();
+    if on_gpu(&mut gpu).is_none() {
+        return;
+    }
+    let prompt = [3u32, 18, 29];
+    let want = cpu.generate(&prompt, 64, &mut Sampler::greedy()).unwrap();
+    let got = gpu.generate(&prompt, 64, &mut Sampler::greedy()).unwrap();
+    assert_eq!(got, want, "greedy continuation");
+    // The rule the model learned: the continuation is mostly right, so the ids compared
+    // above are confident ones, not ties.
+    let right = want.windows(2).filter(|w| w[1] == (5 * w[0] + 3) % 64).count();
+    assert!(right >= 50, "the trained model follows its rule {right}/63 times");
+
+    // Logits at every step: a prefill of the prompt, then one token a call.
+    let seq: Vec<u32> = prompt.iter().chain(&want).copied().collect();
+    let (mut cc, mut gc) = (cpu.new_kv_caches().unwrap(), gpu.new_kv_caches().unwrap());
+    let mut worst = rel(
+        &gpu.forward_cached(&seq[..3], &mut gc).unwrap(),
+        &cpu.forward_cached(&seq[..3], &mut cc).unwrap(),
+    );
+    for t in 3..seq.len() {
+        let (g, c) = (
+            gpu.forward_cached(&seq[t..t + 1], &mut gc).unwrap(),
+            cpu.forward_cached(&seq[t..t + 1], &mut cc).unwrap(),
+        );
+        worst = worst.max(rel(&g, &c));
+    }
+    eprintln!(
+        "worst logit difference over {} steps: {worst:e} of the range",
+        seq.len() - 2
+    );
+    assert!(worst < 2e-3, "{worst}");
+}
+
+#[test]
+fn decoder_turns_and_a_seeded_sampled_run_match_the_cpu() {
+    let mut cpu = trained_q8();
+    let mut gpu = trained_q8();
+    if on_gpu(&mut gpu).is_none() {
+        return;
+    }
+    let turns = |m: &mut TransformerLm| {
+        let mut d = m.decoder().unwrap();
+        let mut greedy = Sampler::greedy();
+        let mut ids = Vec::new();
+        d.feed(&[1, 8]).unwrap();
+        for _ in 0..5 {
+            ids.push(d.next(&mut greedy).unwrap());
+        }
+        d.feed(&[40, 41, 42]).unwrap();
+        for _ in 0..5 {
+            ids.push(d.next(&mut greedy).unwrap());
+        }
+        let logits = d.logits().unwrap().unwrap().to_vec();
+        (ids, d.context().to_vec(), logits)
+    };
+    let (a, b) = (turns(&mut cpu), turns(&mut gpu));
+    assert_eq!(a.0, b.0);
+    assert_eq!(a.1, b.1);
+    assert!(rel(&b.2, &a.2) < 2e-3);
+
+    // Temperature, top-k, top-p and a repetition penalty: the logits come back from the
+    // device and the core sampler draws, so the same seed gives the same ids.
+    let sampler = || {
+        Sampler::temperature(0.9, Some(11))
+            .top_k(20)
+            .top_p(0.95)
+            .repetition_penalty(1.1)
+    };
+    let want = cpu.generate(&[5, 28], 40, &mut sampler()).unwrap();
+    let got = gpu.generate(&[5, 28], 40, &mut sampler()).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn bad_input_on_the_gpu_is_an_error() {
+    let mut gpu = trained_q8();
+    if on_gpu(&mut gpu).is_none() {
+        return;
+    }
+    let mut caches = gpu.new_kv_caches().unwrap();
+    let e = gpu.forward_cached(&[3, 64], &mut caches).unwrap_err().to_string();
+    assert!(e.contains("64"), "{e}");
+    assert_eq!(caches.len(), 0, "a refused call leaves the cache as it was");
+    gpu.forward_cached(&[1; 90], &mut caches).unwrap();
+    let e = gpu.forward_cached(&[1; 7], &mut caches).unwrap_err().to_string();
+    assert!(e.contains("max_seq_len"), "{e}");
+    assert!(gpu.forward_cached(&[], &mut caches).is_err());
+    // Caches made on the CPU do not fit a GPU model.
+    let cpu = trained_q8();
+    let mut cpu_caches = cpu.new_kv_caches().unwrap();
+    assert!(gpu.forward_cached(&[1], &mut cpu_caches).is_err());
+    // Training an int8 model stays refused on the GPU.
+    assert!(gpu.train_step(&[vec![1, 2, 3]]).is_err());
+
+    // Only int8 models move; mixture-of-experts ones are refused, not run on the CPU.
+    let mut f32_model = TransformerLm::builder()
+        .vocab_size(16)
+        .d_model(8)
+        .n_layers(1)
+        .heads(2, 1, 4)
+        .d_ff(8)
+        .max_seq_len(8)
+        .build()
+        .unwrap();
+    let e = f32_model.to_gpu_with(true).unwrap_err().to_string();
+    assert!(e.contains("quantize"), "{e}");
+    let mut moe = TransformerLm::builder()
+        .vocab_size(16)
+        .d_model(8)
+        .n_layers(1)
+        .heads(2, 1, 4)
+        .d_ff(8)
+        .experts(4, 2)
+        .max_seq_len(8)
+        .build()
+        .unwrap();
+    moe.quantize().unwrap();
+    let e = moe.to_gpu_with(true).unwrap_err().to_string();
+    assert!(e.contains("mixture-of-experts"), "{e}");
+}
