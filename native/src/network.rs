@@ -35,6 +35,44 @@ impl Default for TrainConfig {
 /// time, so `Network` itself has no type parameter.
 pub(crate) enum Engine {
     Cpu(DenseModel<CpuBackend>),
+    #[cfg(feature = "gpu")]
+    Gpu(DenseModel<rusting_brain_shaders::WgpuBackend>),
+}
+
+/// What `Network` needs of a dense model, whatever its backend: the model definition is
+/// core's `DenseModel<B>`, one for every backend, and this erases the `B`.
+pub(crate) trait DenseOps {
+    fn config(&self) -> &DenseConfig;
+    fn zero_grad(&mut self) -> rusting_brain_core::Result<()>;
+    fn forward_backward(&mut self, x: &[f32], y: &[f32], rows: usize) -> rusting_brain_core::Result<f64>;
+    fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> rusting_brain_core::Result<()>;
+    fn predict(&mut self, x: &[f32], rows: usize) -> rusting_brain_core::Result<Vec<f32>>;
+    fn loss(&mut self, x: &[f32], y: &[f32], rows: usize) -> rusting_brain_core::Result<f64>;
+    fn parameters(&self) -> rusting_brain_core::Result<Vec<(Vec<f32>, Vec<f32>)>>;
+}
+
+impl<B: rusting_brain_core::Backend> DenseOps for DenseModel<B> {
+    fn config(&self) -> &DenseConfig {
+        &self.config
+    }
+    fn zero_grad(&mut self) -> rusting_brain_core::Result<()> {
+        DenseModel::zero_grad(self)
+    }
+    fn forward_backward(&mut self, x: &[f32], y: &[f32], rows: usize) -> rusting_brain_core::Result<f64> {
+        DenseModel::forward_backward(self, x, y, rows)
+    }
+    fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> rusting_brain_core::Result<()> {
+        DenseModel::step(self, optimizer, grad_scale)
+    }
+    fn predict(&mut self, x: &[f32], rows: usize) -> rusting_brain_core::Result<Vec<f32>> {
+        DenseModel::predict(self, x, rows)
+    }
+    fn loss(&mut self, x: &[f32], y: &[f32], rows: usize) -> rusting_brain_core::Result<f64> {
+        DenseModel::loss(self, x, y, rows)
+    }
+    fn parameters(&self) -> rusting_brain_core::Result<Vec<(Vec<f32>, Vec<f32>)>> {
+        DenseModel::parameters(self)
+    }
 }
 
 /// A dense network. Build one with [`Network::builder`].
@@ -182,23 +220,76 @@ impl Network {
         }
     }
 
-    pub(crate) fn model(&self) -> Result<&DenseModel<CpuBackend>> {
+    pub(crate) fn model(&self) -> Result<&dyn DenseOps> {
         match &self.engine {
             Ok(Engine::Cpu(m)) => Ok(m),
+            #[cfg(feature = "gpu")]
+            Ok(Engine::Gpu(m)) => Ok(m),
             Err(e) => Err(NetworkError::InvalidConfig(e.clone())),
         }
     }
 
-    fn model_mut(&mut self) -> Result<&mut DenseModel<CpuBackend>> {
+    fn model_mut(&mut self) -> Result<&mut dyn DenseOps> {
         match &mut self.engine {
             Ok(Engine::Cpu(m)) => Ok(m),
+            #[cfg(feature = "gpu")]
+            Ok(Engine::Gpu(m)) => Ok(m),
             Err(e) => Err(NetworkError::InvalidConfig(e.clone())),
+        }
+    }
+
+    /// Moves the network (weights, gradients, optimizer state, step count) to the default
+    /// GPU (feature `gpu`): Metal on a Mac, Vulkan or DX12 elsewhere. `fit`, `predict`,
+    /// `evaluate` then run there, forward, backward and the optimizer in WGSL shaders.
+    /// No adapter is an error, never a silent CPU run.
+    #[cfg(feature = "gpu")]
+    pub fn to_gpu(&mut self) -> Result<()> {
+        self.to_gpu_with(false)
+    }
+
+    /// [`Network::to_gpu`], asking for the fallback (software) adapter when `software`
+    /// is set (Mesa's lavapipe on Linux, what the tests use).
+    #[cfg(feature = "gpu")]
+    pub fn to_gpu_with(&mut self, software: bool) -> Result<()> {
+        let model = match &self.engine {
+            Ok(Engine::Cpu(m)) => m,
+            Ok(Engine::Gpu(_)) => return Ok(()),
+            Err(e) => return Err(NetworkError::InvalidConfig(e.clone())),
+        };
+        let gpu = rusting_brain_shaders::Gpu::new_blocking(&rusting_brain_shaders::GpuOptions {
+            software,
+            high_performance: true,
+        })?;
+        let moved = model.to_backend(rusting_brain_shaders::WgpuBackend::new(std::sync::Arc::new(gpu)))?;
+        self.engine = Ok(Engine::Gpu(moved));
+        Ok(())
+    }
+
+    /// Moves the network back to the CPU (weights, gradients, optimizer state).
+    pub fn to_cpu(&mut self) -> Result<()> {
+        #[cfg(feature = "gpu")]
+        if let Ok(Engine::Gpu(m)) = &self.engine {
+            let moved = m.to_backend(CpuBackend::new())?;
+            self.engine = Ok(Engine::Cpu(moved));
+        }
+        Ok(())
+    }
+
+    /// Where the network computes: "cpu", or the GPU adapter's name.
+    pub fn device(&self) -> String {
+        match &self.engine {
+            #[cfg(feature = "gpu")]
+            Ok(Engine::Gpu(m)) => {
+                let info = m.backend.gpu().adapter_info();
+                format!("{} ({:?})", info.name, info.backend)
+            }
+            _ => "cpu".into(),
         }
     }
 
     /// The architecture.
     pub fn config(&self) -> Result<&DenseConfig> {
-        Ok(&self.model()?.config)
+        Ok(self.model()?.config())
     }
     /// Weights plus biases.
     pub fn parameter_count(&self) -> Result<usize> {
@@ -246,7 +337,7 @@ impl Network {
         let optimizer = self.optimizer;
         optimizer.validate()?;
         let model = self.model_mut()?;
-        let (n_in, n_out) = (model.config.input_size, model.config.output_size());
+        let (n_in, n_out) = (model.config().input_size, model.config().output_size());
         let mut rng = Rng::new(config.seed.unwrap_or_else(os_seed));
         let mut order: Vec<usize> = (0..data.len()).collect();
         let (mut x, mut y) = (

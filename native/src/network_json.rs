@@ -77,7 +77,7 @@ fn loss_name(l: Loss) -> &'static str {
 
 pub fn save(network: &Network, path: &Path) -> Result<()> {
     let model = network.model()?;
-    let config = &model.config;
+    let config = model.config();
     let opt = network.optimizer;
     let optimizer = match opt.kind {
         OptimizerKind::Sgd { momentum, nesterov } => OptimizerFile {

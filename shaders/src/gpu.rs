@@ -45,6 +45,8 @@ pub struct Gpu {
     pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
     /// Errors the device reported outside any scope (validation, out of memory, lost).
     errors: Arc<Mutex<Vec<String>>>,
+    /// One-word buffers bound where a kernel's layout has a slot an op does not use.
+    pub(crate) spare: [GpuBuffer; 2],
 }
 
 impl std::fmt::Debug for Gpu {
@@ -113,7 +115,17 @@ impl Gpu {
         if let Some(e) = scope.pop().await {
             return Err(ShaderError::Validation(describe(&e)));
         }
+        let spare = |label| GpuBuffer {
+            buf: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 4,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            }),
+            len: 1,
+        };
         Ok(Gpu {
+            spare: [spare("spare 0"), spare("spare 1")],
             device,
             queue,
             info,

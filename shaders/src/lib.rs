@@ -13,13 +13,15 @@
 //! reductions), at most 8 storage buffers per stage and 64 invocations per workgroup, so
 //! the same WGSL runs on SwiftShader in a browser and on lavapipe.
 
+mod backend;
 mod gpu;
 mod ops;
 
+pub use backend::WgpuBackend;
 #[cfg(not(target_arch = "wasm32"))]
 pub use gpu::block_on;
 pub use gpu::{Gpu, GpuBuffer, GpuOptions};
-pub use ops::{check_ids, rope_table, AttentionScratch, Batch};
+pub use ops::{check_ids, rope_table, AttentionScratch, Batch, DenseOp};
 pub use wgpu;
 
 /// What can go wrong on the GPU; every message says what to change.
@@ -53,10 +55,13 @@ pub(crate) enum Kernel {
     Attention,
     Q8Embedding,
     Argmax,
+    Matmul,
+    Dense,
+    Optim,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 9] = [
+    pub(crate) const ALL: [Kernel; 12] = [
         Kernel::RmsNorm,
         Kernel::Q8Quantize,
         Kernel::Q8Matmul,
@@ -66,6 +71,9 @@ impl Kernel {
         Kernel::Attention,
         Kernel::Q8Embedding,
         Kernel::Argmax,
+        Kernel::Matmul,
+        Kernel::Dense,
+        Kernel::Optim,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -79,6 +87,9 @@ impl Kernel {
             Kernel::Attention => "attention",
             Kernel::Q8Embedding => "q8_embedding",
             Kernel::Argmax => "argmax",
+            Kernel::Matmul => "matmul",
+            Kernel::Dense => "dense",
+            Kernel::Optim => "optim",
         }
     }
 
@@ -93,6 +104,9 @@ impl Kernel {
             Kernel::Attention => include_str!("wgsl/attention.wgsl"),
             Kernel::Q8Embedding => include_str!("wgsl/q8_embedding.wgsl"),
             Kernel::Argmax => include_str!("wgsl/argmax.wgsl"),
+            Kernel::Matmul => include_str!("wgsl/matmul.wgsl"),
+            Kernel::Dense => include_str!("wgsl/dense.wgsl"),
+            Kernel::Optim => include_str!("wgsl/optim.wgsl"),
         }
     }
 

@@ -372,6 +372,33 @@ impl<B: Backend> DenseModel<B> {
             .collect()
     }
 
+    /// The same model on another backend: parameters, gradients, optimizer state and step
+    /// count all travel, so training continues where it was.
+    pub fn to_backend<C: Backend>(&self, backend: C) -> Result<DenseModel<C>> {
+        let one = |x: &B::Buffer| backend.upload(&self.backend.download(x)?);
+        let all = |xs: &[B::Buffer]| xs.iter().map(one).collect::<Result<Vec<_>>>();
+        let pairs = |xs: &[(B::Buffer, B::Buffer)]| {
+            xs.iter()
+                .map(|(a, b)| Ok((one(a)?, one(b)?)))
+                .collect::<Result<Vec<_>>>()
+        };
+        let (weights, biases) = (all(&self.weights)?, all(&self.biases)?);
+        let (grad_weights, grad_biases) = (all(&self.grad_weights)?, all(&self.grad_biases)?);
+        let (state_weights, state_biases) = (pairs(&self.state_weights)?, pairs(&self.state_biases)?);
+        Ok(DenseModel {
+            backend,
+            config: self.config.clone(),
+            weights,
+            biases,
+            grad_weights,
+            grad_biases,
+            state_weights,
+            state_biases,
+            step: self.step,
+            arenas: Vec::new(),
+        })
+    }
+
     /// Gradients on the host, in the layout of [`Self::parameters`].
     pub fn gradients(&self) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
         self.grad_weights

@@ -25,7 +25,7 @@ fn clamped_ln<T: Real>(x: T) -> T {
 
 impl Loss {
     /// The divisor of the mean: element count or row count.
-    fn divisor(self, rows: usize, cols: usize) -> usize {
+    pub fn divisor(self, rows: usize, cols: usize) -> usize {
         match self {
             Loss::CategoricalCrossEntropy => rows,
             _ => rows * cols,

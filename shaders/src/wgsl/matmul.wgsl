@@ -1,0 +1,36 @@
+// C = alpha * op(A) op(B) + beta * C, f32, batched, with transposes and element offsets
+// (MatmulSpec's window). One invocation per output element, no barriers: dense networks'
+// products are small, and on lavapipe barriers cost more than the reuse a tile would buy.
+// Twin of rusting_brain_core::ops::matmul::matmul (f32 precision).
+struct Params {
+    m: u32, n: u32, k: u32, batch: u32,
+    trans_a: u32, trans_b: u32, alpha: f32, beta: f32,
+    a0: u32, b0: u32, c0: u32, pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+
+@compute @workgroup_size(8, 8)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let j = gid.x;
+    let i = gid.y;
+    let z = gid.z;
+    if (i >= p.m || j >= p.n || z >= p.batch) { return; }
+    let ab = p.a0 + z * p.m * p.k;
+    let bb = p.b0 + z * p.k * p.n;
+    var acc = 0.0;
+    for (var t = 0u; t < p.k; t++) {
+        // op(A)[i, t]: A stored (m, k), or (k, m) when transposed.
+        var x: f32;
+        if (p.trans_a == 0u) { x = a[ab + i * p.k + t]; } else { x = a[ab + t * p.m + i]; }
+        // op(B)[t, j]: B stored (k, n), or (n, k) when transposed.
+        var y: f32;
+        if (p.trans_b == 0u) { y = b[bb + t * p.n + j]; } else { y = b[bb + j * p.k + t]; }
+        acc += x * y;
+    }
+    let o = p.c0 + z * p.m * p.n + i * p.n + j;
+    if (p.beta == 0.0) { c[o] = p.alpha * acc; } else { c[o] = p.alpha * acc + p.beta * c[o]; }
+}
