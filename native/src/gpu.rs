@@ -9,7 +9,7 @@
 //! by float summation order and fused multiply-adds, so logits agree to ~1e-5 of their
 //! range, and the greedy ids match (tests/gpu.rs).
 
-use rusting_brain_core::models::transformer::{TransformerConfig, TransformerModel};
+use rusting_brain_core::models::transformer::{Swiglu, TransformerConfig, TransformerModel};
 use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::ops::q8::packed_cols;
 use rusting_brain_core::CoreError;
@@ -43,8 +43,45 @@ struct Layer {
     wk: Q8,
     wv: Q8,
     wo: Q8,
-    /// gate, up, down.
-    mlp: [Q8; 3],
+    /// gate, up, down: the dense feed-forward, or a sparse block's shared expert.
+    mlp: Option<[Q8; 3]>,
+    moe: Option<Moe>,
+}
+
+/// One int8 matrix of the host model: packed values and scales.
+type Leaf = Option<(Vec<f32>, Vec<f32>)>;
+
+/// A sparse block on the device: the f32 router and every expert's int8 weights stacked
+/// (expert e's gate rows are e * expert_d_ff ..), so one dispatch serves all routed slots.
+struct Moe {
+    router: GpuBuffer,
+    gate: Q8,
+    up: Q8,
+    down: Q8,
+}
+
+/// Stacks the experts' int8 matrices (each `n x k`) into one.
+fn stacked(
+    gpu: &Gpu,
+    name: &str,
+    leaves: Vec<&Option<(Vec<f32>, Vec<f32>)>>,
+    n: usize,
+    k: usize,
+) -> Result<Q8> {
+    let (mut w, mut s) = (Vec::new(), Vec::new());
+    for (e, leaf) in leaves.into_iter().enumerate() {
+        let (packed, scales) = leaf.as_ref().ok_or_else(|| {
+            NetworkError::InvalidInput(format!("to_gpu: expert {e} of {name} has no int8 weights"))
+        })?;
+        w.extend_from_slice(packed);
+        s.extend_from_slice(scales);
+    }
+    Ok(Q8 {
+        w: gpu.upload(name, &w)?,
+        s: gpu.upload(name, &s)?,
+        n,
+        k,
+    })
 }
 
 /// Scratch of a forward pass over up to `rows` positions.
@@ -66,6 +103,15 @@ struct Acts {
     up: GpuBuffer,
     s: GpuBuffer,
     ids: GpuBuffer,
+    /// Sparse blocks: router logits (rows x n_experts), each slot's expert and weight
+    /// (rows x top_k), and the slots' hidden and output rows.
+    router: GpuBuffer,
+    expert: GpuBuffer,
+    weight: GpuBuffer,
+    egate: GpuBuffer,
+    eup: GpuBuffer,
+    es: GpuBuffer,
+    ey: GpuBuffer,
 }
 
 /// The model on the device.
@@ -104,8 +150,7 @@ fn q8(gpu: &Gpu, name: &str, leaf: &Option<(Vec<f32>, Vec<f32>)>, n: usize, k: u
 }
 
 impl GpuLm {
-    /// Uploads an int8 model. Dense models only so far: the sparse blocks need the routing
-    /// kernels, and refusing is better than a silent CPU fallback.
+    /// Uploads an int8 model, dense or mixture-of-experts.
     pub(crate) fn new(model: &TransformerModel<CpuBackend>, options: &GpuOptions) -> Result<GpuLm> {
         let c = &model.config;
         let quant = model.quantized.as_ref().ok_or_else(|| {
@@ -113,22 +158,38 @@ impl GpuLm {
                 "to_gpu runs int8 models: call quantize() first (or load a Q8 file)".into(),
             )
         })?;
-        if c.moe.is_some() {
-            return Err(NetworkError::InvalidInput(
-                "to_gpu: mixture-of-experts models do not run on the GPU yet; decode them on the CPU".into(),
-            ));
-        }
         let gpu = Gpu::new_blocking(options)?;
         let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
         let mut layers = Vec::with_capacity(c.n_layers);
         for (l, (p, qp)) in model.params.layers.iter().zip(&quant.layers).enumerate() {
-            let f = c
-                .mlp_width(l)
-                .ok_or_else(|| NetworkError::InvalidInput("to_gpu: a block without a feed-forward".into()))?;
-            let mlp = qp.mlp.as_ref().ok_or_else(|| {
-                NetworkError::InvalidInput("to_gpu: a block without int8 feed-forward weights".into())
-            })?;
             let name = |w: &str| format!("model.layers.{l}.{w}");
+            let mlp = match (&qp.mlp, c.mlp_width(l)) {
+                (Some(m), Some(f)) => Some([
+                    q8(&gpu, &name("mlp.gate_proj"), &m.gate, f, d)?,
+                    q8(&gpu, &name("mlp.up_proj"), &m.up, f, d)?,
+                    q8(&gpu, &name("mlp.down_proj"), &m.down, d, f)?,
+                ]),
+                _ => None,
+            };
+            let moe = match (&qp.moe, &p.moe, c.sparse(l)) {
+                (Some(qe), Some(pe), Some(m)) => {
+                    let fe = m.expert_d_ff;
+                    let ex = &qe.experts;
+                    let leaves = |pick: fn(&Swiglu<Leaf>) -> &Leaf| ex.iter().map(pick).collect::<Vec<_>>();
+                    Some(Moe {
+                        router: gpu.upload(&name("mlp.gate"), &pe.router)?,
+                        gate: stacked(&gpu, &name("mlp.experts.gate_proj"), leaves(|e| &e.gate), fe, d)?,
+                        up: stacked(&gpu, &name("mlp.experts.up_proj"), leaves(|e| &e.up), fe, d)?,
+                        down: stacked(&gpu, &name("mlp.experts.down_proj"), leaves(|e| &e.down), d, fe)?,
+                    })
+                }
+                _ => None,
+            };
+            if mlp.is_none() && moe.is_none() {
+                return Err(NetworkError::InvalidInput(format!(
+                    "to_gpu: block {l} has no feed-forward"
+                )));
+            }
             layers.push(Layer {
                 attn_norm: gpu.upload("attn_norm", &p.attn_norm)?,
                 ffn_norm: gpu.upload("ffn_norm", &p.ffn_norm)?,
@@ -136,11 +197,8 @@ impl GpuLm {
                 wk: q8(&gpu, &name("self_attn.k_proj"), &qp.wk, kv, d)?,
                 wv: q8(&gpu, &name("self_attn.v_proj"), &qp.wv, kv, d)?,
                 wo: q8(&gpu, &name("self_attn.o_proj"), &qp.wo, d, q)?,
-                mlp: [
-                    q8(&gpu, &name("mlp.gate_proj"), &mlp.gate, f, d)?,
-                    q8(&gpu, &name("mlp.up_proj"), &mlp.up, f, d)?,
-                    q8(&gpu, &name("mlp.down_proj"), &mlp.down, d, f)?,
-                ],
+                mlp,
+                moe,
             });
         }
         let embed = q8(&gpu, "model.embed_tokens", &quant.embed, c.vocab_size, d)?;
@@ -189,14 +247,20 @@ impl GpuLm {
         let c = &self.cfg;
         let (g, d, q, kv) = (&self.gpu, c.d_model, c.q_dim(), c.kv_dim());
         let f = (0..c.n_layers).filter_map(|l| c.mlp_width(l)).max().unwrap_or(0);
-        let widest = d.max(q).max(f);
+        let (e_n, k, fe) = c
+            .moe
+            .as_ref()
+            .map_or((0, 0, 0), |m| (m.n_experts, m.top_k, m.expert_d_ff));
+        let widest = d.max(q).max(f).max(fe);
+        // int8 activation rows: one per position, or one per routed slot in a sparse block.
+        let qrows = rows.max(rows * k);
         self.acts = Some(Acts {
             rows,
             x: g.zeros("x", rows * d)?,
             h: g.zeros("h", rows * d)?,
             rstd: g.zeros("rstd", rows)?,
-            xq: g.zeros("xq", rows * packed_cols(widest))?,
-            xs: g.zeros("xs", rows)?,
+            xq: g.zeros("xq", qrows * packed_cols(widest))?,
+            xs: g.zeros("xs", qrows)?,
             q: g.zeros("q", rows * q)?,
             k: g.zeros("k", rows * kv)?,
             v: g.zeros("v", rows * kv)?,
@@ -207,6 +271,13 @@ impl GpuLm {
             up: g.zeros("up", rows * f)?,
             s: g.zeros("s", rows * f)?,
             ids: g.zeros("ids", rows)?,
+            router: g.zeros("router logits", rows * e_n)?,
+            expert: g.zeros("experts", rows * k)?,
+            weight: g.zeros("routing weights", rows * k)?,
+            egate: g.zeros("expert gate", rows * k * fe)?,
+            eup: g.zeros("expert up", rows * k * fe)?,
+            es: g.zeros("expert hidden", rows * k * fe)?,
+            ey: g.zeros("expert out", rows * k * d)?,
         });
         Ok(())
     }
@@ -281,11 +352,61 @@ impl GpuLm {
             b.attention(&a.att, &a.lse, &a.q, &cache.k[l], &cache.v[l], &a.scores, &spec)?;
             linear(&mut b, &a.x, &a.att, &w.wo, r, 1.0)?;
             b.rmsnorm(&a.h, &a.rstd, &a.x, &w.ffn_norm, r, d, c.norm_eps)?;
-            let f = w.mlp[0].n;
-            linear(&mut b, &a.gate, &a.h, &w.mlp[0], r, 0.0)?;
-            linear(&mut b, &a.up, &a.h, &w.mlp[1], r, 0.0)?;
-            b.swiglu(&a.s, &a.gate, &a.up, r * f)?;
-            linear(&mut b, &a.x, &a.s, &w.mlp[2], r, 1.0)?;
+            if let Some(mlp) = &w.mlp {
+                let f = mlp[0].n;
+                linear(&mut b, &a.gate, &a.h, &mlp[0], r, 0.0)?;
+                linear(&mut b, &a.up, &a.h, &mlp[1], r, 0.0)?;
+                b.swiglu(&a.s, &a.gate, &a.up, r * f)?;
+                linear(&mut b, &a.x, &a.s, &mlp[2], r, 1.0)?;
+            }
+            if let (Some(moe), Some(m)) = (&w.moe, c.sparse(l)) {
+                let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
+                // The router in f32, as on the CPU; routing and top-k on the device.
+                b.matmul(
+                    &a.router,
+                    &a.h,
+                    &moe.router,
+                    (r, e_n, d, 1),
+                    (false, true),
+                    (1.0, 0.0),
+                    (0, 0, 0),
+                )?;
+                b.moe_route(&a.expert, &a.weight, &a.router, r, e_n, k, m.renormalize)?;
+                b.q8_quantize(&a.xq, &a.xs, &a.h, r, d)?;
+                b.q8_expert(
+                    &a.egate,
+                    &a.xq,
+                    &a.xs,
+                    &moe.gate.w,
+                    &moe.gate.s,
+                    &a.expert,
+                    (r * k, fe, d, k),
+                    true,
+                )?;
+                b.q8_expert(
+                    &a.eup,
+                    &a.xq,
+                    &a.xs,
+                    &moe.up.w,
+                    &moe.up.s,
+                    &a.expert,
+                    (r * k, fe, d, k),
+                    true,
+                )?;
+                b.swiglu(&a.es, &a.egate, &a.eup, r * k * fe)?;
+                b.q8_quantize(&a.xq, &a.xs, &a.es, r * k, fe)?;
+                b.q8_expert(
+                    &a.ey,
+                    &a.xq,
+                    &a.xs,
+                    &moe.down.w,
+                    &moe.down.s,
+                    &a.expert,
+                    (r * k, d, fe, k),
+                    false,
+                )?;
+                b.moe_combine(&a.x, &a.weight, &a.ey, r, d, k)?;
+            }
         }
         b.rmsnorm(&a.h, &a.rstd, &a.x, &self.final_norm, r, d, c.norm_eps)?;
         b.copy(&self.last, 0, &a.h, (r - 1) * d, d)?;

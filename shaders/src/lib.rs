@@ -58,10 +58,13 @@ pub(crate) enum Kernel {
     Matmul,
     Dense,
     Optim,
+    MoeRoute,
+    Q8Expert,
+    MoeCombine,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 12] = [
+    pub(crate) const ALL: [Kernel; 15] = [
         Kernel::RmsNorm,
         Kernel::Q8Quantize,
         Kernel::Q8Matmul,
@@ -74,6 +77,9 @@ impl Kernel {
         Kernel::Matmul,
         Kernel::Dense,
         Kernel::Optim,
+        Kernel::MoeRoute,
+        Kernel::Q8Expert,
+        Kernel::MoeCombine,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -90,6 +96,9 @@ impl Kernel {
             Kernel::Matmul => "matmul",
             Kernel::Dense => "dense",
             Kernel::Optim => "optim",
+            Kernel::MoeRoute => "moe_route",
+            Kernel::Q8Expert => "q8_expert",
+            Kernel::MoeCombine => "moe_combine",
         }
     }
 
@@ -107,6 +116,9 @@ impl Kernel {
             Kernel::Matmul => include_str!("wgsl/matmul.wgsl"),
             Kernel::Dense => include_str!("wgsl/dense.wgsl"),
             Kernel::Optim => include_str!("wgsl/optim.wgsl"),
+            Kernel::MoeRoute => include_str!("wgsl/moe_route.wgsl"),
+            Kernel::Q8Expert => include_str!("wgsl/q8_expert.wgsl"),
+            Kernel::MoeCombine => include_str!("wgsl/moe_combine.wgsl"),
         }
     }
 

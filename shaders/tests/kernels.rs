@@ -363,3 +363,93 @@ fn shape_errors_are_errors() {
     let err = g.zeros("huge", words).unwrap_err().to_string();
     assert!(err.contains("over this adapter's limit"), "{err}");
 }
+
+#[test]
+fn moe_routing_expert_products_and_combine_match_reference() {
+    use rusting_brain_core::ops::moe::{moe_combine, Routing};
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(7);
+    // (tokens, experts, top_k, renormalize, d, f)
+    let cases = [
+        (1usize, 1usize, 1usize, false, 7usize, 5usize),
+        (3, 4, 2, true, 33, 17),
+        (7, 8, 2, false, 16, 65),
+        (33, 5, 3, true, 9, 3),
+        (127, 16, 1, false, 64, 32),
+    ];
+    for (n, e_n, k, renorm, d, f) in cases {
+        let logits = randn(&mut rng, n * e_n, 2.0);
+        let mut routing = Routing::default();
+        routing.route(&logits, n, e_n, k, renorm).unwrap();
+        let (ge, gw) = (g.zeros("expert", n * k).unwrap(), poisoned(&g, n * k));
+        let gl = g.upload("logits", &logits).unwrap();
+        let mut b = g.batch();
+        b.moe_route(&ge, &gw, &gl, n, e_n, k, renorm).unwrap();
+        b.submit().unwrap();
+        // The choices exactly (random logits have no near-ties); weights to f32 rounding
+        // of the reference's f64 softmax.
+        assert_eq!(
+            g.read_u32_blocking(&ge).unwrap(),
+            routing.expert,
+            "experts ({n}, {e_n}, {k})"
+        );
+        let e = rel(&g.read_blocking(&gw).unwrap(), &routing.weight);
+        assert!(e < 1e-6, "weights ({n}, {e_n}, {k}): {e}");
+
+        // Each slot through its own expert: the stacked gate weights (e_n * f rows of d).
+        let x = randn(&mut rng, n * d, 1.0);
+        let w = randn(&mut rng, e_n * f * d, 0.5);
+        let (packed, scales) = quantize_rows(&w, e_n * f, d).unwrap();
+        let pc = packed_cols(d);
+        let mut want = vec![0.0; n * k * f];
+        for slot in 0..n * k {
+            let (t, ex) = (slot / k, routing.expert[slot] as usize);
+            q8_matmul(
+                &mut want[slot * f..(slot + 1) * f],
+                &x[t * d..(t + 1) * d],
+                &packed[ex * f * pc..(ex + 1) * f * pc],
+                &scales[ex * f..(ex + 1) * f],
+                1,
+                f,
+                d,
+                0.0,
+            )
+            .unwrap();
+        }
+        let (gxq, gxs) = (g.zeros("xq", n * pc).unwrap(), g.zeros("xs", n).unwrap());
+        let gx = g.upload("x", &x).unwrap();
+        let (gwp, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
+        let gy = poisoned(&g, n * k * f);
+        let mut b = g.batch();
+        b.q8_quantize(&gxq, &gxs, &gx, n, d).unwrap();
+        b.q8_expert(&gy, &gxq, &gxs, &gwp, &gws, &ge, (n * k, f, d, k), true)
+            .unwrap();
+        b.submit().unwrap();
+        let got = g.read_blocking(&gy).unwrap();
+        for (i, (a, e)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                e.to_bits(),
+                "expert product ({n}, {e_n}, {k}) element {i}"
+            );
+        }
+
+        // Combine: x += sum_s w_s y_s, the reference indexing slots by row_of_slot.
+        let y = randn(&mut rng, n * k * d, 1.0);
+        let base = randn(&mut rng, n * d, 1.0);
+        let mut want = base.clone();
+        let identity: Vec<u32> = (0..(n * k) as u32).collect();
+        moe_combine(&mut want, &y, &identity, &routing.weight, k, d).unwrap();
+        let (gxo, gyy) = (g.upload("x", &base).unwrap(), g.upload("y", &y).unwrap());
+        let gwt = g.upload("weights", &routing.weight).unwrap();
+        let mut b = g.batch();
+        b.moe_combine(&gxo, &gwt, &gyy, n, d, k).unwrap();
+        b.submit().unwrap();
+        let e = rel(&g.read_blocking(&gxo).unwrap(), &want);
+        assert!(e < 1e-6, "combine ({n}, {k}, {d}): {e}");
+    }
+    // More experts than the GPU router holds is an error, not a wrong route.
+    let big = g.zeros("logits", 300).unwrap();
+    let (e1, w1) = (g.zeros("e", 2).unwrap(), g.zeros("w", 2).unwrap());
+    assert!(g.batch().moe_route(&e1, &w1, &big, 1, 300, 2, false).is_err());
+}

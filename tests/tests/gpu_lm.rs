@@ -172,7 +172,7 @@ fn bad_input_on_the_gpu_is_an_error() {
     // Training an int8 model stays refused on the GPU.
     assert!(gpu.train_step(&[vec![1, 2, 3]]).is_err());
 
-    // Only int8 models move; mixture-of-experts ones are refused, not run on the CPU.
+    // Only int8 models move.
     let mut f32_model = TransformerLm::builder()
         .vocab_size(16)
         .d_model(8)
@@ -184,17 +184,60 @@ fn bad_input_on_the_gpu_is_an_error() {
         .unwrap();
     let e = f32_model.to_gpu_with(true).unwrap_err().to_string();
     assert!(e.contains("quantize"), "{e}");
-    let mut moe = TransformerLm::builder()
-        .vocab_size(16)
-        .d_model(8)
-        .n_layers(1)
-        .heads(2, 1, 4)
-        .d_ff(8)
-        .experts(4, 2)
-        .max_seq_len(8)
+}
+
+fn trained_moe_q8(shared: bool, top_k: usize) -> TransformerLm {
+    let mut m = TransformerLm::builder()
+        .vocab_size(64)
+        .d_model(64)
+        .n_layers(2)
+        .heads(4, 2, 16)
+        .d_ff(96)
+        .experts(4, top_k)
+        .moe_layers([1])
+        .expert_d_ff(48)
+        .shared_expert(shared)
+        .max_seq_len(96)
+        .optimizer(Optimizer::adam(3e-3))
+        .seed(9)
         .build()
         .unwrap();
-    moe.quantize().unwrap();
-    let e = moe.to_gpu_with(true).unwrap_err().to_string();
-    assert!(e.contains("mixture-of-experts"), "{e}");
+    let mut rng = Rng::new(10);
+    for _ in 0..120 {
+        m.train_step_batch(&rule_batch(&mut rng, 8)).unwrap();
+    }
+    m.quantize().unwrap();
+    m
+}
+
+#[test]
+fn mixture_of_experts_matches_the_cpu_int8_path() {
+    // A dense block then a sparse one; top-2 with a shared expert, and top-1 without.
+    for (shared, top_k) in [(true, 2), (false, 1)] {
+        let mut cpu = trained_moe_q8(shared, top_k);
+        let mut gpu = trained_moe_q8(shared, top_k);
+        if on_gpu(&mut gpu).is_none() {
+            return;
+        }
+        let prompt = [7u32, 38];
+        let want = cpu.generate(&prompt, 64, &mut Sampler::greedy()).unwrap();
+        let got = gpu.generate(&prompt, 64, &mut Sampler::greedy()).unwrap();
+        assert_eq!(got, want, "greedy continuation, shared {shared}, top {top_k}");
+        let seq: Vec<u32> = prompt.iter().chain(&want).copied().collect();
+        let (mut cc, mut gc) = (cpu.new_kv_caches().unwrap(), gpu.new_kv_caches().unwrap());
+        // A prefill of several rows routes many tokens at once.
+        let mut worst = rel(
+            &gpu.forward_cached(&seq[..20], &mut gc).unwrap(),
+            &cpu.forward_cached(&seq[..20], &mut cc).unwrap(),
+        );
+        for t in 20..seq.len() {
+            let (g, c) = (
+                gpu.forward_cached(&seq[t..t + 1], &mut gc).unwrap(),
+                cpu.forward_cached(&seq[t..t + 1], &mut cc).unwrap(),
+            );
+            worst = worst.max(rel(&g, &c));
+        }
+        eprintln!("MoE (shared {shared}, top {top_k}): worst logit difference {worst:e} of the range");
+        assert!(worst < 2e-3, "{worst}");
+    }
 }

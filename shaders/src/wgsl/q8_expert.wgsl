@@ -1,0 +1,31 @@
+// The int8 product of each routed slot with its own expert's weights: slot s (token
+// s / top_k) reads activation row s / top_k (`x_per_token`, the gate and up projections)
+// or row s (the down projection), and rows expert[s] * n .. + n of the experts' stacked
+// weights. Otherwise as q8_matmul.wgsl (exact i32 sums, then f32(acc) * xs * ws).
+// Twin of rusting_brain_core::ops::q8::q8_matmul applied per expert.
+struct Params { slots: u32, n: u32, packed_cols: u32, top_k: u32, x_per_token: u32, pad0: u32, pad1: u32, pad2: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> xq: array<u32>;
+@group(0) @binding(2) var<storage, read> xs: array<f32>;
+@group(0) @binding(3) var<storage, read> w: array<u32>;
+@group(0) @binding(4) var<storage, read> ws: array<f32>;
+@group(0) @binding(5) var<storage, read> expert: array<u32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let j = gid.x;
+    let s = gid.y;
+    if (j >= p.n || s >= p.slots) { return; }
+    var xr = s;
+    if (p.x_per_token == 1u) { xr = s / p.top_k; }
+    let row = expert[s] * p.n + j;
+    let xb = xr * p.packed_cols;
+    let wb = row * p.packed_cols;
+    var acc = 0;
+    for (var c = 0u; c < p.packed_cols; c++) {
+        acc += dot4I8Packed(xq[xb + c], w[wb + c]);
+    }
+    out[s * p.n + j] = f32(acc) * xs[xr] * ws[row];
+}
