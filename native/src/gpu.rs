@@ -13,7 +13,7 @@ use rusting_brain_core::models::transformer::{Swiglu, TransformerConfig, Transfo
 use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::ops::q8::packed_cols;
 use rusting_brain_core::CoreError;
-use rusting_brain_shaders::{rope_table, Batch, Gpu, GpuBuffer, GpuOptions, ShaderError};
+use rusting_brain_shaders::{rope_table, Batch, DispatchCache, Gpu, GpuBuffer, GpuOptions, ShaderError};
 
 use crate::cpu::CpuBackend;
 use crate::{NetworkError, Result};
@@ -127,6 +127,8 @@ pub(crate) struct GpuLm {
     logits: GpuBuffer,
     /// The argmax of the last logits.
     best: GpuBuffer,
+    /// Bind groups and uniforms of the forward pass, reused from one token to the next.
+    cache: DispatchCache,
 }
 
 /// Key/value caches of one sequence on the device: `max_seq_len` positions per layer,
@@ -209,6 +211,7 @@ impl GpuLm {
             logits: gpu.zeros("logits", c.vocab_size)?,
             best: gpu.zeros("best", 1)?,
             acts: None,
+            cache: DispatchCache::default(),
             layers,
             embed,
             cfg: c.clone(),
@@ -333,7 +336,7 @@ impl GpuLm {
         };
         self.gpu.write_u32(&a.ids, 0, ids)?;
         let g = &self.gpu;
-        let mut b = g.batch();
+        let mut b = g.batch_cached(&mut self.cache);
         b.q8_embedding(&a.x, &a.ids, &self.embed.w, &self.embed.s, r, c.vocab_size, d)?;
         // out = x . W^T + beta * out, with x rounded to int8 first, as the CPU's q8_matmul.
         let linear = |b: &mut Batch, out: &GpuBuffer, x: &GpuBuffer, w: &Q8, rows: usize, beta: f32| {

@@ -47,6 +47,8 @@ pub struct Gpu {
     errors: Arc<Mutex<Vec<String>>>,
     /// One-word buffers bound where a kernel's layout has a slot an op does not use.
     pub(crate) spare: [GpuBuffer; 2],
+    /// The read-back buffer, kept between reads (a decode step reads 4 bytes each token).
+    staging: Mutex<Option<wgpu::Buffer>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -125,6 +127,7 @@ impl Gpu {
             len: 1,
         };
         Ok(Gpu {
+            staging: Mutex::new(None),
             spare: [spare("spare 0"), spare("spare 1")],
             device,
             queue,
@@ -261,16 +264,21 @@ impl Gpu {
             return Ok(Vec::new());
         }
         let bytes = n as u64 * 4;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        // Taken out while mapped, so a concurrent read makes its own.
+        let kept = self.staging.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let staging = match kept {
+            Some(b) if b.size() >= bytes => b,
+            _ => self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: bytes.max(256),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        };
         let mut encoder = self.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(&buf.buf, offset as u64 * 4, &staging, 0, bytes);
         let (tx, rx) = oneshot();
-        encoder.map_buffer_on_submit(&staging, wgpu::MapMode::Read, .., move |r| tx.send(r));
+        encoder.map_buffer_on_submit(&staging, wgpu::MapMode::Read, ..bytes, move |r| tx.send(r));
         self.queue.submit([encoder.finish()]);
         #[cfg(not(target_arch = "wasm32"))]
         self.device
@@ -281,13 +289,14 @@ impl Gpu {
             .map_err(|e| ShaderError::Readback(e.to_string()))?;
         let words = {
             let view = staging
-                .get_mapped_range(..)
+                .get_mapped_range(..bytes)
                 .map_err(|e| ShaderError::Readback(e.to_string()))?;
             view.chunks_exact(4)
                 .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
                 .collect()
         };
         staging.unmap();
+        *self.staging.lock().unwrap_or_else(|p| p.into_inner()) = Some(staging);
         self.check_errors()?;
         Ok(words)
     }
@@ -347,7 +356,7 @@ impl Gpu {
         self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("params"),
             contents: &words_to_bytes(padded.into_iter()),
-            usage: wgpu::BufferUsages::UNIFORM,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
         })
     }
 }

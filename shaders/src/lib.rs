@@ -21,7 +21,7 @@ pub use backend::WgpuBackend;
 #[cfg(not(target_arch = "wasm32"))]
 pub use gpu::block_on;
 pub use gpu::{Gpu, GpuBuffer, GpuOptions};
-pub use ops::{check_ids, rope_table, AttentionScratch, Batch, DenseOp};
+pub use ops::{check_ids, rope_table, AttentionScratch, Batch, DenseOp, DispatchCache};
 pub use wgpu;
 
 /// What can go wrong on the GPU; every message says what to change.

@@ -20,6 +20,35 @@ pub type AttentionScratch = GpuBuffer;
 pub struct Batch<'g> {
     gpu: &'g Gpu,
     encoder: wgpu::CommandEncoder,
+    /// Reused uniform buffers and bind groups, and the next dispatch's place in them.
+    cache: Option<(&'g mut DispatchCache, usize)>,
+}
+
+/// The uniform buffers and bind groups of a sequence of dispatches that recurs (one decode
+/// step after another): the i-th dispatch of a cached batch reuses the i-th entry when its
+/// kernel and buffers are the same, and only writes its parameters if they changed. A
+/// decode step then creates no GPU object at all.
+#[derive(Default)]
+pub struct DispatchCache {
+    entries: Vec<CacheEntry>,
+}
+
+struct CacheEntry {
+    kernel: Kernel,
+    buffers: Vec<wgpu::Buffer>,
+    params: Vec<u32>,
+    uniform: wgpu::Buffer,
+    group: wgpu::BindGroup,
+}
+
+impl DispatchCache {
+    /// Entries held (one per dispatch of the longest batch so far).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
 }
 
 fn u(v: usize, what: &str) -> Result<u32, ShaderError> {
@@ -49,6 +78,16 @@ impl Gpu {
         Batch {
             gpu: self,
             encoder: self.device.create_command_encoder(&Default::default()),
+            cache: None,
+        }
+    }
+
+    /// Starts recording kernels that reuse `cache`'s bind groups (see [`DispatchCache`]).
+    pub fn batch_cached<'g>(&'g self, cache: &'g mut DispatchCache) -> Batch<'g> {
+        Batch {
+            gpu: self,
+            encoder: self.device.create_command_encoder(&Default::default()),
+            cache: Some((cache, 0)),
         }
     }
 }
@@ -60,22 +99,67 @@ impl Batch<'_> {
 
     fn dispatch3(&mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32, u32)) {
         let pipeline = &self.gpu.pipelines[kernel as usize];
-        let uniform = self.gpu.params(params);
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: uniform.as_entire_binding(),
-        }];
-        for (i, b) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.buf.as_entire_binding(),
+        let mut padded = params.to_vec();
+        padded.resize(params.len().div_ceil(4).max(1) * 4, 0);
+        let make = |gpu: &Gpu| {
+            let uniform = gpu.params(&padded);
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: uniform.as_entire_binding(),
+            }];
+            for (i, b) in buffers.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: b.buf.as_entire_binding(),
+                });
+            }
+            let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel.name()),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
             });
-        }
-        let group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.name()),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
+            (uniform, group)
+        };
+        let group = match &mut self.cache {
+            None => make(self.gpu).1,
+            Some((cache, at)) => {
+                let i = *at;
+                *at += 1;
+                let same = cache.entries.get(i).is_some_and(|e| {
+                    e.kernel == kernel
+                        && e.buffers.len() == buffers.len()
+                        && e.buffers.iter().zip(buffers).all(|(a, b)| *a == b.buf)
+                });
+                if same {
+                    let e = &mut cache.entries[i];
+                    if e.params != padded {
+                        // Queued writes land before the next submission's commands.
+                        self.gpu.queue.write_buffer(
+                            &e.uniform,
+                            0,
+                            &padded.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>(),
+                        );
+                        e.params = padded.clone();
+                    }
+                    e.group.clone()
+                } else {
+                    let (uniform, group) = make(self.gpu);
+                    let entry = CacheEntry {
+                        kernel,
+                        buffers: buffers.iter().map(|b| b.buf.clone()).collect(),
+                        params: padded.clone(),
+                        uniform,
+                        group: group.clone(),
+                    };
+                    if i < cache.entries.len() {
+                        cache.entries[i] = entry;
+                    } else {
+                        cache.entries.push(entry);
+                    }
+                    group
+                }
+            }
+        };
         let mut pass = self.encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(kernel.name()),
             timestamp_writes: None,
