@@ -261,7 +261,11 @@ fn gpu_row(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut m = shape().build()?;
     m.quantize()?;
-    m.to_gpu_with(std::env::var("RB_GPU_SOFTWARE").as_deref() == Ok("1"))?;
+    m.to_gpu_with(&rusting_brain::GpuOptions {
+        software: std::env::var("RB_GPU_SOFTWARE").as_deref() == Ok("1"),
+        high_performance: true,
+        ..Default::default()
+    })?;
     let (_, tps) = decode_run(&mut m, prompt, new_tokens)?;
     let bw = m.device_bandwidth(per_token_q8 as usize)?.unwrap_or(f64::NAN);
     println!(

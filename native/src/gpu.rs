@@ -30,10 +30,24 @@ impl From<ShaderError> for NetworkError {
 /// An int8 matrix on the device: `n` rows of `k` values packed four to a word, and `n`
 /// scales.
 struct Q8 {
-    w: GpuBuffer,
-    s: GpuBuffer,
+    /// Row slabs, each within the adapter's storage-binding limit: (first row, rows,
+    /// packed values, scales). One slab unless the matrix is larger than a binding (a
+    /// large vocabulary's embedding, on an adapter that binds 128 MiB).
+    slabs: Vec<(usize, usize, GpuBuffer, GpuBuffer)>,
     n: usize,
     k: usize,
+}
+
+impl Q8 {
+    /// The whole matrix in one binding (the stacked experts, which are never split).
+    fn whole(&self) -> Result<(&GpuBuffer, &GpuBuffer)> {
+        match &self.slabs[..] {
+            [(_, _, w, s)] => Ok((w, s)),
+            _ => Err(NetworkError::Gpu(
+                "the stacked experts are larger than one storage binding on this adapter".into(),
+            )),
+        }
+    }
 }
 
 struct Layer {
@@ -68,6 +82,7 @@ fn stacked(
     n: usize,
     k: usize,
 ) -> Result<Q8> {
+    let leaves_len = leaves.len();
     let (mut w, mut s) = (Vec::new(), Vec::new());
     for (e, leaf) in leaves.into_iter().enumerate() {
         let (packed, scales) = leaf.as_ref().ok_or_else(|| {
@@ -77,8 +92,7 @@ fn stacked(
         s.extend_from_slice(scales);
     }
     Ok(Q8 {
-        w: gpu.upload(name, &w)?,
-        s: gpu.upload(name, &s)?,
+        slabs: vec![(0, n * leaves_len, gpu.upload(name, &w)?, gpu.upload(name, &s)?)],
         n,
         k,
     })
@@ -143,12 +157,23 @@ fn q8(gpu: &Gpu, name: &str, leaf: &Option<(Vec<f32>, Vec<f32>)>, n: usize, k: u
     let (packed, scales) = leaf
         .as_ref()
         .ok_or_else(|| NetworkError::InvalidInput(format!("to_gpu: {name} has no int8 weights")))?;
-    Ok(Q8 {
-        w: gpu.upload(name, packed)?,
-        s: gpu.upload(name, scales)?,
-        n,
-        k,
-    })
+    let pc = packed_cols(k);
+    // Rows per slab: as many as one binding holds (at least one; a single row over the
+    // limit is refused by the upload with the sizes in the message).
+    let per = ((gpu.max_binding() / (4 * pc.max(1) as u64)) as usize).max(1);
+    let mut slabs = Vec::new();
+    let mut row0 = 0;
+    while row0 < n {
+        let rows = per.min(n - row0);
+        slabs.push((
+            row0,
+            rows,
+            gpu.upload(name, &packed[row0 * pc..(row0 + rows) * pc])?,
+            gpu.upload(name, &scales[row0..row0 + rows])?,
+        ));
+        row0 += rows;
+    }
+    Ok(Q8 { slabs, n, k })
 }
 
 impl GpuLm {
@@ -243,6 +268,34 @@ impl GpuLm {
         })
     }
 
+    /// The most positions one forward pass takes: its largest per-row activation times
+    /// the rows must fit one storage binding (and prefill pieces of 256 keep the scratch
+    /// small on any adapter).
+    fn max_rows(&self) -> usize {
+        let c = &self.cfg;
+        let f = (0..c.n_layers).filter_map(|l| c.mlp_width(l)).max().unwrap_or(0);
+        let (e_n, k, fe) = c
+            .moe
+            .as_ref()
+            .map_or((0, 1, 0), |m| (m.n_experts, m.top_k, m.expert_d_ff));
+        let widest = c.d_model.max(c.q_dim()).max(f).max(fe);
+        let per_row = [
+            c.q_heads * c.max_seq_len,
+            c.d_model,
+            c.q_dim(),
+            f,
+            e_n,
+            k * fe,
+            k * c.d_model,
+            k * packed_cols(widest),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(1)
+        .max(1);
+        ((self.gpu.max_binding() / 4) as usize / per_row).clamp(1, 256)
+    }
+
     fn acts(&mut self, rows: usize) -> Result<()> {
         if self.acts.as_ref().is_some_and(|a| a.rows >= rows) {
             return Ok(());
@@ -320,6 +373,16 @@ impl GpuLm {
             }
             .into());
         }
+        let most = self.max_rows();
+        if r > most {
+            // A long prompt in pieces, so every activation (the attention scores above
+            // all: rows x heads x max_seq_len) fits one binding. Checked whole above, so a
+            // refused prompt leaves the cache as it was.
+            for piece in ids.chunks(most) {
+                self.forward(piece, cache)?;
+            }
+            return Ok(());
+        }
         self.acts(r)?;
         let a = self.acts.as_ref().expect("made above");
         let (d, kv) = (c.d_model, c.kv_dim());
@@ -337,11 +400,16 @@ impl GpuLm {
         self.gpu.write_u32(&a.ids, 0, ids)?;
         let g = &self.gpu;
         let mut b = g.batch_cached(&mut self.cache);
-        b.q8_embedding(&a.x, &a.ids, &self.embed.w, &self.embed.s, r, c.vocab_size, d)?;
+        for (row0, rows, ws, ss) in &self.embed.slabs {
+            b.q8_embedding_slab(&a.x, &a.ids, ws, ss, r, c.vocab_size, d, (*row0, *rows))?;
+        }
         // out = x . W^T + beta * out, with x rounded to int8 first, as the CPU's q8_matmul.
         let linear = |b: &mut Batch, out: &GpuBuffer, x: &GpuBuffer, w: &Q8, rows: usize, beta: f32| {
             b.q8_quantize(&a.xq, &a.xs, x, rows, w.k)?;
-            b.q8_matmul(out, &a.xq, &a.xs, &w.w, &w.s, rows, w.n, w.k, beta)
+            for (row0, n, ws, ss) in &w.slabs {
+                b.q8_matmul_cols(out, (w.n, *row0), &a.xq, &a.xs, ws, ss, rows, *n, w.k, beta)?;
+            }
+            Ok::<(), ShaderError>(())
         };
         for (l, w) in self.layers.iter().enumerate() {
             b.rmsnorm(&a.h, &a.rstd, &a.x, &w.attn_norm, r, d, c.norm_eps)?;
@@ -364,6 +432,7 @@ impl GpuLm {
             }
             if let (Some(moe), Some(m)) = (&w.moe, c.sparse(l)) {
                 let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
+                let ((gw, gs), (uw, us), (dw, ds)) = (moe.gate.whole()?, moe.up.whole()?, moe.down.whole()?);
                 // The router in f32, as on the CPU; routing and top-k on the device.
                 b.matmul(
                     &a.router,
@@ -376,38 +445,11 @@ impl GpuLm {
                 )?;
                 b.moe_route(&a.expert, &a.weight, &a.router, r, e_n, k, m.renormalize)?;
                 b.q8_quantize(&a.xq, &a.xs, &a.h, r, d)?;
-                b.q8_expert(
-                    &a.egate,
-                    &a.xq,
-                    &a.xs,
-                    &moe.gate.w,
-                    &moe.gate.s,
-                    &a.expert,
-                    (r * k, fe, d, k),
-                    true,
-                )?;
-                b.q8_expert(
-                    &a.eup,
-                    &a.xq,
-                    &a.xs,
-                    &moe.up.w,
-                    &moe.up.s,
-                    &a.expert,
-                    (r * k, fe, d, k),
-                    true,
-                )?;
+                b.q8_expert(&a.egate, &a.xq, &a.xs, gw, gs, &a.expert, (r * k, fe, d, k), true)?;
+                b.q8_expert(&a.eup, &a.xq, &a.xs, uw, us, &a.expert, (r * k, fe, d, k), true)?;
                 b.swiglu(&a.es, &a.egate, &a.eup, r * k * fe)?;
                 b.q8_quantize(&a.xq, &a.xs, &a.es, r * k, fe)?;
-                b.q8_expert(
-                    &a.ey,
-                    &a.xq,
-                    &a.xs,
-                    &moe.down.w,
-                    &moe.down.s,
-                    &a.expert,
-                    (r * k, d, fe, k),
-                    false,
-                )?;
+                b.q8_expert(&a.ey, &a.xq, &a.xs, dw, ds, &a.expert, (r * k, d, fe, k), false)?;
                 b.moe_combine(&a.x, &a.weight, &a.ey, r, d, k)?;
             }
         }
@@ -430,13 +472,5 @@ impl GpuLm {
     pub(crate) fn argmax(&self) -> Result<u32> {
         let id = self.gpu.read_u32_blocking(&self.best)?;
         Ok(id[0])
-    }
-}
-
-/// Opens the default GPU (`software` asks for the fallback adapter, e.g. lavapipe).
-pub(crate) fn options(software: bool) -> GpuOptions {
-    GpuOptions {
-        software,
-        high_performance: true,
     }
 }

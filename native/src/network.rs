@@ -244,22 +244,22 @@ impl Network {
     /// No adapter is an error, never a silent CPU run.
     #[cfg(feature = "gpu")]
     pub fn to_gpu(&mut self) -> Result<()> {
-        self.to_gpu_with(false)
+        self.to_gpu_with(&crate::GpuOptions {
+            high_performance: true,
+            ..Default::default()
+        })
     }
 
-    /// [`Network::to_gpu`], asking for the fallback (software) adapter when `software`
-    /// is set (Mesa's lavapipe on Linux, what the tests use).
+    /// [`Network::to_gpu`] with adapter options (`software`: the fallback adapter, Mesa's
+    /// lavapipe on Linux, what the tests use).
     #[cfg(feature = "gpu")]
-    pub fn to_gpu_with(&mut self, software: bool) -> Result<()> {
+    pub fn to_gpu_with(&mut self, options: &crate::GpuOptions) -> Result<()> {
         let model = match &self.engine {
             Ok(Engine::Cpu(m)) => m,
             Ok(Engine::Gpu(_)) => return Ok(()),
             Err(e) => return Err(NetworkError::InvalidConfig(e.clone())),
         };
-        let gpu = rusting_brain_shaders::Gpu::new_blocking(&rusting_brain_shaders::GpuOptions {
-            software,
-            high_performance: true,
-        })?;
+        let gpu = rusting_brain_shaders::Gpu::new_blocking(options)?;
         let moved = model.to_backend(rusting_brain_shaders::WgpuBackend::new(std::sync::Arc::new(gpu)))?;
         self.engine = Ok(Engine::Gpu(moved));
         Ok(())

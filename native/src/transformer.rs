@@ -333,17 +333,21 @@ impl TransformerLm {
     /// adapter's limits, an f32 or mixture-of-experts model) never fall back to the CPU.
     #[cfg(feature = "gpu")]
     pub fn to_gpu(&mut self) -> Result<()> {
-        self.to_gpu_with(false)
+        self.to_gpu_with(&crate::GpuOptions {
+            high_performance: true,
+            ..Default::default()
+        })
     }
 
-    /// [`TransformerLm::to_gpu`], asking for the fallback (software) adapter when
-    /// `software` is set: Mesa's lavapipe on Linux, what the tests run on.
+    /// [`TransformerLm::to_gpu`] with adapter options: `software` asks for the fallback
+    /// adapter (Mesa's lavapipe on Linux, what the tests run on), `max_binding` caps the
+    /// bytes per storage binding (larger weights are split into row slabs).
     #[cfg(feature = "gpu")]
-    pub fn to_gpu_with(&mut self, software: bool) -> Result<()> {
+    pub fn to_gpu_with(&mut self, options: &crate::GpuOptions) -> Result<()> {
         if let LmEngine::Gpu(..) = self.engine {
             return Ok(());
         }
-        let gpu = crate::gpu::GpuLm::new(self.model(), &crate::gpu::options(software))?;
+        let gpu = crate::gpu::GpuLm::new(self.model(), options)?;
         let placeholder = LmEngine::Cpu(TransformerModel::new(
             CpuBackend::new(),
             self.config().clone(),

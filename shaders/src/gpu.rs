@@ -16,6 +16,10 @@ pub struct GpuOptions {
     pub software: bool,
     /// Prefer the discrete GPU over an integrated one.
     pub high_performance: bool,
+    /// Ask for at most this many bytes per storage binding (default: all the adapter
+    /// offers). Smaller values act like a smaller adapter: tests use it to exercise
+    /// splitting, and a page can use it to stay within what every browser grants.
+    pub max_binding: Option<u64>,
 }
 
 /// A buffer on the device: `len` 4-byte words (f32 values, or int8 packed four to a u32).
@@ -77,16 +81,22 @@ impl Gpu {
             .map_err(|e| ShaderError::NoAdapter(e.to_string()))?;
         let info = adapter.get_info();
         let offered = adapter.limits();
-        let limits = wgpu::Limits {
+        let requested = wgpu::Limits {
             max_storage_buffer_binding_size: offered.max_storage_buffer_binding_size,
             max_buffer_size: offered.max_buffer_size,
             ..wgpu::Limits::default()
         };
+        // The cap is ours to enforce (splitting, TooLarge): a device is never asked for
+        // less than WebGPU's defaults.
+        let mut limits = requested.clone();
+        if let Some(cap) = options.max_binding {
+            limits.max_storage_buffer_binding_size = cap.min(limits.max_storage_buffer_binding_size);
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("rusting_brain"),
                 required_features: wgpu::Features::empty(),
-                required_limits: limits.clone(),
+                required_limits: requested,
                 ..Default::default()
             })
             .await

@@ -235,28 +235,54 @@ impl Batch<'_> {
         k: usize,
         beta: f32,
     ) -> Result<(), ShaderError> {
+        self.q8_matmul_cols(out, (n, 0), xq, xs, w, ws, m, n, k, beta)
+    }
+
+    /// [`Batch::q8_matmul`] into columns `j0 .. j0 + n` of an output with rows of `out_n`:
+    /// one row slab of a weight split across bindings.
+    #[allow(clippy::too_many_arguments)]
+    pub fn q8_matmul_cols(
+        &mut self,
+        out: &GpuBuffer,
+        (out_n, j0): (usize, usize),
+        xq: &GpuBuffer,
+        xs: &GpuBuffer,
+        w: &GpuBuffer,
+        ws: &GpuBuffer,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<(), ShaderError> {
         const OP: &str = "q8_matmul";
         let pc = packed_cols(k);
         need(OP, "xq", xq, m * pc)?;
         need(OP, "xs", xs, m)?;
         need(OP, "w", w, n * pc)?;
         need(OP, "ws", ws, n)?;
-        need(OP, "out", out, m * n)?;
-        if m > MAX_GROUPS {
+        if j0 + n > out_n {
             return Err(ShaderError::Invalid(format!(
-                "{OP}: {m} rows at once, over {MAX_GROUPS}; split the batch"
+                "{OP}: columns {j0}..{} of rows of {out_n}",
+                j0 + n
+            )));
+        }
+        need(OP, "out", out, m * out_n)?;
+        if m > MAX_GROUPS || n.div_ceil(WG) > MAX_GROUPS {
+            return Err(ShaderError::Invalid(format!(
+                "{OP}: {m} rows x {n} outputs is over the grid's limits ({MAX_GROUPS} rows); split the batch"
             )));
         }
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let p = [u(m, "m")?, u(n, "n")?, u(pc, "packed cols")?, beta.to_bits()];
-        if n.div_ceil(WG) > MAX_GROUPS {
-            return Err(ShaderError::Invalid(format!(
-                "{OP}: {n} outputs, over {}",
-                MAX_GROUPS * WG
-            )));
-        }
+        let p = [
+            u(m, "m")?,
+            u(n, "n")?,
+            u(pc, "packed cols")?,
+            beta.to_bits(),
+            u(out_n, "out_n")?,
+            u(j0, "j0")?,
+        ];
         self.dispatch(
             Kernel::Q8Matmul,
             &p,
@@ -385,11 +411,28 @@ impl Batch<'_> {
         vocab: usize,
         dim: usize,
     ) -> Result<(), ShaderError> {
+        self.q8_embedding_slab(out, ids, table, scales, rows, vocab, dim, (0, vocab))
+    }
+
+    /// [`Batch::q8_embedding`] from one row slab of a table split across bindings: `table`
+    /// holds rows `id0 .. id0 + slab_rows`; other ids are left to the other slabs' calls.
+    #[allow(clippy::too_many_arguments)]
+    pub fn q8_embedding_slab(
+        &mut self,
+        out: &GpuBuffer,
+        ids: &GpuBuffer,
+        table: &GpuBuffer,
+        scales: &GpuBuffer,
+        rows: usize,
+        vocab: usize,
+        dim: usize,
+        (id0, slab_rows): (usize, usize),
+    ) -> Result<(), ShaderError> {
         const OP: &str = "q8_embedding";
         let pc = packed_cols(dim);
         need(OP, "ids", ids, rows)?;
-        need(OP, "table", table, vocab * pc)?;
-        need(OP, "scales", scales, vocab)?;
+        need(OP, "table", table, slab_rows * pc)?;
+        need(OP, "scales", scales, slab_rows)?;
         need(OP, "out", out, rows * dim)?;
         if rows * dim == 0 {
             return Ok(());
@@ -399,6 +442,8 @@ impl Batch<'_> {
             u(dim, "dim")?,
             u(pc, "packed cols")?,
             u(vocab, "vocab")?,
+            u(id0, "id0")?,
+            u(slab_rows, "slab rows")?,
         ];
         self.dispatch(
             Kernel::Q8Embedding,

@@ -9,10 +9,18 @@
 //! few ULP off libm; three Adam steps of lr 0.05 carry those differences (measured worst
 //! printed by the test).
 
-use rusting_brain::{Activation, Dataset, Loss, Network, NetworkError, Optimizer, TrainConfig};
+use rusting_brain::{Activation, Dataset, GpuOptions, Loss, Network, NetworkError, Optimizer, TrainConfig};
+
+/// The software adapter (lavapipe in CI).
+fn software() -> GpuOptions {
+    GpuOptions {
+        software: true,
+        ..Default::default()
+    }
+}
 
 fn on_gpu(n: &mut Network) -> Option<()> {
-    match n.to_gpu_with(true) {
+    match n.to_gpu_with(&software()) {
         Ok(()) => {
             eprintln!("device: {}", n.device());
             Some(())

@@ -10,7 +10,7 @@
 //! 2e-7 on lavapipe; one int8 rounding flipped would show up as ~1e-3).
 
 use rusting_brain::core::Rng;
-use rusting_brain::{NetworkError, Optimizer, Sampler, TokenBatch, TransformerLm};
+use rusting_brain::{GpuOptions, NetworkError, Optimizer, Sampler, TokenBatch, TransformerLm};
 
 /// Sequences of `next = (5 * prev + 3) mod 64`: learnable, so the model is confident.
 fn rule_batch(rng: &mut Rng, rows: usize) -> TokenBatch {
@@ -50,8 +50,16 @@ fn trained_q8() -> TransformerLm {
 }
 
 /// The model moved to the software adapter, or None (skip) when there is none.
+/// The software adapter (lavapipe in CI).
+fn software() -> GpuOptions {
+    GpuOptions {
+        software: true,
+        ..Default::default()
+    }
+}
+
 fn on_gpu(m: &mut TransformerLm) -> Option<()> {
-    match m.to_gpu_with(true) {
+    match m.to_gpu_with(&software()) {
         Ok(()) => {
             eprintln!("device: {}", m.device().unwrap());
             Some(())
@@ -182,7 +190,7 @@ fn bad_input_on_the_gpu_is_an_error() {
         .max_seq_len(8)
         .build()
         .unwrap();
-    let e = f32_model.to_gpu_with(true).unwrap_err().to_string();
+    let e = f32_model.to_gpu_with(&software()).unwrap_err().to_string();
     assert!(e.contains("quantize"), "{e}");
 }
 
@@ -240,4 +248,69 @@ fn mixture_of_experts_matches_the_cpu_int8_path() {
         eprintln!("MoE (shared {shared}, top {top_k}): worst logit difference {worst:e} of the range");
         assert!(worst < 2e-3, "{worst}");
     }
+}
+
+#[test]
+fn weights_over_a_binding_are_split_and_a_model_over_the_limits_is_refused() {
+    let build = || {
+        let mut m = TransformerLm::builder()
+            .vocab_size(4096)
+            .d_model(64)
+            .n_layers(2)
+            .heads(4, 2, 16)
+            .d_ff(96)
+            .max_seq_len(64)
+            .seed(3)
+            .build()
+            .unwrap();
+        m.quantize().unwrap();
+        m
+    };
+    let mut cpu = build();
+    let mut gpu = build();
+    // 16 KiB a binding: the 256 KiB int8 embedding goes up as 16 row slabs, and a prompt
+    // of 20 positions runs as 16 + 4 (the scores of 16 rows fill one binding).
+    let capped = GpuOptions {
+        software: true,
+        max_binding: Some(16 << 10),
+        ..Default::default()
+    };
+    match gpu.to_gpu_with(&capped) {
+        Ok(()) => {}
+        Err(NetworkError::Gpu(e))
+            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
+        {
+            eprintln!("SKIPPED, no GPU adapter here: {e}");
+            return;
+        }
+        Err(e) => panic!("to_gpu failed: {e}"),
+    }
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 197 + 5) % 4096).collect();
+    let want = cpu.generate(&prompt, 16, &mut Sampler::greedy()).unwrap();
+    let got = gpu.generate(&prompt, 16, &mut Sampler::greedy()).unwrap();
+    assert_eq!(got, want);
+    let (mut cc, mut gc) = (cpu.new_kv_caches().unwrap(), gpu.new_kv_caches().unwrap());
+    let e = rel(
+        &gpu.forward_cached(&prompt, &mut gc).unwrap(),
+        &cpu.forward_cached(&prompt, &mut cc).unwrap(),
+    );
+    assert!(e < 2e-3, "{e}");
+    assert_eq!(gc.len(), 20);
+
+    // 1 KiB a binding: the 16 KiB logits row cannot fit, and the model says so.
+    let mut small = build();
+    let e = small
+        .to_gpu_with(&GpuOptions {
+            software: true,
+            max_binding: Some(1 << 10),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("over this adapter's limit"), "{e}");
+    // The model stays usable on the CPU.
+    assert_eq!(
+        small.generate(&prompt, 4, &mut Sampler::greedy()).unwrap(),
+        want[..4]
+    );
 }

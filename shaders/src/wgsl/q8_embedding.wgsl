@@ -1,6 +1,8 @@
 // out[r] = int8 row ids[r] of the table times its scale. Ids are checked on the host.
 // Twin of rusting_brain_core::ops::q8::q8_embedding.
-struct Params { rows: u32, dim: u32, packed_cols: u32, vocab: u32 }
+// A table split into row slabs is gathered one slab per call: ids in [id0, id0 + slab_rows)
+// are this call's, the rest are left to the others (vocab is the whole table's).
+struct Params { rows: u32, dim: u32, packed_cols: u32, vocab: u32, id0: u32, slab_rows: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
@@ -19,6 +21,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         out[idx] = bitcast<f32>(0x7fc00000u); // NaN: never a silent wrong row
         return;
     }
-    let word = unpack4xI8(table[id * p.packed_cols + c / 4u]);
-    out[idx] = f32(word[c % 4u]) * scales[id];
+    if (id < p.id0 || id >= p.id0 + p.slab_rows) { return; }
+    let local = id - p.id0;
+    let word = unpack4xI8(table[local * p.packed_cols + c / 4u]);
+    out[idx] = f32(word[c % 4u]) * scales[local];
 }

@@ -6,7 +6,9 @@
 // every barrier is a coroutine switch per invocation; this layout runs at several times
 // that, and on GPUs neighbouring invocations still share the activation row in cache.)
 // Twin of rusting_brain_core::ops::q8::q8_matmul.
-struct Params { m: u32, n: u32, packed_cols: u32, beta: f32 }
+// out_n / j0: the output's row length and this call's first column, so a weight split
+// into row slabs (one binding each, under maxStorageBufferBindingSize) fills its columns.
+struct Params { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> xq: array<u32>;
@@ -27,6 +29,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         acc += dot4I8Packed(xq[xb + s], w[wb + s]);
     }
     let v = f32(acc) * xs[i] * ws[j];
-    let o = i * p.n + j;
+    let o = i * p.out_n + p.j0 + j;
     if (p.beta == 0.0) { out[o] = v; } else { out[o] = v + p.beta * out[o]; }
 }
