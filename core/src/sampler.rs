@@ -79,7 +79,8 @@ impl Sampler {
         self
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks the settings (what `sample` checks first).
+    pub fn validate(&self) -> Result<()> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return Err(invalid(alloc::format!(
                 "temperature {} must be finite and >= 0",
@@ -139,17 +140,24 @@ impl Sampler {
         if let Some(k) = self.top_k {
             order.truncate(k);
         }
+        let ranked: Vec<(u32, f32)> = order.iter().map(|&i| (i, penalized[i as usize])).collect();
+        self.weigh(&ranked)
+    }
+
+    /// Temperature and top-p over candidates already ranked and cut to `top_k`: the f64
+    /// part of [`Sampler::candidates`], shared with [`Sampler::sample_ranked`].
+    fn weigh(&self, ranked: &[(u32, f32)]) -> Vec<(u32, f64)> {
         let t = self.temperature as f64;
-        let max = order.first().map_or(0.0, |&i| penalized[i as usize] as f64);
-        let weights: Vec<f64> = order
+        let max = ranked.first().map_or(0.0, |&(_, v)| v as f64);
+        let weights: Vec<f64> = ranked
             .iter()
-            .map(|&i| libm::exp((penalized[i as usize] as f64 - max) / t))
+            .map(|&(_, v)| libm::exp((v as f64 - max) / t))
             .collect();
         let total: f64 = weights.iter().sum();
-        let mut out: Vec<(u32, f64)> = order
+        let mut out: Vec<(u32, f64)> = ranked
             .iter()
             .zip(&weights)
-            .map(|(&i, &w)| (i, w / total))
+            .map(|(&(i, _), &w)| (i, w / total))
             .collect();
         if let Some(p) = self.top_p {
             let mut cum = 0.0;
@@ -166,6 +174,44 @@ impl Sampler {
             out.iter_mut().for_each(|c| c.1 /= s);
         }
         out
+    }
+
+    /// The draw from candidates a device ranked: `ranked` holds the `top_k` (or fewer)
+    /// largest penalized logits as (id, logit), most likely first, ties by lower id, `-inf`
+    /// ones left out. The same id as [`Sampler::sample`] on the whole row, with the same
+    /// generator state, so a GPU reads back k pairs instead of the vocabulary.
+    pub fn sample_ranked(&mut self, ranked: &[(u32, f32)]) -> Result<u32> {
+        self.validate()?;
+        if let Some(&(_, v)) = ranked.iter().find(|(_, v)| v.is_nan()) {
+            return Err(CoreError::NonFinite {
+                op: "sampler",
+                value: v as f64,
+            });
+        }
+        let ranked = &ranked[..ranked.len().min(self.top_k.unwrap_or(usize::MAX))];
+        if self.temperature == 0.0 {
+            return ranked
+                .first()
+                .map(|c| c.0)
+                .ok_or_else(|| invalid("every logit is -inf".into()));
+        }
+        let cands = self.weigh(ranked);
+        self.draw(&cands)
+    }
+
+    fn draw(&mut self, cands: &[(u32, f64)]) -> Result<u32> {
+        if cands.is_empty() {
+            return Err(invalid("every logit is -inf".into()));
+        }
+        let u = self.rng.next_f64();
+        let mut cum = 0.0;
+        for &(id, q) in cands {
+            cum += q;
+            if u < cum {
+                return Ok(id);
+            }
+        }
+        Ok(cands[cands.len() - 1].0)
     }
 
     /// Picks the next id from one row of logits, given the ids already in the context.
@@ -186,17 +232,6 @@ impl Sampler {
             return Ok(best as u32);
         }
         let cands = self.candidates(&l);
-        if cands.is_empty() {
-            return Err(invalid("every logit is -inf".into()));
-        }
-        let u = self.rng.next_f64();
-        let mut cum = 0.0;
-        for &(id, q) in &cands {
-            cum += q;
-            if u < cum {
-                return Ok(id);
-            }
-        }
-        Ok(cands[cands.len() - 1].0)
+        self.draw(&cands)
     }
 }

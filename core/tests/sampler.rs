@@ -93,3 +93,46 @@ fn bad_settings_and_logits_are_errors() {
         .sample(&[f32::NEG_INFINITY; 3], &[])
         .is_err());
 }
+
+/// A device ranks the top k and the host draws from them: the same ids as drawing from
+/// the whole row, seed for seed, with and without top-p, penalty applied before ranking.
+#[test]
+fn drawing_from_ranked_candidates_equals_drawing_from_the_row() {
+    let mut rng = rusting_brain_core::Rng::new(21);
+    for (k, p, t) in [
+        (1usize, None, 0.7f32),
+        (5, None, 1.0),
+        (40, Some(0.9f32), 0.8),
+        (3, Some(0.5), 1.3),
+        (64, None, 0.0),
+    ] {
+        let make = || {
+            let s = Sampler::temperature(t, Some(99)).top_k(k).repetition_penalty(1.2);
+            match p {
+                Some(p) => s.top_p(p),
+                None => s,
+            }
+        };
+        let (mut whole, mut ranked) = (make(), make());
+        for step in 0..200 {
+            let mut logits = rng.normal_vec(300, 2.0);
+            logits[7] = f32::NEG_INFINITY;
+            logits[11] = logits[12]; // a tie: the lower id ranks first
+            let context = [3u32, 12, 299, 3];
+            let want = whole.sample(&logits, &context).unwrap();
+            let pen = ranked.penalized(&logits, &context);
+            let mut order: Vec<u32> = (0..300)
+                .filter(|&i| pen[i as usize] > f32::NEG_INFINITY)
+                .collect();
+            order.sort_by(|&a, &b| pen[b as usize].total_cmp(&pen[a as usize]).then(a.cmp(&b)));
+            let top: Vec<(u32, f32)> = order.iter().take(k).map(|&i| (i, pen[i as usize])).collect();
+            assert_eq!(
+                ranked.sample_ranked(&top).unwrap(),
+                want,
+                "k {k} p {p:?} t {t} step {step}"
+            );
+        }
+    }
+    assert!(Sampler::greedy().sample_ranked(&[(1, f32::NAN)]).is_err());
+    assert!(Sampler::greedy().sample_ranked(&[]).is_err());
+}

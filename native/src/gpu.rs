@@ -13,7 +13,11 @@ use rusting_brain_core::models::transformer::{Swiglu, TransformerConfig, Transfo
 use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::ops::q8::packed_cols;
 use rusting_brain_core::CoreError;
-use rusting_brain_shaders::{rope_table, Batch, DispatchCache, Gpu, GpuBuffer, GpuOptions, ShaderError};
+use rusting_brain_core::Sampler;
+use rusting_brain_shaders::{
+    block_on, context_ids, rope_table, Batch, DispatchCache, Gpu, GpuBuffer, GpuOptions, ShaderError,
+    NAN_ROW, NO_ID,
+};
 
 use crate::cpu::CpuBackend;
 use crate::{NetworkError, Result};
@@ -143,7 +147,18 @@ pub(crate) struct GpuLm {
     best: GpuBuffer,
     /// Bind groups and uniforms of the forward pass, reused from one token to the next.
     cache: DispatchCache,
+    /// The sampler's buffers: penalized logits, the context's ids, the top-k ranking and
+    /// its scratch copy, and their own dispatch cache.
+    penalized: GpuBuffer,
+    context: GpuBuffer,
+    top_ids: GpuBuffer,
+    top_vals: GpuBuffer,
+    top_scratch: GpuBuffer,
+    sample_cache: DispatchCache,
 }
+
+/// The largest top-k ranked on the device; a larger k reads the logits back.
+const DEVICE_TOP_K: usize = 256;
 
 /// Key/value caches of one sequence on the device: `max_seq_len` positions per layer,
 /// allocated once.
@@ -237,6 +252,12 @@ impl GpuLm {
             best: gpu.zeros("best", 1)?,
             acts: None,
             cache: DispatchCache::default(),
+            penalized: gpu.zeros("penalized logits", c.vocab_size)?,
+            context: gpu.zeros("context ids", 256)?,
+            top_ids: gpu.zeros("top ids", DEVICE_TOP_K)?,
+            top_vals: gpu.zeros("top values", DEVICE_TOP_K)?,
+            top_scratch: gpu.zeros("top-k scratch", c.vocab_size)?,
+            sample_cache: DispatchCache::default(),
             layers,
             embed,
             cfg: c.clone(),
@@ -457,7 +478,6 @@ impl GpuLm {
         b.copy(&self.last, 0, &a.h, (r - 1) * d, d)?;
         // Only the last position's logits, through the tied int8 embedding.
         linear(&mut b, &self.logits, &self.last, &self.embed, 1, 0.0)?;
-        b.argmax(&self.best, &self.logits, 1, c.vocab_size)?;
         b.submit()?;
         cache.len += r;
         Ok(())
@@ -468,9 +488,78 @@ impl GpuLm {
         Ok(self.gpu.read_blocking(&self.logits)?)
     }
 
-    /// The greedy id after the last forward pass: 4 bytes read back.
-    pub(crate) fn argmax(&self) -> Result<u32> {
-        let id = self.gpu.read_u32_blocking(&self.best)?;
-        Ok(id[0])
+    /// The next id from the last forward pass's logits, drawn as `sampler.sample` would
+    /// draw it from them: greedy (with or without a repetition penalty) is an argmax on the
+    /// device and reads back 4 bytes; temperature sampling with `top_k` up to 256 ranks the
+    /// top k on the device and reads back those k pairs, the f64 draw then runs on the host
+    /// (`Sampler::sample_ranked`), so the ids are the CPU's for the same seed; without
+    /// `top_k` the logits come back and the core sampler draws from the whole row.
+    pub(crate) fn draw(&mut self, sampler: &mut Sampler, context: &[u32]) -> Result<u32> {
+        sampler.validate()?;
+        let vocab = self.cfg.vocab_size;
+        let k = match (sampler.temperature == 0.0, sampler.top_k) {
+            (true, _) => None,
+            (false, Some(k)) if k <= DEVICE_TOP_K => Some(k.min(vocab)),
+            (false, _) => return Ok(sampler.sample(&self.logits()?, context)?),
+        };
+        let ids = if sampler.repetition_penalty != 1.0 {
+            context_ids(context, vocab)
+        } else {
+            Vec::new()
+        };
+        if ids.len() > self.context.len() {
+            self.context = self.gpu.zeros("context ids", ids.len().next_power_of_two())?;
+        }
+        self.gpu.write_u32(&self.context, 0, &ids)?;
+        let mut b = self.gpu.batch_cached(&mut self.sample_cache);
+        b.copy(&self.penalized, 0, &self.logits, 0, vocab)?;
+        b.penalize(
+            &self.penalized,
+            &self.context,
+            ids.len(),
+            sampler.repetition_penalty,
+        )?;
+        match k {
+            None => b.argmax(&self.best, &self.penalized, 1, vocab)?,
+            Some(k) => b.topk(
+                &self.top_ids,
+                &self.top_vals,
+                &self.top_scratch,
+                &self.penalized,
+                vocab,
+                k,
+            )?,
+        }
+        b.submit()?;
+        let nan = || -> NetworkError {
+            CoreError::NonFinite {
+                op: "sampler",
+                value: f64::NAN,
+            }
+            .into()
+        };
+        match k {
+            None => {
+                let id = self.gpu.read_u32_blocking(&self.best)?[0];
+                if id == NAN_ROW {
+                    return Err(nan());
+                }
+                Ok(id)
+            }
+            Some(k) => {
+                let ids = block_on(self.gpu.read_u32(&self.top_ids, 0, k))?;
+                let vals = block_on(self.gpu.read(&self.top_vals))?;
+                if ids.contains(&NAN_ROW) {
+                    return Err(nan());
+                }
+                let ranked: Vec<(u32, f32)> = ids
+                    .iter()
+                    .zip(&vals)
+                    .take_while(|(id, _)| **id != NO_ID)
+                    .map(|(&id, &v)| (id, v))
+                    .collect();
+                Ok(sampler.sample_ranked(&ranked)?)
+            }
+        }
     }
 }

@@ -559,19 +559,12 @@ impl TransformerLm {
             Pending::Host(logits) => Ok(sampler.sample(logits, context)?),
             #[cfg(feature = "gpu")]
             Pending::Device => {
-                let LmEngine::Gpu(_, g) = &self.engine else {
+                let LmEngine::Gpu(_, g) = &mut self.engine else {
                     return Err(NetworkError::InvalidInput(
                         "the model left the GPU during decoding".into(),
                     ));
                 };
-                // The device's argmax is the greedy draw only without a penalty (which
-                // changes the logits first); anything else samples the logits on the host.
-                if sampler.temperature == 0.0 && sampler.repetition_penalty == 1.0 {
-                    sampler.sample(&[0.0], &[])?; // validates the sampler as the host path does
-                    g.argmax()
-                } else {
-                    Ok(sampler.sample(&g.logits()?, context)?)
-                }
+                g.draw(sampler, context)
             }
         }
     }

@@ -21,7 +21,9 @@ pub use backend::WgpuBackend;
 #[cfg(not(target_arch = "wasm32"))]
 pub use gpu::block_on;
 pub use gpu::{Gpu, GpuBuffer, GpuOptions};
-pub use ops::{check_ids, rope_table, AttentionScratch, Batch, DenseOp, DispatchCache};
+pub use ops::{
+    check_ids, context_ids, rope_table, AttentionScratch, Batch, DenseOp, DispatchCache, NAN_ROW, NO_ID,
+};
 pub use wgpu;
 
 /// What can go wrong on the GPU; every message says what to change.
@@ -61,10 +63,12 @@ pub(crate) enum Kernel {
     MoeRoute,
     Q8Expert,
     MoeCombine,
+    Penalize,
+    TopK,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 15] = [
+    pub(crate) const ALL: [Kernel; 17] = [
         Kernel::RmsNorm,
         Kernel::Q8Quantize,
         Kernel::Q8Matmul,
@@ -80,6 +84,8 @@ impl Kernel {
         Kernel::MoeRoute,
         Kernel::Q8Expert,
         Kernel::MoeCombine,
+        Kernel::Penalize,
+        Kernel::TopK,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -99,6 +105,8 @@ impl Kernel {
             Kernel::MoeRoute => "moe_route",
             Kernel::Q8Expert => "q8_expert",
             Kernel::MoeCombine => "moe_combine",
+            Kernel::Penalize => "penalize",
+            Kernel::TopK => "topk",
         }
     }
 
@@ -119,6 +127,8 @@ impl Kernel {
             Kernel::MoeRoute => include_str!("wgsl/moe_route.wgsl"),
             Kernel::Q8Expert => include_str!("wgsl/q8_expert.wgsl"),
             Kernel::MoeCombine => include_str!("wgsl/moe_combine.wgsl"),
+            Kernel::Penalize => include_str!("wgsl/penalize.wgsl"),
+            Kernel::TopK => include_str!("wgsl/topk.wgsl"),
         }
     }
 

@@ -453,3 +453,80 @@ fn moe_routing_expert_products_and_combine_match_reference() {
     let (e1, w1) = (g.zeros("e", 2).unwrap(), g.zeros("w", 2).unwrap());
     assert!(g.batch().moe_route(&e1, &w1, &big, 1, 300, 2, false).is_err());
 }
+
+#[test]
+fn penalty_and_top_k_ranking_match_the_core_sampler() {
+    use rusting_brain_core::Sampler;
+    use rusting_brain_shaders::{context_ids, NAN_ROW, NO_ID};
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(8);
+    for (cols, k) in [
+        (1usize, 1usize),
+        (7, 3),
+        (33, 33),
+        (127, 40),
+        (1000, 64),
+        (5000, 7),
+    ] {
+        let mut logits = randn(&mut rng, cols, 2.0);
+        if cols > 10 {
+            logits[3] = f32::NEG_INFINITY;
+            logits[9] = logits[4]; // a tie: 4 ranks before 9
+        }
+        let context: Vec<u32> = (0..20).map(|i| (i * 7 % (cols + 3)) as u32).collect();
+        let sampler = Sampler::greedy().repetition_penalty(1.7);
+        let want_pen = sampler.penalized(&logits, &context);
+        let ids = context_ids(&context, cols);
+        let (gl, gi) = (
+            g.upload("logits", &logits).unwrap(),
+            g.upload_u32("ids", &ids.clone().max(vec![0])).unwrap(),
+        );
+        let (tid, tval, scratch) = (
+            g.upload_u32("top ids", &vec![7; k]).unwrap(),
+            poisoned(&g, k),
+            g.zeros("scratch", cols).unwrap(),
+        );
+        let best = g.upload_u32("best", &[7]).unwrap();
+        let mut b = g.batch();
+        b.penalize(&gl, &gi, ids.len(), 1.7).unwrap();
+        b.topk(&tid, &tval, &scratch, &gl, cols, k).unwrap();
+        b.argmax(&best, &gl, 1, cols).unwrap();
+        b.submit().unwrap();
+        assert_eq!(g.read_blocking(&gl).unwrap(), want_pen, "penalty ({cols})");
+        let mut order: Vec<u32> = (0..cols as u32)
+            .filter(|&i| want_pen[i as usize] > f32::NEG_INFINITY)
+            .collect();
+        order.sort_by(|&a, &b| {
+            want_pen[b as usize]
+                .total_cmp(&want_pen[a as usize])
+                .then(a.cmp(&b))
+        });
+        let got_ids = g.read_u32_blocking(&tid).unwrap();
+        let got_vals = g.read_blocking(&tval).unwrap();
+        for s in 0..k {
+            match order.get(s) {
+                Some(&id) => {
+                    assert_eq!(got_ids[s], id, "rank {s} of ({cols}, {k})");
+                    assert_eq!(got_vals[s], want_pen[id as usize]);
+                }
+                None => assert_eq!(got_ids[s], NO_ID, "rank {s} of ({cols}, {k}) is empty"),
+            }
+        }
+        let greedy = Sampler::greedy().sample(&want_pen, &[]).unwrap();
+        assert_eq!(g.read_u32_blocking(&best).unwrap(), vec![greedy]);
+    }
+    // A NaN logit is reported, not ranked.
+    let gl = g.upload("logits", &[1.0, f32::NAN, 0.5]).unwrap();
+    let (tid, tval, scratch, best) = (
+        g.zeros("ids", 2).unwrap(),
+        g.zeros("vals", 2).unwrap(),
+        g.zeros("scratch", 3).unwrap(),
+        g.zeros("best", 1).unwrap(),
+    );
+    let mut b = g.batch();
+    b.topk(&tid, &tval, &scratch, &gl, 3, 2).unwrap();
+    b.argmax(&best, &gl, 1, 3).unwrap();
+    b.submit().unwrap();
+    assert_eq!(g.read_u32_blocking(&tid).unwrap(), vec![NAN_ROW; 2]);
+    assert_eq!(g.read_u32_blocking(&best).unwrap(), vec![NAN_ROW]);
+}

@@ -146,17 +146,30 @@ fn decoder_turns_and_a_seeded_sampled_run_match_the_cpu() {
     assert_eq!(a.1, b.1);
     assert!(rel(&b.2, &a.2) < 2e-3);
 
-    // Temperature, top-k, top-p and a repetition penalty: the logits come back from the
-    // device and the core sampler draws, so the same seed gives the same ids.
-    let sampler = || {
-        Sampler::temperature(0.9, Some(11))
-            .top_k(20)
-            .top_p(0.95)
-            .repetition_penalty(1.1)
-    };
-    let want = cpu.generate(&[5, 28], 40, &mut sampler()).unwrap();
-    let got = gpu.generate(&[5, 28], 40, &mut sampler()).unwrap();
-    assert_eq!(got, want);
+    // Every way of drawing: greedy with a penalty (argmax on the device), temperature with
+    // top-k (ranked on the device, drawn on the host in f64), with top-p and a penalty on
+    // top, and without top-k (the whole row comes back). Same seed, same ids.
+    let samplers: [fn() -> Sampler; 5] = [
+        || Sampler::greedy().repetition_penalty(1.3),
+        || Sampler::temperature(0.9, Some(11)).top_k(20),
+        || {
+            Sampler::temperature(0.9, Some(11))
+                .top_k(20)
+                .top_p(0.95)
+                .repetition_penalty(1.1)
+        },
+        || Sampler::temperature(1.2, Some(5)).top_k(64).top_p(0.8),
+        || {
+            Sampler::temperature(0.7, Some(3))
+                .top_p(0.9)
+                .repetition_penalty(0.8)
+        },
+    ];
+    for (i, sampler) in samplers.iter().enumerate() {
+        let want = cpu.generate(&[5, 28], 40, &mut sampler()).unwrap();
+        let got = gpu.generate(&[5, 28], 40, &mut sampler()).unwrap();
+        assert_eq!(got, want, "sampler {i}");
+    }
 }
 
 #[test]
