@@ -105,7 +105,19 @@ impl Backend for WgpuBackend {
         self.gpu.upload("buffer", data).map_err(device)
     }
     fn download(&self, buf: &GpuBuffer) -> Result<Vec<f32>> {
-        self.gpu.read_blocking(buf).map_err(device)
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.gpu.read_blocking(buf).map_err(device)
+        }
+        // The browser must never block: a page reads buffers with the async `Gpu::read`.
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = buf;
+            Err(CoreError::Device {
+                backend: "wgpu",
+                message: "a blocking read-back is not possible in the browser; use Gpu::read".into(),
+            })
+        }
     }
     fn write(&self, dst: &mut GpuBuffer, data: &[f32]) -> Result<()> {
         rusting_brain_core::error::check_len("write", "data", data.len(), dst.len())?;
