@@ -20,6 +20,9 @@ pub struct GpuOptions {
     /// offers). Smaller values act like a smaller adapter: tests use it to exercise
     /// splitting, and a page can use it to stay within what every browser grants.
     pub max_binding: Option<u64>,
+    /// Never use subgroup operations, even where the adapter has them (the reductions
+    /// then go through workgroup memory, as in a browser): tests cover both paths with it.
+    pub no_subgroups: bool,
 }
 
 /// A buffer on the device: `len` 4-byte words (f32 values, or int8 packed four to a u32).
@@ -46,7 +49,10 @@ pub struct Gpu {
     pub(crate) queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
-    pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
+    /// One per kernel; `None` for subgroup kernels on adapters without subgroups.
+    pub(crate) pipelines: Vec<Option<wgpu::ComputePipeline>>,
+    /// Whether the subgroup variants are in use.
+    pub(crate) subgroups: bool,
     /// Errors the device reported outside any scope (validation, out of memory, lost).
     errors: Arc<Mutex<Vec<String>>>,
     /// One-word buffers bound where a kernel's layout has a slot an op does not use.
@@ -92,10 +98,18 @@ impl Gpu {
         if let Some(cap) = options.max_binding {
             limits.max_storage_buffer_binding_size = cap.min(limits.max_storage_buffer_binding_size);
         }
+        // Subgroups where the adapter has them (natively; wgpu's browser backend does not
+        // offer them yet), unless the caller asked for the portable path.
+        let subgroups = !options.no_subgroups && adapter.features().contains(wgpu::Features::SUBGROUP);
+        let features = if subgroups {
+            wgpu::Features::SUBGROUP
+        } else {
+            wgpu::Features::empty()
+        };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("rusting_brain"),
-                required_features: wgpu::Features::empty(),
+                required_features: features,
                 required_limits: requested,
                 ..Default::default()
             })
@@ -110,18 +124,21 @@ impl Gpu {
         let pipelines = Kernel::ALL
             .iter()
             .map(|k| {
+                if k.needs_subgroups() && !subgroups {
+                    return None;
+                }
                 let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(k.name()),
                     source: wgpu::ShaderSource::Wgsl(k.source().into()),
                 });
-                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                Some(device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(k.name()),
                     layout: None,
                     module: &module,
                     entry_point: Some("main"),
                     compilation_options: Default::default(),
                     cache: None,
-                })
+                }))
             })
             .collect();
         if let Some(e) = scope.pop().await {
@@ -144,6 +161,7 @@ impl Gpu {
             info,
             limits,
             pipelines,
+            subgroups,
             errors,
         })
     }
@@ -157,6 +175,11 @@ impl Gpu {
     /// The adapter: name, backend, device type.
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
         &self.info
+    }
+
+    /// Whether reductions use the adapter's subgroup operations.
+    pub fn uses_subgroups(&self) -> bool {
+        self.subgroups
     }
 
     /// The largest buffer one binding may cover, in bytes.

@@ -23,6 +23,7 @@ pub use gpu::block_on;
 pub use gpu::{Gpu, GpuBuffer, GpuOptions};
 pub use ops::{
     check_ids, context_ids, rope_table, AttentionScratch, Batch, DenseOp, DispatchCache, NAN_ROW, NO_ID,
+    TILED_ROWS,
 };
 pub use wgpu;
 
@@ -65,10 +66,13 @@ pub(crate) enum Kernel {
     MoeCombine,
     Penalize,
     TopK,
+    Q8MatmulTiled,
+    RmsNormSg,
+    Q8QuantizeSg,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 17] = [
+    pub(crate) const ALL: [Kernel; 20] = [
         Kernel::RmsNorm,
         Kernel::Q8Quantize,
         Kernel::Q8Matmul,
@@ -86,7 +90,16 @@ impl Kernel {
         Kernel::MoeCombine,
         Kernel::Penalize,
         Kernel::TopK,
+        Kernel::Q8MatmulTiled,
+        Kernel::RmsNormSg,
+        Kernel::Q8QuantizeSg,
     ];
+
+    /// Whether the kernel uses subgroup operations (built only on adapters that have them;
+    /// each has a workgroup-reduction twin used everywhere else).
+    pub(crate) fn needs_subgroups(self) -> bool {
+        matches!(self, Kernel::RmsNormSg | Kernel::Q8QuantizeSg)
+    }
 
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -107,6 +120,9 @@ impl Kernel {
             Kernel::MoeCombine => "moe_combine",
             Kernel::Penalize => "penalize",
             Kernel::TopK => "topk",
+            Kernel::Q8MatmulTiled => "q8_matmul_tiled",
+            Kernel::RmsNormSg => "rmsnorm_sg",
+            Kernel::Q8QuantizeSg => "q8_quantize_sg",
         }
     }
 
@@ -129,16 +145,22 @@ impl Kernel {
             Kernel::MoeCombine => include_str!("wgsl/moe_combine.wgsl"),
             Kernel::Penalize => include_str!("wgsl/penalize.wgsl"),
             Kernel::TopK => include_str!("wgsl/topk.wgsl"),
+            Kernel::Q8MatmulTiled => include_str!("wgsl/q8_matmul_tiled.wgsl"),
+            Kernel::RmsNormSg => include_str!("wgsl/rmsnorm_sg.wgsl"),
+            Kernel::Q8QuantizeSg => include_str!("wgsl/q8_quantize_sg.wgsl"),
         }
     }
 
-    /// Every kernel's name and WGSL source (for validation with naga, or inspection).
-    pub fn sources() -> impl Iterator<Item = (&'static str, &'static str)> {
-        Kernel::ALL.iter().map(|k| (k.name(), k.source()))
+    /// Every kernel's name, WGSL source and whether it needs subgroups (for validation
+    /// with naga, or inspection).
+    pub fn sources() -> impl Iterator<Item = (&'static str, &'static str, bool)> {
+        Kernel::ALL
+            .iter()
+            .map(|k| (k.name(), k.source(), k.needs_subgroups()))
     }
 }
 
-/// Every kernel's name and WGSL source.
-pub fn sources() -> impl Iterator<Item = (&'static str, &'static str)> {
+/// Every kernel's name, WGSL source, and whether it needs the adapter's subgroups.
+pub fn sources() -> impl Iterator<Item = (&'static str, &'static str, bool)> {
     Kernel::sources()
 }

@@ -7,6 +7,10 @@ use rusting_brain_core::ops::rope::RopeSpec;
 
 use crate::{Gpu, GpuBuffer, Kernel, ShaderError};
 
+/// Rows from which the int8 product takes the register-tiled kernel (a prefill); below,
+/// one invocation per output reads each weight once, which is all a decode step needs.
+pub const TILED_ROWS: usize = 8;
+
 /// Workgroups one grid dimension may hold (WebGPU's minimum limit).
 const MAX_GROUPS: usize = 65_535;
 /// Invocations per workgroup in every kernel.
@@ -66,6 +70,16 @@ fn need(op: &str, name: &str, buf: &GpuBuffer, words: usize) -> Result<(), Shade
     Ok(())
 }
 
+/// A 2-D grid, each side within the per-dimension limit.
+fn grid2(x: usize, y: usize) -> Result<(u32, u32), ShaderError> {
+    if x > MAX_GROUPS || y > MAX_GROUPS {
+        return Err(ShaderError::Invalid(format!(
+            "a {x} x {y} grid of workgroups is over the limit of {MAX_GROUPS}"
+        )));
+    }
+    Ok((x as u32, y as u32))
+}
+
 /// A grid of `groups` workgroups as (x, y) within the per-dimension limit.
 fn grid(groups: usize) -> (u32, u32) {
     let x = groups.clamp(1, MAX_GROUPS);
@@ -98,7 +112,15 @@ impl Batch<'_> {
     }
 
     fn dispatch3(&mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32, u32)) {
-        let pipeline = &self.gpu.pipelines[kernel as usize];
+        // The subgroup twin where the device has subgroups.
+        let kernel = match kernel {
+            Kernel::RmsNorm if self.gpu.subgroups => Kernel::RmsNormSg,
+            Kernel::Q8Quantize if self.gpu.subgroups => Kernel::Q8QuantizeSg,
+            k => k,
+        };
+        let Some(pipeline) = &self.gpu.pipelines[kernel as usize] else {
+            unreachable!("only subgroup kernels are missing, and only where they are not picked")
+        };
         let mut padded = params.to_vec();
         padded.resize(params.len().div_ceil(4).max(1) * 4, 0);
         let make = |gpu: &Gpu| {
@@ -283,12 +305,18 @@ impl Batch<'_> {
             u(out_n, "out_n")?,
             u(j0, "j0")?,
         ];
-        self.dispatch(
-            Kernel::Q8Matmul,
-            &p,
-            &[xq, xs, w, ws, out],
-            (n.div_ceil(WG) as u32, m as u32),
-        );
+        if m >= TILED_ROWS {
+            // Prefill: 32 x 32 register tiles, each loaded word used 32 times.
+            let groups = grid2(n.div_ceil(32), m.div_ceil(32))?;
+            self.dispatch(Kernel::Q8MatmulTiled, &p, &[xq, xs, w, ws, out], groups);
+        } else {
+            self.dispatch(
+                Kernel::Q8Matmul,
+                &p,
+                &[xq, xs, w, ws, out],
+                (n.div_ceil(WG) as u32, m as u32),
+            );
+        }
         Ok(())
     }
 

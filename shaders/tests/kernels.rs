@@ -23,16 +23,33 @@ use rusting_brain_core::Rng;
 use rusting_brain_shaders::{rope_table, Gpu, GpuBuffer, GpuOptions, ShaderError};
 
 fn gpu() -> Option<Gpu> {
+    gpu_with(false)
+}
+
+/// The software adapter; `no_subgroups` forces the workgroup-reduction kernels.
+fn gpu_with(no_subgroups: bool) -> Option<Gpu> {
     match Gpu::new_blocking(&GpuOptions {
         software: true,
+        no_subgroups,
         ..Default::default()
     }) {
         Ok(g) => {
             let info = g.adapter_info();
             eprintln!(
-                "adapter: {} ({:?}, {})",
-                info.name, info.backend, info.driver_info
+                "adapter: {} ({:?}, {}), subgroups {}",
+                info.name,
+                info.backend,
+                info.driver_info,
+                g.uses_subgroups()
             );
+            // Where the adapter offers subgroups, the default path must use them, so the
+            // subgroup kernels are what the first pass of each test measures.
+            if !no_subgroups && std::env::var("RB_EXPECT_SUBGROUPS").as_deref() == Ok("1") {
+                assert!(
+                    g.uses_subgroups(),
+                    "RB_EXPECT_SUBGROUPS=1 but the device has none"
+                );
+            }
             Some(g)
         }
         Err(e @ ShaderError::NoAdapter(_)) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
@@ -72,21 +89,30 @@ const ROWS: [usize; 6] = [1, 3, 7, 33, 127, 1000];
 
 #[test]
 fn every_kernel_passes_naga_validation() {
-    for (name, source) in rusting_brain_shaders::sources() {
+    for (name, source, subgroups) in rusting_brain_shaders::sources() {
         let module = naga::front::wgsl::parse_str(source)
             .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
-        naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::empty(),
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        // Only the subgroup variants may use subgroups: the rest must pass without.
+        let caps = if subgroups {
+            naga::valid::Capabilities::SUBGROUP
+        } else {
+            naga::valid::Capabilities::empty()
+        };
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
     }
 }
 
 #[test]
 fn rmsnorm_matches_reference() {
-    let Some(g) = gpu() else { return };
+    for no_subgroups in [false, true] {
+        rmsnorm_on(no_subgroups);
+    }
+}
+
+fn rmsnorm_on(no_subgroups: bool) {
+    let Some(g) = gpu_with(no_subgroups) else { return };
     let mut rng = Rng::new(1);
     let mut worst = 0.0f32;
     for (rows, dim) in ROWS.iter().zip([1usize, 7, 64, 33, 300, 129]) {
@@ -108,7 +134,13 @@ fn rmsnorm_matches_reference() {
 
 #[test]
 fn q8_quantize_and_matmul_match_reference_exactly() {
-    let Some(g) = gpu() else { return };
+    for no_subgroups in [false, true] {
+        q8_on(no_subgroups);
+    }
+}
+
+fn q8_on(no_subgroups: bool) {
+    let Some(g) = gpu_with(no_subgroups) else { return };
     let mut rng = Rng::new(2);
     // (m, n, k): k not a multiple of 4 or of the workgroup; n up to 1000.
     for (m, (n, k)) in ROWS
@@ -529,4 +561,55 @@ fn penalty_and_top_k_ranking_match_the_core_sampler() {
     b.submit().unwrap();
     assert_eq!(g.read_u32_blocking(&tid).unwrap(), vec![NAN_ROW; 2]);
     assert_eq!(g.read_u32_blocking(&best).unwrap(), vec![NAN_ROW]);
+}
+
+/// The register-tiled int8 product (prefill, `TILED_ROWS` rows and up) against the
+/// reference, bit for bit, on shapes off its 32 x 32 tile and 32-value depth step, and into
+/// a column window of a wider output with beta.
+#[test]
+fn tiled_q8_matmul_matches_reference_exactly() {
+    use rusting_brain_shaders::TILED_ROWS;
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(9);
+    for (m, n, k) in [
+        (TILED_ROWS, 1usize, 1usize),
+        (33, 127, 130),
+        (127, 33, 7),
+        (64, 64, 256),
+        (1000, 3, 65),
+        (9, 70, 33),
+    ] {
+        let x = randn(&mut rng, m * k, 1.5);
+        let w = randn(&mut rng, n * k, 0.3);
+        let (packed, scales) = quantize_rows(&w, n, k).unwrap();
+        let base = randn(&mut rng, m * (n + 5), 1.0);
+        // Columns 2..2 + n of rows of n + 5, beta 0.5.
+        let mut want = base.clone();
+        let mut part = vec![0.0; m * n];
+        q8_matmul(&mut part, &x, &packed, &scales, m, n, k, 0.0).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let o = i * (n + 5) + 2 + j;
+                want[o] = part[i * n + j] + 0.5 * base[o];
+            }
+        }
+        let pc = packed_cols(k);
+        let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), g.zeros("xs", m).unwrap());
+        let gx = g.upload("x", &x).unwrap();
+        let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
+        let go = g.upload("out", &base).unwrap();
+        let mut b = g.batch();
+        b.q8_quantize(&gxq, &gxs, &gx, m, k).unwrap();
+        b.q8_matmul_cols(&go, (n + 5, 2), &gxq, &gxs, &gw, &gws, m, n, k, 0.5)
+            .unwrap();
+        b.submit().unwrap();
+        let got = g.read_blocking(&go).unwrap();
+        for (i, (a, e)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                e.to_bits(),
+                "({m}, {n}, {k}) element {i}: {a} vs {e}"
+            );
+        }
+    }
 }

@@ -1,0 +1,69 @@
+// The int8 product for many rows at once (prefill): out (m x n) = xq . W^T (+ beta * out),
+// 32 x 32 outputs a workgroup, 4 x 4 in each invocation's registers. The packed int8 words
+// of a 32-row strip of activations and of weights go through workgroup memory 8 words (32
+// values) at a time, so each word read from memory feeds 32 dot4I8Packed instead of one.
+// The i32 sums are exact whatever the order, so the result is bit-identical to
+// q8_matmul.wgsl and to the CPU. Columns j0.. of rows of out_n, as q8_matmul.wgsl.
+// Twin of rusting_brain_core::ops::q8::q8_matmul.
+struct Params { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, pad0: u32, pad1: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> xq: array<u32>;
+@group(0) @binding(2) var<storage, read> xs: array<f32>;
+@group(0) @binding(3) var<storage, read> w: array<u32>;
+@group(0) @binding(4) var<storage, read> ws: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+const TILE: u32 = 32u;
+const TK: u32 = 8u;
+var<workgroup> xt: array<u32, 256>; // TILE rows x TK words
+var<workgroup> wt: array<u32, 256>;
+
+@compute @workgroup_size(8, 8)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+    let i0 = wid.y * TILE;
+    let j0 = wid.x * TILE;
+    var acc: array<array<i32, 4>, 4>;
+    for (var a = 0u; a < 4u; a++) { for (var b = 0u; b < 4u; b++) { acc[a][b] = 0; } }
+    for (var s0 = 0u; s0 < p.packed_cols; s0 += TK) {
+        // 64 invocations load the two 256-word tiles, four words each; words past the
+        // matrix (rows or packed columns) read as 0, which adds nothing.
+        for (var e = t; e < TILE * TK; e += 64u) {
+            let r = e / TK;
+            let c = s0 + e % TK;
+            var xv = 0u;
+            if (i0 + r < p.m && c < p.packed_cols) { xv = xq[(i0 + r) * p.packed_cols + c]; }
+            xt[e] = xv;
+            var wv = 0u;
+            if (j0 + r < p.n && c < p.packed_cols) { wv = w[(j0 + r) * p.packed_cols + c]; }
+            wt[e] = wv;
+        }
+        workgroupBarrier();
+        for (var c = 0u; c < TK; c++) {
+            var xr: array<u32, 4>;
+            var wr: array<u32, 4>;
+            for (var a = 0u; a < 4u; a++) {
+                xr[a] = xt[(lid.y * 4u + a) * TK + c];
+                wr[a] = wt[(lid.x * 4u + a) * TK + c];
+            }
+            for (var a = 0u; a < 4u; a++) {
+                for (var b = 0u; b < 4u; b++) {
+                    acc[a][b] += dot4I8Packed(xr[a], wr[b]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var a = 0u; a < 4u; a++) {
+        let i = i0 + lid.y * 4u + a;
+        if (i >= p.m) { continue; }
+        for (var b = 0u; b < 4u; b++) {
+            let j = j0 + lid.x * 4u + b;
+            if (j >= p.n) { continue; }
+            let v = f32(acc[a][b]) * xs[i] * ws[j];
+            let o = i * p.out_n + p.j0 + j;
+            if (p.beta == 0.0) { out[o] = v; } else { out[o] = v + p.beta * out[o]; }
+        }
+    }
+}
