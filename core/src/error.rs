@@ -40,6 +40,10 @@ pub enum CoreError {
     /// A loss came out NaN or infinite; the inputs were not finite or overflowed.
     #[error("{op}: the result is not finite ({value}); check the inputs for NaN/Inf")]
     NonFinite { op: &'static str, value: f64 },
+    /// A checkpoint's bytes are not what they claim to be (`location`: the header, the
+    /// metadata, or a tensor's name).
+    #[error("{location}: {message}")]
+    Checkpoint { location: String, message: String },
     /// A device backend failed (driver, allocation, kernel launch). Never silently recovered.
     #[error("{backend} backend: {message}")]
     Device { backend: &'static str, message: String },

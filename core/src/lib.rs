@@ -24,6 +24,8 @@ extern crate alloc;
 extern crate std;
 
 pub mod backend;
+#[cfg(feature = "checkpoint")]
+pub mod checkpoint;
 pub mod error;
 pub mod models;
 pub mod ops;

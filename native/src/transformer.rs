@@ -244,7 +244,10 @@ enum LmEngine {
     /// An int8 model on a GPU; the host copy stays for the configuration, counts and
     /// saving (int8 weights: a quarter of the f32 size).
     #[cfg(feature = "gpu")]
-    Gpu(Box<TransformerModel<CpuBackend>>, Box<crate::gpu::GpuLm>),
+    Gpu(
+        Box<TransformerModel<CpuBackend>>,
+        Box<rusting_brain_shaders::lm::GpuLm>,
+    ),
 }
 
 /// A decoder-only transformer language model. Build one with [`TransformerLm::builder`].
@@ -347,7 +350,8 @@ impl TransformerLm {
         if let LmEngine::Gpu(..) = self.engine {
             return Ok(());
         }
-        let gpu = crate::gpu::GpuLm::new(self.model(), options)?;
+        let gpu =
+            rusting_brain_shaders::block_on(rusting_brain_shaders::lm::GpuLm::new(self.model(), options))?;
         let placeholder = LmEngine::Cpu(TransformerModel::new(
             CpuBackend::new(),
             self.config().clone(),
@@ -530,7 +534,7 @@ impl TransformerLm {
             #[cfg(feature = "gpu")]
             (LmEngine::Gpu(_, g), CacheEngine::Gpu(c)) => {
                 g.forward(ids, c)?;
-                g.logits()
+                Ok(rusting_brain_shaders::block_on(g.logits())?)
             }
             #[cfg(feature = "gpu")]
             _ => Err(NetworkError::InvalidInput(
@@ -564,7 +568,7 @@ impl TransformerLm {
                         "the model left the GPU during decoding".into(),
                     ));
                 };
-                g.draw(sampler, context)
+                Ok(rusting_brain_shaders::block_on(g.draw(sampler, context))?)
             }
         }
     }
@@ -680,7 +684,7 @@ impl TransformerLm {
 enum CacheEngine {
     Cpu(KvCache<CpuBackend>),
     #[cfg(feature = "gpu")]
-    Gpu(crate::gpu::GpuCache),
+    Gpu(rusting_brain_shaders::lm::GpuCache),
 }
 
 /// Logits a decoder has not drawn from yet: on the host, or still on the device.
@@ -701,7 +705,7 @@ impl KvCaches {
         match &self.inner {
             CacheEngine::Cpu(c) => c.len(),
             #[cfg(feature = "gpu")]
-            CacheEngine::Gpu(c) => c.len,
+            CacheEngine::Gpu(c) => c.len(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -766,7 +770,7 @@ impl Decoder<'_> {
         #[cfg(feature = "gpu")]
         if let Some(Pending::Device) = self.pending {
             if let LmEngine::Gpu(_, g) = &self.model.engine {
-                self.pending = Some(Pending::Host(g.logits()?));
+                self.pending = Some(Pending::Host(rusting_brain_shaders::block_on(g.logits())?));
             }
         }
         Ok(match &self.pending {

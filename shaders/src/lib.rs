@@ -15,6 +15,7 @@
 
 mod backend;
 mod gpu;
+pub mod lm;
 mod ops;
 
 pub use backend::WgpuBackend;

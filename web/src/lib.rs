@@ -1,13 +1,365 @@
-//! `rusting_brain_web`: rusting_brain in the browser.
+//! `rusting_brain_web`: rusting_brain in the browser, the `rusting-brain` npm package.
 //!
-//! This crate becomes the `rusting-brain` npm package: a `cdylib` for
-//! `wasm32-unknown-unknown` with a wasm-bindgen API for loading an int8 language model and
-//! generating text, through WebGPU compute shaders (from `rusting_brain_shaders`) where the
-//! browser has WebGPU and through `rusting_brain_core`'s CPU path where it does not.
+//! An int8 language model (an `.rbw` checkpoint: Q8, or F32 quantized on load) and its
+//! `tokenizer.json`, generating text through WebGPU compute shaders (the
+//! `rusting_brain_shaders` runner, the same kernels as the native `to_gpu`) where the
+//! browser has an adapter, and through `rusting_brain_core`'s reference math compiled to
+//! wasm where it has none. Both run core's model definition and core's sampler, so a seed
+//! gives the same ids in a page (either device) as natively.
 //!
-//! It runs core's model definitions, never a copy of them: everything numeric a browser
-//! and a native build must agree on lives in `rusting_brain_core`, which builds for
-//! wasm32 without `std`. Today the crate re-exports that core; the bindings, the npm
-//! package and the demo page under `www/` arrive with the browser work.
+//! JS errors are `Error`s with a message saying what to change: a bad file, an id outside
+//! the vocabulary, a model too large for the device, a call on a disposed model.
 
+mod engine;
+mod text;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use js_sys::{Function, Object, Reflect, Uint32Array};
+use rusting_brain_core::{CoreError, Sampler};
+use rusting_brain_shaders::ShaderError;
+use wasm_bindgen::prelude::*;
+
+pub use engine::{DeviceChoice, Engine};
 pub use rusting_brain_core as core;
+pub use text::{GenerateOptions, Stream};
+
+/// Everything a call can fail with; each becomes a JS `Error` with this message.
+#[derive(Debug, thiserror::Error)]
+pub enum WebError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("out of memory: {0}; use a smaller model")]
+    OutOfMemory(String),
+    #[error("bad model file: {0}")]
+    File(String),
+    #[error(transparent)]
+    Core(CoreError),
+    #[error("WebGPU: {0}")]
+    Gpu(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("a generation is already running on this model; wait for it or call stop()")]
+    Busy,
+    #[error("this model was disposed; load it again")]
+    Disposed,
+}
+
+impl From<CoreError> for WebError {
+    fn from(e: CoreError) -> Self {
+        match e {
+            CoreError::Checkpoint { location, message } => WebError::File(format!("{location}: {message}")),
+            other => WebError::Core(other),
+        }
+    }
+}
+
+impl From<ShaderError> for WebError {
+    fn from(e: ShaderError) -> Self {
+        match e {
+            ShaderError::Core(c) => c.into(),
+            ShaderError::Invalid(m) => WebError::Invalid(m),
+            other => WebError::Gpu(other.to_string()),
+        }
+    }
+}
+
+fn js_err(e: WebError) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+/// What a `Model` holds between calls. The engine is taken out for the length of a
+/// generation (so a second call finds it busy instead of aliasing it).
+struct State {
+    engine: Option<Engine>,
+    tokenizer: tokenizers::Tokenizer,
+    /// The id that ends a reply (`<|end|>` in the language_model example's vocabulary).
+    end: Option<u32>,
+    busy: bool,
+    stop: bool,
+    disposed: bool,
+}
+
+/// A loaded language model and its conversation.
+#[wasm_bindgen]
+pub struct Model {
+    state: Rc<RefCell<State>>,
+    device: &'static str,
+    reason: String,
+}
+
+/// Milliseconds from a monotonic clock where there is one (`performance.now()`).
+fn now_ms() -> f64 {
+    let perf = Reflect::get(&js_sys::global(), &"performance".into()).ok();
+    perf.and_then(|p| {
+        let now = Reflect::get(&p, &"now".into())
+            .ok()?
+            .dyn_into::<Function>()
+            .ok()?;
+        now.call0(&p).ok()?.as_f64()
+    })
+    .unwrap_or_else(js_sys::Date::now)
+}
+
+/// Lets the event loop run (a macrotask turn, through `setTimeout(0)`), so a worker sees
+/// a stop message between two tokens of the CPU path, which never waits on anything else.
+async fn next_turn() {
+    let promise = js_sys::Promise::new(&mut |resolve, _| {
+        let set_timeout = Reflect::get(&js_sys::global(), &"setTimeout".into())
+            .ok()
+            .and_then(|f| f.dyn_into::<Function>().ok());
+        match set_timeout {
+            Some(f) => {
+                let _ = f.call2(&JsValue::NULL, &resolve, &0.into());
+            }
+            None => {
+                let _ = resolve.call0(&JsValue::NULL);
+            }
+        }
+    });
+    let _ = wasm_bindgen_futures::JsFuture::from(promise).await;
+}
+
+fn set(obj: &Object, key: &str, value: impl Into<JsValue>) {
+    // Setting a property on a fresh plain object cannot fail.
+    let _ = Reflect::set(obj, &key.into(), &value.into());
+}
+
+#[wasm_bindgen]
+impl Model {
+    /// Loads a model from the bytes of an `.rbw` file and the text of its
+    /// `tokenizer.json`. `options.device`: "auto" (default: WebGPU where there is an
+    /// adapter, else the CPU, with the reason in `deviceReason()`), "webgpu" or "cpu".
+    pub async fn load(weights: Vec<u8>, tokenizer_json: String, options: JsValue) -> Result<Model, JsError> {
+        let choice = match text::get_string(&options, "device").map_err(js_err)? {
+            Some(s) => DeviceChoice::parse(&s).map_err(js_err)?,
+            None => DeviceChoice::Auto,
+        };
+        let tokenizer = text::tokenizer(&tokenizer_json).map_err(js_err)?;
+        let engine = Engine::load(&weights, choice).await.map_err(js_err)?;
+        drop(weights);
+        let vocab = engine.config().vocab_size;
+        if tokenizer.get_vocab_size(true) > vocab {
+            return Err(js_err(WebError::Invalid(format!(
+                "the tokenizer has {} tokens but the model's vocabulary is {vocab}: they do not belong together",
+                tokenizer.get_vocab_size(true)
+            ))));
+        }
+        let end = tokenizer.token_to_id("<|end|>");
+        Ok(Model {
+            device: engine.device(),
+            reason: engine.reason().to_string(),
+            state: Rc::new(RefCell::new(State {
+                engine: Some(engine),
+                tokenizer,
+                end,
+                busy: false,
+                stop: false,
+                disposed: false,
+            })),
+        })
+    }
+
+    /// "webgpu" or "cpu".
+    pub fn device(&self) -> String {
+        self.device.to_string()
+    }
+
+    /// Why that device: the WebGPU adapter's name, or why WebGPU was not used.
+    #[wasm_bindgen(js_name = deviceReason)]
+    pub fn device_reason(&self) -> String {
+        self.reason.clone()
+    }
+
+    /// The model's shape: `{vocabSize, dModel, nLayers, maxSeqLen, parameters}`.
+    pub fn info(&self) -> Result<Object, JsError> {
+        let s = self.state.borrow();
+        let e = s.engine.as_ref().ok_or_else(|| js_err(busy_or_disposed(&s)))?;
+        let c = e.config();
+        let o = Object::new();
+        set(&o, "vocabSize", c.vocab_size as f64);
+        set(&o, "dModel", c.d_model as f64);
+        set(&o, "nLayers", c.n_layers as f64);
+        set(&o, "maxSeqLen", c.max_seq_len as f64);
+        set(&o, "parameters", c.parameter_count() as f64);
+        set(&o, "experts", c.moe.as_ref().map_or(0.0, |m| m.n_experts as f64));
+        Ok(o)
+    }
+
+    /// The token ids of `text`.
+    pub fn encode(&self, text: &str) -> Result<Uint32Array, JsError> {
+        let s = self.state.borrow();
+        let ids = text::encode(&s.tokenizer, text).map_err(js_err)?;
+        Ok(Uint32Array::from(&ids[..]))
+    }
+
+    /// The text of `ids`.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, JsError> {
+        let s = self.state.borrow();
+        text::decode(&s.tokenizer, ids).map_err(js_err)
+    }
+
+    /// Generates a continuation of `prompt` from a fresh conversation. `options`:
+    /// `maxTokens` (64), `temperature` (0 = greedy), `topK`, `topP`,
+    /// `repetitionPenalty` (1), `seed` (random when absent), `stopAtEnd` (true: stop
+    /// at `<|end|>`). `onToken(text, id)` is called for each new token with the new text
+    /// (possibly empty while a character's bytes are incomplete); returning `false` stops.
+    /// Resolves to `{text, ids, promptTokens, tokens, firstTokenMs, totalMs,
+    /// tokensPerSecond, device, finish}` (`finish`: "length", "end", "stopped",
+    /// "max_seq_len").
+    pub async fn generate(
+        &self,
+        prompt: String,
+        options: JsValue,
+        on_token: Option<Function>,
+    ) -> Result<Object, JsError> {
+        self.run(prompt, options, on_token, true).await
+    }
+
+    /// `generate`, continuing the conversation: the KV cache keeps every earlier turn.
+    pub async fn chat(
+        &self,
+        text: String,
+        options: JsValue,
+        on_token: Option<Function>,
+    ) -> Result<Object, JsError> {
+        self.run(text, options, on_token, false).await
+    }
+
+    /// Asks a running generation to stop after its current token.
+    pub fn stop(&self) {
+        self.state.borrow_mut().stop = true;
+    }
+
+    /// Forgets the conversation.
+    pub fn reset(&self) -> Result<(), JsError> {
+        let mut s = self.state.borrow_mut();
+        match s.engine.as_mut() {
+            Some(e) => {
+                e.reset();
+                Ok(())
+            }
+            None => Err(js_err(busy_or_disposed(&s))),
+        }
+    }
+
+    /// Frees the model's memory, GPU buffers included, now rather than at garbage
+    /// collection. A running generation stops after its current token and frees it then.
+    pub fn dispose(&self) {
+        let mut s = self.state.borrow_mut();
+        s.disposed = true;
+        s.stop = true;
+        if let Some(e) = s.engine.take() {
+            e.dispose();
+        }
+    }
+
+    async fn run(
+        &self,
+        prompt: String,
+        options: JsValue,
+        on_token: Option<Function>,
+        fresh: bool,
+    ) -> Result<Object, JsError> {
+        let t0 = now_ms();
+        let opts = GenerateOptions::from_js(&options).map_err(js_err)?;
+        let seed = opts
+            .seed
+            .unwrap_or_else(|| (js_sys::Math::random() * 9007199254740991.0) as u64);
+        let mut sampler = opts.sampler(seed).map_err(js_err)?;
+        let (mut engine, ids, tokenizer, end) = {
+            let mut s = self.state.borrow_mut();
+            if s.disposed {
+                return Err(js_err(WebError::Disposed));
+            }
+            if s.busy {
+                return Err(js_err(WebError::Busy));
+            }
+            let ids = text::encode(&s.tokenizer, &prompt).map_err(js_err)?;
+            let engine = s.engine.take().ok_or_else(|| js_err(WebError::Disposed))?;
+            s.busy = true;
+            s.stop = false;
+            (engine, ids, s.tokenizer.clone(), s.end)
+        };
+        if fresh {
+            engine.reset();
+        }
+        let state = self.state.clone();
+        let mut stream = Stream::new(&tokenizer);
+        let mut first_ms = None;
+        let mut callback_error = None;
+        let result = engine
+            .generate(
+                &ids,
+                opts.max_tokens,
+                &mut sampler,
+                opts.stop_at_end.then_some(end).flatten(),
+                |id| {
+                    first_ms.get_or_insert_with(|| now_ms() - t0);
+                    let piece = stream.push(id);
+                    if let Some(f) = &on_token {
+                        match f.call2(&JsValue::NULL, &piece.into(), &id.into()) {
+                            Ok(v) if v == JsValue::FALSE => return false,
+                            Ok(_) => {}
+                            Err(e) => {
+                                callback_error = Some(e);
+                                return false;
+                            }
+                        }
+                    }
+                    !state.borrow().stop
+                },
+                next_turn,
+            )
+            .await;
+        {
+            let mut s = self.state.borrow_mut();
+            s.busy = false;
+            if !s.disposed {
+                s.engine = Some(engine);
+            }
+        }
+        if let Some(e) = callback_error {
+            return Err(JsError::new(&format!(
+                "onToken threw: {}",
+                e.as_string()
+                    .or_else(|| Reflect::get(&e, &"message".into()).ok()?.as_string())
+                    .unwrap_or_else(|| "an exception".into())
+            )));
+        }
+        let out = result.map_err(js_err)?;
+        let total = now_ms() - t0;
+        let o = Object::new();
+        set(&o, "text", stream.text());
+        set(&o, "ids", Uint32Array::from(&out.ids[..]));
+        set(&o, "promptTokens", ids.len() as f64);
+        set(&o, "tokens", out.ids.len() as f64);
+        set(&o, "firstTokenMs", first_ms.unwrap_or(f64::NAN));
+        set(&o, "totalMs", total);
+        let decode_ms = total - first_ms.unwrap_or(total);
+        let rate = if out.ids.len() > 1 && decode_ms > 0.0 {
+            (out.ids.len() - 1) as f64 * 1000.0 / decode_ms
+        } else {
+            f64::NAN
+        };
+        set(&o, "tokensPerSecond", rate);
+        set(&o, "device", self.device);
+        set(&o, "finish", out.finish);
+        Ok(o)
+    }
+}
+
+fn busy_or_disposed(s: &State) -> WebError {
+    if s.disposed {
+        WebError::Disposed
+    } else {
+        WebError::Busy
+    }
+}
+
+/// Used by the tests: samplers from the same options as JS gets.
+#[doc(hidden)]
+pub fn sampler_for(opts: &GenerateOptions, seed: u64) -> Result<Sampler, WebError> {
+    opts.sampler(seed)
+}

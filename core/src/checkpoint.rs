@@ -1,0 +1,309 @@
+//! Reading `.rbw` transformer checkpoints (feature `checkpoint`): safetensors files with the
+//! configuration as JSON in `__metadata__` and tensors under Hugging Face names. The reader
+//! lives here, over any backend, so the native crate (from a file) and the browser (from
+//! fetched bytes) accept and refuse exactly the same files; the writers are the native
+//! crate's (`save_bin`), which owns the file system.
+//!
+//! Nothing is allocated from a header's claims before the safetensors crate has checked
+//! that every tensor's offsets lie inside the bytes and cover them exactly.
+
+use std::collections::HashMap;
+use std::format;
+use std::string::{String, ToString};
+use std::vec;
+use std::vec::Vec;
+
+use safetensors::tensor::{Dtype, SafeTensors};
+use serde_json::{json, Value};
+
+use crate::models::transformer::{
+    MoeConfig, Params, QuantParams, TensorKind, TensorSpec, TransformerConfig, TransformerModel,
+};
+use crate::ops::q8;
+use crate::{Backend, CoreError, Result};
+
+/// `format` in the metadata of a weights file.
+pub const WEIGHTS_FORMAT: &str = "rusting_brain.transformer";
+/// `format` in the metadata of an optimizer-state file.
+pub const OPTIMIZER_FORMAT: &str = "rusting_brain.optimizer";
+/// The file-format version this build writes and reads.
+pub const VERSION: u64 = 1;
+
+fn bad(location: &str, message: impl Into<String>) -> CoreError {
+    CoreError::Checkpoint {
+        location: location.to_string(),
+        message: message.into(),
+    }
+}
+
+/// The configuration as the metadata's `config` JSON.
+pub fn config_json(c: &TransformerConfig) -> Value {
+    let moe = c.moe.as_ref().map(|m| {
+        json!({
+            "n_experts": m.n_experts, "top_k": m.top_k, "layers": m.layers,
+            "shared_expert": m.shared_expert, "expert_d_ff": m.expert_d_ff,
+            "load_balance_coef": m.load_balance_coef, "router_z_coef": m.router_z_coef,
+            "renormalize": m.renormalize,
+        })
+    });
+    json!({
+        "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers,
+        "q_heads": c.q_heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim, "d_ff": c.d_ff,
+        "max_seq_len": c.max_seq_len, "rope_theta": c.rope_theta, "norm_eps": c.norm_eps,
+        "moe": moe,
+    })
+}
+
+fn usize_of(v: &Value, k: &str, what: &str) -> Result<usize, String> {
+    v.get(k)
+        .and_then(Value::as_u64)
+        .and_then(|x| usize::try_from(x).ok())
+        .ok_or(format!("{what} has no integer `{k}`"))
+}
+
+fn f32_of(v: &Value, k: &str, what: &str) -> Result<f32, String> {
+    v.get(k)
+        .and_then(Value::as_f64)
+        .map(|x| x as f32)
+        .ok_or(format!("{what} has no number `{k}`"))
+}
+
+fn bool_of(v: &Value, k: &str, what: &str) -> Result<bool, String> {
+    v.get(k)
+        .and_then(Value::as_bool)
+        .ok_or(format!("{what} has no boolean `{k}`"))
+}
+
+fn moe_from_json(v: &Value) -> Result<MoeConfig, String> {
+    let w = "config.moe";
+    let layers = v
+        .get("layers")
+        .and_then(Value::as_array)
+        .ok_or(format!("{w} has no array `layers`"))?
+        .iter()
+        .map(|l| {
+            l.as_u64()
+                .and_then(|x| usize::try_from(x).ok())
+                .ok_or(format!("{w}.layers holds a non-integer"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(MoeConfig {
+        n_experts: usize_of(v, "n_experts", w)?,
+        top_k: usize_of(v, "top_k", w)?,
+        layers,
+        shared_expert: bool_of(v, "shared_expert", w)?,
+        expert_d_ff: usize_of(v, "expert_d_ff", w)?,
+        load_balance_coef: f32_of(v, "load_balance_coef", w)?,
+        router_z_coef: f32_of(v, "router_z_coef", w)?,
+        renormalize: bool_of(v, "renormalize", w)?,
+    })
+}
+
+/// The configuration from the metadata's `config` JSON (not yet validated).
+pub fn config_from_json(v: &Value) -> Result<TransformerConfig, String> {
+    let u = |k: &str| usize_of(v, k, "config");
+    let f = |k: &str| f32_of(v, k, "config");
+    // Files written before mixture of experts have no `moe` key: dense.
+    let moe = match v.get("moe") {
+        None | Some(Value::Null) => None,
+        Some(m) => Some(moe_from_json(m)?),
+    };
+    Ok(TransformerConfig {
+        vocab_size: u("vocab_size")?,
+        d_model: u("d_model")?,
+        n_layers: u("n_layers")?,
+        q_heads: u("q_heads")?,
+        kv_heads: u("kv_heads")?,
+        head_dim: u("head_dim")?,
+        d_ff: u("d_ff")?,
+        max_seq_len: u("max_seq_len")?,
+        rope_theta: f("rope_theta")?,
+        norm_eps: f("norm_eps")?,
+        moe,
+    })
+}
+
+/// The int8 bytes (rows x cols) of a packed weight.
+pub fn packed_to_i8(packed: &[f32], rows: usize, cols: usize) -> Vec<u8> {
+    let pc = q8::packed_cols(cols);
+    let mut out = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        for c in 0..cols {
+            out.push(q8::q8_at(&packed[r * pc..(r + 1) * pc], c) as u8);
+        }
+    }
+    out
+}
+
+/// Packs int8 bytes (rows x cols) four to an f32 slot.
+pub fn i8_to_packed(bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let pc = q8::packed_cols(cols);
+    let mut out = vec![0.0f32; rows * pc];
+    for r in 0..rows {
+        for s in 0..pc {
+            let mut b4 = [0u8; 4];
+            for (b, byte) in b4.iter_mut().enumerate() {
+                if 4 * s + b < cols {
+                    *byte = bytes[r * cols + 4 * s + b];
+                }
+            }
+            out[r * pc + s] = f32::from_ne_bytes(b4);
+        }
+    }
+    out
+}
+
+/// A checked safetensors file of ours: its tensors and its metadata.
+pub struct Checkpoint<'a> {
+    tensors: SafeTensors<'a>,
+    meta: HashMap<String, String>,
+}
+
+impl<'a> Checkpoint<'a> {
+    /// Parses `bytes` and checks the metadata's `format` and `version`.
+    pub fn parse(bytes: &'a [u8], format: &str) -> Result<Checkpoint<'a>> {
+        // The crate checks the header's length, its JSON, and that every tensor's offsets
+        // lie inside the bytes and cover them exactly, before anything is allocated.
+        let (_, metadata) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| bad("header", format!("not a valid safetensors file: {e}")))?;
+        let tensors = SafeTensors::deserialize(bytes)
+            .map_err(|e| bad("header", format!("not a valid safetensors file: {e}")))?;
+        let meta = metadata.metadata().clone().unwrap_or_default();
+        match meta.get("format").map(String::as_str) {
+            Some(f) if f == format => {}
+            other => {
+                return Err(bad(
+                    "metadata",
+                    format!("format {other:?}, expected \"{format}\""),
+                ))
+            }
+        }
+        match meta.get("version").and_then(|v| v.parse::<u64>().ok()) {
+            Some(VERSION) => {}
+            Some(v) if v > VERSION => {
+                return Err(bad(
+                    "metadata",
+                    format!("written by a newer rusting_brain (version {v}); this build reads {VERSION}"),
+                ))
+            }
+            other => return Err(bad("metadata", format!("unsupported version {other:?}"))),
+        }
+        Ok(Checkpoint { tensors, meta })
+    }
+
+    /// A metadata entry.
+    pub fn meta(&self, key: &str) -> Option<&str> {
+        self.meta.get(key).map(String::as_str)
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> Result<TransformerConfig> {
+        let text = self.meta("config").ok_or_else(|| bad("metadata", "no config"))?;
+        let v: Value = serde_json::from_str(text).map_err(|e| bad("metadata.config", e.to_string()))?;
+        let c = config_from_json(&v).map_err(|e| bad("metadata.config", e))?;
+        c.validate().map_err(|e| bad("metadata.config", e.to_string()))?;
+        Ok(c)
+    }
+
+    /// The F32 tensor `name`, checked against `t`'s shape and for finite values.
+    pub fn read_f32(&self, name: &str, t: &TensorSpec) -> Result<Vec<f32>> {
+        let tensor = self
+            .tensors
+            .tensor(name)
+            .map_err(|_| bad(name, "missing tensor"))?;
+        if tensor.dtype() != Dtype::F32 {
+            return Err(bad(name, format!("dtype {:?}, expected F32", tensor.dtype())));
+        }
+        if tensor.shape() != t.shape.as_slice() {
+            return Err(bad(
+                name,
+                format!("shape {:?}, the config needs {:?}", tensor.shape(), t.shape),
+            ));
+        }
+        let data: Vec<f32> = tensor
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        if data.iter().any(|v| !v.is_finite()) {
+            return Err(bad(name, "holds NaN or infinite values"));
+        }
+        Ok(data)
+    }
+
+    /// Every tensor of `c` (under `prefix`) in backend buffers, checked against the
+    /// configuration's dtypes and shapes.
+    pub fn params<B: Backend>(&self, c: &TransformerConfig, prefix: &str, b: &B) -> Result<Params<B>> {
+        c.layout().try_map(|name, t| {
+            let data = self.read_f32(&format!("{prefix}{name}"), &t)?;
+            b.upload(&data)
+        })
+    }
+
+    /// The int8 matrix `name` (I8, `t`'s shape) and its `name.scale` row scales, packed.
+    fn read_q8(&self, name: &str, t: &TensorSpec) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (rows, cols) = t.rows_cols();
+        let tensor = self
+            .tensors
+            .tensor(name)
+            .map_err(|_| bad(name, "missing tensor"))?;
+        if tensor.dtype() != Dtype::I8 || tensor.shape() != t.shape.as_slice() {
+            return Err(bad(
+                name,
+                format!(
+                    "{:?} {:?}, expected I8 {:?}",
+                    tensor.dtype(),
+                    tensor.shape(),
+                    t.shape
+                ),
+            ));
+        }
+        let scale = TensorSpec {
+            shape: vec![rows],
+            kind: TensorKind::Norm,
+        };
+        let scale_name = format!("{name}.scale");
+        let s = self.read_f32(&scale_name, &scale)?;
+        if s.iter().any(|x| *x < 0.0) {
+            return Err(bad(&scale_name, "scales must be >= 0"));
+        }
+        Ok((i8_to_packed(tensor.data(), rows, cols), s))
+    }
+
+    /// The model in this file on `backend`: an F32 file as it was saved, a Q8 file as a
+    /// quantized model (int8 matrices, f32 norms and routers).
+    pub fn model<B: Backend>(&self, backend: B) -> Result<TransformerModel<B>> {
+        let config = self.config()?;
+        match self.meta("precision") {
+            Some("F32") => {
+                let params = self.params(&config, "", &backend)?;
+                TransformerModel::from_params(backend, config, params)
+            }
+            Some("Q8") => {
+                let layout = config.layout();
+                // Norms and routers in f32; an int8 model keeps no f32 matrices.
+                let params = layout.as_ref().try_map(|name, t| match t.kind {
+                    TensorKind::Matrix => backend.zeros(0),
+                    _ => backend.upload(&self.read_f32(name, t)?),
+                })?;
+                let quantized: QuantParams<B> = layout.as_ref().try_map(|name, t| {
+                    if t.kind != TensorKind::Matrix {
+                        return Ok(None);
+                    }
+                    let (w, s) = self.read_q8(name, t)?;
+                    Ok(Some((backend.upload(&w)?, backend.upload(&s)?)))
+                })?;
+                TransformerModel::from_quantized(backend, config, params, quantized)
+            }
+            other => Err(bad(
+                "metadata",
+                format!("precision {other:?} is not one this build reads (F32, Q8)"),
+            )),
+        }
+    }
+}
+
+/// The model in a `.rbw` file's bytes, on `backend`.
+pub fn read_model<B: Backend>(bytes: &[u8], backend: B) -> Result<TransformerModel<B>> {
+    Checkpoint::parse(bytes, WEIGHTS_FORMAT)?.model(backend)
+}

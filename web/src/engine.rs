@@ -1,0 +1,299 @@
+//! The language model behind the bindings, in plain Rust so native tests run it: an int8
+//! `TransformerModel` on WebGPU (`rusting_brain_shaders::lm::GpuLm`) or on core's reference
+//! backend (the CPU fallback), its KV cache, the ids of the conversation so far, and the
+//! draw. Every read from the GPU is awaited, never blocked on, so the same code runs in a
+//! page, in a worker and natively (where the tests await it with `block_on`).
+
+use std::future::Future;
+
+use rusting_brain_core::checkpoint::read_model;
+use rusting_brain_core::models::transformer::{KvCache, TransformerConfig, TransformerModel};
+use rusting_brain_core::{ReferenceBackend, Sampler};
+use rusting_brain_shaders::lm::{GpuCache, GpuLm};
+use rusting_brain_shaders::GpuOptions;
+
+use crate::WebError;
+
+/// Which device a model should run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// WebGPU where the browser has an adapter, else the CPU (the reason is kept).
+    Auto,
+    /// WebGPU or an error.
+    WebGpu,
+    /// The wasm CPU path, without touching the GPU.
+    Cpu,
+}
+
+impl DeviceChoice {
+    pub fn parse(s: &str) -> Result<DeviceChoice, WebError> {
+        match s {
+            "auto" => Ok(DeviceChoice::Auto),
+            "webgpu" | "gpu" => Ok(DeviceChoice::WebGpu),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            other => Err(WebError::Invalid(format!(
+                "options.device is \"{other}\"; expected \"auto\", \"webgpu\" or \"cpu\""
+            ))),
+        }
+    }
+}
+
+enum Device {
+    Cpu {
+        model: Box<TransformerModel<ReferenceBackend>>,
+        cache: KvCache<ReferenceBackend>,
+    },
+    Gpu {
+        lm: Box<GpuLm>,
+        cache: GpuCache,
+    },
+}
+
+/// A loaded model and the state of one conversation.
+pub struct Engine {
+    device: Device,
+    config: TransformerConfig,
+    /// Why the device in use was chosen ("WebGPU adapter ...", "no WebGPU: ...").
+    reason: String,
+    /// Every id fed or drawn since the last reset (the repetition penalty's context).
+    context: Vec<u32>,
+    /// Logits of the last position, on the CPU path, waiting for the next draw.
+    pending: Option<Vec<f32>>,
+    /// The GPU has logits waiting for the next draw.
+    gpu_pending: bool,
+}
+
+/// Bytes the CPU path will hold for a model with this file size and configuration: the
+/// weights (int8 ones stay one byte each, packed; F32 ones four, until quantized, then
+/// one), the KV cache and a forward pass's scratch. Checked up front so a model too large
+/// for the wasm heap is an error, not a trap.
+fn cpu_bytes(file_len: usize, c: &TransformerConfig) -> usize {
+    let cache = 2 * c.n_layers * c.max_seq_len * c.kv_dim() * 4;
+    let scratch = 4 * c.max_seq_len * (c.q_heads * c.max_seq_len + 8 * c.d_model.max(c.d_ff));
+    file_len
+        .saturating_mul(2)
+        .saturating_add(cache)
+        .saturating_add(scratch)
+}
+
+impl Engine {
+    /// Loads `.rbw` bytes (Q8, or F32 which is quantized here) onto the chosen device.
+    pub async fn load(bytes: &[u8], choice: DeviceChoice) -> Result<Engine, WebError> {
+        let mut model = read_model(bytes, ReferenceBackend)?;
+        let config = model.config.clone();
+        // The whole CPU footprint is reserved once before anything large is built, so an
+        // allocation the heap cannot make is reported (wasm32's heap stops at 4 GiB).
+        let need = cpu_bytes(bytes.len(), &config);
+        let mut probe: Vec<u8> = Vec::new();
+        probe.try_reserve_exact(need).map_err(|_| {
+            WebError::OutOfMemory(format!(
+                "the model needs about {} MiB of memory on this device",
+                need >> 20
+            ))
+        })?;
+        drop(probe);
+        model.quantize()?;
+        let gpu = match choice {
+            DeviceChoice::Cpu => Err("the CPU was asked for".to_string()),
+            _ => match GpuLm::new(&model, &GpuOptions::default()).await {
+                Ok(lm) => Ok(lm),
+                Err(e) if choice == DeviceChoice::Auto => Err(format!("no usable WebGPU: {e}")),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let (device, reason) = match gpu {
+            Ok(lm) => {
+                let reason = format!("WebGPU adapter {}", lm.adapter());
+                let cache = lm.new_cache()?;
+                (
+                    Device::Gpu {
+                        lm: Box::new(lm),
+                        cache,
+                    },
+                    reason,
+                )
+            }
+            Err(reason) => {
+                let cache = model.new_kv_caches()?;
+                (
+                    Device::Cpu {
+                        model: Box::new(model),
+                        cache,
+                    },
+                    reason,
+                )
+            }
+        };
+        Ok(Engine {
+            device,
+            config,
+            reason,
+            context: Vec::new(),
+            pending: None,
+            gpu_pending: false,
+        })
+    }
+
+    /// "webgpu" or "cpu".
+    pub fn device(&self) -> &'static str {
+        match self.device {
+            Device::Cpu { .. } => "cpu",
+            Device::Gpu { .. } => "webgpu",
+        }
+    }
+
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    pub fn config(&self) -> &TransformerConfig {
+        &self.config
+    }
+
+    /// Ids in the conversation so far.
+    pub fn context(&self) -> &[u32] {
+        &self.context
+    }
+
+    /// Room left in the KV cache.
+    pub fn room(&self) -> usize {
+        self.config.max_seq_len.saturating_sub(self.context.len())
+    }
+
+    /// Forgets the conversation (the cache's memory stays allocated).
+    pub fn reset(&mut self) {
+        match &mut self.device {
+            Device::Cpu { cache, .. } => cache.clear(),
+            Device::Gpu { cache, .. } => cache.clear(),
+        }
+        self.context.clear();
+        self.pending = None;
+        self.gpu_pending = false;
+    }
+
+    /// Runs `ids` after the conversation so far. Checked whole first (ids inside the
+    /// vocabulary, room in the cache), so a refused call changes nothing.
+    pub fn feed(&mut self, ids: &[u32]) -> Result<(), WebError> {
+        let vocab = self.config.vocab_size;
+        if ids.is_empty() {
+            return Err(WebError::Invalid(
+                "nothing to feed: the prompt has no tokens".into(),
+            ));
+        }
+        if let Some(&id) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(WebError::Invalid(format!(
+                "token id {id} is outside the model's vocabulary of {vocab}"
+            )));
+        }
+        if ids.len() > self.room() {
+            return Err(WebError::Invalid(format!(
+                "{} tokens in the conversation + {} new is over the model's max_seq_len {}: call reset()",
+                self.context.len(),
+                ids.len(),
+                self.config.max_seq_len
+            )));
+        }
+        match &mut self.device {
+            Device::Cpu { model, cache } => {
+                self.pending = Some(model.forward_cached(ids, cache)?);
+            }
+            Device::Gpu { lm, cache } => {
+                lm.forward(ids, cache)?;
+                self.gpu_pending = true;
+            }
+        }
+        self.context.extend_from_slice(ids);
+        Ok(())
+    }
+
+    /// Draws the next id from the last position's logits (as `Sampler::sample` would on
+    /// them, on either device) without feeding it.
+    pub async fn draw(&mut self, sampler: &mut Sampler) -> Result<u32, WebError> {
+        let id = match &mut self.device {
+            Device::Cpu { .. } => {
+                let logits = self.pending.take().ok_or_else(no_logits)?;
+                sampler.sample(&logits, &self.context)?
+            }
+            Device::Gpu { lm, .. } => {
+                if !self.gpu_pending {
+                    return Err(no_logits());
+                }
+                self.gpu_pending = false;
+                lm.draw(sampler, &self.context).await?
+            }
+        };
+        Ok(id)
+    }
+
+    /// Feeds `prompt` after the conversation so far, then draws up to `max_new` ids,
+    /// handing each to `on_token` (false stops) and feeding it back, so the conversation
+    /// continues from it. `end`: an id that ends the reply (not handed on). `pause` runs
+    /// between tokens: the bindings let the event loop turn there.
+    pub async fn generate<F, P, Fut>(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        sampler: &mut Sampler,
+        end: Option<u32>,
+        mut on_token: F,
+        pause: P,
+    ) -> Result<Generated, WebError>
+    where
+        F: FnMut(u32) -> bool,
+        P: Fn() -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        sampler.validate()?;
+        self.feed(prompt)?;
+        let mut ids = Vec::new();
+        let finish = loop {
+            if ids.len() == max_new {
+                break "length";
+            }
+            let id = self.draw(sampler).await?;
+            if Some(id) == end {
+                break "end";
+            }
+            ids.push(id);
+            let go_on = on_token(id);
+            if self.room() == 0 {
+                // The cache is full: the id is the reply's last, kept in the context so
+                // the conversation reads as it was generated.
+                self.context.push(id);
+                break "max_seq_len";
+            }
+            self.feed(&[id])?;
+            if !go_on {
+                break "stopped";
+            }
+            pause().await;
+        };
+        Ok(Generated { ids, finish })
+    }
+
+    /// The last position's logits (`vocab_size` values), for tests and inspection.
+    pub async fn logits(&mut self) -> Result<Vec<f32>, WebError> {
+        match &self.device {
+            Device::Cpu { .. } => self.pending.clone().ok_or_else(no_logits),
+            Device::Gpu { lm, .. } if self.gpu_pending => Ok(lm.logits().await?),
+            Device::Gpu { .. } => Err(no_logits()),
+        }
+    }
+
+    /// Frees the model's memory (GPU buffers included) now; the engine answers every
+    /// later call with an error (the bindings check [`crate::Model`]'s state first).
+    pub fn dispose(self) {
+        drop(self);
+    }
+}
+
+/// What `generate` produced and why it ended ("length", "end", "stopped", "max_seq_len").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generated {
+    pub ids: Vec<u32>,
+    pub finish: &'static str,
+}
+
+fn no_logits() -> WebError {
+    WebError::Invalid("no logits to draw from: feed a prompt first".into())
+}

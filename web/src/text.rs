@@ -1,0 +1,201 @@
+//! Text in and out: the tokenizer, generation options read from a JS object, and the
+//! streaming of byte-level BPE tokens as text.
+
+use js_sys::Reflect;
+use rusting_brain_core::Sampler;
+use tokenizers::Tokenizer;
+use wasm_bindgen::JsValue;
+
+use crate::WebError;
+
+pub fn tokenizer(json: &str) -> Result<Tokenizer, WebError> {
+    json.parse::<Tokenizer>()
+        .map_err(|e| WebError::Tokenizer(format!("not a tokenizer.json the tokenizers library reads: {e}")))
+}
+
+pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, WebError> {
+    Ok(tokenizer
+        .encode(text, false)
+        .map_err(|e| WebError::Tokenizer(e.to_string()))?
+        .get_ids()
+        .to_vec())
+}
+
+pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, WebError> {
+    let vocab = tokenizer.get_vocab_size(true);
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(WebError::Invalid(format!(
+            "token id {id} is outside the tokenizer's vocabulary of {vocab}"
+        )));
+    }
+    tokenizer
+        .decode(ids, false)
+        .map_err(|e| WebError::Tokenizer(e.to_string()))
+}
+
+/// Generated ids as text, a token at a time. Byte-level BPE splits characters across
+/// tokens, so the text so far is decoded whole and only complete characters are released
+/// (an incomplete one decodes to U+FFFD until its last byte arrives).
+pub struct Stream<'t> {
+    tokenizer: &'t Tokenizer,
+    ids: Vec<u32>,
+    released: usize,
+    text: String,
+}
+
+impl<'t> Stream<'t> {
+    pub fn new(tokenizer: &'t Tokenizer) -> Stream<'t> {
+        Stream {
+            tokenizer,
+            ids: Vec::new(),
+            released: 0,
+            text: String::new(),
+        }
+    }
+
+    /// Adds `id` and returns the text it completes (often empty mid-character).
+    pub fn push(&mut self, id: u32) -> String {
+        self.ids.push(id);
+        // An id the tokenizer does not know (the model's vocabulary may be larger) is
+        // left out of the text rather than failing the generation.
+        let Ok(text) = self.tokenizer.decode(&self.ids, false) else {
+            return String::new();
+        };
+        self.text = text;
+        let complete = self.text.trim_end_matches('\u{fffd}');
+        if complete.len() <= self.released || !complete.is_char_boundary(self.released) {
+            return String::new();
+        }
+        let piece = complete[self.released..].to_string();
+        self.released = complete.len();
+        piece
+    }
+
+    /// Everything generated, as text.
+    pub fn text(&self) -> String {
+        self.text.clone()
+    }
+}
+
+/// `generate`'s options; every field may be absent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub repetition_penalty: f32,
+    pub seed: Option<u64>,
+    pub stop_at_end: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 64,
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            repetition_penalty: 1.0,
+            seed: None,
+            stop_at_end: true,
+        }
+    }
+}
+
+/// `options[key]` as a number, if present (`undefined` and `null` mean absent).
+fn get_number(options: &JsValue, key: &str) -> Result<Option<f64>, WebError> {
+    if options.is_undefined() || options.is_null() {
+        return Ok(None);
+    }
+    let v = Reflect::get(options, &key.into())
+        .map_err(|_| WebError::Invalid("options must be an object".into()))?;
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    match v.as_f64() {
+        Some(x) if x.is_finite() => Ok(Some(x)),
+        _ => Err(WebError::Invalid(format!(
+            "options.{key} must be a finite number"
+        ))),
+    }
+}
+
+/// `options[key]` as a whole number in `0..=max`.
+fn get_count(options: &JsValue, key: &str, max: f64) -> Result<Option<u64>, WebError> {
+    match get_number(options, key)? {
+        Some(x) if x >= 0.0 && x <= max && x.fract() == 0.0 => Ok(Some(x as u64)),
+        Some(x) => Err(WebError::Invalid(format!(
+            "options.{key} is {x}; it must be a whole number from 0 to {max}"
+        ))),
+        None => Ok(None),
+    }
+}
+
+pub fn get_string(options: &JsValue, key: &str) -> Result<Option<String>, WebError> {
+    if options.is_undefined() || options.is_null() {
+        return Ok(None);
+    }
+    let v = Reflect::get(options, &key.into())
+        .map_err(|_| WebError::Invalid("options must be an object".into()))?;
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    v.as_string()
+        .map(Some)
+        .ok_or_else(|| WebError::Invalid(format!("options.{key} must be a string")))
+}
+
+fn get_bool(options: &JsValue, key: &str) -> Result<Option<bool>, WebError> {
+    if options.is_undefined() || options.is_null() {
+        return Ok(None);
+    }
+    let v = Reflect::get(options, &key.into())
+        .map_err(|_| WebError::Invalid("options must be an object".into()))?;
+    if v.is_undefined() || v.is_null() {
+        return Ok(None);
+    }
+    v.as_bool()
+        .map(Some)
+        .ok_or_else(|| WebError::Invalid(format!("options.{key} must be true or false")))
+}
+
+impl GenerateOptions {
+    pub fn from_js(options: &JsValue) -> Result<GenerateOptions, WebError> {
+        if !(options.is_undefined() || options.is_null() || options.is_object()) {
+            return Err(WebError::Invalid("options must be an object".into()));
+        }
+        let d = GenerateOptions::default();
+        // 2^53 - 1: the largest integer a JS number holds exactly.
+        let exact = 9007199254740991.0;
+        Ok(GenerateOptions {
+            max_tokens: get_count(options, "maxTokens", 1e9)?.map_or(d.max_tokens, |n| n as usize),
+            temperature: get_number(options, "temperature")?.map_or(d.temperature, |t| t as f32),
+            top_k: get_count(options, "topK", 1e9)?.map(|k| k as usize),
+            top_p: get_number(options, "topP")?.map(|p| p as f32),
+            repetition_penalty: get_number(options, "repetitionPenalty")?
+                .map_or(d.repetition_penalty, |r| r as f32),
+            seed: get_count(options, "seed", exact)?,
+            stop_at_end: get_bool(options, "stopAtEnd")?.unwrap_or(d.stop_at_end),
+        })
+    }
+
+    /// The core sampler these options describe: greedy at temperature 0, else drawn
+    /// with `seed`. Checked (a negative temperature, top-p outside (0, 1], ...).
+    pub fn sampler(&self, seed: u64) -> Result<Sampler, WebError> {
+        let mut s = if self.temperature == 0.0 {
+            Sampler::greedy()
+        } else {
+            Sampler::temperature(self.temperature, Some(seed))
+        };
+        if let Some(k) = self.top_k.filter(|&k| k > 0) {
+            s = s.top_k(k);
+        }
+        if let Some(p) = self.top_p {
+            s = s.top_p(p);
+        }
+        s = s.repetition_penalty(self.repetition_penalty);
+        s.validate()?;
+        Ok(s)
+    }
+}
