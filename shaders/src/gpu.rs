@@ -71,6 +71,8 @@ impl Gpu {
     /// Opens an adapter and compiles every kernel. Asks for the adapter's own storage
     /// binding and buffer sizes (the defaults are WebGPU's 128/256 MiB minimums).
     pub async fn new(options: &GpuOptions) -> Result<Gpu, ShaderError> {
+        #[cfg(target_arch = "wasm32")]
+        browser_webgpu()?;
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = instance
             .request_adapter(&wgpu::RequestAdapterOptions {
@@ -84,7 +86,14 @@ impl Gpu {
                 apply_limit_buckets: false,
             })
             .await
-            .map_err(|e| ShaderError::NoAdapter(e.to_string()))?;
+            .map_err(|e| {
+                let hint = if cfg!(target_arch = "wasm32") {
+                    "the browser offers no WebGPU adapter; use the CPU path"
+                } else {
+                    "install a Vulkan driver (e.g. Debian's mesa-vulkan-drivers for the software one) or use the CPU backend"
+                };
+                ShaderError::NoAdapter(format!("{e} ({hint})"))
+            })?;
         let info = adapter.get_info();
         let offered = adapter.limits();
         let requested = wgpu::Limits {
@@ -456,6 +465,30 @@ impl<T> Future for Receiver<T> {
         s.waker = Some(cx.waker().clone());
         Poll::Pending
     }
+}
+
+/// Whether this JS environment offers WebGPU: a page or a dedicated worker (where wgpu can
+/// reach `navigator.gpu`; elsewhere, as under Node, it would panic) whose navigator has it.
+#[cfg(target_arch = "wasm32")]
+fn browser_webgpu() -> Result<(), ShaderError> {
+    use js_sys::Reflect;
+    let global = js_sys::global();
+    let get = |obj: &js_sys::wasm_bindgen::JsValue, key: &str| {
+        Reflect::get(obj, &key.into())
+            .ok()
+            .filter(|v| !v.is_undefined() && !v.is_null())
+    };
+    if get(&global, "window").is_none() && get(&global, "WorkerGlobalScope").is_none() {
+        return Err(ShaderError::NoAdapter(
+            "WebGPU runs in a page or a dedicated worker, and this JS environment is neither (Node has no WebGPU)".into(),
+        ));
+    }
+    if get(&global, "navigator").and_then(|n| get(&n, "gpu")).is_none() {
+        return Err(ShaderError::NoAdapter(
+            "this browser has no WebGPU (navigator.gpu is undefined; Chromium on Linux needs --enable-unsafe-webgpu)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Runs a future to completion on this thread, parking between polls (native only; the

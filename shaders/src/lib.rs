@@ -31,7 +31,7 @@ pub use wgpu;
 /// What can go wrong on the GPU; every message says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum ShaderError {
-    #[error("no GPU adapter: {0} (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers for the software one, or use the CPU backend)")]
+    #[error("no GPU adapter: {0}")]
     NoAdapter(String),
     #[error("the adapter refused a device: {0}")]
     Device(String),

@@ -27,7 +27,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (r >= p.rows) { return; }
     if (t == 0u) { atomicStore(&saw_nan, 0u); }
     workgroupBarrier();
-    var bv = -3.4028235e38;
+    var bv = -3.40282346e38; // -f32::MAX (3.4028235e38 rounds past it and Tint refuses it)
     var bi = 0xffffffffu;
     for (var c = t; c < p.cols; c += WG) {
         let v = logits[r * p.cols + c];

@@ -57,7 +57,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n = p.kv_len - p.q_len + row + 1u;
     let qb = item * d;
     let sb = item * p.kv_capacity;
-    var m = -3.4028235e38;
+    var m = -3.40282346e38; // -f32::MAX (3.4028235e38 rounds past it and Tint refuses it)
     for (var j = t; j < n; j += WG) {
         let kb = ((b * p.kv_capacity + j) * p.kv_heads + kvh) * d;
         var acc = 0.0;

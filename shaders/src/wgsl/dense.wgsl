@@ -69,7 +69,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         if (i >= p.rows) { return; }
         let base = i * p.cols;
         if (p.op == 2u) {
-            var m = -3.4028235e38;
+            var m = -3.40282346e38; // -f32::MAX (3.4028235e38 rounds past it and Tint refuses it)
             for (var c = 0u; c < p.cols; c++) { m = max(m, x0[base + c]); }
             var s = 0.0;
             for (var c = 0u; c < p.cols; c++) { let e = exp(x0[base + c] - m); y[base + c] = e; s += e; }

@@ -10,6 +10,10 @@ struct Params { rows: u32, dim: u32, packed_cols: u32, vocab: u32, id0: u32, sla
 @group(0) @binding(3) var<storage, read> scales: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
+// NaN's bits, read at run time: Tint (the browser's compiler) refuses a constant
+// expression that evaluates to NaN or infinity.
+var<private> NAN_BITS: u32 = 0x7fc00000u;
+
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let idx = gid.x + gid.y * nwg.x * 64u;
@@ -18,7 +22,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let c = idx % p.dim;
     let id = ids[r];
     if (id >= p.vocab) {
-        out[idx] = bitcast<f32>(0x7fc00000u); // NaN: never a silent wrong row
+        out[idx] = bitcast<f32>(NAN_BITS); // NaN: never a silent wrong row
         return;
     }
     if (id < p.id0 || id >= p.id0 + p.slab_rows) { return; }

@@ -16,6 +16,9 @@ const NONE: u32 = 0xffffffffu;
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 var<workgroup> saw_nan: atomic<u32>;
+// -inf's bits, read at run time: Tint (the browser's compiler) refuses a constant
+// expression that evaluates to NaN or infinity.
+var<private> NEG_INF_BITS: u32 = 0xff800000u;
 
 // By the bits: WGSL lets a compiler assume floats are never NaN or infinite, so `v != v`
 // and comparisons with -inf may be folded away (lavapipe's LLVM does fold the first).
@@ -61,7 +64,7 @@ fn main(@builtin(local_invocation_index) t: u32) {
         if (t == 0u) {
             top_ids[s] = best_i[0];
             top_vals[s] = best_v[0];
-            if (best_i[0] != NONE) { scratch[best_i[0]] = bitcast<f32>(0xff800000u); }
+            if (best_i[0] != NONE) { scratch[best_i[0]] = bitcast<f32>(NEG_INF_BITS); }
         }
         storageBarrier();
         workgroupBarrier();
