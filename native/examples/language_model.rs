@@ -3,8 +3,10 @@
 //!     cargo run --release -p rusting_brain --example language_model               # train, then sample
 //!     cargo run --release -p rusting_brain --example language_model -- train [--moe] [--steps N] [--corpus FILE]
 //!     cargo run --release -p rusting_brain --example language_model -- generate "prompt" \
-//!         [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--q8]
+//!         [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--q8] \
+//!         [--from DIR] [--ids]
 //!     cargo run --release -p rusting_brain --example language_model -- chat
+//!     cargo run --release -p rusting_brain --example language_model -- export-web [--out DIR]
 //!
 //! The corpus is the text of the Rust book and Rust by Example (examples/data/corpus, see
 //! NOTICE.txt there); `--corpus` takes a .txt, .txt.gz or .jsonl (field "text") instead.
@@ -14,7 +16,10 @@
 //! `chat` are separate runs that read those back. `--moe` trains a mixture of experts with
 //! the dense model's active size instead: layers 1-3 get 8 experts of width 256, top-2
 //! (2 x 256 = the dense d_ff of 512), so each token does the same work with 3.1x the
-//! feed-forward parameters.
+//! feed-forward parameters. `export-web` writes what the browser demo loads (`www/models/`:
+//! the model quantized to int8 as `model.rbw`, and `tokenizer.json`). `generate --ids`
+//! prints the generated ids as JSON instead of text (the browser tests compare them);
+//! `--temperature 0` is greedy.
 
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
@@ -285,11 +290,17 @@ struct Gen {
     temperature: f32,
     top_k: usize,
     top_p: f32,
+    repetition_penalty: f32,
     q8: bool,
+    ids: bool,
 }
 
 fn load(q8: bool) -> Result<(TransformerLm, Tokenizer), Error> {
-    let dir = out_dir();
+    load_from(out_dir(), q8)
+}
+
+/// `model.rbw` and `tokenizer.json` from `dir` (an int8 file loads quantized already).
+fn load_from(dir: PathBuf, q8: bool) -> Result<(TransformerLm, Tokenizer), Error> {
     let mut model =
         TransformerLm::load_bin(dir.join("model.rbw")).map_err(|e| format!("{e} (run `train` first)"))?;
     if q8 {
@@ -299,10 +310,31 @@ fn load(q8: bool) -> Result<(TransformerLm, Tokenizer), Error> {
 }
 
 fn sampler(g: &Gen) -> Sampler {
+    if g.temperature == 0.0 {
+        return Sampler::greedy().repetition_penalty(g.repetition_penalty);
+    }
     Sampler::temperature(g.temperature, None)
         .top_k(g.top_k)
         .top_p(g.top_p)
-        .repetition_penalty(1.1)
+        .repetition_penalty(g.repetition_penalty)
+}
+
+/// The int8 model and its tokenizer where the browser demo looks for them.
+fn export_web(out: Option<PathBuf>) -> Result<(), Error> {
+    let out = out.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../www/models"));
+    std::fs::create_dir_all(&out)?;
+    let (mut model, _) = load(true)?;
+    model.quantize()?;
+    let path = out.join("model.rbw");
+    model.save_bin(&path, Precision::Q8)?;
+    std::fs::copy(out_dir().join("tokenizer.json"), out.join("tokenizer.json"))?;
+    let size = std::fs::metadata(&path)?.len();
+    println!(
+        "wrote {} ({:.2} MB, int8) and tokenizer.json",
+        path.display(),
+        size as f64 / 1e6
+    );
+    Ok(())
 }
 
 /// Streams the continuation of `prompt`, printing text as ids arrive.
@@ -311,6 +343,17 @@ fn generate(model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, g: &Gen) -
     let end = tok.token_to_id(END);
     let mut sampler = sampler(g);
     let mut out: Vec<u32> = Vec::new();
+    if g.ids {
+        model.generate_with(&ids, g.tokens, &mut sampler, |id| {
+            if Some(id) == end {
+                return false;
+            }
+            out.push(id);
+            true
+        })?;
+        println!("{{\"prompt\":{ids:?},\"ids\":{out:?}}}");
+        return Ok(());
+    }
     let mut printed = 0;
     print!("{prompt}");
     model.generate_with(&ids, g.tokens, &mut sampler, |id| {
@@ -380,7 +423,9 @@ fn main() -> Result<(), Error> {
         temperature: num("--temperature", 0.8)? as f32,
         top_k: num("--top-k", 40.0)? as usize,
         top_p: num("--top-p", 0.95)? as f32,
+        repetition_penalty: num("--repetition-penalty", 1.1)? as f32,
         q8: args.iter().any(|a| a == "--q8"),
+        ids: args.iter().any(|a| a == "--ids"),
     };
     match args.first().map(String::as_str) {
         None => {
@@ -402,10 +447,16 @@ fn main() -> Result<(), Error> {
                 .get(1)
                 .filter(|p| !p.starts_with("--"))
                 .ok_or("generate needs a prompt: generate \"fn main\"")?;
-            let (mut model, tok) = load(g.q8)?;
+            let (mut model, tok) = match flag("--from") {
+                Some(dir) => load_from(PathBuf::from(dir), g.q8)?,
+                None => load(g.q8)?,
+            };
             generate(&mut model, &tok, prompt, &g)
         }
         Some("chat") => chat(&g),
-        Some(other) => Err(format!("unknown subcommand `{other}` (train, generate, chat, or none)").into()),
+        Some("export-web") => export_web(flag("--out").map(PathBuf::from)),
+        Some(other) => {
+            Err(format!("unknown subcommand `{other}` (train, generate, chat, export-web, or none)").into())
+        }
     }
 }

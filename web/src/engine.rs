@@ -103,7 +103,13 @@ impl Engine {
         };
         let (device, reason) = match gpu {
             Ok(lm) => {
-                let reason = format!("WebGPU adapter {}", lm.adapter());
+                // Browsers may withhold the adapter's name (fingerprinting).
+                let name = lm.adapter();
+                let reason = if name.trim_start().starts_with('(') {
+                    format!("WebGPU adapter {name}, unnamed by the browser")
+                } else {
+                    format!("WebGPU adapter {name}")
+                };
                 let cache = lm.new_cache()?;
                 (
                     Device::Gpu {

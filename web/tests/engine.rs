@@ -70,7 +70,9 @@ fn on_gpu(bytes: &[u8]) -> Option<Engine> {
             eprintln!("device: {}", e.reason());
             Some(e)
         }
-        Err(WebError::Gpu(m)) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
+        Err(WebError::Gpu(m))
+            if m.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
+        {
             eprintln!("SKIPPED, no GPU adapter here: {m}");
             None
         }

@@ -1,0 +1,140 @@
+// The demo page in headless Chromium (Debian's, driven by playwright-core): it loads,
+// generates 32 greedy tokens with WebGPU (SwiftShader) and again with WebGPU unavailable
+// (the wasm CPU fallback), both equal to the native CPU int8 ids; Stop stops; a corrupt
+// model file puts an error on the page. Screenshots go to tests/browser/out/.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdir } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+import { serve } from '../../www/serve.mjs';
+import { out, reference, PROMPT, TOKENS } from './common.mjs';
+
+const chromiumPath = process.env.CHROMIUM ?? '/usr/bin/chromium';
+// Without a browser these tests are skipped with the reason (a failure under
+// RB_REQUIRE_BROWSER=1, as in CI, which installs Debian's chromium).
+const skip = existsSync(chromiumPath) ? false : `no browser at ${chromiumPath} (apt-get install chromium, or set CHROMIUM)`;
+if (skip && process.env.RB_REQUIRE_BROWSER === '1') {
+  throw new Error(`RB_REQUIRE_BROWSER=1 but ${skip}`);
+}
+// As root in a sandbox-less container, and quiet on a machine with no network.
+const base = ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
+  '--disable-sync', '--no-first-run', '--disable-quic'];
+const webgpu = ['--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-webgpu-adapter=swiftshader'];
+
+let server;
+let origin;
+let want;
+
+before(async () => {
+  if (skip) return;
+  await mkdir(out, { recursive: true });
+  want = await reference();
+  server = await serve(0);
+  origin = `http://127.0.0.1:${server.address().port}`;
+});
+
+after(() => server?.close());
+
+async function openPage(args, query = '') {
+  const browser = await chromium.launch({ executablePath: chromiumPath, headless: true, args: [...base, ...args] });
+  const page = await browser.newPage({ viewport: { width: 1000, height: 760 } });
+  const logs = [];
+  page.on('console', (m) => logs.push(`${m.type()}: ${m.text()}`));
+  page.on('pageerror', (e) => logs.push(`pageerror: ${e.message}`));
+  await page.goto(`${origin}/${query}`);
+  return { browser, page, logs };
+}
+
+async function waitState(page, states, logs, timeout = 120_000) {
+  try {
+    await page.waitForFunction((s) => s.includes(document.getElementById('output').dataset.state), states, { timeout });
+  } catch (e) {
+    const status = await page.textContent('#status').catch(() => '?');
+    throw new Error(`page never reached ${states}: status "${status}"; console:\n${logs.join('\n')}`);
+  }
+  return page.evaluate(() => document.getElementById('output').dataset.state);
+}
+
+async function generate(page, logs, maxTokens) {
+  await page.fill('#prompt', PROMPT);
+  await page.$eval('#max', (el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }, maxTokens);
+  await page.click('#go');
+  assert.equal(await waitState(page, ['done', 'error'], logs), 'done', await page.textContent('#status'));
+  return page.evaluate(() => {
+    const o = document.getElementById('output');
+    return {
+      ids: o.dataset.ids ? o.dataset.ids.split(',').map(Number) : [],
+      rate: Number(o.dataset.rate),
+      first: Number(o.dataset.first),
+      finish: o.dataset.finish,
+      device: o.dataset.device,
+      text: o.textContent,
+    };
+  });
+}
+
+for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], ['no WebGPU: the CPU fallback', [], 'cpu']]) {
+  test(`the page generates the native ids on ${name}`, { skip }, async () => {
+    const { browser, page, logs } = await openPage(args);
+    try {
+      assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
+      const got = await generate(page, logs, TOKENS);
+      console.log(`${name}: device ${got.device}, ${got.ids.length} tokens, ${got.rate.toFixed(1)} tokens/s, first token ${got.first.toFixed(0)} ms (${await page.getAttribute('#device', 'title')})`);
+      assert.equal(got.device, device);
+      assert.deepEqual(got.ids, want.ids, 'greedy ids equal the native CPU int8 ids');
+      assert.ok(got.text.startsWith(PROMPT));
+      await page.screenshot({ path: join(out, `page-${device}.png`), fullPage: true });
+    } finally {
+      await browser.close();
+    }
+  });
+}
+
+test('Stop stops a generation', { skip }, async () => {
+  const { browser, page, logs } = await openPage(webgpu, '?device=cpu');
+  try {
+    assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle');
+    await page.$eval('#max', (el) => { el.value = '120'; el.dispatchEvent(new Event('input')); });
+    await page.$eval('#temperature', (el) => { el.value = '0.8'; el.dispatchEvent(new Event('input')); });
+    // Press Stop from the page itself the moment the second token shows, so the press
+    // lands mid-generation however fast the device is.
+    await page.evaluate(() => {
+      const count = document.getElementById('count');
+      const watch = new MutationObserver(() => {
+        if (Number(count.textContent) >= 2) {
+          watch.disconnect();
+          document.getElementById('go').click();
+        }
+      });
+      watch.observe(count, { childList: true, characterData: true, subtree: true });
+    });
+    await page.click('#go');
+    assert.equal(await waitState(page, ['done', 'error'], logs), 'done');
+    const { finish, n } = await page.evaluate(() => ({
+      finish: document.getElementById('output').dataset.finish,
+      n: document.getElementById('output').dataset.ids.split(',').length,
+    }));
+    assert.ok(finish === 'stopped' || finish === 'end', `finish ${finish}`);
+    assert.ok(n < 120, `${n} tokens after Stop`);
+  } finally {
+    await browser.close();
+  }
+});
+
+test('a corrupt model file shows an error on the page', { skip }, async () => {
+  const { browser, page, logs } = await openPage(webgpu, '?model=models/corrupt.rbw');
+  try {
+    await page.route('**/models/corrupt.rbw', (route) =>
+      route.fulfill({ status: 200, contentType: 'application/octet-stream', body: Buffer.from('\x10\x00\x00\x00\x00\x00\x00\x00{"broken": tru') }));
+    await page.reload();
+    assert.equal(await waitState(page, ['idle', 'error'], logs), 'error');
+    const status = await page.textContent('#status');
+    assert.match(status, /bad model file/);
+    assert.equal(await page.isDisabled('#go'), true);
+    await page.screenshot({ path: join(out, 'page-error.png') });
+  } finally {
+    await browser.close();
+  }
+});

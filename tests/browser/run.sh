@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The browser and npm tests: builds the npm package (web/build-npm.sh), trains and
+# exports the demo model when www/models/ has none, writes the native CPU int8 greedy ids
+# the page must reproduce, then runs the Node test files here (Playwright driving
+# Debian's chromium; the packed package under Node). Screenshots: tests/browser/out/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    if [ "${RB_REQUIRE_BROWSER:-}" = 1 ]; then
+        echo "RB_REQUIRE_BROWSER=1 but node/npm are not installed" >&2
+        exit 1
+    fi
+    echo "SKIPPED the browser and npm tests: node and npm are not installed"
+    exit 0
+fi
+
+# The `test` profile (optimized, see Cargo.toml) shares its build with `cargo test`.
+example=(cargo run -q --profile test -p rusting_brain --features gpu --example language_model --)
+web/build-npm.sh
+if [ ! -f www/models/model.rbw ] || [ ! -f www/models/tokenizer.json ]; then
+    echo "== training the demo model (language_model train --steps ${RB_DEMO_STEPS:-120}), then export-web"
+    "${example[@]}" train --steps "${RB_DEMO_STEPS:-120}"
+    "${example[@]}" export-web
+fi
+mkdir -p tests/browser/out
+"${example[@]}" generate "fn main() {" --from www/models --temperature 0 --repetition-penalty 1 \
+    --tokens 32 --ids > tests/browser/out/reference.json
+echo "native CPU int8 reference: $(cat tests/browser/out/reference.json)"
+
+cd tests/browser
+if [ ! -d node_modules/playwright-core ]; then
+    npm ci --no-audit --no-fund
+fi
+node --test --test-concurrency=1 --test-reporter=spec

@@ -1,0 +1,63 @@
+// rusting-brain: int8 language models in the browser (WebGPU, or the wasm CPU path) and
+// under Node (the CPU path). A thin layer over the wasm-bindgen glue in ./dist: it loads
+// the .wasm once, from the file beside this one in Node and by URL everywhere else.
+import init, { Model } from './dist/rusting_brain.js';
+
+export { Model };
+
+let ready = null;
+
+const inNode =
+  typeof process !== 'undefined' &&
+  process.versions != null &&
+  process.versions.node != null &&
+  typeof window === 'undefined' &&
+  typeof WorkerGlobalScope === 'undefined';
+
+/**
+ * Instantiates the wasm module (once; later calls return the same promise). `wasm` may be
+ * a URL, a Response, bytes or a WebAssembly.Module; by default the package's own file.
+ */
+export function initialize(wasm) {
+  if (ready === null) {
+    ready = (async () => {
+      let source = wasm;
+      if (source === undefined && inNode) {
+        const { readFile } = await import('node:fs/promises');
+        source = await readFile(new URL('./dist/rusting_brain_bg.wasm', import.meta.url));
+      }
+      await init(source === undefined ? undefined : { module_or_path: source });
+    })();
+    ready.catch(() => {
+      ready = null;
+    });
+  }
+  return ready;
+}
+
+function bytesOf(weights) {
+  if (weights instanceof Uint8Array) return weights;
+  if (weights instanceof ArrayBuffer) return new Uint8Array(weights);
+  if (ArrayBuffer.isView(weights)) return new Uint8Array(weights.buffer, weights.byteOffset, weights.byteLength);
+  throw new TypeError('weights must be a Uint8Array, an ArrayBuffer or a typed array of the .rbw file');
+}
+
+/** Loads a model from the bytes of its .rbw file and the text of its tokenizer.json. */
+export async function loadModel(weights, tokenizerJson, options = {}) {
+  if (typeof tokenizerJson !== 'string') {
+    throw new TypeError('tokenizerJson must be the text of tokenizer.json');
+  }
+  await initialize();
+  return Model.load(bytesOf(weights), tokenizerJson, options);
+}
+
+/** Fetches a model's .rbw file and tokenizer.json, then loads them. */
+export async function fetchModel(weightsUrl, tokenizerUrl, options = {}) {
+  const get = async (url) => {
+    const r = await fetch(url);
+    if (!r.ok) throw new Error(`fetching ${url}: HTTP ${r.status} ${r.statusText}`);
+    return r;
+  };
+  const [w, t] = await Promise.all([get(weightsUrl), get(tokenizerUrl)]);
+  return loadModel(new Uint8Array(await w.arrayBuffer()), await t.text(), options);
+}
