@@ -4,7 +4,7 @@
 //!     cargo run --release -p rusting_brain --example language_model -- train [--moe] [--steps N] [--corpus FILE]
 //!     cargo run --release -p rusting_brain --example language_model -- generate "prompt" \
 //!         [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--q8] \
-//!         [--from DIR] [--ids]
+//!         [--seed S] [--from DIR] [--ids]
 //!     cargo run --release -p rusting_brain --example language_model -- chat
 //!     cargo run --release -p rusting_brain --example language_model -- export-web [--out DIR]
 //!
@@ -291,6 +291,7 @@ struct Gen {
     top_k: usize,
     top_p: f32,
     repetition_penalty: f32,
+    seed: Option<u64>,
     q8: bool,
     ids: bool,
 }
@@ -313,7 +314,7 @@ fn sampler(g: &Gen) -> Sampler {
     if g.temperature == 0.0 {
         return Sampler::greedy().repetition_penalty(g.repetition_penalty);
     }
-    Sampler::temperature(g.temperature, None)
+    Sampler::temperature(g.temperature, g.seed)
         .top_k(g.top_k)
         .top_p(g.top_p)
         .repetition_penalty(g.repetition_penalty)
@@ -344,14 +345,23 @@ fn generate(model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, g: &Gen) -
     let mut sampler = sampler(g);
     let mut out: Vec<u32> = Vec::new();
     if g.ids {
+        let t0 = Instant::now();
+        let mut first = None;
         model.generate_with(&ids, g.tokens, &mut sampler, |id| {
+            first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
             if Some(id) == end {
                 return false;
             }
             out.push(id);
             true
         })?;
-        println!("{{\"prompt\":{ids:?},\"ids\":{out:?}}}");
+        // Decode rate after the first token (prefill + first draw), as the browser reports it.
+        let (total, first) = (t0.elapsed().as_secs_f64(), first.unwrap_or(0.0));
+        let rate = out.len().saturating_sub(1) as f64 / (total - first).max(1e-9);
+        println!(
+            "{{\"prompt\":{ids:?},\"ids\":{out:?},\"tokens_per_second\":{rate:.1},\"first_token_ms\":{:.1}}}",
+            first * 1e3
+        );
         return Ok(());
     }
     let mut printed = 0;
@@ -424,6 +434,12 @@ fn main() -> Result<(), Error> {
         top_k: num("--top-k", 40.0)? as usize,
         top_p: num("--top-p", 0.95)? as f32,
         repetition_penalty: num("--repetition-penalty", 1.1)? as f32,
+        seed: flag("--seed")
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("--seed {v}: not a whole number"))
+            })
+            .transpose()?,
         q8: args.iter().any(|a| a == "--q8"),
         ids: args.iter().any(|a| a == "--ids"),
     };

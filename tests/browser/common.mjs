@@ -10,8 +10,8 @@ export const models = join(repo, 'www', 'models');
 
 /** The prompt and the native CPU int8 greedy ids (run.sh writes them with the
  * language_model example), stopped at `<|end|>` as the page stops. */
-export async function reference() {
-  const file = join(out, 'reference.json');
+export async function reference(name = 'reference') {
+  const file = join(out, `${name}.json`);
   if (!existsSync(file)) {
     throw new Error(`${file} is missing: run tests/browser/run.sh, which trains and exports the model and writes it`);
   }

@@ -34,6 +34,8 @@ for (let i = 0; i < 2; i++) {
   const r = await model.generate(${JSON.stringify(PROMPT)}, { maxTokens: 24, temperature: 0.9, topK: 40, topP: 0.95, repetitionPenalty: 1.1, seed: 1234 });
   sampled.push(Array.from(r.ids));
 }
+const controller = new AbortController();
+const aborted = await model.generate(${JSON.stringify(PROMPT)}, { maxTokens: 20, stopAtEnd: false, signal: controller.signal }, () => { controller.abort(); });
 const first = await model.chat('fn add(a: i32, b: i32) -> i32 {', { maxTokens: 8, stopAtEnd: false });
 const second = await model.chat('\\n', { maxTokens: 8, stopAtEnd: false });
 const errors = {};
@@ -54,6 +56,7 @@ console.log(JSON.stringify({
   device: model.device(), reason: model.deviceReason(), loadMs,
   ids: Array.from(greedy.ids), streamed, text: greedy.text, rate: greedy.tokensPerSecond, firstTokenMs: greedy.firstTokenMs,
   sampled, turns: [first.tokens, second.tokens, first.promptTokens], errors,
+  aborted: [aborted.tokens, aborted.finish],
 }));
 `);
   const stdout = execFileSync('node', ['main.mjs'], { cwd: app, encoding: 'utf8' });
@@ -64,6 +67,7 @@ console.log(JSON.stringify({
   assert.deepEqual(got.ids, want.ids, 'greedy ids equal the native CPU int8 ids');
   assert.deepEqual(got.streamed, got.ids, 'onToken saw every id');
   assert.deepEqual(got.sampled[0], got.sampled[1], 'a seed repeats');
+  assert.deepEqual(got.aborted, [1, 'stopped'], 'an AbortSignal stops after the current token');
   assert.equal(got.turns[0], 8);
   assert.equal(got.turns[1], 8);
   for (const [name, message] of Object.entries(got.errors)) {

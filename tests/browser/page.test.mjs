@@ -26,11 +26,13 @@ const webgpu = ['--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-web
 let server;
 let origin;
 let want;
+let wantSampled;
 
 before(async () => {
   if (skip) return;
   await mkdir(out, { recursive: true });
   want = await reference();
+  wantSampled = await reference('reference-sampled');
   server = await serve(0);
   origin = `http://127.0.0.1:${server.address().port}`;
 });
@@ -57,8 +59,9 @@ async function waitState(page, states, logs, timeout = 120_000) {
   return page.evaluate(() => document.getElementById('output').dataset.state);
 }
 
-async function generate(page, logs, maxTokens) {
+async function generate(page, logs, maxTokens, temperature = 0) {
   await page.fill('#prompt', PROMPT);
+  await page.$eval('#temperature', (el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }, temperature);
   await page.$eval('#max', (el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }, maxTokens);
   await page.click('#go');
   assert.equal(await waitState(page, ['done', 'error'], logs), 'done', await page.textContent('#status'));
@@ -77,9 +80,13 @@ async function generate(page, logs, maxTokens) {
 
 for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], ['no WebGPU: the CPU fallback', [], 'cpu']]) {
   test(`the page generates the native ids on ${name}`, { skip }, async () => {
-    const { browser, page, logs } = await openPage(args);
+    const { browser, page, logs } = await openPage(args, '?seed=7');
     try {
       assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
+      // Sampled first (temperature 0.8, top-k 40, top-p 0.95, penalty 1.1, seed 7): the
+      // native sampler's ids for the same seed.
+      const sampled = await generate(page, logs, TOKENS, 0.8);
+      assert.deepEqual(sampled.ids, wantSampled.ids, 'seeded sampled ids equal the native ones');
       const got = await generate(page, logs, TOKENS);
       console.log(`${name}: device ${got.device}, ${got.ids.length} tokens, ${got.rate.toFixed(1)} tokens/s, first token ${got.first.toFixed(0)} ms (${await page.getAttribute('#device', 'title')})`);
       assert.equal(got.device, device);

@@ -26,7 +26,11 @@ fi
 mkdir -p tests/browser/out
 "${example[@]}" generate "fn main() {" --from www/models --temperature 0 --repetition-penalty 1 \
     --tokens 32 --ids > tests/browser/out/reference.json
-echo "native CPU int8 reference: $(cat tests/browser/out/reference.json)"
+# The page's sampling settings (temperature 0.8, top-k 40, top-p 0.95, penalty 1.1), seed 7.
+"${example[@]}" generate "fn main() {" --from www/models --temperature 0.8 --top-k 40 --top-p 0.95 \
+    --repetition-penalty 1.1 --seed 7 --tokens 32 --ids > tests/browser/out/reference-sampled.json
+echo "native CPU int8 reference, greedy: $(cat tests/browser/out/reference.json)"
+echo "and sampled with seed 7: $(cat tests/browser/out/reference-sampled.json)"
 
 cd tests/browser
 if [ ! -d node_modules/playwright-core ]; then

@@ -23,6 +23,8 @@ export interface GenerateOptions {
   seed?: number;
   /** Stop at the tokenizer's `<|end|>` token (default true). */
   stopAtEnd?: boolean;
+  /** Aborting it stops the generation after the current token, like `model.stop()`. */
+  signal?: AbortSignal;
 }
 
 export interface GenerateResult {

@@ -203,7 +203,7 @@ impl Model {
     /// Generates a continuation of `prompt` from a fresh conversation. `options`:
     /// `maxTokens` (64), `temperature` (0 = greedy), `topK`, `topP`,
     /// `repetitionPenalty` (1), `seed` (random when absent), `stopAtEnd` (true: stop
-    /// at `<|end|>`). `onToken(text, id)` is called for each new token with the new text
+    /// at `<|end|>`), `signal` (an `AbortSignal`: aborting stops like `stop()`). `onToken(text, id)` is called for each new token with the new text
     /// (possibly empty while a character's bytes are incomplete); returning `false` stops.
     /// Resolves to `{text, ids, promptTokens, tokens, firstTokenMs, totalMs,
     /// tokensPerSecond, device, finish}` (`finish`: "length", "end", "stopped",
@@ -286,6 +286,16 @@ impl Model {
             engine.reset();
         }
         let state = self.state.clone();
+        // An AbortSignal in options.signal stops the generation like stop().
+        let signal = Reflect::get(&options, &"signal".into())
+            .ok()
+            .filter(|s| s.is_object());
+        let aborted = |signal: &Option<JsValue>| {
+            signal
+                .as_ref()
+                .and_then(|s| Reflect::get(s, &"aborted".into()).ok())
+                .is_some_and(|a| a.is_truthy())
+        };
         let mut stream = Stream::new(&tokenizer);
         let mut first_ms = None;
         let mut callback_error = None;
@@ -308,7 +318,7 @@ impl Model {
                             }
                         }
                     }
-                    !state.borrow().stop
+                    !state.borrow().stop && !aborted(&signal)
                 },
                 next_turn,
             )

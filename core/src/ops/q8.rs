@@ -151,13 +151,35 @@ pub fn q8_matmul(
 ) -> Result<()> {
     check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let pc = packed_cols(k);
+    // The activations split by byte lane (xt[t][s] = x[4s + t], zero past k): a packed
+    // word's byte t meets xt[t][s], so the inner loop is the same shifts on every word, a
+    // loop the compiler vectorizes (SIMD128 in the browser's CPU path). The sum is the
+    // same exact integer in any order.
+    let mut xt = [
+        alloc::vec![0i16; pc],
+        alloc::vec![0i16; pc],
+        alloc::vec![0i16; pc],
+        alloc::vec![0i16; pc],
+    ];
     for i in 0..m {
-        let (xq, sx) = quantize_activations(&x[i * k..(i + 1) * k]);
+        let (q, sx) = quantize_activations(&x[i * k..(i + 1) * k]);
+        for (c, &v) in q.iter().enumerate() {
+            xt[c % 4][c / 4] = v as i16;
+        }
         for j in 0..n {
             let row = &packed[j * pc..(j + 1) * pc];
             let mut acc = 0i32;
-            for c in 0..k {
-                acc += q8_at(row, c) as i32 * xq[c] as i32;
+            let lanes = xt[0].iter().zip(&xt[1]).zip(&xt[2]).zip(&xt[3]);
+            for (word, (((x0, x1), x2), x3)) in row.iter().zip(lanes) {
+                // Byte t of the word is bits 8t.. on a little-endian machine (to_ne_bytes).
+                let bits = word.to_bits();
+                let w = if cfg!(target_endian = "big") {
+                    bits.swap_bytes()
+                } else {
+                    bits
+                } as i32;
+                let b = |shift: u32| ((w << shift) >> 24) as i16 as i32;
+                acc += b(24) * *x0 as i32 + b(16) * *x1 as i32 + b(8) * *x2 as i32 + b(0) * *x3 as i32;
             }
             let v = acc as f32 * sx * scales[j];
             out[i * n + j] = if beta == 0.0 { v } else { v + beta * out[i * n + j] };

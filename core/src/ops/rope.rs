@@ -52,16 +52,22 @@ pub fn inv_freq(i: usize, head_dim: usize, theta: f32) -> f32 {
 fn rotate<T: Real>(x: &mut [T], spec: &RopeSpec, sign: T) {
     let d = spec.head_dim;
     let half = d / 2;
+    // The angles of one position serve every head: computed once per position (the same
+    // values as per element, at a fraction of the sin/cos calls).
+    let inv: alloc::vec::Vec<f32> = (0..half).map(|i| inv_freq(i, d, spec.theta)).collect();
+    let mut sin_cos = alloc::vec![(T::ZERO, T::ZERO); half];
     for b in 0..spec.batch {
         for t in 0..spec.seq {
             let pos = (spec.pos_offset + t) as f32;
+            for (sc, &f) in sin_cos.iter_mut().zip(&inv) {
+                // The angle itself is formed in f32 as in PyTorch, so positions agree
+                // exactly; the rotation then runs in T.
+                let angle = T::from_f32(pos * f);
+                *sc = (angle.sin() * sign, angle.cos());
+            }
             for h in 0..spec.heads {
                 let base = ((b * spec.seq + t) * spec.heads + h) * d;
-                for i in 0..half {
-                    // The angle itself is formed in f32 as in PyTorch, so positions agree
-                    // exactly; the rotation then runs in T.
-                    let angle = T::from_f32(pos * inv_freq(i, d, spec.theta));
-                    let (s, c) = (angle.sin() * sign, angle.cos());
+                for (i, &(s, c)) in sin_cos.iter().enumerate() {
                     let x1 = x[base + i];
                     let x2 = x[base + i + half];
                     x[base + i] = x1 * c - x2 * s;
