@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use js_sys::{Function, Object, Reflect, Uint32Array};
-use rusting_brain_core::{CoreError, Sampler};
+use rusting_brain_core::CoreError;
 use rusting_brain_shaders::ShaderError;
 use wasm_bindgen::prelude::*;
 
@@ -380,10 +380,4 @@ fn busy_or_disposed(s: &State) -> WebError {
     } else {
         WebError::Busy
     }
-}
-
-/// Used by the tests: samplers from the same options as JS gets.
-#[doc(hidden)]
-pub fn sampler_for(opts: &GenerateOptions, seed: u64) -> Result<Sampler, WebError> {
-    opts.sampler(seed)
 }

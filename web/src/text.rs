@@ -103,19 +103,22 @@ impl Default for GenerateOptions {
     }
 }
 
-/// `options[key]` as a number, if present (`undefined` and `null` mean absent).
-fn get_number(options: &JsValue, key: &str) -> Result<Option<f64>, WebError> {
+/// `options[key]`, or None where the options or the field are absent (`undefined`, `null`).
+fn field(options: &JsValue, key: &str) -> Result<Option<JsValue>, WebError> {
     if options.is_undefined() || options.is_null() {
         return Ok(None);
     }
     let v = Reflect::get(options, &key.into())
         .map_err(|_| WebError::Invalid("options must be an object".into()))?;
-    if v.is_undefined() || v.is_null() {
-        return Ok(None);
-    }
-    match v.as_f64() {
-        Some(x) if x.is_finite() => Ok(Some(x)),
-        _ => Err(WebError::Invalid(format!(
+    Ok((!v.is_undefined() && !v.is_null()).then_some(v))
+}
+
+/// `options[key]` as a finite number, if present.
+fn get_number(options: &JsValue, key: &str) -> Result<Option<f64>, WebError> {
+    match field(options, key)?.map(|v| v.as_f64()) {
+        None => Ok(None),
+        Some(Some(x)) if x.is_finite() => Ok(Some(x)),
+        Some(_) => Err(WebError::Invalid(format!(
             "options.{key} must be a finite number"
         ))),
     }
@@ -133,31 +136,21 @@ fn get_count(options: &JsValue, key: &str, max: f64) -> Result<Option<u64>, WebE
 }
 
 pub fn get_string(options: &JsValue, key: &str) -> Result<Option<String>, WebError> {
-    if options.is_undefined() || options.is_null() {
-        return Ok(None);
-    }
-    let v = Reflect::get(options, &key.into())
-        .map_err(|_| WebError::Invalid("options must be an object".into()))?;
-    if v.is_undefined() || v.is_null() {
-        return Ok(None);
-    }
-    v.as_string()
-        .map(Some)
-        .ok_or_else(|| WebError::Invalid(format!("options.{key} must be a string")))
+    field(options, key)?
+        .map(|v| {
+            v.as_string()
+                .ok_or_else(|| WebError::Invalid(format!("options.{key} must be a string")))
+        })
+        .transpose()
 }
 
 fn get_bool(options: &JsValue, key: &str) -> Result<Option<bool>, WebError> {
-    if options.is_undefined() || options.is_null() {
-        return Ok(None);
-    }
-    let v = Reflect::get(options, &key.into())
-        .map_err(|_| WebError::Invalid("options must be an object".into()))?;
-    if v.is_undefined() || v.is_null() {
-        return Ok(None);
-    }
-    v.as_bool()
-        .map(Some)
-        .ok_or_else(|| WebError::Invalid(format!("options.{key} must be true or false")))
+    field(options, key)?
+        .map(|v| {
+            v.as_bool()
+                .ok_or_else(|| WebError::Invalid(format!("options.{key} must be true or false")))
+        })
+        .transpose()
 }
 
 impl GenerateOptions {
