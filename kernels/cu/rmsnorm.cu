@@ -1,0 +1,74 @@
+// RMSNorm forward and backward, one block per row. Twin of rusting_brain_core::ops::rmsnorm:
+// out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps);
+// dx = rstd * (g - xhat * mean(g * xhat)) with g = weight * dout, xhat = x * rstd.
+// The weight gradient is written per row (dweight_rows, rows x dim) and summed by
+// `column_sum`, so it is deterministic (no atomics).
+#include "common.cuh"
+
+extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float* inp,
+                                           const float* weight, int rows, int dim, float eps) {
+    __shared__ float scratch[32];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    const float* x = inp + (size_t)r * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += x[i] * x[i];
+    ss = block_sum(ss, scratch);
+    const float s = rsqrtf(ss / (float)dim + eps);
+    if (threadIdx.x == 0) rstd[r] = s;
+    float* o = out + (size_t)r * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = x[i] * s * weight[i];
+}
+
+// The residual form used between blocks: x += y first (x is the residual stream), then
+// out = rmsnorm(x). One pass over x instead of two kernels.
+extern "C" __global__ void residual_rmsnorm_forward(float* x_inout, const float* y, float* out,
+                                                    float* rstd, const float* weight, int rows,
+                                                    int dim, float eps) {
+    __shared__ float scratch[32];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    float* x = x_inout + (size_t)r * dim;
+    const float* yr = y + (size_t)r * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = x[i] + yr[i];
+        x[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float s = rsqrtf(ss / (float)dim + eps);
+    if (threadIdx.x == 0) rstd[r] = s;
+    float* o = out + (size_t)r * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = x[i] * s * weight[i];
+}
+
+extern "C" __global__ void rmsnorm_backward(float* dinp, float* dweight_rows, const float* dout,
+                                            const float* inp, const float* weight,
+                                            const float* rstd, int rows, int dim) {
+    __shared__ float scratch[32];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    const float* x = inp + (size_t)r * dim;
+    const float* dy = dout + (size_t)r * dim;
+    const float s = rstd[r];
+    float dot = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) dot += weight[i] * dy[i] * x[i] * s;
+    const float mean = block_sum(dot, scratch) / (float)dim;
+    float* dx = dinp + (size_t)r * dim;
+    float* dw = dweight_rows + (size_t)r * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float xhat = x[i] * s;
+        dx[i] = s * (weight[i] * dy[i] - xhat * mean);
+        dw[i] = dy[i] * xhat;
+    }
+}
+
+// acc[c] += sum over rows of m[r][c], in row order (deterministic): one thread per column.
+extern "C" __global__ void column_sum(float* acc, const float* m, int rows, int cols) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float s = 0.0f;
+    for (int r = 0; r < rows; r++) s += m[(size_t)r * cols + c];
+    acc[c] += s;
+}
