@@ -52,6 +52,10 @@ pub const SOURCES: &[Source] = &[
         name: "l2norm",
         code: include_str!("../cu/l2norm.cu"),
     },
+    Source {
+        name: "embedding",
+        code: include_str!("../cu/embedding.cu"),
+    },
 ];
 
 /// What can go wrong before a kernel runs; every message says what to change.

@@ -1,0 +1,26 @@
+// Token embedding: the gather and its deterministic gradient. Twin of
+// rusting_brain_core::ops::embedding. Ids are checked on the host before launch.
+
+// out[r] = table[ids[r]]: one thread per output element, grid-stride.
+extern "C" __global__ void embedding_forward(float* out, const float* table, const unsigned int* ids,
+                                             int rows, int dim) {
+    const long long n = (long long)rows * dim;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / dim;
+        const int c = (int)(i % dim);
+        out[i] = table[(long long)ids[r] * dim + c];
+    }
+}
+
+// dtable[ids[r]] += dout[r] for every position r, in position order. One thread owns one
+// column and walks the positions itself, so repeated ids add in a fixed order with no
+// atomics: the same bits on every run (an atomicAdd scatter would not be).
+extern "C" __global__ void embedding_backward(float* dtable, const float* dout, const unsigned int* ids,
+                                              int rows, int dim) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= dim) return;
+    for (int r = 0; r < rows; r++) {
+        dtable[(long long)ids[r] * dim + c] += dout[(long long)r * dim + c];
+    }
+}
