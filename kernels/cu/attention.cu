@@ -1,0 +1,162 @@
+// Causal grouped-query attention in f32, flash style: no (T, T) matrix exists anywhere.
+// Twin of rusting_brain_core::ops::attention (same layouts):
+//   q, out: (batch, q_len, q_heads, head_dim); k, v: (batch, kv_capacity, kv_heads, head_dim),
+//   the first kv_len positions valid; lse: (batch, q_len, q_heads).
+// Query row t sits at position kv_len - q_len + t and sees keys 0..=that position; query
+// head h reads key/value head h / (q_heads / kv_heads); scores are scaled by 1/sqrt(head_dim).
+//
+// One warp per row, each lane holding head_dim / 32 (at most 8) features, so head_dim is a
+// multiple of 32 up to 256. This is the FP32 path; the BF16 tensor-core kernel is the
+// backend's fast path and is checked against this one and core.
+#include "common.cuh"
+
+#define MAX_PER_LANE 8
+
+struct Shape {
+    int batch, q_len, kv_len, kv_capacity, q_heads, kv_heads, head_dim;
+};
+
+__device__ __forceinline__ long long q_index(const Shape& s, int b, int t, int h) {
+    return (((long long)b * s.q_len + t) * s.q_heads + h) * s.head_dim;
+}
+__device__ __forceinline__ long long kv_index(const Shape& s, int b, int j, int kvh) {
+    return (((long long)b * s.kv_capacity + j) * s.kv_heads + kvh) * s.head_dim;
+}
+
+// Forward: online softmax over the visible keys.
+extern "C" __global__ void attention_forward(float* out, float* lse, const float* q, const float* k,
+                                             const float* v, Shape s) {
+    const int warps_per_block = blockDim.x >> 5;
+    const long long row = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const long long rows = (long long)s.batch * s.q_len * s.q_heads;
+    if (row >= rows) return;
+    const int h = (int)(row % s.q_heads);
+    const int t = (int)((row / s.q_heads) % s.q_len);
+    const int b = (int)(row / ((long long)s.q_heads * s.q_len));
+    const int kvh = h / (s.q_heads / s.kv_heads);
+    const int per = s.head_dim >> 5;
+    const float scale = rsqrtf((float)s.head_dim);
+    const float* qr = q + q_index(s, b, t, h);
+    float qv[MAX_PER_LANE], acc[MAX_PER_LANE];
+    for (int e = 0; e < per; e++) {
+        qv[e] = qr[lane + 32 * e] * scale;
+        acc[e] = 0.0f;
+    }
+    float m = RB_NEG_INF, l = 0.0f;
+    const int visible = s.kv_len - s.q_len + t + 1;
+    for (int j = 0; j < visible; j++) {
+        const float* kr = k + kv_index(s, b, j, kvh);
+        float dot = 0.0f;
+        for (int e = 0; e < per; e++) dot += qv[e] * kr[lane + 32 * e];
+        const float score = warp_sum(dot);
+        const float m_new = fmaxf(m, score);
+        const float old = expf(m - m_new), p = expf(score - m_new);
+        const float* vr = v + kv_index(s, b, j, kvh);
+        for (int e = 0; e < per; e++) acc[e] = acc[e] * old + p * vr[lane + 32 * e];
+        l = l * old + p;
+        m = m_new;
+    }
+    float* o = out + q_index(s, b, t, h);
+    for (int e = 0; e < per; e++) o[lane + 32 * e] = acc[e] / l;
+    if (lane == 0) lse[((long long)b * s.q_len + t) * s.q_heads + h] = m + logf(l);
+}
+
+// Backward, query side: dq = scale * sum_j dS_j k_j with p_j = exp(s_j - lse),
+// dS_j = p_j (dout . v_j - dout . out). One warp per query row; writes dq (overwrites).
+extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, const float* q,
+                                                 const float* k, const float* v, const float* out,
+                                                 const float* lse, Shape s) {
+    const int warps_per_block = blockDim.x >> 5;
+    const long long row = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const long long rows = (long long)s.batch * s.q_len * s.q_heads;
+    if (row >= rows) return;
+    const int h = (int)(row % s.q_heads);
+    const int t = (int)((row / s.q_heads) % s.q_len);
+    const int b = (int)(row / ((long long)s.q_heads * s.q_len));
+    const int kvh = h / (s.q_heads / s.kv_heads);
+    const int per = s.head_dim >> 5;
+    const float scale = rsqrtf((float)s.head_dim);
+    const long long qi = q_index(s, b, t, h);
+    float qv[MAX_PER_LANE], dov[MAX_PER_LANE], acc[MAX_PER_LANE];
+    float d_dot_o = 0.0f;
+    for (int e = 0; e < per; e++) {
+        qv[e] = q[qi + lane + 32 * e] * scale;
+        dov[e] = dout[qi + lane + 32 * e];
+        d_dot_o += dov[e] * out[qi + lane + 32 * e];
+        acc[e] = 0.0f;
+    }
+    d_dot_o = warp_sum(d_dot_o);
+    const float row_lse = lse[((long long)b * s.q_len + t) * s.q_heads + h];
+    const int visible = s.kv_len - s.q_len + t + 1;
+    for (int j = 0; j < visible; j++) {
+        const float* kr = k + kv_index(s, b, j, kvh);
+        const float* vr = v + kv_index(s, b, j, kvh);
+        float sd = 0.0f, dp = 0.0f;
+        for (int e = 0; e < per; e++) {
+            sd += qv[e] * kr[lane + 32 * e];
+            dp += dov[e] * vr[lane + 32 * e];
+        }
+        const float p = expf(warp_sum(sd) - row_lse);
+        const float ds = p * (warp_sum(dp) - d_dot_o);
+        for (int e = 0; e < per; e++) acc[e] += ds * kr[lane + 32 * e];
+    }
+    for (int e = 0; e < per; e++) dq[qi + lane + 32 * e] = acc[e] * scale;
+}
+
+// Backward, key side: for key row (b, j, kvh), over every query head of its group and every
+// query row that sees it: dv_j = sum p dout, dk_j = scale * sum dS q. One warp per key row,
+// so every gradient is summed in a fixed order (no atomics). Writes dk, dv (overwrites);
+// rows past kv_len are zeroed.
+extern "C" __global__ void attention_backward_dkv(float* dk, float* dv, const float* dout, const float* q,
+                                                  const float* k, const float* v, const float* out,
+                                                  const float* lse, Shape s) {
+    const int warps_per_block = blockDim.x >> 5;
+    const long long row = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const long long rows = (long long)s.batch * s.kv_capacity * s.kv_heads;
+    if (row >= rows) return;
+    const int kvh = (int)(row % s.kv_heads);
+    const int j = (int)((row / s.kv_heads) % s.kv_capacity);
+    const int b = (int)(row / ((long long)s.kv_heads * s.kv_capacity));
+    const int per = s.head_dim >> 5;
+    const long long ki = kv_index(s, b, j, kvh);
+    float kv_k[MAX_PER_LANE], kv_v[MAX_PER_LANE], dkacc[MAX_PER_LANE], dvacc[MAX_PER_LANE];
+    for (int e = 0; e < per; e++) {
+        kv_k[e] = k[ki + lane + 32 * e];
+        kv_v[e] = v[ki + lane + 32 * e];
+        dkacc[e] = 0.0f;
+        dvacc[e] = 0.0f;
+    }
+    if (j < s.kv_len) {
+        const float scale = rsqrtf((float)s.head_dim);
+        const int group = s.q_heads / s.kv_heads;
+        // Query row t sees key j when j <= kv_len - q_len + t.
+        int t0 = j - (s.kv_len - s.q_len);
+        if (t0 < 0) t0 = 0;
+        for (int g = 0; g < group; g++) {
+            const int h = kvh * group + g;
+            for (int t = t0; t < s.q_len; t++) {
+                const long long qi = q_index(s, b, t, h);
+                float sd = 0.0f, dp = 0.0f, d_dot_o = 0.0f;
+                for (int e = 0; e < per; e++) {
+                    const float dov = dout[qi + lane + 32 * e];
+                    sd += q[qi + lane + 32 * e] * scale * kv_k[e];
+                    dp += dov * kv_v[e];
+                    d_dot_o += dov * out[qi + lane + 32 * e];
+                }
+                const float p = expf(warp_sum(sd) - lse[((long long)b * s.q_len + t) * s.q_heads + h]);
+                const float ds = p * (warp_sum(dp) - warp_sum(d_dot_o));
+                for (int e = 0; e < per; e++) {
+                    dvacc[e] += p * dout[qi + lane + 32 * e];
+                    dkacc[e] += ds * q[qi + lane + 32 * e] * scale;
+                }
+            }
+        }
+    }
+    for (int e = 0; e < per; e++) {
+        dk[ki + lane + 32 * e] = dkacc[e];
+        dv[ki + lane + 32 * e] = dvacc[e];
+    }
+}
