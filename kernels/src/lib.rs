@@ -65,7 +65,7 @@ pub const SOURCES: &[Source] = &[
 /// What can go wrong before a kernel runs; every message says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
-    #[error("the CUDA library `{lib}` is not installed or not on the loader path (tried {tried}); install the NVIDIA driver (libcuda) and NVRTC (the CUDA toolkit, or the nvidia-cuda-nvrtc-cu12 wheel on LD_LIBRARY_PATH), or use another backend")]
+    #[error("the CUDA library `{lib}` is not installed or not on the loader path (tried {tried}); install the NVIDIA driver (libcuda) and NVRTC (the CUDA toolkit, or the nvidia-cuda-nvrtc-cu12 wheel on LD_LIBRARY_PATH; docs/INSTALL_CUDA.md), or use another backend")]
     LibraryMissing { lib: &'static str, tried: String },
     #[error("NVRTC could not compile kernel file `{kernel}` for {arch}: {message}\n{log}")]
     Compile {
