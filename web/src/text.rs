@@ -176,6 +176,25 @@ impl GenerateOptions {
     /// The core sampler these options describe: greedy at temperature 0, else drawn
     /// with `seed`. Checked (a negative temperature, top-p outside (0, 1], ...).
     pub fn sampler(&self, seed: u64) -> Result<Sampler, WebError> {
+        // Checked here under the JS names; the core sampler's own check (below) names its
+        // Rust fields.
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(WebError::Invalid(format!(
+                "options.temperature is {}; it must be 0 (greedy) or more",
+                self.temperature
+            )));
+        }
+        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return Err(WebError::Invalid(format!(
+                "options.topP is {p}; it must be in (0, 1]"
+            )));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(WebError::Invalid(format!(
+                "options.repetitionPenalty is {}; it must be above 0 (1 is off)",
+                self.repetition_penalty
+            )));
+        }
         let mut s = if self.temperature == 0.0 {
             Sampler::greedy()
         } else {
