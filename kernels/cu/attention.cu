@@ -23,18 +23,32 @@ __device__ __forceinline__ long long kv_index(const Shape& s, int b, int j, int 
     return (((long long)b * s.kv_capacity + j) * s.kv_heads + kvh) * s.head_dim;
 }
 
+// This warp's row in a grid of warps (blockDim.x a multiple of 32).
+__device__ __forceinline__ long long warp_row() {
+    return (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+
+// The query row (b, t, h) a warp owns, and its key/value head; false past the last row.
+struct QueryRow {
+    int b, t, h, kvh;
+};
+__device__ __forceinline__ bool query_row(const Shape& s, QueryRow* r) {
+    const long long row = warp_row();
+    if (row >= (long long)s.batch * s.q_len * s.q_heads) return false;
+    r->h = (int)(row % s.q_heads);
+    r->t = (int)((row / s.q_heads) % s.q_len);
+    r->b = (int)(row / ((long long)s.q_heads * s.q_len));
+    r->kvh = r->h / (s.q_heads / s.kv_heads);
+    return true;
+}
+
 // Forward: online softmax over the visible keys.
 extern "C" __global__ void attention_forward(float* out, float* lse, const float* q, const float* k,
                                              const float* v, Shape s) {
-    const int warps_per_block = blockDim.x >> 5;
-    const long long row = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
+    QueryRow r;
+    if (!query_row(s, &r)) return;
+    const int b = r.b, t = r.t, h = r.h, kvh = r.kvh;
     const int lane = threadIdx.x & 31;
-    const long long rows = (long long)s.batch * s.q_len * s.q_heads;
-    if (row >= rows) return;
-    const int h = (int)(row % s.q_heads);
-    const int t = (int)((row / s.q_heads) % s.q_len);
-    const int b = (int)(row / ((long long)s.q_heads * s.q_len));
-    const int kvh = h / (s.q_heads / s.kv_heads);
     const int per = s.head_dim >> 5;
     const float scale = rsqrtf((float)s.head_dim);
     const float* qr = q + q_index(s, b, t, h);
@@ -67,15 +81,10 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
 extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, const float* q,
                                                  const float* k, const float* v, const float* out,
                                                  const float* lse, Shape s) {
-    const int warps_per_block = blockDim.x >> 5;
-    const long long row = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
+    QueryRow r;
+    if (!query_row(s, &r)) return;
+    const int b = r.b, t = r.t, h = r.h, kvh = r.kvh;
     const int lane = threadIdx.x & 31;
-    const long long rows = (long long)s.batch * s.q_len * s.q_heads;
-    if (row >= rows) return;
-    const int h = (int)(row % s.q_heads);
-    const int t = (int)((row / s.q_heads) % s.q_len);
-    const int b = (int)(row / ((long long)s.q_heads * s.q_len));
-    const int kvh = h / (s.q_heads / s.kv_heads);
     const int per = s.head_dim >> 5;
     const float scale = rsqrtf((float)s.head_dim);
     const long long qi = q_index(s, b, t, h);
@@ -112,8 +121,7 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, c
 extern "C" __global__ void attention_backward_dkv(float* dk, float* dv, const float* dout, const float* q,
                                                   const float* k, const float* v, const float* out,
                                                   const float* lse, Shape s) {
-    const int warps_per_block = blockDim.x >> 5;
-    const long long row = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
+    const long long row = warp_row();
     const int lane = threadIdx.x & 31;
     const long long rows = (long long)s.batch * s.kv_capacity * s.kv_heads;
     if (row >= rows) return;

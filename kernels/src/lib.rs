@@ -26,40 +26,26 @@ pub struct Source {
 /// are strings, not files NVRTC could find).
 const COMMON: &str = include_str!("../cu/common.cuh");
 
+/// A kernel file of `cu/` by its op name.
+macro_rules! source {
+    ($name:literal) => {
+        Source {
+            name: $name,
+            code: include_str!(concat!("../cu/", $name, ".cu")),
+        }
+    };
+}
+
 /// Every kernel file.
 pub const SOURCES: &[Source] = &[
-    Source {
-        name: "rmsnorm",
-        code: include_str!("../cu/rmsnorm.cu"),
-    },
-    Source {
-        name: "swiglu",
-        code: include_str!("../cu/swiglu.cu"),
-    },
-    Source {
-        name: "rope",
-        code: include_str!("../cu/rope.cu"),
-    },
-    Source {
-        name: "cross_entropy",
-        code: include_str!("../cu/cross_entropy.cu"),
-    },
-    Source {
-        name: "adamw",
-        code: include_str!("../cu/adamw.cu"),
-    },
-    Source {
-        name: "l2norm",
-        code: include_str!("../cu/l2norm.cu"),
-    },
-    Source {
-        name: "embedding",
-        code: include_str!("../cu/embedding.cu"),
-    },
-    Source {
-        name: "attention",
-        code: include_str!("../cu/attention.cu"),
-    },
+    source!("rmsnorm"),
+    source!("swiglu"),
+    source!("rope"),
+    source!("cross_entropy"),
+    source!("adamw"),
+    source!("l2norm"),
+    source!("embedding"),
+    source!("attention"),
 ];
 
 /// What can go wrong before a kernel runs; every message says what to change.

@@ -57,10 +57,16 @@ pub struct Engine {
     reason: String,
     /// Every id fed or drawn since the last reset (the repetition penalty's context).
     context: Vec<u32>,
-    /// Logits of the last position, on the CPU path, waiting for the next draw.
-    pending: Option<Vec<f32>>,
-    /// The GPU has logits waiting for the next draw.
-    gpu_pending: bool,
+    /// Logits of the last position waiting for the next draw.
+    pending: Option<Pending>,
+}
+
+/// Where the logits of the last fed position are.
+enum Pending {
+    /// On the CPU path: here.
+    Host(Vec<f32>),
+    /// On the GPU, where the draw reads them.
+    Device,
 }
 
 /// Bytes the CPU path will hold for a model with this file size and configuration: the
@@ -136,7 +142,6 @@ impl Engine {
             reason,
             context: Vec::new(),
             pending: None,
-            gpu_pending: false,
         })
     }
 
@@ -174,7 +179,6 @@ impl Engine {
         }
         self.context.clear();
         self.pending = None;
-        self.gpu_pending = false;
     }
 
     /// Runs `ids` after the conversation so far. Checked whole first (ids inside the
@@ -201,11 +205,11 @@ impl Engine {
         }
         match &mut self.device {
             Device::Cpu { model, cache } => {
-                self.pending = Some(model.forward_cached(ids, cache)?);
+                self.pending = Some(Pending::Host(model.forward_cached(ids, cache)?));
             }
             Device::Gpu { lm, cache } => {
                 lm.forward(ids, cache)?;
-                self.gpu_pending = true;
+                self.pending = Some(Pending::Device);
             }
         }
         self.context.extend_from_slice(ids);
@@ -215,18 +219,10 @@ impl Engine {
     /// Draws the next id from the last position's logits (as `Sampler::sample` would on
     /// them, on either device) without feeding it.
     pub async fn draw(&mut self, sampler: &mut Sampler) -> Result<u32, WebError> {
-        let id = match &mut self.device {
-            Device::Cpu { .. } => {
-                let logits = self.pending.take().ok_or_else(no_logits)?;
-                sampler.sample(&logits, &self.context)?
-            }
-            Device::Gpu { lm, .. } => {
-                if !self.gpu_pending {
-                    return Err(no_logits());
-                }
-                self.gpu_pending = false;
-                lm.draw(sampler, &self.context).await?
-            }
+        let id = match (self.pending.take(), &mut self.device) {
+            (Some(Pending::Host(logits)), _) => sampler.sample(&logits, &self.context)?,
+            (Some(Pending::Device), Device::Gpu { lm, .. }) => lm.draw(sampler, &self.context).await?,
+            _ => return Err(no_logits()),
         };
         Ok(id)
     }
@@ -275,15 +271,6 @@ impl Engine {
             pause().await;
         };
         Ok(Generated { ids, finish })
-    }
-
-    /// The last position's logits (`vocab_size` values), for tests and inspection.
-    pub async fn logits(&mut self) -> Result<Vec<f32>, WebError> {
-        match &self.device {
-            Device::Cpu { .. } => self.pending.clone().ok_or_else(no_logits),
-            Device::Gpu { lm, .. } if self.gpu_pending => Ok(lm.logits().await?),
-            Device::Gpu { .. } => Err(no_logits()),
-        }
     }
 
     /// Frees the model's memory (GPU buffers included) now; the engine answers every

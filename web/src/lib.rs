@@ -73,7 +73,8 @@ fn js_err(e: WebError) -> JsError {
 /// generation (so a second call finds it busy instead of aliasing it).
 struct State {
     engine: Option<Engine>,
-    tokenizer: tokenizers::Tokenizer,
+    /// Shared with a running generation, which decodes while the state stays borrowable.
+    tokenizer: Rc<tokenizers::Tokenizer>,
     /// The id that ends a reply (`<|end|>` in the language_model example's vocabulary).
     end: Option<u32>,
     busy: bool,
@@ -153,7 +154,7 @@ impl Model {
             reason: engine.reason().to_string(),
             state: Rc::new(RefCell::new(State {
                 engine: Some(engine),
-                tokenizer,
+                tokenizer: Rc::new(tokenizer),
                 end,
                 busy: false,
                 stop: false,
