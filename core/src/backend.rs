@@ -32,6 +32,13 @@ pub trait Backend {
     /// A short name for messages ("reference", "cpu", "cuda", "wgpu").
     fn name(&self) -> &'static str;
 
+    /// Waits until every queued operation has finished, reporting a failure of any of them.
+    /// Host backends finish each call before returning; a device backend that queues work
+    /// overrides this (timing wrappers fence each primitive with it).
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
     // ----- memory -----
     /// A new buffer of `len` zeros.
     fn zeros(&self, len: usize) -> Result<Self::Buffer>;
@@ -63,6 +70,15 @@ pub trait Backend {
     fn scale(&self, x: &mut Self::Buffer, alpha: f32) -> Result<()>;
     /// sum(x^2), accumulated in f64 where the backend can.
     fn sum_of_squares(&self, x: &Self::Buffer) -> Result<f64>;
+    /// The sum of `sum_of_squares` over several buffers (a global gradient norm). A device
+    /// backend overrides it to read back one total instead of one value per buffer.
+    fn sum_of_squares_many(&self, xs: &[&Self::Buffer]) -> Result<f64> {
+        let mut total = 0.0;
+        for x in xs {
+            total += self.sum_of_squares(x)?;
+        }
+        Ok(total)
+    }
 
     // ----- dense layers -----
     /// See [`crate::ops::matmul::matmul`].
@@ -303,9 +319,5 @@ pub trait Backend {
 /// The global L2 norm over several buffers (gradient clipping): `sqrt(sum of sum(x^2))`.
 /// NaN/Inf anywhere gives a NaN/Inf norm, which the caller reports.
 pub fn global_l2_norm<B: Backend + ?Sized>(backend: &B, buffers: &[&B::Buffer]) -> Result<f64> {
-    let mut total = 0.0;
-    for b in buffers {
-        total += backend.sum_of_squares(b)?;
-    }
-    Ok(libm::sqrt(total))
+    Ok(libm::sqrt(backend.sum_of_squares_many(buffers)?))
 }

@@ -46,6 +46,11 @@ pub const SOURCES: &[Source] = &[
     source!("l2norm"),
     source!("embedding"),
     source!("attention"),
+    source!("flash_attention"),
+    source!("elementwise"),
+    source!("softmax"),
+    source!("moe"),
+    source!("q8"),
 ];
 
 /// What can go wrong before a kernel runs; every message says what to change.

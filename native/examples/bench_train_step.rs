@@ -2,6 +2,13 @@
 //! with a per-primitive breakdown of our step and the peak memory.
 //!
 //!     cargo run --release -p rusting_brain --example bench_train_step -- 8 256 cpu [--moe]
+//!     cargo run --release -p rusting_brain --example bench_train_step --features cuda -- 4 1024 cuda
+//!
+//! On `cuda` the model is the 101.7M configuration (d_model 768, 16 layers, heads 12/4/64,
+//! d_ff 1408, vocab 32000) in mixed precision (BF16 GEMMs and attention, FP32 master
+//! weights), beside `torch_lm.py --device cuda --compile --bf16` at the same shape; it also
+//! prints the step's breakdown by primitive (each fenced with a device synchronize) and the
+//! MFU against the BF16 GEMM peak measured on the same device (see `cuda` below).
 //!
 //! Shape: d_model 256, 6 layers, heads 8/2/32, d_ff 704, vocab 4096, batch x seq from the
 //! arguments. PyTorch runs `../shared/bench/torch_lm.py` (or `$RB_TORCH_LM`) through
@@ -80,8 +87,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batch: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(8);
     let seq: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(256);
     let device = args.get(2).map_or("cpu", |s| s.as_str());
-    if device != "cpu" {
-        return Err(format!("device `{device}`: only `cpu` is built so far").into());
+    match device {
+        "cpu" => {}
+        #[cfg(feature = "cuda")]
+        "cuda" => return cuda::run(batch, seq, moe),
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => return Err("device `cuda`: build with --features cuda".into()),
+        other => return Err(format!("device `{other}`: expected cpu or cuda").into()),
     }
     let base = || {
         TransformerLm::builder()
@@ -207,4 +219,172 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     print!("{}", pm.backend.breakdown(steps, wall, false));
     Ok(())
+}
+
+/// The `cuda` device: the 101.7M model on GPU 0 against torch.compile on the same GPU.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::time::Instant;
+
+    use rusting_brain::core::backend::{MatmulSpec, Precision};
+    use rusting_brain::core::models::transformer::{TokenBatch, TransformerModel};
+    use rusting_brain::core::Rng;
+    use rusting_brain::cuda::CudaBackend;
+    use rusting_brain::profile::Profiled;
+    use rusting_brain::{Backend, Optimizer, TransformerLm};
+
+    /// The largest square BF16 GEMM's TFLOP/s on this device: the peak MFU is measured
+    /// against (8192^3, best of 10 after a warm-up).
+    pub fn gemm_peak(
+        b: &CudaBackend,
+        n: usize,
+        precision: Precision,
+    ) -> Result<f64, Box<dyn std::error::Error>> {
+        let x = b.upload(&vec![0.01f32; n * n])?;
+        let w = b.upload(&vec![0.01f32; n * n])?;
+        let mut y = b.zeros(n * n)?;
+        let spec = MatmulSpec::new(n, n, n).trans_b(true).precision(precision);
+        b.matmul(&mut y, &x, &w, &spec)?;
+        b.synchronize()?;
+        let mut best = f64::MAX;
+        for _ in 0..10 {
+            let t = Instant::now();
+            b.matmul(&mut y, &x, &w, &spec)?;
+            b.synchronize()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * (n as f64).powi(3) / best / 1e12)
+    }
+
+    pub fn run(batch: usize, seq: usize, moe: bool) -> Result<(), Box<dyn std::error::Error>> {
+        let budget: usize = std::env::var("RB_CUDA_BUDGET_MIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60_000);
+        let (d, layers, hq, hkv, hd, ff, vocab) = (768, 16, 12, 4, 64, 1408, 32_000);
+        let mut builder = TransformerLm::builder()
+            .vocab_size(vocab)
+            .d_model(d)
+            .n_layers(layers)
+            .heads(hq, hkv, hd)
+            .d_ff(ff)
+            .max_seq_len(seq)
+            .optimizer(Optimizer::adam(3e-4).weight_decay(0.1))
+            .seed(0);
+        if moe {
+            builder = builder.experts(8, 2).expert_d_ff(ff / 2);
+        }
+        let mut model = builder.build()?;
+        model.set_mixed_precision(true);
+        model.to_cuda(0, budget)?;
+        let mut rng = Rng::new(1);
+        let seqs: Vec<Vec<u32>> = (0..batch)
+            .map(|_| (0..=seq).map(|_| rng.below(vocab as u64) as u32).collect())
+            .collect();
+        for _ in 0..3 {
+            model.train_step(&seqs)?;
+        }
+        let mut times = Vec::new();
+        for _ in 0..10 {
+            let t = Instant::now();
+            // train_step ends with the step's loss on the host, so each step is complete.
+            model.train_step(&seqs)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        let step_s = times[times.len() / 2];
+        let tokens = (batch * seq) as f64;
+        let ours = tokens / step_s;
+        let flops_per_token = 6.0 * model.config().forward_macs_per_token(seq);
+
+        let probe = CudaBackend::new(0, 4096)?;
+        let peak = gemm_peak(&probe, 8192, Precision::Bf16)?;
+        let mfu = ours * flops_per_token / (peak * 1e12);
+
+        let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
+        let script = std::env::var("RB_TORCH_LM").unwrap_or_else(|_| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/bench/torch_lm.py").to_string()
+        });
+        let dims = [
+            ("--d-model", d),
+            ("--layers", layers),
+            ("--heads", hq),
+            ("--kv-heads", hkv),
+            ("--head-dim", hd),
+            ("--d-ff", ff),
+            ("--vocab", vocab),
+            ("--batch", batch),
+            ("--seq", seq),
+        ];
+        let mut cmd = std::process::Command::new(&python);
+        cmd.arg(&script);
+        for (k, v) in dims {
+            cmd.args([k, &v.to_string()]);
+        }
+        cmd.args(["--device", "cuda", "--compile", "--bf16"]);
+        let torch = cmd.output().ok().filter(|o| o.status.success()).and_then(|o| {
+            let line = String::from_utf8_lossy(&o.stdout).lines().last()?.to_string();
+            let v: serde_json::Value = serde_json::from_str(&line).ok()?;
+            v["train_tokens_per_s"].as_f64()
+        });
+
+        println!(
+            "bench_train_step cuda: {} on {}; {}; batch {batch} x {seq}; BF16 GEMMs + attention, FP32 master weights; TF32 off",
+            model.parameter_counts(),
+            model.device().unwrap_or_default(),
+            if moe { "8 experts of 704, top-2" } else { "dense" },
+        );
+        println!("{:<40} {:>12} {:>10} {:>9}", "", "tokens/s", "TFLOP/s", "ratio");
+        println!(
+            "{:<40} {ours:>12.0} {:>10.1} {:>9}",
+            "rusting_brain (cuda, bf16)",
+            ours * flops_per_token / 1e12,
+            "1.00x"
+        );
+        match torch {
+            Some(t) => println!(
+                "{:<40} {t:>12.0} {:>10.1} {:>9.2}x",
+                "PyTorch compile bf16 (same GPU)",
+                t * flops_per_token / 1e12,
+                ours / t
+            ),
+            None => println!(
+                "PyTorch compile bf16: not run ({python} {script} failed; set RB_PYTHON / RB_TORCH_LM)"
+            ),
+        }
+        println!(
+            "step {:.1} ms (median of 10); MFU {:.1}% of the measured BF16 GEMM peak {peak:.0} TFLOP/s (8192^3); FLOPs = 6 x forward multiply-adds per token",
+            step_s * 1e3,
+            mfu * 100.0
+        );
+
+        // The breakdown: the same step on a fenced (synchronize after each op) backend.
+        let profiled = Profiled::new(CudaBackend::new(0, budget)?);
+        profiled.inner.set_bf16_attention(true);
+        let mut pm = TransformerModel::new(profiled, model.config().clone(), 0)?;
+        pm.precision = Precision::Bf16;
+        let tb = TokenBatch::new(&seqs)?;
+        let opt = Optimizer::adam(3e-4).weight_decay(0.1);
+        for _ in 0..2 {
+            pm.zero_grad()?;
+            pm.accumulate(&tb)?;
+            pm.step(&opt, 1.0)?;
+        }
+        pm.backend.reset();
+        let steps = 3;
+        let t = Instant::now();
+        for _ in 0..steps {
+            pm.zero_grad()?;
+            pm.accumulate(&tb)?;
+            pm.step(&opt, 1.0)?;
+        }
+        pm.backend.synchronize()?;
+        let wall = t.elapsed().as_secs_f64() / steps as f64;
+        println!(
+            "\nper step, by primitive, fenced ({steps} steps, {:.1} ms a step; fencing adds launch gaps):",
+            wall * 1e3
+        );
+        print!("{}", pm.backend.breakdown(steps, wall, false));
+        Ok(())
+    }
 }

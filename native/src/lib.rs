@@ -32,6 +32,8 @@
 
 mod checkpoint;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod dataset;
 mod error;
 mod files;

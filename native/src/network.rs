@@ -37,6 +37,8 @@ pub(crate) enum Engine {
     Cpu(DenseModel<CpuBackend>),
     #[cfg(feature = "gpu")]
     Gpu(DenseModel<rusting_brain_shaders::WgpuBackend>),
+    #[cfg(feature = "cuda")]
+    Cuda(DenseModel<crate::cuda::CudaBackend>),
 }
 
 /// What `Network` needs of a dense model, whatever its backend: the model definition is
@@ -225,6 +227,8 @@ impl Network {
             Ok(Engine::Cpu(m)) => Ok(m),
             #[cfg(feature = "gpu")]
             Ok(Engine::Gpu(m)) => Ok(m),
+            #[cfg(feature = "cuda")]
+            Ok(Engine::Cuda(m)) => Ok(m),
             Err(e) => Err(NetworkError::InvalidConfig(e.clone())),
         }
     }
@@ -234,8 +238,37 @@ impl Network {
             Ok(Engine::Cpu(m)) => Ok(m),
             #[cfg(feature = "gpu")]
             Ok(Engine::Gpu(m)) => Ok(m),
+            #[cfg(feature = "cuda")]
+            Ok(Engine::Cuda(m)) => Ok(m),
             Err(e) => Err(NetworkError::InvalidConfig(e.clone())),
         }
+    }
+
+    /// Moves the network (weights, gradients, optimizer state, step count) to CUDA device
+    /// `ordinal` (feature `cuda`), holding at most `budget_mib` MiB there; everything the
+    /// network's parameters and optimizer need is counted against the budget before any of
+    /// it is allocated. `fit`, `predict` and `evaluate` then run there. A missing driver,
+    /// device or library is an error, never a silent CPU run. `to_cpu` brings it back.
+    #[cfg(feature = "cuda")]
+    pub fn to_cuda(&mut self, ordinal: usize, budget_mib: usize) -> Result<()> {
+        let model = match &self.engine {
+            Ok(Engine::Cpu(m)) => m,
+            Ok(Engine::Cuda(_)) => return Ok(()),
+            #[cfg(feature = "gpu")]
+            Ok(Engine::Gpu(_)) => {
+                return Err(NetworkError::InvalidInput(
+                    "the network is on a wgpu device; call to_cpu() before to_cuda()".into(),
+                ))
+            }
+            Err(e) => return Err(NetworkError::InvalidConfig(e.clone())),
+        };
+        let cuda = crate::cuda::CudaBackend::new(ordinal, budget_mib)?;
+        // Weights, biases, their gradients and two optimizer moments each.
+        let bytes = model.config.parameter_count() * 4 * 4;
+        cuda.check_room(bytes, "the network's parameters, gradients and optimizer state")?;
+        let moved = model.to_backend(cuda)?;
+        self.engine = Ok(Engine::Cuda(moved));
+        Ok(())
     }
 
     /// Moves the network (weights, gradients, optimizer state, step count) to the default
@@ -257,6 +290,12 @@ impl Network {
         let model = match &self.engine {
             Ok(Engine::Cpu(m)) => m,
             Ok(Engine::Gpu(_)) => return Ok(()),
+            #[cfg(feature = "cuda")]
+            Ok(Engine::Cuda(_)) => {
+                return Err(NetworkError::InvalidInput(
+                    "the network is on a CUDA device; call to_cpu() before to_gpu()".into(),
+                ))
+            }
             Err(e) => return Err(NetworkError::InvalidConfig(e.clone())),
         };
         let gpu = rusting_brain_shaders::Gpu::new_blocking(options)?;
@@ -272,6 +311,11 @@ impl Network {
             let moved = m.to_backend(CpuBackend::new())?;
             self.engine = Ok(Engine::Cpu(moved));
         }
+        #[cfg(feature = "cuda")]
+        if let Ok(Engine::Cuda(m)) = &self.engine {
+            let moved = m.to_backend(CpuBackend::new())?;
+            self.engine = Ok(Engine::Cpu(moved));
+        }
         Ok(())
     }
 
@@ -283,6 +327,8 @@ impl Network {
                 let info = m.backend.gpu().adapter_info();
                 format!("{} ({:?})", info.name, info.backend)
             }
+            #[cfg(feature = "cuda")]
+            Ok(Engine::Cuda(m)) => format!("{} (CUDA)", m.backend.device_name()),
             _ => "cpu".into(),
         }
     }

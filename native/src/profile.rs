@@ -24,6 +24,9 @@ impl<B: Backend> Profiled<B> {
     fn time<R>(&self, op: &'static str, f: impl FnOnce() -> R) -> R {
         let t = Instant::now();
         let r = f();
+        // A device backend queues work: fence it so the time is the op's, not its launch's.
+        // A failure surfaces again at the next call that reads a result.
+        let _ = self.inner.synchronize();
         let mut times = self.times.borrow_mut();
         let e = times.entry(op).or_insert((0, Duration::ZERO));
         e.0 += 1;
@@ -79,6 +82,9 @@ impl<B: Backend> Backend for Profiled<B> {
 
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
     }
     fn zeros(&self, len: usize) -> Result<B::Buffer> {
         self.time("zeros", || self.inner.zeros(len))

@@ -248,6 +248,33 @@ enum LmEngine {
         Box<TransformerModel<CpuBackend>>,
         Box<rusting_brain_shaders::lm::GpuLm>,
     ),
+    /// Training on an NVIDIA GPU; the host copy is brought up to date by `sync_from_device`.
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::cuda::CudaLm>),
+}
+
+/// A minimal valid model that holds the engine's place while a model moves between
+/// devices (nothing can observe it: the move replaces it before returning).
+#[cfg(any(feature = "gpu", feature = "cuda"))]
+fn placeholder() -> Result<LmEngine> {
+    let config = TransformerConfig {
+        vocab_size: 1,
+        d_model: 2,
+        n_layers: 1,
+        q_heads: 1,
+        kv_heads: 1,
+        head_dim: 2,
+        d_ff: 1,
+        max_seq_len: 1,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        moe: None,
+    };
+    Ok(LmEngine::Cpu(TransformerModel::new(
+        CpuBackend::new(),
+        config,
+        0,
+    )?))
 }
 
 /// A decoder-only transformer language model. Build one with [`TransformerLm::builder`].
@@ -319,6 +346,8 @@ impl TransformerLm {
             LmEngine::Cpu(m) => m,
             #[cfg(feature = "gpu")]
             LmEngine::Gpu(m, _) => m,
+            #[cfg(feature = "cuda")]
+            LmEngine::Cuda(c) => &c.host,
         }
     }
     fn model_mut(&mut self) -> &mut TransformerModel<CpuBackend> {
@@ -326,7 +355,92 @@ impl TransformerLm {
             LmEngine::Cpu(m) => m,
             #[cfg(feature = "gpu")]
             LmEngine::Gpu(m, _) => m,
+            #[cfg(feature = "cuda")]
+            LmEngine::Cuda(c) => &mut c.host,
         }
+    }
+
+    /// The device model when the model trains on CUDA.
+    #[cfg(feature = "cuda")]
+    fn cuda_mut(&mut self) -> Option<&mut crate::cuda::CudaLm> {
+        match &mut self.engine {
+            LmEngine::Cuda(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Errors while the model trains on CUDA and the host copy is behind the device.
+    fn host_current(&self, what: &str) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let LmEngine::Cuda(c) = &self.engine {
+            if !c.synced {
+                return Err(crate::cuda::CudaLm::stale(what));
+            }
+        }
+        let _ = what;
+        Ok(())
+    }
+
+    /// Moves the model to CUDA device `ordinal` for training (feature `cuda`): weights,
+    /// gradients, Adam moments, step count and mixed-precision setting. `budget_mib` caps
+    /// the device memory it may hold (a 12 GiB card: about 9,000); the weights, gradients and
+    /// moments are counted against it before anything is allocated, activations when a
+    /// batch shape is first seen, and going over is an error, not an allocation.
+    ///
+    /// Afterwards `train_step`, `accumulate_step`, `step`, `step_clipped`, `evaluate`,
+    /// `forward_batch` and decoding run on the device; a driver, cuBLAS, kernel,
+    /// allocation or numerical failure is an error, never a silent CPU run. Call
+    /// [`TransformerLm::sync_from_device`] before `save_bin`, or [`TransformerLm::to_cpu`]
+    /// to come back. An int8 model cannot move (its f32 weights are gone).
+    #[cfg(feature = "cuda")]
+    pub fn to_cuda(&mut self, ordinal: usize, budget_mib: usize) -> Result<()> {
+        match &self.engine {
+            LmEngine::Cuda(_) => return Ok(()),
+            #[cfg(feature = "gpu")]
+            LmEngine::Gpu(..) => {
+                return Err(NetworkError::InvalidInput(
+                    "to_cuda: the model is on a wgpu device for int8 inference; load the f32 model to train on CUDA".into(),
+                ))
+            }
+            LmEngine::Cpu(_) => {}
+        }
+        let device = crate::cuda::CudaLm::device_copy(self.model(), ordinal, budget_mib)?;
+        let LmEngine::Cpu(host) = std::mem::replace(&mut self.engine, placeholder()?) else {
+            unreachable!("checked above")
+        };
+        self.engine = LmEngine::Cuda(Box::new(crate::cuda::CudaLm {
+            host,
+            device,
+            synced: true,
+        }));
+        Ok(())
+    }
+
+    /// Copies the weights, gradients, moments and step count from the CUDA device to the
+    /// host copy, which `save_bin`, `save_optimizer_state` and `named_parameters` read. A
+    /// no-op off CUDA.
+    pub fn sync_from_device(&mut self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda_mut() {
+            if !c.synced {
+                c.sync()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings a model on CUDA back to the CPU (everything `sync_from_device` copies), and
+    /// frees its device memory. A no-op on the CPU; an int8 model on wgpu stays there.
+    pub fn to_cpu(&mut self) -> Result<()> {
+        self.sync_from_device()?;
+        #[cfg(feature = "cuda")]
+        if let LmEngine::Cuda(_) = self.engine {
+            let LmEngine::Cuda(c) = std::mem::replace(&mut self.engine, placeholder()?) else {
+                unreachable!("checked above")
+            };
+            self.engine = LmEngine::Cpu(c.host);
+        }
+        Ok(())
     }
 
     /// Moves an int8 model (after [`TransformerLm::quantize`] or a Q8 `load_bin`) to the
@@ -347,17 +461,19 @@ impl TransformerLm {
     /// bytes per storage binding (larger weights are split into row slabs).
     #[cfg(feature = "gpu")]
     pub fn to_gpu_with(&mut self, options: &crate::GpuOptions) -> Result<()> {
-        if let LmEngine::Gpu(..) = self.engine {
-            return Ok(());
+        match self.engine {
+            LmEngine::Gpu(..) => return Ok(()),
+            #[cfg(feature = "cuda")]
+            LmEngine::Cuda(_) => {
+                return Err(NetworkError::InvalidInput(
+                    "to_gpu: the model trains on CUDA; call to_cpu() and quantize() first".into(),
+                ))
+            }
+            LmEngine::Cpu(_) => {}
         }
         let gpu =
             rusting_brain_shaders::block_on(rusting_brain_shaders::lm::GpuLm::new(self.model(), options))?;
-        let placeholder = LmEngine::Cpu(TransformerModel::new(
-            CpuBackend::new(),
-            self.config().clone(),
-            0,
-        )?);
-        let LmEngine::Cpu(model) = std::mem::replace(&mut self.engine, placeholder) else {
+        let LmEngine::Cpu(model) = std::mem::replace(&mut self.engine, placeholder()?) else {
             unreachable!("checked above")
         };
         self.engine = LmEngine::Gpu(Box::new(model), Box::new(gpu));
@@ -381,6 +497,8 @@ impl TransformerLm {
             LmEngine::Cpu(_) => None,
             #[cfg(feature = "gpu")]
             LmEngine::Gpu(_, g) => Some(g.adapter()),
+            #[cfg(feature = "cuda")]
+            LmEngine::Cuda(c) => Some(format!("{} (CUDA)", c.device.backend.device_name())),
         }
     }
 
@@ -390,6 +508,10 @@ impl TransformerLm {
 
     /// Optimizer steps taken so far.
     pub fn steps(&self) -> u64 {
+        #[cfg(feature = "cuda")]
+        if let LmEngine::Cuda(c) = &self.engine {
+            return c.device.step;
+        }
         self.model().step
     }
 
@@ -418,19 +540,31 @@ impl TransformerLm {
     /// token slots each expert received (1 / n_experts each when perfectly balanced).
     /// Empty for a dense model.
     pub fn expert_usage(&self) -> Vec<Vec<f64>> {
+        #[cfg(feature = "cuda")]
+        if let LmEngine::Cuda(c) = &self.engine {
+            return c.device.expert_usage().to_vec();
+        }
         self.model().expert_usage().to_vec()
     }
 
     /// With `true`, every GEMM rounds its operands to bfloat16 and accumulates in f32; the
     /// master weights, gradients and optimizer state stay f32. On the CPU this changes the
     /// numerics to match a BF16 GPU run but not the speed (the CPU GEMM has no bf16 kernels).
+    /// On CUDA the GEMMs run on BF16 tensor cores and attention takes the BF16 flash
+    /// kernels (head size 64 or 128).
     pub fn set_mixed_precision(&mut self, on: bool) {
-        self.model_mut().precision = if on { Precision::Bf16 } else { Precision::F32 };
+        let p = if on { Precision::Bf16 } else { Precision::F32 };
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda_mut() {
+            c.set_precision(p);
+            return;
+        }
+        self.model_mut().precision = p;
     }
 
     fn step_error(&self, source: CoreError) -> NetworkError {
         NetworkError::Step {
-            step: self.model().step + 1,
+            step: self.steps() + 1,
             source,
         }
     }
@@ -451,17 +585,34 @@ impl TransformerLm {
 
     /// Forward and loss only: no gradients, no step.
     pub fn evaluate(&mut self, batch: &TokenBatch) -> Result<StepLoss> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda_mut() {
+            return Ok(StepLoss::from_sum(c.device.evaluate(batch)?));
+        }
         let s = self.model_mut().evaluate(batch).map_err(NetworkError::from)?;
         Ok(StepLoss::from_sum(s))
     }
 
     pub fn zero_grad(&mut self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda_mut() {
+            c.synced = false;
+            return Ok(c.device.zero_grad()?);
+        }
         Ok(self.model_mut().zero_grad()?)
     }
 
     /// Adds this micro-batch's gradients (of its mean loss) to the accumulated ones.
     pub fn accumulate_step(&mut self, batch: &TokenBatch) -> Result<StepLoss> {
-        let r = self.model_mut().accumulate(batch);
+        let r = match () {
+            #[cfg(feature = "cuda")]
+            () if self.cuda_mut().is_some() => {
+                let c = self.cuda_mut().expect("checked");
+                c.synced = false;
+                c.device.accumulate(batch)
+            }
+            () => self.model_mut().accumulate(batch),
+        };
         let s = r.map_err(|e| match e {
             e @ CoreError::NonFinite { .. } => self.step_error(e),
             e => NetworkError::from(e),
@@ -472,15 +623,39 @@ impl TransformerLm {
     /// Updates the weights with the accumulated gradients times `scale` (`1 / micro-batches`
     /// for their mean). Refuses, changing nothing, when a gradient is NaN or infinite.
     pub fn step(&mut self, scale: f32) -> Result<()> {
-        let norm = self.model().grad_norm(scale)?;
+        let norm = self.grad_norm(scale)?;
         if !norm.is_finite() {
             return Err(self.step_error(CoreError::NonFinite {
                 op: "gradient norm",
                 value: norm,
             }));
         }
+        self.apply_step(scale)
+    }
+
+    /// The global L2 norm of the accumulated gradients times `scale`, on the device the
+    /// model is on (on CUDA: one read-back for all tensors).
+    fn grad_norm(&self, scale: f32) -> Result<f64> {
+        #[cfg(feature = "cuda")]
+        if let LmEngine::Cuda(c) = &self.engine {
+            return Ok(c.device.grad_norm(scale)?);
+        }
+        Ok(self.model().grad_norm(scale)?)
+    }
+
+    /// One optimizer step with the gradients times `scale`, where the model is.
+    fn apply_step(&mut self, scale: f32) -> Result<()> {
         let opt = self.optimizer;
-        self.model_mut().step(&opt, scale).map_err(|e| self.step_error(e))
+        let r = match () {
+            #[cfg(feature = "cuda")]
+            () if self.cuda_mut().is_some() => {
+                let c = self.cuda_mut().expect("checked");
+                c.synced = false;
+                c.device.step(&opt, scale)
+            }
+            () => self.model_mut().step(&opt, scale),
+        };
+        r.map_err(|e| self.step_error(e))
     }
 
     /// [`TransformerLm::step`] with the (scaled) gradients clipped to a global L2 norm of
@@ -491,7 +666,7 @@ impl TransformerLm {
                 "step_clipped: max_norm {max_norm} must be finite and > 0"
             )));
         }
-        let norm = self.model().grad_norm(scale)?;
+        let norm = self.grad_norm(scale)?;
         if !norm.is_finite() {
             return Err(self.step_error(CoreError::NonFinite {
                 op: "gradient norm",
@@ -503,15 +678,16 @@ impl TransformerLm {
         } else {
             1.0
         };
-        let opt = self.optimizer;
-        self.model_mut()
-            .step(&opt, scale * clip)
-            .map_err(|e| self.step_error(e))?;
+        self.apply_step(scale * clip)?;
         Ok(norm as f32)
     }
 
     /// Logits of a batch on the host, `(batch * seq, vocab)` row-major.
     pub fn forward_batch(&mut self, batch: &TokenBatch) -> Result<Vec<f32>> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda_mut() {
+            return Ok(c.device.forward_logits(batch)?);
+        }
         Ok(self.model_mut().forward_logits(batch)?)
     }
 
@@ -522,6 +698,8 @@ impl TransformerLm {
                 LmEngine::Cpu(m) => CacheEngine::Cpu(m.new_kv_caches()?),
                 #[cfg(feature = "gpu")]
                 LmEngine::Gpu(_, g) => CacheEngine::Gpu(g.new_cache()?),
+                #[cfg(feature = "cuda")]
+                LmEngine::Cuda(c) => CacheEngine::Cuda(c.device.new_kv_caches()?),
             },
         })
     }
@@ -531,14 +709,16 @@ impl TransformerLm {
     pub fn forward_cached(&mut self, ids: &[u32], caches: &mut KvCaches) -> Result<Vec<f32>> {
         match (&mut self.engine, &mut caches.inner) {
             (LmEngine::Cpu(m), CacheEngine::Cpu(c)) => Ok(m.forward_cached(ids, c)?),
+            #[cfg(feature = "cuda")]
+            (LmEngine::Cuda(m), CacheEngine::Cuda(c)) => Ok(m.device.forward_cached(ids, c)?),
             #[cfg(feature = "gpu")]
             (LmEngine::Gpu(_, g), CacheEngine::Gpu(c)) => {
                 g.forward(ids, c)?;
                 Ok(rusting_brain_shaders::block_on(g.logits())?)
             }
-            #[cfg(feature = "gpu")]
+            #[cfg(any(feature = "gpu", feature = "cuda"))]
             _ => Err(NetworkError::InvalidInput(
-                "these KV caches belong to another device; make them with new_kv_caches() after to_gpu()"
+                "these KV caches belong to another device; make them with new_kv_caches() after the model moved"
                     .into(),
             )),
         }
@@ -621,6 +801,12 @@ impl TransformerLm {
     /// memory traffic per decoded token. One-way: training, `save_bin(Precision::F32)` and
     /// device moves return an error afterwards.
     pub fn quantize(&mut self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if self.cuda_mut().is_some() {
+            return Err(NetworkError::InvalidInput(
+                "quantize: the model trains on CUDA; call to_cpu() first".into(),
+            ));
+        }
         Ok(self.model_mut().quantize()?)
     }
 
@@ -636,6 +822,7 @@ impl TransformerLm {
                 "save_bin(F32): the model is quantized and its f32 weights are gone; save the f32 model before quantize()".into(),
             ));
         }
+        self.host_current("save_bin")?;
         crate::checkpoint::save_weights(self.model(), path.as_ref(), precision)
     }
 
@@ -656,11 +843,19 @@ impl TransformerLm {
                 "save_optimizer_state: a quantized model has no optimizer state".into(),
             ));
         }
+        self.host_current("save_optimizer_state")?;
         crate::checkpoint::save_optimizer(self.model(), &self.optimizer, path.as_ref())
     }
 
     /// Restores what [`TransformerLm::save_optimizer_state`] wrote, settings included.
     pub fn load_optimizer_state(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if self.cuda_mut().is_some() {
+            return Err(NetworkError::InvalidInput(
+                "load_optimizer_state: the model trains on CUDA; load it before to_cuda() or after to_cpu()"
+                    .into(),
+            ));
+        }
         let opt = crate::checkpoint::load_optimizer(self.model_mut(), path.as_ref())?;
         self.optimizer = opt;
         Ok(())
@@ -670,6 +865,12 @@ impl TransformerLm {
     /// model surgery, a weight brought from elsewhere, an experiment's starting point. The
     /// values must match the tensor's size and be finite; the optimizer state is kept.
     pub fn set_parameter(&mut self, name: &str, values: &[f32]) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda_mut() {
+            // Both copies, device first: a rejected value changes neither.
+            c.device.set_parameter(name, values)?;
+            return Ok(c.host.set_parameter(name, values)?);
+        }
         Ok(self.model_mut().set_parameter(name, values)?)
     }
 
@@ -677,12 +878,18 @@ impl TransformerLm {
     /// the Qwen-MoE names: `mlp.gate.weight` is the router, `mlp.experts.{j}.*` the experts,
     /// `mlp.shared_expert.*` the shared expert).
     pub fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
+        #[cfg(feature = "cuda")]
+        if let LmEngine::Cuda(c) = &self.engine {
+            return Ok(c.device.named_parameters()?);
+        }
         Ok(self.model().named_parameters()?)
     }
 }
 
 enum CacheEngine {
     Cpu(KvCache<CpuBackend>),
+    #[cfg(feature = "cuda")]
+    Cuda(KvCache<crate::cuda::CudaBackend>),
     #[cfg(feature = "gpu")]
     Gpu(rusting_brain_shaders::lm::GpuCache),
 }
@@ -704,6 +911,8 @@ impl KvCaches {
     pub fn len(&self) -> usize {
         match &self.inner {
             CacheEngine::Cpu(c) => c.len(),
+            #[cfg(feature = "cuda")]
+            CacheEngine::Cuda(c) => c.len(),
             #[cfg(feature = "gpu")]
             CacheEngine::Gpu(c) => c.len(),
         }

@@ -1537,10 +1537,9 @@ impl<B: Backend> TransformerModel<B> {
 
     /// The global L2 norm of the accumulated gradients times `scale`.
     pub fn grad_norm(&self, scale: f32) -> Result<f64> {
-        let mut total = 0.0;
-        for g in self.grads.as_ref().into_leaves() {
-            total += self.backend.sum_of_squares(g)?;
-        }
+        let total = self
+            .backend
+            .sum_of_squares_many(&self.grads.as_ref().into_leaves())?;
         Ok(libm::sqrt(total) * scale.abs() as f64)
     }
 
