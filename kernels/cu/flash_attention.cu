@@ -43,11 +43,16 @@ __device__ __forceinline__ unsigned int ld2(const unsigned short* p) {
 
 __device__ __forceinline__ void mma(float* c, const unsigned int* a, unsigned int b0,
                                     unsigned int b1) {
+#ifdef RB_HOST_EMULATION
+    // kernels/emulate: the same fragments multiplied on the CPU (tests the index logic).
+    rb_emulated_mma(c, a, b0, b1);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 __device__ __forceinline__ long long q_off(const Shape& s, int D, int b, int t, int h) {
