@@ -44,7 +44,12 @@ extern "C" __global__ void activation_forward(float* out, const float* inp, long
         switch (act) {
             case 1: y = x > 0.0f ? x : 0.0f; break;
             case 2: y = x > 0.0f ? x : alpha * x; break;
-            case 3: y = 1.0f / (1.0f + expf(-x)); break;
+            case 3: {
+                // As core's sigmoid: e / (1 + e) below 0, so it never flushes to 0 early.
+                const float e = expf(-fabsf(x));
+                y = x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+                break;
+            }
             case 4: y = tanhf(x); break;
             default: y = x;
         }

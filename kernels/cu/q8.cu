@@ -38,7 +38,8 @@ extern "C" __global__ void q8_matmul(float* out, const signed char* xq, const fl
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (lane == 0) {
         const float v = (float)acc * xscale[i] * wscale[j];
-        out[o] = beta == 0.0f ? v : v + beta * out[o];
+        // Two roundings, as on the host (NVRTC would fuse v + beta * out into one FMA).
+        out[o] = beta == 0.0f ? v : __fadd_rn(v, __fmul_rn(beta, out[o]));
     }
 }
 

@@ -64,6 +64,21 @@ extern "C" __global__ void rmsnorm_backward(float* dinp, float* dweight_rows, co
     }
 }
 
+// Stage one of a column sum over many rows: partial[chunk][c] = sum of rows
+// chunk * chunk_rows .. (chunk + 1) * chunk_rows of m[r][c], in row order. Grid
+// (ceil(cols / blockDim.x), chunks); then `column_sum` adds the chunks in order. Fixed
+// chunks, no atomics: the same bits on every run, and rows / chunk_rows times the
+// parallelism of walking every row in one thread.
+extern "C" __global__ void column_sum_chunks(float* partial, const float* m, int rows, int cols,
+                                             int chunk_rows) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    const int r0 = blockIdx.y * chunk_rows, r1 = min(rows, r0 + chunk_rows);
+    float s = 0.0f;
+    for (int r = r0; r < r1; r++) s += m[(size_t)r * cols + c];
+    partial[(size_t)blockIdx.y * cols + c] = s;
+}
+
 // acc[c] += sum over rows of m[r][c], in row order (deterministic): one thread per column.
 extern "C" __global__ void column_sum(float* acc, const float* m, int rows, int cols) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;

@@ -1,7 +1,13 @@
 // SwiGLU: out = silu(gate) * up, silu(g) = g * sigmoid(g). Twin of
 // rusting_brain_core::ops::swiglu. Element-wise, grid-stride.
 
-__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+// Both branches as core's sigmoid: no exp of a large positive number, and no flush to 0
+// below -88 (e / (1 + e) stays a denormal-free tiny value there).
+__device__ __forceinline__ float sigmoid(float g) {
+    if (g >= 0.0f) return 1.0f / (1.0f + expf(-g));
+    const float e = expf(g);
+    return e / (1.0f + e);
+}
 
 extern "C" __global__ void swiglu_forward(float* out, const float* gate, const float* up, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;

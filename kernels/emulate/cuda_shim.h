@@ -36,6 +36,7 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 struct RbWarp {
     std::barrier<> bar{32};
     float f[32];
+    int i[32];
     unsigned a[32][4], b[32][2];
     float c[32][4];
 };
@@ -56,6 +57,24 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     w.bar.arrive_and_wait();
     return r;
 }
+
+inline int __shfl_xor_sync(unsigned, int v, int off) {
+    RbWarp& w = *rb_block->warps[threadIdx.x >> 5];
+    const int lane = threadIdx.x & 31;
+    w.i[lane] = v;
+    w.bar.arrive_and_wait();
+    const int r = w.i[lane ^ off];
+    w.bar.arrive_and_wait();
+    return r;
+}
+
+// Four signed bytes of a and b, multiplied and added to c (exact, like the instruction).
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c;
+}
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
 
 inline float rb_bf16(unsigned short h) { return __uint_as_float((unsigned)h << 16); }
 

@@ -1,26 +1,27 @@
-//! The flash-attention kernels run on the CPU: `emulate/flash_check.cpp` compiles
-//! `cu/flash_attention.cu` with a C++ compiler against `emulate/cuda_shim.h` (one thread per
-//! CUDA thread, warp barriers for shuffles, mma.m16n8k16 computed from the 32 lanes'
-//! fragments as the PTX ISA lays them out) and compares forward and backward with causal
-//! GQA attention in double on awkward shapes. This checks the kernels' tiling, masking,
-//! fragment bookkeeping and online softmax without a GPU; the on-device tests check the
-//! same kernels on hardware.
+//! CUDA kernels run on the CPU: `emulate/*.cpp` compile kernel files from `cu/` with a C++
+//! compiler against `emulate/cuda_shim.h` (one thread per CUDA thread, warp barriers for
+//! shuffles, `__dp4a`, and mma.m16n8k16 computed from the 32 lanes' fragments as the PTX
+//! ISA lays them out) and compare them with the formulas of core's ops in double:
+//! - `flash_check.cpp`: the BF16 tensor-core flash attention, forward and backward, on
+//!   awkward shapes (tiling, causal masking, GQA, decoding rows, fragment bookkeeping);
+//! - `kernels_check.cpp`: the element-wise, softmax, column-sum, grouped embedding
+//!   gradient, MoE combine and int8 kernels (the int8 product to the bit).
 //!
-//! Needs a C++20 compiler (`$CXX`, else `c++`); without one the test says so and skips,
-//! unless `RB_REQUIRE_CXX=1` (CI).
+//! This checks indexing and arithmetic without a GPU; the on-device tests check the same
+//! kernels on hardware. Needs a C++20 compiler (`$CXX`, else `c++`); without one the tests
+//! say so and skip, unless `RB_REQUIRE_CXX=1` (CI).
 
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn flash_attention_matches_attention_in_double_on_the_cpu_emulator() {
+fn emulate(program: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join("flash_check");
+    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(program);
     let build = Command::new(&cxx)
         .args(["-std=c++20", "-O2", "-pthread", "-DRB_HOST_EMULATION", "-I"])
         .arg(dir.join("cu"))
-        .arg(dir.join("emulate/flash_check.cpp"))
+        .arg(dir.join(format!("emulate/{program}.cpp")))
         .arg("-o")
         .arg(&exe)
         .output();
@@ -34,7 +35,7 @@ fn flash_attention_matches_attention_in_double_on_the_cpu_emulator() {
     };
     assert!(
         build.status.success(),
-        "compiling the emulated kernels failed:\n{}",
+        "compiling {program}.cpp failed:\n{}",
         String::from_utf8_lossy(&build.stderr)
     );
     let run = Command::new(&exe).output().expect("running the emulated kernels");
@@ -42,6 +43,16 @@ fn flash_attention_matches_attention_in_double_on_the_cpu_emulator() {
     eprintln!("{out}");
     assert!(
         run.status.success(),
-        "the emulated flash attention disagrees:\n{out}"
+        "{program}: the emulated kernels disagree:\n{out}"
     );
+}
+
+#[test]
+fn flash_attention_matches_attention_in_double_on_the_cpu_emulator() {
+    emulate("flash_check");
+}
+
+#[test]
+fn elementwise_softmax_moe_and_int8_kernels_match_on_the_cpu_emulator() {
+    emulate("kernels_check");
 }

@@ -16,6 +16,9 @@ use std::mem::size_of;
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 
+/// Plans kept at once; a dense model needs a few dozen.
+const MAX_PLANS: usize = 1024;
+
 /// What makes two products share a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct GemmKey {
@@ -134,6 +137,11 @@ impl Lt {
 
     fn plan(&mut self, key: GemmKey) -> Result<&Plan, String> {
         if !self.plans.contains_key(&key) {
+            // Mixture-of-experts products change shape every step (an expert's row count):
+            // bound the cache rather than let it grow for the whole run.
+            if self.plans.len() >= MAX_PLANS {
+                self.plans.clear();
+            }
             let plan = self.make_plan(&key)?;
             self.plans.insert(key, plan);
         }

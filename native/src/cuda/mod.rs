@@ -148,6 +148,9 @@ struct Device {
     bf16_a: Mutex<Scratch<u16>>,
     bf16_b: Mutex<Scratch<u16>>,
     partials: Mutex<Scratch<f32>>,
+    /// RMSNorm's per-row weight gradients, and column sums' per-chunk partial sums.
+    rows_dw: Mutex<Scratch<f32>>,
+    col_partials: Mutex<Scratch<f32>>,
     tf32: AtomicBool,
     flash: AtomicBool,
 }
@@ -178,13 +181,21 @@ pub fn cuda_available() -> std::result::Result<usize, String> {
 /// Kernel names each `.cu` file must provide, checked when the backend starts so a
 /// missing one is an error then, not at the first training step.
 const KERNELS: &[(&str, &[&str])] = &[
-    ("rmsnorm", &["rmsnorm_forward", "rmsnorm_backward", "column_sum"]),
+    (
+        "rmsnorm",
+        &[
+            "rmsnorm_forward",
+            "rmsnorm_backward",
+            "column_sum",
+            "column_sum_chunks",
+        ],
+    ),
     ("swiglu", &["swiglu_forward", "swiglu_backward"]),
     ("rope", &["rope"]),
     ("cross_entropy", &["cross_entropy"]),
     ("adamw", &["adamw"]),
     ("l2norm", &["sum_squares"]),
-    ("embedding", &["embedding_forward", "embedding_backward"]),
+    ("embedding", &["embedding_forward", "embedding_backward_grouped"]),
     (
         "attention",
         &[
@@ -337,6 +348,8 @@ impl CudaBackend {
                 bf16_a: Mutex::new(Scratch { buf: None }),
                 bf16_b: Mutex::new(Scratch { buf: None }),
                 partials: Mutex::new(Scratch { buf: None }),
+                rows_dw: Mutex::new(Scratch { buf: None }),
+                col_partials: Mutex::new(Scratch { buf: None }),
                 tf32: AtomicBool::new(false),
                 flash: AtomicBool::new(false),
             }),
@@ -427,8 +440,13 @@ impl CudaBackend {
                 drop(old);
                 self.dev.budget.give(have * size);
             }
-            let grow = len.max(have * 3 / 2);
-            self.dev.budget.take(grow * size, what)?;
+            // Grow by half again to spare reallocations, or exactly to `len` when only
+            // that fits the budget.
+            let mut grow = len.max(have * 3 / 2);
+            if self.dev.budget.take(grow * size, what).is_err() {
+                grow = len;
+                self.dev.budget.take(grow * size, what)?;
+            }
             match self.dev.stream.alloc_zeros::<T>(grow) {
                 Ok(b) => slot.buf = Some(b),
                 Err(e) => {
@@ -457,6 +475,11 @@ impl CudaBackend {
         &self,
         data: &[T],
     ) -> Result<CudaSlice<T>> {
+        // Short-lived like the index tables: checked against the budget, freed at the end
+        // of the call.
+        let bytes = std::mem::size_of_val(data).max(1);
+        self.dev.budget.take(bytes, "a per-call table")?;
+        self.dev.budget.give(bytes);
         if data.is_empty() {
             return self.dev.stream.alloc_zeros::<T>(1).map_err(drv("upload"));
         }
@@ -507,6 +530,12 @@ impl CudaBackend {
             };
         }
         let bf16 = spec.precision == Precision::Bf16;
+        // cuBLASLt runs in whatever context is current on this thread; cudarc's own calls
+        // bind it, raw ones do not.
+        self.dev
+            .ctx
+            .bind_to_thread()
+            .map_err(drv("binding the CUDA context"))?;
         let stream = &self.dev.stream;
         let (c_ptr, _gc) = c.data.device_ptr_mut(stream);
         let c_ptr = c_ptr + (wc * 4) as u64;
@@ -574,6 +603,52 @@ impl CudaBackend {
             )
         }
         .map_err(dev_err)
+    }
+
+    /// `acc[c] += sum over rows of m[r][c]` for an (rows, cols) matrix, in two fixed stages
+    /// (chunks of rows, then the chunks in order): deterministic, and parallel over rows.
+    fn column_sum(
+        &self,
+        acc: &mut CudaSlice<f32>,
+        m: &CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let col_blocks = cols.div_ceil(THREADS as usize);
+        if col_blocks > 65_535 {
+            return Err(dev_err(format!(
+                "{cols} columns is more than the column-sum kernels take"
+            )));
+        }
+        let chunk_rows = rows.div_ceil(65_535).max(256);
+        let chunks = rows.div_ceil(chunk_rows);
+        let mut guard = self
+            .dev
+            .col_partials
+            .lock()
+            .map_err(|_| dev_err("scratch lock poisoned"))?;
+        let partial = self.scratch(&mut guard, chunks * cols, "column-sum scratch")?;
+        let (r, c, cr, ch) = (
+            i32_of("rows", rows)?,
+            i32_of("cols", cols)?,
+            i32_of("rows", chunk_rows)?,
+            i32_of("rows", chunks)?,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (col_blocks as u32, chunks as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self, "column_sum_chunks", cfg; &mut *partial, m, &r, &c, &cr)?;
+        let cfg = LaunchConfig {
+            grid_dim: (col_blocks as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(self, "column_sum", cfg; acc, &*partial, &ch, &c)
     }
 
     fn sum_squares_into(&self, partials: &mut CudaSlice<f32>, slot: usize, x: &CudaBuffer) -> Result<()> {
@@ -798,8 +873,7 @@ impl Backend for CudaBackend {
         if cols == 0 {
             return Ok(());
         }
-        let (r, c) = (i32_of("rows", rows)?, i32_of("cols", cols)?);
-        launch!(self, "column_sum", grid(cols); &mut dbias.data, &dout.data, &r, &c)
+        self.column_sum(&mut dbias.data, &dout.data, rows, cols)
     }
     fn activation_forward(
         &self,
@@ -960,11 +1034,17 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let (r, d) = (i32_of("rows", rows)?, i32_of("dim", dim)?);
-        // Per-row weight gradients, then a column sum in row order: no atomics.
-        let mut rows_dw = self.alloc(rows * dim)?;
+        // Per-row weight gradients (scratch kept between calls), then a column sum in row
+        // order: no atomics.
+        let mut guard = self
+            .dev
+            .rows_dw
+            .lock()
+            .map_err(|_| dev_err("scratch lock poisoned"))?;
+        let rows_dw = self.scratch(&mut guard, rows * dim, "RMSNorm weight-gradient scratch")?;
         launch!(self, "rmsnorm_backward", rows_grid(rows, 256)?;
-            &mut dinp.data, &mut rows_dw.data, &dout.data, &inp.data, &weight.data, &rstd.data, &r, &d)?;
-        launch!(self, "column_sum", grid(dim); &mut dweight.data, &rows_dw.data, &r, &d)
+            &mut dinp.data, &mut *rows_dw, &dout.data, &inp.data, &weight.data, &rstd.data, &r, &d)?;
+        self.column_sum(&mut dweight.data, rows_dw, rows, dim)
     }
     fn rope_forward(&self, x: &mut CudaBuffer, spec: &RopeSpec) -> Result<()> {
         self.rope(x, spec, 1.0, "rope_forward")
@@ -1080,7 +1160,9 @@ impl Backend for CudaBackend {
             dq.len, dk.len, dv.len, dout.len, q.len, k.len, v.len, out.len, lse.len,
         ])?;
         if spec.batch == 0 || spec.q_heads == 0 {
-            return Ok(());
+            // No query sees a key: their gradients are zero, as the reference writes them.
+            self.fill(dk, 0.0)?;
+            return self.fill(dv, 0.0);
         }
         let s = Self::attention_shape(spec)?;
         if self.use_flash(spec) {
@@ -1155,9 +1237,27 @@ impl Backend for CudaBackend {
         if ids.is_empty() || dim == 0 {
             return Ok(());
         }
-        let idg = self.upload_u32(ids)?;
-        let (r, d) = (i32_of("rows", ids.len())?, i32_of("dim", dim)?);
-        launch!(self, "embedding_backward", grid(dim); &mut dtable.data, &dout.data, &idg, &r, &d)
+        // Rows grouped by id on the host (a stable sort keeps each id's rows in order), so
+        // the kernel is parallel over (id, column) and still adds in a fixed order.
+        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+        order.sort_by_key(|&r| ids[r as usize]);
+        let (mut uniq, mut offsets) = (Vec::new(), Vec::new());
+        for (p, &r) in order.iter().enumerate() {
+            let id = ids[r as usize];
+            if uniq.last() != Some(&id) {
+                uniq.push(id);
+                offsets.push(p as u32);
+            }
+        }
+        offsets.push(order.len() as u32);
+        let (ug, og, pg) = (
+            self.upload_u32(&uniq)?,
+            self.upload_u32(&offsets)?,
+            self.upload_u32(&order)?,
+        );
+        let (nu, d) = (i32_of("ids", uniq.len())?, i32_of("dim", dim)?);
+        launch!(self, "embedding_backward_grouped", grid(uniq.len() * dim);
+            &mut dtable.data, &dout.data, &ug, &og, &pg, &nu, &d)
     }
     fn cross_entropy(
         &self,
@@ -1285,7 +1385,13 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let words = q8::packed_cols(k);
-        let mut xq = self.upload_any(&vec![0i8; m * words * 4])?;
+        let xq_bytes = m * words * 4;
+        self.check_room(xq_bytes, "int8 activation scratch")?;
+        let mut xq = self
+            .dev
+            .stream
+            .alloc_zeros::<i8>(xq_bytes.max(1))
+            .map_err(drv("allocating int8 activation scratch"))?;
         let mut xs = self.alloc(m)?;
         let xv = x.data.slice(wx..wx + m * k);
         let (mi, ki, kp) = (i32_of("m", m)?, i32_of("k", k)?, i32_of("k", words * 4)?);
