@@ -55,6 +55,16 @@ __device__ __forceinline__ void mma(float* c, const unsigned int* a, unsigned in
 #endif
 }
 
+// The A fragment of k-chunk `kc` (16 columns) made from C accumulators of 8-column tiles
+// 2 kc and 2 kc + 1: an accumulator row pair is exactly an A fragment's row pair, so
+// scores or probabilities feed the next product straight from registers.
+__device__ __forceinline__ void acc_to_a(unsigned int* a, const float (*acc)[4], int kc) {
+    a[0] = pack2(acc[2 * kc][0], acc[2 * kc][1]);
+    a[1] = pack2(acc[2 * kc][2], acc[2 * kc][3]);
+    a[2] = pack2(acc[2 * kc + 1][0], acc[2 * kc + 1][1]);
+    a[3] = pack2(acc[2 * kc + 1][2], acc[2 * kc + 1][3]);
+}
+
 __device__ __forceinline__ long long q_off(const Shape& s, int D, int b, int t, int h) {
     return (((long long)b * s.q_len + t) * s.q_heads + h) * D;
 }
@@ -192,10 +202,8 @@ __device__ void flash_forward(float* out, float* lse, const float* q, const floa
         // O += P V: P's accumulators become A fragments (keys as k), V^T from Vt.
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
-            const unsigned int pa[4] = {
-                pack2(sc[2 * kc][0], sc[2 * kc][1]), pack2(sc[2 * kc][2], sc[2 * kc][3]),
-                pack2(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
-                pack2(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
+            unsigned int pa[4];
+            acc_to_a(pa, sc, kc);
 #pragma unroll
             for (int dt = 0; dt < D / 8; dt++) {
                 const unsigned short* vr = Vt + (dt * 8 + g) * (BN + 8) + 16 * kc + 2 * c;
@@ -310,14 +318,9 @@ __device__ void flash_backward_kv(float* dk, float* dv, const float* dout, const
             // dV += P^T dO and dK += dS^T Q (queries as k; dO^T, Q^T from Dt, Qt).
 #pragma unroll
             for (int kc = 0; kc < BQ / 16; kc++) {
-                const unsigned int pa[4] = {
-                    pack2(st[2 * kc][0], st[2 * kc][1]), pack2(st[2 * kc][2], st[2 * kc][3]),
-                    pack2(st[2 * kc + 1][0], st[2 * kc + 1][1]),
-                    pack2(st[2 * kc + 1][2], st[2 * kc + 1][3])};
-                const unsigned int da[4] = {
-                    pack2(dpt[2 * kc][0], dpt[2 * kc][1]), pack2(dpt[2 * kc][2], dpt[2 * kc][3]),
-                    pack2(dpt[2 * kc + 1][0], dpt[2 * kc + 1][1]),
-                    pack2(dpt[2 * kc + 1][2], dpt[2 * kc + 1][3])};
+                unsigned int pa[4], da[4];
+                acc_to_a(pa, st, kc);
+                acc_to_a(da, dpt, kc);
 #pragma unroll
                 for (int dt = 0; dt < D / 8; dt++) {
                     const unsigned short* dr = Dt + (dt * 8 + g) * (BQ + 8) + 16 * kc + 2 * c;
@@ -410,10 +413,8 @@ __device__ void flash_backward_q(float* dq, const float* dout, const float* q, c
         }
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
-            const unsigned int sa[4] = {
-                pack2(dp[2 * kc][0], dp[2 * kc][1]), pack2(dp[2 * kc][2], dp[2 * kc][3]),
-                pack2(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                pack2(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+            unsigned int sa[4];
+            acc_to_a(sa, dp, kc);
 #pragma unroll
             for (int dt = 0; dt < D / 8; dt++) {
                 const unsigned short* kr = Kt + (dt * 8 + g) * (BN + 8) + 16 * kc + 2 * c;

@@ -35,7 +35,6 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
 struct RbWarp {
     std::barrier<> bar{32};
-    float f[32];
     int i[32];
     unsigned a[32][4], b[32][2];
     float c[32][4];
@@ -48,22 +47,17 @@ inline RbBlock* rb_block = nullptr;
 
 inline void __syncthreads() { rb_block->bar->arrive_and_wait(); }
 
-inline float __shfl_xor_sync(unsigned, float v, int off) {
-    RbWarp& w = *rb_block->warps[threadIdx.x >> 5];
-    const int lane = threadIdx.x & 31;
-    w.f[lane] = v;
-    w.bar.arrive_and_wait();
-    const float r = w.f[lane ^ off];
-    w.bar.arrive_and_wait();
-    return r;
-}
 
-inline int __shfl_xor_sync(unsigned, int v, int off) {
+// A shuffle moves 4 bytes; floats and ints go through the same exchange slots.
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int off) {
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
     RbWarp& w = *rb_block->warps[threadIdx.x >> 5];
     const int lane = threadIdx.x & 31;
-    w.i[lane] = v;
+    std::memcpy(&w.i[lane], &v, 4);
     w.bar.arrive_and_wait();
-    const int r = w.i[lane ^ off];
+    T r;
+    std::memcpy(&r, &w.i[(lane ^ off) & 31], 4);
     w.bar.arrive_and_wait();
     return r;
 }

@@ -24,11 +24,12 @@
 use std::process::Command;
 use std::time::Instant;
 
+use rusting_brain::core::backend::Precision;
 use rusting_brain::core::models::transformer::{TokenBatch, TransformerConfig, TransformerModel};
 use rusting_brain::core::Rng;
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain::profile::Profiled;
-use rusting_brain::{Optimizer, TransformerLm};
+use rusting_brain::{Backend, Optimizer, TransformerLm};
 
 fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -78,6 +79,42 @@ fn measure(model: &mut TransformerLm, seqs: &[Vec<u32>]) -> Result<f64, Box<dyn 
     }
     times.sort_by(|a, b| a.total_cmp(b));
     Ok((seqs.len() * (seqs[0].len() - 1)) as f64 / times[times.len() / 2])
+}
+
+/// The step's time by primitive: the same step on `backend` wrapped in `Profiled` (which
+/// fences each primitive with `synchronize`, so on a device the times are the kernels').
+fn print_breakdown<B: Backend>(
+    backend: B,
+    config: &TransformerConfig,
+    seqs: &[Vec<u32>],
+    precision: Precision,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut pm = TransformerModel::new(Profiled::new(backend), config.clone(), 0)?;
+    pm.precision = precision;
+    let tb = TokenBatch::new(seqs)?;
+    let opt = Optimizer::adam(3e-4).weight_decay(0.1);
+    for _ in 0..2 {
+        pm.zero_grad()?;
+        pm.accumulate(&tb)?;
+        pm.step(&opt, 1.0)?;
+    }
+    pm.backend.synchronize()?;
+    pm.backend.reset();
+    let steps = 3;
+    let t = Instant::now();
+    for _ in 0..steps {
+        pm.zero_grad()?;
+        pm.accumulate(&tb)?;
+        pm.step(&opt, 1.0)?;
+    }
+    pm.backend.synchronize()?;
+    let wall = t.elapsed().as_secs_f64() / steps as f64;
+    println!(
+        "\nper step, by primitive ({steps} steps, {:.1} ms a step):",
+        wall * 1e3
+    );
+    print!("{}", pm.backend.breakdown(steps, wall, false));
+    Ok(())
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -195,29 +232,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Where the time goes: the same step through a timing wrapper around the CPU backend.
-    let profiled = Profiled::new(CpuBackend::new());
-    let mut pm = TransformerModel::new(profiled, config.clone(), 0)?;
-    let tb = TokenBatch::new(&seqs)?;
-    let opt = Optimizer::adam(3e-4).weight_decay(0.1);
-    for _ in 0..2 {
-        pm.zero_grad()?;
-        pm.accumulate(&tb)?;
-        pm.step(&opt, 1.0)?;
-    }
-    pm.backend.reset();
-    let steps = 3;
-    let t = Instant::now();
-    for _ in 0..steps {
-        pm.zero_grad()?;
-        pm.accumulate(&tb)?;
-        pm.step(&opt, 1.0)?;
-    }
-    let wall = t.elapsed().as_secs_f64() / steps as f64;
-    println!(
-        "\nper step, by primitive ({steps} steps, {:.1} ms a step):",
-        wall * 1e3
-    );
-    print!("{}", pm.backend.breakdown(steps, wall, false));
+    print_breakdown(CpuBackend::new(), &config, &seqs, Precision::F32)?;
     Ok(())
 }
 
@@ -227,10 +242,8 @@ mod cuda {
     use std::time::Instant;
 
     use rusting_brain::core::backend::{MatmulSpec, Precision};
-    use rusting_brain::core::models::transformer::{TokenBatch, TransformerModel};
     use rusting_brain::core::Rng;
     use rusting_brain::cuda::CudaBackend;
-    use rusting_brain::profile::Profiled;
     use rusting_brain::{Backend, Optimizer, TransformerLm};
 
     /// The largest square BF16 GEMM's TFLOP/s on this device: the peak MFU is measured
@@ -358,33 +371,11 @@ mod cuda {
             mfu * 100.0
         );
 
-        // The breakdown: the same step on a fenced (synchronize after each op) backend.
-        let profiled = Profiled::new(CudaBackend::new(0, budget)?);
-        profiled.inner.set_bf16_attention(true);
-        let mut pm = TransformerModel::new(profiled, model.config().clone(), 0)?;
-        pm.precision = Precision::Bf16;
-        let tb = TokenBatch::new(&seqs)?;
-        let opt = Optimizer::adam(3e-4).weight_decay(0.1);
-        for _ in 0..2 {
-            pm.zero_grad()?;
-            pm.accumulate(&tb)?;
-            pm.step(&opt, 1.0)?;
-        }
-        pm.backend.reset();
-        let steps = 3;
-        let t = Instant::now();
-        for _ in 0..steps {
-            pm.zero_grad()?;
-            pm.accumulate(&tb)?;
-            pm.step(&opt, 1.0)?;
-        }
-        pm.backend.synchronize()?;
-        let wall = t.elapsed().as_secs_f64() / steps as f64;
-        println!(
-            "\nper step, by primitive, fenced ({steps} steps, {:.1} ms a step; fencing adds launch gaps):",
-            wall * 1e3
-        );
-        print!("{}", pm.backend.breakdown(steps, wall, false));
+        // The breakdown: the same step on a fenced (synchronize after each op) backend;
+        // fencing adds the launch gaps a queued step hides.
+        let fenced = CudaBackend::new(0, budget)?;
+        fenced.set_bf16_attention(true);
+        super::print_breakdown(fenced, model.config(), &seqs, Precision::Bf16)?;
         Ok(())
     }
 }
