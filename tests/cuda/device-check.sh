@@ -38,16 +38,30 @@ run)
     log="${OUT:-$dev}/device-check.log"
     mkdir -p "$(dirname "$log")"
     exec > >(tee "$log") 2>&1
-    for mod in nvidia.cuda_nvrtc nvidia.cublas; do
-        lib="$(python3 -c "import $mod, os; print(os.path.join(list($mod.__path__)[0], 'lib'))" 2>/dev/null || true)"
+    # NVRTC and cuBLASLt: the system's if the loader knows them, else the wheels PyTorch
+    # installed, else any copy under a CUDA toolkit or site-packages.
+    for pair in "libnvrtc.so nvidia.cuda_nvrtc" "libcublasLt.so nvidia.cublas"; do
+        set -- $pair
+        ldconfig -p 2>/dev/null | grep -q "$1" && continue
+        lib="$(python3 -c "import $2, os; print(os.path.join(list($2.__path__)[0], 'lib'))" 2>/dev/null || true)"
+        if [ -z "$lib" ]; then
+            found="$(find /usr/local/cuda*/lib64 /usr/lib/python3*/ /usr/local/lib/python3*/ /opt 2>/dev/null -name "$1*" | head -1)"
+            [ -n "$found" ] && lib="$(dirname "$found")"
+        fi
         [ -n "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "$1: ${lib:-not found (the runs below will say so)}"
     done
     export RB_KERNEL_CACHE="${RB_KERNEL_CACHE:-/tmp/rb-kernels}"
     export RB_TORCH_LM="$PWD/$dev/torch_lm.py"
     nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm --format=csv,noheader || true
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' || true
     status=0
-    step() { echo; echo "=== $*"; "$@" || { echo "=== FAILED ($?): $*"; status=1; }; }
+    step() {
+        echo; echo "=== $*"
+        local t0=$SECONDS
+        "$@" || { echo "=== FAILED ($?): $*"; status=1; }
+        echo "=== $((SECONDS - t0)) s"
+    }
     step "$dev/on_device" --test-threads 1
     step "$dev/cuda_tests" --test-threads 1 --nocapture
     step "$dev/cuda_benchmark" 4 1024
