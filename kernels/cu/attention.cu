@@ -5,12 +5,19 @@
 // Query row t sits at position kv_len - q_len + t and sees keys 0..=that position; query
 // head h reads key/value head h / (q_heads / kv_heads); scores are scaled by 1/sqrt(head_dim).
 //
-// One warp per row, each lane holding head_dim / 32 (at most 8) features, so head_dim is a
-// multiple of 32 up to 256. This is the FP32 path; the BF16 tensor-core kernel is the
+// One warp per row, lane l holding features l, l + 32, ... (at most 8 of them), so any
+// head_dim up to 256 works. This is the FP32 path; the BF16 tensor-core kernel is the
 // backend's fast path and is checked against this one and core.
 #include "common.cuh"
 
 #define MAX_PER_LANE 8
+
+// Feature lane + 32 e of a row, or 0 past head_dim (the last lanes of a head size that is
+// not a multiple of 32 hold nothing there).
+__device__ __forceinline__ float feat(const float* row, int lane, int e, int head_dim) {
+    const int f = lane + 32 * e;
+    return f < head_dim ? row[f] : 0.0f;
+}
 
 struct Shape {
     int batch, q_len, kv_len, kv_capacity, q_heads, kv_heads, head_dim;
@@ -49,12 +56,12 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
     if (!query_row(s, &r)) return;
     const int b = r.b, t = r.t, h = r.h, kvh = r.kvh;
     const int lane = threadIdx.x & 31;
-    const int per = s.head_dim >> 5;
+    const int per = (s.head_dim + 31) >> 5;
     const float scale = rsqrtf((float)s.head_dim);
     const float* qr = q + q_index(s, b, t, h);
     float qv[MAX_PER_LANE], acc[MAX_PER_LANE];
     for (int e = 0; e < per; e++) {
-        qv[e] = qr[lane + 32 * e] * scale;
+        qv[e] = feat(qr, lane, e, s.head_dim) * scale;
         acc[e] = 0.0f;
     }
     float m = RB_NEG_INF, l = 0.0f;
@@ -62,17 +69,18 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
     for (int j = 0; j < visible; j++) {
         const float* kr = k + kv_index(s, b, j, kvh);
         float dot = 0.0f;
-        for (int e = 0; e < per; e++) dot += qv[e] * kr[lane + 32 * e];
+        for (int e = 0; e < per; e++) dot += qv[e] * feat(kr, lane, e, s.head_dim);
         const float score = warp_sum(dot);
         const float m_new = fmaxf(m, score);
         const float old = expf(m - m_new), p = expf(score - m_new);
         const float* vr = v + kv_index(s, b, j, kvh);
-        for (int e = 0; e < per; e++) acc[e] = acc[e] * old + p * vr[lane + 32 * e];
+        for (int e = 0; e < per; e++) acc[e] = acc[e] * old + p * feat(vr, lane, e, s.head_dim);
         l = l * old + p;
         m = m_new;
     }
     float* o = out + q_index(s, b, t, h);
-    for (int e = 0; e < per; e++) o[lane + 32 * e] = acc[e] / l;
+    for (int e = 0; e < per; e++)
+        if (lane + 32 * e < s.head_dim) o[lane + 32 * e] = acc[e] / l;
     if (lane == 0) lse[((long long)b * s.q_len + t) * s.q_heads + h] = m + logf(l);
 }
 
@@ -85,15 +93,15 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, c
     if (!query_row(s, &r)) return;
     const int b = r.b, t = r.t, h = r.h, kvh = r.kvh;
     const int lane = threadIdx.x & 31;
-    const int per = s.head_dim >> 5;
+    const int per = (s.head_dim + 31) >> 5;
     const float scale = rsqrtf((float)s.head_dim);
     const long long qi = q_index(s, b, t, h);
     float qv[MAX_PER_LANE], dov[MAX_PER_LANE], acc[MAX_PER_LANE];
     float d_dot_o = 0.0f;
     for (int e = 0; e < per; e++) {
-        qv[e] = q[qi + lane + 32 * e] * scale;
-        dov[e] = dout[qi + lane + 32 * e];
-        d_dot_o += dov[e] * out[qi + lane + 32 * e];
+        qv[e] = feat(q + qi, lane, e, s.head_dim) * scale;
+        dov[e] = feat(dout + qi, lane, e, s.head_dim);
+        d_dot_o += dov[e] * feat(out + qi, lane, e, s.head_dim);
         acc[e] = 0.0f;
     }
     d_dot_o = warp_sum(d_dot_o);
@@ -104,14 +112,15 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, c
         const float* vr = v + kv_index(s, b, j, kvh);
         float sd = 0.0f, dp = 0.0f;
         for (int e = 0; e < per; e++) {
-            sd += qv[e] * kr[lane + 32 * e];
-            dp += dov[e] * vr[lane + 32 * e];
+            sd += qv[e] * feat(kr, lane, e, s.head_dim);
+            dp += dov[e] * feat(vr, lane, e, s.head_dim);
         }
         const float p = expf(warp_sum(sd) - row_lse);
         const float ds = p * (warp_sum(dp) - d_dot_o);
-        for (int e = 0; e < per; e++) acc[e] += ds * kr[lane + 32 * e];
+        for (int e = 0; e < per; e++) acc[e] += ds * feat(kr, lane, e, s.head_dim);
     }
-    for (int e = 0; e < per; e++) dq[qi + lane + 32 * e] = acc[e] * scale;
+    for (int e = 0; e < per; e++)
+        if (lane + 32 * e < s.head_dim) dq[qi + lane + 32 * e] = acc[e] * scale;
 }
 
 // Backward, key side: for key row (b, j, kvh), over every query head of its group and every
@@ -128,12 +137,12 @@ extern "C" __global__ void attention_backward_dkv(float* dk, float* dv, const fl
     const int kvh = (int)(row % s.kv_heads);
     const int j = (int)((row / s.kv_heads) % s.kv_capacity);
     const int b = (int)(row / ((long long)s.kv_heads * s.kv_capacity));
-    const int per = s.head_dim >> 5;
+    const int per = (s.head_dim + 31) >> 5;
     const long long ki = kv_index(s, b, j, kvh);
     float kv_k[MAX_PER_LANE], kv_v[MAX_PER_LANE], dkacc[MAX_PER_LANE], dvacc[MAX_PER_LANE];
     for (int e = 0; e < per; e++) {
-        kv_k[e] = k[ki + lane + 32 * e];
-        kv_v[e] = v[ki + lane + 32 * e];
+        kv_k[e] = feat(k + ki, lane, e, s.head_dim);
+        kv_v[e] = feat(v + ki, lane, e, s.head_dim);
         dkacc[e] = 0.0f;
         dvacc[e] = 0.0f;
     }
@@ -149,21 +158,22 @@ extern "C" __global__ void attention_backward_dkv(float* dk, float* dv, const fl
                 const long long qi = q_index(s, b, t, h);
                 float sd = 0.0f, dp = 0.0f, d_dot_o = 0.0f;
                 for (int e = 0; e < per; e++) {
-                    const float dov = dout[qi + lane + 32 * e];
-                    sd += q[qi + lane + 32 * e] * scale * kv_k[e];
+                    const float dov = feat(dout + qi, lane, e, s.head_dim);
+                    sd += feat(q + qi, lane, e, s.head_dim) * scale * kv_k[e];
                     dp += dov * kv_v[e];
-                    d_dot_o += dov * out[qi + lane + 32 * e];
+                    d_dot_o += dov * feat(out + qi, lane, e, s.head_dim);
                 }
                 const float p = expf(warp_sum(sd) - lse[((long long)b * s.q_len + t) * s.q_heads + h]);
                 const float ds = p * (warp_sum(dp) - warp_sum(d_dot_o));
                 for (int e = 0; e < per; e++) {
-                    dvacc[e] += p * dout[qi + lane + 32 * e];
-                    dkacc[e] += ds * q[qi + lane + 32 * e] * scale;
+                    dvacc[e] += p * feat(dout + qi, lane, e, s.head_dim);
+                    dkacc[e] += ds * feat(q + qi, lane, e, s.head_dim) * scale;
                 }
             }
         }
     }
     for (int e = 0; e < per; e++) {
+        if (lane + 32 * e >= s.head_dim) continue;
         dk[ki + lane + 32 * e] = dkacc[e];
         dv[ki + lane + 32 * e] = dvacc[e];
     }

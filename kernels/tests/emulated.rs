@@ -4,6 +4,8 @@
 //! ISA lays them out) and compare them with the formulas of core's ops in double:
 //! - `flash_check.cpp`: the BF16 tensor-core flash attention, forward and backward, on
 //!   awkward shapes (tiling, causal masking, GQA, decoding rows, fragment bookkeeping);
+//! - `attention_check.cpp`: the FP32 attention kernels, head sizes that are not multiples
+//!   of 32 included;
 //! - `kernels_check.cpp`: the element-wise, softmax, column-sum, grouped embedding
 //!   gradient, MoE combine and int8 kernels (the int8 product to the bit).
 //!
@@ -50,6 +52,11 @@ fn emulate(program: &str) {
 #[test]
 fn flash_attention_matches_attention_in_double_on_the_cpu_emulator() {
     emulate("flash_check");
+}
+
+#[test]
+fn f32_attention_matches_attention_in_double_on_the_cpu_emulator() {
+    emulate("attention_check");
 }
 
 #[test]

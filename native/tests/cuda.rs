@@ -426,6 +426,8 @@ fn primitives_attention(c: &CudaBackend) -> R {
         AttentionSpec::causal(1, 130, 12, 4, 64),
         AttentionSpec::causal(3, 65, 2, 1, 128),
         AttentionSpec::causal(1, 33, 6, 3, 32),
+        // Not a multiple of 32: the FP32 kernels' partly filled lanes.
+        AttentionSpec::causal(1, 20, 4, 2, 80),
         // Decoding: 3 new rows after 97 cached, capacity 128.
         AttentionSpec {
             batch: 2,
@@ -453,7 +455,11 @@ fn primitives_attention(c: &CudaBackend) -> R {
                 c,
                 &mut p,
                 spec,
-                if flash && spec.head_dim != 32 { 2e-2 } else { 1e-4 },
+                if flash && (spec.head_dim == 64 || spec.head_dim == 128) {
+                    2e-2
+                } else {
+                    1e-4
+                },
             )?;
         }
     }
