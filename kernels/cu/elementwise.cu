@@ -94,7 +94,9 @@ extern "C" __global__ void loss_terms(float* terms, const float* pred, const flo
     }
 }
 
-// dpred = d(mean loss)/dpred with inv = 1 / divisor.
+// dpred = d(mean loss)/dpred with inv = 1 / divisor. Code 3 is the fused gradient of
+// softmax + categorical or sigmoid + binary cross-entropy with respect to the logits,
+// (pred - target) / divisor.
 extern "C" __global__ void loss_backward(float* dpred, const float* pred, const float* target,
                                          long long n, int loss, float inv) {
     FOR_EACH(i, n) {
@@ -103,16 +105,11 @@ extern "C" __global__ void loss_backward(float* dpred, const float* pred, const 
         switch (loss) {
             case 0: d = 2.0f * (p - y); break;
             case 1: d = (p - y) / fmaxf(p * (1.0f - p), 1e-12f); break;
+            case 3: d = p - y; break;
             default: d = -y / fmaxf(p, 1e-12f);
         }
         dpred[i] = inv * d;
     }
-}
-
-// Softmax + categorical cross-entropy, sigmoid + binary cross-entropy: (pred - target) / divisor.
-extern "C" __global__ void fused_output_backward(float* dlogits, const float* pred,
-                                                 const float* target, long long n, float inv) {
-    FOR_EACH(i, n) dlogits[i] = (pred[i] - target[i]) * inv;
 }
 
 // SGD with optional momentum (velocity != nullptr) and Nesterov, as core's sgd_update.

@@ -1,4 +1,4 @@
-// The element-wise, row-wise and int8 kernels the CUDA backend added (elementwise.cu,
+// The element-wise, loss, row-wise and int8 kernels the CUDA backend added (elementwise.cu,
 // softmax.cu, moe.cu, q8.cu, the two-stage column sum of rmsnorm.cu and the grouped
 // embedding gradient of embedding.cu) run on the CPU through cuda_shim.h, against the
 // formulas of rusting_brain_core::ops written out here in double, on awkward sizes. The
@@ -77,6 +77,36 @@ int main() {
         std::vector<float> xs = {-95.0f}, ys = {0.0f};
         rb_launch({1, 1, 1}, 32, [&] { activation_forward(ys.data(), xs.data(), 1, 3, 0.0f); });
         check("sigmoid(-95) > 0", {ys[0] > 0.0f ? 1.0f : 0.0f}, {1.0}, 0.0);
+    }
+    // Loss terms and gradients (codes as the backend passes them; 3 = fused output).
+    for (long long n : {1LL, 7LL, 1000LL}) {
+        std::vector<float> pred(n), target(n);
+        std::uniform_real_distribution<float> ud(0.001f, 0.999f);
+        for (long long i = 0; i < n; i++) pred[i] = ud(rng), target[i] = (float)(i % 3 == 0);
+        const float inv = 1.0f / (float)n;
+        for (int loss = 0; loss < 4; loss++) {
+            std::vector<float> terms(n, NAN), grad(n, NAN);
+            if (loss < 3) rb_launch(blocks(n), 256, [&] { loss_terms(terms.data(), pred.data(), target.data(), n, loss); });
+            rb_launch(blocks(n), 256, [&] { loss_backward(grad.data(), pred.data(), target.data(), n, loss, inv); });
+            std::vector<double> wt(n), wg(n);
+            for (long long i = 0; i < n; i++) {
+                const double p = pred[i], y = target[i];
+                auto lg = [](double x) { return std::max(std::log(x), -100.0); };
+                wt[i] = loss == 0 ? (p - y) * (p - y) : loss == 1 ? -(y * lg(p) + (1 - y) * lg(1 - p)) : -(y * lg(p));
+                wg[i] = (loss == 0   ? 2 * (p - y)
+                         : loss == 1 ? (p - y) / std::max(p * (1 - p), 1e-12)
+                         : loss == 2 ? -y / std::max(p, 1e-12)
+                                     : p - y) /
+                        (double)n;
+            }
+            char name[64];
+            if (loss < 3) {
+                std::snprintf(name, sizeof name, "loss %d terms, n %lld", loss, n);
+                check(name, terms, wt, 1e-5);
+            }
+            std::snprintf(name, sizeof name, "loss %d gradient, n %lld", loss, n);
+            check(name, grad, wg, 1e-5);
+        }
     }
     // Softmax rows.
     for (auto [rows, cols] : {std::pair{1, 1}, {7, 33}, {33, 1000}}) {
@@ -210,19 +240,16 @@ int main() {
                 want[r * k + c] = (float)reinterpret_cast<const signed char*>(packed.data() + (size_t)ids[r] * words)[c] * scales[ids[r]];
         check("q8_embedding (bits)", emb, want, 0.0);
     }
-    // f32 -> bf16, round to nearest even.
+    // f32 -> bf16, round to nearest even, against values worked out by hand: ties to the
+    // even mantissa (1 + 2^-8 -> 1, 1 + 3 * 2^-8 -> 1 + 2^-6), -3.3 to the nearest step of
+    // 2^-6 (-3.296875), a subnormal to the nearest multiple of 2^-133, and 65504 up to 65536.
     {
         std::vector<float> x = {1.0f, 1.00390625f, 1.01171875f, -3.3f, 0.0f, 1e-40f, 65504.0f};
+        std::vector<double> want = {1.0, 1.0, 1.015625, -3.296875, 0.0, std::ldexp(1.0, -133), 65536.0};
         std::vector<unsigned short> h(x.size(), 0);
         rb_launch({1, 1, 1}, 32, [&] { to_bf16(h.data(), x.data(), (long long)x.size()); });
         std::vector<float> got(x.size());
-        std::vector<double> want(x.size());
-        for (size_t i = 0; i < x.size(); i++) {
-            got[i] = rb_bf16(h[i]);
-            unsigned u = __float_as_uint(x[i]);
-            u += 0x7fffu + ((u >> 16) & 1u);
-            want[i] = __uint_as_float(u & 0xffff0000u);
-        }
+        for (size_t i = 0; i < x.size(); i++) got[i] = rb_bf16(h[i]);
         check("to_bf16 (bits)", got, want, 0.0);
     }
     std::printf("%s\n", all_ok ? "kernels (emulated): all passed" : "kernels (emulated): FAILED");

@@ -604,15 +604,7 @@ impl TransformerLm {
 
     /// Adds this micro-batch's gradients (of its mean loss) to the accumulated ones.
     pub fn accumulate_step(&mut self, batch: &TokenBatch) -> Result<StepLoss> {
-        let r = match () {
-            #[cfg(feature = "cuda")]
-            () if self.cuda_mut().is_some() => {
-                let c = self.cuda_mut().expect("checked");
-                c.synced = false;
-                c.device.accumulate(batch)
-            }
-            () => self.model_mut().accumulate(batch),
-        };
+        let r = self.accumulate_where_it_is(batch);
         let s = r.map_err(|e| match e {
             e @ CoreError::NonFinite { .. } => self.step_error(e),
             e => NetworkError::from(e),
@@ -643,19 +635,30 @@ impl TransformerLm {
         Ok(self.model().grad_norm(scale)?)
     }
 
+    /// Forward and backward of a micro-batch on whichever device holds the model.
+    fn accumulate_where_it_is(&mut self, batch: &TokenBatch) -> Result<LossSum, CoreError> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda_mut() {
+            c.synced = false;
+            return c.device.accumulate(batch);
+        }
+        self.model_mut().accumulate(batch)
+    }
+
     /// One optimizer step with the gradients times `scale`, where the model is.
     fn apply_step(&mut self, scale: f32) -> Result<()> {
         let opt = self.optimizer;
-        let r = match () {
-            #[cfg(feature = "cuda")]
-            () if self.cuda_mut().is_some() => {
-                let c = self.cuda_mut().expect("checked");
-                c.synced = false;
-                c.device.step(&opt, scale)
-            }
-            () => self.model_mut().step(&opt, scale),
-        };
+        let r = self.step_where_it_is(&opt, scale);
         r.map_err(|e| self.step_error(e))
+    }
+
+    fn step_where_it_is(&mut self, opt: &Optimizer, scale: f32) -> Result<(), CoreError> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda_mut() {
+            c.synced = false;
+            return c.device.step(opt, scale);
+        }
+        self.model_mut().step(opt, scale)
     }
 
     /// [`TransformerLm::step`] with the (scaled) gradients clipped to a global L2 norm of

@@ -228,7 +228,6 @@ const KERNELS: &[(&str, &[&str])] = &[
             "activation_backward",
             "loss_terms",
             "loss_backward",
-            "fused_output_backward",
             "sgd",
             "to_bf16",
         ],
@@ -486,8 +485,8 @@ impl CudaBackend {
         self.dev.stream.clone_htod(data).map_err(drv("upload"))
     }
 
-    /// Sum of `n` values produced by `fill` into a zeroed partials buffer of REDUCE_BLOCKS
-    /// slots per part, added on the host in f64 in slot order.
+    /// The first `slots` partial sums of a reduction, added on the host in f64 in slot
+    /// order (so the total does not depend on scheduling).
     fn reduce_host(&self, partials: &CudaSlice<f32>, slots: usize) -> Result<f64> {
         let host = self
             .dev
@@ -552,19 +551,10 @@ impl CudaBackend {
         let (a_ptr, b_ptr) = if bf16 {
             let sa = self.scratch(&mut a_guard, la * batch, "BF16 operand scratch")?;
             self.to_bf16(sa, a, wa, la * batch)?;
+            let pa = sa.device_ptr(stream).0;
             let sb = self.scratch(&mut b_guard, lb * batch, "BF16 operand scratch")?;
             self.to_bf16(sb, b, wb, lb * batch)?;
-            let (pa, _) = a_guard
-                .buf
-                .as_ref()
-                .ok_or_else(|| dev_err("scratch"))?
-                .device_ptr(stream);
-            let (pb, _) = b_guard
-                .buf
-                .as_ref()
-                .ok_or_else(|| dev_err("scratch"))?
-                .device_ptr(stream);
-            (pa, pb)
+            (pa, sb.device_ptr(stream).0)
         } else {
             let (pa, _) = a.data.device_ptr(stream);
             let (pb, _) = b.data.device_ptr(stream);
@@ -720,6 +710,10 @@ fn act_code(act: Activation) -> (i32, f32) {
         Activation::Softmax => (5, 0.0),
     }
 }
+
+/// `loss_backward`'s code for the fused softmax/sigmoid + cross-entropy gradient,
+/// `(pred - target) / divisor`.
+const FUSED_OUTPUT: i32 = 3;
 
 fn loss_code(loss: Loss) -> i32 {
     match loss {
@@ -962,15 +956,18 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        const OP: &str = "loss_backward";
-        let n = check_rows(OP, rows, cols, &[("pred", pred.len), ("target", target.len)])?;
-        check_len(OP, "dpred", dpred.len, n)?;
-        if rows == 0 || n == 0 {
-            return Ok(());
-        }
-        let inv = 1.0f32 / loss.divisor(rows, cols) as f32;
-        launch!(self, "loss_backward", grid(n);
-            &mut dpred.data, &pred.data, &target.data, &(n as i64), &loss_code(loss), &inv)
+        let code = loss_code(loss);
+        self.loss_gradient(
+            "loss_backward",
+            "dpred",
+            code,
+            loss,
+            dpred,
+            pred,
+            target,
+            rows,
+            cols,
+        )
     }
     fn fused_output_backward(
         &self,
@@ -981,15 +978,17 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        const OP: &str = "fused_output_backward";
-        let n = check_rows(OP, rows, cols, &[("pred", pred.len), ("target", target.len)])?;
-        check_len(OP, "dlogits", dlogits.len, n)?;
-        if rows == 0 || n == 0 {
-            return Ok(());
-        }
-        let inv = 1.0f32 / loss.divisor(rows, cols) as f32;
-        launch!(self, "fused_output_backward", grid(n);
-            &mut dlogits.data, &pred.data, &target.data, &(n as i64), &inv)
+        self.loss_gradient(
+            "fused_output_backward",
+            "dlogits",
+            FUSED_OUTPUT,
+            loss,
+            dlogits,
+            pred,
+            target,
+            rows,
+            cols,
+        )
     }
     fn rmsnorm_forward(
         &self,
@@ -1486,6 +1485,31 @@ impl CudaBackend {
             &mut x.data, &dims[0], &dims[1], &dims[2], &dims[3], &dims[4], &spec.theta, &sign)
     }
 
+    /// The gradient of a loss with respect to `pred` (or, fused, to the logits): kernel
+    /// `loss_backward` with `code`, scaled by 1 / the loss's divisor.
+    #[allow(clippy::too_many_arguments)]
+    fn loss_gradient(
+        &self,
+        op: &'static str,
+        grad_name: &'static str,
+        code: i32,
+        loss: Loss,
+        grad: &mut CudaBuffer,
+        pred: &CudaBuffer,
+        target: &CudaBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let n = check_rows(op, rows, cols, &[("pred", pred.len), ("target", target.len)])?;
+        check_len(op, grad_name, grad.len, n)?;
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        let inv = 1.0f32 / loss.divisor(rows, cols) as f32;
+        launch!(self, "loss_backward", grid(n);
+            &mut grad.data, &pred.data, &target.data, &(n as i64), &code, &inv)
+    }
+
     fn check_f32_head(&self, spec: &AttentionSpec) -> Result<()> {
         // attention.cu holds at most 8 features a lane (32 lanes).
         if spec.head_dim > 256 {
@@ -1498,10 +1522,5 @@ impl CudaBackend {
             });
         }
         Ok(())
-    }
-
-    /// Keeps the context alive as long as the backend (buffers hold the stream, which holds it).
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.dev.ctx
     }
 }
