@@ -1,28 +1,125 @@
-//! `WgpuBackend`: core's `Backend` trait over the WGSL kernels, so a model definition
-//! written once in core (the dense network's forward, backward and optimizer steps) runs on
-//! the GPU unchanged. Each call records its kernels and submits them; buffers stay on the
-//! device, and only `download` (and the two host-side reductions) read back.
+//! `WgpuBackend`: core's `Backend` trait over the WGSL kernels, so a model written once in
+//! core (the transformer and the dense network, forward, backward and optimizer steps)
+//! runs on the GPU unchanged.
 //!
-//! Dense-network training has every primitive it needs here. Training a transformer on
-//! this backend does not yet: RMSNorm, attention and embedding backward, cross-entropy and
-//! the mixture-of-experts scatter return an error that says so (int8 transformer
-//! inference runs through `rusting_brain`'s `to_gpu`, which records whole forward passes).
+//! Recording, not submitting: each primitive records its kernels into one pending command
+//! encoder, and the work is submitted only when the host needs a value (`download`,
+//! `synchronize`, a loss, a norm, the router's logits). Bind groups and their parameter
+//! buffers are found again by (kernel, buffers) (see [`KeyedCache`]); host data a
+//! primitive needs (token ids, targets, routing tables, `write`) goes through a pool of
+//! staging buffers, each used once per submission so a queued write always lands before
+//! the commands that read it; scratch (attention's scores and deltas, int8 activations,
+//! per-row losses, partial sums) is kept per role and grown, never freed. A training or
+//! decode step that has run once therefore creates no GPU object
+//! ([`WgpuBackend::counters`] counts them).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusting_brain_core::backend::{
     AdamParams, AttentionSpec, CrossEntropySum, MatmulSpec, Precision, RopeSpec, SgdParams,
 };
+use rusting_brain_core::error::{check_len, check_rows};
 use rusting_brain_core::ops::optim::{check_adam, check_sgd, AdamConstants};
 use rusting_brain_core::{Activation, Backend, CoreError, Loss, Result};
 
-use crate::{DenseOp, Gpu, GpuBuffer, ShaderError};
+use crate::ops::{embedding_groups, NOT_COUNTED};
+use crate::{Batch, DenseOp, Gpu, GpuBuffer, GpuCounters, KeyedCache, ShaderError, SUM_OF_SQUARES_CHUNK};
 
-/// The wgpu backend; cheap to clone (the device is shared).
-#[derive(Clone, Debug)]
+/// The wgpu backend; cheap to clone (clones share the device and the pending work).
+#[derive(Clone)]
 pub struct WgpuBackend {
     gpu: Arc<Gpu>,
+    rec: Arc<Mutex<Recorder>>,
 }
+
+impl std::fmt::Debug for WgpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuBackend").field("gpu", &self.gpu).finish()
+    }
+}
+
+/// The pending work and what it reuses.
+#[derive(Default)]
+struct Recorder {
+    encoder: Option<wgpu::CommandEncoder>,
+    cache: KeyedCache,
+    /// Staging buffers by size class (words, a power of two), and how many of each the
+    /// pending submission has taken.
+    staged: HashMap<usize, (Vec<GpuBuffer>, usize)>,
+    /// Scratch by role.
+    scratch: HashMap<&'static str, GpuBuffer>,
+    /// RoPE cos/sin tables by (head_dim, theta bits).
+    rope: HashMap<(usize, u32), GpuBuffer>,
+}
+
+/// The pools a primitive draws on while it records.
+struct Pools<'a> {
+    gpu: &'a Gpu,
+    staged: &'a mut HashMap<usize, (Vec<GpuBuffer>, usize)>,
+    scratch: &'a mut HashMap<&'static str, GpuBuffer>,
+    rope: &'a mut HashMap<(usize, u32), GpuBuffer>,
+}
+
+impl Pools<'_> {
+    /// `words` on the device, ordered with the recorded work: a staging buffer of this
+    /// submission's own, written through the queue (which lands before the submission).
+    fn stage(&mut self, words: &[u32]) -> std::result::Result<GpuBuffer, ShaderError> {
+        let class = words.len().max(64).next_power_of_two();
+        let (list, used) = self.staged.entry(class).or_default();
+        if *used == list.len() {
+            list.push(self.gpu.zeros("staging", class)?);
+        }
+        let buf = list[*used].buf.clone();
+        *used += 1;
+        let view = GpuBuffer {
+            buf,
+            len: words.len(),
+        };
+        self.gpu.write_u32(&view, 0, words)?;
+        Ok(view)
+    }
+
+    fn stage_f32(&mut self, values: &[f32]) -> std::result::Result<GpuBuffer, ShaderError> {
+        let words: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+        self.stage(&words)
+    }
+
+    /// A scratch buffer of at least `words` for `role`, grown to the next power of two.
+    fn scratch(&mut self, role: &'static str, words: usize) -> std::result::Result<GpuBuffer, ShaderError> {
+        let have = self.scratch.get(role).map_or(0, |b| b.len);
+        if have < words.max(1) {
+            let b = self.gpu.zeros(role, words.max(1).next_power_of_two())?;
+            self.scratch.insert(role, b);
+        }
+        let buf = self.scratch[role].buf.clone();
+        Ok(GpuBuffer { buf, len: words })
+    }
+
+    /// cos/sin for positions `0..positions` (see [`crate::rope_table`]), kept per head size
+    /// and theta. Made for at least [`ROPE_POSITIONS`] positions, so decoding does not
+    /// rebuild it as the sequence grows; past that it doubles.
+    fn rope(
+        &mut self,
+        positions: usize,
+        head_dim: usize,
+        theta: f32,
+    ) -> std::result::Result<GpuBuffer, ShaderError> {
+        let key = (head_dim, theta.to_bits());
+        let have = self.rope.get(&key).map_or(0, |b| b.len / head_dim.max(1));
+        if have < positions {
+            let n = positions.next_power_of_two().max(ROPE_POSITIONS);
+            let t = self
+                .gpu
+                .upload("rope table", &crate::rope_table(n, head_dim, theta))?;
+            self.rope.insert(key, t);
+        }
+        Ok(self.rope[&key].clone())
+    }
+}
+
+/// Positions a RoPE table is first made for (2 MiB at head size 128).
+const ROPE_POSITIONS: usize = 4096;
 
 fn device(e: ShaderError) -> CoreError {
     match e {
@@ -37,7 +134,7 @@ fn device(e: ShaderError) -> CoreError {
 fn unsupported(op: &str) -> CoreError {
     CoreError::Device {
         backend: "wgpu",
-        message: format!("{op} is not on the wgpu backend yet; train transformers on the CPU backend"),
+        message: format!("{op} is not on the wgpu backend; use the CPU backend for it"),
     }
 }
 
@@ -60,23 +157,86 @@ fn loss_code(loss: Loss) -> u32 {
     }
 }
 
-/// Buffer lengths against (rows, cols), as core's checks compare them.
 fn rows_check(op: &'static str, rows: usize, cols: usize, bufs: &[(&'static str, usize)]) -> Result<usize> {
-    rusting_brain_core::error::check_rows(op, rows, cols, bufs)
+    check_rows(op, rows, cols, bufs)
 }
 
 impl WgpuBackend {
     pub fn new(gpu: Arc<Gpu>) -> WgpuBackend {
-        WgpuBackend { gpu }
+        WgpuBackend {
+            gpu,
+            rec: Arc::default(),
+        }
     }
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
 
-    fn run(&self, f: impl FnOnce(&mut crate::Batch) -> std::result::Result<(), ShaderError>) -> Result<()> {
-        let mut b = self.gpu.batch();
-        f(&mut b).map_err(device)?;
-        b.submit().map_err(device)
+    /// Objects created, submissions and dispatches on this backend's device so far.
+    pub fn counters(&self) -> GpuCounters {
+        self.gpu.counters()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Recorder> {
+        self.rec.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records kernels into the pending encoder.
+    fn record<R>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_>, &mut Pools<'_>) -> std::result::Result<R, ShaderError>,
+    ) -> Result<R> {
+        let mut rec = self.lock();
+        let Recorder {
+            encoder,
+            cache,
+            staged,
+            scratch,
+            rope,
+        } = &mut *rec;
+        let pending = encoder
+            .take()
+            .unwrap_or_else(|| self.gpu.device.create_command_encoder(&Default::default()));
+        let mut pools = Pools {
+            gpu: &self.gpu,
+            staged,
+            scratch,
+            rope,
+        };
+        let mut batch = self.gpu.batch_keyed(pending, cache);
+        let r = f(&mut batch, &mut pools);
+        *encoder = Some(batch.finish());
+        r.map_err(device)
+    }
+
+    /// Submits the pending work (a no-op with none) and frees the staging buffers for the
+    /// next submission.
+    pub fn flush(&self) -> Result<()> {
+        let mut rec = self.lock();
+        let r = match rec.encoder.take() {
+            Some(e) => self.gpu.submit(e),
+            None => self.gpu.check_errors(),
+        };
+        rec.cache.submitted();
+        for (_, used) in rec.staged.values_mut() {
+            *used = 0;
+        }
+        r.map_err(device)
+    }
+
+    /// A scratch buffer's first `len` values, read after the pending work.
+    fn read_scratch(&self, role: &'static str, len: usize) -> Result<Vec<f32>> {
+        let buf = {
+            let rec = self.lock();
+            match rec.scratch.get(role) {
+                Some(b) => GpuBuffer {
+                    buf: b.buf.clone(),
+                    len,
+                },
+                None => return Ok(Vec::new()),
+            }
+        };
+        self.download(&buf)
     }
 
     fn dense(
@@ -87,7 +247,15 @@ impl WgpuBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        self.run(|b| b.dense(op, x, y, rows, cols))
+        self.record(|b, _| b.dense(op, x, y, rows, cols))
+    }
+
+    fn rope(&self, x: &mut GpuBuffer, spec: &RopeSpec, inverse: bool) -> Result<()> {
+        spec.check(if inverse { "rope_backward" } else { "rope_forward" }, x.len())?;
+        self.record(|b, pools| {
+            let table = pools.rope(spec.pos_offset + spec.seq, spec.head_dim, spec.theta)?;
+            b.rope(x, &table, spec, inverse)
+        })
     }
 }
 
@@ -104,7 +272,17 @@ impl Backend for WgpuBackend {
     fn upload(&self, data: &[f32]) -> Result<GpuBuffer> {
         self.gpu.upload("buffer", data).map_err(device)
     }
+    fn synchronize(&self) -> Result<()> {
+        self.flush()?;
+        #[cfg(not(target_arch = "wasm32"))]
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| device(ShaderError::Readback(e.to_string())))?;
+        self.gpu.check_errors().map_err(device)
+    }
     fn download(&self, buf: &GpuBuffer) -> Result<Vec<f32>> {
+        self.flush()?;
         #[cfg(not(target_arch = "wasm32"))]
         {
             self.gpu.read_blocking(buf).map_err(device)
@@ -120,8 +298,13 @@ impl Backend for WgpuBackend {
         }
     }
     fn write(&self, dst: &mut GpuBuffer, data: &[f32]) -> Result<()> {
-        rusting_brain_core::error::check_len("write", "data", data.len(), dst.len())?;
-        self.gpu.write(dst, 0, data).map_err(device)
+        check_len("write", "data", data.len(), dst.len())?;
+        // Through a staging buffer and a recorded copy, so the write lands after the work
+        // recorded before it and before the work recorded after it.
+        self.record(|b, pools| {
+            let staged = pools.stage_f32(data)?;
+            b.copy(dst, 0, &staged, 0, data.len())
+        })
     }
     fn len(&self, buf: &GpuBuffer) -> usize {
         buf.len()
@@ -131,9 +314,9 @@ impl Backend for WgpuBackend {
         self.dense(DenseOp::Fill(value), [None; 3], buf, 1, n)
     }
     fn copy(&self, dst: &mut GpuBuffer, src: &GpuBuffer) -> Result<()> {
-        rusting_brain_core::error::check_len("copy", "src", src.len(), dst.len())?;
+        check_len("copy", "src", src.len(), dst.len())?;
         let n = dst.len();
-        self.run(|b| b.copy(dst, 0, src, 0, n))
+        self.record(|b, _| b.copy(dst, 0, src, 0, n))
     }
     fn copy_range(
         &self,
@@ -143,11 +326,11 @@ impl Backend for WgpuBackend {
         src_offset: usize,
         len: usize,
     ) -> Result<()> {
-        self.run(|b| b.copy(dst, dst_offset, src, src_offset, len))
+        self.record(|b, _| b.copy(dst, dst_offset, src, src_offset, len))
     }
 
     fn axpy(&self, y: &mut GpuBuffer, alpha: f32, x: &GpuBuffer) -> Result<()> {
-        rusting_brain_core::error::check_len("axpy", "x", x.len(), y.len())?;
+        check_len("axpy", "x", x.len(), y.len())?;
         let n = y.len();
         self.dense(DenseOp::Axpy(alpha), [Some(x), None, None], y, 1, n)
     }
@@ -156,8 +339,25 @@ impl Backend for WgpuBackend {
         self.dense(DenseOp::Scale(alpha), [None; 3], x, 1, n)
     }
     fn sum_of_squares(&self, x: &GpuBuffer) -> Result<f64> {
-        // A host reduction in f64 over one read-back: the gradient-clipping norm, once a step.
-        Ok(self.download(x)?.iter().map(|&v| v as f64 * v as f64).sum())
+        self.sum_of_squares_many(&[x])
+    }
+    fn sum_of_squares_many(&self, xs: &[&GpuBuffer]) -> Result<f64> {
+        // Partial sums in f32 over chunks of 4,096 values on the device, added in f64 here:
+        // one read-back for every tensor of a global gradient norm.
+        let total: usize = xs.iter().map(|x| x.len().div_ceil(SUM_OF_SQUARES_CHUNK)).sum();
+        if total == 0 {
+            return Ok(0.0);
+        }
+        self.record(|b, pools| {
+            let partials = pools.scratch("sum of squares", total)?;
+            let mut at = 0;
+            for x in xs {
+                at += b.sum_of_squares(&partials, at, x, x.len())?;
+            }
+            Ok(())
+        })?;
+        let partials = self.read_scratch("sum of squares", total)?;
+        Ok(partials.iter().map(|&v| v as f64).sum())
     }
 
     fn matmul(&self, c: &mut GpuBuffer, a: &GpuBuffer, b: &GpuBuffer, spec: &MatmulSpec) -> Result<()> {
@@ -177,7 +377,7 @@ impl Backend for WgpuBackend {
                 };
             }
         }
-        self.run(|g| {
+        self.record(|g, _| {
             g.matmul(
                 c,
                 a,
@@ -191,12 +391,12 @@ impl Backend for WgpuBackend {
     }
     fn add_bias(&self, out: &mut GpuBuffer, bias: &GpuBuffer, rows: usize, cols: usize) -> Result<()> {
         rows_check("add_bias", rows, cols, &[("out", out.len())])?;
-        rusting_brain_core::error::check_len("add_bias", "bias", bias.len(), cols)?;
+        check_len("add_bias", "bias", bias.len(), cols)?;
         self.dense(DenseOp::AddBias, [Some(bias), None, None], out, rows, cols)
     }
     fn bias_backward(&self, dbias: &mut GpuBuffer, dout: &GpuBuffer, rows: usize, cols: usize) -> Result<()> {
         rows_check("bias_backward", rows, cols, &[("dout", dout.len())])?;
-        rusting_brain_core::error::check_len("bias_backward", "dbias", dbias.len(), cols)?;
+        check_len("bias_backward", "dbias", dbias.len(), cols)?;
         self.dense(DenseOp::BiasBackward, [Some(dout), None, None], dbias, rows, cols)
     }
     fn activation_forward(
@@ -351,20 +551,30 @@ impl Backend for WgpuBackend {
             rows,
             dim,
         )?;
-        self.run(|b| b.rmsnorm(out, rstd, inp, weight, rows, dim, eps))
+        self.record(|b, _| b.rmsnorm(out, rstd, inp, weight, rows, dim, eps))
     }
     fn rmsnorm_backward(
         &self,
-        _: &mut GpuBuffer,
-        _: &mut GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: usize,
-        _: usize,
+        dinp: &mut GpuBuffer,
+        dweight: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        inp: &GpuBuffer,
+        weight: &GpuBuffer,
+        rstd: &GpuBuffer,
+        rows: usize,
+        dim: usize,
     ) -> Result<()> {
-        Err(unsupported("rmsnorm_backward"))
+        rusting_brain_core::ops::rmsnorm::check_rmsnorm_backward(
+            dinp.len(),
+            dweight.len(),
+            dout.len(),
+            inp.len(),
+            weight.len(),
+            rstd.len(),
+            rows,
+            dim,
+        )?;
+        self.record(|b, _| b.rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim))
     }
     fn rope_forward(&self, x: &mut GpuBuffer, spec: &RopeSpec) -> Result<()> {
         self.rope(x, spec, false)
@@ -400,17 +610,25 @@ impl Backend for WgpuBackend {
     fn swiglu_forward(&self, out: &mut GpuBuffer, gate: &GpuBuffer, up: &GpuBuffer) -> Result<()> {
         rusting_brain_core::ops::swiglu::check_swiglu_forward(out.len(), gate.len(), up.len())?;
         let n = out.len();
-        self.run(|b| b.swiglu(out, gate, up, n))
+        self.record(|b, _| b.swiglu(out, gate, up, n))
     }
     fn swiglu_backward(
         &self,
-        _: &mut GpuBuffer,
-        _: &mut GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
+        dgate: &mut GpuBuffer,
+        dup: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        gate: &GpuBuffer,
+        up: &GpuBuffer,
     ) -> Result<()> {
-        Err(unsupported("swiglu_backward"))
+        rusting_brain_core::ops::swiglu::check_swiglu_backward(
+            dgate.len(),
+            dup.len(),
+            dout.len(),
+            gate.len(),
+            up.len(),
+        )?;
+        let n = gate.len();
+        self.record(|b, _| b.swiglu_backward(dgate, dup, dout, gate, up, n))
     }
     fn attention_forward(
         &self,
@@ -421,80 +639,184 @@ impl Backend for WgpuBackend {
         v: &GpuBuffer,
         spec: &AttentionSpec,
     ) -> Result<()> {
-        let (nq, nkv, nl) = spec.check("attention_forward")?;
+        let (_, _, nl) = spec.check("attention_forward")?;
         spec.check_forward(out.len(), lse.len(), q.len(), k.len(), v.len())?;
-        let _ = (nq, nkv);
-        let scratch = self.zeros(nl * spec.kv_capacity)?;
-        self.run(|b| b.attention(out, lse, q, k, v, &scratch, spec))
+        self.record(|b, pools| {
+            let scratch = pools.scratch("attention scores", nl * spec.kv_capacity)?;
+            b.attention(out, lse, q, k, v, &scratch, spec)
+        })
     }
     fn attention_backward(
         &self,
-        _: &mut GpuBuffer,
-        _: &mut GpuBuffer,
-        _: &mut GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &AttentionSpec,
+        dq: &mut GpuBuffer,
+        dk: &mut GpuBuffer,
+        dv: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        out: &GpuBuffer,
+        lse: &GpuBuffer,
+        spec: &AttentionSpec,
     ) -> Result<()> {
-        Err(unsupported("attention_backward"))
+        spec.check_backward([
+            dq.len(),
+            dk.len(),
+            dv.len(),
+            dout.len(),
+            q.len(),
+            k.len(),
+            v.len(),
+            out.len(),
+            lse.len(),
+        ])?;
+        let (_, _, nl) = spec.check("attention_backward")?;
+        self.record(|b, pools| {
+            let delta = pools.scratch("attention delta", nl)?;
+            b.attention_backward([dq, dk, dv], dout, [q, k, v, out, lse], &delta, spec)
+        })
     }
     fn embedding_forward(
         &self,
-        _: &mut GpuBuffer,
-        _: &GpuBuffer,
-        _: &[u32],
-        _: usize,
-        _: usize,
+        out: &mut GpuBuffer,
+        table: &GpuBuffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
     ) -> Result<()> {
-        Err(unsupported("an f32 embedding"))
+        rusting_brain_core::ops::embedding::check_embedding(
+            "embedding_forward",
+            ["table", "out"],
+            table.len(),
+            out.len(),
+            ids,
+            vocab,
+            dim,
+        )?;
+        self.record(|b, pools| {
+            let ids_buf = pools.stage(ids)?;
+            b.embedding(out, &ids_buf, table, ids.len(), dim)
+        })
     }
     fn embedding_backward(
         &self,
-        _: &mut GpuBuffer,
-        _: &GpuBuffer,
-        _: &[u32],
-        _: usize,
-        _: usize,
+        dtable: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
     ) -> Result<()> {
-        Err(unsupported("embedding_backward"))
+        rusting_brain_core::ops::embedding::check_embedding(
+            "embedding_backward",
+            ["dtable", "dout"],
+            dtable.len(),
+            dout.len(),
+            ids,
+            vocab,
+            dim,
+        )?;
+        let (groups, n_ids) = embedding_groups(ids, vocab);
+        self.record(|b, pools| {
+            let groups = pools.stage(&groups)?;
+            b.embedding_backward(dtable, &groups, n_ids, dout, dim)
+        })
     }
     fn cross_entropy(
         &self,
-        _: &mut GpuBuffer,
-        _: &[u32],
-        _: Option<&[bool]>,
-        _: usize,
-        _: usize,
-        _: Option<f32>,
+        logits: &mut GpuBuffer,
+        targets: &[u32],
+        mask: Option<&[bool]>,
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
-        Err(unsupported("cross_entropy"))
+        rusting_brain_core::ops::cross_entropy::check_cross_entropy(
+            logits.len(),
+            targets,
+            mask,
+            rows,
+            vocab,
+        )?;
+        let counted = |r: usize| mask.is_none_or(|m| m[r]);
+        let words: Vec<u32> = (0..rows)
+            .map(|r| if counted(r) { targets[r] } else { NOT_COUNTED })
+            .collect();
+        self.record(|b, pools| {
+            let targets = pools.stage(&words)?;
+            let loss = pools.scratch("cross-entropy losses", rows)?;
+            b.cross_entropy(logits, &targets, &loss, (rows, vocab), grad_scale)
+        })?;
+        let losses = self.read_scratch("cross-entropy losses", rows)?;
+        let mut total = CrossEntropySum::default();
+        for (r, &loss) in losses.iter().enumerate() {
+            if !counted(r) {
+                continue;
+            }
+            let loss = loss as f64;
+            if !loss.is_finite() {
+                return Err(CoreError::NonFinite {
+                    op: "cross_entropy",
+                    value: loss,
+                });
+            }
+            total.loss_sum += loss;
+            total.count += 1;
+        }
+        Ok(total)
     }
     fn moe_combine(
         &self,
-        _: &mut GpuBuffer,
-        _: &GpuBuffer,
-        _: &[u32],
-        _: &[f32],
-        _: usize,
-        _: usize,
+        out: &mut GpuBuffer,
+        y: &GpuBuffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
     ) -> Result<()> {
-        Err(unsupported("moe_combine"))
+        let n = rusting_brain_core::ops::moe::check_combine(
+            "moe_combine",
+            out.len(),
+            y.len(),
+            row_of_slot,
+            weight,
+            top_k,
+            dim,
+        )?;
+        self.record(|b, pools| {
+            let rows = pools.stage(row_of_slot)?;
+            let w = pools.stage_f32(weight)?;
+            b.moe_combine(out, &rows, &w, y, n, dim, top_k)
+        })
     }
     fn moe_combine_backward(
         &self,
-        _: &mut GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &[u32],
-        _: &[f32],
-        _: usize,
-        _: usize,
+        dy: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        y: &GpuBuffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
     ) -> Result<Vec<f32>> {
-        Err(unsupported("moe_combine_backward"))
+        const OP: &str = "moe_combine_backward";
+        let n = rusting_brain_core::ops::moe::check_combine(
+            OP,
+            dout.len(),
+            y.len(),
+            row_of_slot,
+            weight,
+            top_k,
+            dim,
+        )?;
+        check_len(OP, "dy", dy.len(), y.len())?;
+        let slots = row_of_slot.len();
+        self.record(|b, pools| {
+            let rows = pools.stage(row_of_slot)?;
+            let w = pools.stage_f32(weight)?;
+            let dweight = pools.scratch("moe weight gradients", slots)?;
+            b.moe_combine_backward(dy, &dweight, &rows, &w, dout, y, (n, dim, top_k))
+        })?;
+        self.read_scratch("moe weight gradients", slots)
     }
     fn q8_matmul(
         &self,
@@ -518,8 +840,9 @@ impl Backend for WgpuBackend {
             k,
         )?;
         let pc = rusting_brain_core::ops::q8::packed_cols(k);
-        let (xq, xs) = (self.zeros(m * pc)?, self.zeros(m)?);
-        self.run(|b| {
+        self.record(|b, pools| {
+            let xq = pools.scratch("int8 activations", m * pc)?;
+            let xs = pools.scratch("int8 activation scales", m)?;
             b.q8_quantize(&xq, &xs, x, m, k)?;
             b.q8_matmul(out, &xq, &xs, packed, scales, m, n, k, spec.beta)
         })
@@ -534,8 +857,10 @@ impl Backend for WgpuBackend {
         dim: usize,
     ) -> Result<()> {
         rusting_brain_core::ops::embedding::check_ids("q8_embedding", ids, vocab)?;
-        let gids = self.gpu.upload_u32("ids", ids).map_err(device)?;
-        self.run(|b| b.q8_embedding(out, &gids, packed, scales, ids.len(), vocab, dim))
+        self.record(|b, pools| {
+            let gids = pools.stage(ids)?;
+            b.q8_embedding(out, &gids, packed, scales, ids.len(), vocab, dim)
+        })
     }
 
     fn adam_update(
@@ -567,7 +892,7 @@ impl Backend for WgpuBackend {
             0,
             0,
         ];
-        self.run(|b| b.optim(&words, param, grad, Some(m), Some(v)))
+        self.record(|b, _| b.optim(&words, param, grad, Some(m), Some(v)))
     }
     fn sgd_update(
         &self,
@@ -597,15 +922,6 @@ impl Backend for WgpuBackend {
             0,
         ];
         let vel = velocity.map(|v| &*v);
-        self.run(|b| b.optim(&words, param, grad, vel, None))
-    }
-}
-
-impl WgpuBackend {
-    fn rope(&self, x: &mut GpuBuffer, spec: &RopeSpec, inverse: bool) -> Result<()> {
-        spec.check(if inverse { "rope_backward" } else { "rope_forward" }, x.len())?;
-        let table = crate::rope_table(spec.pos_offset + spec.seq, spec.head_dim, spec.theta);
-        let table = self.upload(&table)?;
-        self.run(|b| b.rope(x, &table, spec, inverse))
+        self.record(|b, _| b.optim(&words, param, grad, vel, None))
     }
 }

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -59,6 +60,42 @@ pub struct Gpu {
     pub(crate) spare: [GpuBuffer; 2],
     /// The read-back buffer, kept between reads (a decode step reads 4 bytes each token).
     staging: Mutex<Option<wgpu::Buffer>>,
+    pub(crate) counters: Counters,
+}
+
+/// What the device has been asked for since it opened: the numbers a test reads to show
+/// that a steady-state step creates nothing and submits once.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub buffers: AtomicU64,
+    pub bind_groups: AtomicU64,
+    pub submits: AtomicU64,
+    pub dispatches: AtomicU64,
+}
+
+/// A snapshot of [`Gpu::counters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GpuCounters {
+    /// Buffers created (storage, uniform, staging and read-back).
+    pub buffers: u64,
+    /// Bind groups created.
+    pub bind_groups: u64,
+    /// Command buffers submitted (including read-backs).
+    pub submits: u64,
+    /// Kernels dispatched.
+    pub dispatches: u64,
+}
+
+impl std::ops::Sub for GpuCounters {
+    type Output = GpuCounters;
+    fn sub(self, o: GpuCounters) -> GpuCounters {
+        GpuCounters {
+            buffers: self.buffers - o.buffers,
+            bind_groups: self.bind_groups - o.bind_groups,
+            submits: self.submits - o.submits,
+            dispatches: self.dispatches - o.dispatches,
+        }
+    }
 }
 
 impl std::fmt::Debug for Gpu {
@@ -163,6 +200,7 @@ impl Gpu {
             len: 1,
         };
         Ok(Gpu {
+            counters: Counters::default(),
             staging: Mutex::new(None),
             spare: [spare("spare 0"), spare("spare 1")],
             device,
@@ -179,6 +217,34 @@ impl Gpu {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new_blocking(options: &GpuOptions) -> Result<Gpu, ShaderError> {
         block_on(Gpu::new(options))
+    }
+
+    /// Objects created, submissions and dispatches since the device opened.
+    pub fn counters(&self) -> GpuCounters {
+        let c = &self.counters;
+        GpuCounters {
+            buffers: c.buffers.load(Ordering::Relaxed),
+            bind_groups: c.bind_groups.load(Ordering::Relaxed),
+            submits: c.submits.load(Ordering::Relaxed),
+            dispatches: c.dispatches.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn count_dispatch(&self) {
+        self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Submits one encoder's commands and reports any error the device raised.
+    pub(crate) fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<(), ShaderError> {
+        self.queue.submit([encoder.finish()]);
+        self.counters.submits.fetch_add(1, Ordering::Relaxed);
+        self.check_errors()
+    }
+
+    /// Overwrites a uniform buffer's parameters (queued: lands before the next submission).
+    pub(crate) fn write_params(&self, uniform: &wgpu::Buffer, words: &[u32]) {
+        self.queue
+            .write_buffer(uniform, 0, &words_to_bytes(words.iter().copied()));
     }
 
     /// The adapter: name, backend, device type.
@@ -212,6 +278,7 @@ impl Gpu {
     fn create(&self, what: &str, words: usize, contents: Option<&[u8]>) -> Result<GpuBuffer, ShaderError> {
         let size = self.check_size(what, words)?;
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
         let buf = match contents {
             Some(bytes) if !bytes.is_empty() => {
                 self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -310,18 +377,22 @@ impl Gpu {
         let kept = self.staging.lock().unwrap_or_else(|p| p.into_inner()).take();
         let staging = match kept {
             Some(b) if b.size() >= bytes => b,
-            _ => self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("readback"),
-                size: bytes.max(256),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
+            _ => {
+                self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("readback"),
+                    size: bytes.max(256),
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            }
         };
         let mut encoder = self.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(&buf.buf, offset as u64 * 4, &staging, 0, bytes);
         let (tx, rx) = oneshot();
         encoder.map_buffer_on_submit(&staging, wgpu::MapMode::Read, ..bytes, move |r| tx.send(r));
         self.queue.submit([encoder.finish()]);
+        self.counters.submits.fetch_add(1, Ordering::Relaxed);
         #[cfg(not(target_arch = "wasm32"))]
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
@@ -395,6 +466,7 @@ impl Gpu {
     pub(crate) fn params(&self, words: &[u32]) -> wgpu::Buffer {
         let mut padded = words.to_vec();
         padded.resize(words.len().div_ceil(4).max(1) * 4, 0);
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
         self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("params"),
             contents: &words_to_bytes(padded.into_iter()),

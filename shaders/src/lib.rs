@@ -21,10 +21,10 @@ mod ops;
 pub use backend::WgpuBackend;
 #[cfg(not(target_arch = "wasm32"))]
 pub use gpu::block_on;
-pub use gpu::{Gpu, GpuBuffer, GpuOptions};
+pub use gpu::{Gpu, GpuBuffer, GpuCounters, GpuOptions};
 pub use ops::{
-    check_ids, context_ids, rope_table, AttentionScratch, Batch, DenseOp, DispatchCache, NAN_ROW, NO_ID,
-    TILED_ROWS,
+    check_ids, context_ids, rope_table, AttentionScratch, Batch, DenseOp, DispatchCache, KeyedCache, NAN_ROW,
+    NO_ID, SUM_OF_SQUARES_CHUNK, TILED_ROWS,
 };
 pub use wgpu;
 
@@ -48,7 +48,7 @@ pub enum ShaderError {
 }
 
 /// The kernels, in the order their pipelines are built.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
     RmsNorm,
     Q8Quantize,
@@ -70,10 +70,19 @@ pub(crate) enum Kernel {
     Q8MatmulTiled,
     RmsNormSg,
     Q8QuantizeSg,
+    RmsNormBackward,
+    SwigluBackward,
+    AttentionBackwardQ,
+    AttentionBackwardKv,
+    Embedding,
+    EmbeddingBackward,
+    CrossEntropy,
+    MoeCombineBackward,
+    SumOfSquares,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 20] = [
+    pub(crate) const ALL: [Kernel; 29] = [
         Kernel::RmsNorm,
         Kernel::Q8Quantize,
         Kernel::Q8Matmul,
@@ -94,6 +103,15 @@ impl Kernel {
         Kernel::Q8MatmulTiled,
         Kernel::RmsNormSg,
         Kernel::Q8QuantizeSg,
+        Kernel::RmsNormBackward,
+        Kernel::SwigluBackward,
+        Kernel::AttentionBackwardQ,
+        Kernel::AttentionBackwardKv,
+        Kernel::Embedding,
+        Kernel::EmbeddingBackward,
+        Kernel::CrossEntropy,
+        Kernel::MoeCombineBackward,
+        Kernel::SumOfSquares,
     ];
 
     /// Whether the kernel uses subgroup operations (built only on adapters that have them;
@@ -124,6 +142,15 @@ impl Kernel {
             Kernel::Q8MatmulTiled => "q8_matmul_tiled",
             Kernel::RmsNormSg => "rmsnorm_sg",
             Kernel::Q8QuantizeSg => "q8_quantize_sg",
+            Kernel::RmsNormBackward => "rmsnorm_backward",
+            Kernel::SwigluBackward => "swiglu_backward",
+            Kernel::AttentionBackwardQ => "attention_backward_q",
+            Kernel::AttentionBackwardKv => "attention_backward_kv",
+            Kernel::Embedding => "embedding",
+            Kernel::EmbeddingBackward => "embedding_backward",
+            Kernel::CrossEntropy => "cross_entropy",
+            Kernel::MoeCombineBackward => "moe_combine_backward",
+            Kernel::SumOfSquares => "sum_of_squares",
         }
     }
 
@@ -149,6 +176,15 @@ impl Kernel {
             Kernel::Q8MatmulTiled => include_str!("wgsl/q8_matmul_tiled.wgsl"),
             Kernel::RmsNormSg => include_str!("wgsl/rmsnorm_sg.wgsl"),
             Kernel::Q8QuantizeSg => include_str!("wgsl/q8_quantize_sg.wgsl"),
+            Kernel::RmsNormBackward => include_str!("wgsl/rmsnorm_backward.wgsl"),
+            Kernel::SwigluBackward => include_str!("wgsl/swiglu_backward.wgsl"),
+            Kernel::AttentionBackwardQ => include_str!("wgsl/attention_backward_q.wgsl"),
+            Kernel::AttentionBackwardKv => include_str!("wgsl/attention_backward_kv.wgsl"),
+            Kernel::Embedding => include_str!("wgsl/embedding.wgsl"),
+            Kernel::EmbeddingBackward => include_str!("wgsl/embedding_backward.wgsl"),
+            Kernel::CrossEntropy => include_str!("wgsl/cross_entropy.wgsl"),
+            Kernel::MoeCombineBackward => include_str!("wgsl/moe_combine_backward.wgsl"),
+            Kernel::SumOfSquares => include_str!("wgsl/sum_of_squares.wgsl"),
         }
     }
 

@@ -121,6 +121,8 @@ struct Acts {
     eup: GpuBuffer,
     es: GpuBuffer,
     ey: GpuBuffer,
+    /// The identity slot-to-row table: the expert outputs are in slot order here.
+    slot_rows: GpuBuffer,
 }
 
 /// The model on the device.
@@ -371,6 +373,7 @@ impl GpuLm {
             eup: g.zeros("expert up", rows * k * fe)?,
             es: g.zeros("expert hidden", rows * k * fe)?,
             ey: g.zeros("expert out", rows * k * d)?,
+            slot_rows: g.upload_u32("slot rows", &(0..(rows * k) as u32).collect::<Vec<_>>())?,
         });
         Ok(())
     }
@@ -487,7 +490,7 @@ impl GpuLm {
                 b.swiglu(&a.es, &a.egate, &a.eup, r * k * fe)?;
                 b.q8_quantize(&a.xq, &a.xs, &a.es, r * k, fe)?;
                 b.q8_expert(&a.ey, &a.xq, &a.xs, dw, ds, &a.expert, (r * k, d, fe, k), false)?;
-                b.moe_combine(&a.x, &a.weight, &a.ey, r, d, k)?;
+                b.moe_combine(&a.x, &a.slot_rows, &a.weight, &a.ey, r, d, k)?;
             }
         }
         b.rmsnorm(&a.h, &a.rstd, &a.x, &self.final_norm, r, d, c.norm_eps)?;

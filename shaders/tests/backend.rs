@@ -332,3 +332,322 @@ fn optimizer_steps_match_the_reference() {
         }
     }
 }
+
+// ----- the transformer's primitives: forward and backward -----
+
+#[test]
+fn rmsnorm_backward_matches_the_reference() {
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(11);
+    let mut worst = 0.0f32;
+    for (&rows, dim) in ROWS.iter().zip([1usize, 5, 64, 65, 300, 33]) {
+        let x = rng.normal_vec(rows * dim, 1.0);
+        let w = rng.normal_vec(dim, 1.0);
+        let dy = rng.normal_vec(rows * dim, 1.0);
+        let mut rstd = vec![0.0; rows];
+        let mut h = vec![0.0; rows * dim];
+        rusting_brain_core::ops::rmsnorm::rmsnorm_forward(&mut h, &mut rstd, &x, &w, rows, dim, 1e-5)
+            .unwrap();
+        let dw0 = rng.normal_vec(dim, 1.0);
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| {
+                let (a, b) = outs.split_at_mut(1);
+                be.rmsnorm_backward(
+                    &mut a[0], &mut b[0], &ins[0], &ins[1], &ins[2], &ins[3], rows, dim,
+                )
+                .unwrap()
+            },
+            [dy.clone(), x, w.clone(), rstd.clone()],
+            [vec![0.0; rows * dim], dw0]
+        );
+        // dinp = rstd (w dy - xhat mean) cancels to nearly nothing when dim is 1: its error
+        // is measured against the size of the terms, rstd |w dy|, not of the difference.
+        let terms = (0..rows * dim)
+            .map(|i| (rstd[i / dim] * w[i % dim] * dy[i]).abs())
+            .fold(0.0f32, f32::max);
+        let (a, b) = &out[0];
+        let e = rel(a, b) * b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30) / terms;
+        assert!(e < 1e-5, "dinp ({rows}, {dim}): {e}");
+        worst = worst.max(e);
+        let e = rel(&out[1].0, &out[1].1);
+        assert!(e < 1e-5, "dweight ({rows}, {dim}): {e}");
+        worst = worst.max(e);
+    }
+    eprintln!("rmsnorm_backward worst relative error {worst:e}");
+}
+
+#[test]
+fn swiglu_backward_matches_the_reference() {
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(12);
+    for len in [1usize, 63, 65, 1000] {
+        // Gates past +-20 take the sigmoid's two branches far out.
+        let gate: Vec<f32> = rng.normal_vec(len, 8.0);
+        let (up, dout) = (rng.normal_vec(len, 1.0), rng.normal_vec(len, 1.0));
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| {
+                let (a, b) = outs.split_at_mut(1);
+                be.swiglu_backward(&mut a[0], &mut b[0], &ins[0], &ins[1], &ins[2])
+                    .unwrap()
+            },
+            [dout, gate, up],
+            [vec![0.0; len], vec![0.0; len]]
+        );
+        for (name, (a, b)) in ["dgate", "dup"].iter().zip(&out) {
+            assert!(rel(a, b) < 1e-5, "{name} {len}: {}", rel(a, b));
+        }
+    }
+}
+
+#[test]
+fn attention_backward_matches_the_reference() {
+    use rusting_brain_core::backend::AttentionSpec;
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(13);
+    let mut worst = 0.0f32;
+    // (batch, q_len, kv_len, kv_capacity, q_heads, kv_heads, head_dim): one position; GQA;
+    // a query block after cached keys with spare capacity; more than one 64-key tile; a
+    // head size over 64 and over 128 (each thread holds several dimensions).
+    for (batch, q_len, kv_len, kv_capacity, q_heads, kv_heads, head_dim) in [
+        (1, 1, 1, 1, 1, 1, 1),
+        (2, 7, 7, 7, 4, 2, 8),
+        (1, 3, 10, 12, 3, 1, 5),
+        (1, 70, 70, 70, 2, 2, 16),
+        (2, 5, 9, 9, 2, 1, 130),
+        (1, 4, 4, 4, 2, 2, 200),
+    ] {
+        let spec = AttentionSpec {
+            batch,
+            q_len,
+            kv_len,
+            kv_capacity,
+            q_heads,
+            kv_heads,
+            head_dim,
+        };
+        let (nq, nkv, nl) = spec.check("test").unwrap();
+        let q = rng.normal_vec(nq, 1.0);
+        let k = rng.normal_vec(nkv, 1.0);
+        let v = rng.normal_vec(nkv, 1.0);
+        let dout = rng.normal_vec(nq, 1.0);
+        let (mut o, mut lse) = (vec![0.0; nq], vec![0.0; nl]);
+        rusting_brain_core::ops::attention::attention_forward(&mut o, &mut lse, &q, &k, &v, &spec).unwrap();
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| {
+                let (a, rest) = outs.split_at_mut(1);
+                let (b, c) = rest.split_at_mut(1);
+                be.attention_backward(
+                    &mut a[0], &mut b[0], &mut c[0], &ins[0], &ins[1], &ins[2], &ins[3], &ins[4], &ins[5],
+                    &spec,
+                )
+                .unwrap()
+            },
+            [dout, q, k, v, o, lse],
+            [vec![0.0; nq], vec![0.0; nkv], vec![0.0; nkv]]
+        );
+        for (name, (a, b)) in ["dq", "dk", "dv"].iter().zip(&out) {
+            let e = rel(a, b);
+            assert!(e < 1e-5, "{name} {spec:?}: {e}");
+            worst = worst.max(e);
+        }
+    }
+    eprintln!("attention_backward worst relative error {worst:e}");
+}
+
+#[test]
+fn attention_forward_matches_the_reference_on_training_shapes() {
+    use rusting_brain_core::backend::AttentionSpec;
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(14);
+    for spec in [
+        AttentionSpec::causal(3, 7, 4, 2, 8),
+        AttentionSpec::causal(1, 70, 2, 1, 130),
+    ] {
+        let (nq, nkv, nl) = spec.check("test").unwrap();
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| {
+                let (a, b) = outs.split_at_mut(1);
+                be.attention_forward(&mut a[0], &mut b[0], &ins[0], &ins[1], &ins[2], &spec)
+                    .unwrap()
+            },
+            [
+                rng.normal_vec(nq, 1.0),
+                rng.normal_vec(nkv, 1.0),
+                rng.normal_vec(nkv, 1.0)
+            ],
+            [vec![0.0; nq], vec![0.0; nl]]
+        );
+        for (name, (a, b)) in ["out", "lse"].iter().zip(&out) {
+            assert!(rel(a, b) < 1e-5, "{name} {spec:?}: {}", rel(a, b));
+        }
+    }
+}
+
+#[test]
+fn embedding_forward_and_backward_match_the_reference() {
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(15);
+    for (vocab, dim, ids) in [
+        (1usize, 1usize, vec![0u32]),
+        (7, 33, vec![3, 0, 3, 6, 3, 1]),
+        (50, 65, (0..130).map(|i| (i * 7 % 50) as u32).collect()),
+    ] {
+        let table = rng.normal_vec(vocab * dim, 1.0);
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| be
+                .embedding_forward(&mut outs[0], &ins[0], &ids, vocab, dim)
+                .unwrap(),
+            [table],
+            [vec![0.0; ids.len() * dim]]
+        );
+        assert_eq!(out[0].0, out[0].1, "a lookup copies");
+        let dout = rng.normal_vec(ids.len() * dim, 1.0);
+        let dtable = rng.normal_vec(vocab * dim, 1.0);
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| be
+                .embedding_backward(&mut outs[0], &ins[0], &ids, vocab, dim)
+                .unwrap(),
+            [dout],
+            [dtable]
+        );
+        // Each id's rows are added in position order, as the reference adds them.
+        assert!(
+            rel(&out[0].0, &out[0].1) < 1e-6,
+            "embedding_backward {vocab} x {dim}"
+        );
+    }
+    let mut t = g.upload(&[0.0; 4]).unwrap();
+    let x = g.upload(&[0.0; 2]).unwrap();
+    let e = g
+        .embedding_backward(&mut t, &x, &[2], 2, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains('2'), "{e}");
+}
+
+#[test]
+fn cross_entropy_matches_the_reference_with_masks_and_gradients() {
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(16);
+    for (&rows, vocab) in ROWS[..5].iter().zip([1usize, 5, 64, 65, 1000]) {
+        let logits = rng.normal_vec(rows * vocab, 3.0);
+        let targets: Vec<u32> = (0..rows).map(|i| (i * 13 % vocab) as u32).collect();
+        let mask: Vec<bool> = (0..rows).map(|i| i % 3 != 1).collect();
+        for (grad, mask) in [(None, None), (Some(0.25f32), Some(&mask[..])), (Some(1.0), None)] {
+            let mut sums = Vec::new();
+            let out = on_both!(
+                g,
+                r,
+                |be, _ins, outs| sums.push(
+                    be.cross_entropy(&mut outs[0], &targets, mask, rows, vocab, grad)
+                        .unwrap()
+                ),
+                Vec::<Vec<f32>>::new(),
+                [logits.clone()]
+            );
+            let (a, b) = (sums[0], sums[1]);
+            assert_eq!(a.count, b.count);
+            assert!(
+                (a.loss_sum - b.loss_sum).abs() <= 1e-5 * b.loss_sum.abs().max(1.0),
+                "loss ({rows}, {vocab}): {} vs {}",
+                a.loss_sum,
+                b.loss_sum
+            );
+            assert!(rel(&out[0].0, &out[0].1) < 1e-5, "gradient ({rows}, {vocab})");
+        }
+    }
+    let mut l = g.upload(&[0.0; 4]).unwrap();
+    let e = g
+        .cross_entropy(&mut l, &[0, 9], None, 2, 2, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains('9'), "{e}");
+}
+
+#[test]
+fn moe_combine_and_backward_match_the_reference() {
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(17);
+    for (n, top_k, dim) in [(1usize, 1usize, 1usize), (5, 2, 33), (70, 3, 65)] {
+        let slots = n * top_k;
+        // A permutation of the rows, as grouping by expert makes one.
+        let mut row_of_slot: Vec<u32> = (0..slots as u32).collect();
+        for i in (1..slots).rev() {
+            row_of_slot.swap(i, (i * 7 + 3) % (i + 1));
+        }
+        let weight: Vec<f32> = rng.normal_vec(slots, 1.0);
+        let y = rng.normal_vec(slots * dim, 1.0);
+        let out0 = rng.normal_vec(n * dim, 1.0);
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| be
+                .moe_combine(&mut outs[0], &ins[0], &row_of_slot, &weight, top_k, dim)
+                .unwrap(),
+            [y.clone()],
+            [out0]
+        );
+        assert!(
+            rel(&out[0].0, &out[0].1) < 1e-6,
+            "moe_combine ({n}, {top_k}, {dim})"
+        );
+        let dout = rng.normal_vec(n * dim, 1.0);
+        let mut dweights = Vec::new();
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| dweights.push(
+                be.moe_combine_backward(&mut outs[0], &ins[0], &ins[1], &row_of_slot, &weight, top_k, dim)
+                    .unwrap()
+            ),
+            [dout, y],
+            [vec![0.0; slots * dim]]
+        );
+        assert!(rel(&out[0].0, &out[0].1) < 1e-6, "dy ({n}, {top_k}, {dim})");
+        assert!(
+            rel(&dweights[0], &dweights[1]) < 1e-5,
+            "dweight ({n}, {top_k}, {dim})"
+        );
+    }
+}
+
+#[test]
+fn sum_of_squares_over_many_buffers_reads_back_once() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(18);
+    let host: Vec<Vec<f32>> = [1usize, 4095, 4096, 4097, 10_000]
+        .iter()
+        .map(|&n| rng.normal_vec(n, 1.0))
+        .collect();
+    let bufs: Vec<_> = host.iter().map(|v| g.upload(v).unwrap()).collect();
+    let want: f64 = host.iter().flatten().map(|&v| v as f64 * v as f64).sum();
+    let before = g.counters();
+    let got = g.sum_of_squares_many(&bufs.iter().collect::<Vec<_>>()).unwrap();
+    let spent = g.counters() - before;
+    assert!((got - want).abs() <= 1e-6 * want, "{got} vs {want}");
+    // One submission for the reductions, one for the read-back of the partial sums.
+    assert_eq!(spent.submits, 2, "{spent:?}");
+    let mut nan = host[2].clone();
+    nan[17] = f32::NAN;
+    let b = g.upload(&nan).unwrap();
+    assert!(g.sum_of_squares(&b).unwrap().is_nan());
+}

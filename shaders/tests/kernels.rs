@@ -474,8 +474,9 @@ fn moe_routing_expert_products_and_combine_match_reference() {
         moe_combine(&mut want, &y, &identity, &routing.weight, k, d).unwrap();
         let (gxo, gyy) = (g.upload("x", &base).unwrap(), g.upload("y", &y).unwrap());
         let gwt = g.upload("weights", &routing.weight).unwrap();
+        let gid = g.upload_u32("rows", &identity).unwrap();
         let mut b = g.batch();
-        b.moe_combine(&gxo, &gwt, &gyy, n, d, k).unwrap();
+        b.moe_combine(&gxo, &gid, &gwt, &gyy, n, d, k).unwrap();
         b.submit().unwrap();
         let e = rel(&g.read_blocking(&gxo).unwrap(), &want);
         assert!(e < 1e-6, "combine ({n}, {k}, {d}): {e}");

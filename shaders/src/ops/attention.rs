@@ -1,0 +1,109 @@
+//! Causal GQA attention (`attention.wgsl`, `attention_backward_q.wgsl`,
+//! `attention_backward_kv.wgsl`); twin of `rusting_brain_core::ops::attention`.
+
+use super::*;
+
+/// The largest head size the backward kernels hold in registers (four values a thread).
+pub const MAX_HEAD_DIM: usize = 4 * WG;
+
+/// The attention kernels' parameters, in the order of their `Params` structs.
+fn attention_params(spec: &AttentionSpec) -> Result<[u32; 8], ShaderError> {
+    let scale = 1.0 / (spec.head_dim as f32).sqrt();
+    Ok([
+        u(spec.batch, "batch")?,
+        u(spec.q_len, "q_len")?,
+        u(spec.kv_len, "kv_len")?,
+        u(spec.kv_capacity, "kv_capacity")?,
+        u(spec.q_heads, "q_heads")?,
+        u(spec.kv_heads, "kv_heads")?,
+        u(spec.head_dim, "head_dim")?,
+        scale.to_bits(),
+    ])
+}
+
+impl Batch<'_> {
+    /// Backward of [`Batch::attention`]: `dq`, `dk`, `dv` overwritten (cache rows past
+    /// `kv_len` get zeros); `delta` (`batch * q_len * q_heads` words) is scratch. Two
+    /// passes, query side then key side, each summing in the reference's order; nothing
+    /// of size T x T is stored.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward(
+        &mut self,
+        [dq, dk, dv]: [&GpuBuffer; 3],
+        dout: &GpuBuffer,
+        [q, k, v, out, lse]: [&GpuBuffer; 5],
+        delta: &GpuBuffer,
+        spec: &AttentionSpec,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "attention_backward";
+        let (nq, nkv, nl) = spec.check(OP)?;
+        if spec.head_dim > MAX_HEAD_DIM {
+            return Err(ShaderError::Invalid(format!(
+                "{OP}: head size {} is over the wgpu kernels' {MAX_HEAD_DIM}",
+                spec.head_dim
+            )));
+        }
+        for (name, b, len) in [
+            ("dq", dq, nq),
+            ("dout", dout, nq),
+            ("q", q, nq),
+            ("out", out, nq),
+            ("dk", dk, nkv),
+            ("dv", dv, nkv),
+            ("k", k, nkv),
+            ("v", v, nkv),
+            ("lse", lse, nl),
+            ("delta", delta, nl),
+        ] {
+            need(OP, name, b, len)?;
+        }
+        let p = attention_params(spec)?;
+        if nl > 0 {
+            self.dispatch(
+                Kernel::AttentionBackwardQ,
+                &p,
+                &[q, k, v, out, dout, lse, dq, delta],
+                grid(nl),
+            );
+        }
+        let kv_rows = spec.batch * spec.kv_capacity * spec.kv_heads;
+        if kv_rows > 0 {
+            self.dispatch(
+                Kernel::AttentionBackwardKv,
+                &p,
+                &[q, k, v, dout, lse, delta, dk, dv],
+                grid(kv_rows),
+            );
+        }
+        Ok(())
+    }
+
+    /// Causal GQA attention over a cache (layouts of `rusting_brain_core::ops::attention`):
+    /// writes `out` and the log-sum-exp `lse`; `scratch` holds the scores.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &mut self,
+        out: &GpuBuffer,
+        lse: &GpuBuffer,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        scratch: &AttentionScratch,
+        spec: &AttentionSpec,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "attention";
+        let (nq, nkv, nl) = spec.check(OP)?;
+        need(OP, "q", q, nq)?;
+        need(OP, "out", out, nq)?;
+        need(OP, "k", k, nkv)?;
+        need(OP, "v", v, nkv)?;
+        need(OP, "lse", lse, nl)?;
+        need(OP, "scratch", scratch, nl * spec.kv_capacity)?;
+        if nl == 0 {
+            return Ok(());
+        }
+        let p = attention_params(spec)?;
+        self.dispatch(Kernel::Attention, &p, &[q, k, v, out, lse, scratch], grid(nl));
+        Ok(())
+    }
+}

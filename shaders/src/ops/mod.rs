@@ -1,0 +1,345 @@
+//! Recording kernels into one command encoder: shapes are checked here, on the host,
+//! before anything is queued, so a wrong size is an error and never a GPU fault. Each op
+//! family's recording functions live in the file of its name, beside its WGSL files.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use rusting_brain_core::ops::attention::AttentionSpec;
+use rusting_brain_core::ops::q8::packed_cols;
+use rusting_brain_core::ops::rope::RopeSpec;
+
+use crate::{Gpu, GpuBuffer, Kernel, ShaderError};
+
+mod attention;
+mod cross_entropy;
+mod dense;
+mod embedding;
+mod l2norm;
+mod moe;
+mod q8;
+mod rmsnorm;
+mod rope;
+mod sampling;
+mod swiglu;
+
+pub(crate) use cross_entropy::NOT_COUNTED;
+pub use dense::DenseOp;
+pub(crate) use embedding::embedding_groups;
+pub use l2norm::SUM_OF_SQUARES_CHUNK;
+pub use rope::rope_table;
+pub use sampling::{check_ids, context_ids, NAN_ROW, NO_ID};
+
+/// Rows from which the int8 product takes the register-tiled kernel (a prefill); below,
+/// one invocation per output reads each weight once, which is all a decode step needs.
+pub const TILED_ROWS: usize = 8;
+
+/// Workgroups one grid dimension may hold (WebGPU's minimum limit).
+const MAX_GROUPS: usize = 65_535;
+/// Invocations per workgroup in every kernel.
+const WG: usize = 64;
+
+/// The scratch row attention keeps its scores in: `batch * q_len * q_heads * kv_capacity`
+/// words.
+pub type AttentionScratch = GpuBuffer;
+
+/// Kernels recorded into one command encoder and submitted together.
+pub struct Batch<'g> {
+    gpu: &'g Gpu,
+    encoder: wgpu::CommandEncoder,
+    cache: CacheMode<'g>,
+}
+
+/// Where a dispatch finds its uniform buffer and bind group.
+enum CacheMode<'g> {
+    /// Made for this dispatch.
+    Fresh,
+    /// The i-th entry of a recurring sequence (see [`DispatchCache`]).
+    Sequence(&'g mut DispatchCache, usize),
+    /// Looked up by kernel and buffers (see [`KeyedCache`]).
+    Keyed(&'g mut KeyedCache),
+}
+
+/// The uniform buffers and bind groups of a sequence of dispatches that recurs (one decode
+/// step after another): the i-th dispatch of a cached batch reuses the i-th entry when its
+/// kernel and buffers are the same, and only writes its parameters if they changed. A
+/// decode step then creates no GPU object at all.
+#[derive(Default)]
+pub struct DispatchCache {
+    entries: Vec<CacheEntry>,
+}
+
+struct CacheEntry {
+    kernel: Kernel,
+    buffers: Vec<wgpu::Buffer>,
+    params: Vec<u32>,
+    uniform: wgpu::Buffer,
+    group: wgpu::BindGroup,
+}
+
+impl DispatchCache {
+    /// Entries held (one per dispatch of the longest batch so far).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Uniform buffers and bind groups found by (kernel, buffers), for work whose dispatches
+/// do not come in a fixed sequence (the backend's primitives, called by model code). The
+/// n-th dispatch of a key within one submission takes the key's n-th entry, so each
+/// uniform buffer is written at most once per submission and the queued write lands before
+/// the commands that read it. Entries unused for [`KeyedCache::KEEP`] submissions are
+/// dropped (their buffers with them: an arena that was replaced).
+#[derive(Default)]
+pub struct KeyedCache {
+    entries: HashMap<(Kernel, Vec<wgpu::Buffer>), Keyed>,
+    submission: u64,
+}
+
+struct Keyed {
+    list: Vec<(Vec<u32>, wgpu::Buffer, wgpu::BindGroup)>,
+    used: usize,
+    last: u64,
+}
+
+impl KeyedCache {
+    /// Submissions an entry survives unused.
+    pub const KEEP: u64 = 64;
+
+    /// Bind groups held.
+    pub fn len(&self) -> usize {
+        self.entries.values().map(|k| k.list.len()).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Marks the end of a submission: every key's entries are free again.
+    pub fn submitted(&mut self) {
+        self.submission += 1;
+        let now = self.submission;
+        self.entries.retain(|_, k| {
+            k.used = 0;
+            now - k.last <= Self::KEEP
+        });
+    }
+}
+
+fn u(v: usize, what: &str) -> Result<u32, ShaderError> {
+    u32::try_from(v)
+        .map_err(|_| ShaderError::Invalid(format!("{what} = {v} does not fit the GPU's 32-bit indices")))
+}
+
+fn need(op: &str, name: &str, buf: &GpuBuffer, words: usize) -> Result<(), ShaderError> {
+    if buf.len < words {
+        return Err(ShaderError::Invalid(format!(
+            "{op}: {name} holds {} words, the shape needs {words}",
+            buf.len
+        )));
+    }
+    Ok(())
+}
+
+/// A 2-D grid, each side within the per-dimension limit.
+fn grid2(x: usize, y: usize) -> Result<(u32, u32), ShaderError> {
+    if x > MAX_GROUPS || y > MAX_GROUPS {
+        return Err(ShaderError::Invalid(format!(
+            "a {x} x {y} grid of workgroups is over the limit of {MAX_GROUPS}"
+        )));
+    }
+    Ok((x as u32, y as u32))
+}
+
+/// A grid of `groups` workgroups as (x, y) within the per-dimension limit.
+fn grid(groups: usize) -> (u32, u32) {
+    let x = groups.clamp(1, MAX_GROUPS);
+    (x as u32, groups.div_ceil(x).max(1) as u32)
+}
+
+impl Gpu {
+    /// Starts recording kernels.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            gpu: self,
+            encoder: self.device.create_command_encoder(&Default::default()),
+            cache: CacheMode::Fresh,
+        }
+    }
+
+    /// Starts recording kernels that reuse `cache`'s bind groups (see [`DispatchCache`]).
+    pub fn batch_cached<'g>(&'g self, cache: &'g mut DispatchCache) -> Batch<'g> {
+        Batch {
+            gpu: self,
+            encoder: self.device.create_command_encoder(&Default::default()),
+            cache: CacheMode::Sequence(cache, 0),
+        }
+    }
+
+    /// Goes on recording into `encoder` with bind groups from `cache`; [`Batch::finish`]
+    /// hands the encoder back unsubmitted.
+    pub fn batch_keyed<'g>(&'g self, encoder: wgpu::CommandEncoder, cache: &'g mut KeyedCache) -> Batch<'g> {
+        Batch {
+            gpu: self,
+            encoder,
+            cache: CacheMode::Keyed(cache),
+        }
+    }
+}
+
+impl Batch<'_> {
+    fn dispatch(&mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32)) {
+        self.dispatch3(kernel, params, buffers, (groups.0, groups.1, 1));
+    }
+
+    fn dispatch3(&mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32, u32)) {
+        // The subgroup twin where the device has subgroups.
+        let kernel = match kernel {
+            Kernel::RmsNorm if self.gpu.subgroups => Kernel::RmsNormSg,
+            Kernel::Q8Quantize if self.gpu.subgroups => Kernel::Q8QuantizeSg,
+            k => k,
+        };
+        let Some(pipeline) = &self.gpu.pipelines[kernel as usize] else {
+            unreachable!("only subgroup kernels are missing, and only where they are not picked")
+        };
+        let mut padded = params.to_vec();
+        padded.resize(params.len().div_ceil(4).max(1) * 4, 0);
+        let make = |gpu: &Gpu| {
+            let uniform = gpu.params(&padded);
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: uniform.as_entire_binding(),
+            }];
+            for (i, b) in buffers.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: b.buf.as_entire_binding(),
+                });
+            }
+            let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel.name()),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            gpu.counters.bind_groups.fetch_add(1, Ordering::Relaxed);
+            (uniform, group)
+        };
+        let gpu = self.gpu;
+        let group = match &mut self.cache {
+            CacheMode::Fresh => make(gpu).1,
+            CacheMode::Sequence(cache, at) => {
+                let i = *at;
+                *at += 1;
+                let same = cache.entries.get(i).is_some_and(|e| {
+                    e.kernel == kernel
+                        && e.buffers.len() == buffers.len()
+                        && e.buffers.iter().zip(buffers).all(|(a, b)| *a == b.buf)
+                });
+                if same {
+                    let e = &mut cache.entries[i];
+                    if e.params != padded {
+                        // Queued writes land before the next submission's commands.
+                        gpu.write_params(&e.uniform, &padded);
+                        e.params = padded.clone();
+                    }
+                    e.group.clone()
+                } else {
+                    let (uniform, group) = make(gpu);
+                    let entry = CacheEntry {
+                        kernel,
+                        buffers: buffers.iter().map(|b| b.buf.clone()).collect(),
+                        params: padded.clone(),
+                        uniform,
+                        group: group.clone(),
+                    };
+                    if i < cache.entries.len() {
+                        cache.entries[i] = entry;
+                    } else {
+                        cache.entries.push(entry);
+                    }
+                    group
+                }
+            }
+            CacheMode::Keyed(cache) => {
+                let now = cache.submission;
+                let key = (kernel, buffers.iter().map(|b| b.buf.clone()).collect());
+                let k = cache.entries.entry(key).or_insert_with(|| Keyed {
+                    list: Vec::new(),
+                    used: 0,
+                    last: now,
+                });
+                k.last = now;
+                let i = k.used;
+                k.used += 1;
+                match k.list.get_mut(i) {
+                    Some((params, uniform, group)) => {
+                        if *params != padded {
+                            gpu.write_params(uniform, &padded);
+                            *params = padded.clone();
+                        }
+                        group.clone()
+                    }
+                    None => {
+                        let (uniform, group) = make(gpu);
+                        k.list.push((padded.clone(), uniform, group.clone()));
+                        group
+                    }
+                }
+            }
+        };
+        gpu.count_dispatch();
+        let mut pass = self.encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(kernel.name()),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+    }
+
+    /// `y += x` over `len` values.
+    pub fn add(&mut self, y: &GpuBuffer, x: &GpuBuffer, len: usize) -> Result<(), ShaderError> {
+        need("add", "y", y, len)?;
+        need("add", "x", x, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.dispatch(Kernel::Add, &[u(len, "len")?], &[x, y], grid(len.div_ceil(WG)));
+        Ok(())
+    }
+
+    /// Copies `n` words from `src[src_at..]` to `dst[dst_at..]` (the KV-cache append).
+    pub fn copy(
+        &mut self,
+        dst: &GpuBuffer,
+        dst_at: usize,
+        src: &GpuBuffer,
+        src_at: usize,
+        n: usize,
+    ) -> Result<(), ShaderError> {
+        need("copy", "src", src, src_at + n)?;
+        need("copy", "dst", dst, dst_at + n)?;
+        if n > 0 {
+            self.encoder.copy_buffer_to_buffer(
+                &src.buf,
+                src_at as u64 * 4,
+                &dst.buf,
+                dst_at as u64 * 4,
+                n as u64 * 4,
+            );
+        }
+        Ok(())
+    }
+
+    /// Queues everything recorded.
+    pub fn submit(self) -> Result<(), ShaderError> {
+        self.gpu.submit(self.encoder)
+    }
+
+    /// The encoder with everything recorded, not yet submitted.
+    pub fn finish(self) -> wgpu::CommandEncoder {
+        self.encoder
+    }
+}

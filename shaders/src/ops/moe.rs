@@ -1,0 +1,167 @@
+//! Mixture-of-experts routing, expert products and the weighted combine (`moe_route.wgsl`,
+//! `q8_expert.wgsl`, `moe_combine.wgsl`, `moe_combine_backward.wgsl`); twin of
+//! `rusting_brain_core::ops::moe`.
+
+use super::*;
+
+impl Batch<'_> {
+    /// Backward of [`Batch::moe_combine`] over `slots = rows * top_k`: `dy[row] = weight *
+    /// dout[token]` (overwritten) and each slot's weight gradient into `dweight`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_combine_backward(
+        &mut self,
+        dy: &GpuBuffer,
+        dweight: &GpuBuffer,
+        row_of_slot: &GpuBuffer,
+        weight: &GpuBuffer,
+        dout: &GpuBuffer,
+        y: &GpuBuffer,
+        (rows, dim, top_k): (usize, usize, usize),
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "moe_combine_backward";
+        let slots = rows * top_k;
+        need(OP, "row_of_slot", row_of_slot, slots)?;
+        need(OP, "weight", weight, slots)?;
+        need(OP, "dweight", dweight, slots)?;
+        need(OP, "dout", dout, rows * dim)?;
+        need(OP, "y", y, slots * dim)?;
+        need(OP, "dy", dy, slots * dim)?;
+        if slots == 0 {
+            return Ok(());
+        }
+        let p = [u(slots, "slots")?, u(dim, "dim")?, u(top_k, "top_k")?];
+        self.dispatch(
+            Kernel::MoeCombineBackward,
+            &p,
+            &[row_of_slot, weight, dout, y, dy, dweight],
+            grid(slots),
+        );
+        Ok(())
+    }
+
+    /// Mixture-of-experts routing of `rows` tokens: softmax of `logits` (rows x n_experts),
+    /// top-k, optional renormalization; writes `expert` (u32) and `weight` per slot
+    /// (rows x top_k, rank order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_route(
+        &mut self,
+        expert: &GpuBuffer,
+        weight: &GpuBuffer,
+        logits: &GpuBuffer,
+        rows: usize,
+        n_experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "moe_route";
+        if n_experts == 0 || n_experts > 256 || top_k == 0 || top_k > n_experts {
+            return Err(ShaderError::Invalid(format!(
+                "{OP}: {n_experts} experts, top {top_k}: the GPU router takes 1..=256 experts and 1..=n_experts of them"
+            )));
+        }
+        need(OP, "logits", logits, rows * n_experts)?;
+        need(OP, "expert", expert, rows * top_k)?;
+        need(OP, "weight", weight, rows * top_k)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let p = [
+            u(rows, "rows")?,
+            u(n_experts, "experts")?,
+            u(top_k, "top_k")?,
+            renormalize as u32,
+        ];
+        self.dispatch(
+            Kernel::MoeRoute,
+            &p,
+            &[logits, expert, weight],
+            grid(rows.div_ceil(WG)),
+        );
+        Ok(())
+    }
+
+    /// Each slot's int8 product with its expert's rows of the stacked weights `w`
+    /// (n_experts * n rows of packed_cols(k)): `out (slots x n)`. `x_per_token`: slot s
+    /// reads activation row s / top_k (else row s).
+    #[allow(clippy::too_many_arguments)]
+    pub fn q8_expert(
+        &mut self,
+        out: &GpuBuffer,
+        xq: &GpuBuffer,
+        xs: &GpuBuffer,
+        w: &GpuBuffer,
+        ws: &GpuBuffer,
+        expert: &GpuBuffer,
+        (slots, n, k, top_k): (usize, usize, usize, usize),
+        x_per_token: bool,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "q8_expert";
+        let pc = packed_cols(k);
+        let x_rows = if x_per_token {
+            slots.div_ceil(top_k.max(1))
+        } else {
+            slots
+        };
+        need(OP, "xq", xq, x_rows * pc)?;
+        need(OP, "xs", xs, x_rows)?;
+        need(OP, "expert", expert, slots)?;
+        need(OP, "out", out, slots * n)?;
+        if ws.len() < n || w.len() < ws.len() * pc {
+            return Err(ShaderError::Invalid(format!(
+                "{OP}: the stacked weights do not hold rows of {k}"
+            )));
+        }
+        if slots > MAX_GROUPS || n.div_ceil(WG) > MAX_GROUPS {
+            return Err(ShaderError::Invalid(format!(
+                "{OP}: {slots} slots x {n} outputs is over the grid's limits"
+            )));
+        }
+        if slots == 0 || n == 0 {
+            return Ok(());
+        }
+        let p = [
+            u(slots, "slots")?,
+            u(n, "n")?,
+            u(pc, "packed cols")?,
+            u(top_k, "top_k")?,
+            x_per_token as u32,
+        ];
+        self.dispatch(
+            Kernel::Q8Expert,
+            &p,
+            &[xq, xs, w, ws, expert, out],
+            (n.div_ceil(WG) as u32, slots as u32),
+        );
+        Ok(())
+    }
+
+    /// `x[t] += sum_s weight[t, s] * y[row_of_slot[t * top_k + s]]` over `rows` tokens of
+    /// `dim` (`row_of_slot` as the identity when the expert outputs are in slot order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_combine(
+        &mut self,
+        x: &GpuBuffer,
+        row_of_slot: &GpuBuffer,
+        weight: &GpuBuffer,
+        y: &GpuBuffer,
+        rows: usize,
+        dim: usize,
+        top_k: usize,
+    ) -> Result<(), ShaderError> {
+        need("moe_combine", "x", x, rows * dim)?;
+        need("moe_combine", "row_of_slot", row_of_slot, rows * top_k)?;
+        need("moe_combine", "weight", weight, rows * top_k)?;
+        need("moe_combine", "y", y, rows * top_k * dim)?;
+        if rows * dim == 0 {
+            return Ok(());
+        }
+        let p = [u(rows, "rows")?, u(dim, "dim")?, u(top_k, "top_k")?];
+        self.dispatch(
+            Kernel::MoeCombine,
+            &p,
+            &[row_of_slot, weight, y, x],
+            grid((rows * dim).div_ceil(WG)),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! int8 products and lookups (`q8_quantize*.wgsl`, `q8_matmul*.wgsl`, `q8_embedding.wgsl`);
+//! twin of `rusting_brain_core::ops::q8`.
+
+use super::*;
+
+impl Batch<'_> {
+    /// Each row of `x` (rows x cols) to int8 with its own scale: `xq` gets
+    /// `rows * packed_cols(cols)` packed words, `xs` the scales.
+    pub fn q8_quantize(
+        &mut self,
+        xq: &GpuBuffer,
+        xs: &GpuBuffer,
+        x: &GpuBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "q8_quantize";
+        let pc = packed_cols(cols);
+        need(OP, "x", x, rows * cols)?;
+        need(OP, "xq", xq, rows * pc)?;
+        need(OP, "xs", xs, rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let p = [u(rows, "rows")?, u(cols, "cols")?, u(pc, "packed cols")?];
+        self.dispatch(Kernel::Q8Quantize, &p, &[x, xq, xs], grid(rows));
+        Ok(())
+    }
+
+    /// `out (m x n) = xq . W^T + beta * out` with int8 activations (from
+    /// [`Batch::q8_quantize`]) and int8 weights `w` (n x packed_cols(k)) with scales `ws`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn q8_matmul(
+        &mut self,
+        out: &GpuBuffer,
+        xq: &GpuBuffer,
+        xs: &GpuBuffer,
+        w: &GpuBuffer,
+        ws: &GpuBuffer,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<(), ShaderError> {
+        self.q8_matmul_cols(out, (n, 0), xq, xs, w, ws, m, n, k, beta)
+    }
+
+    /// [`Batch::q8_matmul`] into columns `j0 .. j0 + n` of an output with rows of `out_n`:
+    /// one row slab of a weight split across bindings.
+    #[allow(clippy::too_many_arguments)]
+    pub fn q8_matmul_cols(
+        &mut self,
+        out: &GpuBuffer,
+        (out_n, j0): (usize, usize),
+        xq: &GpuBuffer,
+        xs: &GpuBuffer,
+        w: &GpuBuffer,
+        ws: &GpuBuffer,
+        m: usize,
+        n: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "q8_matmul";
+        let pc = packed_cols(k);
+        need(OP, "xq", xq, m * pc)?;
+        need(OP, "xs", xs, m)?;
+        need(OP, "w", w, n * pc)?;
+        need(OP, "ws", ws, n)?;
+        if j0 + n > out_n {
+            return Err(ShaderError::Invalid(format!(
+                "{OP}: columns {j0}..{} of rows of {out_n}",
+                j0 + n
+            )));
+        }
+        need(OP, "out", out, m * out_n)?;
+        if m > MAX_GROUPS || n.div_ceil(WG) > MAX_GROUPS {
+            return Err(ShaderError::Invalid(format!(
+                "{OP}: {m} rows x {n} outputs is over the grid's limits ({MAX_GROUPS} rows); split the batch"
+            )));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let p = [
+            u(m, "m")?,
+            u(n, "n")?,
+            u(pc, "packed cols")?,
+            beta.to_bits(),
+            u(out_n, "out_n")?,
+            u(j0, "j0")?,
+        ];
+        if m >= TILED_ROWS {
+            // Prefill: 32 x 32 register tiles, each loaded word used 32 times.
+            let groups = grid2(n.div_ceil(32), m.div_ceil(32))?;
+            self.dispatch(Kernel::Q8MatmulTiled, &p, &[xq, xs, w, ws, out], groups);
+        } else {
+            self.dispatch(
+                Kernel::Q8Matmul,
+                &p,
+                &[xq, xs, w, ws, out],
+                (n.div_ceil(WG) as u32, m as u32),
+            );
+        }
+        Ok(())
+    }
+
+    /// `out[r] = table[ids[r]] * scales[ids[r]]` from an int8 table (vocab x dim). Ids
+    /// from the host are checked when uploaded (see [`check_ids`]); an id the GPU made
+    /// itself (the sampler's) is in range by construction, and a stray one reads as NaN.
+    #[allow(clippy::too_many_arguments)]
+    pub fn q8_embedding(
+        &mut self,
+        out: &GpuBuffer,
+        ids: &GpuBuffer,
+        table: &GpuBuffer,
+        scales: &GpuBuffer,
+        rows: usize,
+        vocab: usize,
+        dim: usize,
+    ) -> Result<(), ShaderError> {
+        self.q8_embedding_slab(out, ids, table, scales, rows, vocab, dim, (0, vocab))
+    }
+
+    /// [`Batch::q8_embedding`] from one row slab of a table split across bindings: `table`
+    /// holds rows `id0 .. id0 + slab_rows`; other ids are left to the other slabs' calls.
+    #[allow(clippy::too_many_arguments)]
+    pub fn q8_embedding_slab(
+        &mut self,
+        out: &GpuBuffer,
+        ids: &GpuBuffer,
+        table: &GpuBuffer,
+        scales: &GpuBuffer,
+        rows: usize,
+        vocab: usize,
+        dim: usize,
+        (id0, slab_rows): (usize, usize),
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "q8_embedding";
+        let pc = packed_cols(dim);
+        need(OP, "ids", ids, rows)?;
+        need(OP, "table", table, slab_rows * pc)?;
+        need(OP, "scales", scales, slab_rows)?;
+        need(OP, "out", out, rows * dim)?;
+        if rows * dim == 0 {
+            return Ok(());
+        }
+        let p = [
+            u(rows, "rows")?,
+            u(dim, "dim")?,
+            u(pc, "packed cols")?,
+            u(vocab, "vocab")?,
+            u(id0, "id0")?,
+            u(slab_rows, "slab rows")?,
+        ];
+        self.dispatch(
+            Kernel::Q8Embedding,
+            &p,
+            &[ids, table, scales, out],
+            grid((rows * dim).div_ceil(WG)),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,72 @@
+//! RMSNorm (`rmsnorm.wgsl`, `rmsnorm_sg.wgsl`, `rmsnorm_backward.wgsl`); twin of
+//! `rusting_brain_core::ops::rmsnorm`.
+
+use super::*;
+
+impl Batch<'_> {
+    /// Backward of [`Batch::rmsnorm`]: `dinp` overwritten, `dweight` accumulated (a pass
+    /// over rows, then one over columns that adds the rows in order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_backward(
+        &mut self,
+        dinp: &GpuBuffer,
+        dweight: &GpuBuffer,
+        dout: &GpuBuffer,
+        inp: &GpuBuffer,
+        weight: &GpuBuffer,
+        rstd: &GpuBuffer,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "rmsnorm_backward";
+        let n = rows
+            .checked_mul(dim)
+            .ok_or_else(|| ShaderError::Invalid(format!("{OP}: size overflows")))?;
+        for (name, b, len) in [
+            ("dinp", dinp, n),
+            ("dout", dout, n),
+            ("inp", inp, n),
+            ("weight", weight, dim),
+            ("dweight", dweight, dim),
+            ("rstd", rstd, rows),
+        ] {
+            need(OP, name, b, len)?;
+        }
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let bufs = [dout, inp, weight, rstd, dinp, dweight];
+        let (r, d) = (u(rows, "rows")?, u(dim, "dim")?);
+        self.dispatch(Kernel::RmsNormBackward, &[r, d, 0], &bufs, grid(rows));
+        self.dispatch(Kernel::RmsNormBackward, &[r, d, 1], &bufs, grid(dim.div_ceil(WG)));
+        Ok(())
+    }
+
+    /// `out = x / sqrt(mean(x^2) + eps) * weight` per row; `rstd` gets each row's factor.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm(
+        &mut self,
+        out: &GpuBuffer,
+        rstd: &GpuBuffer,
+        inp: &GpuBuffer,
+        weight: &GpuBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), ShaderError> {
+        const OP: &str = "rmsnorm";
+        let n = rows
+            .checked_mul(dim)
+            .ok_or_else(|| ShaderError::Invalid(format!("{OP}: size overflows")))?;
+        need(OP, "inp", inp, n)?;
+        need(OP, "out", out, n)?;
+        need(OP, "weight", weight, dim)?;
+        need(OP, "rstd", rstd, rows)?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let p = [u(rows, "rows")?, u(dim, "dim")?, eps.to_bits()];
+        self.dispatch(Kernel::RmsNorm, &p, &[inp, weight, out, rstd], grid(rows));
+        Ok(())
+    }
+}
