@@ -794,6 +794,106 @@ fn moe_backward<B: Backend>(
     b.matmul(dx, dlogits, &p.router, &MatmulSpec::new(n, d, e_n).accumulate())
 }
 
+/// Where a block's attention finds its keys and values.
+enum Keys<'a, B: Backend> {
+    /// This pass's own: the whole sequence (training, evaluation).
+    Fresh,
+    /// A KV cache, after this pass's keys and values are appended at position `pos`.
+    Cache {
+        k: &'a mut B::Buffer,
+        v: &'a mut B::Buffer,
+        pos: usize,
+    },
+}
+
+/// A block's activations: kept for the backward pass by the batch forward pass, scratch
+/// for the cached one. `(n, d)` for `h`, `h2`; `(n, q_dim)` for `q`, `att`; `(n, kv_dim)`
+/// for `k`, `v`; `(n)` for the `rstd`s; `(n, q_heads)` for `lse`.
+struct BlockActs<'a, B: Backend> {
+    h: &'a mut B::Buffer,
+    rstd1: &'a mut B::Buffer,
+    q: &'a mut B::Buffer,
+    k: &'a mut B::Buffer,
+    v: &'a mut B::Buffer,
+    att: &'a mut B::Buffer,
+    lse: &'a mut B::Buffer,
+    h2: &'a mut B::Buffer,
+    rstd2: &'a mut B::Buffer,
+    /// `(gate, up, s)` of the dense feed-forward or shared expert, `(n, f)`.
+    ffn: Option<[&'a mut B::Buffer; 3]>,
+    moe: Option<&'a mut MoeActs<B>>,
+    /// The stream before attention and before the feed-forward (`x_in`, `x_mid`), which
+    /// the backward pass reads; `None` when nothing will be differentiated.
+    saved: Option<(&'a mut B::Buffer, &'a mut B::Buffer)>,
+}
+
+/// One transformer block on the residual stream `x` `(n, d)`, in place:
+/// `x += attn(rmsnorm(x))`, then `x += ffn(rmsnorm(x))`, the feed-forward a dense SwiGLU or
+/// routed experts plus the shared one. The one block of both the batch forward pass and
+/// the cached one (which passes its KV cache as `keys`).
+#[allow(clippy::too_many_arguments)]
+fn block_forward<B: Backend>(
+    b: &B,
+    c: &TransformerConfig,
+    l: usize,
+    p: &LayerParams<B>,
+    w: &Block<Mat<'_, B>>,
+    x: &mut B::Buffer,
+    a: BlockActs<'_, B>,
+    keys: Keys<'_, B>,
+    (rope_q, rope_k, spec): (&RopeSpec, &RopeSpec, &AttentionSpec),
+    n: usize,
+    prec: Precision,
+) -> Result<()> {
+    let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
+    let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
+    let BlockActs {
+        h,
+        rstd1,
+        q: qb,
+        k: kb,
+        v: vb,
+        att,
+        lse,
+        h2,
+        rstd2,
+        ffn,
+        moe,
+        mut saved,
+    } = a;
+    if let Some((x_in, _)) = saved.as_mut() {
+        b.copy(x_in, x)?;
+    }
+    // h = rmsnorm(x); q, k, v = h W^T   h: (n, d), Wq: (q, d)
+    b.rmsnorm_forward(h, rstd1, x, &p.attn_norm, n, d, c.norm_eps)?;
+    w.wq.apply(b, qb, h, mm(n, q, d))?;
+    w.wk.apply(b, kb, h, mm(n, kv, d))?;
+    w.wv.apply(b, vb, h, mm(n, kv, d))?;
+    b.rope_forward(qb, rope_q)?;
+    b.rope_forward(kb, rope_k)?;
+    match keys {
+        Keys::Fresh => b.attention_forward(att, lse, qb, kb, vb, spec)?,
+        Keys::Cache { k, v, pos } => {
+            b.copy_range(k, pos * kv, kb, 0, n * kv)?;
+            b.copy_range(v, pos * kv, vb, 0, n * kv)?;
+            b.attention_forward(att, lse, qb, k, v, spec)?;
+        }
+    }
+    // x += att Wo^T
+    w.wo.apply(b, x, att, mm(n, d, q).beta(1.0))?;
+    if let Some((_, x_mid)) = saved.as_mut() {
+        b.copy(x_mid, x)?;
+    }
+    b.rmsnorm_forward(h2, rstd2, x, &p.ffn_norm, n, d, c.norm_eps)?;
+    if let (Some(wm), Some(f), Some(scratch)) = (&w.mlp, c.mlp_width(l), ffn) {
+        mlp_forward(b, wm, h2, x, scratch, n, d, f, prec)?;
+    }
+    if let (Some(we), Some(m), Some(acts)) = (&w.moe, c.sparse(l), moe) {
+        moe_forward(b, we, m, acts, h2, x, n, d, prec)?;
+    }
+    Ok(())
+}
+
 /// Keys and values of every block for one sequence being decoded, with room for
 /// `max_seq_len` positions; `len` are filled. Made by
 /// [`TransformerModel::new_kv_caches`].
@@ -823,6 +923,8 @@ struct DecodeArena<B: Backend> {
     x: B::Buffer,
     h: B::Buffer,
     rstd: B::Buffer,
+    h2: B::Buffer,
+    rstd2: B::Buffer,
     q: B::Buffer,
     k: B::Buffer,
     v: B::Buffer,
@@ -1045,7 +1147,7 @@ impl<B: Backend> TransformerModel<B> {
         tb.check(self.config.vocab_size)?;
         self.ensure_arena(tb.batch, tb.seq)?;
         let c = &self.config;
-        let (n, d, q, kv) = (tb.batch * tb.seq, c.d_model, c.q_dim(), c.kv_dim());
+        let (n, d) = (tb.batch * tb.seq, c.d_model);
         let b = &self.backend;
         let arena = self.arena.as_mut().expect("ensured above");
         let (rope_q, rope_k) = c.rope_specs(tb.batch, tb.seq, 0);
@@ -1053,44 +1155,48 @@ impl<B: Backend> TransformerModel<B> {
         let prec = self.precision;
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
         let quantized = self.quantized.as_ref();
-        let first = &mut arena.layers[0].x_in;
+        // The residual stream runs through x_out; each block saves its input and middle.
         match quantized.map(|q| &q.embed) {
             Some(Some((packed, scales))) => {
-                b.q8_embedding(first, packed, scales, &tb.inputs, c.vocab_size, d)?
+                b.q8_embedding(&mut arena.x_out, packed, scales, &tb.inputs, c.vocab_size, d)?
             }
-            _ => b.embedding_forward(first, &self.params.embed, &tb.inputs, c.vocab_size, d)?,
+            _ => b.embedding_forward(&mut arena.x_out, &self.params.embed, &tb.inputs, c.vocab_size, d)?,
         }
         let mut aux = AuxLoss::default();
         self.expert_usage.clear();
         for l in 0..c.n_layers {
-            let p = &self.params.layers[l];
             let w = block_view(&self.params, quantized, l)?;
-            if l > 0 {
-                // This block's input is the previous block's output.
-                b.copy(&mut arena.layers[l].x_in, &arena.x_out)?;
-            }
             let a = &mut arena.layers[l];
-            // h = rmsnorm(x_in)
-            b.rmsnorm_forward(&mut a.h, &mut a.rstd1, &a.x_in, &p.attn_norm, n, d, c.norm_eps)?;
-            // q, k, v = h W^T   h: (n, d), Wq: (q, d)
-            w.wq.apply(b, &mut a.q, &a.h, mm(n, q, d))?;
-            w.wk.apply(b, &mut a.k, &a.h, mm(n, kv, d))?;
-            w.wv.apply(b, &mut a.v, &a.h, mm(n, kv, d))?;
-            b.rope_forward(&mut a.q, &rope_q)?;
-            b.rope_forward(&mut a.k, &rope_k)?;
-            b.attention_forward(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &att_spec)?;
-            // x_mid = x_in + att Wo^T
-            b.copy(&mut a.x_mid, &a.x_in)?;
-            w.wo.apply(b, &mut a.x_mid, &a.att, mm(n, d, q).beta(1.0))?;
-            b.rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x_mid, &p.ffn_norm, n, d, c.norm_eps)?;
-            // x_out = x_mid + FFN(h2): a dense SwiGLU, or routed experts plus the shared one.
-            b.copy(&mut arena.x_out, &a.x_mid)?;
-            if let (Some(wm), Some(f)) = (&w.mlp, c.mlp_width(l)) {
-                let scratch = [&mut a.gate, &mut a.up, &mut a.s];
-                mlp_forward(b, wm, &a.h2, &mut arena.x_out, scratch, n, d, f, prec)?;
-            }
-            if let (Some(we), Some(m), Some(acts)) = (&w.moe, c.sparse(l), a.moe.as_mut()) {
-                moe_forward(b, we, m, acts, &a.h2, &mut arena.x_out, n, d, prec)?;
+            let acts = BlockActs {
+                h: &mut a.h,
+                rstd1: &mut a.rstd1,
+                q: &mut a.q,
+                k: &mut a.k,
+                v: &mut a.v,
+                att: &mut a.att,
+                lse: &mut a.lse,
+                h2: &mut a.h2,
+                rstd2: &mut a.rstd2,
+                ffn: Some([&mut a.gate, &mut a.up, &mut a.s]),
+                moe: a.moe.as_mut(),
+                saved: Some((&mut a.x_in, &mut a.x_mid)),
+            };
+            let specs = (&rope_q, &rope_k, &att_spec);
+            let p = &self.params.layers[l];
+            block_forward(
+                b,
+                c,
+                l,
+                p,
+                &w,
+                &mut arena.x_out,
+                acts,
+                Keys::Fresh,
+                specs,
+                n,
+                prec,
+            )?;
+            if let Some(acts) = &a.moe {
                 aux.load_balance += acts.routing.load_balance;
                 aux.router_z += acts.routing.z_loss;
                 self.expert_usage.push(acts.routing.usage());
@@ -1186,6 +1292,8 @@ impl<B: Backend> TransformerModel<B> {
                 x: b.zeros(r * d)?,
                 h: b.zeros(r * d)?,
                 rstd: b.zeros(r)?,
+                h2: b.zeros(r * d)?,
+                rstd2: b.zeros(r)?,
                 q: b.zeros(r * q)?,
                 k: b.zeros(r * kv)?,
                 v: b.zeros(r * kv)?,
@@ -1221,25 +1329,48 @@ impl<B: Backend> TransformerModel<B> {
         }
         self.expert_usage.clear();
         for l in 0..c.n_layers {
-            let p = &self.params.layers[l];
             let w = block_view(&self.params, quantized, l)?;
-            b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &p.attn_norm, r, d, c.norm_eps)?;
-            w.wq.apply(b, &mut a.q, &a.h, mm(r, q, d))?;
-            w.wk.apply(b, &mut a.k, &a.h, mm(r, kv, d))?;
-            w.wv.apply(b, &mut a.v, &a.h, mm(r, kv, d))?;
-            b.rope_forward(&mut a.q, &rope_q)?;
-            b.rope_forward(&mut a.k, &rope_k)?;
-            b.copy_range(&mut cache.k[l], pos * kv, &a.k, 0, r * kv)?;
-            b.copy_range(&mut cache.v[l], pos * kv, &a.v, 0, r * kv)?;
-            b.attention_forward(&mut a.att, &mut a.lse, &a.q, &cache.k[l], &cache.v[l], &spec)?;
-            w.wo.apply(b, &mut a.x, &a.att, mm(r, d, q).beta(1.0))?;
-            b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &p.ffn_norm, r, d, c.norm_eps)?;
-            if let (Some(wm), Some(f)) = (&w.mlp, c.mlp_width(l)) {
-                let [gate, up, s] = a.ffn.get(r * f)?;
-                mlp_forward(b, wm, &a.h, &mut a.x, [gate, up, s], r, d, f, prec)?;
-            }
-            if let (Some(we), Some(m), Some(acts)) = (&w.moe, c.sparse(l), a.moe.as_mut()) {
-                moe_forward(b, we, m, acts, &a.h, &mut a.x, r, d, prec)?;
+            let ffn = match c.mlp_width(l) {
+                Some(f) => {
+                    let [gate, up, s] = a.ffn.get(r * f)?;
+                    Some([gate, up, s])
+                }
+                None => None,
+            };
+            let acts = BlockActs {
+                h: &mut a.h,
+                rstd1: &mut a.rstd,
+                q: &mut a.q,
+                k: &mut a.k,
+                v: &mut a.v,
+                att: &mut a.att,
+                lse: &mut a.lse,
+                h2: &mut a.h2,
+                rstd2: &mut a.rstd2,
+                ffn,
+                moe: a.moe.as_mut(),
+                saved: None,
+            };
+            let keys = Keys::Cache {
+                k: &mut cache.k[l],
+                v: &mut cache.v[l],
+                pos,
+            };
+            let p = &self.params.layers[l];
+            block_forward(
+                b,
+                c,
+                l,
+                p,
+                &w,
+                &mut a.x,
+                acts,
+                keys,
+                (&rope_q, &rope_k, &spec),
+                r,
+                prec,
+            )?;
+            if let (Some(_), Some(acts)) = (c.sparse(l), &a.moe) {
                 self.expert_usage.push(acts.routing.usage());
             }
         }
