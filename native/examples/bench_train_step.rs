@@ -3,6 +3,13 @@
 //!
 //!     cargo run --release -p rusting_brain --example bench_train_step -- 8 256 cpu [--moe]
 //!     cargo run --release -p rusting_brain --example bench_train_step --features cuda -- 4 1024 cuda
+//!     cargo run --release -p rusting_brain --example bench_train_step --features gpu -- 4 64 gpu [--moe]
+//!
+//! On `gpu` the model (the shape below, or its mixture-of-experts twin) trains through wgpu
+//! on the default adapter (`RB_SOFTWARE_GPU=1`: the software one, lavapipe) beside the same
+//! model on the CPU backend in the same run; it prints tokens/s, the ratio, what one
+//! steady-state step asks of the device (dispatches, submissions, objects created) and the
+//! step's breakdown by primitive on the device.
 //!
 //! On `cuda` the model is the 101.7M configuration (d_model 768, 16 layers, heads 12/4/64,
 //! d_ff 1408, vocab 32000) in mixed precision (BF16 GEMMs and attention, FP32 master
@@ -130,7 +137,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "cuda" => return cuda::run(batch, seq, moe),
         #[cfg(not(feature = "cuda"))]
         "cuda" => return Err("device `cuda`: build with --features cuda".into()),
-        other => return Err(format!("device `{other}`: expected cpu or cuda").into()),
+        #[cfg(feature = "gpu")]
+        "gpu" => return gpu::run(batch, seq, moe),
+        #[cfg(not(feature = "gpu"))]
+        "gpu" => return Err("device `gpu`: build with --features gpu".into()),
+        other => return Err(format!("device `{other}`: expected cpu, gpu or cuda").into()),
     }
     let base = || {
         TransformerLm::builder()
@@ -234,6 +245,91 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Where the time goes: the same step through a timing wrapper around the CPU backend.
     print_breakdown(CpuBackend::new(), &config, &seqs, Precision::F32)?;
     Ok(())
+}
+
+/// The `gpu` device: the benchmark's model through wgpu beside the CPU backend.
+#[cfg(feature = "gpu")]
+mod gpu {
+    use super::*;
+    use rusting_brain::gpu::{Gpu, GpuOptions, WgpuBackend};
+
+    pub fn run(batch: usize, seq: usize, moe: bool) -> Result<(), Box<dyn std::error::Error>> {
+        let options = GpuOptions {
+            software: std::env::var("RB_SOFTWARE_GPU").as_deref() == Ok("1"),
+            high_performance: true,
+            ..Default::default()
+        };
+        let build = || {
+            let b = TransformerLm::builder()
+                .vocab_size(4096)
+                .d_model(256)
+                .n_layers(6)
+                .heads(8, 2, 32)
+                .d_ff(704)
+                .max_seq_len(seq)
+                .optimizer(Optimizer::adam(3e-4).weight_decay(0.1))
+                .seed(0);
+            if moe {
+                b.experts(8, 2).expert_d_ff(352).build()
+            } else {
+                b.build()
+            }
+        };
+        let mut rng = Rng::new(1);
+        let seqs: Vec<Vec<u32>> = (0..batch)
+            .map(|_| (0..=seq).map(|_| rng.below(4096) as u32).collect())
+            .collect();
+        let mut on_gpu = build()?;
+        on_gpu.to_gpu_with(&options)?;
+        let adapter = on_gpu.device().unwrap_or_default();
+        let gpu_tps = measure(&mut on_gpu, &seqs)?;
+        let mut on_cpu = build()?;
+        let cpu_tps = measure(&mut on_cpu, &seqs)?;
+        let config = on_cpu.config().clone();
+        let flops = 6.0 * config.forward_macs_per_token(seq);
+        println!(
+            "bench_train_step gpu: {}{}; batch {batch} x {seq}; f32; adapter {adapter}; CPU {} threads",
+            on_cpu.parameter_counts(),
+            if moe {
+                ", 8 experts of width 352, top-2"
+            } else {
+                ""
+            },
+            rayon::current_num_threads()
+        );
+        println!("{:<34} {:>12} {:>10} {:>9}", "", "tokens/s", "GFLOP/s", "ratio");
+        for (name, tps) in [
+            ("rusting_brain (wgpu, f32)", gpu_tps),
+            ("rusting_brain (cpu, f32)", cpu_tps),
+        ] {
+            println!(
+                "{name:<34} {tps:>12.0} {:>10.1} {:>8.2}x",
+                tps * flops / 1e9,
+                tps / cpu_tps
+            );
+        }
+        // What a steady-state step asks of the device, counted on core's model directly.
+        let backend = WgpuBackend::new(std::sync::Arc::new(Gpu::new_blocking(&options)?));
+        let mut m = TransformerModel::new(backend.clone(), config.clone(), 0)?;
+        let tb = TokenBatch::new(&seqs)?;
+        let opt = Optimizer::adam(3e-4).weight_decay(0.1);
+        let mut cost = None;
+        for _ in 0..3 {
+            let before = backend.counters();
+            m.zero_grad()?;
+            m.accumulate(&tb)?;
+            m.step(&opt, 1.0)?;
+            backend.synchronize()?;
+            cost = Some(backend.counters() - before);
+        }
+        if let Some(c) = cost {
+            println!(
+                "one step (the third): {} dispatches, {} submissions, {} buffers and {} bind groups created",
+                c.dispatches, c.submits, c.buffers, c.bind_groups
+            );
+        }
+        print_breakdown(backend, &config, &seqs, Precision::F32)
+    }
 }
 
 /// The `cuda` device: the 101.7M model on GPU 0 against torch.compile on the same GPU.

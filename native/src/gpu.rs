@@ -1,6 +1,10 @@
-//! The `gpu` feature's glue: the int8 language model on wgpu lives in
-//! `rusting_brain_shaders::lm` (shared with the browser build, where its reads are
-//! awaited by the page); natively `TransformerLm` awaits them on its own thread.
+//! The `gpu` feature: wgpu (Metal, Vulkan, DX12). `WgpuBackend` runs core's models (an f32
+//! `TransformerLm` trains on it after `to_gpu`, a `Network` after its `to_gpu`); the int8
+//! language model's decoder lives in `rusting_brain_shaders::lm` (shared with the browser
+//! build, where its reads are awaited by the page); natively `TransformerLm` awaits them on
+//! its own thread.
+
+pub use rusting_brain_shaders::{Gpu, GpuCounters, GpuOptions, WgpuBackend};
 
 use rusting_brain_shaders::ShaderError;
 

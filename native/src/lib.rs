@@ -35,10 +35,12 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod dataset;
+#[cfg(any(feature = "gpu", feature = "cuda"))]
+mod device;
 mod error;
 mod files;
 #[cfg(feature = "gpu")]
-mod gpu;
+pub mod gpu;
 mod network;
 mod network_json;
 pub mod profile;

@@ -8,6 +8,8 @@ use rusting_brain_core::models::transformer::{
 use rusting_brain_core::{CoreError, Optimizer, Precision, Sampler};
 
 use crate::cpu::CpuBackend;
+#[cfg(any(feature = "gpu", feature = "cuda"))]
+use crate::device::{DeviceLm, OnDevice};
 use crate::{NetworkError, Result};
 
 /// The loss of one step or evaluation.
@@ -248,9 +250,13 @@ enum LmEngine {
         Box<TransformerModel<CpuBackend>>,
         Box<rusting_brain_shaders::lm::GpuLm>,
     ),
+    /// An f32 model training on wgpu; the host copy is brought up to date by
+    /// `sync_from_device`.
+    #[cfg(feature = "gpu")]
+    Wgpu(Box<DeviceLm<rusting_brain_shaders::WgpuBackend>>),
     /// Training on an NVIDIA GPU; the host copy is brought up to date by `sync_from_device`.
     #[cfg(feature = "cuda")]
-    Cuda(Box<crate::cuda::CudaLm>),
+    Cuda(Box<DeviceLm<crate::cuda::CudaBackend>>),
 }
 
 /// A minimal valid model that holds the engine's place while a model moves between
@@ -341,43 +347,75 @@ impl TransformerLm {
         }
     }
 
+    /// The host copy: the model itself on the CPU, the copy `sync_from_device` updates on
+    /// a training device, the configuration's holder beside an int8 GPU decoder.
     fn model(&self) -> &TransformerModel<CpuBackend> {
         match &self.engine {
             LmEngine::Cpu(m) => m,
             #[cfg(feature = "gpu")]
             LmEngine::Gpu(m, _) => m,
-            #[cfg(feature = "cuda")]
-            LmEngine::Cuda(c) => &c.host,
+            #[cfg(any(feature = "gpu", feature = "cuda"))]
+            _ => self.on_device().expect("the other arms train on a device").host(),
         }
     }
     fn model_mut(&mut self) -> &mut TransformerModel<CpuBackend> {
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if self.on_device().is_some() {
+            return self.on_device_mut().expect("checked").host_mut();
+        }
         match &mut self.engine {
             LmEngine::Cpu(m) => m,
             #[cfg(feature = "gpu")]
             LmEngine::Gpu(m, _) => m,
-            #[cfg(feature = "cuda")]
-            LmEngine::Cuda(c) => &mut c.host,
+            #[cfg(any(feature = "gpu", feature = "cuda"))]
+            _ => unreachable!("the device arms returned above"),
         }
     }
 
-    /// The device model when the model trains on CUDA.
-    #[cfg(feature = "cuda")]
-    fn cuda_mut(&mut self) -> Option<&mut crate::cuda::CudaLm> {
+    /// The model when it trains on a device (CUDA, wgpu).
+    #[cfg(any(feature = "gpu", feature = "cuda"))]
+    fn on_device(&self) -> Option<&dyn OnDevice> {
+        match &self.engine {
+            #[cfg(feature = "gpu")]
+            LmEngine::Wgpu(w) => Some(&**w),
+            #[cfg(feature = "cuda")]
+            LmEngine::Cuda(c) => Some(&**c),
+            _ => None,
+        }
+    }
+    #[cfg(any(feature = "gpu", feature = "cuda"))]
+    fn on_device_mut(&mut self) -> Option<&mut dyn OnDevice> {
         match &mut self.engine {
-            LmEngine::Cuda(c) => Some(c),
+            #[cfg(feature = "gpu")]
+            LmEngine::Wgpu(w) => Some(&mut **w),
+            #[cfg(feature = "cuda")]
+            LmEngine::Cuda(c) => Some(&mut **c),
             _ => None,
         }
     }
 
-    /// Errors while the model trains on CUDA and the host copy is behind the device.
+    /// Errors while the model trains on a device and the host copy is behind it.
     fn host_current(&self, what: &str) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let LmEngine::Cuda(c) = &self.engine {
-            if !c.synced {
-                return Err(crate::cuda::CudaLm::stale(what));
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device() {
+            if !d.synced() {
+                return Err(d.stale(what));
             }
         }
         let _ = what;
+        Ok(())
+    }
+
+    /// An error for `what` while the model trains on a device.
+    fn refuse_on_device(&self, what: &str, advice: &str) -> Result<()> {
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device() {
+            return Err(NetworkError::InvalidInput(format!(
+                "{what}: the model trains on {}; {advice}",
+                d.kind()
+            )));
+        }
+        let _ = (what, advice);
         Ok(())
     }
 
@@ -402,13 +440,19 @@ impl TransformerLm {
                     "to_cuda: the model is on a wgpu device for int8 inference; load the f32 model to train on CUDA".into(),
                 ))
             }
+            #[cfg(feature = "gpu")]
+            LmEngine::Wgpu(_) => {
+                return Err(NetworkError::InvalidInput(
+                    "to_cuda: the model trains on wgpu; call to_cpu() first".into(),
+                ))
+            }
             LmEngine::Cpu(_) => {}
         }
-        let device = crate::cuda::CudaLm::device_copy(self.model(), ordinal, budget_mib)?;
+        let device = crate::cuda::device_copy(self.model(), ordinal, budget_mib)?;
         let LmEngine::Cpu(host) = std::mem::replace(&mut self.engine, placeholder()?) else {
             unreachable!("checked above")
         };
-        self.engine = LmEngine::Cuda(Box::new(crate::cuda::CudaLm {
+        self.engine = LmEngine::Cuda(Box::new(DeviceLm {
             host,
             device,
             synced: true,
@@ -416,38 +460,52 @@ impl TransformerLm {
         Ok(())
     }
 
-    /// Copies the weights, gradients, moments and step count from the CUDA device to the
-    /// host copy, which `save_bin`, `save_optimizer_state` and `named_parameters` read. A
-    /// no-op off CUDA.
+    /// Copies the weights, gradients, moments and step count from the training device
+    /// (CUDA, wgpu) to the host copy, which `save_bin`, `save_optimizer_state` and
+    /// `named_parameters` read. A no-op on the CPU.
     pub fn sync_from_device(&mut self) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda_mut() {
-            if !c.synced {
-                c.sync()?;
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device_mut() {
+            if !d.synced() {
+                d.sync()?;
             }
         }
         Ok(())
     }
 
-    /// Brings a model on CUDA back to the CPU (everything `sync_from_device` copies), and
-    /// frees its device memory. A no-op on the CPU; an int8 model on wgpu stays there.
+    /// Brings a model that trains on a device back to the CPU (everything
+    /// `sync_from_device` copies), and frees its device memory. A no-op on the CPU; an
+    /// int8 model on wgpu stays there.
     pub fn to_cpu(&mut self) -> Result<()> {
         self.sync_from_device()?;
-        #[cfg(feature = "cuda")]
-        if let LmEngine::Cuda(_) = self.engine {
-            let LmEngine::Cuda(c) = std::mem::replace(&mut self.engine, placeholder()?) else {
-                unreachable!("checked above")
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if self.on_device().is_some() {
+            let host = match std::mem::replace(&mut self.engine, placeholder()?) {
+                #[cfg(feature = "gpu")]
+                LmEngine::Wgpu(w) => w.host,
+                #[cfg(feature = "cuda")]
+                LmEngine::Cuda(c) => c.host,
+                _ => unreachable!("checked above"),
             };
-            self.engine = LmEngine::Cpu(c.host);
+            self.engine = LmEngine::Cpu(host);
         }
         Ok(())
     }
 
-    /// Moves an int8 model (after [`TransformerLm::quantize`] or a Q8 `load_bin`) to the
-    /// default GPU (feature `gpu`): Metal on a Mac, Vulkan or DX12 elsewhere, WebGPU in a
-    /// browser. `generate`, `generate_with`, `decoder` and `forward_cached` then run there;
-    /// greedy decoding reads back one id per token. Errors (no adapter, a model over the
-    /// adapter's limits, an f32 or mixture-of-experts model) never fall back to the CPU.
+    /// Moves the model to the default GPU (feature `gpu`): Metal on a Mac, Vulkan or DX12
+    /// elsewhere, WebGPU in a browser. Errors (no adapter, a model over the adapter's
+    /// limits) never fall back to the CPU.
+    ///
+    /// An f32 model trains there: weights, gradients, optimizer moments and the step count
+    /// move, and `train_step`, `accumulate_step`, `step`, `step_clipped`, `evaluate`,
+    /// `forward_batch` and decoding run on the device, through the same model code as on
+    /// the CPU. Call [`TransformerLm::sync_from_device`] before `save_bin`, or
+    /// [`TransformerLm::to_cpu`] to come back. Mixed precision is not on wgpu (a bf16 GEMM
+    /// is an error there).
+    ///
+    /// An int8 model (after [`TransformerLm::quantize`] or a Q8 `load_bin`) is decoded
+    /// there: `generate`, `generate_with`, `decoder` and `forward_cached` run on the
+    /// device, and greedy decoding reads back one id per token.
     #[cfg(feature = "gpu")]
     pub fn to_gpu(&mut self) -> Result<()> {
         self.to_gpu_with(&crate::GpuOptions {
@@ -462,14 +520,28 @@ impl TransformerLm {
     #[cfg(feature = "gpu")]
     pub fn to_gpu_with(&mut self, options: &crate::GpuOptions) -> Result<()> {
         match self.engine {
-            LmEngine::Gpu(..) => return Ok(()),
+            LmEngine::Gpu(..) | LmEngine::Wgpu(_) => return Ok(()),
             #[cfg(feature = "cuda")]
             LmEngine::Cuda(_) => {
                 return Err(NetworkError::InvalidInput(
-                    "to_gpu: the model trains on CUDA; call to_cpu() and quantize() first".into(),
+                    "to_gpu: the model trains on CUDA; call to_cpu() first".into(),
                 ))
             }
             LmEngine::Cpu(_) => {}
+        }
+        if !self.is_quantized() {
+            let gpu = rusting_brain_shaders::Gpu::new_blocking(options)?;
+            let backend = rusting_brain_shaders::WgpuBackend::new(std::sync::Arc::new(gpu));
+            let device = DeviceLm::copy_of(self.model(), backend)?;
+            let LmEngine::Cpu(host) = std::mem::replace(&mut self.engine, placeholder()?) else {
+                unreachable!("checked above")
+            };
+            self.engine = LmEngine::Wgpu(Box::new(DeviceLm {
+                host,
+                device,
+                synced: true,
+            }));
+            return Ok(());
         }
         let gpu =
             rusting_brain_shaders::block_on(rusting_brain_shaders::lm::GpuLm::new(self.model(), options))?;
@@ -487,6 +559,7 @@ impl TransformerLm {
     pub fn device_bandwidth(&self, bytes: usize) -> Result<Option<f64>> {
         match &self.engine {
             LmEngine::Gpu(_, g) => Ok(Some(g.copy_bandwidth(bytes)?)),
+            LmEngine::Wgpu(w) => Ok(Some(w.device.backend.gpu().copy_bandwidth(bytes, 20)?)),
             _ => Ok(None),
         }
     }
@@ -497,8 +570,8 @@ impl TransformerLm {
             LmEngine::Cpu(_) => None,
             #[cfg(feature = "gpu")]
             LmEngine::Gpu(_, g) => Some(g.adapter()),
-            #[cfg(feature = "cuda")]
-            LmEngine::Cuda(c) => Some(format!("{} (CUDA)", c.device.backend.device_name())),
+            #[cfg(any(feature = "gpu", feature = "cuda"))]
+            _ => self.on_device().map(|d| d.device_name()),
         }
     }
 
@@ -508,9 +581,9 @@ impl TransformerLm {
 
     /// Optimizer steps taken so far.
     pub fn steps(&self) -> u64 {
-        #[cfg(feature = "cuda")]
-        if let LmEngine::Cuda(c) = &self.engine {
-            return c.device.step;
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device() {
+            return d.steps();
         }
         self.model().step
     }
@@ -540,9 +613,9 @@ impl TransformerLm {
     /// token slots each expert received (1 / n_experts each when perfectly balanced).
     /// Empty for a dense model.
     pub fn expert_usage(&self) -> Vec<Vec<f64>> {
-        #[cfg(feature = "cuda")]
-        if let LmEngine::Cuda(c) = &self.engine {
-            return c.device.expert_usage().to_vec();
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device() {
+            return d.expert_usage();
         }
         self.model().expert_usage().to_vec()
     }
@@ -554,9 +627,9 @@ impl TransformerLm {
     /// kernels (head size 64 or 128).
     pub fn set_mixed_precision(&mut self, on: bool) {
         let p = if on { Precision::Bf16 } else { Precision::F32 };
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda_mut() {
-            c.set_precision(p);
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device_mut() {
+            d.set_precision(p);
             return;
         }
         self.model_mut().precision = p;
@@ -585,19 +658,18 @@ impl TransformerLm {
 
     /// Forward and loss only: no gradients, no step.
     pub fn evaluate(&mut self, batch: &TokenBatch) -> Result<StepLoss> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda_mut() {
-            return Ok(StepLoss::from_sum(c.device.evaluate(batch)?));
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device_mut() {
+            return Ok(StepLoss::from_sum(d.evaluate(batch)?));
         }
         let s = self.model_mut().evaluate(batch).map_err(NetworkError::from)?;
         Ok(StepLoss::from_sum(s))
     }
 
     pub fn zero_grad(&mut self) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda_mut() {
-            c.synced = false;
-            return Ok(c.device.zero_grad()?);
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device_mut() {
+            return Ok(d.zero_grad()?);
         }
         Ok(self.model_mut().zero_grad()?)
     }
@@ -628,19 +700,18 @@ impl TransformerLm {
     /// The global L2 norm of the accumulated gradients times `scale`, on the device the
     /// model is on (on CUDA: one read-back for all tensors).
     fn grad_norm(&self, scale: f32) -> Result<f64> {
-        #[cfg(feature = "cuda")]
-        if let LmEngine::Cuda(c) = &self.engine {
-            return Ok(c.device.grad_norm(scale)?);
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device() {
+            return Ok(d.grad_norm(scale)?);
         }
         Ok(self.model().grad_norm(scale)?)
     }
 
     /// Forward and backward of a micro-batch on whichever device holds the model.
     fn accumulate_where_it_is(&mut self, batch: &TokenBatch) -> Result<LossSum, CoreError> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda_mut() {
-            c.synced = false;
-            return c.device.accumulate(batch);
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device_mut() {
+            return d.accumulate(batch);
         }
         self.model_mut().accumulate(batch)
     }
@@ -653,10 +724,9 @@ impl TransformerLm {
     }
 
     fn step_where_it_is(&mut self, opt: &Optimizer, scale: f32) -> Result<(), CoreError> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda_mut() {
-            c.synced = false;
-            return c.device.step(opt, scale);
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device_mut() {
+            return d.step(opt, scale);
         }
         self.model_mut().step(opt, scale)
     }
@@ -687,9 +757,9 @@ impl TransformerLm {
 
     /// Logits of a batch on the host, `(batch * seq, vocab)` row-major.
     pub fn forward_batch(&mut self, batch: &TokenBatch) -> Result<Vec<f32>> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda_mut() {
-            return Ok(c.device.forward_logits(batch)?);
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device_mut() {
+            return Ok(d.forward_logits(batch)?);
         }
         Ok(self.model_mut().forward_logits(batch)?)
     }
@@ -701,6 +771,8 @@ impl TransformerLm {
                 LmEngine::Cpu(m) => CacheEngine::Cpu(m.new_kv_caches()?),
                 #[cfg(feature = "gpu")]
                 LmEngine::Gpu(_, g) => CacheEngine::Gpu(g.new_cache()?),
+                #[cfg(feature = "gpu")]
+                LmEngine::Wgpu(w) => CacheEngine::Wgpu(w.device.new_kv_caches()?),
                 #[cfg(feature = "cuda")]
                 LmEngine::Cuda(c) => CacheEngine::Cuda(c.device.new_kv_caches()?),
             },
@@ -714,6 +786,8 @@ impl TransformerLm {
             (LmEngine::Cpu(m), CacheEngine::Cpu(c)) => Ok(m.forward_cached(ids, c)?),
             #[cfg(feature = "cuda")]
             (LmEngine::Cuda(m), CacheEngine::Cuda(c)) => Ok(m.device.forward_cached(ids, c)?),
+            #[cfg(feature = "gpu")]
+            (LmEngine::Wgpu(m), CacheEngine::Wgpu(c)) => Ok(m.device.forward_cached(ids, c)?),
             #[cfg(feature = "gpu")]
             (LmEngine::Gpu(_, g), CacheEngine::Gpu(c)) => {
                 g.forward(ids, c)?;
@@ -804,12 +878,7 @@ impl TransformerLm {
     /// memory traffic per decoded token. One-way: training, `save_bin(Precision::F32)` and
     /// device moves return an error afterwards.
     pub fn quantize(&mut self) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if self.cuda_mut().is_some() {
-            return Err(NetworkError::InvalidInput(
-                "quantize: the model trains on CUDA; call to_cpu() first".into(),
-            ));
-        }
+        self.refuse_on_device("quantize", "call to_cpu() first")?;
         Ok(self.model_mut().quantize()?)
     }
 
@@ -852,13 +921,10 @@ impl TransformerLm {
 
     /// Restores what [`TransformerLm::save_optimizer_state`] wrote, settings included.
     pub fn load_optimizer_state(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if self.cuda_mut().is_some() {
-            return Err(NetworkError::InvalidInput(
-                "load_optimizer_state: the model trains on CUDA; load it before to_cuda() or after to_cpu()"
-                    .into(),
-            ));
-        }
+        self.refuse_on_device(
+            "load_optimizer_state",
+            "load it before moving the model, or after to_cpu()",
+        )?;
         let opt = crate::checkpoint::load_optimizer(self.model_mut(), path.as_ref())?;
         self.optimizer = opt;
         Ok(())
@@ -868,11 +934,9 @@ impl TransformerLm {
     /// model surgery, a weight brought from elsewhere, an experiment's starting point. The
     /// values must match the tensor's size and be finite; the optimizer state is kept.
     pub fn set_parameter(&mut self, name: &str, values: &[f32]) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda_mut() {
-            // Both copies, device first: a rejected value changes neither.
-            c.device.set_parameter(name, values)?;
-            return Ok(c.host.set_parameter(name, values)?);
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device_mut() {
+            return Ok(d.set_parameter(name, values)?);
         }
         Ok(self.model_mut().set_parameter(name, values)?)
     }
@@ -881,9 +945,9 @@ impl TransformerLm {
     /// the Qwen-MoE names: `mlp.gate.weight` is the router, `mlp.experts.{j}.*` the experts,
     /// `mlp.shared_expert.*` the shared expert).
     pub fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
-        #[cfg(feature = "cuda")]
-        if let LmEngine::Cuda(c) = &self.engine {
-            return Ok(c.device.named_parameters()?);
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device() {
+            return Ok(d.named_parameters()?);
         }
         Ok(self.model().named_parameters()?)
     }
@@ -895,6 +959,8 @@ enum CacheEngine {
     Cuda(KvCache<crate::cuda::CudaBackend>),
     #[cfg(feature = "gpu")]
     Gpu(rusting_brain_shaders::lm::GpuCache),
+    #[cfg(feature = "gpu")]
+    Wgpu(KvCache<rusting_brain_shaders::WgpuBackend>),
 }
 
 /// Logits a decoder has not drawn from yet: on the host, or still on the device.
@@ -918,6 +984,8 @@ impl KvCaches {
             CacheEngine::Cuda(c) => c.len(),
             #[cfg(feature = "gpu")]
             CacheEngine::Gpu(c) => c.len(),
+            #[cfg(feature = "gpu")]
+            CacheEngine::Wgpu(c) => c.len(),
         }
     }
     pub fn is_empty(&self) -> bool {

@@ -1,5 +1,7 @@
 //! The transformer LM against PyTorch: logits, losses, every gradient, and every weight
-//! after 3 AdamW steps, on the CPU backend. `tests/fixtures/gen_transformer.py`: two dense
+//! after 3 AdamW steps, on the CPU backend and on the wgpu backend (the software adapter:
+//! lavapipe in CI, which sets `RB_REQUIRE_GPU=1`; elsewhere a machine without one skips) —
+//! one model definition, two backends, one fixture. `tests/fixtures/gen_transformer.py`: two dense
 //! configurations (the second with 6 query heads over 2 key/value heads);
 //! `tests/fixtures/gen_moe.py`: three with mixture-of-experts layers (see its docstring).
 //!
@@ -9,6 +11,7 @@
 //! as its neighbours (seen in the second configuration). PyTorch's side is float64.
 
 use rusting_brain::cpu::CpuBackend;
+use rusting_brain::gpu::{Gpu, GpuOptions, WgpuBackend};
 use rusting_brain_core::models::transformer::{MoeConfig, TokenBatch, TransformerConfig, TransformerModel};
 use rusting_brain_core::{Backend, Optimizer};
 use rusting_brain_tests::*;
@@ -83,8 +86,7 @@ impl Cfg {
 
 /// The fixture's weights for configuration `c`, every tensor found by its name in the
 /// model's own layout (so a tensor the model has and the fixture lacks fails here).
-fn load(f: &Fixture, c: usize, cfg: &Cfg) -> TransformerModel<CpuBackend> {
-    let b = CpuBackend::new();
+fn load<B: Backend>(b: B, f: &Fixture, c: usize, cfg: &Cfg) -> TransformerModel<B> {
     let config = cfg.config();
     let params = config
         .layout()
@@ -99,7 +101,7 @@ fn load(f: &Fixture, c: usize, cfg: &Cfg) -> TransformerModel<CpuBackend> {
 /// Logits, the losses, every gradient and every weight after 3 AdamW steps of each
 /// configuration in `fixture`, against PyTorch; returns the worst element's share of the
 /// tolerance.
-fn compare(fixture: &str) -> f64 {
+fn compare<B: Backend + Clone>(fixture: &str, backend: B) -> f64 {
     let f = Fixture::named(fixture).unwrap();
     let cfgs: Vec<Cfg> = serde_json::from_str(&f.metadata("configs").unwrap()).unwrap();
     let adamw: AdamW = serde_json::from_str(&f.metadata("adamw").unwrap()).unwrap();
@@ -113,7 +115,7 @@ fn compare(fixture: &str) -> f64 {
             .collect();
         assert_eq!(rows.len(), cfg.batch);
         let batch = TokenBatch::new(&rows).unwrap();
-        let mut model = load(&f, c, cfg);
+        let mut model = load(backend.clone(), &f, c, cfg);
         let logits = model.forward_logits(&batch).unwrap();
         worst = worst.max(close(
             &format!("c{c} logits"),
@@ -162,9 +164,38 @@ fn compare(fixture: &str) -> f64 {
     worst
 }
 
+/// The software adapter's backend, or None (skip) when this machine has no adapter.
+fn wgpu() -> Option<WgpuBackend> {
+    match Gpu::new_blocking(&GpuOptions {
+        software: true,
+        ..Default::default()
+    }) {
+        Ok(g) => Some(WgpuBackend::new(std::sync::Arc::new(g))),
+        Err(e) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
+            eprintln!("SKIPPED, no GPU adapter here: {e}");
+            None
+        }
+        Err(e) => panic!("the GPU did not open: {e}"),
+    }
+}
+
 #[test]
 fn logits_gradients_and_three_adamw_steps_match_pytorch() {
-    let worst = compare("transformer_lm.safetensors");
+    let worst = compare("transformer_lm.safetensors", CpuBackend::new());
+    println!("worst element: {worst:.3} of the tolerance");
+}
+
+#[test]
+fn on_wgpu_logits_gradients_and_three_adamw_steps_match_pytorch() {
+    let Some(b) = wgpu() else { return };
+    let worst = compare("transformer_lm.safetensors", b);
+    println!("worst element: {worst:.3} of the tolerance");
+}
+
+#[test]
+fn on_wgpu_mixture_of_experts_matches_pytorch() {
+    let Some(b) = wgpu() else { return };
+    let worst = compare("moe_lm.safetensors", b);
     println!("worst element: {worst:.3} of the tolerance");
 }
 
@@ -173,6 +204,6 @@ fn logits_gradients_and_three_adamw_steps_match_pytorch() {
 /// loss and the z-loss) included.
 #[test]
 fn mixture_of_experts_matches_pytorch() {
-    let worst = compare("moe_lm.safetensors");
+    let worst = compare("moe_lm.safetensors", CpuBackend::new());
     println!("worst element: {worst:.3} of the tolerance");
 }

@@ -20,7 +20,7 @@
 mod gemm;
 mod lm;
 
-pub(crate) use lm::CudaLm;
+pub(crate) use lm::device_copy;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
