@@ -79,10 +79,11 @@ pub(crate) enum Kernel {
     CrossEntropy,
     MoeCombineBackward,
     SumOfSquares,
+    MatmulTiled,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 29] = [
+    pub(crate) const ALL: [Kernel; 30] = [
         Kernel::RmsNorm,
         Kernel::Q8Quantize,
         Kernel::Q8Matmul,
@@ -112,6 +113,7 @@ impl Kernel {
         Kernel::CrossEntropy,
         Kernel::MoeCombineBackward,
         Kernel::SumOfSquares,
+        Kernel::MatmulTiled,
     ];
 
     /// Whether the kernel uses subgroup operations (built only on adapters that have them;
@@ -151,6 +153,7 @@ impl Kernel {
             Kernel::CrossEntropy => "cross_entropy",
             Kernel::MoeCombineBackward => "moe_combine_backward",
             Kernel::SumOfSquares => "sum_of_squares",
+            Kernel::MatmulTiled => "matmul_tiled",
         }
     }
 
@@ -185,6 +188,7 @@ impl Kernel {
             Kernel::CrossEntropy => include_str!("wgsl/cross_entropy.wgsl"),
             Kernel::MoeCombineBackward => include_str!("wgsl/moe_combine_backward.wgsl"),
             Kernel::SumOfSquares => include_str!("wgsl/sum_of_squares.wgsl"),
+            Kernel::MatmulTiled => include_str!("wgsl/matmul_tiled.wgsl"),
         }
     }
 

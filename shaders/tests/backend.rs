@@ -651,3 +651,63 @@ fn sum_of_squares_over_many_buffers_reads_back_once() {
     let b = g.upload(&nan).unwrap();
     assert!(g.sum_of_squares(&b).unwrap().is_nan());
 }
+
+#[test]
+fn tiled_matmul_matches_the_reference_on_ragged_edges() {
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(19);
+    let mut worst = 0.0f32;
+    // From 16 columns on the register-tiled kernel runs: tiles of 32 with edges of 1..31.
+    for (m, n, k) in [
+        (16usize, 16usize, 1usize),
+        (33, 47, 300),
+        (127, 65, 7),
+        (40, 200, 64),
+    ] {
+        for (ta, tb, beta, batch) in [
+            (false, false, 0.0, 1),
+            (true, false, 1.0, 2),
+            (false, true, 0.5, 1),
+            (true, true, 0.0, 3),
+        ] {
+            let spec = MatmulSpec::new(m, n, k)
+                .trans_a(ta)
+                .trans_b(tb)
+                .alpha(0.75)
+                .beta(beta)
+                .batch(batch);
+            let c = if beta == 0.0 {
+                vec![0.0; batch * m * n]
+            } else {
+                rng.normal_vec(batch * m * n, 1.0)
+            };
+            let out = on_both!(
+                g,
+                r,
+                |be, ins, outs| be.matmul(&mut outs[0], &ins[0], &ins[1], &spec).unwrap(),
+                [
+                    rng.normal_vec(batch * m * k, 1.0),
+                    rng.normal_vec(batch * k * n, 1.0)
+                ],
+                [c]
+            );
+            let e = rel(&out[0].0, &out[0].1);
+            assert!(e < 1e-5, "{spec:?}: {e}");
+            worst = worst.max(e);
+        }
+        // A window: the product of rows 3.. of A into rows 2.. of a larger C.
+        let spec = MatmulSpec::new(m, n, k).trans_b(true).window(3 * k, 0, 2 * n);
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| be.matmul(&mut outs[0], &ins[0], &ins[1], &spec).unwrap(),
+            [rng.normal_vec((m + 3) * k, 1.0), rng.normal_vec(n * k, 1.0)],
+            [rng.normal_vec((m + 4) * n, 1.0)]
+        );
+        let e = rel(&out[0].0, &out[0].1);
+        assert!(e < 1e-5, "window ({m}, {n}, {k}): {e}");
+        worst = worst.max(e);
+    }
+    eprintln!("tiled matmul worst relative error {worst:e}");
+}

@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Output columns from which the f32 product takes the register-tiled kernel.
+pub const TILED_MATMUL: usize = 16;
+
 impl Batch<'_> {
     /// One of the dense layers' element-wise or per-row ops on `y` (see `dense.wgsl` for
     /// the roles of `x`); lengths are checked by the caller.
@@ -105,12 +108,24 @@ impl Batch<'_> {
             u(at.1, "b offset")?,
             u(at.2, "c offset")?,
         ];
-        self.dispatch3(
-            Kernel::Matmul,
-            &p,
-            &[a, b, c],
-            (gx as u32, gy as u32, batch as u32),
-        );
+        // By n alone: the row count of an expert's product follows the routing, and a kernel
+        // picked by it would change (and need new bind groups) from one step to the next.
+        if n >= TILED_MATMUL {
+            // 4 x 4 outputs an invocation, 32 x 32 a workgroup.
+            self.dispatch3(
+                Kernel::MatmulTiled,
+                &p,
+                &[a, b, c],
+                (n.div_ceil(32) as u32, m.div_ceil(32) as u32, batch as u32),
+            );
+        } else {
+            self.dispatch3(
+                Kernel::Matmul,
+                &p,
+                &[a, b, c],
+                (gx as u32, gy as u32, batch as u32),
+            );
+        }
         Ok(())
     }
 }

@@ -1,0 +1,60 @@
+// C = alpha * op(A) op(B) + beta * C, f32, batched, with transposes and element offsets,
+// register-tiled: each invocation computes a 4 x 4 block of C (a workgroup of 8 x 8 covers
+// 32 x 32), so every value loaded serves four multiply-adds instead of one. No workgroup
+// memory and no barriers (cheap on lavapipe as on GPUs). Each output still sums over t in
+// order, exactly as matmul.wgsl and the reference do. Taken for products of at least
+// 16 output columns; twin of rusting_brain_core::ops::matmul::matmul (f32 precision).
+struct Params {
+    m: u32, n: u32, k: u32, batch: u32,
+    trans_a: u32, trans_b: u32, alpha: f32, beta: f32,
+    a0: u32, b0: u32, c0: u32, pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+
+@compute @workgroup_size(8, 8)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let j0 = gid.x * 4u;
+    let i0 = gid.y * 4u;
+    let z = gid.z;
+    if (i0 >= p.m || j0 >= p.n || z >= p.batch) { return; }
+    let ab = p.a0 + z * p.m * p.k;
+    let bb = p.b0 + z * p.k * p.n;
+    // op(A)[i, t] = a[ab + i * ai + t * at]; op(B)[t, j] = b[bb + t * bt + j * bj].
+    var ai = p.k;
+    var at = 1u;
+    if (p.trans_a != 0u) { ai = 1u; at = p.m; }
+    var bt = p.n;
+    var bj = 1u;
+    if (p.trans_b != 0u) { bt = 1u; bj = p.k; }
+    // Rows and columns past the edge read the last valid one and are not written.
+    var ra: array<u32, 4>;
+    var cb: array<u32, 4>;
+    for (var r = 0u; r < 4u; r++) {
+        ra[r] = ab + min(i0 + r, p.m - 1u) * ai;
+        cb[r] = bb + min(j0 + r, p.n - 1u) * bj;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var t = 0u; t < p.k; t++) {
+        let y = vec4<f32>(b[cb[0] + t * bt], b[cb[1] + t * bt], b[cb[2] + t * bt], b[cb[3] + t * bt]);
+        for (var r = 0u; r < 4u; r++) {
+            acc[r] += a[ra[r] + t * at] * y;
+        }
+    }
+    for (var r = 0u; r < 4u; r++) {
+        let i = i0 + r;
+        if (i < p.m) {
+            for (var s = 0u; s < 4u; s++) {
+                let j = j0 + s;
+                if (j < p.n) {
+                    let o = p.c0 + z * p.m * p.n + i * p.n + j;
+                    let v = acc[r][s];
+                    if (p.beta == 0.0) { c[o] = p.alpha * v; } else { c[o] = p.alpha * v + p.beta * c[o]; }
+                }
+            }
+        }
+    }
+}
