@@ -43,7 +43,7 @@ fn decode_run(
     new: usize,
 ) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     model.generate(prompt, 8.min(new), &mut Sampler::greedy())?;
-    let mut decoder = model.decoder()?;
+    let mut decoder = model.decoder();
     let t = Instant::now();
     decoder.feed(prompt)?;
     let prefill = t.elapsed().as_secs_f64();

@@ -388,7 +388,7 @@ fn generate(model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, g: &Gen) -
 
 fn chat(g: &Gen) -> Result<(), Error> {
     let (mut model, tok) = load(g.q8)?;
-    let mut decoder = model.decoder()?;
+    let mut decoder = model.decoder();
     let mut sampler = sampler(g);
     println!("chat: each line you type is fed to one decoder that keeps its cache; empty line quits");
     for line in std::io::stdin().lock().lines() {

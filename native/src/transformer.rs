@@ -764,25 +764,39 @@ impl TransformerLm {
         Ok(self.model_mut().forward_logits(batch)?)
     }
 
-    /// Empty key/value caches for one sequence of up to `max_seq_len` positions.
-    pub fn new_kv_caches(&self) -> Result<KvCaches> {
-        Ok(KvCaches {
-            inner: match &self.engine {
-                LmEngine::Cpu(m) => CacheEngine::Cpu(m.new_kv_caches()?),
-                #[cfg(feature = "gpu")]
-                LmEngine::Gpu(_, g) => CacheEngine::Gpu(g.new_cache()?),
-                #[cfg(feature = "gpu")]
-                LmEngine::Wgpu(w) => CacheEngine::Wgpu(w.device.new_kv_caches()?),
-                #[cfg(feature = "cuda")]
-                LmEngine::Cuda(c) => CacheEngine::Cuda(c.device.new_kv_caches()?),
-            },
+    /// Empty key/value caches for one sequence of up to `max_seq_len` positions. They are
+    /// allocated on the model's device at the first `forward_cached`, which reports a
+    /// failed allocation.
+    pub fn new_kv_caches(&self) -> KvCaches {
+        KvCaches { inner: None }
+    }
+
+    /// The caches' buffers on the model's device.
+    fn make_caches(&self) -> Result<CacheEngine> {
+        Ok(match &self.engine {
+            LmEngine::Cpu(m) => CacheEngine::Cpu(m.new_kv_caches()?),
+            #[cfg(feature = "gpu")]
+            LmEngine::Gpu(_, g) => CacheEngine::Gpu(g.new_cache()?),
+            #[cfg(feature = "gpu")]
+            LmEngine::Wgpu(w) => CacheEngine::Wgpu(w.device.new_kv_caches()?),
+            #[cfg(feature = "cuda")]
+            LmEngine::Cuda(c) => CacheEngine::Cuda(c.device.new_kv_caches()?),
+        })
+    }
+
+    /// The caches' buffers, made on the model's device the first time they are used.
+    fn caches<'c>(&self, caches: &'c mut KvCaches) -> Result<&'c mut CacheEngine> {
+        Ok(match &mut caches.inner {
+            Some(c) => c,
+            empty => empty.insert(self.make_caches()?),
         })
     }
 
     /// Runs `ids` after what `caches` holds and returns the logits of the last new position
     /// (`vocab_size` values): prefill with the whole prompt, then one call per token.
     pub fn forward_cached(&mut self, ids: &[u32], caches: &mut KvCaches) -> Result<Vec<f32>> {
-        match (&mut self.engine, &mut caches.inner) {
+        let inner = self.caches(caches)?;
+        match (&mut self.engine, inner) {
             (LmEngine::Cpu(m), CacheEngine::Cpu(c)) => Ok(m.forward_cached(ids, c)?),
             #[cfg(feature = "cuda")]
             (LmEngine::Cuda(m), CacheEngine::Cuda(c)) => Ok(m.device.forward_cached(ids, c)?),
@@ -804,7 +818,8 @@ impl TransformerLm {
     /// Runs `ids` and leaves the logits where they are: on the GPU, only the argmax is read
     /// back when the sampler is greedy.
     fn advance(&mut self, ids: &[u32], caches: &mut KvCaches) -> Result<Pending> {
-        match (&mut self.engine, &mut caches.inner) {
+        let inner = self.caches(caches)?;
+        match (&mut self.engine, inner) {
             #[cfg(feature = "gpu")]
             (LmEngine::Gpu(_, g), CacheEngine::Gpu(c)) => {
                 g.forward(ids, c)?;
@@ -845,7 +860,7 @@ impl TransformerLm {
         sampler: &mut Sampler,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Vec<u32>> {
-        let mut decoder = self.decoder()?;
+        let mut decoder = self.decoder();
         decoder.feed(prompt)?;
         let mut out = Vec::new();
         for _ in 0..max_new {
@@ -864,14 +879,14 @@ impl TransformerLm {
 
     /// A decoding session that keeps its caches between calls: feed a turn, draw tokens,
     /// feed the next turn, and only the new tokens are read.
-    pub fn decoder(&mut self) -> Result<Decoder<'_>> {
-        let caches = self.new_kv_caches()?;
-        Ok(Decoder {
+    pub fn decoder(&mut self) -> Decoder<'_> {
+        let caches = self.new_kv_caches();
+        Decoder {
             model: self,
             caches,
             context: Vec::new(),
             pending: None,
-        })
+        }
     }
 
     /// Rounds the weights to int8 (per-row absmax scales; norms stay f32): a quarter of the
@@ -972,13 +987,15 @@ enum Pending {
 
 /// Key/value caches of one sequence; see [`TransformerLm::new_kv_caches`].
 pub struct KvCaches {
-    inner: CacheEngine,
+    /// `None` until the first use allocates them on the model's device.
+    inner: Option<CacheEngine>,
 }
 
 impl KvCaches {
     /// Positions held.
     pub fn len(&self) -> usize {
-        match &self.inner {
+        let Some(inner) = &self.inner else { return 0 };
+        match inner {
             CacheEngine::Cpu(c) => c.len(),
             #[cfg(feature = "cuda")]
             CacheEngine::Cuda(c) => c.len(),

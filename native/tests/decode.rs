@@ -54,7 +54,7 @@ fn kv_cache_decode_matches_full_forward_at_every_step() {
     let mut rng = Rng::new(2);
     let seq: Vec<u32> = (0..30).map(|_| rng.below(48) as u32).collect();
     let full = full_logits(&mut m, &seq);
-    let mut caches = m.new_kv_caches().unwrap();
+    let mut caches = m.new_kv_caches();
     let first = m.forward_cached(&seq[..5], &mut caches).unwrap();
     same("prefill of 5", &first, &full[4]);
     for t in 5..seq.len() {
@@ -63,7 +63,7 @@ fn kv_cache_decode_matches_full_forward_at_every_step() {
     }
     assert_eq!(caches.len(), 30);
     // A prefill of 20 (the blocked attention path) after 5 cached positions.
-    let mut c2 = m.new_kv_caches().unwrap();
+    let mut c2 = m.new_kv_caches();
     m.forward_cached(&seq[..5], &mut c2).unwrap();
     let l = m.forward_cached(&seq[5..25], &mut c2).unwrap();
     same("prefill of 20 after 5", &l, &full[24]);
@@ -74,7 +74,7 @@ fn the_decoder_keeps_its_caches_across_turns() {
     let mut m = model(64, 3);
     let mut greedy = Sampler::greedy();
     let context = {
-        let mut d = m.decoder().unwrap();
+        let mut d = m.decoder();
         d.feed(&[1, 2, 3, 4]).unwrap();
         for _ in 0..3 {
             d.next(&mut greedy).unwrap();
@@ -135,7 +135,7 @@ fn generate_is_greedy_argmax_and_streams_until_told_to_stop() {
 #[test]
 fn cache_errors_are_reported() {
     let mut m = model(8, 6);
-    let mut c = m.new_kv_caches().unwrap();
+    let mut c = m.new_kv_caches();
     let e = m.forward_cached(&[1, 2, 99], &mut c).unwrap_err().to_string();
     assert!(e.contains("token id 99 at batch row 0, position 2"), "{e}");
     assert!(m.forward_cached(&[], &mut c).is_err());

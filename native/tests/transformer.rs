@@ -302,3 +302,15 @@ fn mixed_precision_rounds_gemm_operands_and_still_trains() {
     }
     assert!(last < 0.1 * first, "mixed precision loss {first} -> {last}");
 }
+
+#[test]
+fn token_batch_takes_rows_owned_or_borrowed() {
+    let rows = vec![vec![1u32, 2, 3], vec![4, 5, 6]];
+    let borrowed = TokenBatch::new(&rows).unwrap();
+    let sliced = TokenBatch::new(&rows[1..]).unwrap();
+    let owned = TokenBatch::new(rows).unwrap();
+    assert_eq!(owned.inputs, borrowed.inputs);
+    assert_eq!(owned.targets, vec![2, 3, 5, 6]);
+    assert_eq!((sliced.batch, sliced.inputs.clone()), (1, vec![4, 5]));
+    assert!(TokenBatch::new(Vec::<Vec<u32>>::new()).is_err());
+}

@@ -148,7 +148,12 @@ fn f32_lm_decodes_on_wgpu_as_on_the_cpu() {
     let a = gpu.generate(&[1, 2, 3], 16, &mut sampler).unwrap();
     let b = cpu.generate(&[1, 2, 3], 16, &mut sampler).unwrap();
     assert_eq!(a, b);
-    // A cache made before the move belongs to the CPU.
-    let mut caches = cpu.new_kv_caches().unwrap();
+    // Caches filled on the CPU belong to it; unused ones are allocated where first used.
+    let mut caches = cpu.new_kv_caches();
+    cpu.forward_cached(&[1], &mut caches).unwrap();
     assert!(gpu.forward_cached(&[1], &mut caches).is_err());
+    let mut fresh = cpu.new_kv_caches();
+    assert_eq!(fresh.len(), 0);
+    assert_eq!(gpu.forward_cached(&[1], &mut fresh).unwrap().len(), 61);
+    assert_eq!(fresh.len(), 1);
 }

@@ -286,8 +286,10 @@ pub struct TokenBatch {
 
 impl TokenBatch {
     /// Next-token batches from equal-length sequences of at least two ids: inputs are
-    /// `seq[..n-1]`, targets `seq[1..]`, every position counts.
-    pub fn new(seqs: &[Vec<u32>]) -> Result<TokenBatch> {
+    /// `seq[..n-1]`, targets `seq[1..]`, every position counts. The rows may be owned or
+    /// borrowed: `TokenBatch::new(rows)`, `TokenBatch::new(&rows)`, `TokenBatch::new(&rows[1..])`.
+    pub fn new(seqs: impl AsRef<[Vec<u32>]>) -> Result<TokenBatch> {
+        let seqs = seqs.as_ref();
         let first = seqs
             .first()
             .ok_or_else(|| batch_err("the batch holds no sequences".into()))?;
