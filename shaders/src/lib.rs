@@ -54,7 +54,6 @@ pub(crate) enum Kernel {
     Q8Quantize,
     Q8Matmul,
     Swiglu,
-    Add,
     Rope,
     Attention,
     Q8Embedding,
@@ -83,12 +82,11 @@ pub(crate) enum Kernel {
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 30] = [
+    pub(crate) const ALL: [Kernel; 29] = [
         Kernel::RmsNorm,
         Kernel::Q8Quantize,
         Kernel::Q8Matmul,
         Kernel::Swiglu,
-        Kernel::Add,
         Kernel::Rope,
         Kernel::Attention,
         Kernel::Q8Embedding,
@@ -128,7 +126,6 @@ impl Kernel {
             Kernel::Q8Quantize => "q8_quantize",
             Kernel::Q8Matmul => "q8_matmul",
             Kernel::Swiglu => "swiglu",
-            Kernel::Add => "add",
             Kernel::Rope => "rope",
             Kernel::Attention => "attention",
             Kernel::Q8Embedding => "q8_embedding",
@@ -163,7 +160,6 @@ impl Kernel {
             Kernel::Q8Quantize => include_str!("wgsl/q8_quantize.wgsl"),
             Kernel::Q8Matmul => include_str!("wgsl/q8_matmul.wgsl"),
             Kernel::Swiglu => include_str!("wgsl/swiglu.wgsl"),
-            Kernel::Add => include_str!("wgsl/add.wgsl"),
             Kernel::Rope => include_str!("wgsl/rope.wgsl"),
             Kernel::Attention => include_str!("wgsl/attention.wgsl"),
             Kernel::Q8Embedding => include_str!("wgsl/q8_embedding.wgsl"),

@@ -213,12 +213,9 @@ fn elementwise_kernels_match_reference() {
         let (gg, gu) = (g.upload("gate", &gate).unwrap(), g.upload("up", &up).unwrap());
         let mut b = g.batch();
         b.swiglu(&go, &gg, &gu, n).unwrap();
-        b.add(&gu, &gg, n).unwrap();
         b.submit().unwrap();
         let e = rel(&g.read_blocking(&go).unwrap(), &out);
         assert!(e < 1e-5, "swiglu n {n}: {e}");
-        let sum: Vec<f32> = gate.iter().zip(&up).map(|(a, b)| a + b).collect();
-        assert_eq!(g.read_blocking(&gu).unwrap(), sum, "add n {n}");
     }
 }
 

@@ -299,17 +299,6 @@ impl Batch<'_> {
         pass.dispatch_workgroups(groups.0, groups.1, groups.2);
     }
 
-    /// `y += x` over `len` values.
-    pub fn add(&mut self, y: &GpuBuffer, x: &GpuBuffer, len: usize) -> Result<(), ShaderError> {
-        need("add", "y", y, len)?;
-        need("add", "x", x, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        self.dispatch(Kernel::Add, &[u(len, "len")?], &[x, y], grid(len.div_ceil(WG)));
-        Ok(())
-    }
-
     /// Copies `n` words from `src[src_at..]` to `dst[dst_at..]` (the KV-cache append).
     pub fn copy(
         &mut self,
