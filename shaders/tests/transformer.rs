@@ -186,3 +186,68 @@ fn cached_decoding_on_wgpu_gives_the_reference_logits_and_ids() {
         eprintln!("moe {moe}: a decode step costs {:?}", costs[1]);
     }
 }
+
+/// Sequences of `next = (5 * prev + 3) mod 67`: learnable, so a trained model's greedy
+/// choices are clear and do not hang on near-ties.
+fn rule_batch(step: u64) -> TokenBatch {
+    let seqs: Vec<Vec<u32>> = (0..4u64)
+        .map(|r| {
+            let mut t = (r * 13 + step * 7) % 67;
+            (0..12)
+                .map(|_| {
+                    let c = t as u32;
+                    t = (5 * t + 3) % 67;
+                    c
+                })
+                .collect()
+        })
+        .collect();
+    TokenBatch::new(seqs).unwrap()
+}
+
+#[test]
+fn int8_decoding_on_wgpu_gives_the_reference_ids() {
+    let Some(g) = gpu() else { return };
+    // Tolerance 2e-3 of the logits' range: the int8 products are exact on both sides, but
+    // a value one ULP off before a product can round to the neighbouring int8 step there.
+    for moe in [false, true] {
+        let mut host = TransformerModel::new(ReferenceBackend, config(moe), 5).unwrap();
+        let opt = Optimizer::adam(1e-2);
+        for step in 0..60 {
+            host.zero_grad().unwrap();
+            host.accumulate(&rule_batch(step)).unwrap();
+            host.step(&opt, 1.0).unwrap();
+        }
+        let params = host.params.as_ref().try_map(|_, h| g.upload(h)).unwrap();
+        let mut dev = TransformerModel::from_params(g.clone(), config(moe), params).unwrap();
+        host.quantize().unwrap();
+        dev.quantize().unwrap();
+        let (mut cd, mut ch) = (dev.new_kv_caches().unwrap(), host.new_kv_caches().unwrap());
+        let (mut ld, mut lh) = (
+            dev.forward_cached(&[4, 23], &mut cd).unwrap(),
+            host.forward_cached(&[4, 23], &mut ch).unwrap(),
+        );
+        let mut worst = 0.0f32;
+        let mut ids = Vec::new();
+        for _ in 0..20 {
+            let range = lh.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (a, b) in ld.iter().zip(&lh) {
+                assert!(a.is_finite());
+                worst = worst.max((a - b).abs() / range);
+            }
+            let argmax = |l: &[f32]| {
+                l.iter()
+                    .enumerate()
+                    .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
+                    .0 as u32
+            };
+            let (nd, nh) = (argmax(&ld), argmax(&lh));
+            assert_eq!(nd, nh, "moe {moe}: ids so far {ids:?}");
+            ids.push(nd);
+            ld = dev.forward_cached(&[nd], &mut cd).unwrap();
+            lh = host.forward_cached(&[nh], &mut ch).unwrap();
+        }
+        eprintln!("moe {moe}: int8 ids {ids:?}, worst logit difference {worst:e} of the range");
+        assert!(worst <= 2e-3, "moe {moe}: {worst:e}");
+    }
+}
