@@ -365,9 +365,12 @@ fn rmsnorm_backward_matches_the_reference() {
         );
         // dinp = rstd (w dy - xhat mean) cancels to nearly nothing when dim is 1: its error
         // is measured against the size of the terms, rstd |w dy|, not of the difference.
-        let terms = (0..rows * dim)
-            .map(|i| (rstd[i / dim] * w[i % dim] * dy[i]).abs())
-            .fold(0.0f32, f32::max);
+        let mut terms = 0.0f32;
+        for i in 0..rows * dim {
+            let t = (rstd[i / dim] * w[i % dim] * dy[i]).abs();
+            assert!(t.is_finite(), "term {i} is {t}");
+            terms = terms.max(t);
+        }
         let (a, b) = &out[0];
         let e = rel(a, b) * b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30) / terms;
         assert!(e < 1e-5, "dinp ({rows}, {dim}): {e}");
