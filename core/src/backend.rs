@@ -21,6 +21,7 @@ use alloc::vec::Vec;
 pub use crate::ops::attention::AttentionSpec;
 pub use crate::ops::cross_entropy::CrossEntropySum;
 pub use crate::ops::matmul::{MatmulSpec, Precision};
+pub use crate::ops::moe::RoutedSpec;
 pub use crate::ops::optim::{AdamParams, SgdParams};
 pub use crate::ops::rope::RopeSpec;
 use crate::{Activation, Loss, Result};
@@ -273,6 +274,70 @@ pub trait Backend {
         top_k: usize,
         dim: usize,
     ) -> Result<Vec<f32>>;
+
+    /// Whether an int8 model's inference routes its experts on this backend's buffers
+    /// ([`Backend::moe_route`], [`Backend::q8_matmul_routed`], [`Backend::moe_combine_slots`])
+    /// instead of reading the router's logits back to group the tokens on the host. A
+    /// device that must not wait for a read (WebGPU in a page) says yes; the host
+    /// backends keep the grouped products, which batch a prefill into one GEMM per expert.
+    fn routes_on_device(&self) -> bool {
+        false
+    }
+    /// Each slot's expert (`u32` bits) and combine weight from the router's logits, on the
+    /// backend; see [`crate::ops::moe::route_slots`]. The default reads the logits back
+    /// and routes on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_route(
+        &self,
+        expert: &mut Self::Buffer,
+        weight: &mut Self::Buffer,
+        logits: &Self::Buffer,
+        n: usize,
+        n_experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<()> {
+        let (mut e, mut w) = (alloc::vec![0.0; n * top_k], alloc::vec![0.0; n * top_k]);
+        let l = self.download(logits)?;
+        crate::ops::moe::route_slots(&mut e, &mut w, &l, n, n_experts, top_k, renormalize)?;
+        self.write(expert, &e)?;
+        self.write(weight, &w)
+    }
+    /// The routed experts' int8 products slot by slot; see
+    /// [`crate::ops::moe::q8_matmul_routed`]. `experts`: (packed, scales) per expert. The
+    /// default computes on the host.
+    fn q8_matmul_routed(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        experts: &[(&Self::Buffer, &Self::Buffer)],
+        expert: &Self::Buffer,
+        spec: &RoutedSpec,
+    ) -> Result<()> {
+        let host: Vec<(Vec<f32>, Vec<f32>)> = experts
+            .iter()
+            .map(|(p, s)| Ok((self.download(p)?, self.download(s)?)))
+            .collect::<Result<_>>()?;
+        let views: Vec<(&[f32], &[f32])> = host.iter().map(|(p, s)| (&p[..], &s[..])).collect();
+        let mut o = alloc::vec![0.0; self.len(out)];
+        let (x, expert) = (self.download(x)?, self.download(expert)?);
+        crate::ops::moe::q8_matmul_routed(&mut o, &x, &views, &expert, spec)?;
+        self.write(out, &o)
+    }
+    /// `out[t] += sum_j weight[t, j] * y[t * top_k + j]`: [`Backend::moe_combine`] with the
+    /// expert outputs in slot order and the weights on the backend.
+    fn moe_combine_slots(
+        &self,
+        out: &mut Self::Buffer,
+        y: &Self::Buffer,
+        weight: &Self::Buffer,
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        let w = self.download(weight)?;
+        let rows: Vec<u32> = (0..w.len() as u32).collect();
+        self.moe_combine(out, y, &rows, &w, top_k, dim)
+    }
 
     // ----- int8 inference (see crate::ops::q8) -----
     /// `out = x W^T + beta * out` with W (n x k) int8, packed four to a slot, one scale a

@@ -38,7 +38,7 @@ pub mod schedule;
 
 pub use backend::{
     global_l2_norm, AdamParams, AttentionSpec, Backend, CrossEntropySum, MatmulSpec, Precision, RopeSpec,
-    SgdParams,
+    RoutedSpec, SgdParams,
 };
 pub use error::CoreError;
 pub use ops::activation::Activation;

@@ -4,7 +4,10 @@
 // The checks index several arrays with one loop variable, as the formulas do.
 #![allow(clippy::needless_range_loop)]
 
-use rusting_brain_core::ops::moe::{moe_combine, moe_combine_backward, Routing};
+use rusting_brain_core::ops::moe::{
+    moe_combine, moe_combine_backward, q8_matmul_routed, route_slots, RoutedSpec, Routing,
+};
+use rusting_brain_core::ops::q8::{q8_matmul, quantize_rows};
 use rusting_brain_core::Rng;
 
 fn softmax(x: &[f32]) -> Vec<f64> {
@@ -243,4 +246,60 @@ fn leaves_and_named_leaves_come_in_one_order() {
     assert!(names.contains(&"model.layers.1.mlp.up_proj.weight".to_string()));
     assert!(names.contains(&"model.layers.0.mlp.experts.2.gate_proj.weight".to_string()));
     assert_eq!(names.len(), 1 + 3 * 6 + 2 * (1 + 3 * 3 + 3) + 3 + 1);
+}
+
+#[test]
+fn slot_routing_and_routed_int8_products_match_the_grouped_path() {
+    // 5 tokens, 3 experts, top-2; awkward widths (k = 7 packs into two words, one padded).
+    let (n, e_n, top_k, f, d) = (5, 3, 2, 6, 7);
+    let mut rng = Rng::new(11);
+    let logits: Vec<f32> = (0..n * e_n).map(|_| rng.normal() as f32).collect();
+    let mut r = Routing::default();
+    r.route(&logits, n, e_n, top_k, true).unwrap();
+    let (mut expert, mut weight) = (vec![0.0f32; n * top_k], vec![0.0f32; n * top_k]);
+    route_slots(&mut expert, &mut weight, &logits, n, e_n, top_k, true).unwrap();
+    let ids: Vec<u32> = expert.iter().map(|e| e.to_bits()).collect();
+    assert_eq!(ids, r.expert);
+    assert_eq!(weight, r.weight);
+
+    let x: Vec<f32> = (0..n * d).map(|_| rng.normal() as f32).collect();
+    let weights: Vec<(Vec<f32>, Vec<f32>)> = (0..e_n)
+        .map(|_| {
+            let w: Vec<f32> = (0..f * d).map(|_| rng.normal() as f32).collect();
+            quantize_rows(&w, f, d).unwrap()
+        })
+        .collect();
+    let views: Vec<(&[f32], &[f32])> = weights.iter().map(|(p, s)| (&p[..], &s[..])).collect();
+    let spec = RoutedSpec {
+        slots: n * top_k,
+        n: f,
+        k: d,
+        top_k,
+        x_per_token: true,
+    };
+    let mut got = vec![f32::NAN; n * top_k * f];
+    q8_matmul_routed(&mut got, &x, &views, &expert, &spec).unwrap();
+    // The grouped path: each expert's product over the rows routed to it.
+    for slot in 0..n * top_k {
+        let (t, e) = (slot / top_k, r.expert[slot] as usize);
+        let mut want = vec![0.0f32; f];
+        q8_matmul(
+            &mut want,
+            &x[t * d..(t + 1) * d],
+            &weights[e].0,
+            &weights[e].1,
+            1,
+            f,
+            d,
+            0.0,
+        )
+        .unwrap();
+        assert_eq!(&got[slot * f..(slot + 1) * f], &want[..], "slot {slot}");
+    }
+    // A slot naming an expert that is not there, and a short output, are errors.
+    let mut bad = expert.clone();
+    bad[3] = f32::from_bits(7);
+    assert!(q8_matmul_routed(&mut got, &x, &views, &bad, &spec).is_err());
+    let mut short = vec![0.0f32; 3];
+    assert!(q8_matmul_routed(&mut short, &x, &views, &expert, &spec).is_err());
 }

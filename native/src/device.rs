@@ -28,24 +28,12 @@ pub(crate) struct DeviceLm<B: DeviceBackend> {
 }
 
 /// An int8 model cannot train, so it does not move to a training device.
+#[cfg(feature = "cuda")]
 pub(crate) fn check_trainable(host: &TransformerModel<CpuBackend>, kind: &str) -> Result<()> {
     if host.quantized.is_some() {
         return Err(NetworkError::InvalidInput(format!(
             "moving to {kind} for training: this model is int8 (quantize or a Q8 checkpoint); the f32 weights training needs are gone. Load the f32 checkpoint instead"
         )));
-    }
-    Ok(())
-}
-
-/// Copies every buffer of `from` into the same-shaped `to`.
-fn upload_tree<B: Backend>(b: &B, to: &mut Params<B>, from: &Params<CpuBackend>) -> Result<()> {
-    for (d, h) in to
-        .as_mut()
-        .into_leaves()
-        .into_iter()
-        .zip(from.as_ref().into_leaves())
-    {
-        b.write(d, h)?;
     }
     Ok(())
 }
@@ -71,19 +59,10 @@ fn download_tree<B: Backend>(b: &B, to: &mut Params<CpuBackend>, from: &Params<B
 }
 
 impl<B: DeviceBackend> DeviceLm<B> {
-    /// The device copy of `host` (weights, gradients, optimizer moments, step, precision)
-    /// on `backend`; `host` is not touched. An int8 model cannot train, so it cannot move
-    /// this way.
+    /// The device copy of `host` (weights, f32 or int8; gradients, optimizer moments,
+    /// step, precision) on `backend`; `host` is not touched.
     pub fn copy_of(host: &TransformerModel<CpuBackend>, backend: B) -> Result<TransformerModel<B>> {
-        check_trainable(host, B::KIND)?;
-        let b = &backend;
-        let params = host.params.as_ref().try_map(|_, h| b.upload(h))?;
-        let mut device = TransformerModel::from_params(backend.clone(), host.config.clone(), params)?;
-        upload_tree(&backend, &mut device.grads, &host.grads)?;
-        upload_tree(&backend, &mut device.m, &host.m)?;
-        upload_tree(&backend, &mut device.v, &host.v)?;
-        device.step = host.step;
-        device.precision = host.precision;
+        let device = host.copy_to(backend.clone())?;
         backend.precision_changed(host.precision);
         backend.synchronize()?;
         Ok(device)

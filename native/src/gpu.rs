@@ -1,8 +1,8 @@
 //! The `gpu` feature: wgpu (Metal, Vulkan, DX12). `WgpuBackend` runs core's models (an f32
-//! `TransformerLm` trains on it after `to_gpu`, a `Network` after its `to_gpu`); the int8
-//! language model's decoder lives in `rusting_brain_shaders::lm` (shared with the browser
-//! build, where its reads are awaited by the page); natively `TransformerLm` awaits them on
-//! its own thread.
+//! `TransformerLm` trains on it after `to_gpu`, an int8 one decodes there, a `Network`
+//! trains after its `to_gpu`); the draw on the device is `rusting_brain_shaders::sampler`
+//! (shared with the browser build, where its reads are awaited by the page); natively
+//! `TransformerLm` awaits them on its own thread.
 
 pub use rusting_brain_shaders::{Gpu, GpuCounters, GpuOptions, WgpuBackend};
 

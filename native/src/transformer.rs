@@ -243,15 +243,8 @@ impl TransformerLmBuilder {
 #[allow(clippy::large_enum_variant)]
 enum LmEngine {
     Cpu(TransformerModel<CpuBackend>),
-    /// An int8 model on a GPU; the host copy stays for the configuration, counts and
-    /// saving (int8 weights: a quarter of the f32 size).
-    #[cfg(feature = "gpu")]
-    Gpu(
-        Box<TransformerModel<CpuBackend>>,
-        Box<rusting_brain_shaders::lm::GpuLm>,
-    ),
-    /// An f32 model training on wgpu; the host copy is brought up to date by
-    /// `sync_from_device`.
+    /// On wgpu: an f32 model trains there (the host copy is brought up to date by
+    /// `sync_from_device`), an int8 one decodes there (the host copy stays current).
     #[cfg(feature = "gpu")]
     Wgpu(Box<DeviceLm<rusting_brain_shaders::WgpuBackend>>),
     /// Training on an NVIDIA GPU; the host copy is brought up to date by `sync_from_device`.
@@ -352,10 +345,8 @@ impl TransformerLm {
     fn model(&self) -> &TransformerModel<CpuBackend> {
         match &self.engine {
             LmEngine::Cpu(m) => m,
-            #[cfg(feature = "gpu")]
-            LmEngine::Gpu(m, _) => m,
             #[cfg(any(feature = "gpu", feature = "cuda"))]
-            _ => self.on_device().expect("the other arms train on a device").host(),
+            _ => self.on_device().expect("the other arms are on a device").host(),
         }
     }
     fn model_mut(&mut self) -> &mut TransformerModel<CpuBackend> {
@@ -365,8 +356,6 @@ impl TransformerLm {
         }
         match &mut self.engine {
             LmEngine::Cpu(m) => m,
-            #[cfg(feature = "gpu")]
-            LmEngine::Gpu(m, _) => m,
             #[cfg(any(feature = "gpu", feature = "cuda"))]
             _ => unreachable!("the device arms returned above"),
         }
@@ -435,12 +424,6 @@ impl TransformerLm {
         match &self.engine {
             LmEngine::Cuda(_) => return Ok(()),
             #[cfg(feature = "gpu")]
-            LmEngine::Gpu(..) => {
-                return Err(NetworkError::InvalidInput(
-                    "to_cuda: the model is on a wgpu device for int8 inference; load the f32 model to train on CUDA".into(),
-                ))
-            }
-            #[cfg(feature = "gpu")]
             LmEngine::Wgpu(_) => {
                 return Err(NetworkError::InvalidInput(
                     "to_cuda: the model trains on wgpu; call to_cpu() first".into(),
@@ -505,7 +488,10 @@ impl TransformerLm {
     ///
     /// An int8 model (after [`TransformerLm::quantize`] or a Q8 `load_bin`) is decoded
     /// there: `generate`, `generate_with`, `decoder` and `forward_cached` run on the
-    /// device, and greedy decoding reads back one id per token.
+    /// device, through the same model code, its experts routed on the device; greedy
+    /// decoding reads back one id per token. Every weight must fit one storage binding
+    /// (`max_binding`; 128 MiB on WebGPU, more natively); a larger one is an error naming
+    /// it, and the model stays usable on the CPU.
     #[cfg(feature = "gpu")]
     pub fn to_gpu(&mut self) -> Result<()> {
         self.to_gpu_with(&crate::GpuOptions {
@@ -516,11 +502,11 @@ impl TransformerLm {
 
     /// [`TransformerLm::to_gpu`] with adapter options: `software` asks for the fallback
     /// adapter (Mesa's lavapipe on Linux, what the tests run on), `max_binding` caps the
-    /// bytes per storage binding (larger weights are split into row slabs).
+    /// bytes per storage binding.
     #[cfg(feature = "gpu")]
     pub fn to_gpu_with(&mut self, options: &crate::GpuOptions) -> Result<()> {
         match self.engine {
-            LmEngine::Gpu(..) | LmEngine::Wgpu(_) => return Ok(()),
+            LmEngine::Wgpu(_) => return Ok(()),
             #[cfg(feature = "cuda")]
             LmEngine::Cuda(_) => {
                 return Err(NetworkError::InvalidInput(
@@ -529,26 +515,17 @@ impl TransformerLm {
             }
             LmEngine::Cpu(_) => {}
         }
-        if !self.is_quantized() {
-            let gpu = rusting_brain_shaders::Gpu::new_blocking(options)?;
-            let backend = rusting_brain_shaders::WgpuBackend::new(std::sync::Arc::new(gpu));
-            let device = DeviceLm::copy_of(self.model(), backend)?;
-            let LmEngine::Cpu(host) = std::mem::replace(&mut self.engine, placeholder()?) else {
-                unreachable!("checked above")
-            };
-            self.engine = LmEngine::Wgpu(Box::new(DeviceLm {
-                host,
-                device,
-                synced: true,
-            }));
-            return Ok(());
-        }
-        let gpu =
-            rusting_brain_shaders::block_on(rusting_brain_shaders::lm::GpuLm::new(self.model(), options))?;
-        let LmEngine::Cpu(model) = std::mem::replace(&mut self.engine, placeholder()?) else {
+        let gpu = rusting_brain_shaders::Gpu::new_blocking(options)?;
+        let backend = rusting_brain_shaders::WgpuBackend::new(std::sync::Arc::new(gpu));
+        let device = DeviceLm::copy_of(self.model(), backend)?;
+        let LmEngine::Cpu(host) = std::mem::replace(&mut self.engine, placeholder()?) else {
             unreachable!("checked above")
         };
-        self.engine = LmEngine::Gpu(Box::new(model), Box::new(gpu));
+        self.engine = LmEngine::Wgpu(Box::new(DeviceLm {
+            host,
+            device,
+            synced: true,
+        }));
         Ok(())
     }
 
@@ -558,7 +535,6 @@ impl TransformerLm {
     #[cfg(feature = "gpu")]
     pub fn device_bandwidth(&self, bytes: usize) -> Result<Option<f64>> {
         match &self.engine {
-            LmEngine::Gpu(_, g) => Ok(Some(g.copy_bandwidth(bytes)?)),
             LmEngine::Wgpu(w) => Ok(Some(w.device.backend.gpu().copy_bandwidth(bytes, 20)?)),
             _ => Ok(None),
         }
@@ -568,8 +544,6 @@ impl TransformerLm {
     pub fn device(&self) -> Option<String> {
         match &self.engine {
             LmEngine::Cpu(_) => None,
-            #[cfg(feature = "gpu")]
-            LmEngine::Gpu(_, g) => Some(g.adapter()),
             #[cfg(any(feature = "gpu", feature = "cuda"))]
             _ => self.on_device().map(|d| d.device_name()),
         }
@@ -776,9 +750,13 @@ impl TransformerLm {
         Ok(match &self.engine {
             LmEngine::Cpu(m) => CacheEngine::Cpu(m.new_kv_caches()?),
             #[cfg(feature = "gpu")]
-            LmEngine::Gpu(_, g) => CacheEngine::Gpu(g.new_cache()?),
-            #[cfg(feature = "gpu")]
-            LmEngine::Wgpu(w) => CacheEngine::Wgpu(w.device.new_kv_caches()?),
+            LmEngine::Wgpu(w) => CacheEngine::Wgpu(
+                w.device.new_kv_caches()?,
+                Box::new(rusting_brain_shaders::DeviceSampler::new(
+                    &w.device.backend,
+                    w.device.config.vocab_size,
+                )?),
+            ),
             #[cfg(feature = "cuda")]
             LmEngine::Cuda(c) => CacheEngine::Cuda(c.device.new_kv_caches()?),
         })
@@ -801,12 +779,7 @@ impl TransformerLm {
             #[cfg(feature = "cuda")]
             (LmEngine::Cuda(m), CacheEngine::Cuda(c)) => Ok(m.device.forward_cached(ids, c)?),
             #[cfg(feature = "gpu")]
-            (LmEngine::Wgpu(m), CacheEngine::Wgpu(c)) => Ok(m.device.forward_cached(ids, c)?),
-            #[cfg(feature = "gpu")]
-            (LmEngine::Gpu(_, g), CacheEngine::Gpu(c)) => {
-                g.forward(ids, c)?;
-                Ok(rusting_brain_shaders::block_on(g.logits())?)
-            }
+            (LmEngine::Wgpu(m), CacheEngine::Wgpu(c, _)) => Ok(m.device.forward_cached(ids, c)?),
             #[cfg(any(feature = "gpu", feature = "cuda"))]
             _ => Err(NetworkError::InvalidInput(
                 "these KV caches belong to another device; make them with new_kv_caches() after the model moved"
@@ -815,14 +788,14 @@ impl TransformerLm {
         }
     }
 
-    /// Runs `ids` and leaves the logits where they are: on the GPU, only the argmax is read
+    /// Runs `ids` and leaves the logits where they are: on wgpu, only the argmax is read
     /// back when the sampler is greedy.
     fn advance(&mut self, ids: &[u32], caches: &mut KvCaches) -> Result<Pending> {
         let inner = self.caches(caches)?;
         match (&mut self.engine, inner) {
             #[cfg(feature = "gpu")]
-            (LmEngine::Gpu(_, g), CacheEngine::Gpu(c)) => {
-                g.forward(ids, c)?;
+            (LmEngine::Wgpu(m), CacheEngine::Wgpu(c, _)) => {
+                m.device.forward_cached_on_device(ids, c)?;
                 Ok(Pending::Device)
             }
             _ => Ok(Pending::Host(self.forward_cached(ids, caches)?)),
@@ -830,18 +803,30 @@ impl TransformerLm {
     }
 
     /// The next id from the pending logits.
-    fn draw(&mut self, pending: &Pending, sampler: &mut Sampler, context: &[u32]) -> Result<u32> {
+    fn draw(
+        &mut self,
+        pending: &Pending,
+        sampler: &mut Sampler,
+        context: &[u32],
+        caches: &mut KvCaches,
+    ) -> Result<u32> {
+        #[cfg(not(feature = "gpu"))]
+        let _ = caches;
         match pending {
             Pending::Host(logits) => Ok(sampler.sample(logits, context)?),
             #[cfg(feature = "gpu")]
-            Pending::Device => {
-                let LmEngine::Gpu(_, g) = &mut self.engine else {
-                    return Err(NetworkError::InvalidInput(
-                        "the model left the GPU during decoding".into(),
-                    ));
-                };
-                Ok(rusting_brain_shaders::block_on(g.draw(sampler, context))?)
-            }
+            Pending::Device => match (&self.engine, &mut caches.inner) {
+                (LmEngine::Wgpu(m), Some(CacheEngine::Wgpu(_, draw))) => {
+                    let logits = m.device.cached_logits().ok_or_else(left)?;
+                    Ok(rusting_brain_shaders::block_on(draw.draw(
+                        &m.device.backend,
+                        logits,
+                        sampler,
+                        context,
+                    ))?)
+                }
+                _ => Err(left()),
+            },
         }
     }
 
@@ -972,10 +957,18 @@ enum CacheEngine {
     Cpu(KvCache<CpuBackend>),
     #[cfg(feature = "cuda")]
     Cuda(KvCache<crate::cuda::CudaBackend>),
+    /// With the draw's buffers, which live beside the logits.
     #[cfg(feature = "gpu")]
-    Gpu(rusting_brain_shaders::lm::GpuCache),
-    #[cfg(feature = "gpu")]
-    Wgpu(KvCache<rusting_brain_shaders::WgpuBackend>),
+    Wgpu(
+        KvCache<rusting_brain_shaders::WgpuBackend>,
+        Box<rusting_brain_shaders::DeviceSampler>,
+    ),
+}
+
+/// The error for logits that are gone: the model moved while a decoder waited.
+#[cfg(feature = "gpu")]
+fn left() -> NetworkError {
+    NetworkError::InvalidInput("the model left the GPU during decoding".into())
 }
 
 /// Logits a decoder has not drawn from yet: on the host, or still on the device.
@@ -1000,9 +993,7 @@ impl KvCaches {
             #[cfg(feature = "cuda")]
             CacheEngine::Cuda(c) => c.len(),
             #[cfg(feature = "gpu")]
-            CacheEngine::Gpu(c) => c.len(),
-            #[cfg(feature = "gpu")]
-            CacheEngine::Wgpu(c) => c.len(),
+            CacheEngine::Wgpu(c, _) => c.len(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -1035,7 +1026,9 @@ impl Decoder<'_> {
             .pending
             .take()
             .ok_or_else(|| NetworkError::InvalidInput("Decoder::next before any feed".into()))?;
-        let id = self.model.draw(&pending, sampler, &self.context)?;
+        let id = self
+            .model
+            .draw(&pending, sampler, &self.context, &mut self.caches)?;
         if self.caches.len() < self.model.config().max_seq_len {
             self.feed(&[id])?;
         } else {
@@ -1066,8 +1059,12 @@ impl Decoder<'_> {
     pub fn logits(&mut self) -> Result<Option<&[f32]>> {
         #[cfg(feature = "gpu")]
         if let Some(Pending::Device) = self.pending {
-            if let LmEngine::Gpu(_, g) = &self.model.engine {
-                self.pending = Some(Pending::Host(rusting_brain_shaders::block_on(g.logits())?));
+            if let LmEngine::Wgpu(m) = &self.model.engine {
+                let logits = m.device.cached_logits().ok_or_else(left)?;
+                self.pending = Some(Pending::Host(rusting_brain_core::Backend::download(
+                    &m.device.backend,
+                    logits,
+                )?));
             }
         }
         Ok(match &self.pending {

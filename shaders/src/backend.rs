@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusting_brain_core::backend::{
-    AdamParams, AttentionSpec, CrossEntropySum, MatmulSpec, Precision, RopeSpec, SgdParams,
+    AdamParams, AttentionSpec, CrossEntropySum, MatmulSpec, Precision, RopeSpec, RoutedSpec, SgdParams,
 };
 use rusting_brain_core::error::{check_len, check_rows};
 use rusting_brain_core::ops::optim::{check_adam, check_sgd, AdamConstants};
@@ -817,6 +817,84 @@ impl Backend for WgpuBackend {
             b.moe_combine_backward(dy, &dweight, &rows, &w, dout, y, (n, dim, top_k))
         })?;
         self.read_scratch("moe weight gradients", slots)
+    }
+    fn routes_on_device(&self) -> bool {
+        // In a page nothing may wait for a read, and natively the read-back of the
+        // router's logits would cost a submission per sparse block.
+        true
+    }
+    fn moe_route(
+        &self,
+        expert: &mut GpuBuffer,
+        weight: &mut GpuBuffer,
+        logits: &GpuBuffer,
+        n: usize,
+        n_experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<()> {
+        const OP: &str = "moe_route";
+        check_len(OP, "logits", logits.len(), n * n_experts)?;
+        check_len(OP, "expert", expert.len(), n * top_k)?;
+        check_len(OP, "weight", weight.len(), n * top_k)?;
+        self.record(|b, _| b.moe_route(expert, weight, logits, n, n_experts, top_k, renormalize))
+    }
+    fn q8_matmul_routed(
+        &self,
+        out: &mut GpuBuffer,
+        x: &GpuBuffer,
+        experts: &[(&GpuBuffer, &GpuBuffer)],
+        expert: &GpuBuffer,
+        spec: &RoutedSpec,
+    ) -> Result<()> {
+        let lens: Vec<(usize, usize)> = experts.iter().map(|(p, s)| (p.len(), s.len())).collect();
+        spec.check(out.len(), x.len(), expert.len(), &lens)?;
+        let (rows, k) = (spec.x_rows(), spec.k);
+        let pc = rusting_brain_core::ops::q8::packed_cols(k);
+        self.record(|b, pools| {
+            // The activations are rounded once; each expert's dispatch fills its slots.
+            let xq = pools.scratch("int8 activations", rows * pc)?;
+            let xs = pools.scratch("int8 activation scales", rows)?;
+            b.q8_quantize(&xq, &xs, x, rows, k)?;
+            for (e, (w, ws)) in experts.iter().enumerate() {
+                b.q8_expert(
+                    out,
+                    &xq,
+                    &xs,
+                    w,
+                    ws,
+                    expert,
+                    (spec.slots, spec.n, k, spec.top_k),
+                    spec.x_per_token,
+                    e,
+                )?;
+            }
+            Ok(())
+        })
+    }
+    fn moe_combine_slots(
+        &self,
+        out: &mut GpuBuffer,
+        y: &GpuBuffer,
+        weight: &GpuBuffer,
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        const OP: &str = "moe_combine_slots";
+        if top_k == 0 || dim == 0 || !weight.len().is_multiple_of(top_k) {
+            return Err(CoreError::InvalidDimension {
+                op: OP,
+                message: format!("{} weights for top_k {top_k}, dim {dim}", weight.len()),
+            });
+        }
+        let n = weight.len() / top_k;
+        check_len(OP, "out", out.len(), n * dim)?;
+        check_len(OP, "y", y.len(), n * top_k * dim)?;
+        let identity: Vec<u32> = (0..weight.len() as u32).collect();
+        self.record(|b, pools| {
+            let rows = pools.stage(&identity)?;
+            b.moe_combine(out, &rows, weight, y, n, dim, top_k)
+        })
     }
     fn q8_matmul(
         &self,

@@ -15,8 +15,8 @@
 
 mod backend;
 mod gpu;
-pub mod lm;
 mod ops;
+pub mod sampler;
 
 pub use backend::WgpuBackend;
 #[cfg(not(target_arch = "wasm32"))]
@@ -26,6 +26,7 @@ pub use ops::{
     check_ids, context_ids, rope_table, AttentionScratch, Batch, DenseOp, DispatchCache, KeyedCache, NAN_ROW,
     NO_ID, SUM_OF_SQUARES_CHUNK, TILED_ROWS,
 };
+pub use sampler::DeviceSampler;
 pub use wgpu;
 
 /// What can go wrong on the GPU; every message says what to change.

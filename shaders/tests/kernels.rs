@@ -425,19 +425,22 @@ fn moe_routing_expert_products_and_combine_match_reference() {
         let e = rel(&g.read_blocking(&gw).unwrap(), &routing.weight);
         assert!(e < 1e-6, "weights ({n}, {e_n}, {k}): {e}");
 
-        // Each slot through its own expert: the stacked gate weights (e_n * f rows of d).
+        // Each slot through its own expert's gate weights (f rows of d), one dispatch per
+        // expert, each filling only the slots routed to it.
         let x = randn(&mut rng, n * d, 1.0);
-        let w = randn(&mut rng, e_n * f * d, 0.5);
-        let (packed, scales) = quantize_rows(&w, e_n * f, d).unwrap();
+        let experts: Vec<(Vec<f32>, Vec<f32>)> = (0..e_n)
+            .map(|_| quantize_rows(&randn(&mut rng, f * d, 0.5), f, d).unwrap())
+            .collect();
         let pc = packed_cols(d);
         let mut want = vec![0.0; n * k * f];
         for slot in 0..n * k {
             let (t, ex) = (slot / k, routing.expert[slot] as usize);
+            let (packed, scales) = &experts[ex];
             q8_matmul(
                 &mut want[slot * f..(slot + 1) * f],
                 &x[t * d..(t + 1) * d],
-                &packed[ex * f * pc..(ex + 1) * f * pc],
-                &scales[ex * f..(ex + 1) * f],
+                packed,
+                scales,
                 1,
                 f,
                 d,
@@ -447,12 +450,17 @@ fn moe_routing_expert_products_and_combine_match_reference() {
         }
         let (gxq, gxs) = (g.zeros("xq", n * pc).unwrap(), g.zeros("xs", n).unwrap());
         let gx = g.upload("x", &x).unwrap();
-        let (gwp, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
+        let gexperts: Vec<_> = experts
+            .iter()
+            .map(|(p, s)| (g.upload("w", p).unwrap(), g.upload("ws", s).unwrap()))
+            .collect();
         let gy = poisoned(&g, n * k * f);
         let mut b = g.batch();
         b.q8_quantize(&gxq, &gxs, &gx, n, d).unwrap();
-        b.q8_expert(&gy, &gxq, &gxs, &gwp, &gws, &ge, (n * k, f, d, k), true)
-            .unwrap();
+        for (ex, (gwp, gws)) in gexperts.iter().enumerate() {
+            b.q8_expert(&gy, &gxq, &gxs, gwp, gws, &ge, (n * k, f, d, k), true, ex)
+                .unwrap();
+        }
         b.submit().unwrap();
         let got = g.read_blocking(&gy).unwrap();
         for (i, (a, e)) in got.iter().zip(&want).enumerate() {

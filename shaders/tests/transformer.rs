@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use rusting_brain_core::models::transformer::{MoeConfig, TokenBatch, TransformerConfig, TransformerModel};
 use rusting_brain_core::{Backend, Optimizer, ReferenceBackend};
-use rusting_brain_shaders::{Gpu, GpuOptions, ShaderError, WgpuBackend};
+use rusting_brain_shaders::{block_on, DeviceSampler, Gpu, GpuOptions, ShaderError, WgpuBackend};
 
 fn gpu() -> Option<WgpuBackend> {
     match Gpu::new_blocking(&GpuOptions {
@@ -249,5 +249,34 @@ fn int8_decoding_on_wgpu_gives_the_reference_ids() {
         }
         eprintln!("moe {moe}: int8 ids {ids:?}, worst logit difference {worst:e} of the range");
         assert!(worst <= 2e-3, "moe {moe}: {worst:e}");
+
+        // The logits left on the device and drawn there: the pass itself submits nothing
+        // and reads nothing back (the experts are routed on the device too), and creates
+        // nothing from its second step on; the greedy draw is the host's argmax.
+        let mut draw = DeviceSampler::new(&g, config(moe).vocab_size).unwrap();
+        let mut greedy = rusting_brain_core::Sampler::greedy();
+        let mut next = ids[ids.len() - 1];
+        let mut costs = Vec::new();
+        for _ in 0..4 {
+            let before = g.counters();
+            let logits = dev.forward_cached_on_device(&[next], &mut cd).unwrap();
+            costs.push(g.counters() - before);
+            let got = block_on(draw.draw(&g, logits, &mut greedy, &[])).unwrap();
+            lh = host.forward_cached(&[next], &mut ch).unwrap();
+            let want = greedy.sample(&lh, &[]).unwrap();
+            assert_eq!(got, want, "moe {moe}");
+            next = got;
+        }
+        for c in &costs[1..] {
+            assert_eq!(
+                (c.buffers, c.bind_groups, c.submits),
+                (0, 0, 0),
+                "moe {moe}: {c:?}"
+            );
+        }
+        eprintln!(
+            "moe {moe}: an int8 decode step records {} dispatches",
+            costs[1].dispatches
+        );
     }
 }

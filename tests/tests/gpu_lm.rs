@@ -268,7 +268,7 @@ fn mixture_of_experts_matches_the_cpu_int8_path() {
 }
 
 #[test]
-fn weights_over_a_binding_are_split_and_a_model_over_the_limits_is_refused() {
+fn a_weight_over_a_binding_is_refused_and_the_model_stays_usable() {
     let build = || {
         let mut m = TransformerLm::builder()
             .vocab_size(4096)
@@ -283,51 +283,31 @@ fn weights_over_a_binding_are_split_and_a_model_over_the_limits_is_refused() {
         m.quantize().unwrap();
         m
     };
-    let mut cpu = build();
+    let cpu = build();
     let mut gpu = build();
-    // 16 KiB a binding: the 256 KiB int8 embedding goes up as 16 row slabs, and a prompt
-    // of 20 positions runs as 16 + 4 (the scores of 16 rows fill one binding).
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 197 + 5) % 4096).collect();
+    // 16 KiB a binding: the 256 KiB int8 embedding cannot be bound whole, and the model
+    // says so (weights are not split into row slabs on WgpuBackend).
     let capped = GpuOptions {
         software: true,
         max_binding: Some(16 << 10),
         ..Default::default()
     };
-    match gpu.to_gpu_with(&capped) {
-        Ok(()) => {}
+    let e = match gpu.to_gpu_with(&capped) {
+        Ok(()) => panic!("a 256 KiB weight went into 16 KiB bindings"),
         Err(NetworkError::Gpu(e))
             if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
         {
             eprintln!("SKIPPED, no GPU adapter here: {e}");
             return;
         }
-        Err(e) => panic!("to_gpu failed: {e}"),
-    }
-    let prompt: Vec<u32> = (0..20).map(|i| (i * 197 + 5) % 4096).collect();
-    let want = cpu.generate(&prompt, 16, &mut Sampler::greedy()).unwrap();
-    let got = gpu.generate(&prompt, 16, &mut Sampler::greedy()).unwrap();
-    assert_eq!(got, want);
-    let (mut cc, mut gc) = (cpu.new_kv_caches(), gpu.new_kv_caches());
-    let e = rel(
-        &gpu.forward_cached(&prompt, &mut gc).unwrap(),
-        &cpu.forward_cached(&prompt, &mut cc).unwrap(),
-    );
-    assert!(e < 2e-3, "{e}");
-    assert_eq!(gc.len(), 20);
-
-    // 1 KiB a binding: the 16 KiB logits row cannot fit, and the model says so.
-    let mut small = build();
-    let e = small
-        .to_gpu_with(&GpuOptions {
-            software: true,
-            max_binding: Some(1 << 10),
-            ..Default::default()
-        })
-        .unwrap_err()
-        .to_string();
+        Err(e) => e.to_string(),
+    };
     assert!(e.contains("over this adapter's limit"), "{e}");
-    // The model stays usable on the CPU.
+    // The model stays usable on the CPU, with the CPU's ids.
+    let mut cpu = cpu;
     assert_eq!(
-        small.generate(&prompt, 4, &mut Sampler::greedy()).unwrap(),
-        want[..4]
+        gpu.generate(&prompt, 4, &mut Sampler::greedy()).unwrap(),
+        cpu.generate(&prompt, 4, &mut Sampler::greedy()).unwrap()
     );
 }

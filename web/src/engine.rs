@@ -1,7 +1,6 @@
-//! The language model behind the bindings, in plain Rust so native tests run it: an int8
-//! `TransformerModel` on WebGPU (`rusting_brain_shaders::lm::GpuLm`) or on core's reference
-//! backend (the CPU fallback), its KV cache, the ids of the conversation so far, and the
-//! draw. Every read from the GPU is awaited, never blocked on, so the same code runs in a
+//! The language model behind the bindings, in plain Rust so native tests run it: core's
+//! int8 `TransformerModel` on WebGPU (`WgpuBackend`) or on core's reference backend (the
+//! CPU fallback), its KV cache, the ids of the conversation so far, and the draw. Every read from the GPU is awaited, never blocked on, so the same code runs in a
 //! page, in a worker and natively (where the tests await it with `block_on`).
 
 use std::future::Future;
@@ -9,8 +8,7 @@ use std::future::Future;
 use rusting_brain_core::checkpoint::read_model;
 use rusting_brain_core::models::transformer::{KvCache, TransformerConfig, TransformerModel};
 use rusting_brain_core::{ReferenceBackend, Sampler};
-use rusting_brain_shaders::lm::{GpuCache, GpuLm};
-use rusting_brain_shaders::GpuOptions;
+use rusting_brain_shaders::{DeviceSampler, Gpu, GpuOptions, ShaderError, WgpuBackend};
 
 use crate::WebError;
 
@@ -44,8 +42,9 @@ enum Device {
         cache: KvCache<ReferenceBackend>,
     },
     Gpu {
-        lm: Box<GpuLm>,
-        cache: GpuCache,
+        model: Box<TransformerModel<WgpuBackend>>,
+        cache: KvCache<WgpuBackend>,
+        draw: Box<DeviceSampler>,
     },
 }
 
@@ -101,26 +100,27 @@ impl Engine {
         model.quantize()?;
         let gpu = match choice {
             DeviceChoice::Cpu => Err("the CPU was asked for".to_string()),
-            _ => match GpuLm::new(&model, &GpuOptions::default()).await {
-                Ok(lm) => Ok(lm),
+            _ => match on_webgpu(&model).await {
+                Ok(on) => Ok(on),
                 Err(e) if choice == DeviceChoice::Auto => Err(format!("no usable WebGPU: {e}")),
                 Err(e) => return Err(e.into()),
             },
         };
         let (device, reason) = match gpu {
-            Ok(lm) => {
+            Ok((gpu_model, cache, draw)) => {
                 // Browsers may withhold the adapter's name (fingerprinting).
-                let name = lm.adapter();
+                let info = gpu_model.backend.gpu().adapter_info();
+                let name = format!("{} ({:?})", info.name, info.backend);
                 let reason = if name.trim_start().starts_with('(') {
                     format!("WebGPU adapter {name}, unnamed by the browser")
                 } else {
                     format!("WebGPU adapter {name}")
                 };
-                let cache = lm.new_cache()?;
                 (
                     Device::Gpu {
-                        lm: Box::new(lm),
+                        model: Box::new(gpu_model),
                         cache,
+                        draw: Box::new(draw),
                     },
                     reason,
                 )
@@ -207,8 +207,8 @@ impl Engine {
             Device::Cpu { model, cache } => {
                 self.pending = Some(Pending::Host(model.forward_cached(ids, cache)?));
             }
-            Device::Gpu { lm, cache } => {
-                lm.forward(ids, cache)?;
+            Device::Gpu { model, cache, .. } => {
+                model.forward_cached_on_device(ids, cache)?;
                 self.pending = Some(Pending::Device);
             }
         }
@@ -221,7 +221,10 @@ impl Engine {
     pub async fn draw(&mut self, sampler: &mut Sampler) -> Result<u32, WebError> {
         let id = match (self.pending.take(), &mut self.device) {
             (Some(Pending::Host(logits)), _) => sampler.sample(&logits, &self.context)?,
-            (Some(Pending::Device), Device::Gpu { lm, .. }) => lm.draw(sampler, &self.context).await?,
+            (Some(Pending::Device), Device::Gpu { model, draw, .. }) => {
+                let logits = model.cached_logits().ok_or_else(no_logits)?;
+                draw.draw(&model.backend, logits, sampler, &self.context).await?
+            }
             _ => return Err(no_logits()),
         };
         Ok(id)
@@ -278,6 +281,19 @@ impl Engine {
     pub fn dispose(self) {
         drop(self);
     }
+}
+
+/// The int8 model on a WebGPU adapter: core's model over `WgpuBackend`, its KV cache and
+/// the draw's buffers.
+async fn on_webgpu(
+    model: &TransformerModel<ReferenceBackend>,
+) -> Result<(TransformerModel<WgpuBackend>, KvCache<WgpuBackend>, DeviceSampler), ShaderError> {
+    let gpu = Gpu::new(&GpuOptions::default()).await?;
+    let backend = WgpuBackend::new(std::sync::Arc::new(gpu));
+    let on = model.copy_to(backend.clone())?;
+    let cache = on.new_kv_caches()?;
+    let draw = DeviceSampler::new(&backend, model.config.vocab_size)?;
+    Ok((on, cache, draw))
 }
 
 /// What `generate` produced and why it ended ("length", "end", "stopped", "max_seq_len").

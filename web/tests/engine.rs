@@ -1,6 +1,6 @@
 //! The browser engine, run natively: a model loaded from `.rbw` bytes gives the native
 //! crate's int8 ids on the wasm CPU path (core's reference backend) and on the GPU path
-//! (the shaders crate's `GpuLm`, on lavapipe here; SwiftShader in the browser tests), for
+//! (core's model over `WgpuBackend`, on lavapipe here; SwiftShader in the browser tests), for
 //! greedy and seeded sampling, across conversation turns; bad files and ids are errors.
 //!
 //! The ids are compared exactly: the int8 products are bit-identical on every path, the

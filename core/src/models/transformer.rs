@@ -12,7 +12,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::backend::{AttentionSpec, MatmulSpec, Precision, RopeSpec};
+use crate::backend::{AttentionSpec, MatmulSpec, Precision, RopeSpec, RoutedSpec};
 use crate::{Backend, CoreError, Optimizer, Result, Rng};
 
 /// The architecture of a [`TransformerModel`].
@@ -508,6 +508,11 @@ struct MoeActs<B: Backend> {
     s: B::Buffer,
     /// `(n * top_k, d)`: each expert's output, before its routing weight.
     y: B::Buffer,
+    /// `(n, top_k)` each slot's expert (`u32` bits) and weight, when the backend routes
+    /// on its own buffers (see [`Backend::routes_on_device`]); the slot-ordered rows of
+    /// `gate`, `up`, `s` and `y` then follow them instead of the grouping.
+    slot_expert: B::Buffer,
+    slot_weight: B::Buffer,
 }
 
 impl<B: Backend> MoeActs<B> {
@@ -521,6 +526,8 @@ impl<B: Backend> MoeActs<B> {
             up: b.zeros(rows * m.expert_d_ff)?,
             s: b.zeros(rows * m.expert_d_ff)?,
             y: b.zeros(rows * d)?,
+            slot_expert: b.zeros(rows)?,
+            slot_weight: b.zeros(rows)?,
         })
     }
 }
@@ -698,10 +705,36 @@ fn moe_forward<B: Backend>(
     n: usize,
     d: usize,
     prec: Precision,
+    inference: bool,
 ) -> Result<()> {
     let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
     let mm = |rows, nn, kk| MatmulSpec::new(rows, nn, kk).precision(prec);
     w.router.apply(b, &mut a.logits, x, MatmulSpec::new(n, e_n, d))?;
+    if let (true, Some(experts)) = (inference, routed_on_device(b, w)) {
+        // Slot order throughout: nothing is counted, so nothing is read back.
+        let slots = n * k;
+        b.moe_route(
+            &mut a.slot_expert,
+            &mut a.slot_weight,
+            &a.logits,
+            n,
+            e_n,
+            k,
+            m.renormalize,
+        )?;
+        let spec = |nn, kk, x_per_token| RoutedSpec {
+            slots,
+            n: nn,
+            k: kk,
+            top_k: k,
+            x_per_token,
+        };
+        b.q8_matmul_routed(&mut a.gate, x, &experts[0], &a.slot_expert, &spec(fe, d, true))?;
+        b.q8_matmul_routed(&mut a.up, x, &experts[1], &a.slot_expert, &spec(fe, d, true))?;
+        b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
+        b.q8_matmul_routed(&mut a.y, &a.s, &experts[2], &a.slot_expert, &spec(d, fe, false))?;
+        return b.moe_combine_slots(out, &a.y, &a.slot_weight, k, d);
+    }
     let logits = b.download(&a.logits)?;
     a.routing.route(&logits, n, e_n, k, m.renormalize)?;
     let r = &a.routing;
@@ -725,6 +758,29 @@ fn moe_forward<B: Backend>(
         }
     }
     b.moe_combine(out, &a.y, &r.row_of_slot, &r.weight, k, d)
+}
+
+/// The experts' int8 (packed, scales) as `[gate, up, down]` lists, when an inference pass
+/// routes them on the backend's buffers: the backend says it does
+/// ([`Backend::routes_on_device`]) and every expert is int8. `None`: group on the host.
+#[allow(clippy::type_complexity)]
+fn routed_on_device<'a, B: Backend>(
+    b: &B,
+    w: &Experts<Mat<'a, B>>,
+) -> Option<[Vec<(&'a B::Buffer, &'a B::Buffer)>; 3]> {
+    if !b.routes_on_device() {
+        return None;
+    }
+    let mut lists: [Vec<(&'a B::Buffer, &'a B::Buffer)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    for ex in &w.experts {
+        for (list, mat) in lists.iter_mut().zip([&ex.gate, &ex.up, &ex.down]) {
+            match *mat {
+                Mat::Q8(p, s) => list.push((p, s)),
+                Mat::F32(_) => return None,
+            }
+        }
+    }
+    Some(lists)
 }
 
 /// Backward of [`moe_forward`]: from `dout` `(n, d)`, accumulates the experts' and the
@@ -873,6 +929,7 @@ fn block_forward<B: Backend>(
     w.wv.apply(b, vb, h, mm(n, kv, d))?;
     b.rope_forward(qb, rope_q)?;
     b.rope_forward(kb, rope_k)?;
+    let inference = matches!(keys, Keys::Cache { .. });
     match keys {
         Keys::Fresh => b.attention_forward(att, lse, qb, kb, vb, spec)?,
         Keys::Cache { k, v, pos } => {
@@ -891,7 +948,7 @@ fn block_forward<B: Backend>(
         mlp_forward(b, wm, h2, x, scratch, n, d, f, prec)?;
     }
     if let (Some(we), Some(m), Some(acts)) = (&w.moe, c.sparse(l), moe) {
-        moe_forward(b, we, m, acts, h2, x, n, d, prec)?;
+        moe_forward(b, we, m, acts, h2, x, n, d, prec, inference)?;
     }
     Ok(())
 }
@@ -1090,6 +1147,39 @@ impl<B: Backend> TransformerModel<B> {
         Ok(Self::assemble(backend, config, params, state, Some(quantized)))
     }
 
+    /// The same model on another backend (a device, or back to the host): its weights,
+    /// f32 or int8, and for an f32 model the gradients, optimizer moments, step count and
+    /// GEMM precision. `self` is not changed.
+    pub fn copy_to<C: Backend>(&self, backend: C) -> Result<TransformerModel<C>> {
+        let b = &self.backend;
+        let copy = |c: &C, buf: &B::Buffer| c.upload(&b.download(buf)?);
+        let tree = |c: &C, t: &Params<B>| t.as_ref().try_map(|_, h| copy(c, h));
+        let params = tree(&backend, &self.params)?;
+        let config = self.config.clone();
+        let mut to = match &self.quantized {
+            Some(q) => {
+                let quantized = q.as_ref().try_map(|_, leaf| match leaf {
+                    Some((packed, scales)) => Ok(Some((copy(&backend, packed)?, copy(&backend, scales)?))),
+                    None => Ok(None),
+                })?;
+                TransformerModel::from_quantized(backend, config, params, quantized)?
+            }
+            None => {
+                let state = [
+                    tree(&backend, &self.grads)?,
+                    tree(&backend, &self.m)?,
+                    tree(&backend, &self.v)?,
+                ];
+                let mut to = TransformerModel::from_params(backend, config, params)?;
+                [to.grads, to.m, to.v] = state;
+                to
+            }
+        };
+        to.step = self.step;
+        to.precision = self.precision;
+        Ok(to)
+    }
+
     /// A model at step 0 around checked parts: `[grads, m, v]` laid out like `params`.
     fn assemble(
         backend: B,
@@ -1245,6 +1335,36 @@ impl<B: Backend> TransformerModel<B> {
     /// of the last new position (`vocab_size` values). Prefill is one call with the whole
     /// prompt; decoding, one call per token.
     pub fn forward_cached(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<Vec<f32>> {
+        self.forward_cached_on_device(ids, cache)?;
+        let a = self.decode.as_ref().expect("the pass made it");
+        self.backend.download(&a.logits)
+    }
+
+    /// [`TransformerModel::forward_cached`], leaving the logits in the backend's buffer
+    /// (`vocab_size` values) for a sampler that runs where they are: on a GPU, a greedy
+    /// token then reads back one id, and nothing in the pass waits for the device (an
+    /// int8 model's experts are routed there too, see [`Backend::routes_on_device`]).
+    /// Refused input changes nothing: every id and the cache's room are checked first.
+    pub fn forward_cached_on_device(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<&B::Buffer> {
+        self.check_cached(ids, cache)?;
+        // A long prompt in pieces, so a piece's attention scores over the whole cache
+        // (rows x q_heads x max_seq_len) stay within 2^25 values: 128 MiB, the storage
+        // binding every WebGPU adapter offers. The pieces give the same values.
+        let c = &self.config;
+        let most = ((1usize << 25) / (c.q_heads * c.max_seq_len).max(1)).clamp(1, 256);
+        for piece in ids.chunks(most) {
+            self.forward_cached_piece(piece, cache)?;
+        }
+        Ok(&self.decode.as_ref().expect("the pass made it").logits)
+    }
+
+    /// The logits the last cached forward pass left in the backend's buffer, if any.
+    pub fn cached_logits(&self) -> Option<&B::Buffer> {
+        self.decode.as_ref().map(|a| &a.logits)
+    }
+
+    /// What [`TransformerModel::forward_cached`] refuses.
+    fn check_cached(&self, ids: &[u32], cache: &KvCache<B>) -> Result<()> {
         let c = &self.config;
         let r = ids.len();
         if r == 0 {
@@ -1280,6 +1400,14 @@ impl<B: Backend> TransformerModel<B> {
                 ),
             });
         }
+        Ok(())
+    }
+
+    /// One piece of a cached forward pass, checked by the caller; the logits of its last
+    /// position are left in the decode arena.
+    fn forward_cached_piece(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<()> {
+        let c = &self.config;
+        let r = ids.len();
         let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
         let b = &self.backend;
         if self.decode.as_ref().is_none_or(|a| a.rows != r) {
@@ -1325,6 +1453,7 @@ impl<B: Backend> TransformerModel<B> {
             head_dim: c.head_dim,
         };
         let quantized = self.quantized.as_ref();
+        let routed_here = quantized.is_some() && b.routes_on_device();
         match quantized.map(|q| &q.embed) {
             Some(Some((packed, scales))) => b.q8_embedding(&mut a.x, packed, scales, ids, c.vocab_size, d)?,
             _ => b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?,
@@ -1372,7 +1501,8 @@ impl<B: Backend> TransformerModel<B> {
                 r,
                 prec,
             )?;
-            if let (Some(_), Some(acts)) = (c.sparse(l), &a.moe) {
+            // Routed on the device, the counts stay there: no usage is reported.
+            if let (Some(_), Some(acts), false) = (c.sparse(l), &a.moe, routed_here) {
                 self.expert_usage.push(acts.routing.usage());
             }
         }
@@ -1393,7 +1523,7 @@ impl<B: Backend> TransformerModel<B> {
         };
         head.apply(b, &mut a.logits, &a.last, mm(1, c.vocab_size, d))?;
         cache.len += r;
-        b.download(&a.logits)
+        Ok(())
     }
 
     /// Logits of the last forward pass, on the host, `(batch * seq, vocab)`.

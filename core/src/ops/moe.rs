@@ -304,3 +304,110 @@ pub fn moe_combine_backward<T: Real>(
     }
     Ok(dweight)
 }
+
+/// The shape of [`q8_matmul_routed`]: `slots` routed slots (`n_tokens * top_k`), each an
+/// `(n x k)` product with its own expert's int8 weight. `x_per_token`: slot `s` reads
+/// activation row `s / top_k` (the gate and up projections, whose input is the token's
+/// row), else row `s` (the down projection, whose input is the slot's own hidden row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutedSpec {
+    pub slots: usize,
+    pub n: usize,
+    pub k: usize,
+    pub top_k: usize,
+    pub x_per_token: bool,
+}
+
+impl RoutedSpec {
+    /// Rows of `x` the product reads.
+    pub fn x_rows(&self) -> usize {
+        if self.x_per_token {
+            self.slots.div_ceil(self.top_k.max(1))
+        } else {
+            self.slots
+        }
+    }
+
+    /// Checks the operands' lengths: `out (slots, n)`, `x (x_rows, k)`, `expert (slots)`
+    /// and every expert's `(n, k)` packed weight and `n` scales.
+    pub fn check(&self, out: usize, x: usize, expert: usize, weights: &[(usize, usize)]) -> Result<()> {
+        const OP: &str = "q8_matmul_routed";
+        nonzero(OP, "top_k", self.top_k)?;
+        nonzero(OP, "experts", weights.len())?;
+        if !self.slots.is_multiple_of(self.top_k) {
+            return Err(CoreError::InvalidDimension {
+                op: OP,
+                message: alloc::format!("{} slots is not a multiple of top_k {}", self.slots, self.top_k),
+            });
+        }
+        check_len(OP, "out", out, product(OP, &[self.slots, self.n])?)?;
+        check_len(OP, "x", x, product(OP, &[self.x_rows(), self.k])?)?;
+        check_len(OP, "expert", expert, self.slots)?;
+        let pc = crate::ops::q8::packed_cols(self.k);
+        for &(packed, scales) in weights {
+            check_len(OP, "packed weight", packed, product(OP, &[self.n, pc])?)?;
+            check_len(OP, "scales", scales, self.n)?;
+        }
+        Ok(())
+    }
+}
+
+/// Routing decided where the logits are, for inference: each slot's expert (as the bits of
+/// a `u32`, `f32::from_bits`, so a device keeps it in the same buffer type) and combine
+/// weight, `(n, top_k)` in rank order, exactly as [`Routing::route`] chooses them.
+#[allow(clippy::too_many_arguments)]
+pub fn route_slots(
+    expert: &mut [f32],
+    weight: &mut [f32],
+    logits: &[f32],
+    n: usize,
+    n_experts: usize,
+    top_k: usize,
+    renormalize: bool,
+) -> Result<()> {
+    let mut r = Routing::default();
+    r.route(logits, n, n_experts, top_k, renormalize)?;
+    check_len("route_slots", "expert", expert.len(), n * top_k)?;
+    check_len("route_slots", "weight", weight.len(), n * top_k)?;
+    for (o, &e) in expert.iter_mut().zip(&r.expert) {
+        *o = f32::from_bits(e);
+    }
+    weight.copy_from_slice(&r.weight);
+    Ok(())
+}
+
+/// `out[s] = x[row(s)] W_e^T` for every slot `s`, `e = expert[s]` (the bits of a `u32`,
+/// as [`route_slots`] writes them) and `W_e` the int8 `experts[e]` (packed, scales): the
+/// routed experts' products slot by slot, with no grouping and so nothing for the host to
+/// count. Each product is [`crate::ops::q8::q8_matmul`] on one row, so the values are
+/// those of the grouped path bit for bit.
+pub fn q8_matmul_routed(
+    out: &mut [f32],
+    x: &[f32],
+    experts: &[(&[f32], &[f32])],
+    expert: &[f32],
+    spec: &RoutedSpec,
+) -> Result<()> {
+    let lens: Vec<(usize, usize)> = experts.iter().map(|(p, s)| (p.len(), s.len())).collect();
+    spec.check(out.len(), x.len(), expert.len(), &lens)?;
+    let (n, k) = (spec.n, spec.k);
+    for s in 0..spec.slots {
+        let e = expert[s].to_bits() as usize;
+        let &(packed, scales) = experts.get(e).ok_or_else(|| CoreError::InvalidArgument {
+            op: "q8_matmul_routed",
+            message: alloc::format!("slot {s} names expert {e} of {}", experts.len()),
+        })?;
+        let xr = if spec.x_per_token { s / spec.top_k } else { s };
+        crate::ops::q8::q8_matmul(
+            &mut out[s * n..(s + 1) * n],
+            &x[xr * k..(xr + 1) * k],
+            packed,
+            scales,
+            1,
+            n,
+            k,
+            0.0,
+        )?;
+    }
+    Ok(())
+}

@@ -80,9 +80,9 @@ impl Batch<'_> {
         Ok(())
     }
 
-    /// Each slot's int8 product with its expert's rows of the stacked weights `w`
-    /// (n_experts * n rows of packed_cols(k)): `out (slots x n)`. `x_per_token`: slot s
-    /// reads activation row s / top_k (else row s).
+    /// The int8 products of the slots whose expert is `only` with that expert's weight `w`
+    /// (n rows of packed_cols(k)): rows of `out (slots x n)`; the other slots' rows are
+    /// left alone. `x_per_token`: slot s reads activation row s / top_k (else row s).
     #[allow(clippy::too_many_arguments)]
     pub fn q8_expert(
         &mut self,
@@ -94,6 +94,7 @@ impl Batch<'_> {
         expert: &GpuBuffer,
         (slots, n, k, top_k): (usize, usize, usize, usize),
         x_per_token: bool,
+        only: usize,
     ) -> Result<(), ShaderError> {
         const OP: &str = "q8_expert";
         let pc = packed_cols(k);
@@ -106,11 +107,8 @@ impl Batch<'_> {
         need(OP, "xs", xs, x_rows)?;
         need(OP, "expert", expert, slots)?;
         need(OP, "out", out, slots * n)?;
-        if ws.len() < n || w.len() < ws.len() * pc {
-            return Err(ShaderError::Invalid(format!(
-                "{OP}: the stacked weights do not hold rows of {k}"
-            )));
-        }
+        need(OP, "w", w, n * pc)?;
+        need(OP, "ws", ws, n)?;
         if slots > MAX_GROUPS || n.div_ceil(WG) > MAX_GROUPS {
             return Err(ShaderError::Invalid(format!(
                 "{OP}: {slots} slots x {n} outputs is over the grid's limits"
@@ -125,6 +123,7 @@ impl Batch<'_> {
             u(pc, "packed cols")?,
             u(top_k, "top_k")?,
             x_per_token as u32,
+            u(only, "expert")?,
         ];
         self.dispatch(
             Kernel::Q8Expert,

@@ -1,9 +1,10 @@
-// The int8 product of each routed slot with its own expert's weights: slot s (token
-// s / top_k) reads activation row s / top_k (`x_per_token`, the gate and up projections)
-// or row s (the down projection), and rows expert[s] * n .. + n of the experts' stacked
-// weights. Otherwise as q8_matmul.wgsl (exact i32 sums, then f32(acc) * xs * ws).
-// Twin of rusting_brain_core::ops::q8::q8_matmul applied per expert.
-struct Params { slots: u32, n: u32, packed_cols: u32, top_k: u32, x_per_token: u32, pad0: u32, pad1: u32, pad2: u32 }
+// The int8 product of the routed slots that chose one expert with that expert's weights:
+// slot s (token s / top_k) reads activation row s / top_k (`x_per_token`, the gate and up
+// projections) or row s (the down projection); slots that chose another expert are left
+// as they are (one dispatch per expert fills every slot). Otherwise as q8_matmul.wgsl
+// (exact i32 sums, then f32(acc) * xs * ws).
+// Twin of rusting_brain_core::ops::moe::q8_matmul_routed.
+struct Params { slots: u32, n: u32, packed_cols: u32, top_k: u32, x_per_token: u32, only: u32, pad1: u32, pad2: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> xq: array<u32>;
@@ -18,14 +19,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let j = gid.x;
     let s = gid.y;
     if (j >= p.n || s >= p.slots) { return; }
+    if (expert[s] != p.only) { return; }
     var xr = s;
     if (p.x_per_token == 1u) { xr = s / p.top_k; }
-    let row = expert[s] * p.n + j;
     let xb = xr * p.packed_cols;
-    let wb = row * p.packed_cols;
+    let wb = j * p.packed_cols;
     var acc = 0;
     for (var c = 0u; c < p.packed_cols; c++) {
         acc += dot4I8Packed(xq[xb + c], w[wb + c]);
     }
-    out[s * p.n + j] = f32(acc) * xs[xr] * ws[row];
+    out[s * p.n + j] = f32(acc) * xs[xr] * ws[j];
 }
