@@ -143,6 +143,14 @@ fn moe_transformer_trains_on_wgpu_as_on_the_reference() {
     trains_like_the_reference(true);
 }
 
+/// The first largest logit's id (the greedy choice).
+fn argmax(l: &[f32]) -> u32 {
+    l.iter()
+        .enumerate()
+        .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
+        .0 as u32
+}
+
 #[test]
 fn cached_decoding_on_wgpu_gives_the_reference_logits_and_ids() {
     let Some(g) = gpu() else { return };
@@ -162,12 +170,6 @@ fn cached_decoding_on_wgpu_gives_the_reference_logits_and_ids() {
             for (a, b) in ld.iter().zip(&lh) {
                 assert!((a - b).abs() <= 1e-5 * range, "{a} vs {b}");
             }
-            let argmax = |l: &[f32]| {
-                l.iter()
-                    .enumerate()
-                    .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
-                    .0 as u32
-            };
             let (nd, nh) = (argmax(&ld), argmax(&lh));
             assert_eq!(nd, nh);
             let before = g.counters();
@@ -235,12 +237,6 @@ fn int8_decoding_on_wgpu_gives_the_reference_ids() {
                 assert!(a.is_finite());
                 worst = worst.max((a - b).abs() / range);
             }
-            let argmax = |l: &[f32]| {
-                l.iter()
-                    .enumerate()
-                    .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
-                    .0 as u32
-            };
             let (nd, nh) = (argmax(&ld), argmax(&lh));
             assert_eq!(nd, nh, "moe {moe}: ids so far {ids:?}");
             ids.push(nd);
