@@ -275,6 +275,13 @@ pub trait Backend {
         dim: usize,
     ) -> Result<Vec<f32>>;
 
+    /// The most values a buffer a kernel reads or writes whole may hold (a GPU's storage
+    /// binding); a model keeps its scratch within it, e.g. by prefilling a long prompt in
+    /// pieces. The host backends have no such bound.
+    fn max_binding_len(&self) -> usize {
+        usize::MAX
+    }
+
     /// Whether an int8 model's inference routes its experts on this backend's buffers
     /// ([`Backend::moe_route`], [`Backend::q8_matmul_routed`], [`Backend::moe_combine_slots`])
     /// instead of reading the router's logits back to group the tokens on the host. A

@@ -267,6 +267,18 @@ fn gpu_row(
         ..Default::default()
     })?;
     let (_, tps) = decode_run(&mut m, prompt, new_tokens)?;
+    // What one step asks of the device, counted over a second decode of the same length.
+    let mut decoder = m.decoder();
+    decoder.feed(prompt)?;
+    let mut greedy = Sampler::greedy();
+    decoder.next(&mut greedy)?;
+    let before = decoder.model().gpu_counters().unwrap_or_default();
+    for _ in 1..new_tokens {
+        decoder.next(&mut greedy)?;
+    }
+    let steps = new_tokens.saturating_sub(1).max(1) as f64;
+    let per = decoder.model().gpu_counters().unwrap_or_default() - before;
+    drop(decoder);
     let bw = m.device_bandwidth(per_token_q8 as usize)?.unwrap_or(f64::NAN);
     println!(
         "{:<28} {:>10.1} {:>14.2} {:>12.1} {:>8.0}%   ({:.2}x cpu q8; {}, copy bandwidth {bw:.1} GB/s)",
@@ -277,6 +289,13 @@ fn gpu_row(
         100.0 * tps * per_token_q8 / 1e9 / bw,
         tps / tps_cpu_q8,
         m.device().unwrap_or_default()
+    );
+    println!(
+        "  per token on the device: {:.1} dispatches, {:.2} submits, {:.2} buffers and {:.2} bind groups created",
+        per.dispatches as f64 / steps,
+        per.submits as f64 / steps,
+        per.buffers as f64 / steps,
+        per.bind_groups as f64 / steps,
     );
     Ok(())
 }

@@ -57,7 +57,7 @@ pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, Optimizer, Re
 pub use rusting_brain_core::{Sampler, Schedule};
 /// Which GPU adapter `to_gpu_with` asks for (feature `gpu`).
 #[cfg(feature = "gpu")]
-pub use rusting_brain_shaders::GpuOptions;
+pub use rusting_brain_shaders::{GpuCounters, GpuOptions};
 pub use token_file::TokenFile;
 pub use transformer::{Decoder, KvCaches, ParameterCounts, StepLoss, TransformerLm, TransformerLmBuilder};
 

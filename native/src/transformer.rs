@@ -489,9 +489,10 @@ impl TransformerLm {
     /// An int8 model (after [`TransformerLm::quantize`] or a Q8 `load_bin`) is decoded
     /// there: `generate`, `generate_with`, `decoder` and `forward_cached` run on the
     /// device, through the same model code, its experts routed on the device; greedy
-    /// decoding reads back one id per token. Every weight must fit one storage binding
-    /// (`max_binding`; 128 MiB on WebGPU, more natively); a larger one is an error naming
-    /// it, and the model stays usable on the CPU.
+    /// decoding reads back one id per token. An int8 weight larger than one storage
+    /// binding (`max_binding`; 128 MiB on WebGPU, more natively) is bound in row slabs;
+    /// an f32 tensor, a KV-cache layer or one position's logits or scores over it is an
+    /// error naming it before anything is copied, and the model stays usable on the CPU.
     #[cfg(feature = "gpu")]
     pub fn to_gpu(&mut self) -> Result<()> {
         self.to_gpu_with(&crate::GpuOptions {
@@ -537,6 +538,17 @@ impl TransformerLm {
         match &self.engine {
             LmEngine::Wgpu(w) => Ok(Some(w.device.backend.gpu().copy_bandwidth(bytes, 20)?)),
             _ => Ok(None),
+        }
+    }
+
+    /// What the wgpu device has been asked for since it opened (buffers, bind groups,
+    /// submissions, dispatches), or `None` off wgpu: the difference over a decode step or
+    /// a training step shows what the step records and whether it allocates.
+    #[cfg(feature = "gpu")]
+    pub fn gpu_counters(&self) -> Option<rusting_brain_shaders::GpuCounters> {
+        match &self.engine {
+            LmEngine::Wgpu(w) => Some(w.device.backend.counters()),
+            _ => None,
         }
     }
 
@@ -1050,6 +1062,10 @@ impl Decoder<'_> {
     /// Positions in the cache.
     pub fn position(&self) -> usize {
         self.caches.len()
+    }
+    /// The model decoding (its configuration, its device and [`TransformerLm::gpu_counters`]).
+    pub fn model(&self) -> &TransformerLm {
+        self.model
     }
     /// The most positions the cache can hold (`max_seq_len`).
     pub fn capacity(&self) -> usize {

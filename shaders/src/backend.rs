@@ -70,12 +70,8 @@ impl Pools<'_> {
         if *used == list.len() {
             list.push(self.gpu.zeros("staging", class)?);
         }
-        let buf = list[*used].buf.clone();
+        let view = list[*used].prefix(words.len());
         *used += 1;
-        let view = GpuBuffer {
-            buf,
-            len: words.len(),
-        };
         self.gpu.write_u32(&view, 0, words)?;
         Ok(view)
     }
@@ -89,11 +85,14 @@ impl Pools<'_> {
     fn scratch(&mut self, role: &'static str, words: usize) -> std::result::Result<GpuBuffer, ShaderError> {
         let have = self.scratch.get(role).map_or(0, |b| b.len);
         if have < words.max(1) {
-            let b = self.gpu.zeros(role, words.max(1).next_power_of_two())?;
+            // Doubling, but never past one binding when the request itself fits one.
+            let grown = words.max(1).next_power_of_two();
+            let cap = (self.gpu.max_binding() / 4) as usize;
+            let size = if grown > cap && words <= cap { cap } else { grown };
+            let b = self.gpu.zeros(role, size)?;
             self.scratch.insert(role, b);
         }
-        let buf = self.scratch[role].buf.clone();
-        Ok(GpuBuffer { buf, len: words })
+        Ok(self.scratch[role].prefix(words))
     }
 
     /// cos/sin for positions `0..positions` (see [`crate::rope_table`]), kept per head size
@@ -108,7 +107,13 @@ impl Pools<'_> {
         let key = (head_dim, theta.to_bits());
         let have = self.rope.get(&key).map_or(0, |b| b.len / head_dim.max(1));
         if have < positions {
-            let n = positions.next_power_of_two().max(ROPE_POSITIONS);
+            // Room to grow, but within one binding when the positions asked for fit one.
+            let fit = (self.gpu.max_binding() / 4) as usize / head_dim.max(1);
+            let n = positions
+                .next_power_of_two()
+                .max(ROPE_POSITIONS)
+                .min(fit)
+                .max(positions);
             let t = self
                 .gpu
                 .upload("rope table", &crate::rope_table(n, head_dim, theta))?;
@@ -229,10 +234,7 @@ impl WgpuBackend {
         let buf = {
             let rec = self.lock();
             match rec.scratch.get(role) {
-                Some(b) => GpuBuffer {
-                    buf: b.buf.clone(),
-                    len,
-                },
+                Some(b) => b.prefix(len.min(b.len)),
                 None => return Ok(Vec::new()),
             }
         };
@@ -817,6 +819,9 @@ impl Backend for WgpuBackend {
             b.moe_combine_backward(dy, &dweight, &rows, &w, dout, y, (n, dim, top_k))
         })?;
         self.read_scratch("moe weight gradients", slots)
+    }
+    fn max_binding_len(&self) -> usize {
+        usize::try_from(self.gpu.max_binding() / 4).unwrap_or(usize::MAX)
     }
     fn routes_on_device(&self) -> bool {
         // In a page nothing may wait for a read, and natively the read-back of the

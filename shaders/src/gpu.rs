@@ -27,10 +27,15 @@ pub struct GpuOptions {
 }
 
 /// A buffer on the device: `len` 4-byte words (f32 values, or int8 packed four to a u32).
+/// Inside the crate it may also be a view of words `at .. at + len` of a larger buffer (a
+/// row slab of an int8 weight over one binding).
 #[derive(Debug, Clone)]
 pub struct GpuBuffer {
     pub(crate) buf: wgpu::Buffer,
+    pub(crate) at: usize,
     pub(crate) len: usize,
+    /// Bound as words `at .. at + len` only; otherwise the whole buffer is bound.
+    pub(crate) slab: bool,
 }
 
 impl GpuBuffer {
@@ -40,6 +45,52 @@ impl GpuBuffer {
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The first `len` words of this buffer (a pooled buffer handed out for a shorter
+    /// request): the kernels index only those, and the whole buffer is bound.
+    pub(crate) fn prefix(&self, len: usize) -> GpuBuffer {
+        debug_assert!(len <= self.len && !self.slab);
+        GpuBuffer { len, ..self.clone() }
+    }
+
+    /// Words `at .. at + len` of this buffer, bound on their own: a row slab of a weight
+    /// over one binding. The caller keeps `at` on the adapter's offset alignment (see
+    /// [`Gpu::slab_rows`]).
+    pub(crate) fn slab(&self, at: usize, len: usize) -> GpuBuffer {
+        debug_assert!(at + len <= self.len && len > 0);
+        GpuBuffer {
+            buf: self.buf.clone(),
+            at: self.at + at,
+            len,
+            slab: true,
+        }
+    }
+
+    /// The bytes a binding of this buffer covers.
+    pub(crate) fn bound_bytes(&self) -> u64 {
+        if self.slab {
+            self.len as u64 * 4
+        } else {
+            self.buf.size()
+        }
+    }
+
+    /// What a bind group cache tells bindings apart by.
+    pub(crate) fn key(&self) -> crate::ops::BindingKey {
+        (self.buf.clone(), self.at, if self.slab { self.len } else { 0 })
+    }
+
+    pub(crate) fn binding(&self) -> wgpu::BindingResource<'_> {
+        if !self.slab {
+            self.buf.as_entire_binding()
+        } else {
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.buf,
+                offset: self.at as u64 * 4,
+                size: wgpu::BufferSize::new(self.len as u64 * 4),
+            })
+        }
     }
 }
 
@@ -197,7 +248,9 @@ impl Gpu {
                 usage: wgpu::BufferUsages::STORAGE,
                 mapped_at_creation: false,
             }),
+            at: 0,
             len: 1,
+            slab: false,
         };
         Ok(Gpu {
             counters: Counters::default(),
@@ -262,9 +315,33 @@ impl Gpu {
         self.limits.max_storage_buffer_binding_size
     }
 
+    /// Rows per binding of a weight of `rows` rows of `row_words` words that is over one
+    /// binding: a multiple of the rows that keep each slab's first word (and its scales')
+    /// on the adapter's offset alignment; `None` when not even that many fit.
+    pub(crate) fn slab_rows(&self, row_words: usize) -> Option<usize> {
+        // A slab starting at row r0 binds from word r0 * row_words of the weight and word
+        // r0 of its scales: both on the alignment when r0 is a multiple of it.
+        let step = self.slab_align();
+        let fit = (self.max_binding() as usize / 4) / row_words.max(1);
+        let rows = fit / step * step;
+        (rows > 0).then_some(rows)
+    }
+
+    /// The storage-binding offset alignment, in words.
+    pub(crate) fn slab_align(&self) -> usize {
+        (self.limits.min_storage_buffer_offset_alignment as usize / 4).max(1)
+    }
+
+    /// The largest buffer the device makes, in bytes.
+    pub fn max_buffer(&self) -> u64 {
+        self.limits.max_buffer_size
+    }
+
     fn check_size(&self, what: &str, words: usize) -> Result<u64, ShaderError> {
         let bytes = (words as u64).saturating_mul(4);
-        let limit = self.max_binding().min(self.limits.max_buffer_size);
+        // A buffer may be larger than one binding (an int8 weight, bound in row slabs);
+        // a kernel handed one whole says so (see `Batch::dispatch`).
+        let limit = self.limits.max_buffer_size;
         if bytes > limit {
             return Err(ShaderError::TooLarge {
                 what: what.to_string(),
@@ -294,7 +371,12 @@ impl Gpu {
                 mapped_at_creation: false,
             }),
         };
-        Ok(GpuBuffer { buf, len: words })
+        Ok(GpuBuffer {
+            buf,
+            at: 0,
+            len: words,
+            slab: false,
+        })
     }
 
     /// A zeroed buffer of `words` 4-byte words.
@@ -341,7 +423,7 @@ impl Gpu {
         }
         if n > 0 {
             self.queue
-                .write_buffer(&buf.buf, offset as u64 * 4, &words_to_bytes(words));
+                .write_buffer(&buf.buf, (buf.at + offset) as u64 * 4, &words_to_bytes(words));
         }
         Ok(())
     }
@@ -388,7 +470,7 @@ impl Gpu {
             }
         };
         let mut encoder = self.device.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(&buf.buf, offset as u64 * 4, &staging, 0, bytes);
+        encoder.copy_buffer_to_buffer(&buf.buf, (buf.at + offset) as u64 * 4, &staging, 0, bytes);
         let (tx, rx) = oneshot();
         encoder.map_buffer_on_submit(&staging, wgpu::MapMode::Read, ..bytes, move |r| tx.send(r));
         self.queue.submit([encoder.finish()]);

@@ -387,10 +387,84 @@ fn shape_errors_are_errors() {
         .is_err());
     assert!(b.copy(&small, 5, &small, 0, 6).is_err());
     assert!(g.write(&small, 9, &[1.0, 2.0]).is_err());
-    // A buffer over the adapter's binding limit is refused before allocating.
-    let words = (g.max_binding() / 4 + 1) as usize;
+    // A buffer over the adapter's buffer limit is refused before allocating.
+    let words = (g.max_buffer() / 4 + 1) as usize;
     let err = g.zeros("huge", words).unwrap_err().to_string();
     assert!(err.contains("over this adapter's limit"), "{err}");
+    // One over a binding is made (an int8 weight is bound in row slabs), but a kernel
+    // that binds its operands whole refuses it.
+    let Some(capped) = capped_gpu(4 << 10) else { return };
+    let big = capped.zeros("big", 2048).unwrap();
+    let mut b = capped.batch();
+    let err = b.swiglu(&big, &big, &big, 2048).unwrap_err().to_string();
+    assert!(err.contains("over this adapter's limit"), "{err}");
+}
+
+/// The software adapter with at most `bytes` per binding.
+fn capped_gpu(bytes: u64) -> Option<Gpu> {
+    gpu()?;
+    Some(
+        Gpu::new_blocking(&GpuOptions {
+            software: true,
+            max_binding: Some(bytes),
+            ..Default::default()
+        })
+        .unwrap(),
+    )
+}
+
+#[test]
+fn int8_weights_over_a_binding_go_in_row_slabs_with_the_same_bits() {
+    // 4 KiB a binding, 256-byte offsets: slabs of a multiple of 64 rows, the last one
+    // short; both product kernels and the lookup, into columns of a wider output.
+    let Some(g) = capped_gpu(4 << 10) else { return };
+    let mut rng = Rng::new(12);
+    for (m, n, k) in [(1usize, 300usize, 37usize), (8, 100, 64), (1, 700, 5)] {
+        let pc = packed_cols(k);
+        assert!(n * pc * 4 > 4 << 10, "({n}, {k}) must be over one binding");
+        let x = randn(&mut rng, m * k, 1.5);
+        let w = randn(&mut rng, n * k, 0.3);
+        let (packed, scales) = quantize_rows(&w, n, k).unwrap();
+        let mut part = vec![0.0; m * n];
+        q8_matmul(&mut part, &x, &packed, &scales, m, n, k, 0.0).unwrap();
+        let base = randn(&mut rng, m * (n + 3), 1.0);
+        let mut want = base.clone();
+        for i in 0..m {
+            for j in 0..n {
+                let o = i * (n + 3) + 1 + j;
+                want[o] = part[i * n + j] + 0.5 * base[o];
+            }
+        }
+        let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), g.zeros("xs", m).unwrap());
+        let gx = g.upload("x", &x).unwrap();
+        let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
+        let go = g.upload("out", &base).unwrap();
+        let mut b = g.batch();
+        b.q8_quantize(&gxq, &gxs, &gx, m, k).unwrap();
+        b.q8_matmul_cols(&go, (n + 3, 1), &gxq, &gxs, &gw, &gws, m, n, k, 0.5)
+            .unwrap();
+        b.submit().unwrap();
+        let got = g.read_blocking(&go).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (i, (a, e)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                e.to_bits(),
+                "({m}, {n}, {k}) element {i}: {a} vs {e}"
+            );
+        }
+
+        // The same weight as an embedding table, ids in every slab.
+        let ids: Vec<u32> = (0..m + 4).map(|_| rng.below(n as u64) as u32).collect();
+        let mut rows = vec![0.0; ids.len() * k];
+        q8_embedding(&mut rows, &packed, &scales, &ids, n, k).unwrap();
+        let gids = g.upload_u32("ids", &ids).unwrap();
+        let ge = poisoned(&g, ids.len() * k);
+        let mut b = g.batch();
+        b.q8_embedding(&ge, &gids, &gw, &gws, ids.len(), n, k).unwrap();
+        b.submit().unwrap();
+        assert_eq!(g.read_blocking(&ge).unwrap(), rows, "embedding ({n}, {k})");
+    }
 }
 
 #[test]

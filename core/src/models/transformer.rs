@@ -1151,6 +1151,7 @@ impl<B: Backend> TransformerModel<B> {
     /// f32 or int8, and for an f32 model the gradients, optimizer moments, step count and
     /// GEMM precision. `self` is not changed.
     pub fn copy_to<C: Backend>(&self, backend: C) -> Result<TransformerModel<C>> {
+        self.check_fits(&backend)?;
         let b = &self.backend;
         let copy = |c: &C, buf: &B::Buffer| c.upload(&b.download(buf)?);
         let tree = |c: &C, t: &Params<B>| t.as_ref().try_map(|_, h| copy(c, h));
@@ -1178,6 +1179,42 @@ impl<B: Backend> TransformerModel<B> {
         to.step = self.step;
         to.precision = self.precision;
         Ok(to)
+    }
+
+    /// Refuses a backend whose one-buffer bound ([`Backend::max_binding_len`]) is below
+    /// what this model's f32 tensors or one position's scratch need, before anything is
+    /// copied. int8 matrices are not bounded here: a backend binds them in row slabs.
+    fn check_fits<C: Backend>(&self, to: &C) -> Result<()> {
+        let limit = to.max_binding_len();
+        if limit == usize::MAX {
+            return Ok(());
+        }
+        let c = &self.config;
+        let mut needs: Vec<(String, usize)> = alloc::vec![
+            ("the logits of one position".into(), c.vocab_size),
+            ("one layer's KV cache".into(), c.max_seq_len * c.kv_dim()),
+            (
+                "one position's attention scores".into(),
+                c.q_heads * c.max_seq_len
+            ),
+            ("the RoPE table".into(), c.max_seq_len * c.head_dim),
+        ];
+        if let Some(f) = (0..c.n_layers).filter_map(|l| c.mlp_width(l)).max() {
+            needs.push(("one position's feed-forward".into(), f));
+        }
+        for (name, buf) in self.params.as_ref().into_named() {
+            needs.push((name, self.backend.len(buf)));
+        }
+        match needs.into_iter().find(|(_, n)| *n > limit) {
+            Some((what, n)) => Err(CoreError::Device {
+                backend: to.name(),
+                message: format!(
+                    "{what} needs {n} values in one buffer, over this adapter's limit of {limit} \
+                     values per binding: use a smaller model or max_seq_len, or the CPU"
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// A model at step 0 around checked parts: `[grads, m, v]` laid out like `params`.
@@ -1348,10 +1385,12 @@ impl<B: Backend> TransformerModel<B> {
     pub fn forward_cached_on_device(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<&B::Buffer> {
         self.check_cached(ids, cache)?;
         // A long prompt in pieces, so a piece's attention scores over the whole cache
-        // (rows x q_heads x max_seq_len) stay within 2^25 values: 128 MiB, the storage
-        // binding every WebGPU adapter offers. The pieces give the same values.
+        // (rows x q_heads x max_seq_len) stay within 2^25 values (128 MiB, the storage
+        // binding every WebGPU adapter offers) and within the backend's binding. The
+        // pieces give the same values.
         let c = &self.config;
-        let most = ((1usize << 25) / (c.q_heads * c.max_seq_len).max(1)).clamp(1, 256);
+        let room = (1usize << 25).min(self.backend.max_binding_len());
+        let most = (room / (c.q_heads * c.max_seq_len).max(1)).clamp(1, 256);
         for piece in ids.chunks(most) {
             self.forward_cached_piece(piece, cache)?;
         }

@@ -64,7 +64,7 @@ impl Batch<'_> {
                 &p,
                 &[q, k, v, out, dout, lse, dq, delta],
                 grid(nl),
-            );
+            )?;
         }
         let kv_rows = spec.batch * spec.kv_capacity * spec.kv_heads;
         if kv_rows > 0 {
@@ -73,7 +73,7 @@ impl Batch<'_> {
                 &p,
                 &[q, k, v, dout, lse, delta, dk, dv],
                 grid(kv_rows),
-            );
+            )?;
         }
         Ok(())
     }
@@ -103,7 +103,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = attention_params(spec)?;
-        self.dispatch(Kernel::Attention, &p, &[q, k, v, out, lse, scratch], grid(nl));
+        self.dispatch(Kernel::Attention, &p, &[q, k, v, out, lse, scratch], grid(nl))?;
         Ok(())
     }
 }

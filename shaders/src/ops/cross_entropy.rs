@@ -29,7 +29,7 @@ impl Batch<'_> {
             grad_scale.is_some() as u32,
             grad_scale.unwrap_or(0.0).to_bits(),
         ];
-        self.dispatch(Kernel::CrossEntropy, &p, &[targets, logits, loss], grid(rows));
+        self.dispatch(Kernel::CrossEntropy, &p, &[targets, logits, loss], grid(rows))?;
         Ok(())
     }
 }

@@ -42,7 +42,7 @@ impl Batch<'_> {
             &p,
             &[x0, x1, x2, y],
             grid(invocations.div_ceil(WG)),
-        );
+        )?;
         Ok(())
     }
 
@@ -64,7 +64,7 @@ impl Batch<'_> {
         }
         let m = m.unwrap_or(&self.gpu.spare[0]);
         let v = v.unwrap_or(&self.gpu.spare[1]);
-        self.dispatch(Kernel::Optim, words, &[param, grad, m, v], grid(len.div_ceil(WG)));
+        self.dispatch(Kernel::Optim, words, &[param, grad, m, v], grid(len.div_ceil(WG)))?;
         Ok(())
     }
 
@@ -117,14 +117,14 @@ impl Batch<'_> {
                 &p,
                 &[a, b, c],
                 (n.div_ceil(32) as u32, m.div_ceil(32) as u32, batch as u32),
-            );
+            )?;
         } else {
             self.dispatch3(
                 Kernel::Matmul,
                 &p,
                 &[a, b, c],
                 (gx as u32, gy as u32, batch as u32),
-            );
+            )?;
         }
         Ok(())
     }

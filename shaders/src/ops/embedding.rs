@@ -24,7 +24,7 @@ impl Batch<'_> {
             &[u(rows, "rows")?, u(dim, "dim")?],
             &[ids, table, out],
             grid((rows * dim).div_ceil(WG)),
-        );
+        )?;
         Ok(())
     }
 
@@ -47,7 +47,7 @@ impl Batch<'_> {
             &[u(n_ids, "ids")?, u(dim, "dim")?],
             &[groups, dout, dtable],
             grid((n_ids * dim).div_ceil(WG)),
-        );
+        )?;
         Ok(())
     }
 }

@@ -25,7 +25,7 @@ impl Batch<'_> {
                 &[u(len, "len")?, u(offset, "offset")?],
                 &[x, partials],
                 grid(groups),
-            );
+            )?;
         }
         Ok(groups)
     }

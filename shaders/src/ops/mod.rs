@@ -69,9 +69,13 @@ pub struct DispatchCache {
     entries: Vec<CacheEntry>,
 }
 
+/// A binding as [`GpuBuffer::key`] tells it apart: the buffer, the first word, the words.
+pub(crate) type BindingKey = (wgpu::Buffer, usize, usize);
+
 struct CacheEntry {
     kernel: Kernel,
-    buffers: Vec<wgpu::Buffer>,
+    /// Each binding's [`GpuBuffer::key`].
+    buffers: Vec<BindingKey>,
     params: Vec<u32>,
     uniform: wgpu::Buffer,
     group: wgpu::BindGroup,
@@ -95,7 +99,7 @@ impl DispatchCache {
 /// dropped (their buffers with them: an arena that was replaced).
 #[derive(Default)]
 pub struct KeyedCache {
-    entries: HashMap<(Kernel, Vec<wgpu::Buffer>), Keyed>,
+    entries: HashMap<(Kernel, Vec<BindingKey>), Keyed>,
     submission: u64,
 }
 
@@ -190,11 +194,33 @@ impl Gpu {
 }
 
 impl Batch<'_> {
-    fn dispatch(&mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32)) {
-        self.dispatch3(kernel, params, buffers, (groups.0, groups.1, 1));
+    fn dispatch(
+        &mut self,
+        kernel: Kernel,
+        params: &[u32],
+        buffers: &[&GpuBuffer],
+        groups: (u32, u32),
+    ) -> Result<(), ShaderError> {
+        self.dispatch3(kernel, params, buffers, (groups.0, groups.1, 1))
     }
 
-    fn dispatch3(&mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32, u32)) {
+    fn dispatch3(
+        &mut self,
+        kernel: Kernel,
+        params: &[u32],
+        buffers: &[&GpuBuffer],
+        groups: (u32, u32, u32),
+    ) -> Result<(), ShaderError> {
+        // A buffer over one binding is bound only through a slab view (the int8 products
+        // and lookups make them); anything else would be a validation error on the device.
+        let limit = self.gpu.max_binding();
+        if let Some(b) = buffers.iter().find(|b| b.bound_bytes() > limit) {
+            return Err(ShaderError::TooLarge {
+                what: format!("{}'s operand of {} words", kernel.name(), b.len),
+                bytes: b.bound_bytes(),
+                limit,
+            });
+        }
         // The subgroup twin where the device has subgroups.
         let kernel = match kernel {
             Kernel::RmsNorm if self.gpu.subgroups => Kernel::RmsNormSg,
@@ -215,7 +241,7 @@ impl Batch<'_> {
             for (i, b) in buffers.iter().enumerate() {
                 entries.push(wgpu::BindGroupEntry {
                     binding: i as u32 + 1,
-                    resource: b.buf.as_entire_binding(),
+                    resource: b.binding(),
                 });
             }
             let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -235,7 +261,7 @@ impl Batch<'_> {
                 let same = cache.entries.get(i).is_some_and(|e| {
                     e.kernel == kernel
                         && e.buffers.len() == buffers.len()
-                        && e.buffers.iter().zip(buffers).all(|(a, b)| *a == b.buf)
+                        && e.buffers.iter().zip(buffers).all(|(a, b)| *a == b.key())
                 });
                 if same {
                     let e = &mut cache.entries[i];
@@ -249,7 +275,7 @@ impl Batch<'_> {
                     let (uniform, group) = make(gpu);
                     let entry = CacheEntry {
                         kernel,
-                        buffers: buffers.iter().map(|b| b.buf.clone()).collect(),
+                        buffers: buffers.iter().map(|b| b.key()).collect(),
                         params: padded.clone(),
                         uniform,
                         group: group.clone(),
@@ -264,7 +290,7 @@ impl Batch<'_> {
             }
             CacheMode::Keyed(cache) => {
                 let now = cache.submission;
-                let key = (kernel, buffers.iter().map(|b| b.buf.clone()).collect());
+                let key = (kernel, buffers.iter().map(|b| b.key()).collect());
                 let k = cache.entries.entry(key).or_insert_with(|| Keyed {
                     list: Vec::new(),
                     used: 0,
@@ -297,6 +323,7 @@ impl Batch<'_> {
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &group, &[]);
         pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+        Ok(())
     }
 
     /// Copies `n` words from `src[src_at..]` to `dst[dst_at..]` (the KV-cache append).
@@ -313,9 +340,9 @@ impl Batch<'_> {
         if n > 0 {
             self.encoder.copy_buffer_to_buffer(
                 &src.buf,
-                src_at as u64 * 4,
+                (src.at + src_at) as u64 * 4,
                 &dst.buf,
-                dst_at as u64 * 4,
+                (dst.at + dst_at) as u64 * 4,
                 n as u64 * 4,
             );
         }

@@ -35,7 +35,7 @@ impl Batch<'_> {
             &p,
             &[row_of_slot, weight, dout, y, dy, dweight],
             grid(slots),
-        );
+        )?;
         Ok(())
     }
 
@@ -76,7 +76,7 @@ impl Batch<'_> {
             &p,
             &[logits, expert, weight],
             grid(rows.div_ceil(WG)),
-        );
+        )?;
         Ok(())
     }
 
@@ -130,7 +130,7 @@ impl Batch<'_> {
             &p,
             &[xq, xs, w, ws, expert, out],
             (n.div_ceil(WG) as u32, slots as u32),
-        );
+        )?;
         Ok(())
     }
 
@@ -160,7 +160,7 @@ impl Batch<'_> {
             &p,
             &[row_of_slot, weight, y, x],
             grid((rows * dim).div_ceil(WG)),
-        );
+        )?;
         Ok(())
     }
 }

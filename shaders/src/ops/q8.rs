@@ -23,7 +23,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(rows, "rows")?, u(cols, "cols")?, u(pc, "packed cols")?];
-        self.dispatch(Kernel::Q8Quantize, &p, &[x, xq, xs], grid(rows));
+        self.dispatch(Kernel::Q8Quantize, &p, &[x, xq, xs], grid(rows))?;
         Ok(())
     }
 
@@ -74,6 +74,18 @@ impl Batch<'_> {
             )));
         }
         need(OP, "out", out, m * out_n)?;
+        if n > 0 && self.over_binding(&[w, ws]) {
+            // A weight over one binding: its row slabs, each into its columns of `out`.
+            let rows = self.slab_rows(OP, pc)?;
+            let mut r0 = 0;
+            while r0 < n {
+                let r = rows.min(n - r0);
+                let (w, ws) = (w.slab(r0 * pc, r * pc), ws.slab(r0, r));
+                self.q8_matmul_cols(out, (out_n, j0 + r0), xq, xs, &w, &ws, m, r, k, beta)?;
+                r0 += r;
+            }
+            return Ok(());
+        }
         if m > MAX_GROUPS || n.div_ceil(WG) > MAX_GROUPS {
             return Err(ShaderError::Invalid(format!(
                 "{OP}: {m} rows x {n} outputs is over the grid's limits ({MAX_GROUPS} rows); split the batch"
@@ -93,14 +105,14 @@ impl Batch<'_> {
         if m >= TILED_ROWS {
             // Prefill: 32 x 32 register tiles, each loaded word used 32 times.
             let groups = grid2(n.div_ceil(32), m.div_ceil(32))?;
-            self.dispatch(Kernel::Q8MatmulTiled, &p, &[xq, xs, w, ws, out], groups);
+            self.dispatch(Kernel::Q8MatmulTiled, &p, &[xq, xs, w, ws, out], groups)?;
         } else {
             self.dispatch(
                 Kernel::Q8Matmul,
                 &p,
                 &[xq, xs, w, ws, out],
                 (n.div_ceil(WG) as u32, m as u32),
-            );
+            )?;
         }
         Ok(())
     }
@@ -145,6 +157,18 @@ impl Batch<'_> {
         if rows * dim == 0 {
             return Ok(());
         }
+        if self.over_binding(&[table, scales]) {
+            // A table over one binding: each row slab writes the rows whose ids it holds.
+            let step = self.slab_rows(OP, pc)?;
+            let mut r0 = 0;
+            while r0 < slab_rows {
+                let r = step.min(slab_rows - r0);
+                let (t, s) = (table.slab(r0 * pc, r * pc), scales.slab(r0, r));
+                self.q8_embedding_slab(out, ids, &t, &s, rows, vocab, dim, (id0 + r0, r))?;
+                r0 += r;
+            }
+            return Ok(());
+        }
         let p = [
             u(rows, "rows")?,
             u(dim, "dim")?,
@@ -158,7 +182,24 @@ impl Batch<'_> {
             &p,
             &[ids, table, scales, out],
             grid((rows * dim).div_ceil(WG)),
-        );
+        )?;
         Ok(())
+    }
+
+    /// Whether any of `bufs` is over one binding.
+    fn over_binding(&self, bufs: &[&GpuBuffer]) -> bool {
+        let limit = self.gpu.max_binding();
+        bufs.iter().any(|b| b.bound_bytes() > limit)
+    }
+
+    /// Rows per slab of a weight with rows of `row_words`, or the error saying none fits.
+    fn slab_rows(&self, op: &str, row_words: usize) -> Result<usize, ShaderError> {
+        self.gpu
+            .slab_rows(row_words)
+            .ok_or_else(|| ShaderError::TooLarge {
+                what: format!("{op}: a slab of {} weight rows", self.gpu.slab_align()),
+                bytes: (self.gpu.slab_align() * row_words * 4) as u64,
+                limit: self.gpu.max_binding(),
+            })
     }
 }

@@ -37,8 +37,8 @@ impl Batch<'_> {
         }
         let bufs = [dout, inp, weight, rstd, dinp, dweight];
         let (r, d) = (u(rows, "rows")?, u(dim, "dim")?);
-        self.dispatch(Kernel::RmsNormBackward, &[r, d, 0], &bufs, grid(rows));
-        self.dispatch(Kernel::RmsNormBackward, &[r, d, 1], &bufs, grid(dim.div_ceil(WG)));
+        self.dispatch(Kernel::RmsNormBackward, &[r, d, 0], &bufs, grid(rows))?;
+        self.dispatch(Kernel::RmsNormBackward, &[r, d, 1], &bufs, grid(dim.div_ceil(WG)))?;
         Ok(())
     }
 
@@ -66,7 +66,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(rows, "rows")?, u(dim, "dim")?, eps.to_bits()];
-        self.dispatch(Kernel::RmsNorm, &p, &[inp, weight, out, rstd], grid(rows));
+        self.dispatch(Kernel::RmsNorm, &p, &[inp, weight, out, rstd], grid(rows))?;
         Ok(())
     }
 }

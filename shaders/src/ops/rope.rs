@@ -31,7 +31,7 @@ impl Batch<'_> {
             u(spec.pos_offset, "pos_offset")?,
             sign.to_bits(),
         ];
-        self.dispatch(Kernel::Rope, &p, &[table, x], grid(pairs.div_ceil(WG)));
+        self.dispatch(Kernel::Rope, &p, &[table, x], grid(pairs.div_ceil(WG)))?;
         Ok(())
     }
 }

@@ -27,7 +27,7 @@ impl Batch<'_> {
             &[u(rows, "rows")?, u(cols, "cols")?],
             &[logits, ids],
             (rows as u32, 1),
-        );
+        )?;
         Ok(())
     }
 
@@ -49,7 +49,7 @@ impl Batch<'_> {
             &[u(n_ids, "ids")?, penalty.to_bits()],
             &[ids, logits],
             grid(n_ids.div_ceil(WG)),
-        );
+        )?;
         Ok(())
     }
 
@@ -76,7 +76,7 @@ impl Batch<'_> {
             &[u(cols, "cols")?, u(k, "k")?],
             &[logits, scratch, top_ids, top_vals],
             (1, 1),
-        );
+        )?;
         Ok(())
     }
 }

@@ -30,7 +30,7 @@ impl Batch<'_> {
             &[u(len, "len")?],
             &[dout, gate, up, dgate, dup],
             grid(len.div_ceil(WG)),
-        );
+        )?;
         Ok(())
     }
 
@@ -53,7 +53,7 @@ impl Batch<'_> {
             &[u(len, "len")?],
             &[gate, up, out],
             grid(len.div_ceil(WG)),
-        );
+        )?;
         Ok(())
     }
 }
