@@ -267,16 +267,18 @@ fn gpu_row(
         ..Default::default()
     })?;
     let (_, tps) = decode_run(&mut m, prompt, new_tokens)?;
-    // What one step asks of the device, counted over a second decode of the same length.
+    // What one step asks of the device, counted over a second decode of the same length
+    // from its third token on (the first two make the single-row pass's buffers).
     let mut decoder = m.decoder();
     decoder.feed(prompt)?;
     let mut greedy = Sampler::greedy();
     decoder.next(&mut greedy)?;
+    decoder.next(&mut greedy)?;
     let before = decoder.model().gpu_counters().unwrap_or_default();
-    for _ in 1..new_tokens {
+    for _ in 2..new_tokens {
         decoder.next(&mut greedy)?;
     }
-    let steps = new_tokens.saturating_sub(1).max(1) as f64;
+    let steps = new_tokens.saturating_sub(2).max(1) as f64;
     let per = decoder.model().gpu_counters().unwrap_or_default() - before;
     drop(decoder);
     let bw = m.device_bandwidth(per_token_q8 as usize)?.unwrap_or(f64::NAN);

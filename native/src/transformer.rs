@@ -3,7 +3,7 @@
 use std::fmt;
 
 use rusting_brain_core::models::transformer::{
-    KvCache, LossSum, MoeConfig, TokenBatch, TransformerConfig, TransformerModel,
+    Conversation, KvCache, LossSum, MoeConfig, Reply, TokenBatch, TransformerConfig, TransformerModel, Turn,
 };
 use rusting_brain_core::{CoreError, Optimizer, Precision, Sampler};
 
@@ -859,19 +859,17 @@ impl TransformerLm {
     ) -> Result<Vec<u32>> {
         let mut decoder = self.decoder();
         decoder.feed(prompt)?;
-        let mut out = Vec::new();
-        for _ in 0..max_new {
-            // No pending logits: the cache filled up at max_seq_len.
-            if !decoder.has_next() {
-                break;
-            }
-            let id = decoder.next(sampler)?;
-            out.push(id);
-            if !on_token(id) {
-                break;
+        // Core's reply loop (the browser engine's too); the last id is not read, as
+        // nothing follows it.
+        let mut reply = Reply::new(max_new, None);
+        while reply.before_draw().is_none() {
+            let id = decoder.draw(sampler)?;
+            match reply.drawn(&mut decoder.conversation, id, &mut on_token) {
+                Turn::Feed { stop: false } => decoder.feed(&[id])?,
+                Turn::Feed { stop: true } | Turn::Done(_) => break,
             }
         }
-        Ok(out)
+        Ok(reply.into_ids())
     }
 
     /// A decoding session that keeps its caches between calls: feed a turn, draw tokens,
@@ -879,9 +877,9 @@ impl TransformerLm {
     pub fn decoder(&mut self) -> Decoder<'_> {
         let caches = self.new_kv_caches();
         Decoder {
+            conversation: Conversation::new(self.config()),
             model: self,
             caches,
-            context: Vec::new(),
             pending: None,
         }
     }
@@ -1017,35 +1015,45 @@ impl KvCaches {
 pub struct Decoder<'a> {
     model: &'a mut TransformerLm,
     caches: KvCaches,
-    context: Vec<u32>,
+    /// The ids so far and the checks a feed passes (core's, as the browser engine's).
+    conversation: Conversation,
     /// Logits after the last position, waiting for `next`.
     pending: Option<Pending>,
 }
 
 impl Decoder<'_> {
-    /// Reads `ids` after everything so far (a prompt, a user's turn).
+    /// Reads `ids` after everything so far (a prompt, a user's turn). Checked whole
+    /// first (ids inside the vocabulary, room in the cache), so a refused call changes
+    /// nothing.
     pub fn feed(&mut self, ids: &[u32]) -> Result<()> {
+        self.conversation.check_feed(ids)?;
         self.pending = None;
         let pending = self.model.advance(ids, &mut self.caches)?;
-        self.context.extend_from_slice(ids);
+        self.conversation.fed(ids);
         self.pending = Some(pending);
         Ok(())
     }
 
     /// Draws the next token and reads it, so the following call continues from it.
     pub fn next(&mut self, sampler: &mut Sampler) -> Result<u32> {
+        let id = self.draw(sampler)?;
+        if self.conversation.drawn(id) {
+            self.feed(&[id])?;
+        }
+        Ok(id)
+    }
+
+    /// Draws the next token without reading it; the logits are used up only when the
+    /// draw succeeds.
+    fn draw(&mut self, sampler: &mut Sampler) -> Result<u32> {
         let pending = self
             .pending
-            .take()
+            .as_ref()
             .ok_or_else(|| NetworkError::InvalidInput("Decoder::next before any feed".into()))?;
         let id = self
             .model
-            .draw(&pending, sampler, &self.context, &mut self.caches)?;
-        if self.caches.len() < self.model.config().max_seq_len {
-            self.feed(&[id])?;
-        } else {
-            self.context.push(id);
-        }
+            .draw(pending, sampler, self.conversation.context(), &mut self.caches)?;
+        self.pending = None;
         Ok(id)
     }
 
@@ -1057,7 +1065,7 @@ impl Decoder<'_> {
 
     /// Every id fed or drawn so far.
     pub fn context(&self) -> &[u32] {
-        &self.context
+        self.conversation.context()
     }
     /// Positions in the cache.
     pub fn position(&self) -> usize {

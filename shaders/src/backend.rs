@@ -191,6 +191,13 @@ impl WgpuBackend {
         &self,
         f: impl FnOnce(&mut Batch<'_>, &mut Pools<'_>) -> std::result::Result<R, ShaderError>,
     ) -> Result<R> {
+        self.record_raw(f).map_err(device)
+    }
+
+    fn record_raw<R>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_>, &mut Pools<'_>) -> std::result::Result<R, ShaderError>,
+    ) -> std::result::Result<R, ShaderError> {
         let mut rec = self.lock();
         let Recorder {
             encoder,
@@ -211,7 +218,7 @@ impl WgpuBackend {
         let mut batch = self.gpu.batch_keyed(pending, cache);
         let r = f(&mut batch, &mut pools);
         *encoder = Some(batch.finish());
-        r.map_err(device)
+        r
     }
 
     /// Submits the pending work (a no-op with none) and frees the staging buffers for the
@@ -227,6 +234,27 @@ impl WgpuBackend {
             *used = 0;
         }
         r.map_err(device)
+    }
+
+    /// Records kernels of the crate's own (the device draw) after the pending work, with
+    /// the same bind-group cache.
+    pub(crate) fn record_after<R>(
+        &self,
+        f: impl FnOnce(&mut Batch<'_>) -> std::result::Result<R, ShaderError>,
+    ) -> std::result::Result<R, ShaderError> {
+        self.record_raw(|b, _| f(b))
+    }
+
+    /// The pending work, handed over to be submitted with a read (see
+    /// `Gpu::read_words_after`); the pools start a new submission, as after a flush.
+    pub(crate) fn take_pending(&self) -> Option<wgpu::CommandEncoder> {
+        let mut rec = self.lock();
+        let e = rec.encoder.take();
+        rec.cache.submitted();
+        for (_, used) in rec.staged.values_mut() {
+            *used = 0;
+        }
+        e
     }
 
     /// A scratch buffer's first `len` values, read after the pending work.

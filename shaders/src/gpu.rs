@@ -445,6 +445,18 @@ impl Gpu {
     }
 
     async fn read_words(&self, buf: &GpuBuffer, offset: usize, n: usize) -> Result<Vec<u32>, ShaderError> {
+        self.read_words_after(None, buf, offset, n).await
+    }
+
+    /// Reads `n` u32 words from word `offset` on, the copy recorded after the work in
+    /// `encoder` and submitted with it: work and read in one submission.
+    pub(crate) async fn read_words_after(
+        &self,
+        encoder: Option<wgpu::CommandEncoder>,
+        buf: &GpuBuffer,
+        offset: usize,
+        n: usize,
+    ) -> Result<Vec<u32>, ShaderError> {
         if offset.checked_add(n).is_none_or(|end| end > buf.len) {
             return Err(ShaderError::Invalid(format!(
                 "reading {n} words at {offset} from a buffer of {}",
@@ -452,6 +464,9 @@ impl Gpu {
             )));
         }
         if n == 0 {
+            if let Some(e) = encoder {
+                self.submit(e)?;
+            }
             return Ok(Vec::new());
         }
         let bytes = n as u64 * 4;
@@ -469,7 +484,7 @@ impl Gpu {
                 })
             }
         };
-        let mut encoder = self.device.create_command_encoder(&Default::default());
+        let mut encoder = encoder.unwrap_or_else(|| self.device.create_command_encoder(&Default::default()));
         encoder.copy_buffer_to_buffer(&buf.buf, (buf.at + offset) as u64 * 4, &staging, 0, bytes);
         let (tx, rx) = oneshot();
         encoder.map_buffer_on_submit(&staging, wgpu::MapMode::Read, ..bytes, move |r| tx.send(r));

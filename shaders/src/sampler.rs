@@ -6,7 +6,7 @@
 
 use rusting_brain_core::{CoreError, Sampler};
 
-use crate::{context_ids, DispatchCache, GpuBuffer, ShaderError, WgpuBackend, NAN_ROW, NO_ID};
+use crate::{context_ids, GpuBuffer, ShaderError, WgpuBackend, NAN_ROW, NO_ID};
 
 type Result<T, E = ShaderError> = std::result::Result<T, E>;
 
@@ -25,7 +25,6 @@ pub struct DeviceSampler {
     top_scratch: GpuBuffer,
     /// The argmax.
     best: GpuBuffer,
-    cache: DispatchCache,
 }
 
 impl DeviceSampler {
@@ -39,7 +38,6 @@ impl DeviceSampler {
             top_vals: gpu.zeros("top values", DEVICE_TOP_K)?,
             top_scratch: gpu.zeros("top-k scratch", vocab)?,
             best: gpu.zeros("best", 1)?,
-            cache: DispatchCache::default(),
         })
     }
 
@@ -64,13 +62,15 @@ impl DeviceSampler {
                 logits.len()
             )));
         }
-        // The pass that wrote the logits goes first.
-        backend.flush()?;
         let gpu = backend.gpu();
         let k = match (sampler.temperature == 0.0, sampler.top_k) {
             (true, _) => None,
             (false, Some(k)) if k <= DEVICE_TOP_K => Some(k.min(vocab)),
-            (false, _) => return Ok(sampler.sample(&gpu.read(logits).await?, context)?),
+            (false, _) => {
+                // The pass that wrote the logits goes first.
+                backend.flush()?;
+                return Ok(sampler.sample(&gpu.read(logits).await?, context)?);
+            }
         };
         let ids = if sampler.repetition_penalty != 1.0 {
             context_ids(context, vocab)
@@ -81,26 +81,28 @@ impl DeviceSampler {
             self.context = gpu.zeros("context ids", ids.len().next_power_of_two())?;
         }
         gpu.write_u32(&self.context, 0, &ids)?;
-        let mut b = gpu.batch_cached(&mut self.cache);
-        b.copy(&self.penalized, 0, logits, 0, vocab)?;
-        b.penalize(
-            &self.penalized,
-            &self.context,
-            ids.len(),
-            sampler.repetition_penalty,
-        )?;
-        match k {
-            None => b.argmax(&self.best, &self.penalized, 1, vocab)?,
-            Some(k) => b.topk(
-                &self.top_ids,
-                &self.top_vals,
-                &self.top_scratch,
-                &self.penalized,
-                vocab,
-                k,
-            )?,
-        }
-        b.submit()?;
+        // Recorded after the pass that wrote the logits, and submitted with the read of
+        // the result: one submission a token.
+        backend.record_after(|b| {
+            // Without a penalty the logits are ranked where they are.
+            let ranked = if ids.is_empty() {
+                logits
+            } else {
+                b.copy(&self.penalized, 0, logits, 0, vocab)?;
+                b.penalize(
+                    &self.penalized,
+                    &self.context,
+                    ids.len(),
+                    sampler.repetition_penalty,
+                )?;
+                &self.penalized
+            };
+            match k {
+                None => b.argmax(&self.best, ranked, 1, vocab),
+                Some(k) => b.topk(&self.top_ids, &self.top_vals, &self.top_scratch, ranked, vocab, k),
+            }
+        })?;
+        let work = backend.take_pending();
         let nan = || -> ShaderError {
             CoreError::NonFinite {
                 op: "sampler",
@@ -110,14 +112,14 @@ impl DeviceSampler {
         };
         match k {
             None => {
-                let id = gpu.read_u32(&self.best, 0, 1).await?[0];
+                let id = gpu.read_words_after(work, &self.best, 0, 1).await?[0];
                 if id == NAN_ROW {
                     return Err(nan());
                 }
                 Ok(id)
             }
             Some(k) => {
-                let ids = gpu.read_u32(&self.top_ids, 0, k).await?;
+                let ids = gpu.read_words_after(work, &self.top_ids, 0, k).await?;
                 let vals = gpu.read(&self.top_vals).await?;
                 if ids.contains(&NAN_ROW) {
                     return Err(nan());

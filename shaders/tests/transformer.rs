@@ -248,26 +248,33 @@ fn int8_decoding_on_wgpu_gives_the_reference_ids() {
 
         // The logits left on the device and drawn there: the pass itself submits nothing
         // and reads nothing back (the experts are routed on the device too), and creates
-        // nothing from its second step on; the greedy draw is the host's argmax.
+        // nothing from its second step on; the greedy draw is the host's argmax, recorded
+        // after the pass and submitted with the read of its id: one submission a token.
         let mut draw = DeviceSampler::new(&g, config(moe).vocab_size).unwrap();
         let mut greedy = rusting_brain_core::Sampler::greedy();
         let mut next = ids[ids.len() - 1];
-        let mut costs = Vec::new();
+        let (mut costs, mut steps) = (Vec::new(), Vec::new());
         for _ in 0..4 {
             let before = g.counters();
             let logits = dev.forward_cached_on_device(&[next], &mut cd).unwrap();
             costs.push(g.counters() - before);
             let got = block_on(draw.draw(&g, logits, &mut greedy, &[])).unwrap();
+            steps.push(g.counters() - before);
             lh = host.forward_cached(&[next], &mut ch).unwrap();
             let want = greedy.sample(&lh, &[]).unwrap();
             assert_eq!(got, want, "moe {moe}");
             next = got;
         }
-        for c in &costs[1..] {
+        for (c, s) in costs[1..].iter().zip(&steps[1..]) {
             assert_eq!(
                 (c.buffers, c.bind_groups, c.submits),
                 (0, 0, 0),
                 "moe {moe}: {c:?}"
+            );
+            assert_eq!(
+                (s.buffers, s.bind_groups, s.submits),
+                (0, 0, 1),
+                "moe {moe}, the step with its draw: {s:?}"
             );
         }
         eprintln!(

@@ -6,7 +6,9 @@
 use std::future::Future;
 
 use rusting_brain_core::checkpoint::read_model;
-use rusting_brain_core::models::transformer::{KvCache, TransformerConfig, TransformerModel};
+use rusting_brain_core::models::transformer::{
+    Conversation, Finish, KvCache, Reply, TransformerConfig, TransformerModel, Turn,
+};
 use rusting_brain_core::{ReferenceBackend, Sampler};
 use rusting_brain_shaders::{DeviceSampler, Gpu, GpuOptions, ShaderError, WgpuBackend};
 
@@ -54,8 +56,9 @@ pub struct Engine {
     config: TransformerConfig,
     /// Why the device in use was chosen ("WebGPU adapter ...", "no WebGPU: ...").
     reason: String,
-    /// Every id fed or drawn since the last reset (the repetition penalty's context).
-    context: Vec<u32>,
+    /// The ids fed or drawn since the last reset, checked against the model's limits
+    /// (core's bookkeeping, the same as native decoding's).
+    conversation: Conversation,
     /// Logits of the last position waiting for the next draw.
     pending: Option<Pending>,
 }
@@ -138,9 +141,9 @@ impl Engine {
         };
         Ok(Engine {
             device,
+            conversation: Conversation::new(&config),
             config,
             reason,
-            context: Vec::new(),
             pending: None,
         })
     }
@@ -163,12 +166,12 @@ impl Engine {
 
     /// Ids in the conversation so far.
     pub fn context(&self) -> &[u32] {
-        &self.context
+        self.conversation.context()
     }
 
     /// Room left in the KV cache.
     pub fn room(&self) -> usize {
-        self.config.max_seq_len.saturating_sub(self.context.len())
+        self.conversation.room()
     }
 
     /// Forgets the conversation (the cache's memory stays allocated).
@@ -177,32 +180,14 @@ impl Engine {
             Device::Cpu { cache, .. } => cache.clear(),
             Device::Gpu { cache, .. } => cache.clear(),
         }
-        self.context.clear();
+        self.conversation.clear();
         self.pending = None;
     }
 
     /// Runs `ids` after the conversation so far. Checked whole first (ids inside the
     /// vocabulary, room in the cache), so a refused call changes nothing.
     pub fn feed(&mut self, ids: &[u32]) -> Result<(), WebError> {
-        let vocab = self.config.vocab_size;
-        if ids.is_empty() {
-            return Err(WebError::Invalid(
-                "nothing to feed: the prompt has no tokens".into(),
-            ));
-        }
-        if let Some(&id) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(WebError::Invalid(format!(
-                "token id {id} is outside the model's vocabulary of {vocab}"
-            )));
-        }
-        if ids.len() > self.room() {
-            return Err(WebError::Invalid(format!(
-                "{} tokens in the conversation + {} new is over the model's max_seq_len {}: call reset()",
-                self.context.len(),
-                ids.len(),
-                self.config.max_seq_len
-            )));
-        }
+        self.conversation.check_feed(ids)?;
         match &mut self.device {
             Device::Cpu { model, cache } => {
                 self.pending = Some(Pending::Host(model.forward_cached(ids, cache)?));
@@ -212,7 +197,7 @@ impl Engine {
                 self.pending = Some(Pending::Device);
             }
         }
-        self.context.extend_from_slice(ids);
+        self.conversation.fed(ids);
         Ok(())
     }
 
@@ -220,10 +205,11 @@ impl Engine {
     /// them, on either device) without feeding it.
     pub async fn draw(&mut self, sampler: &mut Sampler) -> Result<u32, WebError> {
         let id = match (self.pending.take(), &mut self.device) {
-            (Some(Pending::Host(logits)), _) => sampler.sample(&logits, &self.context)?,
+            (Some(Pending::Host(logits)), _) => sampler.sample(&logits, self.conversation.context())?,
             (Some(Pending::Device), Device::Gpu { model, draw, .. }) => {
                 let logits = model.cached_logits().ok_or_else(no_logits)?;
-                draw.draw(&model.backend, logits, sampler, &self.context).await?
+                draw.draw(&model.backend, logits, sampler, self.conversation.context())
+                    .await?
             }
             _ => return Err(no_logits()),
         };
@@ -250,30 +236,28 @@ impl Engine {
     {
         sampler.validate()?;
         self.feed(prompt)?;
-        let mut ids = Vec::new();
+        let mut reply = Reply::new(max_new, end);
         let finish = loop {
-            if ids.len() == max_new {
-                break "length";
+            if let Some(f) = reply.before_draw() {
+                break f;
             }
             let id = self.draw(sampler).await?;
-            if Some(id) == end {
-                break "end";
-            }
-            ids.push(id);
-            let go_on = on_token(id);
-            if self.room() == 0 {
-                // The cache is full: the id is the reply's last, kept in the context so
-                // the conversation reads as it was generated.
-                self.context.push(id);
-                break "max_seq_len";
-            }
-            self.feed(&[id])?;
-            if !go_on {
-                break "stopped";
+            match reply.drawn(&mut self.conversation, id, &mut on_token) {
+                Turn::Done(f) => break f,
+                // Fed even when stopping, so the conversation continues from it.
+                Turn::Feed { stop } => {
+                    self.feed(&[id])?;
+                    if stop {
+                        break Finish::Stopped;
+                    }
+                }
             }
             pause().await;
         };
-        Ok(Generated { ids, finish })
+        Ok(Generated {
+            ids: reply.into_ids(),
+            finish: finish.as_str(),
+        })
     }
 
     /// Frees the model's memory (GPU buffers included) now; the engine answers every

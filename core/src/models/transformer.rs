@@ -407,7 +407,9 @@ fn batch_err(message: String) -> CoreError {
 }
 
 mod params;
+mod turns;
 pub use params::{Block, Experts, Swiglu, TensorKind, TensorSpec, Tree};
+pub use turns::{Conversation, Finish, Reply, Turn};
 
 use crate::ops::moe::Routing;
 
