@@ -1,6 +1,6 @@
-// Element-wise and small reduction kernels of the dense layers, the optimizers and the
+// Element-wise and small reduction kernels of the dense layers and the
 // mixed-precision GEMMs. Twins in rusting_brain_core::ops (elementwise, activation, loss,
-// optim, matmul::round_bf16), term by term. Grid-stride loops: any grid covers any n.
+// matmul::round_bf16), term by term. Grid-stride loops: any grid covers any n.
 #include "common.cuh"
 
 #define FOR_EACH(i, n)                                                              \
@@ -109,22 +109,6 @@ extern "C" __global__ void loss_backward(float* dpred, const float* pred, const 
             default: d = -y / fmaxf(p, 1e-12f);
         }
         dpred[i] = inv * d;
-    }
-}
-
-// SGD with optional momentum (velocity != nullptr) and Nesterov, as core's sgd_update.
-extern "C" __global__ void sgd(float* param, const float* grad, float* velocity, long long n,
-                               float lr, float momentum, float weight_decay, float grad_scale,
-                               int nesterov) {
-    FOR_EACH(i, n) {
-        const float g = grad[i] * grad_scale + weight_decay * param[i];
-        if (velocity == nullptr) {
-            param[i] -= lr * g;
-        } else {
-            const float b = momentum * velocity[i] + g;
-            velocity[i] = b;
-            param[i] -= lr * (nesterov ? g + momentum * b : b);
-        }
     }
 }
 

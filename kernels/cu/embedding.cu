@@ -13,27 +13,16 @@ extern "C" __global__ void embedding_forward(float* out, const float* table, con
     }
 }
 
-// dtable[ids[r]] += dout[r] for every position r, in position order. One thread owns one
-// column and walks the positions itself, so repeated ids add in a fixed order with no
-// atomics: the same bits on every run (an atomicAdd scatter would not be).
-extern "C" __global__ void embedding_backward(float* dtable, const float* dout, const unsigned int* ids,
-                                              int rows, int dim) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= dim) return;
-    for (int r = 0; r < rows; r++) {
-        dtable[(long long)ids[r] * dim + c] += dout[(long long)r * dim + c];
-    }
-}
-
-// The same gradient with the rows grouped by id on the host: uniq[u] is an id, its rows are
+// dtable[ids[r]] += dout[r] for every position r, with the rows grouped by id on the
+// host: uniq[u] is an id, its rows are
 // positions[offsets[u] .. offsets[u + 1]] in increasing order. One thread per (id, column)
 // adds that id's rows in order, then into the table: deterministic, and parallel over
 // every id and column instead of walking all rows per column.
-extern "C" __global__ void embedding_backward_grouped(float* dtable, const float* dout,
-                                                      const unsigned int* uniq,
-                                                      const unsigned int* offsets,
-                                                      const unsigned int* positions, int n_uniq,
-                                                      int dim) {
+extern "C" __global__ void embedding_backward(float* dtable, const float* dout,
+                                              const unsigned int* uniq,
+                                              const unsigned int* offsets,
+                                              const unsigned int* positions, int n_uniq,
+                                              int dim) {
     const long long n = (long long)n_uniq * dim;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {

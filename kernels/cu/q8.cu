@@ -5,8 +5,8 @@
 #include "common.cuh"
 
 // One block per row of x (m, k): xq (m, padded k, bytes, zero past k) and xscale (m).
-extern "C" __global__ void q8_quantize_rows(signed char* xq, float* xscale, const float* x, int m,
-                                            int k, int k_padded) {
+extern "C" __global__ void quantize_activations(signed char* xq, float* xscale, const float* x,
+                                                int m, int k, int k_padded) {
     __shared__ float scratch[32];
     const int r = blockIdx.x;
     if (r >= m) return;

@@ -20,29 +20,6 @@ extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float*
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = x[i] * s * weight[i];
 }
 
-// The residual form used between blocks: x += y first (x is the residual stream), then
-// out = rmsnorm(x). One pass over x instead of two kernels.
-extern "C" __global__ void residual_rmsnorm_forward(float* x_inout, const float* y, float* out,
-                                                    float* rstd, const float* weight, int rows,
-                                                    int dim, float eps) {
-    __shared__ float scratch[32];
-    const int r = blockIdx.x;
-    if (r >= rows) return;
-    float* x = x_inout + (size_t)r * dim;
-    const float* yr = y + (size_t)r * dim;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = x[i] + yr[i];
-        x[i] = v;
-        ss += v * v;
-    }
-    ss = block_sum(ss, scratch);
-    const float s = rsqrtf(ss / (float)dim + eps);
-    if (threadIdx.x == 0) rstd[r] = s;
-    float* o = out + (size_t)r * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = x[i] * s * weight[i];
-}
-
 extern "C" __global__ void rmsnorm_backward(float* dinp, float* dweight_rows, const float* dout,
                                             const float* inp, const float* weight,
                                             const float* rstd, int rows, int dim) {

@@ -1,9 +1,9 @@
 // Rotary position embedding, rotate-half layout, in place. Twin of
 // rusting_brain_core::ops::rope: pair (i, i + D/2) of the vector at position p turns by
-// p * theta^(-2i/D), the angle formed in f32 as PyTorch forms it. sign = -1 is the backward
-// pass (the transposed rotation). x: (batch, seq, heads, head_dim); one thread per pair.
-extern "C" __global__ void rope(float* x, int batch, int seq, int heads, int head_dim,
-                                int pos_offset, float theta, float sign) {
+// p * theta^(-2i/D), the angle formed in f32 as PyTorch forms it; rope_backward turns by
+// the opposite angle (the transposed rotation). x: (batch, seq, heads, head_dim); one thread per pair.
+__device__ __forceinline__ void rope(float* x, int batch, int seq, int heads, int head_dim,
+                                     int pos_offset, float theta, float sign) {
     const int half = head_dim / 2;
     const long long pairs = (long long)batch * seq * heads * half;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < pairs;
@@ -21,4 +21,14 @@ extern "C" __global__ void rope(float* x, int batch, int seq, int heads, int hea
         v[i] = x1 * c - x2 * s;
         v[i + half] = x2 * c + x1 * s;
     }
+}
+
+extern "C" __global__ void rope_forward(float* x, int batch, int seq, int heads, int head_dim,
+                                        int pos_offset, float theta) {
+    rope(x, batch, seq, heads, head_dim, pos_offset, theta, 1.0f);
+}
+
+extern "C" __global__ void rope_backward(float* x, int batch, int seq, int heads, int head_dim,
+                                         int pos_offset, float theta) {
+    rope(x, batch, seq, heads, head_dim, pos_offset, theta, -1.0f);
 }

@@ -156,7 +156,7 @@ int main() {
         auto table = table0;
         const int nu = (int)uniq.size();
         rb_launch(blocks((size_t)nu * dim), 256, [&] {
-            embedding_backward_grouped(table.data(), dout.data(), uniq.data(), offsets.data(), order.data(), nu, dim);
+            embedding_backward(table.data(), dout.data(), uniq.data(), offsets.data(), order.data(), nu, dim);
         });
         std::vector<double> want(table0.begin(), table0.end());
         for (int r = 0; r < rows; r++)
@@ -210,7 +210,7 @@ int main() {
         std::vector<float> xs(m, NAN);
         for (float beta : {0.0f, 0.5f}) {
             auto out = out0;
-            rb_launch({(unsigned)m, 1, 1}, 256, [&] { q8_quantize_rows(xq.data(), xs.data(), x.data(), m, k, words * 4); });
+            rb_launch({(unsigned)m, 1, 1}, 256, [&] { quantize_activations(xq.data(), xs.data(), x.data(), m, k, words * 4); });
             rb_launch(blocks((size_t)m * n * 32, 256), 256,
                       [&] { q8_matmul(out.data(), xq.data(), xs.data(), packed.data(), scales.data(), m, n, words, beta); });
             std::vector<double> want((size_t)m * n);

@@ -42,7 +42,7 @@ pub const SOURCES: &[Source] = &[
     source!("swiglu"),
     source!("rope"),
     source!("cross_entropy"),
-    source!("adamw"),
+    source!("optim"),
     source!("l2norm"),
     source!("embedding"),
     source!("attention"),

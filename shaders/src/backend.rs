@@ -888,7 +888,7 @@ impl Backend for WgpuBackend {
             // The activations are rounded once; each expert's dispatch fills its slots.
             let xq = pools.scratch("int8 activations", rows * pc)?;
             let xs = pools.scratch("int8 activation scales", rows)?;
-            b.q8_quantize(&xq, &xs, x, rows, k)?;
+            b.quantize_activations(&xq, &xs, x, rows, k)?;
             for (e, (w, ws)) in experts.iter().enumerate() {
                 b.q8_expert(
                     out,
@@ -974,11 +974,11 @@ impl Backend for WgpuBackend {
             let xq = pools.scratch("int8 activations", m * pc)?;
             let xs = pools.scratch("int8 activation scales", m)?;
             if xa == 0 {
-                b.q8_quantize(&xq, &xs, x, m, k)?;
+                b.quantize_activations(&xq, &xs, x, m, k)?;
             } else {
                 let xin = pools.scratch("int8 window input", lx)?;
                 b.copy(&xin, 0, x, xa, lx)?;
-                b.q8_quantize(&xq, &xs, &xin, m, k)?;
+                b.quantize_activations(&xq, &xs, &xin, m, k)?;
             }
             if oc == 0 {
                 return b.q8_matmul(out, &xq, &xs, packed, scales, m, n, k, spec.beta);

@@ -52,7 +52,7 @@ pub enum ShaderError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
     RmsNorm,
-    Q8Quantize,
+    QuantizeActivations,
     Q8Matmul,
     Swiglu,
     Rope,
@@ -69,7 +69,7 @@ pub(crate) enum Kernel {
     TopK,
     Q8MatmulTiled,
     RmsNormSg,
-    Q8QuantizeSg,
+    QuantizeActivationsSg,
     RmsNormBackward,
     SwigluBackward,
     AttentionBackwardQ,
@@ -85,7 +85,7 @@ pub(crate) enum Kernel {
 impl Kernel {
     pub(crate) const ALL: [Kernel; 29] = [
         Kernel::RmsNorm,
-        Kernel::Q8Quantize,
+        Kernel::QuantizeActivations,
         Kernel::Q8Matmul,
         Kernel::Swiglu,
         Kernel::Rope,
@@ -102,7 +102,7 @@ impl Kernel {
         Kernel::TopK,
         Kernel::Q8MatmulTiled,
         Kernel::RmsNormSg,
-        Kernel::Q8QuantizeSg,
+        Kernel::QuantizeActivationsSg,
         Kernel::RmsNormBackward,
         Kernel::SwigluBackward,
         Kernel::AttentionBackwardQ,
@@ -118,13 +118,13 @@ impl Kernel {
     /// Whether the kernel uses subgroup operations (built only on adapters that have them;
     /// each has a workgroup-reduction twin used everywhere else).
     pub(crate) fn needs_subgroups(self) -> bool {
-        matches!(self, Kernel::RmsNormSg | Kernel::Q8QuantizeSg)
+        matches!(self, Kernel::RmsNormSg | Kernel::QuantizeActivationsSg)
     }
 
     pub(crate) fn name(self) -> &'static str {
         match self {
             Kernel::RmsNorm => "rmsnorm",
-            Kernel::Q8Quantize => "q8_quantize",
+            Kernel::QuantizeActivations => "quantize_activations",
             Kernel::Q8Matmul => "q8_matmul",
             Kernel::Swiglu => "swiglu",
             Kernel::Rope => "rope",
@@ -141,7 +141,7 @@ impl Kernel {
             Kernel::TopK => "topk",
             Kernel::Q8MatmulTiled => "q8_matmul_tiled",
             Kernel::RmsNormSg => "rmsnorm_sg",
-            Kernel::Q8QuantizeSg => "q8_quantize_sg",
+            Kernel::QuantizeActivationsSg => "quantize_activations_sg",
             Kernel::RmsNormBackward => "rmsnorm_backward",
             Kernel::SwigluBackward => "swiglu_backward",
             Kernel::AttentionBackwardQ => "attention_backward_q",
@@ -158,7 +158,7 @@ impl Kernel {
     pub(crate) fn source(self) -> &'static str {
         match self {
             Kernel::RmsNorm => include_str!("wgsl/rmsnorm.wgsl"),
-            Kernel::Q8Quantize => include_str!("wgsl/q8_quantize.wgsl"),
+            Kernel::QuantizeActivations => include_str!("wgsl/quantize_activations.wgsl"),
             Kernel::Q8Matmul => include_str!("wgsl/q8_matmul.wgsl"),
             Kernel::Swiglu => include_str!("wgsl/swiglu.wgsl"),
             Kernel::Rope => include_str!("wgsl/rope.wgsl"),
@@ -175,7 +175,7 @@ impl Kernel {
             Kernel::TopK => include_str!("wgsl/topk.wgsl"),
             Kernel::Q8MatmulTiled => include_str!("wgsl/q8_matmul_tiled.wgsl"),
             Kernel::RmsNormSg => include_str!("wgsl/rmsnorm_sg.wgsl"),
-            Kernel::Q8QuantizeSg => include_str!("wgsl/q8_quantize_sg.wgsl"),
+            Kernel::QuantizeActivationsSg => include_str!("wgsl/quantize_activations_sg.wgsl"),
             Kernel::RmsNormBackward => include_str!("wgsl/rmsnorm_backward.wgsl"),
             Kernel::SwigluBackward => include_str!("wgsl/swiglu_backward.wgsl"),
             Kernel::AttentionBackwardQ => include_str!("wgsl/attention_backward_q.wgsl"),

@@ -133,7 +133,7 @@ fn rmsnorm_on(no_subgroups: bool) {
 }
 
 #[test]
-fn q8_quantize_and_matmul_match_reference_exactly() {
+fn quantize_activations_and_q8_matmul_match_reference_exactly() {
     for no_subgroups in [false, true] {
         q8_on(no_subgroups);
     }
@@ -164,7 +164,7 @@ fn q8_on(no_subgroups: bool) {
         let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
         let go = poisoned(&g, m * n);
         let mut b = g.batch();
-        b.q8_quantize(&gxq, &gxs, &gx, m, k).unwrap();
+        b.quantize_activations(&gxq, &gxs, &gx, m, k).unwrap();
         b.q8_matmul(&go, &gxq, &gxs, &gw, &gws, m, n, k, 0.0).unwrap();
         b.submit().unwrap();
         // The int8 activations and their scales equal the CPU's, byte for byte.
@@ -440,7 +440,7 @@ fn int8_weights_over_a_binding_go_in_row_slabs_with_the_same_bits() {
         let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
         let go = g.upload("out", &base).unwrap();
         let mut b = g.batch();
-        b.q8_quantize(&gxq, &gxs, &gx, m, k).unwrap();
+        b.quantize_activations(&gxq, &gxs, &gx, m, k).unwrap();
         b.q8_matmul_cols(&go, (n + 3, 1), &gxq, &gxs, &gw, &gws, m, n, k, 0.5)
             .unwrap();
         b.submit().unwrap();
@@ -530,7 +530,7 @@ fn moe_routing_expert_products_and_combine_match_reference() {
             .collect();
         let gy = poisoned(&g, n * k * f);
         let mut b = g.batch();
-        b.q8_quantize(&gxq, &gxs, &gx, n, d).unwrap();
+        b.quantize_activations(&gxq, &gxs, &gx, n, d).unwrap();
         for (ex, (gwp, gws)) in gexperts.iter().enumerate() {
             b.q8_expert(&gy, &gxq, &gxs, gwp, gws, &ge, (n * k, f, d, k), true, ex)
                 .unwrap();
@@ -679,7 +679,7 @@ fn tiled_q8_matmul_matches_reference_exactly() {
         let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
         let go = g.upload("out", &base).unwrap();
         let mut b = g.batch();
-        b.q8_quantize(&gxq, &gxs, &gx, m, k).unwrap();
+        b.quantize_activations(&gxq, &gxs, &gx, m, k).unwrap();
         b.q8_matmul_cols(&go, (n + 5, 2), &gxq, &gxs, &gw, &gws, m, n, k, 0.5)
             .unwrap();
         b.submit().unwrap();

@@ -33,7 +33,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use rusting_brain_core::backend::*;
 use rusting_brain_core::error::{check_len, check_range, check_rows};
-use rusting_brain_core::ops::{cross_entropy, elementwise, embedding, moe, optim, q8, rmsnorm, swiglu};
+use rusting_brain_core::ops;
 use rusting_brain_core::{Activation, CoreError, Loss, Result};
 use rusting_brain_kernels::{probe, Compiler, Library, SOURCES};
 
@@ -108,35 +108,6 @@ struct Scratch<T: DeviceRepr> {
     buf: Option<CudaSlice<T>>,
 }
 
-/// The shape argument of the attention kernels (`struct Shape` in attention.cu).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct AttnShape {
-    batch: i32,
-    q_len: i32,
-    kv_len: i32,
-    kv_capacity: i32,
-    q_heads: i32,
-    kv_heads: i32,
-    head_dim: i32,
-}
-// SAFETY: plain-old-data of i32 fields, laid out as the C struct the kernels take.
-unsafe impl DeviceRepr for AttnShape {}
-
-/// `struct Shape` of flash_attention.cu (the head size is in the kernel's name).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct FlashShape {
-    batch: i32,
-    q_len: i32,
-    kv_len: i32,
-    kv_capacity: i32,
-    q_heads: i32,
-    kv_heads: i32,
-}
-// SAFETY: as for AttnShape.
-unsafe impl DeviceRepr for FlashShape {}
-
 struct Device {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -191,11 +162,11 @@ const KERNELS: &[(&str, &[&str])] = &[
         ],
     ),
     ("swiglu", &["swiglu_forward", "swiglu_backward"]),
-    ("rope", &["rope"]),
+    ("rope", &["rope_forward", "rope_backward"]),
     ("cross_entropy", &["cross_entropy"]),
-    ("adamw", &["adamw"]),
-    ("l2norm", &["sum_squares"]),
-    ("embedding", &["embedding_forward", "embedding_backward_grouped"]),
+    ("optim", &["adam_update", "sgd_update"]),
+    ("l2norm", &["sum_of_squares"]),
+    ("embedding", &["embedding_forward", "embedding_backward"]),
     (
         "attention",
         &[
@@ -228,13 +199,12 @@ const KERNELS: &[(&str, &[&str])] = &[
             "activation_backward",
             "loss_terms",
             "loss_backward",
-            "sgd",
             "to_bf16",
         ],
     ),
     ("softmax", &["softmax_forward", "softmax_backward"]),
     ("moe", &["moe_combine", "moe_combine_backward"]),
-    ("q8", &["q8_quantize_rows", "q8_matmul", "q8_embedding"]),
+    ("q8", &["quantize_activations", "q8_matmul", "q8_embedding"]),
 ];
 
 /// One launch: `launch!(self, "kernel", cfg; arg, arg, ...)` with every argument a reference
@@ -250,6 +220,23 @@ macro_rules! launch {
         r.map(|_| ()).map_err(|e| dev_err(format!("launching {}: {e:?}", $name)))
     }};
 }
+
+// Op families, each beside its kernel file in kernels/cu and its twin in core's ops;
+// declared after `launch!` so they can use it.
+mod attention;
+mod cross_entropy;
+mod dense;
+mod elementwise;
+mod embedding;
+mod l2norm;
+mod matmul;
+mod moe;
+mod optim;
+mod q8;
+mod rmsnorm;
+mod rope;
+mod softmax;
+mod swiglu;
 
 fn grid(n: usize) -> LaunchConfig {
     // Grid-stride kernels: a bounded grid covers any n.
@@ -504,223 +491,6 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         }
     }
-
-    /// Rounds `len` f32 of `src` from `offset` to bf16 into `dst`.
-    fn to_bf16(&self, dst: &mut CudaSlice<u16>, src: &CudaBuffer, offset: usize, len: usize) -> Result<()> {
-        let view = src.data.slice(offset..offset + len);
-        launch!(self, "to_bf16", grid(len); dst, &view, &(len as i64))
-    }
-
-    fn gemm(&self, c: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, spec: &MatmulSpec) -> Result<()> {
-        let (la, lb, lc) = spec.check("matmul", a.len, b.len, c.len)?;
-        let (wa, wb, wc) = spec.window.map_or((0, 0, 0), |w| (w.a, w.b, w.c));
-        let (m, n, k, batch) = (spec.m, spec.n, spec.k, spec.batch);
-        if m == 0 || n == 0 || batch == 0 {
-            return Ok(());
-        }
-        if k == 0 {
-            // C = beta C: no product to run.
-            let mut view = c.data.slice_mut(wc..wc + lc * batch);
-            let total = lc * batch;
-            return if spec.beta == 0.0 {
-                launch!(self, "fill", grid(total); &mut view, &0.0f32, &(total as i64))
-            } else {
-                launch!(self, "scale", grid(total); &mut view, &spec.beta, &(total as i64))
-            };
-        }
-        let bf16 = spec.precision == Precision::Bf16;
-        // cuBLASLt runs in whatever context is current on this thread; cudarc's own calls
-        // bind it, raw ones do not.
-        self.dev
-            .ctx
-            .bind_to_thread()
-            .map_err(drv("binding the CUDA context"))?;
-        let stream = &self.dev.stream;
-        let (c_ptr, _gc) = c.data.device_ptr_mut(stream);
-        let c_ptr = c_ptr + (wc * 4) as u64;
-        let mut a_guard = self
-            .dev
-            .bf16_a
-            .lock()
-            .map_err(|_| dev_err("scratch lock poisoned"))?;
-        let mut b_guard = self
-            .dev
-            .bf16_b
-            .lock()
-            .map_err(|_| dev_err("scratch lock poisoned"))?;
-        let (a_ptr, b_ptr) = if bf16 {
-            let sa = self.scratch(&mut a_guard, la * batch, "BF16 operand scratch")?;
-            self.to_bf16(sa, a, wa, la * batch)?;
-            let pa = sa.device_ptr(stream).0;
-            let sb = self.scratch(&mut b_guard, lb * batch, "BF16 operand scratch")?;
-            self.to_bf16(sb, b, wb, lb * batch)?;
-            (pa, sb.device_ptr(stream).0)
-        } else {
-            let (pa, _) = a.data.device_ptr(stream);
-            let (pb, _) = b.data.device_ptr(stream);
-            (pa + (wa * 4) as u64, pb + (wb * 4) as u64)
-        };
-        let key = GemmKey {
-            m,
-            n,
-            k,
-            trans_a: spec.trans_a,
-            trans_b: spec.trans_b,
-            batch,
-            bf16,
-            tf32: self.tf32(),
-            align: [alignment(a_ptr), alignment(b_ptr), alignment(c_ptr)],
-        };
-        let mut lt = self
-            .dev
-            .lt
-            .lock()
-            .map_err(|_| dev_err("cuBLASLt lock poisoned"))?;
-        let ws = lt.workspace.device_ptr(stream).0;
-        // SAFETY: the pointers address the operands `spec.check` validated (offset by the
-        // window), in bf16 scratch of la*batch / lb*batch elements when bf16; all on this
-        // backend's device and stream.
-        unsafe {
-            lt.run(
-                key,
-                a_ptr,
-                b_ptr,
-                c_ptr,
-                spec.alpha,
-                spec.beta,
-                ws,
-                stream.cu_stream(),
-            )
-        }
-        .map_err(dev_err)
-    }
-
-    /// `acc[c] += sum over rows of m[r][c]` for an (rows, cols) matrix, in two fixed stages
-    /// (chunks of rows, then the chunks in order): deterministic, and parallel over rows.
-    fn column_sum(
-        &self,
-        acc: &mut CudaSlice<f32>,
-        m: &CudaSlice<f32>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        if rows == 0 || cols == 0 {
-            return Ok(());
-        }
-        let col_blocks = cols.div_ceil(THREADS as usize);
-        if col_blocks > 65_535 {
-            return Err(dev_err(format!(
-                "{cols} columns is more than the column-sum kernels take"
-            )));
-        }
-        let chunk_rows = rows.div_ceil(65_535).max(256);
-        let chunks = rows.div_ceil(chunk_rows);
-        let mut guard = self
-            .dev
-            .col_partials
-            .lock()
-            .map_err(|_| dev_err("scratch lock poisoned"))?;
-        let partial = self.scratch(&mut guard, chunks * cols, "column-sum scratch")?;
-        let (r, c, cr, ch) = (
-            i32_of("rows", rows)?,
-            i32_of("cols", cols)?,
-            i32_of("rows", chunk_rows)?,
-            i32_of("rows", chunks)?,
-        );
-        let cfg = LaunchConfig {
-            grid_dim: (col_blocks as u32, chunks as u32, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(self, "column_sum_chunks", cfg; &mut *partial, m, &r, &c, &cr)?;
-        let cfg = LaunchConfig {
-            grid_dim: (col_blocks as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(self, "column_sum", cfg; acc, &*partial, &ch, &c)
-    }
-
-    fn sum_squares_into(&self, partials: &mut CudaSlice<f32>, slot: usize, x: &CudaBuffer) -> Result<()> {
-        let mut view = partials.slice_mut(slot * REDUCE_BLOCKS..(slot + 1) * REDUCE_BLOCKS);
-        launch!(self, "sum_squares", Self::reduce_cfg(x.len); &mut view, &x.data, &(x.len as i64))
-    }
-
-    fn attention_shape(spec: &AttentionSpec) -> Result<AttnShape> {
-        Ok(AttnShape {
-            batch: i32_of("batch", spec.batch)?,
-            q_len: i32_of("q_len", spec.q_len)?,
-            kv_len: i32_of("kv_len", spec.kv_len)?,
-            kv_capacity: i32_of("kv_capacity", spec.kv_capacity)?,
-            q_heads: i32_of("q_heads", spec.q_heads)?,
-            kv_heads: i32_of("kv_heads", spec.kv_heads)?,
-            head_dim: i32_of("head_dim", spec.head_dim)?,
-        })
-    }
-
-    fn flash_shape(s: &AttnShape) -> FlashShape {
-        FlashShape {
-            batch: s.batch,
-            q_len: s.q_len,
-            kv_len: s.kv_len,
-            kv_capacity: s.kv_capacity,
-            q_heads: s.q_heads,
-            kv_heads: s.kv_heads,
-        }
-    }
-
-    /// Whether this call takes the tensor-core kernels.
-    fn use_flash(&self, spec: &AttentionSpec) -> bool {
-        self.bf16_attention() && (spec.head_dim == 64 || spec.head_dim == 128)
-    }
-
-    fn warps_cfg(rows: usize) -> Result<LaunchConfig> {
-        // 8 warps a block, one warp a row.
-        let blocks = rows.div_ceil(8);
-        if blocks > i32::MAX as usize {
-            return Err(dev_err("too many rows for one launch"));
-        }
-        Ok(LaunchConfig {
-            grid_dim: (blocks.max(1) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        })
-    }
-
-    fn flash_cfg(blocks: usize, s: &FlashShape, heads: i32) -> Result<LaunchConfig> {
-        if blocks > i32::MAX as usize || s.batch > 65_535 || heads > 65_535 {
-            return Err(dev_err("attention grid too large for one launch"));
-        }
-        Ok(LaunchConfig {
-            grid_dim: (blocks.max(1) as u32, heads as u32, s.batch as u32),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        })
-    }
-}
-
-fn act_code(act: Activation) -> (i32, f32) {
-    match act {
-        Activation::Identity => (0, 0.0),
-        Activation::Relu => (1, 0.0),
-        Activation::LeakyRelu(a) => (2, a),
-        Activation::Sigmoid => (3, 0.0),
-        Activation::Tanh => (4, 0.0),
-        // Row-wise: handled by the softmax kernels.
-        Activation::Softmax => (5, 0.0),
-    }
-}
-
-/// `loss_backward`'s code for the fused softmax/sigmoid + cross-entropy gradient,
-/// `(pred - target) / divisor`.
-const FUSED_OUTPUT: i32 = 3;
-
-fn loss_code(loss: Loss) -> i32 {
-    match loss {
-        Loss::MeanSquaredError => 0,
-        Loss::BinaryCrossEntropy => 1,
-        Loss::CategoricalCrossEntropy => 2,
-    }
 }
 
 impl Backend for CudaBackend {
@@ -799,55 +569,22 @@ impl Backend for CudaBackend {
             .map_err(drv("device copy"))
     }
     fn axpy(&self, y: &mut CudaBuffer, alpha: f32, x: &CudaBuffer) -> Result<()> {
-        check_len("axpy", "x", x.len, y.len)?;
-        let n = y.len;
-        if n == 0 {
-            return Ok(());
-        }
-        launch!(self, "axpy", grid(n); &mut y.data, &alpha, &x.data, &(n as i64))
+        elementwise::axpy(self, y, alpha, x)
     }
     fn scale(&self, x: &mut CudaBuffer, alpha: f32) -> Result<()> {
-        let n = x.len;
-        if n == 0 {
-            return Ok(());
-        }
-        launch!(self, "scale", grid(n); &mut x.data, &alpha, &(n as i64))
+        elementwise::scale(self, x, alpha)
     }
     fn sum_of_squares(&self, x: &CudaBuffer) -> Result<f64> {
-        self.sum_of_squares_many(&[x])
+        l2norm::sum_of_squares(self, x)
     }
     fn sum_of_squares_many(&self, xs: &[&CudaBuffer]) -> Result<f64> {
-        // One partials slot range per tensor, one download for all: the global norm costs
-        // one host round trip, not one per parameter.
-        let mut guard = self
-            .dev
-            .partials
-            .lock()
-            .map_err(|_| dev_err("scratch lock poisoned"))?;
-        let slots = xs.len().max(1) * REDUCE_BLOCKS;
-        let partials = self.scratch(&mut guard, slots, "reduction scratch")?;
-        let mut zero = partials.slice_mut(0..slots);
-        self.dev
-            .stream
-            .memset_zeros(&mut zero)
-            .map_err(drv("clearing partial sums"))?;
-        for (i, x) in xs.iter().enumerate() {
-            if x.len > 0 {
-                self.sum_squares_into(partials, i, x)?;
-            }
-        }
-        self.reduce_host(partials, slots)
+        l2norm::sum_of_squares_many(self, xs)
     }
     fn matmul(&self, c: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, spec: &MatmulSpec) -> Result<()> {
-        self.gemm(c, a, b, spec)
+        matmul::matmul(self, c, a, b, spec)
     }
     fn add_bias(&self, out: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, cols: usize) -> Result<()> {
-        elementwise::check_bias("add_bias", ["out", "bias"], out.len, bias.len, rows, cols)?;
-        let n = rows * cols;
-        if n == 0 {
-            return Ok(());
-        }
-        launch!(self, "add_bias", grid(n); &mut out.data, &bias.data, &(n as i64), &i32_of("cols", cols)?)
+        dense::add_bias(self, out, bias, rows, cols)
     }
     fn bias_backward(
         &self,
@@ -856,18 +593,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        elementwise::check_bias(
-            "bias_backward",
-            ["dout", "dbias"],
-            dout.len,
-            dbias.len,
-            rows,
-            cols,
-        )?;
-        if cols == 0 {
-            return Ok(());
-        }
-        self.column_sum(&mut dbias.data, &dout.data, rows, cols)
+        dense::bias_backward(self, dbias, dout, rows, cols)
     }
     fn activation_forward(
         &self,
@@ -877,20 +603,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        let n = check_rows(
-            "activation_forward",
-            rows,
-            cols,
-            &[("inp", inp.len), ("out", out.len)],
-        )?;
-        if n == 0 {
-            return Ok(());
-        }
-        if act == Activation::Softmax {
-            return self.softmax_forward(out, inp, rows, cols);
-        }
-        let (code, alpha) = act_code(act);
-        launch!(self, "activation_forward", grid(n); &mut out.data, &inp.data, &(n as i64), &code, &alpha)
+        dense::activation_forward(self, act, out, inp, rows, cols)
     }
     fn activation_backward(
         &self,
@@ -902,19 +615,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        const OP: &str = "activation_backward";
-        let n = check_rows(OP, rows, cols, &[("inp", inp.len), ("out", out.len)])?;
-        check_len(OP, "dinp", dinp.len, n)?;
-        check_len(OP, "dout", dout.len, n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        if act == Activation::Softmax {
-            return self.softmax_backward(dinp, dout, out, rows, cols);
-        }
-        let (code, alpha) = act_code(act);
-        launch!(self, "activation_backward", grid(n);
-            &mut dinp.data, &dout.data, &inp.data, &out.data, &(n as i64), &code, &alpha)
+        dense::activation_backward(self, act, dinp, dout, inp, out, rows, cols)
     }
     fn loss_forward(
         &self,
@@ -924,28 +625,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<f64> {
-        const OP: &str = "loss_forward";
-        let n = check_rows(OP, rows, cols, &[("pred", pred.len), ("target", target.len)])?;
-        if rows == 0 || n == 0 {
-            return Ok(0.0);
-        }
-        let mut terms = self.alloc(n)?;
-        launch!(self, "loss_terms", grid(n);
-            &mut terms.data, &pred.data, &target.data, &(n as i64), &loss_code(loss))?;
-        let mut guard = self
-            .dev
-            .partials
-            .lock()
-            .map_err(|_| dev_err("scratch lock poisoned"))?;
-        let partials = self.scratch(&mut guard, REDUCE_BLOCKS, "reduction scratch")?;
-        let cfg = Self::reduce_cfg(n);
-        let blocks = cfg.grid_dim.0 as usize;
-        launch!(self, "partial_sums", cfg; &mut *partials, &terms.data, &(n as i64))?;
-        let value = self.reduce_host(partials, blocks)? / loss.divisor(rows, cols) as f64;
-        if !value.is_finite() {
-            return Err(CoreError::NonFinite { op: OP, value });
-        }
-        Ok(value)
+        dense::loss_forward(self, loss, pred, target, rows, cols)
     }
     fn loss_backward(
         &self,
@@ -956,18 +636,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        let code = loss_code(loss);
-        self.loss_gradient(
-            "loss_backward",
-            "dpred",
-            code,
-            loss,
-            dpred,
-            pred,
-            target,
-            rows,
-            cols,
-        )
+        dense::loss_backward(self, loss, dpred, pred, target, rows, cols)
     }
     fn fused_output_backward(
         &self,
@@ -978,17 +647,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        self.loss_gradient(
-            "fused_output_backward",
-            "dlogits",
-            FUSED_OUTPUT,
-            loss,
-            dlogits,
-            pred,
-            target,
-            rows,
-            cols,
-        )
+        dense::fused_output_backward(self, loss, dlogits, pred, target, rows, cols)
     }
     fn rmsnorm_forward(
         &self,
@@ -1000,13 +659,7 @@ impl Backend for CudaBackend {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        rmsnorm::check_rmsnorm_forward(out.len, rstd.len, inp.len, weight.len, rows, dim)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let (r, d) = (i32_of("rows", rows)?, i32_of("dim", dim)?);
-        launch!(self, "rmsnorm_forward", rows_grid(rows, 256)?;
-            &mut out.data, &mut rstd.data, &inp.data, &weight.data, &r, &d, &eps)
+        rmsnorm::rmsnorm_forward(self, out, rstd, inp, weight, rows, dim, eps)
     }
     fn rmsnorm_backward(
         &self,
@@ -1019,37 +672,13 @@ impl Backend for CudaBackend {
         rows: usize,
         dim: usize,
     ) -> Result<()> {
-        rmsnorm::check_rmsnorm_backward(
-            dinp.len,
-            dweight.len,
-            dout.len,
-            inp.len,
-            weight.len,
-            rstd.len,
-            rows,
-            dim,
-        )?;
-        if rows == 0 {
-            return Ok(());
-        }
-        let (r, d) = (i32_of("rows", rows)?, i32_of("dim", dim)?);
-        // Per-row weight gradients (scratch kept between calls), then a column sum in row
-        // order: no atomics.
-        let mut guard = self
-            .dev
-            .rows_dw
-            .lock()
-            .map_err(|_| dev_err("scratch lock poisoned"))?;
-        let rows_dw = self.scratch(&mut guard, rows * dim, "RMSNorm weight-gradient scratch")?;
-        launch!(self, "rmsnorm_backward", rows_grid(rows, 256)?;
-            &mut dinp.data, &mut *rows_dw, &dout.data, &inp.data, &weight.data, &rstd.data, &r, &d)?;
-        self.column_sum(&mut dweight.data, rows_dw, rows, dim)
+        rmsnorm::rmsnorm_backward(self, dinp, dweight, dout, inp, weight, rstd, rows, dim)
     }
     fn rope_forward(&self, x: &mut CudaBuffer, spec: &RopeSpec) -> Result<()> {
-        self.rope(x, spec, 1.0, "rope_forward")
+        rope::rope_forward(self, x, spec)
     }
     fn rope_backward(&self, dx: &mut CudaBuffer, spec: &RopeSpec) -> Result<()> {
-        self.rope(dx, spec, -1.0, "rope_backward")
+        rope::rope_backward(self, dx, spec)
     }
     fn softmax_forward(
         &self,
@@ -1058,17 +687,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        check_rows(
-            "softmax_forward",
-            rows,
-            cols,
-            &[("inp", inp.len), ("out", out.len)],
-        )?;
-        if rows == 0 || cols == 0 {
-            return Ok(());
-        }
-        let (r, c) = (i32_of("rows", rows)?, i32_of("cols", cols)?);
-        launch!(self, "softmax_forward", rows_grid(rows, 256)?; &mut out.data, &inp.data, &r, &c)
+        softmax::softmax_forward(self, out, inp, rows, cols)
     }
     fn softmax_backward(
         &self,
@@ -1078,25 +697,10 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        check_rows(
-            "softmax_backward",
-            rows,
-            cols,
-            &[("dinp", dinp.len), ("dout", dout.len), ("out", out.len)],
-        )?;
-        if rows == 0 || cols == 0 {
-            return Ok(());
-        }
-        let (r, c) = (i32_of("rows", rows)?, i32_of("cols", cols)?);
-        launch!(self, "softmax_backward", rows_grid(rows, 256)?; &mut dinp.data, &dout.data, &out.data, &r, &c)
+        softmax::softmax_backward(self, dinp, dout, out, rows, cols)
     }
     fn swiglu_forward(&self, out: &mut CudaBuffer, gate: &CudaBuffer, up: &CudaBuffer) -> Result<()> {
-        swiglu::check_swiglu_forward(out.len, gate.len, up.len)?;
-        let n = out.len;
-        if n == 0 {
-            return Ok(());
-        }
-        launch!(self, "swiglu_forward", grid(n); &mut out.data, &gate.data, &up.data, &(n as i64))
+        swiglu::swiglu_forward(self, out, gate, up)
     }
     fn swiglu_backward(
         &self,
@@ -1106,13 +710,7 @@ impl Backend for CudaBackend {
         gate: &CudaBuffer,
         up: &CudaBuffer,
     ) -> Result<()> {
-        swiglu::check_swiglu_backward(dgate.len, dup.len, dout.len, gate.len, up.len)?;
-        let n = dout.len;
-        if n == 0 {
-            return Ok(());
-        }
-        launch!(self, "swiglu_backward", grid(n);
-            &mut dgate.data, &mut dup.data, &dout.data, &gate.data, &up.data, &(n as i64))
+        swiglu::swiglu_backward(self, dgate, dup, dout, gate, up)
     }
     fn attention_forward(
         &self,
@@ -1123,24 +721,7 @@ impl Backend for CudaBackend {
         v: &CudaBuffer,
         spec: &AttentionSpec,
     ) -> Result<()> {
-        spec.check_forward(out.len, lse.len, q.len, k.len, v.len)?;
-        if spec.batch == 0 || spec.q_len == 0 || spec.q_heads == 0 {
-            return Ok(());
-        }
-        let s = Self::attention_shape(spec)?;
-        if self.use_flash(spec) {
-            let fs = Self::flash_shape(&s);
-            let cfg = Self::flash_cfg(spec.q_len.div_ceil(64), &fs, s.q_heads)?;
-            return if spec.head_dim == 64 {
-                launch!(self, "flash_forward_64", cfg; &mut out.data, &mut lse.data, &q.data, &k.data, &v.data, &fs)
-            } else {
-                launch!(self, "flash_forward_128", cfg; &mut out.data, &mut lse.data, &q.data, &k.data, &v.data, &fs)
-            };
-        }
-        self.check_f32_head(spec)?;
-        let rows = spec.batch * spec.q_len * spec.q_heads;
-        launch!(self, "attention_forward", Self::warps_cfg(rows)?;
-            &mut out.data, &mut lse.data, &q.data, &k.data, &v.data, &s)
+        attention::attention_forward(self, out, lse, q, k, v, spec)
     }
     fn attention_backward(
         &self,
@@ -1155,42 +736,7 @@ impl Backend for CudaBackend {
         lse: &CudaBuffer,
         spec: &AttentionSpec,
     ) -> Result<()> {
-        spec.check_backward([
-            dq.len, dk.len, dv.len, dout.len, q.len, k.len, v.len, out.len, lse.len,
-        ])?;
-        if spec.batch == 0 || spec.q_heads == 0 {
-            // No query sees a key: their gradients are zero, as the reference writes them.
-            self.fill(dk, 0.0)?;
-            return self.fill(dv, 0.0);
-        }
-        let s = Self::attention_shape(spec)?;
-        if self.use_flash(spec) {
-            let rows = spec.batch * spec.q_len * spec.q_heads;
-            let mut delta = self.alloc(rows)?;
-            let d = s.head_dim;
-            launch!(self, "flash_delta", Self::warps_cfg(rows)?;
-                &mut delta.data, &dout.data, &out.data, &(rows as i64), &d)?;
-            let fs = Self::flash_shape(&s);
-            let kv_cfg = Self::flash_cfg(spec.kv_capacity.div_ceil(64), &fs, s.kv_heads)?;
-            let q_cfg = Self::flash_cfg(spec.q_len.div_ceil(64), &fs, s.q_heads)?;
-            if spec.head_dim == 64 {
-                launch!(self, "flash_backward_kv_64", kv_cfg;
-                    &mut dk.data, &mut dv.data, &dout.data, &q.data, &k.data, &v.data, &lse.data, &delta.data, &fs)?;
-                return launch!(self, "flash_backward_q_64", q_cfg;
-                    &mut dq.data, &dout.data, &q.data, &k.data, &v.data, &lse.data, &delta.data, &fs);
-            }
-            launch!(self, "flash_backward_kv_128", kv_cfg;
-                &mut dk.data, &mut dv.data, &dout.data, &q.data, &k.data, &v.data, &lse.data, &delta.data, &fs)?;
-            return launch!(self, "flash_backward_q_128", q_cfg;
-                &mut dq.data, &dout.data, &q.data, &k.data, &v.data, &lse.data, &delta.data, &fs);
-        }
-        self.check_f32_head(spec)?;
-        let q_rows = spec.batch * spec.q_len * spec.q_heads;
-        launch!(self, "attention_backward_dq", Self::warps_cfg(q_rows)?;
-            &mut dq.data, &dout.data, &q.data, &k.data, &v.data, &out.data, &lse.data, &s)?;
-        let kv_rows = spec.batch * spec.kv_capacity * spec.kv_heads;
-        launch!(self, "attention_backward_dkv", Self::warps_cfg(kv_rows)?;
-            &mut dk.data, &mut dv.data, &dout.data, &q.data, &k.data, &v.data, &out.data, &lse.data, &s)
+        attention::attention_backward(self, dq, dk, dv, dout, q, k, v, out, lse, spec)
     }
     fn embedding_forward(
         &self,
@@ -1200,21 +746,7 @@ impl Backend for CudaBackend {
         vocab: usize,
         dim: usize,
     ) -> Result<()> {
-        embedding::check_embedding(
-            "embedding_forward",
-            ["table", "out"],
-            table.len,
-            out.len,
-            ids,
-            vocab,
-            dim,
-        )?;
-        if ids.is_empty() || dim == 0 {
-            return Ok(());
-        }
-        let idg = self.upload_u32(ids)?;
-        let (r, d) = (i32_of("rows", ids.len())?, i32_of("dim", dim)?);
-        launch!(self, "embedding_forward", grid(ids.len() * dim); &mut out.data, &table.data, &idg, &r, &d)
+        embedding::embedding_forward(self, out, table, ids, vocab, dim)
     }
     fn embedding_backward(
         &self,
@@ -1224,39 +756,7 @@ impl Backend for CudaBackend {
         vocab: usize,
         dim: usize,
     ) -> Result<()> {
-        embedding::check_embedding(
-            "embedding_backward",
-            ["dtable", "dout"],
-            dtable.len,
-            dout.len,
-            ids,
-            vocab,
-            dim,
-        )?;
-        if ids.is_empty() || dim == 0 {
-            return Ok(());
-        }
-        // Rows grouped by id on the host (a stable sort keeps each id's rows in order), so
-        // the kernel is parallel over (id, column) and still adds in a fixed order.
-        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
-        order.sort_by_key(|&r| ids[r as usize]);
-        let (mut uniq, mut offsets) = (Vec::new(), Vec::new());
-        for (p, &r) in order.iter().enumerate() {
-            let id = ids[r as usize];
-            if uniq.last() != Some(&id) {
-                uniq.push(id);
-                offsets.push(p as u32);
-            }
-        }
-        offsets.push(order.len() as u32);
-        let (ug, og, pg) = (
-            self.upload_u32(&uniq)?,
-            self.upload_u32(&offsets)?,
-            self.upload_u32(&order)?,
-        );
-        let (nu, d) = (i32_of("ids", uniq.len())?, i32_of("dim", dim)?);
-        launch!(self, "embedding_backward_grouped", grid(uniq.len() * dim);
-            &mut dtable.data, &dout.data, &ug, &og, &pg, &nu, &d)
+        embedding::embedding_backward(self, dtable, dout, ids, vocab, dim)
     }
     fn cross_entropy(
         &self,
@@ -1267,36 +767,7 @@ impl Backend for CudaBackend {
         vocab: usize,
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
-        cross_entropy::check_cross_entropy(logits.len, targets, mask, rows, vocab)?;
-        let counted = mask.map_or(rows, |m| m.iter().filter(|&&b| b).count());
-        let mut losses = self.alloc(rows)?;
-        if rows > 0 {
-            let tg = self.upload_u32(targets)?;
-            let flags: Vec<u8> = match mask {
-                Some(m) => m.iter().map(|&b| b as u8).collect(),
-                None => vec![1; rows],
-            };
-            let mg = self.upload_any(&flags)?;
-            let (r, v) = (i32_of("rows", rows)?, i32_of("vocab", vocab)?);
-            let write = grad_scale.is_some() as i32;
-            let gs = grad_scale.unwrap_or(0.0);
-            launch!(self, "cross_entropy", rows_grid(rows, 256)?;
-                &mut logits.data, &mut losses.data, &tg, &mg, &r, &v, &write, &gs)?;
-        }
-        // The per-row losses, added on the host in f64 in row order.
-        let host = self.download(&losses)?;
-        let loss_sum: f64 = host.iter().map(|&l| l as f64).sum();
-        let sum = CrossEntropySum {
-            loss_sum,
-            count: counted,
-        };
-        if !loss_sum.is_finite() {
-            return Err(CoreError::NonFinite {
-                op: "cross_entropy",
-                value: loss_sum,
-            });
-        }
-        Ok(sum)
+        cross_entropy::cross_entropy(self, logits, targets, mask, rows, vocab, grad_scale)
     }
     fn moe_combine(
         &self,
@@ -1307,14 +778,7 @@ impl Backend for CudaBackend {
         top_k: usize,
         dim: usize,
     ) -> Result<()> {
-        let n = moe::check_combine("moe_combine", out.len, y.len, row_of_slot, weight, top_k, dim)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let rows = self.upload_u32(row_of_slot)?;
-        let w = self.upload_any(weight)?;
-        let (nn, kk, d) = (i32_of("n", n)?, i32_of("top_k", top_k)?, i32_of("dim", dim)?);
-        launch!(self, "moe_combine", grid(n * dim); &mut out.data, &y.data, &rows, &w, &nn, &kk, &d)
+        moe::moe_combine(self, out, y, row_of_slot, weight, top_k, dim)
     }
     fn moe_combine_backward(
         &self,
@@ -1326,24 +790,7 @@ impl Backend for CudaBackend {
         top_k: usize,
         dim: usize,
     ) -> Result<Vec<f32>> {
-        const OP: &str = "moe_combine_backward";
-        let n = moe::check_combine(OP, dout.len, y.len, row_of_slot, weight, top_k, dim)?;
-        check_len(OP, "dy", dy.len, y.len)?;
-        let slots = n * top_k;
-        if slots == 0 {
-            return Ok(Vec::new());
-        }
-        let rows = self.upload_u32(row_of_slot)?;
-        let w = self.upload_any(weight)?;
-        let mut dweight = self.alloc(slots)?;
-        let (s, kk, d) = (
-            i32_of("slots", slots)?,
-            i32_of("top_k", top_k)?,
-            i32_of("dim", dim)?,
-        );
-        launch!(self, "moe_combine_backward", rows_grid(slots, 128)?;
-            &mut dy.data, &mut dweight.data, &dout.data, &y.data, &rows, &w, &s, &kk, &d)?;
-        self.download(&dweight)
+        moe::moe_combine_backward(self, dy, dout, y, row_of_slot, weight, top_k, dim)
     }
     fn q8_matmul(
         &self,
@@ -1353,52 +800,7 @@ impl Backend for CudaBackend {
         scales: &CudaBuffer,
         spec: &MatmulSpec,
     ) -> Result<()> {
-        const OP: &str = "q8_matmul";
-        let (m, n, k) = (spec.m, spec.n, spec.k);
-        // The same contract as the host backends: check it on lengths, then on the window.
-        q8::check_q8(OP, packed.len, scales.len, n, k)?;
-        let (wx, wo) = match spec.window {
-            None => {
-                q8::check_q8_matmul(out.len, x.len, packed.len, scales.len, m, n, k)?;
-                (0, 0)
-            }
-            Some(w) => {
-                let (lx, lo) = (m * k, m * n);
-                check_range(OP, "x", x.len, w.a, lx)?;
-                check_range(OP, "out", out.len, w.c, lo)?;
-                (w.a, w.c)
-            }
-        };
-        if !spec.trans_b
-            || spec.trans_a
-            || spec.alpha != 1.0
-            || spec.batch != 1
-            || spec.window.is_some_and(|w| w.b != 0)
-        {
-            return Err(CoreError::InvalidArgument {
-                op: OP,
-                message: format!("the int8 product is out = x W^T + beta * out (trans_b, alpha 1, one problem, unwindowed weight); got {spec:?}"),
-            });
-        }
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        let words = q8::packed_cols(k);
-        let xq_bytes = m * words * 4;
-        self.check_room(xq_bytes, "int8 activation scratch")?;
-        let mut xq = self
-            .dev
-            .stream
-            .alloc_zeros::<i8>(xq_bytes.max(1))
-            .map_err(drv("allocating int8 activation scratch"))?;
-        let mut xs = self.alloc(m)?;
-        let xv = x.data.slice(wx..wx + m * k);
-        let (mi, ki, kp) = (i32_of("m", m)?, i32_of("k", k)?, i32_of("k", words * 4)?);
-        launch!(self, "q8_quantize_rows", rows_grid(m, 256)?; &mut xq, &mut xs.data, &xv, &mi, &ki, &kp)?;
-        let mut ov = out.data.slice_mut(wo..wo + m * n);
-        let (ni, wi) = (i32_of("n", n)?, i32_of("k", words)?);
-        launch!(self, "q8_matmul", Self::warps_cfg(m * n)?;
-            &mut ov, &xq, &xs.data, &packed.data, &scales.data, &mi, &ni, &wi, &spec.beta)
+        q8::q8_matmul(self, out, x, packed, scales, spec)
     }
     fn q8_embedding(
         &self,
@@ -1409,20 +811,7 @@ impl Backend for CudaBackend {
         vocab: usize,
         dim: usize,
     ) -> Result<()> {
-        const OP: &str = "q8_embedding";
-        q8::check_q8(OP, packed.len, scales.len, vocab, dim)?;
-        check_len(OP, "out", out.len, ids.len() * dim)?;
-        embedding::check_ids(OP, ids, vocab)?;
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let idg = self.upload_u32(ids)?;
-        let (r, d, w) = (
-            i32_of("rows", ids.len())?,
-            i32_of("dim", dim)?,
-            i32_of("dim", q8::packed_cols(dim))?,
-        );
-        launch!(self, "q8_embedding", grid(ids.len() * dim); &mut out.data, &packed.data, &scales.data, &idg, &r, &d, &w)
+        q8::q8_embedding(self, out, packed, scales, ids, vocab, dim)
     }
     fn adam_update(
         &self,
@@ -1433,16 +822,7 @@ impl Backend for CudaBackend {
         hp: &AdamParams,
         step: u64,
     ) -> Result<()> {
-        optim::check_adam(param.len, grad.len, m.len, v.len, hp, step)?;
-        let n = param.len;
-        if n == 0 {
-            return Ok(());
-        }
-        let c = optim::AdamConstants::<f32>::new(hp, step);
-        launch!(self, "adamw", grid(n);
-            &mut param.data, &grad.data, &mut m.data, &mut v.data, &(n as i64),
-            &hp.lr, &hp.beta1, &hp.beta2, &c.one_minus_beta1, &c.one_minus_beta2, &hp.eps,
-            &hp.weight_decay, &(hp.decoupled as i32), &hp.grad_scale, &0u64, &c.step_size, &c.bias_correction2_sqrt)
+        optim::adam_update(self, param, grad, m, v, hp, step)
     }
     fn sgd_update(
         &self,
@@ -1451,76 +831,6 @@ impl Backend for CudaBackend {
         velocity: Option<&mut CudaBuffer>,
         hp: &SgdParams,
     ) -> Result<()> {
-        optim::check_sgd(param.len, grad.len, velocity.as_ref().map(|v| v.len), hp)?;
-        let n = param.len;
-        if n == 0 {
-            return Ok(());
-        }
-        let nesterov = hp.nesterov as i32;
-        match velocity {
-            Some(vel) => launch!(self, "sgd", grid(n);
-                &mut param.data, &grad.data, &mut vel.data, &(n as i64), &hp.lr, &hp.momentum,
-                &hp.weight_decay, &hp.grad_scale, &nesterov),
-            None => launch!(self, "sgd", grid(n);
-                &mut param.data, &grad.data, &0u64, &(n as i64), &hp.lr, &hp.momentum,
-                &hp.weight_decay, &hp.grad_scale, &nesterov),
-        }
-    }
-}
-
-impl CudaBackend {
-    fn rope(&self, x: &mut CudaBuffer, spec: &RopeSpec, sign: f32, op: &'static str) -> Result<()> {
-        spec.check(op, x.len)?;
-        if x.len == 0 {
-            return Ok(());
-        }
-        let dims = [
-            i32_of("batch", spec.batch)?,
-            i32_of("seq", spec.seq)?,
-            i32_of("heads", spec.heads)?,
-            i32_of("head_dim", spec.head_dim)?,
-            i32_of("pos_offset", spec.pos_offset)?,
-        ];
-        launch!(self, "rope", grid(x.len / 2);
-            &mut x.data, &dims[0], &dims[1], &dims[2], &dims[3], &dims[4], &spec.theta, &sign)
-    }
-
-    /// The gradient of a loss with respect to `pred` (or, fused, to the logits): kernel
-    /// `loss_backward` with `code`, scaled by 1 / the loss's divisor.
-    #[allow(clippy::too_many_arguments)]
-    fn loss_gradient(
-        &self,
-        op: &'static str,
-        grad_name: &'static str,
-        code: i32,
-        loss: Loss,
-        grad: &mut CudaBuffer,
-        pred: &CudaBuffer,
-        target: &CudaBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        let n = check_rows(op, rows, cols, &[("pred", pred.len), ("target", target.len)])?;
-        check_len(op, grad_name, grad.len, n)?;
-        if rows == 0 || n == 0 {
-            return Ok(());
-        }
-        let inv = 1.0f32 / loss.divisor(rows, cols) as f32;
-        launch!(self, "loss_backward", grid(n);
-            &mut grad.data, &pred.data, &target.data, &(n as i64), &code, &inv)
-    }
-
-    fn check_f32_head(&self, spec: &AttentionSpec) -> Result<()> {
-        // attention.cu holds at most 8 features a lane (32 lanes).
-        if spec.head_dim > 256 {
-            return Err(CoreError::InvalidDimension {
-                op: "attention (cuda)",
-                message: format!(
-                    "head_dim {} is over 256, the most the CUDA attention kernels take",
-                    spec.head_dim
-                ),
-            });
-        }
-        Ok(())
+        optim::sgd_update(self, param, grad, velocity, hp)
     }
 }

@@ -224,7 +224,7 @@ impl Batch<'_> {
         // The subgroup twin where the device has subgroups.
         let kernel = match kernel {
             Kernel::RmsNorm if self.gpu.subgroups => Kernel::RmsNormSg,
-            Kernel::Q8Quantize if self.gpu.subgroups => Kernel::Q8QuantizeSg,
+            Kernel::QuantizeActivations if self.gpu.subgroups => Kernel::QuantizeActivationsSg,
             k => k,
         };
         let Some(pipeline) = &self.gpu.pipelines[kernel as usize] else {

@@ -1,4 +1,4 @@
-//! int8 products and lookups (`q8_quantize*.wgsl`, `q8_matmul*.wgsl`, `q8_embedding.wgsl`);
+//! int8 products and lookups (`quantize_activations*.wgsl`, `q8_matmul*.wgsl`, `q8_embedding.wgsl`);
 //! twin of `rusting_brain_core::ops::q8`.
 
 use super::*;
@@ -6,7 +6,7 @@ use super::*;
 impl Batch<'_> {
     /// Each row of `x` (rows x cols) to int8 with its own scale: `xq` gets
     /// `rows * packed_cols(cols)` packed words, `xs` the scales.
-    pub fn q8_quantize(
+    pub fn quantize_activations(
         &mut self,
         xq: &GpuBuffer,
         xs: &GpuBuffer,
@@ -14,7 +14,7 @@ impl Batch<'_> {
         rows: usize,
         cols: usize,
     ) -> Result<(), ShaderError> {
-        const OP: &str = "q8_quantize";
+        const OP: &str = "quantize_activations";
         let pc = packed_cols(cols);
         need(OP, "x", x, rows * cols)?;
         need(OP, "xq", xq, rows * pc)?;
@@ -23,12 +23,12 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(rows, "rows")?, u(cols, "cols")?, u(pc, "packed cols")?];
-        self.dispatch(Kernel::Q8Quantize, &p, &[x, xq, xs], grid(rows))?;
+        self.dispatch(Kernel::QuantizeActivations, &p, &[x, xq, xs], grid(rows))?;
         Ok(())
     }
 
     /// `out (m x n) = xq . W^T + beta * out` with int8 activations (from
-    /// [`Batch::q8_quantize`]) and int8 weights `w` (n x packed_cols(k)) with scales `ws`.
+    /// [`Batch::quantize_activations`]) and int8 weights `w` (n x packed_cols(k)) with scales `ws`.
     #[allow(clippy::too_many_arguments)]
     pub fn q8_matmul(
         &mut self,

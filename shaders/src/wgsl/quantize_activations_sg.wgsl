@@ -1,4 +1,4 @@
-// q8_quantize.wgsl with a subgroup reduction for the absmax (used when the adapter has
+// quantize_activations.wgsl with a subgroup reduction for the absmax (used when the adapter has
 // subgroups): subgroupMax, the subgroup's first invocation keeps it in its own slot, one
 // barrier, then every invocation takes the max of the 64 slots. Same integers.
 // Rounds each activation row to int8 with its own scale (absmax / 127), four values packed
