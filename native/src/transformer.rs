@@ -483,8 +483,8 @@ impl TransformerLm {
     /// move, and `train_step`, `accumulate_step`, `step`, `step_clipped`, `evaluate`,
     /// `forward_batch` and decoding run on the device, through the same model code as on
     /// the CPU. Call [`TransformerLm::sync_from_device`] before `save_bin`, or
-    /// [`TransformerLm::to_cpu`] to come back. Mixed precision is not on wgpu (a bf16 GEMM
-    /// is an error there).
+    /// [`TransformerLm::to_cpu`] to come back. Mixed precision rounds the GEMMs' operands
+    /// to bf16 in the WGSL kernels, as on the CPU.
     ///
     /// An int8 model (after [`TransformerLm::quantize`] or a Q8 `load_bin`) is decoded
     /// there: `generate`, `generate_with`, `decoder` and `forward_cached` run on the

@@ -392,9 +392,6 @@ impl Backend for WgpuBackend {
 
     fn matmul(&self, c: &mut GpuBuffer, a: &GpuBuffer, b: &GpuBuffer, spec: &MatmulSpec) -> Result<()> {
         spec.check("matmul", a.len(), b.len(), c.len())?;
-        if spec.precision != Precision::F32 {
-            return Err(unsupported("a bf16 matmul"));
-        }
         let at = spec.window.map_or((0, 0, 0), |w| (w.a, w.b, w.c));
         if spec.k == 0 {
             // No products: C = beta * C, as the reference.
@@ -416,6 +413,7 @@ impl Backend for WgpuBackend {
                 (spec.trans_a, spec.trans_b),
                 (spec.alpha, spec.beta),
                 at,
+                spec.precision == Precision::Bf16,
             )
         })
     }

@@ -714,3 +714,45 @@ fn tiled_matmul_matches_the_reference_on_ragged_edges() {
     }
     eprintln!("tiled matmul worst relative error {worst:e}");
 }
+
+#[test]
+fn bf16_matmul_rounds_its_operands_as_the_reference() {
+    use rusting_brain_core::backend::Precision;
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(23);
+    // Both kernels (n under and over the tiled kernel's threshold), transposes and beta.
+    for (m, n, k, ta, tb, beta) in [
+        (3usize, 5usize, 70usize, false, true, 0.0),
+        (33, 47, 300, true, false, 0.5),
+        (9, 200, 64, false, false, 1.0),
+    ] {
+        let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).beta(beta);
+        let bf = spec.precision(Precision::Bf16);
+        let (a, b, c) = (
+            rng.normal_vec(m * k, 1.0),
+            rng.normal_vec(k * n, 1.0),
+            rng.normal_vec(m * n, 1.0),
+        );
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| {
+                be.matmul(&mut outs[0], &ins[0], &ins[1], &bf).unwrap();
+                be.matmul(&mut outs[1], &ins[0], &ins[1], &spec).unwrap();
+            },
+            [a, b],
+            [c.clone(), c]
+        );
+        // The same rounded operands summed in the same order in f32: f32 rounding apart.
+        let e = rel(&out[0].0, &out[0].1);
+        assert!(e < 1e-5, "bf16 ({m}, {n}, {k}): {e}");
+        // And the rounding happened: bf16 keeps 8 bits of mantissa, so the products move
+        // by about 2^-9 of their size against f32's.
+        let moved = rel(&out[0].0, &out[1].1);
+        assert!(
+            moved > 1e-4,
+            "bf16 ({m}, {n}, {k}) equals the f32 product: {moved}"
+        );
+    }
+}

@@ -69,7 +69,8 @@ impl Batch<'_> {
     }
 
     /// `c = alpha * op(a) op(b) + beta * c` in f32 over `batch` problems, the operands
-    /// starting at word offsets `at = (a, b, c)` (a MatmulSpec's window). Shapes are
+    /// starting at word offsets `at = (a, b, c)` (a MatmulSpec's window); with `bf16` the
+    /// operands are rounded to bfloat16 as they are read (mixed precision). Shapes are
     /// checked by the caller (the backend runs `MatmulSpec::check`).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
@@ -81,6 +82,7 @@ impl Batch<'_> {
         (trans_a, trans_b): (bool, bool),
         (alpha, beta): (f32, f32),
         at: (usize, usize, usize),
+        bf16: bool,
     ) -> Result<(), ShaderError> {
         const OP: &str = "matmul";
         need(OP, "a", a, at.0 + batch * m * k)?;
@@ -107,6 +109,7 @@ impl Batch<'_> {
             u(at.0, "a offset")?,
             u(at.1, "b offset")?,
             u(at.2, "c offset")?,
+            bf16 as u32,
         ];
         // By n alone: the row count of an expert's product follows the routing, and a kernel
         // picked by it would change (and need new bind groups) from one step to the next.

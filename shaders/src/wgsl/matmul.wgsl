@@ -1,11 +1,20 @@
 // C = alpha * op(A) op(B) + beta * C, f32, batched, with transposes and element offsets
 // (MatmulSpec's window). One invocation per output element, no barriers: dense networks'
 // products are small, and on lavapipe barriers cost more than the reuse a tile would buy.
-// Twin of rusting_brain_core::ops::matmul::matmul (f32 precision).
+// Twin of rusting_brain_core::ops::matmul::matmul (f32 and bf16
+// precision).
 struct Params {
     m: u32, n: u32, k: u32, batch: u32,
     trans_a: u32, trans_b: u32, alpha: f32, beta: f32,
-    a0: u32, b0: u32, c0: u32, pad: u32,
+    a0: u32, b0: u32, c0: u32, bf16: u32,
+}
+
+// f32 rounded to bfloat16 and back, to nearest even, NaN kept NaN: core's round_bf16, the
+// operands of a mixed-precision product (Precision::Bf16; accumulation stays f32).
+fn bf16(x: f32) -> f32 {
+    let u = bitcast<u32>(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) { return bitcast<f32>((u | 0x00400000u) & 0xffff0000u); }
+    return bitcast<f32>((u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u);
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -29,6 +38,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         // op(B)[t, j]: B stored (k, n), or (n, k) when transposed.
         var y: f32;
         if (p.trans_b == 0u) { y = b[bb + t * p.n + j]; } else { y = b[bb + j * p.k + t]; }
+        if (p.bf16 != 0u) { x = bf16(x); y = bf16(y); }
         acc += x * y;
     }
     let o = p.c0 + z * p.m * p.n + i * p.n + j;

@@ -3,11 +3,20 @@
 // 32 x 32), so every value loaded serves four multiply-adds instead of one. No workgroup
 // memory and no barriers (cheap on lavapipe as on GPUs). Each output still sums over t in
 // order, exactly as matmul.wgsl and the reference do. Taken for products of at least
-// 16 output columns; twin of rusting_brain_core::ops::matmul::matmul (f32 precision).
+// 16 output columns; twin of rusting_brain_core::ops::matmul::matmul (f32 and bf16
+// precision).
 struct Params {
     m: u32, n: u32, k: u32, batch: u32,
     trans_a: u32, trans_b: u32, alpha: f32, beta: f32,
-    a0: u32, b0: u32, c0: u32, pad: u32,
+    a0: u32, b0: u32, c0: u32, bf16: u32,
+}
+
+// f32 rounded to bfloat16 and back, to nearest even, NaN kept NaN: core's round_bf16, the
+// operands of a mixed-precision product (Precision::Bf16; accumulation stays f32).
+fn bf16(x: f32) -> f32 {
+    let u = bitcast<u32>(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) { return bitcast<f32>((u | 0x00400000u) & 0xffff0000u); }
+    return bitcast<f32>((u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u);
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -39,9 +48,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var acc: array<vec4<f32>, 4>;
     for (var t = 0u; t < p.k; t++) {
-        let y = vec4<f32>(b[cb[0] + t * bt], b[cb[1] + t * bt], b[cb[2] + t * bt], b[cb[3] + t * bt]);
+        var y = vec4<f32>(b[cb[0] + t * bt], b[cb[1] + t * bt], b[cb[2] + t * bt], b[cb[3] + t * bt]);
+        if (p.bf16 != 0u) { y = vec4<f32>(bf16(y.x), bf16(y.y), bf16(y.z), bf16(y.w)); }
         for (var r = 0u; r < 4u; r++) {
-            acc[r] += a[ra[r] + t * at] * y;
+            var x = a[ra[r] + t * at];
+            if (p.bf16 != 0u) { x = bf16(x); }
+            acc[r] += x * y;
         }
     }
     for (var r = 0u; r < 4u; r++) {
