@@ -6,7 +6,7 @@
 //!     cargo run --release -p rusting_brain --example bench_train_step --features gpu -- 4 64 gpu [--moe]
 //!
 //! On `gpu` the model (the shape below, or its mixture-of-experts twin) trains through wgpu
-//! on the default adapter (`RB_SOFTWARE_GPU=1`: the software one, lavapipe) beside the same
+//! on the default adapter (`RB_GPU_SOFTWARE=1`: the software one, lavapipe) beside the same
 //! model on the CPU backend in the same run; it prints tokens/s, the ratio, what one
 //! steady-state step asks of the device (dispatches, submissions, objects created) and the
 //! step's breakdown by primitive on the device.
@@ -255,7 +255,7 @@ mod gpu {
 
     pub fn run(batch: usize, seq: usize, moe: bool) -> Result<(), Box<dyn std::error::Error>> {
         let options = GpuOptions {
-            software: std::env::var("RB_SOFTWARE_GPU").as_deref() == Ok("1"),
+            software: std::env::var("RB_GPU_SOFTWARE").as_deref() == Ok("1"),
             high_performance: true,
             ..Default::default()
         };
