@@ -50,7 +50,7 @@ pub fn config_json(c: &TransformerConfig) -> Value {
         "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers,
         "q_heads": c.q_heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim, "d_ff": c.d_ff,
         "max_seq_len": c.max_seq_len, "rope_theta": c.rope_theta, "norm_eps": c.norm_eps,
-        "moe": moe,
+        "tie_embeddings": c.tie_embeddings, "moe": moe,
     })
 }
 
@@ -119,6 +119,11 @@ pub fn config_from_json(v: &Value) -> Result<TransformerConfig, String> {
         max_seq_len: u("max_seq_len")?,
         rope_theta: f("rope_theta")?,
         norm_eps: f("norm_eps")?,
+        // Written since untied heads exist; every older file's head is the embedding.
+        tie_embeddings: match v.get("tie_embeddings") {
+            None => true,
+            Some(t) => t.as_bool().ok_or("config has a non-boolean `tie_embeddings`")?,
+        },
         moe,
     })
 }

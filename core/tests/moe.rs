@@ -226,6 +226,7 @@ fn leaves_and_named_leaves_come_in_one_order() {
         max_seq_len: 8,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
+        tie_embeddings: true,
         moe: Some(MoeConfig {
             n_experts: 3,
             top_k: 2,

@@ -15,6 +15,7 @@ fn config(max_seq_len: usize) -> TransformerConfig {
         max_seq_len,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
+        tie_embeddings: true,
         moe: None,
     }
 }

@@ -173,6 +173,12 @@ impl TransformerLmBuilder {
     /// Makes feed-forward layers sparse: `n_experts` SwiGLU experts, of which each token
     /// goes to the `top_k` its router rates highest (dropless: no capacity limit, no token
     /// is ever skipped). Which layers: [`TransformerLmBuilder::moe_layers`], all by default.
+    /// Whether the output head is the token embedding (the default) or a matrix of its own
+    /// (`lm_head.weight`, as Llama and Mistral have it).
+    pub fn tie_embeddings(mut self, tied: bool) -> Self {
+        self.config.tie_embeddings = tied;
+        self
+    }
     pub fn experts(mut self, n_experts: usize, top_k: usize) -> Self {
         self.moe.experts = Some((n_experts, top_k));
         self
@@ -267,6 +273,7 @@ fn placeholder() -> Result<LmEngine> {
         max_seq_len: 1,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
+        tie_embeddings: true,
         moe: None,
     };
     Ok(LmEngine::Cpu(TransformerModel::new(
@@ -332,6 +339,7 @@ impl TransformerLm {
                 max_seq_len: 0,
                 rope_theta: 10_000.0,
                 norm_eps: 1e-5,
+                tie_embeddings: true,
                 moe: None,
             },
             optimizer: Optimizer::adam(3e-4),

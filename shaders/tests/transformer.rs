@@ -40,6 +40,7 @@ fn config(moe: bool) -> TransformerConfig {
         max_seq_len: 32,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
+        tie_embeddings: true,
         moe: moe.then(|| MoeConfig {
             n_experts: 4,
             top_k: 2,

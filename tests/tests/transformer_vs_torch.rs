@@ -79,6 +79,7 @@ impl Cfg {
             max_seq_len: self.seq,
             rope_theta: self.theta,
             norm_eps: self.eps,
+            tie_embeddings: true,
             moe,
         }
     }

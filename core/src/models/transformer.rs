@@ -28,6 +28,9 @@ pub struct TransformerConfig {
     pub max_seq_len: usize,
     pub rope_theta: f32,
     pub norm_eps: f32,
+    /// Whether the output head is the token embedding (`true`, as in GPT-2, Gemma and the
+    /// small Qwen models) or a matrix of its own, `lm_head.weight` (Llama, Mistral).
+    pub tie_embeddings: bool,
     /// Sparse feed-forward layers, when some are.
     pub moe: Option<MoeConfig>,
 }
@@ -213,12 +216,21 @@ impl TransformerConfig {
         }
     }
     /// Every parameter, the tied embedding counted once, norms and routers included.
+    /// The untied output head's parameters (none when the head is the embedding).
+    pub fn head_parameters(&self) -> usize {
+        if self.tie_embeddings {
+            0
+        } else {
+            self.vocab_size * self.d_model
+        }
+    }
     pub fn parameter_count(&self) -> usize {
         self.vocab_size * self.d_model
             + (0..self.n_layers)
                 .map(|l| self.layer_parameters(l).0)
                 .sum::<usize>()
             + self.d_model
+            + self.head_parameters()
     }
     /// Parameters one token passes through: all of a dense model's; in a sparse block, the
     /// router, `top_k` experts and the shared expert.
@@ -228,6 +240,7 @@ impl TransformerConfig {
                 .map(|l| self.layer_parameters(l).1)
                 .sum::<usize>()
             + self.d_model
+            + self.head_parameters()
     }
     /// f32 values in the activation arena for one (batch, seq) shape: what the forward pass
     /// keeps for the backward pass, the logits, and the backward scratch.
@@ -1346,9 +1359,9 @@ impl<B: Backend> TransformerModel<B> {
             c.norm_eps,
         )?;
         // logits = hf E^T   (n, d) x (vocab, d)^T
-        let head = match quantized.map(|q| &q.embed) {
+        let head = match quantized.map(|q| q.head()) {
             Some(Some((packed, scales))) => Mat::Q8(packed, scales),
-            _ => Mat::F32(&self.params.embed),
+            _ => Mat::F32(self.params.head()),
         };
         head.apply(b, &mut arena.logits, &arena.hf, mm(n, c.vocab_size, d))?;
         Ok(aux)
@@ -1558,9 +1571,9 @@ impl<B: Backend> TransformerModel<B> {
         )?;
         b.copy_range(&mut a.last, 0, &a.h, (r - 1) * d, d)?;
         // Only the last position's logits: one (1, d) x (d, vocab) product.
-        let head = match quantized.map(|q| &q.embed) {
+        let head = match quantized.map(|q| q.head()) {
             Some(Some((packed, scales))) => Mat::Q8(packed, scales),
-            _ => Mat::F32(&self.params.embed),
+            _ => Mat::F32(self.params.head()),
         };
         head.apply(b, &mut a.logits, &a.last, mm(1, c.vocab_size, d))?;
         cache.len += r;
@@ -1631,9 +1644,13 @@ impl<B: Backend> TransformerModel<B> {
             c.vocab_size,
             Some(1.0 / count as f32),
         )?;
-        // Tied head: dE += dlogits^T hf, dhf = dlogits E
+        // Head W (the embedding when tied): dW += dlogits^T hf, dhf = dlogits W
+        let head_grad = match grads.lm_head.as_mut() {
+            Some(g) => g,
+            None => &mut grads.embed,
+        };
         b.matmul(
-            &mut grads.embed,
+            head_grad,
             &arena.logits,
             &arena.hf,
             &mm(c.vocab_size, d, n).trans_a(true).accumulate(),
@@ -1641,7 +1658,7 @@ impl<B: Backend> TransformerModel<B> {
         b.matmul(
             &mut arena.dh,
             &arena.logits,
-            &params.embed,
+            params.head(),
             &mm(n, d, c.vocab_size),
         )?;
         b.rmsnorm_backward(

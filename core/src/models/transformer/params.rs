@@ -87,10 +87,12 @@ pub struct Block<T> {
 /// The whole model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tree<T> {
-    /// `(vocab, d_model)`, also the output head.
+    /// `(vocab, d_model)`; also the output head when `lm_head` is `None` (tied).
     pub embed: T,
     pub layers: Vec<Block<T>>,
     pub final_norm: T,
+    /// `(vocab, d_model)`: an output head of its own (`tie_embeddings: false`).
+    pub lm_head: Option<T>,
 }
 
 impl<T> Swiglu<T> {
@@ -284,13 +286,19 @@ impl<T> Tree<T> {
             embed: &self.embed,
             layers: self.layers.iter().map(Block::as_ref).collect(),
             final_norm: &self.final_norm,
+            lm_head: self.lm_head.as_ref(),
         }
+    }
+    /// The output head: `lm_head` when the model has one, else the tied embedding.
+    pub fn head(&self) -> &T {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
     }
     pub fn as_mut(&mut self) -> Tree<&mut T> {
         Tree {
             embed: &mut self.embed,
             layers: self.layers.iter_mut().map(Block::as_mut).collect(),
             final_norm: &mut self.final_norm,
+            lm_head: self.lm_head.as_mut(),
         }
     }
     /// Every leaf through `f` with its Hugging Face name, in the order of
@@ -304,10 +312,15 @@ impl<T> Tree<T> {
             .map(|(i, l)| l.try_map(&format!("model.layers.{i}."), &mut f))
             .collect::<Result<_, E>>()?;
         let final_norm = f("model.norm.weight", self.final_norm)?;
+        let lm_head = match self.lm_head {
+            Some(h) => Some(f("lm_head.weight", h)?),
+            None => None,
+        };
         Ok(Tree {
             embed,
             layers,
             final_norm,
+            lm_head,
         })
     }
     /// Pairs the leaves of two trees of the same layout; `None` when the layouts differ.
@@ -321,20 +334,28 @@ impl<T> Tree<T> {
             .zip(o.layers)
             .map(|(a, b)| a.zip(b))
             .collect::<Option<_>>()?;
+        let lm_head = match (self.lm_head, o.lm_head) {
+            (None, None) => None,
+            (Some(a), Some(b)) => Some((a, b)),
+            _ => return None,
+        };
         Some(Tree {
             embed: (self.embed, o.embed),
             layers,
             final_norm: (self.final_norm, o.final_norm),
+            lm_head,
         })
     }
     /// Every leaf: the embedding; per block the norms and attention projections, then the
-    /// router and experts, then the dense feed-forward or shared expert; the final norm.
+    /// router and experts, then the dense feed-forward or shared expert; the final norm;
+    /// the untied output head.
     pub fn into_leaves(self) -> Vec<T> {
         let mut out = alloc::vec![self.embed];
         for l in self.layers {
             out.extend(l.into_leaves());
         }
         out.push(self.final_norm);
+        out.extend(self.lm_head);
         out
     }
     /// Every leaf with its name, in the order of [`Tree::into_leaves`].
@@ -390,6 +411,7 @@ impl TransformerConfig {
             embed: mat(self.vocab_size, d),
             layers,
             final_norm: norm(),
+            lm_head: (!self.tie_embeddings).then(|| mat(self.vocab_size, d)),
         }
     }
 }
