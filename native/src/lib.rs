@@ -41,6 +41,7 @@ mod error;
 mod files;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+mod hf;
 mod network;
 mod network_json;
 pub mod profile;

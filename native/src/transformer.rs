@@ -240,6 +240,7 @@ impl TransformerLmBuilder {
         Ok(TransformerLm {
             engine: LmEngine::Cpu(model),
             optimizer: self.optimizer,
+            origin: None,
         })
     }
 }
@@ -323,6 +324,8 @@ pub struct TransformerLm {
     engine: LmEngine,
     /// Read again at every step: `model.optimizer.set_learning_rate(schedule.rate(step))`.
     pub optimizer: Optimizer,
+    /// The `config.json` a Hugging Face directory was loaded from, for `save_pretrained`.
+    origin: Option<crate::hf::Origin>,
 }
 
 impl TransformerLm {
@@ -923,7 +926,57 @@ impl TransformerLm {
         Ok(TransformerLm {
             engine: LmEngine::Cpu(model),
             optimizer: Optimizer::adam(3e-4),
+            origin: None,
         })
+    }
+
+    /// Reads a Hugging Face directory (`config.json` and `model.safetensors`, or shards with
+    /// `model.safetensors.index.json`) of a `LlamaForCausalLM` or `MistralForCausalLM`
+    /// or `MixtralForCausalLM`, in f32. Tensors may be F32, BF16 or F16. Whatever the
+    /// configuration asks for that this model does not compute (a sliding window, attention
+    /// biases, scaled RoPE, per-head q/k norms) is an error naming the file and the key.
+    pub fn from_pretrained(dir: impl AsRef<std::path::Path>) -> Result<TransformerLm> {
+        Self::from_pretrained_at(dir, crate::Precision::F32)
+    }
+
+    /// [`TransformerLm::from_pretrained`] at a precision: `Precision::Q8` rounds each
+    /// matrix to int8 as it is read, so the f32 model is never held (the peak is the int8
+    /// model plus its largest tensor in f32).
+    pub fn from_pretrained_at(
+        dir: impl AsRef<std::path::Path>,
+        precision: crate::Precision,
+    ) -> Result<TransformerLm> {
+        let (model, origin) = crate::hf::load(dir.as_ref(), precision)?;
+        Ok(TransformerLm {
+            engine: LmEngine::Cpu(model),
+            optimizer: Optimizer::adam(3e-4),
+            origin: Some(origin),
+        })
+    }
+
+    /// Writes a Hugging Face directory that `transformers`' `AutoModelForCausalLM` loads:
+    /// F32 `model.safetensors` (sharded past 5 GB), `config.json` and
+    /// `generation_config.json`. The class is the one the model was loaded as, else
+    /// `LlamaForCausalLM` (dense) or `MixtralForCausalLM` (every block sparse, top-k
+    /// renormalized, no shared expert). Files already in `dir` (a tokenizer) stay.
+    pub fn save_pretrained(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
+        self.save_pretrained_sharded(dir, 5_000_000_000)
+    }
+
+    /// [`TransformerLm::save_pretrained`] with shards of at most `max_shard_bytes` (one
+    /// tensor larger than that gets a shard of its own).
+    pub fn save_pretrained_sharded(
+        &self,
+        dir: impl AsRef<std::path::Path>,
+        max_shard_bytes: usize,
+    ) -> Result<()> {
+        if self.is_quantized() {
+            return Err(NetworkError::InvalidInput(
+                "save_pretrained: the model is quantized and its f32 weights are gone; save before quantize()".into(),
+            ));
+        }
+        self.host_current("save_pretrained")?;
+        crate::hf::save(self.model(), self.origin.as_ref(), dir.as_ref(), max_shard_bytes)
     }
 
     /// Writes Adam's moments, the step count and the optimizer settings.

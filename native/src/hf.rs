@@ -1,0 +1,843 @@
+//! Hugging Face model directories, in and out: `config.json` plus `model.safetensors` or a
+//! sharded `model.safetensors.index.json`, as `transformers`' `save_pretrained` writes them
+//! for the decoder-only families.
+//!
+//! Loading reads `config.json` into a [`TransformerConfig`] (refusing, by name, whatever the
+//! model definition does not compute yet rather than running something else), maps every
+//! shard, and converts each tensor from F32, BF16 or F16 as it is reached. At
+//! [`Precision::Q8`] each matrix is rounded to int8 as soon as it is converted, so the f32
+//! model never exists: the peak is the int8 model plus one f32 tensor.
+//!
+//! Saving writes F32 tensors under the family's names, `config.json` for the architecture
+//! that matches (the one the model was loaded from, when it was), and
+//! `generation_config.json`.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use rusting_brain_core::models::transformer::{
+    MoeConfig, Params, QuantParams, TensorKind, TensorSpec, TransformerConfig, TransformerModel,
+};
+use rusting_brain_core::ops::q8;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
+use serde_json::{json, Map, Value};
+
+use crate::cpu::CpuBackend;
+use crate::{NetworkError, Precision, Result};
+
+/// The model classes this module reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Family {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    Mixtral,
+    Qwen3Moe,
+    Qwen2Moe,
+}
+
+const FAMILIES: [(Family, &str, &str); 7] = [
+    (Family::Llama, "LlamaForCausalLM", "llama"),
+    (Family::Mistral, "MistralForCausalLM", "mistral"),
+    (Family::Qwen2, "Qwen2ForCausalLM", "qwen2"),
+    (Family::Qwen3, "Qwen3ForCausalLM", "qwen3"),
+    (Family::Mixtral, "MixtralForCausalLM", "mixtral"),
+    (Family::Qwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"),
+    (Family::Qwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe"),
+];
+
+impl Family {
+    fn from_architecture(name: &str) -> Option<Family> {
+        FAMILIES.iter().find(|f| f.1 == name).map(|f| f.0)
+    }
+    fn architecture(self) -> &'static str {
+        FAMILIES.iter().find(|f| f.0 == self).map_or("", |f| f.1)
+    }
+    fn model_type(self) -> &'static str {
+        FAMILIES.iter().find(|f| f.0 == self).map_or("", |f| f.2)
+    }
+    /// The name a tensor has in this family's files. The model's own names are Llama's
+    /// for dense blocks and Qwen-MoE's for sparse ones; Mixtral spells the sparse block
+    /// `block_sparse_moe` with experts `w1` (gate), `w3` (up), `w2` (down).
+    fn file_name(self, ours: &str) -> String {
+        if self != Family::Mixtral {
+            return ours.to_string();
+        }
+        let Some((head, tail)) = ours.split_once(".mlp.") else {
+            return ours.to_string();
+        };
+        if tail == "gate.weight" {
+            return format!("{head}.block_sparse_moe.gate.weight");
+        }
+        if let Some((j, proj)) = tail.strip_prefix("experts.").and_then(|t| t.split_once('.')) {
+            let w = match proj {
+                "gate_proj.weight" => "w1.weight",
+                "down_proj.weight" => "w2.weight",
+                "up_proj.weight" => "w3.weight",
+                _ => return ours.to_string(),
+            };
+            return format!("{head}.block_sparse_moe.experts.{j}.{w}");
+        }
+        ours.to_string()
+    }
+}
+
+/// What a loaded directory's `config.json` said: `save_pretrained` writes the same class and
+/// keeps the keys the model does not use (token ids, the tokenizer's settings).
+#[derive(Debug, Clone)]
+pub(crate) struct Origin {
+    family: Family,
+    config: Map<String, Value>,
+}
+
+/// Reads `config.json`'s keys, each error naming the file and the key.
+struct Keys<'a> {
+    path: &'a Path,
+    v: &'a Map<String, Value>,
+}
+
+impl Keys<'_> {
+    fn err(&self, key: &str, message: impl Into<String>) -> NetworkError {
+        NetworkError::parse(self.path, key, message)
+    }
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.v.get(key).filter(|x| !x.is_null())
+    }
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(x) => x
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("{x} is not a non-negative integer"))),
+        }
+    }
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?
+            .ok_or_else(|| self.err(key, "missing; the model's shape needs it"))
+    }
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(x) => x
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("{x} is not a number"))),
+        }
+    }
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(x) => x
+                .as_bool()
+                .ok_or_else(|| self.err(key, format!("{x} is not true or false"))),
+        }
+    }
+    fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| self.err(key, format!("{x} is not a layer index")))
+                })
+                .collect(),
+            Some(x) => Err(self.err(key, format!("{x} is not a list of layer indices"))),
+        }
+    }
+}
+
+/// The family and the model configuration `config.json` describes.
+fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
+    let v = v
+        .as_object()
+        .ok_or_else(|| NetworkError::parse(path, "config", "not a JSON object"))?;
+    let k = Keys { path, v };
+    let arch = k
+        .get("architectures")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_str)
+        .ok_or_else(|| k.err("architectures", "missing: config.json must name the model class"))?;
+    let family = Family::from_architecture(arch).ok_or_else(|| {
+        let known: Vec<&str> = FAMILIES.iter().map(|f| f.1).collect();
+        k.err(
+            "architectures",
+            format!(
+                "{arch} is not an architecture this build reads ({})",
+                known.join(", ")
+            ),
+        )
+    })?;
+    if let Some(act) = k.get("hidden_act") {
+        if act.as_str() != Some("silu") {
+            return Err(k.err(
+                "hidden_act",
+                format!("{act}: the feed-forward is SwiGLU (silu) only"),
+            ));
+        }
+    }
+    let d_model = k.usize("hidden_size")?;
+    let q_heads = k.usize("num_attention_heads")?;
+    let kv_heads = k.opt_usize("num_key_value_heads")?.unwrap_or(q_heads);
+    if q_heads == 0 {
+        return Err(k.err("num_attention_heads", "must be at least 1"));
+    }
+    let head_dim = k.opt_usize("head_dim")?.unwrap_or(d_model / q_heads);
+    let max_seq_len = k.usize("max_position_embeddings")?;
+    let norm_eps = k.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
+
+    // Rotary embeddings: transformers 4 keeps `rope_theta` at the top level and scaling in
+    // `rope_scaling`; transformers 5 puts both in `rope_parameters`.
+    let params = k.get("rope_parameters").and_then(Value::as_object);
+    let theta = match (k.opt_f64("rope_theta")?, params.and_then(|p| p.get("rope_theta"))) {
+        (Some(t), _) => t,
+        (None, Some(t)) => t
+            .as_f64()
+            .ok_or_else(|| k.err("rope_parameters.rope_theta", format!("{t} is not a number")))?,
+        (None, None) => 10_000.0,
+    };
+    let scaling = k.get("rope_scaling").and_then(Value::as_object).or(params);
+    let rope_type = scaling
+        .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    match rope_type {
+        "default" => {}
+        "linear" | "llama3" => {
+            return Err(k.err(
+                "rope_scaling",
+                format!(
+                    "rope type `{rope_type}` is not implemented yet; this build computes `default` RoPE only"
+                ),
+            ))
+        }
+        other => {
+            return Err(k.err(
+                "rope_scaling",
+                format!(
+                    "rope type `{other}` is not supported (default, linear and llama3 are the ones planned)"
+                ),
+            ))
+        }
+    }
+
+    // Sliding-window attention: the model attends over the whole context.
+    let window = k.opt_usize("sliding_window")?;
+    let window_on = match family {
+        Family::Mistral | Family::Mixtral => window.is_some(),
+        _ => k.bool_or("use_sliding_window", false)?,
+    };
+    if let (true, Some(w)) = (window_on, window) {
+        if w < max_seq_len {
+            return Err(k.err(
+                "sliding_window",
+                format!("{w} is shorter than max_position_embeddings {max_seq_len}; sliding-window attention is not implemented"),
+            ));
+        }
+    }
+    if k.bool_or("attention_bias", false)? || family == Family::Qwen2 || family == Family::Qwen2Moe {
+        return Err(k.err(
+            "attention_bias",
+            "the q/k/v projections of this model have biases, which the model definition does not have yet",
+        ));
+    }
+    if k.bool_or("mlp_bias", false)? {
+        return Err(k.err(
+            "mlp_bias",
+            "feed-forward biases are not part of the model definition",
+        ));
+    }
+    if matches!(family, Family::Qwen3 | Family::Qwen3Moe) {
+        return Err(k.err(
+            "architectures",
+            format!("{arch} normalizes queries and keys per head (q_norm, k_norm), which the model definition does not do yet"),
+        ));
+    }
+
+    let n_layers = k.usize("num_hidden_layers")?;
+    let intermediate = k.usize("intermediate_size")?;
+    let aux_on = k.bool_or("output_router_logits", false)?;
+    let aux_coef = k.opt_f64("router_aux_loss_coef")?.unwrap_or(0.001) as f32;
+    let moe = match family {
+        Family::Mixtral => {
+            let top_k = k.usize("num_experts_per_tok")?;
+            Some(MoeConfig {
+                n_experts: k.usize("num_local_experts")?,
+                top_k,
+                layers: (0..n_layers).collect(),
+                shared_expert: false,
+                expert_d_ff: intermediate,
+                // transformers' balance loss counts each of the top_k slots of a token
+                // where this one averages them: the same loss is top_k times ours.
+                load_balance_coef: if aux_on { aux_coef * top_k as f32 } else { 0.0 },
+                router_z_coef: 0.0,
+                renormalize: true,
+            })
+        }
+        Family::Qwen3Moe | Family::Qwen2Moe => {
+            let n_experts = k.usize("num_experts")?;
+            let step = k.opt_usize("decoder_sparse_step")?.unwrap_or(1).max(1);
+            let dense = k.usize_list("mlp_only_layers")?;
+            let layers: Vec<usize> = (0..n_layers)
+                .filter(|l| !dense.contains(l) && n_experts > 0 && (l + 1) % step == 0)
+                .collect();
+            let top_k = k.usize("num_experts_per_tok")?;
+            (!layers.is_empty()).then_some(MoeConfig {
+                n_experts,
+                top_k,
+                layers,
+                shared_expert: false,
+                expert_d_ff: k.usize("moe_intermediate_size")?,
+                load_balance_coef: if aux_on { aux_coef * top_k as f32 } else { 0.0 },
+                router_z_coef: 0.0,
+                renormalize: k.bool_or("norm_topk_prob", false)?,
+            })
+        }
+        _ => None,
+    };
+    let config = TransformerConfig {
+        vocab_size: k.usize("vocab_size")?,
+        d_model,
+        n_layers,
+        q_heads,
+        kv_heads,
+        head_dim,
+        d_ff: intermediate,
+        max_seq_len,
+        rope_theta: theta as f32,
+        norm_eps,
+        // Every family read here defaults to a head of its own.
+        tie_embeddings: k.bool_or("tie_word_embeddings", false)?,
+        moe,
+    };
+    config
+        .validate()
+        .map_err(|e| k.err("config", format!("describes no valid model: {e}")))?;
+    Ok((family, config))
+}
+
+/// The safetensors files of a directory, mapped, and which file holds which tensor.
+struct Files {
+    paths: Vec<PathBuf>,
+    maps: Vec<memmap2::Mmap>,
+    /// Tensor name -> index into `paths` (from the index file, or every tensor of the one file).
+    index: Option<HashMap<String, usize>>,
+}
+
+/// A plain file name inside the directory: an index entry may not climb out of it.
+fn shard_path(dir: &Path, index_path: &Path, key: &str, file: &str) -> Result<PathBuf> {
+    let p = Path::new(file);
+    let plain =
+        p.components().count() == 1 && matches!(p.components().next(), Some(std::path::Component::Normal(_)));
+    if !plain {
+        return Err(NetworkError::parse(
+            index_path,
+            format!("weight_map.{key}"),
+            format!("{file:?} is not a file in this directory; shards must sit beside the index"),
+        ));
+    }
+    Ok(dir.join(p))
+}
+
+fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+    let f = File::open(path).map_err(|e| NetworkError::io(path, e))?;
+    // SAFETY: the map is read only, and only while the load runs; a file changed by another
+    // process during that time gives wrong values but the safetensors checks still hold the
+    // offsets inside the map. This is how candle and transformers' Rust readers map weights.
+    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| NetworkError::io(path, e))
+}
+
+impl Files {
+    fn open(dir: &Path) -> Result<Files> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        if index_path.is_file() {
+            let text = crate::files::read(&index_path)?;
+            let v: Value = serde_json::from_slice(&text)
+                .map_err(|e| NetworkError::parse(&index_path, "json", e.to_string()))?;
+            let map = v
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| NetworkError::parse(&index_path, "weight_map", "missing or not an object"))?;
+            let mut paths: Vec<PathBuf> = Vec::new();
+            let mut index = HashMap::new();
+            for (key, file) in map {
+                let file = file.as_str().ok_or_else(|| {
+                    NetworkError::parse(&index_path, format!("weight_map.{key}"), "not a file name")
+                })?;
+                let p = shard_path(dir, &index_path, key, file)?;
+                let i = match paths.iter().position(|q| *q == p) {
+                    Some(i) => i,
+                    None => {
+                        if !p.is_file() {
+                            return Err(NetworkError::parse(
+                                &index_path,
+                                format!("weight_map.{key}"),
+                                format!("shard {file} is missing from {}", dir.display()),
+                            ));
+                        }
+                        paths.push(p);
+                        paths.len() - 1
+                    }
+                };
+                index.insert(key.clone(), i);
+            }
+            let maps = paths.iter().map(|p| map_file(p)).collect::<Result<_>>()?;
+            Ok(Files {
+                paths,
+                maps,
+                index: Some(index),
+            })
+        } else if single.is_file() {
+            let maps = vec![map_file(&single)?];
+            Ok(Files {
+                paths: vec![single],
+                maps,
+                index: None,
+            })
+        } else {
+            Err(NetworkError::InvalidInput(format!(
+                "{}: no model.safetensors or model.safetensors.index.json",
+                dir.display()
+            )))
+        }
+    }
+}
+
+/// The checked headers of every file, with lookups that name the file on failure.
+struct Tensors<'a> {
+    files: &'a Files,
+    parsed: Vec<SafeTensors<'a>>,
+}
+
+impl<'a> Tensors<'a> {
+    fn new(files: &'a Files) -> Result<Tensors<'a>> {
+        let parsed = files
+            .maps
+            .iter()
+            .zip(&files.paths)
+            .map(|(m, p)| {
+                // The crate checks the header, and that every tensor's offsets lie inside
+                // the file and cover it exactly, before anything is read.
+                SafeTensors::deserialize(m).map_err(|e| {
+                    NetworkError::parse(p, "header", format!("not a valid safetensors file: {e}"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Tensors { files, parsed })
+    }
+
+    /// Which file is to hold `name`.
+    fn file_of(&self, name: &str) -> Option<usize> {
+        match &self.files.index {
+            Some(ix) => ix.get(name).copied(),
+            None => Some(0),
+        }
+    }
+
+    /// The tensor `name` (`t`'s shape) as f32, converted from F32, BF16 or F16.
+    fn read(&self, name: &str, t: &TensorSpec) -> Result<Vec<f32>> {
+        let Some(i) = self.file_of(name) else {
+            let dir = self.files.paths[0].parent().unwrap_or(Path::new("."));
+            return Err(NetworkError::parse(
+                dir.join("model.safetensors.index.json"),
+                format!("weight_map.{name}"),
+                "missing: the configuration needs this tensor",
+            ));
+        };
+        let path = &self.files.paths[i];
+        let view = self.parsed[i]
+            .tensor(name)
+            .map_err(|_| NetworkError::parse(path, name, "missing tensor: the configuration needs it"))?;
+        if view.shape() != t.shape.as_slice() {
+            return Err(NetworkError::parse(
+                path,
+                name,
+                format!("shape {:?}, config.json gives {:?}", view.shape(), t.shape),
+            ));
+        }
+        let data = to_f32(&view).map_err(|m| NetworkError::parse(path, name, m))?;
+        if data.par_iter().any(|v| !v.is_finite()) {
+            return Err(NetworkError::parse(path, name, "holds NaN or infinite values"));
+        }
+        Ok(data)
+    }
+
+    /// Every tensor name in the files.
+    fn names(&self) -> impl Iterator<Item = (usize, String)> + '_ {
+        self.parsed
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| s.names().into_iter().map(move |n| (i, n.to_string())))
+    }
+}
+
+/// Little-endian values of a stored tensor as f32 (bf16 and f16 widen exactly).
+fn to_f32(view: &TensorView<'_>) -> std::result::Result<Vec<f32>, String> {
+    let b = view.data();
+    // Chunks of a few thousand values: the conversion of a large tensor spreads over the
+    // cores without a task per value.
+    const CHUNK: usize = 1 << 14;
+    let out = match view.dtype() {
+        Dtype::F32 => {
+            let mut out = vec![0f32; b.len() / 4];
+            out.par_chunks_mut(CHUNK)
+                .zip(b.par_chunks(4 * CHUNK))
+                .for_each(|(o, s)| {
+                    for (x, c) in o.iter_mut().zip(s.chunks_exact(4)) {
+                        *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                });
+            out
+        }
+        dt @ (Dtype::BF16 | Dtype::F16) => {
+            let mut out = vec![0f32; b.len() / 2];
+            out.par_chunks_mut(CHUNK)
+                .zip(b.par_chunks(2 * CHUNK))
+                .for_each(|(o, s)| {
+                    for (x, c) in o.iter_mut().zip(s.chunks_exact(2)) {
+                        let bits = u16::from_le_bytes([c[0], c[1]]);
+                        *x = if dt == Dtype::BF16 {
+                            half::bf16::from_bits(bits).to_f32()
+                        } else {
+                            half::f16::from_bits(bits).to_f32()
+                        };
+                    }
+                });
+            out
+        }
+        other => return Err(format!("dtype {other:?}; this build reads F32, BF16 and F16")),
+    };
+    Ok(out)
+}
+
+/// Names in the files that a loader may pass over: rotary tables some exports keep, and
+/// the head of a tied model (it is the embedding).
+fn ignorable(name: &str, tied: bool) -> bool {
+    name.ends_with(".rotary_emb.inv_freq") || (tied && name == "lm_head.weight")
+}
+
+/// The model in `dir`, in f32 or (converted tensor by tensor) in int8.
+pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel<CpuBackend>, Origin)> {
+    let config_path = dir.join("config.json");
+    let text = crate::files::read(&config_path)?;
+    let v: Value = serde_json::from_slice(&text)
+        .map_err(|e| NetworkError::parse(&config_path, "json", e.to_string()))?;
+    let (family, config) = parse_config(&config_path, &v)?;
+    let files = Files::open(dir)?;
+    let tensors = Tensors::new(&files)?;
+    let layout = config.layout();
+
+    // Every tensor in the files must be one the configuration has: an extra one is a
+    // feature (a bias, a norm) that would otherwise be dropped without a word.
+    let wanted: HashSet<String> = layout
+        .as_ref()
+        .into_named()
+        .into_iter()
+        .map(|(n, _)| family.file_name(&n))
+        .collect();
+    if let Some((i, extra)) = tensors
+        .names()
+        .find(|(_, n)| !wanted.contains(n) && !ignorable(n, config.tie_embeddings))
+    {
+        return Err(NetworkError::parse(
+            &files.paths[i],
+            extra,
+            "this tensor is not part of the model config.json describes; the model definition has no place for it",
+        ));
+    }
+
+    let b = CpuBackend::new();
+    let model = match precision {
+        Precision::F32 => {
+            let params: Params<CpuBackend> =
+                layout.try_map(|name, t| tensors.read(&family.file_name(name), &t))?;
+            TransformerModel::from_params(b, config, params)?
+        }
+        Precision::Q8 => {
+            // Norms and routers stay f32; a matrix is rounded as soon as it is read, and its
+            // f32 values are dropped before the next one is converted.
+            let mut quantized = Vec::new();
+            let params: Params<CpuBackend> = layout.try_map(|name, t| -> Result<Vec<f32>> {
+                let w = tensors.read(&family.file_name(name), &t)?;
+                if t.kind != TensorKind::Matrix {
+                    quantized.push(None);
+                    return Ok(w);
+                }
+                let (rows, cols) = t.rows_cols();
+                quantized.push(Some(q8::quantize_rows(&w, rows, cols)?));
+                Ok(Vec::new())
+            })?;
+            let mut q = quantized.into_iter();
+            let quantized: QuantParams<CpuBackend> = config
+                .layout()
+                .try_map(|_, _| -> Result<_> { Ok(q.next().flatten()) })?;
+            TransformerModel::from_quantized(b, config, params, quantized)?
+        }
+    };
+    let origin = Origin {
+        family,
+        config: v.as_object().cloned().unwrap_or_default(),
+    };
+    Ok((model, origin))
+}
+
+/// The family a model of ours is written as: the one it came from, else Llama for a dense
+/// model and Mixtral for one whose every block routes to experts the way Mixtral does.
+fn family_for(config: &TransformerConfig, origin: Option<&Origin>) -> Result<Family> {
+    if let Some(o) = origin {
+        return Ok(o.family);
+    }
+    match &config.moe {
+        None => Ok(Family::Llama),
+        Some(m) if !m.shared_expert && m.renormalize && m.layers.len() == config.n_layers => Ok(Family::Mixtral),
+        Some(_) => Err(NetworkError::InvalidInput(
+            "save_pretrained: this mixture of experts (a shared expert, dense blocks among sparse ones, or top-k weights not renormalized) has no Hugging Face class that computes it yet".into(),
+        )),
+    }
+}
+
+/// `config.json` for `config` as `family`, over the keys `origin` kept.
+fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin>) -> Value {
+    let mut out = origin.map(|o| o.config.clone()).unwrap_or_default();
+    // Keys this writer sets in another spelling or that would contradict the model.
+    for key in [
+        "rope_scaling",
+        "rope_parameters",
+        "torch_dtype",
+        "dtype",
+        "head_dim",
+    ] {
+        out.remove(key);
+    }
+    let c = config;
+    let mut set = |k: &str, v: Value| {
+        out.insert(k.to_string(), v);
+    };
+    set("architectures", json!([family.architecture()]));
+    set("model_type", json!(family.model_type()));
+    set("vocab_size", json!(c.vocab_size));
+    set("hidden_size", json!(c.d_model));
+    set("num_hidden_layers", json!(c.n_layers));
+    set("num_attention_heads", json!(c.q_heads));
+    set("num_key_value_heads", json!(c.kv_heads));
+    set("head_dim", json!(c.head_dim));
+    set("intermediate_size", json!(c.d_ff));
+    set("max_position_embeddings", json!(c.max_seq_len));
+    set("rope_theta", json!(c.rope_theta));
+    set("rms_norm_eps", json!(c.norm_eps));
+    set("tie_word_embeddings", json!(c.tie_embeddings));
+    set("hidden_act", json!("silu"));
+    // transformers 5 reads `dtype`, 4 `torch_dtype`.
+    set("dtype", json!("float32"));
+    set("torch_dtype", json!("float32"));
+    if let Some(m) = &c.moe {
+        match family {
+            Family::Mixtral => {
+                set("num_local_experts", json!(m.n_experts));
+                set("intermediate_size", json!(m.expert_d_ff));
+            }
+            _ => {
+                set("num_experts", json!(m.n_experts));
+                set("moe_intermediate_size", json!(m.expert_d_ff));
+                set("norm_topk_prob", json!(m.renormalize));
+                set("decoder_sparse_step", json!(1));
+                let dense: Vec<usize> = (0..c.n_layers).filter(|l| !m.layers.contains(l)).collect();
+                set("mlp_only_layers", json!(dense));
+            }
+        }
+        set("num_experts_per_tok", json!(m.top_k));
+        let on = m.load_balance_coef > 0.0;
+        set("output_router_logits", json!(on));
+        if on {
+            set(
+                "router_aux_loss_coef",
+                json!(m.load_balance_coef / m.top_k as f32),
+            );
+        }
+    }
+    if matches!(family, Family::Mistral | Family::Mixtral) {
+        set("sliding_window", Value::Null);
+    }
+    Value::Object(out)
+}
+
+/// An f32 tensor handed to the safetensors writer, converted to bytes only as it is written.
+struct F32View<'a> {
+    shape: Vec<usize>,
+    data: &'a [f32],
+}
+
+impl View for &F32View<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Owned(self.data.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+    fn data_len(&self) -> usize {
+        4 * self.data.len()
+    }
+}
+
+fn shard_name(i: usize, n: usize) -> String {
+    format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
+}
+
+/// Writes the weights (sharded past `max_shard_bytes`), `config.json` and
+/// `generation_config.json` into `tmp`.
+fn write_files(
+    model: &TransformerModel<CpuBackend>,
+    origin: Option<&Origin>,
+    tmp: &Path,
+    max_shard_bytes: usize,
+) -> Result<Vec<String>> {
+    let c = &model.config;
+    let family = family_for(c, origin)?;
+    let tensors: Vec<(String, F32View<'_>)> = c
+        .layout()
+        .into_named()
+        .into_iter()
+        .zip(model.params.as_ref().into_leaves())
+        .map(|((name, t), buf)| {
+            (
+                family.file_name(&name),
+                F32View {
+                    shape: t.shape,
+                    data: buf.as_slice(),
+                },
+            )
+        })
+        .collect();
+    // Shards in layout order, a new one when the next tensor would pass the limit (a
+    // tensor larger than the limit gets a shard of its own), as transformers splits.
+    let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut size = 0usize;
+    for (i, (_, t)) in tensors.iter().enumerate() {
+        let bytes = t.data_len();
+        if size > 0 && size + bytes > max_shard_bytes {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        size += bytes;
+        shards.last_mut().map(|s| s.push(i));
+    }
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let n = shards.len();
+    let mut written = Vec::new();
+    let mut weight_map = BTreeMap::new();
+    for (s, members) in shards.iter().enumerate() {
+        let file = if n == 1 {
+            "model.safetensors".to_string()
+        } else {
+            shard_name(s, n)
+        };
+        let path = tmp.join(&file);
+        let views = members.iter().map(|&i| (tensors[i].0.as_str(), &tensors[i].1));
+        safetensors::tensor::serialize_to_file(views, Some(meta.clone()), &path)
+            .map_err(|e| NetworkError::InvalidInput(format!("{}: {e}", path.display())))?;
+        for &i in members {
+            weight_map.insert(tensors[i].0.clone(), file.clone());
+        }
+        written.push(file);
+    }
+    let write_json = |name: &str, v: &Value| -> Result<()> {
+        let text = serde_json::to_string_pretty(v).map_err(|e| NetworkError::InvalidInput(e.to_string()))?;
+        crate::files::write_atomic(&tmp.join(name), format!("{text}\n").as_bytes())
+    };
+    if n > 1 {
+        let total: usize = tensors.iter().map(|(_, t)| t.data_len()).sum();
+        write_json(
+            "model.safetensors.index.json",
+            &json!({"metadata": {"total_size": total}, "weight_map": weight_map}),
+        )?;
+        written.push("model.safetensors.index.json".into());
+    }
+    let config = config_for(c, family, origin);
+    let mut generation = Map::new();
+    for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+        if let Some(id) = config.get(key).filter(|x| !x.is_null()) {
+            generation.insert(key.to_string(), id.clone());
+        }
+    }
+    write_json("generation_config.json", &Value::Object(generation))?;
+    written.push("generation_config.json".into());
+    // config.json last: a reader that finds it finds the weights it describes.
+    write_json("config.json", &config)?;
+    written.push("config.json".into());
+    Ok(written)
+}
+
+/// Writes `model` into `dir` as a Hugging Face directory. A new directory is built beside
+/// it and renamed into place; into an existing one (which may hold a tokenizer) each file
+/// is moved in whole, `config.json` last, and the shards of an earlier save that the new
+/// index does not name are removed.
+pub(crate) fn save(
+    model: &TransformerModel<CpuBackend>,
+    origin: Option<&Origin>,
+    dir: &Path,
+    max_shard_bytes: usize,
+) -> Result<()> {
+    if max_shard_bytes == 0 {
+        return Err(NetworkError::InvalidInput(
+            "save_pretrained: max_shard_bytes must be at least 1".into(),
+        ));
+    }
+    let name = dir
+        .file_name()
+        .ok_or_else(|| NetworkError::InvalidInput(format!("{} is not a directory path", dir.display())))?;
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp = parent.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| NetworkError::io(&tmp, e))?;
+    let result = (|| -> Result<()> {
+        let written = write_files(model, origin, &tmp, max_shard_bytes)?;
+        if !dir.exists() {
+            return std::fs::rename(&tmp, dir).map_err(|e| NetworkError::io(dir, e));
+        }
+        if !dir.is_dir() {
+            return Err(NetworkError::InvalidInput(format!(
+                "{} exists and is not a directory",
+                dir.display()
+            )));
+        }
+        // Weights first, so the old config.json never describes a half-written set.
+        for file in &written {
+            std::fs::rename(tmp.join(file), dir.join(file))
+                .map_err(|e| NetworkError::io(dir.join(file), e))?;
+        }
+        let stale = |f: &str| {
+            (f == "model.safetensors"
+                || f == "model.safetensors.index.json"
+                || (f.starts_with("model-") && f.ends_with(".safetensors")))
+                && !written.iter().any(|w| w == f)
+        };
+        for entry in std::fs::read_dir(dir)
+            .map_err(|e| NetworkError::io(dir, e))?
+            .flatten()
+        {
+            if let Some(f) = entry.file_name().to_str() {
+                if stale(f) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}

@@ -1,0 +1,394 @@
+//! Hugging Face directories written by `transformers` (tests/fixtures/gen_hf.py) loaded with
+//! `TransformerLm::from_pretrained`: logits and greedy continuations against what
+//! transformers computed from the same files, on the CPU and on wgpu (lavapipe in CI);
+//! `save_pretrained` round trips; and the refusals, each naming its file and key.
+//!
+//! Tolerance: rtol 1e-4 plus atol 1e-4 x rms(expected), as in transformer_vs_torch.rs. Both
+//! sides are f32 here (transformers runs the model in float32 on the CPU), so the measured
+//! worst error is a few 1e-6 of the logits' size; the bf16 directory is compared with the
+//! same files upcast to f32, which is exact, so it gets the same tolerance.
+
+use std::path::{Path, PathBuf};
+
+use rusting_brain::{NetworkError, Precision, Sampler, TokenBatch, TransformerLm};
+use rusting_brain_tests::*;
+
+/// The directories the model definition computes today.
+const SUPPORTED: [&str; 6] = [
+    "llama",
+    "llama_tied",
+    "llama_bf16",
+    "llama_sharded",
+    "mistral",
+    "mixtral",
+];
+
+fn dir(name: &str) -> PathBuf {
+    fixture_path("hf").join(name)
+}
+
+fn expected(name: &str) -> Fixture {
+    Fixture::open(dir(name).join("expected.safetensors")).expect("fixture")
+}
+
+fn ids(t: &Tensor) -> Vec<u32> {
+    t.data.iter().map(|&v| v as u32).collect()
+}
+
+fn rows(t: &Tensor) -> Vec<Vec<u32>> {
+    let all = ids(t);
+    all.chunks(t.shape[1]).map(<[u32]>::to_vec).collect()
+}
+
+fn close(name: &str, got: &[f32], want: &Tensor) -> f64 {
+    let rms = (want.data.iter().map(|v| v * v).sum::<f64>() / want.data.len().max(1) as f64).sqrt();
+    assert_close(name, got, want, Tolerance::new(1e-4, 1e-4 * rms)).worst_ratio
+}
+
+/// Logits of the fixture's batch and the greedy continuation of its prompt, against
+/// transformers'. Returns the worst error as a fraction of the allowance.
+fn check(name: &str, model: &mut TransformerLm) -> f64 {
+    let e = expected(name);
+    let batch = TokenBatch::new(rows(&e.get("ids").unwrap())).unwrap();
+    let logits = model.forward_batch(&batch).unwrap();
+    // Our batch is (batch * seq, vocab) over the inputs: every position but the last.
+    let want = e.get("logits").unwrap();
+    let (b, t, v) = (want.shape[0], want.shape[1], want.shape[2]);
+    let inputs = Tensor {
+        shape: vec![b, t - 1, v],
+        data: (0..b)
+            .flat_map(|i| want.data[i * t * v..(i * t + t - 1) * v].to_vec())
+            .collect(),
+    };
+    let worst = close(&format!("{name} logits"), &logits, &inputs);
+    let prompt = ids(&e.get("prompt").unwrap());
+    let greedy = ids(&e.get("greedy").unwrap());
+    let new = greedy.len() - prompt.len();
+    let got = model.generate(&prompt, new, &mut Sampler::greedy()).unwrap();
+    let margin = e.get("margin").unwrap();
+    assert_eq!(
+        got,
+        greedy[prompt.len()..],
+        "{name}: greedy continuation differs (transformers' smallest top-2 gap {:e})",
+        margin.data.iter().cloned().fold(f64::INFINITY, f64::min)
+    );
+    worst
+}
+
+#[test]
+fn every_architecture_matches_transformers_on_the_cpu() {
+    for name in SUPPORTED {
+        let mut model = TransformerLm::from_pretrained(dir(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let worst = check(name, &mut model);
+        eprintln!("{name}: worst logit error {worst:.3} of the allowance");
+    }
+}
+
+#[test]
+fn every_architecture_matches_transformers_on_wgpu() {
+    for name in SUPPORTED {
+        let mut model = TransformerLm::from_pretrained(dir(name)).unwrap();
+        let options = rusting_brain::GpuOptions {
+            software: true,
+            ..Default::default()
+        };
+        match model.to_gpu_with(&options) {
+            Ok(()) => {}
+            Err(NetworkError::Gpu(e))
+                if e.starts_with("no GPU adapter")
+                    && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
+            {
+                eprintln!("SKIPPED, no GPU adapter here: {e}");
+                return;
+            }
+            Err(e) => panic!("to_gpu: {e}"),
+        }
+        let worst = check(name, &mut model);
+        eprintln!(
+            "{name} on {}: worst logit error {worst:.3} of the allowance",
+            model.device().unwrap()
+        );
+    }
+}
+
+#[test]
+fn int8_at_load_is_the_f32_model_quantized() {
+    for name in ["llama", "llama_bf16", "mixtral"] {
+        let mut q = TransformerLm::from_pretrained_at(dir(name), Precision::Q8).unwrap();
+        let mut f = TransformerLm::from_pretrained(dir(name)).unwrap();
+        f.quantize().unwrap();
+        assert!(q.is_quantized());
+        let e = expected(name);
+        let batch = TokenBatch::new(rows(&e.get("ids").unwrap())).unwrap();
+        assert_eq!(
+            q.forward_batch(&batch).unwrap(),
+            f.forward_batch(&batch).unwrap(),
+            "{name}"
+        );
+    }
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("rb-hf-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    p
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn params(m: &TransformerLm) -> Vec<(String, Vec<u32>)> {
+    m.named_parameters()
+        .unwrap()
+        .into_iter()
+        .map(|(n, v)| (n, v.iter().map(|x| x.to_bits()).collect()))
+        .collect()
+}
+
+#[test]
+fn load_save_load_is_bitwise_and_keeps_the_directory() {
+    for name in ["llama", "llama_tied", "llama_bf16", "mistral", "mixtral"] {
+        let a = TransformerLm::from_pretrained(dir(name)).unwrap();
+        let out = scratch(name);
+        a.save_pretrained(&out).unwrap();
+        let mut b = TransformerLm::from_pretrained(&out).unwrap();
+        assert_eq!(params(&a), params(&b), "{name}");
+        check(name, &mut b);
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+        let source: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir(name).join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["architectures"], source["architectures"], "{name}");
+        assert_eq!(config["eos_token_id"], source["eos_token_id"], "{name}");
+        assert!(out.join("generation_config.json").is_file());
+
+        // Into the same directory again, sharded, beside a file of the user's: the old
+        // single file goes, the shards and the user's file stay.
+        std::fs::write(out.join("tokenizer.json"), "{}").unwrap();
+        a.save_pretrained_sharded(&out, 20_000).unwrap();
+        assert!(out.join("tokenizer.json").is_file());
+        assert!(
+            !out.join("model.safetensors").exists(),
+            "{name}: stale single file kept"
+        );
+        assert!(out.join("model.safetensors.index.json").is_file());
+        let c = TransformerLm::from_pretrained(&out).unwrap();
+        assert_eq!(params(&a), params(&c), "{name} sharded");
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
+
+#[test]
+fn a_model_built_here_saves_as_llama_or_mixtral() {
+    let build = |moe: bool, tied: bool| {
+        let mut b = TransformerLm::builder()
+            .vocab_size(40)
+            .d_model(16)
+            .n_layers(2)
+            .heads(4, 2, 4)
+            .d_ff(24)
+            .max_seq_len(16)
+            .tie_embeddings(tied)
+            .seed(7);
+        if moe {
+            b = b.experts(4, 2).expert_d_ff(12).renormalize_top_k(true);
+        }
+        b.build().unwrap()
+    };
+    for (moe, tied, arch) in [
+        (false, true, "LlamaForCausalLM"),
+        (false, false, "LlamaForCausalLM"),
+        (true, false, "MixtralForCausalLM"),
+    ] {
+        let mut m = build(moe, tied);
+        m.train_step(&[vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9, 10]])
+            .unwrap();
+        let out = scratch(arch);
+        m.save_pretrained(&out).unwrap();
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["architectures"][0], arch);
+        let mut back = TransformerLm::from_pretrained(&out).unwrap();
+        assert_eq!(params(&m), params(&back));
+        let batch = TokenBatch::new(&[vec![3, 1, 4, 1, 5]]).unwrap();
+        assert_eq!(
+            m.forward_batch(&batch).unwrap(),
+            back.forward_batch(&batch).unwrap()
+        );
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+    // A shared expert has no class to go to.
+    let m = TransformerLm::builder()
+        .vocab_size(40)
+        .d_model(16)
+        .n_layers(1)
+        .heads(2, 2, 8)
+        .d_ff(24)
+        .max_seq_len(8)
+        .experts(2, 1)
+        .shared_expert(true)
+        .build()
+        .unwrap();
+    let out = scratch("shared");
+    let err = m.save_pretrained(&out).unwrap_err().to_string();
+    assert!(err.contains("shared expert"), "{err}");
+    assert!(!out.exists(), "a refused save left {}", out.display());
+}
+
+/// The error text of loading `dir`, which must fail.
+fn refusal(dir: &Path) -> String {
+    match TransformerLm::from_pretrained(dir) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+fn assert_names(err: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(err.contains(p), "`{err}` does not name {p}");
+    }
+}
+
+#[test]
+fn bad_directories_are_refused_by_file_and_key() {
+    // Features the model does not compute yet, in transformers' own files.
+    let err = refusal(&dir("qwen2"));
+    assert_names(&err, &["config.json", "attention_bias", "biases"]);
+    let err = refusal(&dir("qwen3"));
+    assert_names(&err, &["config.json", "Qwen3ForCausalLM", "q_norm"]);
+
+    let case = |tag: &str, from: &str| {
+        let d = scratch(tag);
+        copy_dir(&dir(from), &d);
+        d
+    };
+    let d = case("arch", "llama");
+    edit_config(&d, |v| {
+        v["architectures"] = serde_json::json!(["GPT2LMHeadModel"])
+    });
+    assert_names(&refusal(&d), &["config.json", "architectures", "GPT2LMHeadModel"]);
+
+    let d = case("yarn", "llama");
+    edit_config(
+        &d,
+        |v| {
+            v["rope_parameters"] =
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
+        },
+    );
+    assert_names(&refusal(&d), &["config.json", "rope_scaling", "yarn"]);
+
+    let d = case("window", "mistral");
+    edit_config(&d, |v| v["sliding_window"] = serde_json::json!(16));
+    assert_names(&refusal(&d), &["config.json", "sliding_window", "16"]);
+
+    let d = case("shape", "llama");
+    edit_config(&d, |v| v["intermediate_size"] = serde_json::json!(40));
+    assert_names(
+        &refusal(&d),
+        &[
+            "model.safetensors",
+            "model.layers.0.mlp.gate_proj.weight",
+            "[48, 32]",
+            "[40, 32]",
+        ],
+    );
+
+    let d = case("missing_key", "llama");
+    edit_config(&d, |v| {
+        v.as_object_mut().unwrap().remove("hidden_size");
+    });
+    assert_names(&refusal(&d), &["config.json", "hidden_size", "missing"]);
+
+    // A tensor the configuration has no place for is not dropped without a word.
+    let d = case("extra", "qwen3");
+    edit_config(&d, |v| {
+        v["architectures"] = serde_json::json!(["LlamaForCausalLM"])
+    });
+    assert_names(
+        &refusal(&d),
+        &[
+            "model.safetensors",
+            "self_attn.",
+            "_norm.weight",
+            "not part of the model",
+        ],
+    );
+
+    // Shards: one missing, one truncated, an index that climbs out of the directory.
+    let d = case("no_shard", "llama_sharded");
+    std::fs::remove_file(d.join("model-00002-of-00002.safetensors")).unwrap();
+    assert_names(
+        &refusal(&d),
+        &[
+            "model.safetensors.index.json",
+            "weight_map.",
+            "model-00002-of-00002.safetensors",
+            "missing",
+        ],
+    );
+
+    let d = case("truncated", "llama_sharded");
+    let shard = d.join("model-00001-of-00002.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();
+    assert_names(
+        &refusal(&d),
+        &[
+            "model-00001-of-00002.safetensors",
+            "header",
+            "not a valid safetensors file",
+        ],
+    );
+
+    let d = case("outside", "llama_sharded");
+    let index = d.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::write(
+        &index,
+        text.replacen("model-00001-of-00002", "../model-00001-of-00002", 1),
+    )
+    .unwrap();
+    assert_names(
+        &refusal(&d),
+        &[
+            "model.safetensors.index.json",
+            "weight_map.",
+            "../model-00001",
+            "not a file in this directory",
+        ],
+    );
+
+    let d = case("empty", "llama");
+    std::fs::remove_file(d.join("model.safetensors")).unwrap();
+    assert_names(&refusal(&d), &["no model.safetensors"]);
+    std::fs::remove_file(d.join("config.json")).unwrap();
+    assert_names(&refusal(&d), &["config.json"]);
+
+    for tag in [
+        "arch",
+        "yarn",
+        "window",
+        "shape",
+        "missing_key",
+        "extra",
+        "no_shard",
+        "truncated",
+        "outside",
+        "empty",
+    ] {
+        let _ = std::fs::remove_dir_all(scratch(tag));
+    }
+}
