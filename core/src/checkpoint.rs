@@ -50,7 +50,8 @@ pub fn config_json(c: &TransformerConfig) -> Value {
         "vocab_size": c.vocab_size, "d_model": c.d_model, "n_layers": c.n_layers,
         "q_heads": c.q_heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim, "d_ff": c.d_ff,
         "max_seq_len": c.max_seq_len, "rope_theta": c.rope_theta, "norm_eps": c.norm_eps,
-        "tie_embeddings": c.tie_embeddings, "moe": moe,
+        "tie_embeddings": c.tie_embeddings, "qkv_bias": c.qkv_bias, "qk_norm": c.qk_norm,
+        "moe": moe,
     })
 }
 
@@ -123,6 +124,15 @@ pub fn config_from_json(v: &Value) -> Result<TransformerConfig, String> {
         tie_embeddings: match v.get("tie_embeddings") {
             None => true,
             Some(t) => t.as_bool().ok_or("config has a non-boolean `tie_embeddings`")?,
+        },
+        // Written since biases and per-head norms exist; older files have neither.
+        qkv_bias: match v.get("qkv_bias") {
+            None => false,
+            Some(t) => t.as_bool().ok_or("config has a non-boolean `qkv_bias`")?,
+        },
+        qk_norm: match v.get("qk_norm") {
+            None => false,
+            Some(t) => t.as_bool().ok_or("config has a non-boolean `qk_norm`")?,
         },
         moe,
     })

@@ -227,6 +227,8 @@ fn leaves_and_named_leaves_come_in_one_order() {
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         tie_embeddings: true,
+        qkv_bias: false,
+        qk_norm: false,
         moe: Some(MoeConfig {
             n_experts: 3,
             top_k: 2,

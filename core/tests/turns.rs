@@ -16,6 +16,8 @@ fn config(max_seq_len: usize) -> TransformerConfig {
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         tie_embeddings: true,
+        qkv_bias: false,
+        qk_norm: false,
         moe: None,
     }
 }

@@ -19,6 +19,8 @@ fn config(tied: bool) -> TransformerConfig {
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         tie_embeddings: tied,
+        qkv_bias: false,
+        qk_norm: false,
         moe: None,
     }
 }

@@ -103,6 +103,7 @@ pub(crate) trait OnDevice {
     fn forward_logits(&mut self, tb: &TokenBatch) -> Result<Vec<f32>, CoreError>;
     fn set_parameter(&mut self, name: &str, values: &[f32]) -> Result<(), CoreError>;
     fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>, CoreError>;
+    fn named_gradients(&self) -> Result<Vec<(String, Vec<f32>)>, CoreError>;
 }
 
 impl<B: DeviceBackend> OnDevice for DeviceLm<B> {
@@ -169,6 +170,9 @@ impl<B: DeviceBackend> OnDevice for DeviceLm<B> {
     }
     fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>, CoreError> {
         self.device.named_parameters()
+    }
+    fn named_gradients(&self) -> Result<Vec<(String, Vec<f32>)>, CoreError> {
+        self.device.named_gradients()
     }
 }
 

@@ -243,10 +243,20 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
             ));
         }
     }
-    if k.bool_or("attention_bias", false)? || family == Family::Qwen2 || family == Family::Qwen2Moe {
+    if let Some(Value::Array(types)) = k.get("layer_types") {
+        if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+            return Err(k.err(
+                "layer_types",
+                format!("{t}: every layer attends over the whole context here; sliding-window attention is not implemented"),
+            ));
+        }
+    }
+    // Qwen2's query, key and value projections always have biases; `attention_bias`
+    // (Llama, Qwen3) puts one on the output projection too, which the model does not have.
+    if k.bool_or("attention_bias", false)? {
         return Err(k.err(
             "attention_bias",
-            "the q/k/v projections of this model have biases, which the model definition does not have yet",
+            "true: a bias on the output projection is not part of the model definition (q/k/v biases are, as Qwen2 has them)",
         ));
     }
     if k.bool_or("mlp_bias", false)? {
@@ -255,10 +265,10 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
             "feed-forward biases are not part of the model definition",
         ));
     }
-    if matches!(family, Family::Qwen3 | Family::Qwen3Moe) {
+    if family == Family::Qwen2Moe {
         return Err(k.err(
-            "architectures",
-            format!("{arch} normalizes queries and keys per head (q_norm, k_norm), which the model definition does not do yet"),
+            "shared_expert_intermediate_size",
+            "Qwen2-MoE scales its shared expert by a learned sigmoid gate (shared_expert_gate); the model's shared expert is added unweighted",
         ));
     }
 
@@ -283,7 +293,11 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
             })
         }
         Family::Qwen3Moe | Family::Qwen2Moe => {
-            let n_experts = k.usize("num_experts")?;
+            // transformers 5 spells it as Mixtral does.
+            let n_experts = match k.opt_usize("num_local_experts")? {
+                Some(n) => n,
+                None => k.usize("num_experts")?,
+            };
             let step = k.opt_usize("decoder_sparse_step")?.unwrap_or(1).max(1);
             let dense = k.usize_list("mlp_only_layers")?;
             let layers: Vec<usize> = (0..n_layers)
@@ -316,6 +330,8 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
         norm_eps,
         // Every family read here defaults to a head of its own.
         tie_embeddings: k.bool_or("tie_word_embeddings", false)?,
+        qkv_bias: family == Family::Qwen2,
+        qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
         moe,
     };
     config
@@ -596,12 +612,23 @@ fn family_for(config: &TransformerConfig, origin: Option<&Origin>) -> Result<Fam
     if let Some(o) = origin {
         return Ok(o.family);
     }
-    match &config.moe {
-        None => Ok(Family::Llama),
-        Some(m) if !m.shared_expert && m.renormalize && m.layers.len() == config.n_layers => Ok(Family::Mixtral),
-        Some(_) => Err(NetworkError::InvalidInput(
-            "save_pretrained: this mixture of experts (a shared expert, dense blocks among sparse ones, or top-k weights not renormalized) has no Hugging Face class that computes it yet".into(),
-        )),
+    let refuse = |what: &str| {
+        Err(NetworkError::InvalidInput(format!(
+            "save_pretrained: no Hugging Face class computes {what}"
+        )))
+    };
+    match (&config.moe, config.qkv_bias, config.qk_norm) {
+        (_, true, true) => refuse("both q/k/v biases and per-head q/k norms"),
+        (None, false, false) => Ok(Family::Llama),
+        (None, true, false) => Ok(Family::Qwen2),
+        (None, false, true) => Ok(Family::Qwen3),
+        (Some(m), _, _) if m.shared_expert => refuse("an unweighted shared expert"),
+        (Some(m), false, false) if m.renormalize && m.layers.len() == config.n_layers => Ok(Family::Mixtral),
+        (Some(_), false, false) => refuse(
+            "a mixture of experts with dense blocks or top-k weights not renormalized, without per-head q/k norms (Qwen3-MoE has them)",
+        ),
+        (Some(_), false, true) => Ok(Family::Qwen3Moe),
+        (Some(_), true, false) => refuse("a mixture of experts with q/k/v biases"),
     }
 }
 
@@ -646,7 +673,9 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
                 set("intermediate_size", json!(m.expert_d_ff));
             }
             _ => {
+                // transformers 4 reads the first, 5 the second.
                 set("num_experts", json!(m.n_experts));
+                set("num_local_experts", json!(m.n_experts));
                 set("moe_intermediate_size", json!(m.expert_d_ff));
                 set("norm_topk_prob", json!(m.renormalize));
                 set("decoder_sparse_step", json!(1));
@@ -666,6 +695,9 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
     }
     if matches!(family, Family::Mistral | Family::Mixtral) {
         set("sliding_window", Value::Null);
+    }
+    if matches!(family, Family::Llama | Family::Qwen3 | Family::Qwen3Moe) {
+        set("attention_bias", json!(false));
     }
     Value::Object(out)
 }
@@ -731,7 +763,9 @@ fn write_files(
             size = 0;
         }
         size += bytes;
-        shards.last_mut().map(|s| s.push(i));
+        if let Some(s) = shards.last_mut() {
+            s.push(i);
+        }
     }
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     let n = shards.len();

@@ -179,6 +179,16 @@ impl TransformerLmBuilder {
         self.config.tie_embeddings = tied;
         self
     }
+    /// Biases on the query, key and value projections, as Qwen2 has them (default off).
+    pub fn qkv_bias(mut self, on: bool) -> Self {
+        self.config.qkv_bias = on;
+        self
+    }
+    /// RMSNorm over each query and key head before RoPE, as Qwen3 has it (default off).
+    pub fn qk_norm(mut self, on: bool) -> Self {
+        self.config.qk_norm = on;
+        self
+    }
     pub fn experts(mut self, n_experts: usize, top_k: usize) -> Self {
         self.moe.experts = Some((n_experts, top_k));
         self
@@ -275,6 +285,8 @@ fn placeholder() -> Result<LmEngine> {
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         tie_embeddings: true,
+        qkv_bias: false,
+        qk_norm: false,
         moe: None,
     };
     Ok(LmEngine::Cpu(TransformerModel::new(
@@ -343,6 +355,8 @@ impl TransformerLm {
                 rope_theta: 10_000.0,
                 norm_eps: 1e-5,
                 tie_embeddings: true,
+                qkv_bias: false,
+                qk_norm: false,
                 moe: None,
             },
             optimizer: Optimizer::adam(3e-4),
@@ -1021,6 +1035,22 @@ impl TransformerLm {
             return Ok(d.named_parameters()?);
         }
         Ok(self.model().named_parameters()?)
+    }
+
+    /// Every accumulated gradient (since the last `zero_grad`) under its parameter's name,
+    /// in the order of [`TransformerLm::named_parameters`]: for checking a backward pass
+    /// against another framework's, or watching which weights learn. An int8 model has none.
+    pub fn named_gradients(&self) -> Result<Vec<(String, Vec<f32>)>> {
+        if self.is_quantized() {
+            return Err(NetworkError::InvalidInput(
+                "named_gradients: a quantized model has no gradients".into(),
+            ));
+        }
+        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        if let Some(d) = self.on_device() {
+            return Ok(d.named_gradients()?);
+        }
+        Ok(self.model().named_gradients()?)
     }
 }
 

@@ -41,6 +41,8 @@ fn config(moe: bool) -> TransformerConfig {
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         tie_embeddings: true,
+        qkv_bias: false,
+        qk_norm: false,
         moe: moe.then(|| MoeConfig {
             n_experts: 4,
             top_k: 2,

@@ -14,13 +14,16 @@ use rusting_brain::{NetworkError, Precision, Sampler, TokenBatch, TransformerLm}
 use rusting_brain_tests::*;
 
 /// The directories the model definition computes today.
-const SUPPORTED: [&str; 6] = [
+const SUPPORTED: [&str; 9] = [
     "llama",
     "llama_tied",
     "llama_bf16",
     "llama_sharded",
     "mistral",
     "mixtral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
 ];
 
 fn dir(name: &str) -> PathBuf {
@@ -75,6 +78,66 @@ fn check(name: &str, model: &mut TransformerLm) -> f64 {
     worst
 }
 
+/// Our name of a tensor as the files spell it (Mixtral's sparse blocks differ).
+fn file_name(name: &str, arch: &str) -> String {
+    if arch != "mixtral" {
+        return name.to_string();
+    }
+    name.replace(".mlp.gate.", ".block_sparse_moe.gate.")
+        .replace(".mlp.experts.", ".block_sparse_moe.experts.")
+        .replace("gate_proj.", "w1.")
+        .replace("down_proj.", "w2.")
+        .replace("up_proj.", "w3.")
+}
+
+/// The loss of the fixture's batch and every gradient, against transformers' backward.
+fn check_gradients(name: &str, model: &mut TransformerLm) -> f64 {
+    let e = expected(name);
+    let batch = TokenBatch::new(rows(&e.get("ids").unwrap())).unwrap();
+    model.zero_grad().unwrap();
+    let loss = model.accumulate_step(&batch).unwrap();
+    let want = e.get("loss").unwrap().data[0];
+    assert!(
+        ((loss.lm_loss as f64) - want).abs() <= 1e-5 * want.abs(),
+        "{name}: loss {} vs transformers' {want}",
+        loss.lm_loss
+    );
+    let grads = model.named_gradients().unwrap();
+    assert_eq!(grads.len(), model.named_parameters().unwrap().len());
+    let mut worst = 0f64;
+    for (n, g) in &grads {
+        let want = e.get(&format!("grad.{}", file_name(n, name))).unwrap();
+        worst = worst.max(close(&format!("{name} grad {n}"), g, &want));
+    }
+    worst
+}
+
+#[test]
+fn gradients_match_transformers_on_the_cpu_and_wgpu() {
+    for name in SUPPORTED {
+        let mut model = TransformerLm::from_pretrained(dir(name)).unwrap();
+        let worst = check_gradients(name, &mut model);
+        eprintln!("{name}: worst gradient error {worst:.3} of the allowance");
+        let options = rusting_brain::GpuOptions {
+            software: true,
+            ..Default::default()
+        };
+        match model.to_gpu_with(&options) {
+            Ok(()) => {
+                let worst = check_gradients(name, &mut model);
+                eprintln!("{name} on wgpu: worst gradient error {worst:.3} of the allowance");
+            }
+            Err(NetworkError::Gpu(e))
+                if e.starts_with("no GPU adapter")
+                    && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
+            {
+                eprintln!("SKIPPED on wgpu, no GPU adapter here: {e}")
+            }
+            Err(e) => panic!("to_gpu: {e}"),
+        }
+    }
+}
+
 #[test]
 fn every_architecture_matches_transformers_on_the_cpu() {
     for name in SUPPORTED {
@@ -113,7 +176,7 @@ fn every_architecture_matches_transformers_on_wgpu() {
 
 #[test]
 fn int8_at_load_is_the_f32_model_quantized() {
-    for name in ["llama", "llama_bf16", "mixtral"] {
+    for name in ["llama", "llama_bf16", "mixtral", "qwen2", "qwen3_moe"] {
         let mut q = TransformerLm::from_pretrained_at(dir(name), Precision::Q8).unwrap();
         let mut f = TransformerLm::from_pretrained(dir(name)).unwrap();
         f.quantize().unwrap();
@@ -152,7 +215,16 @@ fn params(m: &TransformerLm) -> Vec<(String, Vec<u32>)> {
 
 #[test]
 fn load_save_load_is_bitwise_and_keeps_the_directory() {
-    for name in ["llama", "llama_tied", "llama_bf16", "mistral", "mixtral"] {
+    for name in [
+        "llama",
+        "llama_tied",
+        "llama_bf16",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+    ] {
         let a = TransformerLm::from_pretrained(dir(name)).unwrap();
         let out = scratch(name);
         a.save_pretrained(&out).unwrap();
@@ -263,17 +335,24 @@ fn assert_names(err: &str, parts: &[&str]) {
 
 #[test]
 fn bad_directories_are_refused_by_file_and_key() {
-    // Features the model does not compute yet, in transformers' own files.
-    let err = refusal(&dir("qwen2"));
-    assert_names(&err, &["config.json", "attention_bias", "biases"]);
-    let err = refusal(&dir("qwen3"));
-    assert_names(&err, &["config.json", "Qwen3ForCausalLM", "q_norm"]);
-
     let case = |tag: &str, from: &str| {
         let d = scratch(tag);
         copy_dir(&dir(from), &d);
         d
     };
+    // Features the model does not compute: an output-projection bias, Qwen2-MoE's gate.
+    let d = case("o_bias", "qwen3");
+    edit_config(&d, |v| v["attention_bias"] = serde_json::json!(true));
+    assert_names(
+        &refusal(&d),
+        &["config.json", "attention_bias", "output projection"],
+    );
+    let d = case("qwen2_moe", "qwen3_moe");
+    edit_config(&d, |v| {
+        v["architectures"] = serde_json::json!(["Qwen2MoeForCausalLM"])
+    });
+    assert_names(&refusal(&d), &["config.json", "shared_expert", "gate"]);
+
     let d = case("arch", "llama");
     edit_config(&d, |v| {
         v["architectures"] = serde_json::json!(["GPT2LMHeadModel"])

@@ -80,6 +80,8 @@ impl Cfg {
             rope_theta: self.theta,
             norm_eps: self.eps,
             tie_embeddings: true,
+            qkv_bias: false,
+            qk_norm: false,
             moe,
         }
     }

@@ -31,6 +31,12 @@ pub struct TransformerConfig {
     /// Whether the output head is the token embedding (`true`, as in GPT-2, Gemma and the
     /// small Qwen models) or a matrix of its own, `lm_head.weight` (Llama, Mistral).
     pub tie_embeddings: bool,
+    /// Biases on the query, key and value projections (Qwen2); the output projection has
+    /// none.
+    pub qkv_bias: bool,
+    /// RMSNorm over each query and key head before RoPE, one `head_dim` weight for all
+    /// query heads and one for all key heads (Qwen3).
+    pub qk_norm: bool,
     /// Sparse feed-forward layers, when some are.
     pub moe: Option<MoeConfig>,
 }
@@ -201,7 +207,12 @@ impl TransformerConfig {
     /// passes through `top_k`) and the shared expert.
     pub fn layer_parameters(&self, layer: usize) -> (usize, usize) {
         let (d, q, kv) = (self.d_model, self.q_dim(), self.kv_dim());
-        let attn = 2 * d + d * q + 2 * d * kv + q * d;
+        let attn = 2 * d
+            + d * q
+            + 2 * d * kv
+            + q * d
+            + if self.qkv_bias { q + 2 * kv } else { 0 }
+            + if self.qk_norm { 2 * self.head_dim } else { 0 };
         let mlp = self.mlp_width(layer).map_or(0, |f| 3 * d * f);
         match self.sparse(layer) {
             None => (attn + mlp, attn + mlp),
@@ -252,6 +263,9 @@ impl TransformerConfig {
         for l in 0..self.n_layers {
             let f = self.mlp_width(l).unwrap_or(0);
             total += n * (4 * d + 2 + 2 * q + 2 * kv + h + 3 * f);
+            if self.qk_norm {
+                total += n * (q + kv + h + self.kv_heads);
+            }
             if f > 0 && !widths.contains(&(n * f)) {
                 widths.push(n * f);
             }
@@ -265,6 +279,9 @@ impl TransformerConfig {
         }
         let tail = n * (2 * d + 1 + self.vocab_size);
         let mut scratch = n * (3 * d + 2 * q + 2 * kv) + 3 * widths.iter().sum::<usize>();
+        if self.qk_norm {
+            scratch += n * (q + kv);
+        }
         if let Some(m) = &self.moe {
             scratch += n * m.top_k * d + n * m.n_experts;
         }
@@ -555,6 +572,9 @@ struct LayerActs<B: Backend> {
     q: B::Buffer,
     k: B::Buffer,
     v: B::Buffer,
+    /// With `qk_norm`: q and k before their norms, and the norms' `rstd` per head;
+    /// empty without.
+    qk: [B::Buffer; 4],
     att: B::Buffer,
     lse: B::Buffer,
     x_mid: B::Buffer,
@@ -584,11 +604,25 @@ struct Arena<B: Backend> {
     dq: B::Buffer,
     dk: B::Buffer,
     dv: B::Buffer,
+    /// With `qk_norm`, the gradients of q and k before their norms; empty without.
+    dq_raw: B::Buffer,
+    dk_raw: B::Buffer,
     /// `(ds, dgate, dup)` for each feed-forward width.
     ffn: Triples<B>,
     /// `(n * top_k, d)` and `(n, n_experts)` for sparse blocks; empty without.
     dxe: B::Buffer,
     dlogits: B::Buffer,
+}
+
+/// `(q_raw, k_raw, rstd_q, rstd_k)` for `n` rows with `qk_norm`; empty buffers without.
+fn qk_scratch<B: Backend>(b: &B, c: &TransformerConfig, n: usize) -> Result<[B::Buffer; 4]> {
+    let on = usize::from(c.qk_norm);
+    Ok([
+        b.zeros(on * n * c.q_dim())?,
+        b.zeros(on * n * c.kv_dim())?,
+        b.zeros(on * n * c.q_heads)?,
+        b.zeros(on * n * c.kv_heads)?,
+    ])
 }
 
 impl<B: Backend> Arena<B> {
@@ -616,6 +650,7 @@ impl<B: Backend> Arena<B> {
                 q: b.zeros(n * q)?,
                 k: b.zeros(n * kv)?,
                 v: b.zeros(n * kv)?,
+                qk: qk_scratch(b, c, n)?,
                 att: b.zeros(n * q)?,
                 lse: b.zeros(n * c.q_heads)?,
                 x_mid: b.zeros(n * d)?,
@@ -646,6 +681,8 @@ impl<B: Backend> Arena<B> {
             dq: b.zeros(n * q)?,
             dk: b.zeros(n * kv)?,
             dv: b.zeros(n * kv)?,
+            dq_raw: b.zeros(if c.qk_norm { n * q } else { 0 })?,
+            dk_raw: b.zeros(if c.qk_norm { n * kv } else { 0 })?,
             ffn: Triples::new(b, lens)?,
             dxe,
             dlogits,
@@ -888,6 +925,8 @@ struct BlockActs<'a, B: Backend> {
     q: &'a mut B::Buffer,
     k: &'a mut B::Buffer,
     v: &'a mut B::Buffer,
+    /// `(q_raw, k_raw, rstd_q, rstd_k)`, used with `qk_norm`.
+    qk: &'a mut [B::Buffer; 4],
     att: &'a mut B::Buffer,
     lse: &'a mut B::Buffer,
     h2: &'a mut B::Buffer,
@@ -926,6 +965,7 @@ fn block_forward<B: Backend>(
         q: qb,
         k: kb,
         v: vb,
+        qk,
         att,
         lse,
         h2,
@@ -937,11 +977,31 @@ fn block_forward<B: Backend>(
     if let Some((x_in, _)) = saved.as_mut() {
         b.copy(x_in, x)?;
     }
-    // h = rmsnorm(x); q, k, v = h W^T   h: (n, d), Wq: (q, d)
+    // h = rmsnorm(x); q, k, v = h W^T (+ bias)   h: (n, d), Wq: (q, d)
     b.rmsnorm_forward(h, rstd1, x, &p.attn_norm, n, d, c.norm_eps)?;
-    w.wq.apply(b, qb, h, mm(n, q, d))?;
-    w.wk.apply(b, kb, h, mm(n, kv, d))?;
-    w.wv.apply(b, vb, h, mm(n, kv, d))?;
+    let mut project = |qp: &mut B::Buffer, kp: &mut B::Buffer| -> Result<()> {
+        w.wq.apply(b, qp, h, mm(n, q, d))?;
+        w.wk.apply(b, kp, h, mm(n, kv, d))?;
+        w.wv.apply(b, vb, h, mm(n, kv, d))?;
+        for (out, bias, cols) in [(qp, &p.q_bias, q), (kp, &p.k_bias, kv), (&mut *vb, &p.v_bias, kv)] {
+            if let Some(bias) = bias {
+                b.add_bias(out, bias, n, cols)?;
+            }
+        }
+        Ok(())
+    };
+    match (&p.q_norm, &p.k_norm) {
+        // Per-head norms: the projections land in q_raw/k_raw (kept for the backward),
+        // then q = rmsnorm(q_raw) over rows (n * heads) of head_dim.
+        (Some(qn), Some(kn)) => {
+            let [q_raw, k_raw, rstd_q, rstd_k] = qk;
+            project(q_raw, k_raw)?;
+            let hd = c.head_dim;
+            b.rmsnorm_forward(qb, rstd_q, q_raw, qn, n * c.q_heads, hd, c.norm_eps)?;
+            b.rmsnorm_forward(kb, rstd_k, k_raw, kn, n * c.kv_heads, hd, c.norm_eps)?;
+        }
+        _ => project(qb, kb)?,
+    }
     b.rope_forward(qb, rope_q)?;
     b.rope_forward(kb, rope_k)?;
     let inference = matches!(keys, Keys::Cache { .. });
@@ -1002,6 +1062,7 @@ struct DecodeArena<B: Backend> {
     q: B::Buffer,
     k: B::Buffer,
     v: B::Buffer,
+    qk: [B::Buffer; 4],
     att: B::Buffer,
     lse: B::Buffer,
     /// `(gate, up, s)` per feed-forward width.
@@ -1067,6 +1128,7 @@ impl<B: Backend> TransformerModel<B> {
         let b = &backend;
         let params = config.layout().try_map(|name, t| match t.kind {
             TensorKind::Norm => b.upload(&alloc::vec![1.0f32; t.len()]),
+            TensorKind::Bias => b.zeros(t.len()),
             TensorKind::Matrix | TensorKind::Router => {
                 let out_proj = name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight");
                 b.upload(&rng.normal_vec(t.len(), if out_proj { out_std } else { std }))
@@ -1317,6 +1379,7 @@ impl<B: Backend> TransformerModel<B> {
                 q: &mut a.q,
                 k: &mut a.k,
                 v: &mut a.v,
+                qk: &mut a.qk,
                 att: &mut a.att,
                 lse: &mut a.lse,
                 h2: &mut a.h2,
@@ -1481,6 +1544,7 @@ impl<B: Backend> TransformerModel<B> {
                 q: b.zeros(r * q)?,
                 k: b.zeros(r * kv)?,
                 v: b.zeros(r * kv)?,
+                qk: qk_scratch(b, c, r)?,
                 att: b.zeros(r * q)?,
                 lse: b.zeros(r * c.q_heads)?,
                 ffn: Triples::new(b, lens)?,
@@ -1528,6 +1592,7 @@ impl<B: Backend> TransformerModel<B> {
                 q: &mut a.q,
                 k: &mut a.k,
                 v: &mut a.v,
+                qk: &mut a.qk,
                 att: &mut a.att,
                 lse: &mut a.lse,
                 h2: &mut a.h2,
@@ -1749,6 +1814,44 @@ impl<B: Backend> TransformerModel<B> {
             )?;
             b.rope_backward(&mut arena.dq, &rope_q)?;
             b.rope_backward(&mut arena.dk, &rope_k)?;
+            // Through the per-head norms: dq then holds the gradient of q before them.
+            if let (Some(qn), Some(kn), Some(gq), Some(gk)) =
+                (&p.q_norm, &p.k_norm, g.q_norm.as_mut(), g.k_norm.as_mut())
+            {
+                let [q_raw, k_raw, rstd_q, rstd_k] = &a.qk;
+                let hd = c.head_dim;
+                b.rmsnorm_backward(
+                    &mut arena.dq_raw,
+                    gq,
+                    &arena.dq,
+                    q_raw,
+                    qn,
+                    rstd_q,
+                    n * c.q_heads,
+                    hd,
+                )?;
+                b.rmsnorm_backward(
+                    &mut arena.dk_raw,
+                    gk,
+                    &arena.dk,
+                    k_raw,
+                    kn,
+                    rstd_k,
+                    n * c.kv_heads,
+                    hd,
+                )?;
+                core::mem::swap(&mut arena.dq, &mut arena.dq_raw);
+                core::mem::swap(&mut arena.dk, &mut arena.dk_raw);
+            }
+            for (gb, dout, cols) in [
+                (g.q_bias.as_mut(), &arena.dq, q),
+                (g.k_bias.as_mut(), &arena.dk, kv),
+                (g.v_bias.as_mut(), &arena.dv, kv),
+            ] {
+                if let Some(gb) = gb {
+                    b.bias_backward(gb, dout, n, cols)?;
+                }
+            }
             b.matmul(
                 &mut g.wq,
                 &arena.dq,
@@ -1813,7 +1916,7 @@ impl<B: Backend> TransformerModel<B> {
                 let (packed, scales) = crate::ops::q8::quantize_rows(&host, rows, cols)?;
                 Ok(Some((b.upload(&packed)?, b.upload(&scales)?)))
             }
-            TensorKind::Norm | TensorKind::Router => Ok(None),
+            TensorKind::Norm | TensorKind::Bias | TensorKind::Router => Ok(None),
         })?;
         self.quantized = Some(quantized);
         // Free what an int8 model no longer has: f32 matrices, gradients, moments, arenas.
@@ -1876,7 +1979,7 @@ impl<B: Backend> TransformerModel<B> {
             .layout()
             .into_leaves()
             .iter()
-            .map(|t| t.kind != TensorKind::Norm)
+            .map(|t| !matches!(t.kind, TensorKind::Norm | TensorKind::Bias))
             .collect();
         let b = &self.backend;
         let params = self.params.as_mut().into_leaves();

@@ -21,6 +21,8 @@ pub enum TensorKind {
     Norm,
     /// A projection or the embedding: decayed, int8 in quantized models.
     Matrix,
+    /// A projection's bias: starts at zero, never decayed, stays f32 in int8 models.
+    Bias,
     /// A sparse block's router `(n_experts, d_model)`: decayed like a matrix, but kept in
     /// f32 by quantization, since flipping a routing decision costs more than its bytes.
     Router,
@@ -77,6 +79,15 @@ pub struct Block<T> {
     pub wk: T,
     pub wv: T,
     pub wo: T,
+    /// `(q_dim)`, `(kv_dim)`, `(kv_dim)`: biases of the query, key and value projections
+    /// (`qkv_bias`, as Qwen2 has them).
+    pub q_bias: Option<T>,
+    pub k_bias: Option<T>,
+    pub v_bias: Option<T>,
+    /// `(head_dim)`: RMSNorm weights over each query and each key head, applied before
+    /// RoPE (`qk_norm`, as Qwen3 has them).
+    pub q_norm: Option<T>,
+    pub k_norm: Option<T>,
     pub ffn_norm: T,
     /// The dense feed-forward; in a sparse block, the shared expert (if it has one).
     pub mlp: Option<Swiglu<T>>,
@@ -145,6 +156,11 @@ impl<T> Block<T> {
             wk: &self.wk,
             wv: &self.wv,
             wo: &self.wo,
+            q_bias: self.q_bias.as_ref(),
+            k_bias: self.k_bias.as_ref(),
+            v_bias: self.v_bias.as_ref(),
+            q_norm: self.q_norm.as_ref(),
+            k_norm: self.k_norm.as_ref(),
             ffn_norm: &self.ffn_norm,
             mlp: self.mlp.as_ref().map(Swiglu::as_ref),
             moe: self.moe.as_ref().map(|m| Experts {
@@ -160,6 +176,11 @@ impl<T> Block<T> {
             wk: &mut self.wk,
             wv: &mut self.wv,
             wo: &mut self.wo,
+            q_bias: self.q_bias.as_mut(),
+            k_bias: self.k_bias.as_mut(),
+            v_bias: self.v_bias.as_mut(),
+            q_norm: self.q_norm.as_mut(),
+            k_norm: self.k_norm.as_mut(),
             ffn_norm: &mut self.ffn_norm,
             mlp: self.mlp.as_mut().map(Swiglu::as_mut),
             moe: self.moe.as_mut().map(|m| Experts {
@@ -176,6 +197,11 @@ impl<T> Block<T> {
             wk: f(self.wk),
             wv: f(self.wv),
             wo: f(self.wo),
+            q_bias: self.q_bias.map(&mut f),
+            k_bias: self.k_bias.map(&mut f),
+            v_bias: self.v_bias.map(&mut f),
+            q_norm: self.q_norm.map(&mut f),
+            k_norm: self.k_norm.map(&mut f),
             ffn_norm: f(self.ffn_norm),
             mlp: self.mlp.map(|m| m.map(&mut f)),
             moe: self.moe.map(|m| Experts {
@@ -197,6 +223,12 @@ impl<T> Block<T> {
         let wk = g("self_attn.k_proj.weight", self.wk)?;
         let wv = g("self_attn.v_proj.weight", self.wv)?;
         let wo = g("self_attn.o_proj.weight", self.wo)?;
+        let mut opt = |name: &str, t: Option<T>| t.map(|t| g(name, t)).transpose();
+        let q_bias = opt("self_attn.q_proj.bias", self.q_bias)?;
+        let k_bias = opt("self_attn.k_proj.bias", self.k_bias)?;
+        let v_bias = opt("self_attn.v_proj.bias", self.v_bias)?;
+        let q_norm = opt("self_attn.q_norm.weight", self.q_norm)?;
+        let k_norm = opt("self_attn.k_norm.weight", self.k_norm)?;
         let ffn_norm = g("post_attention_layernorm.weight", self.ffn_norm)?;
         let sparse = self.moe.is_some();
         let moe = match self.moe {
@@ -227,6 +259,11 @@ impl<T> Block<T> {
             wk,
             wv,
             wo,
+            q_bias,
+            k_bias,
+            v_bias,
+            q_norm,
+            k_norm,
             ffn_norm,
             mlp,
             moe,
@@ -252,7 +289,19 @@ impl<T> Block<T> {
             }),
             _ => return None,
         };
+        fn pair<A, B>(a: Option<A>, b: Option<B>) -> Result<Option<(A, B)>, ()> {
+            match (a, b) {
+                (None, None) => Ok(None),
+                (Some(a), Some(b)) => Ok(Some((a, b))),
+                _ => Err(()),
+            }
+        }
         Some(Block {
+            q_bias: pair(self.q_bias, o.q_bias).ok()?,
+            k_bias: pair(self.k_bias, o.k_bias).ok()?,
+            v_bias: pair(self.v_bias, o.v_bias).ok()?,
+            q_norm: pair(self.q_norm, o.q_norm).ok()?,
+            k_norm: pair(self.k_norm, o.k_norm).ok()?,
             attn_norm: (self.attn_norm, o.attn_norm),
             wq: (self.wq, o.wq),
             wk: (self.wk, o.wk),
@@ -266,7 +315,13 @@ impl<T> Block<T> {
     /// Every leaf, in the order of [`Block::try_map`] (no names are built: the optimizer
     /// and the gradient norm walk this every step).
     pub fn into_leaves(self) -> Vec<T> {
-        let mut out = alloc::vec![self.attn_norm, self.wq, self.wk, self.wv, self.wo, self.ffn_norm];
+        let mut out = alloc::vec![self.attn_norm, self.wq, self.wk, self.wv, self.wo];
+        out.extend(self.q_bias);
+        out.extend(self.k_bias);
+        out.extend(self.v_bias);
+        out.extend(self.q_norm);
+        out.extend(self.k_norm);
+        out.push(self.ffn_norm);
         if let Some(m) = self.moe {
             out.push(m.router);
             for e in m.experts {
@@ -399,6 +454,11 @@ impl TransformerConfig {
                 wk: mat(kv, d),
                 wv: mat(kv, d),
                 wo: mat(d, q),
+                q_bias: self.qkv_bias.then(|| t(&[q], TensorKind::Bias)),
+                k_bias: self.qkv_bias.then(|| t(&[kv], TensorKind::Bias)),
+                v_bias: self.qkv_bias.then(|| t(&[kv], TensorKind::Bias)),
+                q_norm: self.qk_norm.then(|| t(&[self.head_dim], TensorKind::Norm)),
+                k_norm: self.qk_norm.then(|| t(&[self.head_dim], TensorKind::Norm)),
                 ffn_norm: norm(),
                 mlp: self.mlp_width(l).map(swiglu),
                 moe: self.sparse(l).map(|m| Experts {
