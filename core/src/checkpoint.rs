@@ -20,7 +20,7 @@ use crate::models::transformer::{
     MoeConfig, Params, QuantParams, TensorKind, TensorSpec, TransformerConfig, TransformerModel,
 };
 use crate::ops::q8;
-use crate::{Backend, CoreError, Result};
+use crate::{Backend, CoreError, Result, RopeScaling};
 
 /// `format` in the metadata of a weights file.
 pub const WEIGHTS_FORMAT: &str = "rusting_brain.transformer";
@@ -51,8 +51,42 @@ pub fn config_json(c: &TransformerConfig) -> Value {
         "q_heads": c.q_heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim, "d_ff": c.d_ff,
         "max_seq_len": c.max_seq_len, "rope_theta": c.rope_theta, "norm_eps": c.norm_eps,
         "tie_embeddings": c.tie_embeddings, "qkv_bias": c.qkv_bias, "qk_norm": c.qk_norm,
-        "moe": moe,
+        "rope_scaling": rope_scaling_json(&c.rope_scaling), "moe": moe,
     })
+}
+
+fn rope_scaling_json(s: &RopeScaling) -> Value {
+    match *s {
+        RopeScaling::None => Value::Null,
+        RopeScaling::Linear { factor } => json!({"type": "linear", "factor": factor}),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => json!({
+            "type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor, "original_max_position": original_max_position,
+        }),
+    }
+}
+
+fn rope_scaling_from_json(v: &Value) -> Result<RopeScaling, String> {
+    let w = "config.rope_scaling";
+    match v.get("type").and_then(Value::as_str) {
+        Some("linear") => Ok(RopeScaling::Linear {
+            factor: f32_of(v, "factor", w)?,
+        }),
+        Some("llama3") => Ok(RopeScaling::Llama3 {
+            factor: f32_of(v, "factor", w)?,
+            low_freq_factor: f32_of(v, "low_freq_factor", w)?,
+            high_freq_factor: f32_of(v, "high_freq_factor", w)?,
+            original_max_position: usize_of(v, "original_max_position", w)?,
+        }),
+        other => Err(format!(
+            "{w} has type {other:?}; this build reads \"linear\" and \"llama3\""
+        )),
+    }
 }
 
 fn usize_of(v: &Value, k: &str, what: &str) -> Result<usize, String> {
@@ -133,6 +167,11 @@ pub fn config_from_json(v: &Value) -> Result<TransformerConfig, String> {
         qk_norm: match v.get("qk_norm") {
             None => false,
             Some(t) => t.as_bool().ok_or("config has a non-boolean `qk_norm`")?,
+        },
+        // Written since scaled RoPE exists; older files turn by theta alone.
+        rope_scaling: match v.get("rope_scaling") {
+            None | Some(Value::Null) => RopeScaling::None,
+            Some(s) => rope_scaling_from_json(s)?,
         },
         moe,
     })

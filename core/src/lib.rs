@@ -43,6 +43,7 @@ pub use backend::{
 pub use error::CoreError;
 pub use ops::activation::Activation;
 pub use ops::loss::Loss;
+pub use ops::rope::RopeScaling;
 pub use optimizer::{Optimizer, OptimizerKind};
 pub use real::Real;
 pub use reference::ReferenceBackend;

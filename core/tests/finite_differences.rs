@@ -155,6 +155,7 @@ fn rope_backward_matches_finite_differences_and_preserves_norms() {
         head_dim: 6,
         pos_offset: 4,
         theta: 10_000.0,
+        scaling: Default::default(),
     };
     let n = 2 * 5 * 3 * 6;
     let x = randn(&mut rng, n);
@@ -182,6 +183,7 @@ fn rope_backward_matches_finite_differences_and_preserves_norms() {
         head_dim: 4,
         pos_offset: 0,
         theta: 500_000.0,
+        scaling: Default::default(),
     };
     let mut z = vec![1.0, 2.0, 3.0, 4.0];
     rope_forward(&mut z, &spec0).unwrap();
@@ -198,6 +200,7 @@ fn rope_rejects_odd_head_dim_and_bad_theta() {
         head_dim: 3,
         pos_offset: 0,
         theta: 10_000.0,
+        scaling: Default::default(),
     };
     assert!(rope_forward(&mut x, &spec).is_err());
     let mut x = vec![0.0f32; 4];

@@ -229,6 +229,7 @@ fn leaves_and_named_leaves_come_in_one_order() {
         tie_embeddings: true,
         qkv_bias: false,
         qk_norm: false,
+        rope_scaling: Default::default(),
         moe: Some(MoeConfig {
             n_experts: 3,
             top_k: 2,

@@ -18,6 +18,7 @@ fn config(max_seq_len: usize) -> TransformerConfig {
         tie_embeddings: true,
         qkv_bias: false,
         qk_norm: false,
+        rope_scaling: Default::default(),
         moe: None,
     }
 }

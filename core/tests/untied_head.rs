@@ -21,6 +21,7 @@ fn config(tied: bool) -> TransformerConfig {
         tie_embeddings: tied,
         qkv_bias: false,
         qk_norm: false,
+        rope_scaling: Default::default(),
         moe: None,
     }
 }

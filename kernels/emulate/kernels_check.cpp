@@ -12,6 +12,7 @@
 #include "moe.cu"
 #include "q8.cu"
 #include "rmsnorm.cu"
+#include "rope.cu"
 #include "softmax.cu"
 
 #include <cstdio>
@@ -251,6 +252,60 @@ int main() {
         std::vector<float> got(x.size());
         for (size_t i = 0; i < x.size(); i++) got[i] = rb_bf16(h[i]);
         check("to_bf16 (bits)", got, want, 0.0);
+    }
+    // RoPE, unscaled, linear and Llama 3.1 scaled, against the rotation in double with the
+    // frequencies worked out in double from the raw parameters (transformers' formulas).
+    // An original context of 64 puts pairs in all three llama3 bands at head size 64.
+    // Positions stay below ~200 so the f32 frequency's rounding (~1e-7 relative) moves no
+    // angle by more than ~2e-5.
+    {
+        const int batch = 2, seq = 37, heads = 3, hd = 64, offset = 150;
+        const double theta = 10000.0, pi2 = 2.0 * 3.14159265358979323846;
+        struct Case { const char* name; int kind; double factor, low, high, old; };
+        for (Case cs : {Case{"none", 0, 1, 0, 0, 0}, Case{"linear", 1, 4, 0, 0, 0},
+                        Case{"llama3", 2, 8, 1, 4, 64}}) {
+            const float lw = (float)(cs.old / (cs.low > 0 ? cs.low : 1));
+            const float hw = (float)(cs.old / (cs.high > 0 ? cs.high : 1));
+            const float band = (float)(cs.high - cs.low);
+            std::vector<double> inv(hd / 2);
+            for (int i = 0; i < hd / 2; i++) {
+                double f = 1.0 / std::pow(theta, 2.0 * i / hd);
+                if (cs.kind == 1) f /= cs.factor;
+                if (cs.kind == 2) {
+                    const double w = pi2 / f;
+                    if (w > cs.old / cs.low) f /= cs.factor;
+                    else if (!(w < cs.old / cs.high)) {
+                        const double sm = (cs.old / w - cs.low) / (cs.high - cs.low);
+                        f = (1 - sm) * f / cs.factor + sm * f;
+                    }
+                }
+                inv[i] = f;
+            }
+            const size_t n = (size_t)batch * seq * heads * hd;
+            const auto x = randn(n);
+            for (float sign : {1.0f, -1.0f}) {
+                std::vector<float> y = x;
+                const size_t pairs = n / 2;
+                if (sign > 0)
+                    rb_launch(blocks(pairs), 256, [&] { rope_forward(y.data(), batch, seq, heads, hd, offset, (float)theta, cs.kind, (float)cs.factor, lw, hw, (float)cs.old, (float)cs.low, band); });
+                else
+                    rb_launch(blocks(pairs), 256, [&] { rope_backward(y.data(), batch, seq, heads, hd, offset, (float)theta, cs.kind, (float)cs.factor, lw, hw, (float)cs.old, (float)cs.low, band); });
+                std::vector<double> want(n);
+                for (size_t v = 0; v < n / hd; v++) {
+                    const int t = (int)((v / heads) % seq);
+                    for (int i = 0; i < hd / 2; i++) {
+                        const double a = (offset + t) * inv[i];
+                        const double c = std::cos(a), s = std::sin(a) * sign;
+                        const double x1 = x[v * hd + i], x2 = x[v * hd + i + hd / 2];
+                        want[v * hd + i] = x1 * c - x2 * s;
+                        want[v * hd + i + hd / 2] = x2 * c + x1 * s;
+                    }
+                }
+                char name[64];
+                std::snprintf(name, sizeof name, "rope %s %s", cs.name, sign > 0 ? "forward" : "backward");
+                check(name, y, want, 1e-4);
+            }
+        }
     }
     std::printf("%s\n", all_ok ? "kernels (emulated): all passed" : "kernels (emulated): FAILED");
     return all_ok ? 0 : 1;

@@ -16,7 +16,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rusting_brain_core::ops::{attention, cross_entropy, embedding, optim, rmsnorm, rope, swiglu};
-use rusting_brain_core::{AdamParams, AttentionSpec, Rng, RopeSpec};
+use rusting_brain_core::{AdamParams, AttentionSpec, Rng, RopeScaling, RopeSpec};
 use rusting_brain_kernels::{probe, Compiler, Library, SOURCES};
 
 type R<T = ()> = Result<T, Failed>;
@@ -213,11 +213,19 @@ fn swiglu_matches(d: &Dev) -> R {
 fn rope_matches(d: &Dev) -> R {
     let (fwd, bwd) = (d.func("rope", "rope_forward")?, d.func("rope", "rope_backward")?);
     let mut rng = Rng::new(3);
-    for (batch, seq, heads, head_dim, offset) in [
-        (1, 1, 1, 2, 0),
-        (2, 7, 3, 64, 5),
-        (1, 127, 12, 64, 1000),
-        (3, 33, 4, 128, 0),
+    // Llama 3.1's scaling with a short original context, so every band (stretched,
+    // blended, kept) has pairs at head size 64 and 128.
+    let llama3 = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position: 64,
+    };
+    for (batch, seq, heads, head_dim, offset, scaling) in [
+        (1, 1, 1, 2, 0, RopeScaling::None),
+        (2, 7, 3, 64, 5, RopeScaling::Linear { factor: 4.0 }),
+        (1, 127, 12, 64, 1000, llama3),
+        (3, 33, 4, 128, 0, llama3),
     ] {
         let n = batch * seq * heads * head_dim;
         let x = rng.normal_vec(n, 1.0);
@@ -228,7 +236,9 @@ fn rope_matches(d: &Dev) -> R {
             head_dim,
             pos_offset: offset,
             theta: 10000.0,
+            scaling,
         };
+        let (kind, k) = scaling.kernel_constants();
         for sign in [1.0f32, -1.0] {
             let mut want = wide(&x);
             if sign > 0.0 {
@@ -255,7 +265,14 @@ fn rope_matches(d: &Dev) -> R {
                 &dims[2],
                 &dims[3],
                 &dims[4],
-                &10000.0f32
+                &10000.0f32,
+                &kind,
+                &k[0],
+                &k[1],
+                &k[2],
+                &k[3],
+                &k[4],
+                &k[5]
             );
             // Angles up to ~1100 rad: sinf/cosf of an f32 angle, as core forms it, then the
             // rotation; 1e-4 covers the argument reduction's last bits.

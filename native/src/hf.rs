@@ -22,6 +22,7 @@ use rusting_brain_core::models::transformer::{
     MoeConfig, Params, QuantParams, TensorKind, TensorSpec, TransformerConfig, TransformerModel,
 };
 use rusting_brain_core::ops::q8;
+use rusting_brain_core::RopeScaling;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use serde_json::{json, Map, Value};
 
@@ -204,29 +205,64 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
             .ok_or_else(|| k.err("rope_parameters.rope_theta", format!("{t} is not a number")))?,
         (None, None) => 10_000.0,
     };
-    let scaling = k.get("rope_scaling").and_then(Value::as_object).or(params);
+    let (scaling_key, scaling) = match k.get("rope_scaling").and_then(Value::as_object) {
+        Some(s) => ("rope_scaling", Some(s)),
+        None => ("rope_parameters", params),
+    };
     let rope_type = scaling
         .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
         .and_then(Value::as_str)
         .unwrap_or("default");
-    match rope_type {
-        "default" => {}
-        "linear" | "llama3" => {
-            return Err(k.err(
-                "rope_scaling",
-                format!(
-                    "rope type `{rope_type}` is not implemented yet; this build computes `default` RoPE only"
-                ),
-            ))
+    // A number of the scaling's, named by where it was found.
+    let num = |name: &str| -> Result<f64> {
+        let key = format!("{scaling_key}.{name}");
+        match scaling.and_then(|s| s.get(name)) {
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| k.err(&key, format!("{v} is not a number"))),
+            None => Err(k.err(&key, format!("missing: rope type `{rope_type}` needs it"))),
+        }
+    };
+    let rope_scaling = match rope_type {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: num("factor")? as f32,
+        },
+        "llama3" => {
+            let old = num("original_max_position_embeddings")?;
+            if old < 1.0 || old.fract() != 0.0 {
+                return Err(k.err(
+                    &format!("{scaling_key}.original_max_position_embeddings"),
+                    format!("{old} is not a positive whole number of positions"),
+                ));
+            }
+            RopeScaling::Llama3 {
+                factor: num("factor")? as f32,
+                low_freq_factor: num("low_freq_factor")? as f32,
+                high_freq_factor: num("high_freq_factor")? as f32,
+                original_max_position: old as usize,
+            }
         }
         other => {
             return Err(k.err(
-                "rope_scaling",
+                scaling_key,
                 format!(
-                    "rope type `{other}` is not supported (default, linear and llama3 are the ones planned)"
+                    "rope type `{other}` is not supported (this build computes default, linear and llama3)"
                 ),
             ))
         }
+    };
+    rope_scaling.check().map_err(|m| k.err(scaling_key, m))?;
+    let partial = match scaling.and_then(|s| s.get("partial_rotary_factor")) {
+        Some(v) => v.as_f64(),
+        None => k.opt_f64("partial_rotary_factor")?,
+    };
+    if let Some(p) = partial.filter(|&p| p != 1.0) {
+        return Err(k.err(
+            "partial_rotary_factor",
+            format!("{p}: RoPE turns the whole head here; a partial rotation is not implemented"),
+        ));
     }
 
     // Sliding-window attention: the model attends over the whole context.
@@ -332,6 +368,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
         tie_embeddings: k.bool_or("tie_word_embeddings", false)?,
         qkv_bias: family == Family::Qwen2,
         qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
+        rope_scaling,
         moe,
     };
     config
@@ -639,6 +676,7 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
     for key in [
         "rope_scaling",
         "rope_parameters",
+        "partial_rotary_factor",
         "torch_dtype",
         "dtype",
         "head_dim",
@@ -660,6 +698,28 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
     set("intermediate_size", json!(c.d_ff));
     set("max_position_embeddings", json!(c.max_seq_len));
     set("rope_theta", json!(c.rope_theta));
+    // transformers 4 reads `rope_scaling`; 5 takes it as `rope_parameters` when given.
+    match c.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => {
+            set("rope_scaling", json!({"rope_type": "linear", "factor": factor}))
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => set(
+            "rope_scaling",
+            json!({
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": original_max_position,
+            }),
+        ),
+    }
     set("rms_norm_eps", json!(c.norm_eps));
     set("tie_word_embeddings", json!(c.tie_embeddings));
     set("hidden_act", json!("silu"));

@@ -55,7 +55,7 @@ pub use network::{Network, NetworkBuilder, TrainConfig};
 pub use rusting_brain_core as core;
 pub use rusting_brain_core::models::transformer::TokenBatch;
 pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, Optimizer, ReferenceBackend};
-pub use rusting_brain_core::{Sampler, Schedule};
+pub use rusting_brain_core::{RopeScaling, Sampler, Schedule};
 /// Which GPU adapter `to_gpu_with` asks for (feature `gpu`).
 #[cfg(feature = "gpu")]
 pub use rusting_brain_shaders::{GpuCounters, GpuOptions};

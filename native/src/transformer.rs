@@ -5,7 +5,7 @@ use std::fmt;
 use rusting_brain_core::models::transformer::{
     Conversation, KvCache, LossSum, MoeConfig, Reply, TokenBatch, TransformerConfig, TransformerModel, Turn,
 };
-use rusting_brain_core::{CoreError, Optimizer, Precision, Sampler};
+use rusting_brain_core::{CoreError, Optimizer, Precision, RopeScaling, Sampler};
 
 use crate::cpu::CpuBackend;
 #[cfg(any(feature = "gpu", feature = "cuda"))]
@@ -165,6 +165,12 @@ impl TransformerLmBuilder {
         self.config.rope_theta = theta;
         self
     }
+    /// Stretched rotary frequencies for a context longer than the one trained on
+    /// (`RopeScaling::Linear` or Llama 3.1's `RopeScaling::Llama3`; default none).
+    pub fn rope_scaling(mut self, scaling: RopeScaling) -> Self {
+        self.config.rope_scaling = scaling;
+        self
+    }
     /// RMSNorm epsilon (default 1e-5).
     pub fn norm_eps(mut self, eps: f32) -> Self {
         self.config.norm_eps = eps;
@@ -287,6 +293,7 @@ fn placeholder() -> Result<LmEngine> {
         tie_embeddings: true,
         qkv_bias: false,
         qk_norm: false,
+        rope_scaling: Default::default(),
         moe: None,
     };
     Ok(LmEngine::Cpu(TransformerModel::new(
@@ -357,6 +364,7 @@ impl TransformerLm {
                 tie_embeddings: true,
                 qkv_bias: false,
                 qk_norm: false,
+                rope_scaling: Default::default(),
                 moe: None,
             },
             optimizer: Optimizer::adam(3e-4),

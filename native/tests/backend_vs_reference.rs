@@ -11,7 +11,7 @@
 
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain_core::backend::*;
-use rusting_brain_core::{Activation, Backend, Loss, ReferenceBackend, Rng};
+use rusting_brain_core::{Activation, Backend, Loss, ReferenceBackend, Rng, RopeScaling};
 
 type Dyn = dyn Backend<Buffer = Vec<f32>>;
 const TOL: f64 = 2e-5;
@@ -177,11 +177,17 @@ fn rmsnorm_matches_reference() {
 fn rope_matches_reference() {
     let (cpu, rf) = backends();
     let mut rng = Rng::new(103);
-    for &(batch, seq, heads, head_dim, pos_offset, theta) in &[
-        (1, 1, 1, 2, 0, 10_000.0),
-        (2, 7, 3, 8, 5, 10_000.0),
-        (1, 33, 2, 64, 0, 500_000.0),
-        (3, 127, 1, 6, 1000, 10_000.0),
+    let llama3 = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position: 64,
+    };
+    for &(batch, seq, heads, head_dim, pos_offset, theta, scaling) in &[
+        (1, 1, 1, 2, 0, 10_000.0, RopeScaling::None),
+        (2, 7, 3, 8, 5, 10_000.0, RopeScaling::Linear { factor: 4.0 }),
+        (1, 33, 2, 64, 0, 500_000.0, llama3),
+        (3, 127, 1, 6, 1000, 10_000.0, llama3),
     ] {
         let spec = RopeSpec {
             batch,
@@ -190,6 +196,7 @@ fn rope_matches_reference() {
             head_dim,
             pos_offset,
             theta,
+            scaling,
         };
         let x = randn(&mut rng, batch * seq * heads * head_dim);
         let (mut a, mut b) = (x.clone(), x.clone());

@@ -47,6 +47,7 @@ fn every_primitive_rejects_a_wrong_length_buffer() {
         head_dim: 4,
         pos_offset: 0,
         theta: 10_000.0,
+        scaling: Default::default(),
     };
     shape_err(b.rope_forward(&mut v(7), &rope), "rope_forward", "x");
     shape_err(
@@ -249,6 +250,7 @@ fn ids_hyperparameters_and_non_finite_losses_are_reported() {
         head_dim: 3,
         pos_offset: 0,
         theta: 10_000.0,
+        scaling: Default::default(),
     };
     assert!(matches!(
         b.rope_forward(&mut v(3), &rope),

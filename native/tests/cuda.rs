@@ -347,6 +347,7 @@ fn primitives_transformer(c: &CudaBackend) -> R {
             head_dim,
             pos_offset: offset,
             theta: 10000.0,
+            scaling: Default::default(),
         };
         let x = p.randn(batch * seq * heads * head_dim);
         let (mut want, mut got) = (x.clone(), p.up(&x)?);

@@ -21,7 +21,7 @@ use rusting_brain_core::backend::{
 };
 use rusting_brain_core::error::{check_len, check_rows};
 use rusting_brain_core::ops::optim::{check_adam, check_sgd, AdamConstants};
-use rusting_brain_core::{Activation, Backend, CoreError, Loss, Result};
+use rusting_brain_core::{Activation, Backend, CoreError, Loss, Result, RopeScaling};
 
 use crate::ops::{embedding_groups, NOT_COUNTED};
 use crate::{Batch, DenseOp, Gpu, GpuBuffer, GpuCounters, KeyedCache, ShaderError, SUM_OF_SQUARES_CHUNK};
@@ -50,7 +50,7 @@ struct Recorder {
     /// Scratch by role.
     scratch: HashMap<&'static str, GpuBuffer>,
     /// RoPE cos/sin tables by (head_dim, theta bits).
-    rope: HashMap<(usize, u32), GpuBuffer>,
+    rope: HashMap<(usize, u32, ScalingKey), GpuBuffer>,
 }
 
 /// The pools a primitive draws on while it records.
@@ -58,7 +58,7 @@ struct Pools<'a> {
     gpu: &'a Gpu,
     staged: &'a mut HashMap<usize, (Vec<GpuBuffer>, usize)>,
     scratch: &'a mut HashMap<&'static str, GpuBuffer>,
-    rope: &'a mut HashMap<(usize, u32), GpuBuffer>,
+    rope: &'a mut HashMap<(usize, u32, ScalingKey), GpuBuffer>,
 }
 
 impl Pools<'_> {
@@ -103,8 +103,9 @@ impl Pools<'_> {
         positions: usize,
         head_dim: usize,
         theta: f32,
+        scaling: RopeScaling,
     ) -> std::result::Result<GpuBuffer, ShaderError> {
-        let key = (head_dim, theta.to_bits());
+        let key = (head_dim, theta.to_bits(), scaling_key(scaling));
         let have = self.rope.get(&key).map_or(0, |b| b.len / head_dim.max(1));
         if have < positions {
             // Room to grow, but within one binding when the positions asked for fit one.
@@ -116,10 +117,34 @@ impl Pools<'_> {
                 .max(positions);
             let t = self
                 .gpu
-                .upload("rope table", &crate::rope_table(n, head_dim, theta))?;
+                .upload("rope table", &crate::rope_table(n, head_dim, theta, scaling))?;
             self.rope.insert(key, t);
         }
         Ok(self.rope[&key].clone())
+    }
+}
+
+/// A RoPE scaling as a hashable key: the variant and its parameters' bits.
+type ScalingKey = (u8, [u64; 4]);
+
+fn scaling_key(s: RopeScaling) -> ScalingKey {
+    match s {
+        RopeScaling::None => (0, [0; 4]),
+        RopeScaling::Linear { factor } => (1, [factor.to_bits().into(), 0, 0, 0]),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position,
+        } => (
+            2,
+            [
+                factor.to_bits().into(),
+                low_freq_factor.to_bits().into(),
+                high_freq_factor.to_bits().into(),
+                original_max_position as u64,
+            ],
+        ),
     }
 }
 
@@ -283,7 +308,12 @@ impl WgpuBackend {
     fn rope(&self, x: &mut GpuBuffer, spec: &RopeSpec, inverse: bool) -> Result<()> {
         spec.check(if inverse { "rope_backward" } else { "rope_forward" }, x.len())?;
         self.record(|b, pools| {
-            let table = pools.rope(spec.pos_offset + spec.seq, spec.head_dim, spec.theta)?;
+            let table = pools.rope(
+                spec.pos_offset + spec.seq,
+                spec.head_dim,
+                spec.theta,
+                spec.scaling,
+            )?;
             b.rope(x, &table, spec, inverse)
         })
     }

@@ -238,12 +238,15 @@ fn rope_matches_reference_and_inverts() {
             head_dim: d,
             pos_offset: off,
             theta: 10_000.0,
+            scaling: Default::default(),
         };
         let n = spec.batch * seq * heads * d;
         let x = randn(&mut rng, n, 1.0);
         let mut want = x.clone();
         rope_forward(&mut want, &spec).unwrap();
-        let table = g.upload("rope", &rope_table(off + seq, d, 10_000.0)).unwrap();
+        let table = g
+            .upload("rope", &rope_table(off + seq, d, 10_000.0, Default::default()))
+            .unwrap();
         let gx = g.upload("x", &x).unwrap();
         let mut b = g.batch();
         b.rope(&gx, &table, &spec, false).unwrap();
@@ -256,7 +259,12 @@ fn rope_matches_reference_and_inverts() {
         let e = rel(&g.read_blocking(&gx).unwrap(), &x);
         assert!(e < 1e-5, "inverse {spec:?}: {e}");
         // A table too short for the positions is an error, not an out-of-bounds read.
-        let short = g.upload("rope", &rope_table(off + seq - 1, d, 10_000.0)).unwrap();
+        let short = g
+            .upload(
+                "rope",
+                &rope_table(off + seq - 1, d, 10_000.0, Default::default()),
+            )
+            .unwrap();
         assert!(g.batch().rope(&gx, &short, &spec, false).is_err());
     }
 }

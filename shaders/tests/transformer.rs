@@ -43,6 +43,7 @@ fn config(moe: bool) -> TransformerConfig {
         tie_embeddings: true,
         qkv_bias: false,
         qk_norm: false,
+        rope_scaling: Default::default(),
         moe: moe.then(|| MoeConfig {
             n_experts: 4,
             top_k: 2,

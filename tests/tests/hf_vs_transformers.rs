@@ -14,7 +14,7 @@ use rusting_brain::{NetworkError, Precision, Sampler, TokenBatch, TransformerLm}
 use rusting_brain_tests::*;
 
 /// The directories the model definition computes today.
-const SUPPORTED: [&str; 9] = [
+const SUPPORTED: [&str; 11] = [
     "llama",
     "llama_tied",
     "llama_bf16",
@@ -24,6 +24,8 @@ const SUPPORTED: [&str; 9] = [
     "qwen2",
     "qwen3",
     "qwen3_moe",
+    "llama_rope_llama3",
+    "qwen2_rope_linear",
 ];
 
 fn dir(name: &str) -> PathBuf {
@@ -174,6 +176,27 @@ fn every_architecture_matches_transformers_on_wgpu() {
     }
 }
 
+/// transformers 4 wrote `rope_theta` at the top level and the scaling in `rope_scaling`
+/// (`type` before `rope_type`); each spelling is the same model.
+#[test]
+fn rope_scaling_reads_in_either_spelling() {
+    for (name, key) in [("llama_rope_llama3", "rope_type"), ("qwen2_rope_linear", "type")] {
+        let d = scratch(&format!("legacy_{name}"));
+        copy_dir(&dir(name), &d);
+        edit_config(&d, |v| {
+            let mut p = v.as_object_mut().unwrap().remove("rope_parameters").unwrap();
+            let p = p.as_object_mut().unwrap();
+            v["rope_theta"] = p.remove("rope_theta").unwrap();
+            let kind = p.remove("rope_type").unwrap();
+            p.insert(key.into(), kind);
+            v["rope_scaling"] = serde_json::Value::Object(p.clone());
+        });
+        let mut model = TransformerLm::from_pretrained(&d).unwrap();
+        check(name, &mut model);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
+
 #[test]
 fn int8_at_load_is_the_f32_model_quantized() {
     for name in ["llama", "llama_bf16", "mixtral", "qwen2", "qwen3_moe"] {
@@ -224,6 +247,8 @@ fn load_save_load_is_bitwise_and_keeps_the_directory() {
         "qwen2",
         "qwen3",
         "qwen3_moe",
+        "llama_rope_llama3",
+        "qwen2_rope_linear",
     ] {
         let a = TransformerLm::from_pretrained(dir(name)).unwrap();
         let out = scratch(name);
@@ -367,7 +392,26 @@ fn bad_directories_are_refused_by_file_and_key() {
                 serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
         },
     );
-    assert_names(&refusal(&d), &["config.json", "rope_scaling", "yarn"]);
+    assert_names(&refusal(&d), &["config.json", "rope_parameters", "yarn"]);
+    let d = case("llama3_bands", "llama_rope_llama3");
+    edit_config(&d, |v| {
+        v["rope_parameters"]["high_freq_factor"] = serde_json::json!(0.5)
+    });
+    assert_names(
+        &refusal(&d),
+        &["config.json", "rope_parameters", "high_freq_factor"],
+    );
+    let d = case("linear_factor", "qwen2_rope_linear");
+    edit_config(&d, |v| {
+        v["rope_parameters"].as_object_mut().unwrap().remove("factor");
+    });
+    assert_names(
+        &refusal(&d),
+        &["config.json", "rope_parameters.factor", "missing"],
+    );
+    let d = case("partial", "llama");
+    edit_config(&d, |v| v["partial_rotary_factor"] = serde_json::json!(0.5));
+    assert_names(&refusal(&d), &["config.json", "partial_rotary_factor", "0.5"]);
 
     let d = case("window", "mistral");
     edit_config(&d, |v| v["sliding_window"] = serde_json::json!(16));
@@ -457,6 +501,9 @@ fn bad_directories_are_refused_by_file_and_key() {
     assert_names(&refusal(&d), &["config.json"]);
 
     for tag in [
+        "llama3_bands",
+        "linear_factor",
+        "partial",
         "arch",
         "yarn",
         "window",

@@ -95,6 +95,7 @@ fn run_all<T: Real>(tol: Tolerance) {
         head_dim: 8,
         pos_offset: 3,
         theta: 10_000.0,
+        scaling: Default::default(),
     };
     let mut xr = input::<T>(&f, "rope_x");
     rope_forward(&mut xr, &spec).unwrap();
@@ -239,6 +240,7 @@ fn cpu_backend_matches_pytorch_to_f32_rounding() {
         head_dim: 8,
         pos_offset: 3,
         theta: 10_000.0,
+        scaling: Default::default(),
     };
     let mut r = x("rope_x");
     cpu.rope_forward(&mut r, &spec).unwrap();

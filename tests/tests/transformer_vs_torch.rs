@@ -82,6 +82,7 @@ impl Cfg {
             tie_embeddings: true,
             qkv_bias: false,
             qk_norm: false,
+            rope_scaling: Default::default(),
             moe,
         }
     }

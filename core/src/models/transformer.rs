@@ -13,7 +13,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::backend::{AttentionSpec, MatmulSpec, Precision, RopeSpec, RoutedSpec};
-use crate::{Backend, CoreError, Optimizer, Result, Rng};
+use crate::{Backend, CoreError, Optimizer, Result, Rng, RopeScaling};
 
 /// The architecture of a [`TransformerModel`].
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +27,9 @@ pub struct TransformerConfig {
     pub d_ff: usize,
     pub max_seq_len: usize,
     pub rope_theta: f32,
+    /// How the rotary frequencies are stretched for a long context (Llama 3.1's `llama3`,
+    /// position interpolation's `linear`); `RopeScaling::None` for most models.
+    pub rope_scaling: RopeScaling,
     pub norm_eps: f32,
     /// Whether the output head is the token embedding (`true`, as in GPT-2, Gemma and the
     /// small Qwen models) or a matrix of its own, `lm_head.weight` (Llama, Mistral).
@@ -151,6 +154,7 @@ impl TransformerConfig {
                 self.rope_theta
             )));
         }
+        self.rope_scaling.check().map_err(invalid)?;
         if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
             return Err(invalid(format!(
                 "norm_eps {} must be finite and >= 0",
@@ -171,6 +175,7 @@ impl TransformerConfig {
             head_dim: self.head_dim,
             pos_offset,
             theta: self.rope_theta,
+            scaling: self.rope_scaling,
         };
         (
             q,

@@ -1,11 +1,11 @@
-//! RoPE on the CPU: cos/sin come from a table kept per (head_dim, theta) across calls
+//! RoPE on the CPU: cos/sin come from a table kept per (head_dim, theta, scaling) across calls
 //! (angles in f32 exactly as the reference forms them, so results agree to the bit), then
 //! rows rotate in parallel. Twin of `rusting_brain_core::ops::rope`.
 
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
-use rusting_brain_core::ops::rope::{inv_freq, RopeSpec};
+use rusting_brain_core::ops::rope::{RopeScaling, RopeSpec};
 use rusting_brain_core::{Real, Result};
 
 use super::rows_per_task;
@@ -17,6 +17,7 @@ const MAX_CACHED_POSITIONS: usize = 1 << 16;
 struct Table {
     head_dim: usize,
     theta: u32,
+    scaling: RopeScaling,
     rows: Arc<Vec<f32>>,
 }
 
@@ -24,9 +25,9 @@ struct Table {
 /// (a sixth of a decode step's RoPE time was trig); the table grows, never changes.
 static TABLES: Mutex<Vec<Table>> = Mutex::new(Vec::new());
 
-fn build_rows(d: usize, theta: f32, from: usize, to: usize) -> Vec<f32> {
+fn build_rows(d: usize, theta: f32, scaling: RopeScaling, from: usize, to: usize) -> Vec<f32> {
     let half = d / 2;
-    let freqs: Vec<f32> = (0..half).map(|i| inv_freq(i, d, theta)).collect();
+    let freqs: Vec<f32> = (0..half).map(|i| scaling.inv_freq(i, d, theta)).collect();
     let mut rows = vec![0.0f32; (to - from) * d];
     rows.par_chunks_mut(d).enumerate().for_each(|(t, row)| {
         let pos = (from + t) as f32;
@@ -40,7 +41,7 @@ fn build_rows(d: usize, theta: f32, from: usize, to: usize) -> Vec<f32> {
 }
 
 /// The rows of positions `0..end`, or `None` when `end` is past what is kept.
-fn cached_rows(d: usize, theta: f32, end: usize) -> Option<Arc<Vec<f32>>> {
+fn cached_rows(d: usize, theta: f32, scaling: RopeScaling, end: usize) -> Option<Arc<Vec<f32>>> {
     if end > MAX_CACHED_POSITIONS {
         return None;
     }
@@ -49,13 +50,14 @@ fn cached_rows(d: usize, theta: f32, end: usize) -> Option<Arc<Vec<f32>>> {
     let mut tables = TABLES.lock().unwrap_or_else(|e| e.into_inner());
     let at = match tables
         .iter()
-        .position(|t| t.head_dim == d && t.theta == theta.to_bits())
+        .position(|t| t.head_dim == d && t.theta == theta.to_bits() && t.scaling == scaling)
     {
         Some(i) => i,
         None => {
             tables.push(Table {
                 head_dim: d,
                 theta: theta.to_bits(),
+                scaling,
                 rows: Arc::new(Vec::new()),
             });
             tables.len() - 1
@@ -68,7 +70,7 @@ fn cached_rows(d: usize, theta: f32, end: usize) -> Option<Arc<Vec<f32>>> {
         let want = end.max(2 * have).min(MAX_CACHED_POSITIONS);
         let mut rows = Vec::with_capacity(want * d);
         rows.extend_from_slice(&table.rows);
-        rows.extend(build_rows(d, theta, have, want));
+        rows.extend(build_rows(d, theta, scaling, have, want));
         table.rows = Arc::new(rows);
     }
     Some(table.rows.clone())
@@ -77,9 +79,12 @@ fn cached_rows(d: usize, theta: f32, end: usize) -> Option<Arc<Vec<f32>>> {
 fn rotate(x: &mut [f32], spec: &RopeSpec, sign: f32) {
     let (d, half, heads, seq) = (spec.head_dim, spec.head_dim / 2, spec.heads, spec.seq);
     let end = spec.pos_offset + seq;
-    let (rows, first) = match cached_rows(d, spec.theta, end) {
+    let (rows, first) = match cached_rows(d, spec.theta, spec.scaling, end) {
         Some(rows) => (rows, spec.pos_offset),
-        None => (Arc::new(build_rows(d, spec.theta, spec.pos_offset, end)), 0),
+        None => (
+            Arc::new(build_rows(d, spec.theta, spec.scaling, spec.pos_offset, end)),
+            0,
+        ),
     };
     let table = &rows[first * d..(first + seq) * d];
     let row_len = heads * d;

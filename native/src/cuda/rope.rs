@@ -23,14 +23,18 @@ pub(super) fn rope_forward(be: &CudaBackend, x: &mut CudaBuffer, spec: &RopeSpec
     let Some(d) = dims(x, spec, "rope_forward")? else {
         return Ok(());
     };
+    let (kind, k) = spec.scaling.kernel_constants();
     launch!(be, "rope_forward", grid(x.len / 2);
-        &mut x.data, &d[0], &d[1], &d[2], &d[3], &d[4], &spec.theta)
+        &mut x.data, &d[0], &d[1], &d[2], &d[3], &d[4], &spec.theta,
+        &kind, &k[0], &k[1], &k[2], &k[3], &k[4], &k[5])
 }
 
 pub(super) fn rope_backward(be: &CudaBackend, dx: &mut CudaBuffer, spec: &RopeSpec) -> Result<()> {
     let Some(d) = dims(dx, spec, "rope_backward")? else {
         return Ok(());
     };
+    let (kind, k) = spec.scaling.kernel_constants();
     launch!(be, "rope_backward", grid(dx.len / 2);
-        &mut dx.data, &d[0], &d[1], &d[2], &d[3], &d[4], &spec.theta)
+        &mut dx.data, &d[0], &d[1], &d[2], &d[3], &d[4], &spec.theta,
+        &kind, &k[0], &k[1], &k[2], &k[3], &k[4], &k[5])
 }

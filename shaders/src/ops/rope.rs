@@ -1,6 +1,7 @@
 //! Rotary position embeddings (`rope.wgsl`); twin of `rusting_brain_core::ops::rope`.
 
 use super::*;
+use rusting_brain_core::RopeScaling;
 
 impl Batch<'_> {
     /// Rotates `x` (batch, seq, heads, head_dim) in place; `table` holds cos/sin per
@@ -38,10 +39,9 @@ impl Batch<'_> {
 
 /// cos/sin per position for [`Batch::rope`]: `positions` rows of (cos[half], sin[half]),
 /// the f32 angles formed exactly as the CPU forms them.
-pub fn rope_table(positions: usize, head_dim: usize, theta: f32) -> Vec<f32> {
-    use rusting_brain_core::ops::rope::inv_freq;
+pub fn rope_table(positions: usize, head_dim: usize, theta: f32, scaling: RopeScaling) -> Vec<f32> {
     let half = head_dim / 2;
-    let freqs: Vec<f32> = (0..half).map(|i| inv_freq(i, head_dim, theta)).collect();
+    let freqs: Vec<f32> = (0..half).map(|i| scaling.inv_freq(i, head_dim, theta)).collect();
     let mut t = vec![0.0f32; positions * head_dim];
     for (pos, row) in t.chunks_exact_mut(head_dim.max(1)).enumerate() {
         for i in 0..half {
