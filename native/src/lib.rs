@@ -30,6 +30,7 @@
 // Kernels index several slices with one loop variable, as the formulas do.
 #![allow(clippy::needless_range_loop)]
 
+mod chat;
 mod checkpoint;
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -48,6 +49,7 @@ pub mod profile;
 mod token_file;
 mod transformer;
 
+pub use chat::{ChatMessage, ChatTemplate, GenerationConfig};
 pub use checkpoint::Precision;
 pub use dataset::{Dataset, Statistics, SPLIT_SEED};
 pub use error::NetworkError;
