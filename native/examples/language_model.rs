@@ -8,6 +8,14 @@
 //!     cargo run --release -p rusting_brain --example language_model -- chat
 //!     cargo run --release -p rusting_brain --example language_model -- export-web [--out DIR]
 //!
+//! With a Hugging Face directory (Llama, Mistral, Qwen2/3, Mixtral, Qwen3-MoE: `config.json`,
+//! safetensors, `tokenizer.json`, and for `chat` a chat template):
+//!
+//!     ... language_model -- generate "prompt" --from-pretrained DIR [--q8] [sampling flags]
+//!     ... language_model -- chat --from-pretrained DIR [--q8] [--system TEXT]
+//!     ... language_model -- train --from-pretrained DIR [--steps N] [--lr R] [--corpus FILE] \
+//!         [--save-pretrained OUT]
+//!
 //! The corpus is the text of the Rust book and Rust by Example (examples/data/corpus, see
 //! NOTICE.txt there); `--corpus` takes a .txt, .txt.gz or .jsonl (field "text") instead.
 //! `train` learns a byte-level BPE vocabulary (Hugging Face `tokenizers`), writes the token
@@ -20,12 +28,23 @@
 //! the model quantized to int8 as `model.rbw`, and `tokenizer.json`). `generate --ids`
 //! prints the generated ids as JSON instead of text (the browser tests compare them);
 //! `--temperature 0` is greedy.
+//!
+//! `--from-pretrained` reads the model (int8 at load with `--q8`), its `tokenizer.json`,
+//! and `generation_config.json`'s end ids and sampling settings (used unless a sampling
+//! flag is given). `chat` renders the conversation through the directory's chat template
+//! each turn and feeds the decoder only what is new. `train --from-pretrained` fine-tunes
+//! every weight on the corpus (full fine-tuning) and writes a directory transformers loads
+//! (`--save-pretrained`, default `target/language_model/finetuned`), tokenizer files
+//! copied beside it.
 
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use rusting_brain::{Optimizer, Precision, Sampler, Schedule, TokenFile, TransformerLm};
+use rusting_brain::{
+    ChatMessage, ChatTemplate, GenerationConfig, Optimizer, Precision, Sampler, Schedule, TokenFile,
+    TransformerLm,
+};
 use tokenizers::models::bpe::{BpeTrainer, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{
@@ -153,9 +172,18 @@ fn unigram_entropy(ids: &[u32]) -> f64 {
 }
 
 fn held_out_loss(model: &mut TransformerLm, file: &mut TokenFile, max_chunks: usize) -> Result<f32, Error> {
+    held_out_loss_at(model, file, max_chunks, SEQ)
+}
+
+fn held_out_loss_at(
+    model: &mut TransformerLm,
+    file: &mut TokenFile,
+    max_chunks: usize,
+    seq: usize,
+) -> Result<f32, Error> {
     let (mut sum, mut n) = (0.0f64, 0usize);
     let mut i = 0;
-    while let Some(b) = file.chunk(i, BATCH, SEQ)? {
+    while let Some(b) = file.chunk(i, BATCH, seq)? {
         let l = model.evaluate(&b)?;
         sum += l.lm_loss as f64 * l.tokens as f64;
         n += l.tokens;
@@ -294,6 +322,8 @@ struct Gen {
     seed: Option<u64>,
     q8: bool,
     ids: bool,
+    /// A sampling flag was given (else a Hugging Face directory's settings are used).
+    explicit: bool,
 }
 
 fn load(q8: bool) -> Result<(TransformerLm, Tokenizer), Error> {
@@ -340,16 +370,27 @@ fn export_web(out: Option<PathBuf>) -> Result<(), Error> {
 
 /// Streams the continuation of `prompt`, printing text as ids arrive.
 fn generate(model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, g: &Gen) -> Result<(), Error> {
+    let ends: Vec<u32> = tok.token_to_id(END).into_iter().collect();
+    generate_until(model, tok, prompt, g, &ends, sampler(g))
+}
+
+/// Streams the continuation of `prompt` until `ends` or `g.tokens`.
+fn generate_until(
+    model: &mut TransformerLm,
+    tok: &Tokenizer,
+    prompt: &str,
+    g: &Gen,
+    ends: &[u32],
+    mut sampler: Sampler,
+) -> Result<(), Error> {
     let ids = tok.encode(prompt, false)?.get_ids().to_vec();
-    let end = tok.token_to_id(END);
-    let mut sampler = sampler(g);
     let mut out: Vec<u32> = Vec::new();
     if g.ids {
         let t0 = Instant::now();
         let mut first = None;
         model.generate_with(&ids, g.tokens, &mut sampler, |id| {
             first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
-            if Some(id) == end {
+            if ends.contains(&id) {
                 return false;
             }
             out.push(id);
@@ -367,12 +408,12 @@ fn generate(model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, g: &Gen) -
     let mut printed = 0;
     print!("{prompt}");
     model.generate_with(&ids, g.tokens, &mut sampler, |id| {
-        if Some(id) == end {
+        if ends.contains(&id) {
             return false;
         }
         out.push(id);
         // Byte-level BPE: decode everything so far and print the new, complete characters.
-        if let Ok(text) = tok.decode(&out, false) {
+        if let Ok(text) = tok.decode(&out, true) {
             let text = text.trim_end_matches('\u{fffd}');
             if text.len() > printed {
                 print!("{}", &text[printed..]);
@@ -414,6 +455,181 @@ fn chat(g: &Gen) -> Result<(), Error> {
     Ok(())
 }
 
+/// A Hugging Face directory's model (int8 at load with `q8`), tokenizer and generation
+/// settings.
+fn load_pretrained(dir: &Path, q8: bool) -> Result<(TransformerLm, Tokenizer, GenerationConfig), Error> {
+    let t0 = Instant::now();
+    let model = if q8 {
+        TransformerLm::from_pretrained_at(dir, Precision::Q8)?
+    } else {
+        TransformerLm::from_pretrained(dir)?
+    };
+    let tok_path = dir.join("tokenizer.json");
+    let tok = Tokenizer::from_file(&tok_path).map_err(|e| format!("{}: {e}", tok_path.display()))?;
+    let gen = GenerationConfig::from_pretrained(dir)?;
+    let c = model.config();
+    eprintln!(
+        "loaded {} in {:.2} s: {} layers, d_model {}, vocabulary {}, context {}{}; ends at {:?}",
+        dir.display(),
+        t0.elapsed().as_secs_f64(),
+        c.n_layers,
+        c.d_model,
+        c.vocab_size,
+        c.max_seq_len,
+        if q8 { ", int8" } else { "" },
+        gen.eos_token_ids
+    );
+    Ok((model, tok, gen))
+}
+
+fn generate_pretrained(dir: &Path, prompt: &str, g: &Gen) -> Result<(), Error> {
+    let (mut model, tok, gen) = load_pretrained(dir, g.q8)?;
+    let sampler = if g.explicit {
+        sampler(g)
+    } else {
+        gen.sampler(g.seed)
+    };
+    generate_until(&mut model, &tok, prompt, g, &gen.eos_token_ids, sampler)
+}
+
+/// A conversation through the directory's chat template: each turn renders the whole
+/// conversation, and the decoder is fed only what follows what it has already read (or
+/// starts again when the template rewrote earlier turns).
+fn chat_pretrained(dir: &Path, system: Option<String>, g: &Gen) -> Result<(), Error> {
+    let (mut model, tok, gen) = load_pretrained(dir, g.q8)?;
+    let template = ChatTemplate::from_pretrained(dir)?;
+    let mut sampler = if g.explicit {
+        sampler(g)
+    } else {
+        gen.sampler(g.seed)
+    };
+    let mut messages: Vec<ChatMessage> = system.into_iter().map(ChatMessage::system).collect();
+    let mut decoder = model.decoder();
+    println!("chat with {}: empty line quits", dir.display());
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            break;
+        }
+        messages.push(ChatMessage::user(line));
+        let prompt = template.render(&messages, true)?;
+        let ids = tok.encode(prompt.as_str(), false)?.get_ids().to_vec();
+        if ids.len() >= decoder.capacity() {
+            println!(
+                "(the conversation is {} tokens; the context holds {}: start a new chat)",
+                ids.len(),
+                decoder.capacity()
+            );
+            return Ok(());
+        }
+        let ctx = decoder.context();
+        if ids.len() >= ctx.len() && ids[..ctx.len()] == *ctx {
+            let new = ids[ctx.len()..].to_vec();
+            decoder.feed(&new)?;
+        } else {
+            drop(decoder);
+            decoder = model.decoder();
+            decoder.feed(&ids)?;
+        }
+        let mut reply = Vec::new();
+        for _ in 0..g.tokens {
+            if !decoder.has_next() {
+                println!("(the context is full: {} positions)", decoder.capacity());
+                return Ok(());
+            }
+            let id = decoder.next(&mut sampler)?;
+            if gen.is_end(id) {
+                break;
+            }
+            reply.push(id);
+        }
+        let text = tok.decode(&reply, true)?;
+        println!("> {}", text.trim());
+        messages.push(ChatMessage::assistant(text.trim().to_string()));
+    }
+    Ok(())
+}
+
+/// Full fine-tuning of a Hugging Face model on a corpus, then `save_pretrained` with the
+/// tokenizer files beside it.
+fn finetune_pretrained(
+    dir: &Path,
+    steps: u64,
+    lr: f32,
+    corpus: Option<PathBuf>,
+    out: Option<PathBuf>,
+) -> Result<(), Error> {
+    let (mut model, tok, _) = load_pretrained(dir, false)?;
+    let seq = SEQ.min(model.config().max_seq_len);
+    let (train_text, held_text) = match &corpus {
+        Some(p) => {
+            let text = read_text(p)?;
+            let cut = text[..text.len() * 9 / 10]
+                .rfind('\n')
+                .unwrap_or(text.len() * 9 / 10);
+            (text[..cut].to_string(), text[cut..].to_string())
+        }
+        None => (
+            read_text(&corpus_dir().join("train.txt.gz"))?,
+            read_text(&corpus_dir().join("heldout.txt.gz"))?,
+        ),
+    };
+    let work = out_dir().join("finetune-tokens");
+    std::fs::create_dir_all(&work)?;
+    let encode = |t: &str| -> Result<Vec<u32>, Error> { Ok(tok.encode(t, false)?.get_ids().to_vec()) };
+    let (train_ids, held_ids) = (encode(&train_text)?, encode(&held_text)?);
+    TokenFile::write(work.join("train.bin"), &train_ids)?;
+    TokenFile::write(work.join("heldout.bin"), &held_ids)?;
+    println!(
+        "corpus: {} train and {} held-out tokens with {}'s tokenizer; model: {}",
+        train_ids.len(),
+        held_ids.len(),
+        dir.display(),
+        model.parameter_counts()
+    );
+    let mut data = TokenFile::open(work.join("train.bin"), 42)?;
+    let mut held = TokenFile::open(work.join("heldout.bin"), 0)?;
+    model.optimizer = Optimizer::adam(lr).betas(0.9, 0.95).weight_decay(0.0);
+    let first = held_out_loss_at(&mut model, &mut held, 8, seq)?;
+    let schedule = Schedule::warmup_cosine(lr, steps / 10 + 1, steps);
+    let t = Instant::now();
+    for step in 0..steps {
+        model.optimizer.set_learning_rate(schedule.rate(step));
+        let batch = data.batch(step, BATCH, seq)?;
+        model.zero_grad()?;
+        let loss = model.accumulate_step(&batch)?;
+        model.step_clipped(1.0, 1.0)?;
+        if (step + 1) % 10 == 0 || step + 1 == steps {
+            let tps = (step + 1) as f64 * (BATCH * seq) as f64 / t.elapsed().as_secs_f64();
+            println!(
+                "step {:>5}  loss {:.3}  {tps:.0} tokens/s",
+                step + 1,
+                loss.lm_loss
+            );
+        }
+    }
+    let last = held_out_loss_at(&mut model, &mut held, 8, seq)?;
+    println!("held-out loss {first:.3} -> {last:.3} after {steps} steps");
+    let out = out.unwrap_or_else(|| out_dir().join("finetuned"));
+    model.save_pretrained(&out)?;
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+        "chat_template.json",
+    ] {
+        if dir.join(f).is_file() {
+            std::fs::copy(dir.join(f), out.join(f))?;
+        }
+    }
+    println!(
+        "wrote {} (config.json, safetensors, generation_config.json, tokenizer files)",
+        out.display()
+    );
+    Ok(())
+}
+
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| {
@@ -442,7 +658,11 @@ fn main() -> Result<(), Error> {
             .transpose()?,
         q8: args.iter().any(|a| a == "--q8"),
         ids: args.iter().any(|a| a == "--ids"),
+        explicit: ["--temperature", "--top-k", "--top-p", "--repetition-penalty"]
+            .iter()
+            .any(|f| args.iter().any(|a| a == f)),
     };
+    let pretrained = flag("--from-pretrained").map(PathBuf::from);
     match args.first().map(String::as_str) {
         None => {
             train(DEFAULT_STEPS, None, false)?;
@@ -453,23 +673,38 @@ fn main() -> Result<(), Error> {
             }
             Ok(())
         }
-        Some("train") => train(
-            num("--steps", DEFAULT_STEPS as f64)? as u64,
-            flag("--corpus").map(PathBuf::from),
-            args.iter().any(|a| a == "--moe"),
-        ),
+        Some("train") => match &pretrained {
+            Some(dir) => finetune_pretrained(
+                dir,
+                num("--steps", 100.0)? as u64,
+                num("--lr", 5e-5)? as f32,
+                flag("--corpus").map(PathBuf::from),
+                flag("--save-pretrained").map(PathBuf::from),
+            ),
+            None => train(
+                num("--steps", DEFAULT_STEPS as f64)? as u64,
+                flag("--corpus").map(PathBuf::from),
+                args.iter().any(|a| a == "--moe"),
+            ),
+        },
         Some("generate") => {
             let prompt = args
                 .get(1)
                 .filter(|p| !p.starts_with("--"))
                 .ok_or("generate needs a prompt: generate \"fn main\"")?;
+            if let Some(dir) = &pretrained {
+                return generate_pretrained(dir, prompt, &g);
+            }
             let (mut model, tok) = match flag("--from") {
                 Some(dir) => load_from(PathBuf::from(dir), g.q8)?,
                 None => load(g.q8)?,
             };
             generate(&mut model, &tok, prompt, &g)
         }
-        Some("chat") => chat(&g),
+        Some("chat") => match &pretrained {
+            Some(dir) => chat_pretrained(dir, flag("--system"), &g),
+            None => chat(&g),
+        },
         Some("export-web") => export_web(flag("--out").map(PathBuf::from)),
         Some(other) => {
             Err(format!("unknown subcommand `{other}` (train, generate, chat, export-web, or none)").into())

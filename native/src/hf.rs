@@ -669,6 +669,14 @@ fn family_for(config: &TransformerConfig, origin: Option<&Origin>) -> Result<Fam
     }
 }
 
+/// An f32 as the shortest decimal that reads back as it (`1e-5`, not the f64 widening
+/// `9.999999747378752e-6`), so the file says what the model was given.
+fn short(x: f32) -> Value {
+    x.to_string()
+        .parse::<f64>()
+        .map_or_else(|_| json!(x), |v| json!(v))
+}
+
 /// `config.json` for `config` as `family`, over the keys `origin` kept.
 fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin>) -> Value {
     let mut out = origin.map(|o| o.config.clone()).unwrap_or_default();
@@ -697,13 +705,14 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
     set("head_dim", json!(c.head_dim));
     set("intermediate_size", json!(c.d_ff));
     set("max_position_embeddings", json!(c.max_seq_len));
-    set("rope_theta", json!(c.rope_theta));
+    set("rope_theta", short(c.rope_theta));
     // transformers 4 reads `rope_scaling`; 5 takes it as `rope_parameters` when given.
     match c.rope_scaling {
         RopeScaling::None => {}
-        RopeScaling::Linear { factor } => {
-            set("rope_scaling", json!({"rope_type": "linear", "factor": factor}))
-        }
+        RopeScaling::Linear { factor } => set(
+            "rope_scaling",
+            json!({"rope_type": "linear", "factor": short(factor)}),
+        ),
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -713,14 +722,14 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
             "rope_scaling",
             json!({
                 "rope_type": "llama3",
-                "factor": factor,
-                "low_freq_factor": low_freq_factor,
-                "high_freq_factor": high_freq_factor,
+                "factor": short(factor),
+                "low_freq_factor": short(low_freq_factor),
+                "high_freq_factor": short(high_freq_factor),
                 "original_max_position_embeddings": original_max_position,
             }),
         ),
     }
-    set("rms_norm_eps", json!(c.norm_eps));
+    set("rms_norm_eps", short(c.norm_eps));
     set("tie_word_embeddings", json!(c.tie_embeddings));
     set("hidden_act", json!("silu"));
     // transformers 5 reads `dtype`, 4 `torch_dtype`.
@@ -749,7 +758,7 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
         if on {
             set(
                 "router_aux_loss_coef",
-                json!(m.load_balance_coef / m.top_k as f32),
+                short(m.load_balance_coef / m.top_k as f32),
             );
         }
     }

@@ -978,9 +978,11 @@ impl TransformerLm {
 
     /// Writes a Hugging Face directory that `transformers`' `AutoModelForCausalLM` loads:
     /// F32 `model.safetensors` (sharded past 5 GB), `config.json` and
-    /// `generation_config.json`. The class is the one the model was loaded as, else
-    /// `LlamaForCausalLM` (dense) or `MixtralForCausalLM` (every block sparse, top-k
-    /// renormalized, no shared expert). Files already in `dir` (a tokenizer) stay.
+    /// `generation_config.json`. The class is the one the model was loaded as, else the
+    /// one that computes it: `LlamaForCausalLM` (dense), `Qwen2ForCausalLM` (q/k/v biases),
+    /// `Qwen3ForCausalLM` (per-head q/k norms), `MixtralForCausalLM` (every block sparse,
+    /// top-k renormalized, no shared expert) or `Qwen3MoeForCausalLM` (sparse with q/k
+    /// norms). Files already in `dir` (a tokenizer) stay.
     pub fn save_pretrained(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
         self.save_pretrained_sharded(dir, 5_000_000_000)
     }
