@@ -408,6 +408,46 @@ fn map_file(path: &Path) -> Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(&f) }.map_err(|e| NetworkError::io(path, e))
 }
 
+/// Reads the files start to end on a thread of its own while the tensors are converted:
+/// tensors are taken in the model's order, not the files', and a cold load would otherwise
+/// fault its pages in one readahead window at a time. What it reads lands in the page
+/// cache (not in this process's memory); errors are left to the real reads to report.
+/// Dropped (the load done or refused), it stops after the piece it is reading.
+struct Prefetch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Prefetch {
+    fn start(paths: &[PathBuf]) -> Prefetch {
+        use std::sync::atomic::Ordering;
+        let paths = paths.to_vec();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = vec![0u8; 8 << 20];
+            for p in paths {
+                let Ok(mut f) = File::open(&p) else { continue };
+                while !flag.load(Ordering::Relaxed) && matches!(f.read(&mut buf), Ok(n) if n > 0) {}
+            }
+        });
+        Prefetch {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Files {
     fn open(dir: &Path) -> Result<Files> {
         let index_path = dir.join("model.safetensors.index.json");
@@ -496,8 +536,8 @@ impl<'a> Tensors<'a> {
         }
     }
 
-    /// The tensor `name` (`t`'s shape) as f32, converted from F32, BF16 or F16.
-    fn read(&self, name: &str, t: &TensorSpec) -> Result<Vec<f32>> {
+    /// The stored tensor `name`, checked against `t`'s shape, and the file it is in.
+    fn view(&self, name: &str, t: &TensorSpec) -> Result<(usize, TensorView<'a>)> {
         let Some(i) = self.file_of(name) else {
             let dir = self.files.paths[0].parent().unwrap_or(Path::new("."));
             return Err(NetworkError::parse(
@@ -517,11 +557,91 @@ impl<'a> Tensors<'a> {
                 format!("shape {:?}, config.json gives {:?}", view.shape(), t.shape),
             ));
         }
-        let data = to_f32(&view).map_err(|m| NetworkError::parse(path, name, m))?;
-        if data.par_iter().any(|v| !v.is_finite()) {
-            return Err(NetworkError::parse(path, name, "holds NaN or infinite values"));
+        match view.dtype() {
+            Dtype::F32 | Dtype::BF16 | Dtype::F16 => Ok((i, view)),
+            other => Err(NetworkError::parse(
+                path,
+                name,
+                format!("dtype {other:?}; this build reads F32, BF16 and F16"),
+            )),
         }
+    }
+
+    /// The tensor `name` (`t`'s shape) as f32, converted from F32, BF16 or F16.
+    fn read(&self, name: &str, t: &TensorSpec) -> Result<Vec<f32>> {
+        let (i, view) = self.view(name, t)?;
+        let mut data = vec![0f32; t.len()];
+        let per = 1 << 14;
+        data.par_chunks_mut(per).enumerate().for_each(|(c, out)| {
+            widen(&view, c * per, out);
+        });
+        if data.par_iter().any(|v| !v.is_finite()) {
+            return Err(NetworkError::parse(
+                &self.files.paths[i],
+                name,
+                "holds NaN or infinite values",
+            ));
+        }
+        self.release(i, &view);
         Ok(data)
+    }
+
+    /// The matrix `name` rounded to int8 row by row (`q8::quantize_rows`), converted and
+    /// rounded in slabs of rows in parallel, so the whole f32 matrix never exists.
+    fn read_q8(&self, name: &str, t: &TensorSpec) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (i, view) = self.view(name, t)?;
+        let (rows, cols) = t.rows_cols();
+        // About 64K values a slab: enough work per task, little memory in flight.
+        let slab = ((1 << 16) / cols.max(1)).max(1);
+        let parts: Vec<Result<(Vec<f32>, Vec<f32>)>> = (0..rows.div_ceil(slab))
+            .into_par_iter()
+            .map(|s| {
+                let (r0, r1) = (s * slab, ((s + 1) * slab).min(rows));
+                let mut w = vec![0f32; (r1 - r0) * cols];
+                widen(&view, r0 * cols, &mut w);
+                if w.iter().any(|v| !v.is_finite()) {
+                    return Err(NetworkError::parse(
+                        &self.files.paths[i],
+                        name,
+                        "holds NaN or infinite values",
+                    ));
+                }
+                Ok(q8::quantize_rows(&w, r1 - r0, cols)?)
+            })
+            .collect();
+        let pc = q8::packed_cols(cols);
+        let (mut packed, mut scales) = (Vec::with_capacity(rows * pc), Vec::with_capacity(rows));
+        for part in parts {
+            let (p, sc) = part?;
+            packed.extend_from_slice(&p);
+            scales.extend_from_slice(&sc);
+        }
+        self.release(i, &view);
+        Ok((packed, scales))
+    }
+
+    /// Hands the pages under a tensor that has been read back to the kernel: they stay in
+    /// the page cache, but stop counting in this process's memory, so a load's peak is the
+    /// model plus one tensor, not the model plus the files.
+    fn release(&self, i: usize, view: &TensorView<'_>) {
+        #[cfg(unix)]
+        {
+            let map = &self.files.maps[i];
+            let data = view.data();
+            let start = data.as_ptr() as usize - map.as_ptr() as usize;
+            let page = 4096;
+            let (from, to) = (start.div_ceil(page) * page, (start + data.len()) / page * page);
+            if to > from {
+                // SAFETY: the map is read only and nothing reads this range again (each
+                // tensor is read once); were it read, the kernel would fault the pages back
+                // in from the file. The advice is a hint: a failure changes nothing.
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (i, view);
     }
 
     /// Every tensor name in the files.
@@ -533,43 +653,27 @@ impl<'a> Tensors<'a> {
     }
 }
 
-/// Little-endian values of a stored tensor as f32 (bf16 and f16 widen exactly).
-fn to_f32(view: &TensorView<'_>) -> std::result::Result<Vec<f32>, String> {
+/// Values `from..from + out.len()` of a stored tensor (F32, BF16 or F16, checked by
+/// `Tensors::view`) as f32; bf16 and f16 widen exactly.
+fn widen(view: &TensorView<'_>, from: usize, out: &mut [f32]) {
     let b = view.data();
-    // Chunks of a few thousand values: the conversion of a large tensor spreads over the
-    // cores without a task per value.
-    const CHUNK: usize = 1 << 14;
-    let out = match view.dtype() {
+    match view.dtype() {
         Dtype::F32 => {
-            let mut out = vec![0f32; b.len() / 4];
-            out.par_chunks_mut(CHUNK)
-                .zip(b.par_chunks(4 * CHUNK))
-                .for_each(|(o, s)| {
-                    for (x, c) in o.iter_mut().zip(s.chunks_exact(4)) {
-                        *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                    }
-                });
-            out
+            for (x, c) in out.iter_mut().zip(b[4 * from..].chunks_exact(4)) {
+                *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
         }
-        dt @ (Dtype::BF16 | Dtype::F16) => {
-            let mut out = vec![0f32; b.len() / 2];
-            out.par_chunks_mut(CHUNK)
-                .zip(b.par_chunks(2 * CHUNK))
-                .for_each(|(o, s)| {
-                    for (x, c) in o.iter_mut().zip(s.chunks_exact(2)) {
-                        let bits = u16::from_le_bytes([c[0], c[1]]);
-                        *x = if dt == Dtype::BF16 {
-                            half::bf16::from_bits(bits).to_f32()
-                        } else {
-                            half::f16::from_bits(bits).to_f32()
-                        };
-                    }
-                });
-            out
+        Dtype::BF16 => {
+            for (x, c) in out.iter_mut().zip(b[2 * from..].chunks_exact(2)) {
+                *x = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
         }
-        other => return Err(format!("dtype {other:?}; this build reads F32, BF16 and F16")),
-    };
-    Ok(out)
+        _ => {
+            for (x, c) in out.iter_mut().zip(b[2 * from..].chunks_exact(2)) {
+                *x = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+    }
 }
 
 /// Names in the files that a loader may pass over: rotary tables some exports keep, and
@@ -586,6 +690,7 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
         .map_err(|e| NetworkError::parse(&config_path, "json", e.to_string()))?;
     let (family, config) = parse_config(&config_path, &v)?;
     let files = Files::open(dir)?;
+    let _prefetch = Prefetch::start(&files.paths);
     let tensors = Tensors::new(&files)?;
     let layout = config.layout();
 
@@ -620,13 +725,11 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
             // f32 values are dropped before the next one is converted.
             let mut quantized = Vec::new();
             let params: Params<CpuBackend> = layout.try_map(|name, t| -> Result<Vec<f32>> {
-                let w = tensors.read(&family.file_name(name), &t)?;
                 if t.kind != TensorKind::Matrix {
                     quantized.push(None);
-                    return Ok(w);
+                    return tensors.read(&family.file_name(name), &t);
                 }
-                let (rows, cols) = t.rows_cols();
-                quantized.push(Some(q8::quantize_rows(&w, rows, cols)?));
+                quantized.push(Some(tensors.read_q8(&family.file_name(name), &t)?));
                 Ok(Vec::new())
             })?;
             let mut q = quantized.into_iter();

@@ -358,6 +358,42 @@ fn assert_names(err: &str, parts: &[&str]) {
     }
 }
 
+/// A NaN anywhere in a weight is refused by file and tensor, in f32 and in int8 at load,
+/// F32 and BF16 files alike.
+#[test]
+fn a_nan_in_a_weight_is_refused_at_either_precision() {
+    for (from, nan) in [
+        ("llama", f32::NAN.to_le_bytes().to_vec()),
+        ("llama_bf16", vec![0xc0, 0x7f]),
+    ] {
+        let d = scratch(&format!("nan_{from}"));
+        copy_dir(&dir(from), &d);
+        let file = d.join("model.safetensors");
+        let mut bytes = std::fs::read(&file).unwrap();
+        let name = "model.layers.1.mlp.up_proj.weight";
+        let at = {
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let data = st.tensor(name).unwrap().data().as_ptr() as usize;
+            // Row 47 (the last), column 2: (48, 32) in this configuration.
+            data - bytes.as_ptr() as usize + (48 * 32 - 30) * nan.len()
+        };
+        bytes[at..at + nan.len()].copy_from_slice(&nan);
+        std::fs::write(&file, &bytes).unwrap();
+        for q8 in [false, true] {
+            let err = match if q8 {
+                TransformerLm::from_pretrained_at(&d, Precision::Q8)
+            } else {
+                TransformerLm::from_pretrained(&d)
+            } {
+                Ok(_) => panic!("{from}: a NaN loaded (q8 {q8})"),
+                Err(e) => e.to_string(),
+            };
+            assert_names(&err, &["model.safetensors", name, "NaN"]);
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
+
 #[test]
 fn bad_directories_are_refused_by_file_and_key() {
     let case = |tag: &str, from: &str| {
