@@ -704,6 +704,72 @@ fn no_device_is_an_error() -> R {
     Ok(())
 }
 
+/// Every Hugging Face fixture directory (written by transformers, tests/fixtures/gen_hf.py;
+/// the CPU matches transformers on them in tests/tests/hf_vs_transformers.rs) on CUDA
+/// against the CPU: logits, a greedy continuation, the loss and every gradient. Run from
+/// the repository root (device-check.sh does), or the build's checkout.
+fn hf_directories_match_the_cpu(_: &CudaBackend) -> R {
+    let root = [
+        "tests/fixtures/hf",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf"),
+    ]
+    .into_iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.is_dir())
+    .ok_or_else(|| fail("tests/fixtures/hf not found: run from the repository root"))?;
+    let mut names: Vec<_> = std::fs::read_dir(&root)
+        .map_err(|e| fail(e.to_string()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("config.json").is_file())
+        .collect();
+    names.sort();
+    if names.len() < 9 {
+        return Err(fail(format!(
+            "only {} fixture directories in {}",
+            names.len(),
+            root.display()
+        )));
+    }
+    let rows: Vec<Vec<u32>> = (0..2u32)
+        .map(|r| (0..9u32).map(|t| (r * 17 + t * 5 + 3) % 64).collect())
+        .collect();
+    let tb = rusting_brain::TokenBatch::new(&rows)?;
+    for dir in names {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut cpu = TransformerLm::from_pretrained(&dir)?;
+        let mut gpu = TransformerLm::from_pretrained(&dir)?;
+        gpu.to_cuda(0, 1000)?;
+        close(
+            &format!("{name} logits"),
+            &gpu.forward_batch(&tb)?,
+            &cpu.forward_batch(&tb)?,
+            1e-4,
+        )?;
+        let prompt = [3u32, 9, 27, 17, 51];
+        let (a, b) = (
+            cpu.generate(&prompt, 12, &mut Sampler::greedy())?,
+            gpu.generate(&prompt, 12, &mut Sampler::greedy())?,
+        );
+        if a != b {
+            return Err(fail(format!("{name}: greedy ids differ: cpu {a:?} cuda {b:?}")));
+        }
+        cpu.zero_grad()?;
+        gpu.zero_grad()?;
+        let (lc, lg) = (cpu.accumulate_step(&tb)?, gpu.accumulate_step(&tb)?);
+        if ((lc.lm_loss - lg.lm_loss) as f64).abs() > 1e-4 * lc.lm_loss as f64 {
+            return Err(fail(format!("{name}: loss {} vs {}", lg.lm_loss, lc.lm_loss)));
+        }
+        for ((n, g), (_, want)) in gpu.named_gradients()?.iter().zip(cpu.named_gradients()?.iter()) {
+            close_l2(&format!("{name} grad {n}"), g, want, 1e-4)?;
+        }
+        eprintln!("  {name}: logits, 12 greedy ids, loss and every gradient as on the CPU");
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let device = match cuda_available() {
@@ -722,6 +788,7 @@ fn main() {
         ("whole_model_moe_fp32", |_| whole_model(true, false)),
         ("whole_model_moe_bf16", |_| whole_model(true, true)),
         ("decoding_matches_the_cpu", decoding_matches),
+        ("hf_directories_match_the_cpu", hf_directories_match_the_cpu),
         ("dense_network_matches_the_cpu", dense_network),
         ("budget_is_checked_before_allocating", budget_is_checked_first),
     ];

@@ -8,8 +8,9 @@
 #   1. every kernel against its core twin (kernels/tests/on_device.rs);
 #   2. the backend against the reference backend, primitive by primitive, FP32 and BF16
 #      (flash attention included), then whole models: dense and MoE TransformerLm logits and
-#      weights after 3 steps CUDA vs CPU (FP32 <= 1e-4, BF16 <= 2e-2), decoding, a dense
-#      Network, the budget (native/tests/cuda.rs);
+#      weights after 3 steps CUDA vs CPU (FP32 <= 1e-4, BF16 <= 2e-2), decoding, every
+#      Hugging Face fixture directory (logits, greedy ids, every gradient), a dense Network,
+#      the budget (native/tests/cuda.rs);
 #   3. cuda_benchmark: cuBLASLt TFLOP/s at the 101.7M model's shapes and the square peak;
 #   4. bench_train_step for the 101.7M model at 4 x 1024 and 8 x 512 beside
 #      torch_lm.py --device cuda --compile --bf16 on the same GPU, with the ratio.
