@@ -100,6 +100,16 @@ fn read_text(path: &Path) -> Result<String, Error> {
     }
 }
 
+/// Where a user corpus's held-out last tenth begins: at a line break, else at a character
+/// boundary near 90%.
+fn held_out_cut(text: &str) -> usize {
+    let mut at = text.len() * 9 / 10;
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    text[..at].rfind('\n').unwrap_or(at)
+}
+
 fn model(max_seq: usize, moe: bool) -> Result<TransformerLm, Error> {
     let builder = TransformerLm::builder()
         .vocab_size(VOCAB)
@@ -233,9 +243,7 @@ fn train(steps: u64, corpus: Option<PathBuf>, moe: bool) -> Result<(), Error> {
         Some(p) => {
             let text = read_text(p)?;
             // A user corpus: the last tenth (at a line break) is held out.
-            let cut = text[..text.len() * 9 / 10]
-                .rfind('\n')
-                .unwrap_or(text.len() * 9 / 10);
+            let cut = held_out_cut(&text);
             (text[..cut].to_string(), text[cut..].to_string())
         }
         None => (
@@ -564,9 +572,7 @@ fn finetune_pretrained(
     let (train_text, held_text) = match &corpus {
         Some(p) => {
             let text = read_text(p)?;
-            let cut = text[..text.len() * 9 / 10]
-                .rfind('\n')
-                .unwrap_or(text.len() * 9 / 10);
+            let cut = held_out_cut(&text);
             (text[..cut].to_string(), text[cut..].to_string())
         }
         None => (
@@ -619,8 +625,11 @@ fn finetune_pretrained(
         "chat_template.jinja",
         "chat_template.json",
     ] {
-        if dir.join(f).is_file() {
-            std::fs::copy(dir.join(f), out.join(f))?;
+        let (from, to) = (dir.join(f), out.join(f));
+        // Saving over the source directory: its tokenizer files are already there.
+        let same = matches!((from.canonicalize(), to.canonicalize()), (Ok(a), Ok(b)) if a == b);
+        if from.is_file() && !same {
+            std::fs::copy(&from, &to)?;
         }
     }
     println!(

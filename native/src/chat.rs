@@ -182,12 +182,20 @@ impl ChatTemplate {
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let env = environment();
         let template = self.compile(&env)?;
-        let mut ctx = self.specials.clone();
-        ctx.insert(
-            "messages".into(),
-            serde_json::to_value(messages).map_err(|e| NetworkError::InvalidInput(e.to_string()))?,
-        );
-        ctx.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt));
+        // Serialized by minijinja itself, so each message keeps its keys in order (role,
+        // then content), as transformers' dicts do for a template that walks them.
+        #[derive(Serialize)]
+        struct Context<'a> {
+            #[serde(flatten)]
+            specials: &'a Map<String, Value>,
+            messages: &'a [ChatMessage],
+            add_generation_prompt: bool,
+        }
+        let ctx = Context {
+            specials: &self.specials,
+            messages,
+            add_generation_prompt,
+        };
         template
             .render(JValue::from(minijinja::value::Serde(&ctx)))
             .map_err(|e| self.error(e))
@@ -227,8 +235,9 @@ fn environment<'s>() -> Environment<'s> {
 fn tojson(value: JValue, kwargs: minijinja::value::Kwargs) -> std::result::Result<JValue, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     kwargs.assert_all_used()?;
-    let v = serde_json::to_value(&value)
-        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    // Serialized from minijinja's value itself, whose maps keep insertion order as
+    // Python's dicts do (serde_json's own map would sort the keys).
+    let v = &value;
     let mut out = Vec::new();
     let written = match indent {
         Some(n) => {
@@ -457,7 +466,8 @@ impl GenerationConfig {
             pad_token_id: one_id("pad_token_id")?,
             do_sample,
             temperature: sampling("temperature")?.map(|x| x as f32),
-            top_k: sampling("top_k")?.map(|x| x as usize),
+            // transformers reads top_k 0 as no top-k filter.
+            top_k: sampling("top_k")?.map(|x| x as usize).filter(|&k| k > 0),
             top_p: sampling("top_p")?.map(|x| x as f32),
             repetition_penalty: sampling("repetition_penalty")?.map(|x| x as f32),
             max_new_tokens: sampling("max_new_tokens")?.map(|x| x as usize),

@@ -5,12 +5,14 @@
 //! Loading reads `config.json` into a [`TransformerConfig`] (refusing, by name, whatever the
 //! model definition does not compute yet rather than running something else), maps every
 //! shard, and converts each tensor from F32, BF16 or F16 as it is reached. At
-//! [`Precision::Q8`] each matrix is rounded to int8 as soon as it is converted, so the f32
-//! model never exists: the peak is the int8 model plus one f32 tensor.
+//! [`Precision::Q8`] each matrix is converted and rounded to int8 a slab of rows at a time,
+//! so the f32 model never exists: the peak is the int8 model, the f32 norms and biases,
+//! and the slabs in flight. The pages of a tensor already read are handed back, and the
+//! shards are read ahead on a thread of their own.
 //!
 //! Saving writes F32 tensors under the family's names, `config.json` for the architecture
 //! that matches (the one the model was loaded from, when it was), and
-//! `generation_config.json`.
+//! `generation_config.json` (the one loaded, when there was one, else the token ids).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -93,6 +95,9 @@ impl Family {
 pub(crate) struct Origin {
     family: Family,
     config: Map<String, Value>,
+    /// The directory's `generation_config.json` (end ids, sampling defaults), written back
+    /// as it was by `save_pretrained`.
+    generation: Option<Map<String, Value>>,
 }
 
 /// Reads `config.json`'s keys, each error naming the file and the key.
@@ -255,7 +260,12 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
     };
     rope_scaling.check().map_err(|m| k.err(scaling_key, m))?;
     let partial = match scaling.and_then(|s| s.get("partial_rotary_factor")) {
-        Some(v) => v.as_f64(),
+        Some(v) => Some(v.as_f64().ok_or_else(|| {
+            k.err(
+                &format!("{scaling_key}.partial_rotary_factor"),
+                format!("{v} is not a number"),
+            )
+        })?),
         None => k.opt_f64("partial_rotary_factor")?,
     };
     if let Some(p) = partial.filter(|&p| p != 1.0) {
@@ -322,7 +332,10 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
                 shared_expert: false,
                 expert_d_ff: intermediate,
                 // transformers' balance loss counts each of the top_k slots of a token
-                // where this one averages them: the same loss is top_k times ours.
+                // where this one averages them, hence the factor. It also pools every
+                // layer's routing into one loss where this model averages each sparse
+                // layer's own: the two agree with one sparse layer and differ slightly
+                // with several (the auxiliary loss only, never the logits).
                 load_balance_coef: if aux_on { aux_coef * top_k as f32 } else { 0.0 },
                 router_z_coef: 0.0,
                 renormalize: true,
@@ -483,6 +496,13 @@ impl Files {
                 };
                 index.insert(key.clone(), i);
             }
+            if paths.is_empty() {
+                return Err(NetworkError::parse(
+                    &index_path,
+                    "weight_map",
+                    "empty: it names no tensor",
+                ));
+            }
             let maps = paths.iter().map(|p| map_file(p)).collect::<Result<_>>()?;
             Ok(Files {
                 paths,
@@ -629,7 +649,9 @@ impl<'a> Tensors<'a> {
             let map = &self.files.maps[i];
             let data = view.data();
             let start = data.as_ptr() as usize - map.as_ptr() as usize;
-            let page = 4096;
+            // Inward to 64 KiB, a multiple of every page size in use, so no page of a
+            // neighbouring tensor is handed back.
+            let page = 1 << 16;
             let (from, to) = (start.div_ceil(page) * page, (start + data.len()) / page * page);
             if to > from {
                 // SAFETY: the map is read only and nothing reads this range again (each
@@ -739,9 +761,22 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
             TransformerModel::from_quantized(b, config, params, quantized)?
         }
     };
+    // Kept to be written back; a file that is not a JSON object is the generation
+    // settings' problem (GenerationConfig reports it), not the weights'.
+    let gen_path = dir.join("generation_config.json");
+    let generation = if gen_path.is_file() {
+        let text = crate::files::read(&gen_path)?;
+        serde_json::from_slice::<Value>(&text)
+            .map_err(|e| NetworkError::parse(&gen_path, "json", e.to_string()))?
+            .as_object()
+            .cloned()
+    } else {
+        None
+    };
     let origin = Origin {
         family,
         config: v.as_object().cloned().unwrap_or_default(),
+        generation,
     };
     Ok((model, origin))
 }
@@ -971,10 +1006,12 @@ fn write_files(
         written.push("model.safetensors.index.json".into());
     }
     let config = config_for(c, family, origin);
-    let mut generation = Map::new();
+    // The loaded directory's settings as they were (its end ids may be more than
+    // config.json's, as an instruct model's are); else the ids config.json has.
+    let mut generation = origin.and_then(|o| o.generation.clone()).unwrap_or_default();
     for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
         if let Some(id) = config.get(key).filter(|x| !x.is_null()) {
-            generation.insert(key.to_string(), id.clone());
+            generation.entry(key.to_string()).or_insert_with(|| id.clone());
         }
     }
     write_json("generation_config.json", &Value::Object(generation))?;

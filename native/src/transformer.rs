@@ -176,9 +176,6 @@ impl TransformerLmBuilder {
         self.config.norm_eps = eps;
         self
     }
-    /// Makes feed-forward layers sparse: `n_experts` SwiGLU experts, of which each token
-    /// goes to the `top_k` its router rates highest (dropless: no capacity limit, no token
-    /// is ever skipped). Which layers: [`TransformerLmBuilder::moe_layers`], all by default.
     /// Whether the output head is the token embedding (the default) or a matrix of its own
     /// (`lm_head.weight`, as Llama and Mistral have it).
     pub fn tie_embeddings(mut self, tied: bool) -> Self {
@@ -195,6 +192,9 @@ impl TransformerLmBuilder {
         self.config.qk_norm = on;
         self
     }
+    /// Makes feed-forward layers sparse: `n_experts` SwiGLU experts, of which each token
+    /// goes to the `top_k` its router rates highest (dropless: no capacity limit, no token
+    /// is ever skipped). Which layers: [`TransformerLmBuilder::moe_layers`], all by default.
     pub fn experts(mut self, n_experts: usize, top_k: usize) -> Self {
         self.moe.experts = Some((n_experts, top_k));
         self
@@ -953,17 +953,20 @@ impl TransformerLm {
     }
 
     /// Reads a Hugging Face directory (`config.json` and `model.safetensors`, or shards with
-    /// `model.safetensors.index.json`) of a `LlamaForCausalLM` or `MistralForCausalLM`
-    /// or `MixtralForCausalLM`, in f32. Tensors may be F32, BF16 or F16. Whatever the
-    /// configuration asks for that this model does not compute (a sliding window, attention
-    /// biases, scaled RoPE, per-head q/k norms) is an error naming the file and the key.
+    /// `model.safetensors.index.json`) of a `LlamaForCausalLM`, `MistralForCausalLM`,
+    /// `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MixtralForCausalLM` or
+    /// `Qwen3MoeForCausalLM`, in f32. Tensors may be F32, BF16 or F16; RoPE may be scaled
+    /// (`linear`, `llama3`). Whatever the configuration asks for that this model does not
+    /// compute (a sliding window shorter than the context, an output-projection bias,
+    /// another RoPE type, Qwen2-MoE's gated shared expert) is an error naming the file and
+    /// the key.
     pub fn from_pretrained(dir: impl AsRef<std::path::Path>) -> Result<TransformerLm> {
         Self::from_pretrained_at(dir, crate::Precision::F32)
     }
 
     /// [`TransformerLm::from_pretrained`] at a precision: `Precision::Q8` rounds each
-    /// matrix to int8 as it is read, so the f32 model is never held (the peak is the int8
-    /// model plus its largest tensor in f32).
+    /// matrix to int8 a slab of rows at a time as it is read, so the f32 model is never held
+    /// (the peak is the int8 model plus the f32 norms and biases).
     pub fn from_pretrained_at(
         dir: impl AsRef<std::path::Path>,
         precision: crate::Precision,

@@ -49,7 +49,7 @@ struct Recorder {
     staged: HashMap<usize, (Vec<GpuBuffer>, usize)>,
     /// Scratch by role.
     scratch: HashMap<&'static str, GpuBuffer>,
-    /// RoPE cos/sin tables by (head_dim, theta bits).
+    /// RoPE cos/sin tables by (head_dim, theta bits, scaling).
     rope: HashMap<(usize, u32, ScalingKey), GpuBuffer>,
 }
 

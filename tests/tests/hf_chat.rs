@@ -182,7 +182,7 @@ fn bad_templates_and_settings_are_refused_by_file() {
 fn templates_get_python_methods_tojson_and_the_clock() {
     let t = ChatTemplate::new(
         "{{ messages[0].content.upper() }}|{{ messages[0].content.split(' ') | tojson }}|\
-         {{ {'a': 1, 'b': [true, none]} | tojson }}|{{ {'a': 1} | tojson(indent=2) }}|\
+         {{ {'b': 1, 'a': [true, none]} | tojson }}|{{ {'a': 1} | tojson(indent=2) }}|\
          {{ '<&>' | tojson }}|{% for m in messages %}{% if loop.index0 == 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}|\
          {{ strftime_now('%Y') | length }}",
     )
@@ -196,7 +196,7 @@ fn templates_get_python_methods_tojson_and_the_clock() {
     // Python: json.dumps(..., ensure_ascii=False) separators and no HTML escaping.
     assert_eq!(
         out,
-        "TWO WORDS|[\"two\", \"words\"]|{\"a\": 1, \"b\": [true, null]}|{\n  \"a\": 1\n}|\"<&>\"|user|4"
+        "TWO WORDS|[\"two\", \"words\"]|{\"b\": 1, \"a\": [true, null]}|{\n  \"a\": 1\n}|\"<&>\"|user|4"
     );
     let err = ChatTemplate::new("{{ strftime_now('%Q') }}")
         .unwrap()
@@ -206,4 +206,39 @@ fn templates_get_python_methods_tojson_and_the_clock() {
         matches!(err, NetworkError::Parse { .. }) && err.to_string().contains("%Q"),
         "{err}"
     );
+    // A message's keys come in their order (role, then content), as a Python dict's do.
+    let t = ChatTemplate::new("{% for k in messages[0] %}{{ k }} {% endfor %}").unwrap();
+    assert_eq!(
+        t.render(&[ChatMessage::user("x")], false).unwrap(),
+        "role content "
+    );
+}
+
+/// save_pretrained writes the loaded directory's generation settings back as they were:
+/// an instruct model's second end id and its sampling defaults survive a fine-tune.
+#[test]
+fn generation_settings_survive_load_and_save() {
+    let d = scratch("gen_src");
+    for f in std::fs::read_dir(dir("chatml")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, d.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        d.join("generation_config.json"),
+        r#"{"eos_token_id": [2, 5], "bos_token_id": 1, "do_sample": true, "temperature": 0.7, "top_k": 0}"#,
+    )
+    .unwrap();
+    let out = scratch("gen_out");
+    std::fs::remove_dir_all(&out).unwrap();
+    TransformerLm::from_pretrained(&d)
+        .unwrap()
+        .save_pretrained(&out)
+        .unwrap();
+    let g = GenerationConfig::from_pretrained(&out).unwrap();
+    assert_eq!(g.eos_token_ids, vec![2, 5]);
+    assert_eq!((g.do_sample, g.temperature), (true, Some(0.7)));
+    // top_k 0 is transformers' "no top-k filter".
+    assert_eq!(g.top_k, None);
+    std::fs::remove_dir_all(&d).unwrap();
+    std::fs::remove_dir_all(&out).unwrap();
 }

@@ -530,6 +530,25 @@ fn bad_directories_are_refused_by_file_and_key() {
         ],
     );
 
+    let d = case("empty_map", "llama_sharded");
+    std::fs::write(d.join("model.safetensors.index.json"), r#"{"weight_map": {}}"#).unwrap();
+    assert_names(
+        &refusal(&d),
+        &["model.safetensors.index.json", "weight_map", "empty"],
+    );
+    let d = case("partial_str", "llama_rope_llama3");
+    edit_config(&d, |v| {
+        v["rope_parameters"]["partial_rotary_factor"] = serde_json::json!("half")
+    });
+    assert_names(
+        &refusal(&d),
+        &[
+            "config.json",
+            "rope_parameters.partial_rotary_factor",
+            "not a number",
+        ],
+    );
+
     let d = case("empty", "llama");
     std::fs::remove_file(d.join("model.safetensors")).unwrap();
     assert_names(&refusal(&d), &["no model.safetensors"]);
@@ -537,6 +556,8 @@ fn bad_directories_are_refused_by_file_and_key() {
     assert_names(&refusal(&d), &["config.json"]);
 
     for tag in [
+        "empty_map",
+        "partial_str",
         "llama3_bands",
         "linear_factor",
         "partial",

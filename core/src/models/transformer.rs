@@ -231,7 +231,6 @@ impl TransformerConfig {
             }
         }
     }
-    /// Every parameter, the tied embedding counted once, norms and routers included.
     /// The untied output head's parameters (none when the head is the embedding).
     pub fn head_parameters(&self) -> usize {
         if self.tie_embeddings {
@@ -240,6 +239,7 @@ impl TransformerConfig {
             self.vocab_size * self.d_model
         }
     }
+    /// Every parameter, the tied embedding counted once, norms and routers included.
     pub fn parameter_count(&self) -> usize {
         self.vocab_size * self.d_model
             + (0..self.n_layers)
