@@ -197,6 +197,41 @@ fn rope_scaling_reads_in_either_spelling() {
     }
 }
 
+/// The new parts of the model definition (q/k/v biases, q/k norms, scaled RoPE) survive
+/// this library's own checkpoints, f32 and int8, and an f32 checkpoint resumes training.
+#[test]
+fn checkpoints_keep_biases_norms_and_scaled_rope() {
+    for name in ["qwen2_rope_linear", "qwen3", "llama_rope_llama3", "qwen3_moe"] {
+        let mut m = TransformerLm::from_pretrained(dir(name)).unwrap();
+        let e = expected(name);
+        let batch = TokenBatch::new(rows(&e.get("ids").unwrap())).unwrap();
+        let want = m.forward_batch(&batch).unwrap();
+        let out = scratch(&format!("ckpt_{name}"));
+        std::fs::create_dir_all(&out).unwrap();
+        m.save_bin(out.join("m.rbw"), Precision::F32).unwrap();
+        let mut back = TransformerLm::load_bin(out.join("m.rbw")).unwrap();
+        assert_eq!(back.config(), m.config(), "{name}");
+        assert_eq!(back.forward_batch(&batch).unwrap(), want, "{name} f32");
+        // One step on each (both start AdamW afresh): the same weights after it.
+        back.train_step_batch(&batch).unwrap();
+        m.train_step_batch(&batch).unwrap();
+        assert_eq!(
+            back.forward_batch(&batch).unwrap(),
+            m.forward_batch(&batch).unwrap(),
+            "{name} after a step"
+        );
+        m.quantize().unwrap();
+        m.save_bin(out.join("q.rbw"), Precision::Q8).unwrap();
+        let mut q = TransformerLm::load_bin(out.join("q.rbw")).unwrap();
+        assert_eq!(
+            q.forward_batch(&batch).unwrap(),
+            m.forward_batch(&batch).unwrap(),
+            "{name} int8"
+        );
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
+
 #[test]
 fn int8_at_load_is_the_f32_model_quantized() {
     for name in ["llama", "llama_bf16", "mixtral", "qwen2", "qwen3_moe"] {
