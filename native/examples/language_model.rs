@@ -100,6 +100,22 @@ fn read_text(path: &Path) -> Result<String, Error> {
     }
 }
 
+/// The training and held-out text: the bundled corpus's two files, or a user corpus whose
+/// last tenth (at a line break) is held out.
+fn corpus_texts(corpus: Option<&Path>) -> Result<(String, String), Error> {
+    Ok(match corpus {
+        Some(p) => {
+            let text = read_text(p)?;
+            let cut = held_out_cut(&text);
+            (text[..cut].to_string(), text[cut..].to_string())
+        }
+        None => (
+            read_text(&corpus_dir().join("train.txt.gz"))?,
+            read_text(&corpus_dir().join("heldout.txt.gz"))?,
+        ),
+    })
+}
+
 /// Where a user corpus's held-out last tenth begins: at a line break, else at a character
 /// boundary near 90%.
 fn held_out_cut(text: &str) -> usize {
@@ -239,18 +255,7 @@ fn train(steps: u64, corpus: Option<PathBuf>, moe: bool) -> Result<(), Error> {
     let dir = out_dir();
     std::fs::create_dir_all(&dir)?;
     let t0 = Instant::now();
-    let (train_text, held_text) = match &corpus {
-        Some(p) => {
-            let text = read_text(p)?;
-            // A user corpus: the last tenth (at a line break) is held out.
-            let cut = held_out_cut(&text);
-            (text[..cut].to_string(), text[cut..].to_string())
-        }
-        None => (
-            read_text(&corpus_dir().join("train.txt.gz"))?,
-            read_text(&corpus_dir().join("heldout.txt.gz"))?,
-        ),
-    };
+    let (train_text, held_text) = corpus_texts(corpus.as_deref())?;
     let train_txt = dir.join("train.txt");
     std::fs::write(&train_txt, &train_text)?;
     let tokenizer = train_tokenizer(&train_txt, &dir.join("tokenizer.json"))?;
@@ -569,17 +574,7 @@ fn finetune_pretrained(
 ) -> Result<(), Error> {
     let (mut model, tok, _) = load_pretrained(dir, false)?;
     let seq = SEQ.min(model.config().max_seq_len);
-    let (train_text, held_text) = match &corpus {
-        Some(p) => {
-            let text = read_text(p)?;
-            let cut = held_out_cut(&text);
-            (text[..cut].to_string(), text[cut..].to_string())
-        }
-        None => (
-            read_text(&corpus_dir().join("train.txt.gz"))?,
-            read_text(&corpus_dir().join("heldout.txt.gz"))?,
-        ),
-    };
+    let (train_text, held_text) = corpus_texts(corpus.as_deref())?;
     let work = out_dir().join("finetune-tokens");
     std::fs::create_dir_all(&work)?;
     let encode = |t: &str| -> Result<Vec<u32>, Error> { Ok(tok.encode(t, false)?.get_ids().to_vec()) };
