@@ -232,6 +232,57 @@ fn checkpoints_keep_biases_norms_and_scaled_rope() {
     }
 }
 
+/// int8 on wgpu (the browser's path): biases and norms stay f32 beside int8 matrices, and
+/// the greedy ids and logits are the CPU int8 model's.
+#[test]
+fn int8_models_decode_on_wgpu_as_on_the_cpu() {
+    for name in ["qwen2_rope_linear", "qwen3", "qwen3_moe", "llama_rope_llama3"] {
+        let mut cpu = TransformerLm::from_pretrained_at(dir(name), Precision::Q8).unwrap();
+        let mut gpu = TransformerLm::from_pretrained_at(dir(name), Precision::Q8).unwrap();
+        let options = rusting_brain::GpuOptions {
+            software: true,
+            ..Default::default()
+        };
+        match gpu.to_gpu_with(&options) {
+            Ok(()) => {}
+            Err(NetworkError::Gpu(e))
+                if e.starts_with("no GPU adapter")
+                    && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
+            {
+                eprintln!("SKIPPED, no GPU adapter here: {e}");
+                return;
+            }
+            Err(e) => panic!("to_gpu: {e}"),
+        }
+        let e = expected(name);
+        let prompt = ids(&e.get("prompt").unwrap());
+        let a = cpu.generate(&prompt, 12, &mut Sampler::greedy()).unwrap();
+        let b = gpu.generate(&prompt, 12, &mut Sampler::greedy()).unwrap();
+        assert_eq!(a, b, "{name}: int8 greedy ids, cpu vs wgpu");
+        let batch = TokenBatch::new(rows(&e.get("ids").unwrap())).unwrap();
+        let want = cpu.forward_batch(&batch).unwrap();
+        let got = gpu.forward_batch(&batch).unwrap();
+        let range =
+            want.iter().cloned().fold(f32::MIN, f32::max) - want.iter().cloned().fold(f32::MAX, f32::min);
+        // Both sides round activations to int8 and sum those products exactly in i32; only
+        // the f32 parts (norms, attention, scales) differ in summation order. 2e-3 of the
+        // logits' range is the int8 decoding tests' allowance (shaders/tests/transformer.rs).
+        let report = assert_close(
+            &format!("{name} int8 logits on wgpu"),
+            &got,
+            &Tensor {
+                shape: vec![want.len()],
+                data: want.iter().map(|&v| v as f64).collect(),
+            },
+            Tolerance::new(0.0, 2e-3 * range as f64),
+        );
+        eprintln!(
+            "{name}: int8 on wgpu, worst logit error {:.2e} of the range",
+            report.worst_ratio * 2e-3
+        );
+    }
+}
+
 #[test]
 fn int8_at_load_is_the_f32_model_quantized() {
     for name in ["llama", "llama_bf16", "mixtral", "qwen2", "qwen3_moe"] {
