@@ -11,8 +11,8 @@
 //! With a Hugging Face directory (Llama, Mistral, Qwen2/3, Mixtral, Qwen3-MoE: `config.json`,
 //! safetensors, `tokenizer.json`, and for `chat` a chat template):
 //!
-//!     ... language_model -- generate "prompt" --from-pretrained DIR [--q8] [sampling flags]
-//!     ... language_model -- chat --from-pretrained DIR [--q8] [--system TEXT]
+//!     ... language_model -- generate "prompt" --from-pretrained DIR [--q8] [--context N] [sampling flags]
+//!     ... language_model -- chat --from-pretrained DIR [--q8] [--context N] [--system TEXT]
 //!     ... language_model -- train --from-pretrained DIR [--steps N] [--lr R] [--corpus FILE] \
 //!         [--save-pretrained OUT]
 //!
@@ -29,7 +29,8 @@
 //! prints the generated ids as JSON instead of text (the browser tests compare them);
 //! `--temperature 0` is greedy.
 //!
-//! `--from-pretrained` reads the model (int8 at load with `--q8`), its `tokenizer.json`,
+//! `--from-pretrained` reads the model (int8 at load with `--q8`; its context cut to
+//! `--context N` positions, 4,096 unless given, so KV caches stay small), its `tokenizer.json`,
 //! and `generation_config.json`'s end ids and sampling settings (used unless a sampling
 //! flag is given). `chat` renders the conversation through the directory's chat template
 //! each turn and feeds the decoder only what is new. `train --from-pretrained` fine-tunes
@@ -337,6 +338,8 @@ struct Gen {
     ids: bool,
     /// A sampling flag was given (else a Hugging Face directory's settings are used).
     explicit: bool,
+    /// `--context N`: the positions a Hugging Face model is given (default 4,096 at most).
+    context: Option<usize>,
 }
 
 fn load(q8: bool) -> Result<(TransformerLm, Tokenizer), Error> {
@@ -470,9 +473,13 @@ fn chat(g: &Gen) -> Result<(), Error> {
 
 /// A Hugging Face directory's model (int8 at load with `q8`), tokenizer and generation
 /// settings.
-fn load_pretrained(dir: &Path, q8: bool) -> Result<(TransformerLm, Tokenizer, GenerationConfig), Error> {
+fn load_pretrained(
+    dir: &Path,
+    q8: bool,
+    context: Option<usize>,
+) -> Result<(TransformerLm, Tokenizer, GenerationConfig), Error> {
     let t0 = Instant::now();
-    let model = if q8 {
+    let mut model = if q8 {
         TransformerLm::from_pretrained_at(dir, Precision::Q8)?
     } else {
         TransformerLm::from_pretrained(dir)?
@@ -480,6 +487,14 @@ fn load_pretrained(dir: &Path, q8: bool) -> Result<(TransformerLm, Tokenizer, Ge
     let tok_path = dir.join("tokenizer.json");
     let tok = Tokenizer::from_file(&tok_path).map_err(|e| format!("{}: {e}", tok_path.display()))?;
     let gen = GenerationConfig::from_pretrained(dir)?;
+    // A published context (131,072 positions for Llama 3.1) would make KV caches of many
+    // gigabytes; 4,096 unless asked.
+    let full = model.config().max_seq_len;
+    let n = context.unwrap_or(full.min(4096));
+    if n != full {
+        model.set_max_seq_len(n)?;
+        eprintln!("context {n} positions of the model's {full} (--context N to change)");
+    }
     let c = model.config();
     eprintln!(
         "loaded {} in {:.2} s: {} layers, d_model {}, vocabulary {}, context {}{}; ends at {:?}",
@@ -496,7 +511,7 @@ fn load_pretrained(dir: &Path, q8: bool) -> Result<(TransformerLm, Tokenizer, Ge
 }
 
 fn generate_pretrained(dir: &Path, prompt: &str, g: &Gen) -> Result<(), Error> {
-    let (mut model, tok, gen) = load_pretrained(dir, g.q8)?;
+    let (mut model, tok, gen) = load_pretrained(dir, g.q8, g.context)?;
     let sampler = if g.explicit {
         sampler(g)
     } else {
@@ -509,7 +524,7 @@ fn generate_pretrained(dir: &Path, prompt: &str, g: &Gen) -> Result<(), Error> {
 /// conversation, and the decoder is fed only what follows what it has already read (or
 /// starts again when the template rewrote earlier turns).
 fn chat_pretrained(dir: &Path, system: Option<String>, g: &Gen) -> Result<(), Error> {
-    let (mut model, tok, gen) = load_pretrained(dir, g.q8)?;
+    let (mut model, tok, gen) = load_pretrained(dir, g.q8, g.context)?;
     let template = ChatTemplate::from_pretrained(dir)?;
     let mut sampler = if g.explicit {
         sampler(g)
@@ -571,8 +586,9 @@ fn finetune_pretrained(
     lr: f32,
     corpus: Option<PathBuf>,
     out: Option<PathBuf>,
+    context: Option<usize>,
 ) -> Result<(), Error> {
-    let (mut model, tok, _) = load_pretrained(dir, false)?;
+    let (mut model, tok, _) = load_pretrained(dir, false, context)?;
     let seq = SEQ.min(model.config().max_seq_len);
     let (train_text, held_text) = corpus_texts(corpus.as_deref())?;
     let work = out_dir().join("finetune-tokens");
@@ -665,6 +681,12 @@ fn main() -> Result<(), Error> {
         explicit: ["--temperature", "--top-k", "--top-p", "--repetition-penalty"]
             .iter()
             .any(|f| args.iter().any(|a| a == f)),
+        context: flag("--context")
+            .map(|v| {
+                v.parse::<usize>()
+                    .map_err(|_| format!("--context {v}: not a whole number"))
+            })
+            .transpose()?,
     };
     let pretrained = flag("--from-pretrained").map(PathBuf::from);
     match args.first().map(String::as_str) {
@@ -684,6 +706,7 @@ fn main() -> Result<(), Error> {
                 num("--lr", 5e-5)? as f32,
                 flag("--corpus").map(PathBuf::from),
                 flag("--save-pretrained").map(PathBuf::from),
+                g.context,
             ),
             None => train(
                 num("--steps", DEFAULT_STEPS as f64)? as u64,

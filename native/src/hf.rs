@@ -842,7 +842,13 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
     set("num_key_value_heads", json!(c.kv_heads));
     set("head_dim", json!(c.head_dim));
     set("intermediate_size", json!(c.d_ff));
-    set("max_position_embeddings", json!(c.max_seq_len));
+    // A context shortened here for memory (set_max_seq_len) is not the model's: the
+    // directory's own stays.
+    let loaded = origin
+        .and_then(|o| o.config.get("max_position_embeddings"))
+        .and_then(Value::as_u64)
+        .map_or(0, |n| n as usize);
+    set("max_position_embeddings", json!(c.max_seq_len.max(loaded)));
     set("rope_theta", short(c.rope_theta));
     // transformers 4 reads `rope_scaling`; 5 takes it as `rope_parameters` when given.
     match c.rope_scaling {

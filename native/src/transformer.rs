@@ -598,6 +598,23 @@ impl TransformerLm {
         &self.model().config
     }
 
+    /// Sets the longest sequence the model takes (training windows, and what a KV cache
+    /// holds). A published model's context can be far more than a machine's memory wants:
+    /// Llama 3.1's 131,072 positions make 8.6 GB of KV cache at 1B parameters and 34 GB at
+    /// 8B (`n_layers x 2 x max_seq_len x kv_dim x 4 bytes`), allocated at the first
+    /// `forward_cached`. `save_pretrained` still writes the context the directory had.
+    /// Set it on the CPU, before `to_gpu` / `to_cuda`; caches and decoders made before are
+    /// refused afterwards.
+    pub fn set_max_seq_len(&mut self, n: usize) -> Result<()> {
+        if self.device().is_some() {
+            return Err(NetworkError::InvalidInput(
+                "set_max_seq_len: the model is on a device; set it on the CPU, before to_gpu or to_cuda"
+                    .into(),
+            ));
+        }
+        Ok(self.model_mut().set_max_seq_len(n)?)
+    }
+
     /// Optimizer steps taken so far.
     pub fn steps(&self) -> u64 {
         #[cfg(any(feature = "gpu", feature = "cuda"))]

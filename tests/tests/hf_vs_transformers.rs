@@ -283,6 +283,31 @@ fn int8_models_decode_on_wgpu_as_on_the_cpu() {
     }
 }
 
+/// A published context can be cut for memory: sequences past it are refused, decoding
+/// within it is unchanged, and save_pretrained keeps the directory's context.
+#[test]
+fn the_context_can_be_cut_and_the_directory_keeps_its_own() {
+    let name = "llama_rope_llama3";
+    let mut full = TransformerLm::from_pretrained(dir(name)).unwrap();
+    let mut short = TransformerLm::from_pretrained(dir(name)).unwrap();
+    assert!(short.set_max_seq_len(0).is_err());
+    short.set_max_seq_len(12).unwrap();
+    assert_eq!(short.config().max_seq_len, 12);
+    let prompt = [3u32, 9, 27, 17, 51];
+    let a = full.generate(&prompt, 7, &mut Sampler::greedy()).unwrap();
+    let b = short.generate(&prompt, 7, &mut Sampler::greedy()).unwrap();
+    assert_eq!(a, b);
+    let long = TokenBatch::new(vec![(0..20u32).collect::<Vec<_>>()]).unwrap();
+    let err = short.forward_batch(&long).unwrap_err().to_string();
+    assert!(err.contains("max_seq_len 12"), "{err}");
+    let out = scratch("context");
+    short.save_pretrained(&out).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(v["max_position_embeddings"], 64);
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
 #[test]
 fn int8_at_load_is_the_f32_model_quantized() {
     for name in ["llama", "llama_bf16", "mixtral", "qwen2", "qwen3_moe"] {

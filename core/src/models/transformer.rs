@@ -1435,6 +1435,19 @@ impl<B: Backend> TransformerModel<B> {
         Ok(aux)
     }
 
+    /// Sets the longest sequence the model takes, for a published model whose context
+    /// (131,072 positions for Llama 3.1) would make KV caches of many gigabytes: the caches
+    /// are `n_layers x 2 x max_seq_len x kv_dim` values. Nothing learned depends on it; RoPE
+    /// positions are absolute. Caches made before are refused afterwards (their shape no
+    /// longer matches), so a conversation starts again.
+    pub fn set_max_seq_len(&mut self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(invalid("max_seq_len must be at least 1".into()));
+        }
+        self.config.max_seq_len = n;
+        Ok(())
+    }
+
     /// Empty key/value caches for one sequence of up to `max_seq_len` positions.
     pub fn new_kv_caches(&self) -> Result<KvCache<B>> {
         let n = self.config.max_seq_len * self.config.kv_dim();
