@@ -84,7 +84,7 @@ def main():
         if a.prompt:
             back = transformers.AutoModelForCausalLM.from_pretrained(a.out, dtype=torch.float32).eval()
             tok = transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(a.out, "tokenizer.json"))
-            prompt = tok(a.prompt, add_special_tokens=False)["input_ids"]
+            prompt = tok(a.prompt)["input_ids"]  # special tokens as the Rust example adds them
             gen = transformers.GenerationConfig.from_pretrained(a.out)
             gen.do_sample, gen.max_new_tokens = False, a.new_tokens
             with torch.no_grad():

@@ -387,7 +387,8 @@ fn export_web(out: Option<PathBuf>) -> Result<(), Error> {
 /// Streams the continuation of `prompt`, printing text as ids arrive.
 fn generate(model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, g: &Gen) -> Result<(), Error> {
     let ends: Vec<u32> = tok.token_to_id(END).into_iter().collect();
-    generate_until(model, tok, prompt, g, &ends, sampler(g))
+    let ids = tok.encode(prompt, false)?.get_ids().to_vec();
+    generate_until(model, tok, prompt, &ids, g, &ends, sampler(g))
 }
 
 /// Streams the continuation of `prompt` until `ends` or `g.tokens`.
@@ -395,11 +396,12 @@ fn generate_until(
     model: &mut TransformerLm,
     tok: &Tokenizer,
     prompt: &str,
+    ids: &[u32],
     g: &Gen,
     ends: &[u32],
     mut sampler: Sampler,
 ) -> Result<(), Error> {
-    let ids = tok.encode(prompt, false)?.get_ids().to_vec();
+    let ids = ids.to_vec();
     let mut out: Vec<u32> = Vec::new();
     if g.ids {
         let t0 = Instant::now();
@@ -517,7 +519,10 @@ fn generate_pretrained(dir: &Path, prompt: &str, g: &Gen) -> Result<(), Error> {
     } else {
         gen.sampler(g.seed)
     };
-    generate_until(&mut model, &tok, prompt, g, &gen.eos_token_ids, sampler)
+    // With the tokenizer's special tokens (a Llama prompt starts with <|begin_of_text|>),
+    // as transformers' tokenizer(prompt) encodes by default.
+    let ids = tok.encode(prompt, true)?.get_ids().to_vec();
+    generate_until(&mut model, &tok, prompt, &ids, g, &gen.eos_token_ids, sampler)
 }
 
 /// A conversation through the directory's chat template: each turn renders the whole
