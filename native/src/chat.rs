@@ -180,6 +180,19 @@ impl ChatTemplate {
     /// assistant's reply begins. A template's own refusal (`raise_exception`) is an error
     /// with its message.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, &Map::new())
+    }
+
+    /// [`ChatTemplate::render`] with more variables for the template, as transformers'
+    /// `apply_chat_template(..., **kwargs)` passes them (`{"enable_thinking": false}` for
+    /// Qwen3, `{"date_string": "..."}` for Llama 3). They are set after the special tokens,
+    /// so they may override one.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &Map<String, Value>,
+    ) -> Result<String> {
         let env = environment();
         let template = self.compile(&env)?;
         // Serialized by minijinja itself, so each message keeps its keys in order (role,
@@ -188,11 +201,14 @@ impl ChatTemplate {
         struct Context<'a> {
             #[serde(flatten)]
             specials: &'a Map<String, Value>,
+            #[serde(flatten)]
+            vars: &'a Map<String, Value>,
             messages: &'a [ChatMessage],
             add_generation_prompt: bool,
         }
         let ctx = Context {
             specials: &self.specials,
+            vars,
             messages,
             add_generation_prompt,
         };

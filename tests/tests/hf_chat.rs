@@ -67,6 +67,34 @@ fn templates_render_as_transformers_renders_them() {
     }
 }
 
+/// The constructs published templates lean on: macros, namespaces, `selectattr`, `is
+/// defined` / `is not none`, filtered loops with `loop.length`, `.get`, `.split(..)[-1]`,
+/// `.lstrip(..)`, `~`, `join`, a conditional expression; and a variable passed the way
+/// `apply_chat_template(..., enable_thinking=False)` passes it.
+#[test]
+fn a_template_with_published_constructs_renders_as_transformers_renders_it() {
+    let e = expected();
+    let template = ChatTemplate::from_pretrained(dir("rich_template")).unwrap();
+    let cases = e["rich"].as_array().unwrap();
+    assert_eq!(cases.len(), 4);
+    for c in cases {
+        // The last case passes enable_thinking=False, as Qwen3's users do.
+        let vars = c
+            .get("extra")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let text = template
+            .render_with(
+                &messages(&c["messages"]),
+                c["add_generation_prompt"].as_bool().unwrap(),
+                &vars,
+            )
+            .unwrap();
+        assert_eq!(text, c["text"].as_str().unwrap(), "{}", c["messages"]);
+    }
+}
+
 #[test]
 fn a_greedy_reply_to_the_rendered_prompt_is_transformers_reply() {
     let e = expected();
