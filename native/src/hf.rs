@@ -606,7 +606,8 @@ impl<'a> Tensors<'a> {
         Ok(data)
     }
 
-    /// The matrix `name` rounded to int8 row by row (`q8::quantize_rows`), converted and
+    /// The matrix `name` rounded to int8 row by row (core's `q8::quantize_rows`, through its
+    /// CPU twin), converted and
     /// rounded in slabs of rows in parallel, so the whole f32 matrix never exists.
     fn read_q8(&self, name: &str, t: &TensorSpec) -> Result<(Vec<f32>, Vec<f32>)> {
         let (i, view) = self.view(name, t)?;
@@ -626,7 +627,7 @@ impl<'a> Tensors<'a> {
                         "holds NaN or infinite values",
                     ));
                 }
-                Ok(q8::quantize_rows(&w, r1 - r0, cols)?)
+                Ok(crate::cpu::q8::quantize_rows(&w, r1 - r0, cols)?)
             })
             .collect();
         let pc = q8::packed_cols(cols);

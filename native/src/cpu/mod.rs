@@ -17,7 +17,7 @@ mod embedding;
 mod matmul;
 mod moe;
 mod optim;
-mod q8;
+pub(crate) mod q8;
 mod rmsnorm;
 mod rope;
 pub mod simd;
