@@ -445,6 +445,33 @@ fn generate_until(
     Ok(())
 }
 
+/// Draws up to `tokens` ids until `ends(id)`; the ending id is kept with `keep_end`.
+/// `None` (after saying so) when the context fills first.
+fn reply(
+    decoder: &mut rusting_brain::Decoder<'_>,
+    sampler: &mut Sampler,
+    tokens: usize,
+    ends: impl Fn(u32) -> Result<bool, Error>,
+    keep_end: bool,
+) -> Result<Option<Vec<u32>>, Error> {
+    let mut out = Vec::new();
+    for _ in 0..tokens {
+        if !decoder.has_next() {
+            println!("(the context is full: {} positions)", decoder.capacity());
+            return Ok(None);
+        }
+        let id = decoder.next(sampler)?;
+        let end = ends(id)?;
+        if !end || keep_end {
+            out.push(id);
+        }
+        if end {
+            break;
+        }
+    }
+    Ok(Some(out))
+}
+
 fn chat(g: &Gen) -> Result<(), Error> {
     let (mut model, tok) = load(g.q8)?;
     let mut decoder = model.decoder();
@@ -456,18 +483,17 @@ fn chat(g: &Gen) -> Result<(), Error> {
             break;
         }
         decoder.feed(tok.encode(format!("{line}\n").as_str(), false)?.get_ids())?;
-        let mut reply = Vec::new();
-        for _ in 0..g.tokens {
-            if !decoder.has_next() {
-                println!("(the context is full: {} positions)", decoder.capacity());
-                return Ok(());
-            }
-            let id = decoder.next(&mut sampler)?;
-            reply.push(id);
-            if tok.decode(&[id], false)?.contains('\n') {
-                break;
-            }
-        }
+        // A turn ends at the first line break (the id that draws it is kept).
+        let Some(reply) = reply(
+            &mut decoder,
+            &mut sampler,
+            g.tokens,
+            |id| Ok(tok.decode(&[id], false)?.contains('\n')),
+            true,
+        )?
+        else {
+            return Ok(());
+        };
         println!("> {}", tok.decode(&reply, false)?.trim_end());
     }
     Ok(())
@@ -564,18 +590,16 @@ fn chat_pretrained(dir: &Path, system: Option<String>, g: &Gen) -> Result<(), Er
             decoder = model.decoder();
             decoder.feed(&ids)?;
         }
-        let mut reply = Vec::new();
-        for _ in 0..g.tokens {
-            if !decoder.has_next() {
-                println!("(the context is full: {} positions)", decoder.capacity());
-                return Ok(());
-            }
-            let id = decoder.next(&mut sampler)?;
-            if gen.is_end(id) {
-                break;
-            }
-            reply.push(id);
-        }
+        let Some(reply) = reply(
+            &mut decoder,
+            &mut sampler,
+            g.tokens,
+            |id| Ok(gen.is_end(id)),
+            false,
+        )?
+        else {
+            return Ok(());
+        };
         let text = tok.decode(&reply, true)?;
         println!("> {}", text.trim());
         messages.push(ChatMessage::assistant(text.trim().to_string()));

@@ -24,7 +24,7 @@ use rusting_brain_core::models::transformer::{
     MoeConfig, Params, QuantParams, TensorKind, TensorSpec, TransformerConfig, TransformerModel,
 };
 use rusting_brain_core::ops::q8;
-use rusting_brain_core::RopeScaling;
+use rusting_brain_core::{CoreError, RopeScaling};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 use serde_json::{json, Map, Value};
 
@@ -620,14 +620,14 @@ impl<'a> Tensors<'a> {
                 let (r0, r1) = (s * slab, ((s + 1) * slab).min(rows));
                 let mut w = vec![0f32; (r1 - r0) * cols];
                 widen(&view, r0 * cols, &mut w);
-                if w.iter().any(|v| !v.is_finite()) {
-                    return Err(NetworkError::parse(
-                        &self.files.paths[i],
-                        name,
-                        "holds NaN or infinite values",
-                    ));
-                }
-                Ok(crate::cpu::q8::quantize_rows(&w, r1 - r0, cols)?)
+                // The rounding refuses a non-finite value itself; said here by file and
+                // tensor rather than scanned for twice.
+                crate::cpu::q8::quantize_rows(&w, r1 - r0, cols).map_err(|e| match e {
+                    CoreError::NonFinite { .. } => {
+                        NetworkError::parse(&self.files.paths[i], name, "holds NaN or infinite values")
+                    }
+                    e => e.into(),
+                })
             })
             .collect();
         let pc = q8::packed_cols(cols);

@@ -80,6 +80,26 @@ fn check(name: &str, model: &mut TransformerLm) -> f64 {
     worst
 }
 
+/// Moves `model` to wgpu (lavapipe where no GPU is); false, with the reason printed, when
+/// there is no adapter and RB_REQUIRE_GPU is not 1 (CI sets it, so a missing adapter fails
+/// there).
+fn to_wgpu(model: &mut TransformerLm) -> bool {
+    let options = rusting_brain::GpuOptions {
+        software: true,
+        ..Default::default()
+    };
+    match model.to_gpu_with(&options) {
+        Ok(()) => true,
+        Err(NetworkError::Gpu(e))
+            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
+        {
+            eprintln!("SKIPPED on wgpu, no GPU adapter here: {e}");
+            false
+        }
+        Err(e) => panic!("to_gpu: {e}"),
+    }
+}
+
 /// Our name of a tensor as the files spell it (Mixtral's sparse blocks differ).
 fn file_name(name: &str, arch: &str) -> String {
     if arch != "mixtral" {
@@ -120,22 +140,9 @@ fn gradients_match_transformers_on_the_cpu_and_wgpu() {
         let mut model = TransformerLm::from_pretrained(dir(name)).unwrap();
         let worst = check_gradients(name, &mut model);
         eprintln!("{name}: worst gradient error {worst:.3} of the allowance");
-        let options = rusting_brain::GpuOptions {
-            software: true,
-            ..Default::default()
-        };
-        match model.to_gpu_with(&options) {
-            Ok(()) => {
-                let worst = check_gradients(name, &mut model);
-                eprintln!("{name} on wgpu: worst gradient error {worst:.3} of the allowance");
-            }
-            Err(NetworkError::Gpu(e))
-                if e.starts_with("no GPU adapter")
-                    && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-            {
-                eprintln!("SKIPPED on wgpu, no GPU adapter here: {e}")
-            }
-            Err(e) => panic!("to_gpu: {e}"),
+        if to_wgpu(&mut model) {
+            let worst = check_gradients(name, &mut model);
+            eprintln!("{name} on wgpu: worst gradient error {worst:.3} of the allowance");
         }
     }
 }
@@ -153,20 +160,8 @@ fn every_architecture_matches_transformers_on_the_cpu() {
 fn every_architecture_matches_transformers_on_wgpu() {
     for name in SUPPORTED {
         let mut model = TransformerLm::from_pretrained(dir(name)).unwrap();
-        let options = rusting_brain::GpuOptions {
-            software: true,
-            ..Default::default()
-        };
-        match model.to_gpu_with(&options) {
-            Ok(()) => {}
-            Err(NetworkError::Gpu(e))
-                if e.starts_with("no GPU adapter")
-                    && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-            {
-                eprintln!("SKIPPED, no GPU adapter here: {e}");
-                return;
-            }
-            Err(e) => panic!("to_gpu: {e}"),
+        if !to_wgpu(&mut model) {
+            return;
         }
         let worst = check(name, &mut model);
         eprintln!(
@@ -239,20 +234,8 @@ fn int8_models_decode_on_wgpu_as_on_the_cpu() {
     for name in ["qwen2_rope_linear", "qwen3", "qwen3_moe", "llama_rope_llama3"] {
         let mut cpu = TransformerLm::from_pretrained_at(dir(name), Precision::Q8).unwrap();
         let mut gpu = TransformerLm::from_pretrained_at(dir(name), Precision::Q8).unwrap();
-        let options = rusting_brain::GpuOptions {
-            software: true,
-            ..Default::default()
-        };
-        match gpu.to_gpu_with(&options) {
-            Ok(()) => {}
-            Err(NetworkError::Gpu(e))
-                if e.starts_with("no GPU adapter")
-                    && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-            {
-                eprintln!("SKIPPED, no GPU adapter here: {e}");
-                return;
-            }
-            Err(e) => panic!("to_gpu: {e}"),
+        if !to_wgpu(&mut gpu) {
+            return;
         }
         let e = expected(name);
         let prompt = ids(&e.get("prompt").unwrap());
