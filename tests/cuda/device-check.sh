@@ -3,6 +3,7 @@
 #
 #   tests/cuda/device-check.sh build   # here: build and strip every binary into target/device/
 #   tests/cuda/device-check.sh run     # there (carry target/device): everything, one log
+#   tests/cuda/device-check.sh run tests   # there: steps 1 and 2 only (no benchmarks)
 #
 # `run`, in order:
 #   1. every kernel against its core twin (kernels/tests/on_device.rs);
@@ -24,11 +25,29 @@ case "${1:-}" in
 build)
     set -e
     mkdir -p "$dev"
+    # RB_CUDA_MAJOR=13: bindings for a CUDA 13 machine (cuBLASLt's structs differ between
+    # majors). The workspace pins CUDA 12.8's, so this builds a copy of the tracked sources
+    # with that one feature changed, in a target folder of its own.
+    if [ "${RB_CUDA_MAJOR:-12}" = 13 ]; then
+        src="${RB_CUDA13_SRC:-/var/tmp/rusting_brain-cuda13-src}"
+        mkdir -p "$src"
+        git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$src"
+        sed -i 's/"cuda-12080"/"cuda-13000"/' "$src/Cargo.toml"
+        mkdir -p "$src/../shared/bench" && cp ../shared/bench/torch_lm.py "$src/../shared/bench/" 2>/dev/null || true
+        export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$src/target}"
+        repo="$PWD"
+        (cd "$src" && RB_CUDA_MAJOR=12 tests/cuda/device-check.sh build)
+        rm -rf "$repo/$dev" && cp -r "$src/$dev" "$repo/$dev"
+        exit 0
+    fi
     exe() { sed -n "s/.*\"executable\":\"\([^\"]*$1-[^\"]*\)\".*/\1/p" | tail -1; }
     cp "$(cargo test --release -p rusting_brain_kernels --test on_device --no-run --message-format=json 2>/dev/null | exe on_device)" "$dev/on_device"
     cp "$(cargo test --release -p rusting_brain --features cuda --test cuda --no-run --message-format=json 2>/dev/null | exe cuda)" "$dev/cuda_tests"
-    cargo build --release -p rusting_brain --features cuda --example bench_train_step --example cuda_benchmark --example sweep_arch
-    for e in bench_train_step cuda_benchmark sweep_arch; do cp "target/release/examples/$e" "$dev/$e"; done
+    built="$(cargo build --release -p rusting_brain --features cuda --example bench_train_step --example cuda_benchmark --example sweep_arch --message-format=json 2>/dev/null)"
+    # The executables' paths from cargo itself, so CARGO_TARGET_DIR is honoured.
+    for e in bench_train_step cuda_benchmark sweep_arch; do
+        cp "$(echo "$built" | sed -n "s/.*\"executable\":\"\([^\"]*\/examples\/$e\)\".*/\1/p" | tail -1)" "$dev/$e"
+    done
     strip "$dev"/* 2>/dev/null || true
     cp ../shared/bench/torch_lm.py "$dev/torch_lm.py"
     cp "$0" "$dev/device-check.sh"
@@ -36,6 +55,7 @@ build)
     echo "built $dev: carry it to the GPU machine and run: tests/cuda/device-check.sh run"
     ;;
 run)
+    only="${2:-}"
     log="${OUT:-$dev}/device-check.log"
     mkdir -p "$(dirname "$log")"
     exec > >(tee "$log") 2>&1
@@ -65,10 +85,13 @@ run)
     }
     step "$dev/on_device" --test-threads 1
     step "$dev/cuda_tests" --test-threads 1 --nocapture
+    # `run tests` stops here: correctness only, no benchmarks.
+    if [ "$only" != tests ]; then
     step "$dev/cuda_benchmark" 4 1024
     step "$dev/bench_train_step" 4 1024 cuda
     step "$dev/bench_train_step" 8 512 cuda
     [ "${RB_SWEEP:-0}" = 1 ] && step "$dev/sweep_arch" 8 512
+    fi
     echo; echo "device-check: $([ $status = 0 ] && echo all passed || echo FAILURES above)"
     exit $status
     ;;

@@ -127,6 +127,17 @@ fn layout(
 
 impl Lt {
     pub fn new(workspace: cudarc::driver::CudaSlice<u8>) -> Result<Lt, String> {
+        // cuBLASLt's structs change between major versions: bindings of one major driving a
+        // library of another corrupt memory instead of failing, so refuse that pairing.
+        let built = cudarc::driver::sys::CUDA_VERSION / 1000;
+        // SAFETY: a version query with no arguments; it loads the library like any call.
+        let loaded = unsafe { sys::cublasLtGetVersion() } / 10_000;
+        if loaded as u32 != built {
+            return Err(format!(
+                "the cuBLASLt found is version {loaded} but this build has CUDA {built} bindings; \
+                 rebuild with CUDARC_CUDA_VERSION={loaded}000 (or put CUDA {built}'s libcublasLt first on the loader path)"
+            ));
+        }
         let handle = lt::create_handle().map_err(|e| err("handle", e))?;
         Ok(Lt {
             handle,
@@ -170,7 +181,7 @@ impl Lt {
         // Our A, stored (m, k) = column-major (k, m) with ld k, used as is; or stored
         // (k, m) = column-major (m, k) with ld m, transposed.
         let (a_rows, a_cols, lda) = if key.trans_a { (m, k, m) } else { (k, m, k) };
-        let plan = Plan {
+        let mut plan = Plan {
             desc,
             first: layout(in_ty, b_rows, b_cols, ldb, key.batch, k * n)?,
             second: layout(in_ty, a_rows, a_cols, lda, key.batch, m * k)?,
@@ -238,10 +249,10 @@ impl Lt {
             let _ = lt::destroy_matmul_pref(pref);
             h.map_err(|e| err(&format!("found no algorithm for {key:?}"), e))?
         };
-        Ok(Plan {
-            algo: heuristic.algo,
-            ..plan
-        })
+        // Assigned, not `Plan { algo, ..plan }`: the handles are Copy, so that form would
+        // copy them out and drop `plan` here, destroying what the new value points to.
+        plan.algo = heuristic.algo;
+        Ok(plan)
     }
 
     /// `C = alpha op(A) op(B) + beta C` on `stream`, with device addresses already offset
