@@ -20,6 +20,7 @@ use alloc::vec::Vec;
 
 pub use crate::ops::attention::AttentionSpec;
 pub use crate::ops::cross_entropy::CrossEntropySum;
+pub use crate::ops::lora::LoraSpec;
 pub use crate::ops::matmul::{MatmulSpec, Precision};
 pub use crate::ops::moe::RoutedSpec;
 pub use crate::ops::optim::{AdamParams, SgdParams};
@@ -368,6 +369,124 @@ pub trait Backend {
         vocab: usize,
         dim: usize,
     ) -> Result<()>;
+
+    // ----- low-rank adapters (see crate::ops::lora) -----
+    /// `t = x A^T` (overwritten, kept for the backward pass), then `y += scale * t B^T`.
+    /// A backend runs it as two of its own GEMMs, with `scale` folded into the second's
+    /// alpha: at the ranks adapters use (4 to 64) both products are bound by reading `x`
+    /// and writing `y`, which a GEMM already does once each.
+    #[allow(clippy::too_many_arguments)]
+    fn lora_forward(
+        &self,
+        y: &mut Self::Buffer,
+        t: &mut Self::Buffer,
+        x: &Self::Buffer,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        s.check(
+            "lora_forward",
+            self.len(x),
+            self.len(y),
+            self.len(t),
+            self.len(a),
+            self.len(b),
+        )?;
+        if s.rows == 0 {
+            return Ok(());
+        }
+        let mm = |m, n, k| MatmulSpec::new(m, n, k).precision(s.precision);
+        self.matmul(
+            t,
+            x,
+            a,
+            &mm(s.rows, s.rank, s.d_in)
+                .trans_b(true)
+                .window(s.x_offset, 0, s.t_offset),
+        )?;
+        self.matmul(
+            y,
+            t,
+            b,
+            &mm(s.rows, s.d_out, s.rank)
+                .trans_b(true)
+                .alpha(s.scale)
+                .accumulate()
+                .window(s.t_offset, 0, s.y_offset),
+        )
+    }
+    /// From `dy`: `dB += scale * dy^T t`, `dt = scale * dy B` (scratch, overwritten),
+    /// `dA += dt^T x`, and `dx += dt A` when `dx` is given.
+    #[allow(clippy::too_many_arguments)]
+    fn lora_backward(
+        &self,
+        dx: Option<&mut Self::Buffer>,
+        da: &mut Self::Buffer,
+        db: &mut Self::Buffer,
+        dt: &mut Self::Buffer,
+        dy: &Self::Buffer,
+        x: &Self::Buffer,
+        t: &Self::Buffer,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        let op = "lora_backward";
+        s.check(
+            op,
+            self.len(x),
+            self.len(dy),
+            self.len(t),
+            self.len(a),
+            self.len(b),
+        )?;
+        s.check(
+            op,
+            self.len(x),
+            self.len(dy),
+            self.len(dt),
+            self.len(da),
+            self.len(db),
+        )?;
+        if let Some(dx) = &dx {
+            s.check(
+                op,
+                self.len(dx),
+                self.len(dy),
+                self.len(t),
+                self.len(a),
+                self.len(b),
+            )?;
+        }
+        if s.rows == 0 {
+            return Ok(());
+        }
+        let mm = |m, n, k| MatmulSpec::new(m, n, k).precision(s.precision);
+        let (rows, r, di, dout) = (s.rows, s.rank, s.d_in, s.d_out);
+        let (xo, yo, to) = (s.x_offset, s.y_offset, s.t_offset);
+        self.matmul(
+            db,
+            dy,
+            t,
+            &mm(dout, r, rows)
+                .trans_a(true)
+                .alpha(s.scale)
+                .accumulate()
+                .window(yo, to, 0),
+        )?;
+        self.matmul(dt, dy, b, &mm(rows, r, dout).alpha(s.scale).window(yo, 0, to))?;
+        self.matmul(
+            da,
+            dt,
+            x,
+            &mm(r, di, rows).trans_a(true).accumulate().window(to, xo, 0),
+        )?;
+        if let Some(dx) = dx {
+            self.matmul(dx, dt, a, &mm(rows, di, r).accumulate().window(to, 0, xo))?;
+        }
+        Ok(())
+    }
 
     // ----- optimizers -----
     fn adam_update(

@@ -13,7 +13,7 @@ use alloc::vec::Vec;
 use crate::backend::*;
 use crate::error::check_len;
 use crate::ops::{
-    activation, attention, cross_entropy, elementwise, embedding, l2norm, loss, matmul, moe, optim, q8,
+    activation, attention, cross_entropy, elementwise, embedding, l2norm, lora, loss, matmul, moe, optim, q8,
     rmsnorm, rope, softmax, swiglu,
 };
 use crate::{Activation, Loss, Result};
@@ -339,6 +339,57 @@ impl Backend for ReferenceBackend {
     ) -> Result<Vec<f32>> {
         in_f64([dy], |[d]| {
             moe::moe_combine_backward(d, &wide(dout), &wide(y), row_of_slot, weight, top_k, dim)
+        })
+    }
+    fn lora_forward(
+        &self,
+        y: &mut Vec<f32>,
+        t: &mut Vec<f32>,
+        x: &Vec<f32>,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        s.check("lora_forward", x.len(), y.len(), t.len(), a.len(), b.len())?;
+        // t rounds to f32 as a backend stores it; y's sum then runs over the stored t.
+        in_f64([t], |[t]| lora::lora_down(t, &wide(x), &wide(a), s))?;
+        let t = wide(t);
+        in_f64([y], |[y]| lora::lora_up(y, &t, &wide(b), s))
+    }
+    fn lora_backward(
+        &self,
+        dx: Option<&mut Vec<f32>>,
+        da: &mut Vec<f32>,
+        db: &mut Vec<f32>,
+        dt: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        x: &Vec<f32>,
+        t: &Vec<f32>,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        let mut sink;
+        let dx = match dx {
+            Some(dx) => dx,
+            None => {
+                sink = alloc::vec![0.0f32; s.x_offset + s.rows * s.d_in];
+                &mut sink
+            }
+        };
+        in_f64([dx, da, db, dt], |[dx, da, db, dt]| {
+            lora::lora_backward(
+                dx,
+                da,
+                db,
+                dt,
+                &wide(dy),
+                &wide(x),
+                &wide(t),
+                &wide(a),
+                &wide(b),
+                s,
+            )
         })
     }
     fn q8_matmul(

@@ -76,14 +76,14 @@ fn optimizer_from_json(v: &Value) -> std::result::Result<Optimizer, String> {
 }
 
 /// A tensor on the host: name, shape, values.
-type HostTensor = (String, Vec<usize>, Vec<f32>);
+pub(crate) type HostTensor = (String, Vec<usize>, Vec<f32>);
 
-fn le_bytes(x: &[f32]) -> Vec<u8> {
+pub(crate) fn le_bytes(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// Serializes named f32 tensors with their shapes and metadata, then writes atomically.
-fn write(path: &Path, tensors: Vec<HostTensor>, meta: HashMap<String, String>) -> Result<()> {
+pub(crate) fn write(path: &Path, tensors: Vec<HostTensor>, meta: HashMap<String, String>) -> Result<()> {
     write_raw(
         path,
         tensors

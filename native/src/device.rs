@@ -30,7 +30,7 @@ pub(crate) struct DeviceLm<B: DeviceBackend> {
 /// An int8 model cannot train, so it does not move to a training device.
 #[cfg(feature = "cuda")]
 pub(crate) fn check_trainable(host: &TransformerModel<CpuBackend>, kind: &str) -> Result<()> {
-    if host.quantized.is_some() {
+    if host.quantized.is_some() && host.lora.is_none() {
         return Err(NetworkError::InvalidInput(format!(
             "moving to {kind} for training: this model is int8 (quantize or a Q8 checkpoint); the f32 weights training needs are gone. Load the f32 checkpoint instead"
         )));
@@ -75,6 +75,27 @@ impl<B: DeviceBackend> DeviceLm<B> {
         download_tree(&b, &mut self.host.grads, &self.device.grads)?;
         download_tree(&b, &mut self.host.m, &self.device.m)?;
         download_tree(&b, &mut self.host.v, &self.device.v)?;
+        if let (Some(h), Some(d)) = (self.host.lora.as_mut(), self.device.lora.as_ref()) {
+            for (to, from) in [
+                (&mut h.weights, &d.weights),
+                (&mut h.grads, &d.grads),
+                (&mut h.m, &d.m),
+                (&mut h.v, &d.v),
+            ] {
+                for (t, f) in rusting_brain_core::models::transformer::adapter_buffers_mut(to)
+                    .into_iter()
+                    .zip(rusting_brain_core::models::transformer::adapter_buffers(from))
+                {
+                    let values = b.download(f)?;
+                    if values.len() != t.len() {
+                        return Err(NetworkError::InvalidInput(
+                            "the device's adapters are shaped differently from the host's".into(),
+                        ));
+                    }
+                    t.copy_from_slice(&values);
+                }
+            }
+        }
         self.host.step = self.device.step;
         self.host.precision = self.device.precision;
         self.synced = true;
@@ -104,6 +125,7 @@ pub(crate) trait OnDevice {
     fn set_parameter(&mut self, name: &str, values: &[f32]) -> Result<(), CoreError>;
     fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>, CoreError>;
     fn named_gradients(&self) -> Result<Vec<(String, Vec<f32>)>, CoreError>;
+    fn named_adapters(&self, grads: bool) -> Result<Vec<(String, Vec<f32>)>, CoreError>;
 }
 
 impl<B: DeviceBackend> OnDevice for DeviceLm<B> {
@@ -173,6 +195,9 @@ impl<B: DeviceBackend> OnDevice for DeviceLm<B> {
     }
     fn named_gradients(&self) -> Result<Vec<(String, Vec<f32>)>, CoreError> {
         self.device.named_gradients()
+    }
+    fn named_adapters(&self, grads: bool) -> Result<Vec<(String, Vec<f32>)>, CoreError> {
+        self.device.named_adapters(grads)
     }
 }
 

@@ -100,6 +100,17 @@ pub(crate) struct Origin {
     generation: Option<Map<String, Value>>,
 }
 
+impl Origin {
+    /// What `config.json` says the model is called (`_name_or_path`), for an adapter's
+    /// `base_model_name_or_path`.
+    pub(crate) fn name_or_path(&self) -> Option<String> {
+        self.config
+            .get("_name_or_path")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    }
+}
+
 /// Reads `config.json`'s keys, each error naming the file and the key.
 struct Keys<'a> {
     path: &'a Path,
@@ -678,7 +689,7 @@ impl<'a> Tensors<'a> {
 
 /// Values `from..from + out.len()` of a stored tensor (F32, BF16 or F16, checked by
 /// `Tensors::view`) as f32; bf16 and f16 widen exactly.
-fn widen(view: &TensorView<'_>, from: usize, out: &mut [f32]) {
+pub(crate) fn widen(view: &TensorView<'_>, from: usize, out: &mut [f32]) {
     let b = view.data();
     match view.dtype() {
         Dtype::F32 => {

@@ -43,6 +43,7 @@ mod files;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 mod hf;
+mod lora;
 mod network;
 mod network_json;
 pub mod profile;
@@ -55,7 +56,7 @@ pub use dataset::{Dataset, Statistics, SPLIT_SEED};
 pub use error::NetworkError;
 pub use network::{Network, NetworkBuilder, TrainConfig};
 pub use rusting_brain_core as core;
-pub use rusting_brain_core::models::transformer::TokenBatch;
+pub use rusting_brain_core::models::transformer::{LoraConfig, TokenBatch, LORA_TARGETS};
 pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, Optimizer, ReferenceBackend};
 pub use rusting_brain_core::{RopeScaling, Sampler, Schedule};
 /// Which GPU adapter `to_gpu_with` asks for (feature `gpu`).

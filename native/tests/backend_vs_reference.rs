@@ -715,3 +715,76 @@ fn moe_combine_matches_reference() {
             .is_err());
     }
 }
+
+/// The adapter pair (two of the CPU's GEMMs each way, the scale in an alpha) against the
+/// reference's loops, on row windows as the experts run them; `t`/`dt` poisoned, `y`, `dx`,
+/// `dA`, `dB` accumulate from random values; rows outside the windows stay as they were.
+#[test]
+fn lora_pair_matches_reference_on_windows() {
+    let (cpu, reference) = backends();
+    let mut rng = Rng::new(77);
+    for (rows, d_in, d_out, rank, (xo, yo, to)) in [
+        (1, 1, 1, 1, (0, 0, 0)),
+        (3, 7, 33, 2, (7, 0, 6)),
+        (33, 127, 7, 8, (254, 66, 0)),
+        (127, 33, 1000, 16, (33, 3000, 32)),
+    ] {
+        let s = LoraSpec::new(rows, d_in, d_out, rank, 0.625).offsets(xo, yo, to);
+        let (lx, ly, lt) = (xo + rows * d_in + 5, yo + rows * d_out + 3, to + rows * rank + 2);
+        let (x, a, b, y0, dy) = (
+            randn(&mut rng, lx),
+            randn(&mut rng, rank * d_in),
+            randn(&mut rng, d_out * rank),
+            randn(&mut rng, ly),
+            randn(&mut rng, ly),
+        );
+        let (dx0, da0, db0) = (
+            randn(&mut rng, lx),
+            randn(&mut rng, rank * d_in),
+            randn(&mut rng, d_out * rank),
+        );
+        let mut outs = Vec::new();
+        for be in [cpu, reference] {
+            let (mut y, mut t) = (y0.clone(), nan(lt));
+            be.lora_forward(&mut y, &mut t, &x, &a, &b, &s).unwrap();
+            let (mut dx, mut da, mut db, mut dt) = (dx0.clone(), da0.clone(), db0.clone(), nan(lt));
+            be.lora_backward(Some(&mut dx), &mut da, &mut db, &mut dt, &dy, &x, &t, &a, &b, &s)
+                .unwrap();
+            // Only the windows are written: the rest of t and dt keeps its NaN poison.
+            let window = to..to + rows * rank;
+            for (i, (tv, dv)) in t.iter().zip(&dt).enumerate() {
+                assert_eq!(
+                    window.contains(&i),
+                    !tv.is_nan() && !dv.is_nan(),
+                    "{} t[{i}]",
+                    be.name()
+                );
+            }
+            outs.push((y, t[window.clone()].to_vec(), dx, da, db, dt[window].to_vec()));
+        }
+        let tag = format!("lora {rows}x{d_in}->{d_out} r{rank}");
+        let (c, r) = (&outs[0], &outs[1]);
+        close(&format!("{tag} y"), &c.0, &r.0);
+        close(&format!("{tag} t"), &c.1, &r.1);
+        close(&format!("{tag} dx"), &c.2, &r.2);
+        close(&format!("{tag} dA"), &c.3, &r.3);
+        close(&format!("{tag} dB"), &c.4, &r.4);
+        close(&format!("{tag} dt"), &c.5, &r.5);
+        // Outside the windows y and dx are untouched.
+        assert_eq!(&c.0[..yo], &y0[..yo]);
+        assert_eq!(&c.2[xo + rows * d_in..], &dx0[xo + rows * d_in..]);
+    }
+    // Shapes are checked, not trusted.
+    let s = LoraSpec::new(2, 3, 4, 2, 1.0);
+    let err = cpu
+        .lora_forward(
+            &mut vec![0.0; 8],
+            &mut vec![0.0; 4],
+            &vec![0.0; 5],
+            &vec![0.0; 6],
+            &vec![0.0; 8],
+            &s,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains('x'), "{err}");
+}

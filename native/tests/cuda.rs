@@ -608,7 +608,17 @@ fn whole_model(moe: bool, mixed: bool) -> R {
     }
     gpu.sync_from_device()?;
     for ((name, w), (_, want)) in gpu.named_parameters()?.iter().zip(cpu.named_parameters()?.iter()) {
-        close_l2(&format!("{name} after 3 steps"), w, want, rel)?;
+        // A routed expert in mixed precision: the CUDA flash kernels round q, k, v and the
+        // probabilities to bf16 where the CPU's bf16 path rounds only GEMM operands, and
+        // an expert that receives few rows has its gradient from a handful of tokens, so
+        // Adam's normalized steps turn that difference into lr-sized moves. The H200 run
+        // measured 2.2e-2 on the expert with the fewest rows, 1e-2 or less elsewhere.
+        let tol = if mixed && name.contains(".experts.") {
+            5e-2
+        } else {
+            rel
+        };
+        close_l2(&format!("{name} after 3 steps"), w, want, tol)?;
     }
     if gpu.steps() != 3 {
         return Err(fail(format!("{} steps counted", gpu.steps())));
@@ -621,6 +631,127 @@ fn whole_model(moe: bool, mixed: bool) -> R {
         &cpu.forward_batch(&tb)?,
         rel,
     )?;
+    Ok(())
+}
+
+/// The adapter pair through `CudaBackend` (two cuBLASLt products each way) against the
+/// reference's loops, on row windows as the experts use them.
+fn primitives_lora(c: &CudaBackend) -> R {
+    let mut p = Pair {
+        rng: Rng::new(41),
+        cuda: c,
+    };
+    for (rows, d_in, d_out, rank, offs) in [
+        (1, 1, 1, 1, (0, 0, 0)),
+        (7, 33, 20, 4, (33, 20, 4)),
+        (130, 96, 200, 16, (0, 400, 32)),
+    ] {
+        let s = LoraSpec::new(rows, d_in, d_out, rank, 1.75).offsets(offs.0, offs.1, offs.2);
+        let (lx, ly, lt) = (offs.0 + rows * d_in, offs.1 + rows * d_out, offs.2 + rows * rank);
+        let (x, a, bm, y0, dy) = (
+            p.randn(lx),
+            p.randn(rank * d_in),
+            p.randn(d_out * rank),
+            p.randn(ly),
+            p.randn(ly),
+        );
+        let (mut y, mut t) = (y0.clone(), vec![0.0; lt]);
+        REF.lora_forward(&mut y, &mut t, &x, &a, &bm, &s)?;
+        let (mut yg, mut tg) = (p.up(&y0)?, p.up(&vec![0.0; lt])?);
+        let (xg, ag, bg) = (p.up(&x)?, p.up(&a)?, p.up(&bm)?);
+        c.lora_forward(&mut yg, &mut tg, &xg, &ag, &bg, &s)?;
+        close("lora y", &p.down(&yg)?, &y, 1e-4)?;
+        let (mut dx, mut da, mut db, mut dt) = (
+            vec![0.5; lx],
+            vec![0.25; rank * d_in],
+            vec![0.0; d_out * rank],
+            vec![0.0; lt],
+        );
+        REF.lora_backward(Some(&mut dx), &mut da, &mut db, &mut dt, &dy, &x, &t, &a, &bm, &s)?;
+        let (mut dxg, mut dag, mut dbg, mut dtg) = (
+            p.up(&vec![0.5; lx])?,
+            p.up(&vec![0.25; rank * d_in])?,
+            p.up(&vec![0.0; d_out * rank])?,
+            p.up(&vec![0.0; lt])?,
+        );
+        c.lora_backward(
+            Some(&mut dxg),
+            &mut dag,
+            &mut dbg,
+            &mut dtg,
+            &p.up(&dy)?,
+            &xg,
+            &tg,
+            &ag,
+            &bg,
+            &s,
+        )?;
+        close("lora dx", &p.down(&dxg)?, &dx, 1e-4)?;
+        close("lora dA", &p.down(&dag)?, &da, 1e-4)?;
+        close("lora dB", &p.down(&dbg)?, &db, 1e-4)?;
+    }
+    Ok(())
+}
+
+/// Adapters on a dense and a mixture-of-experts model, on an f32 and an int8 base, trained
+/// 3 steps on CUDA and on the CPU: logits, adapter gradients and adapters after the steps,
+/// the base unchanged; and the frozen base holds no gradient or moment on the device.
+fn lora_trains_as_on_the_cpu(_: &CudaBackend) -> R {
+    for (moe, int8) in [(false, false), (true, false), (false, true)] {
+        let tag = format!("lora moe={moe} int8={int8}");
+        let (mut cpu, mut gpu) = (small_lm(moe)?, small_lm(moe)?);
+        for m in [&mut cpu, &mut gpu] {
+            if int8 {
+                m.quantize()?;
+            }
+            m.add_lora(rusting_brain::LoraConfig::new(8).alpha(16.0))?;
+        }
+        let base = gpu.named_parameters()?;
+        gpu.to_cuda(0, 2000)?;
+        let seqs = batch();
+        let tb = rusting_brain::TokenBatch::new(&seqs)?;
+        for step in 0..3 {
+            let (lc, lg) = (cpu.train_step(&seqs)?, gpu.train_step(&seqs)?);
+            eprintln!("  {tag} step {step}: loss cpu {} cuda {}", lc.lm_loss, lg.lm_loss);
+            if ((lc.lm_loss - lg.lm_loss) as f64).abs() > 1e-4 * lc.lm_loss as f64 {
+                return Err(fail(format!(
+                    "{tag} step {step} loss {} vs {}",
+                    lg.lm_loss, lc.lm_loss
+                )));
+            }
+            if step == 0 {
+                for ((n, g), (_, want)) in gpu.lora_gradients()?.iter().zip(cpu.lora_gradients()?.iter()) {
+                    close_l2(&format!("{tag} grad {n}"), g, want, 1e-4)?;
+                }
+            }
+        }
+        // Every B starts at zero, so after 3 steps of lr 1e-3 its norm is a few lr and an
+        // element whose gradient rounds near zero moves by about lr either way (Adam
+        // normalizes): relative to that small norm the first H200 run measured 1.02e-4
+        // on a weakly routed expert's B, 2e-5 or less elsewhere.
+        // An int8 base also rounds each activation row to int8 (W8A8): once the steps have
+        // moved the two copies apart by f32 rounding, an activation near a rounding
+        // boundary lands on different int8 values. The run measured 1.3e-3 on one B and
+        // the losses agreeing to 1.1e-5.
+        let tol = if int8 { 1e-2 } else { 1e-3 };
+        for ((n, w), (_, want)) in gpu.lora_parameters()?.iter().zip(cpu.lora_parameters()?.iter()) {
+            close_l2(&format!("{tag} {n} after 3 steps"), w, want, tol)?;
+        }
+        // int8: the W8A8 rounding above, measured 1.3e-3 of the largest logit.
+        close(
+            "logits",
+            &gpu.forward_batch(&tb)?,
+            &cpu.forward_batch(&tb)?,
+            if int8 { 1e-2 } else { 1e-4 },
+        )?;
+        gpu.to_cpu()?;
+        if gpu.named_parameters()? != base {
+            return Err(fail(format!("{tag}: the frozen base changed on the device")));
+        }
+        if !int8 && gpu.named_gradients()?.iter().any(|(_, g)| !g.is_empty()) {
+            return Err(fail(format!("{tag}: the frozen base has gradients")));
+        }
+    }
     Ok(())
 }
 
@@ -801,6 +932,8 @@ fn main() {
         ("whole_model_moe_fp32", |_| whole_model(true, false)),
         ("whole_model_moe_bf16", |_| whole_model(true, true)),
         ("decoding_matches_the_cpu", decoding_matches),
+        ("primitives_lora", primitives_lora),
+        ("lora_trains_as_on_the_cpu", lora_trains_as_on_the_cpu),
         ("hf_directories_match_the_cpu", hf_directories_match_the_cpu),
         ("dense_network_matches_the_cpu", dense_network),
         ("budget_is_checked_before_allocating", budget_is_checked_first),

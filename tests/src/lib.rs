@@ -254,3 +254,23 @@ pub fn assert_close<A: Copy + Into<f64>>(
     assert!(report.passed(), "{report}");
     report
 }
+
+/// Moves `model` to wgpu (lavapipe where no GPU is); false, with the reason printed, when
+/// there is no adapter and RB_REQUIRE_GPU is not 1 (CI sets it, so a missing adapter fails
+/// there).
+pub fn to_wgpu(model: &mut rusting_brain::TransformerLm) -> bool {
+    let options = rusting_brain::GpuOptions {
+        software: true,
+        ..Default::default()
+    };
+    match model.to_gpu_with(&options) {
+        Ok(()) => true,
+        Err(rusting_brain::NetworkError::Gpu(e))
+            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
+        {
+            eprintln!("SKIPPED on wgpu, no GPU adapter here: {e}");
+            false
+        }
+        Err(e) => panic!("to_gpu: {e}"),
+    }
+}

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rusting_brain::{NetworkError, Precision, Sampler, TokenBatch, TransformerLm};
+use rusting_brain::{Precision, Sampler, TokenBatch, TransformerLm};
 use rusting_brain_tests::*;
 
 /// The directories the model definition computes today.
@@ -78,26 +78,6 @@ fn check(name: &str, model: &mut TransformerLm) -> f64 {
         margin.data.iter().cloned().fold(f64::INFINITY, f64::min)
     );
     worst
-}
-
-/// Moves `model` to wgpu (lavapipe where no GPU is); false, with the reason printed, when
-/// there is no adapter and RB_REQUIRE_GPU is not 1 (CI sets it, so a missing adapter fails
-/// there).
-fn to_wgpu(model: &mut TransformerLm) -> bool {
-    let options = rusting_brain::GpuOptions {
-        software: true,
-        ..Default::default()
-    };
-    match model.to_gpu_with(&options) {
-        Ok(()) => true,
-        Err(NetworkError::Gpu(e))
-            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-        {
-            eprintln!("SKIPPED on wgpu, no GPU adapter here: {e}");
-            false
-        }
-        Err(e) => panic!("to_gpu: {e}"),
-    }
 }
 
 /// Our name of a tensor as the files spell it (Mixtral's sparse blocks differ).

@@ -12,7 +12,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::backend::{AttentionSpec, MatmulSpec, Precision, RopeSpec, RoutedSpec};
+use crate::backend::{AttentionSpec, LoraSpec, MatmulSpec, Precision, RopeSpec, RoutedSpec};
 use crate::{Backend, CoreError, Optimizer, Result, Rng, RopeScaling};
 
 /// The architecture of a [`TransformerModel`].
@@ -441,8 +441,13 @@ fn batch_err(message: String) -> CoreError {
     }
 }
 
+mod lora;
 mod params;
 mod turns;
+pub use lora::{
+    adapted_shapes, adapter_buffers, adapter_buffers_mut, peft_names, Adapters, LoraConfig, LoraPair,
+    LoraState, LORA_TARGETS,
+};
 pub use params::{Block, Experts, Swiglu, TensorKind, TensorSpec, Tree};
 pub use turns::{Conversation, Finish, Reply, Turn};
 
@@ -482,6 +487,137 @@ impl<B: Backend> Mat<'_, B> {
             Mat::Q8(packed, scales) => b.q8_matmul(out, x, packed, scales, &spec.trans_b(true)),
         }
     }
+}
+
+impl<B: Backend> Mat<'_, B> {
+    /// `out = dy W + beta * out` with the spec's `m, n, k` (W is `(k, n)`, stored as a
+    /// `Linear` weight `(n_out = k, n_in = n)`): the input gradient of [`Mat::apply`]. An
+    /// int8 W (a frozen base under adapters) is dequantized into `deq` first.
+    fn grad_input(
+        &self,
+        b: &B,
+        out: &mut B::Buffer,
+        dy: &B::Buffer,
+        spec: MatmulSpec,
+        deq: &mut Dequant<B>,
+    ) -> Result<()> {
+        match *self {
+            Mat::F32(w) => b.matmul(out, dy, w, &spec),
+            Mat::Q8(packed, scales) => {
+                let (rows, cols) = (spec.k, spec.n);
+                let w = deq.get(b, packed, scales, rows, cols)?;
+                b.matmul(out, dy, w, &spec)
+            }
+        }
+    }
+}
+
+/// f32 copies of int8 weights for the backward pass of an int8 base, one buffer per size,
+/// refilled for each matrix.
+struct Dequant<B: Backend> {
+    by_len: Vec<(usize, B::Buffer)>,
+}
+
+impl<B: Backend> Dequant<B> {
+    fn new() -> Self {
+        Dequant { by_len: Vec::new() }
+    }
+    fn get(
+        &mut self,
+        b: &B,
+        packed: &B::Buffer,
+        scales: &B::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<&B::Buffer> {
+        let len = rows * cols;
+        let i = match self.by_len.iter().position(|(l, _)| *l == len) {
+            Some(i) => i,
+            None => {
+                self.by_len.push((len, b.zeros(len)?));
+                self.by_len.len() - 1
+            }
+        };
+        let ids: Vec<u32> = (0..rows as u32).collect();
+        let buf = &mut self.by_len[i].1;
+        b.q8_embedding(buf, packed, scales, &ids, rows, cols)?;
+        Ok(&self.by_len[i].1)
+    }
+}
+
+/// What the adapter products of one pass share: rank, scale, GEMM precision.
+#[derive(Clone, Copy)]
+struct LoraCtx {
+    rank: usize,
+    scale: f32,
+    prec: Precision,
+}
+
+impl LoraCtx {
+    fn spec(&self, rows: usize, d_in: usize, d_out: usize) -> LoraSpec {
+        LoraSpec::new(rows, d_in, d_out, self.rank, self.scale).precision(self.prec)
+    }
+}
+
+/// `y += scale (x A^T) B^T` where the projection has an adapter (`t` keeps `x A^T`).
+fn adapt<B: Backend>(
+    b: &B,
+    pair: &Option<LoraPair<B::Buffer>>,
+    t: &mut Option<B::Buffer>,
+    y: &mut B::Buffer,
+    x: &B::Buffer,
+    s: LoraSpec,
+) -> Result<()> {
+    match (pair, t) {
+        (Some(p), Some(t)) => b.lora_forward(y, t, x, &p.a, &p.b, &s),
+        _ => Ok(()),
+    }
+}
+
+/// The backward of [`adapt`]: the adapter's gradients, and `dx += ...` when given.
+#[allow(clippy::too_many_arguments)]
+fn adapt_backward<B: Backend>(
+    b: &B,
+    pair: &Option<LoraPair<B::Buffer>>,
+    grad: &mut Option<LoraPair<B::Buffer>>,
+    t: &Option<B::Buffer>,
+    dt: &mut B::Buffer,
+    dx: Option<&mut B::Buffer>,
+    dy: &B::Buffer,
+    x: &B::Buffer,
+    s: LoraSpec,
+) -> Result<()> {
+    match (pair, grad, t) {
+        (Some(p), Some(g), Some(t)) => b.lora_backward(dx, &mut g.a, &mut g.b, dt, dy, x, t, &p.a, &p.b, &s),
+        _ => Ok(()),
+    }
+}
+
+/// One block's adapters in a pass: the adapters, their kept `x A^T`, and the shared settings.
+struct BlockLora<'a, B: Backend> {
+    w: &'a Block<Option<LoraPair<B::Buffer>>>,
+    t: &'a mut Block<Option<B::Buffer>>,
+    ctx: LoraCtx,
+}
+
+/// Buffers of `x A^T` for one block's adapted projections over `n` rows (`n * top_k` for
+/// the experts).
+fn lora_acts<B: Backend>(
+    b: &B,
+    shapes: &Block<Option<(usize, usize)>>,
+    n: usize,
+    top_k: usize,
+    rank: usize,
+) -> Result<Block<Option<B::Buffer>>> {
+    let mut lens: Block<Option<usize>> = shapes.as_ref().map(|s| s.map(|_| n * rank));
+    if let Some(e) = lens.moe.as_mut() {
+        for ex in &mut e.experts {
+            for leaf in [&mut ex.gate, &mut ex.up, &mut ex.down] {
+                *leaf = leaf.map(|_| n * top_k * rank);
+            }
+        }
+    }
+    lens.try_map("", &mut |_, l: Option<usize>| l.map(|l| b.zeros(l)).transpose())
 }
 
 /// Block `l`'s weights as the forward pass reads them: int8 where quantized, else f32.
@@ -617,6 +753,14 @@ struct Arena<B: Backend> {
     /// `(n * top_k, d)` and `(n, n_experts)` for sparse blocks; empty without.
     dxe: B::Buffer,
     dlogits: B::Buffer,
+    /// With adapters: each adapted projection's `x A^T` per block, the `dt` scratch
+    /// (`(n * top_k or n, rank)`), the gradients of frozen norm weights (discarded, `(d)`
+    /// and `(head_dim)`), and f32 copies of an int8 base's matrices.
+    lora_t: Vec<Block<Option<B::Buffer>>>,
+    lora_dt: B::Buffer,
+    sink_d: B::Buffer,
+    sink_hd: B::Buffer,
+    deq: Dequant<B>,
 }
 
 /// `(q_raw, k_raw, rstd_q, rstd_k)` for `n` rows with `qk_norm`; empty buffers without.
@@ -630,8 +774,31 @@ fn qk_scratch<B: Backend>(b: &B, c: &TransformerConfig, n: usize) -> Result<[B::
     ])
 }
 
+/// Each block's `x A^T` buffers for `n` rows, when adapters are attached.
+fn lora_t_for<B: Backend>(
+    b: &B,
+    c: &TransformerConfig,
+    lora: Option<&LoraConfig>,
+    n: usize,
+) -> Result<Vec<Block<Option<B::Buffer>>>> {
+    let Some(cfg) = lora else { return Ok(Vec::new()) };
+    let shapes = adapted_shapes(cfg, &c.layout());
+    let top_k = c.moe.as_ref().map_or(1, |m| m.top_k);
+    shapes
+        .layers
+        .iter()
+        .map(|s| lora_acts(b, s, n, top_k, cfg.rank))
+        .collect()
+}
+
 impl<B: Backend> Arena<B> {
-    fn new(b: &B, c: &TransformerConfig, batch: usize, seq: usize) -> Result<Self> {
+    fn new(
+        b: &B,
+        c: &TransformerConfig,
+        batch: usize,
+        seq: usize,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self> {
         let n = batch * seq;
         let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
         let mut layers = Vec::new();
@@ -691,9 +858,27 @@ impl<B: Backend> Arena<B> {
             ffn: Triples::new(b, lens)?,
             dxe,
             dlogits,
+            lora_t: lora_t_for(b, c, lora, n)?,
+            lora_dt: b.zeros(lora.map_or(0, |l| n * c.moe.as_ref().map_or(1, |m| m.top_k) * l.rank))?,
+            sink_d: b.zeros(if lora.is_some() { d } else { 0 })?,
+            sink_hd: b.zeros(if lora.is_some() { c.head_dim } else { 0 })?,
+            deq: Dequant::new(),
         })
     }
 }
+
+/// A feed-forward's adapters in a forward pass: adapters, their `x A^T` buffers, settings.
+type MlpLoraFwd<'a, B> = (
+    &'a Swiglu<Option<LoraPair<<B as Backend>::Buffer>>>,
+    Swiglu<&'a mut Option<<B as Backend>::Buffer>>,
+    LoraCtx,
+);
+/// The routed experts' adapters in a forward pass.
+type MoeLoraFwd<'a, B> = (
+    &'a Experts<Option<LoraPair<<B as Backend>::Buffer>>>,
+    Experts<&'a mut Option<<B as Backend>::Buffer>>,
+    LoraCtx,
+);
 
 /// A SwiGLU feed-forward over `n` rows, added to the stream:
 /// `out += down(silu(gate(x)) * up(x))` (the residual add is the down projection's
@@ -709,40 +894,94 @@ fn mlp_forward<B: Backend>(
     d: usize,
     f: usize,
     prec: Precision,
+    mut lora: Option<MlpLoraFwd<'_, B>>,
 ) -> Result<()> {
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
     w.gate.apply(b, gate, x, mm(n, f, d))?;
     w.up.apply(b, up, x, mm(n, f, d))?;
+    if let Some((lw, lt, ctx)) = &mut lora {
+        adapt(b, &lw.gate, lt.gate, gate, x, ctx.spec(n, d, f))?;
+        adapt(b, &lw.up, lt.up, up, x, ctx.spec(n, d, f))?;
+    }
     b.swiglu_forward(s, gate, up)?;
-    w.down.apply(b, out, s, mm(n, d, f).beta(1.0))
+    w.down.apply(b, out, s, mm(n, d, f).beta(1.0))?;
+    if let Some((lw, lt, ctx)) = lora {
+        adapt(b, &lw.down, lt.down, out, s, ctx.spec(n, f, d))?;
+    }
+    Ok(())
 }
 
+/// The adapters of a feed-forward's backward pass: adapters, their gradients, the kept
+/// `x A^T`, the `dt` scratch, and the shared settings.
+type MlpLora<'a, B> = (
+    &'a Swiglu<Option<LoraPair<<B as Backend>::Buffer>>>,
+    Swiglu<&'a mut Option<LoraPair<<B as Backend>::Buffer>>>,
+    &'a Swiglu<Option<<B as Backend>::Buffer>>,
+    &'a mut <B as Backend>::Buffer,
+    LoraCtx,
+);
+
 /// Backward of [`mlp_forward`]: from `dout` `(n, d)`, accumulates the three weight
-/// gradients into `g` and writes `dx` `(n, d)`. `scratch` is `(ds, dgate, dup)`, `(n, f)`.
+/// gradients into `g` (none when the weights are frozen) and the adapters' into theirs,
+/// and writes `dx` `(n, d)`. `scratch` is `(ds, dgate, dup)`, `(n, f)`.
 #[allow(clippy::too_many_arguments)]
 fn mlp_backward<B: Backend>(
     b: &B,
-    p: &Swiglu<B::Buffer>,
-    g: &mut Swiglu<B::Buffer>,
+    p: &Swiglu<Mat<'_, B>>,
+    g: Option<&mut Swiglu<B::Buffer>>,
     a: [&B::Buffer; 4],
     dout: &B::Buffer,
     dx: &mut B::Buffer,
     [ds, dgate, dup]: &mut [B::Buffer; 3],
-    n: usize,
-    d: usize,
-    f: usize,
+    (n, d, f): (usize, usize, usize),
     prec: Precision,
+    deq: &mut Dequant<B>,
+    lora: Option<MlpLora<'_, B>>,
 ) -> Result<()> {
     let [x, gate, up, s] = a;
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
-    // dWd += dout^T s; ds = dout Wd
-    b.matmul(&mut g.down, dout, s, &mm(d, f, n).trans_a(true).accumulate())?;
-    b.matmul(ds, dout, &p.down, &mm(n, f, d))?;
+    let mut lora = lora;
+    // dWd += dout^T s; ds = dout Wd (+ the down adapter's part)
+    let mut g = g;
+    if let Some(g) = g.as_deref_mut() {
+        b.matmul(&mut g.down, dout, s, &mm(d, f, n).trans_a(true).accumulate())?;
+    }
+    p.down.grad_input(b, ds, dout, mm(n, f, d), deq)?;
+    if let Some((lw, lg, lt, dt, ctx)) = lora.as_mut() {
+        adapt_backward(
+            b,
+            &lw.down,
+            lg.down,
+            &lt.down,
+            dt,
+            Some(ds),
+            dout,
+            s,
+            ctx.spec(n, f, d),
+        )?;
+    }
     b.swiglu_backward(dgate, dup, ds, gate, up)?;
-    b.matmul(&mut g.gate, dgate, x, &mm(f, d, n).trans_a(true).accumulate())?;
-    b.matmul(&mut g.up, dup, x, &mm(f, d, n).trans_a(true).accumulate())?;
-    b.matmul(dx, dgate, &p.gate, &mm(n, d, f))?;
-    b.matmul(dx, dup, &p.up, &mm(n, d, f).accumulate())
+    if let Some(g) = g {
+        b.matmul(&mut g.gate, dgate, x, &mm(f, d, n).trans_a(true).accumulate())?;
+        b.matmul(&mut g.up, dup, x, &mm(f, d, n).trans_a(true).accumulate())?;
+    }
+    p.gate.grad_input(b, dx, dgate, mm(n, d, f), deq)?;
+    p.up.grad_input(b, dx, dup, mm(n, d, f).accumulate(), deq)?;
+    if let Some((lw, lg, lt, dt, ctx)) = lora {
+        adapt_backward(
+            b,
+            &lw.gate,
+            lg.gate,
+            &lt.gate,
+            dt,
+            Some(&mut *dx),
+            dgate,
+            x,
+            ctx.spec(n, d, f),
+        )?;
+        adapt_backward(b, &lw.up, lg.up, &lt.up, dt, Some(dx), dup, x, ctx.spec(n, d, f))?;
+    }
+    Ok(())
 }
 
 /// The routed experts of a sparse block, added to the stream: each token's `top_k` expert
@@ -763,11 +1002,18 @@ fn moe_forward<B: Backend>(
     d: usize,
     prec: Precision,
     inference: bool,
+    mut lora: Option<MoeLoraFwd<'_, B>>,
 ) -> Result<()> {
     let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
     let mm = |rows, nn, kk| MatmulSpec::new(rows, nn, kk).precision(prec);
     w.router.apply(b, &mut a.logits, x, MatmulSpec::new(n, e_n, d))?;
-    if let (true, Some(experts)) = (inference, routed_on_device(b, w)) {
+    // Adapted experts need their rows grouped (an adapter's product runs on a window).
+    let adapted = lora.as_ref().is_some_and(|(lw, _, _)| {
+        lw.experts
+            .iter()
+            .any(|e| e.gate.is_some() || e.up.is_some() || e.down.is_some())
+    });
+    if let (true, false, Some(experts)) = (inference, adapted, routed_on_device(b, w)) {
         // Slot order throughout: nothing is counted, so nothing is read back.
         let slots = n * k;
         b.moe_route(
@@ -804,6 +1050,18 @@ fn moe_forward<B: Backend>(
                 .apply(b, &mut a.gate, &a.xe, mm(c, fe, d).window(o * d, 0, o * fe))?;
             ex.up
                 .apply(b, &mut a.up, &a.xe, mm(c, fe, d).window(o * d, 0, o * fe))?;
+            if let Some((lw, lt, ctx)) = &mut lora {
+                let spec = ctx.spec(c, d, fe).offsets(o * d, o * fe, o * ctx.rank);
+                adapt(
+                    b,
+                    &lw.experts[e].gate,
+                    lt.experts[e].gate,
+                    &mut a.gate,
+                    &a.xe,
+                    spec,
+                )?;
+                adapt(b, &lw.experts[e].up, lt.experts[e].up, &mut a.up, &a.xe, spec)?;
+            }
         }
     }
     b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
@@ -812,6 +1070,10 @@ fn moe_forward<B: Backend>(
         if c > 0 {
             ex.down
                 .apply(b, &mut a.y, &a.s, mm(c, d, fe).window(o * fe, 0, o * d))?;
+            if let Some((lw, lt, ctx)) = &mut lora {
+                let spec = ctx.spec(c, fe, d).offsets(o * fe, o * d, o * ctx.rank);
+                adapt(b, &lw.experts[e].down, lt.experts[e].down, &mut a.y, &a.s, spec)?;
+            }
         }
     }
     b.moe_combine(out, &a.y, &r.row_of_slot, &r.weight, k, d)
@@ -840,16 +1102,26 @@ fn routed_on_device<'a, B: Backend>(
     Some(lists)
 }
 
+/// The experts' adapters in a backward pass, as [`MlpLora`] is for one feed-forward.
+type MoeLora<'a, B> = (
+    &'a Experts<Option<LoraPair<<B as Backend>::Buffer>>>,
+    Experts<&'a mut Option<LoraPair<<B as Backend>::Buffer>>>,
+    &'a Experts<Option<<B as Backend>::Buffer>>,
+    &'a mut <B as Backend>::Buffer,
+    LoraCtx,
+);
+
 /// Backward of [`moe_forward`]: from `dout` `(n, d)`, accumulates the experts' and the
-/// router's gradients into `g` and *adds* the input gradient into `dx` `(n, d)`. The
-/// router's gradient includes `lb_scale` times the load-balancing loss and `z_scale` times
-/// the z-loss. `dxe` `(n * top_k, d)` and `dlogits` `(n, n_experts)` are scratch, and
-/// `ffn` is `(ds, dgate, dup)` of `(n * top_k, expert_d_ff)`.
+/// router's gradients into `g` (none when frozen) and the adapters' into theirs, and
+/// *adds* the input gradient into `dx` `(n, d)`. The router's gradient includes
+/// `lb_scale` times the load-balancing loss and `z_scale` times the z-loss. `dxe`
+/// `(n * top_k, d)` and `dlogits` `(n, n_experts)` are scratch, and `ffn` is
+/// `(ds, dgate, dup)` of `(n * top_k, expert_d_ff)`.
 #[allow(clippy::too_many_arguments)]
 fn moe_backward<B: Backend>(
     b: &B,
-    p: &Experts<B::Buffer>,
-    g: &mut Experts<B::Buffer>,
+    p: &Experts<Mat<'_, B>>,
+    g: Option<&mut Experts<B::Buffer>>,
     m: &MoeConfig,
     a: &MoeActs<B>,
     x: &B::Buffer,
@@ -858,41 +1130,75 @@ fn moe_backward<B: Backend>(
     dxe: &mut B::Buffer,
     dlogits: &mut B::Buffer,
     [ds, dgate, dup]: &mut [B::Buffer; 3],
-    n: usize,
-    d: usize,
+    (n, d): (usize, usize),
     prec: Precision,
     (lb_scale, z_scale): (f32, f32),
+    deq: &mut Dequant<B>,
+    lora: Option<MoeLora<'_, B>>,
 ) -> Result<()> {
     let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
     let mm = |rows, nn, kk| MatmulSpec::new(rows, nn, kk).precision(prec);
     let r = &a.routing;
+    let mut g = g;
+    let mut lora = lora;
     // dy[row] = weight * dout[token] (into dxe), and each slot's weight gradient.
     let dweight = b.moe_combine_backward(dxe, dout, &a.y, &r.row_of_slot, &r.weight, k, d)?;
     for e in 0..e_n {
         let (o, c) = r.rows(e);
         if c > 0 {
-            // dWd_e += dy_e^T s_e; ds_e = dy_e Wd_e
-            let acc = mm(d, fe, c).trans_a(true).accumulate().window(o * d, o * fe, 0);
-            b.matmul(&mut g.experts[e].down, dxe, &a.s, &acc)?;
-            b.matmul(
-                ds,
-                dxe,
-                &p.experts[e].down,
-                &mm(c, fe, d).window(o * d, 0, o * fe),
-            )?;
+            // dWd_e += dy_e^T s_e; ds_e = dy_e Wd_e (+ the adapter's part)
+            if let Some(g) = g.as_deref_mut() {
+                let acc = mm(d, fe, c).trans_a(true).accumulate().window(o * d, o * fe, 0);
+                b.matmul(&mut g.experts[e].down, dxe, &a.s, &acc)?;
+            }
+            let into = mm(c, fe, d).window(o * d, 0, o * fe);
+            p.experts[e].down.grad_input(b, ds, dxe, into, deq)?;
+            if let Some((lw, lg, lt, dt, ctx)) = lora.as_mut() {
+                let spec = ctx.spec(c, fe, d).offsets(o * fe, o * d, o * ctx.rank);
+                let (w, gr, t) = (&lw.experts[e].down, &mut *lg.experts[e].down, &lt.experts[e].down);
+                adapt_backward(b, w, gr, t, dt, Some(&mut *ds), dxe, &a.s, spec)?;
+            }
         }
     }
     b.swiglu_backward(dgate, dup, ds, &a.gate, &a.up)?;
     for e in 0..e_n {
         let (o, c) = r.rows(e);
         if c > 0 {
-            let acc = mm(fe, d, c).trans_a(true).accumulate().window(o * fe, o * d, 0);
-            b.matmul(&mut g.experts[e].gate, dgate, &a.xe, &acc)?;
-            b.matmul(&mut g.experts[e].up, dup, &a.xe, &acc)?;
+            if let Some(g) = g.as_deref_mut() {
+                let acc = mm(fe, d, c).trans_a(true).accumulate().window(o * fe, o * d, 0);
+                b.matmul(&mut g.experts[e].gate, dgate, &a.xe, &acc)?;
+                b.matmul(&mut g.experts[e].up, dup, &a.xe, &acc)?;
+            }
             // dxe_e = dgate_e Wg_e + dup_e Wu_e (dy is spent: its rows are reused)
             let into = mm(c, d, fe).window(o * fe, 0, o * d);
-            b.matmul(dxe, dgate, &p.experts[e].gate, &into)?;
-            b.matmul(dxe, dup, &p.experts[e].up, &into.accumulate())?;
+            p.experts[e].gate.grad_input(b, dxe, dgate, into, deq)?;
+            p.experts[e].up.grad_input(b, dxe, dup, into.accumulate(), deq)?;
+            if let Some((lw, lg, lt, dt, ctx)) = lora.as_mut() {
+                let spec = ctx.spec(c, d, fe).offsets(o * d, o * fe, o * ctx.rank);
+                let ex = &lw.experts[e];
+                adapt_backward(
+                    b,
+                    &ex.gate,
+                    lg.experts[e].gate,
+                    &lt.experts[e].gate,
+                    dt,
+                    Some(&mut *dxe),
+                    dgate,
+                    &a.xe,
+                    spec,
+                )?;
+                adapt_backward(
+                    b,
+                    &ex.up,
+                    lg.experts[e].up,
+                    &lt.experts[e].up,
+                    dt,
+                    Some(&mut *dxe),
+                    dup,
+                    &a.xe,
+                    spec,
+                )?;
+            }
         }
     }
     // Scatter-add: dx[token_of_row[row]] += dxe[row], the embedding gradient with x as table.
@@ -900,13 +1206,16 @@ fn moe_backward<B: Backend>(
     let mut dl = alloc::vec![0.0f32; n * e_n];
     r.backward(&mut dl, &dweight, lb_scale, z_scale)?;
     b.write(dlogits, &dl)?;
-    b.matmul(
-        &mut g.router,
-        dlogits,
-        x,
-        &MatmulSpec::new(e_n, d, n).trans_a(true).accumulate(),
-    )?;
-    b.matmul(dx, dlogits, &p.router, &MatmulSpec::new(n, d, e_n).accumulate())
+    if let Some(g) = g {
+        b.matmul(
+            &mut g.router,
+            dlogits,
+            x,
+            &MatmulSpec::new(e_n, d, n).trans_a(true).accumulate(),
+        )?;
+    }
+    p.router
+        .grad_input(b, dx, dlogits, MatmulSpec::new(n, d, e_n).accumulate(), deq)
 }
 
 /// Where a block's attention finds its keys and values.
@@ -961,6 +1270,7 @@ fn block_forward<B: Backend>(
     (rope_q, rope_k, spec): (&RopeSpec, &RopeSpec, &AttentionSpec),
     n: usize,
     prec: Precision,
+    lora: Option<BlockLora<'_, B>>,
 ) -> Result<()> {
     let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
@@ -984,10 +1294,19 @@ fn block_forward<B: Backend>(
     }
     // h = rmsnorm(x); q, k, v = h W^T (+ bias)   h: (n, d), Wq: (q, d)
     b.rmsnorm_forward(h, rstd1, x, &p.attn_norm, n, d, c.norm_eps)?;
+    let (lw, mut lt, ctx) = match lora {
+        Some(l) => (Some(l.w), Some(l.t), Some(l.ctx)),
+        None => (None, None, None),
+    };
     let mut project = |qp: &mut B::Buffer, kp: &mut B::Buffer| -> Result<()> {
         w.wq.apply(b, qp, h, mm(n, q, d))?;
         w.wk.apply(b, kp, h, mm(n, kv, d))?;
         w.wv.apply(b, vb, h, mm(n, kv, d))?;
+        if let (Some(lw), Some(lt), Some(ctx)) = (lw, lt.as_deref_mut(), ctx) {
+            adapt(b, &lw.wq, &mut lt.wq, qp, h, ctx.spec(n, d, q))?;
+            adapt(b, &lw.wk, &mut lt.wk, kp, h, ctx.spec(n, d, kv))?;
+            adapt(b, &lw.wv, &mut lt.wv, vb, h, ctx.spec(n, d, kv))?;
+        }
         for (out, bias, cols) in [(qp, &p.q_bias, q), (kp, &p.k_bias, kv), (&mut *vb, &p.v_bias, kv)] {
             if let Some(bias) = bias {
                 b.add_bias(out, bias, n, cols)?;
@@ -1020,15 +1339,30 @@ fn block_forward<B: Backend>(
     }
     // x += att Wo^T
     w.wo.apply(b, x, att, mm(n, d, q).beta(1.0))?;
+    if let (Some(lw), Some(lt), Some(ctx)) = (lw, lt.as_deref_mut(), ctx) {
+        adapt(b, &lw.wo, &mut lt.wo, x, att, ctx.spec(n, q, d))?;
+    }
     if let Some((_, x_mid)) = saved.as_mut() {
         b.copy(x_mid, x)?;
     }
     b.rmsnorm_forward(h2, rstd2, x, &p.ffn_norm, n, d, c.norm_eps)?;
+    // The feed-forward's adapters and activations, split between the dense part (or shared
+    // expert) and the routed experts.
+    let (mut mlp_lora, mut moe_lora) = (None, None);
+    if let (Some(lw), Some(lt), Some(ctx)) = (lw, lt, ctx) {
+        let Block { mlp: tm, moe: te, .. } = lt.as_mut();
+        if let (Some(w), Some(t)) = (lw.mlp.as_ref(), tm) {
+            mlp_lora = Some((w, t, ctx));
+        }
+        if let (Some(w), Some(t)) = (lw.moe.as_ref(), te) {
+            moe_lora = Some((w, t, ctx));
+        }
+    }
     if let (Some(wm), Some(f), Some(scratch)) = (&w.mlp, c.mlp_width(l), ffn) {
-        mlp_forward(b, wm, h2, x, scratch, n, d, f, prec)?;
+        mlp_forward(b, wm, h2, x, scratch, n, d, f, prec, mlp_lora)?;
     }
     if let (Some(we), Some(m), Some(acts)) = (&w.moe, c.sparse(l), moe) {
-        moe_forward(b, we, m, acts, h2, x, n, d, prec, inference)?;
+        moe_forward(b, we, m, acts, h2, x, n, d, prec, inference, moe_lora)?;
     }
     Ok(())
 }
@@ -1074,6 +1408,8 @@ struct DecodeArena<B: Backend> {
     ffn: Triples<B>,
     /// Shared by every sparse block (they route one after another).
     moe: Option<MoeActs<B>>,
+    /// Each block's `x A^T` with adapters attached (scratch here, not kept).
+    lora_t: Vec<Block<Option<B::Buffer>>>,
     last: B::Buffer,
     logits: B::Buffer,
 }
@@ -1118,6 +1454,9 @@ pub struct TransformerModel<B: Backend> {
     /// Expert usage of the last forward pass: per sparse block, the fraction of routed
     /// slots each expert received.
     expert_usage: Vec<Vec<f64>>,
+    /// Low-rank adapters ([`TransformerModel::add_lora`]); while attached, every parameter
+    /// is frozen and `grads`, `m`, `v` are empty.
+    pub lora: Option<LoraState<B>>,
 }
 
 impl<B: Backend> TransformerModel<B> {
@@ -1144,6 +1483,17 @@ impl<B: Backend> TransformerModel<B> {
 
     /// A model around given parameters (a checkpoint, a test fixture).
     pub fn from_params(backend: B, config: TransformerConfig, params: Params<B>) -> Result<Self> {
+        Self::from_params_with(backend, config, params, false)
+    }
+
+    /// [`TransformerModel::from_params`]; `frozen` leaves the gradients and moments empty
+    /// (a copy of a model with adapters attached).
+    fn from_params_with(
+        backend: B,
+        config: TransformerConfig,
+        params: Params<B>,
+        frozen: bool,
+    ) -> Result<Self> {
         config.validate()?;
         let layout = config.layout();
         let named = params.as_ref().into_named();
@@ -1167,9 +1517,14 @@ impl<B: Backend> TransformerModel<B> {
                 });
             }
         }
-        let grads = zeros_like(&backend, &layout)?;
-        let m = zeros_like(&backend, &layout)?;
-        let v = zeros_like(&backend, &layout)?;
+        let state = |b: &B| {
+            if frozen {
+                hollow(b, &layout)
+            } else {
+                zeros_like(b, &layout)
+            }
+        };
+        let (grads, m, v) = (state(&backend)?, state(&backend)?, state(&backend)?);
         Ok(Self::assemble(backend, config, params, [grads, m, v], None))
     }
 
@@ -1253,11 +1608,15 @@ impl<B: Backend> TransformerModel<B> {
                     tree(&backend, &self.m)?,
                     tree(&backend, &self.v)?,
                 ];
-                let mut to = TransformerModel::from_params(backend, config, params)?;
+                let mut to =
+                    TransformerModel::from_params_with(backend, config, params, self.lora.is_some())?;
                 [to.grads, to.m, to.v] = state;
                 to
             }
         };
+        if let Some(st) = &self.lora {
+            to.lora = Some(st.copy_to(&self.backend, &to.backend)?);
+        }
         to.step = self.step;
         to.precision = self.precision;
         Ok(to)
@@ -1320,6 +1679,7 @@ impl<B: Backend> TransformerModel<B> {
             decode: None,
             quantized,
             expert_usage: Vec::new(),
+            lora: None,
         }
     }
 
@@ -1340,7 +1700,8 @@ impl<B: Backend> TransformerModel<B> {
         {
             // Drop the old arena first so peak memory holds one, not two.
             self.arena = None;
-            self.arena = Some(Arena::new(&self.backend, &self.config, batch, seq)?);
+            let lora = self.lora.as_ref().map(|l| &l.config);
+            self.arena = Some(Arena::new(&self.backend, &self.config, batch, seq, lora)?);
         }
         Ok(())
     }
@@ -1375,8 +1736,21 @@ impl<B: Backend> TransformerModel<B> {
         }
         let mut aux = AuxLoss::default();
         self.expert_usage.clear();
+        let lora_ctx = self.lora.as_ref().map(|st| LoraCtx {
+            rank: st.config.rank,
+            scale: st.config.scale(),
+            prec,
+        });
         for l in 0..c.n_layers {
             let w = block_view(&self.params, quantized, l)?;
+            let lora = match (&self.lora, lora_ctx) {
+                (Some(st), Some(ctx)) => Some(BlockLora {
+                    w: &st.weights.layers[l],
+                    t: &mut arena.lora_t[l],
+                    ctx,
+                }),
+                _ => None,
+            };
             let a = &mut arena.layers[l];
             let acts = BlockActs {
                 h: &mut a.h,
@@ -1407,6 +1781,7 @@ impl<B: Backend> TransformerModel<B> {
                 specs,
                 n,
                 prec,
+                lora,
             )?;
             if let Some(acts) = &a.moe {
                 aux.load_balance += acts.routing.load_balance;
@@ -1570,6 +1945,7 @@ impl<B: Backend> TransformerModel<B> {
                     Some(m) => Some(MoeActs::new(b, r, d, m)?),
                     None => None,
                 },
+                lora_t: lora_t_for(b, c, self.lora.as_ref().map(|l| &l.config), r)?,
                 last: b.zeros(d)?,
                 logits: b.zeros(c.vocab_size)?,
             });
@@ -1589,14 +1965,33 @@ impl<B: Backend> TransformerModel<B> {
             head_dim: c.head_dim,
         };
         let quantized = self.quantized.as_ref();
-        let routed_here = quantized.is_some() && b.routes_on_device();
+        let experts_adapted = self.lora.as_ref().is_some_and(|l| {
+            l.config
+                .targets
+                .iter()
+                .any(|t| ["gate_proj", "up_proj", "down_proj"].contains(&t.as_str()))
+        });
+        let routed_here = quantized.is_some() && b.routes_on_device() && !experts_adapted;
         match quantized.map(|q| &q.embed) {
             Some(Some((packed, scales))) => b.q8_embedding(&mut a.x, packed, scales, ids, c.vocab_size, d)?,
             _ => b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?,
         }
         self.expert_usage.clear();
+        let lora_ctx = self.lora.as_ref().map(|st| LoraCtx {
+            rank: st.config.rank,
+            scale: st.config.scale(),
+            prec,
+        });
         for l in 0..c.n_layers {
             let w = block_view(&self.params, quantized, l)?;
+            let lora = match (&self.lora, lora_ctx) {
+                (Some(st), Some(ctx)) => Some(BlockLora {
+                    w: &st.weights.layers[l],
+                    t: &mut a.lora_t[l],
+                    ctx,
+                }),
+                _ => None,
+            };
             let ffn = match c.mlp_width(l) {
                 Some(f) => {
                     let [gate, up, s] = a.ffn.get(r * f)?;
@@ -1637,6 +2032,7 @@ impl<B: Backend> TransformerModel<B> {
                 (&rope_q, &rope_k, &spec),
                 r,
                 prec,
+                lora,
             )?;
             // Routed on the device, the counts stay there: no usage is reported.
             if let (Some(_), Some(acts), false) = (c.sparse(l), &a.moe, routed_here) {
@@ -1693,9 +2089,14 @@ impl<B: Backend> TransformerModel<B> {
 
     /// Forward and backward: adds the gradient of this batch's objective — the mean LM
     /// loss over its counted positions, plus the sparse blocks' auxiliary losses times
-    /// their coefficients — to `grads`, and returns the losses.
+    /// their coefficients — to `grads`, and returns the losses. With adapters attached only
+    /// the adapters' gradients are computed: no frozen weight's gradient is formed, the
+    /// backward pass only carries the input gradients through the frozen (f32 or int8)
+    /// weights.
     pub fn accumulate(&mut self, tb: &TokenBatch) -> Result<LossSum> {
-        self.refuse_if_quantized("training")?;
+        if self.lora.is_none() {
+            self.refuse_if_quantized("training")?;
+        }
         let count = tb.counted();
         if count == 0 {
             return Err(batch_err(
@@ -1709,7 +2110,17 @@ impl<B: Backend> TransformerModel<B> {
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
         let b = &self.backend;
         let arena = self.arena.as_mut().expect("forward made it");
-        let (params, grads) = (&self.params, &mut self.grads);
+        let quantized = self.quantized.as_ref();
+        let params = &self.params;
+        // Frozen under adapters: `grads` is empty, and the adapters' gradients are formed.
+        let mut lora = self.lora.as_mut();
+        let frozen = lora.is_some();
+        let lora_ctx = lora.as_ref().map(|st| LoraCtx {
+            rank: st.config.rank,
+            scale: st.config.scale(),
+            prec,
+        });
+        let grads = &mut self.grads;
         // Each sparse block's share of the auxiliary losses' weights.
         let aux_scales = match &c.moe {
             Some(m) => {
@@ -1728,25 +2139,36 @@ impl<B: Backend> TransformerModel<B> {
             Some(1.0 / count as f32),
         )?;
         // Head W (the embedding when tied): dW += dlogits^T hf, dhf = dlogits W
-        let head_grad = match grads.lm_head.as_mut() {
-            Some(g) => g,
-            None => &mut grads.embed,
+        if !frozen {
+            let head_grad = match grads.lm_head.as_mut() {
+                Some(g) => g,
+                None => &mut grads.embed,
+            };
+            b.matmul(
+                head_grad,
+                &arena.logits,
+                &arena.hf,
+                &mm(c.vocab_size, d, n).trans_a(true).accumulate(),
+            )?;
+        }
+        let head = match quantized.map(|q| q.head()) {
+            Some(Some((packed, scales))) => Mat::Q8(packed, scales),
+            _ => Mat::F32(params.head()),
         };
-        b.matmul(
-            head_grad,
-            &arena.logits,
-            &arena.hf,
-            &mm(c.vocab_size, d, n).trans_a(true).accumulate(),
-        )?;
-        b.matmul(
+        head.grad_input(
+            b,
             &mut arena.dh,
             &arena.logits,
-            params.head(),
-            &mm(n, d, c.vocab_size),
+            mm(n, d, c.vocab_size),
+            &mut arena.deq,
         )?;
         b.rmsnorm_backward(
             &mut arena.dx,
-            &mut grads.final_norm,
+            if frozen {
+                &mut arena.sink_d
+            } else {
+                &mut grads.final_norm
+            },
             &arena.dh,
             &arena.x_out,
             &params.final_norm,
@@ -1758,50 +2180,99 @@ impl<B: Backend> TransformerModel<B> {
         let att_spec = AttentionSpec::causal(tb.batch, tb.seq, c.q_heads, c.kv_heads, c.head_dim);
         let layout_err = || invalid("gradients laid out differently from the parameters".into());
         for l in (0..c.n_layers).rev() {
-            let (p, g, a) = (&params.layers[l], &mut grads.layers[l], &arena.layers[l]);
+            let (p, a) = (&params.layers[l], &arena.layers[l]);
+            let w = block_view(params, quantized, l)?;
+            let mut g = (!frozen).then(|| &mut grads.layers[l]);
+            // The adapters of this block: weights, gradients (split by part), kept x A^T.
+            let (lw, mut lg, lt) = match lora.as_deref_mut() {
+                Some(st) => (
+                    Some(&st.weights.layers[l]),
+                    Some(st.grads.layers[l].as_mut()),
+                    Some(&arena.lora_t[l]),
+                ),
+                None => (None, None, None),
+            };
+            let (lg_mlp, lg_moe) = match lg.as_mut() {
+                Some(lg) => (lg.mlp.take(), lg.moe.take()),
+                None => (None, None),
+            };
             // --- FFN: x_out = x_mid + mlp(h2) + experts(h2); dx holds d x_out, dh gets d h2.
-            match (&p.mlp, &mut g.mlp, c.mlp_width(l)) {
-                (Some(pm), Some(gm), Some(f)) => mlp_backward(
-                    b,
-                    pm,
-                    gm,
-                    [&a.h2, &a.gate, &a.up, &a.s],
-                    &arena.dx,
-                    &mut arena.dh,
-                    arena.ffn.get(n * f)?,
-                    n,
-                    d,
-                    f,
-                    prec,
-                )?,
-                (None, None, None) => b.fill(&mut arena.dh, 0.0)?,
+            match (&w.mlp, c.mlp_width(l)) {
+                (Some(pm), Some(f)) => {
+                    let gm = match g.as_deref_mut() {
+                        Some(g) => Some(g.mlp.as_mut().ok_or_else(layout_err)?),
+                        None => None,
+                    };
+                    let ml = match (
+                        lw.and_then(|w| w.mlp.as_ref()),
+                        lg_mlp,
+                        lt.and_then(|t| t.mlp.as_ref()),
+                        lora_ctx,
+                    ) {
+                        (Some(w), Some(g), Some(t), Some(ctx)) => Some((w, g, t, &mut arena.lora_dt, ctx)),
+                        _ => None,
+                    };
+                    mlp_backward(
+                        b,
+                        pm,
+                        gm,
+                        [&a.h2, &a.gate, &a.up, &a.s],
+                        &arena.dx,
+                        &mut arena.dh,
+                        arena.ffn.get(n * f)?,
+                        (n, d, f),
+                        prec,
+                        &mut arena.deq,
+                        ml,
+                    )?
+                }
+                (None, None) => b.fill(&mut arena.dh, 0.0)?,
                 _ => return Err(layout_err()),
             }
-            match (&p.moe, &mut g.moe, c.sparse(l), &a.moe) {
-                (Some(pe), Some(ge), Some(m), Some(acts)) => moe_backward(
-                    b,
-                    pe,
-                    ge,
-                    m,
-                    acts,
-                    &a.h2,
-                    &arena.dx,
-                    &mut arena.dh,
-                    &mut arena.dxe,
-                    &mut arena.dlogits,
-                    arena.ffn.get(n * m.top_k * m.expert_d_ff)?,
-                    n,
-                    d,
-                    prec,
-                    aux_scales,
-                )?,
-                (None, None, None, None) => {}
+            match (&w.moe, c.sparse(l), &a.moe) {
+                (Some(pe), Some(m), Some(acts)) => {
+                    let ge = match g.as_deref_mut() {
+                        Some(g) => Some(g.moe.as_mut().ok_or_else(layout_err)?),
+                        None => None,
+                    };
+                    let ml = match (
+                        lw.and_then(|w| w.moe.as_ref()),
+                        lg_moe,
+                        lt.and_then(|t| t.moe.as_ref()),
+                        lora_ctx,
+                    ) {
+                        (Some(w), Some(g), Some(t), Some(ctx)) => Some((w, g, t, &mut arena.lora_dt, ctx)),
+                        _ => None,
+                    };
+                    moe_backward(
+                        b,
+                        pe,
+                        ge,
+                        m,
+                        acts,
+                        &a.h2,
+                        &arena.dx,
+                        &mut arena.dh,
+                        &mut arena.dxe,
+                        &mut arena.dlogits,
+                        arena.ffn.get(n * m.top_k * m.expert_d_ff)?,
+                        (n, d),
+                        prec,
+                        aux_scales,
+                        &mut arena.deq,
+                        ml,
+                    )?
+                }
+                (None, None, None) => {}
                 _ => return Err(layout_err()),
             }
             // d x_mid = dx (residual) + rmsnorm backward of dh
             b.rmsnorm_backward(
                 &mut arena.dx2,
-                &mut g.ffn_norm,
+                match g.as_deref_mut() {
+                    Some(g) => &mut g.ffn_norm,
+                    None => &mut arena.sink_d,
+                },
                 &arena.dh,
                 &a.x_mid,
                 &p.ffn_norm,
@@ -1811,13 +2282,29 @@ impl<B: Backend> TransformerModel<B> {
             )?;
             b.axpy(&mut arena.dx2, 1.0, &arena.dx)?;
             // --- attention: x_mid = x_in + att Wo^T; dx2 holds d x_mid.
-            b.matmul(
-                &mut g.wo,
-                &arena.dx2,
-                &a.att,
-                &mm(d, q, n).trans_a(true).accumulate(),
-            )?;
-            b.matmul(&mut arena.datt, &arena.dx2, &p.wo, &mm(n, q, d))?;
+            if let Some(g) = g.as_deref_mut() {
+                b.matmul(
+                    &mut g.wo,
+                    &arena.dx2,
+                    &a.att,
+                    &mm(d, q, n).trans_a(true).accumulate(),
+                )?;
+            }
+            w.wo.grad_input(b, &mut arena.datt, &arena.dx2, mm(n, q, d), &mut arena.deq)?;
+            if let (Some(lw), Some(lg), Some(lt), Some(ctx)) = (lw, lg.as_mut(), lt, lora_ctx) {
+                let spec = ctx.spec(n, q, d);
+                adapt_backward(
+                    b,
+                    &lw.wo,
+                    lg.wo,
+                    &lt.wo,
+                    &mut arena.lora_dt,
+                    Some(&mut arena.datt),
+                    &arena.dx2,
+                    &a.att,
+                    spec,
+                )?;
+            }
             b.attention_backward(
                 &mut arena.dq,
                 &mut arena.dk,
@@ -1833,68 +2320,99 @@ impl<B: Backend> TransformerModel<B> {
             b.rope_backward(&mut arena.dq, &rope_q)?;
             b.rope_backward(&mut arena.dk, &rope_k)?;
             // Through the per-head norms: dq then holds the gradient of q before them.
-            if let (Some(qn), Some(kn), Some(gq), Some(gk)) =
-                (&p.q_norm, &p.k_norm, g.q_norm.as_mut(), g.k_norm.as_mut())
-            {
+            if let (Some(qn), Some(kn)) = (&p.q_norm, &p.k_norm) {
                 let [q_raw, k_raw, rstd_q, rstd_k] = &a.qk;
                 let hd = c.head_dim;
-                b.rmsnorm_backward(
-                    &mut arena.dq_raw,
-                    gq,
-                    &arena.dq,
-                    q_raw,
-                    qn,
-                    rstd_q,
-                    n * c.q_heads,
-                    hd,
-                )?;
-                b.rmsnorm_backward(
-                    &mut arena.dk_raw,
-                    gk,
-                    &arena.dk,
-                    k_raw,
-                    kn,
-                    rstd_k,
-                    n * c.kv_heads,
-                    hd,
-                )?;
+                let rows = [n * c.q_heads, n * c.kv_heads];
+                let ins = [(q_raw, qn, rstd_q), (k_raw, kn, rstd_k)];
+                let mut outs = [(&mut arena.dq_raw, &arena.dq), (&mut arena.dk_raw, &arena.dk)];
+                for (i, (dst, dy)) in outs.iter_mut().enumerate() {
+                    let (x, wn, rstd) = ins[i];
+                    let dweight = match g.as_deref_mut() {
+                        Some(g) => if i == 0 {
+                            g.q_norm.as_mut()
+                        } else {
+                            g.k_norm.as_mut()
+                        }
+                        .ok_or_else(layout_err)?,
+                        None => &mut arena.sink_hd,
+                    };
+                    b.rmsnorm_backward(dst, dweight, dy, x, wn, rstd, rows[i], hd)?;
+                }
                 core::mem::swap(&mut arena.dq, &mut arena.dq_raw);
                 core::mem::swap(&mut arena.dk, &mut arena.dk_raw);
             }
-            for (gb, dout, cols) in [
-                (g.q_bias.as_mut(), &arena.dq, q),
-                (g.k_bias.as_mut(), &arena.dk, kv),
-                (g.v_bias.as_mut(), &arena.dv, kv),
-            ] {
-                if let Some(gb) = gb {
-                    b.bias_backward(gb, dout, n, cols)?;
+            if let Some(g) = g.as_deref_mut() {
+                for (gb, dout, cols) in [
+                    (g.q_bias.as_mut(), &arena.dq, q),
+                    (g.k_bias.as_mut(), &arena.dk, kv),
+                    (g.v_bias.as_mut(), &arena.dv, kv),
+                ] {
+                    if let Some(gb) = gb {
+                        b.bias_backward(gb, dout, n, cols)?;
+                    }
+                }
+                b.matmul(
+                    &mut g.wq,
+                    &arena.dq,
+                    &a.h,
+                    &mm(q, d, n).trans_a(true).accumulate(),
+                )?;
+                b.matmul(
+                    &mut g.wk,
+                    &arena.dk,
+                    &a.h,
+                    &mm(kv, d, n).trans_a(true).accumulate(),
+                )?;
+                b.matmul(
+                    &mut g.wv,
+                    &arena.dv,
+                    &a.h,
+                    &mm(kv, d, n).trans_a(true).accumulate(),
+                )?;
+            }
+            w.wq.grad_input(b, &mut arena.dh, &arena.dq, mm(n, d, q), &mut arena.deq)?;
+            w.wk.grad_input(
+                b,
+                &mut arena.dh,
+                &arena.dk,
+                mm(n, d, kv).accumulate(),
+                &mut arena.deq,
+            )?;
+            w.wv.grad_input(
+                b,
+                &mut arena.dh,
+                &arena.dv,
+                mm(n, d, kv).accumulate(),
+                &mut arena.deq,
+            )?;
+            if let (Some(lw), Some(lg), Some(lt), Some(ctx)) = (lw, lg, lt, lora_ctx) {
+                let dt = &mut arena.lora_dt;
+                for (pair, grad, t, dy, cols) in [
+                    (&lw.wq, lg.wq, &lt.wq, &arena.dq, q),
+                    (&lw.wk, lg.wk, &lt.wk, &arena.dk, kv),
+                    (&lw.wv, lg.wv, &lt.wv, &arena.dv, kv),
+                ] {
+                    adapt_backward(
+                        b,
+                        pair,
+                        grad,
+                        t,
+                        dt,
+                        Some(&mut arena.dh),
+                        dy,
+                        &a.h,
+                        ctx.spec(n, d, cols),
+                    )?;
                 }
             }
-            b.matmul(
-                &mut g.wq,
-                &arena.dq,
-                &a.h,
-                &mm(q, d, n).trans_a(true).accumulate(),
-            )?;
-            b.matmul(
-                &mut g.wk,
-                &arena.dk,
-                &a.h,
-                &mm(kv, d, n).trans_a(true).accumulate(),
-            )?;
-            b.matmul(
-                &mut g.wv,
-                &arena.dv,
-                &a.h,
-                &mm(kv, d, n).trans_a(true).accumulate(),
-            )?;
-            b.matmul(&mut arena.dh, &arena.dq, &p.wq, &mm(n, d, q))?;
-            b.matmul(&mut arena.dh, &arena.dk, &p.wk, &mm(n, d, kv).accumulate())?;
-            b.matmul(&mut arena.dh, &arena.dv, &p.wv, &mm(n, d, kv).accumulate())?;
             // d x_in = dx2 (residual) + rmsnorm backward of dh, into dx for the block below.
             b.rmsnorm_backward(
                 &mut arena.dx,
-                &mut g.attn_norm,
+                match g {
+                    Some(g) => &mut g.attn_norm,
+                    None => &mut arena.sink_d,
+                },
                 &arena.dh,
                 &a.x_in,
                 &p.attn_norm,
@@ -1904,7 +2422,9 @@ impl<B: Backend> TransformerModel<B> {
             )?;
             b.axpy(&mut arena.dx, 1.0, &arena.dx2)?;
         }
-        b.embedding_backward(&mut grads.embed, &arena.dx, &tb.inputs, c.vocab_size, d)?;
+        if !frozen {
+            b.embedding_backward(&mut grads.embed, &arena.dx, &tb.inputs, c.vocab_size, d)?;
+        }
         Ok(LossSum {
             sum: s.loss_sum,
             count: s.count,
@@ -1970,6 +2490,12 @@ impl<B: Backend> TransformerModel<B> {
     }
 
     pub fn zero_grad(&mut self) -> Result<()> {
+        if let Some(st) = self.lora.as_mut() {
+            for g in adapter_buffers_mut(&mut st.grads) {
+                self.backend.fill(g, 0.0)?;
+            }
+            return Ok(());
+        }
         self.refuse_if_quantized("zero_grad")?;
         for g in self.grads.as_mut().into_leaves() {
             self.backend.fill(g, 0.0)?;
@@ -1977,18 +2503,94 @@ impl<B: Backend> TransformerModel<B> {
         Ok(())
     }
 
-    /// The global L2 norm of the accumulated gradients times `scale`.
+    /// The global L2 norm of the accumulated gradients (the adapters' while attached)
+    /// times `scale`.
     pub fn grad_norm(&self, scale: f32) -> Result<f64> {
-        let total = self
-            .backend
-            .sum_of_squares_many(&self.grads.as_ref().into_leaves())?;
+        let total = match &self.lora {
+            Some(st) => self.backend.sum_of_squares_many(&adapter_buffers(&st.grads))?,
+            None => self
+                .backend
+                .sum_of_squares_many(&self.grads.as_ref().into_leaves())?,
+        };
         Ok(libm::sqrt(total) * scale.abs() as f64)
+    }
+
+    /// Attaches fresh adapters ([`LoraState::new`], drawn from `seed`) to the projections
+    /// `config` targets and freezes every parameter: the gradients and optimizer moments of
+    /// the base are freed, and `accumulate`/`step` train the adapters alone. The model's
+    /// predictions are unchanged (every `B` starts at zero). The base may be int8.
+    pub fn add_lora(&mut self, config: LoraConfig, seed: u64) -> Result<()> {
+        if self.lora.is_some() {
+            return Err(invalid(
+                "adapters are attached already: merge_lora() first, or start again from the base".into(),
+            ));
+        }
+        let state = LoraState::new(&self.backend, config, &self.config.layout(), seed)?;
+        let layout = self.config.layout();
+        let b = &self.backend;
+        for set in [&mut self.grads, &mut self.m, &mut self.v] {
+            *set = hollow(b, &layout)?;
+        }
+        self.lora = Some(state);
+        self.arena = None;
+        self.decode = None;
+        Ok(())
+    }
+
+    /// Folds the adapters into the weights they adapt (`W += scale * B A`) and unfreezes
+    /// the model, with fresh gradients and optimizer moments: an ordinary model that
+    /// predicts what the adapted one did. Refused on an int8 base (its f32 weights are gone).
+    pub fn merge_lora(&mut self) -> Result<()> {
+        let Some(st) = self.lora.as_ref() else {
+            return Err(invalid("merge_lora: no adapters are attached".into()));
+        };
+        if self.quantized.is_some() {
+            return Err(invalid(
+                "merge_lora: the base is int8 and its f32 weights are gone; attach and load the adapters on the f32 base to merge".into(),
+            ));
+        }
+        lora::merge_into(&self.backend, &mut self.params, st)?;
+        let layout = self.config.layout();
+        self.grads = zeros_like(&self.backend, &layout)?;
+        self.m = zeros_like(&self.backend, &layout)?;
+        self.v = zeros_like(&self.backend, &layout)?;
+        self.lora = None;
+        self.arena = None;
+        self.decode = None;
+        Ok(())
+    }
+
+    /// Values the optimizer updates: the adapters' while attached, else every parameter.
+    pub fn trainable_parameters(&self) -> usize {
+        match &self.lora {
+            Some(st) => st.parameter_count(&self.backend),
+            None => self.config.parameter_count(),
+        }
     }
 
     /// One AdamW (or SGD) step with the accumulated gradients times `grad_scale`; weight
     /// decay applies to the embedding, the projections and the routers, never to norm
     /// weights.
     pub fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> Result<()> {
+        if let Some(st) = self.lora.as_mut() {
+            // Adapters alone, every one decayed (as AdamW over PEFT's trainable parameters).
+            optimizer.validate()?;
+            self.step += 1;
+            let b = &self.backend;
+            let ps = adapter_buffers_mut(&mut st.weights);
+            let gs = adapter_buffers(&st.grads);
+            let ms = adapter_buffers_mut(&mut st.m);
+            let vs = adapter_buffers_mut(&mut st.v);
+            for (((p, g), m), v) in ps.into_iter().zip(gs).zip(ms).zip(vs) {
+                if let Some(hp) = optimizer.adam_params(grad_scale) {
+                    b.adam_update(p, g, m, v, &hp, self.step)?;
+                } else if let Some(hp) = optimizer.sgd_params(grad_scale) {
+                    let velocity = if hp.momentum != 0.0 { Some(m) } else { None };
+                    b.sgd_update(p, g, velocity, &hp)?;
+                }
+            }
+            return Ok(());
+        }
         self.refuse_if_quantized("step")?;
         optimizer.validate()?;
         self.step += 1;
@@ -2067,6 +2669,17 @@ impl<B: Backend> TransformerModel<B> {
             .into_named()
             .into_iter()
             .map(|(n, p)| Ok((n, self.backend.download(p)?)))
+            .collect()
+    }
+    /// The adapters (`grads: false`) or their accumulated gradients (`true`) on the host,
+    /// under PEFT's names, `lora_A` then `lora_B` per projection; empty without adapters.
+    pub fn named_adapters(&self, grads: bool) -> Result<Vec<(String, Vec<f32>)>> {
+        let Some(st) = &self.lora else {
+            return Ok(Vec::new());
+        };
+        st.named(if grads { &st.grads } else { &st.weights })
+            .into_iter()
+            .map(|(n, buf)| Ok((n, self.backend.download(buf)?)))
             .collect()
     }
     /// Every gradient on the host, named like its parameter.

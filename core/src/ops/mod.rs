@@ -19,6 +19,7 @@ pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
 pub mod l2norm;
+pub mod lora;
 pub mod loss;
 pub mod matmul;
 pub mod moe;

@@ -31,9 +31,37 @@ pub(crate) fn device_copy(
     check_trainable(host, CudaBackend::KIND)?;
     let cuda = CudaBackend::new(ordinal, budget_mib)?;
     let floats = host.config.parameter_count();
-    cuda.check_room(
-        floats.saturating_mul(16),
-        &format!("the model's weights, gradients and two Adam moments ({floats} parameters, 16 bytes each)"),
-    )?;
+    match &host.lora {
+        // Frozen under adapters: the weights once (int8 ones a quarter), the adapters four
+        // times (weights, gradients, two moments).
+        Some(st) => {
+            let base: usize = host
+                .params
+                .as_ref()
+                .into_leaves()
+                .iter()
+                .map(|p| p.len() * 4)
+                .sum::<usize>()
+                + host.quantized.as_ref().map_or(0, |q| {
+                    q.as_ref()
+                        .into_leaves()
+                        .into_iter()
+                        .flatten()
+                        .map(|(p, s)| (p.len() + s.len()) * 4)
+                        .sum()
+                });
+            let adapters = st.parameter_count(&host.backend);
+            cuda.check_room(
+                base.saturating_add(adapters.saturating_mul(16)),
+                &format!("the frozen weights ({base} bytes) and the adapters with their gradients and two Adam moments ({adapters} values, 16 bytes each)"),
+            )?;
+        }
+        None => cuda.check_room(
+            floats.saturating_mul(16),
+            &format!(
+                "the model's weights, gradients and two Adam moments ({floats} parameters, 16 bytes each)"
+            ),
+        )?,
+    }
     DeviceLm::copy_of(host, cuda)
 }
