@@ -1035,6 +1035,25 @@ impl TransformerLm {
     /// An int8 base (after [`TransformerLm::quantize`] or a Q8 checkpoint) works too: the
     /// adapters train in f32 on it, and the backward pass dequantizes one matrix at a
     /// time. A host operation: call it before `to_cuda`/`to_gpu`, or after `to_cpu`.
+    ///
+    /// ```
+    /// use rusting_brain::{LoraConfig, TokenBatch, TransformerLm};
+    ///
+    /// let mut model = TransformerLm::builder()
+    ///     .vocab_size(64).d_model(32).n_layers(2).heads(4, 2, 8).d_ff(64).max_seq_len(16)
+    ///     .build()?;
+    /// let batch = TokenBatch::new(&[vec![1, 2, 3, 4, 5]])?;
+    /// let before = model.forward_batch(&batch)?;
+    /// model.add_lora(LoraConfig::new(4).alpha(8.0))?;
+    /// assert_eq!(model.forward_batch(&batch)?, before); // B starts at zero
+    /// assert_eq!(model.trainable_parameters(), 2 * 4 * (64 + 48 + 48 + 64 + 3 * 96));
+    /// model.train_step_batch(&batch)?; // the adapters move, the base does not
+    /// let path = std::env::temp_dir().join("rb-doc-adapter.rbl");
+    /// model.save_lora(&path)?;
+    /// model.merge_lora()?; // an ordinary model again
+    /// # std::fs::remove_file(path).ok();
+    /// # Ok::<(), rusting_brain::NetworkError>(())
+    /// ```
     pub fn add_lora(&mut self, config: LoraConfig) -> Result<()> {
         self.refuse_on_device(
             "add_lora",
