@@ -14,7 +14,7 @@
 //!     ... language_model -- generate "prompt" --from-pretrained DIR [--q8] [--context N] [sampling flags]
 //!     ... language_model -- chat --from-pretrained DIR [--q8] [--context N] [--system TEXT]
 //!     ... language_model -- train --from-pretrained DIR [--steps N] [--lr R] [--corpus FILE] \
-//!         [--save-pretrained OUT]
+//!         [--save-pretrained OUT] [--lora RANK]
 //!
 //! The corpus is the text of the Rust book and Rust by Example (examples/data/corpus, see
 //! NOTICE.txt there); `--corpus` takes a .txt, .txt.gz or .jsonl (field "text") instead.
@@ -36,15 +36,18 @@
 //! each turn and feeds the decoder only what is new. `train --from-pretrained` fine-tunes
 //! every weight on the corpus (full fine-tuning) and writes a directory transformers loads
 //! (`--save-pretrained`, default `target/language_model/finetuned`), tokenizer files
-//! copied beside it.
+//! copied beside it. With `--lora RANK` it trains adapters of that rank (alpha twice the
+//! rank) on every projection instead, the base frozen (learning rate 5e-4 unless given),
+//! writes them as a PEFT directory in `OUT/adapter`, then merges them and writes the merged
+//! model in `OUT`.
 
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rusting_brain::{
-    ChatMessage, ChatTemplate, GenerationConfig, Optimizer, Precision, Sampler, Schedule, TokenFile,
-    TransformerLm,
+    ChatMessage, ChatTemplate, GenerationConfig, LoraConfig, Optimizer, Precision, Sampler, Schedule,
+    TokenFile, TransformerLm,
 };
 use tokenizers::models::bpe::{BpeTrainer, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -616,8 +619,17 @@ fn finetune_pretrained(
     corpus: Option<PathBuf>,
     out: Option<PathBuf>,
     context: Option<usize>,
+    lora: Option<usize>,
 ) -> Result<(), Error> {
     let (mut model, tok, _) = load_pretrained(dir, false, context)?;
+    if let Some(r) = lora {
+        model.add_lora(LoraConfig::new(r).alpha(2.0 * r as f32))?;
+        println!(
+            "LoRA rank {r} on every projection: {} of {} weights train",
+            model.trainable_parameters(),
+            model.parameter_counts().total
+        );
+    }
     let seq = SEQ.min(model.config().max_seq_len);
     let (train_text, held_text) = corpus_texts(corpus.as_deref())?;
     let work = out_dir().join("finetune-tokens");
@@ -657,6 +669,14 @@ fn finetune_pretrained(
     let last = held_out_loss_at(&mut model, &mut held, 8, seq)?;
     println!("held-out loss {first:.3} -> {last:.3} after {steps} steps");
     let out = out.unwrap_or_else(|| out_dir().join("finetuned"));
+    if lora.is_some() {
+        model.save_lora_peft(out.join("adapter"))?;
+        println!(
+            "wrote {} (PEFT: adapter_config.json, adapter_model.safetensors)",
+            out.join("adapter").display()
+        );
+        model.merge_lora()?;
+    }
     model.save_pretrained(&out)?;
     for f in [
         "tokenizer.json",
@@ -729,14 +749,19 @@ fn main() -> Result<(), Error> {
             Ok(())
         }
         Some("train") => match &pretrained {
-            Some(dir) => finetune_pretrained(
-                dir,
-                num("--steps", 100.0)? as u64,
-                num("--lr", 5e-5)? as f32,
-                flag("--corpus").map(PathBuf::from),
-                flag("--save-pretrained").map(PathBuf::from),
-                g.context,
-            ),
+            Some(dir) => {
+                let lora = flag("--lora").map(|v| v.parse::<usize>()).transpose()?;
+                let lr = if lora.is_some() { 5e-4 } else { 5e-5 };
+                finetune_pretrained(
+                    dir,
+                    num("--steps", 100.0)? as u64,
+                    num("--lr", lr)? as f32,
+                    flag("--corpus").map(PathBuf::from),
+                    flag("--save-pretrained").map(PathBuf::from),
+                    g.context,
+                    lora,
+                )
+            }
             None => train(
                 num("--steps", DEFAULT_STEPS as f64)? as u64,
                 flag("--corpus").map(PathBuf::from),

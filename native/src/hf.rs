@@ -98,16 +98,20 @@ pub(crate) struct Origin {
     /// The directory's `generation_config.json` (end ids, sampling defaults), written back
     /// as it was by `save_pretrained`.
     generation: Option<Map<String, Value>>,
+    /// The directory it was read from.
+    source: PathBuf,
 }
 
 impl Origin {
-    /// What `config.json` says the model is called (`_name_or_path`), for an adapter's
-    /// `base_model_name_or_path`.
-    pub(crate) fn name_or_path(&self) -> Option<String> {
+    /// What `config.json` says the model is called (`_name_or_path`), else the directory
+    /// it was read from: an adapter's `base_model_name_or_path`.
+    pub(crate) fn name_or_path(&self) -> String {
         self.config
             .get("_name_or_path")
             .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
             .map(str::to_string)
+            .unwrap_or_else(|| self.source.to_string_lossy().into_owned())
     }
 }
 
@@ -789,6 +793,7 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
         family,
         config: v.as_object().cloned().unwrap_or_default(),
         generation,
+        source: dir.to_path_buf(),
     };
     Ok((model, origin))
 }

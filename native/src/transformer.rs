@@ -948,7 +948,9 @@ impl TransformerLm {
         self.model().quantized.is_some()
     }
 
-    /// Writes the configuration and weights (safetensors, atomically).
+    /// Writes the configuration and weights (safetensors, atomically). With adapters
+    /// attached this is the frozen base alone: `save_lora` writes the adapters, or
+    /// `merge_lora` first makes one checkpoint of both.
     pub fn save_bin(&self, path: impl AsRef<std::path::Path>, precision: crate::Precision) -> Result<()> {
         if self.is_quantized() && precision == crate::Precision::F32 {
             return Err(NetworkError::InvalidInput(
@@ -1092,7 +1094,7 @@ impl TransformerLm {
     /// that `peft.PeftModel.from_pretrained(base, dir)` loads onto the base in PyTorch.
     pub fn save_lora_peft(&self, dir: impl AsRef<std::path::Path>) -> Result<()> {
         self.host_current("save_lora_peft")?;
-        let base = self.origin.as_ref().and_then(|o| o.name_or_path());
+        let base = self.origin.as_ref().map(|o| o.name_or_path());
         crate::lora::save_peft(self.model(), dir.as_ref(), base.as_deref())
     }
 
