@@ -87,6 +87,23 @@ fn a_fresh_adapter_changes_nothing_and_freezes_the_base() {
     let (d, q, kv, f, r) = (32, 32, 16, 48, 4);
     let per_layer = r * ((d + q) + 2 * (d + kv) + (q + d) + 2 * (d + f) + (f + d));
     assert_eq!(model.trainable_parameters(), 2 * per_layer);
+    // A is Kaiming-uniform as PEFT draws it: within 1/sqrt(d_in), spread over that range
+    // (a uniform's std is bound / sqrt(3)); every B is zero.
+    for (n, v) in model.lora_parameters().unwrap() {
+        if n.contains("lora_B") {
+            assert!(v.iter().all(|&x| x == 0.0), "{n}");
+            continue;
+        }
+        let d_in = v.len() / 4;
+        let bound = 1.0 / (d_in as f32).sqrt();
+        assert!(v.iter().all(|x| x.abs() <= bound), "{n} outside the bound");
+        let std = (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt();
+        let want = bound / 3f32.sqrt();
+        assert!(
+            (std - want).abs() < 0.25 * want,
+            "{n}: std {std}, uniform's {want}"
+        );
+    }
     // The base has no gradients left; attaching twice is refused.
     assert!(model.named_gradients().unwrap().iter().all(|(_, g)| g.is_empty()));
     let err = model.add_lora(peft_config()).unwrap_err().to_string();
@@ -157,6 +174,30 @@ fn peft_adapter_logits_gradients_and_three_adamw_steps_match() {
         "the base moved"
     );
     assert_eq!(model.steps(), 3);
+}
+
+/// Rank-stabilized scaling on two projections only, as PEFT computes it.
+#[test]
+fn rslora_on_a_subset_of_projections_matches_peft() {
+    let e = expected();
+    let tb = batch(&e);
+    let mut model = TransformerLm::from_pretrained(base_dir()).unwrap();
+    model
+        .load_lora(fixture_path("lora").join("peft_adapter_rslora"))
+        .unwrap();
+    let want = LoraConfig::new(4)
+        .alpha(8.0)
+        .rslora(true)
+        .targets(&["v_proj", "q_proj"]);
+    assert_eq!(model.lora_config(), Some(&want));
+    assert_eq!(want.scale(), 4.0, "alpha / sqrt(rank)");
+    assert_eq!(model.lora_parameters().unwrap().len(), 2 * 2 * 2);
+    let worst = close(
+        "rslora logits",
+        &model.forward_batch(&tb).unwrap(),
+        &input_logits(&e.get("logits_rslora").unwrap()),
+    );
+    eprintln!("rslora logits: worst {worst:.3} of the allowance");
 }
 
 #[test]
