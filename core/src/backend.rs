@@ -372,9 +372,8 @@ pub trait Backend {
 
     // ----- low-rank adapters (see crate::ops::lora) -----
     /// `t = x A^T` (overwritten, kept for the backward pass), then `y += scale * t B^T`.
-    /// A backend runs it as two of its own GEMMs, with `scale` folded into the second's
-    /// alpha: at the ranks adapters use (4 to 64) both products are bound by reading `x`
-    /// and writing `y`, which a GEMM already does once each.
+    /// The default is two of the backend's own GEMMs ([`lora_forward_by_gemm`]); a backend
+    /// with a one-pass kernel overrides it.
     #[allow(clippy::too_many_arguments)]
     fn lora_forward(
         &self,
@@ -385,36 +384,7 @@ pub trait Backend {
         b: &Self::Buffer,
         s: &LoraSpec,
     ) -> Result<()> {
-        s.check(
-            "lora_forward",
-            self.len(x),
-            self.len(y),
-            self.len(t),
-            self.len(a),
-            self.len(b),
-        )?;
-        if s.rows == 0 {
-            return Ok(());
-        }
-        let mm = |m, n, k| MatmulSpec::new(m, n, k).precision(s.precision);
-        self.matmul(
-            t,
-            x,
-            a,
-            &mm(s.rows, s.rank, s.d_in)
-                .trans_b(true)
-                .window(s.x_offset, 0, s.t_offset),
-        )?;
-        self.matmul(
-            y,
-            t,
-            b,
-            &mm(s.rows, s.d_out, s.rank)
-                .trans_b(true)
-                .alpha(s.scale)
-                .accumulate()
-                .window(s.t_offset, 0, s.y_offset),
-        )
+        lora_forward_by_gemm(self, y, t, x, a, b, s)
     }
     /// From `dy`: `dB += scale * dy^T t`, `dt = scale * dy B` (scratch, overwritten),
     /// `dA += dt^T x`, and `dx += dt A` when `dx` is given.
@@ -505,6 +475,44 @@ pub trait Backend {
         velocity: Option<&mut Self::Buffer>,
         hp: &SgdParams,
     ) -> Result<()>;
+}
+
+/// [`Backend::lora_forward`] as two of `backend`'s GEMMs, the scale folded into the
+/// second's alpha: at the ranks adapters use (4 to 64) both products are bound by reading
+/// `x` and writing `y`, which a GEMM already does once each.
+pub fn lora_forward_by_gemm<B: Backend + ?Sized>(
+    backend: &B,
+    y: &mut B::Buffer,
+    t: &mut B::Buffer,
+    x: &B::Buffer,
+    a: &B::Buffer,
+    b: &B::Buffer,
+    s: &LoraSpec,
+) -> Result<()> {
+    let len = |buf| backend.len(buf);
+    s.check("lora_forward", len(x), len(y), len(t), len(a), len(b))?;
+    if s.rows == 0 {
+        return Ok(());
+    }
+    let mm = |m, n, k| MatmulSpec::new(m, n, k).precision(s.precision);
+    backend.matmul(
+        t,
+        x,
+        a,
+        &mm(s.rows, s.rank, s.d_in)
+            .trans_b(true)
+            .window(s.x_offset, 0, s.t_offset),
+    )?;
+    backend.matmul(
+        y,
+        t,
+        b,
+        &mm(s.rows, s.d_out, s.rank)
+            .trans_b(true)
+            .alpha(s.scale)
+            .accumulate()
+            .window(s.t_offset, 0, s.y_offset),
+    )
 }
 
 /// The global L2 norm over several buffers (gradient clipping): `sqrt(sum of sum(x^2))`.

@@ -17,7 +17,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusting_brain_core::backend::{
-    AdamParams, AttentionSpec, CrossEntropySum, MatmulSpec, Precision, RopeSpec, RoutedSpec, SgdParams,
+    AdamParams, AttentionSpec, CrossEntropySum, LoraSpec, MatmulSpec, Precision, RopeSpec, RoutedSpec,
+    SgdParams,
 };
 use rusting_brain_core::error::{check_len, check_rows};
 use rusting_brain_core::ops::optim::{check_adam, check_sgd, AdamConstants};
@@ -956,6 +957,23 @@ impl Backend for WgpuBackend {
             let rows = pools.stage(&identity)?;
             b.moe_combine(out, &rows, weight, y, n, dim, top_k)
         })
+    }
+    fn lora_forward(
+        &self,
+        y: &mut GpuBuffer,
+        t: &mut GpuBuffer,
+        x: &GpuBuffer,
+        a: &GpuBuffer,
+        b: &GpuBuffer,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        s.check("lora_forward", x.len(), y.len(), t.len(), a.len(), b.len())?;
+        // One pass for f32 adapters of the usual ranks (a decode step's one dispatch per
+        // projection instead of two); bf16 operands and larger ranks take the two GEMMs.
+        if s.rank > crate::ops::LORA_MAX_RANK || s.precision != Precision::F32 {
+            return rusting_brain_core::backend::lora_forward_by_gemm(self, y, t, x, a, b, s);
+        }
+        self.record(|batch, _| batch.lora_forward(y, t, x, a, b, s))
     }
     fn q8_matmul(
         &self,

@@ -80,10 +80,11 @@ pub(crate) enum Kernel {
     MoeCombineBackward,
     SumOfSquares,
     MatmulTiled,
+    Lora,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 29] = [
+    pub(crate) const ALL: [Kernel; 30] = [
         Kernel::RmsNorm,
         Kernel::QuantizeActivations,
         Kernel::Q8Matmul,
@@ -113,6 +114,7 @@ impl Kernel {
         Kernel::MoeCombineBackward,
         Kernel::SumOfSquares,
         Kernel::MatmulTiled,
+        Kernel::Lora,
     ];
 
     /// Whether the kernel uses subgroup operations (built only on adapters that have them;
@@ -152,6 +154,7 @@ impl Kernel {
             Kernel::MoeCombineBackward => "moe_combine_backward",
             Kernel::SumOfSquares => "sum_of_squares",
             Kernel::MatmulTiled => "matmul_tiled",
+            Kernel::Lora => "lora",
         }
     }
 
@@ -186,6 +189,7 @@ impl Kernel {
             Kernel::MoeCombineBackward => include_str!("wgsl/moe_combine_backward.wgsl"),
             Kernel::SumOfSquares => include_str!("wgsl/sum_of_squares.wgsl"),
             Kernel::MatmulTiled => include_str!("wgsl/matmul_tiled.wgsl"),
+            Kernel::Lora => include_str!("wgsl/lora.wgsl"),
         }
     }
 

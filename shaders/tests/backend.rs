@@ -756,3 +756,81 @@ fn bf16_matmul_rounds_its_operands_as_the_reference() {
         );
     }
 }
+
+/// The adapter pair: `lora.wgsl`'s one pass (ranks up to 32) and the two GEMMs past it and
+/// in the backward pass, on row windows (an expert's run of rows) of longer buffers. The
+/// outputs start from random values on both sides, so an element written outside its
+/// window, or one left unwritten inside it, differs.
+#[test]
+fn lora_pair_matches_the_reference_on_windows() {
+    use rusting_brain_core::backend::LoraSpec;
+    let Some(g) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(19);
+    for (rows, d_in, d_out, rank, (xo, yo, to)) in [
+        (1, 1, 1, 1, (0, 0, 0)),
+        (1, 896, 128, 8, (0, 0, 0)),
+        (3, 65, 7, 32, (65, 14, 32)),
+        (33, 127, 200, 16, (0, 400, 16)),
+        (7, 40, 33, 33, (40, 0, 33)),
+        (1000, 33, 64, 4, (33, 64, 8)),
+    ] {
+        let s = LoraSpec::new(rows, d_in, d_out, rank, 1.25).offsets(xo, yo, to);
+        let (lx, ly, lt) = (xo + rows * d_in + 3, yo + rows * d_out + 5, to + rows * rank + 2);
+        let (x, a, b, dy) = (
+            rng.normal_vec(lx, 1.0),
+            rng.normal_vec(rank * d_in, 0.3),
+            rng.normal_vec(d_out * rank, 0.3),
+            rng.normal_vec(ly, 1.0),
+        );
+        let (y0, t0) = (rng.normal_vec(ly, 1.0), rng.normal_vec(lt, 1.0));
+        let out = on_both!(
+            g,
+            r,
+            |be, ins, outs| {
+                let (y, t) = outs.split_at_mut(1);
+                be.lora_forward(&mut y[0], &mut t[0], &ins[0], &ins[1], &ins[2], &s)
+                    .unwrap()
+            },
+            [x.clone(), a.clone(), b.clone()],
+            [y0.clone(), t0.clone()]
+        );
+        let tag = format!("lora {rows}x{d_in}->{d_out} r{rank}");
+        for (name, (got, want)) in ["y", "t"].iter().zip(&out) {
+            assert!(rel(got, want) < 1e-5, "{tag} {name}: {}", rel(got, want));
+        }
+        let t = out[1].1.clone();
+        let (dx0, da0, db0) = (
+            rng.normal_vec(lx, 1.0),
+            rng.normal_vec(rank * d_in, 1.0),
+            rng.normal_vec(d_out * rank, 1.0),
+        );
+        let back = on_both!(
+            g,
+            r,
+            |be, ins, outs| {
+                let (dx, rest) = outs.split_at_mut(1);
+                let (da, rest) = rest.split_at_mut(1);
+                let (db, dt) = rest.split_at_mut(1);
+                be.lora_backward(
+                    Some(&mut dx[0]),
+                    &mut da[0],
+                    &mut db[0],
+                    &mut dt[0],
+                    &ins[0],
+                    &ins[1],
+                    &ins[2],
+                    &ins[3],
+                    &ins[4],
+                    &s,
+                )
+                .unwrap()
+            },
+            [dy.clone(), x.clone(), t.clone(), a.clone(), b.clone()],
+            [dx0.clone(), da0.clone(), db0.clone(), t0.clone()]
+        );
+        for (name, (got, want)) in ["dx", "dA", "dB", "dt"].iter().zip(&back) {
+            assert!(rel(got, want) < 1e-4, "{tag} {name}: {}", rel(got, want));
+        }
+    }
+}

@@ -16,6 +16,7 @@ mod cross_entropy;
 mod dense;
 mod embedding;
 mod l2norm;
+mod lora;
 mod moe;
 mod q8;
 mod rmsnorm;
@@ -27,6 +28,7 @@ pub(crate) use cross_entropy::NOT_COUNTED;
 pub use dense::DenseOp;
 pub(crate) use embedding::embedding_groups;
 pub use l2norm::SUM_OF_SQUARES_CHUNK;
+pub use lora::LORA_MAX_RANK;
 pub use rope::rope_table;
 pub use sampling::{check_ids, context_ids, NAN_ROW, NO_ID};
 

@@ -1,0 +1,53 @@
+//! The adapter product (`lora.wgsl`); twin of `rusting_brain_core::ops::lora::lora_forward`.
+
+use rusting_brain_core::ops::lora::LoraSpec;
+
+use super::*;
+
+/// The largest rank `lora.wgsl` holds in its workgroup memory.
+pub const LORA_MAX_RANK: usize = 32;
+
+impl Batch<'_> {
+    /// `t = x A^T` (kept), `y += scale * t B^T`, one workgroup per row, on the windows of
+    /// `s`; ranks up to [`LORA_MAX_RANK`].
+    pub fn lora_forward(
+        &mut self,
+        y: &GpuBuffer,
+        t: &GpuBuffer,
+        x: &GpuBuffer,
+        a: &GpuBuffer,
+        b: &GpuBuffer,
+        s: &LoraSpec,
+    ) -> Result<(), ShaderError> {
+        if s.rank == 0 || s.rank > LORA_MAX_RANK {
+            return Err(ShaderError::Invalid(format!(
+                "lora_forward: rank {} is outside 1..={LORA_MAX_RANK}",
+                s.rank
+            )));
+        }
+        need("lora_forward", "x", x, s.x_offset + s.rows * s.d_in)?;
+        need("lora_forward", "y", y, s.y_offset + s.rows * s.d_out)?;
+        need("lora_forward", "t", t, s.t_offset + s.rows * s.rank)?;
+        need("lora_forward", "A", a, s.rank * s.d_in)?;
+        need("lora_forward", "B", b, s.d_out * s.rank)?;
+        if s.rows == 0 {
+            return Ok(());
+        }
+        self.dispatch(
+            Kernel::Lora,
+            &[
+                u(s.rows, "rows")?,
+                u(s.d_in, "d_in")?,
+                u(s.d_out, "d_out")?,
+                u(s.rank, "rank")?,
+                u(s.x_offset, "x offset")?,
+                u(s.y_offset, "y offset")?,
+                u(s.t_offset, "t offset")?,
+                s.scale.to_bits(),
+            ],
+            &[x, a, b, t, y],
+            grid(s.rows),
+        )?;
+        Ok(())
+    }
+}
