@@ -1,8 +1,9 @@
 //! LoRA against PEFT (tests/fixtures/gen_lora.py: a rank-4 adapter on every projection of
 //! the tiny Llama of hf/llama, A and B random): logits with the adapter, the gradient of
 //! every A and B, three AdamW steps in which only the adapters move; merge, save and load
-//! round trips; the adapter's gradients against the full model's on a mixture of experts
-//! and an int8 base; and the refusals.
+//! round trips; the adapter's gradients against the full model's on a mixture of experts;
+//! an int8 base; dense and expert adapters trained on wgpu (lavapipe in CI) as on the CPU;
+//! and the refusals.
 //!
 //! Tolerances: logits and gradients as in hf_vs_transformers.rs (rtol 1e-4 plus atol 1e-4 x
 //! rms: both sides f32, measured a few 1e-6). After AdamW steps the adapters are compared
@@ -636,4 +637,97 @@ fn adapters_train_and_decode_on_wgpu() {
         "int8 base + adapter: greedy decoding differs between the CPU and wgpu"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A mixture of experts with a shared expert, adapters on every projection (the experts'
+/// run on windows of grouped rows, through `lora.wgsl` forward), trained on wgpu and on the
+/// CPU from the same non-zero adapters.
+#[test]
+fn expert_adapters_train_on_wgpu_as_on_the_cpu() {
+    let build = || {
+        let mut m = TransformerLm::builder()
+            .vocab_size(48)
+            .d_model(32)
+            .n_layers(2)
+            .heads(4, 2, 8)
+            .d_ff(48)
+            .experts(4, 2)
+            .moe_layers([0, 1])
+            .shared_expert(true)
+            .expert_d_ff(24)
+            .max_seq_len(16)
+            .seed(9)
+            .build()
+            .unwrap();
+        m.add_lora(LoraConfig::new(4).alpha(8.0)).unwrap();
+        m.optimizer = Optimizer::adam(1e-2);
+        m
+    };
+    let (mut cpu, mut gpu, mut first) = (build(), build(), build());
+    // One step on a third copy so every B is non-zero, then its adapters on both (both at
+    // optimizer step 0).
+    let tb = TokenBatch::new(vec![
+        vec![1, 7, 3, 9, 20, 4, 11, 2, 30],
+        vec![5, 5, 40, 2, 8, 13, 1, 0, 6],
+    ])
+    .unwrap();
+    first.train_step_batch(&tb).unwrap();
+    let dir = scratch("moe-wgpu");
+    first.save_lora(dir.join("a.rbl")).unwrap();
+    gpu.load_lora(dir.join("a.rbl")).unwrap();
+    cpu.load_lora(dir.join("a.rbl")).unwrap();
+    if !to_wgpu(&mut gpu) {
+        return;
+    }
+    let l0 = close_logits(&gpu.forward_batch(&tb).unwrap(), &cpu.forward_batch(&tb).unwrap());
+    for step in 0..2 {
+        let (lc, lg) = (
+            cpu.train_step_batch(&tb).unwrap(),
+            gpu.train_step_batch(&tb).unwrap(),
+        );
+        assert!(
+            (lc.lm_loss - lg.lm_loss).abs() <= 1e-5 * lc.lm_loss,
+            "step {step}: {} vs {}",
+            lg.lm_loss,
+            lc.lm_loss
+        );
+    }
+    let mut experts = 0;
+    for ((n, g), (_, c)) in gpu
+        .lora_parameters()
+        .unwrap()
+        .iter()
+        .zip(cpu.lora_parameters().unwrap())
+    {
+        experts += usize::from(n.contains(".experts."));
+        let t = Tensor {
+            shape: vec![c.len()],
+            data: c.iter().map(|&v| v as f64).collect(),
+        };
+        // Adam at lr 1e-2 moves an element whose small gradient rounds differently (the
+        // GPU sums an expert's few rows in another order) by up to lr x 5e-3: measured
+        // 1.7e-5 on one of 96 elements of a weakly routed expert's B.
+        assert_close(&format!("wgpu {n}"), g, &t, Tolerance::new(1e-4, 5e-5));
+    }
+    assert_eq!(
+        experts,
+        2 * 4 * 3 * 2,
+        "A and B of 3 projections of 4 experts in 2 layers"
+    );
+    eprintln!("MoE adapters on wgpu: logits worst {l0:.2e} of the largest");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The worst difference of two logit sets relative to the largest, asserted under 1e-5.
+fn close_logits(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+        / scale;
+    assert!(worst <= 1e-5, "logits differ by {worst} of the largest");
+    worst
 }
