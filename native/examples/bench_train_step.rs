@@ -133,9 +133,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = args.get(2).map_or("cpu", |s| s.as_str());
     match device {
         "cpu" => {}
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "cuda-backend")]
         "cuda" => return cuda::run(batch, seq, moe),
-        #[cfg(not(feature = "cuda"))]
+        #[cfg(not(feature = "cuda-backend"))]
         "cuda" => return Err("device `cuda`: build with --features cuda".into()),
         #[cfg(feature = "gpu")]
         "gpu" => return gpu::run(batch, seq, moe),
@@ -333,7 +333,7 @@ mod gpu {
 }
 
 /// The `cuda` device: the 101.7M model on GPU 0 against torch.compile on the same GPU.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 mod cuda {
     use std::time::Instant;
 

@@ -28,7 +28,7 @@ pub(crate) struct DeviceLm<B: DeviceBackend> {
 }
 
 /// An int8 model cannot train, so it does not move to a training device.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 pub(crate) fn check_trainable(host: &TransformerModel<CpuBackend>, kind: &str) -> Result<()> {
     if host.quantized.is_some() && host.lora.is_none() {
         return Err(NetworkError::InvalidInput(format!(

@@ -33,10 +33,10 @@
 mod chat;
 mod checkpoint;
 pub mod cpu;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 pub mod cuda;
 mod dataset;
-#[cfg(any(feature = "gpu", feature = "cuda"))]
+#[cfg(any(feature = "gpu", feature = "cuda-backend"))]
 mod device;
 mod error;
 mod files;

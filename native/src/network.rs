@@ -37,7 +37,7 @@ pub(crate) enum Engine {
     Cpu(DenseModel<CpuBackend>),
     #[cfg(feature = "gpu")]
     Gpu(DenseModel<rusting_brain_shaders::WgpuBackend>),
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     Cuda(DenseModel<crate::cuda::CudaBackend>),
 }
 
@@ -227,7 +227,7 @@ impl Network {
             Ok(Engine::Cpu(m)) => Ok(m),
             #[cfg(feature = "gpu")]
             Ok(Engine::Gpu(m)) => Ok(m),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             Ok(Engine::Cuda(m)) => Ok(m),
             Err(e) => Err(NetworkError::InvalidConfig(e.clone())),
         }
@@ -238,7 +238,7 @@ impl Network {
             Ok(Engine::Cpu(m)) => Ok(m),
             #[cfg(feature = "gpu")]
             Ok(Engine::Gpu(m)) => Ok(m),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             Ok(Engine::Cuda(m)) => Ok(m),
             Err(e) => Err(NetworkError::InvalidConfig(e.clone())),
         }
@@ -249,7 +249,7 @@ impl Network {
     /// network's parameters and optimizer need is counted against the budget before any of
     /// it is allocated. `fit`, `predict` and `evaluate` then run there. A missing driver,
     /// device or library is an error, never a silent CPU run. `to_cpu` brings it back.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     pub fn to_cuda(&mut self, ordinal: usize, budget_mib: usize) -> Result<()> {
         let model = match &self.engine {
             Ok(Engine::Cpu(m)) => m,
@@ -290,7 +290,7 @@ impl Network {
         let model = match &self.engine {
             Ok(Engine::Cpu(m)) => m,
             Ok(Engine::Gpu(_)) => return Ok(()),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             Ok(Engine::Cuda(_)) => {
                 return Err(NetworkError::InvalidInput(
                     "the network is on a CUDA device; call to_cpu() before to_gpu()".into(),
@@ -311,7 +311,7 @@ impl Network {
             let moved = m.to_backend(CpuBackend::new())?;
             self.engine = Ok(Engine::Cpu(moved));
         }
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "cuda-backend")]
         if let Ok(Engine::Cuda(m)) = &self.engine {
             let moved = m.to_backend(CpuBackend::new())?;
             self.engine = Ok(Engine::Cpu(moved));
@@ -327,7 +327,7 @@ impl Network {
                 let info = m.backend.gpu().adapter_info();
                 format!("{} ({:?})", info.name, info.backend)
             }
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             Ok(Engine::Cuda(m)) => format!("{} (CUDA)", m.backend.device_name()),
             _ => "cpu".into(),
         }

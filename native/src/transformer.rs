@@ -9,7 +9,7 @@ use rusting_brain_core::models::transformer::{
 use rusting_brain_core::{CoreError, Optimizer, Precision, RopeScaling, Sampler};
 
 use crate::cpu::CpuBackend;
-#[cfg(any(feature = "gpu", feature = "cuda"))]
+#[cfg(any(feature = "gpu", feature = "cuda-backend"))]
 use crate::device::{DeviceLm, OnDevice};
 use crate::{NetworkError, Result};
 
@@ -272,13 +272,13 @@ enum LmEngine {
     #[cfg(feature = "gpu")]
     Wgpu(Box<DeviceLm<rusting_brain_shaders::WgpuBackend>>),
     /// Training on an NVIDIA GPU; the host copy is brought up to date by `sync_from_device`.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     Cuda(Box<DeviceLm<crate::cuda::CudaBackend>>),
 }
 
 /// A minimal valid model that holds the engine's place while a model moves between
 /// devices (nothing can observe it: the move replaces it before returning).
-#[cfg(any(feature = "gpu", feature = "cuda"))]
+#[cfg(any(feature = "gpu", feature = "cuda-backend"))]
 fn placeholder() -> Result<LmEngine> {
     let config = TransformerConfig {
         vocab_size: 1,
@@ -379,39 +379,39 @@ impl TransformerLm {
     fn model(&self) -> &TransformerModel<CpuBackend> {
         match &self.engine {
             LmEngine::Cpu(m) => m,
-            #[cfg(any(feature = "gpu", feature = "cuda"))]
+            #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
             _ => self.on_device().expect("the other arms are on a device").host(),
         }
     }
     fn model_mut(&mut self) -> &mut TransformerModel<CpuBackend> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if self.on_device().is_some() {
             return self.on_device_mut().expect("checked").host_mut();
         }
         match &mut self.engine {
             LmEngine::Cpu(m) => m,
-            #[cfg(any(feature = "gpu", feature = "cuda"))]
+            #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
             _ => unreachable!("the device arms returned above"),
         }
     }
 
     /// The model when it trains on a device (CUDA, wgpu).
-    #[cfg(any(feature = "gpu", feature = "cuda"))]
+    #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
     fn on_device(&self) -> Option<&dyn OnDevice> {
         match &self.engine {
             #[cfg(feature = "gpu")]
             LmEngine::Wgpu(w) => Some(&**w),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             LmEngine::Cuda(c) => Some(&**c),
             _ => None,
         }
     }
-    #[cfg(any(feature = "gpu", feature = "cuda"))]
+    #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
     fn on_device_mut(&mut self) -> Option<&mut dyn OnDevice> {
         match &mut self.engine {
             #[cfg(feature = "gpu")]
             LmEngine::Wgpu(w) => Some(&mut **w),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             LmEngine::Cuda(c) => Some(&mut **c),
             _ => None,
         }
@@ -419,7 +419,7 @@ impl TransformerLm {
 
     /// Errors while the model trains on a device and the host copy is behind it.
     fn host_current(&self, what: &str) -> Result<()> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device() {
             if !d.synced() {
                 return Err(d.stale(what));
@@ -431,7 +431,7 @@ impl TransformerLm {
 
     /// An error for `what` while the model trains on a device.
     fn refuse_on_device(&self, what: &str, advice: &str) -> Result<()> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device() {
             return Err(NetworkError::InvalidInput(format!(
                 "{what}: the model trains on {}; {advice}",
@@ -453,7 +453,7 @@ impl TransformerLm {
     /// allocation or numerical failure is an error, never a silent CPU run. Call
     /// [`TransformerLm::sync_from_device`] before `save_bin`, or [`TransformerLm::to_cpu`]
     /// to come back. An int8 model cannot move (its f32 weights are gone).
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     pub fn to_cuda(&mut self, ordinal: usize, budget_mib: usize) -> Result<()> {
         match &self.engine {
             LmEngine::Cuda(_) => return Ok(()),
@@ -481,7 +481,7 @@ impl TransformerLm {
     /// (CUDA, wgpu) to the host copy, which `save_bin`, `save_optimizer_state` and
     /// `named_parameters` read. A no-op on the CPU.
     pub fn sync_from_device(&mut self) -> Result<()> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
             if !d.synced() {
                 d.sync()?;
@@ -495,12 +495,12 @@ impl TransformerLm {
     /// int8 model on wgpu stays there.
     pub fn to_cpu(&mut self) -> Result<()> {
         self.sync_from_device()?;
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if self.on_device().is_some() {
             let host = match std::mem::replace(&mut self.engine, placeholder()?) {
                 #[cfg(feature = "gpu")]
                 LmEngine::Wgpu(w) => w.host,
-                #[cfg(feature = "cuda")]
+                #[cfg(feature = "cuda-backend")]
                 LmEngine::Cuda(c) => c.host,
                 _ => unreachable!("checked above"),
             };
@@ -542,7 +542,7 @@ impl TransformerLm {
     pub fn to_gpu_with(&mut self, options: &crate::GpuOptions) -> Result<()> {
         match self.engine {
             LmEngine::Wgpu(_) => return Ok(()),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             LmEngine::Cuda(_) => {
                 return Err(NetworkError::InvalidInput(
                     "to_gpu: the model trains on CUDA; call to_cpu() first".into(),
@@ -590,7 +590,7 @@ impl TransformerLm {
     pub fn device(&self) -> Option<String> {
         match &self.engine {
             LmEngine::Cpu(_) => None,
-            #[cfg(any(feature = "gpu", feature = "cuda"))]
+            #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
             _ => self.on_device().map(|d| d.device_name()),
         }
     }
@@ -618,7 +618,7 @@ impl TransformerLm {
 
     /// Optimizer steps taken so far.
     pub fn steps(&self) -> u64 {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device() {
             return d.steps();
         }
@@ -650,7 +650,7 @@ impl TransformerLm {
     /// token slots each expert received (1 / n_experts each when perfectly balanced).
     /// Empty for a dense model.
     pub fn expert_usage(&self) -> Vec<Vec<f64>> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device() {
             return d.expert_usage();
         }
@@ -664,7 +664,7 @@ impl TransformerLm {
     /// kernels (head size 64 or 128).
     pub fn set_mixed_precision(&mut self, on: bool) {
         let p = if on { Precision::Bf16 } else { Precision::F32 };
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
             d.set_precision(p);
             return;
@@ -695,7 +695,7 @@ impl TransformerLm {
 
     /// Forward and loss only: no gradients, no step.
     pub fn evaluate(&mut self, batch: &TokenBatch) -> Result<StepLoss> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
             return Ok(StepLoss::from_sum(d.evaluate(batch)?));
         }
@@ -704,7 +704,7 @@ impl TransformerLm {
     }
 
     pub fn zero_grad(&mut self) -> Result<()> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
             return Ok(d.zero_grad()?);
         }
@@ -737,7 +737,7 @@ impl TransformerLm {
     /// The global L2 norm of the accumulated gradients times `scale`, on the device the
     /// model is on (on CUDA: one read-back for all tensors).
     fn grad_norm(&self, scale: f32) -> Result<f64> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device() {
             return Ok(d.grad_norm(scale)?);
         }
@@ -746,7 +746,7 @@ impl TransformerLm {
 
     /// Forward and backward of a micro-batch on whichever device holds the model.
     fn accumulate_where_it_is(&mut self, batch: &TokenBatch) -> Result<LossSum, CoreError> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
             return d.accumulate(batch);
         }
@@ -761,7 +761,7 @@ impl TransformerLm {
     }
 
     fn step_where_it_is(&mut self, opt: &Optimizer, scale: f32) -> Result<(), CoreError> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
             return d.step(opt, scale);
         }
@@ -794,7 +794,7 @@ impl TransformerLm {
 
     /// Logits of a batch on the host, `(batch * seq, vocab)` row-major.
     pub fn forward_batch(&mut self, batch: &TokenBatch) -> Result<Vec<f32>> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
             return Ok(d.forward_logits(batch)?);
         }
@@ -820,7 +820,7 @@ impl TransformerLm {
                     w.device.config.vocab_size,
                 )?),
             ),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             LmEngine::Cuda(c) => CacheEngine::Cuda(c.device.new_kv_caches()?),
         })
     }
@@ -839,11 +839,11 @@ impl TransformerLm {
         let inner = self.caches(caches)?;
         match (&mut self.engine, inner) {
             (LmEngine::Cpu(m), CacheEngine::Cpu(c)) => Ok(m.forward_cached(ids, c)?),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             (LmEngine::Cuda(m), CacheEngine::Cuda(c)) => Ok(m.device.forward_cached(ids, c)?),
             #[cfg(feature = "gpu")]
             (LmEngine::Wgpu(m), CacheEngine::Wgpu(c, _)) => Ok(m.device.forward_cached(ids, c)?),
-            #[cfg(any(feature = "gpu", feature = "cuda"))]
+            #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
             _ => Err(NetworkError::InvalidInput(
                 "these KV caches belong to another device; make them with new_kv_caches() after the model moved"
                     .into(),
@@ -1114,7 +1114,7 @@ impl TransformerLm {
     /// The adapters under PEFT's names (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`),
     /// read from wherever the model is; empty without adapters.
     pub fn lora_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device() {
             return Ok(d.named_adapters(false)?);
         }
@@ -1123,7 +1123,7 @@ impl TransformerLm {
 
     /// The adapters' accumulated gradients, named as in [`TransformerLm::lora_parameters`].
     pub fn lora_gradients(&self) -> Result<Vec<(String, Vec<f32>)>> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device() {
             return Ok(d.named_adapters(true)?);
         }
@@ -1166,7 +1166,7 @@ impl TransformerLm {
     /// model surgery, a weight brought from elsewhere, an experiment's starting point. The
     /// values must match the tensor's size and be finite; the optimizer state is kept.
     pub fn set_parameter(&mut self, name: &str, values: &[f32]) -> Result<()> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
             return Ok(d.set_parameter(name, values)?);
         }
@@ -1177,7 +1177,7 @@ impl TransformerLm {
     /// the Qwen-MoE names: `mlp.gate.weight` is the router, `mlp.experts.{j}.*` the experts,
     /// `mlp.shared_expert.*` the shared expert).
     pub fn named_parameters(&self) -> Result<Vec<(String, Vec<f32>)>> {
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device() {
             return Ok(d.named_parameters()?);
         }
@@ -1193,7 +1193,7 @@ impl TransformerLm {
                 "named_gradients: a quantized model has no gradients".into(),
             ));
         }
-        #[cfg(any(feature = "gpu", feature = "cuda"))]
+        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device() {
             return Ok(d.named_gradients()?);
         }
@@ -1203,7 +1203,7 @@ impl TransformerLm {
 
 enum CacheEngine {
     Cpu(KvCache<CpuBackend>),
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     Cuda(KvCache<crate::cuda::CudaBackend>),
     /// With the draw's buffers, which live beside the logits.
     #[cfg(feature = "gpu")]
@@ -1238,7 +1238,7 @@ impl KvCaches {
         let Some(inner) = &self.inner else { return 0 };
         match inner {
             CacheEngine::Cpu(c) => c.len(),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             CacheEngine::Cuda(c) => c.len(),
             #[cfg(feature = "gpu")]
             CacheEngine::Wgpu(c, _) => c.len(),

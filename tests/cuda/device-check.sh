@@ -25,25 +25,19 @@ case "${1:-}" in
 build)
     set -e
     mkdir -p "$dev"
-    # RB_CUDA_MAJOR=13: bindings for a CUDA 13 machine (cuBLASLt's structs differ between
-    # majors). The workspace pins CUDA 12.8's, so this builds a copy of the tracked sources
-    # with that one feature changed, in a target folder of its own.
+    # RB_CUDA_MAJOR=13: bindings for a machine with CUDA 13 libraries (feature cuda-13);
+    # cuBLASLt's structures differ between majors, and the backend refuses a mismatch.
     if [ "${RB_CUDA_MAJOR:-12}" = 13 ]; then
-        src="${RB_CUDA13_SRC:-/var/tmp/rusting_brain-cuda13-src}"
-        mkdir -p "$src"
-        git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$src"
-        sed -i 's/"cuda-12080"/"cuda-13000"/' "$src/Cargo.toml"
-        mkdir -p "$src/../shared/bench" && cp ../shared/bench/torch_lm.py "$src/../shared/bench/" 2>/dev/null || true
-        export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$src/target}"
-        repo="$PWD"
-        (cd "$src" && RB_CUDA_MAJOR=12 tests/cuda/device-check.sh build)
-        rm -rf "$repo/$dev" && cp -r "$src/$dev" "$repo/$dev"
-        exit 0
+        native=cuda-13
+        kernels=(--no-default-features --features cuda-13)
+    else
+        native=cuda
+        kernels=()
     fi
     exe() { sed -n "s/.*\"executable\":\"\([^\"]*$1-[^\"]*\)\".*/\1/p" | tail -1; }
-    cp "$(cargo test --release -p rusting_brain_kernels --test on_device --no-run --message-format=json 2>/dev/null | exe on_device)" "$dev/on_device"
-    cp "$(cargo test --release -p rusting_brain --features cuda --test cuda --no-run --message-format=json 2>/dev/null | exe cuda)" "$dev/cuda_tests"
-    built="$(cargo build --release -p rusting_brain --features cuda --example bench_train_step --example cuda_benchmark --example sweep_arch --message-format=json 2>/dev/null)"
+    cp "$(cargo test --release -p rusting_brain_kernels "${kernels[@]}" --test on_device --no-run --message-format=json 2>/dev/null | exe on_device)" "$dev/on_device"
+    cp "$(cargo test --release -p rusting_brain --features "$native" --test cuda --no-run --message-format=json 2>/dev/null | exe cuda)" "$dev/cuda_tests"
+    built="$(cargo build --release -p rusting_brain --features "$native" --example bench_train_step --example cuda_benchmark --example sweep_arch --message-format=json 2>/dev/null)"
     # The executables' paths from cargo itself, so CARGO_TARGET_DIR is honoured.
     for e in bench_train_step cuda_benchmark sweep_arch; do
         cp "$(echo "$built" | sed -n "s/.*\"executable\":\"\([^\"]*\/examples\/$e\)\".*/\1/p" | tail -1)" "$dev/$e"

@@ -135,7 +135,8 @@ impl Lt {
         if loaded as u32 != built {
             return Err(format!(
                 "the cuBLASLt found is version {loaded} but this build has CUDA {built} bindings; \
-                 rebuild with CUDARC_CUDA_VERSION={loaded}000 (or put CUDA {built}'s libcublasLt first on the loader path)"
+                 build with rusting_brain's feature {} (or put CUDA {built}'s libcublasLt first on the loader path)",
+                if loaded >= 13 { "cuda-13" } else { "cuda" }
             ));
         }
         let handle = lt::create_handle().map_err(|e| err("handle", e))?;
