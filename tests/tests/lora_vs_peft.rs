@@ -591,18 +591,7 @@ fn adapters_train_and_decode_on_wgpu() {
     }
     let err = gpu.add_lora(peft_config()).unwrap_err().to_string();
     assert!(err.contains("to_cpu"), "{err}");
-    for step in 0..2 {
-        let (lc, lg) = (
-            cpu.train_step_batch(&tb).unwrap(),
-            gpu.train_step_batch(&tb).unwrap(),
-        );
-        assert!(
-            (lc.lm_loss - lg.lm_loss).abs() <= 1e-5 * lc.lm_loss,
-            "step {step}: {} vs {}",
-            lg.lm_loss,
-            lc.lm_loss
-        );
-    }
+    train_both(&mut cpu, &mut gpu, &tb, 2);
     for ((n, g), (_, c)) in gpu
         .lora_parameters()
         .unwrap()
@@ -680,18 +669,7 @@ fn expert_adapters_train_on_wgpu_as_on_the_cpu() {
         return;
     }
     let l0 = close_logits(&gpu.forward_batch(&tb).unwrap(), &cpu.forward_batch(&tb).unwrap());
-    for step in 0..2 {
-        let (lc, lg) = (
-            cpu.train_step_batch(&tb).unwrap(),
-            gpu.train_step_batch(&tb).unwrap(),
-        );
-        assert!(
-            (lc.lm_loss - lg.lm_loss).abs() <= 1e-5 * lc.lm_loss,
-            "step {step}: {} vs {}",
-            lg.lm_loss,
-            lc.lm_loss
-        );
-    }
+    train_both(&mut cpu, &mut gpu, &tb, 2);
     let mut experts = 0;
     for ((n, g), (_, c)) in gpu
         .lora_parameters()
@@ -716,6 +694,22 @@ fn expert_adapters_train_on_wgpu_as_on_the_cpu() {
     );
     eprintln!("MoE adapters on wgpu: logits worst {l0:.2e} of the largest");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `steps` training steps on both copies, their losses within 1e-5 of each other.
+fn train_both(cpu: &mut TransformerLm, gpu: &mut TransformerLm, tb: &TokenBatch, steps: usize) {
+    for step in 0..steps {
+        let (lc, lg) = (
+            cpu.train_step_batch(tb).unwrap(),
+            gpu.train_step_batch(tb).unwrap(),
+        );
+        assert!(
+            (lc.lm_loss - lg.lm_loss).abs() <= 1e-5 * lc.lm_loss,
+            "step {step}: {} vs {}",
+            lg.lm_loss,
+            lc.lm_loss
+        );
+    }
 }
 
 /// The worst difference of two logit sets relative to the largest, asserted under 1e-5.
