@@ -46,6 +46,11 @@ mod hf;
 mod lora;
 mod network;
 mod network_json;
+#[cfg(feature = "onnx")]
+mod onnx;
+mod onnx_export;
+#[cfg(feature = "onnx")]
+pub use onnx::{OnnxDim, OnnxIo, OnnxModel, OnnxOutput};
 pub mod profile;
 mod token_file;
 mod transformer;

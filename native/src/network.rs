@@ -513,6 +513,15 @@ impl Network {
         crate::network_json::save(self, path.as_ref())
     }
 
+    /// Writes the network as ONNX (opset 13), atomically: per layer a `Gemm` and the
+    /// activation's standard op (`Relu`, `LeakyRelu`, `Sigmoid`, `Tanh`, `Softmax`; none
+    /// for identity), weights and biases as initializers, input `input` and output
+    /// `output` with a symbolic batch dimension `batch`. ONNX Runtime, TensorRT, tract and
+    /// the browser runtimes read it; no feature is needed to write it.
+    pub fn save_onnx(&self, path: impl AsRef<Path>) -> Result<()> {
+        crate::onnx_export::save(self, path.as_ref())
+    }
+
     /// Reads a network written by [`Network::save_json`].
     pub fn load_json(path: impl AsRef<Path>) -> Result<Network> {
         crate::network_json::load(path.as_ref())
