@@ -120,13 +120,20 @@ impl OnnxModel {
                 node.name
             )));
         }
+        // The outputs' shapes as tract infers them from the inputs' (symbolic where those
+        // are); exporters often leave the file's own output shapes out.
+        let typed = model.clone().into_typed().ok();
         let io = |outlets: &[OutletId], fact: &dyn Fn(usize) -> TractResult<InferenceFact>| {
             outlets
                 .iter()
                 .enumerate()
                 .map(|(i, o)| {
                     Ok(OnnxIo {
-                        name: model.node(o.node).name.clone(),
+                        // The graph's name for the value (a node is named apart from it).
+                        name: model
+                            .outlet_label(*o)
+                            .map(str::to_string)
+                            .unwrap_or_else(|| model.node(o.node).name.clone()),
                         shape: describe(&fact(i)?),
                     })
                 })
@@ -138,7 +145,10 @@ impl OnnxModel {
         .map_err(|e| err(path, "inputs", e))?;
         let outputs = io(
             model.output_outlets().map_err(|e| err(path, "outputs", e))?,
-            &|i| model.output_fact(i).cloned(),
+            &|i| match typed.as_ref().and_then(|t| t.output_fact(i).ok()) {
+                Some(f) => Ok(InferenceFact::from(f.clone())),
+                None => model.output_fact(i).cloned(),
+            },
         )
         .map_err(|e| err(path, "outputs", e))?;
         Ok(OnnxModel {
