@@ -301,3 +301,47 @@ pub(crate) fn save(network: &Network, path: &Path) -> Result<()> {
     let bytes = encode(network)?;
     crate::files::write_atomic(path, &bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Loss, Network};
+
+    /// The graph as written, decoded back: nodes, attributes, initializer shapes, the
+    /// symbolic batch. (Running it is native/tests/onnx.rs's job, under feature `onnx`.)
+    #[test]
+    fn the_graph_reads_back_as_written() {
+        let net = Network::builder()
+            .input_size(3)
+            .dense(5, Activation::LeakyRelu(0.2))
+            .dense(4, Activation::Identity)
+            .dense(2, Activation::Softmax)
+            .loss(Loss::CategoricalCrossEntropy)
+            .seed(1)
+            .build();
+        let m = ModelProto::decode(encode(&net).unwrap().as_slice()).unwrap();
+        assert_eq!(m.ir_version, Some(7));
+        assert_eq!(m.opset_import[0].version, Some(13));
+        let g = m.graph.unwrap();
+        let ops: Vec<&str> = g.node.iter().map(|n| n.op_type.as_deref().unwrap()).collect();
+        assert_eq!(ops, ["Gemm", "LeakyRelu", "Gemm", "Gemm", "Softmax"]);
+        assert_eq!(g.node[0].attribute[0].name.as_deref(), Some("transB"));
+        assert_eq!(g.node[1].attribute[0].f, Some(0.2));
+        assert_eq!(g.node[4].input, ["layer2.z"]);
+        assert_eq!(g.node.last().unwrap().output, ["output"]);
+        let dims: Vec<Vec<i64>> = g.initializer.iter().map(|t| t.dims.clone()).collect();
+        assert_eq!(
+            dims,
+            [vec![5, 3], vec![5], vec![4, 5], vec![4], vec![2, 4], vec![2]]
+        );
+        let first = &net.model().unwrap().parameters().unwrap()[0].0;
+        let raw: Vec<u8> = first.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(g.initializer[0].raw_data.as_deref(), Some(&raw[..]));
+        let Some(type_proto::Value::TensorType(t)) = &g.input[0].r#type.as_ref().unwrap().value else {
+            panic!("input type")
+        };
+        let shape = &t.shape.as_ref().unwrap().dim;
+        assert_eq!(shape[0].value, Some(dimension::Value::DimParam("batch".into())));
+        assert_eq!(shape[1].value, Some(dimension::Value::DimValue(3)));
+    }
+}
