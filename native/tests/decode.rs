@@ -4,6 +4,16 @@
 use rusting_brain::core::Rng;
 use rusting_brain::{Optimizer, Sampler, TokenBatch, TransformerLm};
 
+/// `f32::max` for folds over differences, except that a NaN wins (and then fails the
+/// bound it is compared with); `f32::max` drops a NaN and would let it pass.
+fn nan_max(m: f32, d: f32) -> f32 {
+    if d > m || d.is_nan() {
+        d
+    } else {
+        m
+    }
+}
+
 fn model(max_seq: usize, seed: u64) -> TransformerLm {
     let mut m = TransformerLm::builder()
         .vocab_size(48)
@@ -38,8 +48,8 @@ fn full_logits(m: &mut TransformerLm, seq: &[u32]) -> Vec<Vec<f32>> {
 
 #[track_caller]
 fn same(what: &str, a: &[f32], b: &[f32]) {
-    let scale = b.iter().map(|v| v.abs()).fold(0.0f32, f32::max).max(1e-6);
-    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    let scale = b.iter().map(|v| v.abs()).fold(0.0f32, nan_max).max(1e-6);
+    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, nan_max);
     // 1e-5 of the row's scale: the two paths sum in different orders (the full pass uses
     // the blocked attention, decoding the per-row one), nothing more.
     assert!(

@@ -8,6 +8,16 @@ use std::path::PathBuf;
 use rusting_brain::core::Rng;
 use rusting_brain::{Optimizer, Precision, Sampler, TokenBatch, TransformerLm};
 
+/// `f32::max` for folds over differences, except that a NaN wins (and then fails the
+/// bound it is compared with); `f32::max` drops a NaN and would let it pass.
+fn nan_max(m: f32, d: f32) -> f32 {
+    if d > m || d.is_nan() {
+        d
+    } else {
+        m
+    }
+}
+
 fn builder() -> rusting_brain::TransformerLmBuilder {
     TransformerLm::builder()
         .vocab_size(64)
@@ -273,12 +283,12 @@ fn kv_cache_decode_matches_full_forward_with_experts() {
         let full = m.forward_batch(&TokenBatch::new(&[padded]).unwrap()).unwrap();
         let full: Vec<&[f32]> = full.chunks(64).collect();
         let check = |what: &str, got: &[f32], want: &[f32]| {
-            let scale = want.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
+            let scale = want.iter().map(|v| v.abs()).fold(0.0f32, nan_max);
             let diff = got
                 .iter()
                 .zip(want)
                 .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+                .fold(0.0f32, nan_max);
             // Same bound as the dense model's decode test: only summation order differs
             // (a token routes identically alone or in a batch).
             assert!(diff <= 1e-5 * scale, "{what}: {diff} of {scale}");
@@ -316,16 +326,16 @@ fn q8_moe_keeps_logits_and_the_greedy_continuation_and_round_trips() {
     m.save_bin(dir.path("m.q8.rbw"), Precision::Q8).unwrap();
     m.quantize().unwrap();
     let got = m.forward_batch(&held).unwrap();
-    let scale = want.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
+    let scale = want.iter().map(|v| v.abs()).fold(0.0f32, nan_max);
     let worst = want
         .iter()
         .zip(&got)
         .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+        .fold(0.0f32, nan_max);
     let rows: Vec<f32> = want
         .chunks(64)
         .zip(got.chunks(64))
-        .map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max) / scale)
+        .map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, nan_max) / scale)
         .collect();
     let within = rows.iter().filter(|&&r| r < 0.01).count();
     let q8_loss = m.evaluate(&held).unwrap().lm_loss;

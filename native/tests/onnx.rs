@@ -164,7 +164,8 @@ fn saved_networks_run_under_tract_as_predict_does() {
                 .iter()
                 .zip(&want)
                 .map(|(g, w)| (g - w).abs())
-                .fold(0f32, f32::max);
+                // NaN-propagating: `f32::max` would skip a NaN and let it pass.
+                .fold(0f32, |m, d| if d > m || d.is_nan() { d } else { m });
             assert_eq!(got[0].values.len(), want.len(), "{name}");
             assert!(
                 worst <= 1e-6,

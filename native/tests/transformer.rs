@@ -5,6 +5,16 @@
 use rusting_brain::core::Rng;
 use rusting_brain::{NetworkError, Optimizer, Schedule, TokenBatch, TransformerLm};
 
+/// `f32::max` for folds over differences, except that a NaN wins (and then fails the
+/// bound it is compared with); `f32::max` drops a NaN and would let it pass.
+fn nan_max(m: f32, d: f32) -> f32 {
+    if d > m || d.is_nan() {
+        d
+    } else {
+        m
+    }
+}
+
 fn tiny(seed: u64) -> TransformerLm {
     TransformerLm::builder()
         .vocab_size(32)
@@ -150,7 +160,7 @@ fn two_half_batches_accumulated_equal_one_full_batch() {
             .iter()
             .zip(&pb)
             .map(|(x, y)| (x - y).abs())
-            .fold(0.0f32, f32::max);
+            .fold(0.0f32, nan_max);
         assert!(
             worst < 1e-6,
             "{name}: accumulated and full-batch steps differ by {worst}"
@@ -284,12 +294,8 @@ fn mixed_precision_rounds_gemm_operands_and_still_trains() {
         full.forward_batch(&batch).unwrap(),
         mixed.forward_batch(&batch).unwrap(),
     );
-    let scale = a.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
-    let diff = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
+    let scale = a.iter().map(|v| v.abs()).fold(0.0f32, nan_max);
+    let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, nan_max);
     // bf16 keeps 8 mantissa bits: differences of ~1e-2 of the logits' scale, never zero.
     assert!(
         diff > 0.0 && diff < 3e-2 * scale,

@@ -274,3 +274,13 @@ pub fn to_wgpu(model: &mut rusting_brain::TransformerLm) -> bool {
         Err(e) => panic!("to_gpu: {e}"),
     }
 }
+
+/// The largest `|a - b|` over two equally long slices; NaN if either holds one (so a bound
+/// on it fails), and a panic on a length mismatch. `f32::max` would skip the NaN.
+pub fn worst_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "compared slices differ in length");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, |m, d| if d > m || d.is_nan() { d } else { m })
+}

@@ -12,6 +12,16 @@
 use rusting_brain::core::Rng;
 use rusting_brain::{GpuOptions, NetworkError, Optimizer, Sampler, TokenBatch, TransformerLm};
 
+/// `f32::max` for folds over differences, except that a NaN wins (and then fails the
+/// bound it is compared with); `f32::max` drops a NaN and would let it pass.
+fn nan_max(m: f32, d: f32) -> f32 {
+    if d > m || d.is_nan() {
+        d
+    } else {
+        m
+    }
+}
+
 /// Sequences of `next = (5 * prev + 3) mod 64`: learnable, so the model is confident.
 fn rule_batch(rng: &mut Rng, rows: usize) -> TokenBatch {
     let seqs: Vec<Vec<u32>> = (0..rows)
@@ -84,7 +94,7 @@ fn rel(a: &[f32], b: &[f32]) -> f32 {
             assert!(x.is_finite() && y.is_finite(), "not finite: {x} vs {y}");
             (x - y).abs() / scale
         })
-        .fold(0.0, f32::max)
+        .fold(0.0, nan_max)
 }
 
 #[test]

@@ -246,11 +246,7 @@ fn merge_predicts_the_same_and_save_load_is_bitwise() {
     assert_eq!(model.trainable_parameters(), model.parameter_counts().total);
     let merged = model.forward_batch(&tb).unwrap();
     let scale = adapted.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = merged
-        .iter()
-        .zip(&adapted)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let worst = worst_abs_diff(&merged, &adapted);
     assert!(
         worst <= 1e-5 * scale,
         "merged logits differ by {worst} (scale {scale})"
@@ -716,12 +712,7 @@ fn train_both(cpu: &mut TransformerLm, gpu: &mut TransformerLm, tb: &TokenBatch,
 fn close_logits(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len());
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max)
-        / scale;
+    let worst = worst_abs_diff(got, want) / scale;
     assert!(worst <= 1e-5, "logits differ by {worst} of the largest");
     worst
 }
