@@ -181,7 +181,30 @@ fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
     assert!(e.contains("another configuration"), "{e}");
     assert_eq!(other.steps(), 0);
     assert!(bits(&other) == before);
-    // A failed save does not touch the old file.
-    assert!(m.save_bin(d.path("missing_dir/x.rbw"), Precision::F32).is_err());
-    assert_eq!(std::fs::read(d.path("good.rbw")).unwrap(), good);
+    // A save over the old file that fails part way leaves the old file whole. The write
+    // goes to `.good.rbw.tmp<pid>` first: a directory standing there makes it fail.
+    let tmp = d.path(&format!(".good.rbw.tmp{}", std::process::id()));
+    std::fs::create_dir(&tmp).unwrap();
+    let changed = build(40, 9);
+    assert!(changed.save_bin(d.path("good.rbw"), Precision::F32).is_err());
+    assert_eq!(
+        std::fs::read(d.path("good.rbw")).unwrap(),
+        good,
+        "the old file changed"
+    );
+    std::fs::remove_dir(&tmp).unwrap();
+    // A save whose rename fails (the path is a directory) leaves no temporary behind.
+    std::fs::create_dir(d.path("taken.rbw")).unwrap();
+    std::fs::write(d.path("taken.rbw/keep"), b"x").unwrap();
+    assert!(changed.save_bin(d.path("taken.rbw"), Precision::F32).is_err());
+    assert_eq!(std::fs::read(d.path("taken.rbw/keep")).unwrap(), b"x");
+    let stray: Vec<String> = std::fs::read_dir(d.path(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(stray.is_empty(), "temporaries left: {stray:?}");
+    // And the same save to the free path succeeds, replacing the old file.
+    changed.save_bin(d.path("good.rbw"), Precision::F32).unwrap();
+    assert_ne!(std::fs::read(d.path("good.rbw")).unwrap(), good);
 }

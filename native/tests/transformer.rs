@@ -248,9 +248,19 @@ fn bad_ids_lengths_and_blow_ups_are_errors_naming_the_place() {
     // that failed did not change the weights.
     m.optimizer = Optimizer::sgd(1e35);
     let seqs = vec![vec![1u32, 2, 3, 4, 5]];
+    let bits = |m: &TransformerLm| -> Vec<Vec<u32>> {
+        m.named_parameters()
+            .unwrap()
+            .into_iter()
+            .map(|(_, v)| v.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
     let mut failure = None;
     for _ in 0..5 {
+        let (before, steps) = (bits(&m), m.steps());
         if let Err(e) = m.train_step(&seqs) {
+            assert!(bits(&m) == before, "the failed step changed the weights");
+            assert_eq!(m.steps(), steps, "the failed step was counted");
             failure = Some(e);
             break;
         }
