@@ -603,6 +603,11 @@ fn main() {
                 let dev = dev.clone();
                 Trial::test(name, move || f(&dev))
             }
+            // RB_REQUIRE_CUDA=1 (the device check sets it): no device is a failure.
+            Err(why) if std::env::var("RB_REQUIRE_CUDA").as_deref() == Ok("1") => {
+                let why = why.to_string();
+                Trial::test(name, move || Err(format!("no CUDA device: {why}").into()))
+            }
             Err(_) => Trial::test(name, || Ok(())).with_ignored_flag(true),
         })
         .collect();

@@ -947,11 +947,15 @@ fn main() {
             Ok(c) => f(c).inspect_err(|e| eprintln!("  error: {}", e.message().unwrap_or("?"))),
             Err(e) => Err(fail(format!("no CUDA device: {e}"))),
         });
+        // RB_REQUIRE_CUDA=1 (the device check sets it): a backend that does not start is
+        // every test failing, never a run of ignored tests that looks green.
+        let required = std::env::var("RB_REQUIRE_CUDA").as_deref() == Ok("1");
         trials.push(match dev.as_ref() {
             Ok(_) => trial,
+            Err(_) if required => trial,
             Err(e) => {
                 if name == "primitives_elementwise" {
-                    eprintln!("skipped: no CUDA device ({e})");
+                    eprintln!("skipped: no CUDA device ({e}); RB_REQUIRE_CUDA=1 makes this a failure");
                 }
                 trial.with_ignored_flag(true)
             }

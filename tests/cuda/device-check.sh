@@ -67,6 +67,9 @@ run)
         echo "$1: ${lib:-not found (the runs below will say so)}"
     done
     export RB_KERNEL_CACHE="${RB_KERNEL_CACHE:-/tmp/rb-kernels}"
+    # On the GPU machine a backend that does not start fails the tests instead of
+    # reporting them ignored.
+    export RB_REQUIRE_CUDA=1
     export RB_TORCH_LM="$PWD/$dev/torch_lm.py"
     nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm --format=csv,noheader || true
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' || true
