@@ -303,3 +303,31 @@ fn bad_configurations_and_inputs_are_errors_not_panics() {
     };
     assert!(matches!(e, NetworkError::Training { .. }), "{e}");
 }
+
+/// A NaN in the data: `fit` stops with an error naming the epoch and batch, and the batch
+/// that failed did not move the weights.
+#[test]
+fn a_nan_in_the_data_is_an_error_naming_the_batch() {
+    let mut model = xor_network();
+    let probe = vec![vec![0.0, 1.0], vec![1.0, 1.0]];
+    let before = model.predict_batch(&probe).unwrap();
+    let data = Dataset::new(vec![vec![0.0, f32::NAN]], vec![vec![1.0]]).unwrap();
+    let run = TrainConfig {
+        epochs: 3,
+        batch_size: 1,
+        shuffle: false,
+        seed: Some(1),
+    };
+    match model.fit(&data, run) {
+        Err(e @ NetworkError::Training { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("epoch") && text.contains("batch"), "{text}");
+        }
+        other => panic!("expected a training error, got {other:?}"),
+    }
+    assert_eq!(
+        model.predict_batch(&probe).unwrap(),
+        before,
+        "the failed batch moved the weights"
+    );
+}

@@ -330,3 +330,43 @@ fn token_batch_takes_rows_owned_or_borrowed() {
     assert_eq!((sliced.batch, sliced.inputs.clone()), (1, vec![4, 5]));
     assert!(TokenBatch::new(Vec::<Vec<u32>>::new()).is_err());
 }
+
+/// A weight that overflows the forward pass (finite itself, so `set_parameter` takes it):
+/// every entry point returns an error instead of training on, or emitting, non-finite
+/// values, and nothing it refused changed the model.
+#[test]
+fn an_overflowing_weight_is_an_error_at_every_entry_point() {
+    let mut m = tiny(12);
+    m.set_parameter("model.norm.weight", &[3e38; 32]).unwrap();
+    let bits = |m: &TransformerLm| -> Vec<Vec<u32>> {
+        m.named_parameters()
+            .unwrap()
+            .into_iter()
+            .map(|(_, v)| v.iter().map(|x| x.to_bits()).collect())
+            .collect()
+    };
+    let before = bits(&m);
+    let seqs = vec![vec![1u32, 2, 3, 4, 5]];
+    match m.train_step(&seqs) {
+        Err(NetworkError::Step { step: 1, .. }) => {}
+        other => panic!("train_step: expected an error naming step 1, got {other:?}"),
+    }
+    m.zero_grad().unwrap();
+    let tb = TokenBatch::new(&seqs).unwrap();
+    match m.accumulate_step(&tb) {
+        Err(NetworkError::Step { step: 1, .. }) => {}
+        other => panic!("accumulate_step: expected an error naming step 1, got {other:?}"),
+    }
+    assert!(m.evaluate(&tb).is_err(), "evaluate returned a non-finite loss");
+    let e = m
+        .generate(&[1, 2, 3], 4, &mut rusting_brain::Sampler::greedy())
+        .unwrap_err()
+        .to_string();
+    eprintln!("generate: {e}");
+    assert!(
+        e.to_lowercase().contains("finite") || e.contains("NaN") || e.contains("inf"),
+        "{e}"
+    );
+    assert!(bits(&m) == before, "a refused call changed the weights");
+    assert_eq!(m.steps(), 0);
+}
