@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use rusting_brain_core::models::transformer::{
-    adapted_shapes, peft_names, LoraConfig, TransformerModel, LORA_TARGETS,
+    adapted_shapes, adapter_buffers_mut, peft_names, LoraConfig, TransformerModel, LORA_TARGETS,
 };
 use rusting_brain_core::Backend;
 use safetensors::tensor::Dtype;
@@ -314,32 +314,17 @@ pub(crate) fn load(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Res
     }
     let b = model.backend;
     let state = model.lora.as_mut().expect("attached above");
-    let names: Vec<String> = state
-        .weights
-        .as_ref()
-        .into_named()
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    for ((name, pair), (g, (m, v))) in names.iter().zip(state.weights.as_mut().into_leaves()).zip(
-        state.grads.as_mut().into_leaves().into_iter().zip(
-            state
-                .m
-                .as_mut()
-                .into_leaves()
-                .into_iter()
-                .zip(state.v.as_mut().into_leaves()),
-        ),
-    ) {
+    for (name, pair) in state.weights.as_mut().into_named() {
         if let Some(p) = pair {
-            let (na, nb) = peft_names(name);
+            let (na, nb) = peft_names(&name);
             b.write(&mut p.a, &values[na.as_str()])?;
             b.write(&mut p.b, &values[nb.as_str()])?;
-            // Fresh optimizer state for the loaded values.
-            for t in [g, m, v].into_iter().flatten() {
-                b.fill(&mut t.a, 0.0)?;
-                b.fill(&mut t.b, 0.0)?;
-            }
+        }
+    }
+    // Fresh gradients and optimizer moments for the loaded values.
+    for tree in [&mut state.grads, &mut state.m, &mut state.v] {
+        for t in adapter_buffers_mut(tree) {
+            b.fill(t, 0.0)?;
         }
     }
     Ok(())

@@ -1,27 +1,10 @@
 //! `Network` end to end: the tutorial examples' claims as tests, reproducibility, early
 //! stopping, save/load, and configuration errors.
 
+mod common;
+
+use common::{iris, iris_network, regression_data, xor, xor_network};
 use rusting_brain::{Activation, Dataset, Loss, Network, NetworkError, Optimizer, TrainConfig};
-use rusting_brain_core::Rng;
-
-fn xor() -> Dataset {
-    Dataset::new(
-        vec![vec![0.0, 0.0], vec![0.0, 1.0], vec![1.0, 0.0], vec![1.0, 1.0]],
-        vec![vec![0.0], vec![1.0], vec![1.0], vec![0.0]],
-    )
-    .unwrap()
-}
-
-fn xor_network() -> Network {
-    Network::builder()
-        .input_size(2)
-        .dense(8, Activation::Tanh)
-        .dense(1, Activation::Sigmoid)
-        .loss(Loss::BinaryCrossEntropy)
-        .optimizer(Optimizer::adam(0.05))
-        .seed(42)
-        .build()
-}
 
 const XOR_RUN: TrainConfig = TrainConfig {
     epochs: 2_000,
@@ -95,18 +78,6 @@ fn fit_with_stops_when_the_callback_says_so_and_returns_only_those_epochs() {
     assert_eq!(seen.iter().map(|s| s.1).collect::<Vec<_>>(), history);
 }
 
-/// The regression example's task: y = sin(2 x0) + 0.5 x1^2 on [-1, 1]^2.
-fn regression_data(n: usize, seed: u64) -> Dataset {
-    let mut rng = Rng::new(seed);
-    let (mut xs, mut ys) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        let (a, b) = (rng.uniform(-1.0, 1.0) as f32, rng.uniform(-1.0, 1.0) as f32);
-        xs.push(vec![a, b]);
-        ys.push(vec![(2.0 * a).sin() + 0.5 * b * b]);
-    }
-    Dataset::new(xs, ys).unwrap()
-}
-
 #[test]
 fn regression_reaches_the_mse_its_example_states() {
     let data = regression_data(1_000, 3);
@@ -138,22 +109,14 @@ fn regression_reaches_the_mse_its_example_states() {
 
 #[test]
 fn iris_reaches_93_percent_on_a_stratified_split() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/iris.csv");
-    let (data, classes) = Dataset::from_csv_labeled(path).unwrap();
+    let (data, classes) = iris();
     assert_eq!(classes, vec!["setosa", "versicolor", "virginica"]);
     assert_eq!((data.len(), data.input_size(), data.target_size()), (150, 4, 3));
     let (mut train, mut test) = data.split_stratified(0.8);
     assert_eq!((train.len(), test.len()), (120, 30));
     let stats = train.standardize();
     stats.apply(&mut test).unwrap();
-    let mut model = Network::builder()
-        .input_size(4)
-        .dense(16, Activation::Relu)
-        .dense(3, Activation::Softmax)
-        .loss(Loss::CategoricalCrossEntropy)
-        .optimizer(Optimizer::adam(0.01))
-        .seed(7)
-        .build();
+    let mut model = iris_network();
     model
         .fit(
             &train,

@@ -10,7 +10,10 @@
 
 use std::path::{Path, PathBuf};
 
-use rusting_brain::{Activation, Dataset, Loss, Network, OnnxDim, OnnxModel, Optimizer, TrainConfig};
+mod common;
+
+use common::{iris, iris_network, regression_data, xor, xor_network};
+use rusting_brain::{Activation, Loss, Network, OnnxDim, OnnxModel, Optimizer, TrainConfig};
 use rusting_brain_core::Rng;
 use safetensors::SafeTensors;
 
@@ -81,46 +84,19 @@ fn pytorch_and_keras_exports_match_onnx_runtime() {
     }
 }
 
-/// The three example networks, trained briefly (what they compute is what matters here).
+/// The three example networks, trained briefly (what they compute is what matters here);
+/// the regression one takes a leaky ReLU so every activation the export maps is covered.
 fn networks() -> Vec<(&'static str, Network, usize)> {
-    let xor = Dataset::new(
-        vec![vec![0.0, 0.0], vec![0.0, 1.0], vec![1.0, 0.0], vec![1.0, 1.0]],
-        vec![vec![0.0], vec![1.0], vec![1.0], vec![0.0]],
-    )
-    .unwrap();
-    let mut x = Network::builder()
-        .input_size(2)
-        .dense(8, Activation::Tanh)
-        .dense(1, Activation::Sigmoid)
-        .loss(Loss::BinaryCrossEntropy)
-        .optimizer(Optimizer::adam(0.05))
-        .seed(42)
-        .build();
     let run = |epochs| TrainConfig {
         epochs,
         batch_size: 8,
         shuffle: true,
         seed: Some(1),
     };
-    x.fit(&xor, run(200)).unwrap();
-    let (iris_data, _) =
-        Dataset::from_csv_labeled(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/iris.csv")).unwrap();
-    let mut iris = Network::builder()
-        .input_size(4)
-        .dense(16, Activation::Relu)
-        .dense(3, Activation::Softmax)
-        .loss(Loss::CategoricalCrossEntropy)
-        .optimizer(Optimizer::adam(0.01))
-        .seed(7)
-        .build();
-    iris.fit(&iris_data, run(20)).unwrap();
-    let mut rng = Rng::new(3);
-    let (mut xs, mut ys) = (Vec::new(), Vec::new());
-    for _ in 0..200 {
-        let (a, b) = (rng.uniform(-1.0, 1.0) as f32, rng.uniform(-1.0, 1.0) as f32);
-        xs.push(vec![a, b]);
-        ys.push(vec![(2.0 * a).sin() + 0.5 * b * b]);
-    }
+    let mut x = xor_network();
+    x.fit(&xor(), run(200)).unwrap();
+    let mut iris_net = iris_network();
+    iris_net.fit(&iris().0, run(20)).unwrap();
     let mut reg = Network::builder()
         .input_size(2)
         .dense(32, Activation::Tanh)
@@ -130,8 +106,8 @@ fn networks() -> Vec<(&'static str, Network, usize)> {
         .optimizer(Optimizer::adam(0.01))
         .seed(1)
         .build();
-    reg.fit(&Dataset::new(xs, ys).unwrap(), run(20)).unwrap();
-    vec![("xor", x, 2), ("iris", iris, 4), ("regression", reg, 2)]
+    reg.fit(&regression_data(200, 3), run(20)).unwrap();
+    vec![("xor", x, 2), ("iris", iris_net, 4), ("regression", reg, 2)]
 }
 
 /// `save_onnx` read back by tract: the same predictions at batch sizes 1 and 37, the

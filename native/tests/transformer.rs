@@ -15,6 +15,15 @@ fn nan_max(m: f32, d: f32) -> f32 {
     }
 }
 
+/// Every weight's bits, for "nothing changed" checks.
+fn bits(m: &TransformerLm) -> Vec<Vec<u32>> {
+    m.named_parameters()
+        .unwrap()
+        .into_iter()
+        .map(|(_, v)| v.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
 fn tiny(seed: u64) -> TransformerLm {
     TransformerLm::builder()
         .vocab_size(32)
@@ -248,13 +257,6 @@ fn bad_ids_lengths_and_blow_ups_are_errors_naming_the_place() {
     // that failed did not change the weights.
     m.optimizer = Optimizer::sgd(1e35);
     let seqs = vec![vec![1u32, 2, 3, 4, 5]];
-    let bits = |m: &TransformerLm| -> Vec<Vec<u32>> {
-        m.named_parameters()
-            .unwrap()
-            .into_iter()
-            .map(|(_, v)| v.iter().map(|x| x.to_bits()).collect())
-            .collect()
-    };
     let mut failure = None;
     for _ in 0..5 {
         let (before, steps) = (bits(&m), m.steps());
@@ -338,13 +340,6 @@ fn token_batch_takes_rows_owned_or_borrowed() {
 fn an_overflowing_weight_is_an_error_at_every_entry_point() {
     let mut m = tiny(12);
     m.set_parameter("model.norm.weight", &[3e38; 32]).unwrap();
-    let bits = |m: &TransformerLm| -> Vec<Vec<u32>> {
-        m.named_parameters()
-            .unwrap()
-            .into_iter()
-            .map(|(_, v)| v.iter().map(|x| x.to_bits()).collect())
-            .collect()
-    };
     let before = bits(&m);
     let seqs = vec![vec![1u32, 2, 3, 4, 5]];
     match m.train_step(&seqs) {

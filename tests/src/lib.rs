@@ -284,3 +284,11 @@ pub fn worst_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0f32, |m, d| if d > m || d.is_nan() { d } else { m })
 }
+
+/// Named tensors' bits (`named_parameters`, `lora_parameters`), for bitwise comparisons.
+pub fn named_bits(tensors: &[(String, Vec<f32>)]) -> Vec<(String, Vec<u32>)> {
+    tensors
+        .iter()
+        .map(|(n, v)| (n.clone(), v.iter().map(|x| x.to_bits()).collect()))
+        .collect()
+}

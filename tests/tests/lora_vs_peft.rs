@@ -56,12 +56,6 @@ fn peft_config() -> LoraConfig {
     LoraConfig::new(4).alpha(8.0)
 }
 
-fn bits(v: &[(String, Vec<f32>)]) -> Vec<(String, Vec<u32>)> {
-    v.iter()
-        .map(|(n, x)| (n.clone(), x.iter().map(|f| f.to_bits()).collect()))
-        .collect()
-}
-
 fn scratch(tag: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("rb-lora-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&p);
@@ -118,7 +112,7 @@ fn peft_adapter_logits_gradients_and_three_adamw_steps_match() {
     let mut model = TransformerLm::from_pretrained(base_dir()).unwrap();
     model.load_lora(peft_dir()).unwrap();
     assert_eq!(model.lora_config(), Some(&peft_config()));
-    let base_before = bits(&model.named_parameters().unwrap());
+    let base_before = named_bits(&model.named_parameters().unwrap());
 
     let worst = close(
         "logits",
@@ -170,7 +164,7 @@ fn peft_adapter_logits_gradients_and_three_adamw_steps_match() {
         );
     }
     assert_eq!(
-        bits(&model.named_parameters().unwrap()),
+        named_bits(&model.named_parameters().unwrap()),
         base_before,
         "the base moved"
     );
@@ -229,8 +223,8 @@ fn merge_predicts_the_same_and_save_load_is_bitwise() {
     let mut again = TransformerLm::from_pretrained(base_dir()).unwrap();
     again.load_lora(&peft).unwrap();
     assert_eq!(
-        bits(&again.lora_parameters().unwrap()),
-        bits(&model.lora_parameters().unwrap())
+        named_bits(&again.lora_parameters().unwrap()),
+        named_bits(&model.lora_parameters().unwrap())
     );
     if let Ok(out) = std::env::var("RB_LORA_PEFT_OUT") {
         // For tests/fixtures/check_lora_peft.py: our adapter directory and our logits.

@@ -516,11 +516,16 @@ impl<B: Backend> Mat<'_, B> {
 /// refilled for each matrix.
 struct Dequant<B: Backend> {
     by_len: Vec<(usize, B::Buffer)>,
+    /// `0..rows` for the lookup that dequantizes a whole matrix, grown to the most rows seen.
+    ids: Vec<u32>,
 }
 
 impl<B: Backend> Dequant<B> {
     fn new() -> Self {
-        Dequant { by_len: Vec::new() }
+        Dequant {
+            by_len: Vec::new(),
+            ids: Vec::new(),
+        }
     }
     fn get(
         &mut self,
@@ -538,9 +543,11 @@ impl<B: Backend> Dequant<B> {
                 self.by_len.len() - 1
             }
         };
-        let ids: Vec<u32> = (0..rows as u32).collect();
+        if self.ids.len() < rows {
+            self.ids = (0..rows as u32).collect();
+        }
         let buf = &mut self.by_len[i].1;
-        b.q8_embedding(buf, packed, scales, &ids, rows, cols)?;
+        b.q8_embedding(buf, packed, scales, &self.ids[..rows], rows, cols)?;
         Ok(&self.by_len[i].1)
     }
 }
