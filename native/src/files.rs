@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::{NetworkError, Result};
 
@@ -16,7 +16,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| NetworkError::InvalidInput(format!("{} is not a file path", path.display())))?;
-    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let tmp = temporary(&dir, &name.to_string_lossy());
     let result = (|| {
         let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;
@@ -32,6 +32,30 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// Where a save into `dir/name` stages its bytes: `.{name}.tmp{pid}`, private to this
+/// process so two processes saving the same path never mix their bytes. A process killed
+/// mid-save leaves its temporary behind; on Linux the ones of processes that no longer run
+/// are removed here, so repeated crashes do not pile up copies of a checkpoint.
+pub(crate) fn temporary(dir: &Path, name: &str) -> PathBuf {
+    let prefix = format!(".{name}.tmp");
+    if cfg!(target_os = "linux") {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let file = entry.file_name();
+            let Some(pid) = file.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+                continue;
+            };
+            let dead = pid
+                .parse::<u32>()
+                .is_ok_and(|p| p != std::process::id() && !Path::new("/proc").join(pid).exists());
+            if dead && Path::new("/proc/self").exists() {
+                let path = entry.path();
+                let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
+            }
+        }
+    }
+    dir.join(format!("{prefix}{}", std::process::id()))
 }
 
 /// Reads a whole file, naming it on failure.

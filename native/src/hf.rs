@@ -1067,7 +1067,7 @@ pub(crate) fn save(
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let tmp = parent.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let tmp = crate::files::temporary(&parent, &name.to_string_lossy());
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| NetworkError::io(&tmp, e))?;
     let result = (|| -> Result<()> {

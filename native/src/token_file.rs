@@ -46,7 +46,14 @@ impl TokenFile {
     ) -> Result<usize> {
         let (out, jsonl) = (out.as_ref(), jsonl.as_ref());
         let input = File::open(jsonl).map_err(|e| NetworkError::io(jsonl, e))?;
-        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+        let dir = match out.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let name = out
+            .file_name()
+            .ok_or_else(|| NetworkError::InvalidInput(format!("{} is not a file path", out.display())))?;
+        let tmp = crate::files::temporary(&dir, &name.to_string_lossy());
         let result = (|| -> Result<usize> {
             let mut w = BufWriter::new(File::create(&tmp).map_err(|e| NetworkError::io(&tmp, e))?);
             let mut count = 0usize;
