@@ -51,9 +51,13 @@ impl CpuBackend {
     pub fn threads(&self) -> usize {
         rayon::current_num_threads()
     }
-    /// The SIMD instruction set the kernels run with on this CPU.
+    /// The SIMD instruction set the kernels run with on this CPU (`RB_CPU_ISA` and
+    /// `RB_CPU_VNNI=0` lower it), with `+vnni` when the int8 products use VNNI.
     pub fn isa(&self) -> &'static str {
-        simd::isa().name()
+        match (simd::isa().name(), simd::has_vnni()) {
+            ("avx512f", true) => "avx512f+vnni",
+            (name, _) => name,
+        }
     }
 }
 

@@ -31,23 +31,60 @@ impl Isa {
     }
 }
 
+/// The instruction set the kernels run with: the best this CPU has, or a lower one asked
+/// for with `RB_CPU_ISA` (`avx512`, `avx2`, `baseline`), so tests and benchmarks can run
+/// every path on one machine. A path the CPU lacks is never taken: the request is lowered
+/// to what the CPU has.
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Isa::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return Isa::Avx2Fma;
-            }
+        let detected = detected_isa();
+        match requested_isa() {
+            Some(want) if rank(want) < rank(detected) => want,
+            _ => detected,
         }
-        Isa::Baseline
     })
+}
+
+fn rank(isa: Isa) -> u8 {
+    match isa {
+        Isa::Baseline => 0,
+        Isa::Avx2Fma => 1,
+        Isa::Avx512 => 2,
+    }
+}
+
+/// `RB_CPU_ISA`, when set to a path name; anything else is reported once and ignored.
+fn requested_isa() -> Option<Isa> {
+    let value = std::env::var("RB_CPU_ISA").ok()?;
+    match value.trim().to_ascii_lowercase().as_str() {
+        "avx512" | "avx512f" => Some(Isa::Avx512),
+        "avx2" | "avx2+fma" => Some(Isa::Avx2Fma),
+        "baseline" | "portable" | "neon" => Some(Isa::Baseline),
+        "" | "native" | "auto" => None,
+        other => {
+            eprintln!(
+                "rusting_brain: RB_CPU_ISA={other:?} is not one of avx512, avx2, baseline, native; using the CPU's best"
+            );
+            None
+        }
+    }
+}
+
+fn detected_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Isa::Avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return Isa::Avx2Fma;
+        }
+    }
+    Isa::Baseline
 }
 
 /// `a * b + c`, fused where the instruction set has FMA (never a slow libm call).
@@ -357,18 +394,22 @@ unsafe fn quantize_i8_avx512(x: &[f32]) -> (Vec<i8>, f32) {
     (out, scale)
 }
 
-/// Whether `dot_i8` runs on VNNI here.
+/// Whether `dot_i8` runs on VNNI here: the CPU has it, the AVX-512 path is in use, and
+/// `RB_CPU_VNNI=0` did not turn it off.
 pub fn has_vnni() -> bool {
     static VNNI: OnceLock<bool> = OnceLock::new();
     *VNNI.get_or_init(|| {
+        let off = std::env::var("RB_CPU_VNNI").is_ok_and(|v| v.trim() == "0");
         #[cfg(target_arch = "x86_64")]
         {
-            std::arch::is_x86_feature_detected!("avx512f")
+            !off && isa() == Isa::Avx512
+                && std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vnni")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
+            let _ = off;
             false
         }
     })
