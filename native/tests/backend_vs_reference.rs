@@ -788,3 +788,10 @@ fn lora_pair_matches_reference_on_windows() {
         .unwrap_err();
     assert!(err.to_string().contains('x'), "{err}");
 }
+
+/// The sweep every backend runs (rusting_brain_test_support::sweep), at this file's
+/// tolerance.
+#[test]
+fn the_shared_backend_sweep_passes_on_the_cpu() {
+    rusting_brain_test_support::backend_sweep(&CpuBackend, TOL);
+}

@@ -5,22 +5,7 @@ use std::path::PathBuf;
 use rusting_brain::core::Rng;
 use rusting_brain::{Optimizer, Precision, TokenBatch, TransformerLm};
 
-struct Dir(PathBuf);
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("rb_ckpt_{tag}_{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-impl Drop for Dir {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
+use rusting_brain_test_support::TempDir as Dir;
 
 fn build(vocab: usize, seed: u64) -> TransformerLm {
     TransformerLm::builder()
@@ -55,7 +40,7 @@ fn bits(m: &TransformerLm) -> Vec<(String, Vec<u32>)> {
 
 #[test]
 fn resuming_from_a_checkpoint_is_bitwise_identical_to_not_stopping() {
-    let d = Dir::new("resume");
+    let d = Dir::new("ckpt_resume");
     let mut straight = build(40, 1);
     for s in 0..7 {
         straight.train_step_batch(&batch(s)).unwrap();
@@ -64,11 +49,11 @@ fn resuming_from_a_checkpoint_is_bitwise_identical_to_not_stopping() {
     for s in 0..4 {
         first.train_step_batch(&batch(s)).unwrap();
     }
-    first.save_bin(d.path("m.rbw"), Precision::F32).unwrap();
-    first.save_optimizer_state(d.path("m.rbw.opt")).unwrap();
+    first.save_bin(d.join("m.rbw"), Precision::F32).unwrap();
+    first.save_optimizer_state(d.join("m.rbw.opt")).unwrap();
     drop(first);
-    let mut resumed = TransformerLm::load_bin(d.path("m.rbw")).unwrap();
-    resumed.load_optimizer_state(d.path("m.rbw.opt")).unwrap();
+    let mut resumed = TransformerLm::load_bin(d.join("m.rbw")).unwrap();
+    resumed.load_optimizer_state(d.join("m.rbw.opt")).unwrap();
     assert_eq!(
         resumed.optimizer,
         Optimizer::adam(5e-3).betas(0.9, 0.95).weight_decay(0.1)
@@ -85,17 +70,17 @@ fn resuming_from_a_checkpoint_is_bitwise_identical_to_not_stopping() {
 
 #[test]
 fn weights_round_trip_and_the_file_is_plain_safetensors() {
-    let d = Dir::new("roundtrip");
+    let d = Dir::new("ckpt_roundtrip");
     let mut m = build(40, 2);
     m.train_step_batch(&batch(0)).unwrap();
-    m.save_bin(d.path("a.rbw"), Precision::F32).unwrap();
-    let mut back = TransformerLm::load_bin(d.path("a.rbw")).unwrap();
+    m.save_bin(d.join("a.rbw"), Precision::F32).unwrap();
+    let mut back = TransformerLm::load_bin(d.join("a.rbw")).unwrap();
     assert!(bits(&back) == bits(&m));
     assert_eq!(back.config(), m.config());
     let b = batch(1);
     assert_eq!(back.forward_batch(&b).unwrap(), m.forward_batch(&b).unwrap());
     // What Python's safetensors sees: F32 tensors under Hugging Face names, config in metadata.
-    let bytes = std::fs::read(d.path("a.rbw")).unwrap();
+    let bytes = std::fs::read(d.join("a.rbw")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("model.layers.1.self_attn.k_proj.weight").unwrap();
     assert_eq!(
@@ -108,14 +93,14 @@ fn weights_round_trip_and_the_file_is_plain_safetensors() {
 
 #[test]
 fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
-    let d = Dir::new("bad");
+    let d = Dir::new("ckpt_bad");
     let m = build(40, 3);
-    m.save_bin(d.path("good.rbw"), Precision::F32).unwrap();
-    m.save_optimizer_state(d.path("good.opt")).unwrap();
-    let good = std::fs::read(d.path("good.rbw")).unwrap();
+    m.save_bin(d.join("good.rbw"), Precision::F32).unwrap();
+    m.save_optimizer_state(d.join("good.opt")).unwrap();
+    let good = std::fs::read(d.join("good.rbw")).unwrap();
     let write = |name: &str, bytes: &[u8]| {
-        std::fs::write(d.path(name), bytes).unwrap();
-        d.path(name)
+        std::fs::write(d.join(name), bytes).unwrap();
+        d.join(name)
     };
     let err = |p: PathBuf| {
         TransformerLm::load_bin(&p)
@@ -166,16 +151,16 @@ fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
         );
     }
     // A file of another format altogether.
-    let e = err(d.path("good.opt"));
+    let e = err(d.join("good.opt"));
     assert!(e.contains("format"), "{e}");
-    let e = err(d.path("nothing.rbw"));
+    let e = err(d.join("nothing.rbw"));
     assert!(e.contains("nothing.rbw"), "{e}");
 
     // Optimizer state of another model: refused, and nothing changes.
     let mut other = build(44, 4);
     let before = bits(&other);
     let e = other
-        .load_optimizer_state(d.path("good.opt"))
+        .load_optimizer_state(d.join("good.opt"))
         .unwrap_err()
         .to_string();
     assert!(e.contains("another configuration"), "{e}");
@@ -183,28 +168,28 @@ fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
     assert!(bits(&other) == before);
     // A save over the old file that fails part way leaves the old file whole. The write
     // goes to `.good.rbw.tmp<pid>` first: a directory standing there makes it fail.
-    let tmp = d.path(&format!(".good.rbw.tmp{}", std::process::id()));
+    let tmp = d.join(format!(".good.rbw.tmp{}", std::process::id()));
     std::fs::create_dir(&tmp).unwrap();
     let changed = build(40, 9);
-    assert!(changed.save_bin(d.path("good.rbw"), Precision::F32).is_err());
+    assert!(changed.save_bin(d.join("good.rbw"), Precision::F32).is_err());
     assert_eq!(
-        std::fs::read(d.path("good.rbw")).unwrap(),
+        std::fs::read(d.join("good.rbw")).unwrap(),
         good,
         "the old file changed"
     );
     std::fs::remove_dir(&tmp).unwrap();
     // A save whose rename fails (the path is a directory) leaves no temporary behind.
-    std::fs::create_dir(d.path("taken.rbw")).unwrap();
-    std::fs::write(d.path("taken.rbw/keep"), b"x").unwrap();
-    assert!(changed.save_bin(d.path("taken.rbw"), Precision::F32).is_err());
-    assert_eq!(std::fs::read(d.path("taken.rbw/keep")).unwrap(), b"x");
-    let stray: Vec<String> = std::fs::read_dir(d.path(""))
+    std::fs::create_dir(d.join("taken.rbw")).unwrap();
+    std::fs::write(d.join("taken.rbw/keep"), b"x").unwrap();
+    assert!(changed.save_bin(d.join("taken.rbw"), Precision::F32).is_err());
+    assert_eq!(std::fs::read(d.join("taken.rbw/keep")).unwrap(), b"x");
+    let stray: Vec<String> = std::fs::read_dir(d.join(""))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains(".tmp"))
         .collect();
     assert!(stray.is_empty(), "temporaries left: {stray:?}");
     // And the same save to the free path succeeds, replacing the old file.
-    changed.save_bin(d.path("good.rbw"), Precision::F32).unwrap();
-    assert_ne!(std::fs::read(d.path("good.rbw")).unwrap(), good);
+    changed.save_bin(d.join("good.rbw"), Precision::F32).unwrap();
+    assert_ne!(std::fs::read(d.join("good.rbw")).unwrap(), good);
 }

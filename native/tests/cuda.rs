@@ -914,6 +914,23 @@ fn hf_directories_match_the_cpu(_: &CudaBackend) -> R {
     Ok(())
 }
 
+/// The sweep every backend runs (rusting_brain_test_support::sweep) at 1e-4, this file's
+/// bound for the primitives: cuBLASLt's f32 GEMMs and the kernels' f32 sums order terms
+/// differently from the reference's f64 sums. The sweep panics on a mismatch.
+fn shared_backend_sweep(c: &CudaBackend) -> Result<(), Failed> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rusting_brain_test_support::backend_sweep(c, 1e-4)
+    }))
+    .map_err(|e| {
+        let message = e
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "the sweep panicked".into());
+        fail(message)
+    })
+}
+
 fn main() {
     let args = Arguments::from_args();
     let device = match cuda_available() {
@@ -933,6 +950,7 @@ fn main() {
         ("whole_model_moe_bf16", |_| whole_model(true, true)),
         ("decoding_matches_the_cpu", decoding_matches),
         ("primitives_lora", primitives_lora),
+        ("shared_backend_sweep", shared_backend_sweep),
         ("lora_trains_as_on_the_cpu", lora_trains_as_on_the_cpu),
         ("hf_directories_match_the_cpu", hf_directories_match_the_cpu),
         ("dense_network_matches_the_cpu", dense_network),

@@ -3,8 +3,6 @@
 //! collapsed router, KV-cached decoding, int8, checkpoints and exact resume.
 //! (Parity of the math with PyTorch: tests/tests/transformer_vs_torch.rs.)
 
-use std::path::PathBuf;
-
 use rusting_brain::core::Rng;
 use rusting_brain::{Optimizer, Precision, Sampler, TokenBatch, TransformerLm};
 
@@ -33,22 +31,7 @@ fn builder() -> rusting_brain::TransformerLmBuilder {
         .seed(3)
 }
 
-/// Sequences of `next = (5 * prev + 3) mod 64`.
-fn rule_batch(rng: &mut Rng, rows: usize, len: usize) -> TokenBatch {
-    let seqs: Vec<Vec<u32>> = (0..rows)
-        .map(|_| {
-            let mut t = rng.below(64) as u32;
-            (0..len)
-                .map(|_| {
-                    let c = t;
-                    t = (5 * t + 3) % 64;
-                    c
-                })
-                .collect()
-        })
-        .collect();
-    TokenBatch::new(&seqs).unwrap()
-}
+use rusting_brain_test_support::rule_batch;
 
 fn trained(shared: bool) -> TransformerLm {
     let mut m = builder().shared_expert(shared).build().unwrap();
@@ -59,22 +42,7 @@ fn trained(shared: bool) -> TransformerLm {
     m
 }
 
-struct Dir(PathBuf);
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("rb_moe_{tag}_{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-impl Drop for Dir {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
+use rusting_brain_test_support::TempDir as Dir;
 
 #[test]
 fn invalid_mixture_configurations_are_clear_errors() {
@@ -314,7 +282,7 @@ fn kv_cache_decode_matches_full_forward_with_experts() {
 
 #[test]
 fn q8_moe_keeps_logits_and_the_greedy_continuation_and_round_trips() {
-    let dir = Dir::new("q8");
+    let dir = Dir::new("moe_q8");
     let mut m = trained(true);
     let held = rule_batch(&mut Rng::new(77), 4, 25);
     let f32_loss = m.evaluate(&held).unwrap().lm_loss;
@@ -322,8 +290,8 @@ fn q8_moe_keeps_logits_and_the_greedy_continuation_and_round_trips() {
     let want = m.forward_batch(&held).unwrap();
     let prompt = [9u32, 48];
     let f32_ids = m.generate(&prompt, 20, &mut Sampler::greedy()).unwrap();
-    m.save_bin(dir.path("m.rbw"), Precision::F32).unwrap();
-    m.save_bin(dir.path("m.q8.rbw"), Precision::Q8).unwrap();
+    m.save_bin(dir.join("m.rbw"), Precision::F32).unwrap();
+    m.save_bin(dir.join("m.q8.rbw"), Precision::Q8).unwrap();
     m.quantize().unwrap();
     let got = m.forward_batch(&held).unwrap();
     let scale = want.iter().map(|v| v.abs()).fold(0.0f32, nan_max);
@@ -361,10 +329,10 @@ fn q8_moe_keeps_logits_and_the_greedy_continuation_and_round_trips() {
     let same = f32_ids.iter().zip(&q8_ids).filter(|(a, b)| a == b).count();
     assert!(same >= 18, "greedy: {same} of 20 unchanged");
     // Both files load back: F32 exactly, Q8 into the same quantized model.
-    let mut f = TransformerLm::load_bin(dir.path("m.rbw")).unwrap();
+    let mut f = TransformerLm::load_bin(dir.join("m.rbw")).unwrap();
     assert_eq!(f.forward_batch(&held).unwrap(), want);
     assert_eq!(f.config(), m.config());
-    let mut q = TransformerLm::load_bin(dir.path("m.q8.rbw")).unwrap();
+    let mut q = TransformerLm::load_bin(dir.join("m.q8.rbw")).unwrap();
     assert!(q.is_quantized());
     assert_eq!(q.forward_batch(&held).unwrap(), got);
     // The tensor bytes, without the safetensors header: this tiny model has 80 tensors
@@ -372,7 +340,7 @@ fn q8_moe_keeps_logits_and_the_greedy_continuation_and_round_trips() {
     // they do at any real size. int8 plus one f32 scale per 32 values is (1 + 4/32) / 4 =
     // 0.281 of f32, and the f32 norms and routers add a little.
     let payload = |name: &str| {
-        let bytes = std::fs::read(dir.path(name)).unwrap();
+        let bytes = std::fs::read(dir.join(name)).unwrap();
         let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         (bytes.len() - 8 - header) as f64
     };
@@ -383,7 +351,7 @@ fn q8_moe_keeps_logits_and_the_greedy_continuation_and_round_trips() {
 
 #[test]
 fn resuming_a_moe_run_is_bitwise_identical_to_not_stopping() {
-    let dir = Dir::new("resume");
+    let dir = Dir::new("moe_resume");
     let batch = |step: u64| rule_batch(&mut Rng::new(100 + step), 4, 13);
     let mut straight = builder().shared_expert(true).build().unwrap();
     for s in 0..7 {
@@ -393,10 +361,10 @@ fn resuming_a_moe_run_is_bitwise_identical_to_not_stopping() {
     for s in 0..4 {
         first.train_step_batch(&batch(s)).unwrap();
     }
-    first.save_bin(dir.path("w.rbw"), Precision::F32).unwrap();
-    first.save_optimizer_state(dir.path("w.opt")).unwrap();
-    let mut resumed = TransformerLm::load_bin(dir.path("w.rbw")).unwrap();
-    resumed.load_optimizer_state(dir.path("w.opt")).unwrap();
+    first.save_bin(dir.join("w.rbw"), Precision::F32).unwrap();
+    first.save_optimizer_state(dir.join("w.opt")).unwrap();
+    let mut resumed = TransformerLm::load_bin(dir.join("w.rbw")).unwrap();
+    resumed.load_optimizer_state(dir.join("w.opt")).unwrap();
     for s in 4..7 {
         resumed.train_step_batch(&batch(s)).unwrap();
     }
@@ -419,7 +387,7 @@ fn resuming_a_moe_run_is_bitwise_identical_to_not_stopping() {
         .build()
         .unwrap();
     let e = dense
-        .load_optimizer_state(dir.path("w.opt"))
+        .load_optimizer_state(dir.join("w.opt"))
         .unwrap_err()
         .to_string();
     assert!(e.contains("another configuration"), "{e}");
@@ -457,13 +425,13 @@ fn set_parameter_checks_its_input() {
 
 #[test]
 fn bad_moe_checkpoints_are_errors() {
-    let dir = Dir::new("bad");
+    let dir = Dir::new("moe_bad");
     let m = builder().shared_expert(true).build().unwrap();
-    m.save_bin(dir.path("good.rbw"), Precision::F32).unwrap();
-    m.save_bin(dir.path("good.q8.rbw"), Precision::Q8).unwrap();
+    m.save_bin(dir.join("good.rbw"), Precision::F32).unwrap();
+    m.save_bin(dir.join("good.q8.rbw"), Precision::Q8).unwrap();
     let err = |name: &str, bytes: &[u8]| {
-        std::fs::write(dir.path(name), bytes).unwrap();
-        TransformerLm::load_bin(dir.path(name))
+        std::fs::write(dir.join(name), bytes).unwrap();
+        TransformerLm::load_bin(dir.join(name))
             .err()
             .expect("should fail")
             .to_string()
@@ -476,7 +444,7 @@ fn bad_moe_checkpoints_are_errors() {
             "model.layers.1.mlp.shared_expert.up_proj.weight.scale",
         ),
     ] {
-        let good = std::fs::read(dir.path(file)).unwrap();
+        let good = std::fs::read(dir.join(file)).unwrap();
         let st = safetensors::SafeTensors::deserialize(&good).unwrap();
         let (_, meta) = safetensors::SafeTensors::read_metadata(&good).unwrap();
         let kept: Vec<_> = st.tensors().into_iter().filter(|(n, _)| n != drop).collect();
@@ -485,7 +453,7 @@ fn bad_moe_checkpoints_are_errors() {
         assert!(e.contains(drop) && e.contains("missing tensor"), "{e}");
     }
     // A config that says 5 experts where the file has 4, and one with top_k over n_experts.
-    let good = std::fs::read(dir.path("good.rbw")).unwrap();
+    let good = std::fs::read(dir.join("good.rbw")).unwrap();
     let header_len = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
     let header = std::str::from_utf8(&good[8..8 + header_len]).unwrap();
     for (from, to, want) in [

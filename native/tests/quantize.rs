@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use rusting_brain::core::Rng;
-use rusting_brain::{Optimizer, Precision, Sampler, TokenBatch, TransformerLm};
+use rusting_brain::{Precision, Sampler, TokenBatch, TransformerLm};
 
 /// `f32::max` for folds over differences, except that a NaN wins (and then fails the
 /// bound it is compared with); `f32::max` drops a NaN and would let it pass.
@@ -16,40 +16,14 @@ fn nan_max(m: f32, d: f32) -> f32 {
     }
 }
 
-/// Sequences of `next = (5 * prev + 3) mod 64`: learnable, so the trained model is sure of
-/// its predictions and the test measures quantization, not noise.
+/// The rule's batches, 25 tokens a row.
 fn rule_batch(rng: &mut Rng, rows: usize) -> TokenBatch {
-    let seqs: Vec<Vec<u32>> = (0..rows)
-        .map(|_| {
-            let mut t = rng.below(64) as u32;
-            (0..25)
-                .map(|_| {
-                    let c = t;
-                    t = (5 * t + 3) % 64;
-                    c
-                })
-                .collect()
-        })
-        .collect();
-    TokenBatch::new(&seqs).unwrap()
+    rusting_brain_test_support::rule_batch(rng, rows, 25)
 }
 
 fn trained() -> TransformerLm {
-    let mut m = TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(64)
-        .n_layers(2)
-        .heads(4, 2, 16)
-        .d_ff(128)
-        .max_seq_len(48)
-        .optimizer(Optimizer::adam(3e-3))
-        .seed(5)
-        .build()
-        .unwrap();
-    let mut rng = Rng::new(6);
-    for _ in 0..120 {
-        m.train_step_batch(&rule_batch(&mut rng, 8)).unwrap();
-    }
+    let mut m = rusting_brain_test_support::rule_model(128, 48).build().unwrap();
+    rusting_brain_test_support::train_on_rule(&mut m, 120);
     m
 }
 

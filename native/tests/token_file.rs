@@ -1,41 +1,24 @@
 //! TokenFile: windows from (seed, step) alone, an in-order walk that predicts every token
 //! once, and JSONL conversion with its errors.
 
-use std::path::PathBuf;
-
 use rusting_brain::TokenFile;
 
-struct Dir(PathBuf);
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("rb_tokens_{tag}_{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-impl Drop for Dir {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
+use rusting_brain_test_support::TempDir as Dir;
 
 #[test]
 fn batch_windows_depend_only_on_seed_and_step() {
-    let d = Dir::new("batch");
+    let d = Dir::new("tokens_batch");
     let ids: Vec<u32> = (0..10_000).collect();
-    TokenFile::write(d.path("c.bin"), &ids).unwrap();
-    let mut a = TokenFile::open(d.path("c.bin"), 42).unwrap();
-    let mut b = TokenFile::open(d.path("c.bin"), 42).unwrap();
+    TokenFile::write(d.join("c.bin"), &ids).unwrap();
+    let mut a = TokenFile::open(d.join("c.bin"), 42).unwrap();
+    let mut b = TokenFile::open(d.join("c.bin"), 42).unwrap();
     assert_eq!(a.len(), 10_000);
     // Out of order on one side: the windows of a step do not depend on what came before.
     let b7 = b.batch(7, 4, 64).unwrap();
     let _ = a.batch(3, 4, 64).unwrap();
     assert_eq!(a.batch(7, 4, 64).unwrap(), b7);
     assert_ne!(a.batch(8, 4, 64).unwrap(), b7, "another step, other windows");
-    let mut c = TokenFile::open(d.path("c.bin"), 43).unwrap();
+    let mut c = TokenFile::open(d.join("c.bin"), 43).unwrap();
     assert_ne!(c.batch(7, 4, 64).unwrap(), b7, "another seed, other windows");
     // Every window is a contiguous run inside the file; targets are inputs shifted by one.
     for step in 0..50 {
@@ -53,10 +36,10 @@ fn batch_windows_depend_only_on_seed_and_step() {
 
 #[test]
 fn chunk_predicts_every_token_once_in_order() {
-    let d = Dir::new("chunk");
+    let d = Dir::new("tokens_chunk");
     let ids: Vec<u32> = (0..1_003).map(|i| i * 7 % 1000).collect();
-    TokenFile::write(d.path("c.bin"), &ids).unwrap();
-    let mut f = TokenFile::open(d.path("c.bin"), 0).unwrap();
+    TokenFile::write(d.join("c.bin"), &ids).unwrap();
+    let mut f = TokenFile::open(d.join("c.bin"), 0).unwrap();
     let mut predicted = Vec::new();
     let mut i = 0;
     while let Some(b) = f.chunk(i, 4, 50).unwrap() {
@@ -75,20 +58,20 @@ fn chunk_predicts_every_token_once_in_order() {
 
 #[test]
 fn jsonl_converts_line_by_line_with_errors_naming_the_line() {
-    let d = Dir::new("jsonl");
+    let d = Dir::new("tokens_jsonl");
     std::fs::write(
-        d.path("c.jsonl"),
+        d.join("c.jsonl"),
         "{\"text\": \"héllo\"}\n\n{\"text\": \"wörld ✓\", \"id\": 2}\n",
     )
     .unwrap();
     let bytes = |s: &str| s.bytes().map(u32::from).collect::<Vec<u32>>();
-    let n = TokenFile::write_jsonl(d.path("c.bin"), d.path("c.jsonl"), "text", Some(999), bytes).unwrap();
+    let n = TokenFile::write_jsonl(d.join("c.bin"), d.join("c.jsonl"), "text", Some(999), bytes).unwrap();
     let mut want = bytes("héllo");
     want.push(999);
     want.extend(bytes("wörld ✓"));
     want.push(999);
     assert_eq!(n, want.len());
-    let raw = std::fs::read(d.path("c.bin")).unwrap();
+    let raw = std::fs::read(d.join("c.bin")).unwrap();
     let got: Vec<u32> = raw
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
@@ -96,20 +79,20 @@ fn jsonl_converts_line_by_line_with_errors_naming_the_line() {
     assert_eq!(got, want);
 
     std::fs::write(
-        d.path("bad.jsonl"),
+        d.join("bad.jsonl"),
         "{\"text\": \"a\"}\n{\"text\": \"b\"\n{\"text\": \"c\"}\n",
     )
     .unwrap();
-    let e = TokenFile::write_jsonl(d.path("bad.bin"), d.path("bad.jsonl"), "text", None, bytes)
+    let e = TokenFile::write_jsonl(d.join("bad.bin"), d.join("bad.jsonl"), "text", None, bytes)
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("bad.jsonl") && e.contains("line 2") && e.contains("malformed JSON"),
         "{e}"
     );
-    assert!(!d.path("bad.bin").exists(), "a failed conversion writes nothing");
-    std::fs::write(d.path("field.jsonl"), "{\"body\": \"a\"}\n").unwrap();
-    let e = TokenFile::write_jsonl(d.path("f.bin"), d.path("field.jsonl"), "text", None, bytes)
+    assert!(!d.join("bad.bin").exists(), "a failed conversion writes nothing");
+    std::fs::write(d.join("field.jsonl"), "{\"body\": \"a\"}\n").unwrap();
+    let e = TokenFile::write_jsonl(d.join("f.bin"), d.join("field.jsonl"), "text", None, bytes)
         .unwrap_err()
         .to_string();
     assert!(
@@ -117,22 +100,22 @@ fn jsonl_converts_line_by_line_with_errors_naming_the_line() {
         "{e}"
     );
     // The good file from before is untouched by a failed conversion into the same name.
-    assert!(TokenFile::write_jsonl(d.path("c.bin"), d.path("bad.jsonl"), "text", None, bytes).is_err());
-    assert_eq!(std::fs::read(d.path("c.bin")).unwrap(), raw);
+    assert!(TokenFile::write_jsonl(d.join("c.bin"), d.join("bad.jsonl"), "text", None, bytes).is_err());
+    assert_eq!(std::fs::read(d.join("c.bin")).unwrap(), raw);
 }
 
 #[test]
 fn bad_token_files_are_errors() {
-    let d = Dir::new("bad");
-    std::fs::write(d.path("odd.bin"), [1u8, 2, 3, 4, 5]).unwrap();
-    assert!(TokenFile::open(d.path("odd.bin"), 0)
+    let d = Dir::new("tokens_bad");
+    std::fs::write(d.join("odd.bin"), [1u8, 2, 3, 4, 5]).unwrap();
+    assert!(TokenFile::open(d.join("odd.bin"), 0)
         .err()
         .unwrap()
         .to_string()
         .contains("not a whole number"));
-    std::fs::write(d.path("one.bin"), 7u32.to_le_bytes()).unwrap();
-    assert!(TokenFile::open(d.path("one.bin"), 0).is_err());
-    assert!(TokenFile::open(d.path("none.bin"), 0)
+    std::fs::write(d.join("one.bin"), 7u32.to_le_bytes()).unwrap();
+    assert!(TokenFile::open(d.join("one.bin"), 0).is_err());
+    assert!(TokenFile::open(d.join("none.bin"), 0)
         .err()
         .unwrap()
         .to_string()

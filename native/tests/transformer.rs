@@ -104,19 +104,7 @@ fn a_tiny_model_overfits_a_fixed_batch() {
 
 /// Sequences following `next = (3 * prev + 1) mod 32` from a random start.
 fn rule_batch(rng: &mut Rng, rows: usize) -> TokenBatch {
-    let seqs: Vec<Vec<u32>> = (0..rows)
-        .map(|_| {
-            let mut t = rng.below(32) as u32;
-            (0..17)
-                .map(|_| {
-                    let cur = t;
-                    t = (3 * t + 1) % 32;
-                    cur
-                })
-                .collect()
-        })
-        .collect();
-    TokenBatch::new(&seqs).unwrap()
+    TokenBatch::new(rusting_brain_test_support::rule_seqs(rng, rows, 17, 32, 3, 1)).unwrap()
 }
 
 #[test]

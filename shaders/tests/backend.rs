@@ -834,3 +834,12 @@ fn lora_pair_matches_the_reference_on_windows() {
         }
     }
 }
+
+/// The sweep every backend runs (rusting_brain_test_support::sweep). Tolerance 1e-4
+/// (relative, plus 1e-4 of the output's rms): lavapipe passes at 1e-5; hardware GPUs'
+/// exp, tanh and sqrt are specified to a few ULP and their sums may fuse differently.
+#[test]
+fn the_shared_backend_sweep_passes_on_wgpu() {
+    let Some(g) = gpu() else { return };
+    rusting_brain_test_support::backend_sweep(&g, 1e-4);
+}

@@ -275,15 +275,7 @@ pub fn to_wgpu(model: &mut rusting_brain::TransformerLm) -> bool {
     }
 }
 
-/// The largest `|a - b|` over two equally long slices; NaN if either holds one (so a bound
-/// on it fails), and a panic on a length mismatch. `f32::max` would skip the NaN.
-pub fn worst_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "compared slices differ in length");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, |m, d| if d > m || d.is_nan() { d } else { m })
-}
+pub use rusting_brain_test_support::worst_abs_diff;
 
 /// Named tensors' bits (`named_parameters`, `lora_parameters`), for bitwise comparisons.
 pub fn named_bits(tensors: &[(String, Vec<f32>)]) -> Vec<(String, Vec<u32>)> {

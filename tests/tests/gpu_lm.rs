@@ -22,39 +22,15 @@ fn nan_max(m: f32, d: f32) -> f32 {
     }
 }
 
-/// Sequences of `next = (5 * prev + 3) mod 64`: learnable, so the model is confident.
+/// The rule's batches (`next = (5 * prev + 3) mod 64`), 25 tokens a row: learnable, so
+/// the model is confident.
 fn rule_batch(rng: &mut Rng, rows: usize) -> TokenBatch {
-    let seqs: Vec<Vec<u32>> = (0..rows)
-        .map(|_| {
-            let mut t = rng.below(64) as u32;
-            (0..25)
-                .map(|_| {
-                    let c = t;
-                    t = (5 * t + 3) % 64;
-                    c
-                })
-                .collect()
-        })
-        .collect();
-    TokenBatch::new(&seqs).unwrap()
+    rusting_brain_test_support::rule_batch(rng, rows, 25)
 }
 
 fn trained_q8() -> TransformerLm {
-    let mut m = TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(64)
-        .n_layers(2)
-        .heads(4, 2, 16)
-        .d_ff(96)
-        .max_seq_len(96)
-        .optimizer(Optimizer::adam(3e-3))
-        .seed(5)
-        .build()
-        .unwrap();
-    let mut rng = Rng::new(6);
-    for _ in 0..120 {
-        m.train_step_batch(&rule_batch(&mut rng, 8)).unwrap();
-    }
+    let mut m = rusting_brain_test_support::rule_model(96, 96).build().unwrap();
+    rusting_brain_test_support::train_on_rule(&mut m, 120);
     m.quantize().unwrap();
     m
 }

@@ -1,0 +1,175 @@
+//! What the tests of the workspace share (a dev-only crate): one comparison that fails on
+//! NaN and on a length mismatch and names the worst element, NaN-poisoned outputs, a
+//! temporary folder that removes itself, and the small language model trained on a
+//! learnable rule that the quantization, decoding and GPU tests start from.
+
+pub mod sweep;
+pub use sweep::backend_sweep;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rusting_brain::{Optimizer, TransformerLm, TransformerLmBuilder};
+use rusting_brain_core::models::transformer::TokenBatch;
+use rusting_brain_core::{Backend, Rng};
+
+/// Asserts `|got - want| <= atol + rtol * |want|` element by element. Fails on a length
+/// mismatch, on a NaN in `got` where `want` has none (or the reverse), and names the worst
+/// element relative to its bound.
+#[track_caller]
+pub fn assert_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) {
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{name}: {} values, the reference has {}",
+        got.len(),
+        want.len()
+    );
+    let mut worst = (0.0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ratio = if g.is_nan() || w.is_nan() {
+            if g.is_nan() && w.is_nan() {
+                0.0
+            } else {
+                f64::INFINITY
+            }
+        } else if g == w {
+            0.0
+        } else {
+            (g as f64 - w as f64).abs() / (atol + rtol * (w as f64).abs()).max(f64::MIN_POSITIVE)
+        };
+        if ratio.is_nan() || ratio > worst.0 {
+            worst = (if ratio.is_nan() { f64::INFINITY } else { ratio }, i);
+        }
+    }
+    assert!(
+        worst.0 <= 1.0,
+        "{name}: element {} is {} but the reference has {} ({:.3}x the bound atol {atol:e} + rtol {rtol:e} * |ref|)",
+        worst.1,
+        got[worst.1],
+        want[worst.1],
+        worst.0
+    );
+}
+
+/// [`assert_close`] for tensors: the shapes must match too.
+#[track_caller]
+pub fn assert_close_shaped(
+    name: &str,
+    (got_shape, got): (&[usize], &[f32]),
+    (want_shape, want): (&[usize], &[f32]),
+    rtol: f64,
+    atol: f64,
+) {
+    assert_eq!(got_shape, want_shape, "{name}: shape");
+    assert_close(name, got, want, rtol, atol);
+}
+
+/// The largest |a - b|, NaN-propagating: a NaN on either side gives NaN, which fails any
+/// `<=` check (a `fold(0.0, f32::max)` would silently skip it).
+pub fn worst_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "worst_abs_diff: lengths {} and {}",
+        a.len(),
+        b.len()
+    );
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| {
+        let d = (x - y).abs();
+        if d.is_nan() || m.is_nan() {
+            f32::NAN
+        } else {
+            m.max(d)
+        }
+    })
+}
+
+/// An output buffer of `n` NaNs: an element the code under test forgets to write stays
+/// NaN and fails the comparison.
+pub fn poisoned(n: usize) -> Vec<f32> {
+    vec![f32::NAN; n]
+}
+
+/// [`poisoned`] on any backend (a device buffer uploaded from NaNs).
+pub fn poisoned_on<B: Backend>(backend: &B, n: usize) -> B::Buffer {
+    backend
+        .upload(&poisoned(n))
+        .unwrap_or_else(|e| panic!("allocating {n} poisoned values on {}: {e}", backend.name()))
+}
+
+/// A folder under the system's temporary directory, unique to this process and tag,
+/// created empty and removed with everything in it when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("rb_{tag}_{}_{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        TempDir(dir)
+    }
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    /// A path inside the folder.
+    pub fn join(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Sequences of `len` tokens following `next = (mul * prev + add) mod vocab` from random
+/// starts: a rule a small model learns in a hundred steps, so trained models are
+/// confident and tests measure the code, not noise.
+pub fn rule_seqs(rng: &mut Rng, rows: usize, len: usize, vocab: u32, mul: u32, add: u32) -> Vec<Vec<u32>> {
+    (0..rows)
+        .map(|_| {
+            let mut t = rng.below(vocab as u64) as u32;
+            (0..len)
+                .map(|_| {
+                    let c = t;
+                    t = (mul * t + add) % vocab;
+                    c
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// [`rule_seqs`] of the rule `next = (5 * prev + 3) mod 64` as a batch.
+pub fn rule_batch(rng: &mut Rng, rows: usize, len: usize) -> TokenBatch {
+    TokenBatch::new(rule_seqs(rng, rows, len, 64, 5, 3)).expect("rule sequences form a batch")
+}
+
+/// The rule model's shape: vocabulary 64, width 64, two layers, GQA 4/2 of 16, Adam 3e-3,
+/// seed 5; `d_ff` and `max_seq_len` as the test needs.
+pub fn rule_model(d_ff: usize, max_seq_len: usize) -> TransformerLmBuilder {
+    TransformerLm::builder()
+        .vocab_size(64)
+        .d_model(64)
+        .n_layers(2)
+        .heads(4, 2, 16)
+        .d_ff(d_ff)
+        .max_seq_len(max_seq_len)
+        .optimizer(Optimizer::adam(3e-3))
+        .seed(5)
+}
+
+/// Trains `model` for `steps` batches of 8 rule sequences of 25 tokens (data seed 6).
+pub fn train_on_rule(model: &mut TransformerLm, steps: usize) {
+    let mut rng = Rng::new(6);
+    for _ in 0..steps {
+        model
+            .train_step_batch(&rule_batch(&mut rng, 8, 25))
+            .expect("a training step on the rule");
+    }
+}
