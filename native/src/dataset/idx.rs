@@ -31,16 +31,25 @@ pub fn read(path: &Path, want_dims: usize) -> Result<(Vec<usize>, Vec<u8>)> {
     let dims: Vec<usize> = (0..ndim)
         .map(|i| u32::from_be_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes")) as usize)
         .collect();
-    let expected = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-    if expected != Some(bytes.len() - header) {
-        return Err(NetworkError::parse(
-            path,
-            "data",
-            format!(
-                "the header's sizes {dims:?} need {expected:?} bytes of data but the file holds {}",
-                bytes.len() - header
+    let held = bytes.len() - header;
+    match dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
+        Some(need) if need == held => {}
+        Some(need) => {
+            return Err(NetworkError::parse(
+                path,
+                "data",
+                format!("the header's sizes {dims:?} need {need} bytes of data but the file holds {held}"),
+            ))
+        }
+        None => {
+            return Err(NetworkError::parse(
+                path,
+                "header",
+                format!(
+                "the header's sizes {dims:?} overflow: no file holds that many bytes (this one holds {held})"
             ),
-        ));
+            ))
+        }
     }
     Ok((dims, bytes[header..].to_vec()))
 }
