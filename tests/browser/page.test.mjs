@@ -100,34 +100,44 @@ for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], 
 }
 
 test('Stop stops a generation', { skip }, async () => {
-  const { browser, page, logs } = await openPage(webgpu, '?device=cpu');
-  try {
-    assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle');
-    await page.$eval('#max', (el) => { el.value = '120'; el.dispatchEvent(new Event('input')); });
-    await page.$eval('#temperature', (el) => { el.value = '0.8'; el.dispatchEvent(new Event('input')); });
-    // Press Stop from the page itself the moment the second token shows, so the press
-    // lands mid-generation however fast the device is.
-    await page.evaluate(() => {
-      const count = document.getElementById('count');
-      const watch = new MutationObserver(() => {
-        if (Number(count.textContent) >= 2) {
-          watch.disconnect();
-          document.getElementById('go').click();
-        }
-      });
-      watch.observe(count, { childList: true, characterData: true, subtree: true });
-    });
-    await page.click('#go');
-    assert.equal(await waitState(page, ['done', 'error'], logs), 'done');
-    const { finish, n } = await page.evaluate(() => ({
-      finish: document.getElementById('output').dataset.finish,
-      n: document.getElementById('output').dataset.ids.split(',').length,
-    }));
-    assert.ok(finish === 'stopped' || finish === 'end', `finish ${finish}`);
-    assert.ok(n < 120, `${n} tokens after Stop`);
-  } finally {
-    await browser.close();
-  }
+  // The same seeded sampling twice: once to its natural finish, once with Stop pressed
+  // at the second token. Only a run that would have gone on can show that Stop stopped
+  // it, so the first run must be long, and the second must say 'stopped', not 'end'.
+  const run = async (stop) => {
+    const { browser, page, logs } = await openPage(webgpu, '?device=cpu&seed=7');
+    try {
+      assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle');
+      await page.$eval('#max', (el) => { el.value = '120'; el.dispatchEvent(new Event('input')); });
+      await page.$eval('#temperature', (el) => { el.value = '0.8'; el.dispatchEvent(new Event('input')); });
+      if (stop) {
+        // Press Stop from the page itself the moment the second token shows, so the
+        // press lands mid-generation however fast the device is.
+        await page.evaluate(() => {
+          const count = document.getElementById('count');
+          const watch = new MutationObserver(() => {
+            if (Number(count.textContent) >= 2) {
+              watch.disconnect();
+              document.getElementById('go').click();
+            }
+          });
+          watch.observe(count, { childList: true, characterData: true, subtree: true });
+        });
+      }
+      await page.click('#go');
+      assert.equal(await waitState(page, ['done', 'error'], logs), 'done');
+      return await page.evaluate(() => ({
+        finish: document.getElementById('output').dataset.finish,
+        n: document.getElementById('output').dataset.ids.split(',').length,
+      }));
+    } finally {
+      await browser.close();
+    }
+  };
+  const full = await run(false);
+  assert.ok(full.n >= 20, `seed 7 ends after ${full.n} tokens (${full.finish}): too soon to test Stop`);
+  const stopped = await run(true);
+  assert.equal(stopped.finish, 'stopped', `finish ${stopped.finish} after ${stopped.n} tokens`);
+  assert.ok(stopped.n < full.n, `${stopped.n} tokens after Stop, ${full.n} without`);
 });
 
 test('a corrupt model file shows an error on the page', { skip }, async () => {
