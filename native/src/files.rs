@@ -9,14 +9,7 @@ use crate::{NetworkError, Result};
 /// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, rename.
 /// A crash or a full disk leaves the old file as it was.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| NetworkError::InvalidInput(format!("{} is not a file path", path.display())))?;
-    let tmp = temporary(&dir, &name.to_string_lossy());
+    let (dir, tmp) = temporary_for(path)?;
     let result = (|| {
         let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;
@@ -56,6 +49,19 @@ pub(crate) fn temporary(dir: &Path, name: &str) -> PathBuf {
         }
     }
     dir.join(format!("{prefix}{}", std::process::id()))
+}
+
+/// The folder of the file `path` and the temporary a save into it stages its bytes in.
+pub(crate) fn temporary_for(path: &Path) -> Result<(PathBuf, PathBuf)> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| NetworkError::InvalidInput(format!("{} is not a file path", path.display())))?;
+    let tmp = temporary(&dir, &name.to_string_lossy());
+    Ok((dir, tmp))
 }
 
 /// Reads a whole file, naming it on failure.

@@ -46,14 +46,7 @@ impl TokenFile {
     ) -> Result<usize> {
         let (out, jsonl) = (out.as_ref(), jsonl.as_ref());
         let input = File::open(jsonl).map_err(|e| NetworkError::io(jsonl, e))?;
-        let dir = match out.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => std::path::PathBuf::from("."),
-        };
-        let name = out
-            .file_name()
-            .ok_or_else(|| NetworkError::InvalidInput(format!("{} is not a file path", out.display())))?;
-        let tmp = crate::files::temporary(&dir, &name.to_string_lossy());
+        let (_, tmp) = crate::files::temporary_for(out)?;
         let result = (|| -> Result<usize> {
             let mut w = BufWriter::new(File::create(&tmp).map_err(|e| NetworkError::io(&tmp, e))?);
             let mut count = 0usize;

@@ -8,10 +8,11 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use rusting_brain_test_support::TempDir;
 use safetensors::SafeTensors;
 
 use rusting_brain::{Activation, LoraConfig, Loss, Network, Optimizer, TokenFile, TransformerLm};
@@ -176,13 +177,6 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rb_crash_{tag}_{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
 fn every_save_survives_sigkill_with_the_old_or_the_new_file() {
     if let Ok(dir) = std::env::var(CHILD) {
@@ -192,18 +186,17 @@ fn every_save_survives_sigkill_with_the_old_or_the_new_file() {
     // The bytes of each version, saved here once.
     let want: Vec<BTreeMap<&str, Vec<u8>>> = (0..2)
         .map(|v| {
-            let d = tempdir(&format!("want{v}"));
-            save_all(&version(v), &d);
-            let files = FILES
+            let d = TempDir::new(&format!("crash_want{v}"));
+            save_all(&version(v), d.path());
+            FILES
                 .iter()
                 .map(|f| (*f, std::fs::read(d.join(f)).unwrap()))
-                .collect();
-            std::fs::remove_dir_all(&d).unwrap();
-            files
+                .collect()
         })
         .collect();
 
-    let dir = tempdir("live");
+    let live = TempDir::new("crash_live");
+    let dir = live.path().to_path_buf();
     // How long a round of saves takes, so the kills spread over whole rounds.
     let t = Instant::now();
     save_all(&version(0), &dir);
@@ -278,5 +271,4 @@ fn every_save_survives_sigkill_with_the_old_or_the_new_file() {
     for f in ["model.rbw", "state.opt", "hf/model.safetensors", "adapters.rbl"] {
         assert!(held[f].iter().all(|&n| n > 0), "{f}: {:?}", held[f]);
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
