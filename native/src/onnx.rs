@@ -73,6 +73,43 @@ fn err(path: &Path, what: &str, e: impl fmt::Display) -> NetworkError {
     NetworkError::InvalidInput(format!("{}: {what}: {e:#}", path.display()))
 }
 
+/// Every value a node reads and every graph output must be defined by the graph (an input,
+/// an initializer or a node's output): tract looks names up without checking. A file the
+/// subset of `onnx.proto` here cannot decode is left to tract's own error.
+fn check_names(bytes: &[u8], path: &Path) -> Result<()> {
+    use prost::Message;
+    let Ok(model) = crate::onnx_export::proto::ModelProto::decode(bytes) else {
+        return Ok(());
+    };
+    let Some(g) = model.graph else { return Ok(()) };
+    let mut defined: std::collections::HashSet<&str> =
+        g.input.iter().filter_map(|v| v.name.as_deref()).collect();
+    defined.extend(g.initializer.iter().filter_map(|t| t.name.as_deref()));
+    defined.extend(g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)));
+    let bad = |what: String| Err(NetworkError::parse(path, "graph", what));
+    for n in &g.node {
+        if let Some(missing) = n
+            .input
+            .iter()
+            .find(|i| !i.is_empty() && !defined.contains(i.as_str()))
+        {
+            return bad(format!(
+                "node `{}` reads `{missing}`, which no input, initializer or node of the graph defines",
+                n.name.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    for o in &g.output {
+        let name = o.name.as_deref().unwrap_or("");
+        if !defined.contains(name) {
+            return bad(format!(
+                "the graph's output `{name}` is not an input, an initializer or any node's output"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn describe(fact: &InferenceFact) -> Option<Vec<OnnxDim>> {
     if fact.shape.is_open() {
         return None;
@@ -102,9 +139,25 @@ impl OnnxModel {
                 path.display()
             )));
         }
-        let model = tract_onnx::onnx()
-            .model_for_path(path)
-            .map_err(|e| err(path, "not an ONNX model tract can read", e))?;
+        let bytes = crate::files::read(path)?;
+        check_names(&bytes, path)?;
+        // tract asserts some invariants of a graph instead of returning errors (found by
+        // fuzzing: `fuzz/fuzz_targets/onnx.rs`); a panic there is this file's error, not the
+        // caller's crash. The names check above catches the known case first, with a
+        // clearer message.
+        let parsed = std::panic::catch_unwind(|| tract_onnx::onnx().model_for_read(&mut &bytes[..]))
+            .map_err(|panic| {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                NetworkError::InvalidInput(format!(
+                    "{}: a malformed ONNX graph (tract stopped on it: {why})",
+                    path.display()
+                ))
+            })?;
+        let model = parsed.map_err(|e| err(path, "not an ONNX model tract can read", e))?;
         // tract stands an operator it lacks in as a placeholder that fails only when run:
         // say so now, naming the node and the operator.
         if let Some(node) = model

@@ -183,6 +183,15 @@ fn bad_files_and_bad_inputs_are_clear_errors() {
         &fixtures().join("unknown_op.onnx"),
         &["unknown_op.onnx", "FancyGelu"],
     );
+    // Found by the fuzz target: a node reading a value nothing defines made tract panic
+    // (a name lookup without a check).
+    refused(
+        &fixtures().join("../fuzz/onnx-undefined-input.onnx"),
+        &[
+            "onnx-undefined-input.onnx",
+            "which no input, initializer or node of the graph defines",
+        ],
+    );
     // Inputs that do not fit.
     let mut model = OnnxModel::load(fixtures().join("torch_mlp.onnx")).unwrap();
     let e = model.run(&[]).unwrap_err().to_string();
