@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Every test: the Rust workspace (`cargo test --workspace`), the CPU tests on each SIMD
 # path, the CUDA backend's tests (`--features cuda`) and ONNX import (`--features onnx`),
-# then the browser demo in headless Chromium and the npm package under Node
-# (tests/browser/run.sh). Where Node or Chromium is missing, that part prints why and is
-# skipped, unless RB_REQUIRE_BROWSER=1.
+# a short run of every fuzz target, then the browser demo in headless Chromium and the
+# npm package under Node (tests/browser/run.sh). Where Node, Chromium or cargo-fuzz is
+# missing, that part prints why and is skipped, unless RB_REQUIRE_BROWSER=1 or
+# RB_REQUIRE_FUZZ=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --workspace
+# The crash test and the determinism matrix print their tables (kills and outcomes;
+# digests per SIMD path and thread count) into the log, so they run uncaptured.
+tables=(every_save_survives_sigkill_with_the_old_or_the_new_file determinism_matrix_over_threads_and_instruction_sets)
+cargo test --workspace -- "${tables[@]/#/--skip=}"
+cargo test -p rusting_brain --test crash --test threads -- --nocapture "${tables[@]}"
 # The CPU backend and model tests again on every other SIMD path this CPU has: AVX-512
 # without VNNI, AVX2+FMA and the portable baseline (RB_CPU_ISA only lowers the path, so
 # on a CPU without AVX-512 the first two runs are the same path). The determinism matrix
@@ -22,4 +27,16 @@ done
 cargo test -p rusting_brain --features cuda --test cuda
 # ONNX through tract (feature onnx): PyTorch and Keras exports, save_onnx read back.
 cargo test -p rusting_brain --features onnx --test onnx
+# Every loader's fuzz target for a short while (fuzz/run.sh; docs/fuzzing.md has the
+# long runs). The ONNX target joins with RB_FUZZ_ONNX=1: tract's instrumented build adds
+# about seven minutes to a run from nothing. Needs cargo-fuzz; without it this part
+# prints why and is skipped, unless RB_REQUIRE_FUZZ=1.
+if command -v cargo-fuzz >/dev/null; then
+    fuzz/run.sh seconds "${RB_FUZZ_SECONDS:-10}"
+elif [ "${RB_REQUIRE_FUZZ:-0}" = 1 ]; then
+    echo "RB_REQUIRE_FUZZ=1 but cargo-fuzz is not installed" >&2
+    exit 1
+else
+    echo "SKIPPED the fuzz targets: cargo-fuzz is not installed (cargo install cargo-fuzz --locked)"
+fi
 tests/browser/run.sh

@@ -173,3 +173,49 @@ pub fn train_on_rule(model: &mut TransformerLm, steps: usize) {
             .expect("a training step on the rule");
     }
 }
+
+/// What the fuzz targets (`fuzz/`) and their seed corpus (`native/tests/fuzz_seeds.rs`)
+/// share, so the seeds always match the targets.
+pub mod fuzz {
+    use rusting_brain::{LoraConfig, Optimizer, TransformerLm};
+
+    /// One input as two files: a little-endian u16 gives the length of the first, the
+    /// rest is the second.
+    pub fn split(data: &[u8]) -> (&[u8], &[u8]) {
+        if data.len() < 2 {
+            return (data, &[]);
+        }
+        let n = (u16::from_le_bytes([data[0], data[1]]) as usize).min(data.len() - 2);
+        data[2..].split_at(n)
+    }
+
+    /// The inverse of [`split`].
+    pub fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
+        let n = u16::try_from(a.len()).expect("the first file of a seed fits in u16");
+        let mut out = n.to_le_bytes().to_vec();
+        out.extend_from_slice(a);
+        out.extend_from_slice(b);
+        out
+    }
+
+    /// The model optimizer states and adapters are loaded onto (vocabulary 64, width 16,
+    /// two layers).
+    pub fn tiny_lm() -> TransformerLm {
+        TransformerLm::builder()
+            .vocab_size(64)
+            .d_model(16)
+            .n_layers(2)
+            .heads(2, 1, 8)
+            .d_ff(24)
+            .max_seq_len(8)
+            .optimizer(Optimizer::adam(1e-3))
+            .seed(7)
+            .build()
+            .expect("the fuzz model's configuration is valid")
+    }
+
+    /// The adapters of the `.rbl` and PEFT seeds.
+    pub fn tiny_lora() -> LoraConfig {
+        LoraConfig::new(2)
+    }
+}

@@ -1,0 +1,20 @@
+//! The chat side of a model folder: `tokenizer_config.json` (chat template, special
+//! tokens) rendered over a short conversation, and `generation_config.json`, the input
+//! split in two.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use rusting_brain::{ChatMessage, ChatTemplate, GenerationConfig};
+
+fuzz_target!(|data: &[u8]| {
+    let (tokenizer, generation) = rusting_brain_fuzz::split(data);
+    rusting_brain_fuzz::put("chat/tokenizer_config.json", tokenizer);
+    let path = rusting_brain_fuzz::put("chat/generation_config.json", generation);
+    let dir = path.parent().expect("a folder");
+    if let Ok(template) = ChatTemplate::from_pretrained(dir) {
+        let chat = [ChatMessage::system("be brief"), ChatMessage::user("hi")];
+        let _ = template.render(&chat, true);
+    }
+    if let Ok(g) = GenerationConfig::from_pretrained(dir) {
+        let _ = g.sampler(Some(1));
+    }
+});
