@@ -36,7 +36,8 @@ case "$mode" in
 esac
 
 status=0
-printf '\n| target | executions | seconds | executions/s | crashes |\n|---|---:|---:|---:|---:|\n' >fuzz/last-run.md
+table="${RB_FUZZ_TABLE:-fuzz/last-run.md}"
+printf '\n| target | executions | seconds | executions/s | crashes |\n|---|---:|---:|---:|---:|\n' >"$table"
 for t in "${targets[@]}"; do
     mkdir -p "fuzz/artifacts/$t"
     log="fuzz/artifacts/$t/log.txt"
@@ -54,7 +55,7 @@ for t in "${targets[@]}"; do
     secs=$(( $(date +%s) - start ))
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     printf '| %s | %s | %s | %s | %s |\n' "$t" "${runs:-?}" "$secs" \
-        "$(( ${runs:-0} / (secs > 0 ? secs : 1) ))" "$crashes" | tee -a fuzz/last-run.md
+        "$(( ${runs:-0} / (secs > 0 ? secs : 1) ))" "$crashes" | tee -a "$table"
 done
-cat fuzz/last-run.md
+cat "$table"
 exit $status
