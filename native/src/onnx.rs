@@ -73,6 +73,24 @@ fn err(path: &Path, what: &str, e: impl fmt::Display) -> NetworkError {
     NetworkError::InvalidInput(format!("{}: {what}: {e:#}", path.display()))
 }
 
+/// Runs a call into tract, turning a panic into an error naming the file. tract asserts
+/// some invariants of a graph (a name it looks up, an axis in range) with panics instead
+/// of errors; the fuzz target `fuzz/fuzz_targets/onnx.rs` found two. A malformed file is
+/// the caller's error to handle, never a crash.
+fn guarded<T>(path: &Path, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        NetworkError::InvalidInput(format!(
+            "{}: {what}: a malformed ONNX graph (tract stopped on it: {why})",
+            path.display()
+        ))
+    })
+}
+
 /// Every value a node reads and every graph output must be defined by the graph (an input,
 /// an initializer or a node's output): tract looks names up without checking. A file the
 /// subset of `onnx.proto` here cannot decode is left to tract's own error.
@@ -141,22 +159,9 @@ impl OnnxModel {
         }
         let bytes = crate::files::read(path)?;
         check_names(&bytes, path)?;
-        // tract asserts some invariants of a graph instead of returning errors (found by
-        // fuzzing: `fuzz/fuzz_targets/onnx.rs`); a panic there is this file's error, not the
-        // caller's crash. The names check above catches the known case first, with a
-        // clearer message.
-        let parsed = std::panic::catch_unwind(|| tract_onnx::onnx().model_for_read(&mut &bytes[..]))
-            .map_err(|panic| {
-                let why = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                NetworkError::InvalidInput(format!(
-                    "{}: a malformed ONNX graph (tract stopped on it: {why})",
-                    path.display()
-                ))
-            })?;
+        let parsed = guarded(path, "reading the graph", || {
+            tract_onnx::onnx().model_for_read(&mut &bytes[..])
+        })?;
         let model = parsed.map_err(|e| err(path, "not an ONNX model tract can read", e))?;
         // tract stands an operator it lacks in as a placeholder that fails only when run:
         // say so now, naming the node and the operator.
@@ -175,7 +180,7 @@ impl OnnxModel {
         }
         // The outputs' shapes as tract infers them from the inputs' (symbolic where those
         // are); exporters often leave the file's own output shapes out.
-        let typed = model.clone().into_typed().ok();
+        let typed = guarded(path, "inferring the output shapes", || model.clone().into_typed())?.ok();
         let io = |outlets: &[OutletId], fact: &dyn Fn(usize) -> TractResult<InferenceFact>| {
             outlets
                 .iter()
@@ -304,7 +309,11 @@ impl OnnxModel {
                     m.set_input_fact(i, f32::fact(shape).into())
                         .map_err(|e| err(&self.path, "fixing the input shapes", e))?;
                 }
-                let plan = m.into_optimized().and_then(|m| m.into_runnable()).map_err(|e| {
+                let what = format!("preparing the model for input shapes {key:?}");
+                let plan = guarded(&self.path, &what, || {
+                    m.into_optimized().and_then(|m| m.into_runnable())
+                })?
+                .map_err(|e| {
                     err(
                         &self.path,
                         &format!("preparing the model for input shapes {key:?}"),
@@ -320,7 +329,8 @@ impl OnnxModel {
             .map(|(s, v)| Tensor::from_shape(s, v).map(|t| t.into()))
             .collect::<TractResult<_>>()
             .map_err(|e| err(&self.path, "inputs", e))?;
-        let out = plan.run(tensors).map_err(|e| err(&self.path, "running", e))?;
+        let out = guarded(&self.path, "running", || plan.run(tensors))?
+            .map_err(|e| err(&self.path, "running", e))?;
         out.iter()
             .zip(&self.outputs)
             .map(|(t, io)| {

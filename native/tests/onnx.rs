@@ -192,6 +192,12 @@ fn bad_files_and_bad_inputs_are_clear_errors() {
             "which no input, initializer or node of the graph defines",
         ],
     );
+    // Also found by fuzzing: a reduction over an axis past the rank made tract's shape
+    // inference panic; the panic is caught and the file refused.
+    refused(
+        &fixtures().join("../fuzz/onnx-reduce-axis.onnx"),
+        &["onnx-reduce-axis.onnx", "a malformed ONNX graph", "axis"],
+    );
     // Inputs that do not fit.
     let mut model = OnnxModel::load(fixtures().join("torch_mlp.onnx")).unwrap();
     let e = model.run(&[]).unwrap_err().to_string();
