@@ -34,7 +34,8 @@ impl Isa {
 /// The instruction set the kernels run with: the best this CPU has, or a lower one asked
 /// for with `RB_CPU_ISA` (`avx512`, `avx2`, `baseline`), so tests and benchmarks can run
 /// every path on one machine. A path the CPU lacks is never taken: the request is lowered
-/// to what the CPU has.
+/// to what the CPU has. The f32 GEMMs are the `gemm` crate's, which picks its own kernels
+/// at run time and has no such switch.
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
