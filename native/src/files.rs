@@ -30,7 +30,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Where a save into `dir/name` stages its bytes: `.{name}.tmp{pid}`, private to this
 /// process so two processes saving the same path never mix their bytes. A process killed
 /// mid-save leaves its temporary behind; on Linux the ones of processes that no longer run
-/// are removed here, so repeated crashes do not pile up copies of a checkpoint.
+/// are removed here, so repeated crashes do not pile up copies of a checkpoint. (A process
+/// of another PID namespace saving the same path at that moment would get an error from
+/// its rename, never a damaged file.)
 pub(crate) fn temporary(dir: &Path, name: &str) -> PathBuf {
     let prefix = format!(".{name}.tmp");
     if cfg!(target_os = "linux") {
