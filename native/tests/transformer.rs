@@ -340,6 +340,16 @@ fn an_overflowing_weight_is_an_error_at_every_entry_point() {
         Err(NetworkError::Step { step: 1, .. }) => {}
         other => panic!("accumulate_step: expected an error naming step 1, got {other:?}"),
     }
+    // step_clipped with a non-finite scale (the gradient norm turns NaN) names the step;
+    // a non-finite clip is refused before anything runs.
+    match m.step_clipped(f32::NAN, 1.0) {
+        Err(NetworkError::Step { step: 1, .. }) => {}
+        other => panic!("step_clipped(NaN, 1): expected an error naming step 1, got {other:?}"),
+    }
+    assert!(
+        m.step_clipped(1.0, f32::INFINITY).is_err(),
+        "step_clipped with an infinite clip"
+    );
     assert!(m.evaluate(&tb).is_err(), "evaluate returned a non-finite loss");
     let e = m
         .generate(&[1, 2, 3], 4, &mut rusting_brain::Sampler::greedy())
