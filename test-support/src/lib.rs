@@ -14,8 +14,8 @@ use rusting_brain_core::models::transformer::TokenBatch;
 use rusting_brain_core::{Backend, Rng};
 
 /// Asserts `|got - want| <= atol + rtol * |want|` element by element. Fails on a length
-/// mismatch, on a NaN in `got` where `want` has none (or the reverse), and names the worst
-/// element relative to its bound.
+/// mismatch and on any NaN, in `got` or in `want` (a NaN the reference shares would hide
+/// an output neither side wrote), and names the worst element relative to its bound.
 #[track_caller]
 pub fn assert_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) {
     assert_eq!(
@@ -28,11 +28,7 @@ pub fn assert_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64)
     let mut worst = (0.0f64, 0usize);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let ratio = if g.is_nan() || w.is_nan() {
-            if g.is_nan() && w.is_nan() {
-                0.0
-            } else {
-                f64::INFINITY
-            }
+            f64::INFINITY
         } else if g == w {
             0.0
         } else {
@@ -217,5 +213,45 @@ pub mod fuzz {
     /// The adapters of the `.rbl` and PEFT seeds.
     pub fn tiny_lora() -> LoraConfig {
         LoraConfig::new(2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_values_pass() {
+        assert_close("near", &[1.0, 2.0, 0.0], &[1.0 + 1e-7, 2.0, 1e-9], 1e-6, 1e-8);
+    }
+
+    #[test]
+    #[should_panic(expected = "element 1")]
+    fn a_value_past_its_bound_fails_and_is_named() {
+        assert_close("far", &[1.0, 2.1], &[1.0, 2.0], 1e-3, 0.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "NaN")]
+    fn a_nan_fails() {
+        assert_close("nan", &[1.0, f32::NAN], &[1.0, 2.0], 1.0, 1.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "NaN")]
+    fn a_nan_shared_with_the_reference_fails_too() {
+        assert_close("nan both", &[f32::NAN], &[f32::NAN], 1.0, 1.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "2 values, the reference has 3")]
+    fn a_length_mismatch_fails() {
+        assert_close("short", &[1.0, 2.0], &[1.0, 2.0, 3.0], 1.0, 1.0);
+    }
+
+    #[test]
+    fn worst_abs_diff_propagates_nan() {
+        assert!(worst_abs_diff(&[0.0, f32::NAN, 0.0], &[0.0, 0.0, 5.0]).is_nan());
+        assert_eq!(worst_abs_diff(&[0.0, 1.0], &[0.5, 1.0]), 0.5);
     }
 }
