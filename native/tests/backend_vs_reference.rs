@@ -42,31 +42,10 @@ fn close(what: &str, got: &[f32], want: &[f32]) {
 /// difference of two O(w) terms): no f32 code can do better than eps * term_scale there.
 #[track_caller]
 fn close_scaled(what: &str, got: &[f32], want: &[f32], term_scale: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
+    // |cpu - ref| <= TOL * (|ref| + rms), failing on NaN and on a length mismatch.
     let rms = rms(want).max(term_scale);
-    let mut worst = (0.0f64, 0usize);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let allowed = TOL * (w.abs() as f64 + rms) + 1e-30;
-        let ratio = if g.is_nan() != w.is_nan() {
-            f64::INFINITY
-        } else if g.is_nan() {
-            0.0
-        } else {
-            (g as f64 - w as f64).abs() / allowed
-        };
-        if ratio.is_nan() || ratio > worst.0 {
-            worst = (ratio, i);
-        }
-    }
-    println!("{what}: worst {:.3} of the tolerance", worst.0);
-    assert!(
-        worst.0 <= 1.0,
-        "{what}: element {} is {} on the CPU backend but {} in the reference ({:.2}x the tolerance)",
-        worst.1,
-        got[worst.1],
-        want[worst.1],
-        worst.0
-    );
+    let worst = rusting_brain_test_support::assert_close(what, got, want, TOL, TOL * rms + 1e-30);
+    println!("{what}: worst {worst:.3} of the tolerance");
 }
 
 #[test]

@@ -16,8 +16,10 @@ use rusting_brain_core::{Backend, Rng};
 /// Asserts `|got - want| <= atol + rtol * |want|` element by element. Fails on a length
 /// mismatch and on any NaN, in `got` or in `want` (a NaN the reference shares would hide
 /// an output neither side wrote), and names the worst element relative to its bound.
+/// Returns the worst element's distance as a fraction of its bound (at most 1), for tests
+/// that report how close to their tolerance they ran.
 #[track_caller]
-pub fn assert_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) {
+pub fn assert_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) -> f64 {
     assert_eq!(
         got.len(),
         want.len(),
@@ -46,6 +48,7 @@ pub fn assert_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64)
         want[worst.1],
         worst.0
     );
+    worst.0
 }
 
 /// [`assert_close`] for tensors: the shapes must match too.
@@ -56,9 +59,9 @@ pub fn assert_close_shaped(
     (want_shape, want): (&[usize], &[f32]),
     rtol: f64,
     atol: f64,
-) {
+) -> f64 {
     assert_eq!(got_shape, want_shape, "{name}: shape");
-    assert_close(name, got, want, rtol, atol);
+    assert_close(name, got, want, rtol, atol)
 }
 
 /// The largest |a - b|, NaN-propagating: a NaN on either side gives NaN, which fails any
