@@ -28,9 +28,9 @@ cargo test -p rusting_brain --features cuda --test cuda
 # ONNX through tract (feature onnx): PyTorch and Keras exports, save_onnx read back.
 cargo test -p rusting_brain --features onnx --test onnx
 # Every loader's fuzz target for a short while (fuzz/run.sh; docs/fuzzing.md has the
-# long runs). The ONNX target joins with RB_FUZZ_ONNX=1: tract's instrumented build adds
-# about seven minutes to a run from nothing. Needs cargo-fuzz; without it this part
-# prints why and is skipped, unless RB_REQUIRE_FUZZ=1.
+# long runs). The ONNX target joins with RB_FUZZ_ONNX=1 (CI sets it): tract's
+# instrumented build adds about seven minutes to a run from nothing. Needs cargo-fuzz;
+# without it this part prints why and is skipped, unless RB_REQUIRE_FUZZ=1.
 if command -v cargo-fuzz >/dev/null; then
     fuzz/run.sh seconds "${RB_FUZZ_SECONDS:-10}"
 elif [ "${RB_REQUIRE_FUZZ:-0}" = 1 ]; then

@@ -31,6 +31,7 @@ use rusting_brain_core::ops::optim::{AdamConstants, AdamParams, SgdParams};
 use rusting_brain_core::ops::rope::{RopeScaling, RopeSpec};
 use rusting_brain_core::ops::{self, q8};
 use rusting_brain_core::{Activation, Loss, Rng};
+use rusting_brain_test_support::assert_close;
 
 const THREADS: u32 = 256;
 
@@ -166,32 +167,10 @@ fn close(what: &str, got: &[f32], want: &[f32], rel: f64) {
 
 /// [`close`] with the scale at least `floor`: for outputs that may be all (near) zero
 /// while the error comes from inputs of size `floor` (BF16 rounding of O(1) inputs).
+/// The bound is absolute, `rel` times the scale, through the workspace's one comparison.
 fn close_floor(what: &str, got: &[f32], want: &[f32], rel: f64, floor: f64) {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "{what}: {} values, want {}",
-        got.len(),
-        want.len()
-    );
-    let scale = want.iter().fold(floor, |m, &w| {
-        assert!(!w.is_nan(), "{what}: the reference has NaN");
-        m.max((w as f64).abs())
-    });
-    let (mut worst, mut at) = (0f64, 0);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let d = ((g as f64) - (w as f64)).abs() / scale;
-        if g.is_nan() || d > worst {
-            worst = if g.is_nan() { f64::INFINITY } else { d };
-            at = i;
-        }
-    }
-    assert!(
-        worst <= rel,
-        "{what}: worst relative difference {worst:.3e} at {at} (got {}, want {}), tolerance {rel:.0e}",
-        got[at],
-        want[at]
-    );
+    let scale = want.iter().fold(floor, |m, &w| m.max((w as f64).abs()));
+    assert_close(what, got, want, 0.0, rel * scale);
 }
 
 fn exact(what: &str, got: &[f32], want: &[f32]) {

@@ -30,6 +30,7 @@ use rusting_brain::core::backend::*;
 use rusting_brain::core::{Activation, Backend, Loss, ReferenceBackend, Rng};
 use rusting_brain::cuda::{cuda_available, CudaBackend, CudaBuffer};
 use rusting_brain::{Dataset, Network, Optimizer, Sampler, TrainConfig, TransformerLm};
+use rusting_brain_test_support::check_close;
 
 type R<T = ()> = Result<T, Failed>;
 /// A device test: its name and the check it runs.
@@ -46,24 +47,16 @@ fn close(what: &str, got: &[f32], want: &[f32], rel: f64) -> R {
 /// [`close`] with the scale at least `floor`: the size of the terms a result that can
 /// cancel to zero is a difference of.
 fn close_to(what: &str, got: &[f32], want: &[f32], rel: f64, floor: f64) -> R {
-    if got.len() != want.len() {
-        return Err(fail(format!("{what}: {} values, want {}", got.len(), want.len())));
-    }
     let scale = want
         .iter()
         .fold(floor.max(1e-30), |m, &v| m.max((v as f64).abs()));
-    let mut worst = 0.0f64;
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let d = (g as f64 - w as f64).abs();
-        // Written so an unwritten (NaN) output fails.
-        if d.is_nan() || d > rel * scale {
-            return Err(fail(format!(
-                "{what}[{i}]: {g} vs {w} (scale {scale:.3e}, tolerance {rel})"
-            )));
-        }
-        worst = worst.max(d / scale);
-    }
-    eprintln!("  {what}: worst {worst:.2e} of the scale (tolerance {rel:.0e})");
+    // The workspace's one comparison (fails on NaN and on a length mismatch), with the
+    // bound absolute: `rel` times the scale.
+    let worst = check_close(what, got, want, 0.0, rel * scale).map_err(fail)?;
+    eprintln!(
+        "  {what}: worst {:.2e} of the scale (tolerance {rel:.0e})",
+        worst * rel
+    );
     Ok(())
 }
 

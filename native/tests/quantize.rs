@@ -6,15 +6,7 @@ use std::path::PathBuf;
 use rusting_brain::core::Rng;
 use rusting_brain::{Precision, Sampler, TokenBatch, TransformerLm};
 
-/// `f32::max` for folds over differences, except that a NaN wins (and then fails the
-/// bound it is compared with); `f32::max` drops a NaN and would let it pass.
-fn nan_max(m: f32, d: f32) -> f32 {
-    if d > m || d.is_nan() {
-        d
-    } else {
-        m
-    }
-}
+use rusting_brain_test_support::nan_max;
 
 /// The rule's batches, 25 tokens a row.
 fn rule_batch(rng: &mut Rng, rows: usize) -> TokenBatch {

@@ -5,15 +5,7 @@
 use rusting_brain::core::Rng;
 use rusting_brain::{NetworkError, Optimizer, Schedule, TokenBatch, TransformerLm};
 
-/// `f32::max` for folds over differences, except that a NaN wins (and then fails the
-/// bound it is compared with); `f32::max` drops a NaN and would let it pass.
-fn nan_max(m: f32, d: f32) -> f32 {
-    if d > m || d.is_nan() {
-        d
-    } else {
-        m
-    }
-}
+use rusting_brain_test_support::nan_max;
 
 /// Every weight's bits, for "nothing changed" checks.
 fn bits(m: &TransformerLm) -> Vec<Vec<u32>> {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use rusting_brain_core::backend::{AdamParams, MatmulSpec, SgdParams};
 use rusting_brain_core::{Activation, Backend, Loss, ReferenceBackend, Rng};
 use rusting_brain_shaders::{Gpu, GpuOptions, ShaderError, WgpuBackend};
+use rusting_brain_test_support::rel_to_scale;
 
 fn gpu() -> Option<WgpuBackend> {
     match Gpu::new_blocking(&GpuOptions {
@@ -24,21 +25,6 @@ fn gpu() -> Option<WgpuBackend> {
         }
         Err(e) => panic!("the GPU did not open: {e}"),
     }
-}
-
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            assert!(
-                x.is_finite() || !y.is_finite(),
-                "NaN poison left or non-finite: {x} vs {y}"
-            );
-            (x - y).abs() / scale
-        })
-        .fold(0.0, f32::max)
 }
 
 /// Runs the same calls on the GPU and the reference over the same inputs; gives each
@@ -119,7 +105,11 @@ fn matmul_with_transposes_batches_windows_and_beta() {
                 [a, b],
                 [c]
             );
-            let e = rel(&out[0].0, &out[0].1);
+            let e = rel_to_scale(
+                "matmul with transposes batches windows and beta",
+                &out[0].0,
+                &out[0].1,
+            );
             assert!(e < 1e-4, "{spec:?}: {e}");
             worst = worst.max(e);
         }
@@ -138,7 +128,13 @@ fn matmul_with_transposes_batches_windows_and_beta() {
         [a, b],
         [c]
     );
-    assert!(rel(&out[0].0, &out[0].1) < 1e-5);
+    assert!(
+        rel_to_scale(
+            "matmul with transposes batches windows and beta",
+            &out[0].0,
+            &out[0].1
+        ) < 1e-5
+    );
     // Wrong sizes are errors.
     let (x, mut y) = (g.zeros(5).unwrap(), g.zeros(6).unwrap());
     assert!(g.matmul(&mut y, &x, &x, &MatmulSpec::new(2, 3, 2)).is_err());
@@ -172,7 +168,11 @@ fn dense_layer_primitives_match_the_reference() {
             [bias.clone()],
             [base.clone()]
         );
-        worst = worst.max(rel(&out[0].0, &out[0].1));
+        worst = worst.max(rel_to_scale(
+            "dense layer primitives match the reference",
+            &out[0].0,
+            &out[0].1,
+        ));
         let db0 = rng.normal_vec(cols, 1.0);
         let out = on_both!(
             g,
@@ -181,7 +181,7 @@ fn dense_layer_primitives_match_the_reference() {
             [dout.clone()],
             [db0]
         );
-        let e = rel(&out[0].0, &out[0].1);
+        let e = rel_to_scale("dense layer primitives match the reference", &out[0].0, &out[0].1);
         assert!(e < 1e-4, "bias_backward ({rows}, {cols}): {e}");
         for act in acts {
             let out = on_both!(
@@ -199,7 +199,7 @@ fn dense_layer_primitives_match_the_reference() {
                 [vec![0.0; n], vec![0.0; n]]
             );
             for (i, (a, b)) in out.iter().enumerate() {
-                let e = rel(a, b);
+                let e = rel_to_scale("dense layer primitives match the reference", a, b);
                 assert!(
                     e < 1e-5,
                     "{act:?} {} ({rows}, {cols}): {e}",
@@ -237,7 +237,7 @@ fn dense_layer_primitives_match_the_reference() {
                 [vec![0.0; n], vec![0.0; n]]
             );
             for (a, b) in &out {
-                let e = rel(a, b);
+                let e = rel_to_scale("dense layer primitives match the reference", a, b);
                 assert!(e < 1e-5, "{loss:?} ({rows}, {cols}): {e}");
                 worst = worst.max(e);
             }
@@ -267,7 +267,7 @@ fn dense_layer_primitives_match_the_reference() {
             [base.clone(), base.clone()]
         );
         for (a, b) in &out {
-            assert!(rel(a, b) < 1e-6);
+            assert!(rel_to_scale("dense layer primitives match the reference", a, b) < 1e-6);
         }
     }
     eprintln!("dense primitives worst relative error {worst:e}");
@@ -302,7 +302,7 @@ fn optimizer_steps_match_the_reference() {
                 [p.clone(), vec![0.5; n], vec![0.5; n]]
             );
             for (a, b) in &out {
-                let e = rel(a, b);
+                let e = rel_to_scale("optimizer steps match the reference", a, b);
                 assert!(e < 1e-5, "adam n {n} {hp:?}: {e}");
             }
         }
@@ -327,7 +327,10 @@ fn optimizer_steps_match_the_reference() {
                 [p.clone(), vec![0.5; n]]
             );
             for (a, b) in &out {
-                assert!(rel(a, b) < 1e-5, "sgd n {n} {hp:?}");
+                assert!(
+                    rel_to_scale("optimizer steps match the reference", a, b) < 1e-5,
+                    "sgd n {n} {hp:?}"
+                );
             }
         }
     }
@@ -372,10 +375,12 @@ fn rmsnorm_backward_matches_the_reference() {
             terms = terms.max(t);
         }
         let (a, b) = &out[0];
-        let e = rel(a, b) * b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30) / terms;
+        let e = rel_to_scale("rmsnorm backward matches the reference", a, b)
+            * b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30)
+            / terms;
         assert!(e < 1e-5, "dinp ({rows}, {dim}): {e}");
         worst = worst.max(e);
-        let e = rel(&out[1].0, &out[1].1);
+        let e = rel_to_scale("rmsnorm backward matches the reference", &out[1].0, &out[1].1);
         assert!(e < 1e-5, "dweight ({rows}, {dim}): {e}");
         worst = worst.max(e);
     }
@@ -403,7 +408,11 @@ fn swiglu_backward_matches_the_reference() {
             [vec![0.0; len], vec![0.0; len]]
         );
         for (name, (a, b)) in ["dgate", "dup"].iter().zip(&out) {
-            assert!(rel(a, b) < 1e-5, "{name} {len}: {}", rel(a, b));
+            assert!(
+                rel_to_scale("swiglu backward matches the reference", a, b) < 1e-5,
+                "{name} {len}: {}",
+                rel_to_scale("swiglu backward matches the reference", a, b)
+            );
         }
     }
 }
@@ -458,7 +467,7 @@ fn attention_backward_matches_the_reference() {
             [vec![0.0; nq], vec![0.0; nkv], vec![0.0; nkv]]
         );
         for (name, (a, b)) in ["dq", "dk", "dv"].iter().zip(&out) {
-            let e = rel(a, b);
+            let e = rel_to_scale("attention backward matches the reference", a, b);
             assert!(e < 1e-5, "{name} {spec:?}: {e}");
             worst = worst.max(e);
         }
@@ -493,7 +502,11 @@ fn attention_forward_matches_the_reference_on_training_shapes() {
             [vec![0.0; nq], vec![0.0; nl]]
         );
         for (name, (a, b)) in ["out", "lse"].iter().zip(&out) {
-            assert!(rel(a, b) < 1e-5, "{name} {spec:?}: {}", rel(a, b));
+            assert!(
+                rel_to_scale("attention forward matches the reference on training shapes", a, b) < 1e-5,
+                "{name} {spec:?}: {}",
+                rel_to_scale("attention forward matches the reference on training shapes", a, b)
+            );
         }
     }
 }
@@ -532,7 +545,11 @@ fn embedding_forward_and_backward_match_the_reference() {
         );
         // Each id's rows are added in position order, as the reference adds them.
         assert!(
-            rel(&out[0].0, &out[0].1) < 1e-6,
+            rel_to_scale(
+                "embedding forward and backward match the reference",
+                &out[0].0,
+                &out[0].1
+            ) < 1e-6,
             "embedding_backward {vocab} x {dim}"
         );
     }
@@ -574,7 +591,14 @@ fn cross_entropy_matches_the_reference_with_masks_and_gradients() {
                 a.loss_sum,
                 b.loss_sum
             );
-            assert!(rel(&out[0].0, &out[0].1) < 1e-5, "gradient ({rows}, {vocab})");
+            assert!(
+                rel_to_scale(
+                    "cross entropy matches the reference with masks and gradients",
+                    &out[0].0,
+                    &out[0].1
+                ) < 1e-5,
+                "gradient ({rows}, {vocab})"
+            );
         }
     }
     let mut l = g.upload(&[0.0; 4]).unwrap();
@@ -610,7 +634,11 @@ fn moe_combine_and_backward_match_the_reference() {
             [out0]
         );
         assert!(
-            rel(&out[0].0, &out[0].1) < 1e-6,
+            rel_to_scale(
+                "moe combine and backward match the reference",
+                &out[0].0,
+                &out[0].1
+            ) < 1e-6,
             "moe_combine ({n}, {top_k}, {dim})"
         );
         let dout = rng.normal_vec(n * dim, 1.0);
@@ -625,9 +653,20 @@ fn moe_combine_and_backward_match_the_reference() {
             [dout, y],
             [vec![0.0; slots * dim]]
         );
-        assert!(rel(&out[0].0, &out[0].1) < 1e-6, "dy ({n}, {top_k}, {dim})");
         assert!(
-            rel(&dweights[0], &dweights[1]) < 1e-5,
+            rel_to_scale(
+                "moe combine and backward match the reference",
+                &out[0].0,
+                &out[0].1
+            ) < 1e-6,
+            "dy ({n}, {top_k}, {dim})"
+        );
+        assert!(
+            rel_to_scale(
+                "moe combine and backward match the reference",
+                &dweights[0],
+                &dweights[1]
+            ) < 1e-5,
             "dweight ({n}, {top_k}, {dim})"
         );
     }
@@ -695,7 +734,11 @@ fn tiled_matmul_matches_the_reference_on_ragged_edges() {
                 ],
                 [c]
             );
-            let e = rel(&out[0].0, &out[0].1);
+            let e = rel_to_scale(
+                "tiled matmul matches the reference on ragged edges",
+                &out[0].0,
+                &out[0].1,
+            );
             assert!(e < 1e-5, "{spec:?}: {e}");
             worst = worst.max(e);
         }
@@ -708,7 +751,11 @@ fn tiled_matmul_matches_the_reference_on_ragged_edges() {
             [rng.normal_vec((m + 3) * k, 1.0), rng.normal_vec(n * k, 1.0)],
             [rng.normal_vec((m + 4) * n, 1.0)]
         );
-        let e = rel(&out[0].0, &out[0].1);
+        let e = rel_to_scale(
+            "tiled matmul matches the reference on ragged edges",
+            &out[0].0,
+            &out[0].1,
+        );
         assert!(e < 1e-5, "window ({m}, {n}, {k}): {e}");
         worst = worst.max(e);
     }
@@ -745,11 +792,19 @@ fn bf16_matmul_rounds_its_operands_as_the_reference() {
             [c.clone(), c]
         );
         // The same rounded operands summed in the same order in f32: f32 rounding apart.
-        let e = rel(&out[0].0, &out[0].1);
+        let e = rel_to_scale(
+            "bf16 matmul rounds its operands as the reference",
+            &out[0].0,
+            &out[0].1,
+        );
         assert!(e < 1e-5, "bf16 ({m}, {n}, {k}): {e}");
         // And the rounding happened: bf16 keeps 8 bits of mantissa, so the products move
         // by about 2^-9 of their size against f32's.
-        let moved = rel(&out[0].0, &out[1].1);
+        let moved = rel_to_scale(
+            "bf16 matmul rounds its operands as the reference",
+            &out[0].0,
+            &out[1].1,
+        );
         assert!(
             moved > 1e-4,
             "bf16 ({m}, {n}, {k}) equals the f32 product: {moved}"
@@ -797,7 +852,11 @@ fn lora_pair_matches_the_reference_on_windows() {
         );
         let tag = format!("lora {rows}x{d_in}->{d_out} r{rank}");
         for (name, (got, want)) in ["y", "t"].iter().zip(&out) {
-            assert!(rel(got, want) < 1e-5, "{tag} {name}: {}", rel(got, want));
+            assert!(
+                rel_to_scale("lora pair matches the reference on windows", got, want) < 1e-5,
+                "{tag} {name}: {}",
+                rel_to_scale("lora pair matches the reference on windows", got, want)
+            );
         }
         let t = out[1].1.clone();
         let (dx0, da0, db0) = (
@@ -830,7 +889,11 @@ fn lora_pair_matches_the_reference_on_windows() {
             [dx0.clone(), da0.clone(), db0.clone(), t0.clone()]
         );
         for (name, (got, want)) in ["dx", "dA", "dB", "dt"].iter().zip(&back) {
-            assert!(rel(got, want) < 1e-4, "{tag} {name}: {}", rel(got, want));
+            assert!(
+                rel_to_scale("lora pair matches the reference on windows", got, want) < 1e-4,
+                "{tag} {name}: {}",
+                rel_to_scale("lora pair matches the reference on windows", got, want)
+            );
         }
     }
 }

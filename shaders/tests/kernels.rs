@@ -21,6 +21,7 @@ use rusting_brain_core::ops::rope::{rope_forward, RopeSpec};
 use rusting_brain_core::ops::{rmsnorm, swiglu};
 use rusting_brain_core::Rng;
 use rusting_brain_shaders::{rope_table, Gpu, GpuBuffer, GpuOptions, ShaderError};
+use rusting_brain_test_support::rel_to_scale;
 
 fn gpu() -> Option<Gpu> {
     gpu_with(false)
@@ -69,22 +70,6 @@ fn poisoned(g: &Gpu, n: usize) -> GpuBuffer {
     g.upload("poisoned", &vec![f32::NAN; n]).unwrap()
 }
 
-/// max |a - b| / (max |b| + tiny): the error relative to the values' scale.
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            assert!(
-                x.is_finite(),
-                "an output was not written (NaN poison left) or is not finite: {x}"
-            );
-            (x - y).abs() / scale
-        })
-        .fold(0.0, f32::max)
-}
-
 const ROWS: [usize; 6] = [1, 3, 7, 33, 127, 1000];
 
 #[test]
@@ -125,7 +110,11 @@ fn rmsnorm_on(no_subgroups: bool) {
         let mut b = g.batch();
         b.rmsnorm(&go, &gr, &gx, &gw, *rows, dim, 1e-5).unwrap();
         b.submit().unwrap();
-        let e = rel(&g.read_blocking(&go).unwrap(), &out).max(rel(&g.read_blocking(&gr).unwrap(), &rstd));
+        let e = rel_to_scale("rmsnorm on", &g.read_blocking(&go).unwrap(), &out).max(rel_to_scale(
+            "rmsnorm on",
+            &g.read_blocking(&gr).unwrap(),
+            &rstd,
+        ));
         assert!(e < 1e-5, "rows {rows} dim {dim}: {e}");
         worst = worst.max(e);
     }
@@ -214,7 +203,11 @@ fn elementwise_kernels_match_reference() {
         let mut b = g.batch();
         b.swiglu(&go, &gg, &gu, n).unwrap();
         b.submit().unwrap();
-        let e = rel(&g.read_blocking(&go).unwrap(), &out);
+        let e = rel_to_scale(
+            "elementwise kernels match reference",
+            &g.read_blocking(&go).unwrap(),
+            &out,
+        );
         assert!(e < 1e-5, "swiglu n {n}: {e}");
     }
 }
@@ -251,12 +244,20 @@ fn rope_matches_reference_and_inverts() {
         let mut b = g.batch();
         b.rope(&gx, &table, &spec, false).unwrap();
         b.submit().unwrap();
-        let e = rel(&g.read_blocking(&gx).unwrap(), &want);
+        let e = rel_to_scale(
+            "rope matches reference and inverts",
+            &g.read_blocking(&gx).unwrap(),
+            &want,
+        );
         assert!(e < 1e-5, "{spec:?}: {e}");
         let mut b = g.batch();
         b.rope(&gx, &table, &spec, true).unwrap();
         b.submit().unwrap();
-        let e = rel(&g.read_blocking(&gx).unwrap(), &x);
+        let e = rel_to_scale(
+            "rope matches reference and inverts",
+            &g.read_blocking(&gx).unwrap(),
+            &x,
+        );
         assert!(e < 1e-5, "inverse {spec:?}: {e}");
         // A table too short for the positions is an error, not an out-of-bounds read.
         let short = g
@@ -318,7 +319,16 @@ fn attention_matches_reference_with_gqa_and_caches() {
         let mut b = g.batch();
         b.attention(&go, &gl, &gq, &gk, &gv, &scratch, &spec).unwrap();
         b.submit().unwrap();
-        let e = rel(&g.read_blocking(&go).unwrap(), &out).max(rel(&g.read_blocking(&gl).unwrap(), &lse));
+        let e = rel_to_scale(
+            "attention matches reference with gqa and caches",
+            &g.read_blocking(&go).unwrap(),
+            &out,
+        )
+        .max(rel_to_scale(
+            "attention matches reference with gqa and caches",
+            &g.read_blocking(&gl).unwrap(),
+            &lse,
+        ));
         assert!(e < 1e-4, "{spec:?}: {e}");
         worst = worst.max(e);
         // A scratch row too small for the cache is an error.
@@ -504,7 +514,11 @@ fn moe_routing_expert_products_and_combine_match_reference() {
             routing.expert,
             "experts ({n}, {e_n}, {k})"
         );
-        let e = rel(&g.read_blocking(&gw).unwrap(), &routing.weight);
+        let e = rel_to_scale(
+            "moe routing expert products and combine match reference",
+            &g.read_blocking(&gw).unwrap(),
+            &routing.weight,
+        );
         assert!(e < 1e-6, "weights ({n}, {e_n}, {k}): {e}");
 
         // Each slot through its own expert's gate weights (f rows of d), one dispatch per
@@ -565,7 +579,11 @@ fn moe_routing_expert_products_and_combine_match_reference() {
         let mut b = g.batch();
         b.moe_combine(&gxo, &gid, &gwt, &gyy, n, d, k).unwrap();
         b.submit().unwrap();
-        let e = rel(&g.read_blocking(&gxo).unwrap(), &want);
+        let e = rel_to_scale(
+            "moe routing expert products and combine match reference",
+            &g.read_blocking(&gxo).unwrap(),
+            &want,
+        );
         assert!(e < 1e-6, "combine ({n}, {k}, {d}): {e}");
     }
     // More experts than the GPU router holds is an error, not a wrong route.

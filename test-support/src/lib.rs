@@ -20,13 +20,19 @@ use rusting_brain_core::{Backend, Rng};
 /// that report how close to their tolerance they ran.
 #[track_caller]
 pub fn assert_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) -> f64 {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "{name}: {} values, the reference has {}",
-        got.len(),
-        want.len()
-    );
+    check_close(name, got, want, rtol, atol).unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// [`assert_close`] as a `Result`, for harnesses that collect failures instead of
+/// panicking (the CUDA device tests): the same rule, the same message.
+pub fn check_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) -> Result<f64, String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{name}: {} values, the reference has {}",
+            got.len(),
+            want.len()
+        ));
+    }
     let mut worst = (0.0f64, 0usize);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let ratio = if g.is_nan() || w.is_nan() {
@@ -40,15 +46,16 @@ pub fn assert_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64)
             worst = (if ratio.is_nan() { f64::INFINITY } else { ratio }, i);
         }
     }
-    assert!(
-        worst.0 <= 1.0,
+    if worst.0 <= 1.0 {
+        return Ok(worst.0);
+    }
+    Err(format!(
         "{name}: element {} is {} but the reference has {} ({:.3}x the bound atol {atol:e} + rtol {rtol:e} * |ref|)",
         worst.1,
         got[worst.1],
         want[worst.1],
         worst.0
-    );
-    worst.0
+    ))
 }
 
 /// [`assert_close`] for tensors: the shapes must match too.
@@ -82,6 +89,42 @@ pub fn worst_abs_diff(a: &[f32], b: &[f32]) -> f32 {
             m.max(d)
         }
     })
+}
+
+/// `f32::max` for folds over differences, except that a NaN wins (and then fails the
+/// bound it is compared with); `f32::max` drops a NaN and would let it pass.
+pub fn nan_max(m: f32, d: f32) -> f32 {
+    if d > m || d.is_nan() {
+        d
+    } else {
+        m
+    }
+}
+
+/// max |got - want| / max |want|: the error relative to the values' scale, for outputs
+/// whose small elements carry no meaning of their own (a GPU reduction's near-zero sums).
+/// A length mismatch or a non-finite value on either side fails the test, naming the
+/// element: an output left as NaN poison is never skipped.
+#[track_caller]
+pub fn rel_to_scale(name: &str, got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{name}: {} values, the reference has {}",
+        got.len(),
+        want.len()
+    );
+    let mut scale = 1e-30f32;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.is_finite() && w.is_finite(),
+            "{name}: element {i} is {g}, the reference has {w} (not finite: an unwritten output or an overflow)"
+        );
+        scale = scale.max(w.abs());
+    }
+    got.iter()
+        .zip(want)
+        .fold(0.0f32, |m, (g, w)| m.max((g - w).abs() / scale))
 }
 
 /// An output buffer of `n` NaNs: an element the code under test forgets to write stays
@@ -256,5 +299,34 @@ mod tests {
     fn worst_abs_diff_propagates_nan() {
         assert!(worst_abs_diff(&[0.0, f32::NAN, 0.0], &[0.0, 0.0, 5.0]).is_nan());
         assert_eq!(worst_abs_diff(&[0.0, 1.0], &[0.5, 1.0]), 0.5);
+    }
+
+    #[test]
+    fn nan_max_keeps_a_nan() {
+        assert!([1.0, f32::NAN, 3.0].into_iter().fold(0.0, nan_max).is_nan());
+        assert_eq!([1.0, 3.0, 2.0].into_iter().fold(0.0, nan_max), 3.0);
+    }
+
+    #[test]
+    fn rel_to_scale_is_relative_to_the_largest_reference_value() {
+        assert_eq!(rel_to_scale("scale", &[0.5, 4.0], &[0.0, 4.0]), 0.125);
+    }
+
+    #[test]
+    #[should_panic(expected = "element 1 is NaN")]
+    fn rel_to_scale_fails_on_poison_left() {
+        rel_to_scale("poison", &[1.0, f32::NAN], &[1.0, 2.0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "not finite")]
+    fn rel_to_scale_fails_on_a_non_finite_reference() {
+        rel_to_scale("inf", &[1.0, 2.0], &[1.0, f32::INFINITY]);
+    }
+
+    #[test]
+    #[should_panic(expected = "1 values, the reference has 2")]
+    fn rel_to_scale_fails_on_a_length_mismatch() {
+        rel_to_scale("short", &[1.0], &[1.0, 2.0]);
     }
 }

@@ -11,16 +11,7 @@
 
 use rusting_brain::core::Rng;
 use rusting_brain::{GpuOptions, NetworkError, Optimizer, Sampler, TokenBatch, TransformerLm};
-
-/// `f32::max` for folds over differences, except that a NaN wins (and then fails the
-/// bound it is compared with); `f32::max` drops a NaN and would let it pass.
-fn nan_max(m: f32, d: f32) -> f32 {
-    if d > m || d.is_nan() {
-        d
-    } else {
-        m
-    }
-}
+use rusting_brain_test_support::rel_to_scale;
 
 /// The rule's batches (`next = (5 * prev + 3) mod 64`), 25 tokens a row: learnable, so
 /// the model is confident.
@@ -60,19 +51,6 @@ fn on_gpu(m: &mut TransformerLm) -> Option<()> {
     }
 }
 
-/// max |a - b| / max |b|; a length mismatch or a non-finite value fails the test.
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "lengths differ");
-    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            assert!(x.is_finite() && y.is_finite(), "not finite: {x} vs {y}");
-            (x - y).abs() / scale
-        })
-        .fold(0.0, nan_max)
-}
-
 #[test]
 fn greedy_ids_and_logits_match_the_cpu_int8_path() {
     let mut cpu = trained_q8();
@@ -92,7 +70,8 @@ fn greedy_ids_and_logits_match_the_cpu_int8_path() {
     // Logits at every step: a prefill of the prompt, then one token a call.
     let seq: Vec<u32> = prompt.iter().chain(&want).copied().collect();
     let (mut cc, mut gc) = (cpu.new_kv_caches(), gpu.new_kv_caches());
-    let mut worst = rel(
+    let mut worst = rel_to_scale(
+        "greedy ids and logits match the cpu int8 path",
         &gpu.forward_cached(&seq[..3], &mut gc).unwrap(),
         &cpu.forward_cached(&seq[..3], &mut cc).unwrap(),
     );
@@ -101,7 +80,11 @@ fn greedy_ids_and_logits_match_the_cpu_int8_path() {
             gpu.forward_cached(&seq[t..t + 1], &mut gc).unwrap(),
             cpu.forward_cached(&seq[t..t + 1], &mut cc).unwrap(),
         );
-        worst = worst.max(rel(&g, &c));
+        worst = worst.max(rel_to_scale(
+            "greedy ids and logits match the cpu int8 path",
+            &g,
+            &c,
+        ));
     }
     eprintln!(
         "worst logit difference over {} steps: {worst:e} of the range",
@@ -135,7 +118,7 @@ fn decoder_turns_and_a_seeded_sampled_run_match_the_cpu() {
     let (a, b) = (turns(&mut cpu), turns(&mut gpu));
     assert_eq!(a.0, b.0);
     assert_eq!(a.1, b.1);
-    assert!(rel(&b.2, &a.2) < 2e-3);
+    assert!(rel_to_scale("decoder turns and a seeded sampled run match the cpu", &b.2, &a.2) < 2e-3);
 
     // Every way of drawing: greedy with a penalty (argmax on the device), temperature with
     // top-k (ranked on the device, drawn on the host in f64), with top-p and a penalty on
@@ -242,7 +225,8 @@ fn mixture_of_experts_matches_the_cpu_int8_path() {
         let seq: Vec<u32> = prompt.iter().chain(&want).copied().collect();
         let (mut cc, mut gc) = (cpu.new_kv_caches(), gpu.new_kv_caches());
         // A prefill of several rows routes many tokens at once.
-        let mut worst = rel(
+        let mut worst = rel_to_scale(
+            "mixture of experts matches the cpu int8 path",
             &gpu.forward_cached(&seq[..20], &mut gc).unwrap(),
             &cpu.forward_cached(&seq[..20], &mut cc).unwrap(),
         );
@@ -251,7 +235,11 @@ fn mixture_of_experts_matches_the_cpu_int8_path() {
                 gpu.forward_cached(&seq[t..t + 1], &mut gc).unwrap(),
                 cpu.forward_cached(&seq[t..t + 1], &mut cc).unwrap(),
             );
-            worst = worst.max(rel(&g, &c));
+            worst = worst.max(rel_to_scale(
+                "mixture of experts matches the cpu int8 path",
+                &g,
+                &c,
+            ));
         }
         eprintln!("MoE (shared {shared}, top {top_k}): worst logit difference {worst:e} of the range");
         assert!(worst < 2e-3, "{worst}");
@@ -299,7 +287,8 @@ fn weights_over_a_binding_go_in_row_slabs_and_a_model_over_the_limits_is_refused
     let got = gpu.generate(&prompt, 16, &mut Sampler::greedy()).unwrap();
     assert_eq!(got, want);
     let (mut cc, mut gc) = (cpu.new_kv_caches(), gpu.new_kv_caches());
-    let e = rel(
+    let e = rel_to_scale(
+        "weights over a binding go in row slabs and a model over the limits is refused",
         &gpu.forward_cached(&prompt, &mut gc).unwrap(),
         &cpu.forward_cached(&prompt, &mut cc).unwrap(),
     );
