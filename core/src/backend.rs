@@ -19,12 +19,17 @@
 use alloc::vec::Vec;
 
 pub use crate::ops::attention::AttentionSpec;
+pub use crate::ops::conv::Conv2dSpec;
 pub use crate::ops::cross_entropy::CrossEntropySum;
 pub use crate::ops::lora::LoraSpec;
 pub use crate::ops::matmul::{MatmulSpec, Precision};
 pub use crate::ops::moe::RoutedSpec;
+pub use crate::ops::norm::GroupNormSpec;
 pub use crate::ops::optim::{AdamParams, SgdParams};
 pub use crate::ops::rope::RopeSpec;
+pub use crate::ops::sdpa::SdpaSpec;
+pub use crate::ops::spatial::PatchSpec;
+pub use crate::ops::unary::Unary;
 use crate::{Activation, Loss, Result};
 
 pub trait Backend {
@@ -456,6 +461,129 @@ pub trait Backend {
             self.matmul(dx, dt, a, &mm(rows, di, r).accumulate().window(to, 0, xo))?;
         }
         Ok(())
+    }
+
+    // ----- image models and text encoders (inference; see crate::ops) -----
+    // The defaults compute on the host through the reference ops (a download and an
+    // upload around each call): correct on every backend, and what a device backend has
+    // until it brings its own kernel. The CPU backend overrides each one.
+
+    /// See [`crate::ops::conv::conv2d`].
+    fn conv2d(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        weight: &Self::Buffer,
+        bias: Option<&Self::Buffer>,
+        spec: &Conv2dSpec,
+    ) -> Result<()> {
+        let bias = bias.map(|b| self.download(b)).transpose()?;
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::conv::conv2d(
+            &mut o,
+            &self.download(inp)?,
+            &self.download(weight)?,
+            bias.as_deref(),
+            spec,
+        )?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::norm::group_norm`].
+    fn group_norm(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        bias: Option<&Self::Buffer>,
+        spec: &GroupNormSpec,
+    ) -> Result<()> {
+        let weight = weight.map(|w| self.download(w)).transpose()?;
+        let bias = bias.map(|b| self.download(b)).transpose()?;
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::norm::group_norm(
+            &mut o,
+            &self.download(inp)?,
+            weight.as_deref(),
+            bias.as_deref(),
+            spec,
+        )?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::norm::layer_norm`].
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        bias: Option<&Self::Buffer>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let weight = weight.map(|w| self.download(w)).transpose()?;
+        let bias = bias.map(|b| self.download(b)).transpose()?;
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::norm::layer_norm(
+            &mut o,
+            &self.download(inp)?,
+            weight.as_deref(),
+            bias.as_deref(),
+            rows,
+            dim,
+            eps,
+        )?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::unary::unary`].
+    fn unary(&self, op: Unary, out: &mut Self::Buffer, inp: &Self::Buffer) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::unary::unary(op, &mut o, &self.download(inp)?)?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::sdpa::sdpa`]. The key mask is a host slice, like token ids.
+    #[allow(clippy::too_many_arguments)]
+    fn sdpa(
+        &self,
+        out: &mut Self::Buffer,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        key_mask: Option<&[bool]>,
+        bias: Option<&Self::Buffer>,
+        spec: &SdpaSpec,
+    ) -> Result<()> {
+        let bias = bias.map(|b| self.download(b)).transpose()?;
+        let mut o = alloc::vec![0.0; self.len(out)];
+        let (q, k, v) = (self.download(q)?, self.download(k)?, self.download(v)?);
+        crate::ops::sdpa::sdpa(&mut o, &q, &k, &v, key_mask, bias.as_deref(), spec)?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::spatial::upsample_nearest2d`].
+    fn upsample_nearest2d(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        planes: usize,
+        h: usize,
+        w: usize,
+        scale: usize,
+    ) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::spatial::upsample_nearest2d(&mut o, &self.download(inp)?, planes, h, w, scale)?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::spatial::patchify`].
+    fn patchify(&self, out: &mut Self::Buffer, inp: &Self::Buffer, spec: &PatchSpec) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::spatial::patchify(&mut o, &self.download(inp)?, spec)?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::spatial::unpatchify`].
+    fn unpatchify(&self, out: &mut Self::Buffer, inp: &Self::Buffer, spec: &PatchSpec) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::spatial::unpatchify(&mut o, &self.download(inp)?, spec)?;
+        self.write(out, &o)
     }
 
     // ----- optimizers -----

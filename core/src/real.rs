@@ -38,6 +38,8 @@ pub trait Real:
     fn sin(self) -> Self;
     fn cos(self) -> Self;
     fn tanh(self) -> Self;
+    /// The error function (exact GELU).
+    fn erf(self) -> Self;
     fn powf(self, e: Self) -> Self;
     fn abs(self) -> Self;
     fn is_finite(self) -> bool;
@@ -94,6 +96,9 @@ impl Real for f32 {
     fn tanh(self) -> Self {
         libm::tanhf(self)
     }
+    fn erf(self) -> Self {
+        libm::erff(self)
+    }
     fn powf(self, e: Self) -> Self {
         libm::powf(self, e)
     }
@@ -138,6 +143,9 @@ impl Real for f64 {
     }
     fn tanh(self) -> Self {
         libm::tanh(self)
+    }
+    fn erf(self) -> Self {
+        libm::erf(self)
     }
     fn powf(self, e: Self) -> Self {
         libm::pow(self, e)

@@ -12,6 +12,7 @@
 
 use rusting_brain_core::backend::*;
 use rusting_brain_core::ops::q8;
+use rusting_brain_core::ops::spatial::PatchOrder;
 use rusting_brain_core::{Activation, Backend, Loss, ReferenceBackend, Rng, RopeScaling};
 
 use crate::{assert_close, poisoned};
@@ -63,6 +64,7 @@ pub fn backend_sweep<B: Backend>(be: &B, tol: f64) {
     lookups_and_losses(be, tol);
     int8(be, tol);
     optimizers(be, tol);
+    image(be, tol);
 }
 
 pub fn matmul<B: Backend>(be: &B, tol: f64) {
@@ -613,5 +615,211 @@ pub fn optimizers<B: Backend>(be: &B, tol: f64) {
             &[want.1 as f32],
             tol,
         );
+    }
+}
+
+/// The image models' and encoders' primitives (inference only). Shapes that cross each
+/// CPU kernel's internal tiling: a convolution whose columns take several bands, attention
+/// over several query blocks with a mask, a bias and grouped heads.
+pub fn image<B: Backend>(be: &B, tol: f64) {
+    let mut rng = Rng::new(207);
+    let conv =
+        |b, cin, cout, h, w, k: (usize, usize), s: (usize, usize), p: (usize, usize), d, g| Conv2dSpec {
+            batch: b,
+            in_channels: cin,
+            out_channels: cout,
+            height: h,
+            width: w,
+            kernel: k,
+            stride: s,
+            padding: p,
+            dilation: (d, d),
+            groups: g,
+        };
+    for (spec, bias) in [
+        (conv(1, 1, 1, 1, 1, (1, 1), (1, 1), (0, 0), 1, 1), true),
+        (conv(2, 3, 5, 7, 9, (3, 3), (1, 1), (1, 1), 1, 1), true),
+        (conv(1, 6, 4, 13, 7, (3, 2), (2, 3), (1, 0), 1, 2), false),
+        (conv(1, 5, 7, 8, 6, (1, 1), (1, 1), (0, 0), 1, 1), true),
+        (conv(1, 4, 4, 9, 9, (3, 3), (1, 1), (2, 2), 2, 4), true),
+        // 288 column rows of 96: the CPU builds them in three bands of output rows.
+        (conv(1, 32, 8, 96, 96, (3, 3), (1, 1), (1, 1), 1, 1), true),
+    ] {
+        let (ni, nw, no, _) = spec.check().unwrap();
+        let mut inputs = vec![rng.normal_vec(ni, 1.0), rng.normal_vec(nw, 0.2)];
+        if bias {
+            inputs.push(rng.normal_vec(spec.out_channels, 1.0));
+        }
+        let (got, want) = both!(be, inputs, vec![poisoned(no)], |b, i, o| b.conv2d(
+            &mut o[0],
+            &i[0],
+            &i[1],
+            i.get(2),
+            &spec
+        ));
+        close(
+            &format!("{} conv2d {spec:?}", be.name()),
+            &got.0[0],
+            &want.0[0],
+            tol,
+        );
+    }
+    for (batch, channels, spatial, groups, affine) in [
+        (1, 1, 1, 1, true),
+        (2, 6, 35, 3, true),
+        (1, 64, 1023, 32, false),
+        (3, 8, 1, 2, true),
+    ] {
+        let spec = GroupNormSpec {
+            batch,
+            channels,
+            spatial,
+            groups,
+            eps: 1e-6,
+        };
+        let n = batch * channels * spatial;
+        let mut inputs = vec![rng.normal_vec(n, 2.0).iter().map(|v| v + 3.0).collect()];
+        if affine {
+            inputs.push(rng.normal_vec(channels, 1.0));
+            inputs.push(rng.normal_vec(channels, 1.0));
+        }
+        let (got, want) = both!(be, inputs, vec![poisoned(n)], |b, i, o| b.group_norm(
+            &mut o[0],
+            &i[0],
+            i.get(1),
+            i.get(2),
+            &spec
+        ));
+        close(
+            &format!("{} group_norm {spec:?}", be.name()),
+            &got.0[0],
+            &want.0[0],
+            tol,
+        );
+    }
+    for (rows, dim, affine) in [(1, 1, true), (7, 33, true), (5, 1280, false)] {
+        let n = rows * dim;
+        let mut inputs = vec![rng.normal_vec(n, 1.0)];
+        if affine {
+            inputs.push(rng.normal_vec(dim, 1.0));
+            inputs.push(rng.normal_vec(dim, 1.0));
+        }
+        let (got, want) = both!(be, inputs, vec![poisoned(n)], |b, i, o| b.layer_norm(
+            &mut o[0],
+            &i[0],
+            i.get(1),
+            i.get(2),
+            rows,
+            dim,
+            1e-5
+        ));
+        close(
+            &format!("{} layer_norm ({rows}, {dim})", be.name()),
+            &got.0[0],
+            &want.0[0],
+            tol,
+        );
+    }
+    for op in [Unary::Gelu, Unary::GeluTanh, Unary::QuickGelu, Unary::Silu] {
+        for n in [1, 33, 40_000] {
+            let (got, want) = both!(be, vec![rng.normal_vec(n, 4.0)], vec![poisoned(n)], |b, i, o| b
+                .unary(op, &mut o[0], &i[0]));
+            close(&format!("{} {op:?} {n}", be.name()), &got.0[0], &want.0[0], tol);
+        }
+    }
+    let sdpa = |batch, q_len, kv_len, heads, kv_heads, head_dim, causal| {
+        SdpaSpec::new(batch, q_len, heads, head_dim)
+            .kv_len(kv_len)
+            .kv_heads(kv_heads)
+            .causal(causal)
+    };
+    // (spec, masked, biased): one query, cross-attention to 77 tokens, three query blocks
+    // with padding and a bias (T5), causal under a mask (CLIP), grouped heads.
+    for (spec, masked, biased) in [
+        (sdpa(1, 1, 1, 1, 1, 8, false), false, false),
+        (sdpa(2, 130, 77, 4, 4, 16, false), true, false),
+        (sdpa(2, 130, 130, 2, 2, 33, false).scale(1.0), true, true),
+        (sdpa(2, 77, 77, 3, 3, 8, true), true, false),
+        (sdpa(1, 70, 40, 6, 2, 32, false), false, true),
+    ] {
+        let nq = spec.batch * spec.q_len * spec.heads * spec.head_dim;
+        let nkv = spec.batch * spec.kv_len * spec.kv_heads * spec.head_dim;
+        let mut inputs = vec![
+            rng.normal_vec(nq, 1.0),
+            rng.normal_vec(nkv, 1.0),
+            rng.normal_vec(nkv, 1.0),
+        ];
+        if biased {
+            inputs.push(rng.normal_vec(spec.heads * spec.q_len * spec.kv_len, 1.0));
+        }
+        // Each batch row after the first loses a different tail of its keys.
+        let mask: Option<Vec<bool>> = masked.then(|| {
+            (0..spec.batch * spec.kv_len)
+                .map(|i| i % spec.kv_len < spec.kv_len - (i / spec.kv_len) * 5)
+                .collect()
+        });
+        let (got, want) = both!(be, inputs, vec![poisoned(nq)], |b, i, o| b.sdpa(
+            &mut o[0],
+            &i[0],
+            &i[1],
+            &i[2],
+            mask.as_deref(),
+            i.get(3),
+            &spec
+        ));
+        close(
+            &format!("{} sdpa {spec:?}", be.name()),
+            &got.0[0],
+            &want.0[0],
+            tol,
+        );
+    }
+    for (planes, h, w, s) in [(1, 1, 1, 1), (6, 5, 7, 2), (2, 3, 4, 3)] {
+        let n = planes * h * w;
+        let (got, want) = both!(
+            be,
+            vec![rng.normal_vec(n, 1.0)],
+            vec![poisoned(n * s * s)],
+            |b, i, o| b.upsample_nearest2d(&mut o[0], &i[0], planes, h, w, s)
+        );
+        close(
+            &format!("{} upsample ({planes}, {h}, {w}) x{s}", be.name()),
+            &got.0[0],
+            &want.0[0],
+            tol,
+        );
+    }
+    for order in [PatchOrder::ChannelFirst, PatchOrder::ChannelLast] {
+        for (batch, channels, height, width, patch) in [
+            (1, 1, 1, 1, 1),
+            (2, 3, 4, 6, 2),
+            (1, 16, 8, 4, 1),
+            (1, 5, 9, 6, 3),
+        ] {
+            let spec = PatchSpec {
+                batch,
+                channels,
+                height,
+                width,
+                patch,
+                order,
+            };
+            let n = batch * channels * height * width;
+            let x = rng.normal_vec(n, 1.0);
+            let (got, want) = both!(be, vec![x.clone()], vec![poisoned(n), poisoned(n)], |b, i, o| {
+                let (tokens, back) = o.split_at_mut(1);
+                b.patchify(&mut tokens[0], &i[0], &spec)
+                    .and_then(|_| b.unpatchify(&mut back[0], &tokens[0], &spec))
+            });
+            close(
+                &format!("{} patchify {spec:?}", be.name()),
+                &got.0[0],
+                &want.0[0],
+                tol,
+            );
+            // Pure data movement: the round trip gives the input back, bit for bit.
+            assert_eq!(got.0[1], x, "{} unpatchify(patchify(x)) {spec:?}", be.name());
+            assert_eq!(want.0[1], x, "reference unpatchify(patchify(x)) {spec:?}");
+        }
     }
 }

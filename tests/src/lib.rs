@@ -80,6 +80,13 @@ impl Fixture {
         meta.metadata().as_ref()?.get(key).cloned()
     }
 
+    /// Tensor `name` converted to the reference math's scalar type; panics (a test helper)
+    /// when the fixture lacks it.
+    pub fn real<T: rusting_brain_core::Real>(&self, name: &str) -> Vec<T> {
+        let t = self.get(name).unwrap_or_else(|e| panic!("{e}"));
+        t.data.iter().map(|&v| T::from_f64(v)).collect()
+    }
+
     /// Any float or integer tensor, as f64.
     pub fn get(&self, name: &str) -> Result<Tensor, ParityError> {
         let st = self.tensors();

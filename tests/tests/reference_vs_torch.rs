@@ -19,15 +19,6 @@ fn fixture() -> Fixture {
     Fixture::named("reference_primitives.safetensors").expect("fixture present")
 }
 
-fn input<T: Real>(f: &Fixture, name: &str) -> Vec<T> {
-    f.get(name)
-        .unwrap()
-        .data
-        .iter()
-        .map(|&v| T::from_f64(v))
-        .collect()
-}
-
 fn check<T: Real>(f: &Fixture, name: &str, actual: &[T], tol: Tolerance) {
     let actual: Vec<f64> = actual.iter().map(|v| v.to_f64()).collect();
     let r = assert_close(
@@ -48,10 +39,10 @@ fn run_all<T: Real>(tol: Tolerance) {
     let f = fixture();
     // matmul: C = A B and its gradients dA = dC B^T, dB = A^T dC
     let (a, b, w, dc) = (
-        input::<T>(&f, "mm_a"),
-        input::<T>(&f, "mm_b"),
-        input::<T>(&f, "mm_w"),
-        input::<T>(&f, "mm_dc"),
+        f.real::<T>("mm_a"),
+        f.real::<T>("mm_b"),
+        f.real::<T>("mm_w"),
+        f.real::<T>("mm_dc"),
     );
     let mut c = vec![T::ZERO; 15];
     matmul(&mut c, &a, &b, &MatmulSpec::new(5, 3, 7)).unwrap();
@@ -73,9 +64,9 @@ fn run_all<T: Real>(tol: Tolerance) {
 
     // RMSNorm
     let (x, g, dout) = (
-        input::<T>(&f, "rms_x"),
-        input::<T>(&f, "rms_w"),
-        input::<T>(&f, "rms_dout"),
+        f.real::<T>("rms_x"),
+        f.real::<T>("rms_w"),
+        f.real::<T>("rms_dout"),
     );
     let mut y = vec![T::ZERO; 60];
     let mut rstd = vec![T::ZERO; 6];
@@ -97,20 +88,20 @@ fn run_all<T: Real>(tol: Tolerance) {
         theta: 10_000.0,
         scaling: Default::default(),
     };
-    let mut xr = input::<T>(&f, "rope_x");
+    let mut xr = f.real::<T>("rope_x");
     rope_forward(&mut xr, &spec).unwrap();
     check(&f, "rope_out", &xr, tol);
-    let mut dr = input::<T>(&f, "rope_dout");
+    let mut dr = f.real::<T>("rope_dout");
     rope_backward(&mut dr, &spec).unwrap();
     check(&f, "rope_dx", &dr, tol);
 
     // Causal GQA attention
     let spec = AttentionSpec::causal(2, 6, 4, 2, 8);
     let (q, k, v, da) = (
-        input::<T>(&f, "att_q"),
-        input::<T>(&f, "att_k"),
-        input::<T>(&f, "att_v"),
-        input::<T>(&f, "att_dout"),
+        f.real::<T>("att_q"),
+        f.real::<T>("att_k"),
+        f.real::<T>("att_v"),
+        f.real::<T>("att_dout"),
     );
     let (nq, nkv, nl) = spec.check("test").unwrap();
     let mut o = vec![T::ZERO; nq];
@@ -125,9 +116,9 @@ fn run_all<T: Real>(tol: Tolerance) {
 
     // SwiGLU
     let (gate, up, ds) = (
-        input::<T>(&f, "swi_gate"),
-        input::<T>(&f, "swi_up"),
-        input::<T>(&f, "swi_dout"),
+        f.real::<T>("swi_gate"),
+        f.real::<T>("swi_up"),
+        f.real::<T>("swi_dout"),
     );
     let mut ys = vec![T::ZERO; 44];
     swiglu_forward(&mut ys, &gate, &up).unwrap();
@@ -139,12 +130,12 @@ fn run_all<T: Real>(tol: Tolerance) {
 
     // Embedding
     let ids: Vec<u32> = f.get("emb_ids").unwrap().data.iter().map(|&v| v as u32).collect();
-    let table = input::<T>(&f, "emb_table");
+    let table = f.real::<T>("emb_table");
     let mut ye = vec![T::ZERO; 28];
     embedding_forward(&mut ye, &table, &ids, 9, 4).unwrap();
     check(&f, "emb_out", &ye, tol);
     let mut dt = vec![T::ZERO; 36];
-    embedding_backward(&mut dt, &input::<T>(&f, "emb_dout"), &ids, 9, 4).unwrap();
+    embedding_backward(&mut dt, &f.real::<T>("emb_dout"), &ids, 9, 4).unwrap();
     check(&f, "emb_dtable", &dt, tol);
 
     // Cross-entropy with ignored rows (-100 in PyTorch, a mask here)
@@ -152,7 +143,7 @@ fn run_all<T: Real>(tol: Tolerance) {
     let mask: Vec<bool> = raw.iter().map(|&t| t >= 0.0).collect();
     let targets: Vec<u32> = raw.iter().map(|&t| t.max(0.0) as u32).collect();
     let count = mask.iter().filter(|&&m| m).count();
-    let mut logits = input::<T>(&f, "ce_logits");
+    let mut logits = f.real::<T>("ce_logits");
     let sum = cross_entropy(
         &mut logits,
         &targets,
@@ -194,7 +185,7 @@ fn cpu_backend_matches_pytorch_to_f32_rounding() {
     use rusting_brain_core::Backend;
     let f = fixture();
     let cpu = CpuBackend::new();
-    let x = |name: &str| input::<f32>(&f, name);
+    let x = |name: &str| f.real::<f32>(name);
     let mut c = vec![f32::NAN; 15];
     cpu.matmul(
         &mut c,

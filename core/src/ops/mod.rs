@@ -15,6 +15,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod conv;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
@@ -23,9 +24,13 @@ pub mod lora;
 pub mod loss;
 pub mod matmul;
 pub mod moe;
+pub mod norm;
 pub mod optim;
 pub mod q8;
 pub mod rmsnorm;
 pub mod rope;
+pub mod sdpa;
 pub mod softmax;
+pub mod spatial;
 pub mod swiglu;
+pub mod unary;

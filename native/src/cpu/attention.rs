@@ -191,15 +191,15 @@ pub fn attention_backward(
 
 /// A row-major matrix view into a slice: element (i, j) at `i * rs + j * cs`.
 #[derive(Clone, Copy)]
-struct View<'a> {
-    data: &'a [f32],
-    rs: usize,
-    cs: usize,
+pub(crate) struct View<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) rs: usize,
+    pub(crate) cs: usize,
 }
 
 /// `dst (m x n, contiguous) = lhs (m x k) rhs (k x n) + beta * dst`, single-threaded (the
 /// callers already run one tile per rayon task).
-fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: View, rhs: View, beta: f32) {
+pub(crate) fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: View, rhs: View, beta: f32) {
     if m == 0 || n == 0 {
         return;
     }
@@ -257,7 +257,7 @@ thread_local! {
 
 /// Runs `f` with two zeroed-length-agnostic scratch tiles of `len` floats each (contents
 /// are garbage; callers overwrite them with beta = 0 GEMMs).
-fn with_tiles<R>(len: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
+pub(crate) fn with_tiles<R>(len: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
     TILES.with(|t| {
         let mut t = t.borrow_mut();
         if t.0.len() < len {

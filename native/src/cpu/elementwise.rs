@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 use rusting_brain_core::error::check_len;
 use rusting_brain_core::ops::elementwise::check_bias;
+use rusting_brain_core::ops::unary::Unary;
 use rusting_brain_core::Result;
 
 use super::{rows_per_task, simd, ELEMENTS_PER_TASK};
@@ -63,5 +64,14 @@ pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) 
     for p in &partials {
         simd::axpy(dbias, 1.0, p);
     }
+    Ok(())
+}
+
+/// Twin of `rusting_brain_core::ops::unary::unary`.
+pub fn unary(op: Unary, out: &mut [f32], inp: &[f32]) -> Result<()> {
+    check_len("unary", "out", out.len(), inp.len())?;
+    out.par_chunks_mut(ELEMENTS_PER_TASK)
+        .zip(inp.par_chunks(ELEMENTS_PER_TASK))
+        .for_each(|(o, x)| simd::unary(o, x, op));
     Ok(())
 }

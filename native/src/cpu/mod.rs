@@ -10,18 +10,22 @@
 //! added in a fixed order, so a run gives the same bits on 2 cores and on 64.
 
 mod attention;
+mod conv;
 mod cross_entropy;
 mod dense;
 mod elementwise;
 mod embedding;
 mod matmul;
 mod moe;
+mod norm;
 mod optim;
 pub(crate) mod q8;
 mod rmsnorm;
 mod rope;
+pub mod sdpa;
 pub mod simd;
 mod softmax;
+mod spatial;
 mod swiglu;
 pub(crate) mod team;
 
@@ -337,6 +341,78 @@ impl Backend for CpuBackend {
         dim: usize,
     ) -> Result<()> {
         q8::q8_embedding(out, packed, scales, ids, vocab, dim)
+    }
+    fn conv2d(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        bias: Option<&Vec<f32>>,
+        spec: &Conv2dSpec,
+    ) -> Result<()> {
+        conv::conv2d(out, inp, weight, bias.map(|b| &b[..]), spec)
+    }
+    fn group_norm(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: Option<&Vec<f32>>,
+        bias: Option<&Vec<f32>>,
+        spec: &GroupNormSpec,
+    ) -> Result<()> {
+        norm::group_norm(out, inp, weight.map(|w| &w[..]), bias.map(|b| &b[..]), spec)
+    }
+    fn layer_norm(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: Option<&Vec<f32>>,
+        bias: Option<&Vec<f32>>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        norm::layer_norm(
+            out,
+            inp,
+            weight.map(|w| &w[..]),
+            bias.map(|b| &b[..]),
+            rows,
+            dim,
+            eps,
+        )
+    }
+    fn unary(&self, op: Unary, out: &mut Vec<f32>, inp: &Vec<f32>) -> Result<()> {
+        elementwise::unary(op, out, inp)
+    }
+    fn sdpa(
+        &self,
+        out: &mut Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        key_mask: Option<&[bool]>,
+        bias: Option<&Vec<f32>>,
+        spec: &SdpaSpec,
+    ) -> Result<()> {
+        sdpa::sdpa(out, q, k, v, key_mask, bias.map(|b| &b[..]), spec)
+    }
+    fn upsample_nearest2d(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        planes: usize,
+        h: usize,
+        w: usize,
+        scale: usize,
+    ) -> Result<()> {
+        spatial::upsample_nearest2d(out, inp, planes, h, w, scale)
+    }
+    fn patchify(&self, out: &mut Vec<f32>, inp: &Vec<f32>, spec: &PatchSpec) -> Result<()> {
+        spatial::patchify(out, inp, spec)
+    }
+    fn unpatchify(&self, out: &mut Vec<f32>, inp: &Vec<f32>, spec: &PatchSpec) -> Result<()> {
+        spatial::unpatchify(out, inp, spec)
     }
     fn adam_update(
         &self,

@@ -10,6 +10,7 @@
 use std::sync::OnceLock;
 
 use rusting_brain_core::ops::optim::AdamConstants;
+use rusting_brain_core::ops::unary::Unary;
 
 /// The instruction set the kernels run with, detected once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -708,9 +709,44 @@ dispatch!(
     /// x = exp(x - shift) in place; returns the sum of the new values.
     exp_sub_sum => exp_sub_sum_body(x: &mut [f32], shift: f32) -> f32
 );
+/// `f(x)` for the image models' activations. The exp-based ones use the fast `exp`; the
+/// exact GELU keeps libm's
+/// `erff`, which no cheap polynomial matches to the reference's 1e-7.
+#[inline(always)]
+fn unary_body<const FMA: bool>(out: &mut [f32], inp: &[f32], op: Unary) {
+    match op {
+        Unary::Silu => {
+            for (o, &x) in out.iter_mut().zip(inp) {
+                *o = silu_one(x);
+            }
+        }
+        Unary::QuickGelu => {
+            for (o, &x) in out.iter_mut().zip(inp) {
+                *o = x / (1.0 + exp(-1.702 * x));
+            }
+        }
+        Unary::GeluTanh => {
+            for (o, &x) in out.iter_mut().zip(inp) {
+                // x / 2 (1 + tanh u) = x sigmoid(2u): no cancellation where tanh u -> -1.
+                let u = 0.797_884_6 * (x + 0.044715 * x * x * x);
+                *o = x / (1.0 + exp(-2.0 * u));
+            }
+        }
+        Unary::Gelu => {
+            for (o, &x) in out.iter_mut().zip(inp) {
+                *o = 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
+            }
+        }
+    }
+}
+
 dispatch!(
     /// out = silu(gate) * up.
     swiglu => swiglu_body(out: &mut [f32], gate: &[f32], up: &[f32])
+);
+dispatch!(
+    /// out = f(inp) for one of the image models' activations.
+    unary => unary_body(out: &mut [f32], inp: &[f32], op: Unary)
 );
 dispatch!(
     /// dgate = dout * up * silu'(gate), dup = dout * silu(gate).

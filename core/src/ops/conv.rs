@@ -1,0 +1,222 @@
+//! 2-D convolution (cross-correlation, as PyTorch's `Conv2d`), inference only.
+//!
+//! Layouts, as PyTorch stores them so checkpoints load without a transpose:
+//! - `inp`: `(batch, in_channels, height, width)`
+//! - `weight`: `(out_channels, in_channels / groups, kernel_h, kernel_w)`
+//! - `bias`: `(out_channels)`, optional
+//! - `out`: `(batch, out_channels, out_h, out_w)` with
+//!   `out_h = (height + 2 pad_h - dilation_h (kernel_h - 1) - 1) / stride_h + 1`.
+//!
+//! Zero padding. Output channel `o` of group `g = o / (out_channels / groups)` reads input
+//! channels `g * in_per_group..(g + 1) * in_per_group`.
+
+use crate::error::{check_len, nonzero, product};
+use crate::{CoreError, Real, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dSpec {
+    pub batch: usize,
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub kernel: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub dilation: (usize, usize),
+    pub groups: usize,
+}
+
+impl Conv2dSpec {
+    /// A `k x k` convolution with stride 1, padding 0, no dilation, one group.
+    pub fn new(
+        batch: usize,
+        in_channels: usize,
+        out_channels: usize,
+        height: usize,
+        width: usize,
+        k: usize,
+    ) -> Self {
+        Conv2dSpec {
+            batch,
+            in_channels,
+            out_channels,
+            height,
+            width,
+            kernel: (k, k),
+            stride: (1, 1),
+            padding: (0, 0),
+            dilation: (1, 1),
+            groups: 1,
+        }
+    }
+    pub fn stride(mut self, s: usize) -> Self {
+        self.stride = (s, s);
+        self
+    }
+    pub fn padding(mut self, p: usize) -> Self {
+        self.padding = (p, p);
+        self
+    }
+    pub fn dilation(mut self, d: usize) -> Self {
+        self.dilation = (d, d);
+        self
+    }
+    pub fn groups(mut self, g: usize) -> Self {
+        self.groups = g;
+        self
+    }
+
+    /// `(out_h, out_w)`; an error when the kernel does not fit the padded input.
+    pub fn out_size(&self) -> Result<(usize, usize)> {
+        const OP: &str = "conv2d";
+        let dim = |size: usize, k: usize, s: usize, p: usize, d: usize, axis: &str| -> Result<usize> {
+            nonzero(OP, "stride", s)?;
+            nonzero(OP, "dilation", d)?;
+            nonzero(OP, "kernel size", k)?;
+            let span = d
+                .checked_mul(k - 1)
+                .and_then(|x| x.checked_add(1))
+                .ok_or_else(|| invalid(alloc::format!("the {axis} kernel span overflows")))?;
+            let padded = p
+                .checked_mul(2)
+                .and_then(|x| x.checked_add(size))
+                .ok_or_else(|| invalid(alloc::format!("the padded {axis} overflows")))?;
+            if padded < span {
+                return Err(invalid(alloc::format!(
+                    "the {axis} kernel span {span} (kernel {k}, dilation {d}) is larger than the padded input {padded}"
+                )));
+            }
+            Ok((padded - span) / s + 1)
+        };
+        Ok((
+            dim(
+                self.height,
+                self.kernel.0,
+                self.stride.0,
+                self.padding.0,
+                self.dilation.0,
+                "height",
+            )?,
+            dim(
+                self.width,
+                self.kernel.1,
+                self.stride.1,
+                self.padding.1,
+                self.dilation.1,
+                "width",
+            )?,
+        ))
+    }
+
+    /// Validates the spec; returns the lengths `(inp, weight, out)` and the output size.
+    pub fn check(&self) -> Result<(usize, usize, usize, (usize, usize))> {
+        const OP: &str = "conv2d";
+        nonzero(OP, "groups", self.groups)?;
+        nonzero(OP, "in_channels", self.in_channels)?;
+        nonzero(OP, "out_channels", self.out_channels)?;
+        if !self.in_channels.is_multiple_of(self.groups) || !self.out_channels.is_multiple_of(self.groups) {
+            return Err(invalid(alloc::format!(
+                "in_channels ({}) and out_channels ({}) must both be multiples of groups ({})",
+                self.in_channels,
+                self.out_channels,
+                self.groups
+            )));
+        }
+        let (oh, ow) = self.out_size()?;
+        let inp = product(OP, &[self.batch, self.in_channels, self.height, self.width])?;
+        let weight = product(
+            OP,
+            &[
+                self.out_channels,
+                self.in_channels / self.groups,
+                self.kernel.0,
+                self.kernel.1,
+            ],
+        )?;
+        let out = product(OP, &[self.batch, self.out_channels, oh, ow])?;
+        Ok((inp, weight, out, (oh, ow)))
+    }
+
+    /// The shape contract of `conv2d` (buffer lengths), shared by every backend.
+    pub fn check_lens(
+        &self,
+        out: usize,
+        inp: usize,
+        weight: usize,
+        bias: Option<usize>,
+    ) -> Result<(usize, usize)> {
+        const OP: &str = "conv2d";
+        let (ni, nw, no, size) = self.check()?;
+        check_len(OP, "inp", inp, ni)?;
+        check_len(OP, "weight", weight, nw)?;
+        check_len(OP, "out", out, no)?;
+        if let Some(b) = bias {
+            check_len(OP, "bias", b, self.out_channels)?;
+        }
+        Ok(size)
+    }
+
+    /// Multiply-adds times two.
+    pub fn flops(&self) -> f64 {
+        let (oh, ow) = self.out_size().unwrap_or((0, 0));
+        2.0 * (self.batch * self.out_channels * oh * ow) as f64
+            * (self.in_channels / self.groups.max(1) * self.kernel.0 * self.kernel.1) as f64
+    }
+}
+
+fn invalid(message: alloc::string::String) -> CoreError {
+    CoreError::InvalidDimension {
+        op: "conv2d",
+        message,
+    }
+}
+
+/// `out = conv(inp, weight) + bias`; see the module docs for layouts.
+pub fn conv2d<T: Real>(
+    out: &mut [T],
+    inp: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    spec: &Conv2dSpec,
+) -> Result<()> {
+    let (oh, ow) = spec.check_lens(out.len(), inp.len(), weight.len(), bias.map(|b| b.len()))?;
+    let (h, w) = (spec.height, spec.width);
+    let (kh, kw) = spec.kernel;
+    let (cin_g, cout_g) = (spec.in_channels / spec.groups, spec.out_channels / spec.groups);
+    for b in 0..spec.batch {
+        for o in 0..spec.out_channels {
+            let g = o / cout_g;
+            let b0 = bias.map_or(T::ZERO, |bias| bias[o]);
+            for y in 0..oh {
+                for x in 0..ow {
+                    let mut acc = b0;
+                    for c in 0..cin_g {
+                        let ci = g * cin_g + c;
+                        for i in 0..kh {
+                            // Input row of kernel row i, before padding is removed.
+                            let iy =
+                                (y * spec.stride.0 + i * spec.dilation.0) as isize - spec.padding.0 as isize;
+                            if iy < 0 || iy >= h as isize {
+                                continue;
+                            }
+                            for j in 0..kw {
+                                let ix = (x * spec.stride.1 + j * spec.dilation.1) as isize
+                                    - spec.padding.1 as isize;
+                                if ix < 0 || ix >= w as isize {
+                                    continue;
+                                }
+                                let xv =
+                                    inp[((b * spec.in_channels + ci) * h + iy as usize) * w + ix as usize];
+                                let wv = weight[((o * cin_g + c) * kh + i) * kw + j];
+                                acc += xv * wv;
+                            }
+                        }
+                    }
+                    out[((b * spec.out_channels + o) * oh + y) * ow + x] = acc;
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! Element-wise activations of the image and text-encoder models, forward only (their
+//! scope is inference): GELU exact and tanh-approximated, CLIP's quick GELU, SiLU.
+
+use crate::error::check_len;
+use crate::ops::swiglu::sigmoid;
+use crate::{Real, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unary {
+    /// `x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2))`: PyTorch's `gelu`, Hugging Face's "gelu".
+    Gelu,
+    /// `x / 2 * (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`: `gelu(approximate="tanh")`,
+    /// "gelu_new" / "gelu_pytorch_tanh" (T5's gated-gelu, the DiTs' feed-forward).
+    GeluTanh,
+    /// `x * sigmoid(1.702 x)`: OpenAI CLIP's "quick_gelu".
+    QuickGelu,
+    /// `x * sigmoid(x)`: the VAEs' and UNets' nonlinearity, the DiTs' modulation input.
+    Silu,
+}
+
+impl Unary {
+    /// The activation a Hugging Face config's `hidden_act` / `act_fn` names.
+    pub fn from_hf(name: &str) -> Option<Unary> {
+        Some(match name {
+            "gelu" => Unary::Gelu,
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" | "gelu-approximate" => Unary::GeluTanh,
+            "quick_gelu" => Unary::QuickGelu,
+            "silu" | "swish" => Unary::Silu,
+            _ => return None,
+        })
+    }
+
+    /// One value.
+    pub fn apply<T: Real>(self, x: T) -> T {
+        let half = T::from_f64(0.5);
+        match self {
+            Unary::Gelu => half * x * (T::ONE + (x * T::from_f64(core::f64::consts::FRAC_1_SQRT_2)).erf()),
+            Unary::GeluTanh => {
+                let c = T::from_f64(0.797_884_560_802_865_4); // sqrt(2 / pi)
+                half * x * (T::ONE + (c * (x + T::from_f64(0.044715) * x * x * x)).tanh())
+            }
+            Unary::QuickGelu => x * sigmoid(T::from_f64(1.702) * x),
+            Unary::Silu => x * sigmoid(x),
+        }
+    }
+}
+
+/// `out = f(inp)`, any length (the two equal).
+pub fn unary<T: Real>(op: Unary, out: &mut [T], inp: &[T]) -> Result<()> {
+    check_len("unary", "out", out.len(), inp.len())?;
+    for (o, &x) in out.iter_mut().zip(inp) {
+        *o = op.apply(x);
+    }
+    Ok(())
+}
