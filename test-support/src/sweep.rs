@@ -633,6 +633,7 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             kernel: k,
             stride: s,
             padding: p,
+            pad_end: (0, 0),
             dilation: (d, d),
             groups: g,
         };
@@ -642,6 +643,8 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
         (conv(1, 6, 4, 13, 7, (3, 2), (2, 3), (1, 0), 1, 2), false),
         (conv(1, 5, 7, 8, 6, (1, 1), (1, 1), (0, 0), 1, 1), true),
         (conv(1, 4, 4, 9, 9, (3, 3), (1, 1), (2, 2), 2, 4), true),
+        // The VAE's downsampler: F.pad(x, (0, 1, 0, 1)), then 3x3 with stride 2.
+        (conv(2, 3, 4, 8, 6, (3, 3), (2, 2), (0, 0), 1, 1).pad_end(1), true),
         // 288 column rows of 96: the CPU builds them in three bands of output rows.
         (conv(1, 32, 8, 96, 96, (3, 3), (1, 1), (1, 1), 1, 1), true),
     ] {

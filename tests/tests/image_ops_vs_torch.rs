@@ -73,6 +73,7 @@ fn conv_spec(c: &Value) -> Conv2dSpec {
         kernel: pair(c, "kernel"),
         stride: pair(c, "stride"),
         padding: pair(c, "padding"),
+        pad_end: (int(c, "pad_end"), int(c, "pad_end")),
         dilation: pair(c, "dilation"),
         groups: int(c, "groups"),
     }

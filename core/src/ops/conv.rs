@@ -5,9 +5,11 @@
 //! - `weight`: `(out_channels, in_channels / groups, kernel_h, kernel_w)`
 //! - `bias`: `(out_channels)`, optional
 //! - `out`: `(batch, out_channels, out_h, out_w)` with
-//!   `out_h = (height + 2 pad_h - dilation_h (kernel_h - 1) - 1) / stride_h + 1`.
+//!   `out_h = (height + 2 pad_h + pad_end_h - dilation_h (kernel_h - 1) - 1) / stride_h + 1`.
 //!
-//! Zero padding. Output channel `o` of group `g = o / (out_channels / groups)` reads input
+//! Zero padding: `padding` on every side, plus `pad_end` more rows and columns after the
+//! input (below and right), as the VAE's downsamplers pad with `F.pad(x, (0, 1, 0, 1))`
+//! before a stride-2 convolution. Output channel `o` of group `g = o / (out_channels / groups)` reads input
 //! channels `g * in_per_group..(g + 1) * in_per_group`.
 
 use crate::error::{check_len, nonzero, product};
@@ -23,6 +25,8 @@ pub struct Conv2dSpec {
     pub kernel: (usize, usize),
     pub stride: (usize, usize),
     pub padding: (usize, usize),
+    /// Extra zero rows and columns after the input (asymmetric padding).
+    pub pad_end: (usize, usize),
     pub dilation: (usize, usize),
     pub groups: usize,
 }
@@ -46,6 +50,7 @@ impl Conv2dSpec {
             kernel: (k, k),
             stride: (1, 1),
             padding: (0, 0),
+            pad_end: (0, 0),
             dilation: (1, 1),
             groups: 1,
         }
@@ -56,6 +61,11 @@ impl Conv2dSpec {
     }
     pub fn padding(mut self, p: usize) -> Self {
         self.padding = (p, p);
+        self
+    }
+    /// `e` extra zero rows and columns after the input.
+    pub fn pad_end(mut self, e: usize) -> Self {
+        self.pad_end = (e, e);
         self
     }
     pub fn dilation(mut self, d: usize) -> Self {
@@ -70,7 +80,13 @@ impl Conv2dSpec {
     /// `(out_h, out_w)`; an error when the kernel does not fit the padded input.
     pub fn out_size(&self) -> Result<(usize, usize)> {
         const OP: &str = "conv2d";
-        let dim = |size: usize, k: usize, s: usize, p: usize, d: usize, axis: &str| -> Result<usize> {
+        let dim = |size: usize,
+                   k: usize,
+                   s: usize,
+                   (p, end): (usize, usize),
+                   d: usize,
+                   axis: &str|
+         -> Result<usize> {
             nonzero(OP, "stride", s)?;
             nonzero(OP, "dilation", d)?;
             nonzero(OP, "kernel size", k)?;
@@ -81,6 +97,7 @@ impl Conv2dSpec {
             let padded = p
                 .checked_mul(2)
                 .and_then(|x| x.checked_add(size))
+                .and_then(|x| x.checked_add(end))
                 .ok_or_else(|| invalid(alloc::format!("the padded {axis} overflows")))?;
             if padded < span {
                 return Err(invalid(alloc::format!(
@@ -94,7 +111,7 @@ impl Conv2dSpec {
                 self.height,
                 self.kernel.0,
                 self.stride.0,
-                self.padding.0,
+                (self.padding.0, self.pad_end.0),
                 self.dilation.0,
                 "height",
             )?,
@@ -102,7 +119,7 @@ impl Conv2dSpec {
                 self.width,
                 self.kernel.1,
                 self.stride.1,
-                self.padding.1,
+                (self.padding.1, self.pad_end.1),
                 self.dilation.1,
                 "width",
             )?,
