@@ -16,19 +16,17 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use rayon::prelude::*;
 use rusting_brain_core::models::transformer::{
-    MoeConfig, Params, QuantParams, TensorKind, TensorSpec, TransformerConfig, TransformerModel,
+    MoeConfig, Params, QuantParams, TensorKind, TransformerConfig, TransformerModel,
 };
-use rusting_brain_core::ops::q8;
-use rusting_brain_core::{CoreError, RopeScaling};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
+use rusting_brain_core::RopeScaling;
+use safetensors::tensor::{Dtype, View};
 use serde_json::{json, Map, Value};
 
 use crate::cpu::CpuBackend;
+use crate::weights::{Files, Prefetch, Tensors};
 use crate::{NetworkError, Precision, Result};
 
 /// The model classes this module reads and writes.
@@ -405,315 +403,6 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
     Ok((family, config))
 }
 
-/// The safetensors files of a directory, mapped, and which file holds which tensor.
-struct Files {
-    paths: Vec<PathBuf>,
-    maps: Vec<memmap2::Mmap>,
-    /// Tensor name -> index into `paths` (from the index file, or every tensor of the one file).
-    index: Option<HashMap<String, usize>>,
-}
-
-/// A plain file name inside the directory: an index entry may not climb out of it.
-fn shard_path(dir: &Path, index_path: &Path, key: &str, file: &str) -> Result<PathBuf> {
-    let p = Path::new(file);
-    let plain =
-        p.components().count() == 1 && matches!(p.components().next(), Some(std::path::Component::Normal(_)));
-    if !plain {
-        return Err(NetworkError::parse(
-            index_path,
-            format!("weight_map.{key}"),
-            format!("{file:?} is not a file in this directory; shards must sit beside the index"),
-        ));
-    }
-    Ok(dir.join(p))
-}
-
-fn map_file(path: &Path) -> Result<memmap2::Mmap> {
-    let f = File::open(path).map_err(|e| NetworkError::io(path, e))?;
-    // SAFETY: the map is read only, and only while the load runs; a file changed by another
-    // process during that time gives wrong values but the safetensors checks still hold the
-    // offsets inside the map. This is how candle and transformers' Rust readers map weights.
-    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| NetworkError::io(path, e))
-}
-
-/// Reads the files start to end on a thread of its own while the tensors are converted:
-/// tensors are taken in the model's order, not the files', and a cold load would otherwise
-/// fault its pages in one readahead window at a time. What it reads lands in the page
-/// cache (not in this process's memory); errors are left to the real reads to report.
-/// Dropped (the load done or refused), it stops after the piece it is reading.
-struct Prefetch {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Prefetch {
-    fn start(paths: &[PathBuf]) -> Prefetch {
-        use std::sync::atomic::Ordering;
-        let paths = paths.to_vec();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buf = vec![0u8; 8 << 20];
-            for p in paths {
-                let Ok(mut f) = File::open(&p) else { continue };
-                while !flag.load(Ordering::Relaxed) && matches!(f.read(&mut buf), Ok(n) if n > 0) {}
-            }
-        });
-        Prefetch {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Prefetch {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Files {
-    fn open(dir: &Path) -> Result<Files> {
-        let index_path = dir.join("model.safetensors.index.json");
-        let single = dir.join("model.safetensors");
-        if index_path.is_file() {
-            let text = crate::files::read(&index_path)?;
-            let v: Value = serde_json::from_slice(&text)
-                .map_err(|e| NetworkError::parse(&index_path, "json", e.to_string()))?;
-            let map = v
-                .get("weight_map")
-                .and_then(Value::as_object)
-                .ok_or_else(|| NetworkError::parse(&index_path, "weight_map", "missing or not an object"))?;
-            let mut paths: Vec<PathBuf> = Vec::new();
-            let mut index = HashMap::new();
-            for (key, file) in map {
-                let file = file.as_str().ok_or_else(|| {
-                    NetworkError::parse(&index_path, format!("weight_map.{key}"), "not a file name")
-                })?;
-                let p = shard_path(dir, &index_path, key, file)?;
-                let i = match paths.iter().position(|q| *q == p) {
-                    Some(i) => i,
-                    None => {
-                        if !p.is_file() {
-                            return Err(NetworkError::parse(
-                                &index_path,
-                                format!("weight_map.{key}"),
-                                format!("shard {file} is missing from {}", dir.display()),
-                            ));
-                        }
-                        paths.push(p);
-                        paths.len() - 1
-                    }
-                };
-                index.insert(key.clone(), i);
-            }
-            if paths.is_empty() {
-                return Err(NetworkError::parse(
-                    &index_path,
-                    "weight_map",
-                    "empty: it names no tensor",
-                ));
-            }
-            let maps = paths.iter().map(|p| map_file(p)).collect::<Result<_>>()?;
-            Ok(Files {
-                paths,
-                maps,
-                index: Some(index),
-            })
-        } else if single.is_file() {
-            let maps = vec![map_file(&single)?];
-            Ok(Files {
-                paths: vec![single],
-                maps,
-                index: None,
-            })
-        } else {
-            Err(NetworkError::InvalidInput(format!(
-                "{}: no model.safetensors or model.safetensors.index.json",
-                dir.display()
-            )))
-        }
-    }
-}
-
-/// The checked headers of every file, with lookups that name the file on failure.
-struct Tensors<'a> {
-    files: &'a Files,
-    parsed: Vec<SafeTensors<'a>>,
-}
-
-impl<'a> Tensors<'a> {
-    fn new(files: &'a Files) -> Result<Tensors<'a>> {
-        let parsed = files
-            .maps
-            .iter()
-            .zip(&files.paths)
-            .map(|(m, p)| {
-                // The crate checks the header, and that every tensor's offsets lie inside
-                // the file and cover it exactly, before anything is read.
-                SafeTensors::deserialize(m).map_err(|e| {
-                    NetworkError::parse(p, "header", format!("not a valid safetensors file: {e}"))
-                })
-            })
-            .collect::<Result<_>>()?;
-        Ok(Tensors { files, parsed })
-    }
-
-    /// Which file is to hold `name`.
-    fn file_of(&self, name: &str) -> Option<usize> {
-        match &self.files.index {
-            Some(ix) => ix.get(name).copied(),
-            None => Some(0),
-        }
-    }
-
-    /// The stored tensor `name`, checked against `t`'s shape, and the file it is in.
-    fn view(&self, name: &str, t: &TensorSpec) -> Result<(usize, TensorView<'a>)> {
-        let Some(i) = self.file_of(name) else {
-            let dir = self.files.paths[0].parent().unwrap_or(Path::new("."));
-            return Err(NetworkError::parse(
-                dir.join("model.safetensors.index.json"),
-                format!("weight_map.{name}"),
-                "missing: the configuration needs this tensor",
-            ));
-        };
-        let path = &self.files.paths[i];
-        let view = self.parsed[i]
-            .tensor(name)
-            .map_err(|_| NetworkError::parse(path, name, "missing tensor: the configuration needs it"))?;
-        if view.shape() != t.shape.as_slice() {
-            return Err(NetworkError::parse(
-                path,
-                name,
-                format!("shape {:?}, config.json gives {:?}", view.shape(), t.shape),
-            ));
-        }
-        match view.dtype() {
-            Dtype::F32 | Dtype::BF16 | Dtype::F16 => Ok((i, view)),
-            other => Err(NetworkError::parse(
-                path,
-                name,
-                format!("dtype {other:?}; this build reads F32, BF16 and F16"),
-            )),
-        }
-    }
-
-    /// The tensor `name` (`t`'s shape) as f32, converted from F32, BF16 or F16.
-    fn read(&self, name: &str, t: &TensorSpec) -> Result<Vec<f32>> {
-        let (i, view) = self.view(name, t)?;
-        let mut data = vec![0f32; t.len()];
-        let per = 1 << 14;
-        data.par_chunks_mut(per).enumerate().for_each(|(c, out)| {
-            widen(&view, c * per, out);
-        });
-        if data.par_iter().any(|v| !v.is_finite()) {
-            return Err(NetworkError::parse(
-                &self.files.paths[i],
-                name,
-                "holds NaN or infinite values",
-            ));
-        }
-        self.release(i, &view);
-        Ok(data)
-    }
-
-    /// The matrix `name` rounded to int8 row by row (core's `q8::quantize_rows`, through its
-    /// CPU twin), converted and
-    /// rounded in slabs of rows in parallel, so the whole f32 matrix never exists.
-    fn read_q8(&self, name: &str, t: &TensorSpec) -> Result<(Vec<f32>, Vec<f32>)> {
-        let (i, view) = self.view(name, t)?;
-        let (rows, cols) = t.rows_cols();
-        // About 64K values a slab: enough work per task, little memory in flight.
-        let slab = ((1 << 16) / cols.max(1)).max(1);
-        let parts: Vec<Result<(Vec<f32>, Vec<f32>)>> = (0..rows.div_ceil(slab))
-            .into_par_iter()
-            .map(|s| {
-                let (r0, r1) = (s * slab, ((s + 1) * slab).min(rows));
-                let mut w = vec![0f32; (r1 - r0) * cols];
-                widen(&view, r0 * cols, &mut w);
-                // The rounding refuses a non-finite value itself; said here by file and
-                // tensor rather than scanned for twice.
-                crate::cpu::q8::quantize_rows(&w, r1 - r0, cols).map_err(|e| match e {
-                    CoreError::NonFinite { .. } => {
-                        NetworkError::parse(&self.files.paths[i], name, "holds NaN or infinite values")
-                    }
-                    e => e.into(),
-                })
-            })
-            .collect();
-        let pc = q8::packed_cols(cols);
-        let (mut packed, mut scales) = (Vec::with_capacity(rows * pc), Vec::with_capacity(rows));
-        for part in parts {
-            let (p, sc) = part?;
-            packed.extend_from_slice(&p);
-            scales.extend_from_slice(&sc);
-        }
-        self.release(i, &view);
-        Ok((packed, scales))
-    }
-
-    /// Hands the pages under a tensor that has been read back to the kernel: they stay in
-    /// the page cache, but stop counting in this process's memory, so a load's peak is the
-    /// model plus one tensor, not the model plus the files.
-    fn release(&self, i: usize, view: &TensorView<'_>) {
-        #[cfg(unix)]
-        {
-            let map = &self.files.maps[i];
-            let data = view.data();
-            let start = data.as_ptr() as usize - map.as_ptr() as usize;
-            // Inward to 64 KiB, a multiple of every page size in use, so no page of a
-            // neighbouring tensor is handed back.
-            let page = 1 << 16;
-            let (from, to) = (start.div_ceil(page) * page, (start + data.len()) / page * page);
-            if to > from {
-                // SAFETY: the map is read only and nothing reads this range again (each
-                // tensor is read once); were it read, the kernel would fault the pages back
-                // in from the file. The advice is a hint: a failure changes nothing.
-                let _ = unsafe {
-                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
-                };
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = (i, view);
-    }
-
-    /// Every tensor name in the files.
-    fn names(&self) -> impl Iterator<Item = (usize, String)> + '_ {
-        self.parsed
-            .iter()
-            .enumerate()
-            .flat_map(|(i, s)| s.names().into_iter().map(move |n| (i, n.to_string())))
-    }
-}
-
-/// Values `from..from + out.len()` of a stored tensor (F32, BF16 or F16, checked by
-/// `Tensors::view`) as f32; bf16 and f16 widen exactly.
-pub(crate) fn widen(view: &TensorView<'_>, from: usize, out: &mut [f32]) {
-    let b = view.data();
-    match view.dtype() {
-        Dtype::F32 => {
-            for (x, c) in out.iter_mut().zip(b[4 * from..].chunks_exact(4)) {
-                *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        Dtype::BF16 => {
-            for (x, c) in out.iter_mut().zip(b[2 * from..].chunks_exact(2)) {
-                *x = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
-        _ => {
-            for (x, c) in out.iter_mut().zip(b[2 * from..].chunks_exact(2)) {
-                *x = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
-    }
-}
-
 /// Names in the files that a loader may pass over: rotary tables some exports keep, and
 /// the head of a tied model (it is the embedding).
 fn ignorable(name: &str, tied: bool) -> bool {
@@ -727,7 +416,7 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
     let v: Value = serde_json::from_slice(&text)
         .map_err(|e| NetworkError::parse(&config_path, "json", e.to_string()))?;
     let (family, config) = parse_config(&config_path, &v)?;
-    let files = Files::open(dir)?;
+    let files = Files::open(dir, &["model"])?;
     let _prefetch = Prefetch::start(&files.paths);
     let tensors = Tensors::new(&files)?;
     let layout = config.layout();
@@ -755,7 +444,7 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
     let model = match precision {
         Precision::F32 => {
             let params: Params<CpuBackend> =
-                layout.try_map(|name, t| tensors.read(&family.file_name(name), &t))?;
+                layout.try_map(|name, t| tensors.read(&family.file_name(name), &t.shape))?;
             TransformerModel::from_params(b, config, params)?
         }
         Precision::Q8 => {
@@ -765,9 +454,9 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
             let params: Params<CpuBackend> = layout.try_map(|name, t| -> Result<Vec<f32>> {
                 if t.kind != TensorKind::Matrix {
                     quantized.push(None);
-                    return tensors.read(&family.file_name(name), &t);
+                    return tensors.read(&family.file_name(name), &t.shape);
                 }
-                quantized.push(Some(tensors.read_q8(&family.file_name(name), &t)?));
+                quantized.push(Some(tensors.read_q8(&family.file_name(name), &t.shape)?));
                 Ok(Vec::new())
             })?;
             let mut q = quantized.into_iter();

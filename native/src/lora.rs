@@ -302,7 +302,7 @@ pub(crate) fn load(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Res
             ));
         }
         let mut out = vec![0.0f32; shape.iter().product()];
-        crate::hf::widen(&view, 0, &mut out);
+        crate::weights::widen(&view, 0, &mut out);
         if let Some(i) = out.iter().position(|v| !v.is_finite()) {
             return Err(bad(&file, format!("{name}: value {i} is {}", out[i])));
         }
