@@ -54,6 +54,7 @@ pub use onnx::{OnnxDim, OnnxIo, OnnxModel, OnnxOutput};
 pub mod profile;
 mod token_file;
 mod transformer;
+pub mod vae;
 mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate, GenerationConfig};

@@ -2,4 +2,6 @@
 //! once over the [`Backend`](crate::Backend) trait, so every backend runs the same model.
 
 pub mod dense;
+pub mod layers;
 pub mod transformer;
+pub mod vae;

@@ -1,0 +1,292 @@
+//! The image autoencoder of a published pipeline folder, and pictures in and out.
+//!
+//! [`Vae::load`] reads a `vae/` folder as diffusers saves it (`config.json` and
+//! `diffusion_pytorch_model.safetensors`, single or sharded, F32/BF16/F16) into
+//! `AutoencoderKL` (core's [`AutoencoderKl`], on the CPU backend, in f32 whatever the stored
+//! dtype: the fp16 trap `force_upcast` guards against cannot happen). Every shape comes
+//! from `config.json`.
+//!
+//! [`save_png`] and [`load_image`] (feature `images`) move between files and [`Image`]s,
+//! three channels in [-1, 1], the range the autoencoder works in.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rusting_brain_core::backend::Unary;
+use rusting_brain_core::models::vae::{AutoencoderKl, LatentDist, VaeConfig};
+use serde_json::Value;
+
+use crate::cpu::CpuBackend;
+use crate::weights::{Files, Prefetch, Tensors};
+use crate::{NetworkError, Result};
+
+/// The blocks an `AutoencoderKL` is built of; any other name is refused by name.
+const DOWN: &str = "DownEncoderBlock2D";
+const UP: &str = "UpDecoderBlock2D";
+
+/// An image autoencoder (`AutoencoderKL`) on the CPU.
+pub struct Vae {
+    model: AutoencoderKl<CpuBackend>,
+}
+
+impl Vae {
+    /// The autoencoder in `dir` (a pipeline's `vae/` folder).
+    pub fn load(dir: impl AsRef<Path>) -> Result<Vae> {
+        let dir = dir.as_ref();
+        let config_path = dir.join("config.json");
+        let text = crate::files::read(&config_path)?;
+        let v: Value = serde_json::from_slice(&text)
+            .map_err(|e| NetworkError::parse(&config_path, "json", e.to_string()))?;
+        let config = parse_config(&config_path, &v)?;
+        let layout = config.layout();
+        let files = Files::open(dir, &["diffusion_pytorch_model", "model"])?;
+        let _prefetch = Prefetch::start(&files.paths);
+        let tensors = Tensors::new(&files)?;
+        if let Some((i, extra)) = tensors
+            .names()
+            .find(|(_, n)| !layout.tensors.iter().any(|(name, _)| name == n))
+        {
+            return Err(NetworkError::parse(
+                &files.paths[i],
+                extra,
+                "this tensor is not part of the autoencoder config.json describes",
+            ));
+        }
+        let mut weights = BTreeMap::new();
+        for (name, shape) in &layout.tensors {
+            weights.insert(name.clone(), tensors.read(name, shape)?);
+        }
+        Ok(Vae {
+            model: AutoencoderKl::new(CpuBackend::new(), config, weights)?,
+        })
+    }
+
+    pub fn config(&self) -> &VaeConfig {
+        self.model.config()
+    }
+
+    /// Number of weights (from the configuration, as loaded).
+    pub fn parameter_count(&self) -> usize {
+        self.config().layout().parameter_count()
+    }
+
+    /// The latent distribution of `pixels` (`batch` images of `(channels, height, width)`
+    /// in [-1, 1]); the sides must be multiples of [`VaeConfig::downscale`].
+    pub fn encode(&self, pixels: &[f32], batch: usize, height: usize, width: usize) -> Result<LatentDist> {
+        Ok(self.model.encode(pixels, batch, height, width)?)
+    }
+
+    /// Pixels from latents `(batch, latent_channels, h, w)`, in the autoencoder's range
+    /// (about [-1, 1], not clamped).
+    pub fn decode(&self, latent: &[f32], batch: usize, h: usize, w: usize) -> Result<Vec<f32>> {
+        Ok(self.model.decode(latent, batch, h, w)?)
+    }
+
+    /// One [`Image`] to its latent mean (`sample_mode="argmax"`, what img2img pipelines
+    /// start from before their noise).
+    pub fn encode_image(&self, image: &Image) -> Result<LatentDist> {
+        if image.channels != self.config().in_channels {
+            return Err(NetworkError::InvalidInput(format!(
+                "the image has {} channels; the autoencoder takes {}",
+                image.channels,
+                self.config().in_channels
+            )));
+        }
+        self.encode(&image.data, 1, image.height, image.width)
+    }
+
+    /// Latents of one image `(latent_channels, h, w)` to an [`Image`], clamped to [-1, 1].
+    pub fn decode_image(&self, latent: &[f32], h: usize, w: usize) -> Result<Image> {
+        let f = self.config().downscale();
+        let mut data = self.decode(latent, 1, h, w)?;
+        data.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
+        Ok(Image {
+            width: w * f,
+            height: h * f,
+            channels: self.config().out_channels,
+            data,
+        })
+    }
+}
+
+/// `AutoencoderKL`'s `config.json`: every key that decides a shape, read and checked;
+/// anything the definition does not compute is refused by name.
+fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
+    let err = |key: &str, msg: String| NetworkError::parse(path, key, msg);
+    let class = v
+        .get("_class_name")
+        .and_then(Value::as_str)
+        .unwrap_or("AutoencoderKL");
+    if class != "AutoencoderKL" {
+        return Err(err(
+            "_class_name",
+            format!("{class}: this loader reads AutoencoderKL folders"),
+        ));
+    }
+    let int = |key: &str, default: Option<usize>| -> Result<usize> {
+        match v.get(key) {
+            None | Some(Value::Null) => default.ok_or_else(|| err(key, "missing".into())),
+            Some(x) => x
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|&n| n <= 1 << 20)
+                .ok_or_else(|| err(key, format!("{x} is not a count"))),
+        }
+    };
+    let float = |key: &str, default: Option<f32>| -> Result<Option<f32>> {
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x
+                .as_f64()
+                .map(|f| Some(f as f32))
+                .ok_or_else(|| err(key, format!("{x} is not a number"))),
+        }
+    };
+    let flag = |key: &str, default: bool| -> Result<bool> {
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x
+                .as_bool()
+                .ok_or_else(|| err(key, format!("{x} is not true or false"))),
+        }
+    };
+    let block_out_channels: Vec<usize> = match v.get("block_out_channels") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|&n| n <= 1 << 20)
+                    .ok_or_else(|| err("block_out_channels", format!("{x} is not a channel count")))
+            })
+            .collect::<Result<_>>()?,
+        None => vec![64],
+        Some(x) => return Err(err("block_out_channels", format!("{x} is not a list"))),
+    };
+    for (key, want) in [("down_block_types", DOWN), ("up_block_types", UP)] {
+        let types: Vec<&str> = match v.get(key) {
+            Some(Value::Array(a)) => a.iter().map(|t| t.as_str().unwrap_or("?")).collect(),
+            None => vec![want; block_out_channels.len()],
+            Some(x) => return Err(err(key, format!("{x} is not a list"))),
+        };
+        if types.len() != block_out_channels.len() {
+            return Err(err(
+                key,
+                format!(
+                    "{} blocks, but block_out_channels has {}",
+                    types.len(),
+                    block_out_channels.len()
+                ),
+            ));
+        }
+        if let Some(t) = types.iter().find(|t| **t != want) {
+            return Err(err(key, format!("{t}: an AutoencoderKL is built of {want}s")));
+        }
+    }
+    let act_name = v.get("act_fn").and_then(Value::as_str).unwrap_or("silu");
+    let act =
+        Unary::from_hf(act_name).ok_or_else(|| err("act_fn", format!("{act_name} is not supported")))?;
+    for key in ["latents_mean", "latents_std"] {
+        if !matches!(v.get(key), None | Some(Value::Null)) {
+            return Err(err(
+                key,
+                "per-channel latent statistics are not supported by this loader yet".into(),
+            ));
+        }
+    }
+    let config = VaeConfig {
+        in_channels: int("in_channels", Some(3))?,
+        out_channels: int("out_channels", Some(3))?,
+        latent_channels: int("latent_channels", Some(4))?,
+        block_out_channels,
+        layers_per_block: int("layers_per_block", Some(1))?,
+        norm_num_groups: int("norm_num_groups", Some(32))?,
+        act,
+        scaling_factor: float("scaling_factor", Some(0.18215))?.unwrap_or(0.18215),
+        shift_factor: float("shift_factor", None)?.unwrap_or(0.0),
+        use_quant_conv: flag("use_quant_conv", true)?,
+        use_post_quant_conv: flag("use_post_quant_conv", true)?,
+        mid_block_add_attention: flag("mid_block_add_attention", true)?,
+    };
+    config
+        .validate()
+        .map_err(|e| err("config", format!("describes no valid autoencoder: {e}")))?;
+    Ok(config)
+}
+
+/// A picture, channels first, values in [-1, 1]: `data[(c * height + y) * width + x]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    pub width: usize,
+    pub height: usize,
+    pub channels: usize,
+    pub data: Vec<f32>,
+}
+
+/// Writes a 3-channel [`Image`] as an 8-bit RGB PNG, atomically (a crash leaves the old
+/// file or the new one). Values are clamped to [-1, 1] and mapped to 0..=255 by rounding.
+#[cfg(feature = "images")]
+pub fn save_png(image: &Image, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let n = image
+        .width
+        .checked_mul(image.height)
+        .ok_or_else(|| NetworkError::InvalidInput("image size overflows".into()))?;
+    if image.channels != 3 || image.data.len() != 3 * n || n == 0 {
+        return Err(NetworkError::InvalidInput(format!(
+            "save_png takes 3 channels of {} x {} values; the image has {} channels and {} values",
+            image.width,
+            image.height,
+            image.channels,
+            image.data.len()
+        )));
+    }
+    if let Some(i) = image.data.iter().position(|v| !v.is_finite()) {
+        return Err(NetworkError::InvalidInput(format!(
+            "pixel value {i} is {}: nothing to write",
+            image.data[i]
+        )));
+    }
+    let mut rgb = vec![0u8; 3 * n];
+    for c in 0..3 {
+        for p in 0..n {
+            let v = image.data[c * n + p].clamp(-1.0, 1.0);
+            rgb[3 * p + c] = ((v + 1.0) * 127.5).round() as u8;
+        }
+    }
+    let (w, h) = (
+        u32::try_from(image.width).map_err(|_| NetworkError::InvalidInput("image too wide".into()))?,
+        u32::try_from(image.height).map_err(|_| NetworkError::InvalidInput("image too tall".into()))?,
+    );
+    let mut bytes = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut bytes)
+        .write_image(&rgb, w, h, image::ExtendedColorType::Rgb8)
+        .map_err(|e| NetworkError::InvalidInput(format!("encoding {}: {e}", path.display())))?;
+    crate::files::write_atomic(path, &bytes)
+}
+
+/// Reads a PNG, JPEG or BMP as a 3-channel [`Image`] in [-1, 1] (alpha dropped, grey
+/// repeated), at its own size.
+#[cfg(feature = "images")]
+pub fn load_image(path: impl AsRef<Path>) -> Result<Image> {
+    let path = path.as_ref();
+    let img = image::open(path).map_err(|e| NetworkError::parse(path, "image", e.to_string()))?;
+    let rgb = img.to_rgb8();
+    let (width, height) = (rgb.width() as usize, rgb.height() as usize);
+    let n = width * height;
+    let mut data = vec![0f32; 3 * n];
+    for (p, px) in rgb.pixels().enumerate() {
+        for c in 0..3 {
+            data[c * n + p] = px.0[c] as f32 / 127.5 - 1.0;
+        }
+    }
+    Ok(Image {
+        width,
+        height,
+        channels: 3,
+        data,
+    })
+}
+
+#[cfg(feature = "images")]
+use image::ImageEncoder;
