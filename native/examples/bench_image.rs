@@ -1,0 +1,251 @@
+//! The image primitives and the VAE decode on the CPU next to PyTorch (`bench/torch_image.py`)
+//! in one run, as ratios: the VAE's 3x3 convolutions at the sizes a 256 x 256 decode runs
+//! them, the whole decode of Stable Diffusion's autoencoder configuration (random weights,
+//! latent 32 x 32 to 256 x 256), and attention over 4,608 tokens (FLUX at 1024 x 1024:
+//! 24 heads of 128) with the memory it allocates beside what a (T, T) score matrix costs.
+//!
+//!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_image [-- REPS]
+//!
+//! PyTorch runs through `$RB_PYTHON` (default `python3`) with the same thread count;
+//! without torch and diffusers there, only our side is printed.
+
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use rusting_brain::cpu::CpuBackend;
+use rusting_brain_core::backend::{Conv2dSpec, SdpaSpec, Unary};
+use rusting_brain_core::models::vae::{AutoencoderKl, VaeConfig};
+use rusting_brain_core::{Backend, Rng};
+
+/// Counts live heap bytes and their peak, to measure what one call allocates.
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call forwards to the system allocator unchanged; the counters only observe.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: AllocLayout) -> *mut u8 {
+        let live = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
+        PEAK.fetch_max(live, Ordering::Relaxed);
+        // SAFETY: the caller's layout contract is passed through as is.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: AllocLayout) {
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: `p` came from `alloc` above with this layout.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+fn commit() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let be = CpuBackend::new();
+    let threads = be.threads();
+    let mut rng = Rng::new(0);
+    println!(
+        "bench_image: commit {}, {}, {threads} threads, {}, best of {reps}",
+        commit(),
+        cpu_model(),
+        be.isa()
+    );
+
+    // The 3x3 convolutions of a 256 x 256 decode (SD's VAE: 512 channels at 32 and 64,
+    // 256 at 128, 128 at 256).
+    let convs: [[usize; 6]; 4] = [
+        [1, 512, 512, 32, 32, 3],
+        [1, 512, 512, 64, 64, 3],
+        [1, 256, 256, 128, 128, 3],
+        [1, 128, 128, 256, 256, 3],
+    ];
+    let mut ours_conv = Vec::new();
+    for &[b, cin, cout, h, w, k] in &convs {
+        let spec = Conv2dSpec::new(b, cin, cout, h, w, k).padding(k / 2);
+        let (ni, nw, no, _) = spec.check()?;
+        let (x, wt, bias) = (
+            rng.normal_vec(ni, 1.0),
+            rng.normal_vec(nw, 0.02),
+            rng.normal_vec(cout, 1.0),
+        );
+        let mut y = vec![0.0; no];
+        let t = best(reps, || {
+            be.conv2d(&mut y, &x, &wt, Some(&bias), &spec).expect("conv2d")
+        });
+        ours_conv.push((spec.flops(), t));
+    }
+
+    // SD's autoencoder, random weights (the time does not depend on the values).
+    let config = VaeConfig {
+        in_channels: 3,
+        out_channels: 3,
+        latent_channels: 4,
+        block_out_channels: vec![128, 256, 512, 512],
+        layers_per_block: 2,
+        norm_num_groups: 32,
+        act: Unary::Silu,
+        scaling_factor: 0.18215,
+        shift_factor: 0.0,
+        use_quant_conv: true,
+        use_post_quant_conv: true,
+        mid_block_add_attention: true,
+    };
+    let layout = config.layout();
+    let weights: BTreeMap<String, Vec<f32>> = layout
+        .tensors
+        .iter()
+        .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
+        .collect();
+    let vae = AutoencoderKl::new(be, config, weights)?;
+    let latent = 32;
+    let z = rng.normal_vec(4 * latent * latent, 1.0);
+    let t_vae = best(reps, || {
+        vae.decode(&z, 1, latent, latent).expect("decode");
+    });
+
+    // Attention at 4,608 tokens, and the most it allocates beyond its inputs and output.
+    let (tokens, heads, d) = (4608, 24, 128);
+    let spec = SdpaSpec::new(1, tokens, heads, d);
+    let n = tokens * heads * d;
+    let (q, k, v) = (
+        rng.normal_vec(n, 1.0),
+        rng.normal_vec(n, 1.0),
+        rng.normal_vec(n, 1.0),
+    );
+    let mut o = vec![0.0; n];
+    // The first call allocates the per-thread score tiles (kept for later calls), so its
+    // peak is the one to report; the second is timed.
+    let before = LIVE.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    be.sdpa(&mut o, &q, &k, &v, None, None, &spec)?;
+    let extra = PEAK.load(Ordering::Relaxed) - before;
+    let t = Instant::now();
+    be.sdpa(&mut o, &q, &k, &v, None, None, &spec)?;
+    let t_sdpa = t.elapsed().as_secs_f64();
+    let score_matrix = tokens * tokens * 4;
+
+    let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_image.py");
+    let torch: Option<serde_json::Value> = Command::new(&python)
+        .args([
+            script,
+            "--threads",
+            &threads.to_string(),
+            "--reps",
+            &reps.to_string(),
+        ])
+        .args([
+            "--convs",
+            &serde_json::to_string(&convs)?,
+            "--latent",
+            &latent.to_string(),
+        ])
+        .args(["--tokens", &tokens.to_string(), "--heads", &heads.to_string()])
+        .args(["--head-dim", &d.to_string()])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last()?).ok());
+    let theirs = |key: &str, i: Option<usize>| -> Option<f64> {
+        let v = &torch.as_ref()?[key];
+        match i {
+            Some(i) => v[i].as_f64(),
+            None => v.as_f64(),
+        }
+    };
+    if let Some(t) = &torch {
+        println!(
+            "PyTorch {} (float32, {} threads)",
+            t["version"].as_str().unwrap_or("?"),
+            t["threads"]
+        );
+    } else {
+        println!(
+            "PyTorch: not run ({python} {script} failed; set RB_PYTHON to a Python with torch and diffusers)"
+        );
+    }
+    println!(
+        "{:<38} {:>10} {:>10} {:>10} {:>12}",
+        "", "ours ms", "torch ms", "ours/torch", "ours GFLOP/s"
+    );
+    let row = |name: String, ours: f64, torch: Option<f64>, flops: Option<f64>| {
+        let (tm, ratio) = match torch {
+            Some(t) => (format!("{:.1}", t * 1e3), format!("{:.2}", ours / t)),
+            None => ("-".into(), "-".into()),
+        };
+        let g = flops.map_or("-".into(), |f| format!("{:.1}", f / ours / 1e9));
+        println!("{name:<38} {:>10.1} {tm:>10} {ratio:>10} {g:>12}", ours * 1e3);
+    };
+    for (i, (&[_, cin, cout, h, w, k], &(flops, t))) in convs.iter().zip(&ours_conv).enumerate() {
+        row(
+            format!("conv2d {cin}->{cout} {k}x{k} at {h}x{w}"),
+            t,
+            theirs("conv", Some(i)),
+            Some(flops),
+        );
+    }
+    row(
+        format!(
+            "VAE decode {latent}x{latent} -> {}x{} ({:.1} M params)",
+            latent * 8,
+            latent * 8,
+            layout.parameter_count() as f64 / 1e6
+        ),
+        t_vae,
+        theirs("vae_decode", None),
+        None,
+    );
+    row(
+        format!("sdpa {tokens} tokens x {heads} heads x {d}"),
+        t_sdpa,
+        theirs("sdpa", None),
+        Some(spec.flops()),
+    );
+    println!(
+        "sdpa memory at {tokens} tokens: {:.1} MB allocated beyond q/k/v/out ({:.1} MB is the output-sized \
+         result blocks, {:.1} MB the score tiles of {threads} threads); one head's (T, T) scores would be \
+         {:.1} MB, all {heads} heads' {:.1} MB",
+        extra as f64 / 1e6,
+        (n * 4) as f64 / 1e6,
+        (threads * rusting_brain::cpu::sdpa::tile_floats(&spec) * 4) as f64 / 1e6,
+        score_matrix as f64 / 1e6,
+        (score_matrix * heads) as f64 / 1e6
+    );
+    Ok(())
+}
