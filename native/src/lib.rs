@@ -38,6 +38,7 @@ pub mod cuda;
 mod dataset;
 #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
 mod device;
+mod encoders;
 mod error;
 mod files;
 #[cfg(feature = "gpu")]
@@ -60,6 +61,7 @@ mod weights;
 pub use chat::{ChatMessage, ChatTemplate, GenerationConfig};
 pub use checkpoint::Precision;
 pub use dataset::{Dataset, Statistics, SPLIT_SEED};
+pub use encoders::ClipTextEncoder;
 pub use error::NetworkError;
 pub use network::{Network, NetworkBuilder, TrainConfig};
 pub use rusting_brain_core as core;

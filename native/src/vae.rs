@@ -9,7 +9,6 @@
 //! [`save_png`] and [`load_image`] (feature `images`) move between files and [`Image`]s,
 //! three channels in [-1, 1], the range the autoencoder works in.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use rusting_brain_core::backend::Unary;
@@ -17,7 +16,6 @@ use rusting_brain_core::models::vae::{AutoencoderKl, LatentDist, VaeConfig};
 use serde_json::Value;
 
 use crate::cpu::CpuBackend;
-use crate::weights::{Files, Prefetch, Tensors};
 use crate::{NetworkError, Result};
 
 /// The blocks an `AutoencoderKL` is built of; any other name is refused by name.
@@ -39,23 +37,13 @@ impl Vae {
             .map_err(|e| NetworkError::parse(&config_path, "json", e.to_string()))?;
         let config = parse_config(&config_path, &v)?;
         let layout = config.layout();
-        let files = Files::open(dir, &["diffusion_pytorch_model", "model"])?;
-        let _prefetch = Prefetch::start(&files.paths);
-        let tensors = Tensors::new(&files)?;
-        if let Some((i, extra)) = tensors
-            .names()
-            .find(|(_, n)| !layout.tensors.iter().any(|(name, _)| name == n))
-        {
-            return Err(NetworkError::parse(
-                &files.paths[i],
-                extra,
-                "this tensor is not part of the autoencoder config.json describes",
-            ));
-        }
-        let mut weights = BTreeMap::new();
-        for (name, shape) in &layout.tensors {
-            weights.insert(name.clone(), tensors.read(name, shape)?);
-        }
+        let weights = crate::encoders::read_weights(
+            dir,
+            &["diffusion_pytorch_model", "model"],
+            &layout,
+            |n| n.to_string(),
+            |_| false,
+        )?;
         Ok(Vae {
             model: AutoencoderKl::new(CpuBackend::new(), config, weights)?,
         })

@@ -127,7 +127,7 @@ fn bad_folders_are_errors_naming_file_and_key() {
     edit_config(d.path(), |v| v["mid_block_add_attention"] = false.into());
     says(
         &refusal(d.path()),
-        &["attentions.0", "not part of the autoencoder"],
+        &["attentions.0", "not part of the model config.json describes"],
     );
 
     // A shape the configuration does not give.

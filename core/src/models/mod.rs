@@ -1,6 +1,7 @@
 //! Model definitions: configuration, parameter layout, and forward/backward/update written
 //! once over the [`Backend`](crate::Backend) trait, so every backend runs the same model.
 
+pub mod clip;
 pub mod dense;
 pub mod layers;
 pub mod transformer;

@@ -1,0 +1,185 @@
+//! The prompt encoders of the image pipelines, loaded from the `text_encoder*/` folders
+//! transformers writes (`config.json` and `model.safetensors`, single or sharded,
+//! F32/BF16/F16, converted to f32 as read). Every shape comes from `config.json`; a model
+//! class the definition does not compute is refused by name.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rusting_brain_core::backend::Unary;
+use rusting_brain_core::models::clip::{ClipText, ClipTextConfig, ClipTextOutput};
+use rusting_brain_core::models::layers::Layout;
+use serde_json::Value;
+
+use crate::cpu::CpuBackend;
+use crate::weights::{Files, Prefetch, Tensors};
+use crate::{NetworkError, Result};
+
+/// `config.json` as read, with typed lookups that name the file and key on failure.
+struct Config<'a> {
+    path: &'a Path,
+    v: Value,
+}
+
+impl<'a> Config<'a> {
+    fn read(path: &'a Path) -> Result<Config<'a>> {
+        let text = crate::files::read(path)?;
+        let v: Value =
+            serde_json::from_slice(&text).map_err(|e| NetworkError::parse(path, "json", e.to_string()))?;
+        if !v.is_object() {
+            return Err(NetworkError::parse(path, "json", "not an object"));
+        }
+        Ok(Config { path, v })
+    }
+    fn err(&self, key: &str, message: impl Into<String>) -> NetworkError {
+        NetworkError::parse(self.path, key, message)
+    }
+    fn count(&self, key: &str, default: Option<usize>) -> Result<usize> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => default.ok_or_else(|| self.err(key, "missing")),
+            Some(x) => x
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|&n| n <= 1 << 24)
+                .ok_or_else(|| self.err(key, format!("{x} is not a count"))),
+        }
+    }
+    fn float(&self, key: &str, default: f32) -> Result<f32> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x
+                .as_f64()
+                .map(|f| f as f32)
+                .ok_or_else(|| self.err(key, format!("{x} is not a number"))),
+        }
+    }
+    fn str(&self, key: &str) -> Option<&str> {
+        self.v.get(key).and_then(Value::as_str)
+    }
+    fn architecture(&self) -> Option<&str> {
+        self.v.get("architectures")?.as_array()?.first()?.as_str()
+    }
+}
+
+/// Reads every tensor of `layout` from the weight files of `dir`, the layout's name
+/// `n` stored as `file_name(n)`; a tensor in the files that the layout lacks is an error
+/// unless `ignorable` says it may be passed over.
+pub(crate) fn read_weights(
+    dir: &Path,
+    stems: &[&str],
+    layout: &Layout,
+    file_name: impl Fn(&str) -> String,
+    ignorable: impl Fn(&str) -> bool,
+) -> Result<BTreeMap<String, Vec<f32>>> {
+    let files = Files::open(dir, stems)?;
+    let _prefetch = Prefetch::start(&files.paths);
+    let tensors = Tensors::new(&files)?;
+    let stored: std::collections::HashSet<String> =
+        layout.tensors.iter().map(|(n, _)| file_name(n)).collect();
+    if let Some((i, extra)) = tensors
+        .names()
+        .find(|(_, n)| !ignorable(n) && !stored.contains(n))
+    {
+        return Err(NetworkError::parse(
+            &files.paths[i],
+            extra,
+            "this tensor is not part of the model config.json describes",
+        ));
+    }
+    let mut weights = BTreeMap::new();
+    for (name, shape) in &layout.tensors {
+        weights.insert(name.clone(), tensors.read(&file_name(name), shape)?);
+    }
+    Ok(weights)
+}
+
+/// Whether the weights in `dir` carry `prefix` on their names (the first file's header is
+/// enough: a model is saved with one spelling).
+fn has_prefix(dir: &Path, stems: &[&str], prefix: &str) -> Result<bool> {
+    let files = Files::open(dir, stems)?;
+    let tensors = Tensors::new(&files)?;
+    let mut names = tensors.names();
+    Ok(names.any(|(_, n)| n.starts_with(prefix)))
+}
+
+/// A CLIP text tower (`CLIPTextModel` or `CLIPTextModelWithProjection`) on the CPU.
+pub struct ClipTextEncoder {
+    model: ClipText<CpuBackend>,
+}
+
+impl ClipTextEncoder {
+    /// The tower in `dir` (a pipeline's `text_encoder/` or `text_encoder_2/`).
+    pub fn load(dir: impl AsRef<Path>) -> Result<ClipTextEncoder> {
+        let dir = dir.as_ref();
+        let path = dir.join("config.json");
+        let c = Config::read(&path)?;
+        let projection = match c.architecture() {
+            Some("CLIPTextModel") => false,
+            Some("CLIPTextModelWithProjection") => true,
+            Some(other) => {
+                return Err(c.err(
+                    "architectures",
+                    format!("{other}: this loader reads CLIPTextModel and CLIPTextModelWithProjection"),
+                ))
+            }
+            None => return Err(c.err("architectures", "missing: which CLIP tower is this?")),
+        };
+        if let Some(t) = c.str("model_type").filter(|t| *t != "clip_text_model") {
+            return Err(c.err("model_type", format!("{t}, not clip_text_model")));
+        }
+        let act_name = c.str("hidden_act").unwrap_or("quick_gelu");
+        let hidden_act = Unary::from_hf(act_name)
+            .ok_or_else(|| c.err("hidden_act", format!("{act_name} is not supported")))?;
+        let eos = c.count("eos_token_id", Some(2))?;
+        let config = ClipTextConfig {
+            vocab_size: c.count("vocab_size", Some(49408))?,
+            hidden_size: c.count("hidden_size", Some(512))?,
+            intermediate_size: c.count("intermediate_size", Some(2048))?,
+            num_hidden_layers: c.count("num_hidden_layers", Some(12))?,
+            num_attention_heads: c.count("num_attention_heads", Some(8))?,
+            max_position_embeddings: c.count("max_position_embeddings", Some(77))?,
+            hidden_act,
+            layer_norm_eps: c.float("layer_norm_eps", 1e-5)?,
+            eos_token_id: u32::try_from(eos).map_err(|_| c.err("eos_token_id", "too large"))?,
+            projection_dim: if projection {
+                Some(c.count("projection_dim", Some(512))?)
+            } else {
+                None
+            },
+        };
+        config
+            .validate()
+            .map_err(|e| c.err("config", format!("describes no valid CLIP tower: {e}")))?;
+        // transformers 4 wrote the tower's names under `text_model.` (the published
+        // pipelines' spelling), transformers 5 writes a `CLIPTextModel` without it; older
+        // versions also saved the position ids as a buffer.
+        let prefixed = has_prefix(dir, &["model"], "text_model.")?;
+        let file_name = |n: &str| -> String {
+            match n.strip_prefix("text_model.") {
+                Some(rest) if !prefixed => rest.to_string(),
+                _ => n.to_string(),
+            }
+        };
+        let weights = read_weights(dir, &["model"], &config.layout(), file_name, |n| {
+            n.ends_with("embeddings.position_ids")
+        })?;
+        Ok(ClipTextEncoder {
+            model: ClipText::new(CpuBackend::new(), config, weights)?,
+        })
+    }
+
+    pub fn config(&self) -> &ClipTextConfig {
+        self.model.config()
+    }
+
+    /// Encodes `ids` (`batch` rows of equal length, at most `max_position_embeddings`);
+    /// `mask` (same length, `true` for real tokens) hides padding keys.
+    pub fn encode(&self, ids: &[u32], batch: usize, mask: Option<&[bool]>) -> Result<ClipTextOutput> {
+        Ok(self.model.forward(ids, batch, mask)?)
+    }
+
+    /// The final LayerNorm over `(rows, hidden)` states (for a penultimate-layer prompt).
+    pub fn final_norm(&self, states: &[f32]) -> Result<Vec<f32>> {
+        Ok(self.model.final_norm(states)?)
+    }
+}
