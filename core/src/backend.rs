@@ -541,6 +541,12 @@ pub trait Backend {
         crate::ops::unary::unary(op, &mut o, &self.download(inp)?)?;
         self.write(out, &o)
     }
+    /// See [`crate::ops::unary::gated`]: `out = f(gate) * up`.
+    fn gated(&self, op: Unary, out: &mut Self::Buffer, gate: &Self::Buffer, up: &Self::Buffer) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::unary::gated(op, &mut o, &self.download(gate)?, &self.download(up)?)?;
+        self.write(out, &o)
+    }
     /// See [`crate::ops::sdpa::sdpa`]. The key mask is a host slice, like token ids.
     #[allow(clippy::too_many_arguments)]
     fn sdpa(

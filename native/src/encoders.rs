@@ -9,6 +9,7 @@ use std::path::Path;
 use rusting_brain_core::backend::Unary;
 use rusting_brain_core::models::clip::{ClipText, ClipTextConfig, ClipTextOutput};
 use rusting_brain_core::models::layers::Layout;
+use rusting_brain_core::models::t5::{T5Config, T5Encoder as T5Model};
 use serde_json::Value;
 
 use crate::cpu::CpuBackend;
@@ -181,5 +182,80 @@ impl ClipTextEncoder {
     /// The final LayerNorm over `(rows, hidden)` states (for a penultimate-layer prompt).
     pub fn final_norm(&self, states: &[f32]) -> Result<Vec<f32>> {
         Ok(self.model.final_norm(states)?)
+    }
+}
+
+/// T5's encoder (`T5EncoderModel`, v1.1's gated GELU) on the CPU, in f32.
+pub struct T5Encoder {
+    model: T5Model<CpuBackend>,
+}
+
+impl T5Encoder {
+    /// The encoder in `dir` (FLUX.1's `text_encoder_2/`, SD3's `text_encoder_3/`).
+    pub fn load(dir: impl AsRef<Path>) -> Result<T5Encoder> {
+        let dir = dir.as_ref();
+        let path = dir.join("config.json");
+        let c = Config::read(&path)?;
+        match c.architecture() {
+            Some("T5EncoderModel") | None => {}
+            Some(other) => {
+                return Err(c.err(
+                    "architectures",
+                    format!("{other}: this loader reads T5EncoderModel (the encoder alone)"),
+                ))
+            }
+        }
+        let proj = c.str("feed_forward_proj").unwrap_or("gated-gelu");
+        if proj != "gated-gelu" {
+            return Err(c.err(
+                "feed_forward_proj",
+                format!("{proj}: only T5 v1.1's gated-gelu is supported"),
+            ));
+        }
+        let act_name = c.str("dense_act_fn").unwrap_or("gelu_new");
+        let act = Unary::from_hf(act_name)
+            .ok_or_else(|| c.err("dense_act_fn", format!("{act_name} is not supported")))?;
+        let num_heads = c.count("num_heads", Some(8))?;
+        let config = T5Config {
+            vocab_size: c.count("vocab_size", Some(32128))?,
+            d_model: c.count("d_model", Some(512))?,
+            d_kv: c.count("d_kv", Some(64))?,
+            d_ff: c.count("d_ff", Some(2048))?,
+            num_layers: c.count("num_layers", Some(6))?,
+            num_heads,
+            relative_attention_num_buckets: c.count("relative_attention_num_buckets", Some(32))?,
+            relative_attention_max_distance: c.count("relative_attention_max_distance", Some(128))?,
+            layer_norm_epsilon: c.float("layer_norm_epsilon", 1e-6)?,
+            act,
+        };
+        config
+            .validate()
+            .map_err(|e| c.err("config", format!("describes no valid T5 encoder: {e}")))?;
+        // The embedding is tied: stored as `shared.weight`, as `encoder.embed_tokens.weight`,
+        // or both.
+        let shared = has_prefix(dir, &["model"], "shared.weight")?;
+        let file_name = |n: &str| -> String {
+            if n == "shared.weight" && !shared {
+                "encoder.embed_tokens.weight".to_string()
+            } else {
+                n.to_string()
+            }
+        };
+        let weights = read_weights(dir, &["model"], &config.layout(), file_name, |n| {
+            n == "encoder.embed_tokens.weight"
+        })?;
+        Ok(T5Encoder {
+            model: T5Model::new(CpuBackend::new(), config, weights)?,
+        })
+    }
+
+    pub fn config(&self) -> &T5Config {
+        self.model.config()
+    }
+
+    /// `(batch, seq, d_model)` states of `ids (batch, seq)`; `mask` (`true` for real
+    /// tokens) hides padding keys.
+    pub fn encode(&self, ids: &[u32], batch: usize, mask: Option<&[bool]>) -> Result<Vec<f32>> {
+        Ok(self.model.forward(ids, batch, mask)?)
     }
 }

@@ -728,6 +728,15 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             let (got, want) = both!(be, vec![rng.normal_vec(n, 4.0)], vec![poisoned(n)], |b, i, o| b
                 .unary(op, &mut o[0], &i[0]));
             close(&format!("{} {op:?} {n}", be.name()), &got.0[0], &want.0[0], tol);
+            let (gate, up) = (rng.normal_vec(n, 4.0), rng.normal_vec(n, 1.0));
+            let (got, want) = both!(be, vec![gate, up], vec![poisoned(n)], |b, i, o| b
+                .gated(op, &mut o[0], &i[0], &i[1]));
+            close(
+                &format!("{} gated {op:?} {n}", be.name()),
+                &got.0[0],
+                &want.0[0],
+                tol,
+            );
         }
     }
     let sdpa = |batch, q_len, kv_len, heads, kv_heads, head_dim, causal| {

@@ -4,5 +4,6 @@
 pub mod clip;
 pub mod dense;
 pub mod layers;
+pub mod t5;
 pub mod transformer;
 pub mod vae;

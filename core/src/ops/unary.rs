@@ -36,8 +36,11 @@ impl Unary {
         match self {
             Unary::Gelu => half * x * (T::ONE + (x * T::from_f64(core::f64::consts::FRAC_1_SQRT_2)).erf()),
             Unary::GeluTanh => {
+                // x / 2 (1 + tanh u) written as x sigmoid(2u): the same function, without
+                // 1 + tanh u cancelling to 0 in the negative tail (where f32 tanh is -1).
                 let c = T::from_f64(0.797_884_560_802_865_4); // sqrt(2 / pi)
-                half * x * (T::ONE + (c * (x + T::from_f64(0.044715) * x * x * x)).tanh())
+                let u = c * (x + T::from_f64(0.044715) * x * x * x);
+                x * sigmoid(u + u)
             }
             Unary::QuickGelu => x * sigmoid(T::from_f64(1.702) * x),
             Unary::Silu => x * sigmoid(x),
@@ -50,6 +53,17 @@ pub fn unary<T: Real>(op: Unary, out: &mut [T], inp: &[T]) -> Result<()> {
     check_len("unary", "out", out.len(), inp.len())?;
     for (o, &x) in out.iter_mut().zip(inp) {
         *o = op.apply(x);
+    }
+    Ok(())
+}
+
+/// `out = f(gate) * up` (all one length): the gated feed-forward of T5 v1.1 (GELU-tanh,
+/// "gated-gelu") and of the GEGLU blocks.
+pub fn gated<T: Real>(op: Unary, out: &mut [T], gate: &[T], up: &[T]) -> Result<()> {
+    check_len("gated", "gate", gate.len(), out.len())?;
+    check_len("gated", "up", up.len(), out.len())?;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = op.apply(g) * u;
     }
     Ok(())
 }

@@ -75,3 +75,19 @@ pub fn unary(op: Unary, out: &mut [f32], inp: &[f32]) -> Result<()> {
         .for_each(|(o, x)| simd::unary(o, x, op));
     Ok(())
 }
+
+/// Twin of `rusting_brain_core::ops::unary::gated`.
+pub fn gated(op: Unary, out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
+    check_len("gated", "gate", gate.len(), out.len())?;
+    check_len("gated", "up", up.len(), out.len())?;
+    out.par_chunks_mut(ELEMENTS_PER_TASK)
+        .zip(gate.par_chunks(ELEMENTS_PER_TASK))
+        .zip(up.par_chunks(ELEMENTS_PER_TASK))
+        .for_each(|((o, g), u)| {
+            simd::unary(o, g, op);
+            for (o, &u) in o.iter_mut().zip(u) {
+                *o *= u;
+            }
+        });
+    Ok(())
+}

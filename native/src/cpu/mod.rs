@@ -385,6 +385,9 @@ impl Backend for CpuBackend {
     fn unary(&self, op: Unary, out: &mut Vec<f32>, inp: &Vec<f32>) -> Result<()> {
         elementwise::unary(op, out, inp)
     }
+    fn gated(&self, op: Unary, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>) -> Result<()> {
+        elementwise::gated(op, out, gate, up)
+    }
     fn sdpa(
         &self,
         out: &mut Vec<f32>,
