@@ -10,11 +10,12 @@ use rusting_brain_core::backend::Unary;
 use rusting_brain_core::models::clip::{ClipText, ClipTextConfig, ClipTextOutput};
 use rusting_brain_core::models::layers::Layout;
 use rusting_brain_core::models::t5::{T5Config, T5Encoder as T5Model};
+use rusting_brain_core::models::transformer::TransformerModel;
 use serde_json::Value;
 
 use crate::cpu::CpuBackend;
 use crate::weights::{Files, Prefetch, Tensors};
-use crate::{NetworkError, Result};
+use crate::{NetworkError, Precision, Result};
 
 /// `config.json` as read, with typed lookups that name the file and key on failure.
 struct Config<'a> {
@@ -257,5 +258,65 @@ impl T5Encoder {
     /// tokens) hides padding keys.
     pub fn encode(&self, ids: &[u32], batch: usize, mask: Option<&[bool]>) -> Result<Vec<f32>> {
         Ok(self.model.forward(ids, batch, mask)?)
+    }
+}
+
+/// A LLaMA-family decoder read as a prompt encoder (FLUX.2-klein's Qwen3): the residual
+/// stream after chosen layers, side by side per token. The model is the language model's
+/// own definition and Hugging Face loader (`TransformerLm::from_pretrained`'s), run with
+/// the prompt's padding mask.
+pub struct TextEncoder {
+    model: TransformerModel<CpuBackend>,
+    layers: Vec<usize>,
+}
+
+impl TextEncoder {
+    /// The decoder in `dir` (a Hugging Face folder), reading the outputs of `layers`
+    /// (1-based, as transformers' `hidden_states[k]`; FLUX.2-klein uses 9, 18 and 27).
+    pub fn load(dir: impl AsRef<Path>, layers: &[usize]) -> Result<TextEncoder> {
+        TextEncoder::load_at(dir, Precision::F32, layers)
+    }
+
+    /// [`TextEncoder::load`] at `precision` (int8 weights at [`Precision::Q8`]).
+    pub fn load_at(dir: impl AsRef<Path>, precision: Precision, layers: &[usize]) -> Result<TextEncoder> {
+        let (model, _) = crate::hf::load(dir.as_ref(), precision)?;
+        let n = model.config.n_layers;
+        if layers.is_empty() {
+            return Err(NetworkError::InvalidInput(
+                "no layers to read the states of".into(),
+            ));
+        }
+        if let Some(bad) = layers.iter().find(|&&l| l == 0 || l > n) {
+            return Err(NetworkError::InvalidInput(format!(
+                "layer {bad}: {} has layers 1..={n}",
+                dir.as_ref().display()
+            )));
+        }
+        Ok(TextEncoder {
+            model,
+            layers: layers.to_vec(),
+        })
+    }
+
+    /// Features per token: `layers.len() * hidden_size`.
+    pub fn width(&self) -> usize {
+        self.layers.len() * self.model.config.d_model
+    }
+
+    /// `(batch, seq, width)`: for each token the chosen layers' states `[h_a | h_b | ...]`
+    /// (diffusers' `stack(dim=1).permute(0, 2, 1, 3).reshape(B, L, n * H)`), of `ids`
+    /// (`batch` rows of equal length) under `mask` (`true` for real tokens).
+    pub fn encode(&mut self, ids: &[u32], batch: usize, mask: Option<&[bool]>) -> Result<Vec<f32>> {
+        let states = self.model.hidden_states(ids, batch, mask, &self.layers)?;
+        let d = self.model.config.d_model;
+        let tokens = ids.len();
+        let mut out = vec![0f32; tokens * self.width()];
+        for (j, s) in states.iter().enumerate() {
+            for t in 0..tokens {
+                let dst = (t * self.layers.len() + j) * d;
+                out[dst..dst + d].copy_from_slice(&s[t * d..(t + 1) * d]);
+            }
+        }
+        Ok(out)
     }
 }

@@ -61,7 +61,7 @@ mod weights;
 pub use chat::{ChatMessage, ChatTemplate, GenerationConfig};
 pub use checkpoint::Precision;
 pub use dataset::{Dataset, Statistics, SPLIT_SEED};
-pub use encoders::{ClipTextEncoder, T5Encoder};
+pub use encoders::{ClipTextEncoder, T5Encoder, TextEncoder};
 pub use error::NetworkError;
 pub use network::{Network, NetworkBuilder, TrainConfig};
 pub use rusting_brain_core as core;

@@ -12,7 +12,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::backend::{AttentionSpec, LoraSpec, MatmulSpec, Precision, RopeSpec, RoutedSpec};
+use crate::backend::{AttentionSpec, LoraSpec, MatmulSpec, Precision, RopeSpec, RoutedSpec, SdpaSpec};
 use crate::{Backend, CoreError, Optimizer, Result, Rng, RopeScaling};
 
 /// The architecture of a [`TransformerModel`].
@@ -1229,6 +1229,10 @@ fn moe_backward<B: Backend>(
 enum Keys<'a, B: Backend> {
     /// This pass's own: the whole sequence (training, evaluation).
     Fresh,
+    /// This pass's own under a padding mask `(batch, seq)`, `true` for real tokens: the
+    /// decoder used as a prompt encoder, whose padded positions are fed on and must see
+    /// the real tokens only, as transformers computes them under an attention mask.
+    Masked(&'a [bool]),
     /// A KV cache, after this pass's keys and values are appended at position `pos`.
     Cache {
         k: &'a mut B::Buffer,
@@ -1335,9 +1339,15 @@ fn block_forward<B: Backend>(
     }
     b.rope_forward(qb, rope_q)?;
     b.rope_forward(kb, rope_k)?;
-    let inference = matches!(keys, Keys::Cache { .. });
+    let inference = matches!(keys, Keys::Cache { .. } | Keys::Masked(_));
     match keys {
         Keys::Fresh => b.attention_forward(att, lse, qb, kb, vb, spec)?,
+        Keys::Masked(mask) => {
+            let masked = SdpaSpec::new(spec.batch, spec.q_len, spec.q_heads, spec.head_dim)
+                .kv_heads(spec.kv_heads)
+                .causal(true);
+            b.sdpa(att, qb, kb, vb, Some(mask), None, &masked)?;
+        }
         Keys::Cache { k, v, pos } => {
             b.copy_range(k, pos * kv, kb, 0, n * kv)?;
             b.copy_range(v, pos * kv, vb, 0, n * kv)?;
@@ -1815,6 +1825,109 @@ impl<B: Backend> TransformerModel<B> {
         };
         head.apply(b, &mut arena.logits, &arena.hf, mm(n, c.vocab_size, d))?;
         Ok(aux)
+    }
+
+    /// The residual stream after each decoder layer in `layers` (1-based: layer `k`'s
+    /// output is transformers' `hidden_states[k]`, before the final norm), for `ids`
+    /// (`batch` rows of equal length) under `mask` (`true` for real tokens; padded
+    /// positions see the real tokens only). Layers past the last one asked for are not
+    /// run. Each entry is `(batch, seq, d_model)`.
+    pub fn hidden_states(
+        &mut self,
+        ids: &[u32],
+        batch: usize,
+        mask: Option<&[bool]>,
+        layers: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let err = |message: String| CoreError::InvalidDimension {
+            op: "hidden_states",
+            message,
+        };
+        if batch == 0 || ids.is_empty() || !ids.len().is_multiple_of(batch) {
+            return Err(err(format!("{} ids do not make {batch} rows", ids.len())));
+        }
+        if let Some(&bad) = layers.iter().find(|&&l| l == 0 || l > c.n_layers) {
+            return Err(err(format!(
+                "layer {bad}: the model's layers are 1..={}",
+                c.n_layers
+            )));
+        }
+        let seq = ids.len() / batch;
+        let tb = TokenBatch {
+            batch,
+            seq,
+            inputs: ids.to_vec(),
+            targets: alloc::vec![0; ids.len()],
+            mask: alloc::vec![true; ids.len()],
+        };
+        tb.check(c.vocab_size)?;
+        let all_open;
+        let mask = match mask {
+            Some(m) => {
+                crate::error::check_len("hidden_states", "mask", m.len(), ids.len())?;
+                m
+            }
+            None => {
+                all_open = alloc::vec![true; ids.len()];
+                &all_open
+            }
+        };
+        self.ensure_arena(batch, seq)?;
+        let c = &self.config;
+        let (n, d) = (batch * seq, c.d_model);
+        let b = &self.backend;
+        let arena = self.arena.as_mut().expect("ensured above");
+        let (rope_q, rope_k) = c.rope_specs(batch, seq, 0);
+        let att_spec = AttentionSpec::causal(batch, seq, c.q_heads, c.kv_heads, c.head_dim);
+        let quantized = self.quantized.as_ref();
+        match quantized.map(|q| &q.embed) {
+            Some(Some((packed, scales))) => {
+                b.q8_embedding(&mut arena.x_out, packed, scales, ids, c.vocab_size, d)?
+            }
+            _ => b.embedding_forward(&mut arena.x_out, &self.params.embed, ids, c.vocab_size, d)?,
+        }
+        let last = layers.iter().copied().max().unwrap_or(0);
+        let mut out = alloc::vec![Vec::new(); layers.len()];
+        for l in 0..last {
+            let w = block_view(&self.params, quantized, l)?;
+            let a = &mut arena.layers[l];
+            let acts = BlockActs {
+                h: &mut a.h,
+                rstd1: &mut a.rstd1,
+                q: &mut a.q,
+                k: &mut a.k,
+                v: &mut a.v,
+                qk: &mut a.qk,
+                att: &mut a.att,
+                lse: &mut a.lse,
+                h2: &mut a.h2,
+                rstd2: &mut a.rstd2,
+                ffn: Some([&mut a.gate, &mut a.up, &mut a.s]),
+                moe: a.moe.as_mut(),
+                saved: None,
+            };
+            let specs = (&rope_q, &rope_k, &att_spec);
+            let p = &self.params.layers[l];
+            block_forward(
+                b,
+                c,
+                l,
+                p,
+                &w,
+                &mut arena.x_out,
+                acts,
+                Keys::Masked(mask),
+                specs,
+                n,
+                self.precision,
+                None,
+            )?;
+            for (slot, _) in layers.iter().enumerate().filter(|(_, &k)| k == l + 1) {
+                out[slot] = b.download(&arena.x_out)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Sets the longest sequence the model takes, for a published model whose context
