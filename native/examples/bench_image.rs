@@ -117,6 +117,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_channels: 3,
         latent_channels: 4,
         block_out_channels: vec![128, 256, 512, 512],
+        decoder_block_out_channels: vec![128, 256, 512, 512],
         layers_per_block: 2,
         norm_num_groups: 32,
         act: Unary::Silu,
@@ -125,6 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         use_quant_conv: true,
         use_post_quant_conv: true,
         mid_block_add_attention: true,
+        latent_bn: None,
     };
     let layout = config.layout();
     let weights: BTreeMap<String, Vec<f32>> = layout

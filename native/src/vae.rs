@@ -1,6 +1,7 @@
 //! The image autoencoder of a published pipeline folder, and pictures in and out.
 //!
-//! [`Vae::load`] reads a `vae/` folder as diffusers saves it (`config.json` and
+//! [`Vae::load`] reads a `vae/` folder as diffusers saves it (`AutoencoderKL` or FLUX.2's
+//! `AutoencoderKLFlux2`; `config.json` and
 //! `diffusion_pytorch_model.safetensors`, single or sharded, F32/BF16/F16) into
 //! `AutoencoderKL` (core's [`AutoencoderKl`], on the CPU backend, in f32 whatever the stored
 //! dtype: the fp16 trap `force_upcast` guards against cannot happen). Every shape comes
@@ -12,7 +13,7 @@
 use std::path::Path;
 
 use rusting_brain_core::backend::Unary;
-use rusting_brain_core::models::vae::{AutoencoderKl, LatentDist, VaeConfig};
+use rusting_brain_core::models::vae::{AutoencoderKl, LatentBatchNorm, LatentDist, VaeConfig};
 use serde_json::Value;
 
 use crate::cpu::CpuBackend;
@@ -42,7 +43,8 @@ impl Vae {
             &["diffusion_pytorch_model", "model"],
             &layout,
             |n| n.to_string(),
-            |_| false,
+            // BatchNorm's step counter (an int64): training state, not a weight.
+            |n| n == "bn.num_batches_tracked",
         )?;
         Ok(Vae {
             model: AutoencoderKl::new(CpuBackend::new(), config, weights)?,
@@ -53,9 +55,17 @@ impl Vae {
         self.model.config()
     }
 
-    /// Number of weights (from the configuration, as loaded).
+    /// Number of learned weights (from the configuration, as loaded): FLUX.2's latent
+    /// statistics are buffers, not parameters, and are not counted (as in PyTorch).
     pub fn parameter_count(&self) -> usize {
-        self.config().layout().parameter_count()
+        let layout = self.config().layout();
+        let stats: usize = layout
+            .tensors
+            .iter()
+            .filter(|(n, _)| n.starts_with("bn.running_"))
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum();
+        layout.parameter_count() - stats
     }
 
     /// The latent distribution of `pixels` (`batch` images of `(channels, height, width)`
@@ -68,6 +78,30 @@ impl Vae {
     /// (about [-1, 1], not clamped).
     pub fn decode(&self, latent: &[f32], batch: usize, h: usize, w: usize) -> Result<Vec<f32>> {
         Ok(self.model.decode(latent, batch, h, w)?)
+    }
+
+    /// The autoencoder's latents `(batch, latent_channels, h, w)` as a denoiser sees them,
+    /// with their `(channels, h, w)`: shifted and scaled, or for FLUX.2 patchified 2x2 and
+    /// normalized by the stored statistics.
+    pub fn to_denoiser(
+        &self,
+        z: &[f32],
+        batch: usize,
+        h: usize,
+        w: usize,
+    ) -> Result<(Vec<f32>, usize, usize, usize)> {
+        Ok(self.model.to_denoiser(z, batch, h, w)?)
+    }
+
+    /// A denoiser's latents back to the autoencoder's, with their `(h, w)`.
+    pub fn from_denoiser(
+        &self,
+        z: &[f32],
+        batch: usize,
+        h: usize,
+        w: usize,
+    ) -> Result<(Vec<f32>, usize, usize)> {
+        Ok(self.model.from_denoiser(z, batch, h, w)?)
     }
 
     /// One [`Image`] to its latent mean (`sample_mode="argmax"`, what img2img pipelines
@@ -105,12 +139,16 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
         .get("_class_name")
         .and_then(Value::as_str)
         .unwrap_or("AutoencoderKL");
-    if class != "AutoencoderKL" {
-        return Err(err(
-            "_class_name",
-            format!("{class}: this loader reads AutoencoderKL folders"),
-        ));
-    }
+    let flux2 = match class {
+        "AutoencoderKL" => false,
+        "AutoencoderKLFlux2" => true,
+        _ => {
+            return Err(err(
+                "_class_name",
+                format!("{class}: this loader reads AutoencoderKL and AutoencoderKLFlux2 folders"),
+            ))
+        }
+    };
     let int = |key: &str, default: Option<usize>| -> Result<usize> {
         match v.get(key) {
             None | Some(Value::Null) => default.ok_or_else(|| err(key, "missing".into())),
@@ -138,19 +176,25 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
                 .ok_or_else(|| err(key, format!("{x} is not true or false"))),
         }
     };
-    let block_out_channels: Vec<usize> = match v.get("block_out_channels") {
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .filter(|&n| n <= 1 << 20)
-                    .ok_or_else(|| err("block_out_channels", format!("{x} is not a channel count")))
-            })
-            .collect::<Result<_>>()?,
-        None => vec![64],
-        Some(x) => return Err(err("block_out_channels", format!("{x} is not a list"))),
+    let channels = |key: &str| -> Result<Option<Vec<usize>>> {
+        match v.get(key) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .filter(|&n| n <= 1 << 20)
+                        .ok_or_else(|| err(key, format!("{x} is not a channel count")))
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => Err(err(key, format!("{x} is not a list"))),
+        }
     };
+    let block_out_channels = channels("block_out_channels")?.unwrap_or_else(|| vec![64]);
+    let decoder_block_out_channels =
+        channels("decoder_block_out_channels")?.unwrap_or_else(|| block_out_channels.clone());
     for (key, want) in [("down_block_types", DOWN), ("up_block_types", UP)] {
         let types: Vec<&str> = match v.get(key) {
             Some(Value::Array(a)) => a.iter().map(|t| t.as_str().unwrap_or("?")).collect(),
@@ -182,11 +226,27 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
             ));
         }
     }
+    let latent_bn = if flux2 {
+        let patch = match v.get("patch_size") {
+            None | Some(Value::Null) => 2,
+            Some(Value::Array(a)) if a.len() == 2 && a[0] == a[1] => {
+                a[0].as_u64().and_then(|n| usize::try_from(n).ok()).unwrap_or(0)
+            }
+            Some(x) => return Err(err("patch_size", format!("{x}: square patches only"))),
+        };
+        Some(LatentBatchNorm {
+            patch,
+            eps: float("batch_norm_eps", Some(1e-4))?.unwrap_or(1e-4),
+        })
+    } else {
+        None
+    };
     let config = VaeConfig {
         in_channels: int("in_channels", Some(3))?,
         out_channels: int("out_channels", Some(3))?,
         latent_channels: int("latent_channels", Some(4))?,
         block_out_channels,
+        decoder_block_out_channels,
         layers_per_block: int("layers_per_block", Some(1))?,
         norm_num_groups: int("norm_num_groups", Some(32))?,
         act,
@@ -195,6 +255,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
         use_quant_conv: flag("use_quant_conv", true)?,
         use_post_quant_conv: flag("use_post_quant_conv", true)?,
         mid_block_add_attention: flag("mid_block_add_attention", true)?,
+        latent_bn,
     };
     config
         .validate()

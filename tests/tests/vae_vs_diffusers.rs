@@ -140,7 +140,7 @@ fn bad_folders_are_errors_naming_file_and_key() {
 
     // Another model class, another block type, groups that do not divide the channels.
     let d = copy("sd", "vae-class");
-    edit_config(d.path(), |v| v["_class_name"] = "AutoencoderKLFlux2".into());
+    edit_config(d.path(), |v| v["_class_name"] = "AutoencoderTiny".into());
     says(
         &refusal(d.path()),
         &["config.json", "_class_name", "AutoencoderKLFlux2"],
@@ -205,4 +205,46 @@ fn bad_folders_are_errors_naming_file_and_key() {
         &vae.decode(&[0.0; 10], 1, 4, 4).unwrap_err().to_string(),
         &["`input` has 10 elements but the shape needs 64"],
     );
+}
+
+/// FLUX.2's autoencoder (`AutoencoderKLFlux2`): its own decoder widths, and the latent
+/// statistics the pipeline normalizes the 2x2-patchified latents with, both ways.
+#[test]
+fn flux2_autoencoder_and_its_latent_normalization_match_diffusers() {
+    let io = Fixture::open(folder("flux2").join("io.safetensors")).unwrap();
+    let vae = Vae::load(folder("flux2").join("vae")).unwrap();
+    let want_params: usize = io.metadata("parameters").unwrap().parse().unwrap();
+    assert_eq!(vae.parameter_count(), want_params, "parameter count");
+    let image = io.get("image").unwrap();
+    let dist = vae.encode(&image.to_f32(), 1, 32, 32).unwrap();
+    close("flux2 encode mean", &dist.mean, &io.get("mean").unwrap());
+    let (z, c, h, w) = vae.to_denoiser(&dist.mean, 1, dist.h, dist.w).unwrap();
+    assert_eq!((c, h, w), (16, 8, 8));
+    close("flux2 to_denoiser", &z, &io.get("to_denoiser").unwrap());
+
+    let side = io.get("side").unwrap();
+    let (z, h, w) = vae.from_denoiser(&side.to_f32(), 1, 8, 8).unwrap();
+    assert_eq!((h, w), (16, 16));
+    // The round trip is the identity (to rounding).
+    let (back, ..) = vae.to_denoiser(&z, 1, h, w).unwrap();
+    rusting_brain_test_support::assert_close(
+        "to_denoiser(from_denoiser(z))",
+        &back,
+        &side.to_f32(),
+        1e-5,
+        1e-5,
+    );
+    close(
+        "flux2 decode from denoiser",
+        &vae.decode(&z, 1, h, w).unwrap(),
+        &io.get("decoded_from_denoiser").unwrap(),
+    );
+
+    let e = vae
+        .to_denoiser(&vec![0.0; 4 * 15 * 16], 1, 15, 16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("multiples of 2"), "{e}");
+    let e = vae.from_denoiser(&[0.0; 10], 1, 8, 8).unwrap_err().to_string();
+    assert!(e.contains("`z` has 10 elements but the shape needs 1024"), "{e}");
 }

@@ -3,10 +3,15 @@
 //! of a diagonal Gaussian over latents, and a decoder of `UpDecoderBlock2D`s back to pixels,
 //! each with a mid block of two ResNets around one self-attention. Inference only.
 //!
+//! `AutoencoderKLFlux2` (FLUX.2) is the same network with its latent statistics beside it
+//! (`bn.running_mean` / `bn.running_var` of the 2x2-patchified latents) and, optionally,
+//! a decoder of other widths; [`VaeConfig::latent_bn`] says which kind a model is.
+//!
 //! Images are `(batch, in_channels, h, w)` in [-1, 1]; latents `(batch, latent_channels,
-//! h / f, w / f)` with `f = 2^(blocks - 1)`. The latents here are the autoencoder's own;
-//! a pipeline scales them for its denoiser with [`VaeConfig::to_denoiser`] and back with
-//! [`VaeConfig::from_denoiser`].
+//! h / f, w / f)` with `f = 2^(blocks - 1)`. The latents here are the autoencoder's own; a
+//! pipeline's denoiser sees them through [`AutoencoderKl::to_denoiser`] (shift and scale;
+//! for FLUX.2, 2x2 patches normalized by the statistics) and hands them back through
+//! [`AutoencoderKl::from_denoiser`].
 
 use alloc::collections::BTreeMap;
 use alloc::format;
@@ -29,6 +34,8 @@ pub struct VaeConfig {
     pub latent_channels: usize,
     /// Channels of each resolution, finest first.
     pub block_out_channels: Vec<usize>,
+    /// The decoder's (FLUX.2's `decoder_block_out_channels`; else the same as the encoder's).
+    pub decoder_block_out_channels: Vec<usize>,
     pub layers_per_block: usize,
     pub norm_num_groups: usize,
     /// `act_fn` (SiLU in every published VAE).
@@ -39,6 +46,16 @@ pub struct VaeConfig {
     pub use_quant_conv: bool,
     pub use_post_quant_conv: bool,
     pub mid_block_add_attention: bool,
+    /// FLUX.2: latents are patchified 2x2 and normalized by stored statistics.
+    pub latent_bn: Option<LatentBatchNorm>,
+}
+
+/// `AutoencoderKLFlux2`'s latent normalization: `patch x patch` patches of the latents
+/// (channels `latent_channels * patch^2`), then `(z - running_mean) / sqrt(running_var + eps)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatentBatchNorm {
+    pub patch: usize,
+    pub eps: f32,
 }
 
 impl VaeConfig {
@@ -51,6 +68,21 @@ impl VaeConfig {
         };
         if self.block_out_channels.is_empty() {
             return bad("block_out_channels is empty".into());
+        }
+        if self.decoder_block_out_channels.len() != self.block_out_channels.len() {
+            return bad(format!(
+                "decoder_block_out_channels has {} entries, block_out_channels {}",
+                self.decoder_block_out_channels.len(),
+                self.block_out_channels.len()
+            ));
+        }
+        if let Some(bn) = self.latent_bn {
+            if bn.patch == 0 || !(bn.eps.is_finite() && bn.eps >= 0.0) {
+                return bad(format!(
+                    "latent batch norm: patch {} and eps {}",
+                    bn.patch, bn.eps
+                ));
+            }
         }
         for (what, v) in [
             ("in_channels", self.in_channels),
@@ -66,6 +98,7 @@ impl VaeConfig {
         if let Some(c) = self
             .block_out_channels
             .iter()
+            .chain(&self.decoder_block_out_channels)
             .find(|&&c| c == 0 || c % self.norm_num_groups != 0)
         {
             return bad(format!(
@@ -136,6 +169,8 @@ impl VaeConfig {
         if self.use_post_quant_conv {
             l.conv("post_quant_conv", self.latent_channels, self.latent_channels, 1);
         }
+        let bo = &self.decoder_block_out_channels;
+        let top = bo[n - 1];
         l.conv("decoder.conv_in", self.latent_channels, top, 3);
         self.mid_layout(&mut l, "decoder", top);
         let mut c = top;
@@ -150,6 +185,11 @@ impl VaeConfig {
         }
         l.norm("decoder.conv_norm_out", bo[0]);
         l.conv("decoder.conv_out", bo[0], self.out_channels, 3);
+        if let Some(bn) = self.latent_bn {
+            let c = self.latent_channels * bn.patch * bn.patch;
+            l.push("bn.running_mean".into(), alloc::vec![c]);
+            l.push("bn.running_var".into(), alloc::vec![c]);
+        }
         l
     }
 
@@ -333,7 +373,7 @@ impl<B: Backend> AutoencoderKl<B> {
             });
         }
         let (be, wt, g, act) = (&self.backend, &self.weights, cfg.norm_num_groups, cfg.act);
-        let bo = &cfg.block_out_channels;
+        let bo = &cfg.decoder_block_out_channels;
         let mut x = self.image_in(latent, batch, cfg.latent_channels, h, w)?;
         if cfg.use_post_quant_conv {
             x = conv(be, wt, "post_quant_conv", &x, cfg.latent_channels, 1, 1, 0, 0)?;
@@ -371,5 +411,100 @@ impl<B: Backend> AutoencoderKl<B> {
         let x = group_norm(be, wt, "decoder.conv_norm_out", &x, g, EPS, Some(act))?;
         let x = conv(be, wt, "decoder.conv_out", &x, cfg.out_channels, 3, 1, 1, 0)?;
         be.download(&x.data)
+    }
+}
+
+impl<B: Backend> AutoencoderKl<B> {
+    /// The statistics of FLUX.2's patchified latents: `(mean, sqrt(var + eps))` per channel.
+    fn latent_stats(&self, bn: LatentBatchNorm) -> Result<(Vec<f32>, Vec<f32>)> {
+        let mean = self.backend.download(self.weights.get("bn.running_mean")?)?;
+        let var = self.backend.download(self.weights.get("bn.running_var")?)?;
+        let std = var.iter().map(|v| libm::sqrtf(v + bn.eps)).collect();
+        Ok((mean, std))
+    }
+
+    /// The autoencoder's latents `z (batch, latent_channels, h, w)` as the denoiser sees
+    /// them, with their new `(channels, h, w)`: shifted and scaled (`AutoencoderKL`), or cut
+    /// into `patch x patch` patches, channel `c * patch^2 + py * patch + px`, and normalized
+    /// by the stored statistics (FLUX.2's `_patchify_latents` and batch norm).
+    pub fn to_denoiser(
+        &self,
+        z: &[f32],
+        batch: usize,
+        h: usize,
+        w: usize,
+    ) -> Result<(Vec<f32>, usize, usize, usize)> {
+        let cfg = &self.config;
+        let l = cfg.latent_channels;
+        crate::error::check_len(
+            "to_denoiser",
+            "z",
+            z.len(),
+            crate::error::product("to_denoiser", &[batch, l, h, w])?,
+        )?;
+        let Some(bn) = cfg.latent_bn else {
+            let mut out = z.to_vec();
+            cfg.to_denoiser(&mut out);
+            return Ok((out, l, h, w));
+        };
+        let p = bn.patch;
+        if !h.is_multiple_of(p) || !w.is_multiple_of(p) {
+            return Err(CoreError::InvalidDimension {
+                op: "to_denoiser",
+                message: format!("the latent is {h} x {w}; both sides must be multiples of {p}"),
+            });
+        }
+        let (mean, std) = self.latent_stats(bn)?;
+        let (c2, h2, w2) = (l * p * p, h / p, w / p);
+        let mut out = alloc::vec![0f32; z.len()];
+        for b in 0..batch {
+            for c in 0..l {
+                for y in 0..h {
+                    for x in 0..w {
+                        let ch = (c * p + y % p) * p + x % p;
+                        let v = z[((b * l + c) * h + y) * w + x];
+                        out[((b * c2 + ch) * h2 + y / p) * w2 + x / p] = (v - mean[ch]) / std[ch];
+                    }
+                }
+            }
+        }
+        Ok((out, c2, h2, w2))
+    }
+
+    /// The inverse of [`AutoencoderKl::to_denoiser`]: a denoiser's latents
+    /// `(batch, channels, h, w)` back to `(batch, latent_channels, h', w')` for
+    /// [`AutoencoderKl::decode`], with `(h', w')`.
+    pub fn from_denoiser(
+        &self,
+        z: &[f32],
+        batch: usize,
+        h: usize,
+        w: usize,
+    ) -> Result<(Vec<f32>, usize, usize)> {
+        let cfg = &self.config;
+        let l = cfg.latent_channels;
+        let p = cfg.latent_bn.map_or(1, |bn| bn.patch);
+        let want = crate::error::product("from_denoiser", &[batch, l * p * p, h, w])?;
+        crate::error::check_len("from_denoiser", "z", z.len(), want)?;
+        let Some(bn) = cfg.latent_bn else {
+            let mut out = z.to_vec();
+            cfg.from_denoiser(&mut out);
+            return Ok((out, h, w));
+        };
+        let (mean, std) = self.latent_stats(bn)?;
+        let (c2, h1, w1) = (l * p * p, h * p, w * p);
+        let mut out = alloc::vec![0f32; z.len()];
+        for b in 0..batch {
+            for c in 0..l {
+                for y in 0..h1 {
+                    for x in 0..w1 {
+                        let ch = (c * p + y % p) * p + x % p;
+                        let v = z[((b * c2 + ch) * h + y / p) * w + x / p];
+                        out[((b * l + c) * h1 + y) * w1 + x] = v * std[ch] + mean[ch];
+                    }
+                }
+            }
+        }
+        Ok((out, h1, w1))
     }
 }
