@@ -54,6 +54,7 @@ mod onnx_export;
 pub use onnx::{OnnxDim, OnnxIo, OnnxModel, OnnxOutput};
 pub mod profile;
 mod token_file;
+mod tokenize;
 mod transformer;
 pub mod vae;
 mod weights;
@@ -72,6 +73,7 @@ pub use rusting_brain_core::{RopeScaling, Sampler, Schedule};
 #[cfg(feature = "gpu")]
 pub use rusting_brain_shaders::{GpuCounters, GpuOptions};
 pub use token_file::TokenFile;
+pub use tokenize::ClipTokenizer;
 pub use transformer::{Decoder, KvCaches, ParameterCounts, StepLoss, TransformerLm, TransformerLmBuilder};
 
 /// Result type of this crate.
