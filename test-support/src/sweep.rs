@@ -745,12 +745,13 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             .kv_heads(kv_heads)
             .causal(causal)
     };
-    // (spec, masked, biased): one query, cross-attention to 77 tokens, three query blocks
-    // with padding and a bias (T5), causal under a mask (CLIP), grouped heads.
+    // (spec, masked, biased): one query, cross-attention to 77 tokens over two query
+    // blocks of the CPU's 256, three blocks with padding and a bias (T5), causal under a
+    // mask (CLIP), grouped heads.
     for (spec, masked, biased) in [
         (sdpa(1, 1, 1, 1, 1, 8, false), false, false),
-        (sdpa(2, 130, 77, 4, 4, 16, false), true, false),
-        (sdpa(2, 130, 130, 2, 2, 33, false).scale(1.0), true, true),
+        (sdpa(2, 300, 77, 4, 4, 16, false), true, false),
+        (sdpa(1, 530, 530, 2, 2, 33, false).scale(1.0), true, true),
         (sdpa(2, 77, 77, 3, 3, 8, true), true, false),
         (sdpa(1, 70, 40, 6, 2, 32, false), false, true),
     ] {

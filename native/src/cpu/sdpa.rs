@@ -5,7 +5,7 @@
 //! every key (`Q_BLOCK x kv_len`, one GEMM), masked, biased and soft-maxed in place, then
 //! times V (a second GEMM). The scratch is that one tile per thread, never the whole
 //! `(q_len, kv_len)` matrix of a head: at 4,608 tokens (FLUX at 1024 x 1024) a head's
-//! matrix is 85 MB, a tile 1.2 MB.
+//! matrix is 85 MB, a tile 4.7 MB.
 
 use rayon::prelude::*;
 use rusting_brain_core::ops::sdpa::SdpaSpec;
@@ -14,9 +14,10 @@ use rusting_brain_core::Result;
 use super::attention::{gemm_views, with_tiles, View};
 use super::simd;
 
-/// Queries per task: enough rows for the GEMMs to run at speed, few enough that a
-/// 4,608-key tile stays in L2/L3.
-pub(crate) const Q_BLOCK: usize = 64;
+/// Queries per task: enough rows for the GEMMs to run at speed (at 4,608 tokens, 24 heads
+/// of 128: 64 rows ran at 123 GFLOP/s on 2 Xeon cores, 128 at 149, 256 at 159; see
+/// bench_image), few enough that the tile stays in the last-level cache.
+pub(crate) const Q_BLOCK: usize = 256;
 
 /// The scratch one task holds, in floats (for the memory report of the benchmarks).
 pub fn tile_floats(spec: &SdpaSpec) -> usize {
