@@ -73,7 +73,7 @@ pub use rusting_brain_core::{RopeScaling, Sampler, Schedule};
 #[cfg(feature = "gpu")]
 pub use rusting_brain_shaders::{GpuCounters, GpuOptions};
 pub use token_file::TokenFile;
-pub use tokenize::ClipTokenizer;
+pub use tokenize::{klein_prompt, ClipTokenizer, PromptTokenizer};
 pub use transformer::{Decoder, KvCaches, ParameterCounts, StepLoss, TransformerLm, TransformerLmBuilder};
 
 /// Result type of this crate.

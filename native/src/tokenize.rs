@@ -8,6 +8,11 @@
 //! the ids, padded to `model_max_length` (77) with the pad token `special_tokens_map.json`
 //! names (`<|endoftext|>` for SD 1.x and FLUX.1, `!` for SD 2.x and SD-XL's second tower).
 //! The original's optional `ftfy` repair of mojibake is not applied.
+//!
+//! T5 and Qwen ([`PromptTokenizer`]): `tokenizer.json` (T5's Unigram with its `</s>`,
+//! Qwen's byte-level BPE with its special tokens). A T5 folder with only `spiece.model` is
+//! an error that says how to convert it: the `tokenizers` crate cannot read SentencePiece's
+//! protobuf. [`klein_prompt`] is FLUX.2-klein's chat template applied to a prompt.
 
 use std::path::Path;
 
@@ -18,7 +23,10 @@ use tokenizers::normalizers::{Lowercase, Replace, Sequence as Normalizers, NFC};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizers;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{
+    PaddingDirection, PaddingParams, PaddingStrategy, SplitDelimiterBehavior, Tokenizer, TruncationDirection,
+    TruncationParams, TruncationStrategy,
+};
 
 use crate::{NetworkError, Result};
 
@@ -187,5 +195,101 @@ impl ClipTokenizer {
     /// The padded length (`model_max_length`, 77 for CLIP).
     pub fn max_length(&self) -> usize {
         self.max_length
+    }
+}
+
+/// FLUX.2-klein's prompt as its pipeline builds it: the Qwen3 chat template for one user
+/// turn with the generation prompt and thinking disabled
+/// (`apply_chat_template(..., add_generation_prompt=True, enable_thinking=False)`).
+pub fn klein_prompt(prompt: &str) -> String {
+    format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+}
+
+/// A prompt tokenizer read from a folder's `tokenizer.json`: T5's Unigram (FLUX.1's
+/// `tokenizer_2/`, SD3's `tokenizer_3/`) or a byte-level BPE (FLUX.2-klein's Qwen).
+pub struct PromptTokenizer {
+    tokenizer: Tokenizer,
+    pad: u32,
+}
+
+impl PromptTokenizer {
+    pub fn load(dir: impl AsRef<Path>) -> Result<PromptTokenizer> {
+        let dir = dir.as_ref();
+        let json = dir.join("tokenizer.json");
+        if !json.is_file() {
+            let hint = if dir.join("spiece.model").is_file() {
+                "; it has only spiece.model, which the tokenizers library cannot read: convert it \
+                 once with transformers (`T5TokenizerFast.from_pretrained(dir).save_pretrained(dir)` \
+                 writes tokenizer.json)"
+            } else {
+                ""
+            };
+            return Err(NetworkError::InvalidInput(format!(
+                "{}: no tokenizer.json{hint}",
+                dir.display()
+            )));
+        }
+        let tokenizer = Tokenizer::from_file(&json).map_err(|e| tok_err(&json, "tokenizer", e))?;
+        let config = read_json(&dir.join("tokenizer_config.json"))?;
+        let special = read_json(&dir.join("special_tokens_map.json"))?;
+        let pad_text = token_text(special.as_ref().and_then(|s| s.get("pad_token")))
+            .or_else(|| token_text(config.as_ref().and_then(|c| c.get("pad_token"))))
+            .ok_or_else(|| {
+                NetworkError::InvalidInput(format!(
+                    "{}: no pad_token in tokenizer_config.json or special_tokens_map.json",
+                    dir.display()
+                ))
+            })?;
+        let pad = tokenizer.token_to_id(&pad_text).ok_or_else(|| {
+            NetworkError::InvalidInput(format!(
+                "{}: the pad_token {pad_text:?} is not in the vocabulary",
+                dir.display()
+            ))
+        })?;
+        if let Some(side) = config
+            .as_ref()
+            .and_then(|c| c.get("padding_side"))
+            .and_then(Value::as_str)
+        {
+            if side != "right" {
+                return Err(NetworkError::InvalidInput(format!(
+                    "{}: padding_side {side:?}; the pipelines here pad on the right",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(PromptTokenizer { tokenizer, pad })
+    }
+
+    /// `max_length` ids of `text` with the tokenizer's own special tokens (T5's `</s>`),
+    /// cut to fit and padded on the right, and the mask (`true` for real tokens): as
+    /// `tokenizer(text, padding="max_length", max_length=n, truncation=True)`.
+    pub fn encode(&mut self, text: &str, max_length: usize) -> Result<(Vec<u32>, Vec<bool>)> {
+        if max_length == 0 {
+            return Err(NetworkError::InvalidInput("max_length must be at least 1".into()));
+        }
+        let pad_token = self.tokenizer.id_to_token(self.pad).unwrap_or_default();
+        self.tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length,
+                strategy: TruncationStrategy::LongestFirst,
+                direction: TruncationDirection::Right,
+                stride: 0,
+            }))
+            .map_err(|e| NetworkError::InvalidInput(format!("truncation: {e}")))?;
+        self.tokenizer.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::Fixed(max_length),
+            direction: PaddingDirection::Right,
+            pad_to_multiple_of: None,
+            pad_id: self.pad,
+            pad_type_id: 0,
+            pad_token,
+        }));
+        let enc = self
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| NetworkError::InvalidInput(format!("tokenizing the prompt: {e}")))?;
+        let mask = enc.get_attention_mask().iter().map(|&m| m == 1).collect();
+        Ok((enc.get_ids().to_vec(), mask))
     }
 }

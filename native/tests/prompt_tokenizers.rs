@@ -1,4 +1,7 @@
-//! CLIP's tokenizer from a folder with vocab.json and merges.txt only (no tokenizer.json):
+//! The image pipelines' prompt tokenizers. T5's Unigram and Qwen's byte-level BPE (with
+//! FLUX.2-klein's chat string) from `tokenizer.json` files written for the test
+//! (`tests/fixtures/gen_prompt_tokenizers.py`), against transformers' fast tokenizers.
+//! CLIP's from a folder with vocab.json and merges.txt only (no tokenizer.json):
 //! the ids transformers' `CLIPTokenizer` gives on a small vocabulary written for the test
 //! (`tests/fixtures/gen_clip_tokenizer.py`), and, when `RB_CLIP_BPE` names open_clip's
 //! `bpe_simple_vocab_16e6.txt.gz` (shipped in the open_clip_torch wheel; not committed),
@@ -127,4 +130,114 @@ fn the_real_openai_vocabulary_gives_the_published_ids() {
         (ids.len(), ids[76], mask.iter().filter(|m| **m).count()),
         (77, 49407, 10)
     );
+}
+
+fn prompt_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/prompt_tokenizers")
+        .join(name)
+}
+
+fn expected(name: &str) -> Vec<serde_json::Value> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(prompt_fixture(name).join("expected.json")).unwrap()).unwrap();
+    v.as_array().unwrap().clone()
+}
+
+fn ids_and_mask(case: &serde_json::Value) -> (Vec<u32>, Vec<bool>) {
+    let ids = case["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let mask = case["mask"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64() == Some(1))
+        .collect();
+    (ids, mask)
+}
+
+/// T5's Unigram from `tokenizer.json` (`tests/fixtures/gen_prompt_tokenizers.py`): ids,
+/// `</s>` kept through truncation, padding with `<pad>`, as `T5TokenizerFast` gives them.
+#[test]
+fn t5_unigram_matches_transformers() {
+    let mut tok = rusting_brain::PromptTokenizer::load(prompt_fixture("t5")).unwrap();
+    let cases = expected("t5");
+    assert!(cases.len() >= 5);
+    for case in &cases {
+        let prompt = case["prompt"].as_str().unwrap();
+        assert_eq!(tok.encode(prompt, 16).unwrap(), ids_and_mask(case), "{prompt:?}");
+    }
+}
+
+/// Qwen's byte-level BPE on FLUX.2-klein's chat string: the template exact, the ids and
+/// padding as the klein pipeline's tokenizer call gives them.
+#[test]
+fn qwen_chat_prompt_matches_transformers() {
+    let mut tok = rusting_brain::PromptTokenizer::load(prompt_fixture("qwen")).unwrap();
+    let cases = expected("qwen");
+    assert!(cases.len() >= 4);
+    for case in &cases {
+        let prompt = case["prompt"].as_str().unwrap();
+        let text = rusting_brain::klein_prompt(prompt);
+        assert_eq!(
+            text,
+            case["text"].as_str().unwrap(),
+            "the chat string of {prompt:?}"
+        );
+        assert_eq!(tok.encode(&text, 40).unwrap(), ids_and_mask(case), "{prompt:?}");
+    }
+    assert_eq!(
+        rusting_brain::klein_prompt("a cat"),
+        "<|im_start|>user\na cat<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    );
+}
+
+#[test]
+fn tokenizer_folders_that_cannot_be_read_say_why() {
+    let t = TempDir::new("spiece");
+    std::fs::write(t.join("spiece.model"), b"\x0a\x03abc").unwrap();
+    let e = rusting_brain::PromptTokenizer::load(t.path())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("only spiece.model") && e.contains("T5TokenizerFast"),
+        "{e}"
+    );
+    std::fs::copy(
+        prompt_fixture("t5").join("tokenizer.json"),
+        t.join("tokenizer.json"),
+    )
+    .unwrap();
+    let e = rusting_brain::PromptTokenizer::load(t.path())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no pad_token"), "{e}");
+    std::fs::write(t.join("tokenizer_config.json"), r#"{"pad_token": "<nope>"}"#).unwrap();
+    let e = rusting_brain::PromptTokenizer::load(t.path())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"<nope>\" is not in the vocabulary"), "{e}");
+    std::fs::write(
+        t.join("tokenizer_config.json"),
+        r#"{"pad_token": "<pad>", "padding_side": "left"}"#,
+    )
+    .unwrap();
+    let e = rusting_brain::PromptTokenizer::load(t.path())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("padding_side \"left\""), "{e}");
+    std::fs::write(t.join("tokenizer.json"), b"{ not json").unwrap();
+    let e = rusting_brain::PromptTokenizer::load(t.path())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tokenizer.json"), "{e}");
 }
