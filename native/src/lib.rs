@@ -50,6 +50,7 @@ mod network_json;
 #[cfg(feature = "onnx")]
 mod onnx;
 mod onnx_export;
+mod pipeline_dir;
 #[cfg(feature = "onnx")]
 pub use onnx::{OnnxDim, OnnxIo, OnnxModel, OnnxOutput};
 pub mod profile;
@@ -65,6 +66,7 @@ pub use dataset::{Dataset, Statistics, SPLIT_SEED};
 pub use encoders::{ClipTextEncoder, T5Encoder, TextEncoder};
 pub use error::NetworkError;
 pub use network::{Network, NetworkBuilder, TrainConfig};
+pub use pipeline_dir::{Component, PipelineFolder};
 pub use rusting_brain_core as core;
 pub use rusting_brain_core::models::transformer::{LoraConfig, TokenBatch, LORA_TARGETS};
 pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, Optimizer, ReferenceBackend};
