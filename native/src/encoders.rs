@@ -63,16 +63,21 @@ impl<'a> Config<'a> {
     }
 }
 
+/// Weights read from a folder: f32 tensors, and the matrices read as int8.
+pub(crate) type ReadWeights = (BTreeMap<String, Vec<f32>>, BTreeMap<String, (Vec<f32>, Vec<f32>)>);
+
 /// Reads every tensor of `layout` from the weight files of `dir`, the layout's name
 /// `n` stored as `file_name(n)`; a tensor in the files that the layout lacks is an error
-/// unless `ignorable` says it may be passed over.
+/// unless `ignorable` says it may be passed over. The matrices `int8` picks are rounded to
+/// int8 as they are read (the f32 matrix never exists whole).
 pub(crate) fn read_weights(
     dir: &Path,
     stems: &[&str],
     layout: &Layout,
     file_name: impl Fn(&str) -> String,
     ignorable: impl Fn(&str) -> bool,
-) -> Result<BTreeMap<String, Vec<f32>>> {
+    int8: impl Fn(&str, &[usize]) -> bool,
+) -> Result<ReadWeights> {
     let files = Files::open(dir, stems)?;
     let _prefetch = Prefetch::start(&files.paths);
     let tensors = Tensors::new(&files)?;
@@ -88,11 +93,25 @@ pub(crate) fn read_weights(
             "this tensor is not part of the model config.json describes",
         ));
     }
-    let mut weights = BTreeMap::new();
+    let (mut weights, mut q8) = (BTreeMap::new(), BTreeMap::new());
     for (name, shape) in &layout.tensors {
-        weights.insert(name.clone(), tensors.read(&file_name(name), shape)?);
+        if shape.len() == 2 && int8(name, shape) {
+            q8.insert(name.clone(), tensors.read_q8(&file_name(name), shape)?);
+        } else {
+            weights.insert(name.clone(), tensors.read(&file_name(name), shape)?);
+        }
     }
-    Ok(weights)
+    Ok((weights, q8))
+}
+
+/// The matrices an int8 encoder holds as int8: every `Linear` weight (the projections and
+/// the feed-forward), not the embedding tables or T5's position-bias table.
+fn linear_matrix(name: &str, precision: Precision) -> bool {
+    precision == Precision::Q8
+        && name.ends_with(".weight")
+        && !name.contains("embedding")
+        && !name.contains("relative_attention_bias")
+        && name != "shared.weight"
 }
 
 /// Whether the weights in `dir` carry `prefix` on their names (the first file's header is
@@ -112,6 +131,12 @@ pub struct ClipTextEncoder {
 impl ClipTextEncoder {
     /// The tower in `dir` (a pipeline's `text_encoder/` or `text_encoder_2/`).
     pub fn load(dir: impl AsRef<Path>) -> Result<ClipTextEncoder> {
+        ClipTextEncoder::load_at(dir, Precision::F32)
+    }
+
+    /// [`ClipTextEncoder::load`] at `precision`: at [`Precision::Q8`] every projection
+    /// and feed-forward matrix is int8 (one scale a row), rounded as it is read.
+    pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<ClipTextEncoder> {
         let dir = dir.as_ref();
         let path = dir.join("config.json");
         let c = Config::read(&path)?;
@@ -162,11 +187,16 @@ impl ClipTextEncoder {
                 _ => n.to_string(),
             }
         };
-        let weights = read_weights(dir, &["model"], &config.layout(), file_name, |n| {
-            n.ends_with("embeddings.position_ids")
-        })?;
+        let (weights, q8) = read_weights(
+            dir,
+            &["model"],
+            &config.layout(),
+            file_name,
+            |n| n.ends_with("embeddings.position_ids"),
+            |n, _| linear_matrix(n, precision),
+        )?;
         Ok(ClipTextEncoder {
-            model: ClipText::new(CpuBackend::new(), config, weights)?,
+            model: ClipText::with_q8(CpuBackend::new(), config, weights, q8)?,
         })
     }
 
@@ -194,6 +224,13 @@ pub struct T5Encoder {
 impl T5Encoder {
     /// The encoder in `dir` (FLUX.1's `text_encoder_2/`, SD3's `text_encoder_3/`).
     pub fn load(dir: impl AsRef<Path>) -> Result<T5Encoder> {
+        T5Encoder::load_at(dir, Precision::F32)
+    }
+
+    /// [`T5Encoder::load`] at `precision`: at [`Precision::Q8`] the attention and
+    /// feed-forward matrices are int8 (T5-XXL's 4.7 billion weights in a quarter of the
+    /// memory); activations stay f32.
+    pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<T5Encoder> {
         let dir = dir.as_ref();
         let path = dir.join("config.json");
         let c = Config::read(&path)?;
@@ -242,11 +279,16 @@ impl T5Encoder {
                 n.to_string()
             }
         };
-        let weights = read_weights(dir, &["model"], &config.layout(), file_name, |n| {
-            n == "encoder.embed_tokens.weight"
-        })?;
+        let (weights, q8) = read_weights(
+            dir,
+            &["model"],
+            &config.layout(),
+            file_name,
+            |n| n == "encoder.embed_tokens.weight",
+            |n, _| linear_matrix(n, precision),
+        )?;
         Ok(T5Encoder {
-            model: T5Model::new(CpuBackend::new(), config, weights)?,
+            model: T5Model::with_q8(CpuBackend::new(), config, weights, q8)?,
         })
     }
 

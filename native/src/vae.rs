@@ -38,13 +38,14 @@ impl Vae {
             .map_err(|e| NetworkError::parse(&config_path, "json", e.to_string()))?;
         let config = parse_config(&config_path, &v)?;
         let layout = config.layout();
-        let weights = crate::encoders::read_weights(
+        let (weights, _) = crate::encoders::read_weights(
             dir,
             &["diffusion_pytorch_model", "model"],
             &layout,
             |n| n.to_string(),
             // BatchNorm's step counter (an int64): training state, not a weight.
             |n| n == "bn.num_batches_tracked",
+            |_, _| false,
         )?;
         Ok(Vae {
             model: AutoencoderKl::new(CpuBackend::new(), config, weights)?,

@@ -144,3 +144,48 @@ fn bad_input_and_folders_are_errors() {
     });
     refused("not a multiple of num_attention_heads");
 }
+
+/// The towers with their projection and feed-forward matrices int8 (`load_at(.., Q8)`):
+/// close to transformers' f32 states, and not the f32 path in disguise.
+#[test]
+fn int8_towers_stay_close() {
+    for name in ["text", "projection"] {
+        let dir = fixture_path("clip").join(name);
+        let io = Fixture::open(dir.join("io.safetensors")).unwrap();
+        let ids: Vec<u32> = io.get("ids").unwrap().data.iter().map(|&v| v as u32).collect();
+        let mask: Option<Vec<bool>> = io
+            .get("mask")
+            .ok()
+            .map(|m| m.data.iter().map(|&v| v != 0.0).collect());
+        let q8 = ClipTextEncoder::load_at(&dir, rusting_brain::Precision::Q8).unwrap();
+        let f32 = ClipTextEncoder::load(&dir).unwrap();
+        let got = q8.encode(&ids, 2, mask.as_deref()).unwrap();
+        let exact = f32.encode(&ids, 2, mask.as_deref()).unwrap();
+        assert_ne!(
+            got.last_hidden_state, exact.last_hidden_state,
+            "{name}: int8 gave the f32 result"
+        );
+        // Int8 weights and activations, one scale a row, through five 32-wide layers and a
+        // final LayerNorm: the error is judged as a whole (relative L2), where rounding
+        // noise averages, with a looser bound on the single worst element.
+        let want = io.get("last_hidden_state").unwrap();
+        let (mut diff, mut norm) = (0.0f64, 0.0f64);
+        for (g, w) in got.last_hidden_state.iter().zip(&want.data) {
+            diff += (*g as f64 - w).powi(2);
+            norm += w * w;
+        }
+        let rel = (diff / norm).sqrt();
+        let rms = (norm / want.data.len() as f64).sqrt();
+        let r = assert_close(
+            &format!("{name} int8"),
+            &got.last_hidden_state,
+            &want,
+            Tolerance::new(0.0, 0.15 * rms),
+        );
+        println!(
+            "{name} int8: relative L2 {rel:.2e}, worst element {:.3} of 0.15 rms",
+            r.worst_ratio
+        );
+        assert!(rel < 3e-2, "{name} int8: relative L2 error {rel}");
+    }
+}

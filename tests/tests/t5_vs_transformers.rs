@@ -97,3 +97,36 @@ fn bad_input_and_folders_are_errors() {
     });
     refused("shape [37, 32], config.json gives [40, 32]");
 }
+
+/// T5 with its attention and feed-forward matrices int8: close to transformers' states,
+/// and not the f32 path in disguise.
+#[test]
+fn int8_encoder_stays_close() {
+    let io = Fixture::open(dir().join("io.safetensors")).unwrap();
+    let ids: Vec<u32> = io.get("ids").unwrap().data.iter().map(|&v| v as u32).collect();
+    let mask: Vec<bool> = io.get("mask").unwrap().data.iter().map(|&v| v != 0.0).collect();
+    let got = T5Encoder::load_at(dir(), rusting_brain::Precision::Q8)
+        .unwrap()
+        .encode(&ids, 2, Some(&mask))
+        .unwrap();
+    let exact = T5Encoder::load(dir())
+        .unwrap()
+        .encode(&ids, 2, Some(&mask))
+        .unwrap();
+    assert_ne!(got, exact, "int8 gave the f32 result");
+    // As for CLIP: judged as a whole (relative L2) with a looser bound per element.
+    let want = io.get("last_hidden_state").unwrap();
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (g, w) in got.iter().zip(&want.data) {
+        diff += (*g as f64 - w).powi(2);
+        norm += w * w;
+    }
+    let rel = (diff / norm).sqrt();
+    let rms = (norm / want.data.len() as f64).sqrt();
+    let r = assert_close("t5 int8", &got, &want, Tolerance::new(0.0, 0.15 * rms));
+    println!(
+        "t5 int8: relative L2 {rel:.2e}, worst element {:.3} of 0.15 rms",
+        r.worst_ratio
+    );
+    assert!(rel < 3e-2, "t5 int8: relative L2 error {rel}");
+}

@@ -16,7 +16,7 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::backend::{MatmulSpec, SdpaSpec, Unary};
+use crate::backend::{SdpaSpec, Unary};
 use crate::models::layers::{linear, Layout, Weights};
 use crate::{Backend, CoreError, Result};
 
@@ -122,8 +122,18 @@ pub struct ClipText<B: Backend> {
 
 impl<B: Backend> ClipText<B> {
     pub fn new(backend: B, config: ClipTextConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
+        ClipText::with_q8(backend, config, weights, BTreeMap::new())
+    }
+
+    /// [`ClipText::new`] with the projection matrices in `q8` as int8.
+    pub fn with_q8(
+        backend: B,
+        config: ClipTextConfig,
+        weights: BTreeMap<String, B::Buffer>,
+        q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
+    ) -> Result<Self> {
         config.validate()?;
-        let weights = Weights::new(&backend, &config.layout(), weights)?;
+        let weights = Weights::with_q8(&backend, &config.layout(), weights, q8)?;
         Ok(ClipText {
             backend,
             config,
@@ -245,8 +255,7 @@ impl<B: Backend> ClipText<B> {
             Some(p) => {
                 let mut y = be.zeros(batch * p)?;
                 let x = be.upload(&pooled)?;
-                let proj = w.get("text_projection.weight")?;
-                be.matmul(&mut y, &x, proj, &MatmulSpec::new(batch, p, h).trans_b(true))?;
+                w.project(be, "text_projection.weight", &mut y, &x, batch, h, p)?;
                 Some(be.download(&y)?)
             }
             None => None,

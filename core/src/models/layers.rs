@@ -63,16 +63,51 @@ impl Layout {
     }
 }
 
-/// A model's weights on its backend, by name.
+/// A model's weights on its backend, by name; matrices may be int8 instead
+/// (`(packed, scales)` as [`crate::ops::q8`] lays them out, one scale a row).
 pub struct Weights<B: Backend> {
     map: BTreeMap<String, B::Buffer>,
+    q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
 }
 
 impl<B: Backend> Weights<B> {
     /// Checks that `map` holds exactly the tensors of `layout`, each of its length.
     pub fn new(backend: &B, layout: &Layout, map: BTreeMap<String, B::Buffer>) -> Result<Self> {
+        Weights::with_q8(backend, layout, map, BTreeMap::new())
+    }
+
+    /// [`Weights::new`] with some matrices (`(rows, cols)` in the layout) int8 in `q8`
+    /// instead of f32 in `map`.
+    pub fn with_q8(
+        backend: &B,
+        layout: &Layout,
+        map: BTreeMap<String, B::Buffer>,
+        q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
+    ) -> Result<Self> {
         for (name, shape) in &layout.tensors {
             let want: usize = shape.iter().product();
+            if let Some((packed, scales)) = q8.get(name) {
+                let [rows, cols] = shape[..] else {
+                    return Err(checkpoint(
+                        name,
+                        format!("int8 needs a matrix; the layout gives {shape:?}"),
+                    ));
+                };
+                let want = (rows * crate::ops::q8::packed_cols(cols), rows);
+                if (backend.len(packed), backend.len(scales)) != want {
+                    return Err(checkpoint(
+                        name,
+                        format!(
+                            "int8 buffers of {} and {} values; {shape:?} needs {} and {}",
+                            backend.len(packed),
+                            backend.len(scales),
+                            want.0,
+                            want.1
+                        ),
+                    ));
+                }
+                continue;
+            }
             match map.get(name) {
                 None => return Err(checkpoint(name, "missing: the configuration needs this tensor")),
                 Some(b) if backend.len(b) != want => {
@@ -84,16 +119,42 @@ impl<B: Backend> Weights<B> {
                 Some(_) => {}
             }
         }
-        if let Some(extra) = map.keys().find(|k| !layout.tensors.iter().any(|(n, _)| n == *k)) {
+        if let Some(extra) = map
+            .keys()
+            .chain(q8.keys())
+            .find(|k| !layout.tensors.iter().any(|(n, _)| n == *k))
+        {
             return Err(checkpoint(
                 extra,
                 "not part of the model the configuration describes",
             ));
         }
-        Ok(Weights { map })
+        Ok(Weights { map, q8 })
     }
+    /// An f32 tensor.
     pub fn get(&self, name: &str) -> Result<&B::Buffer> {
-        self.map.get(name).ok_or_else(|| checkpoint(name, "missing"))
+        self.map
+            .get(name)
+            .ok_or_else(|| checkpoint(name, "missing (or held as int8 where f32 is needed)"))
+    }
+
+    /// `out = x W^T` for the matrix `name` (a `Linear` weight `(dout, din)`), f32 or int8.
+    #[allow(clippy::too_many_arguments)]
+    pub fn project(
+        &self,
+        be: &B,
+        name: &str,
+        out: &mut B::Buffer,
+        x: &B::Buffer,
+        rows: usize,
+        din: usize,
+        dout: usize,
+    ) -> Result<()> {
+        let spec = MatmulSpec::new(rows, dout, din).trans_b(true);
+        match self.q8.get(name) {
+            Some((packed, scales)) => be.q8_matmul(out, x, packed, scales, &spec),
+            None => be.matmul(out, x, self.get(name)?, &spec),
+        }
     }
 }
 
@@ -220,7 +281,8 @@ pub fn resnet<B: Backend>(
     Ok(h)
 }
 
-/// `y = x W^T + b` over `rows` rows: the `Linear` `prefix`, weight `(dout, din)`.
+/// `y = x W^T + b` over `rows` rows: the `Linear` `prefix`, weight `(dout, din)`, f32 or
+/// int8.
 pub fn linear<B: Backend>(
     be: &B,
     w: &Weights<B>,
@@ -231,12 +293,8 @@ pub fn linear<B: Backend>(
     dout: usize,
 ) -> Result<B::Buffer> {
     let mut y = be.zeros(rows * dout)?;
-    let (weight, bias) = (
-        w.get(&format!("{prefix}.weight"))?,
-        w.get(&format!("{prefix}.bias"))?,
-    );
-    be.matmul(&mut y, x, weight, &MatmulSpec::new(rows, dout, din).trans_b(true))?;
-    be.add_bias(&mut y, bias, rows, dout)?;
+    w.project(be, &format!("{prefix}.weight"), &mut y, x, rows, din, dout)?;
+    be.add_bias(&mut y, w.get(&format!("{prefix}.bias"))?, rows, dout)?;
     Ok(y)
 }
 

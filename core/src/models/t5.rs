@@ -13,7 +13,7 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::backend::{MatmulSpec, SdpaSpec, Unary};
+use crate::backend::{SdpaSpec, Unary};
 use crate::models::layers::{Layout, Weights};
 use crate::{Backend, CoreError, Result};
 
@@ -126,8 +126,18 @@ pub struct T5Encoder<B: Backend> {
 
 impl<B: Backend> T5Encoder<B> {
     pub fn new(backend: B, config: T5Config, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
+        T5Encoder::with_q8(backend, config, weights, BTreeMap::new())
+    }
+
+    /// [`T5Encoder::new`] with the projection matrices in `q8` as int8.
+    pub fn with_q8(
+        backend: B,
+        config: T5Config,
+        weights: BTreeMap<String, B::Buffer>,
+        q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
+    ) -> Result<Self> {
         config.validate()?;
-        let weights = Weights::new(&backend, &config.layout(), weights)?;
+        let weights = Weights::with_q8(&backend, &config.layout(), weights, q8)?;
         Ok(T5Encoder {
             backend,
             config,
@@ -142,9 +152,8 @@ impl<B: Backend> T5Encoder<B> {
     /// `x W^T` for the bias-free projection `name`, weight `(dout, din)`.
     fn project(&self, name: &str, x: &B::Buffer, rows: usize, din: usize, dout: usize) -> Result<B::Buffer> {
         let mut y = self.backend.zeros(rows * dout)?;
-        let w = self.weights.get(name)?;
-        self.backend
-            .matmul(&mut y, x, w, &MatmulSpec::new(rows, dout, din).trans_b(true))?;
+        self.weights
+            .project(&self.backend, name, &mut y, x, rows, din, dout)?;
         Ok(y)
     }
 
