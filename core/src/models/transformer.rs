@@ -735,6 +735,32 @@ struct LayerActs<B: Backend> {
     moe: Option<MoeActs<B>>,
 }
 
+impl<B: Backend> LayerActs<B> {
+    /// The block's activations for the batch forward pass; `save` keeps the block's input
+    /// and middle for the backward pass (training), off when only the states are wanted.
+    fn acts(&mut self, save: bool) -> BlockActs<'_, B> {
+        BlockActs {
+            h: &mut self.h,
+            rstd1: &mut self.rstd1,
+            q: &mut self.q,
+            k: &mut self.k,
+            v: &mut self.v,
+            qk: &mut self.qk,
+            att: &mut self.att,
+            lse: &mut self.lse,
+            h2: &mut self.h2,
+            rstd2: &mut self.rstd2,
+            ffn: Some([&mut self.gate, &mut self.up, &mut self.s]),
+            moe: self.moe.as_mut(),
+            saved: if save {
+                Some((&mut self.x_in, &mut self.x_mid))
+            } else {
+                None
+            },
+        }
+    }
+}
+
 /// Everything one (batch, seq) shape needs, allocated once and reused.
 struct Arena<B: Backend> {
     batch: usize,
@@ -1769,21 +1795,7 @@ impl<B: Backend> TransformerModel<B> {
                 _ => None,
             };
             let a = &mut arena.layers[l];
-            let acts = BlockActs {
-                h: &mut a.h,
-                rstd1: &mut a.rstd1,
-                q: &mut a.q,
-                k: &mut a.k,
-                v: &mut a.v,
-                qk: &mut a.qk,
-                att: &mut a.att,
-                lse: &mut a.lse,
-                h2: &mut a.h2,
-                rstd2: &mut a.rstd2,
-                ffn: Some([&mut a.gate, &mut a.up, &mut a.s]),
-                moe: a.moe.as_mut(),
-                saved: Some((&mut a.x_in, &mut a.x_mid)),
-            };
+            let acts = a.acts(true);
             let specs = (&rope_q, &rope_k, &att_spec);
             let p = &self.params.layers[l];
             block_forward(
@@ -1891,22 +1903,7 @@ impl<B: Backend> TransformerModel<B> {
         let mut out = alloc::vec![Vec::new(); layers.len()];
         for l in 0..last {
             let w = block_view(&self.params, quantized, l)?;
-            let a = &mut arena.layers[l];
-            let acts = BlockActs {
-                h: &mut a.h,
-                rstd1: &mut a.rstd1,
-                q: &mut a.q,
-                k: &mut a.k,
-                v: &mut a.v,
-                qk: &mut a.qk,
-                att: &mut a.att,
-                lse: &mut a.lse,
-                h2: &mut a.h2,
-                rstd2: &mut a.rstd2,
-                ffn: Some([&mut a.gate, &mut a.up, &mut a.s]),
-                moe: a.moe.as_mut(),
-                saved: None,
-            };
+            let acts = arena.layers[l].acts(false);
             let specs = (&rope_q, &rope_k, &att_spec);
             let p = &self.params.layers[l];
             block_forward(
