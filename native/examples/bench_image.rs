@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use rusting_brain::cpu::CpuBackend;
+use rusting_brain::profile::Profiled;
 use rusting_brain_core::backend::{Conv2dSpec, SdpaSpec, Unary};
 use rusting_brain_core::models::vae::{AutoencoderKl, VaeConfig};
 use rusting_brain_core::{Backend, Rng};
@@ -134,12 +135,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
         .collect();
+    let profiled = AutoencoderKl::new(Profiled::new(be), config.clone(), weights.clone())?;
     let vae = AutoencoderKl::new(be, config, weights)?;
     let latent = 32;
     let z = rng.normal_vec(4 * latent * latent, 1.0);
     let t_vae = best(reps, || {
         vae.decode(&z, 1, latent, latent).expect("decode");
     });
+
+    // Where the decode's time goes, by primitive (one more decode, timed op by op).
+    profiled.decode(&z, 1, latent, latent)?;
+    let by_op = profiled.backend().breakdown(1, t_vae, false);
 
     // Attention at 4,608 tokens, and the most it allocates beyond its inputs and output.
     let (tokens, heads, d) = (4608, 24, 128);
@@ -239,6 +245,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         theirs("sdpa", None),
         Some(spec.flops()),
     );
+    println!("VAE decode by primitive:\n{by_op}");
     println!(
         "sdpa memory at {tokens} tokens: {:.1} MB allocated beyond q/k/v/out ({:.1} MB is the output-sized \
          result blocks, {:.1} MB the score tiles of {threads} threads); one head's (T, T) scores would be \

@@ -393,6 +393,79 @@ impl<B: Backend> Backend for Profiled<B> {
                 .cross_entropy(logits, targets, mask, rows, vocab, grad_scale)
         })
     }
+    fn conv2d(
+        &self,
+        out: &mut B::Buffer,
+        inp: &B::Buffer,
+        weight: &B::Buffer,
+        bias: Option<&B::Buffer>,
+        spec: &Conv2dSpec,
+    ) -> Result<()> {
+        self.time("conv2d", || self.inner.conv2d(out, inp, weight, bias, spec))
+    }
+    fn group_norm(
+        &self,
+        out: &mut B::Buffer,
+        inp: &B::Buffer,
+        weight: Option<&B::Buffer>,
+        bias: Option<&B::Buffer>,
+        spec: &GroupNormSpec,
+    ) -> Result<()> {
+        self.time("group_norm", || {
+            self.inner.group_norm(out, inp, weight, bias, spec)
+        })
+    }
+    fn layer_norm(
+        &self,
+        out: &mut B::Buffer,
+        inp: &B::Buffer,
+        weight: Option<&B::Buffer>,
+        bias: Option<&B::Buffer>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.time("layer_norm", || {
+            self.inner.layer_norm(out, inp, weight, bias, rows, dim, eps)
+        })
+    }
+    fn unary(&self, op: Unary, out: &mut B::Buffer, inp: &B::Buffer) -> Result<()> {
+        self.time("unary", || self.inner.unary(op, out, inp))
+    }
+    fn gated(&self, op: Unary, out: &mut B::Buffer, gate: &B::Buffer, up: &B::Buffer) -> Result<()> {
+        self.time("gated", || self.inner.gated(op, out, gate, up))
+    }
+    fn sdpa(
+        &self,
+        out: &mut B::Buffer,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        key_mask: Option<&[bool]>,
+        bias: Option<&B::Buffer>,
+        spec: &SdpaSpec,
+    ) -> Result<()> {
+        self.time("sdpa", || self.inner.sdpa(out, q, k, v, key_mask, bias, spec))
+    }
+    fn upsample_nearest2d(
+        &self,
+        out: &mut B::Buffer,
+        inp: &B::Buffer,
+        planes: usize,
+        h: usize,
+        w: usize,
+        scale: usize,
+    ) -> Result<()> {
+        self.time("upsample_nearest2d", || {
+            self.inner.upsample_nearest2d(out, inp, planes, h, w, scale)
+        })
+    }
+    fn patchify(&self, out: &mut B::Buffer, inp: &B::Buffer, spec: &PatchSpec) -> Result<()> {
+        self.time("patchify", || self.inner.patchify(out, inp, spec))
+    }
+    fn unpatchify(&self, out: &mut B::Buffer, inp: &B::Buffer, spec: &PatchSpec) -> Result<()> {
+        self.time("unpatchify", || self.inner.unpatchify(out, inp, spec))
+    }
     fn adam_update(
         &self,
         param: &mut B::Buffer,

@@ -774,3 +774,29 @@ fn lora_pair_matches_reference_on_windows() {
 fn the_shared_backend_sweep_passes_on_the_cpu() {
     rusting_brain_test_support::backend_sweep(&CpuBackend, TOL);
 }
+
+/// `Profiled` forwards each image primitive to the backend it wraps (a method it forgot
+/// would run the trait's host default instead and go untimed), and the results still
+/// pass the sweep.
+#[test]
+fn profiled_forwards_the_image_primitives() {
+    let p = rusting_brain::profile::Profiled::new(CpuBackend::new());
+    rusting_brain_test_support::sweep::image(&p, 2e-5);
+    let timed: Vec<&str> = p.report().iter().map(|r| r.0).collect();
+    for op in [
+        "conv2d",
+        "group_norm",
+        "layer_norm",
+        "unary",
+        "gated",
+        "sdpa",
+        "upsample_nearest2d",
+        "patchify",
+        "unpatchify",
+    ] {
+        assert!(
+            timed.contains(&op),
+            "{op} was not timed: Profiled does not forward it"
+        );
+    }
+}
