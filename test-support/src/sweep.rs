@@ -667,11 +667,13 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             tol,
         );
     }
-    for (batch, channels, spatial, groups, affine) in [
-        (1, 1, 1, 1, true),
-        (2, 6, 35, 3, true),
-        (1, 64, 1023, 32, false),
-        (3, 8, 1, 2, true),
+    // With the ResNets' fused activation too.
+    for (batch, channels, spatial, groups, affine, act) in [
+        (1, 1, 1, 1, true, None),
+        (2, 6, 35, 3, true, Some(Unary::Silu)),
+        (1, 64, 1023, 32, false, None),
+        (1, 64, 1023, 32, true, Some(Unary::Silu)),
+        (3, 8, 1, 2, true, Some(Unary::Gelu)),
     ] {
         let spec = GroupNormSpec {
             batch,
@@ -679,6 +681,7 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             spatial,
             groups,
             eps: 1e-6,
+            act,
         };
         let n = batch * channels * spatial;
         let mut inputs = vec![rng.normal_vec(n, 2.0).iter().map(|v| v + 3.0).collect()];

@@ -86,6 +86,7 @@ fn gn_spec(c: &Value) -> GroupNormSpec {
         spatial: int(c, "spatial"),
         groups: int(c, "groups"),
         eps: num(c, "eps") as f32,
+        act: None,
     }
 }
 
@@ -377,6 +378,7 @@ fn bad_shapes_are_errors() {
         spatial: 4,
         groups: 4,
         eps: 1e-6,
+        act: None,
     };
     let e = be
         .group_norm(&mut vec![0.0; 24], &vec![0.0; 24], None, None, &gn)

@@ -217,7 +217,7 @@ pub fn conv<B: Backend>(
     })
 }
 
-/// `GroupNorm` `prefix` (affine), then `act` when given.
+/// `GroupNorm` `prefix` (affine), then `act` when given, in one pass.
 pub fn group_norm<B: Backend>(
     be: &B,
     w: &Weights<B>,
@@ -233,6 +233,7 @@ pub fn group_norm<B: Backend>(
         spatial: x.h * x.w,
         groups,
         eps,
+        act,
     };
     let mut out = be.zeros(x.len())?;
     let (weight, bias) = (
@@ -240,11 +241,6 @@ pub fn group_norm<B: Backend>(
         w.get(&format!("{prefix}.bias"))?,
     );
     be.group_norm(&mut out, &x.data, Some(weight), Some(bias), &spec)?;
-    if let Some(act) = act {
-        let normed = out;
-        out = be.zeros(x.len())?;
-        be.unary(act, &mut out, &normed)?;
-    }
     Ok(Image {
         data: out,
         batch: x.batch,

@@ -83,7 +83,10 @@ pub fn layer_norm<T: Real>(
     Ok(())
 }
 
-/// `GroupNorm` over `(batch, channels, spatial)` (spatial = height * width, or 1).
+/// `GroupNorm` over `(batch, channels, spatial)` (spatial = height * width, or 1), and the
+/// activation that follows it in a ResNet block, applied in the same pass when given
+/// (the VAEs' and UNets' `norm -> SiLU`: one read and one write of the activations instead
+/// of two of each).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupNormSpec {
     pub batch: usize,
@@ -91,6 +94,7 @@ pub struct GroupNormSpec {
     pub spatial: usize,
     pub groups: usize,
     pub eps: f32,
+    pub act: Option<crate::ops::unary::Unary>,
 }
 
 impl GroupNormSpec {
@@ -127,7 +131,8 @@ impl GroupNormSpec {
 }
 
 /// inp, out: (batch, channels, spatial); weight, bias: (channels), each optional.
-/// Statistics per (batch, group) over the group's channels and positions.
+/// Statistics per (batch, group) over the group's channels and positions; then
+/// `spec.act`, when given.
 pub fn group_norm<T: Real>(
     out: &mut [T],
     inp: &[T],
@@ -155,7 +160,10 @@ pub fn group_norm<T: Real>(
             if let Some(b) = bias {
                 y += b[c];
             }
-            *o = y;
+            *o = match spec.act {
+                Some(act) => act.apply(y),
+                None => y,
+            };
         }
     }
     Ok(())

@@ -8,6 +8,8 @@ use rayon::prelude::*;
 use rusting_brain_core::ops::norm::{check_layer_norm, GroupNormSpec};
 use rusting_brain_core::Result;
 
+use super::simd;
+
 const BLOCK: usize = 256;
 const LANES: usize = 16;
 
@@ -104,6 +106,11 @@ pub fn group_norm(
                 let w = weight.map(|v| (&v[c0 + c..c0 + c + 1], 0));
                 let b = bias.map(|v| (&v[c0 + c..c0 + c + 1], 0));
                 normalize(op, xp, (hi, lo), rstd, w, b);
+                if let Some(act) = spec.act {
+                    // While the plane is still in cache.
+                    let normed = &mut *op;
+                    simd::unary_in_place(normed, act);
+                }
             }
         });
     Ok(())

@@ -740,6 +740,17 @@ fn unary_body<const FMA: bool>(out: &mut [f32], inp: &[f32], op: Unary) {
     }
 }
 
+#[inline(always)]
+fn unary_in_place_body<const FMA: bool>(x: &mut [f32], op: Unary) {
+    // Through a small stack block, so the one-pass body above serves both.
+    let mut tmp = [0.0f32; 256];
+    for chunk in x.chunks_mut(256) {
+        let t = &mut tmp[..chunk.len()];
+        t.copy_from_slice(chunk);
+        unary_body::<FMA>(chunk, t, op);
+    }
+}
+
 dispatch!(
     /// out = silu(gate) * up.
     swiglu => swiglu_body(out: &mut [f32], gate: &[f32], up: &[f32])
@@ -747,6 +758,10 @@ dispatch!(
 dispatch!(
     /// out = f(inp) for one of the image models' activations.
     unary => unary_body(out: &mut [f32], inp: &[f32], op: Unary)
+);
+dispatch!(
+    /// x = f(x) in place.
+    unary_in_place => unary_in_place_body(x: &mut [f32], op: Unary)
 );
 dispatch!(
     /// dgate = dout * up * silu'(gate), dup = dout * silu(gate).
