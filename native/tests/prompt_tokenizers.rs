@@ -4,7 +4,8 @@
 //! CLIP's from a folder with vocab.json and merges.txt only (no tokenizer.json):
 //! the ids transformers' `CLIPTokenizer` gives on a small vocabulary written for the test
 //! (`tests/fixtures/gen_clip_tokenizer.py`), and, when `RB_CLIP_BPE` names open_clip's
-//! `bpe_simple_vocab_16e6.txt.gz` (shipped in the open_clip_torch wheel; not committed),
+//! `bpe_simple_vocab_16e6.txt.gz` (shipped in the open_clip_torch wheel, not committed;
+//! `.ci/run` installs the wheel and sets it),
 //! the ids of the real OpenAI vocabulary that `../shared/notes/text_to_image.md` lists.
 
 use std::io::Read;
