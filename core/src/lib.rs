@@ -26,6 +26,7 @@ extern crate std;
 pub mod backend;
 #[cfg(feature = "checkpoint")]
 pub mod checkpoint;
+pub mod diffusion;
 pub mod error;
 pub mod models;
 pub mod ops;
