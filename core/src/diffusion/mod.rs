@@ -2,3 +2,4 @@
 //! from one noise level to the next, as diffusers defines them.
 
 pub mod flow_match;
+pub mod torch_randn;
