@@ -78,12 +78,7 @@ fn vae_pictures_round_trip_through_png() {
     vae::save_png(&picture, dir.join("in.png")).unwrap();
     let back = vae::load_image(dir.join("in.png")).unwrap();
     assert_eq!((back.width, back.height, back.channels), (w, h, 3));
-    let worst = back
-        .data
-        .iter()
-        .zip(&picture.data)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let worst = rusting_brain_test_support::worst_abs_diff(&back.data, &picture.data);
     assert!(worst < 1e-6, "pixel levels moved by {worst}");
 
     let model = Vae::load(concat!(

@@ -72,7 +72,7 @@ pub fn assert_close_shaped(
 }
 
 /// The largest |a - b|, NaN-propagating: a NaN on either side gives NaN, which fails any
-/// `<=` check (a `fold(0.0, f32::max)` would silently skip it).
+/// `<=` check (an `f32::max` fold would silently skip it).
 pub fn worst_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(
         a.len(),
@@ -124,7 +124,8 @@ pub fn rel_to_scale(name: &str, got: &[f32], want: &[f32]) -> f32 {
     }
     got.iter()
         .zip(want)
-        .fold(0.0f32, |m, (g, w)| m.max((g - w).abs() / scale))
+        .map(|(g, w)| (g - w).abs() / scale)
+        .fold(0.0f32, nan_max)
 }
 
 /// An output buffer of `n` NaNs: an element the code under test forgets to write stays

@@ -262,6 +262,37 @@ pub fn assert_close<A: Copy + Into<f64>>(
     report
 }
 
+/// The root mean square of a tensor's values.
+pub fn rms(t: &Tensor) -> f64 {
+    (t.data.iter().map(|v| v * v).sum::<f64>() / t.data.len().max(1) as f64).sqrt()
+}
+
+/// [`assert_close`] at `rtol` with an absolute floor of `rtol * rms(expected)`: f32 error
+/// follows the size of the terms a value sums, not its own, so an element near zero among
+/// values of size one carries the same absolute error as its neighbours. Prints the worst
+/// element's share of its bound.
+pub fn assert_close_rms(name: &str, actual: &[f32], expected: &Tensor, rtol: f64) -> Report {
+    let r = assert_close(name, actual, expected, Tolerance::new(rtol, rtol * rms(expected)));
+    println!(
+        "{name:<28} max abs error {:.2e}, worst {:.3} of allowance",
+        r.max_abs_error, r.worst_ratio
+    );
+    r
+}
+
+/// `||actual - expected|| / ||expected||`: the error of a whole tensor, for int8 results
+/// whose rounding noise is judged on average. NaN anywhere gives NaN, which fails any
+/// `<` bound; a length mismatch panics.
+pub fn relative_l2(actual: &[f32], expected: &Tensor) -> f64 {
+    assert_eq!(actual.len(), expected.data.len(), "relative_l2: lengths");
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&a, &e) in actual.iter().zip(&expected.data) {
+        diff += (a as f64 - e).powi(2);
+        norm += e * e;
+    }
+    (diff / norm).sqrt()
+}
+
 /// Moves `model` to wgpu (lavapipe where no GPU is); false, with the reason printed, when
 /// there is no adapter and RB_REQUIRE_GPU is not 1 (CI sets it, so a missing adapter fails
 /// there).

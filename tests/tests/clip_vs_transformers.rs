@@ -3,21 +3,12 @@
 //! `CLIPTextModelWithProjection` (GELU, pooling at the first end token, projection), as
 //! `save_pretrained` wrote them.
 //!
-//! Tolerance: rtol 1e-4 + atol 1e-4 * rms, the 1e-4 relative with an absolute floor
-//! for values near zero (their f32 error follows the size of the summed terms). PyTorch ran
-//! in float64 on the stored f32 weights.
+//! Tolerance: rtol 1e-4 + atol 1e-4 * rms (`assert_close_rms`: an absolute floor for values
+//! near zero, whose f32 error follows the size of the summed terms). PyTorch ran in
+//! float64 on the stored f32 weights.
 
 use rusting_brain::ClipTextEncoder;
 use rusting_brain_tests::*;
-
-fn close(name: &str, got: &[f32], want: &Tensor) {
-    let rms = (want.data.iter().map(|v| v * v).sum::<f64>() / want.data.len().max(1) as f64).sqrt();
-    let r = assert_close(name, got, want, Tolerance::new(1e-4, 1e-4 * rms));
-    println!(
-        "{name:<28} max abs error {:.2e}, worst {:.3} of allowance",
-        r.max_abs_error, r.worst_ratio
-    );
-}
 
 fn parity(name: &str) {
     let dir = fixture_path("clip").join(name);
@@ -31,22 +22,31 @@ fn parity(name: &str) {
         .ok()
         .map(|m| m.data.iter().map(|&v| v != 0.0).collect());
     let out = enc.encode(&ids, batch, mask.as_deref()).unwrap();
-    close(
+    assert_close_rms(
         &format!("{name} last_hidden_state"),
         &out.last_hidden_state,
         &io.get("last_hidden_state").unwrap(),
+        1e-4,
     );
     assert_eq!(out.hidden_states.len(), enc.config().num_hidden_layers + 1);
     for (i, h) in out.hidden_states.iter().enumerate() {
-        close(
+        assert_close_rms(
             &format!("{name} hidden_states[{i}]"),
             h,
             &io.get(&format!("hidden_{i}")).unwrap(),
+            1e-4,
         );
     }
-    close(&format!("{name} pooled"), &out.pooled, &io.get("pooled").unwrap());
+    assert_close_rms(
+        &format!("{name} pooled"),
+        &out.pooled,
+        &io.get("pooled").unwrap(),
+        1e-4,
+    );
     match (&out.text_embeds, io.get("text_embeds")) {
-        (Some(got), Ok(want)) => close(&format!("{name} text_embeds"), got, &want),
+        (Some(got), Ok(want)) => {
+            assert_close_rms(&format!("{name} text_embeds"), got, &want, 1e-4);
+        }
         (None, Err(_)) => {}
         (got, want) => panic!(
             "{name}: text_embeds {} here, {} in the fixture",
@@ -57,10 +57,11 @@ fn parity(name: &str) {
     // SD 2.x's prompt: the penultimate state through the final norm; the last state normed
     // is last_hidden_state itself.
     let last = &out.hidden_states[out.hidden_states.len() - 1];
-    close(
+    assert_close_rms(
         &format!("{name} final_norm(last)"),
         &enc.final_norm(last).unwrap(),
         &io.get("last_hidden_state").unwrap(),
+        1e-4,
     );
 }
 
@@ -169,18 +170,12 @@ fn int8_towers_stay_close() {
         // final LayerNorm: the error is judged as a whole (relative L2), where rounding
         // noise averages, with a looser bound on the single worst element.
         let want = io.get("last_hidden_state").unwrap();
-        let (mut diff, mut norm) = (0.0f64, 0.0f64);
-        for (g, w) in got.last_hidden_state.iter().zip(&want.data) {
-            diff += (*g as f64 - w).powi(2);
-            norm += w * w;
-        }
-        let rel = (diff / norm).sqrt();
-        let rms = (norm / want.data.len() as f64).sqrt();
+        let rel = relative_l2(&got.last_hidden_state, &want);
         let r = assert_close(
             &format!("{name} int8"),
             &got.last_hidden_state,
             &want,
-            Tolerance::new(0.0, 0.15 * rms),
+            Tolerance::new(0.0, 0.15 * rms(&want)),
         );
         println!(
             "{name} int8: relative L2 {rel:.2e}, worst element {:.3} of 0.15 rms",

@@ -2,8 +2,8 @@
 //! `T5EncoderModel` as `save_pretrained` wrote it, two rows of 40 tokens (the second
 //! padded and masked), and the relative-position buckets of 200 positions.
 //!
-//! Tolerance: rtol 1e-4 + atol 1e-4 * rms (the 1e-4 relative; the floor covers
-//! values near zero). The buckets must be equal: a bucket off by one is a different
+//! Tolerance: rtol 1e-4 + atol 1e-4 * rms (`assert_close_rms`; the floor covers values
+//! near zero). The buckets must be equal: a bucket off by one is a different
 //! learned bias.
 
 use rusting_brain::T5Encoder;
@@ -41,17 +41,7 @@ fn encoder_matches_transformers() {
     let mask: Vec<bool> = io.get("mask").unwrap().data.iter().map(|&v| v != 0.0).collect();
     let got = enc.encode(&ids, ids_t.shape[0], Some(&mask)).unwrap();
     let want = io.get("last_hidden_state").unwrap();
-    let rms = (want.data.iter().map(|v| v * v).sum::<f64>() / want.data.len() as f64).sqrt();
-    let r = assert_close(
-        "t5 last_hidden_state",
-        &got,
-        &want,
-        Tolerance::new(1e-4, 1e-4 * rms),
-    );
-    println!(
-        "t5 last_hidden_state: max abs error {:.2e}, worst {:.3} of allowance",
-        r.max_abs_error, r.worst_ratio
-    );
+    assert_close_rms("t5 last_hidden_state", &got, &want, 1e-4);
 }
 
 #[test]
@@ -116,14 +106,8 @@ fn int8_encoder_stays_close() {
     assert_ne!(got, exact, "int8 gave the f32 result");
     // As for CLIP: judged as a whole (relative L2) with a looser bound per element.
     let want = io.get("last_hidden_state").unwrap();
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (g, w) in got.iter().zip(&want.data) {
-        diff += (*g as f64 - w).powi(2);
-        norm += w * w;
-    }
-    let rel = (diff / norm).sqrt();
-    let rms = (norm / want.data.len() as f64).sqrt();
-    let r = assert_close("t5 int8", &got, &want, Tolerance::new(0.0, 0.15 * rms));
+    let rel = relative_l2(&got, &want);
+    let r = assert_close("t5 int8", &got, &want, Tolerance::new(0.0, 0.15 * rms(&want)));
     println!(
         "t5 int8: relative L2 {rel:.2e}, worst element {:.3} of 0.15 rms",
         r.worst_ratio

@@ -19,29 +19,20 @@ fn inputs(io: &Fixture) -> (Vec<u32>, Vec<bool>) {
     (ids, mask)
 }
 
-fn close(name: &str, got: &[f32], want: &Tensor, rtol: f64) {
-    let rms = (want.data.iter().map(|v| v * v).sum::<f64>() / want.data.len() as f64).sqrt();
-    let r = assert_close(name, got, want, Tolerance::new(rtol, rtol * rms));
-    println!(
-        "{name}: max abs error {:.2e}, worst {:.3} of allowance",
-        r.max_abs_error, r.worst_ratio
-    );
-}
-
 #[test]
 fn chosen_layers_stacked_match_transformers() {
     let io = Fixture::open(dir().join("io.safetensors")).unwrap();
     let (ids, mask) = inputs(&io);
     let mut enc = TextEncoder::load(dir(), &[1, 2]).unwrap();
     assert_eq!(enc.width(), 32);
-    close(
+    assert_close_rms(
         "stacked [h1 | h2]",
         &enc.encode(&ids, 2, Some(&mask)).unwrap(),
         &io.get("stacked").unwrap(),
         1e-4,
     );
     let mut one = TextEncoder::load(dir(), &[2]).unwrap();
-    close(
+    assert_close_rms(
         "hidden_states[2]",
         &one.encode(&ids, 2, Some(&mask)).unwrap(),
         &io.get("hidden_2").unwrap(),
@@ -78,7 +69,7 @@ fn int8_encoder_stays_close() {
     let (ids, mask) = inputs(&io);
     let mut enc = TextEncoder::load_at(dir(), Precision::Q8, &[1, 2]).unwrap();
     // Int8 weights (one scale a row) on 16-wide layers: a few percent, measured 2e-2.
-    close(
+    assert_close_rms(
         "int8 stacked",
         &enc.encode(&ids, 2, Some(&mask)).unwrap(),
         &io.get("stacked").unwrap(),

@@ -2,9 +2,8 @@
 //! `save_pretrained` (SD-style F32, the same BF16 and sharded, FLUX.1-style F32) load, and
 //! encode and decode agree with diffusers' float64 run on the stored weights.
 //!
-//! Tolerance: rtol 1e-4 + atol 1e-4 * rms (the 1e-4 relative; the atol covers
-//! values near zero, whose f32 error follows the size of the terms summed, ~1, not their
-//! own). The f32 path stacks about 20 convolutions, norms and an attention; the worst
+//! Tolerance: rtol 1e-4 + atol 1e-4 * rms (`assert_close_rms`: the atol covers values near
+//! zero, whose f32 error follows the size of the terms summed, ~1, not their own). The f32 path stacks about 20 convolutions, norms and an attention; the worst
 //! measured ratio is printed.
 
 use std::path::PathBuf;
@@ -16,14 +15,8 @@ fn folder(name: &str) -> PathBuf {
     fixture_path("vae").join(name)
 }
 
-fn close(name: &str, got: &[f32], want: &Tensor) -> f64 {
-    let rms = (want.data.iter().map(|v| v * v).sum::<f64>() / want.data.len().max(1) as f64).sqrt();
-    let r = assert_close(name, got, want, Tolerance::new(1e-4, 1e-4 * rms));
-    println!(
-        "{name:<24} max abs error {:.2e}, worst {:.3} of allowance",
-        r.max_abs_error, r.worst_ratio
-    );
-    r.worst_ratio
+fn close(name: &str, got: &[f32], want: &Tensor) {
+    assert_close_rms(name, got, want, 1e-4);
 }
 
 fn parity(name: &str) {
