@@ -181,6 +181,16 @@ impl<B: Backend> Image<B> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// `data` as an image of this batch, `channels` channels, `h x w`.
+    fn with(&self, data: B::Buffer, channels: usize, h: usize, w: usize) -> Image<B> {
+        Image {
+            data,
+            batch: self.batch,
+            channels,
+            h,
+            w,
+        }
+    }
 }
 
 /// A `k x k` convolution `prefix` to `cout` channels; `pad_end` extra zeros after the input
@@ -208,13 +218,7 @@ pub fn conv<B: Backend>(
         w.get(&format!("{prefix}.bias"))?,
     );
     be.conv2d(&mut out, &x.data, weight, Some(bias), &spec)?;
-    Ok(Image {
-        data: out,
-        batch: x.batch,
-        channels: cout,
-        h,
-        w: wd,
-    })
+    Ok(x.with(out, cout, h, wd))
 }
 
 /// `GroupNorm` `prefix` (affine), then `act` when given, in one pass.
@@ -241,13 +245,7 @@ pub fn group_norm<B: Backend>(
         w.get(&format!("{prefix}.bias"))?,
     );
     be.group_norm(&mut out, &x.data, Some(weight), Some(bias), &spec)?;
-    Ok(Image {
-        data: out,
-        batch: x.batch,
-        channels: x.channels,
-        h: x.h,
-        w: x.w,
-    })
+    Ok(x.with(out, x.channels, x.h, x.w))
 }
 
 /// diffusers' `ResnetBlock2D` without a time embedding:
@@ -335,24 +333,12 @@ pub fn spatial_attention<B: Backend>(
     let mut out = be.zeros(x.len())?;
     be.unpatchify(&mut out, &o, &to_tokens)?;
     be.axpy(&mut out, 1.0, &x.data)?;
-    Ok(Image {
-        data: out,
-        batch: x.batch,
-        channels: c,
-        h: x.h,
-        w: x.w,
-    })
+    Ok(x.with(out, c, x.h, x.w))
 }
 
 /// Nearest 2x upsampling.
 pub fn upsample2x<B: Backend>(be: &B, x: &Image<B>) -> Result<Image<B>> {
     let mut out = be.zeros(x.len() * 4)?;
     be.upsample_nearest2d(&mut out, &x.data, x.batch * x.channels, x.h, x.w, 2)?;
-    Ok(Image {
-        data: out,
-        batch: x.batch,
-        channels: x.channels,
-        h: x.h * 2,
-        w: x.w * 2,
-    })
+    Ok(x.with(out, x.channels, x.h * 2, x.w * 2))
 }
