@@ -23,6 +23,7 @@ pub use crate::ops::conv::Conv2dSpec;
 pub use crate::ops::cross_entropy::CrossEntropySum;
 pub use crate::ops::lora::LoraSpec;
 pub use crate::ops::matmul::{MatmulSpec, Precision};
+pub use crate::ops::modulation::{ColumnCopy, ModulationSpec, RopePairsSpec};
 pub use crate::ops::moe::RoutedSpec;
 pub use crate::ops::norm::GroupNormSpec;
 pub use crate::ops::optim::{AdamParams, SgdParams};
@@ -590,6 +591,55 @@ pub trait Backend {
         let mut o = alloc::vec![0.0; self.len(out)];
         crate::ops::spatial::unpatchify(&mut o, &self.download(inp)?, spec)?;
         self.write(out, &o)
+    }
+
+    /// See [`crate::ops::modulation::modulate`].
+    fn modulate(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        mods: &Self::Buffer,
+        shift_at: usize,
+        scale_at: usize,
+        spec: &ModulationSpec,
+    ) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        let (x, mods) = (self.download(x)?, self.download(mods)?);
+        crate::ops::modulation::modulate(&mut o, &x, &mods, shift_at, scale_at, spec)?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::modulation::gate_add`].
+    fn gate_add(
+        &self,
+        x: &mut Self::Buffer,
+        y: &Self::Buffer,
+        mods: &Self::Buffer,
+        gate_at: usize,
+        spec: &ModulationSpec,
+    ) -> Result<()> {
+        let mut o = self.download(x)?;
+        let (y, mods) = (self.download(y)?, self.download(mods)?);
+        crate::ops::modulation::gate_add(&mut o, &y, &mods, gate_at, spec)?;
+        self.write(x, &o)
+    }
+    /// See [`crate::ops::modulation::copy_cols`].
+    fn copy_cols(&self, dst: &mut Self::Buffer, src: &Self::Buffer, spec: &ColumnCopy) -> Result<()> {
+        let mut o = self.download(dst)?;
+        crate::ops::modulation::copy_cols(&mut o, &self.download(src)?, spec)?;
+        self.write(dst, &o)
+    }
+    /// See [`crate::ops::modulation::rope_pairs`]. In place.
+    fn rope_pairs(
+        &self,
+        x: &mut Self::Buffer,
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        spec: &RopePairsSpec,
+    ) -> Result<()> {
+        let mut o = self.download(x)?;
+        let (cos, sin) = (self.download(cos)?, self.download(sin)?);
+        crate::ops::modulation::rope_pairs(&mut o, &cos, &sin, spec)?;
+        self.write(x, &o)
     }
 
     // ----- optimizers -----

@@ -18,13 +18,13 @@ use crate::weights::{Files, Prefetch, Tensors};
 use crate::{NetworkError, Precision, Result};
 
 /// `config.json` as read, with typed lookups that name the file and key on failure.
-struct Config<'a> {
+pub(crate) struct Config<'a> {
     path: &'a Path,
     v: Value,
 }
 
 impl<'a> Config<'a> {
-    fn read(path: &'a Path) -> Result<Config<'a>> {
+    pub(crate) fn read(path: &'a Path) -> Result<Config<'a>> {
         let text = crate::files::read(path)?;
         let v: Value =
             serde_json::from_slice(&text).map_err(|e| NetworkError::parse(path, "json", e.to_string()))?;
@@ -33,10 +33,10 @@ impl<'a> Config<'a> {
         }
         Ok(Config { path, v })
     }
-    fn err(&self, key: &str, message: impl Into<String>) -> NetworkError {
+    pub(crate) fn err(&self, key: &str, message: impl Into<String>) -> NetworkError {
         NetworkError::parse(self.path, key, message)
     }
-    fn count(&self, key: &str, default: Option<usize>) -> Result<usize> {
+    pub(crate) fn count(&self, key: &str, default: Option<usize>) -> Result<usize> {
         match self.v.get(key) {
             None | Some(Value::Null) => default.ok_or_else(|| self.err(key, "missing")),
             Some(x) => x
@@ -46,7 +46,7 @@ impl<'a> Config<'a> {
                 .ok_or_else(|| self.err(key, format!("{x} is not a count"))),
         }
     }
-    fn float(&self, key: &str, default: f32) -> Result<f32> {
+    pub(crate) fn float(&self, key: &str, default: f32) -> Result<f32> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(default),
             Some(x) => x
@@ -55,8 +55,33 @@ impl<'a> Config<'a> {
                 .ok_or_else(|| self.err(key, format!("{x} is not a number"))),
         }
     }
-    fn str(&self, key: &str) -> Option<&str> {
+    pub(crate) fn str(&self, key: &str) -> Option<&str> {
         self.v.get(key).and_then(Value::as_str)
+    }
+    /// A boolean key, `default` when absent or null.
+    pub(crate) fn flag(&self, key: &str, default: bool) -> Result<bool> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x
+                .as_bool()
+                .ok_or_else(|| self.err(key, format!("{x} is not true or false"))),
+        }
+    }
+    /// A list of counts, `default` when absent or null.
+    pub(crate) fn counts(&self, key: &str, default: &[usize]) -> Result<Vec<usize>> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default.to_vec()),
+            Some(Value::Array(items)) if items.len() <= 1 << 12 => items
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .filter(|&n| n <= 1 << 24)
+                        .ok_or_else(|| self.err(key, format!("{x} is not a count")))
+                })
+                .collect(),
+            Some(x) => Err(self.err(key, format!("{x} is not a list of counts"))),
+        }
     }
     fn architecture(&self) -> Option<&str> {
         self.v.get("architectures")?.as_array()?.first()?.as_str()

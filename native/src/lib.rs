@@ -38,6 +38,7 @@ pub mod cuda;
 mod dataset;
 #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
 mod device;
+pub mod dit;
 mod encoders;
 mod error;
 mod files;
@@ -63,6 +64,7 @@ mod weights;
 pub use chat::{ChatMessage, ChatTemplate, GenerationConfig};
 pub use checkpoint::Precision;
 pub use dataset::{Dataset, Statistics, SPLIT_SEED};
+pub use dit::Dit;
 pub use encoders::{ClipTextEncoder, T5Encoder, TextEncoder};
 pub use error::NetworkError;
 pub use network::{Network, NetworkBuilder, TrainConfig};

@@ -466,6 +466,41 @@ impl<B: Backend> Backend for Profiled<B> {
     fn unpatchify(&self, out: &mut B::Buffer, inp: &B::Buffer, spec: &PatchSpec) -> Result<()> {
         self.time("unpatchify", || self.inner.unpatchify(out, inp, spec))
     }
+    fn modulate(
+        &self,
+        out: &mut B::Buffer,
+        x: &B::Buffer,
+        mods: &B::Buffer,
+        shift_at: usize,
+        scale_at: usize,
+        spec: &ModulationSpec,
+    ) -> Result<()> {
+        self.time("modulate", || {
+            self.inner.modulate(out, x, mods, shift_at, scale_at, spec)
+        })
+    }
+    fn gate_add(
+        &self,
+        x: &mut B::Buffer,
+        y: &B::Buffer,
+        mods: &B::Buffer,
+        gate_at: usize,
+        spec: &ModulationSpec,
+    ) -> Result<()> {
+        self.time("gate_add", || self.inner.gate_add(x, y, mods, gate_at, spec))
+    }
+    fn copy_cols(&self, dst: &mut B::Buffer, src: &B::Buffer, spec: &ColumnCopy) -> Result<()> {
+        self.time("copy_cols", || self.inner.copy_cols(dst, src, spec))
+    }
+    fn rope_pairs(
+        &self,
+        x: &mut B::Buffer,
+        cos: &B::Buffer,
+        sin: &B::Buffer,
+        spec: &RopePairsSpec,
+    ) -> Result<()> {
+        self.time("rope_pairs", || self.inner.rope_pairs(x, cos, sin, spec))
+    }
     fn adam_update(
         &self,
         param: &mut B::Buffer,

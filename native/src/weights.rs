@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -89,6 +90,45 @@ impl Drop for Prefetch {
 }
 
 impl Files {
+    /// [`Files::open`], or else the only `*.safetensors` file in `dir` whatever its name:
+    /// a single-file checkpoint (`flux1-dev.safetensors`) placed beside its `config.json`.
+    pub(crate) fn open_or_single(dir: &Path, stems: &[&str]) -> Result<Files> {
+        let named = stems.iter().any(|stem| {
+            dir.join(format!("{stem}.safetensors.index.json")).is_file()
+                || dir.join(format!("{stem}.safetensors")).is_file()
+        });
+        if named {
+            return Files::open(dir, stems);
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| NetworkError::InvalidInput(format!("{}: {e}", dir.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        found.sort();
+        match found.as_slice() {
+            [one] => {
+                let maps = vec![map_file(one)?];
+                Ok(Files {
+                    paths: vec![one.clone()],
+                    maps,
+                    index: None,
+                })
+            }
+            [] => Files::open(dir, stems),
+            many => Err(NetworkError::InvalidInput(format!(
+                "{}: {} .safetensors files ({}) and no {}.safetensors.index.json to say which is which",
+                dir.display(),
+                many.len(),
+                many.iter()
+                    .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                stems.first().copied().unwrap_or("model")
+            ))),
+        }
+    }
+
     /// The weights of `dir`: `<stem>.safetensors.index.json` with its shards, or the one
     /// `<stem>.safetensors`, for the first stem of `stems` the directory has
     /// (`transformers` writes `model`, `diffusers` `diffusion_pytorch_model`).
@@ -228,11 +268,20 @@ impl<'a> Tensors<'a> {
 
     /// The tensor `name` (of `shape`) as f32, converted from F32, BF16 or F16.
     pub(crate) fn read(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.read_rows(name, shape, 0..shape.first().copied().unwrap_or(1))
+    }
+
+    /// Rows `rows` of the tensor `name` (stored as `shape`; a row is everything after the
+    /// first axis), as f32: one part of a fused tensor, as BFL checkpoints store q, k and v.
+    pub(crate) fn read_rows(&self, name: &str, shape: &[usize], rows: Range<usize>) -> Result<Vec<f32>> {
         let (i, view) = self.view(name, shape)?;
-        let mut data = vec![0f32; shape.iter().product()];
+        let (total, cols) = rows_cols(shape);
+        check_rows(&self.files.paths[i], name, &rows, total)?;
+        let mut data = vec![0f32; rows.len() * cols];
         let per = 1 << 14;
+        let from = rows.start * cols;
         data.par_chunks_mut(per).enumerate().for_each(|(c, out)| {
-            widen(&view, c * per, out);
+            widen(&view, from + c * per, out);
         });
         if data.par_iter().any(|v| !v.is_finite()) {
             return Err(NetworkError::parse(
@@ -241,7 +290,9 @@ impl<'a> Tensors<'a> {
                 "holds NaN or infinite values",
             ));
         }
-        self.release(i, &view);
+        if rows.end == total {
+            self.release(i, &view);
+        }
         Ok(data)
     }
 
@@ -249,18 +300,26 @@ impl<'a> Tensors<'a> {
     /// CPU twin), converted and
     /// rounded in slabs of rows in parallel, so the whole f32 matrix never exists.
     pub(crate) fn read_q8(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.read_q8_rows(name, shape, 0..shape.first().copied().unwrap_or(1))
+    }
+
+    /// [`Tensors::read_q8`] of rows `rows` only (see [`Tensors::read_rows`]).
+    pub(crate) fn read_q8_rows(
+        &self,
+        name: &str,
+        shape: &[usize],
+        rows: Range<usize>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let (i, view) = self.view(name, shape)?;
-        let (rows, cols) = match shape {
-            [r, c] => (*r, *c),
-            [c] => (1, *c),
-            _ => (shape[0], shape[1..].iter().product()),
-        };
+        let (total, cols) = rows_cols(shape);
+        check_rows(&self.files.paths[i], name, &rows, total)?;
         // About 64K values a slab: enough work per task, little memory in flight.
         let slab = ((1 << 16) / cols.max(1)).max(1);
-        let parts: Vec<Result<(Vec<f32>, Vec<f32>)>> = (0..rows.div_ceil(slab))
+        let first = rows.start;
+        let parts: Vec<Result<(Vec<f32>, Vec<f32>)>> = (0..rows.len().div_ceil(slab))
             .into_par_iter()
             .map(|s| {
-                let (r0, r1) = (s * slab, ((s + 1) * slab).min(rows));
+                let (r0, r1) = (first + s * slab, (first + (s + 1) * slab).min(rows.end));
                 let mut w = vec![0f32; (r1 - r0) * cols];
                 widen(&view, r0 * cols, &mut w);
                 // The rounding refuses a non-finite value itself; said here by file and
@@ -274,13 +333,18 @@ impl<'a> Tensors<'a> {
             })
             .collect();
         let pc = q8::packed_cols(cols);
-        let (mut packed, mut scales) = (Vec::with_capacity(rows * pc), Vec::with_capacity(rows));
+        let (mut packed, mut scales) = (
+            Vec::with_capacity(rows.len() * pc),
+            Vec::with_capacity(rows.len()),
+        );
         for part in parts {
             let (p, sc) = part?;
             packed.extend_from_slice(&p);
             scales.extend_from_slice(&sc);
         }
-        self.release(i, &view);
+        if rows.end == total {
+            self.release(i, &view);
+        }
         Ok((packed, scales))
     }
 
@@ -317,6 +381,26 @@ impl<'a> Tensors<'a> {
             .enumerate()
             .flat_map(|(i, s)| s.names().into_iter().map(move |n| (i, n.to_string())))
     }
+}
+
+/// `(rows, values a row)` of a stored shape: the first axis against the rest (a vector is
+/// rows of one value).
+fn rows_cols(shape: &[usize]) -> (usize, usize) {
+    match shape {
+        [] => (1, 1),
+        [r, rest @ ..] => (*r, rest.iter().product()),
+    }
+}
+
+fn check_rows(path: &Path, name: &str, rows: &Range<usize>, total: usize) -> Result<()> {
+    if rows.start > rows.end || rows.end > total {
+        return Err(NetworkError::parse(
+            path,
+            name,
+            format!("rows {}..{} asked of a tensor of {total}", rows.start, rows.end),
+        ));
+    }
+    Ok(())
 }
 
 /// Values `from..from + out.len()` of a stored tensor (F32, BF16 or F16, checked by

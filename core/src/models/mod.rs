@@ -3,6 +3,7 @@
 
 pub mod clip;
 pub mod dense;
+pub mod dit;
 pub mod layers;
 pub mod t5;
 pub mod transformer;

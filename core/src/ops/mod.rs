@@ -23,6 +23,7 @@ pub mod l2norm;
 pub mod lora;
 pub mod loss;
 pub mod matmul;
+pub mod modulation;
 pub mod moe;
 pub mod norm;
 pub mod optim;
