@@ -119,7 +119,7 @@ impl PipelineFolder {
         self.components.get(name)
     }
 
-    fn require(&self, name: &str, classes: &[&str]) -> Result<&Component> {
+    pub(crate) fn require(&self, name: &str, classes: &[&str]) -> Result<&Component> {
         let c = self.components.get(name).ok_or_else(|| {
             NetworkError::InvalidInput(format!(
                 "{}: model_index.json names no {name}",

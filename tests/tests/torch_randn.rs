@@ -6,7 +6,7 @@
 //! last f32 bit: a few ulps of values of size ~1 to 4); a wrong draw order or layout is off
 //! by whole units.
 
-use rusting_brain_core::diffusion::torch_randn::torch_randn;
+use rusting_brain_core::diffusion::torch_randn::{torch_randn, TorchGenerator};
 use serde_json::Value;
 
 #[test]
@@ -33,4 +33,31 @@ fn seeds_give_torchs_noise() {
         }
     }
     println!("worst difference from torch.randn: {worst:.1e}");
+}
+
+#[test]
+fn successive_draws_continue_the_generator() {
+    let path = rusting_brain_tests::fixture_path("torch_randn.json");
+    let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let sequences = v["sequences"].as_array().unwrap();
+    assert_eq!(sequences.len(), 2);
+    for s in sequences {
+        let mut g = TorchGenerator::new(s["seed"].as_u64().unwrap());
+        for (call, want) in s["values"].as_array().unwrap().iter().enumerate() {
+            let want: Vec<f64> = want
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            let got = g.randn(want.len());
+            assert_eq!(got.len(), want.len());
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g as f64 - w).abs() <= 2e-6,
+                    "call {call}, value {i}: {g}, torch {w}"
+                );
+            }
+        }
+    }
 }

@@ -18,6 +18,7 @@ use alloc::vec::Vec;
 
 /// The 32-bit Mersenne Twister (MT19937), seeded as PyTorch seeds it (the seed's low 32
 /// bits through the standard initialization).
+#[derive(Debug, Clone)]
 pub struct Mt19937 {
     state: [u32; 624],
     index: usize,
@@ -92,36 +93,62 @@ fn normal_fill_16(d: &mut [f32]) {
 
 /// `torch.randn(n, generator=torch.Generator().manual_seed(seed))` on the CPU, as f32.
 pub fn torch_randn(seed: u64, n: usize) -> Vec<f32> {
-    let mut g = Mt19937::new(seed);
-    if n >= 16 {
-        let mut d: Vec<f32> = (0..n).map(|_| g.uniform_f32()).collect();
-        for block in d.chunks_exact_mut(16) {
-            normal_fill_16(block);
+    TorchGenerator::new(seed).randn(n)
+}
+
+/// A CPU `torch.Generator` seeded with `manual_seed`: successive [`TorchGenerator::randn`]
+/// calls give what successive `torch.randn(.., generator=g)` calls give (a pipeline that
+/// samples the autoencoder's latent and then the noise draws twice from one generator).
+#[derive(Debug, Clone)]
+pub struct TorchGenerator {
+    mt: Mt19937,
+    /// The second value of the last f64 Box-Muller pair, which PyTorch keeps on the
+    /// generator for the next scalar draw.
+    cached: Option<f64>,
+}
+
+impl TorchGenerator {
+    pub fn new(seed: u64) -> Self {
+        TorchGenerator {
+            mt: Mt19937::new(seed),
+            cached: None,
         }
-        if !n.is_multiple_of(16) {
-            let tail = &mut d[n - 16..];
-            for v in tail.iter_mut() {
-                *v = g.uniform_f32();
+    }
+
+    /// `n` standard normal values, as `torch.randn(n)` draws them: from 16 values on, f32
+    /// uniforms through Box-Muller in blocks of 16 (a ragged end recomputes the last 16 from
+    /// fresh uniforms); below 16, one f64 pair at a time.
+    pub fn randn(&mut self, n: usize) -> Vec<f32> {
+        let g = &mut self.mt;
+        if n >= 16 {
+            let mut d: Vec<f32> = (0..n).map(|_| g.uniform_f32()).collect();
+            for block in d.chunks_exact_mut(16) {
+                normal_fill_16(block);
             }
-            normal_fill_16(tail);
+            if !n.is_multiple_of(16) {
+                let tail = &mut d[n - 16..];
+                for v in tail.iter_mut() {
+                    *v = g.uniform_f32();
+                }
+                normal_fill_16(tail);
+            }
+            return d;
         }
-        return d;
+        let mut out = vec![0f32; n];
+        for v in out.iter_mut() {
+            let x = match self.cached.take() {
+                Some(x) => x,
+                None => {
+                    let u1 = g.uniform_f64();
+                    let u2 = g.uniform_f64();
+                    let r = libm::sqrt(-2.0 * libm::log1p(-u2));
+                    let theta = 2.0 * core::f64::consts::PI * u1;
+                    self.cached = Some(r * libm::sin(theta));
+                    r * libm::cos(theta)
+                }
+            };
+            *v = x as f32;
+        }
+        out
     }
-    let mut out = vec![0f32; n];
-    let mut cached: Option<f64> = None;
-    for v in out.iter_mut() {
-        let x = match cached.take() {
-            Some(x) => x,
-            None => {
-                let u1 = g.uniform_f64();
-                let u2 = g.uniform_f64();
-                let r = libm::sqrt(-2.0 * libm::log1p(-u2));
-                let theta = 2.0 * core::f64::consts::PI * u1;
-                cached = Some(r * libm::sin(theta));
-                r * libm::cos(theta)
-            }
-        };
-        *v = x as f32;
-    }
-    out
 }

@@ -119,7 +119,8 @@ impl DitConfig {
         match self.kind {
             DitKind::Flux | DitKind::Flux2 => {
                 let sum: usize = self.axes_dims_rope.iter().sum();
-                if sum != self.attention_head_dim || self.axes_dims_rope.iter().any(|a| !a.is_multiple_of(2)) {
+                if sum != self.attention_head_dim || self.axes_dims_rope.iter().any(|a| !a.is_multiple_of(2))
+                {
                     return bad(format!(
                         "axes_dims_rope {:?} must be even and sum to attention_head_dim ({})",
                         self.axes_dims_rope, self.attention_head_dim
