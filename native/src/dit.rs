@@ -400,6 +400,11 @@ impl Dit {
         &self.spelling
     }
 
+    /// Bytes the weights hold (int8 matrices at about one a weight).
+    pub fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
+    }
+
     /// Values held (int8 matrices count one a weight).
     pub fn parameter_count(&self) -> usize {
         self.config().layout().parameter_count()

@@ -225,6 +225,11 @@ impl ClipTextEncoder {
         })
     }
 
+    /// Bytes the weights hold.
+    pub fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
+    }
+
     pub fn config(&self) -> &ClipTextConfig {
         self.model.config()
     }
@@ -317,6 +322,11 @@ impl T5Encoder {
         })
     }
 
+    /// Bytes the weights hold.
+    pub fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
+    }
+
     pub fn config(&self) -> &T5Config {
         self.model.config()
     }
@@ -347,7 +357,18 @@ impl TextEncoder {
     /// [`TextEncoder::load`] at `precision` (int8 weights at [`Precision::Q8`]).
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision, layers: &[usize]) -> Result<TextEncoder> {
         let (model, _) = crate::hf::load(dir.as_ref(), precision)?;
-        let n = model.config.n_layers;
+        let mut encoder = TextEncoder {
+            model,
+            layers: Vec::new(),
+        };
+        encoder.set_layers(layers)?;
+        Ok(encoder)
+    }
+
+    /// Reads the outputs of `layers` from now on (1-based; the whole decoder is held, so
+    /// any of its layers can be chosen).
+    pub fn set_layers(&mut self, layers: &[usize]) -> Result<()> {
+        let n = self.model.config.n_layers;
         if layers.is_empty() {
             return Err(NetworkError::InvalidInput(
                 "no layers to read the states of".into(),
@@ -355,14 +376,21 @@ impl TextEncoder {
         }
         if let Some(bad) = layers.iter().find(|&&l| l == 0 || l > n) {
             return Err(NetworkError::InvalidInput(format!(
-                "layer {bad}: {} has layers 1..={n}",
-                dir.as_ref().display()
+                "text encoder layer {bad}: the decoder has layers 1..={n}"
             )));
         }
-        Ok(TextEncoder {
-            model,
-            layers: layers.to_vec(),
-        })
+        self.layers = layers.to_vec();
+        Ok(())
+    }
+
+    /// The layers read.
+    pub fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
+    /// Bytes the weights hold.
+    pub fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
     }
 
     /// Features per token: `layers.len() * hidden_size`.

@@ -45,6 +45,7 @@ mod files;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 mod hf;
+pub mod image_pipeline;
 mod lora;
 mod network;
 mod network_json;
@@ -67,6 +68,7 @@ pub use dataset::{Dataset, Statistics, SPLIT_SEED};
 pub use dit::Dit;
 pub use encoders::{ClipTextEncoder, T5Encoder, TextEncoder};
 pub use error::NetworkError;
+pub use image_pipeline::{Conditioning, ImagePipeline, Latent, Noise, PipelineConfig, Solver};
 pub use network::{Network, NetworkBuilder, TrainConfig};
 pub use pipeline_dir::{Component, PipelineFolder};
 pub use rusting_brain_core as core;

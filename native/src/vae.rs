@@ -52,6 +52,11 @@ impl Vae {
         })
     }
 
+    /// Bytes the weights hold.
+    pub fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
+    }
+
     pub fn config(&self) -> &VaeConfig {
         self.model.config()
     }

@@ -121,6 +121,11 @@ pub struct ClipText<B: Backend> {
 }
 
 impl<B: Backend> ClipText<B> {
+    /// Bytes the weights hold (see [`Weights::bytes`]).
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.bytes(&self.backend)
+    }
+
     pub fn new(backend: B, config: ClipTextConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         ClipText::with_q8(backend, config, weights, BTreeMap::new())
     }

@@ -350,6 +350,11 @@ struct Qkv<B: Backend> {
 }
 
 impl<B: Backend> Dit<B> {
+    /// Bytes the weights hold (see [`Weights::bytes`]).
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.bytes(&self.backend)
+    }
+
     pub fn new(backend: B, config: DitConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         Dit::with_q8(backend, config, weights, BTreeMap::new())
     }

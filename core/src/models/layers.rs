@@ -131,6 +131,18 @@ impl<B: Backend> Weights<B> {
         }
         Ok(Weights { map, q8 })
     }
+    /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the
+    /// scales for int8 matrices.
+    pub fn bytes(&self, backend: &B) -> usize {
+        let f32s: usize = self.map.values().map(|b| backend.len(b)).sum();
+        let q8: usize = self
+            .q8
+            .values()
+            .map(|(p, s)| backend.len(p) + backend.len(s))
+            .sum();
+        4 * (f32s + q8)
+    }
+
     /// An f32 tensor.
     pub fn get(&self, name: &str) -> Result<&B::Buffer> {
         self.map

@@ -125,6 +125,11 @@ pub struct T5Encoder<B: Backend> {
 }
 
 impl<B: Backend> T5Encoder<B> {
+    /// Bytes the weights hold (see [`Weights::bytes`]).
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.bytes(&self.backend)
+    }
+
     pub fn new(backend: B, config: T5Config, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         T5Encoder::with_q8(backend, config, weights, BTreeMap::new())
     }

@@ -1840,7 +1840,8 @@ impl<B: Backend> TransformerModel<B> {
     }
 
     /// The residual stream after each decoder layer in `layers` (1-based: layer `k`'s
-    /// output is transformers' `hidden_states[k]`, before the final norm), for `ids`
+    /// output is transformers' `hidden_states[k]`: before the final norm, except after the
+    /// last layer, where transformers records the normed stream), for `ids`
     /// (`batch` rows of equal length) under `mask` (`true` for real tokens; padded
     /// positions see the real tokens only). Layers past the last one asked for are not
     /// run. Each entry is `(batch, seq, d_model)`.
@@ -1920,11 +1921,44 @@ impl<B: Backend> TransformerModel<B> {
                 self.precision,
                 None,
             )?;
+            // transformers' last entry is the final-normed stream, not the residual.
+            let state = if l + 1 == c.n_layers {
+                b.rmsnorm_forward(
+                    &mut arena.hf,
+                    &mut arena.rstd_f,
+                    &arena.x_out,
+                    &self.params.final_norm,
+                    n,
+                    d,
+                    c.norm_eps,
+                )?;
+                &arena.hf
+            } else {
+                &arena.x_out
+            };
             for (slot, _) in layers.iter().enumerate().filter(|(_, &k)| k == l + 1) {
-                out[slot] = b.download(&arena.x_out)?;
+                out[slot] = b.download(state)?;
             }
         }
         Ok(out)
+    }
+
+    /// Bytes the weights and any training state hold (parameters, gradients, optimizer
+    /// moments, int8 matrices and their scales); activations are not counted.
+    pub fn weight_bytes(&self) -> usize {
+        let b = &self.backend;
+        let tree = |t: &Params<B>| -> usize { t.as_ref().into_leaves().into_iter().map(|x| b.len(x)).sum() };
+        let q8: usize = match &self.quantized {
+            Some(q) => q
+                .as_ref()
+                .into_leaves()
+                .into_iter()
+                .flatten()
+                .map(|(p, s)| b.len(p) + b.len(s))
+                .sum(),
+            None => 0,
+        };
+        4 * (tree(&self.params) + tree(&self.grads) + tree(&self.m) + tree(&self.v) + q8)
     }
 
     /// Sets the longest sequence the model takes, for a published model whose context

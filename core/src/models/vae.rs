@@ -235,6 +235,11 @@ pub struct AutoencoderKl<B: Backend> {
 }
 
 impl<B: Backend> AutoencoderKl<B> {
+    /// Bytes the weights hold (see [`Weights::bytes`]).
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.bytes(&self.backend)
+    }
+
     /// The model over `weights` (every tensor of [`VaeConfig::layout`], nothing else).
     pub fn new(backend: B, config: VaeConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         config.validate()?;

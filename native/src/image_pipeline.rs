@@ -1,0 +1,882 @@
+//! Text to image with the rectified-flow transformers, from a published pipeline folder:
+//! FLUX.1 (`FluxPipeline`: CLIP's pooled vector and T5's states), FLUX.2-klein
+//! (`Flux2KleinPipeline`: Qwen3 layer states over the chat-templated prompt) and Stable
+//! Diffusion 3 (`StableDiffusion3Pipeline`: two CLIP towers side by side, padded to T5's
+//! width, T5's states after them in one sequence).
+//!
+//! A run is three parts, usable one at a time: [`ImagePipeline::condition`] (the prompt
+//! encoders), [`ImagePipeline::sample_latent`] (the denoiser and the flow-matching
+//! sampler) and [`ImagePipeline::decode`] (the autoencoder). Each mirrors diffusers'
+//! pipeline of the same family step for step, so a seed gives diffusers' latent noise
+//! (PyTorch's CPU generator, reproduced) and the same picture.
+
+use std::path::Path;
+
+use rusting_brain_core::diffusion::flow_match::{
+    flux2_empirical_mu, FlowMatchConfig, FlowMatchEuler, TimeShift,
+};
+use rusting_brain_core::diffusion::torch_randn::TorchGenerator;
+use rusting_brain_core::models::dit::{DitInput, DitKind, DitLatent};
+use rusting_brain_core::ops::spatial::{patchify, unpatchify, PatchOrder, PatchSpec};
+
+use crate::dit::Dit;
+use crate::encoders::Config;
+use crate::pipeline_dir::PipelineFolder;
+use crate::vae::{Image, Vae};
+use crate::{
+    ClipTextEncoder, ClipTokenizer, NetworkError, Precision, PromptTokenizer, Result, T5Encoder, TextEncoder,
+};
+
+/// How a sampling step is taken. The flow-matching transformers step with Euler
+/// (`FlowMatchEulerDiscreteScheduler`), which is what their folders name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Solver {
+    Euler,
+}
+
+/// What diffusers takes as call arguments rather than configuration, with its defaults for
+/// the folder's pipeline ([`ImagePipeline::load`] fills them in).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineConfig {
+    /// Denoising steps (FLUX.1 28, FLUX.2-klein 4 distilled or 50 base, SD3 28).
+    pub steps: usize,
+    /// FLUX.1 dev: the strength fed to the guidance embedding (3.5). FLUX.2 base and SD3:
+    /// the classifier-free guidance scale (4.0, 7.0), off at 1 or below. Distilled
+    /// FLUX.2-klein ignores it.
+    pub guidance_scale: f32,
+    /// Tokens of the T5 / Qwen3 prompt (512, SD3 256).
+    pub max_sequence_length: usize,
+    /// FLUX.2-klein: the Qwen3 layers whose states are stacked (9, 18, 27).
+    pub text_encoder_layers: Vec<usize>,
+    /// What the unconditional half of classifier-free guidance encodes ("" by default).
+    pub negative_prompt: String,
+    pub solver: Solver,
+}
+
+/// Which family a folder holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Flux,
+    Flux2,
+    Sd3,
+}
+
+/// One prompt, encoded for the denoiser.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptEmbedding {
+    /// `(tokens, width)`: the per-token states the transformer attends to.
+    pub states: Vec<f32>,
+    pub tokens: usize,
+    /// The pooled vector (FLUX.1: CLIP's; SD3: both towers' projections side by side).
+    pub pooled: Option<Vec<f32>>,
+}
+
+/// What [`ImagePipeline::condition`] returns: the prompt, and the negative prompt when the
+/// run uses classifier-free guidance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conditioning {
+    pub prompt: PromptEmbedding,
+    pub negative: Option<PromptEmbedding>,
+}
+
+/// A latent picture as the denoiser sees it, `(channels, height, width)`: FLUX.1 and SD3,
+/// the autoencoder's latent shifted and scaled; FLUX.2, patchified 2x2 and normalized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Latent {
+    pub data: Vec<f32>,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+/// Where the starting noise comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Noise {
+    /// PyTorch's CPU `torch.Generator().manual_seed(seed)`, drawn in the order diffusers
+    /// draws (img2img: the autoencoder's latent sample first, then the noise), so a seed
+    /// gives diffusers' picture.
+    Seed(u64),
+    /// The noise itself, in the latent's layout; img2img then encodes the image to its
+    /// latent mean rather than a sample.
+    Given(Vec<f32>),
+}
+
+// One value a pipeline, held for its whole life: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Encoders {
+    Flux {
+        clip: ClipTextEncoder,
+        clip_tokenizer: ClipTokenizer,
+        t5: T5Encoder,
+        t5_tokenizer: PromptTokenizer,
+    },
+    Flux2 {
+        qwen: TextEncoder,
+        tokenizer: PromptTokenizer,
+    },
+    Sd3 {
+        clip_l: ClipTextEncoder,
+        clip_g: ClipTextEncoder,
+        tokenizer_l: ClipTokenizer,
+        tokenizer_g: ClipTokenizer,
+        t5: Option<(T5Encoder, PromptTokenizer)>,
+    },
+}
+
+/// A text-to-image pipeline on the CPU; see the module documentation.
+pub struct ImagePipeline {
+    family: Family,
+    /// The call-time settings; change them between runs.
+    pub config: PipelineConfig,
+    scheduler: FlowMatchConfig,
+    distilled: bool,
+    encoders: Option<Encoders>,
+    dit: Option<Dit>,
+    vae: Vae,
+}
+
+/// Reads a `FlowMatchEulerDiscreteScheduler`'s `scheduler_config.json`, refusing the
+/// options this sampler does not compute.
+pub fn flow_match_config(path: &Path) -> Result<FlowMatchConfig> {
+    let c = Config::read(path)?;
+    match c.str("_class_name") {
+        Some("FlowMatchEulerDiscreteScheduler") => {}
+        other => {
+            return Err(c.err(
+                "_class_name",
+                format!("{other:?}: the transformer pipelines sample with FlowMatchEulerDiscreteScheduler"),
+            ))
+        }
+    }
+    for key in [
+        "use_karras_sigmas",
+        "use_exponential_sigmas",
+        "use_beta_sigmas",
+        "invert_sigmas",
+        "stochastic_sampling",
+    ] {
+        if c.flag(key, false)? {
+            return Err(c.err(key, "true: this option of the scheduler is not computed"));
+        }
+    }
+    let d = FlowMatchConfig::default();
+    let shift_terminal = match c.float("shift_terminal", 0.0)? {
+        t if t > 0.0 => Some(t as f64),
+        _ => None,
+    };
+    let time_shift = match c.str("time_shift_type").unwrap_or("exponential") {
+        "exponential" => TimeShift::Exponential,
+        "linear" => TimeShift::Linear,
+        other => {
+            return Err(c.err(
+                "time_shift_type",
+                format!("{other:?} is not exponential or linear"),
+            ))
+        }
+    };
+    let config = FlowMatchConfig {
+        num_train_timesteps: c.count("num_train_timesteps", Some(d.num_train_timesteps))?,
+        shift: c.float("shift", d.shift as f32)? as f64,
+        use_dynamic_shifting: c.flag("use_dynamic_shifting", false)?,
+        base_shift: c.float("base_shift", d.base_shift as f32)? as f64,
+        max_shift: c.float("max_shift", d.max_shift as f32)? as f64,
+        base_image_seq_len: c.count("base_image_seq_len", Some(d.base_image_seq_len))?,
+        max_image_seq_len: c.count("max_image_seq_len", Some(d.max_image_seq_len))?,
+        shift_terminal,
+        time_shift,
+    };
+    config.validate().map_err(|e| c.err("config", e.to_string()))?;
+    Ok(config)
+}
+
+impl ImagePipeline {
+    /// The pipeline in `dir` (with `model_index.json`), every part in f32.
+    pub fn load(dir: impl AsRef<Path>) -> Result<ImagePipeline> {
+        ImagePipeline::load_at(dir, Precision::F32)
+    }
+
+    /// [`ImagePipeline::load`] with the denoiser and the prompt encoders at `precision`
+    /// ([`Precision::Q8`]: one byte a weight for every matrix, a quarter of the memory).
+    /// The autoencoder stays f32: it is small, and its convolutions are sensitive.
+    pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<ImagePipeline> {
+        let folder = PipelineFolder::open(dir)?;
+        let family = match folder.class_name() {
+            "FluxPipeline" | "FluxImg2ImgPipeline" => Family::Flux,
+            "Flux2KleinPipeline" => Family::Flux2,
+            "StableDiffusion3Pipeline" | "StableDiffusion3Img2ImgPipeline" => Family::Sd3,
+            other => {
+                return Err(NetworkError::InvalidInput(format!(
+                    "{}: a {other}; this loader reads FluxPipeline, Flux2KleinPipeline and StableDiffusion3Pipeline",
+                    folder.root().display()
+                )))
+            }
+        };
+        let index_path = folder.root().join("model_index.json");
+        let index = Config::read(&index_path)?;
+        let distilled = index.flag("is_distilled", false)?;
+        let scheduler_dir = &folder
+            .require("scheduler", &["FlowMatchEulerDiscreteScheduler"])?
+            .dir;
+        let scheduler = flow_match_config(&scheduler_dir.join("scheduler_config.json"))?;
+        let transformer_classes = [
+            "FluxTransformer2DModel",
+            "Flux2Transformer2DModel",
+            "SD3Transformer2DModel",
+        ];
+        let dit = Dit::load_at(
+            &folder.require("transformer", &transformer_classes)?.dir,
+            precision,
+        )?;
+        let want_kind = match family {
+            Family::Flux => DitKind::Flux,
+            Family::Flux2 => DitKind::Flux2,
+            Family::Sd3 => DitKind::Sd3,
+        };
+        if dit.config().kind != want_kind {
+            return Err(NetworkError::InvalidInput(format!(
+                "{}: the transformer is a {:?} model in a {} folder",
+                folder.root().display(),
+                dit.config().kind,
+                folder.class_name()
+            )));
+        }
+        let vae = folder.vae()?;
+        let config = match family {
+            Family::Flux => PipelineConfig {
+                steps: 28,
+                guidance_scale: 3.5,
+                max_sequence_length: 512,
+                text_encoder_layers: Vec::new(),
+                negative_prompt: String::new(),
+                solver: Solver::Euler,
+            },
+            Family::Flux2 => PipelineConfig {
+                steps: if distilled { 4 } else { 50 },
+                guidance_scale: if distilled { 1.0 } else { 4.0 },
+                max_sequence_length: 512,
+                text_encoder_layers: vec![9, 18, 27],
+                negative_prompt: String::new(),
+                solver: Solver::Euler,
+            },
+            Family::Sd3 => PipelineConfig {
+                steps: 28,
+                guidance_scale: 7.0,
+                max_sequence_length: 256,
+                text_encoder_layers: Vec::new(),
+                negative_prompt: String::new(),
+                solver: Solver::Euler,
+            },
+        };
+        let clip_classes = ["CLIPTextModel", "CLIPTextModelWithProjection"];
+        let encoders = match family {
+            Family::Flux => Encoders::Flux {
+                clip: ClipTextEncoder::load_at(
+                    &folder.require("text_encoder", &clip_classes)?.dir,
+                    precision,
+                )?,
+                clip_tokenizer: folder.clip_tokenizer("tokenizer")?,
+                t5: T5Encoder::load_at(
+                    &folder.require("text_encoder_2", &["T5EncoderModel"])?.dir,
+                    precision,
+                )?,
+                t5_tokenizer: folder.prompt_tokenizer("tokenizer_2")?,
+            },
+            Family::Flux2 => {
+                let classes = ["Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"];
+                let dir = &folder.require("text_encoder", &classes)?.dir;
+                // Which layers are read is a call argument (config.text_encoder_layers),
+                // set on the encoder at each condition().
+                Encoders::Flux2 {
+                    qwen: TextEncoder::load_at(dir, precision, &[1])?,
+                    tokenizer: folder.prompt_tokenizer("tokenizer")?,
+                }
+            }
+            Family::Sd3 => {
+                let t5 = match folder.component("text_encoder_3") {
+                    Some(_) => Some((
+                        T5Encoder::load_at(
+                            &folder.require("text_encoder_3", &["T5EncoderModel"])?.dir,
+                            precision,
+                        )?,
+                        folder.prompt_tokenizer("tokenizer_3")?,
+                    )),
+                    None => None,
+                };
+                Encoders::Sd3 {
+                    clip_l: ClipTextEncoder::load_at(
+                        &folder.require("text_encoder", &clip_classes)?.dir,
+                        precision,
+                    )?,
+                    clip_g: ClipTextEncoder::load_at(
+                        &folder.require("text_encoder_2", &clip_classes)?.dir,
+                        precision,
+                    )?,
+                    tokenizer_l: folder.clip_tokenizer("tokenizer")?,
+                    tokenizer_g: folder.clip_tokenizer("tokenizer_2")?,
+                    t5,
+                }
+            }
+        };
+        Ok(ImagePipeline {
+            family,
+            config,
+            scheduler,
+            distilled,
+            encoders: Some(encoders),
+            dit: Some(dit),
+            vae,
+        })
+    }
+
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// The denoiser, while it is held.
+    pub fn dit(&self) -> Option<&Dit> {
+        self.dit.as_ref()
+    }
+
+    pub fn vae(&self) -> &Vae {
+        &self.vae
+    }
+
+    /// Bytes the weights of the parts still held take: the denoiser, the prompt encoders
+    /// and the autoencoder.
+    pub fn weight_bytes(&self) -> usize {
+        let encoders = match &self.encoders {
+            Some(Encoders::Flux { clip, t5, .. }) => clip.weight_bytes() + t5.weight_bytes(),
+            Some(Encoders::Flux2 { qwen, .. }) => qwen.weight_bytes(),
+            Some(Encoders::Sd3 {
+                clip_l, clip_g, t5, ..
+            }) => {
+                clip_l.weight_bytes()
+                    + clip_g.weight_bytes()
+                    + t5.as_ref().map_or(0, |(t, _)| t.weight_bytes())
+            }
+            None => 0,
+        };
+        encoders + self.dit.as_ref().map_or(0, Dit::weight_bytes) + self.vae.weight_bytes()
+    }
+
+    /// Bytes of the denoiser and the prompt encoders alone (what [`Precision::Q8`] shrinks).
+    pub fn model_bytes(&self) -> usize {
+        self.weight_bytes() - self.vae.weight_bytes()
+    }
+
+    /// Drops the prompt encoders (after [`ImagePipeline::condition`], when memory is short).
+    pub fn drop_encoders(&mut self) {
+        self.encoders = None;
+    }
+
+    /// Drops the denoiser (after [`ImagePipeline::sample_latent`]).
+    pub fn drop_denoiser(&mut self) {
+        self.dit = None;
+    }
+
+    /// Whether a run takes classifier-free guidance (two denoiser passes a step).
+    pub fn uses_cfg(&self) -> bool {
+        match self.family {
+            Family::Flux => false,
+            Family::Flux2 => !self.distilled && self.config.guidance_scale > 1.0,
+            Family::Sd3 => self.config.guidance_scale > 1.0,
+        }
+    }
+
+    /// Encodes `prompt` (and the negative prompt when the run uses classifier-free
+    /// guidance) as the family's pipeline does.
+    pub fn condition(&mut self, prompt: &str) -> Result<Conditioning> {
+        let negative = self.uses_cfg().then(|| self.config.negative_prompt.clone());
+        let prompt = self.encode_prompt(prompt)?;
+        let negative = match negative {
+            Some(n) => Some(self.encode_prompt(&n)?),
+            None => None,
+        };
+        Ok(Conditioning { prompt, negative })
+    }
+
+    fn encode_prompt(&mut self, prompt: &str) -> Result<PromptEmbedding> {
+        let max_len = self.config.max_sequence_length;
+        let joint = match &self.dit {
+            Some(d) => d.config().joint_attention_dim,
+            None => 0,
+        };
+        let encoders = self.encoders.as_mut().ok_or_else(|| {
+            NetworkError::InvalidInput("the prompt encoders were dropped (drop_encoders)".into())
+        })?;
+        match encoders {
+            Encoders::Flux {
+                clip,
+                clip_tokenizer,
+                t5,
+                t5_tokenizer,
+            } => {
+                // FluxPipeline passes neither tower a mask.
+                let (ids, _) = clip_tokenizer.encode(prompt)?;
+                let pooled = clip.encode(&ids, 1, None)?.pooled;
+                let (ids, _) = t5_tokenizer.encode(prompt, max_len)?;
+                let states = t5.encode(&ids, 1, None)?;
+                Ok(PromptEmbedding {
+                    states,
+                    tokens: ids.len(),
+                    pooled: Some(pooled),
+                })
+            }
+            Encoders::Flux2 { qwen, tokenizer } => {
+                qwen.set_layers(&self.config.text_encoder_layers)?;
+                let (ids, mask) = tokenizer.encode(&crate::klein_prompt(prompt), max_len)?;
+                let states = qwen.encode(&ids, 1, Some(&mask))?;
+                Ok(PromptEmbedding {
+                    states,
+                    tokens: ids.len(),
+                    pooled: None,
+                })
+            }
+            Encoders::Sd3 {
+                clip_l,
+                clip_g,
+                tokenizer_l,
+                tokenizer_g,
+                t5,
+            } => {
+                // Each tower's second-to-last hidden states, side by side, zero-padded to
+                // T5's width; the two projections side by side as the pooled vector.
+                let (ids_l, _) = tokenizer_l.encode(prompt)?;
+                let (ids_g, _) = tokenizer_g.encode(prompt)?;
+                let out_l = clip_l.encode(&ids_l, 1, None)?;
+                let out_g = clip_g.encode(&ids_g, 1, None)?;
+                if ids_l.len() != ids_g.len() {
+                    return Err(NetworkError::InvalidInput(format!(
+                        "the CLIP tokenizers pad to {} and {} tokens; SD3 lays the towers side by side",
+                        ids_l.len(),
+                        ids_g.len()
+                    )));
+                }
+                let penultimate = |o: &rusting_brain_core::models::clip::ClipTextOutput| {
+                    o.hidden_states[o.hidden_states.len().saturating_sub(2)].clone()
+                };
+                let (hl, hg) = (penultimate(&out_l), penultimate(&out_g));
+                let (wl, wg) = (clip_l.config().hidden_size, clip_g.config().hidden_size);
+                let clip_tokens = ids_l.len();
+                let (t5_states, t5_tokens) = match t5 {
+                    Some((model, tok)) => {
+                        let (ids, _) = tok.encode(prompt, max_len)?;
+                        (model.encode(&ids, 1, None)?, ids.len())
+                    }
+                    // Without T5 the pipeline stacks zeros in its place.
+                    None => (vec![0.0; max_len * joint], max_len),
+                };
+                // diffusers pads the CLIP features to T5's width with `F.pad`, which crops
+                // when they are wider (only in test-sized models; 768 + 1280 < 4096).
+                if t5_states.len() != t5_tokens * joint {
+                    return Err(NetworkError::InvalidInput(format!(
+                        "T5's states are {} wide; the transformer takes {joint}",
+                        t5_states.len() / t5_tokens.max(1)
+                    )));
+                }
+                let mut states = vec![0f32; (clip_tokens + t5_tokens) * joint];
+                for t in 0..clip_tokens {
+                    let mut feats = hl[t * wl..(t + 1) * wl].to_vec();
+                    feats.extend_from_slice(&hg[t * wg..(t + 1) * wg]);
+                    feats.resize(joint, 0.0);
+                    states[t * joint..(t + 1) * joint].copy_from_slice(&feats);
+                }
+                states[clip_tokens * joint..].copy_from_slice(&t5_states);
+                let mut pooled = out_l.text_embeds.ok_or_else(|| {
+                    NetworkError::InvalidInput(
+                        "SD3's text_encoder must be a CLIPTextModelWithProjection".into(),
+                    )
+                })?;
+                pooled.extend(out_g.text_embeds.ok_or_else(|| {
+                    NetworkError::InvalidInput(
+                        "SD3's text_encoder_2 must be a CLIPTextModelWithProjection".into(),
+                    )
+                })?);
+                Ok(PromptEmbedding {
+                    states,
+                    tokens: clip_tokens + t5_tokens,
+                    pooled: Some(pooled),
+                })
+            }
+        }
+    }
+
+    /// The latent shape a `width x height` picture has, checking the sides.
+    pub fn latent_shape(&self, width: usize, height: usize) -> Result<(usize, usize, usize)> {
+        let f = self.vae.config().downscale();
+        let dit = self.denoiser()?;
+        let (multiple, channels) = match self.family {
+            Family::Flux => (2 * f, dit.config().in_channels / 4),
+            Family::Flux2 => (2 * f, dit.config().in_channels),
+            Family::Sd3 => (f * dit.config().patch_size, dit.config().in_channels),
+        };
+        if width == 0 || height == 0 || !width.is_multiple_of(multiple) || !height.is_multiple_of(multiple) {
+            return Err(NetworkError::InvalidInput(format!(
+                "{width}x{height}: both sides must be positive multiples of {multiple} for this model"
+            )));
+        }
+        Ok(match self.family {
+            Family::Flux => (channels, height / f, width / f),
+            Family::Flux2 => (channels, height / multiple, width / multiple),
+            Family::Sd3 => (channels, height / f, width / f),
+        })
+    }
+
+    fn denoiser(&self) -> Result<&Dit> {
+        self.dit
+            .as_ref()
+            .ok_or_else(|| NetworkError::InvalidInput("the denoiser was dropped (drop_denoiser)".into()))
+    }
+
+    /// The schedule for `steps` steps at a latent of `(h, w)`.
+    fn schedule(&self, h: usize, w: usize) -> Result<FlowMatchEuler> {
+        let n = self.config.steps;
+        if n == 0 {
+            return Err(NetworkError::InvalidInput("0 steps".into()));
+        }
+        let linspace: Vec<f64> = (0..n)
+            .map(|i| {
+                if n == 1 {
+                    1.0
+                } else {
+                    1.0 + (1.0 / n as f64 - 1.0) * i as f64 / (n - 1) as f64
+                }
+            })
+            .collect();
+        Ok(match self.family {
+            Family::Flux => {
+                let tokens = (h / 2) * (w / 2);
+                let mu = self
+                    .scheduler
+                    .use_dynamic_shifting
+                    .then(|| self.scheduler.flux1_mu(tokens));
+                FlowMatchEuler::new(&self.scheduler, n, Some(&linspace), mu)?
+            }
+            Family::Flux2 => {
+                let mu = flux2_empirical_mu(h * w, n);
+                FlowMatchEuler::new(&self.scheduler, n, Some(&linspace), Some(mu))?
+            }
+            Family::Sd3 => {
+                let mu = self.scheduler.use_dynamic_shifting.then(|| {
+                    let p = self.dit.as_ref().map(|d| d.config().patch_size).unwrap_or(2);
+                    self.scheduler.flux1_mu((h / p) * (w / p))
+                });
+                FlowMatchEuler::new(&self.scheduler, n, None, mu)?
+            }
+        })
+    }
+
+    /// Denoises from noise to a `width x height` picture's latent, calling
+    /// `progress(step, total)` after each step (`false` stops the run with an error).
+    pub fn sample_latent(
+        &self,
+        cond: &Conditioning,
+        width: usize,
+        height: usize,
+        noise: Noise,
+        progress: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Latent> {
+        let (c, h, w) = self.latent_shape(width, height)?;
+        let n = c * h * w;
+        let noise = match noise {
+            Noise::Seed(seed) => TorchGenerator::new(seed).randn(n),
+            Noise::Given(v) => check_noise(v, n)?,
+        };
+        let schedule = self.schedule(h, w)?;
+        let start = Latent {
+            data: noise,
+            channels: c,
+            height: h,
+            width: w,
+        };
+        self.denoise(cond, start, &schedule, 0, progress)
+    }
+
+    /// img2img: `image` (in [-1, 1], sides multiples of the model's) encoded, pushed
+    /// `strength` of the way back up the schedule and denoised from there.
+    pub fn sample_latent_from_image(
+        &self,
+        cond: &Conditioning,
+        image: &Image,
+        strength: f32,
+        noise: Noise,
+        progress: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Latent> {
+        if !(0.0..=1.0).contains(&strength) {
+            return Err(NetworkError::InvalidInput(format!(
+                "strength {strength} is outside [0, 1]"
+            )));
+        }
+        let (c, h, w) = self.latent_shape(image.width, image.height)?;
+        if image.data.len() != image.channels * image.height * image.width {
+            return Err(NetworkError::InvalidInput(format!(
+                "the image holds {} values; {} channels of {}x{} need {}",
+                image.data.len(),
+                image.channels,
+                image.width,
+                image.height,
+                image.channels * image.height * image.width
+            )));
+        }
+        let dist = self.vae.encode_image(image)?;
+        let n = c * h * w;
+        // diffusers' img2img pipelines sample the latent (FLUX.1, SD3) with the same
+        // generator as the noise, first; FLUX.2 encodes to the mean.
+        let (z, noise) = match noise {
+            Noise::Seed(seed) => {
+                let mut g = TorchGenerator::new(seed);
+                let z = if self.family == Family::Flux2 {
+                    dist.mean.clone()
+                } else {
+                    dist.sample(&g.randn(dist.mean.len()))?
+                };
+                (z, g.randn(n))
+            }
+            Noise::Given(v) => (dist.mean.clone(), check_noise(v, n)?),
+        };
+        let (x0, dc, dh, dw) = self.vae.to_denoiser(&z, 1, dist.h, dist.w)?;
+        if (dc, dh, dw) != (c, h, w) {
+            return Err(NetworkError::InvalidInput(format!(
+                "the autoencoder gives a ({dc}, {dh}, {dw}) latent; the denoiser takes ({c}, {h}, {w})"
+            )));
+        }
+        let schedule = self.schedule(h, w)?;
+        let first = schedule.start_for_strength(strength as f64)?;
+        if first >= schedule.steps() {
+            return Err(NetworkError::InvalidInput(format!(
+                "strength {strength} over {} steps leaves no step to run",
+                schedule.steps()
+            )));
+        }
+        let data = schedule.scale_noise(first, &x0, &noise)?;
+        let start = Latent {
+            data,
+            channels: c,
+            height: h,
+            width: w,
+        };
+        self.denoise(cond, start, &schedule, first, progress)
+    }
+
+    /// The Euler loop from step `first`.
+    fn denoise(
+        &self,
+        cond: &Conditioning,
+        mut latent: Latent,
+        schedule: &FlowMatchEuler,
+        first: usize,
+        mut progress: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Latent> {
+        let dit = self.denoiser()?;
+        let cfg = dit.config();
+        let (c, h, w) = (latent.channels, latent.height, latent.width);
+        let embeddings: Vec<&PromptEmbedding> = match &cond.negative {
+            Some(neg) if self.uses_cfg() => vec![neg, &cond.prompt],
+            _ => vec![&cond.prompt],
+        };
+        let batch = embeddings.len();
+        let tokens = cond.prompt.tokens;
+        if embeddings.iter().any(|e| e.tokens != tokens) {
+            return Err(NetworkError::InvalidInput(
+                "the prompt and the negative prompt have different token counts".into(),
+            ));
+        }
+        let mut context = Vec::with_capacity(batch * tokens * cfg.joint_attention_dim);
+        let mut pooled = Vec::new();
+        for e in &embeddings {
+            if e.states.len() != tokens * cfg.joint_attention_dim {
+                return Err(NetworkError::InvalidInput(format!(
+                    "the prompt states are {} values; {tokens} tokens of {} are {}",
+                    e.states.len(),
+                    cfg.joint_attention_dim,
+                    tokens * cfg.joint_attention_dim
+                )));
+            }
+            context.extend_from_slice(&e.states);
+            if let Some(p) = &e.pooled {
+                pooled.extend_from_slice(p);
+            }
+        }
+        let pooled = (cfg.kind != DitKind::Flux2).then_some(pooled);
+        // Token packing and positions.
+        let pack = match self.family {
+            Family::Flux => Some(PatchSpec {
+                batch: 1,
+                channels: c,
+                height: h,
+                width: w,
+                patch: 2,
+                order: PatchOrder::ChannelFirst,
+            }),
+            Family::Flux2 => Some(PatchSpec {
+                batch: 1,
+                channels: c,
+                height: h,
+                width: w,
+                patch: 1,
+                order: PatchOrder::ChannelFirst,
+            }),
+            Family::Sd3 => None,
+        };
+        let axes = cfg.axes_dims_rope.len();
+        let (img_ids, txt_ids) = match pack {
+            Some(p) => {
+                let (gh, gw) = (h / p.patch, w / p.patch);
+                let mut img = vec![0f32; gh * gw * axes];
+                for r in 0..gh {
+                    for col in 0..gw {
+                        img[(r * gw + col) * axes + 1] = r as f32;
+                        img[(r * gw + col) * axes + 2] = col as f32;
+                    }
+                }
+                let mut txt = vec![0f32; tokens * axes];
+                if self.family == Family::Flux2 {
+                    for l in 0..tokens {
+                        txt[l * axes + 3] = l as f32;
+                    }
+                }
+                (img, txt)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let guidance = cfg
+            .guidance_embeds
+            .then(|| vec![self.config.guidance_scale; batch]);
+        let total = schedule.steps() - first;
+        let n = c * h * w;
+        for i in first..schedule.steps() {
+            let t = schedule.timestep(i);
+            // FLUX's pipelines pass t / 1000 (the model scales back); SD3 passes t.
+            let timestep = if self.family == Family::Sd3 { t } else { t / 1000.0 };
+            let timesteps = vec![timestep; batch];
+            let mut input_latent = Vec::with_capacity(batch * n);
+            let packed = match pack {
+                Some(p) => {
+                    let mut tok = vec![0f32; n];
+                    patchify(&mut tok, &latent.data, &p)?;
+                    for _ in 0..batch {
+                        input_latent.extend_from_slice(&tok);
+                    }
+                    true
+                }
+                None => {
+                    for _ in 0..batch {
+                        input_latent.extend_from_slice(&latent.data);
+                    }
+                    false
+                }
+            };
+            let input = DitInput {
+                batch,
+                latent: if packed {
+                    DitLatent::Tokens {
+                        data: &input_latent,
+                        ids: &img_ids,
+                    }
+                } else {
+                    DitLatent::Image {
+                        data: &input_latent,
+                        height: h,
+                        width: w,
+                    }
+                },
+                context: &context,
+                context_ids: &txt_ids,
+                pooled: pooled.as_deref(),
+                timestep: &timesteps,
+                guidance: guidance.as_deref(),
+            };
+            let out = dit.forward(&input)?;
+            let mut v = if batch == 2 {
+                // uncond + scale * (cond - uncond)
+                let g = self.config.guidance_scale;
+                let (un, co) = out.split_at(n);
+                un.iter().zip(co).map(|(&u, &c)| u + g * (c - u)).collect()
+            } else {
+                out
+            };
+            if let Some(p) = pack {
+                let mut img = vec![0f32; n];
+                unpatchify(&mut img, &v, &p)?;
+                v = img;
+            }
+            schedule.step(i, &mut latent.data, &v)?;
+            let done = i + 1 - first;
+            if !progress(done, total) {
+                return Err(NetworkError::InvalidInput(format!(
+                    "stopped by the progress callback after step {done} of {total}"
+                )));
+            }
+        }
+        Ok(latent)
+    }
+
+    /// The picture of a denoised latent, in [-1, 1].
+    pub fn decode(&self, latent: &Latent) -> Result<Image> {
+        let (z, h, w) = self
+            .vae
+            .from_denoiser(&latent.data, 1, latent.height, latent.width)?;
+        self.vae.decode_image(&z, h, w)
+    }
+
+    /// `prompt` to a `width x height` picture in [-1, 1]: condition, sample, decode.
+    /// `seed` `None` draws one from the clock.
+    pub fn generate(
+        &mut self,
+        prompt: &str,
+        width: usize,
+        height: usize,
+        seed: Option<u64>,
+        progress: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Image> {
+        self.latent_shape(width, height)?;
+        let cond = self.condition(prompt)?;
+        let latent = self.sample_latent(
+            &cond,
+            width,
+            height,
+            Noise::Seed(seed.unwrap_or_else(clock_seed)),
+            progress,
+        )?;
+        self.decode(&latent)
+    }
+
+    /// img2img: `image` (in [-1, 1]) repainted towards `prompt`; `strength` in [0, 1] is
+    /// how far back up the schedule it starts (low keeps the composition).
+    pub fn generate_from_image(
+        &mut self,
+        image: &Image,
+        strength: f32,
+        prompt: &str,
+        seed: Option<u64>,
+        progress: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Image> {
+        self.latent_shape(image.width, image.height)?;
+        let cond = self.condition(prompt)?;
+        let noise = Noise::Seed(seed.unwrap_or_else(clock_seed));
+        let latent = self.sample_latent_from_image(&cond, image, strength, noise, progress)?;
+        self.decode(&latent)
+    }
+}
+
+fn check_noise(v: Vec<f32>, n: usize) -> Result<Vec<f32>> {
+    if v.len() != n {
+        return Err(NetworkError::InvalidInput(format!(
+            "the noise holds {} values; the latent has {n}",
+            v.len()
+        )));
+    }
+    if v.iter().any(|x| !x.is_finite()) {
+        return Err(NetworkError::InvalidInput(
+            "the noise holds NaN or infinite values".into(),
+        ));
+    }
+    Ok(v)
+}
+
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
