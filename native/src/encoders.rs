@@ -148,6 +148,92 @@ fn has_prefix(dir: &Path, stems: &[&str], prefix: &str) -> Result<bool> {
     Ok(names.any(|(_, n)| n.starts_with(prefix)))
 }
 
+/// A CLIP text tower's `config.json` (`CLIPTextModel` or `CLIPTextModelWithProjection`),
+/// with transformers' defaults for absent keys. No weights are read.
+pub fn clip_config(path: &Path) -> Result<ClipTextConfig> {
+    let c = Config::read(path)?;
+    let projection = match c.architecture() {
+        Some("CLIPTextModel") => false,
+        Some("CLIPTextModelWithProjection") => true,
+        Some(other) => {
+            return Err(c.err(
+                "architectures",
+                format!("{other}: this loader reads CLIPTextModel and CLIPTextModelWithProjection"),
+            ))
+        }
+        None => return Err(c.err("architectures", "missing: which CLIP tower is this?")),
+    };
+    if let Some(t) = c.str("model_type").filter(|t| *t != "clip_text_model") {
+        return Err(c.err("model_type", format!("{t}, not clip_text_model")));
+    }
+    let act_name = c.str("hidden_act").unwrap_or("quick_gelu");
+    let hidden_act = Unary::from_hf(act_name)
+        .ok_or_else(|| c.err("hidden_act", format!("{act_name} is not supported")))?;
+    let eos = c.count("eos_token_id", Some(2))?;
+    let config = ClipTextConfig {
+        vocab_size: c.count("vocab_size", Some(49408))?,
+        hidden_size: c.count("hidden_size", Some(512))?,
+        intermediate_size: c.count("intermediate_size", Some(2048))?,
+        num_hidden_layers: c.count("num_hidden_layers", Some(12))?,
+        num_attention_heads: c.count("num_attention_heads", Some(8))?,
+        max_position_embeddings: c.count("max_position_embeddings", Some(77))?,
+        hidden_act,
+        layer_norm_eps: c.float("layer_norm_eps", 1e-5)?,
+        eos_token_id: u32::try_from(eos).map_err(|_| c.err("eos_token_id", "too large"))?,
+        projection_dim: if projection {
+            Some(c.count("projection_dim", Some(512))?)
+        } else {
+            None
+        },
+    };
+    config
+        .validate()
+        .map_err(|e| c.err("config", format!("describes no valid CLIP tower: {e}")))?;
+    Ok(config)
+}
+
+/// A `T5EncoderModel`'s `config.json`, with transformers' defaults for absent keys. No
+/// weights are read.
+pub fn t5_config(path: &Path) -> Result<T5Config> {
+    let c = Config::read(path)?;
+    match c.architecture() {
+        Some("T5EncoderModel") | None => {}
+        Some(other) => {
+            return Err(c.err(
+                "architectures",
+                format!("{other}: this loader reads T5EncoderModel (the encoder alone)"),
+            ))
+        }
+    }
+    let proj = c.str("feed_forward_proj").unwrap_or("gated-gelu");
+    if proj != "gated-gelu" {
+        return Err(c.err(
+            "feed_forward_proj",
+            format!("{proj}: only T5 v1.1's gated-gelu is supported"),
+        ));
+    }
+    let act_name = c.str("dense_act_fn").unwrap_or("gelu_new");
+    let act = Unary::from_hf(act_name)
+        .ok_or_else(|| c.err("dense_act_fn", format!("{act_name} is not supported")))?;
+    let num_heads = c.count("num_heads", Some(8))?;
+    let config = T5Config {
+        vocab_size: c.count("vocab_size", Some(32128))?,
+        d_model: c.count("d_model", Some(512))?,
+        d_kv: c.count("d_kv", Some(64))?,
+        d_ff: c.count("d_ff", Some(2048))?,
+        num_layers: c.count("num_layers", Some(6))?,
+        num_heads,
+        relative_attention_num_buckets: c.count("relative_attention_num_buckets", Some(32))?,
+        relative_attention_max_distance: c.count("relative_attention_max_distance", Some(128))?,
+        layer_norm_epsilon: c.float("layer_norm_epsilon", 1e-6)?,
+        act,
+    };
+    config
+        .validate()
+        .map_err(|e| c.err("config", format!("describes no valid T5 encoder: {e}")))?;
+    Ok(config)
+}
+
 /// A CLIP text tower (`CLIPTextModel` or `CLIPTextModelWithProjection`) on the CPU.
 pub struct ClipTextEncoder {
     model: ClipText<CpuBackend>,
@@ -163,45 +249,7 @@ impl ClipTextEncoder {
     /// and feed-forward matrix is int8 (one scale a row), rounded as it is read.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<ClipTextEncoder> {
         let dir = dir.as_ref();
-        let path = dir.join("config.json");
-        let c = Config::read(&path)?;
-        let projection = match c.architecture() {
-            Some("CLIPTextModel") => false,
-            Some("CLIPTextModelWithProjection") => true,
-            Some(other) => {
-                return Err(c.err(
-                    "architectures",
-                    format!("{other}: this loader reads CLIPTextModel and CLIPTextModelWithProjection"),
-                ))
-            }
-            None => return Err(c.err("architectures", "missing: which CLIP tower is this?")),
-        };
-        if let Some(t) = c.str("model_type").filter(|t| *t != "clip_text_model") {
-            return Err(c.err("model_type", format!("{t}, not clip_text_model")));
-        }
-        let act_name = c.str("hidden_act").unwrap_or("quick_gelu");
-        let hidden_act = Unary::from_hf(act_name)
-            .ok_or_else(|| c.err("hidden_act", format!("{act_name} is not supported")))?;
-        let eos = c.count("eos_token_id", Some(2))?;
-        let config = ClipTextConfig {
-            vocab_size: c.count("vocab_size", Some(49408))?,
-            hidden_size: c.count("hidden_size", Some(512))?,
-            intermediate_size: c.count("intermediate_size", Some(2048))?,
-            num_hidden_layers: c.count("num_hidden_layers", Some(12))?,
-            num_attention_heads: c.count("num_attention_heads", Some(8))?,
-            max_position_embeddings: c.count("max_position_embeddings", Some(77))?,
-            hidden_act,
-            layer_norm_eps: c.float("layer_norm_eps", 1e-5)?,
-            eos_token_id: u32::try_from(eos).map_err(|_| c.err("eos_token_id", "too large"))?,
-            projection_dim: if projection {
-                Some(c.count("projection_dim", Some(512))?)
-            } else {
-                None
-            },
-        };
-        config
-            .validate()
-            .map_err(|e| c.err("config", format!("describes no valid CLIP tower: {e}")))?;
+        let config = clip_config(&dir.join("config.json"))?;
         // transformers 4 wrote the tower's names under `text_model.` (the published
         // pipelines' spelling), transformers 5 writes a `CLIPTextModel` without it; older
         // versions also saved the position ids as a buffer.
@@ -262,43 +310,7 @@ impl T5Encoder {
     /// memory); activations stay f32.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<T5Encoder> {
         let dir = dir.as_ref();
-        let path = dir.join("config.json");
-        let c = Config::read(&path)?;
-        match c.architecture() {
-            Some("T5EncoderModel") | None => {}
-            Some(other) => {
-                return Err(c.err(
-                    "architectures",
-                    format!("{other}: this loader reads T5EncoderModel (the encoder alone)"),
-                ))
-            }
-        }
-        let proj = c.str("feed_forward_proj").unwrap_or("gated-gelu");
-        if proj != "gated-gelu" {
-            return Err(c.err(
-                "feed_forward_proj",
-                format!("{proj}: only T5 v1.1's gated-gelu is supported"),
-            ));
-        }
-        let act_name = c.str("dense_act_fn").unwrap_or("gelu_new");
-        let act = Unary::from_hf(act_name)
-            .ok_or_else(|| c.err("dense_act_fn", format!("{act_name} is not supported")))?;
-        let num_heads = c.count("num_heads", Some(8))?;
-        let config = T5Config {
-            vocab_size: c.count("vocab_size", Some(32128))?,
-            d_model: c.count("d_model", Some(512))?,
-            d_kv: c.count("d_kv", Some(64))?,
-            d_ff: c.count("d_ff", Some(2048))?,
-            num_layers: c.count("num_layers", Some(6))?,
-            num_heads,
-            relative_attention_num_buckets: c.count("relative_attention_num_buckets", Some(32))?,
-            relative_attention_max_distance: c.count("relative_attention_max_distance", Some(128))?,
-            layer_norm_epsilon: c.float("layer_norm_epsilon", 1e-6)?,
-            act,
-        };
-        config
-            .validate()
-            .map_err(|e| c.err("config", format!("describes no valid T5 encoder: {e}")))?;
+        let config = t5_config(&dir.join("config.json"))?;
         // The embedding is tied: stored as `shared.weight`, as `encoder.embed_tokens.weight`,
         // or both.
         let shared = has_prefix(dir, &["model"], "shared.weight")?;

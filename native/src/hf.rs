@@ -410,6 +410,15 @@ fn ignorable(name: &str, tied: bool) -> bool {
 }
 
 /// The model in `dir`, in f32 or (converted tensor by tensor) in int8.
+/// The model `dir/config.json` describes, without reading any weights.
+pub(crate) fn read_config(dir: &Path) -> Result<TransformerConfig> {
+    let config_path = dir.join("config.json");
+    let text = crate::files::read(&config_path)?;
+    let v: Value = serde_json::from_slice(&text)
+        .map_err(|e| NetworkError::parse(&config_path, "json", e.to_string()))?;
+    Ok(parse_config(&config_path, &v)?.1)
+}
+
 pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel<CpuBackend>, Origin)> {
     let config_path = dir.join("config.json");
     let text = crate::files::read(&config_path)?;

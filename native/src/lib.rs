@@ -39,7 +39,7 @@ mod dataset;
 #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
 mod device;
 pub mod dit;
-mod encoders;
+pub mod encoders;
 mod error;
 mod files;
 #[cfg(feature = "gpu")]
@@ -68,7 +68,9 @@ pub use dataset::{Dataset, Statistics, SPLIT_SEED};
 pub use dit::Dit;
 pub use encoders::{ClipTextEncoder, T5Encoder, TextEncoder};
 pub use error::NetworkError;
-pub use image_pipeline::{Conditioning, ImagePipeline, Latent, Noise, PipelineConfig, Solver};
+pub use image_pipeline::{
+    component_sizes, ComponentSize, Conditioning, ImagePipeline, Latent, Noise, PipelineConfig, Solver,
+};
 pub use network::{Network, NetworkBuilder, TrainConfig};
 pub use pipeline_dir::{Component, PipelineFolder};
 pub use rusting_brain_core as core;

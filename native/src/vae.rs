@@ -23,6 +23,14 @@ use crate::{NetworkError, Result};
 const DOWN: &str = "DownEncoderBlock2D";
 const UP: &str = "UpDecoderBlock2D";
 
+/// An autoencoder's `config.json` (`AutoencoderKL`, `AutoencoderKLFlux2`); no weights read.
+pub fn vae_config(path: &Path) -> Result<VaeConfig> {
+    let text = crate::files::read(path)?;
+    let v: Value =
+        serde_json::from_slice(&text).map_err(|e| NetworkError::parse(path, "json", e.to_string()))?;
+    parse_config(path, &v)
+}
+
 /// An image autoencoder (`AutoencoderKL`) on the CPU.
 pub struct Vae {
     model: AutoencoderKl<CpuBackend>,

@@ -29,6 +29,17 @@ impl Layout {
             .map(|(_, s)| s.iter().product::<usize>())
             .sum()
     }
+    /// Bytes the tensors take with the matrices `int8` picks held as int8 (a byte a
+    /// weight, rows padded to whole f32 words, and an f32 scale a row) and the rest as f32.
+    pub fn q8_bytes(&self, int8: impl Fn(&str, &[usize]) -> bool) -> usize {
+        self.tensors
+            .iter()
+            .map(|(name, shape)| match shape[..] {
+                [rows, cols] if int8(name, shape) => 4 * rows * (crate::ops::q8::packed_cols(cols) + 1),
+                _ => 4 * shape.iter().product::<usize>(),
+            })
+            .sum()
+    }
     /// `conv_tensors`: a convolution's weight and bias.
     pub fn conv(&mut self, prefix: &str, cin: usize, cout: usize, k: usize) {
         self.push(format!("{prefix}.weight"), alloc::vec![cout, cin, k, k]);

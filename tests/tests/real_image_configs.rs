@@ -1,0 +1,64 @@
+//! The published FLUX.2-klein-4B, FLUX.1-dev and SD3.5-medium pipelines sized from their
+//! configuration files alone (`tests/fixtures/gen_real_configs.py`; the folders hold no
+//! weights, so nothing can be allocated): every component's parameter count equals what
+//! PyTorch counts on the same model built on the meta device, and the table printed gives
+//! the memory of the weights in f32 and as `load_at(Precision::Q8)` holds them.
+//!
+//! `cargo test -p rusting_brain_tests --test real_image_configs -- --nocapture` prints it.
+
+use rusting_brain::component_sizes;
+use serde_json::Value;
+
+fn gb(bytes: usize) -> String {
+    format!("{:.2}", bytes as f64 / 1e9)
+}
+
+#[test]
+fn published_pipelines_are_sized_from_their_configs() {
+    let root = rusting_brain_tests::fixture_path("real_configs");
+    let expected: Value =
+        serde_json::from_slice(&std::fs::read(root.join("expected.json")).unwrap()).unwrap();
+    let pipelines = expected["parameters"].as_object().unwrap();
+    assert_eq!(pipelines.len(), 3);
+    println!(
+        "{:<16} {:<16} {:<30} {:>15} {:>8} {:>8}",
+        "pipeline", "component", "class", "parameters", "f32 GB", "int8 GB"
+    );
+    for (name, want) in pipelines {
+        let sizes = component_sizes(root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = want.as_object().unwrap();
+        assert_eq!(sizes.len(), want.len(), "{name}: components");
+        let (mut f32_total, mut q8_total) = (0, 0);
+        for s in &sizes {
+            let n = want[&s.name].as_u64().unwrap() as usize;
+            assert_eq!(s.parameters, n, "{name}/{}: parameters", s.name);
+            assert!(s.q8_bytes <= s.f32_bytes, "{name}/{}", s.name);
+            println!(
+                "{:<16} {:<16} {:<30} {:>15} {:>8} {:>8}",
+                name,
+                s.name,
+                s.class,
+                s.parameters,
+                gb(s.f32_bytes),
+                gb(s.q8_bytes)
+            );
+            f32_total += s.f32_bytes;
+            q8_total += s.q8_bytes;
+        }
+        println!(
+            "{:<16} {:<16} {:<30} {:>15} {:>8} {:>8}",
+            name,
+            "all",
+            "",
+            "",
+            gb(f32_total),
+            gb(q8_total)
+        );
+        // The denoiser and encoders are almost all matrices, so int8 is close to a quarter;
+        // what stays f32 is the autoencoder, T5's embedding table (0.53 GB) and SD3's
+        // 384 x 384 position table (0.91 GB), which puts SD3.5-medium at 0.30.
+        let ratio = q8_total as f64 / f32_total as f64;
+        println!("{name}: int8 holds {ratio:.3} of the f32 bytes");
+        assert!(ratio < 0.31, "{name}: int8 holds {ratio} of f32");
+    }
+}
