@@ -1,0 +1,63 @@
+"""PyTorch's side of native/examples/bench_dit.rs: one denoiser call (one sampling step)
+of diffusers' FLUX.1, FLUX.2 and SD3 transformers built from the same configurations,
+random weights, on the CPU in float32, best time of --reps. Prints one JSON line.
+
+    python bench/torch_dit.py --threads 2 --reps 3 --cases '[{"class": ..., "config": {...},
+        "batch": 1, "grid": [16, 16], "text": 128}, ...]'
+"""
+import argparse
+import json
+import time
+
+import torch
+
+p = argparse.ArgumentParser()
+p.add_argument("--threads", type=int, default=1)
+p.add_argument("--reps", type=int, default=3)
+p.add_argument("--cases", type=str, default="[]")
+a = p.parse_args()
+torch.set_num_threads(a.threads)
+torch.manual_seed(0)
+
+
+def best(f):
+    f()
+    t = float("inf")
+    for _ in range(a.reps):
+        s = time.perf_counter()
+        f()
+        t = min(t, time.perf_counter() - s)
+    return t
+
+
+import diffusers  # noqa: E402
+
+out = {"version": torch.__version__, "diffusers": diffusers.__version__, "threads": a.threads, "step": []}
+with torch.inference_mode():
+    for case in json.loads(a.cases):
+        cls = getattr(diffusers, case["class"])
+        cfg = case["config"]
+        model = cls(**cfg).eval()
+        b, (gh, gw), nt = case["batch"], case["grid"], case["text"]
+        ctx = torch.randn(b, nt, cfg["joint_attention_dim"])
+        t = torch.full((b,), 0.5)
+        if case["class"] == "SD3Transformer2DModel":
+            p_ = cfg["patch_size"]
+            x = torch.randn(b, cfg["in_channels"], gh * p_, gw * p_)
+            pooled = torch.randn(b, cfg["pooled_projection_dim"])
+            f = lambda: model(hidden_states=x, encoder_hidden_states=ctx, pooled_projections=pooled,
+                              timestep=t * 1000)
+        else:
+            axes = len(cfg["axes_dims_rope"])
+            x = torch.randn(b, gh * gw, cfg["in_channels"])
+            img_ids = torch.zeros(gh * gw, axes)
+            img_ids[:, 1] = torch.arange(gh).repeat_interleave(gw)
+            img_ids[:, 2] = torch.arange(gw).repeat(gh)
+            txt_ids = torch.zeros(nt, axes)
+            kw = dict(hidden_states=x, encoder_hidden_states=ctx, timestep=t, img_ids=img_ids, txt_ids=txt_ids)
+            if case["class"] == "FluxTransformer2DModel":
+                kw["pooled_projections"] = torch.randn(b, cfg["pooled_projection_dim"])
+            kw["guidance"] = torch.full((b,), 3.5) if cfg.get("guidance_embeds") else None
+            f = lambda: model(**kw)
+        out["step"].append(best(f))
+print(json.dumps(out))

@@ -1,0 +1,278 @@
+//! One denoising step of the diffusion transformers on the CPU next to diffusers
+//! (`bench/torch_dit.py`) in one run, as ratios: the tiny FLUX.2-klein test pipeline's
+//! transformer, and small FLUX.2, FLUX.1 and SD3 models of 8 blocks at width 256 on a
+//! 256 x 256 picture (256 image tokens) with 128 prompt tokens. Random weights (the time
+//! does not depend on the values); both sides build the model from the same config.json
+//! values. The small FLUX.2 step is then broken down by primitive.
+//!
+//!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_dit [-- REPS]
+//!
+//! PyTorch runs through `$RB_PYTHON` (default `python3`) with the same thread count;
+//! without torch and diffusers there, only our side is printed.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Instant;
+
+use rusting_brain::cpu::CpuBackend;
+use rusting_brain::dit::dit_config;
+use rusting_brain::profile::Profiled;
+use rusting_brain_core::models::dit::{Dit, DitConfig, DitInput, DitKind, DitLatent};
+use rusting_brain_core::{Backend, Rng};
+use serde_json::{json, Value};
+
+fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+fn commit() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// One benchmark case: a diffusers class and config, the token grid and prompt length.
+struct Case {
+    name: &'static str,
+    class: &'static str,
+    config: Value,
+    grid: (usize, usize),
+    text: usize,
+}
+
+/// Parses `config` as our loader parses a `config.json`.
+fn parse(class: &str, config: &Value) -> Result<DitConfig, Box<dyn std::error::Error>> {
+    let dir = std::env::temp_dir().join(format!("rb_bench_dit_{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut c = config.clone();
+    c["_class_name"] = json!(class);
+    let path = dir.join("config.json");
+    std::fs::write(&path, serde_json::to_vec(&c)?)?;
+    let parsed = dit_config(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(parsed?)
+}
+
+fn model<B: Backend<Buffer = Vec<f32>>>(
+    be: B,
+    config: &DitConfig,
+    rng: &mut Rng,
+) -> Result<Dit<B>, Box<dyn std::error::Error>> {
+    let weights: BTreeMap<String, Vec<f32>> = config
+        .layout()
+        .tensors
+        .iter()
+        .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
+        .collect();
+    Ok(Dit::new(be, config.clone(), weights)?)
+}
+
+/// The inputs of one step at batch 1.
+struct Inputs {
+    latent: Vec<f32>,
+    ids: Vec<f32>,
+    context: Vec<f32>,
+    context_ids: Vec<f32>,
+    pooled: Vec<f32>,
+}
+
+fn inputs(config: &DitConfig, case: &Case, rng: &mut Rng) -> Inputs {
+    let (gh, gw) = case.grid;
+    let axes = config.axes_dims_rope.len();
+    let mut ids = vec![0f32; gh * gw * axes];
+    if axes > 0 {
+        for r in 0..gh {
+            for c in 0..gw {
+                ids[(r * gw + c) * axes + 1] = r as f32;
+                ids[(r * gw + c) * axes + 2] = c as f32;
+            }
+        }
+    }
+    let p = config.patch_size;
+    let latent_len = match config.kind {
+        DitKind::Sd3 => config.in_channels * gh * p * gw * p,
+        _ => gh * gw * config.in_channels,
+    };
+    Inputs {
+        latent: rng.normal_vec(latent_len, 1.0),
+        ids,
+        context: rng.normal_vec(case.text * config.joint_attention_dim, 1.0),
+        context_ids: vec![0.0; case.text * axes],
+        pooled: rng.normal_vec(config.pooled_projection_dim, 1.0),
+    }
+}
+
+fn step<B: Backend<Buffer = Vec<f32>>>(dit: &Dit<B>, x: &Inputs, case: &Case) -> Vec<f32> {
+    let config = dit.config();
+    let (gh, gw) = case.grid;
+    let p = config.patch_size;
+    let latent = match config.kind {
+        DitKind::Sd3 => DitLatent::Image {
+            data: &x.latent,
+            height: gh * p,
+            width: gw * p,
+        },
+        _ => DitLatent::Tokens {
+            data: &x.latent,
+            ids: &x.ids,
+        },
+    };
+    let guidance = [3.5f32];
+    let (timestep, t_sd3) = ([0.5f32], [500.0f32]);
+    let input = DitInput {
+        batch: 1,
+        latent,
+        context: &x.context,
+        context_ids: &x.context_ids,
+        pooled: (config.kind != DitKind::Flux2).then_some(&x.pooled[..]),
+        timestep: if config.kind == DitKind::Sd3 {
+            &t_sd3
+        } else {
+            &timestep
+        },
+        guidance: config.guidance_embeds.then_some(&guidance[..]),
+    };
+    dit.forward(&input).expect("dit forward")
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let be = CpuBackend::new();
+    let threads = be.threads();
+    println!(
+        "bench_dit: commit {}, {}, {threads} threads, {}, best of {reps}",
+        commit(),
+        cpu_model(),
+        be.isa()
+    );
+    let cases = vec![
+        Case {
+            name: "FLUX.2 tiny (klein test pipeline)",
+            class: "Flux2Transformer2DModel",
+            config: json!({"patch_size": 1, "in_channels": 4, "num_layers": 1, "num_single_layers": 1,
+                "attention_head_dim": 16, "num_attention_heads": 2, "joint_attention_dim": 32,
+                "timestep_guidance_channels": 256, "axes_dims_rope": [4, 4, 4, 4], "guidance_embeds": false}),
+            grid: (8, 8),
+            text: 64,
+        },
+        Case {
+            name: "FLUX.2 small (4+4 blocks, 256 wide)",
+            class: "Flux2Transformer2DModel",
+            config: json!({"patch_size": 1, "in_channels": 128, "num_layers": 4, "num_single_layers": 4,
+                "attention_head_dim": 128, "num_attention_heads": 2, "joint_attention_dim": 768,
+                "timestep_guidance_channels": 256, "axes_dims_rope": [32, 32, 32, 32], "guidance_embeds": false}),
+            grid: (16, 16),
+            text: 128,
+        },
+        Case {
+            name: "FLUX.1 small (4+4 blocks, 256 wide)",
+            class: "FluxTransformer2DModel",
+            config: json!({"patch_size": 1, "in_channels": 64, "num_layers": 4, "num_single_layers": 4,
+                "attention_head_dim": 128, "num_attention_heads": 2, "joint_attention_dim": 256,
+                "pooled_projection_dim": 128, "axes_dims_rope": [16, 56, 56], "guidance_embeds": true}),
+            grid: (16, 16),
+            text: 128,
+        },
+        Case {
+            name: "SD3 small (8 blocks, 256 wide)",
+            class: "SD3Transformer2DModel",
+            config: json!({"sample_size": 32, "patch_size": 2, "in_channels": 16, "num_layers": 8,
+                "attention_head_dim": 64, "num_attention_heads": 4, "joint_attention_dim": 256,
+                "caption_projection_dim": 256, "pooled_projection_dim": 128, "out_channels": 16,
+                "pos_embed_max_size": 32, "qk_norm": "rms_norm", "dual_attention_layers": [0, 1, 2]}),
+            grid: (16, 16),
+            text: 128,
+        },
+    ];
+
+    let mut rng = Rng::new(0);
+    let mut ours = Vec::new();
+    let mut breakdown = String::new();
+    for (i, case) in cases.iter().enumerate() {
+        let config = parse(case.class, &case.config)?;
+        let dit = model(be, &config, &mut rng)?;
+        let x = inputs(&config, case, &mut rng);
+        let t = best(reps, || {
+            step(&dit, &x, case);
+        });
+        ours.push((config.layout().parameter_count(), t));
+        if i == 1 {
+            let profiled = model(Profiled::new(be), &config, &mut Rng::new(1))?;
+            let t = Instant::now();
+            step(&profiled, &x, case);
+            breakdown = profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false);
+        }
+    }
+
+    let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_dit.py");
+    let spec: Vec<Value> = cases
+        .iter()
+        .map(|c| json!({"class": c.class, "config": c.config, "batch": 1, "grid": [c.grid.0, c.grid.1], "text": c.text}))
+        .collect();
+    let torch: Option<Value> = Command::new(&python)
+        .args([
+            script,
+            "--threads",
+            &threads.to_string(),
+            "--reps",
+            &reps.to_string(),
+        ])
+        .args(["--cases", &serde_json::to_string(&spec)?])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last()?).ok());
+    match &torch {
+        Some(t) => println!(
+            "PyTorch {}, diffusers {} (float32, {} threads)",
+            t["version"].as_str().unwrap_or("?"),
+            t["diffusers"].as_str().unwrap_or("?"),
+            t["threads"]
+        ),
+        None => println!(
+            "PyTorch: not run ({python} {script} failed; set RB_PYTHON to a Python with torch and diffusers)"
+        ),
+    }
+    println!(
+        "{:<40} {:>11} {:>10} {:>10} {:>10}",
+        "one step", "parameters", "ours ms", "torch ms", "ours/torch"
+    );
+    for (i, (case, &(params, t))) in cases.iter().zip(&ours).enumerate() {
+        let theirs = torch.as_ref().and_then(|v| v["step"][i].as_f64());
+        let (tm, ratio) = match theirs {
+            Some(x) => (format!("{:.1}", x * 1e3), format!("{:.2}", t / x)),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "{:<40} {:>11} {:>10.1} {tm:>10} {ratio:>10}",
+            case.name,
+            params,
+            t * 1e3
+        );
+    }
+    println!("FLUX.2 small step by primitive:\n{breakdown}");
+    Ok(())
+}
