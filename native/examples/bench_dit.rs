@@ -167,7 +167,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cpu_model(),
         be.isa()
     );
-    let cases = vec![
+    let cases = [
         Case {
             name: "FLUX.2 tiny (klein test pipeline)",
             class: "Flux2Transformer2DModel",
