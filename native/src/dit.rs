@@ -5,11 +5,14 @@
 //! - diffusers' (`x_embedder`, `transformer_blocks.N.attn.to_q`, ...), as
 //!   `save_pretrained` writes them (`diffusion_pytorch_model.safetensors`, single or
 //!   sharded);
-//! - the original one of Black Forest Labs and ComfyUI exports (`img_in`,
-//!   `double_blocks.N.img_attn.qkv`, ...), in one file of any name, with no, one or a
-//!   doubled `model.diffusion_model.` prefix. Fused q/k/v (and FLUX.1's fused single-block
-//!   input projection) are read as row ranges, and the final adaLN weight's halves are
-//!   swapped (BFL stores shift then scale, diffusers scale then shift).
+//! - the original one of the releases, in one file of any name, with no, one or a doubled
+//!   `model.diffusion_model.` prefix: Black Forest Labs' for FLUX (`img_in`,
+//!   `double_blocks.N.img_attn.qkv`, ...), Stability AI's for SD3 (`x_embedder.proj`,
+//!   `joint_blocks.N.x_block.attn.qkv`, ...). Fused q/k/v (and FLUX.1's fused
+//!   single-block input projection) are read as row ranges, and the continuous adaLN
+//!   weights' halves are swapped (the originals store shift then scale, diffusers scale
+//!   then shift). An SD3 file that also carries its text encoders and autoencoder
+//!   (`text_encoders.*`, `first_stage_model.*`) loads its transformer.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -306,6 +309,76 @@ fn bfl_source(kind: DitKind, name: &str, d: usize, m: usize) -> Option<Source> {
     None
 }
 
+/// The original (Stability AI) name of a diffusers tensor of SD3 (`d` the model width;
+/// `last` the index of the last block, whose prompt adaLN has swapped halves too), without
+/// the prefix.
+fn sai_source(name: &str, d: usize, last: usize) -> Option<Source> {
+    if name == "pos_embed.pos_embed" {
+        return Some(Source::whole("pos_embed".into()));
+    }
+    let (stem, param) = name.rsplit_once('.')?;
+    let whole = |s: &str| Some(Source::whole(format!("{s}.{param}")));
+    let swapped = |s: &str| {
+        Some(Source {
+            swap_halves: true,
+            ..Source::whole(format!("{s}.{param}"))
+        })
+    };
+    match stem {
+        "pos_embed.proj" => return whole("x_embedder.proj"),
+        "time_text_embed.timestep_embedder.linear_1" => return whole("t_embedder.mlp.0"),
+        "time_text_embed.timestep_embedder.linear_2" => return whole("t_embedder.mlp.2"),
+        "time_text_embed.text_embedder.linear_1" => return whole("y_embedder.mlp.0"),
+        "time_text_embed.text_embedder.linear_2" => return whole("y_embedder.mlp.2"),
+        "context_embedder" => return whole("context_embedder"),
+        "proj_out" => return whole("final_layer.linear"),
+        "norm_out.linear" => return swapped("final_layer.adaLN_modulation.1"),
+        _ => {}
+    }
+    let rest = stem.strip_prefix("transformer_blocks.")?;
+    let (n, part) = rest.split_once('.')?;
+    let b = format!("joint_blocks.{n}");
+    let qkv = |at: &str, i: usize| {
+        Some(Source::part(
+            format!("{b}.{at}.qkv.{param}"),
+            i * d..(i + 1) * d,
+            3 * d,
+        ))
+    };
+    match part {
+        "attn.to_q" => qkv("x_block.attn", 0),
+        "attn.to_k" => qkv("x_block.attn", 1),
+        "attn.to_v" => qkv("x_block.attn", 2),
+        "attn.add_q_proj" => qkv("context_block.attn", 0),
+        "attn.add_k_proj" => qkv("context_block.attn", 1),
+        "attn.add_v_proj" => qkv("context_block.attn", 2),
+        "attn2.to_q" => qkv("x_block.attn2", 0),
+        "attn2.to_k" => qkv("x_block.attn2", 1),
+        "attn2.to_v" => qkv("x_block.attn2", 2),
+        "attn.norm_q" => whole(&format!("{b}.x_block.attn.ln_q")),
+        "attn.norm_k" => whole(&format!("{b}.x_block.attn.ln_k")),
+        "attn.norm_added_q" => whole(&format!("{b}.context_block.attn.ln_q")),
+        "attn.norm_added_k" => whole(&format!("{b}.context_block.attn.ln_k")),
+        "attn2.norm_q" => whole(&format!("{b}.x_block.attn2.ln_q")),
+        "attn2.norm_k" => whole(&format!("{b}.x_block.attn2.ln_k")),
+        "attn.to_out.0" => whole(&format!("{b}.x_block.attn.proj")),
+        "attn.to_add_out" => whole(&format!("{b}.context_block.attn.proj")),
+        "attn2.to_out.0" => whole(&format!("{b}.x_block.attn2.proj")),
+        "norm1.linear" => whole(&format!("{b}.x_block.adaLN_modulation.1")),
+        // The last block's prompt norm is an AdaLayerNormContinuous: (shift, scale) in
+        // the original, (scale, shift) in diffusers.
+        "norm1_context.linear" if n.parse::<usize>().ok() == Some(last) => {
+            swapped(&format!("{b}.context_block.adaLN_modulation.1"))
+        }
+        "norm1_context.linear" => whole(&format!("{b}.context_block.adaLN_modulation.1")),
+        "ff.net.0.proj" => whole(&format!("{b}.x_block.mlp.fc1")),
+        "ff.net.2" => whole(&format!("{b}.x_block.mlp.fc2")),
+        "ff_context.net.0.proj" => whole(&format!("{b}.context_block.mlp.fc1")),
+        "ff_context.net.2" => whole(&format!("{b}.context_block.mlp.fc2")),
+        _ => None,
+    }
+}
+
 /// The stored shape of a source whose diffusers shape is `shape`.
 fn stored_shape(source: &Source, shape: &[usize]) -> Vec<usize> {
     let mut s = shape.to_vec();
@@ -342,7 +415,17 @@ impl Dit {
         let sources = sources(&config, &layout, &spelling)?;
         // Every stored tensor must be one the model reads.
         let used: std::collections::HashSet<&str> = sources.iter().map(|s| s.name.as_str()).collect();
-        if let Some(extra) = names.iter().find(|n| !used.contains(n.as_str())) {
+        // A single-file release may carry its text encoders and autoencoder too.
+        let other_part = |n: &str| {
+            let rest = n.trim_start_matches(COMFY_PREFIX);
+            rest.starts_with("text_encoders.")
+                || rest.starts_with("first_stage_model.")
+                || n.starts_with("text_encoders.")
+        };
+        if let Some(extra) = names
+            .iter()
+            .find(|n| !used.contains(n.as_str()) && !other_part(n))
+        {
             let i = tensors
                 .names()
                 .find(|(_, n)| n == extra)
@@ -428,20 +511,17 @@ fn sources(config: &DitConfig, layout: &Layout, spelling: &Spelling) -> Result<V
         }
         Spelling::Original { prefix } => prefix,
     };
-    if config.kind == DitKind::Sd3 {
-        return Err(NetworkError::InvalidInput(
-            "an SD3 transformer in the original (SAI) spelling: convert it with diffusers' \
-             SD3Transformer2DModel.from_single_file(...).save_pretrained(...) first"
-                .into(),
-        ));
-    }
     let (d, m) = (config.dim(), config.mlp_dim());
     layout
         .tensors
         .iter()
         .map(|(n, _)| {
-            let mut s = bfl_source(config.kind, n, d, m).ok_or_else(|| {
-                NetworkError::InvalidInput(format!("{n}: no original (BFL) name is known for this tensor"))
+            let source = match config.kind {
+                DitKind::Sd3 => sai_source(n, d, config.num_layers.saturating_sub(1)),
+                kind => bfl_source(kind, n, d, m),
+            };
+            let mut s = source.ok_or_else(|| {
+                NetworkError::InvalidInput(format!("{n}: no original name is known for this tensor"))
             })?;
             s.name = format!("{prefix}{}", s.name);
             Ok(s)

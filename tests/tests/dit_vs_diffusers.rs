@@ -2,8 +2,9 @@
 //! and without the guidance embedding), FLUX.2 (klein-style) and SD3 (SD3.5-medium-style
 //! with q/k norms and a dual-attention block, and the plain SD3-medium style), each folder
 //! written by `save_pretrained`, run on fixed inputs at batch 2 with two timesteps.
-//! The same weights in the BFL spelling (one, two or no `model.diffusion_model.` prefixes,
-//! fused q/k/v, swapped final adaLN halves) give the same outputs to the bit.
+//! The same weights in the original spellings (BFL's for FLUX with one, two or no
+//! `model.diffusion_model.` prefixes; Stability AI's for SD3; fused q/k/v, swapped adaLN
+//! halves) give the same outputs to the bit.
 //!
 //! Tolerance: rtol 1e-4 with an absolute floor of 1e-4 * rms (`assert_close_rms`). The
 //! expected values come from diffusers in float64, except the rotary tables and the
@@ -101,10 +102,11 @@ fn sd3_plain_matches_diffusers() {
 }
 
 #[test]
-fn bfl_spellings_give_the_same_outputs() {
+fn original_spellings_give_the_same_outputs() {
     for (name, spellings) in [
         ("flux", &["bfl_prefixed"][..]),
         ("flux2", &["bfl_prefixed", "bfl_doubled", "bfl_root"][..]),
+        ("sd3", &["sai_prefixed"][..]),
     ] {
         let io = Fixture::open(folder(name).join("io.safetensors")).unwrap();
         let reference = run(&Dit::load(folder(name).join("transformer")).unwrap(), &io);
@@ -112,7 +114,7 @@ fn bfl_spellings_give_the_same_outputs() {
             let dit =
                 Dit::load(folder(name).join(spelling)).unwrap_or_else(|e| panic!("{name}/{spelling}: {e}"));
             let want_prefix = match *spelling {
-                "bfl_prefixed" => "model.diffusion_model.",
+                "bfl_prefixed" | "sai_prefixed" => "model.diffusion_model.",
                 "bfl_doubled" => "model.diffusion_model.model.diffusion_model.",
                 _ => "",
             };
