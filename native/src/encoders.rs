@@ -58,6 +58,24 @@ impl<'a> Config<'a> {
     pub(crate) fn str(&self, key: &str) -> Option<&str> {
         self.v.get(key).and_then(Value::as_str)
     }
+    /// The raw value of `key`, if present and not null.
+    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
+        self.v.get(key).filter(|v| !v.is_null())
+    }
+    /// A count or a list of `n` counts (one a block), `default` when absent.
+    pub(crate) fn per_block(&self, key: &str, default: usize, n: usize) -> Result<Vec<usize>> {
+        match self.get(key) {
+            None => Ok(vec![default; n]),
+            Some(Value::Array(_)) => {
+                let v = self.counts(key, &[])?;
+                if v.len() != n {
+                    return Err(self.err(key, format!("{} entries for {n} blocks", v.len())));
+                }
+                Ok(v)
+            }
+            Some(_) => Ok(vec![self.count(key, Some(default))?; n]),
+        }
+    }
     /// A boolean key, `default` when absent or null.
     pub(crate) fn flag(&self, key: &str, default: bool) -> Result<bool> {
         match self.v.get(key) {

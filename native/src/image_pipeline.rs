@@ -177,6 +177,10 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
                     l.q8_bytes(linear),
                 )
             }
+            "UNet2DConditionModel" => {
+                let l = crate::unet::unet_config(&config)?.layout();
+                (l.parameter_count(), 4 * l.parameter_count(), l.q8_bytes(linear))
+            }
             "CLIPTextModel" | "CLIPTextModelWithProjection" => {
                 let l = crate::encoders::clip_config(&config)?.layout();
                 let q = l.q8_bytes(|n, s| linear(n, s) && !n.contains("embedding"));
@@ -659,6 +663,13 @@ impl ImagePipeline {
                 FlowMatchEuler::new(&self.scheduler, n, None, mu)?
             }
         })
+    }
+
+    /// The `steps + 1` sigmas (the last 0) a `width x height` run steps through, as the
+    /// family's pipeline sets its scheduler.
+    pub fn sigmas(&self, width: usize, height: usize) -> Result<Vec<f32>> {
+        let (_, h, w) = self.latent_shape(width, height)?;
+        Ok(self.schedule(h, w)?.sigmas)
     }
 
     /// Denoises from noise to a `width x height` picture's latent, calling

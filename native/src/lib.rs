@@ -59,6 +59,7 @@ pub mod profile;
 mod token_file;
 mod tokenize;
 mod transformer;
+pub mod unet;
 pub mod vae;
 mod weights;
 
@@ -83,6 +84,7 @@ pub use rusting_brain_shaders::{GpuCounters, GpuOptions};
 pub use token_file::TokenFile;
 pub use tokenize::{klein_prompt, ClipTokenizer, PromptTokenizer};
 pub use transformer::{Decoder, KvCaches, ParameterCounts, StepLoss, TransformerLm, TransformerLmBuilder};
+pub use unet::Unet;
 
 /// Result type of this crate.
 pub type Result<T, E = NetworkError> = std::result::Result<T, E>;

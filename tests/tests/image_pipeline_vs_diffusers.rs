@@ -68,6 +68,14 @@ fn txt2img(name: &str) -> ImagePipeline {
     let size: usize = meta(&f, "size");
     let seed: u64 = meta(&f, "seed");
     let prompt: String = meta(&f, "prompt");
+    // The schedule diffusers' scheduler stepped through (f32 rounding of the shift).
+    let sigmas = p.sigmas(size, size).unwrap();
+    assert_close(
+        &format!("{name} sigmas"),
+        &sigmas,
+        &f.get("sigmas").unwrap(),
+        Tolerance::new(0.0, 1e-6),
+    );
     let mut seen = Vec::new();
     let image = p
         .generate(&prompt, size, size, Some(seed), |step, total| {
@@ -103,6 +111,55 @@ fn sd3_with_guidance_gives_diffusers_picture() {
     let p = txt2img("sd3_tiny");
     assert_eq!(p.family(), Family::Sd3);
     assert!(p.uses_cfg());
+}
+
+#[test]
+fn flux2_base_runs_guidance_against_the_empty_prompt() {
+    // The same folder with is_distilled false, as a base (undistilled) klein ships.
+    let t = rusting_brain_test_support::TempDir::new("klein-base");
+    copy_dir(&folder("klein_tiny"), t.path());
+    let index = t.path().join("model_index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    assert!(text.contains("\"is_distilled\": true"));
+    std::fs::write(
+        &index,
+        text.replace("\"is_distilled\": true", "\"is_distilled\": false"),
+    )
+    .unwrap();
+    let f = expected("klein_tiny");
+    let mut p = ImagePipeline::load(t.path()).unwrap();
+    assert_eq!(
+        (p.config.steps, p.config.guidance_scale),
+        (50, 4.0),
+        "base klein defaults"
+    );
+    assert!(p.uses_cfg());
+    p.config.steps = 2;
+    p.config.max_sequence_length = meta(&f, "max_sequence_length");
+    p.config.text_encoder_layers = vec![1, 2];
+    let image = p
+        .generate(
+            &meta::<String>(&f, "prompt"),
+            16,
+            16,
+            Some(meta(&f, "seed")),
+            |_, _| true,
+        )
+        .unwrap();
+    same_picture("klein base (CFG 4)", &image, &f.get("base_image").unwrap());
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&dst).unwrap();
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
 }
 
 #[test]

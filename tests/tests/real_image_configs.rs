@@ -1,4 +1,5 @@
-//! The published FLUX.2-klein-4B, FLUX.1-dev and SD3.5-medium pipelines sized from their
+//! The published FLUX.2-klein-4B, FLUX.1-dev, SD3.5-medium, SD 1.5, SD 2.1 and SD-XL
+//! pipelines sized from their
 //! configuration files alone (`tests/fixtures/gen_real_configs.py`; the folders hold no
 //! weights, so nothing can be allocated): every component's parameter count equals what
 //! PyTorch counts on the same model built on the meta device, and the table printed gives
@@ -19,7 +20,7 @@ fn published_pipelines_are_sized_from_their_configs() {
     let expected: Value =
         serde_json::from_slice(&std::fs::read(root.join("expected.json")).unwrap()).unwrap();
     let pipelines = expected["parameters"].as_object().unwrap();
-    assert_eq!(pipelines.len(), 3);
+    assert_eq!(pipelines.len(), 6);
     println!(
         "{:<16} {:<16} {:<30} {:>15} {:>8} {:>8}",
         "pipeline", "component", "class", "parameters", "f32 GB", "int8 GB"
@@ -54,11 +55,15 @@ fn published_pipelines_are_sized_from_their_configs() {
             gb(f32_total),
             gb(q8_total)
         );
-        // The denoiser and encoders are almost all matrices, so int8 is close to a quarter;
-        // what stays f32 is the autoencoder, T5's embedding table (0.53 GB) and SD3's
-        // 384 x 384 position table (0.91 GB), which puts SD3.5-medium at 0.30.
+        // The transformers and encoders are almost all matrices, so int8 is close to a
+        // quarter; what stays f32 is the autoencoder, T5's embedding table (0.53 GB) and
+        // SD3's 384 x 384 position table (0.91 GB), which puts SD3.5-medium at 0.30. A
+        // UNet's weights are mostly convolutions, which stay f32 (only its Linear
+        // matrices go int8), so the SD pipelines keep about three quarters.
         let ratio = q8_total as f64 / f32_total as f64;
         println!("{name}: int8 holds {ratio:.3} of the f32 bytes");
-        assert!(ratio < 0.31, "{name}: int8 holds {ratio} of f32");
+        let unet = sizes.iter().any(|s| s.class == "UNet2DConditionModel");
+        let bound = if unet { 0.8 } else { 0.31 };
+        assert!(ratio < bound, "{name}: int8 holds {ratio} of f32");
     }
 }

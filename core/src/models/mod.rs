@@ -7,4 +7,5 @@ pub mod dit;
 pub mod layers;
 pub mod t5;
 pub mod transformer;
+pub mod unet;
 pub mod vae;
