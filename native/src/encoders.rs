@@ -26,6 +26,21 @@ pub(crate) struct Config<'a> {
 impl<'a> Config<'a> {
     pub(crate) fn read(path: &'a Path) -> Result<Config<'a>> {
         let text = crate::files::read(path)?;
+        Config::parse(path, text)
+    }
+
+    /// [`Config::read`] for files Python's `json` wrote with its non-standard values
+    /// (`-Infinity`, `Infinity`, `NaN`, as diffusers saves `lambda_min_clipped`), which are
+    /// read as null.
+    pub(crate) fn read_python(path: &'a Path) -> Result<Config<'a>> {
+        let text = String::from_utf8_lossy(&crate::files::read(path)?)
+            .replace(": -Infinity", ": null")
+            .replace(": Infinity", ": null")
+            .replace(": NaN", ": null");
+        Config::parse(path, text.into_bytes())
+    }
+
+    fn parse(path: &'a Path, text: Vec<u8>) -> Result<Config<'a>> {
         let v: Value =
             serde_json::from_slice(&text).map_err(|e| NetworkError::parse(path, "json", e.to_string()))?;
         if !v.is_object() {

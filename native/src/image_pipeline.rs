@@ -12,9 +12,7 @@
 
 use std::path::Path;
 
-use rusting_brain_core::diffusion::flow_match::{
-    flux2_empirical_mu, FlowMatchConfig, FlowMatchEuler, TimeShift,
-};
+use rusting_brain_core::diffusion::flow_match::{flux2_empirical_mu, FlowMatchConfig, FlowMatchEuler};
 use rusting_brain_core::diffusion::torch_randn::TorchGenerator;
 use rusting_brain_core::models::dit::{DitInput, DitKind, DitLatent};
 use rusting_brain_core::ops::spatial::{patchify, unpatchify, PatchOrder, PatchSpec};
@@ -237,55 +235,14 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
 /// Reads a `FlowMatchEulerDiscreteScheduler`'s `scheduler_config.json`, refusing the
 /// options this sampler does not compute.
 pub fn flow_match_config(path: &Path) -> Result<FlowMatchConfig> {
-    let c = Config::read(path)?;
-    match c.str("_class_name") {
-        Some("FlowMatchEulerDiscreteScheduler") => {}
-        other => {
-            return Err(c.err(
-                "_class_name",
-                format!("{other:?}: the transformer pipelines sample with FlowMatchEulerDiscreteScheduler"),
-            ))
-        }
+    match crate::scheduler::scheduler_config(path)? {
+        crate::scheduler::SchedulerConfig::FlowMatch(c) => Ok(c),
+        crate::scheduler::SchedulerConfig::Discrete(..) => Err(NetworkError::parse(
+            path,
+            "_class_name",
+            "the transformer pipelines sample with FlowMatchEulerDiscreteScheduler",
+        )),
     }
-    for key in [
-        "use_karras_sigmas",
-        "use_exponential_sigmas",
-        "use_beta_sigmas",
-        "invert_sigmas",
-        "stochastic_sampling",
-    ] {
-        if c.flag(key, false)? {
-            return Err(c.err(key, "true: this option of the scheduler is not computed"));
-        }
-    }
-    let d = FlowMatchConfig::default();
-    let shift_terminal = match c.float("shift_terminal", 0.0)? {
-        t if t > 0.0 => Some(t as f64),
-        _ => None,
-    };
-    let time_shift = match c.str("time_shift_type").unwrap_or("exponential") {
-        "exponential" => TimeShift::Exponential,
-        "linear" => TimeShift::Linear,
-        other => {
-            return Err(c.err(
-                "time_shift_type",
-                format!("{other:?} is not exponential or linear"),
-            ))
-        }
-    };
-    let config = FlowMatchConfig {
-        num_train_timesteps: c.count("num_train_timesteps", Some(d.num_train_timesteps))?,
-        shift: c.float("shift", d.shift as f32)? as f64,
-        use_dynamic_shifting: c.flag("use_dynamic_shifting", false)?,
-        base_shift: c.float("base_shift", d.base_shift as f32)? as f64,
-        max_shift: c.float("max_shift", d.max_shift as f32)? as f64,
-        base_image_seq_len: c.count("base_image_seq_len", Some(d.base_image_seq_len))?,
-        max_image_seq_len: c.count("max_image_seq_len", Some(d.max_image_seq_len))?,
-        shift_terminal,
-        time_shift,
-    };
-    config.validate().map_err(|e| c.err("config", e.to_string()))?;
-    Ok(config)
 }
 
 impl ImagePipeline {

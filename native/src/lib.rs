@@ -56,6 +56,7 @@ mod pipeline_dir;
 #[cfg(feature = "onnx")]
 pub use onnx::{OnnxDim, OnnxIo, OnnxModel, OnnxOutput};
 pub mod profile;
+pub mod scheduler;
 mod token_file;
 mod tokenize;
 mod transformer;
