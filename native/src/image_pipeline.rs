@@ -20,17 +20,17 @@ use rusting_brain_core::ops::spatial::{patchify, unpatchify, PatchOrder, PatchSp
 use crate::dit::Dit;
 use crate::encoders::Config;
 use crate::pipeline_dir::PipelineFolder;
+use crate::scheduler::SchedulerConfig;
+use crate::unet::Unet;
 use crate::vae::{Image, Vae};
 use crate::{
     ClipTextEncoder, ClipTokenizer, NetworkError, Precision, PromptTokenizer, Result, T5Encoder, TextEncoder,
 };
+use rusting_brain_core::diffusion::discrete::{DiscreteConfig, DiscreteSampler};
 
-/// How a sampling step is taken. The flow-matching transformers step with Euler
-/// (`FlowMatchEulerDiscreteScheduler`), which is what their folders name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Solver {
-    Euler,
-}
+/// How a sampling step is taken: DDIM, Euler, Euler ancestral or DPM++ 2M for the UNets;
+/// the flow-matching transformers step with Euler (`FlowMatchEulerDiscreteScheduler`).
+pub use rusting_brain_core::diffusion::discrete::Solver;
 
 /// What diffusers takes as call arguments rather than configuration, with its defaults for
 /// the folder's pipeline ([`ImagePipeline::load`] fills them in).
@@ -57,6 +57,10 @@ pub enum Family {
     Flux,
     Flux2,
     Sd3,
+    /// Stable Diffusion 1.x and 2.x (`StableDiffusionPipeline`).
+    Sd,
+    /// Stable Diffusion XL (`StableDiffusionXLPipeline`).
+    Sdxl,
 }
 
 /// One prompt, encoded for the denoiser.
@@ -119,6 +123,23 @@ enum Encoders {
         tokenizer_g: ClipTokenizer,
         t5: Option<(T5Encoder, PromptTokenizer)>,
     },
+    Sd {
+        clip: ClipTextEncoder,
+        tokenizer: ClipTokenizer,
+    },
+    Sdxl {
+        clip_l: ClipTextEncoder,
+        clip_g: ClipTextEncoder,
+        tokenizer_l: ClipTokenizer,
+        tokenizer_g: ClipTokenizer,
+    },
+}
+
+/// The training schedule the folder's scheduler describes.
+#[derive(Debug, Clone)]
+enum Schedule {
+    Flow(FlowMatchConfig),
+    Discrete(DiscreteConfig),
 }
 
 /// A text-to-image pipeline on the CPU; see the module documentation.
@@ -126,10 +147,13 @@ pub struct ImagePipeline {
     family: Family,
     /// The call-time settings; change them between runs.
     pub config: PipelineConfig,
-    scheduler: FlowMatchConfig,
+    scheduler: Schedule,
     distilled: bool,
+    /// SD-XL: the negative prompt is zeros when it is empty.
+    force_zeros_for_empty_prompt: bool,
     encoders: Option<Encoders>,
     dit: Option<Dit>,
+    unet: Option<Unet>,
     vae: Vae,
 }
 
@@ -260,42 +284,78 @@ impl ImagePipeline {
             "FluxPipeline" | "FluxImg2ImgPipeline" => Family::Flux,
             "Flux2KleinPipeline" => Family::Flux2,
             "StableDiffusion3Pipeline" | "StableDiffusion3Img2ImgPipeline" => Family::Sd3,
+            "StableDiffusionPipeline" | "StableDiffusionImg2ImgPipeline" => Family::Sd,
+            "StableDiffusionXLPipeline" | "StableDiffusionXLImg2ImgPipeline" => Family::Sdxl,
             other => {
                 return Err(NetworkError::InvalidInput(format!(
-                    "{}: a {other}; this loader reads FluxPipeline, Flux2KleinPipeline and StableDiffusion3Pipeline",
+                    "{}: a {other}; this loader reads FluxPipeline, Flux2KleinPipeline, StableDiffusion3Pipeline, \
+                     StableDiffusionPipeline and StableDiffusionXLPipeline",
                     folder.root().display()
                 )))
             }
         };
+        let unet_family = matches!(family, Family::Sd | Family::Sdxl);
         let index_path = folder.root().join("model_index.json");
         let index = Config::read(&index_path)?;
         let distilled = index.flag("is_distilled", false)?;
-        let scheduler_dir = &folder
-            .require("scheduler", &["FlowMatchEulerDiscreteScheduler"])?
-            .dir;
-        let scheduler = flow_match_config(&scheduler_dir.join("scheduler_config.json"))?;
-        let transformer_classes = [
-            "FluxTransformer2DModel",
-            "Flux2Transformer2DModel",
-            "SD3Transformer2DModel",
+        let force_zeros_for_empty_prompt = index.flag("force_zeros_for_empty_prompt", true)?;
+        let scheduler_classes = [
+            "FlowMatchEulerDiscreteScheduler",
+            "DDIMScheduler",
+            "PNDMScheduler",
+            "EulerDiscreteScheduler",
+            "EulerAncestralDiscreteScheduler",
+            "DPMSolverMultistepScheduler",
         ];
-        let dit = Dit::load_at(
-            &folder.require("transformer", &transformer_classes)?.dir,
-            precision,
-        )?;
-        let want_kind = match family {
-            Family::Flux => DitKind::Flux,
-            Family::Flux2 => DitKind::Flux2,
-            Family::Sd3 => DitKind::Sd3,
+        let scheduler_dir = &folder.require("scheduler", &scheduler_classes)?.dir;
+        let scheduler_path = scheduler_dir.join("scheduler_config.json");
+        let (scheduler, solver) = match (crate::scheduler::scheduler_config(&scheduler_path)?, unet_family) {
+            (SchedulerConfig::FlowMatch(c), false) => (Schedule::Flow(c), Solver::Euler),
+            (SchedulerConfig::Discrete(solver, c), true) => (Schedule::Discrete(c), solver),
+            _ => {
+                return Err(NetworkError::parse(
+                    &scheduler_path,
+                    "_class_name",
+                    format!(
+                        "a {} samples with {}",
+                        folder.class_name(),
+                        if unet_family {
+                            "DDIM, Euler, Euler ancestral or DPM-Solver multistep"
+                        } else {
+                            "FlowMatchEulerDiscreteScheduler"
+                        }
+                    ),
+                ))
+            }
         };
-        if dit.config().kind != want_kind {
-            return Err(NetworkError::InvalidInput(format!(
-                "{}: the transformer is a {:?} model in a {} folder",
-                folder.root().display(),
-                dit.config().kind,
-                folder.class_name()
-            )));
-        }
+        let (dit, unet) = if unet_family {
+            let dir = &folder.require("unet", &["UNet2DConditionModel"])?.dir;
+            (None, Some(Unet::load_at(dir, precision)?))
+        } else {
+            let transformer_classes = [
+                "FluxTransformer2DModel",
+                "Flux2Transformer2DModel",
+                "SD3Transformer2DModel",
+            ];
+            let dit = Dit::load_at(
+                &folder.require("transformer", &transformer_classes)?.dir,
+                precision,
+            )?;
+            let want_kind = match family {
+                Family::Flux => DitKind::Flux,
+                Family::Flux2 => DitKind::Flux2,
+                _ => DitKind::Sd3,
+            };
+            if dit.config().kind != want_kind {
+                return Err(NetworkError::InvalidInput(format!(
+                    "{}: the transformer is a {:?} model in a {} folder",
+                    folder.root().display(),
+                    dit.config().kind,
+                    folder.class_name()
+                )));
+            }
+            (Some(dit), None)
+        };
         let vae = folder.vae()?;
         let config = match family {
             Family::Flux => PipelineConfig {
@@ -321,6 +381,14 @@ impl ImagePipeline {
                 text_encoder_layers: Vec::new(),
                 negative_prompt: String::new(),
                 solver: Solver::Euler,
+            },
+            Family::Sd | Family::Sdxl => PipelineConfig {
+                steps: 50,
+                guidance_scale: if family == Family::Sd { 7.5 } else { 5.0 },
+                max_sequence_length: 77,
+                text_encoder_layers: Vec::new(),
+                negative_prompt: String::new(),
+                solver,
             },
         };
         let clip_classes = ["CLIPTextModel", "CLIPTextModelWithProjection"];
@@ -372,14 +440,35 @@ impl ImagePipeline {
                     t5,
                 }
             }
+            Family::Sd => Encoders::Sd {
+                clip: ClipTextEncoder::load_at(
+                    &folder.require("text_encoder", &clip_classes)?.dir,
+                    precision,
+                )?,
+                tokenizer: folder.clip_tokenizer("tokenizer")?,
+            },
+            Family::Sdxl => Encoders::Sdxl {
+                clip_l: ClipTextEncoder::load_at(
+                    &folder.require("text_encoder", &clip_classes)?.dir,
+                    precision,
+                )?,
+                clip_g: ClipTextEncoder::load_at(
+                    &folder.require("text_encoder_2", &clip_classes)?.dir,
+                    precision,
+                )?,
+                tokenizer_l: folder.clip_tokenizer("tokenizer")?,
+                tokenizer_g: folder.clip_tokenizer("tokenizer_2")?,
+            },
         };
         Ok(ImagePipeline {
             family,
             config,
             scheduler,
             distilled,
+            force_zeros_for_empty_prompt,
             encoders: Some(encoders),
-            dit: Some(dit),
+            dit,
+            unet,
             vae,
         })
     }
@@ -403,6 +492,8 @@ impl ImagePipeline {
         let encoders = match &self.encoders {
             Some(Encoders::Flux { clip, t5, .. }) => clip.weight_bytes() + t5.weight_bytes(),
             Some(Encoders::Flux2 { qwen, .. }) => qwen.weight_bytes(),
+            Some(Encoders::Sd { clip, .. }) => clip.weight_bytes(),
+            Some(Encoders::Sdxl { clip_l, clip_g, .. }) => clip_l.weight_bytes() + clip_g.weight_bytes(),
             Some(Encoders::Sd3 {
                 clip_l, clip_g, t5, ..
             }) => {
@@ -412,7 +503,10 @@ impl ImagePipeline {
             }
             None => 0,
         };
-        encoders + self.dit.as_ref().map_or(0, Dit::weight_bytes) + self.vae.weight_bytes()
+        encoders
+            + self.dit.as_ref().map_or(0, Dit::weight_bytes)
+            + self.unet.as_ref().map_or(0, Unet::weight_bytes)
+            + self.vae.weight_bytes()
     }
 
     /// Bytes of the denoiser and the prompt encoders alone (what [`Precision::Q8`] shrinks).
@@ -428,6 +522,12 @@ impl ImagePipeline {
     /// Drops the denoiser (after [`ImagePipeline::sample_latent`]).
     pub fn drop_denoiser(&mut self) {
         self.dit = None;
+        self.unet = None;
+    }
+
+    /// The UNet, while it is held (Stable Diffusion 1.x, 2.x, XL).
+    pub fn unet(&self) -> Option<&Unet> {
+        self.unet.as_ref()
     }
 
     /// Whether a run takes classifier-free guidance (two denoiser passes a step).
@@ -435,7 +535,7 @@ impl ImagePipeline {
         match self.family {
             Family::Flux => false,
             Family::Flux2 => !self.distilled && self.config.guidance_scale > 1.0,
-            Family::Sd3 => self.config.guidance_scale > 1.0,
+            Family::Sd3 | Family::Sd | Family::Sdxl => self.config.guidance_scale > 1.0,
         }
     }
 
@@ -445,6 +545,14 @@ impl ImagePipeline {
         let negative = self.uses_cfg().then(|| self.config.negative_prompt.clone());
         let prompt = self.encode_prompt(prompt)?;
         let negative = match negative {
+            // SD-XL's pipeline feeds zeros, not the empty prompt's states, by default.
+            Some(n) if n.is_empty() && self.family == Family::Sdxl && self.force_zeros_for_empty_prompt => {
+                Some(PromptEmbedding {
+                    states: vec![0.0; prompt.states.len()],
+                    tokens: prompt.tokens,
+                    pooled: prompt.pooled.as_ref().map(|p| vec![0.0; p.len()]),
+                })
+            }
             Some(n) => Some(self.encode_prompt(&n)?),
             None => None,
         };
@@ -554,17 +662,73 @@ impl ImagePipeline {
                     pooled: Some(pooled),
                 })
             }
+            Encoders::Sd { clip, tokenizer } => {
+                // The last layer's states after the final LayerNorm, no mask.
+                let (ids, _) = tokenizer.encode(prompt)?;
+                let out = clip.encode(&ids, 1, None)?;
+                Ok(PromptEmbedding {
+                    states: out.last_hidden_state,
+                    tokens: ids.len(),
+                    pooled: None,
+                })
+            }
+            Encoders::Sdxl {
+                clip_l,
+                clip_g,
+                tokenizer_l,
+                tokenizer_g,
+            } => {
+                // Each tower's second-to-last states side by side; the pooled vector is
+                // the second tower's projection.
+                let (ids_l, _) = tokenizer_l.encode(prompt)?;
+                let (ids_g, _) = tokenizer_g.encode(prompt)?;
+                if ids_l.len() != ids_g.len() {
+                    return Err(NetworkError::InvalidInput(format!(
+                        "the CLIP tokenizers pad to {} and {} tokens; SD-XL lays the towers side by side",
+                        ids_l.len(),
+                        ids_g.len()
+                    )));
+                }
+                let out_l = clip_l.encode(&ids_l, 1, None)?;
+                let out_g = clip_g.encode(&ids_g, 1, None)?;
+                let penultimate = |o: &rusting_brain_core::models::clip::ClipTextOutput| {
+                    o.hidden_states[o.hidden_states.len().saturating_sub(2)].clone()
+                };
+                let (hl, hg) = (penultimate(&out_l), penultimate(&out_g));
+                let (wl, wg) = (clip_l.config().hidden_size, clip_g.config().hidden_size);
+                let mut states = Vec::with_capacity(ids_l.len() * (wl + wg));
+                for t in 0..ids_l.len() {
+                    states.extend_from_slice(&hl[t * wl..(t + 1) * wl]);
+                    states.extend_from_slice(&hg[t * wg..(t + 1) * wg]);
+                }
+                let pooled = out_g.text_embeds.ok_or_else(|| {
+                    NetworkError::InvalidInput(
+                        "SD-XL's text_encoder_2 must be a CLIPTextModelWithProjection".into(),
+                    )
+                })?;
+                Ok(PromptEmbedding {
+                    states,
+                    tokens: ids_l.len(),
+                    pooled: Some(pooled),
+                })
+            }
         }
     }
 
     /// The latent shape a `width x height` picture has, checking the sides.
     pub fn latent_shape(&self, width: usize, height: usize) -> Result<(usize, usize, usize)> {
         let f = self.vae.config().downscale();
-        let dit = self.denoiser()?;
         let (multiple, channels) = match self.family {
-            Family::Flux => (2 * f, dit.config().in_channels / 4),
-            Family::Flux2 => (2 * f, dit.config().in_channels),
-            Family::Sd3 => (f * dit.config().patch_size, dit.config().in_channels),
+            Family::Sd | Family::Sdxl => {
+                let unet = self.unet_ref()?;
+                (f * unet.config().downscale(), unet.config().in_channels)
+            }
+            Family::Flux => (2 * f, self.denoiser()?.config().in_channels / 4),
+            Family::Flux2 => (2 * f, self.denoiser()?.config().in_channels),
+            Family::Sd3 => {
+                let dit = self.denoiser()?;
+                (f * dit.config().patch_size, dit.config().in_channels)
+            }
         };
         if width == 0 || height == 0 || !width.is_multiple_of(multiple) || !height.is_multiple_of(multiple) {
             return Err(NetworkError::InvalidInput(format!(
@@ -572,10 +736,15 @@ impl ImagePipeline {
             )));
         }
         Ok(match self.family {
-            Family::Flux => (channels, height / f, width / f),
             Family::Flux2 => (channels, height / multiple, width / multiple),
-            Family::Sd3 => (channels, height / f, width / f),
+            _ => (channels, height / f, width / f),
         })
+    }
+
+    fn unet_ref(&self) -> Result<&Unet> {
+        self.unet
+            .as_ref()
+            .ok_or_else(|| NetworkError::InvalidInput("the denoiser was dropped (drop_denoiser)".into()))
     }
 
     fn denoiser(&self) -> Result<&Dit> {
@@ -590,6 +759,17 @@ impl ImagePipeline {
         if n == 0 {
             return Err(NetworkError::InvalidInput("0 steps".into()));
         }
+        let Schedule::Flow(flow) = &self.scheduler else {
+            return Err(NetworkError::InvalidInput(
+                "a UNet pipeline has no flow-matching schedule".into(),
+            ));
+        };
+        if self.config.solver != Solver::Euler {
+            return Err(NetworkError::InvalidInput(format!(
+                "{:?}: the flow-matching transformers step with Euler",
+                self.config.solver
+            )));
+        }
         let linspace: Vec<f64> = (0..n)
             .map(|i| {
                 if n == 1 {
@@ -602,30 +782,50 @@ impl ImagePipeline {
         Ok(match self.family {
             Family::Flux => {
                 let tokens = (h / 2) * (w / 2);
-                let mu = self
-                    .scheduler
-                    .use_dynamic_shifting
-                    .then(|| self.scheduler.flux1_mu(tokens));
-                FlowMatchEuler::new(&self.scheduler, n, Some(&linspace), mu)?
+                let mu = flow.use_dynamic_shifting.then(|| flow.flux1_mu(tokens));
+                FlowMatchEuler::new(flow, n, Some(&linspace), mu)?
             }
             Family::Flux2 => {
                 let mu = flux2_empirical_mu(h * w, n);
-                FlowMatchEuler::new(&self.scheduler, n, Some(&linspace), Some(mu))?
+                FlowMatchEuler::new(flow, n, Some(&linspace), Some(mu))?
             }
-            Family::Sd3 => {
-                let mu = self.scheduler.use_dynamic_shifting.then(|| {
+            _ => {
+                let mu = flow.use_dynamic_shifting.then(|| {
                     let p = self.dit.as_ref().map(|d| d.config().patch_size).unwrap_or(2);
-                    self.scheduler.flux1_mu((h / p) * (w / p))
+                    flow.flux1_mu((h / p) * (w / p))
                 });
-                FlowMatchEuler::new(&self.scheduler, n, None, mu)?
+                FlowMatchEuler::new(flow, n, None, mu)?
             }
         })
+    }
+
+    fn is_unet(&self) -> bool {
+        matches!(self.family, Family::Sd | Family::Sdxl)
+    }
+
+    /// A fresh run of the UNet pipelines' sampler (`config.solver` over the folder's
+    /// training schedule).
+    fn discrete_sampler(&self) -> Result<DiscreteSampler> {
+        let Schedule::Discrete(c) = &self.scheduler else {
+            return Err(NetworkError::InvalidInput(
+                "a flow-matching pipeline has no discrete schedule".into(),
+            ));
+        };
+        Ok(DiscreteSampler::new(self.config.solver, *c, self.config.steps)?)
     }
 
     /// The `steps + 1` sigmas (the last 0) a `width x height` run steps through, as the
     /// family's pipeline sets its scheduler.
     pub fn sigmas(&self, width: usize, height: usize) -> Result<Vec<f32>> {
         let (_, h, w) = self.latent_shape(width, height)?;
+        if self.is_unet() {
+            return Ok(self
+                .discrete_sampler()?
+                .sigmas
+                .iter()
+                .map(|&s| s as f32)
+                .collect());
+        }
         Ok(self.schedule(h, w)?.sigmas)
     }
 
@@ -641,17 +841,29 @@ impl ImagePipeline {
     ) -> Result<Latent> {
         let (c, h, w) = self.latent_shape(width, height)?;
         let n = c * h * w;
+        let mut generator = None;
         let noise = match noise {
-            Noise::Seed(seed) => TorchGenerator::new(seed).randn(n),
+            Noise::Seed(seed) => {
+                let mut g = TorchGenerator::new(seed);
+                let v = g.randn(n);
+                generator = Some(g);
+                v
+            }
             Noise::Given(v) => check_noise(v, n)?,
         };
-        let schedule = self.schedule(h, w)?;
-        let start = Latent {
+        let mut start = Latent {
             data: noise,
             channels: c,
             height: h,
             width: w,
         };
+        if self.is_unet() {
+            let sampler = self.discrete_sampler()?;
+            let k = sampler.init_noise_sigma() as f32;
+            start.data.iter_mut().for_each(|v| *v *= k);
+            return self.denoise_unet(cond, start, sampler, 0, generator, progress);
+        }
+        let schedule = self.schedule(h, w)?;
         self.denoise(cond, start, &schedule, 0, progress)
     }
 
@@ -685,6 +897,7 @@ impl ImagePipeline {
         let n = c * h * w;
         // diffusers' img2img pipelines sample the latent (FLUX.1, SD3) with the same
         // generator as the noise, first; FLUX.2 encodes to the mean.
+        let mut generator = None;
         let (z, noise) = match noise {
             Noise::Seed(seed) => {
                 let mut g = TorchGenerator::new(seed);
@@ -693,7 +906,9 @@ impl ImagePipeline {
                 } else {
                     dist.sample(&g.randn(dist.mean.len()))?
                 };
-                (z, g.randn(n))
+                let noise = g.randn(n);
+                generator = Some(g);
+                (z, noise)
             }
             Noise::Given(v) => (dist.mean.clone(), check_noise(v, n)?),
         };
@@ -702,6 +917,25 @@ impl ImagePipeline {
             return Err(NetworkError::InvalidInput(format!(
                 "the autoencoder gives a ({dc}, {dh}, {dw}) latent; the denoiser takes ({c}, {h}, {w})"
             )));
+        }
+        if self.is_unet() {
+            // Stable Diffusion's rule: int(N * strength) steps run.
+            let sampler = self.discrete_sampler()?;
+            let steps = sampler.steps();
+            let first = steps - ((steps as f64 * strength as f64) as usize).min(steps);
+            if first >= steps {
+                return Err(NetworkError::InvalidInput(format!(
+                    "strength {strength} over {steps} steps leaves no step to run"
+                )));
+            }
+            let data = sampler.add_noise(first, &x0, &noise)?;
+            let start = Latent {
+                data,
+                channels: c,
+                height: h,
+                width: w,
+            };
+            return self.denoise_unet(cond, start, sampler, first, generator, progress);
         }
         let schedule = self.schedule(h, w)?;
         let first = schedule.start_for_strength(strength as f64)?;
@@ -779,7 +1013,7 @@ impl ImagePipeline {
                 patch: 1,
                 order: PatchOrder::ChannelFirst,
             }),
-            Family::Sd3 => None,
+            Family::Sd3 | Family::Sd | Family::Sdxl => None,
         };
         let axes = cfg.axes_dims_rope.len();
         let (img_ids, txt_ids) = match pack {
@@ -864,6 +1098,95 @@ impl ImagePipeline {
                 v = img;
             }
             schedule.step(i, &mut latent.data, &v)?;
+            let done = i + 1 - first;
+            if !progress(done, total) {
+                return Err(NetworkError::InvalidInput(format!(
+                    "stopped by the progress callback after step {done} of {total}"
+                )));
+            }
+        }
+        Ok(latent)
+    }
+
+    /// The UNet loop from step `first`: classifier-free guidance as one batch of two
+    /// (negative first), as diffusers runs it; the ancestral samplers' noise continues the
+    /// seed's generator.
+    fn denoise_unet(
+        &self,
+        cond: &Conditioning,
+        mut latent: Latent,
+        mut sampler: DiscreteSampler,
+        first: usize,
+        mut generator: Option<TorchGenerator>,
+        mut progress: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Latent> {
+        let unet = self.unet_ref()?;
+        let cfg = unet.config();
+        if sampler.needs_noise() && generator.is_none() {
+            return Err(NetworkError::InvalidInput(format!(
+                "{:?} draws noise at every step: start it from Noise::Seed",
+                self.config.solver
+            )));
+        }
+        let embeddings: Vec<&PromptEmbedding> = match &cond.negative {
+            Some(neg) if self.uses_cfg() => vec![neg, &cond.prompt],
+            _ => vec![&cond.prompt],
+        };
+        let batch = embeddings.len();
+        let tokens = cond.prompt.tokens;
+        let width = cfg.cross_attention_dim;
+        let mut context = Vec::with_capacity(batch * tokens * width);
+        let mut pooled = Vec::new();
+        for e in &embeddings {
+            if e.tokens != tokens || e.states.len() != tokens * width {
+                return Err(NetworkError::InvalidInput(format!(
+                    "prompt states of {} values; the UNet takes {tokens} tokens of {width}",
+                    e.states.len()
+                )));
+            }
+            context.extend_from_slice(&e.states);
+            if let Some(p) = &e.pooled {
+                pooled.extend_from_slice(p);
+            }
+        }
+        let (c, h, w) = (latent.channels, latent.height, latent.width);
+        let f = self.vae.config().downscale() as f32;
+        // SD-XL's size conditioning: original size, crop corner (0, 0), target size.
+        let time_ids: Vec<f32> = (0..batch)
+            .flat_map(|_| [h as f32 * f, w as f32 * f, 0.0, 0.0, h as f32 * f, w as f32 * f])
+            .collect();
+        let xl = cfg.addition_time_embed_dim.is_some();
+        let n = c * h * w;
+        let total = sampler.steps() - first;
+        for i in first..sampler.steps() {
+            let scaled = sampler.scale_model_input(i, &latent.data);
+            let mut input = Vec::with_capacity(batch * n);
+            for _ in 0..batch {
+                input.extend_from_slice(&scaled);
+            }
+            let t = vec![sampler.timesteps[i] as f32; batch];
+            let out = unet.forward(&rusting_brain_core::models::unet::UnetInput {
+                sample: &input,
+                batch,
+                h,
+                w,
+                timestep: &t,
+                context: &context,
+                text_embeds: xl.then_some(&pooled[..]),
+                time_ids: xl.then_some(&time_ids[..]),
+            })?;
+            let v: Vec<f32> = if batch == 2 {
+                let g = self.config.guidance_scale;
+                let (un, co) = out.split_at(n);
+                un.iter().zip(co).map(|(&u, &c)| u + g * (c - u)).collect()
+            } else {
+                out
+            };
+            let noise = match (&mut generator, sampler.needs_noise()) {
+                (Some(g), true) => Some(g.randn(n)),
+                _ => None,
+            };
+            sampler.step(i, &mut latent.data, &v, noise.as_deref())?;
             let done = i + 1 - first;
             if !progress(done, total) {
                 return Err(NetworkError::InvalidInput(format!(
