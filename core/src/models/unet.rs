@@ -315,6 +315,10 @@ impl<B: Backend> Unet<B> {
         &self.config
     }
 
+    pub fn backend_ref(&self) -> &B {
+        &self.backend
+    }
+
     /// Bytes the weights hold (see [`Weights::bytes`]).
     pub fn weight_bytes(&self) -> usize {
         self.weights.bytes(&self.backend)

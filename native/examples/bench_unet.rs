@@ -1,0 +1,235 @@
+//! One sampling step of Stable Diffusion's UNet (classifier-free guidance: batch 2) on the
+//! CPU next to diffusers (`bench/torch_unet.py`) in one run, as ratios: the tiny SD test
+//! pipeline's UNet at 16 x 16 pixels, and a small SD 1.5-shaped UNet (widths 64-256, 8
+//! heads, CLIP-L's 768-wide prompt) at 256 x 256 and 512 x 512. Random weights; both sides
+//! build the model from the same config.json values. Memory: the most our step allocates
+//! beyond its inputs (a counting allocator), beside the rise of PyTorch's peak resident
+//! memory over its first call.
+//!
+//!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_unet [-- REPS]
+
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use rusting_brain::cpu::CpuBackend;
+use rusting_brain::profile::Profiled;
+use rusting_brain::unet::unet_config;
+use rusting_brain_core::models::unet::{Unet, UnetInput};
+use rusting_brain_core::Rng;
+use serde_json::{json, Value};
+
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call forwards to the system allocator unchanged; the counters only observe.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: AllocLayout) -> *mut u8 {
+        let live = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
+        PEAK.fetch_max(live, Ordering::Relaxed);
+        // SAFETY: the caller's layout contract is passed through as is.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: AllocLayout) {
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: `p` came from `alloc` above with this layout.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+fn commit() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+struct Case {
+    name: &'static str,
+    config: Value,
+    latent: usize,
+    tokens: usize,
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let be = CpuBackend::new();
+    let threads = be.threads();
+    println!(
+        "bench_unet: commit {}, {}, {threads} threads, {}, best of {reps}",
+        commit(),
+        cpu_model(),
+        be.isa()
+    );
+    let small = json!({"sample_size": 64, "block_out_channels": [64, 128, 256, 256], "attention_head_dim": 8,
+        "cross_attention_dim": 768, "norm_num_groups": 32});
+    let cases = [
+        Case {
+            name: "SD tiny (the test pipeline's), 16x16",
+            config: json!({"block_out_channels": [8, 16], "layers_per_block": 1, "sample_size": 8,
+                "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+                "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "cross_attention_dim": 32,
+                "norm_num_groups": 4, "attention_head_dim": 2}),
+            latent: 8,
+            tokens: 77,
+        },
+        Case {
+            name: "SD small (widths 64-256), 256x256",
+            config: small.clone(),
+            latent: 32,
+            tokens: 77,
+        },
+        Case {
+            name: "SD small (widths 64-256), 512x512",
+            config: small,
+            latent: 64,
+            tokens: 77,
+        },
+    ];
+    let mut rng = Rng::new(0);
+    let mut ours = Vec::new();
+    let mut breakdown = String::new();
+    for (ci, case) in cases.iter().enumerate() {
+        let dir = std::env::temp_dir().join(format!("rb_bench_unet_{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("config.json");
+        std::fs::write(&path, serde_json::to_vec(&case.config)?)?;
+        let config = unet_config(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = config?;
+        let weights: BTreeMap<String, Vec<f32>> = config
+            .layout()
+            .tensors
+            .iter()
+            .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
+            .collect();
+        let unet = Unet::new(be, config.clone(), weights.clone())?;
+        let n = case.latent;
+        let sample = rng.normal_vec(2 * config.in_channels * n * n, 1.0);
+        let context = rng.normal_vec(2 * case.tokens * config.cross_attention_dim, 1.0);
+        let input = UnetInput {
+            sample: &sample,
+            batch: 2,
+            h: n,
+            w: n,
+            timestep: &[500.0, 500.0],
+            context: &context,
+            text_embeds: None,
+            time_ids: None,
+        };
+        let before = LIVE.load(Ordering::Relaxed);
+        PEAK.store(before, Ordering::Relaxed);
+        unet.forward(&input)?;
+        let extra = PEAK.load(Ordering::Relaxed) - before;
+        let t = best(reps, || {
+            unet.forward(&input).expect("unet forward");
+        });
+        ours.push((config.layout().parameter_count(), t, extra));
+        if ci == 1 {
+            let profiled = Unet::new(Profiled::new(be), config.clone(), weights)?;
+            let t = Instant::now();
+            profiled.forward(&input)?;
+            breakdown = profiled
+                .backend_ref()
+                .breakdown(1, t.elapsed().as_secs_f64(), false);
+        }
+    }
+
+    let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_unet.py");
+    let spec: Vec<Value> = cases
+        .iter()
+        .map(|c| json!({"config": c.config, "latent": c.latent, "tokens": c.tokens}))
+        .collect();
+    // One process a case: a process's peak resident memory only ever rises.
+    let runs: Vec<Option<Value>> = spec
+        .iter()
+        .map(|case| -> Result<Option<Value>, Box<dyn std::error::Error>> {
+            Ok(Command::new(&python)
+                .args([
+                    script,
+                    "--threads",
+                    &threads.to_string(),
+                    "--reps",
+                    &reps.to_string(),
+                ])
+                .args(["--cases", &serde_json::to_string(&[case])?])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .and_then(|o| serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last()?).ok()))
+        })
+        .collect::<Result<_, _>>()?;
+    let torch = runs.first().cloned().flatten();
+    match &torch {
+        Some(t) => println!(
+            "PyTorch {}, diffusers {} (float32, {} threads)",
+            t["version"].as_str().unwrap_or("?"),
+            t["diffusers"].as_str().unwrap_or("?"),
+            t["threads"]
+        ),
+        None => println!(
+            "PyTorch: not run ({python} {script} failed; set RB_PYTHON to a Python with torch and diffusers)"
+        ),
+    }
+    println!(
+        "{:<38} {:>11} {:>10} {:>10} {:>10} {:>12} {:>13}",
+        "one step, batch 2",
+        "parameters",
+        "ours ms",
+        "torch ms",
+        "ours/torch",
+        "ours MB peak",
+        "torch MB rise"
+    );
+    for (i, (case, &(params, t, extra))) in cases.iter().zip(&ours).enumerate() {
+        let run = runs[i].as_ref();
+        let theirs = run.and_then(|v| v["step"][0].as_f64());
+        let rise = run.and_then(|v| v["peak_rise_mib"][0].as_f64());
+        let (tm, ratio) = match theirs {
+            Some(x) => (format!("{:.1}", x * 1e3), format!("{:.2}", t / x)),
+            None => ("-".into(), "-".into()),
+        };
+        let rise = rise.map_or("-".into(), |r| format!("{:.0}", r * 1.048576));
+        println!(
+            "{:<38} {:>11} {:>10.1} {tm:>10} {ratio:>10} {:>12.0} {rise:>13}",
+            case.name,
+            params,
+            t * 1e3,
+            extra as f64 / 1e6
+        );
+    }
+    println!("SD small at 256x256, one step by primitive:\n{breakdown}");
+    Ok(())
+}
