@@ -10,9 +10,14 @@
 //! PyTorch runs through `$RB_PYTHON` (default `python3`) with the same thread count;
 //! without torch and diffusers there, only our side is printed.
 
+#[path = "common/bench.rs"]
+mod bench;
+
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Instant;
+
+use bench::{best, commit, cpu_model};
 
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain::dit::dit_config;
@@ -20,38 +25,6 @@ use rusting_brain::profile::Profiled;
 use rusting_brain_core::models::dit::{Dit, DitConfig, DitInput, DitKind, DitLatent};
 use rusting_brain_core::{Backend, Rng};
 use serde_json::{json, Value};
-
-fn best(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
-}
-
-fn commit() -> String {
-    Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
 
 /// One benchmark case: a diffusers class and config, the token grid and prompt length.
 struct Case {

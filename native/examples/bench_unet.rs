@@ -8,11 +8,14 @@
 //!
 //!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_unet [-- REPS]
 
-use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+#[path = "common/bench.rs"]
+mod bench;
+
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
+
+use bench::{best, commit, cpu_model};
 
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain::profile::Profiled;
@@ -20,60 +23,6 @@ use rusting_brain::unet::unet_config;
 use rusting_brain_core::models::unet::{Unet, UnetInput};
 use rusting_brain_core::Rng;
 use serde_json::{json, Value};
-
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call forwards to the system allocator unchanged; the counters only observe.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: AllocLayout) -> *mut u8 {
-        let live = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
-        PEAK.fetch_max(live, Ordering::Relaxed);
-        // SAFETY: the caller's layout contract is passed through as is.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: AllocLayout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        // SAFETY: `p` came from `alloc` above with this layout.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn best(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
-}
-
-fn commit() -> String {
-    Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
 
 struct Case {
     name: &'static str,
@@ -148,10 +97,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             text_embeds: None,
             time_ids: None,
         };
-        let before = LIVE.load(Ordering::Relaxed);
-        PEAK.store(before, Ordering::Relaxed);
-        unet.forward(&input)?;
-        let extra = PEAK.load(Ordering::Relaxed) - before;
+        let (extra, first) = bench::peak_extra(|| unet.forward(&input));
+        first?;
         let t = best(reps, || {
             unet.forward(&input).expect("unet forward");
         });

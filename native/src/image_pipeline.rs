@@ -392,12 +392,12 @@ impl ImagePipeline {
             },
         };
         let clip_classes = ["CLIPTextModel", "CLIPTextModelWithProjection"];
+        let clip = |name: &str| -> Result<ClipTextEncoder> {
+            ClipTextEncoder::load_at(&folder.require(name, &clip_classes)?.dir, precision)
+        };
         let encoders = match family {
             Family::Flux => Encoders::Flux {
-                clip: ClipTextEncoder::load_at(
-                    &folder.require("text_encoder", &clip_classes)?.dir,
-                    precision,
-                )?,
+                clip: clip("text_encoder")?,
                 clip_tokenizer: folder.clip_tokenizer("tokenizer")?,
                 t5: T5Encoder::load_at(
                     &folder.require("text_encoder_2", &["T5EncoderModel"])?.dir,
@@ -427,35 +427,20 @@ impl ImagePipeline {
                     None => None,
                 };
                 Encoders::Sd3 {
-                    clip_l: ClipTextEncoder::load_at(
-                        &folder.require("text_encoder", &clip_classes)?.dir,
-                        precision,
-                    )?,
-                    clip_g: ClipTextEncoder::load_at(
-                        &folder.require("text_encoder_2", &clip_classes)?.dir,
-                        precision,
-                    )?,
+                    clip_l: clip("text_encoder")?,
+                    clip_g: clip("text_encoder_2")?,
                     tokenizer_l: folder.clip_tokenizer("tokenizer")?,
                     tokenizer_g: folder.clip_tokenizer("tokenizer_2")?,
                     t5,
                 }
             }
             Family::Sd => Encoders::Sd {
-                clip: ClipTextEncoder::load_at(
-                    &folder.require("text_encoder", &clip_classes)?.dir,
-                    precision,
-                )?,
+                clip: clip("text_encoder")?,
                 tokenizer: folder.clip_tokenizer("tokenizer")?,
             },
             Family::Sdxl => Encoders::Sdxl {
-                clip_l: ClipTextEncoder::load_at(
-                    &folder.require("text_encoder", &clip_classes)?.dir,
-                    precision,
-                )?,
-                clip_g: ClipTextEncoder::load_at(
-                    &folder.require("text_encoder_2", &clip_classes)?.dir,
-                    precision,
-                )?,
+                clip_l: clip("text_encoder")?,
+                clip_g: clip("text_encoder_2")?,
                 tokenizer_l: folder.clip_tokenizer("tokenizer")?,
                 tokenizer_g: folder.clip_tokenizer("tokenizer_2")?,
             },

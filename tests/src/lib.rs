@@ -280,6 +280,22 @@ pub fn assert_close_rms(name: &str, actual: &[f32], expected: &Tensor, rtol: f64
     r
 }
 
+/// A picture of ours (values in [-1, 1]) against diffusers' `output_type="pt"` one (in
+/// [0, 1], `(1, channels, height, width)`), 1e-3 absolute: both sides run in float32, so
+/// they differ by rounding carried through a few denoising steps and the decoder. Prints
+/// the worst difference.
+pub fn assert_same_picture(what: &str, got: &rusting_brain::vae::Image, want: &Tensor) -> f64 {
+    assert_eq!(
+        [1, got.channels, got.height, got.width],
+        want.shape[..],
+        "{what}: shape"
+    );
+    let ours: Vec<f32> = got.data.iter().map(|v| (v / 2.0 + 0.5).clamp(0.0, 1.0)).collect();
+    let r = assert_close(what, &ours, want, Tolerance::new(0.0, 1e-3));
+    println!("{what:<28} max abs error {:.2e}", r.max_abs_error);
+    r.max_abs_error
+}
+
 /// `||actual - expected|| / ||expected||`: the error of a whole tensor, for int8 results
 /// whose rounding noise is judged on average. NaN anywhere gives NaN, which fails any
 /// `<` bound; a length mismatch panics.

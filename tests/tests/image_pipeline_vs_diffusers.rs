@@ -28,19 +28,6 @@ fn meta<T: serde::de::DeserializeOwned>(f: &Fixture, key: &str) -> T {
     serde_json::from_str(&f.metadata(key).unwrap_or_else(|| panic!("metadata {key}"))).unwrap()
 }
 
-/// Our [-1, 1] picture against diffusers' [0, 1] one.
-fn same_picture(what: &str, got: &Image, want: &Tensor) -> f64 {
-    assert_eq!(
-        [1, got.channels, got.height, got.width],
-        want.shape[..],
-        "{what}: shape"
-    );
-    let ours: Vec<f32> = got.data.iter().map(|v| (v / 2.0 + 0.5).clamp(0.0, 1.0)).collect();
-    let r = assert_close(what, &ours, want, Tolerance::new(0.0, 1e-3));
-    println!("{what:<28} max abs error {:.2e}", r.max_abs_error);
-    r.max_abs_error
-}
-
 /// The fixture's init image (diffusers takes [0, 1]) as ours ([-1, 1]).
 fn init_image(f: &Fixture) -> Image {
     let t = f.get("init_image").unwrap();
@@ -89,7 +76,7 @@ fn txt2img(name: &str) -> ImagePipeline {
         (1..=steps).map(|s| (s, steps)).collect::<Vec<_>>(),
         "{name}: progress"
     );
-    same_picture(&format!("{name} txt2img"), &image, &f.get("image").unwrap());
+    assert_same_picture(&format!("{name} txt2img"), &image, &f.get("image").unwrap());
     p
 }
 
@@ -146,7 +133,7 @@ fn flux2_base_runs_guidance_against_the_empty_prompt() {
             |_, _| true,
         )
         .unwrap();
-    same_picture("klein base (CFG 4)", &image, &f.get("base_image").unwrap());
+    assert_same_picture("klein base (CFG 4)", &image, &f.get("base_image").unwrap());
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
@@ -171,7 +158,7 @@ fn given_noise_gives_the_same_picture_as_diffusers_latents() {
     let latent = p
         .sample_latent(&cond, 16, 16, Noise::Given(noise), |_, _| true)
         .unwrap();
-    same_picture(
+    assert_same_picture(
         "flux given noise",
         &p.decode(&latent).unwrap(),
         &f.get("given_noise_image").unwrap(),
@@ -205,7 +192,7 @@ fn img2img_at_two_strengths_matches_diffusers() {
                 n - (n as f32 - n as f32 * strength) as usize,
                 "{name} {strength}: steps"
             );
-            same_picture(
+            assert_same_picture(
                 &format!("{name} img2img {strength}"),
                 &out,
                 &f.get(&format!("img2img_{strength}")).unwrap(),
@@ -239,7 +226,7 @@ fn parts_run_one_at_a_time_and_can_be_dropped() {
     assert!(p
         .sample_latent(&cond, 16, 16, Noise::Seed(1), |_, _| true)
         .is_err());
-    same_picture("sd3 parts", &p.decode(&latent).unwrap(), &f.get("image").unwrap());
+    assert_same_picture("sd3 parts", &p.decode(&latent).unwrap(), &f.get("image").unwrap());
 }
 
 #[test]

@@ -21,17 +21,6 @@ fn meta<T: serde::de::DeserializeOwned>(f: &Fixture, key: &str) -> T {
     serde_json::from_str(&f.metadata(key).unwrap_or_else(|| panic!("metadata {key}"))).unwrap()
 }
 
-fn same_picture(what: &str, got: &Image, want: &Tensor) {
-    assert_eq!(
-        [1, got.channels, got.height, got.width],
-        want.shape[..],
-        "{what}: shape"
-    );
-    let ours: Vec<f32> = got.data.iter().map(|v| (v / 2.0 + 0.5).clamp(0.0, 1.0)).collect();
-    let r = assert_close(what, &ours, want, Tolerance::new(0.0, 1e-3));
-    println!("{what:<28} max abs error {:.2e}", r.max_abs_error);
-}
-
 fn pipeline(folder: &str, f: &Fixture) -> ImagePipeline {
     let mut p = ImagePipeline::load(fixture_path("pipelines").join(folder))
         .unwrap_or_else(|e| panic!("{folder}: {e}"));
@@ -58,7 +47,7 @@ fn sd_every_solver_gives_diffusers_picture() {
         let image = p
             .generate(&prompt, size, size, Some(seed), |_, _| true)
             .unwrap_or_else(|e| panic!("{key}: {e}"));
-        same_picture(&format!("sd {key}"), &image, &f.get(key).unwrap());
+        assert_same_picture(&format!("sd {key}"), &image, &f.get(key).unwrap());
     }
 }
 
@@ -88,7 +77,7 @@ fn sd_img2img_matches_diffusers() {
         )
         .unwrap();
     assert_eq!(steps, 2, "int(4 * 0.5) steps");
-    same_picture("sd img2img 0.5", &out, &f.get("img2img_0.5").unwrap());
+    assert_same_picture("sd img2img 0.5", &out, &f.get("img2img_0.5").unwrap());
 }
 
 #[test]
@@ -111,7 +100,7 @@ fn sdxl_gives_diffusers_picture() {
     ] {
         p.config.solver = solver;
         let image = p.generate(&prompt, size, size, Some(seed), |_, _| true).unwrap();
-        same_picture(&format!("sdxl {key}"), &image, &f.get(key).unwrap());
+        assert_same_picture(&format!("sdxl {key}"), &image, &f.get(key).unwrap());
     }
 }
 
