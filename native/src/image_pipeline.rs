@@ -135,6 +135,42 @@ enum Encoders {
     },
 }
 
+/// A flow-matching run's sampler: diffusers' Euler, or (SD3) DPM-Solver++ 2M over flow
+/// sigmas.
+enum FlowStepper {
+    Euler(FlowMatchEuler),
+    Dpm(DiscreteSampler),
+}
+
+impl FlowStepper {
+    fn steps(&self) -> usize {
+        match self {
+            FlowStepper::Euler(s) => s.steps(),
+            FlowStepper::Dpm(s) => s.steps(),
+        }
+    }
+    /// The model's timestep, in training units (0..1000).
+    fn timestep(&self, i: usize) -> f32 {
+        match self {
+            FlowStepper::Euler(s) => s.timestep(i),
+            FlowStepper::Dpm(s) => s.timesteps[i] as f32,
+        }
+    }
+    fn step(&mut self, i: usize, x: &mut [f32], v: &[f32]) -> Result<()> {
+        match self {
+            FlowStepper::Euler(s) => s.step(i, x, v)?,
+            FlowStepper::Dpm(s) => s.step(i, x, v, None)?,
+        }
+        Ok(())
+    }
+    fn sigmas(&self) -> Vec<f32> {
+        match self {
+            FlowStepper::Euler(s) => s.sigmas.clone(),
+            FlowStepper::Dpm(s) => s.sigmas.iter().map(|&x| x as f32).collect(),
+        }
+    }
+}
+
 /// The training schedule the folder's scheduler describes.
 #[derive(Debug, Clone)]
 enum Schedule {
@@ -739,7 +775,7 @@ impl ImagePipeline {
     }
 
     /// The schedule for `steps` steps at a latent of `(h, w)`.
-    fn schedule(&self, h: usize, w: usize) -> Result<FlowMatchEuler> {
+    fn schedule(&self, h: usize, w: usize) -> Result<FlowStepper> {
         let n = self.config.steps;
         if n == 0 {
             return Err(NetworkError::InvalidInput("0 steps".into()));
@@ -749,11 +785,28 @@ impl ImagePipeline {
                 "a UNet pipeline has no flow-matching schedule".into(),
             ));
         };
-        if self.config.solver != Solver::Euler {
-            return Err(NetworkError::InvalidInput(format!(
-                "{:?}: the flow-matching transformers step with Euler",
-                self.config.solver
-            )));
+        match (self.config.solver, self.family) {
+            (Solver::Euler, _) => {}
+            // diffusers' SD3 pipeline takes DPM-Solver++ over flow sigmas; its FLUX
+            // pipelines pass sigmas of their own, which only the Euler scheduler takes.
+            (Solver::DpmPlusPlus2M, Family::Sd3) => {
+                let shift = if flow.use_dynamic_shifting {
+                    let p = self.dit.as_ref().map(|d| d.config().patch_size).unwrap_or(2);
+                    flow.flux1_mu((h / p) * (w / p)).exp()
+                } else {
+                    flow.shift
+                };
+                return Ok(FlowStepper::Dpm(DiscreteSampler::flow_dpm(
+                    n,
+                    shift,
+                    flow.num_train_timesteps,
+                )?));
+            }
+            (solver, family) => {
+                return Err(NetworkError::InvalidInput(format!(
+                    "{solver:?}: {family:?} steps with Euler (SD3 also with DPM++ 2M)"
+                )))
+            }
         }
         let linspace: Vec<f64> = (0..n)
             .map(|i| {
@@ -768,18 +821,18 @@ impl ImagePipeline {
             Family::Flux => {
                 let tokens = (h / 2) * (w / 2);
                 let mu = flow.use_dynamic_shifting.then(|| flow.flux1_mu(tokens));
-                FlowMatchEuler::new(flow, n, Some(&linspace), mu)?
+                FlowStepper::Euler(FlowMatchEuler::new(flow, n, Some(&linspace), mu)?)
             }
             Family::Flux2 => {
                 let mu = flux2_empirical_mu(h * w, n);
-                FlowMatchEuler::new(flow, n, Some(&linspace), Some(mu))?
+                FlowStepper::Euler(FlowMatchEuler::new(flow, n, Some(&linspace), Some(mu))?)
             }
             _ => {
                 let mu = flow.use_dynamic_shifting.then(|| {
                     let p = self.dit.as_ref().map(|d| d.config().patch_size).unwrap_or(2);
                     flow.flux1_mu((h / p) * (w / p))
                 });
-                FlowMatchEuler::new(flow, n, None, mu)?
+                FlowStepper::Euler(FlowMatchEuler::new(flow, n, None, mu)?)
             }
         })
     }
@@ -811,7 +864,7 @@ impl ImagePipeline {
                 .map(|&s| s as f32)
                 .collect());
         }
-        Ok(self.schedule(h, w)?.sigmas)
+        Ok(self.schedule(h, w)?.sigmas())
     }
 
     /// Denoises from noise to a `width x height` picture's latent, calling
@@ -848,8 +901,8 @@ impl ImagePipeline {
             start.data.iter_mut().for_each(|v| *v *= k);
             return self.denoise_unet(cond, start, sampler, 0, generator, progress);
         }
-        let schedule = self.schedule(h, w)?;
-        self.denoise(cond, start, &schedule, 0, progress)
+        let mut schedule = self.schedule(h, w)?;
+        self.denoise(cond, start, &mut schedule, 0, progress)
     }
 
     /// img2img: `image` (in [-1, 1], sides multiples of the model's) encoded, pushed
@@ -922,7 +975,14 @@ impl ImagePipeline {
             };
             return self.denoise_unet(cond, start, sampler, first, generator, progress);
         }
-        let schedule = self.schedule(h, w)?;
+        // diffusers' img2img pipelines noise the start with the Euler scheduler's
+        // scale_noise, which only it has.
+        let FlowStepper::Euler(schedule) = self.schedule(h, w)? else {
+            return Err(NetworkError::InvalidInput(format!(
+                "img2img of a flow model steps with Euler, not {:?}",
+                self.config.solver
+            )));
+        };
         let first = schedule.start_for_strength(strength as f64)?;
         if first >= schedule.steps() {
             return Err(NetworkError::InvalidInput(format!(
@@ -937,15 +997,15 @@ impl ImagePipeline {
             height: h,
             width: w,
         };
-        self.denoise(cond, start, &schedule, first, progress)
+        self.denoise(cond, start, &mut FlowStepper::Euler(schedule), first, progress)
     }
 
-    /// The Euler loop from step `first`.
+    /// The flow-matching loop from step `first`.
     fn denoise(
         &self,
         cond: &Conditioning,
         mut latent: Latent,
-        schedule: &FlowMatchEuler,
+        schedule: &mut FlowStepper,
         first: usize,
         mut progress: impl FnMut(usize, usize) -> bool,
     ) -> Result<Latent> {

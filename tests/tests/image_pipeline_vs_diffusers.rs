@@ -150,6 +150,46 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 }
 
 #[test]
+fn sd3_with_dpm_over_flow_sigmas_gives_diffusers_picture() {
+    // diffusers' SD3 pipeline with DPMSolverMultistepScheduler(use_flow_sigmas=True,
+    // prediction_type="flow_prediction"), 3 steps.
+    let f = expected("sd3_tiny");
+    let mut p = load("sd3_tiny", &f);
+    p.config.steps = 3;
+    p.config.solver = rusting_brain::Solver::DpmPlusPlus2M;
+    let sigmas = p.sigmas(16, 16).unwrap();
+    assert_close(
+        "sd3 dpm sigmas",
+        &sigmas,
+        &f.get("dpm_sigmas").unwrap(),
+        Tolerance::new(0.0, 1e-6),
+    );
+    let image = p
+        .generate(
+            &meta::<String>(&f, "prompt"),
+            16,
+            16,
+            Some(meta(&f, "seed")),
+            |_, _| true,
+        )
+        .unwrap();
+    assert_same_picture("sd3 dpm++ 2m", &image, &f.get("dpm_image").unwrap());
+    // FLUX's pipelines take Euler only; img2img too.
+    let img = Image {
+        width: 16,
+        height: 16,
+        channels: 3,
+        data: vec![0.0; 3 * 16 * 16],
+    };
+    assert!(p
+        .generate_from_image(&img, 0.5, "x", Some(0), |_, _| true)
+        .is_err());
+    let mut flux = load("flux_tiny", &expected("flux_tiny"));
+    flux.config.solver = rusting_brain::Solver::DpmPlusPlus2M;
+    assert!(flux.generate("x", 16, 16, Some(0), |_, _| true).is_err());
+}
+
+#[test]
 fn given_noise_gives_the_same_picture_as_diffusers_latents() {
     let f = expected("flux_tiny");
     let mut p = load("flux_tiny", &f);

@@ -31,6 +31,8 @@ pub enum Prediction {
     /// v = sqrt(ᾱ) ε - sqrt(1 - ᾱ) x0 (SD 2.x 768).
     VPrediction,
     Sample,
+    /// The rectified-flow velocity (DPM-Solver++ over flow sigmas: x0 = x - σ v).
+    Flow,
 }
 
 /// How the inference timesteps are spread over the training ones.
@@ -252,6 +254,8 @@ pub struct DiscreteSampler {
     alphas_cumprod: Vec<f32>,
     /// DPM: the previous step's clean-sample prediction.
     previous: Option<Vec<f32>>,
+    /// Over flow-matching sigmas (`use_flow_sigmas`): α = 1 - σ.
+    flow: bool,
 }
 
 impl DiscreteSampler {
@@ -283,6 +287,11 @@ impl DiscreteSampler {
                 s.iter().map(|&x| x as f32 as f64).collect()
             }
         };
+        if config.prediction == Prediction::Flow {
+            return Err(invalid(
+                "the flow prediction runs over flow sigmas (DiscreteSampler::flow_dpm)".into(),
+            ));
+        }
         Ok(DiscreteSampler {
             solver,
             config,
@@ -290,6 +299,48 @@ impl DiscreteSampler {
             sigmas,
             alphas_cumprod: ac,
             previous: None,
+            flow: false,
+        })
+    }
+
+    /// DPM-Solver++ 2M over a rectified flow, as diffusers' `DPMSolverMultistepScheduler`
+    /// with `use_flow_sigmas` and `prediction_type: "flow_prediction"` runs it: sigmas
+    /// `1 - linspace(1, 1/T, steps + 1)` shifted by `shift` (`s σ / (1 + (s - 1) σ)`),
+    /// flipped, the last dropped and a final 0 added; the model sees `int(σ T)`.
+    pub fn flow_dpm(steps: usize, shift: f64, num_train_timesteps: usize) -> Result<Self> {
+        let t = num_train_timesteps;
+        if steps == 0 || t < 2 {
+            return Err(invalid(format!("{steps} steps over {t} training timesteps")));
+        }
+        if !(shift.is_finite() && shift > 0.0) {
+            return Err(invalid(format!("flow shift {shift}")));
+        }
+        let n = steps + 1;
+        let mut sigmas: Vec<f64> = (0..n)
+            .map(|i| {
+                let alpha = 1.0 + (1.0 / t as f64 - 1.0) * i as f64 / steps as f64;
+                let s = 1.0 - alpha;
+                shift * s / (1.0 + (shift - 1.0) * s)
+            })
+            .collect();
+        sigmas.reverse();
+        sigmas.pop();
+        let timesteps = sigmas.iter().map(|s| libm::trunc(s * t as f64)).collect();
+        sigmas.push(0.0);
+        let config = DiscreteConfig {
+            num_train_timesteps: t,
+            prediction: Prediction::Flow,
+            final_sigma_zero: true,
+            ..DiscreteConfig::default()
+        };
+        Ok(DiscreteSampler {
+            solver: Solver::DpmPlusPlus2M,
+            config,
+            timesteps,
+            sigmas: sigmas.iter().map(|&x| x as f32 as f64).collect(),
+            alphas_cumprod: Vec::new(),
+            previous: None,
+            flow: true,
         })
     }
 
@@ -373,6 +424,7 @@ impl DiscreteSampler {
                             libm::sqrt(a) * s - libm::sqrt(b) * m,
                             libm::sqrt(a) * m + libm::sqrt(b) * s,
                         ),
+                        Prediction::Flow => return Err(invalid("DDIM does not step a flow velocity".into())),
                     };
                     if self.config.clip_sample {
                         x0 = x0.clamp(-r, r);
@@ -398,6 +450,9 @@ impl DiscreteSampler {
                         Prediction::Epsilon => v - s * m,
                         Prediction::VPrediction => m * (-s / libm::sqrt(s * s + 1.0)) + v / (s * s + 1.0),
                         Prediction::Sample => m,
+                        Prediction::Flow => {
+                            return Err(invalid("Euler steps a flow through FlowMatchEuler".into()))
+                        }
                     };
                     let d = (v - x0) / s;
                     let mut next = v + d * (down - s);
@@ -411,8 +466,12 @@ impl DiscreteSampler {
                 // In f32, in diffusers' order of operations: with the cosine schedule the
                 // first sigmas are in the thousands and the log-SNR differences are
                 // ill-conditioned enough for f64 coefficients to move the result by 1e-4.
+                let flow = self.flow;
                 let alpha_sigma = |s: f64| {
                     let s = s as f32;
+                    if flow {
+                        return (1.0 - s, s);
+                    }
                     let a = 1.0 / libm::powf(s * s + 1.0, 0.5);
                     (a, s * a)
                 };
@@ -427,6 +486,7 @@ impl DiscreteSampler {
                         Prediction::Epsilon => (v - s0 * m) / a0,
                         Prediction::VPrediction => a0 * v - s0 * m,
                         Prediction::Sample => m,
+                        Prediction::Flow => v - s0 * m,
                     })
                     .collect();
                 let last = i + 1 == self.steps();
@@ -466,6 +526,14 @@ impl DiscreteSampler {
         crate::error::check_len("add_noise", "noise", noise.len(), x0.len())?;
         if i >= self.steps() {
             return Err(invalid(format!("step {i} of a {}-step schedule", self.steps())));
+        }
+        if self.flow {
+            let s = self.sigmas[i];
+            return Ok(x0
+                .iter()
+                .zip(noise)
+                .map(|(&x, &n)| (s * n as f64 + (1.0 - s) * x as f64) as f32)
+                .collect());
         }
         Ok(match self.solver {
             Solver::Euler | Solver::EulerAncestral => {
