@@ -26,7 +26,7 @@ use crate::vae::{Image, Vae};
 use crate::{
     ClipTextEncoder, ClipTokenizer, NetworkError, Precision, PromptTokenizer, Result, T5Encoder, TextEncoder,
 };
-use rusting_brain_core::diffusion::discrete::{DiscreteConfig, DiscreteSampler};
+use rusting_brain_core::diffusion::discrete::DiscreteSampler;
 
 /// How a sampling step is taken: DDIM, Euler, Euler ancestral or DPM++ 2M for the UNets;
 /// the flow-matching transformers step with Euler (`FlowMatchEulerDiscreteScheduler`).
@@ -175,7 +175,8 @@ impl FlowStepper {
 #[derive(Debug, Clone)]
 enum Schedule {
     Flow(FlowMatchConfig),
-    Discrete(DiscreteConfig),
+    /// The scheduler's file, read for whichever solver runs (as diffusers' `from_config`).
+    Discrete(std::path::PathBuf),
 }
 
 /// A text-to-image pipeline on the CPU; see the module documentation.
@@ -347,7 +348,9 @@ impl ImagePipeline {
         let scheduler_path = scheduler_dir.join("scheduler_config.json");
         let (scheduler, solver) = match (crate::scheduler::scheduler_config(&scheduler_path)?, unet_family) {
             (SchedulerConfig::FlowMatch(c), false) => (Schedule::Flow(c), Solver::Euler),
-            (SchedulerConfig::Discrete(solver, c), true) => (Schedule::Discrete(c), solver),
+            (SchedulerConfig::Discrete(solver, _), true) => {
+                (Schedule::Discrete(scheduler_path.clone()), solver)
+            }
             _ => {
                 return Err(NetworkError::parse(
                     &scheduler_path,
@@ -844,12 +847,17 @@ impl ImagePipeline {
     /// A fresh run of the UNet pipelines' sampler (`config.solver` over the folder's
     /// training schedule).
     fn discrete_sampler(&self) -> Result<DiscreteSampler> {
-        let Schedule::Discrete(c) = &self.scheduler else {
+        let Schedule::Discrete(path) = &self.scheduler else {
             return Err(NetworkError::InvalidInput(
                 "a flow-matching pipeline has no discrete schedule".into(),
             ));
         };
-        Ok(DiscreteSampler::new(self.config.solver, *c, self.config.steps)?)
+        let config = crate::scheduler::discrete_config_for(path, self.config.solver)?;
+        Ok(DiscreteSampler::new(
+            self.config.solver,
+            config,
+            self.config.steps,
+        )?)
     }
 
     /// The `steps + 1` sigmas (the last 0) a `width x height` run steps through, as the

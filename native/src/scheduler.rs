@@ -41,6 +41,19 @@ pub fn scheduler_config(path: &Path) -> Result<SchedulerConfig> {
             ))
         }
     };
+    Ok(SchedulerConfig::Discrete(solver, discrete(&c, solver)?))
+}
+
+/// The discrete schedule of the `scheduler_config.json` at `path` as `solver` reads it,
+/// whichever scheduler the file names: what diffusers' `Solver.from_config(config)` gives,
+/// the keys the file lacks taking that solver's defaults (DDIM clips its predicted sample
+/// and spaces steps "leading" unless told otherwise; Euler and DPM space "linspace").
+pub fn discrete_config_for(path: &Path, solver: Solver) -> Result<DiscreteConfig> {
+    let c = Config::read_python(path)?;
+    discrete(&c, solver)
+}
+
+fn discrete(c: &Config<'_>, solver: Solver) -> Result<DiscreteConfig> {
     for key in [
         "thresholding",
         "rescale_betas_zero_snr",
@@ -142,8 +155,8 @@ pub fn scheduler_config(path: &Path) -> Result<SchedulerConfig> {
         prediction,
         spacing,
         steps_offset: c.count("steps_offset", Some(0))?,
-        // PNDM has no clipping; DDIM clips by default.
-        clip_sample: class == "DDIMScheduler" && c.flag("clip_sample", true)?,
+        // DDIM's default, whatever class wrote the file (as `from_config` fills it in).
+        clip_sample: c.flag("clip_sample", true)?,
         clip_sample_range: c.float("clip_sample_range", 1.0)? as f64,
         set_alpha_to_one: c.flag("set_alpha_to_one", true)?,
         final_sigma_zero,
@@ -165,7 +178,7 @@ pub fn scheduler_config(path: &Path) -> Result<SchedulerConfig> {
         ..config
     };
     config.validate().map_err(|e| c.err("config", e.to_string()))?;
-    Ok(SchedulerConfig::Discrete(solver, config))
+    Ok(config)
 }
 
 fn flow_match(c: &Config<'_>) -> Result<FlowMatchConfig> {

@@ -3,7 +3,8 @@
 //! classifier-free guidance, for each solver `PipelineConfig::solver` offers (DDIM, the
 //! folder's; Euler, Euler ancestral and DPM-Solver++ 2M over the same training schedule,
 //! as diffusers' `from_config` swaps them), SD 1.x img2img at strength 0.5, and SD-XL with
-//! its two towers, size conditioning and zeros for the empty negative prompt.
+//! its two towers, size conditioning and zeros for the empty negative prompt, with each
+//! solver over its folder's Euler schedule.
 //!
 //! Tolerance: 1e-3 absolute on pixels in [0, 1], both sides in float32; the worst
 //! difference is printed.
@@ -97,6 +98,8 @@ fn sdxl_gives_diffusers_picture() {
     for (solver, key) in [
         (Solver::Euler, "euler"),
         (Solver::EulerAncestral, "euler_ancestral"),
+        (Solver::Ddim, "ddim"),
+        (Solver::DpmPlusPlus2M, "dpm"),
     ] {
         p.config.solver = solver;
         let image = p.generate(&prompt, size, size, Some(seed), |_, _| true).unwrap();
