@@ -528,6 +528,12 @@ fn q8_products_and_lookups_match_reference() {
         (1, 1000, 33),
         (7, 127, 1000),
         (1, 64, 256),
+        // The int8 GEMM's tiles: rows and weight rows that are not multiples of four,
+        // lengths that are and are not whole 64-byte chunks, bands split over the team.
+        (13, 130, 200),
+        (16, 64, 512),
+        (9, 67, 64),
+        (21, 1000, 130),
     ] {
         let w = randn(&mut rng, n * k);
         let (packed, scales) = quantize_rows(&w, n, k).unwrap();

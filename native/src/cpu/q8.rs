@@ -110,11 +110,59 @@ pub fn q8_matmul(
             outputs(out, 0, &xq, xsum, sx);
         }
     } else {
-        out.par_chunks_mut(n).zip(x.par_chunks(k)).for_each(|(o, xi)| {
-            let (xq, sx) = simd::quantize_i8(xi);
-            let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
-            outputs(o, 0, &xq, xsum, sx);
-        });
+        // Prompt processing and batches: an int8 GEMM. Each part of the team takes a band
+        // of activation rows, rounds them to int8 once, then runs 4 x 4 tiles (four
+        // activation rows against four weight rows) so each weight load serves four rows;
+        // the four weight rows stay in L1 while the band's rows stream past them.
+        let band = |o: &mut [f32], first: usize| {
+            let rows = o.len() / n;
+            let quantized: Vec<(Vec<i8>, f32, i32)> = x[first * k..(first + rows) * k]
+                .chunks_exact(k)
+                .map(|xi| {
+                    let (q, s) = simd::quantize_i8(xi);
+                    let sum = q.iter().map(|&v| v as i32).sum();
+                    (q, s, sum)
+                })
+                .collect();
+            let quads = rows / 4;
+            for jq in 0..n / 4 {
+                let j = 4 * jq;
+                let w4 = [row(j), row(j + 1), row(j + 2), row(j + 3)];
+                for iq in 0..quads {
+                    let i = 4 * iq;
+                    let a = &quantized[i..i + 4];
+                    let acc = simd::dot4x4_i8(
+                        [&a[0].0, &a[1].0, &a[2].0, &a[3].0],
+                        [a[0].2, a[1].2, a[2].2, a[3].2],
+                        w4,
+                    );
+                    for (u, (xi, acc_i)) in a.iter().zip(acc).enumerate() {
+                        let y4 = &mut o[(i + u) * n + j..(i + u) * n + j + 4];
+                        for (v, (y, a)) in y4.iter_mut().zip(acc_i).enumerate() {
+                            store(y, a, xi.1, j + v);
+                        }
+                    }
+                }
+                for (i, (xq, sx, xsum)) in quantized.iter().enumerate().skip(4 * quads) {
+                    let acc = simd::dot4_i8(xq, *xsum, w4);
+                    for (v, (y, a)) in o[i * n + j..i * n + j + 4].iter_mut().zip(acc).enumerate() {
+                        store(y, a, *sx, j + v);
+                    }
+                }
+            }
+            for j in n / 4 * 4..n {
+                for (i, (xq, sx, _)) in quantized.iter().enumerate() {
+                    store(&mut o[i * n + j], simd::dot_i8(xq, row(j)), *sx, j);
+                }
+            }
+        };
+        let parts = team::parts();
+        if parts > 1 && m >= 8 && n * k >= TEAM_MIN_BYTES {
+            let per = m.div_ceil(parts).div_ceil(4) * 4;
+            team::run_blocks(out.chunks_mut(per * n).collect(), |p, o| band(o, p * per));
+        } else {
+            band(out, 0);
+        }
     }
     Ok(())
 }
