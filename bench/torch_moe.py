@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch side of `bench_train_step -- <batch> <seq> cpu --moe`: the same decoder-only LM as
-../shared/bench/torch_lm.py (tied embeddings, pre-norm RMSNorm, RoPE, GQA through SDPA,
+bench/torch_lm.py (tied embeddings, pre-norm RMSNorm, RoPE, GQA through SDPA,
 AdamW) with every feed-forward a mixture of experts written the way Hugging Face's Mixtral
 block is: a linear router, softmax, top-k, the k weights renormalized, then a loop over
 experts that gathers each expert's tokens (index), runs its SwiGLU, and scatter-adds the
@@ -18,20 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class RMSNorm(nn.Module):
-    def __init__(self, d, eps=1e-5):
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w
-
-
-def rope(x, cos, sin):
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
+# Same directory: the dense benchmark's norm and attention, so the two models cannot drift.
+from torch_lm import Attention, RMSNorm
 
 
 class Expert(nn.Module):
@@ -74,24 +62,12 @@ class Moe(nn.Module):
 class Block(nn.Module):
     def __init__(self, a):
         super().__init__()
-        self.h, self.kv, self.hd = a.heads, a.kv_heads, a.head_dim
         self.n1, self.n2 = RMSNorm(a.d_model), RMSNorm(a.d_model)
-        self.q = nn.Linear(a.d_model, a.heads * a.head_dim, bias=False)
-        self.k = nn.Linear(a.d_model, a.kv_heads * a.head_dim, bias=False)
-        self.v = nn.Linear(a.d_model, a.kv_heads * a.head_dim, bias=False)
-        self.o = nn.Linear(a.heads * a.head_dim, a.d_model, bias=False)
+        self.attn = Attention(a)
         self.moe = Moe(a)
 
     def forward(self, x, cos, sin):
-        b, t, _ = x.shape
-        h = self.n1(x)
-        q = self.q(h).view(b, t, self.h, self.hd).transpose(1, 2)
-        k = self.k(h).view(b, t, self.kv, self.hd).transpose(1, 2)
-        v = self.v(h).view(b, t, self.kv, self.hd).transpose(1, 2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        rep = self.h // self.kv
-        y = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
-        x = x + self.o(y.transpose(1, 2).reshape(b, t, -1))
+        x = x + self.attn(self.n1(x), cos, sin)
         out, aux = self.moe(self.n2(x))
         return x + out, aux
 

@@ -6,11 +6,22 @@
 //! Shape: the training benchmark's (d_model 256, 6 layers, heads 8/2/32, d_ff 704, vocab
 //! 4096), or with `readme` the README's 38.9M model (d_model 512, 8 layers, heads 8/2/64,
 //! d_ff 1408, vocab 32000). Rows: f32, int8, and int8 mixture of experts with the same
-//! active size; then where a Q8 step's time goes. PyTorch: `../shared/bench/torch_lm.py --decode N` (or `$RB_TORCH_LM`) through
-//! `$RB_PYTHON`; its prompt is 16 tokens whatever PROMPT_LEN is.
+//! active size; the int8 decode repeated five times for its spread; prompt processing
+//! (prefill) at 16, 128 and 512 tokens; then where a Q8 step's time goes.
+//!
+//! Beside it in the same run:
+//! - PyTorch eager, f32 and with dynamic int8 `Linear`s: `bench/torch_lm.py` (or
+//!   `$RB_TORCH_LM`) through `$RB_PYTHON`; its decode prompt is 16 tokens whatever
+//!   PROMPT_LEN is.
+//! - llama.cpp: `llama-bench -p 16,128,512 -n NEW_TOKENS` on a Q8_0 GGUF of a random Llama
+//!   of the same shape and the same thread count, from `$RB_LLAMA_DIR` (default
+//!   `/var/tmp/rb-llama`), which `bench/setup_llama_cpp.sh` fills.
 
 use std::process::Command;
 use std::time::Instant;
+
+#[path = "common/bench.rs"]
+mod common;
 
 use rayon::prelude::*;
 use rusting_brain::core::models::transformer::{TransformerConfig, TransformerModel};
@@ -55,6 +66,88 @@ fn decode_run(
     Ok((prefill, new as f64 / t.elapsed().as_secs_f64()))
 }
 
+/// Prompt processing: tokens/s of feeding `len` tokens into an empty cache, best of 3
+/// after a warm-up.
+fn prefill_rate(
+    model: &mut TransformerLm,
+    len: usize,
+    vocab: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let mut rng = Rng::new(11);
+    let prompt: Vec<u32> = (0..len).map(|_| rng.below(vocab as u64) as u32).collect();
+    let mut best = f64::INFINITY;
+    for _ in 0..4 {
+        let mut decoder = model.decoder();
+        let t = Instant::now();
+        decoder.feed(&prompt)?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(len as f64 / best)
+}
+
+/// llama.cpp's `llama-bench` at the same shape and threads: `(test, tokens/s, stddev)` for
+/// `pp16`, `pp128`, `pp512` and `tgN`, or why it did not run.
+fn llama_cpp(large: bool, threads: usize, new: usize) -> Result<Vec<(String, f64, f64)>, String> {
+    let dir = std::env::var("RB_LLAMA_DIR").unwrap_or_else(|_| "/var/tmp/rb-llama".into());
+    let bin = format!("{dir}/build/bin/llama-bench");
+    let gguf = format!("{dir}/{}-q8_0.gguf", if large { "readme" } else { "small" });
+    for f in [&bin, &gguf] {
+        if !std::path::Path::new(f).exists() {
+            return Err(format!("{f} is missing; run bench/setup_llama_cpp.sh"));
+        }
+    }
+    let out = Command::new(&bin)
+        .args(["-m", &gguf, "-t", &threads.to_string(), "-p", "16,128,512"])
+        .args(["-n", &new.to_string(), "-r", "5", "-o", "json"])
+        .output()
+        .map_err(|e| format!("{bin}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{bin} failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let runs: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("llama-bench's JSON: {e}"))?;
+    let rows = runs
+        .as_array()
+        .ok_or("llama-bench's JSON is not a list")?
+        .iter()
+        .filter_map(|r| {
+            let (p, g) = (r["n_prompt"].as_u64()?, r["n_gen"].as_u64()?);
+            let test = if g == 0 {
+                format!("pp{p}")
+            } else {
+                format!("tg{g}")
+            };
+            Some((
+                test,
+                r["avg_ts"].as_f64()?,
+                r["stddev_ts"].as_f64().unwrap_or(0.0),
+            ))
+        })
+        .collect::<Vec<_>>();
+    if rows.is_empty() {
+        return Err("llama-bench printed no results".into());
+    }
+    Ok(rows)
+}
+
+/// PyTorch's line of JSON from `bench/torch_lm.py` with `extra` arguments, or `None`.
+fn torch_json(python: &str, script: &str, shape: &[String], extra: &[&str]) -> Option<serde_json::Value> {
+    let out = Command::new(python)
+        .arg(script)
+        .args(shape)
+        .args(extra)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let line = String::from_utf8_lossy(&out.stdout).lines().last()?.to_string();
+    serde_json::from_str(&line).ok()
+}
+
+/// Prompt lengths of the prefill rows, as llama-bench's `-p 16,128,512`.
+const PREFILL: &[usize] = &[16, 128, 512];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let words: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<usize> = words.iter().filter_map(|a| a.parse().ok()).collect();
@@ -68,6 +161,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         (4096, 256, 6, 8, 2, 32, 704)
     };
+    // Room for the longest prefill measured.
+    let max_seq = (prompt_len + new_tokens).max(PREFILL[PREFILL.len() - 1]) + 1;
     let shape = || {
         TransformerLm::builder()
             .vocab_size(vocab)
@@ -75,7 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .n_layers(layers)
             .heads(q_heads, kv_heads, head_dim)
             .d_ff(d_ff)
-            .max_seq_len(prompt_len + new_tokens + 1)
+            .max_seq_len(max_seq)
             .seed(0)
     };
     let mut model = shape().build()?;
@@ -86,13 +181,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (prefill, tps) = decode_run(&mut model, &prompt, new_tokens)?;
     let mut q8 = shape().build()?;
     q8.quantize()?;
-    let (_, tps_q8) = decode_run(&mut q8, &prompt, new_tokens)?;
+    // Five runs of the int8 decode: the median is the row's figure, the spread is reported.
+    let mut q8_runs = Vec::new();
+    for _ in 0..5 {
+        q8_runs.push(decode_run(&mut q8, &prompt, new_tokens)?.1);
+    }
+    q8_runs.sort_by(f64::total_cmp);
+    let tps_q8 = q8_runs[2];
+    let mut prefills = Vec::new();
+    for &len in PREFILL {
+        prefills.push((
+            len,
+            prefill_rate(&mut model, len, vocab)?,
+            prefill_rate(&mut q8, len, vocab)?,
+        ));
+    }
     // The mixture of experts with the same active size (8 experts of width d_ff / 2, top-2):
     // a token reads its two experts' weights, the router and everything else.
     let mut moe = shape().experts(8, 2).expert_d_ff(d_ff / 2).build()?;
     moe.quantize()?;
     let (_, tps_moe) = decode_run(&mut moe, &prompt, new_tokens)?;
     let moe_counts = moe.parameter_counts();
+    drop(moe);
 
     // Bytes per decoded token: every weight once (the tied embedding is read as the head)
     // plus the keys and values of the positions so far (their mean over the run).
@@ -109,50 +219,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dram = read_bandwidth_gb_s(512 << 20);
 
     let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = std::env::var("RB_TORCH_LM").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/bench/torch_lm.py").to_string()
-    });
+    let script = std::env::var("RB_TORCH_LM")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_lm.py").to_string());
     let threads = rayon::current_num_threads();
-    let torch = Command::new(&python)
-        .args([
-            &script,
-            "--decode",
-            &new_tokens.to_string(),
-            "--steps",
-            "1",
-            "--batch",
-            "1",
-            "--seq",
-            "16",
-        ])
-        .args(["--threads", &threads.to_string()])
-        .args(["--vocab", &vocab.to_string(), "--d-model", &d_model.to_string()])
-        .args(["--layers", &layers.to_string(), "--heads", &q_heads.to_string()])
-        .args([
-            "--kv-heads",
-            &kv_heads.to_string(),
-            "--head-dim",
-            &head_dim.to_string(),
-        ])
-        .args(["--d-ff", &d_ff.to_string()])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| {
-            let line = String::from_utf8_lossy(&o.stdout).lines().last()?.to_string();
-            let v: serde_json::Value = serde_json::from_str(&line).ok()?;
-            Some((
-                v["decode_tokens_per_s"].as_f64()?,
-                v["framework"].as_str()?.to_string(),
-            ))
-        });
+    let torch_shape: Vec<String> = [
+        ("--threads", threads),
+        ("--vocab", vocab),
+        ("--d-model", d_model),
+        ("--layers", layers),
+        ("--heads", q_heads),
+        ("--kv-heads", kv_heads),
+        ("--head-dim", head_dim),
+        ("--d-ff", d_ff),
+        ("--decode", new_tokens),
+        ("--steps", 0),
+    ]
+    .iter()
+    .flat_map(|(k, v)| [k.to_string(), v.to_string()])
+    .collect();
+    let lengths = PREFILL
+        .iter()
+        .map(|l| l.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let torch = torch_json(&python, &script, &torch_shape, &["--prefill", &lengths]);
+    let torch_int8 = torch_json(&python, &script, &torch_shape, &["--prefill", &lengths, "--int8"]);
+    let llama = llama_cpp(large, threads, new_tokens);
 
     println!(
         "bench_decode: {}; prompt {prompt_len}, {new_tokens} new tokens, batch 1, greedy, {threads} threads",
         model.parameter_counts()
     );
+    println!("{} at commit {}", common::cpu_model(), common::commit());
     println!(
-        "prefill {:.1} ms ({:.0} tokens/s)",
+        "f32 prefill of the {prompt_len}-token prompt {:.1} ms ({:.0} tokens/s)",
         prefill * 1e3,
         prompt_len as f64 / prefill
     );
@@ -200,13 +300,62 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         per_token / 1e6,
         per_token_q8 / 1e6
     );
-    match torch {
-        Some((t, name)) => println!(
-            "{name} eager decode: {t:.1} tokens/s; ratio rusting_brain / PyTorch {:.2}x",
-            tps / t
+    println!(
+        "q8 decode over 5 runs: {:.1} .. {:.1} tokens/s (median {:.1}; spread {:.0}% of the best)",
+        q8_runs[0],
+        q8_runs[4],
+        q8_runs[2],
+        100.0 * (q8_runs[4] - q8_runs[0]) / q8_runs[4]
+    );
+    let torch_rate = |v: &Option<serde_json::Value>, key: &str| v.as_ref().and_then(|v| v[key].as_f64());
+    match &torch {
+        Some(v) => println!(
+            "{} eager decode: {:.1} tokens/s f32, {} int8 (dynamic); ratio rusting_brain f32 / PyTorch f32 {:.2}x",
+            v["framework"].as_str().unwrap_or("torch"),
+            torch_rate(&torch, "decode_tokens_per_s").unwrap_or(f64::NAN),
+            torch_rate(&torch_int8, "decode_tokens_per_s")
+                .map_or("not run".to_string(), |t| format!("{t:.1} tokens/s")),
+            tps / torch_rate(&torch, "decode_tokens_per_s").unwrap_or(f64::NAN)
         ),
         None => println!("PyTorch: not run ({python} {script} failed; set RB_PYTHON / RB_TORCH_LM)"),
     }
+
+    // Prompt processing and decode beside llama.cpp and PyTorch, tokens/s.
+    let llama_rate = |test: &str| {
+        llama
+            .as_ref()
+            .ok()
+            .and_then(|rows| rows.iter().find(|r| r.0 == test))
+            .map(|r| (r.1, r.2))
+    };
+    println!(
+        "\n{:<8} {:>10} {:>10} {:>14} {:>12} {:>14} {:>12}",
+        "test", "ours f32", "ours q8", "llama.cpp q8", "q8 / llama", "torch int8", "torch f32"
+    );
+    let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let mut rows: Vec<(String, f64, f64)> = prefills
+        .iter()
+        .map(|&(len, f, q)| (format!("pp{len}"), f, q))
+        .collect();
+    rows.push((format!("tg{new_tokens}"), tps, tps_q8));
+    for (test, f, q) in &rows {
+        let llama = llama_rate(test);
+        let key = match test.strip_prefix("pp") {
+            Some(len) => format!("prefill{len}_tokens_per_s"),
+            None => "decode_tokens_per_s".to_string(),
+        };
+        println!(
+            "{test:<8} {f:>10.1} {q:>10.1} {:>14} {:>12} {:>14} {:>12}",
+            llama.map_or("-".to_string(), |(v, sd)| format!("{v:.1}±{sd:.0}")),
+            llama.map_or("-".to_string(), |(v, _)| format!("{:.2}x", q / v)),
+            cell(torch_rate(&torch_int8, &key)),
+            cell(torch_rate(&torch, &key)),
+        );
+    }
+    if let Err(why) = &llama {
+        println!("llama.cpp: not run ({why})");
+    }
+    println!("(tg: our q8 is the median of 5 runs, llama.cpp's the mean of its 5; the decode prompt is {prompt_len} tokens, PyTorch's 16)");
 
     // Where a decode step goes, f32 and Q8: the same model through a timing wrapper.
     for quantized in [false, true] {
@@ -245,6 +394,24 @@ fn breakdown(
         wall * 1e6
     );
     print!("{}", pm.backend.breakdown(steps, wall, true));
+    if quantized {
+        // And a prompt of 128 tokens into an empty cache, after one untimed.
+        let mut rng = Rng::new(11);
+        let long: Vec<u32> = (0..128.min(config.max_seq_len))
+            .map(|_| rng.below(config.vocab_size as u64) as u32)
+            .collect();
+        pm.forward_cached(&long, &mut pm.new_kv_caches()?)?;
+        pm.backend.reset();
+        let t = Instant::now();
+        pm.forward_cached(&long, &mut pm.new_kv_caches()?)?;
+        let wall = t.elapsed().as_secs_f64();
+        println!(
+            "\nQ8 prefill of {} tokens, by primitive ({:.1} ms):",
+            long.len(),
+            wall * 1e3
+        );
+        print!("{}", pm.backend.breakdown(1, wall, true));
+    }
     Ok(())
 }
 

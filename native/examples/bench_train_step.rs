@@ -18,7 +18,7 @@
 //! MFU against the BF16 GEMM peak measured on the same device (see `cuda` below).
 //!
 //! Shape: d_model 256, 6 layers, heads 8/2/32, d_ff 704, vocab 4096, batch x seq from the
-//! arguments. PyTorch runs `../shared/bench/torch_lm.py` (or `$RB_TORCH_LM`) through
+//! arguments. PyTorch runs `bench/torch_lm.py` (or `$RB_TORCH_LM`) through
 //! `$RB_PYTHON` (default `python3`), eager and with `--compile`; where that fails only our
 //! side is printed. Both report the median of 10 steps after 3 warm-up steps.
 //!
@@ -182,9 +182,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let threads = rayon::current_num_threads();
     let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = std::env::var("RB_TORCH_LM").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/bench/torch_lm.py").to_string()
-    });
+    let script = std::env::var("RB_TORCH_LM")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_lm.py").to_string());
     let moe_script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_moe.py");
     let eager = torch(&python, &script, batch, seq, threads, &[]);
     let compiled = torch(&python, &script, batch, seq, threads, &["--compile"]);
@@ -411,9 +410,8 @@ mod cuda {
         let mfu = ours * flops_per_token / (peak * 1e12);
 
         let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
-        let script = std::env::var("RB_TORCH_LM").unwrap_or_else(|_| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/bench/torch_lm.py").to_string()
-        });
+        let script = std::env::var("RB_TORCH_LM")
+            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_lm.py").to_string());
         let dims = [
             ("--d-model", d),
             ("--layers", layers),

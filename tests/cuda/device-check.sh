@@ -43,7 +43,7 @@ build)
         cp "$(echo "$built" | sed -n "s/.*\"executable\":\"\([^\"]*\/examples\/$e\)\".*/\1/p" | tail -1)" "$dev/$e"
     done
     strip "$dev"/* 2>/dev/null || true
-    cp ../shared/bench/torch_lm.py "$dev/torch_lm.py"
+    cp bench/torch_lm.py "$dev/torch_lm.py"
     cp "$0" "$dev/device-check.sh"
     du -ch "$dev"/* | tail -1
     echo "built $dev: carry it to the GPU machine and run: tests/cuda/device-check.sh run"
