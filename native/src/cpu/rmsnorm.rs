@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use rusting_brain_core::ops::rmsnorm::{check_rmsnorm_backward, check_rmsnorm_forward};
 use rusting_brain_core::Result;
 
-use super::{rows_per_task, simd};
+use super::{rows_per_task, simd, team};
 
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_forward(
@@ -18,19 +18,26 @@ pub fn rmsnorm_forward(
     eps: f32,
 ) -> Result<()> {
     check_rmsnorm_forward(out.len(), rstd.len(), inp.len(), weight.len(), rows, dim)?;
-    let per = rows_per_task(dim);
-    out.par_chunks_mut(per * dim)
-        .zip(rstd.par_chunks_mut(per))
-        .zip(inp.par_chunks(per * dim))
-        .for_each(|((o, r), x)| {
-            for ((o, r), x) in o.chunks_exact_mut(dim).zip(r.iter_mut()).zip(x.chunks_exact(dim)) {
-                let s = 1.0 / (simd::sum_sq(x) / dim as f32 + eps).sqrt();
-                *r = s;
-                for i in 0..dim {
-                    o[i] = x[i] * s * weight[i];
-                }
+    let band = |first: usize, o: &mut [f32], r: &mut [f32]| {
+        let x = &inp[first * dim..first * dim + o.len()];
+        for ((o, r), x) in o.chunks_exact_mut(dim).zip(r.iter_mut()).zip(x.chunks_exact(dim)) {
+            let s = 1.0 / (simd::sum_sq(x) / dim as f32 + eps).sqrt();
+            *r = s;
+            for i in 0..dim {
+                o[i] = x[i] * s * weight[i];
             }
-        });
+        }
+    };
+    // Bands of rows over the spinning team (see `team`): a prompt's rows are
+    // microseconds of work, less than waking rayon's workers.
+    let parts = team::parts();
+    if parts < 2 || rows < 2 || out.len() < rows_per_task(dim) * dim {
+        band(0, out, rstd);
+    } else {
+        let per = rows.div_ceil(parts);
+        let blocks = out.chunks_mut(per * dim).zip(rstd.chunks_mut(per)).collect();
+        team::run_blocks(blocks, |p, (o, r)| band(p * per, o, r));
+    }
     Ok(())
 }
 

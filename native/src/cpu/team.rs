@@ -194,6 +194,20 @@ pub fn run_blocks<B: Send>(blocks: Vec<B>, job: impl Fn(usize, &mut B) + Sync) {
     (parts..blocks.len()).for_each(one);
 }
 
+/// Splits `out` into one band per part, each a whole number of `unit` elements, and runs
+/// `job(first, band)` with `first` the band's offset in `out`; an output under `min_len`
+/// elements runs whole on the caller.
+pub fn bands<T: Send>(out: &mut [T], unit: usize, min_len: usize, job: impl Fn(usize, &mut [T]) + Sync) {
+    let parts = parts();
+    let unit = unit.max(1);
+    if parts < 2 || out.len() < min_len.max(2 * unit) {
+        job(0, out);
+        return;
+    }
+    let per = out.len().div_ceil(parts).div_ceil(unit) * unit;
+    run_blocks(out.chunks_mut(per).collect(), |p, b| job(p * per, b));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
