@@ -288,6 +288,17 @@ fn attention_matches_reference_with_gqa_and_caches() {
             kv_heads: 2,
             head_dim: 8,
         },
+        // A prompt piece after cached positions, over several query blocks of the
+        // blocked path with a partial last one.
+        AttentionSpec {
+            batch: 1,
+            q_len: 45,
+            kv_len: 100,
+            kv_capacity: 120,
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+        },
     ];
     for spec in specs {
         let (nq, nkv, nl) = spec.check("test").unwrap();
