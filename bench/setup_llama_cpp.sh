@@ -20,10 +20,13 @@ cd "$dir"
 src="$dir/llama_cpp_python-$version/vendor/llama.cpp"
 if [ ! -e "$src/CMakeLists.txt" ]; then
     url="$("$python" - "$version" <<'PY'
-import json, sys, urllib.request
+import json, sys, urllib.parse, urllib.request
 v = sys.argv[1]
-meta = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-python/{v}/json"))
-print(next(u["url"] for u in meta["urls"] if u["packagetype"] == "sdist"))
+index = "https://pypi.org/pypi/llama-cpp-python/json"
+meta = json.load(urllib.request.urlopen(index))
+files = meta["releases"].get(v) or sys.exit(f"llama-cpp-python {v} is not on the index")
+# A mirror of the index may give addresses relative to the JSON's.
+print(urllib.parse.urljoin(index, next(f["url"] for f in files if f["packagetype"] == "sdist")))
 PY
 )"
     echo "== fetching $url"
