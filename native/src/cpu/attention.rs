@@ -423,53 +423,62 @@ pub(crate) fn attention_backward_blocked(
             let mut dk_t = vec![0.0f32; tk * d];
             let mut dv_t = vec![0.0f32; tk * d];
             let mut dqs = Vec::with_capacity(spec.group());
-            with_tiles(tq * tk, |p, dp| {
+            // Query blocks as in the forward pass: a block's products reach only the keys
+            // its last row sees (dK and dV beyond them get nothing from it).
+            let blk = QUERY_BLOCK.min(tq);
+            with_tiles(blk * tk, |p, dp| {
                 for h in kvh * spec.group()..(kvh + 1) * spec.group() {
-                    let (qv, dov) = (q_view(q, spec, b, h), q_view(dout, spec, b, h));
-                    // P = exp(scale * Q K^T - lse), causal
-                    gemm_views(p, tq, tk, d, qv, transpose(kv_k), 0.0);
-                    for t in 0..tq {
-                        let l = lse[(b * tq + t) * hq + h];
-                        let row = &mut p[t * tk..(t + 1) * tk];
-                        let vis = spec.visible(t);
-                        for x in &mut row[..vis] {
-                            *x = simd::exp(scale * *x - l);
-                        }
-                        row[vis..].fill(0.0);
-                    }
-                    // dV += P^T dO
-                    gemm_views(
-                        &mut dv_t,
-                        tk,
-                        d,
-                        tq,
-                        transpose(View {
-                            data: p,
-                            rs: tk,
-                            cs: 1,
-                        }),
-                        dov,
-                        1.0,
-                    );
-                    // dP = dO V^T; dS = P * (dP - delta) * scale, delta_t = dot(dO_t, O_t)
-                    gemm_views(dp, tq, tk, d, dov, transpose(kv_v), 0.0);
-                    for t in 0..tq {
-                        let i = spec.q_index(b, t, h);
-                        let delta = simd::dot(&dout[i..i + d], &out[i..i + d]);
-                        let (pr, dr) = (&p[t * tk..(t + 1) * tk], &mut dp[t * tk..(t + 1) * tk]);
-                        for j in 0..tk {
-                            dr[j] = pr[j] * (dr[j] - delta) * scale;
-                        }
-                    }
-                    // dQ_h = dS K; dK += dS^T Q
+                    let (qh, doh) = (q_view(q, spec, b, h), q_view(dout, spec, b, h));
                     let mut dq_h = vec![0.0f32; tq * d];
-                    let ds = View {
-                        data: dp,
-                        rs: tk,
-                        cs: 1,
-                    };
-                    gemm_views(&mut dq_h, tq, d, tk, ds, kv_k, 0.0);
-                    gemm_views(&mut dk_t, tk, d, tq, transpose(ds), qv, 1.0);
+                    for t0 in (0..tq).step_by(blk) {
+                        let rows = blk.min(tq - t0);
+                        let width = spec.visible(t0 + rows - 1);
+                        let (p, dp) = (&mut p[..rows * width], &mut dp[..rows * width]);
+                        let qv = View {
+                            data: &qh.data[t0 * qh.rs..],
+                            ..qh
+                        };
+                        let dov = View {
+                            data: &doh.data[t0 * doh.rs..],
+                            ..doh
+                        };
+                        // P = exp(scale * Q K^T - lse), causal
+                        gemm_views(p, rows, width, d, qv, transpose(kv_k), 0.0);
+                        for (r, row) in p.chunks_exact_mut(width).enumerate() {
+                            let t = t0 + r;
+                            let l = lse[(b * tq + t) * hq + h];
+                            let vis = spec.visible(t);
+                            for x in &mut row[..vis] {
+                                *x = simd::exp(scale * *x - l);
+                            }
+                            row[vis..].fill(0.0);
+                        }
+                        let pv = View {
+                            data: p,
+                            rs: width,
+                            cs: 1,
+                        };
+                        // dV += P^T dO
+                        gemm_views(&mut dv_t[..width * d], width, d, rows, transpose(pv), dov, 1.0);
+                        // dP = dO V^T; dS = P * (dP - delta) * scale, delta_t = dot(dO_t, O_t)
+                        gemm_views(dp, rows, width, d, dov, transpose(kv_v), 0.0);
+                        for (r, (pr, dr)) in p.chunks_exact(width).zip(dp.chunks_exact_mut(width)).enumerate()
+                        {
+                            let i = spec.q_index(b, t0 + r, h);
+                            let delta = simd::dot(&dout[i..i + d], &out[i..i + d]);
+                            for (x, &pj) in dr.iter_mut().zip(pr) {
+                                *x = pj * (*x - delta) * scale;
+                            }
+                        }
+                        // dQ_h = dS K; dK += dS^T Q
+                        let ds = View {
+                            data: dp,
+                            rs: width,
+                            cs: 1,
+                        };
+                        gemm_views(&mut dq_h[t0 * d..(t0 + rows) * d], rows, d, width, ds, kv_k, 0.0);
+                        gemm_views(&mut dk_t[..width * d], width, d, rows, transpose(ds), qv, 1.0);
+                    }
                     dqs.push(dq_h);
                 }
             });
