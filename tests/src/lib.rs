@@ -285,13 +285,19 @@ pub fn assert_close_rms(name: &str, actual: &[f32], expected: &Tensor, rtol: f64
 /// they differ by rounding carried through a few denoising steps and the decoder. Prints
 /// the worst difference.
 pub fn assert_same_picture(what: &str, got: &rusting_brain::vae::Image, want: &Tensor) -> f64 {
+    assert_picture_within(what, got, want, 1e-3)
+}
+
+/// [`assert_same_picture`] with a bound of `atol` per pixel value (in [0, 1]), for pictures
+/// that differ by design (an int8 model against the f32 reference).
+pub fn assert_picture_within(what: &str, got: &rusting_brain::vae::Image, want: &Tensor, atol: f64) -> f64 {
     assert_eq!(
         [1, got.channels, got.height, got.width],
         want.shape[..],
         "{what}: shape"
     );
     let ours: Vec<f32> = got.data.iter().map(|v| (v / 2.0 + 0.5).clamp(0.0, 1.0)).collect();
-    let r = assert_close(what, &ours, want, Tolerance::new(0.0, 1e-3));
+    let r = assert_close(what, &ours, want, Tolerance::new(0.0, atol));
     println!("{what:<28} max abs error {:.2e}", r.max_abs_error);
     r.max_abs_error
 }
@@ -336,5 +342,15 @@ pub fn named_bits(tensors: &[(String, Vec<f32>)]) -> Vec<(String, Vec<u32>)> {
     tensors
         .iter()
         .map(|(n, v)| (n.clone(), v.iter().map(|x| x.to_bits()).collect()))
+        .collect()
+}
+
+/// A JSON array of numbers from a fixture file, as f64; panics, naming nothing more, on
+/// anything else (a fixture that is not what its script wrote).
+pub fn json_floats(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .expect("a JSON array")
+        .iter()
+        .map(|x| x.as_f64().expect("a JSON number"))
         .collect()
 }

@@ -353,7 +353,11 @@ impl DiscreteSampler {
         match self.solver {
             Solver::Ddim | Solver::DpmPlusPlus2M => 1.0,
             Solver::Euler | Solver::EulerAncestral => {
-                let max = self.sigmas.iter().copied().fold(0.0, f64::max);
+                // NaN-propagating: a NaN sigma must not vanish into the starting scale.
+                let max = self
+                    .sigmas
+                    .iter()
+                    .fold(0.0, |m: f64, &s| if s > m || s.is_nan() { s } else { m });
                 match self.config.spacing {
                     Spacing::Linspace | Spacing::Trailing => max,
                     Spacing::Leading => libm::sqrt(max * max + 1.0),
