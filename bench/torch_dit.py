@@ -5,30 +5,15 @@ random weights, on the CPU in float32, best time of --reps. Prints one JSON line
     python bench/torch_dit.py --threads 2 --reps 3 --cases '[{"class": ..., "config": {...},
         "batch": 1, "grid": [16, 16], "text": 128}, ...]'
 """
-import argparse
 import json
-import time
 
 import torch
 
-p = argparse.ArgumentParser()
-p.add_argument("--threads", type=int, default=1)
-p.add_argument("--reps", type=int, default=3)
+from bench_args import best, parser, start
+
+p = parser()
 p.add_argument("--cases", type=str, default="[]")
-a = p.parse_args()
-torch.set_num_threads(a.threads)
-torch.manual_seed(0)
-
-
-def best(f):
-    f()
-    t = float("inf")
-    for _ in range(a.reps):
-        s = time.perf_counter()
-        f()
-        t = min(t, time.perf_counter() - s)
-    return t
-
+a = start(p)
 
 import diffusers  # noqa: E402
 
@@ -59,5 +44,5 @@ with torch.inference_mode():
                 kw["pooled_projections"] = torch.randn(b, cfg["pooled_projection_dim"])
             kw["guidance"] = torch.full((b,), 3.5) if cfg.get("guidance_embeds") else None
             f = lambda: model(**kw)
-        out["step"].append(best(f))
+        out["step"].append(best(f, a.reps))
 print(json.dumps(out))

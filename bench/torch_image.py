@@ -5,34 +5,24 @@ the CPU in float32, best time of --reps. Prints one JSON line.
     python bench/torch_image.py --threads 2 --reps 3 --convs '[[1,512,512,64,64,3], ...]' \
         --latent 32 --tokens 4608 --heads 24 --head-dim 128
 """
-import argparse
 import json
-import time
 
 import torch
 import torch.nn.functional as F
 
-p = argparse.ArgumentParser()
-p.add_argument("--threads", type=int, default=1)
-p.add_argument("--reps", type=int, default=3)
+from bench_args import best as best_of, parser, start
+
+p = parser()
 p.add_argument("--convs", type=str, default="[]")
 p.add_argument("--latent", type=int, default=32)
 p.add_argument("--tokens", type=int, default=4608)
 p.add_argument("--heads", type=int, default=24)
 p.add_argument("--head-dim", type=int, default=128)
-a = p.parse_args()
-torch.set_num_threads(a.threads)
-torch.manual_seed(0)
+a = start(p)
 
 
 def best(f):
-    f()
-    t = float("inf")
-    for _ in range(a.reps):
-        s = time.perf_counter()
-        f()
-        t = min(t, time.perf_counter() - s)
-    return t
+    return best_of(f, a.reps)
 
 
 out = {"version": torch.__version__, "threads": a.threads, "conv": []}

@@ -6,20 +6,16 @@ rise of the process's peak resident memory over the first call. Prints one JSON 
     python bench/torch_unet.py --threads 2 --reps 3 --cases '[{"config": {...}, "latent": 64,
         "tokens": 77}, ...]'
 """
-import argparse
 import json
 import resource
-import time
 
 import torch
 
-p = argparse.ArgumentParser()
-p.add_argument("--threads", type=int, default=1)
-p.add_argument("--reps", type=int, default=3)
+from bench_args import best, parser, start
+
+p = parser()
 p.add_argument("--cases", type=str, default="[]")
-a = p.parse_args()
-torch.set_num_threads(a.threads)
-torch.manual_seed(0)
+a = start(p)
 
 import diffusers  # noqa: E402
 
@@ -40,10 +36,6 @@ with torch.inference_mode():
         before = peak_mib()
         model(x, t, ctx)
         out["peak_rise_mib"].append(peak_mib() - before)
-        best = float("inf")
-        for _ in range(a.reps):
-            s = time.perf_counter()
-            model(x, t, ctx)
-            best = min(best, time.perf_counter() - s)
-        out["step"].append(best)
+        # The first call above was the warm-up.
+        out["step"].append(best(lambda: model(x, t, ctx), a.reps, warm_up=False))
 print(json.dumps(out))

@@ -130,21 +130,6 @@ fn llama_cpp(large: bool, threads: usize, new: usize) -> Result<Vec<(String, f64
     Ok(rows)
 }
 
-/// PyTorch's line of JSON from `bench/torch_lm.py` with `extra` arguments, or `None`.
-fn torch_json(python: &str, script: &str, shape: &[String], extra: &[&str]) -> Option<serde_json::Value> {
-    let out = Command::new(python)
-        .arg(script)
-        .args(shape)
-        .args(extra)
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let line = String::from_utf8_lossy(&out.stdout).lines().last()?.to_string();
-    serde_json::from_str(&line).ok()
-}
-
 /// Prompt lengths of the prefill rows, as llama-bench's `-p 16,128,512`.
 const PREFILL: &[usize] = &[16, 128, 512];
 
@@ -218,7 +203,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bw_q8 = read_bandwidth_gb_s(per_token_q8 as usize);
     let dram = read_bandwidth_gb_s(512 << 20);
 
-    let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = common::python();
     let script = std::env::var("RB_TORCH_LM")
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_lm.py").to_string());
     let threads = rayon::current_num_threads();
@@ -242,8 +227,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|l| l.to_string())
         .collect::<Vec<_>>()
         .join(",");
-    let torch = torch_json(&python, &script, &torch_shape, &["--prefill", &lengths]);
-    let torch_int8 = torch_json(&python, &script, &torch_shape, &["--prefill", &lengths, "--int8"]);
+    let torch_args = |extra: &[&str]| {
+        let mut args = torch_shape.clone();
+        args.extend(["--prefill", &lengths].iter().chain(extra).map(|s| s.to_string()));
+        args
+    };
+    let torch = common::python_json(&python, &script, &torch_args(&[]));
+    let torch_int8 = common::python_json(&python, &script, &torch_args(&["--int8"]));
     let llama = llama_cpp(large, threads, new_tokens);
 
     println!(

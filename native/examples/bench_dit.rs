@@ -14,7 +14,6 @@
 mod bench;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Instant;
 
 use bench::{best, commit, cpu_model};
@@ -199,36 +198,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = bench::python();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_dit.py");
     let spec: Vec<Value> = cases
         .iter()
         .map(|c| json!({"class": c.class, "config": c.config, "batch": 1, "grid": [c.grid.0, c.grid.1], "text": c.text}))
         .collect();
-    let torch: Option<Value> = Command::new(&python)
-        .args([
-            script,
-            "--threads",
-            &threads.to_string(),
-            "--reps",
-            &reps.to_string(),
-        ])
-        .args(["--cases", &serde_json::to_string(&spec)?])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last()?).ok());
-    match &torch {
-        Some(t) => println!(
-            "PyTorch {}, diffusers {} (float32, {} threads)",
-            t["version"].as_str().unwrap_or("?"),
-            t["diffusers"].as_str().unwrap_or("?"),
-            t["threads"]
-        ),
-        None => println!(
-            "PyTorch: not run ({python} {script} failed; set RB_PYTHON to a Python with torch and diffusers)"
-        ),
-    }
+    let torch = bench::torch_cases(&python, script, threads, reps, &Value::from(spec));
+    bench::print_torch_line(torch.as_ref(), &python, script);
     println!(
         "{:<40} {:>11} {:>10} {:>10} {:>10}",
         "one step", "parameters", "ours ms", "torch ms", "ours/torch"

@@ -13,7 +13,6 @@
 mod bench;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Instant;
 
 use bench::{best, commit, cpu_model};
@@ -115,28 +114,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t_sdpa = t.elapsed().as_secs_f64();
     let score_matrix = tokens * tokens * 4;
 
-    let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = bench::python();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_image.py");
-    let torch: Option<serde_json::Value> = Command::new(&python)
-        .args([
-            script,
-            "--threads",
-            &threads.to_string(),
-            "--reps",
-            &reps.to_string(),
-        ])
-        .args([
-            "--convs",
-            &serde_json::to_string(&convs)?,
-            "--latent",
-            &latent.to_string(),
-        ])
-        .args(["--tokens", &tokens.to_string(), "--heads", &heads.to_string()])
-        .args(["--head-dim", &d.to_string()])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last()?).ok());
+    let args = [
+        ("--threads", threads.to_string()),
+        ("--reps", reps.to_string()),
+        ("--convs", serde_json::to_string(&convs)?),
+        ("--latent", latent.to_string()),
+        ("--tokens", tokens.to_string()),
+        ("--heads", heads.to_string()),
+        ("--head-dim", d.to_string()),
+    ]
+    .into_iter()
+    .flat_map(|(k, v)| [k.to_string(), v])
+    .collect::<Vec<_>>();
+    let torch = bench::python_json(&python, script, &args);
     let theirs = |key: &str, i: Option<usize>| -> Option<f64> {
         let v = &torch.as_ref()?[key];
         match i {
@@ -144,17 +136,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             None => v.as_f64(),
         }
     };
-    if let Some(t) = &torch {
-        println!(
-            "PyTorch {} (float32, {} threads)",
-            t["version"].as_str().unwrap_or("?"),
-            t["threads"]
-        );
-    } else {
-        println!(
-            "PyTorch: not run ({python} {script} failed; set RB_PYTHON to a Python with torch and diffusers)"
-        );
-    }
+    bench::print_torch_line(torch.as_ref(), &python, script);
     println!(
         "{:<38} {:>10} {:>10} {:>10} {:>12}",
         "", "ours ms", "torch ms", "ours/torch", "ours GFLOP/s"

@@ -12,7 +12,6 @@
 mod bench;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Instant;
 
 use bench::{best, commit, cpu_model};
@@ -113,7 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = bench::python();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_unet.py");
     let spec: Vec<Value> = cases
         .iter()
@@ -122,34 +121,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // One process a case: a process's peak resident memory only ever rises.
     let runs: Vec<Option<Value>> = spec
         .iter()
-        .map(|case| -> Result<Option<Value>, Box<dyn std::error::Error>> {
-            Ok(Command::new(&python)
-                .args([
-                    script,
-                    "--threads",
-                    &threads.to_string(),
-                    "--reps",
-                    &reps.to_string(),
-                ])
-                .args(["--cases", &serde_json::to_string(&[case])?])
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .and_then(|o| serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().last()?).ok()))
-        })
-        .collect::<Result<_, _>>()?;
+        .map(|case| bench::torch_cases(&python, script, threads, reps, &json!([case])))
+        .collect();
     let torch = runs.first().cloned().flatten();
-    match &torch {
-        Some(t) => println!(
-            "PyTorch {}, diffusers {} (float32, {} threads)",
-            t["version"].as_str().unwrap_or("?"),
-            t["diffusers"].as_str().unwrap_or("?"),
-            t["threads"]
-        ),
-        None => println!(
-            "PyTorch: not run ({python} {script} failed; set RB_PYTHON to a Python with torch and diffusers)"
-        ),
-    }
+    bench::print_torch_line(torch.as_ref(), &python, script);
     println!(
         "{:<38} {:>11} {:>10} {:>10} {:>10} {:>12} {:>13}",
         "one step, batch 2",

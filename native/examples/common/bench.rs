@@ -73,3 +73,57 @@ pub fn commit() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
 }
+
+/// The Python the PyTorch side runs under: `$RB_PYTHON`, else `python3`.
+pub fn python() -> String {
+    std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Runs `python script args..` and reads the last line it prints as JSON; `None` where it
+/// could not start, failed, or printed no JSON (the caller prints that the side did not run).
+pub fn python_json(python: &str, script: &str, args: &[String]) -> Option<serde_json::Value> {
+    let out = Command::new(python).arg(script).args(args).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last()?).ok()
+}
+
+/// The line that names the PyTorch (and diffusers, where given) a table was measured
+/// beside, or why that side did not run.
+pub fn print_torch_line(torch: Option<&serde_json::Value>, python: &str, script: &str) {
+    match torch {
+        Some(t) => {
+            let diffusers = t["diffusers"]
+                .as_str()
+                .map_or(String::new(), |v| format!(", diffusers {v}"));
+            println!(
+                "PyTorch {}{diffusers} (float32, {} threads)",
+                t["version"].as_str().unwrap_or("?"),
+                t["threads"]
+            )
+        }
+        None => println!(
+            "PyTorch: not run ({python} {script} failed; set RB_PYTHON to a Python with torch and diffusers)"
+        ),
+    }
+}
+
+/// The image benchmarks' PyTorch call: `script --threads T --reps R --cases CASES`.
+pub fn torch_cases(
+    python: &str,
+    script: &str,
+    threads: usize,
+    reps: usize,
+    cases: &serde_json::Value,
+) -> Option<serde_json::Value> {
+    let args = [
+        "--threads".to_string(),
+        threads.to_string(),
+        "--reps".to_string(),
+        reps.to_string(),
+        "--cases".to_string(),
+        cases.to_string(),
+    ];
+    python_json(python, script, &args)
+}
