@@ -629,23 +629,9 @@ impl ImagePipeline {
             } => {
                 // Each tower's second-to-last hidden states, side by side, zero-padded to
                 // T5's width; the two projections side by side as the pooled vector.
-                let (ids_l, _) = tokenizer_l.encode(prompt)?;
-                let (ids_g, _) = tokenizer_g.encode(prompt)?;
-                let out_l = clip_l.encode(&ids_l, 1, None)?;
-                let out_g = clip_g.encode(&ids_g, 1, None)?;
-                if ids_l.len() != ids_g.len() {
-                    return Err(NetworkError::InvalidInput(format!(
-                        "the CLIP tokenizers pad to {} and {} tokens; SD3 lays the towers side by side",
-                        ids_l.len(),
-                        ids_g.len()
-                    )));
-                }
-                let penultimate = |o: &rusting_brain_core::models::clip::ClipTextOutput| {
-                    o.hidden_states[o.hidden_states.len().saturating_sub(2)].clone()
-                };
-                let (hl, hg) = (penultimate(&out_l), penultimate(&out_g));
-                let (wl, wg) = (clip_l.config().hidden_size, clip_g.config().hidden_size);
-                let clip_tokens = ids_l.len();
+                let (clip_tokens, [l, g]) =
+                    two_towers(prompt, [(clip_l, tokenizer_l), (clip_g, tokenizer_g)], "SD3")?;
+                let (hl, hg, wl, wg) = (&l.states, &g.states, l.width, g.width);
                 let (t5_states, t5_tokens) = match t5 {
                     Some((model, tok)) => {
                         let (ids, _) = tok.encode(prompt, max_len)?;
@@ -670,12 +656,12 @@ impl ImagePipeline {
                     states[t * joint..(t + 1) * joint].copy_from_slice(&feats);
                 }
                 states[clip_tokens * joint..].copy_from_slice(&t5_states);
-                let mut pooled = out_l.text_embeds.ok_or_else(|| {
+                let mut pooled = l.projection.ok_or_else(|| {
                     NetworkError::InvalidInput(
                         "SD3's text_encoder must be a CLIPTextModelWithProjection".into(),
                     )
                 })?;
-                pooled.extend(out_g.text_embeds.ok_or_else(|| {
+                pooled.extend(g.projection.ok_or_else(|| {
                     NetworkError::InvalidInput(
                         "SD3's text_encoder_2 must be a CLIPTextModelWithProjection".into(),
                     )
@@ -704,35 +690,22 @@ impl ImagePipeline {
             } => {
                 // Each tower's second-to-last states side by side; the pooled vector is
                 // the second tower's projection.
-                let (ids_l, _) = tokenizer_l.encode(prompt)?;
-                let (ids_g, _) = tokenizer_g.encode(prompt)?;
-                if ids_l.len() != ids_g.len() {
-                    return Err(NetworkError::InvalidInput(format!(
-                        "the CLIP tokenizers pad to {} and {} tokens; SD-XL lays the towers side by side",
-                        ids_l.len(),
-                        ids_g.len()
-                    )));
+                let (tokens, [l, g]) =
+                    two_towers(prompt, [(clip_l, tokenizer_l), (clip_g, tokenizer_g)], "SD-XL")?;
+                let (wl, wg) = (l.width, g.width);
+                let mut states = Vec::with_capacity(tokens * (wl + wg));
+                for t in 0..tokens {
+                    states.extend_from_slice(&l.states[t * wl..(t + 1) * wl]);
+                    states.extend_from_slice(&g.states[t * wg..(t + 1) * wg]);
                 }
-                let out_l = clip_l.encode(&ids_l, 1, None)?;
-                let out_g = clip_g.encode(&ids_g, 1, None)?;
-                let penultimate = |o: &rusting_brain_core::models::clip::ClipTextOutput| {
-                    o.hidden_states[o.hidden_states.len().saturating_sub(2)].clone()
-                };
-                let (hl, hg) = (penultimate(&out_l), penultimate(&out_g));
-                let (wl, wg) = (clip_l.config().hidden_size, clip_g.config().hidden_size);
-                let mut states = Vec::with_capacity(ids_l.len() * (wl + wg));
-                for t in 0..ids_l.len() {
-                    states.extend_from_slice(&hl[t * wl..(t + 1) * wl]);
-                    states.extend_from_slice(&hg[t * wg..(t + 1) * wg]);
-                }
-                let pooled = out_g.text_embeds.ok_or_else(|| {
+                let pooled = g.projection.ok_or_else(|| {
                     NetworkError::InvalidInput(
                         "SD-XL's text_encoder_2 must be a CLIPTextModelWithProjection".into(),
                     )
                 })?;
                 Ok(PromptEmbedding {
                     states,
-                    tokens: ids_l.len(),
+                    tokens,
                     pooled: Some(pooled),
                 })
             }
@@ -1318,4 +1291,43 @@ fn clock_seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// One CLIP tower's part of SD3's and SD-XL's prompt embedding.
+struct Tower {
+    /// Second-to-last hidden states, (tokens, width).
+    states: Vec<f32>,
+    width: usize,
+    /// The projected pooled vector (`CLIPTextModelWithProjection` only).
+    projection: Option<Vec<f32>>,
+}
+
+/// Both CLIP towers on `prompt`: their tokens (which must pad to the same length, as the
+/// towers' states are laid side by side) and each one's [`Tower`].
+fn two_towers(
+    prompt: &str,
+    towers: [(&ClipTextEncoder, &ClipTokenizer); 2],
+    family: &str,
+) -> Result<(usize, [Tower; 2])> {
+    let [a, b] = towers.map(|(clip, tokenizer)| -> Result<(usize, Tower)> {
+        let (ids, _) = tokenizer.encode(prompt)?;
+        let mut out = clip.encode(&ids, 1, None)?;
+        let at = out.hidden_states.len().saturating_sub(2);
+        let states = out.hidden_states.get_mut(at).map(std::mem::take).ok_or_else(|| {
+            NetworkError::InvalidInput(format!("{family}'s CLIP tower returned no hidden states"))
+        })?;
+        let tower = Tower {
+            states,
+            width: clip.config().hidden_size,
+            projection: out.text_embeds,
+        };
+        Ok((ids.len(), tower))
+    });
+    let ((na, a), (nb, b)) = (a?, b?);
+    if na != nb {
+        return Err(NetworkError::InvalidInput(format!(
+            "the CLIP tokenizers pad to {na} and {nb} tokens; {family} lays the towers side by side"
+        )));
+    }
+    Ok((na, [a, b]))
 }

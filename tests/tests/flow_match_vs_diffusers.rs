@@ -9,6 +9,7 @@
 use rusting_brain_core::diffusion::flow_match::{
     flux2_empirical_mu, FlowMatchConfig, FlowMatchEuler, TimeShift,
 };
+use rusting_brain_tests::json_floats;
 use serde_json::Value;
 
 fn fixture() -> Value {
@@ -39,14 +40,6 @@ fn config(v: &Value) -> FlowMatchConfig {
     }
 }
 
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
 #[test]
 fn schedules_match_diffusers() {
     let f = fixture();
@@ -54,11 +47,11 @@ fn schedules_match_diffusers() {
     assert_eq!(cases.len(), 7);
     for c in cases {
         let name = c["name"].as_str().unwrap();
-        let given = c["sigmas_in"].as_array().map(|_| floats(&c["sigmas_in"]));
+        let given = c["sigmas_in"].as_array().map(|_| json_floats(&c["sigmas_in"]));
         let steps = c["steps"].as_u64().unwrap() as usize;
         let s =
             FlowMatchEuler::new(&config(&c["config"]), steps, given.as_deref(), c["mu"].as_f64()).unwrap();
-        let want = floats(&c["sigmas"]);
+        let want = json_floats(&c["sigmas"]);
         assert_eq!(s.sigmas.len(), want.len(), "{name}: length");
         let mut worst = 0.0f64;
         for (i, (&got, &w)) in s.sigmas.iter().zip(&want).enumerate() {
@@ -66,7 +59,7 @@ fn schedules_match_diffusers() {
             assert!(d <= 1e-6, "{name}: sigma {i} is {got}, diffusers {w}");
             worst = worst.max(d);
         }
-        for (i, w) in floats(&c["timesteps"]).iter().enumerate() {
+        for (i, w) in json_floats(&c["timesteps"]).iter().enumerate() {
             let got = s.timestep(i) as f64;
             assert!(
                 (got - w).abs() <= 1e-3,

@@ -22,16 +22,8 @@ fn cases() -> Vec<Value> {
     v["cases"].as_array().unwrap().clone()
 }
 
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
 fn tensor(v: &Value) -> Tensor {
-    let data = floats(v);
+    let data = json_floats(v);
     Tensor {
         shape: vec![data.len()],
         data,
@@ -77,8 +69,8 @@ fn schedules_and_loops_match_diffusers() {
     for case in &all {
         let name = case["name"].as_str().unwrap();
         let mut s = sampler(case, t.path());
-        assert_eq!(s.timesteps, floats(&case["timesteps"]), "{name}: timesteps");
-        let want_sigmas = floats(&case["sigmas"]);
+        assert_eq!(s.timesteps, json_floats(&case["timesteps"]), "{name}: timesteps");
+        let want_sigmas = json_floats(&case["sigmas"]);
         assert_eq!(s.sigmas.len(), want_sigmas.len(), "{name}: sigmas");
         for (a, b) in s.sigmas.iter().zip(&want_sigmas) {
             assert!(
@@ -91,7 +83,7 @@ fn schedules_and_loops_match_diffusers() {
             (s.init_noise_sigma() - init).abs() <= 1e-6 * init,
             "{name}: init_noise_sigma"
         );
-        let sample: Vec<f32> = floats(&case["sample"]).iter().map(|&v| v as f32).collect();
+        let sample: Vec<f32> = json_floats(&case["sample"]).iter().map(|&v| v as f32).collect();
         let got = run(&mut s, &sample, false);
         assert_close_rms(&format!("{name} loop"), &got, &tensor(&case["result"]), 1e-5);
     }
@@ -106,7 +98,7 @@ fn diffusers_published_goldens() {
         let sum: f64 = x.iter().map(|v| v.abs() as f64).sum();
         (sum, sum / x.len() as f64)
     };
-    let sample = |c: &Value| -> Vec<f32> { floats(&c["sample"]).iter().map(|&v| v as f32).collect() };
+    let sample = |c: &Value| -> Vec<f32> { json_floats(&c["sample"]).iter().map(|&v| v as f32).collect() };
     // (case, the tests' loop, want sum, want mean, tolerance on sum and mean as they use)
     for (name, scaled, sum, mean) in [
         ("ddim", false, Some(172.0067), 0.223967),

@@ -18,12 +18,7 @@ fn seeds_give_torchs_noise() {
     let mut worst = 0.0f64;
     for c in cases {
         let (seed, n) = (c["seed"].as_u64().unwrap(), c["n"].as_u64().unwrap() as usize);
-        let want: Vec<f64> = c["values"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
+        let want = rusting_brain_tests::json_floats(&c["values"]);
         let got = torch_randn(seed, n);
         assert_eq!(got.len(), want.len());
         for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
@@ -44,12 +39,7 @@ fn successive_draws_continue_the_generator() {
     for s in sequences {
         let mut g = TorchGenerator::new(s["seed"].as_u64().unwrap());
         for (call, want) in s["values"].as_array().unwrap().iter().enumerate() {
-            let want: Vec<f64> = want
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap())
-                .collect();
+            let want = rusting_brain_tests::json_floats(want);
             let got = g.randn(want.len());
             assert_eq!(got.len(), want.len());
             for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {

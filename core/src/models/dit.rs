@@ -166,31 +166,31 @@ impl DitConfig {
         };
         let heads_norm = |l: &mut Layout, p: &str| l.push(format!("{p}.weight"), vec![hd]);
         let tc = self.timestep_channels;
+        // The timestep MLP (and the guidance one where the model has it) under `prefix`.
+        let time = |l: &mut Layout, prefix: &str| {
+            lin(l, &format!("{prefix}.timestep_embedder.linear_1"), tc, d);
+            lin(l, &format!("{prefix}.timestep_embedder.linear_2"), d, d);
+            if self.guidance_embeds {
+                lin(l, &format!("{prefix}.guidance_embedder.linear_1"), tc, d);
+                lin(l, &format!("{prefix}.guidance_embedder.linear_2"), d, d);
+            }
+        };
+        // FLUX.1 and SD3: the pooled-text MLP beside the timestep's, and the per-token
+        // context projection.
+        let text = |l: &mut Layout| {
+            let pooled = self.pooled_projection_dim;
+            lin(l, "time_text_embed.text_embedder.linear_1", pooled, d);
+            lin(l, "time_text_embed.text_embedder.linear_2", d, d);
+            lin(l, "context_embedder", self.joint_attention_dim, d);
+        };
         match self.kind {
             DitKind::Flux => {
-                lin(&mut l, "time_text_embed.timestep_embedder.linear_1", tc, d);
-                lin(&mut l, "time_text_embed.timestep_embedder.linear_2", d, d);
-                if self.guidance_embeds {
-                    lin(&mut l, "time_text_embed.guidance_embedder.linear_1", tc, d);
-                    lin(&mut l, "time_text_embed.guidance_embedder.linear_2", d, d);
-                }
-                lin(
-                    &mut l,
-                    "time_text_embed.text_embedder.linear_1",
-                    self.pooled_projection_dim,
-                    d,
-                );
-                lin(&mut l, "time_text_embed.text_embedder.linear_2", d, d);
-                lin(&mut l, "context_embedder", self.joint_attention_dim, d);
+                time(&mut l, "time_text_embed");
+                text(&mut l);
                 lin(&mut l, "x_embedder", self.in_channels, d);
             }
             DitKind::Flux2 => {
-                lin(&mut l, "time_guidance_embed.timestep_embedder.linear_1", tc, d);
-                lin(&mut l, "time_guidance_embed.timestep_embedder.linear_2", d, d);
-                if self.guidance_embeds {
-                    lin(&mut l, "time_guidance_embed.guidance_embedder.linear_1", tc, d);
-                    lin(&mut l, "time_guidance_embed.guidance_embedder.linear_2", d, d);
-                }
+                time(&mut l, "time_guidance_embed");
                 lin(&mut l, "double_stream_modulation_img.linear", d, 6 * d);
                 lin(&mut l, "double_stream_modulation_txt.linear", d, 6 * d);
                 lin(&mut l, "single_stream_modulation.linear", d, 3 * d);
@@ -203,16 +203,8 @@ impl DitConfig {
                 l.push("pos_embed.proj.bias".into(), vec![d]);
                 let m = self.pos_embed_max_size;
                 l.push("pos_embed.pos_embed".into(), vec![1, m * m, d]);
-                lin(&mut l, "time_text_embed.timestep_embedder.linear_1", tc, d);
-                lin(&mut l, "time_text_embed.timestep_embedder.linear_2", d, d);
-                lin(
-                    &mut l,
-                    "time_text_embed.text_embedder.linear_1",
-                    self.pooled_projection_dim,
-                    d,
-                );
-                lin(&mut l, "time_text_embed.text_embedder.linear_2", d, d);
-                lin(&mut l, "context_embedder", self.joint_attention_dim, d);
+                time(&mut l, "time_text_embed");
+                text(&mut l);
             }
         }
         for n in 0..self.num_layers {

@@ -825,6 +825,37 @@ fn lora_t_for<B: Backend>(
 }
 
 impl<B: Backend> Arena<B> {
+    /// The token embedding of `ids` into the residual stream `x_out` (the int8 table where
+    /// the model is quantized).
+    fn embed(
+        &mut self,
+        b: &B,
+        c: &TransformerConfig,
+        params: &Params<B>,
+        quantized: Option<&QuantParams<B>>,
+        ids: &[u32],
+    ) -> Result<()> {
+        match quantized.map(|q| &q.embed) {
+            Some(Some((packed, scales))) => {
+                b.q8_embedding(&mut self.x_out, packed, scales, ids, c.vocab_size, c.d_model)
+            }
+            _ => b.embedding_forward(&mut self.x_out, &params.embed, ids, c.vocab_size, c.d_model),
+        }
+    }
+
+    /// The final RMSNorm of the residual stream's `n` rows into `hf`.
+    fn final_norm(&mut self, b: &B, c: &TransformerConfig, params: &Params<B>, n: usize) -> Result<()> {
+        b.rmsnorm_forward(
+            &mut self.hf,
+            &mut self.rstd_f,
+            &self.x_out,
+            &params.final_norm,
+            n,
+            c.d_model,
+            c.norm_eps,
+        )
+    }
+
     fn new(
         b: &B,
         c: &TransformerConfig,
@@ -1771,12 +1802,7 @@ impl<B: Backend> TransformerModel<B> {
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
         let quantized = self.quantized.as_ref();
         // The residual stream runs through x_out; each block saves its input and middle.
-        match quantized.map(|q| &q.embed) {
-            Some(Some((packed, scales))) => {
-                b.q8_embedding(&mut arena.x_out, packed, scales, &tb.inputs, c.vocab_size, d)?
-            }
-            _ => b.embedding_forward(&mut arena.x_out, &self.params.embed, &tb.inputs, c.vocab_size, d)?,
-        }
+        arena.embed(b, c, &self.params, quantized, &tb.inputs)?;
         let mut aux = AuxLoss::default();
         self.expert_usage.clear();
         let lora_ctx = self.lora.as_ref().map(|st| LoraCtx {
@@ -1821,15 +1847,7 @@ impl<B: Backend> TransformerModel<B> {
         let sparse = c.sparse_layers().max(1) as f64;
         aux.load_balance /= sparse;
         aux.router_z /= sparse;
-        b.rmsnorm_forward(
-            &mut arena.hf,
-            &mut arena.rstd_f,
-            &arena.x_out,
-            &self.params.final_norm,
-            n,
-            d,
-            c.norm_eps,
-        )?;
+        arena.final_norm(b, c, &self.params, n)?;
         // logits = hf E^T   (n, d) x (vocab, d)^T
         let head = match quantized.map(|q| q.head()) {
             Some(Some((packed, scales))) => Mat::Q8(packed, scales),
@@ -1888,18 +1906,13 @@ impl<B: Backend> TransformerModel<B> {
         };
         self.ensure_arena(batch, seq)?;
         let c = &self.config;
-        let (n, d) = (batch * seq, c.d_model);
+        let n = batch * seq;
         let b = &self.backend;
         let arena = self.arena.as_mut().expect("ensured above");
         let (rope_q, rope_k) = c.rope_specs(batch, seq, 0);
         let att_spec = AttentionSpec::causal(batch, seq, c.q_heads, c.kv_heads, c.head_dim);
         let quantized = self.quantized.as_ref();
-        match quantized.map(|q| &q.embed) {
-            Some(Some((packed, scales))) => {
-                b.q8_embedding(&mut arena.x_out, packed, scales, ids, c.vocab_size, d)?
-            }
-            _ => b.embedding_forward(&mut arena.x_out, &self.params.embed, ids, c.vocab_size, d)?,
-        }
+        arena.embed(b, c, &self.params, quantized, ids)?;
         let last = layers.iter().copied().max().unwrap_or(0);
         let mut out = alloc::vec![Vec::new(); layers.len()];
         for l in 0..last {
@@ -1923,15 +1936,7 @@ impl<B: Backend> TransformerModel<B> {
             )?;
             // transformers' last entry is the final-normed stream, not the residual.
             let state = if l + 1 == c.n_layers {
-                b.rmsnorm_forward(
-                    &mut arena.hf,
-                    &mut arena.rstd_f,
-                    &arena.x_out,
-                    &self.params.final_norm,
-                    n,
-                    d,
-                    c.norm_eps,
-                )?;
+                arena.final_norm(b, c, &self.params, n)?;
                 &arena.hf
             } else {
                 &arena.x_out
