@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every test: the Rust workspace (`cargo test --workspace`), the CPU tests on each SIMD
+# Every test: the Rust workspace (`cargo test --workspace`), the portable backend's tests
+# again as WebAssembly under Node's WASI (its SIMD128 kernels), the CPU tests on each SIMD
 # path, the CUDA backend's tests (`--features cuda`) and ONNX import (`--features onnx`),
 # a short run of every fuzz target, then the browser demo in headless Chromium and the
 # npm package under Node (tests/browser/run.sh). Where Node, Chromium or cargo-fuzz is
@@ -12,6 +13,17 @@ cd "$(dirname "$0")/.."
 tables=(every_save_survives_sigkill_with_the_old_or_the_new_file determinism_matrix_over_threads_and_instruction_sets)
 cargo test --workspace -- "${tables[@]/#/--skip=}"
 cargo test -p rusting_brain --test crash --test threads -- --nocapture "${tables[@]}"
+# The portable backend (the browser's CPU path) built for wasm32-wasip1 with SIMD128 and
+# run under Node's WASI (portable/wasi-run.mjs is cargo's runner for that target): its int8
+# and f32 kernels as the browser runs them, against the same references as natively.
+if command -v node >/dev/null; then
+    cargo test -p rusting_brain_portable --target wasm32-wasip1
+elif [ "${RB_REQUIRE_BROWSER:-0}" = 1 ]; then
+    echo "RB_REQUIRE_BROWSER=1 but node is not installed" >&2
+    exit 1
+else
+    echo "SKIPPED the portable backend under WASI: node is not installed"
+fi
 # The CPU backend and model tests again on every other SIMD path this CPU has: AVX-512
 # without VNNI, AVX2+FMA and the portable baseline (RB_CPU_ISA only lowers the path, so
 # on a CPU without AVX-512 the first two runs are the same path). The determinism matrix

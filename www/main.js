@@ -72,8 +72,8 @@ worker.onmessage = ({ data }) => {
       setState('idle');
       break;
     }
-    case 'token': {
-      ids.push(data.id);
+    case 'tokens': {
+      ids.push(...data.ids);
       output.append(data.text);
       $('count').textContent = String(ids.length);
       break;

@@ -9,6 +9,7 @@ pub use sweep::backend_sweep;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+#[cfg(feature = "native")]
 use rusting_brain::{Optimizer, TransformerLm, TransformerLmBuilder};
 use rusting_brain_core::models::transformer::TokenBatch;
 use rusting_brain_core::{Backend, Rng};
@@ -193,6 +194,7 @@ pub fn rule_batch(rng: &mut Rng, rows: usize, len: usize) -> TokenBatch {
     TokenBatch::new(rule_seqs(rng, rows, len, 64, 5, 3)).expect("rule sequences form a batch")
 }
 
+#[cfg(feature = "native")]
 /// The rule model's shape: vocabulary 64, width 64, two layers, GQA 4/2 of 16, Adam 3e-3,
 /// seed 5; `d_ff` and `max_seq_len` as the test needs.
 pub fn rule_model(d_ff: usize, max_seq_len: usize) -> TransformerLmBuilder {
@@ -207,6 +209,7 @@ pub fn rule_model(d_ff: usize, max_seq_len: usize) -> TransformerLmBuilder {
         .seed(5)
 }
 
+#[cfg(feature = "native")]
 /// Trains `model` for `steps` batches of 8 rule sequences of 25 tokens (data seed 6).
 pub fn train_on_rule(model: &mut TransformerLm, steps: usize) {
     let mut rng = Rng::new(6);
@@ -219,6 +222,7 @@ pub fn train_on_rule(model: &mut TransformerLm, steps: usize) {
 
 /// What the fuzz targets (`fuzz/`) and their seed corpus (`native/tests/fuzz_seeds.rs`)
 /// share, so the seeds always match the targets.
+#[cfg(feature = "native")]
 pub mod fuzz {
     use rusting_brain::{LoraConfig, Optimizer, TransformerLm};
 

@@ -29,6 +29,12 @@ mkdir -p tests/browser/out
 # The page's sampling settings (temperature 0.8, top-k 40, top-p 0.95, penalty 1.1), seed 7.
 "${example[@]}" generate "fn main() {" --from www/models --temperature 0.8 --top-k 40 --top-p 0.95 \
     --repetition-penalty 1.1 --seed 7 --tokens 32 --ids > tests/browser/out/reference-sampled.json
+# The speed the page's CPU path is compared with: native Q8 decode on one thread, 120
+# greedy tokens (the page's longest), best of three runs.
+for run in 1 2 3; do
+    RAYON_NUM_THREADS=1 "${example[@]}" generate "fn main() {" --from www/models --temperature 0 \
+        --repetition-penalty 1 --tokens 120 --ids > "tests/browser/out/native-1thread-$run.json"
+done
 echo "native CPU int8 reference, greedy: $(cat tests/browser/out/reference.json)"
 echo "and sampled with seed 7: $(cat tests/browser/out/reference-sampled.json)"
 

@@ -1,4 +1,4 @@
-//! The browser engine's decode speed, natively: the CPU fallback (core's reference backend,
+//! The browser engine's decode speed, natively: the CPU fallback (the portable backend,
 //! what the wasm build runs) and the GPU path (the shaders crate, on whatever adapter wgpu
 //! finds), on a `.rbw` file, beside nothing else; the page and Node print their own rates.
 //!

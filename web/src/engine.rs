@@ -1,6 +1,6 @@
 //! The language model behind the bindings, in plain Rust so native tests run it: core's
-//! int8 `TransformerModel` on WebGPU (`WgpuBackend`) or on core's reference backend (the
-//! CPU fallback), its KV cache, the ids of the conversation so far, and the draw. Every read from the GPU is awaited, never blocked on, so the same code runs in a
+//! int8 `TransformerModel` on WebGPU (`WgpuBackend`) or on the portable backend (the CPU
+//! fallback: core's math in f32 with SIMD128 kernels), its KV cache, the ids of the conversation so far, and the draw. Every read from the GPU is awaited, never blocked on, so the same code runs in a
 //! page, in a worker and natively (where the tests await it with `block_on`).
 
 use std::future::Future;
@@ -9,7 +9,8 @@ use rusting_brain_core::checkpoint::read_model;
 use rusting_brain_core::models::transformer::{
     Conversation, Finish, KvCache, Reply, TransformerConfig, TransformerModel, Turn,
 };
-use rusting_brain_core::{ReferenceBackend, Sampler};
+use rusting_brain_core::Sampler;
+use rusting_brain_portable::PortableBackend;
 use rusting_brain_shaders::{DeviceSampler, Gpu, GpuOptions, ShaderError, WgpuBackend};
 
 use crate::WebError;
@@ -40,8 +41,8 @@ impl DeviceChoice {
 
 enum Device {
     Cpu {
-        model: Box<TransformerModel<ReferenceBackend>>,
-        cache: KvCache<ReferenceBackend>,
+        model: Box<TransformerModel<PortableBackend>>,
+        cache: KvCache<PortableBackend>,
     },
     Gpu {
         model: Box<TransformerModel<WgpuBackend>>,
@@ -87,7 +88,7 @@ fn cpu_bytes(file_len: usize, c: &TransformerConfig) -> usize {
 impl Engine {
     /// Loads `.rbw` bytes (Q8, or F32 which is quantized here) onto the chosen device.
     pub async fn load(bytes: &[u8], choice: DeviceChoice) -> Result<Engine, WebError> {
-        let mut model = read_model(bytes, ReferenceBackend)?;
+        let mut model = read_model(bytes, PortableBackend)?;
         let config = model.config.clone();
         // The whole CPU footprint is reserved once before anything large is built, so an
         // allocation the heap cannot make is reported (wasm32's heap stops at 4 GiB).
@@ -270,7 +271,7 @@ impl Engine {
 /// The int8 model on a WebGPU adapter: core's model over `WgpuBackend`, its KV cache and
 /// the draw's buffers.
 async fn on_webgpu(
-    model: &TransformerModel<ReferenceBackend>,
+    model: &TransformerModel<PortableBackend>,
 ) -> Result<(TransformerModel<WgpuBackend>, KvCache<WgpuBackend>, DeviceSampler), ShaderError> {
     let gpu = Gpu::new(&GpuOptions::default()).await?;
     let backend = WgpuBackend::new(std::sync::Arc::new(gpu));

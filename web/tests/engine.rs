@@ -1,11 +1,10 @@
 //! The browser engine, run natively: a model loaded from `.rbw` bytes gives the native
-//! crate's int8 ids on the wasm CPU path (core's reference backend) and on the GPU path
+//! crate's int8 ids on the wasm CPU path (the portable backend) and on the GPU path
 //! (core's model over `WgpuBackend`, on lavapipe here; SwiftShader in the browser tests), for
 //! greedy and seeded sampling, across conversation turns; bad files and ids are errors.
 //!
 //! The ids are compared exactly: the int8 products are bit-identical on every path, the
-//! rest (norms, attention, SwiGLU) differs by summation order only (the reference sums in
-//! f64), and the model is trained to be confident, so no draw sits on a near-tie.
+//! rest (norms, attention, SwiGLU) differs by summation order only, and the model is trained to be confident, so no draw sits on a near-tie.
 
 use rusting_brain::core::Rng;
 use rusting_brain::{Optimizer, Precision, Sampler, TokenBatch, TransformerLm};

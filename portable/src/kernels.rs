@@ -1,0 +1,258 @@
+//! The primitives this backend runs with its own loops instead of core's: the products
+//! and attention, where core's reference order (one running sum per output) cannot
+//! vectorize. Each has the same contract as its twin in `rusting_brain_core::ops` (checked
+//! by the same functions) and is compared with it by the backend sweep.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use rusting_brain_core::backend::{AttentionSpec, MatmulSpec, Precision};
+use rusting_brain_core::ops::matmul::round_bf16;
+use rusting_brain_core::ops::{q8, swiglu};
+use rusting_brain_core::Result;
+
+use crate::dot::{as_i8, axpy_f32, dot_f32, dot_i8, dot_rows_i8};
+use crate::exp::exp_f32;
+
+/// Twin of `ops::matmul::matmul`. Each problem's A is laid out as rows of k and B as
+/// columns of k (copied only where the spec's transposes or BF16 rounding ask for it), so
+/// every output is one contiguous dot product.
+pub(crate) fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<()> {
+    let (a, b, c, spec) = spec.operands("matmul", a, b, c)?;
+    let (la, lb, lc) = spec.check("matmul", a.len(), b.len(), c.len())?;
+    let MatmulSpec { m, n, k, .. } = spec;
+    let bf16 = spec.precision == Precision::Bf16;
+    let round = |v: f32| if bf16 { round_bf16(v) } else { v };
+    let mut a_rows: Vec<f32> = Vec::new();
+    let mut b_cols: Vec<f32> = Vec::new();
+    for batch in 0..spec.batch {
+        let a = &a[batch * la..(batch + 1) * la];
+        let b = &b[batch * lb..(batch + 1) * lb];
+        let c = &mut c[batch * lc..(batch + 1) * lc];
+        // A as (m, k) rows.
+        let a = if spec.trans_a || bf16 {
+            a_rows.clear();
+            a_rows.extend((0..m * k).map(|e| {
+                let (i, p) = (e / k, e % k);
+                round(if spec.trans_a { a[p * m + i] } else { a[e] })
+            }));
+            &a_rows[..]
+        } else {
+            a
+        };
+        // B as (n, k) rows: B^T.
+        let b = if !spec.trans_b || bf16 {
+            b_cols.clear();
+            b_cols.extend((0..n * k).map(|e| {
+                let (j, p) = (e / k, e % k);
+                round(if spec.trans_b { b[e] } else { b[p * n + j] })
+            }));
+            &b_cols[..]
+        } else {
+            b
+        };
+        for i in 0..m {
+            let arow = &a[i * k..(i + 1) * k];
+            for j in 0..n {
+                let acc = dot_f32(arow, &b[j * k..(j + 1) * k]);
+                let old = if spec.beta == 0.0 {
+                    0.0
+                } else {
+                    spec.beta * c[i * n + j]
+                };
+                c[i * n + j] = spec.alpha * acc + old;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Twin of `ops::q8::quantize_activations`, bit for bit, written so it vectorizes: the
+/// absolute maximum by comparison (wasm's `f32.max` differs from Rust's `f32::max` on NaN,
+/// so `f32::max` is a library call there; a NaN is skipped by both forms) and rounding half
+/// away from zero by truncation (`libm::roundf` is a library call too). Writes `q` and
+/// returns the row's scale.
+pub(crate) fn quantize_row(x: &[f32], q: &mut Vec<i8>) -> f32 {
+    let absmax = x
+        .iter()
+        .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+    let scale = absmax / 127.0;
+    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    q.clear();
+    q.extend(x.iter().map(|&v| {
+        // Clamping first gives the same result as rounding first (127 rounds to itself)
+        // and keeps the truncation in range; a NaN stays NaN and becomes 0, as in core.
+        let y = (v * inv).clamp(-127.0, 127.0);
+        let t = y as i32;
+        // Exact: y and its truncation are within 1 of each other below 2^23.
+        let frac = y - t as f32;
+        (t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32) as i8
+    }));
+    scale
+}
+
+/// Twin of `ops::q8::q8_matmul` (the spec already cut to its operands): each activation
+/// row quantized once (bit-identical to core's quantizer), then one exact int8 dot per
+/// weight row, four rows at a time, scaled as core scales it, so the result is
+/// bit-identical to core's.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn q8_matmul(
+    out: &mut [f32],
+    x: &[f32],
+    packed: &[f32],
+    scales: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    beta: f32,
+) -> Result<()> {
+    q8::check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
+    let row_bytes = 4 * q8::packed_cols(k);
+    let weights = as_i8(packed);
+    let row = |j: usize| &weights[j * row_bytes..(j + 1) * row_bytes];
+    let mut q = Vec::with_capacity(k);
+    for i in 0..m {
+        let sx = quantize_row(&x[i * k..(i + 1) * k], &mut q);
+        let out = &mut out[i * n..(i + 1) * n];
+        let store = |o: &mut f32, acc: i32, j: usize| {
+            let v = acc as f32 * sx * scales[j];
+            *o = if beta == 0.0 { v } else { v + beta * *o };
+        };
+        // Four rows a pass (eight spill registers in the browser's wasm compilers and run
+        // slower), then one at a time.
+        let mut j = 0;
+        while j + 4 <= n {
+            let acc = dot_rows_i8::<4>(core::array::from_fn(|t| row(j + t)), &q);
+            for (t, o) in out[j..j + 4].iter_mut().enumerate() {
+                store(o, acc[t], j + t);
+            }
+            j += 4;
+        }
+        for (t, o) in out[j..].iter_mut().enumerate() {
+            store(o, dot_i8(&row(j + t)[..k], &q), j + t);
+        }
+    }
+    Ok(())
+}
+
+/// Twin of `ops::swiglu::swiglu_forward`: `out = silu(gate) * up` with core's form of the
+/// sigmoid (exp of minus the magnitude, so nothing overflows) and the branch-free exp, so
+/// the loop vectorizes.
+pub(crate) fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
+    swiglu::check_swiglu_forward(out.len(), gate.len(), up.len())?;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let e = exp_f32(-g.abs());
+        let s = if g >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) };
+        *o = g * s * u;
+    }
+    Ok(())
+}
+
+/// Twin of `ops::attention::attention_forward`, in f32: the same scores, max, log-sum-exp
+/// and weighted sum, with the dot products and the accumulation of V on eight lanes, and
+/// one exp per score (core takes a second, `exp(s - lse)`, for the weight; here it is
+/// `exp(s - max) / sum`, the same number up to rounding).
+pub(crate) fn attention_forward(
+    out: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    spec: &AttentionSpec,
+) -> Result<()> {
+    spec.check_forward(out.len(), lse.len(), q.len(), k.len(), v.len())?;
+    let d = spec.head_dim;
+    let scale = 1.0 / libm::sqrtf(d as f32);
+    let mut scores = vec![0.0f32; spec.kv_len];
+    for b in 0..spec.batch {
+        for t in 0..spec.q_len {
+            for h in 0..spec.q_heads {
+                let kvh = h / spec.group();
+                let qi = spec.q_index(b, t, h);
+                let qrow = &q[qi..qi + d];
+                let n = spec.visible(t);
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores[..n].iter_mut().enumerate() {
+                    let ki = spec.kv_index(b, j, kvh);
+                    *s = scale * dot_f32(qrow, &k[ki..ki + d]);
+                    // A comparison, not `f32::max` (a library call on wasm); a NaN score
+                    // reaches the sum either way.
+                    if *s > max {
+                        max = *s;
+                    }
+                }
+                // The exps on their own (a loop that vectorizes), then their running sum.
+                for s in &mut scores[..n] {
+                    *s = exp_f32(*s - max);
+                }
+                let sum: f32 = scores[..n].iter().sum();
+                lse[(b * spec.q_len + t) * spec.q_heads + h] = max + libm::logf(sum);
+                let inv = 1.0 / sum;
+                let o = &mut out[qi..qi + d];
+                o.fill(0.0);
+                // Four keys a pass keep `o` in registers; each element still takes the
+                // keys' terms one after another, as one axpy per key would.
+                let mut j = 0;
+                while j + 4 <= n {
+                    let p = [0, 1, 2, 3].map(|t| scores[j + t] * inv);
+                    let rows = [0, 1, 2, 3].map(|t| {
+                        let vi = spec.kv_index(b, j + t, kvh);
+                        &v[vi..vi + d]
+                    });
+                    for (i, o) in o.iter_mut().enumerate() {
+                        *o = (((*o + p[0] * rows[0][i]) + p[1] * rows[1][i]) + p[2] * rows[2][i])
+                            + p[3] * rows[3][i];
+                    }
+                    j += 4;
+                }
+                for (j, e) in scores[..n].iter().enumerate().skip(j) {
+                    let vi = spec.kv_index(b, j, kvh);
+                    axpy_f32(o, e * inv, &v[vi..vi + d]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusting_brain_core::Rng;
+
+    /// Bit-identical to core's quantizer on random rows and on the values where rounding
+    /// can go wrong: exact halves, the floats either side of them, values past the clamp,
+    /// NaN, infinities, zeros of both signs and an all-zero row.
+    #[test]
+    fn quantize_row_is_cores_quantizer_bit_for_bit() {
+        let mut rng = Rng::new(9);
+        let mut rows: Vec<Vec<f32>> = (0..50)
+            .map(|i| rng.normal_vec(1 + 7 * i, 1.0 + i as f32))
+            .collect();
+        let mut tricky = Vec::new();
+        for h in 0..127 {
+            let half = h as f32 + 0.5;
+            for v in [
+                half,
+                f32::from_bits(half.to_bits() - 1),
+                f32::from_bits(half.to_bits() + 1),
+            ] {
+                tricky.extend([v, -v]);
+            }
+        }
+        // absmax 127 makes the scale 1, so each value above is its own rounding case.
+        tricky.extend([127.0, -0.0, 0.0, 0.49999997, -0.49999997]);
+        rows.push(tricky);
+        rows.push(vec![0.0; 9]);
+        rows.push(vec![1.0, f32::NAN, -3.0, 2.5]);
+        rows.push(vec![1.0, f32::INFINITY, -3.0]);
+        rows.push(vec![1e-40, -3e-39, 2e-45]);
+        let mut q = Vec::new();
+        for row in &rows {
+            let (want, want_scale) = q8::quantize_activations(row);
+            let scale = quantize_row(row, &mut q);
+            assert_eq!(scale.to_bits(), want_scale.to_bits(), "scale of {row:?}");
+            assert_eq!(q, want, "values of a row of {}", row.len());
+        }
+    }
+}
