@@ -7,7 +7,9 @@
 //! 4096), or with `readme` the README's 38.9M model (d_model 512, 8 layers, heads 8/2/64,
 //! d_ff 1408, vocab 32000). Rows: f32, int8, and int8 mixture of experts with the same
 //! active size; the int8 decode repeated five times for its spread; prompt processing
-//! (prefill) at 16, 128 and 512 tokens; then where a Q8 step's time goes.
+//! (prefill) at 16, 128 and 512 tokens; then where a Q8 step's time goes; last, the int8
+//! checkpoint loaded and decoded by a fresh process, its peak resident memory beside the
+//! bytes the model counts (int8 weights and scales, f32 norms, the KV cache).
 //!
 //! Beside it in the same run:
 //! - PyTorch eager, f32 and with dynamic int8 `Linear`s: `bench/torch_lm.py` (or
@@ -22,6 +24,8 @@ use std::time::Instant;
 
 #[path = "common/bench.rs"]
 mod common;
+#[path = "common/rss.rs"]
+mod rss;
 
 use rayon::prelude::*;
 use rusting_brain::core::models::transformer::{TransformerConfig, TransformerModel};
@@ -135,6 +139,9 @@ const PREFILL: &[usize] = &[16, 128, 512];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let words: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = words.iter().position(|w| w == "--decode-memory") {
+        return decode_memory(&words[at + 1..]);
+    }
     let args: Vec<usize> = words.iter().filter_map(|a| a.parse().ok()).collect();
     let prompt_len = args.first().copied().unwrap_or(16).max(1);
     let new_tokens = args.get(1).copied().unwrap_or(128).max(1);
@@ -351,6 +358,78 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for quantized in [false, true] {
         breakdown(&config, &prompt, new_tokens, quantized)?;
     }
+
+    // Memory: the int8 checkpoint decoded by a fresh process, which holds nothing else.
+    let file = std::env::temp_dir().join(format!("rb_bench_decode_{}.rbw", std::process::id()));
+    q8.save_bin(&file, rusting_brain::Precision::Q8)?;
+    let child = Command::new(std::env::current_exe()?)
+        .arg("--decode-memory")
+        .arg(&file)
+        .args([prompt_len.to_string(), new_tokens.to_string()])
+        .output();
+    let _ = std::fs::remove_file(&file);
+    let child = child?;
+    let line = String::from_utf8_lossy(&child.stdout);
+    let v: serde_json::Value = serde_json::from_str(line.trim()).map_err(|e| {
+        format!(
+            "the memory run printed {line:?} ({e}); stderr: {}",
+            String::from_utf8_lossy(&child.stderr)
+        )
+    })?;
+    let f = |key: &str| v[key].as_f64().unwrap_or(f64::NAN);
+    let mib = |key: &str| f(key) / (1 << 20) as f64;
+    println!(
+        "\ndecode memory, the int8 file loaded and decoded by a fresh process (prompt {prompt_len} + {new_tokens} tokens), MiB:"
+    );
+    println!(
+        "  counted: weights {:.1} (int8 matrices, their scales, f32 norms), KV cache {:.1} ({} positions)",
+        mib("weight_bytes"),
+        mib("kv_bytes"),
+        config.max_seq_len
+    );
+    println!(
+        "  heap: {:.1} held after loading ({:.2}x the weights; the load's own peak {:.1}, file bytes and model at once), {:.1} more while decoding ({:.2}x the KV cache)",
+        mib("held_heap"),
+        f("held_heap") / f("weight_bytes"),
+        mib("load_heap"),
+        mib("decode_heap"),
+        f("decode_heap") / f("kv_bytes")
+    );
+    let resident = f("peak_rss_mib") - f("start_rss_mib");
+    println!(
+        "  resident: peak {resident:.1} above the {:.1} before loading, {:.2}x weights + KV cache",
+        f("start_rss_mib"),
+        resident / (mib("weight_bytes") + mib("kv_bytes"))
+    );
+    Ok(())
+}
+
+/// The memory row's child process: loads the int8 checkpoint at `args[0]`, decodes
+/// `args[2]` tokens after a prompt of `args[1]`, and prints one JSON line: resident memory
+/// before loading and at its peak (MiB); from the counting allocator (bytes), the load's
+/// heap peak, the heap the loaded model holds and the most decoding adds; and the bytes
+/// the model counts.
+fn decode_memory(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    let file = args.first().ok_or("--decode-memory FILE PROMPT_LEN NEW_TOKENS")?;
+    let prompt_len: usize = args.get(1).ok_or("missing PROMPT_LEN")?.parse()?;
+    let new_tokens: usize = args.get(2).ok_or("missing NEW_TOKENS")?.parse()?;
+    let start = rss::status_mib("VmRSS").ok_or("no /proc/self/status here")?;
+    let live = common::live_bytes();
+    let (load_heap, model) = common::peak_extra(|| TransformerLm::load_bin(file));
+    let mut model = model?;
+    let held_heap = common::live_bytes() - live;
+    let c = model.config().clone();
+    let prompt: Vec<u32> = (0..prompt_len).map(|i| (i * 7 % c.vocab_size) as u32).collect();
+    let (decode_heap, ids) =
+        common::peak_extra(|| model.generate(&prompt, new_tokens, &mut Sampler::greedy()));
+    ids?;
+    // One set of caches: n_layers x (keys, values) x max_seq_len x kv_dim f32 values.
+    let kv = 2 * c.n_layers * c.max_seq_len * c.kv_dim() * 4;
+    let peak = rss::peak_rss_mib().ok_or("no /proc/self/status here")?;
+    println!(
+        "{{\"start_rss_mib\":{start},\"peak_rss_mib\":{peak},\"load_heap\":{load_heap},\"held_heap\":{held_heap},\"decode_heap\":{decode_heap},\"weight_bytes\":{},\"kv_bytes\":{kv}}}",
+        model.weight_bytes()
+    );
     Ok(())
 }
 

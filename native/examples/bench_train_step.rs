@@ -38,12 +38,9 @@ use rusting_brain::cpu::CpuBackend;
 use rusting_brain::profile::Profiled;
 use rusting_brain::{Backend, Optimizer, TransformerLm};
 
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
+#[path = "common/rss.rs"]
+mod rss;
+use rss::peak_rss_mib;
 
 fn torch(
     python: &str,

@@ -943,6 +943,13 @@ impl TransformerLm {
         Ok(self.model_mut().quantize()?)
     }
 
+    /// Bytes the host copy's weights and training state hold: f32 parameters, gradients and
+    /// optimizer moments where there are any, int8 matrices and their scales after
+    /// [`TransformerLm::quantize`]. KV caches and a forward pass's scratch are not counted.
+    pub fn weight_bytes(&self) -> usize {
+        self.model().weight_bytes()
+    }
+
     /// Whether [`TransformerLm::quantize`] has run.
     pub fn is_quantized(&self) -> bool {
         self.model().quantized.is_some()

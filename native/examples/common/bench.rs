@@ -31,6 +31,11 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
+/// Heap bytes live now.
+pub fn live_bytes() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
 /// The most `f` allocates beyond what is live when it starts, in bytes, and its result.
 pub fn peak_extra<T>(f: impl FnOnce() -> T) -> (usize, T) {
     let before = LIVE.load(Ordering::Relaxed);
