@@ -167,6 +167,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut model = base().build()?;
     let ours = measure(&mut model, &seqs)?;
+    // Mixed precision (BF16 GEMM operands, f32 master weights): vdpbf16ps where the CPU
+    // has AVX512_BF16, else the same rounding through the f32 GEMM.
+    let mut mixed = base().build()?;
+    mixed.set_mixed_precision(true);
+    let ours_bf16 = measure(&mut mixed, &seqs)?;
+    drop(mixed);
     let dense_flops = 6.0 * model.config().forward_macs_per_token(seq);
     // The model the memory count and the breakdown describe.
     let (config, counts): (TransformerConfig, _) = match &sparse {
@@ -194,6 +200,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{name:<34} {tps:>12.0} {:>10.1} {ratio:>9}", tps * flops / 1e9);
     };
     row("rusting_brain (cpu, f32)", ours, dense_flops, "1.00x".into());
+    row(
+        if rusting_brain::cpu::bf16::available() {
+            "rusting_brain (cpu, bf16 vdpbf16ps)"
+        } else {
+            "rusting_brain (cpu, bf16 rounded)"
+        },
+        ours_bf16,
+        dense_flops,
+        format!("{:.2}x", ours_bf16 / ours),
+    );
     for (r, fallback) in [(eager, "PyTorch eager"), (compiled, "PyTorch compile")] {
         match r {
             Some((tps, name)) => row(&name, tps, dense_flops, format!("{:.2}x", ours / tps)),

@@ -658,10 +658,11 @@ impl TransformerLm {
     }
 
     /// With `true`, every GEMM rounds its operands to bfloat16 and accumulates in f32; the
-    /// master weights, gradients and optimizer state stay f32. On the CPU this changes the
-    /// numerics to match a BF16 GPU run but not the speed (the CPU GEMM has no bf16 kernels).
-    /// On CUDA the GEMMs run on BF16 tensor cores and attention takes the BF16 flash
-    /// kernels (head size 64 or 128).
+    /// master weights, gradients and optimizer state stay f32. On a CPU with AVX512_BF16
+    /// (Zen 4 and later, Sapphire Rapids and later) the GEMMs run on its bf16 dot-product
+    /// instruction, twice the f32 multiply-adds an instruction; on other CPUs this changes
+    /// the numerics to match a BF16 GPU run but not the speed. On CUDA the GEMMs run on BF16
+    /// tensor cores and attention takes the BF16 flash kernels (head size 64 or 128).
     pub fn set_mixed_precision(&mut self, on: bool) {
         let p = if on { Precision::Bf16 } else { Precision::F32 };
         #[cfg(any(feature = "gpu", feature = "cuda-backend"))]

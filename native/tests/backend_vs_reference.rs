@@ -93,6 +93,79 @@ fn matmul_matches_reference_on_awkward_shapes_and_every_transpose() {
     }
 }
 
+/// BF16 products through every transpose and epilogue on shapes around the BF16 GEMM's
+/// tiles (8 rows x 32 columns, k in pairs): odd k, partial tiles in both directions, a
+/// long k, batches. Where the CPU has AVX512_BF16 this is `vdpbf16ps`'s kernel, else the
+/// rounded f32 path; the test says which.
+#[test]
+fn bf16_products_match_reference_on_the_tiles_edges() {
+    let (cpu, rf) = backends();
+    println!(
+        "BF16 GEMM kernel: {}",
+        if rusting_brain::cpu::bf16::available() {
+            "vdpbf16ps (AVX512_BF16)"
+        } else {
+            "rounded operands through the f32 GEMM (no AVX512_BF16 here)"
+        }
+    );
+    let mut rng = Rng::new(102);
+    for &(m, n, k, batch) in &[
+        (2, 2, 1, 1),
+        (3, 33, 7, 1),
+        (9, 31, 17, 2),
+        (8, 32, 2, 1),
+        (33, 65, 33, 1),
+        (40, 100, 257, 1),
+        (127, 33, 1000, 1),
+        (1000, 3, 33, 1),
+    ] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0), (-2.0, 0.25)] {
+                let a = randn(&mut rng, batch * m * k);
+                let b = randn(&mut rng, batch * k * n);
+                let spec = MatmulSpec::new(m, n, k)
+                    .trans_a(ta)
+                    .trans_b(tb)
+                    .alpha(alpha)
+                    .beta(beta)
+                    .batch(batch)
+                    .precision(Precision::Bf16);
+                let init = if beta == 0.0 {
+                    nan(batch * m * n)
+                } else {
+                    randn(&mut rng, batch * m * n)
+                };
+                let (mut c1, mut c2) = (init.clone(), init);
+                cpu.matmul(&mut c1, &a, &b, &spec).unwrap();
+                rf.matmul(&mut c2, &a, &b, &spec).unwrap();
+                close(
+                    &format!("bf16 matmul {batch}x{m}x{n}x{k} ta={ta} tb={tb} alpha={alpha} beta={beta}"),
+                    &c1,
+                    &c2,
+                );
+            }
+        }
+    }
+}
+
+/// The BF16 product's bits do not depend on the thread count: each output is summed
+/// along k by one thread, in order.
+#[test]
+fn bf16_products_are_the_same_bits_on_one_thread_and_on_three() {
+    let mut rng = Rng::new(103);
+    let (m, n, k) = (200, 150, 300);
+    let a = randn(&mut rng, m * k);
+    let b = randn(&mut rng, k * n);
+    let spec = MatmulSpec::new(m, n, k).trans_b(true).precision(Precision::Bf16);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let mut c = nan(m * n);
+        pool.install(|| CpuBackend.matmul(&mut c, &a, &b, &spec)).unwrap();
+        c.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    };
+    assert_eq!(run(1), run(3));
+}
+
 #[test]
 fn batched_and_bf16_matmul_match_reference() {
     let (cpu, rf) = backends();

@@ -1,6 +1,7 @@
 //! GEMM on the CPU: the `gemm` crate (faer's kernels, AVX-512 where detected) for general
-//! shapes, and our own GEMV for the decode-shaped products (m = 1 or n = 1), where a
-//! packed GEMM spends its time packing and runs at a few GFLOP/s.
+//! shapes, our BF16 GEMM (`bf16.rs`) for BF16 products where the CPU has AVX512_BF16, and
+//! our own GEMV for the decode-shaped products (m = 1 or n = 1), where a packed GEMM spends
+//! its time packing and runs at a few GFLOP/s.
 //!
 //! Reference twin: `rusting_brain_core::ops::matmul::matmul`; tests/backend_vs_reference.rs.
 
@@ -8,7 +9,7 @@ use rayon::prelude::*;
 use rusting_brain_core::ops::matmul::{round_bf16, MatmulSpec, Precision};
 use rusting_brain_core::Result;
 
-use super::{simd, team};
+use super::{bf16, simd, team};
 
 /// Below this many multiply-adds the product runs on one thread: splitting costs more.
 const PARALLEL_MACS: f64 = 64.0 * 64.0 * 64.0;
@@ -26,15 +27,28 @@ pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<
     if lc == 0 {
         return Ok(());
     }
+    if spec.precision == Precision::Bf16 && spec.k > 0 && spec.m > 1 && spec.n > 1 && bf16::available() {
+        // AVX512_BF16: the operands are rounded while packing, and the products run at
+        // twice the f32 FMA's multiply-adds an instruction.
+        for batch in 0..spec.batch {
+            bf16::gemm(
+                &mut c[batch * lc..(batch + 1) * lc],
+                &a[batch * la..(batch + 1) * la],
+                &b[batch * lb..(batch + 1) * lb],
+                spec,
+            );
+        }
+        return Ok(());
+    }
     let rounded;
     let (a, b) = match spec.precision {
         Precision::F32 => (a, b),
         Precision::Bf16 => {
             // BF16 operands with f32 accumulation: products of two bf16 values are exact in
             // f32, so rounding the operands and running the f32 kernel is numerically the
-            // same as a bf16 GEMM with f32 compute. It saves no time on CPUs without bf16
-            // dot-product kernels in `gemm`; it exists so mixed precision means one thing on
-            // every backend.
+            // same as a bf16 GEMM with f32 compute. Where the CPU has no AVX512_BF16 (and
+            // for the matrix-vector shapes) this saves no time; it exists so mixed
+            // precision means one thing on every backend.
             rounded = (round_all(a), round_all(b));
             (&rounded.0[..], &rounded.1[..])
         }

@@ -1,0 +1,412 @@
+//! BF16 GEMM on CPUs with AVX512_BF16: `vdpbf16ps` multiplies two pairs of bf16 values
+//! and adds both products to an f32 lane, 32 multiply-adds an instruction where an f32 FMA
+//! does 16, so `set_mixed_precision(true)` is faster and not only rounder.
+//!
+//! Numerics: the operands are rounded to bf16 as the reference rounds them (`round_bf16`:
+//! nearest, ties to even; `core::ops::matmul`), while packing (`vcvtne2ps2bf16`, or the
+//! same rounding in integer operations for the ends of rows). Products of
+//! two bf16 values are exact in f32, and the instruction adds them into the f32
+//! accumulator with round-to-nearest, so the result differs from the reference (the same
+//! exact products summed in f64) by f32 summation error alone, as the f32 GEMM's does.
+//! The instruction treats subnormal inputs and results as zero: bf16 operands below 2^-126
+//! (1.2e-38) count as 0. Each output is summed along k by one thread, in order, so the bits
+//! do not depend on the thread count.
+//!
+//! Layout: op(A) is packed in tiles of 8 rows, k/2 steps of 8 u32 words, each the bf16
+//! pair (a[i][2p], a[i][2p+1]) (low half first, as the instruction pairs them); op(B) as
+//! panels of 32 columns, each a run of k/2 steps of 32 such pairs. A micro-tile of 8 rows
+//! x 32 columns holds 16 accumulators; a step loads two B vectors and broadcasts one A word
+//! per row; 128 steps at a time, so the panel's slice stays in L1 across a task's tiles.
+//!
+//! Reference twin: `rusting_brain_core::ops::matmul::matmul` with `Precision::Bf16`;
+//! `tests/backend_vs_reference.rs`.
+
+// Off x86-64 `available()` is false and nothing else here runs.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+#[cfg(test)]
+use rusting_brain_core::ops::matmul::round_bf16;
+use rusting_brain_core::ops::matmul::MatmulSpec;
+
+use super::simd;
+
+/// Rows of a micro-tile.
+const MR: usize = 8;
+/// Columns of a micro-tile and of a packed B panel (two vectors of 16 lanes).
+const NR: usize = 32;
+/// Rows of C a parallel task takes (every B panel is reused across them from cache).
+const ROWS_PER_TASK: usize = 4 * MR;
+/// Steps (pairs of k) a tile runs before moving on: a panel's slice (KC x NR words, 16 KiB)
+/// and four tiles' slices (4 x KC x MR words) fit in L1 together.
+const KC: usize = 128;
+/// Below this many multiply-adds the product runs on one thread.
+const PARALLEL_MACS: usize = 64 * 64 * 64;
+
+/// Whether the BF16 products run here: AVX-512 is the path in use (`RB_CPU_ISA` did not
+/// lower it), the CPU has AVX512_BF16, and `RB_CPU_BF16=0` did not turn it off.
+pub fn available() -> bool {
+    static BF16: OnceLock<bool> = OnceLock::new();
+    *BF16.get_or_init(|| {
+        let off = std::env::var("RB_CPU_BF16").is_ok_and(|v| v.trim() == "0");
+        #[cfg(target_arch = "x86_64")]
+        {
+            !off && simd::isa() == simd::Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = off;
+            false
+        }
+    })
+}
+
+/// The bf16 bits of `x` rounded as the reference rounds it (`round_bf16`, which is the
+/// `half` crate's conversion: nearest, ties to even, a NaN kept as a quiet NaN), in integer
+/// operations the packing loops inline.
+#[inline(always)]
+fn bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return (b >> 16) | 0x40;
+    }
+    // Round up when the dropped half is over one half, or exactly one half with the kept
+    // part odd.
+    let up = (b & 0x8000) != 0 && (b & 0x1_7fff) != 0;
+    (b >> 16) + up as u32
+}
+
+/// One problem, `c = alpha * op(A) op(B) + beta * c`, with `m, n, k >= 1` and the
+/// operands already cut to this problem (as `spec.check` proved). Only where
+/// [`available`] said so.
+pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(available(), "the BF16 GEMM runs only where available() said so");
+        let (m, n, k) = (spec.m, spec.n, spec.k);
+        let kp = k.div_ceil(2);
+        let parallel = m * n * k >= PARALLEL_MACS && rayon::current_num_threads() > 1;
+
+        // A: tiles of MR rows (the last padded with zeros), each k/2 steps of MR words
+        // (step p of row r: the pair (a[r][2p], a[r][2p+1]); the high half is zero when k
+        // is odd), so a tile's step is one contiguous run.
+        let tiles = m.div_ceil(MR);
+        let panels = n.div_ceil(NR);
+        with_buffers(tiles * kp * MR, panels * kp * NR, |apack, bpack| {
+            // SAFETY (both packs): available() proved AVX-512F and AVX512_BF16; each call
+            // gets its own tile or panel, sized as the function requires.
+            let pack_a = |(t, tile): (usize, &mut [u32])| unsafe { pack_a_tile(tile, t, a, spec) };
+            // B: panels of NR columns (zeros past n), each k/2 steps of NR words.
+            let pack_b = |(q, panel): (usize, &mut [u32])| unsafe { pack_b_panel(panel, q, b, spec) };
+            if parallel {
+                apack.par_chunks_mut(kp * MR).enumerate().for_each(pack_a);
+                bpack.par_chunks_mut(kp * NR).enumerate().for_each(pack_b);
+            } else {
+                apack.chunks_mut(kp * MR).enumerate().for_each(pack_a);
+                bpack.chunks_mut(kp * NR).enumerate().for_each(pack_b);
+            }
+
+            // A task: ROWS_PER_TASK rows of C. For each panel, KC steps at a time (a panel's
+            // slice and the task's tiles' slices stay in L1 together), each tile in turn; the
+            // first slice applies beta, the later ones add to what the first wrote.
+            let task = |(t, c): (usize, &mut [f32])| {
+                let first = t * ROWS_PER_TASK;
+                let task_rows = c.len() / n;
+                for (q, panel) in bpack.chunks(kp * NR).enumerate() {
+                    let cols = NR.min(n - q * NR);
+                    for p0 in (0..kp).step_by(KC) {
+                        let steps = KC.min(kp - p0);
+                        let (beta, read) = if p0 == 0 {
+                            (spec.beta, spec.beta != 0.0)
+                        } else {
+                            (1.0, true)
+                        };
+                        for r0 in (0..task_rows).step_by(MR) {
+                            let t = (first + r0) / MR;
+                            let tile_a = &apack[(t * kp + p0) * MR..(t * kp + p0 + steps) * MR];
+                            let slice = &panel[p0 * NR..(p0 + steps) * NR];
+                            let out = &mut c[r0 * n + q * NR..];
+                            let rows = MR.min(task_rows - r0);
+                            // SAFETY: available() proved AVX-512F and AVX512_BF16; `tile_a`
+                            // holds `steps` steps of MR words, `slice` of NR, and `out` reaches
+                            // row rows - 1, column cols - 1 at stride n.
+                            unsafe { tile(out, n, rows, cols, tile_a, slice, steps, spec.alpha, beta, read) };
+                        }
+                    }
+                }
+            };
+            if parallel {
+                c.par_chunks_mut(ROWS_PER_TASK * n).enumerate().for_each(task);
+            } else {
+                c.chunks_mut(ROWS_PER_TASK * n).enumerate().for_each(task);
+            }
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (c, a, b, spec);
+        unreachable!("available() is false off x86_64");
+    }
+}
+
+thread_local! {
+    /// The packed operands' buffers, kept by the calling thread between products: a fresh
+    /// allocation of megabytes is a fresh mapping on most allocators, and its page faults
+    /// cost as much as the packing.
+    static BUFFERS: RefCell<[Vec<u32>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+}
+
+/// Runs `f` on zeroed buffers of `a_len` and `b_len` words: this thread's kept ones, or new
+/// ones if they are in use (a product started by a task this thread picked up while
+/// waiting inside another).
+fn with_buffers<R>(a_len: usize, b_len: usize, f: impl FnOnce(&mut [u32], &mut [u32]) -> R) -> R {
+    BUFFERS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut kept) => {
+            let [a, b] = &mut *kept;
+            for (v, len) in [(&mut *a, a_len), (&mut *b, b_len)] {
+                v.clear();
+                v.resize(len, 0);
+            }
+            f(a, b)
+        }
+        Err(_) => f(&mut vec![0; a_len], &mut vec![0; b_len]),
+    })
+}
+
+/// Sixteen words from 32 consecutive floats: word j is the pair (x[2j], x[2j+1]).
+/// Rounding is the hardware's: nearest, ties to even, NaN kept quiet, as [`bits`]; a
+/// subnormal becomes zero, as `vdpbf16ps` would read it anyway.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn words_of_run(x: *const f32) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    std::mem::transmute(_mm512_cvtne2ps_pbh(
+        _mm512_loadu_ps(x.add(16)),
+        _mm512_loadu_ps(x),
+    ))
+}
+
+/// Sixteen words from two rows of 16 floats (lanes outside `mask` read as zero): word j is
+/// the pair (lo[j], hi[j]); `hi` None gives zero high halves.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn words_of_rows(lo: *const f32, hi: Option<*const f32>, mask: u16) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    let half = |x: *const f32| {
+        let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x)));
+        _mm512_cvtepu16_epi32(h)
+    };
+    let low = half(lo);
+    match hi {
+        Some(hi) => _mm512_or_si512(low, _mm512_slli_epi32::<16>(half(hi))),
+        None => low,
+    }
+}
+
+/// Packs tile `t` of op(A) (MR rows from row t * MR; see [`gemm`]) into `tile`
+/// (kp * MR words, zeroed).
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512_BF16; `a` is A as `spec` describes it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn pack_a_tile(tile: &mut [u32], t: usize, a: &[f32], spec: &MatmulSpec) {
+    use std::arch::x86_64::*;
+    let (m, k) = (spec.m, spec.k);
+    let kp = k.div_ceil(2);
+    let rows = MR.min(m - t * MR);
+    let full = k / 2;
+    if spec.trans_a {
+        // op(A)[i][p] = a[p * m + i]: stored rows 2p and 2p + 1 hold step p of MR
+        // consecutive rows of op(A), which are contiguous.
+        let mask = ((1u32 << rows) - 1) as u16;
+        for p in 0..kp {
+            let lo = a.as_ptr().add(2 * p * m + t * MR);
+            let hi = (2 * p + 1 < k).then(|| a.as_ptr().add((2 * p + 1) * m + t * MR));
+            _mm512_mask_storeu_epi32(
+                tile.as_mut_ptr().add(p * MR).cast(),
+                mask,
+                words_of_rows(lo, hi, mask),
+            );
+        }
+    } else {
+        // op(A)[i][p] = a[i * k + p]: each row is contiguous; its words go MR apart.
+        for r in 0..rows {
+            let row = &a[(t * MR + r) * k..(t * MR + r + 1) * k];
+            let mut p = 0;
+            let mut words = [0u32; 16];
+            while p + 16 <= full {
+                _mm512_storeu_si512(words.as_mut_ptr().cast(), words_of_run(row.as_ptr().add(2 * p)));
+                for (j, &w) in words.iter().enumerate() {
+                    tile[(p + j) * MR + r] = w;
+                }
+                p += 16;
+            }
+            for p in p..kp {
+                let hi = row.get(2 * p + 1).map_or(0, |&v| bits(v));
+                tile[p * MR + r] = bits(row[2 * p]) | hi << 16;
+            }
+        }
+    }
+}
+
+/// Packs panel `q` of op(B) (NR columns from column q * NR; see [`gemm`]) into `panel`
+/// (kp * NR words, zeroed).
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512_BF16; `b` is B as `spec` describes it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn pack_b_panel(panel: &mut [u32], q: usize, b: &[f32], spec: &MatmulSpec) {
+    use std::arch::x86_64::*;
+    let (n, k) = (spec.n, spec.k);
+    let kp = k.div_ceil(2);
+    let cols = NR.min(n - q * NR);
+    let full = k / 2;
+    if spec.trans_b {
+        // op(B)[p][j] = b[j * k + p]: each column of op(B) is a contiguous row of b; its
+        // words go NR apart.
+        for jj in 0..cols {
+            let row = &b[(q * NR + jj) * k..(q * NR + jj + 1) * k];
+            let mut p = 0;
+            let mut words = [0u32; 16];
+            while p + 16 <= full {
+                _mm512_storeu_si512(words.as_mut_ptr().cast(), words_of_run(row.as_ptr().add(2 * p)));
+                for (j, &w) in words.iter().enumerate() {
+                    panel[(p + j) * NR + jj] = w;
+                }
+                p += 16;
+            }
+            for p in p..kp {
+                let hi = row.get(2 * p + 1).map_or(0, |&v| bits(v));
+                panel[p * NR + jj] = bits(row[2 * p]) | hi << 16;
+            }
+        }
+    } else {
+        // op(B)[p][j] = b[p * n + j]: rows 2p and 2p + 1 give step p of 16 columns at once.
+        for p in 0..kp {
+            for h in 0..NR / 16 {
+                let lanes = cols.saturating_sub(16 * h).min(16);
+                if lanes == 0 {
+                    break;
+                }
+                let mask = ((1u32 << lanes) - 1) as u16;
+                let col = q * NR + 16 * h;
+                let lo = b.as_ptr().add(2 * p * n + col);
+                let hi = (2 * p + 1 < k).then(|| b.as_ptr().add((2 * p + 1) * n + col));
+                _mm512_mask_storeu_epi32(
+                    panel.as_mut_ptr().add(p * NR + 16 * h).cast(),
+                    mask,
+                    words_of_rows(lo, hi, mask),
+                );
+            }
+        }
+    }
+}
+
+/// One MR x NR tile over `steps` steps: `out[r * ldc + j] = alpha * sum + beta * out[..]`
+/// (`out` is read only when `read`) for the first `rows` rows and `cols` columns (the rest
+/// of the tile is computed from zero padding and not stored).
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512_BF16; `a` holds steps * MR words (a packed tile's
+/// slice), `panel` steps * NR, and `out` holds `(rows - 1) * ldc + cols` elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(
+    out: &mut [f32],
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    a: &[u32],
+    panel: &[u32],
+    steps: usize,
+    alpha: f32,
+    beta: f32,
+    read: bool,
+) {
+    use std::arch::x86_64::*;
+    debug_assert!(a.len() >= steps * MR && panel.len() >= steps * NR);
+    debug_assert!(rows >= 1 && out.len() >= (rows - 1) * ldc + cols);
+    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+    let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+    for p in 0..steps {
+        // SAFETY (every load): p < steps, so p * NR + 32 <= steps * NR words of the panel
+        // and p * MR + r < steps * MR words of `a`.
+        let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR).cast()));
+        let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR + 16).cast()));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let w: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(p * MR + r) as i32));
+            acc[0] = _mm512_dpbf16_ps(acc[0], w, b0);
+            acc[1] = _mm512_dpbf16_ps(acc[1], w, b1);
+        }
+    }
+    let alpha = _mm512_set1_ps(alpha);
+    let beta_v = _mm512_set1_ps(beta);
+    for (r, acc) in acc.iter().enumerate().take(rows) {
+        for (h, &sum) in acc.iter().enumerate() {
+            let lanes = cols.saturating_sub(16 * h).min(16);
+            if lanes == 0 {
+                continue;
+            }
+            let mask = ((1u32 << lanes) - 1) as u16;
+            // SAFETY: the masked lanes are columns 16h .. 16h + lanes < cols of row r.
+            let dst = out.as_mut_ptr().add(r * ldc + 16 * h);
+            let mut v = _mm512_mul_ps(alpha, sum);
+            if read {
+                let old = _mm512_maskz_loadu_ps(mask, dst);
+                v = _mm512_add_ps(v, _mm512_mul_ps(beta_v, old));
+            }
+            _mm512_mask_storeu_ps(dst, mask, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packing's rounding is the reference's, bit for bit: ties both ways, the values
+    /// either side of them, the largest finite value (which rounds to infinity), infinities,
+    /// subnormals, zeros of both signs and NaNs with payloads.
+    #[test]
+    fn packing_rounds_as_the_reference() {
+        let mut values = vec![
+            0.0f32,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+        ];
+        values.extend([
+            1e-40f32,
+            -3e-39,
+            f32::from_bits(1),
+            f32::NAN,
+            f32::from_bits(0x7fa0_0001),
+            f32::from_bits(0xffc0_1234),
+        ]);
+        let mut state = 0x1234_5678u32;
+        for _ in 0..100_000 {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            values.push(f32::from_bits(state));
+        }
+        for hi in [0x3f80u32, 0x3f81, 0x4049, 0xc049, 0x0001, 0x7f7f] {
+            for lo in [0x7fffu32, 0x8000, 0x8001, 0x0000, 0xffff] {
+                values.push(f32::from_bits(hi << 16 | lo));
+            }
+        }
+        for v in values {
+            let want = round_bf16(v).to_bits() >> 16;
+            assert_eq!(bits(v), want, "{v:e} ({:#010x})", v.to_bits());
+        }
+    }
+}
