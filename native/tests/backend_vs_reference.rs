@@ -158,7 +158,10 @@ fn bf16_products_are_the_same_bits_on_one_thread_and_on_three() {
     let b = randn(&mut rng, k * n);
     let spec = MatmulSpec::new(m, n, k).trans_b(true).precision(Precision::Bf16);
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
         let mut c = nan(m * n);
         pool.install(|| CpuBackend.matmul(&mut c, &a, &b, &spec)).unwrap();
         c.iter().map(|v| v.to_bits()).collect::<Vec<_>>()

@@ -186,7 +186,8 @@ pub fn attention_backward(
 // Blocked path for prefill/training shapes: per (batch, head) the scores are one GEMM,
 // the softmax runs over rows of a (q_len, kv_len) tile, and the weighted sum is another
 // GEMM. Row-at-a-time dot products cost a function call and a horizontal sum per (query,
-// key) pair; here the inner loops are the `gemm` crate's micro-kernels.
+// key) pair; here the inner loops are GEMM micro-kernels (our own on AVX-512 for these
+// small tiles, the `gemm` crate's elsewhere), with K^T and V^T formed once per head.
 // ---------------------------------------------------------------------------------------
 
 /// A row-major matrix view into a slice: element (i, j) at `i * rs + j * cs`.
@@ -221,6 +222,11 @@ pub(crate) fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: Vie
         (k - 1) * rhs.rs + (n - 1) * rhs.cs < rhs.data.len(),
         "gemm_views: rhs view out of bounds"
     );
+    #[cfg(target_arch = "x86_64")]
+    if simd::isa() == simd::Isa::Avx512 && m * n * k <= SMALL_GEMM_MACS {
+        small_gemm(dst, m, n, k, lhs, rhs, beta);
+        return;
+    }
     // SAFETY: the asserts above prove every element the strides address lies inside `lhs`,
     // `rhs` and `dst`; `dst` is a unique borrow, so it aliases neither input.
     unsafe {
@@ -245,6 +251,115 @@ pub(crate) fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: Vie
             false,
             gemm::Parallelism::None,
         );
+    }
+}
+
+/// Multiply-adds up to which `gemm_views` runs its own AVX-512 kernel: an attention
+/// tile (32 queries x 256 keys x 32 dims is 262,144) is too small for the `gemm` crate's
+/// packing and dispatch to pay off (it ran at about a quarter of its large-matrix rate).
+const SMALL_GEMM_MACS: usize = 1 << 21;
+
+thread_local! {
+    /// `small_gemm`'s copy of a right-hand side whose rows are not contiguous (K^T, V^T).
+    static RHS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `gemm_views` for small products on AVX-512: the right-hand side as contiguous rows
+/// (copied into a per-thread buffer when its columns are the contiguous direction), then
+/// tiles of 8 rows x 32 columns, each row of B broadcast-multiplied into 16 accumulators,
+/// k in order, so every output is one sum in a fixed order.
+#[cfg(target_arch = "x86_64")]
+fn small_gemm(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: View, rhs: View, beta: f32) {
+    let mut run = |b: &[f32], ldb: usize| {
+        for i0 in (0..m).step_by(8) {
+            let rows = 8.min(m - i0);
+            let out = &mut dst[i0 * n..(i0 + rows) * n];
+            // SAFETY: isa() is Avx512, so the CPU has AVX-512F; gemm_views proved lhs
+            // rows i0..i0 + rows and all k columns in bounds, `b` holds k rows of ldb >= n,
+            // and `out` holds rows x n.
+            unsafe {
+                match rows {
+                    8 => small_tile::<8>(out, n, k, lhs, i0, b, ldb, beta),
+                    7 => small_tile::<7>(out, n, k, lhs, i0, b, ldb, beta),
+                    6 => small_tile::<6>(out, n, k, lhs, i0, b, ldb, beta),
+                    5 => small_tile::<5>(out, n, k, lhs, i0, b, ldb, beta),
+                    4 => small_tile::<4>(out, n, k, lhs, i0, b, ldb, beta),
+                    3 => small_tile::<3>(out, n, k, lhs, i0, b, ldb, beta),
+                    2 => small_tile::<2>(out, n, k, lhs, i0, b, ldb, beta),
+                    _ => small_tile::<1>(out, n, k, lhs, i0, b, ldb, beta),
+                }
+            }
+        }
+    };
+    if rhs.cs == 1 {
+        run(rhs.data, rhs.rs);
+    } else {
+        RHS.with(|cell| {
+            let mut b = cell.borrow_mut();
+            b.clear();
+            b.resize(k * n, 0.0);
+            for j in 0..n {
+                for p in 0..k {
+                    b[p * n + j] = rhs.data[p * rhs.rs + j * rhs.cs];
+                }
+            }
+            run(&b, n);
+        });
+    }
+}
+
+/// Rows `i0..i0 + R` of `lhs` times `b` (k rows, `ldb` apart) into `out` (R x n):
+/// `out = lhs b + beta * out` (`out` not read when beta is 0), 32 columns at a time.
+///
+/// # Safety
+/// AVX-512F; `lhs` holds rows i0..i0 + R with k columns, `b` k rows of at least n
+/// elements `ldb` apart, `out` R x n elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_tile<const R: usize>(
+    out: &mut [f32],
+    n: usize,
+    k: usize,
+    lhs: View,
+    i0: usize,
+    b: &[f32],
+    ldb: usize,
+    beta: f32,
+) {
+    use std::arch::x86_64::*;
+    let mask = |lanes: usize| -> __mmask16 { ((1u32 << lanes.min(16)) - 1) as u16 };
+    for j0 in (0..n).step_by(32) {
+        let lanes = (n - j0).min(32);
+        let (m0, m1) = (mask(lanes), mask(lanes.saturating_sub(16)));
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for p in 0..k {
+            // Masked-off lanes are not read (AVX-512 suppresses their faults); the pointer
+            // arithmetic wraps so no out-of-bounds pointer is formed by `add`.
+            let bp = b.as_ptr().wrapping_add(p * ldb + j0);
+            let b0 = _mm512_maskz_loadu_ps(m0, bp);
+            let b1 = _mm512_maskz_loadu_ps(m1, bp.wrapping_add(16));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a = _mm512_set1_ps(*lhs.data.get_unchecked((i0 + r) * lhs.rs + p * lhs.cs));
+                acc[0] = _mm512_fmadd_ps(a, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(a, b1, acc[1]);
+            }
+        }
+        let beta_v = _mm512_set1_ps(beta);
+        for (r, acc) in acc.iter().enumerate() {
+            for (h, (&sum, mh)) in acc.iter().zip([m0, m1]).enumerate() {
+                if mh == 0 {
+                    continue;
+                }
+                let dst = out.as_mut_ptr().add(r * n + j0 + 16 * h);
+                let v = if beta == 0.0 {
+                    sum
+                } else {
+                    _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(mh, dst), sum)
+                };
+                _mm512_mask_storeu_ps(dst, mh, v);
+            }
+        }
     }
 }
 
@@ -296,6 +411,17 @@ fn kv_view<'a>(x: &'a [f32], spec: &AttentionSpec, b: usize, kvh: usize) -> View
         rs: spec.kv_heads * spec.head_dim,
         cs: 1,
     }
+}
+
+/// The (cols x rows) transpose of the first `rows` x `cols` of `v`, contiguous.
+fn transposed(v: View, rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; rows * cols];
+    for i in 0..rows {
+        for j in 0..cols {
+            t[j * rows + i] = v.data[i * v.rs + j * v.cs];
+        }
+    }
+    t
 }
 
 fn transpose(v: View) -> View {
@@ -358,6 +484,13 @@ pub(crate) fn attention_forward_blocked(
             );
             let mut o = vec![0.0f32; tq * d];
             let mut l = vec![0.0f32; tq];
+            // K^T (d x tk) once for every query block.
+            let kt = transposed(kh, tk, d);
+            let kt = View {
+                data: &kt,
+                rs: tk,
+                cs: 1,
+            };
             with_tiles(QUERY_BLOCK.min(tq) * tk, |scores, _| {
                 for t0 in (0..tq).step_by(QUERY_BLOCK) {
                     let rows = QUERY_BLOCK.min(tq - t0);
@@ -367,7 +500,7 @@ pub(crate) fn attention_forward_blocked(
                         data: &qh.data[t0 * qh.rs..],
                         ..qh
                     };
-                    gemm_views(s, rows, width, d, q_rows, transpose(kh), 0.0);
+                    gemm_views(s, rows, width, d, q_rows, kt, 0.0);
                     causal_softmax(s, &mut l[t0..t0 + rows], spec, scale, t0, width);
                     let p = View {
                         data: s,
@@ -420,6 +553,20 @@ pub(crate) fn attention_backward_blocked(
         .par_iter()
         .map(|&(b, kvh)| {
             let (kv_k, kv_v) = (kv_view(k, spec, b, kvh), kv_view(v, spec, b, kvh));
+            // K^T and V^T (d x tk) once for every head of the group and every query block.
+            let (kt, vt) = (transposed(kv_k, tk, d), transposed(kv_v, tk, d));
+            let (kt, vt) = (
+                View {
+                    data: &kt,
+                    rs: tk,
+                    cs: 1,
+                },
+                View {
+                    data: &vt,
+                    rs: tk,
+                    cs: 1,
+                },
+            );
             let mut dk_t = vec![0.0f32; tk * d];
             let mut dv_t = vec![0.0f32; tk * d];
             let mut dqs = Vec::with_capacity(spec.group());
@@ -443,14 +590,11 @@ pub(crate) fn attention_backward_blocked(
                             ..doh
                         };
                         // P = exp(scale * Q K^T - lse), causal
-                        gemm_views(p, rows, width, d, qv, transpose(kv_k), 0.0);
+                        gemm_views(p, rows, width, d, qv, kt, 0.0);
                         for (r, row) in p.chunks_exact_mut(width).enumerate() {
                             let t = t0 + r;
-                            let l = lse[(b * tq + t) * hq + h];
                             let vis = spec.visible(t);
-                            for x in &mut row[..vis] {
-                                *x = simd::exp(scale * *x - l);
-                            }
+                            simd::exp_affine(&mut row[..vis], scale, lse[(b * tq + t) * hq + h]);
                             row[vis..].fill(0.0);
                         }
                         let pv = View {
@@ -461,14 +605,12 @@ pub(crate) fn attention_backward_blocked(
                         // dV += P^T dO
                         gemm_views(&mut dv_t[..width * d], width, d, rows, transpose(pv), dov, 1.0);
                         // dP = dO V^T; dS = P * (dP - delta) * scale, delta_t = dot(dO_t, O_t)
-                        gemm_views(dp, rows, width, d, dov, transpose(kv_v), 0.0);
+                        gemm_views(dp, rows, width, d, dov, vt, 0.0);
                         for (r, (pr, dr)) in p.chunks_exact(width).zip(dp.chunks_exact_mut(width)).enumerate()
                         {
                             let i = spec.q_index(b, t0 + r, h);
                             let delta = simd::dot(&dout[i..i + d], &out[i..i + d]);
-                            for (x, &pj) in dr.iter_mut().zip(pr) {
-                                *x = pj * (*x - delta) * scale;
-                            }
+                            simd::softmax_grad(dr, pr, delta, scale);
                         }
                         // dQ_h = dS K; dK += dS^T Q
                         let ds = View {

@@ -718,6 +718,20 @@ fn exp_sub_sum_body<const FMA: bool>(x: &mut [f32], shift: f32) -> f32 {
 }
 
 #[inline(always)]
+fn exp_affine_body<const FMA: bool>(x: &mut [f32], scale: f32, shift: f32) {
+    for v in x.iter_mut() {
+        *v = exp(scale * *v - shift);
+    }
+}
+
+#[inline(always)]
+fn softmax_grad_body<const FMA: bool>(dp: &mut [f32], p: &[f32], delta: f32, scale: f32) {
+    for (d, &pj) in dp.iter_mut().zip(p) {
+        *d = pj * (*d - delta) * scale;
+    }
+}
+
+#[inline(always)]
 fn silu_one(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
@@ -751,6 +765,16 @@ fn swiglu_backward_body<const FMA: bool>(
     }
 }
 
+dispatch!(
+    /// x = exp(scale * x - shift), element-wise: attention's probabilities recomputed from
+    /// the scores and the saved log-sum-exp.
+    exp_affine => exp_affine_body(x: &mut [f32], scale: f32, shift: f32)
+);
+dispatch!(
+    /// dp = p * (dp - delta) * scale over the shorter length: the gradient of softmax's
+    /// input from its output's, with delta = sum(p * dp) of the row.
+    softmax_grad => softmax_grad_body(dp: &mut [f32], p: &[f32], delta: f32, scale: f32)
+);
 dispatch!(
     /// sum(a * b) over the shorter length.
     dot => dot_body(a: &[f32], b: &[f32]) -> f32
