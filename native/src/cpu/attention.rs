@@ -413,6 +413,22 @@ fn kv_view<'a>(x: &'a [f32], spec: &AttentionSpec, b: usize, kvh: usize) -> View
     }
 }
 
+/// `f` of every tile, in order, the tiles split in contiguous bands over the thread team
+/// rather than rayon: prompt processing runs its products on the team, whose helpers spin
+/// for a while after each job, and a rayon worker started beside them would share the
+/// cores with that spinning instead of getting one.
+fn on_team<T: Sync, R: Send>(tiles: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let mut out: Vec<Option<R>> = (0..tiles.len()).map(|_| None).collect();
+    team::bands(&mut out, 1, 2, |first, band| {
+        for (i, r) in band.iter_mut().enumerate() {
+            *r = Some(f(&tiles[first + i]));
+        }
+    });
+    out.into_iter()
+        .map(|r| r.expect("team::bands runs every band"))
+        .collect()
+}
+
 /// The (cols x rows) transpose of the first `rows` x `cols` of `v`, contiguous.
 fn transposed(v: View, rows: usize, cols: usize) -> Vec<f32> {
     let mut t = vec![0.0f32; rows * cols];
@@ -473,46 +489,43 @@ pub(crate) fn attention_forward_blocked(
         .flat_map(|b| (0..hq).map(move |h| (b, h)))
         .collect();
     // Per (b, h): O_h (tq x d) and its lse row, computed into task-local buffers.
-    let results: Vec<(Vec<f32>, Vec<f32>)> = tiles
-        .par_iter()
-        .map(|&(b, h)| {
-            let kvh = h / spec.group();
-            let (qh, kh, vh) = (
-                q_view(q, spec, b, h),
-                kv_view(k, spec, b, kvh),
-                kv_view(v, spec, b, kvh),
-            );
-            let mut o = vec![0.0f32; tq * d];
-            let mut l = vec![0.0f32; tq];
-            // K^T (d x tk) once for every query block.
-            let kt = transposed(kh, tk, d);
-            let kt = View {
-                data: &kt,
-                rs: tk,
-                cs: 1,
-            };
-            with_tiles(QUERY_BLOCK.min(tq) * tk, |scores, _| {
-                for t0 in (0..tq).step_by(QUERY_BLOCK) {
-                    let rows = QUERY_BLOCK.min(tq - t0);
-                    let width = spec.visible(t0 + rows - 1);
-                    let s = &mut scores[..rows * width];
-                    let q_rows = View {
-                        data: &qh.data[t0 * qh.rs..],
-                        ..qh
-                    };
-                    gemm_views(s, rows, width, d, q_rows, kt, 0.0);
-                    causal_softmax(s, &mut l[t0..t0 + rows], spec, scale, t0, width);
-                    let p = View {
-                        data: s,
-                        rs: width,
-                        cs: 1,
-                    };
-                    gemm_views(&mut o[t0 * d..(t0 + rows) * d], rows, d, width, p, vh, 0.0);
-                }
-            });
-            (o, l)
-        })
-        .collect();
+    let results: Vec<(Vec<f32>, Vec<f32>)> = on_team(&tiles, |&(b, h)| {
+        let kvh = h / spec.group();
+        let (qh, kh, vh) = (
+            q_view(q, spec, b, h),
+            kv_view(k, spec, b, kvh),
+            kv_view(v, spec, b, kvh),
+        );
+        let mut o = vec![0.0f32; tq * d];
+        let mut l = vec![0.0f32; tq];
+        // K^T (d x tk) once for every query block.
+        let kt = transposed(kh, tk, d);
+        let kt = View {
+            data: &kt,
+            rs: tk,
+            cs: 1,
+        };
+        with_tiles(QUERY_BLOCK.min(tq) * tk, |scores, _| {
+            for t0 in (0..tq).step_by(QUERY_BLOCK) {
+                let rows = QUERY_BLOCK.min(tq - t0);
+                let width = spec.visible(t0 + rows - 1);
+                let s = &mut scores[..rows * width];
+                let q_rows = View {
+                    data: &qh.data[t0 * qh.rs..],
+                    ..qh
+                };
+                gemm_views(s, rows, width, d, q_rows, kt, 0.0);
+                causal_softmax(s, &mut l[t0..t0 + rows], spec, scale, t0, width);
+                let p = View {
+                    data: s,
+                    rs: width,
+                    cs: 1,
+                };
+                gemm_views(&mut o[t0 * d..(t0 + rows) * d], rows, d, width, p, vh, 0.0);
+            }
+        });
+        (o, l)
+    });
     for (&(b, h), (o, l)) in tiles.iter().zip(&results) {
         for t in 0..tq {
             let i = spec.q_index(b, t, h);
@@ -549,84 +562,80 @@ pub(crate) fn attention_backward_blocked(
         .flat_map(|b| (0..hkv).map(move |g| (b, g)))
         .collect();
     type Grads = (Vec<Vec<f32>>, Vec<f32>, Vec<f32>);
-    let results: Vec<Grads> = tiles
-        .par_iter()
-        .map(|&(b, kvh)| {
-            let (kv_k, kv_v) = (kv_view(k, spec, b, kvh), kv_view(v, spec, b, kvh));
-            // K^T and V^T (d x tk) once for every head of the group and every query block.
-            let (kt, vt) = (transposed(kv_k, tk, d), transposed(kv_v, tk, d));
-            let (kt, vt) = (
-                View {
-                    data: &kt,
-                    rs: tk,
-                    cs: 1,
-                },
-                View {
-                    data: &vt,
-                    rs: tk,
-                    cs: 1,
-                },
-            );
-            let mut dk_t = vec![0.0f32; tk * d];
-            let mut dv_t = vec![0.0f32; tk * d];
-            let mut dqs = Vec::with_capacity(spec.group());
-            // Query blocks as in the forward pass: a block's products reach only the keys
-            // its last row sees (dK and dV beyond them get nothing from it).
-            let blk = QUERY_BLOCK.min(tq);
-            with_tiles(blk * tk, |p, dp| {
-                for h in kvh * spec.group()..(kvh + 1) * spec.group() {
-                    let (qh, doh) = (q_view(q, spec, b, h), q_view(dout, spec, b, h));
-                    let mut dq_h = vec![0.0f32; tq * d];
-                    for t0 in (0..tq).step_by(blk) {
-                        let rows = blk.min(tq - t0);
-                        let width = spec.visible(t0 + rows - 1);
-                        let (p, dp) = (&mut p[..rows * width], &mut dp[..rows * width]);
-                        let qv = View {
-                            data: &qh.data[t0 * qh.rs..],
-                            ..qh
-                        };
-                        let dov = View {
-                            data: &doh.data[t0 * doh.rs..],
-                            ..doh
-                        };
-                        // P = exp(scale * Q K^T - lse), causal
-                        gemm_views(p, rows, width, d, qv, kt, 0.0);
-                        for (r, row) in p.chunks_exact_mut(width).enumerate() {
-                            let t = t0 + r;
-                            let vis = spec.visible(t);
-                            simd::exp_affine(&mut row[..vis], scale, lse[(b * tq + t) * hq + h]);
-                            row[vis..].fill(0.0);
-                        }
-                        let pv = View {
-                            data: p,
-                            rs: width,
-                            cs: 1,
-                        };
-                        // dV += P^T dO
-                        gemm_views(&mut dv_t[..width * d], width, d, rows, transpose(pv), dov, 1.0);
-                        // dP = dO V^T; dS = P * (dP - delta) * scale, delta_t = dot(dO_t, O_t)
-                        gemm_views(dp, rows, width, d, dov, vt, 0.0);
-                        for (r, (pr, dr)) in p.chunks_exact(width).zip(dp.chunks_exact_mut(width)).enumerate()
-                        {
-                            let i = spec.q_index(b, t0 + r, h);
-                            let delta = simd::dot(&dout[i..i + d], &out[i..i + d]);
-                            simd::softmax_grad(dr, pr, delta, scale);
-                        }
-                        // dQ_h = dS K; dK += dS^T Q
-                        let ds = View {
-                            data: dp,
-                            rs: width,
-                            cs: 1,
-                        };
-                        gemm_views(&mut dq_h[t0 * d..(t0 + rows) * d], rows, d, width, ds, kv_k, 0.0);
-                        gemm_views(&mut dk_t[..width * d], width, d, rows, transpose(ds), qv, 1.0);
+    let results: Vec<Grads> = on_team(&tiles, |&(b, kvh)| {
+        let (kv_k, kv_v) = (kv_view(k, spec, b, kvh), kv_view(v, spec, b, kvh));
+        // K^T and V^T (d x tk) once for every head of the group and every query block.
+        let (kt, vt) = (transposed(kv_k, tk, d), transposed(kv_v, tk, d));
+        let (kt, vt) = (
+            View {
+                data: &kt,
+                rs: tk,
+                cs: 1,
+            },
+            View {
+                data: &vt,
+                rs: tk,
+                cs: 1,
+            },
+        );
+        let mut dk_t = vec![0.0f32; tk * d];
+        let mut dv_t = vec![0.0f32; tk * d];
+        let mut dqs = Vec::with_capacity(spec.group());
+        // Query blocks as in the forward pass: a block's products reach only the keys
+        // its last row sees (dK and dV beyond them get nothing from it).
+        let blk = QUERY_BLOCK.min(tq);
+        with_tiles(blk * tk, |p, dp| {
+            for h in kvh * spec.group()..(kvh + 1) * spec.group() {
+                let (qh, doh) = (q_view(q, spec, b, h), q_view(dout, spec, b, h));
+                let mut dq_h = vec![0.0f32; tq * d];
+                for t0 in (0..tq).step_by(blk) {
+                    let rows = blk.min(tq - t0);
+                    let width = spec.visible(t0 + rows - 1);
+                    let (p, dp) = (&mut p[..rows * width], &mut dp[..rows * width]);
+                    let qv = View {
+                        data: &qh.data[t0 * qh.rs..],
+                        ..qh
+                    };
+                    let dov = View {
+                        data: &doh.data[t0 * doh.rs..],
+                        ..doh
+                    };
+                    // P = exp(scale * Q K^T - lse), causal
+                    gemm_views(p, rows, width, d, qv, kt, 0.0);
+                    for (r, row) in p.chunks_exact_mut(width).enumerate() {
+                        let t = t0 + r;
+                        let vis = spec.visible(t);
+                        simd::exp_affine(&mut row[..vis], scale, lse[(b * tq + t) * hq + h]);
+                        row[vis..].fill(0.0);
                     }
-                    dqs.push(dq_h);
+                    let pv = View {
+                        data: p,
+                        rs: width,
+                        cs: 1,
+                    };
+                    // dV += P^T dO
+                    gemm_views(&mut dv_t[..width * d], width, d, rows, transpose(pv), dov, 1.0);
+                    // dP = dO V^T; dS = P * (dP - delta) * scale, delta_t = dot(dO_t, O_t)
+                    gemm_views(dp, rows, width, d, dov, vt, 0.0);
+                    for (r, (pr, dr)) in p.chunks_exact(width).zip(dp.chunks_exact_mut(width)).enumerate() {
+                        let i = spec.q_index(b, t0 + r, h);
+                        let delta = simd::dot(&dout[i..i + d], &out[i..i + d]);
+                        simd::softmax_grad(dr, pr, delta, scale);
+                    }
+                    // dQ_h = dS K; dK += dS^T Q
+                    let ds = View {
+                        data: dp,
+                        rs: width,
+                        cs: 1,
+                    };
+                    gemm_views(&mut dq_h[t0 * d..(t0 + rows) * d], rows, d, width, ds, kv_k, 0.0);
+                    gemm_views(&mut dk_t[..width * d], width, d, rows, transpose(ds), qv, 1.0);
                 }
-            });
-            (dqs, dk_t, dv_t)
-        })
-        .collect();
+                dqs.push(dq_h);
+            }
+        });
+        (dqs, dk_t, dv_t)
+    });
     dk.fill(0.0);
     dv.fill(0.0);
     for (&(b, kvh), (dqs, dk_t, dv_t)) in tiles.iter().zip(&results) {
