@@ -725,6 +725,25 @@ fn exp_affine_body<const FMA: bool>(x: &mut [f32], scale: f32, shift: f32) {
 }
 
 #[inline(always)]
+fn exp_affine_sum_body<const FMA: bool>(x: &mut [f32], scale: f32, shift: f32) -> f32 {
+    let mut acc = [0.0f32; STEP];
+    let mut chunks = x.chunks_exact_mut(STEP);
+    for v in chunks.by_ref() {
+        let v = block_mut(v);
+        for l in 0..STEP {
+            v[l] = exp(scale * v[l] - shift);
+            acc[l] += v[l];
+        }
+    }
+    let mut tail = 0.0;
+    for v in chunks.into_remainder() {
+        *v = exp(scale * *v - shift);
+        tail += *v;
+    }
+    fold(&acc) + tail
+}
+
+#[inline(always)]
 fn softmax_grad_body<const FMA: bool>(dp: &mut [f32], p: &[f32], delta: f32, scale: f32) {
     for (d, &pj) in dp.iter_mut().zip(p) {
         *d = pj * (*d - delta) * scale;
@@ -769,6 +788,11 @@ dispatch!(
     /// x = exp(scale * x - shift), element-wise: attention's probabilities recomputed from
     /// the scores and the saved log-sum-exp.
     exp_affine => exp_affine_body(x: &mut [f32], scale: f32, shift: f32)
+);
+dispatch!(
+    /// x = exp(scale * x - shift), element-wise, returning the sum of the results (in the
+    /// same fixed lane order as `exp_sub_sum`): a softmax's numerators from raw scores.
+    exp_affine_sum => exp_affine_sum_body(x: &mut [f32], scale: f32, shift: f32) -> f32
 );
 dispatch!(
     /// dp = p * (dp - delta) * scale over the shorter length: the gradient of softmax's
