@@ -123,8 +123,16 @@ pub(crate) fn q8_matmul(
         let mut j = 0;
         while j + 4 <= n {
             let acc = dot_rows_i8::<4>(core::array::from_fn(|t| row(j + t)), &q);
-            for (t, o) in out[j..j + 4].iter_mut().enumerate() {
-                store(o, acc[t], j + t);
+            let (o, sc) = (&mut out[j..j + 4], &scales[j..j + 4]);
+            if beta == 0.0 {
+                // The common case without a branch per value, so the four stores vectorize.
+                for ((o, &a), &w) in o.iter_mut().zip(&acc).zip(sc) {
+                    *o = a as f32 * sx * w;
+                }
+            } else {
+                for (t, o) in o.iter_mut().enumerate() {
+                    store(o, acc[t], j + t);
+                }
             }
             j += 4;
         }
