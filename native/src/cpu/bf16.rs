@@ -206,6 +206,31 @@ unsafe fn words_of_rows(lo: *const f32, hi: Option<*const f32>, mask: u16) -> st
     }
 }
 
+/// The k/2 words of one contiguous row of k floats (the pair (row[2p], row[2p + 1]) for
+/// step p; a zero high half when k is odd), word p stored at `out[p * stride]`.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512_BF16; `out` reaches index (k/2 rounded up - 1) * stride.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn scatter_row(row: &[f32], out: &mut [u32], stride: usize) {
+    use std::arch::x86_64::*;
+    let (full, kp) = (row.len() / 2, row.len().div_ceil(2));
+    let mut p = 0;
+    let mut words = [0u32; 16];
+    while p + 16 <= full {
+        _mm512_storeu_si512(words.as_mut_ptr().cast(), words_of_run(row.as_ptr().add(2 * p)));
+        for (j, &w) in words.iter().enumerate() {
+            out[(p + j) * stride] = w;
+        }
+        p += 16;
+    }
+    for p in p..kp {
+        let hi = row.get(2 * p + 1).map_or(0, |&v| bits(v));
+        out[p * stride] = bits(row[2 * p]) | hi << 16;
+    }
+}
+
 /// Packs tile `t` of op(A) (MR rows from row t * MR; see [`gemm`]) into `tile`
 /// (kp * MR words, zeroed).
 ///
@@ -218,7 +243,6 @@ unsafe fn pack_a_tile(tile: &mut [u32], t: usize, a: &[f32], spec: &MatmulSpec) 
     let (m, k) = (spec.m, spec.k);
     let kp = k.div_ceil(2);
     let rows = MR.min(m - t * MR);
-    let full = k / 2;
     if spec.trans_a {
         // op(A)[i][p] = a[p * m + i]: stored rows 2p and 2p + 1 hold step p of MR
         // consecutive rows of op(A), which are contiguous.
@@ -235,20 +259,7 @@ unsafe fn pack_a_tile(tile: &mut [u32], t: usize, a: &[f32], spec: &MatmulSpec) 
     } else {
         // op(A)[i][p] = a[i * k + p]: each row is contiguous; its words go MR apart.
         for r in 0..rows {
-            let row = &a[(t * MR + r) * k..(t * MR + r + 1) * k];
-            let mut p = 0;
-            let mut words = [0u32; 16];
-            while p + 16 <= full {
-                _mm512_storeu_si512(words.as_mut_ptr().cast(), words_of_run(row.as_ptr().add(2 * p)));
-                for (j, &w) in words.iter().enumerate() {
-                    tile[(p + j) * MR + r] = w;
-                }
-                p += 16;
-            }
-            for p in p..kp {
-                let hi = row.get(2 * p + 1).map_or(0, |&v| bits(v));
-                tile[p * MR + r] = bits(row[2 * p]) | hi << 16;
-            }
+            scatter_row(&a[(t * MR + r) * k..(t * MR + r + 1) * k], &mut tile[r..], MR);
         }
     }
 }
@@ -265,25 +276,11 @@ unsafe fn pack_b_panel(panel: &mut [u32], q: usize, b: &[f32], spec: &MatmulSpec
     let (n, k) = (spec.n, spec.k);
     let kp = k.div_ceil(2);
     let cols = NR.min(n - q * NR);
-    let full = k / 2;
     if spec.trans_b {
         // op(B)[p][j] = b[j * k + p]: each column of op(B) is a contiguous row of b; its
         // words go NR apart.
         for jj in 0..cols {
-            let row = &b[(q * NR + jj) * k..(q * NR + jj + 1) * k];
-            let mut p = 0;
-            let mut words = [0u32; 16];
-            while p + 16 <= full {
-                _mm512_storeu_si512(words.as_mut_ptr().cast(), words_of_run(row.as_ptr().add(2 * p)));
-                for (j, &w) in words.iter().enumerate() {
-                    panel[(p + j) * NR + jj] = w;
-                }
-                p += 16;
-            }
-            for p in p..kp {
-                let hi = row.get(2 * p + 1).map_or(0, |&v| bits(v));
-                panel[p * NR + jj] = bits(row[2 * p]) | hi << 16;
-            }
+            scatter_row(&b[(q * NR + jj) * k..(q * NR + jj + 1) * k], &mut panel[jj..], NR);
         }
     } else {
         // op(B)[p][j] = b[p * n + j]: rows 2p and 2p + 1 give step p of 16 columns at once.
