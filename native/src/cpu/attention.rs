@@ -257,8 +257,10 @@ pub(crate) fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: Vie
 /// Multiply-adds up to which `gemm_views` runs its own AVX-512 kernel: an attention
 /// tile (32 queries x 256 keys x 32 dims is 262,144) is too small for the `gemm` crate's
 /// packing and dispatch to pay off (it ran at about a quarter of its large-matrix rate).
+#[cfg(target_arch = "x86_64")]
 const SMALL_GEMM_MACS: usize = 1 << 21;
 
+#[cfg(target_arch = "x86_64")]
 thread_local! {
     /// `small_gemm`'s copy of a right-hand side whose rows are not contiguous (K^T, V^T).
     static RHS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
