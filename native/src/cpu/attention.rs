@@ -450,32 +450,24 @@ fn transpose(v: View) -> View {
     }
 }
 
-/// The unnormalized softmax of the causal rows `t0..t0 + rows` of one head's raw scores
-/// `s` (rows x `width`, Q K^T before the 1/sqrt(d) scale): each row's visible part becomes
-/// exp(scale * s - scale * max), the rest zero. Each row's log-sum-exp goes to `lse_out`
-/// and 1 / sum to `inv_sum`, which the caller applies to the row's output after the
-/// weighted sum of values (d values a row instead of `width`).
+/// Softmax in place of the causal rows `t0..t0 + rows` of one head's scores `s` (rows x
+/// width, raw dot products), scaled by `scale`; each row's log-sum-exp (of the scaled
+/// scores) goes to `lse_out[t - t0]` and its masked tail is zeroed.
 fn causal_softmax(
     s: &mut [f32],
     lse_out: &mut [f32],
-    inv_sum: &mut [f32],
     spec: &AttentionSpec,
     scale: f32,
     t0: usize,
     width: usize,
 ) {
-    for (r, ((row, lse), inv)) in s
-        .chunks_exact_mut(width)
-        .zip(lse_out.iter_mut())
-        .zip(inv_sum.iter_mut())
-        .enumerate()
-    {
+    for (r, (row, lse)) in s.chunks_exact_mut(width).zip(lse_out.iter_mut()).enumerate() {
         let vis = spec.visible(t0 + r);
-        // scale > 0, so the scaled row's maximum is the scaled maximum.
-        let max = scale * simd::max(&row[..vis]);
-        let sum = simd::exp_affine_sum(&mut row[..vis], scale, max);
+        simd::scale(&mut row[..vis], scale);
+        let max = simd::max(&row[..vis]);
+        let sum = simd::exp_sub_sum(&mut row[..vis], max);
         *lse = max + sum.ln();
-        *inv = 1.0 / sum;
+        simd::scale(&mut row[..vis], 1.0 / sum);
         row[vis..].fill(0.0);
     }
 }
@@ -525,18 +517,13 @@ pub(crate) fn attention_forward_blocked(
                     ..qh
                 };
                 gemm_views(s, rows, width, d, q_rows, kt, 0.0);
-                let mut inv = [0.0f32; QUERY_BLOCK];
-                causal_softmax(s, &mut l[t0..t0 + rows], &mut inv, spec, scale, t0, width);
+                causal_softmax(s, &mut l[t0..t0 + rows], spec, scale, t0, width);
                 let p = View {
                     data: s,
                     rs: width,
                     cs: 1,
                 };
-                let ob = &mut o[t0 * d..(t0 + rows) * d];
-                gemm_views(ob, rows, d, width, p, vh, 0.0);
-                for (row, &inv) in ob.chunks_exact_mut(d).zip(&inv) {
-                    simd::scale(row, inv);
-                }
+                gemm_views(&mut o[t0 * d..(t0 + rows) * d], rows, d, width, p, vh, 0.0);
             }
         });
         (o, l)

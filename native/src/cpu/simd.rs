@@ -777,11 +777,6 @@ dispatch!(
     exp_affine => exp_affine_body(x: &mut [f32], scale: f32, shift: f32)
 );
 dispatch!(
-    /// x = exp(scale * x - shift), element-wise, returning the sum of the results (in the
-    /// same fixed lane order as `exp_sub_sum`): a softmax's numerators from raw scores.
-    exp_affine_sum => exp_affine_sum_body(x: &mut [f32], scale: f32, shift: f32) -> f32
-);
-dispatch!(
     /// dp = p * (dp - delta) * scale over the shorter length: the gradient of softmax's
     /// input from its output's, with delta = sum(p * dp) of the row.
     softmax_grad => softmax_grad_body(dp: &mut [f32], p: &[f32], delta: f32, scale: f32)
