@@ -113,13 +113,9 @@ fn human_bytes(b: usize) -> String {
     }
 }
 
-/// The process's peak resident memory in MiB (Linux's VmHWM), when known.
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
+#[path = "common/rss.rs"]
+mod rss;
+use rss::peak_rss_mib;
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();

@@ -92,9 +92,16 @@ pub(crate) fn dot_i8_scalar(w: &[i8], x: &[i8]) -> i32 {
 mod simd128 {
     use core::arch::wasm32::*;
 
-    /// Sixteen int8 pairs a step: two widening multiplies to i16 (|w * x| <= 128 * 127 =
-    /// 16256, so the sum of a low and a high product, at most 32512, still fits in i16),
-    /// then a pairwise widening add into four i32 lanes. Equal lengths.
+    /// `acc` plus sixteen int8 products `w * x`: two widening multiplies to i16 (|w * x| <=
+    /// 128 * 127 = 16256, so the sum of a low and a high product, at most 32512, still fits
+    /// in i16), then a pairwise widening add into the four i32 lanes.
+    #[inline(always)]
+    fn mac(acc: v128, w: v128, x: v128) -> v128 {
+        let pairs = i16x8_add(i16x8_extmul_low_i8x16(w, x), i16x8_extmul_high_i8x16(w, x));
+        i32x4_add(acc, i32x4_extadd_pairwise_i16x8(pairs))
+    }
+
+    /// Sixteen int8 pairs a step (`mac`). Equal lengths.
     pub(crate) fn dot_i8(w: &[i8], x: &[i8]) -> i32 {
         let n = w.len();
         let steps = n / 16;
@@ -108,8 +115,7 @@ mod simd128 {
                     v128_load(x.as_ptr().add(16 * s).cast::<v128>()),
                 )
             };
-            let pairs = i16x8_add(i16x8_extmul_low_i8x16(a, b), i16x8_extmul_high_i8x16(a, b));
-            acc = i32x4_add(acc, i32x4_extadd_pairwise_i16x8(pairs));
+            acc = mac(acc, a, b);
         }
         let lanes = i32x4_extract_lane::<0>(acc)
             + i32x4_extract_lane::<1>(acc)
@@ -130,8 +136,7 @@ mod simd128 {
             let b = unsafe { v128_load(x.as_ptr().add(16 * s).cast::<v128>()) };
             for (acc, row) in acc.iter_mut().zip(&w) {
                 let a = unsafe { v128_load(row.as_ptr().add(16 * s).cast::<v128>()) };
-                let pairs = i16x8_add(i16x8_extmul_low_i8x16(a, b), i16x8_extmul_high_i8x16(a, b));
-                *acc = i32x4_add(*acc, i32x4_extadd_pairwise_i16x8(pairs));
+                *acc = mac(*acc, a, b);
             }
         };
         // Two steps an iteration: the browsers' wasm compilers do not unroll loops.

@@ -114,30 +114,26 @@ pub(crate) fn q8_matmul(
     for i in 0..m {
         let sx = quantize_row(&x[i * k..(i + 1) * k], &mut q);
         let out = &mut out[i * n..(i + 1) * n];
-        let store = |o: &mut f32, acc: i32, j: usize| {
-            let v = acc as f32 * sx * scales[j];
-            *o = if beta == 0.0 { v } else { v + beta * *o };
+        // out[j] = acc * x_scale * w_scale (+ beta * out[j]), the branch on beta outside
+        // the loop so the common case's four stores vectorize.
+        let put = |out: &mut [f32], acc: &[i32], scales: &[f32]| {
+            let values = out.iter_mut().zip(acc).zip(scales);
+            if beta == 0.0 {
+                values.for_each(|((o, &a), &w)| *o = a as f32 * sx * w);
+            } else {
+                values.for_each(|((o, &a), &w)| *o = a as f32 * sx * w + beta * *o);
+            }
         };
         // Four rows a pass (eight spill registers in the browser's wasm compilers and run
         // slower), then one at a time.
         let mut j = 0;
         while j + 4 <= n {
             let acc = dot_rows_i8::<4>(core::array::from_fn(|t| row(j + t)), &q);
-            let (o, sc) = (&mut out[j..j + 4], &scales[j..j + 4]);
-            if beta == 0.0 {
-                // The common case without a branch per value, so the four stores vectorize.
-                for ((o, &a), &w) in o.iter_mut().zip(&acc).zip(sc) {
-                    *o = a as f32 * sx * w;
-                }
-            } else {
-                for (t, o) in o.iter_mut().enumerate() {
-                    store(o, acc[t], j + t);
-                }
-            }
+            put(&mut out[j..j + 4], &acc, &scales[j..j + 4]);
             j += 4;
         }
-        for (t, o) in out[j..].iter_mut().enumerate() {
-            store(o, dot_i8(&row(j + t)[..k], &q), j + t);
+        for j in j..n {
+            put(&mut out[j..j + 1], &[dot_i8(&row(j)[..k], &q)], &scales[j..j + 1]);
         }
     }
     Ok(())

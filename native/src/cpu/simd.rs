@@ -700,8 +700,21 @@ pub fn exp(x: f32) -> f32 {
 
 #[inline(always)]
 fn exp_sub_sum_body<const FMA: bool>(x: &mut [f32], shift: f32) -> f32 {
-    // 1 * v is v exactly: the same values and sum as a loop without the scale.
-    exp_affine_sum_body::<FMA>(x, 1.0, shift)
+    let mut acc = [0.0f32; STEP];
+    let mut chunks = x.chunks_exact_mut(STEP);
+    for v in chunks.by_ref() {
+        let v = block_mut(v);
+        for l in 0..STEP {
+            v[l] = exp(v[l] - shift);
+            acc[l] += v[l];
+        }
+    }
+    let mut tail = 0.0;
+    for v in chunks.into_remainder() {
+        *v = exp(*v - shift);
+        tail += *v;
+    }
+    fold(&acc) + tail
 }
 
 #[inline(always)]
@@ -709,25 +722,6 @@ fn exp_affine_body<const FMA: bool>(x: &mut [f32], scale: f32, shift: f32) {
     for v in x.iter_mut() {
         *v = exp(scale * *v - shift);
     }
-}
-
-#[inline(always)]
-fn exp_affine_sum_body<const FMA: bool>(x: &mut [f32], scale: f32, shift: f32) -> f32 {
-    let mut acc = [0.0f32; STEP];
-    let mut chunks = x.chunks_exact_mut(STEP);
-    for v in chunks.by_ref() {
-        let v = block_mut(v);
-        for l in 0..STEP {
-            v[l] = exp(scale * v[l] - shift);
-            acc[l] += v[l];
-        }
-    }
-    let mut tail = 0.0;
-    for v in chunks.into_remainder() {
-        *v = exp(scale * *v - shift);
-        tail += *v;
-    }
-    fold(&acc) + tail
 }
 
 #[inline(always)]
