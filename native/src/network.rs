@@ -2,8 +2,10 @@
 
 use std::path::Path;
 
-use rusting_brain_core::models::dense::{DenseConfig, DenseLayer, DenseModel};
-use rusting_brain_core::{Activation, Loss, Optimizer, Rng};
+use rusting_brain_core::models::dense::{
+    train_epoch, DenseConfig, DenseLayer, DenseModel, DenseOps, EpochOrder,
+};
+use rusting_brain_core::{Activation, Loss, Optimizer};
 
 use crate::cpu::CpuBackend;
 use crate::{Dataset, NetworkError, Result};
@@ -39,42 +41,6 @@ pub(crate) enum Engine {
     Gpu(DenseModel<rusting_brain_shaders::WgpuBackend>),
     #[cfg(feature = "cuda-backend")]
     Cuda(DenseModel<crate::cuda::CudaBackend>),
-}
-
-/// What `Network` needs of a dense model, whatever its backend: the model definition is
-/// core's `DenseModel<B>`, one for every backend, and this erases the `B`.
-pub(crate) trait DenseOps {
-    fn config(&self) -> &DenseConfig;
-    fn zero_grad(&mut self) -> rusting_brain_core::Result<()>;
-    fn forward_backward(&mut self, x: &[f32], y: &[f32], rows: usize) -> rusting_brain_core::Result<f64>;
-    fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> rusting_brain_core::Result<()>;
-    fn predict(&mut self, x: &[f32], rows: usize) -> rusting_brain_core::Result<Vec<f32>>;
-    fn loss(&mut self, x: &[f32], y: &[f32], rows: usize) -> rusting_brain_core::Result<f64>;
-    fn parameters(&self) -> rusting_brain_core::Result<Vec<(Vec<f32>, Vec<f32>)>>;
-}
-
-impl<B: rusting_brain_core::Backend> DenseOps for DenseModel<B> {
-    fn config(&self) -> &DenseConfig {
-        &self.config
-    }
-    fn zero_grad(&mut self) -> rusting_brain_core::Result<()> {
-        DenseModel::zero_grad(self)
-    }
-    fn forward_backward(&mut self, x: &[f32], y: &[f32], rows: usize) -> rusting_brain_core::Result<f64> {
-        DenseModel::forward_backward(self, x, y, rows)
-    }
-    fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> rusting_brain_core::Result<()> {
-        DenseModel::step(self, optimizer, grad_scale)
-    }
-    fn predict(&mut self, x: &[f32], rows: usize) -> rusting_brain_core::Result<Vec<f32>> {
-        DenseModel::predict(self, x, rows)
-    }
-    fn loss(&mut self, x: &[f32], y: &[f32], rows: usize) -> rusting_brain_core::Result<f64> {
-        DenseModel::loss(self, x, y, rows)
-    }
-    fn parameters(&self) -> rusting_brain_core::Result<Vec<(Vec<f32>, Vec<f32>)>> {
-        DenseModel::parameters(self)
-    }
 }
 
 /// A dense network. Build one with [`Network::builder`].
@@ -383,33 +349,13 @@ impl Network {
         let optimizer = self.optimizer;
         optimizer.validate()?;
         let model = self.model_mut()?;
-        let (n_in, n_out) = (model.config().input_size, model.config().output_size());
-        let mut rng = Rng::new(config.seed.unwrap_or_else(os_seed));
-        let mut order: Vec<usize> = (0..data.len()).collect();
-        let (mut x, mut y) = (
-            Vec::with_capacity(config.batch_size * n_in),
-            Vec::with_capacity(config.batch_size * n_out),
-        );
+        let mut order = EpochOrder::new(data.len(), config.shuffle, config.seed.unwrap_or_else(os_seed));
+        let row = |r: usize| (data.inputs()[r].as_slice(), data.targets()[r].as_slice());
         let mut history = Vec::new();
         for epoch in 1..=config.epochs {
-            if config.shuffle {
-                rng.shuffle(&mut order);
-            }
-            let mut total = 0.0f64;
-            for (batch, rows) in order.chunks(config.batch_size).enumerate() {
-                x.clear();
-                y.clear();
-                for &r in rows {
-                    x.extend_from_slice(&data.inputs()[r]);
-                    y.extend_from_slice(&data.targets()[r]);
-                }
-                let fail = |source| NetworkError::Training { epoch, batch, source };
-                model.zero_grad().map_err(fail)?;
-                let loss = model.forward_backward(&x, &y, rows.len()).map_err(fail)?;
-                model.step(&optimizer, 1.0).map_err(fail)?;
-                total += loss * rows.len() as f64;
-            }
-            let mean = (total / data.len() as f64) as f32;
+            let mean = train_epoch(model, order.next_epoch(), config.batch_size, &optimizer, &row)
+                .map_err(|(batch, source)| NetworkError::Training { epoch, batch, source })?;
+            let mean = mean as f32;
             history.push(mean);
             if !on_epoch(epoch, mean) {
                 break;

@@ -247,6 +247,14 @@ impl<B: Backend> DenseModel<B> {
         Ok(ai)
     }
 
+    /// The forward pass of `rows` samples, left on the device: the output buffer
+    /// (`rows x output_size`). A browser reads it back without blocking; [`Self::predict`]
+    /// reads it at once.
+    pub fn forward(&mut self, inputs: &[f32], rows: usize) -> Result<&B::Buffer> {
+        let ai = self.forward_into(inputs, rows)?;
+        Ok(self.arenas[ai].a.last().expect("validated: at least one layer"))
+    }
+
     /// Predictions for `rows` samples, on the host.
     pub fn predict(&mut self, inputs: &[f32], rows: usize) -> Result<Vec<f32>> {
         let ai = self.forward_into(inputs, rows)?;
@@ -259,21 +267,44 @@ impl<B: Backend> DenseModel<B> {
         let n_out = self.config.output_size();
         crate::error::check_len("dense loss", "targets", targets.len(), rows * n_out)?;
         let ai = self.forward_into(inputs, rows)?;
-        let arena = &mut self.arenas[ai];
-        self.backend.write(&mut arena.target, targets)?;
+        self.backend.write(&mut self.arenas[ai].target, targets)?;
+        self.batch_loss(rows)
+    }
+
+    /// The mean loss of the last batch of `rows` rows run forward with its targets (by
+    /// [`Self::loss`] or [`Self::backward`]), from the outputs and targets it left.
+    fn batch_loss(&mut self, rows: usize) -> Result<f64> {
+        let n_out = self.config.output_size();
+        let ai = self.arena_index(rows)?;
+        let arena = &self.arenas[ai];
         let out = arena.a.last().expect("validated: at least one layer");
         self.backend
             .loss_forward(self.config.loss, out, &arena.target, rows, n_out)
     }
 
+    /// The output buffer the last forward pass of `rows` rows left (what a page reads back
+    /// after [`Self::backward`] to report the batch's loss).
+    pub fn batch_output(&mut self, rows: usize) -> Result<&B::Buffer> {
+        let ai = self.arena_index(rows)?;
+        Ok(self.arenas[ai].a.last().expect("validated: at least one layer"))
+    }
+
     /// Forward and backward of one batch: accumulates the gradients of the batch's mean loss
     /// into `grad_*` and returns that mean loss.
     pub fn forward_backward(&mut self, inputs: &[f32], targets: &[f32], rows: usize) -> Result<f64> {
-        let loss_value = self.loss(inputs, targets, rows)?;
-        let ai = self.arena_index(rows)?;
+        self.backward(inputs, targets, rows)?;
+        self.batch_loss(rows)
+    }
+
+    /// [`Self::forward_backward`] without the loss: nothing is read back from the device,
+    /// so a browser can record a whole step and read the outputs when it chooses.
+    pub fn backward(&mut self, inputs: &[f32], targets: &[f32], rows: usize) -> Result<()> {
+        let n_out = self.config.output_size();
+        crate::error::check_len("dense loss", "targets", targets.len(), rows * n_out)?;
+        let ai = self.forward_into(inputs, rows)?;
         let (b, cfg, arena) = (&self.backend, &self.config, &mut self.arenas[ai]);
+        b.write(&mut arena.target, targets)?;
         let last = cfg.layers.len() - 1;
-        let n_out = cfg.output_size();
         let out_act = cfg.layers[last].activation;
         if cfg.loss.fuses_with(out_act) {
             // softmax + CCE, sigmoid + BCE: dz = (a - y) / N, stable at saturation.
@@ -334,7 +365,7 @@ impl<B: Backend> DenseModel<B> {
                 )?;
             }
         }
-        Ok(loss_value)
+        Ok(())
     }
 
     pub fn zero_grad(&mut self) -> Result<()> {
@@ -407,4 +438,112 @@ impl<B: Backend> DenseModel<B> {
             .map(|(w, b)| Ok((self.backend.download(w)?, self.backend.download(b)?)))
             .collect()
     }
+}
+
+/// What a training loop needs of a dense model, whatever its backend: the model definition
+/// is [`DenseModel<B>`], one for every backend, and this erases the `B` so a type without a
+/// type parameter can hold any of them.
+pub trait DenseOps {
+    fn config(&self) -> &DenseConfig;
+    fn zero_grad(&mut self) -> Result<()>;
+    fn forward_backward(&mut self, x: &[f32], y: &[f32], rows: usize) -> Result<f64>;
+    fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> Result<()>;
+    fn predict(&mut self, x: &[f32], rows: usize) -> Result<Vec<f32>>;
+    fn loss(&mut self, x: &[f32], y: &[f32], rows: usize) -> Result<f64>;
+    fn parameters(&self) -> Result<Vec<(Vec<f32>, Vec<f32>)>>;
+}
+
+impl<B: Backend> DenseOps for DenseModel<B> {
+    fn config(&self) -> &DenseConfig {
+        &self.config
+    }
+    fn zero_grad(&mut self) -> Result<()> {
+        DenseModel::zero_grad(self)
+    }
+    fn forward_backward(&mut self, x: &[f32], y: &[f32], rows: usize) -> Result<f64> {
+        DenseModel::forward_backward(self, x, y, rows)
+    }
+    fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> Result<()> {
+        DenseModel::step(self, optimizer, grad_scale)
+    }
+    fn predict(&mut self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        DenseModel::predict(self, x, rows)
+    }
+    fn loss(&mut self, x: &[f32], y: &[f32], rows: usize) -> Result<f64> {
+        DenseModel::loss(self, x, y, rows)
+    }
+    fn parameters(&self) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
+        DenseModel::parameters(self)
+    }
+}
+
+/// The order training walks the rows in: every row once an epoch, reshuffled before each
+/// epoch when asked, by one generator seeded once, so a seed repeats a run on every backend,
+/// natively and in a page.
+pub struct EpochOrder {
+    rng: Rng,
+    order: Vec<usize>,
+    shuffle: bool,
+}
+
+impl EpochOrder {
+    pub fn new(rows: usize, shuffle: bool, seed: u64) -> EpochOrder {
+        EpochOrder {
+            rng: Rng::new(seed),
+            order: (0..rows).collect(),
+            shuffle,
+        }
+    }
+
+    /// The next epoch's row order.
+    pub fn next_epoch(&mut self) -> &[usize] {
+        if self.shuffle {
+            self.rng.shuffle(&mut self.order);
+        }
+        &self.order
+    }
+}
+
+/// The rows of one minibatch, gathered row-major: inputs into `x`, targets into `y`.
+pub fn gather_batch<'a>(
+    rows: &[usize],
+    row: &dyn Fn(usize) -> (&'a [f32], &'a [f32]),
+    x: &mut Vec<f32>,
+    y: &mut Vec<f32>,
+) {
+    x.clear();
+    y.clear();
+    for &r in rows {
+        let (input, target) = row(r);
+        x.extend_from_slice(input);
+        y.extend_from_slice(target);
+    }
+}
+
+/// One epoch of minibatch training: the rows of `order`, `batch_size` at a time; for each
+/// batch the gradients are zeroed, run forward and backward, and the optimizer steps.
+/// `row(i)` gives row `i`'s input and target. Returns the epoch's mean loss (each batch's
+/// mean loss weighted by its rows), or the index of the batch that failed and why; a batch
+/// whose loss is not finite fails before its step, so the weights stay as they were.
+pub fn train_epoch<'a>(
+    model: &mut dyn DenseOps,
+    order: &[usize],
+    batch_size: usize,
+    optimizer: &Optimizer,
+    row: &dyn Fn(usize) -> (&'a [f32], &'a [f32]),
+) -> core::result::Result<f64, (usize, CoreError)> {
+    if batch_size == 0 {
+        return Err((0, invalid("the batch size must be at least 1".into())));
+    }
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let mut total = 0.0f64;
+    for (batch, rows) in order.chunks(batch_size).enumerate() {
+        gather_batch(rows, row, &mut x, &mut y);
+        let fail = |e| (batch, e);
+        model.zero_grad().map_err(fail)?;
+        let loss = model.forward_backward(&x, &y, rows.len()).map_err(fail)?;
+        model.step(optimizer, 1.0).map_err(fail)?;
+        total += loss * rows.len() as f64;
+    }
+    Ok(total / order.len().max(1) as f64)
 }

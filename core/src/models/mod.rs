@@ -3,6 +3,8 @@
 
 pub mod clip;
 pub mod dense;
+#[cfg(feature = "checkpoint")]
+pub mod dense_file;
 pub mod dit;
 pub mod layers;
 pub mod t5;
