@@ -11,6 +11,8 @@
 //! the vocabulary, a model too large for the device, a call on a disposed model.
 
 mod engine;
+mod network;
+mod network_js;
 mod text;
 
 use std::cell::RefCell;
@@ -22,6 +24,8 @@ use rusting_brain_shaders::ShaderError;
 use wasm_bindgen::prelude::*;
 
 pub use engine::{DeviceChoice, Engine};
+pub use network::{DenseNet, Rows};
+pub use network_js::Network;
 pub use rusting_brain_core as core;
 pub use text::{GenerateOptions, Stream};
 

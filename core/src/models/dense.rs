@@ -247,12 +247,22 @@ impl<B: Backend> DenseModel<B> {
         Ok(ai)
     }
 
-    /// The forward pass of `rows` samples, left on the device: the output buffer
-    /// (`rows x output_size`). A browser reads it back without blocking; [`Self::predict`]
-    /// reads it at once.
-    pub fn forward(&mut self, inputs: &[f32], rows: usize) -> Result<&B::Buffer> {
-        let ai = self.forward_into(inputs, rows)?;
-        Ok(self.arenas[ai].a.last().expect("validated: at least one layer"))
+    /// The forward pass of `rows` samples, its output left on the device for
+    /// [`Self::output`] (a browser reads it back without blocking; [`Self::predict`] reads it
+    /// at once).
+    pub fn forward(&mut self, inputs: &[f32], rows: usize) -> Result<()> {
+        self.forward_into(inputs, rows).map(|_| ())
+    }
+
+    /// The output (`rows x output_size`) the last forward pass of `rows` rows left (by
+    /// [`Self::forward`], [`Self::backward`] or [`Self::loss`]).
+    pub fn output(&self, rows: usize) -> Result<&B::Buffer> {
+        let arena = self
+            .arenas
+            .iter()
+            .find(|a| a.rows == rows)
+            .ok_or_else(|| invalid(alloc::format!("no forward pass of {rows} rows has run")))?;
+        Ok(arena.a.last().expect("validated: at least one layer"))
     }
 
     /// Predictions for `rows` samples, on the host.
@@ -280,13 +290,6 @@ impl<B: Backend> DenseModel<B> {
         let out = arena.a.last().expect("validated: at least one layer");
         self.backend
             .loss_forward(self.config.loss, out, &arena.target, rows, n_out)
-    }
-
-    /// The output buffer the last forward pass of `rows` rows left (what a page reads back
-    /// after [`Self::backward`] to report the batch's loss).
-    pub fn batch_output(&mut self, rows: usize) -> Result<&B::Buffer> {
-        let ai = self.arena_index(rows)?;
-        Ok(self.arenas[ai].a.last().expect("validated: at least one layer"))
     }
 
     /// Forward and backward of one batch: accumulates the gradients of the batch's mean loss
