@@ -1,7 +1,8 @@
 // The npm package as an app gets it: `npm pack web/pkg`, install the tarball into a
 // scratch app, import 'rusting-brain' there and run it under Node (no WebGPU, so the CPU
-// path): the greedy ids equal the native CPU int8 ids, a seed repeats, turns continue,
-// and bad input is an Error, not a trap.
+// path): the greedy ids equal the native CPU int8 ids, a seed repeats, turns continue;
+// a dense Network trains, predicts and round-trips its file; bad input is an Error, not
+// a trap.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -10,15 +11,26 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { repo, out, models, reference, PROMPT, TOKENS } from './common.mjs';
 
+let packed = null;
+
+/** `npm pack web/pkg` installed into a scratch app (once for the file's tests). */
+function packedApp() {
+  packed ??= (async () => {
+    await mkdir(out, { recursive: true });
+    const app = await mkdtemp(join(tmpdir(), 'rb-npm-app-'));
+    const listing = execFileSync('npm', ['pack', join(repo, 'web', 'pkg'), '--pack-destination', app, '--json'], { encoding: 'utf8' });
+    const tarball = join(app, JSON.parse(listing)[0].filename);
+    await writeFile(join(app, 'package.json'), JSON.stringify({ name: 'scratch-app', private: true, type: 'module' }));
+    execFileSync('npm', ['install', '--no-audit', '--no-fund', '--offline', tarball], { cwd: app, stdio: 'inherit' });
+    assert.ok((await readdir(join(app, 'node_modules', 'rusting-brain', 'dist'))).includes('rusting_brain_bg.wasm'));
+    return app;
+  })();
+  return packed;
+}
+
 test('the packed npm package runs the CPU path under Node', async () => {
   const want = await reference();
-  await mkdir(out, { recursive: true });
-  const app = await mkdtemp(join(tmpdir(), 'rb-npm-app-'));
-  const packed = execFileSync('npm', ['pack', join(repo, 'web', 'pkg'), '--pack-destination', app, '--json'], { encoding: 'utf8' });
-  const tarball = join(app, JSON.parse(packed)[0].filename);
-  await writeFile(join(app, 'package.json'), JSON.stringify({ name: 'scratch-app', private: true, type: 'module' }));
-  execFileSync('npm', ['install', '--no-audit', '--no-fund', '--offline', tarball], { cwd: app, stdio: 'inherit' });
-  assert.ok((await readdir(join(app, 'node_modules', 'rusting-brain', 'dist'))).includes('rusting_brain_bg.wasm'));
+  const app = await packedApp();
   await writeFile(join(app, 'main.mjs'), `
 import { loadModel } from 'rusting-brain';
 import { readFile } from 'node:fs/promises';
@@ -82,4 +94,100 @@ console.log(JSON.stringify({
   assert.match(got.errors.sampler, /options\.topP/);
   assert.match(got.errors.callback, /boom/);
   assert.match(got.errors.disposed, /disposed/);
+});
+
+test('the Network API under Node: training, its file, and errors for bad input', async () => {
+  const app = await packedApp();
+  await writeFile(join(app, 'network.mjs'), `
+import { Network } from 'rusting-brain';
+const x = [[0, 0], [0, 1], [1, 0], [1, 1]];
+const y = [[0], [1], [1], [0]];
+const build = () => Network.builder().inputSize(2).dense(8, 'tanh').dense(1, 'sigmoid')
+  .loss('binary_cross_entropy').optimizer({ kind: 'adam', learningRate: 0.05 }).seed(42).build();
+const net = await build();
+const seen = [];
+const history = await net.fit(x, y, { epochs: 400, batchSize: 4, seed: 1 }, (epoch, loss) => { seen.push(epoch); return loss > 0.01; });
+const predictions = (await net.predict(x)).map((r) => r[0]);
+const flat = (await net.predict(new Float32Array([0, 0, 1, 1]))).map((r) => r[0]);
+const accuracy = await net.accuracy(x, y);
+const loss = await net.evaluate(x, y);
+const text = JSON.stringify(net);
+const again = await Network.fromJSON(text);
+const againOut = (await again.predict(x)).map((r) => r[0]);
+const fromObject = await Network.fromJSON(net.toJSON());
+const twice = await build();
+const h2 = await twice.fit(x, y, { epochs: 5, batchSize: 2, seed: 9 });
+const twiceAgain = await build();
+const h3 = await twiceAgain.fit(x, y, { epochs: 5, batchSize: 2, seed: 9 });
+const errors = {};
+const expectError = async (name, f) => {
+  try { await f(); errors[name] = 'no error'; } catch (e) { errors[name] = (e instanceof Error ? 'Error: ' : 'not an Error: ') + e.message; }
+};
+await expectError('width', () => net.fit([[1, 2, 3]], [[1]]));
+await expectError('rows', () => net.fit(x, [[1]]));
+await expectError('nan', () => net.fit([[0, 0], [0, NaN]], [[0], [1]]));
+await expectError('notNumber', () => net.predict([[0, 'a']]));
+await expectError('flat', () => net.predict([1, 2, 3]));
+await expectError('activation', () => Network.builder().inputSize(2).dense(4, 'swish').loss('mean_squared_error').build());
+await expectError('loss', () => Network.builder().inputSize(2).dense(4, 'relu').loss('hinge').build());
+await expectError('noLayers', () => Network.builder().inputSize(2).loss('mean_squared_error').build());
+await expectError('zeroUnits', () => Network.builder().inputSize(2).dense(0, 'relu').loss('mean_squared_error').build());
+await expectError('learningRate', () => Network.builder().inputSize(2).dense(1).loss('mean_squared_error').optimizer({ learningRate: -1 }).build());
+await expectError('optimizer', () => Network.builder().inputSize(2).dense(1).loss('mean_squared_error').optimizer({ kind: 'rmsprop' }).build());
+await expectError('batch', () => net.fit(x, y, { batchSize: 0 }));
+await expectError('epochs', () => net.fit(x, y, { epochs: 1.5 }));
+await expectError('callback', () => net.fit(x, y, { epochs: 2 }, () => { throw new Error('boom'); }));
+await expectError('file', () => Network.fromJSON(text.slice(0, text.length / 2)));
+await expectError('fileObject', () => Network.fromJSON({ format: 'something else' }));
+await expectError('device', () => Network.fromJSON(text, { device: 'tpu' }));
+await expectError('webgpu', () => Network.fromJSON(text, { device: 'webgpu' }));
+const busy = net.fit(x, y, { epochs: 3 });
+await expectError('busy', () => net.predict(x));
+await busy;
+const afterErrors = (await net.predict(x)).map((r) => r[0]);
+net.dispose();
+await expectError('disposed', () => net.predict(x));
+console.log(JSON.stringify({
+  epochs: history.length, seen: seen.length, last: history[history.length - 1], predictions, flat, accuracy, loss,
+  againOut, fromObject: fromObject.info(), device: again.device(), h2: Array.from(h2), h3: Array.from(h3),
+  afterErrors, errors, format: JSON.parse(text).format,
+}));
+`);
+  const stdout = execFileSync('node', ['network.mjs'], { cwd: app, encoding: 'utf8' });
+  const got = JSON.parse(stdout.trim().split('\n').pop());
+  assert.equal(got.device, 'cpu');
+  assert.ok(got.epochs < 400 && got.epochs === got.seen, `onEpoch returning false stopped the run (${got.epochs} epochs)`);
+  assert.ok(got.last <= 0.01, `XOR learned: last loss ${got.last}`);
+  assert.equal(got.accuracy, 1);
+  assert.deepEqual(got.predictions.map((p) => Math.round(p)), [0, 1, 1, 0]);
+  assert.deepEqual(got.flat.map((p) => Math.round(p)), [0, 0]);
+  assert.deepEqual(got.againOut, got.predictions, 'the file round-trips to the same outputs');
+  assert.deepEqual(got.h2, got.h3, 'the same seeds repeat a run');
+  assert.equal(got.format, 'rusting_brain.network');
+  assert.equal(got.fromObject.parameters, 2 * 8 + 8 + 8 + 1);
+  for (const [name, message] of Object.entries(got.errors)) {
+    assert.match(message, /^Error: /, `${name}: ${message}`);
+  }
+  const e = got.errors;
+  assert.match(e.width, /x\[0\] has 3 values/);
+  assert.match(e.rows, /x has 4 rows but y has 1/);
+  assert.match(e.nan, /x row 1, column 1 is NaN/);
+  assert.match(e.notNumber, /x\[0\]\[1\] is not a number/);
+  assert.match(e.flat, /not a whole number of rows of 2/);
+  assert.match(e.activation, /swish/);
+  assert.match(e.loss, /hinge/);
+  assert.match(e.noLayers, /no layers/);
+  assert.match(e.zeroUnits, /0 units/);
+  assert.match(e.learningRate, /learning rate/i);
+  assert.match(e.optimizer, /rmsprop/);
+  assert.match(e.batch, /batchSize/);
+  assert.match(e.epochs, /epochs/);
+  assert.match(e.callback, /boom/);
+  assert.match(e.file, /network JSON, line/);
+  assert.match(e.fileObject, /format/);
+  assert.match(e.device, /tpu/);
+  assert.match(e.webgpu, /WebGPU/);
+  assert.match(e.busy, /another call/);
+  assert.match(e.disposed, /disposed/);
+  assert.equal(got.afterErrors.length, 4, 'the network still answers after the errors');
 });

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The browser and npm tests: builds the npm package (web/build-npm.sh), trains and
 # exports the demo model when www/models/ has none, writes the native CPU int8 greedy ids
-# the page must reproduce, then runs the Node test files here (Playwright driving
-# Debian's chromium; the packed package under Node). Screenshots: tests/browser/out/.
+# the page must reproduce and the Train page's native fixtures, then runs the Node test
+# files here (Playwright driving Debian's chromium; the packed package under Node).
+# Screenshots: tests/browser/out/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -35,6 +36,9 @@ for run in 1 2 3; do
     RAYON_NUM_THREADS=1 "${example[@]}" generate "fn main() {" --from www/models --temperature 0 \
         --repetition-penalty 1 --tokens 120 --ids > "tests/browser/out/native-1thread-$run.json"
 done
+# The Train page's native side: iris' split, the weights after three full-batch steps, a
+# natively trained network and its predictions, native training speed.
+cargo run -q --profile test -p rusting_brain --example browser_network -- fixtures tests/browser/out
 echo "native CPU int8 reference, greedy: $(cat tests/browser/out/reference.json)"
 echo "and sampled with seed 7: $(cat tests/browser/out/reference-sampled.json)"
 

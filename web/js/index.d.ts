@@ -77,3 +77,101 @@ export class Model {
 export function initialize(wasm?: string | URL | Response | BufferSource | WebAssembly.Module): Promise<void>;
 export function loadModel(weights: Uint8Array | ArrayBuffer | ArrayBufferView, tokenizerJson: string, options?: LoadOptions): Promise<Model>;
 export function fetchModel(weightsUrl: string | URL, tokenizerUrl: string | URL, options?: LoadOptions): Promise<Model>;
+
+export type Activation = 'identity' | 'relu' | 'leaky_relu' | 'sigmoid' | 'tanh' | 'softmax';
+export type LossName = 'mean_squared_error' | 'binary_cross_entropy' | 'categorical_cross_entropy';
+
+export interface OptimizerOptions {
+  /** "adam" (default) or "sgd". */
+  kind?: 'adam' | 'sgd';
+  /** Default 1e-3. */
+  learningRate?: number;
+  /** Adam's (beta1, beta2), default [0.9, 0.999]. */
+  betas?: [number, number];
+  /** Adam's epsilon, default 1e-8. */
+  epsilon?: number;
+  /** SGD's momentum, default 0. */
+  momentum?: number;
+  nesterov?: boolean;
+  /** Decoupled for Adam (AdamW), L2 for SGD. */
+  weightDecay?: number;
+}
+
+export interface NetworkSpec {
+  inputSize: number;
+  layers: { units: number; activation?: Activation; slope?: number }[];
+  loss: LossName;
+  optimizer?: OptimizerOptions;
+  seed?: number;
+  device?: 'auto' | 'webgpu' | 'cpu';
+}
+
+export interface FitOptions {
+  /** Default 10. */
+  epochs?: number;
+  /** Default 32. */
+  batchSize?: number;
+  /** Reshuffle the rows before every epoch (default true). */
+  shuffle?: boolean;
+  /** The shuffling seed; the same seed repeats a native run's order. Random when absent. */
+  seed?: number;
+}
+
+/** Rows of numbers: an array of rows (arrays or typed arrays), or one flat array of whole rows. */
+export type Rows = number[][] | Float32Array[] | Float32Array | Float64Array | number[];
+
+/** The network file native `save_json` writes (format "rusting_brain.network", version 1). */
+export interface NetworkFile {
+  format: 'rusting_brain.network';
+  version: number;
+  input_size: number;
+  loss: LossName;
+  optimizer: { kind: 'adam' | 'sgd'; learning_rate: number; weight_decay: number; momentum?: number; nesterov?: boolean; betas?: [number, number]; epsilon?: number };
+  seed: number;
+  layers: { units: number; activation: Activation; leaky_slope?: number; weights: number[][]; bias: number[] }[];
+}
+
+export interface NetworkInfo {
+  inputSize: number;
+  outputSize: number;
+  layers: { units: number; activation: Activation; slope?: number }[];
+  loss: LossName;
+  parameters: number;
+  seed: number;
+}
+
+export class Network {
+  private constructor();
+  static builder(): NetworkBuilder;
+  static create(spec: NetworkSpec): Promise<Network>;
+  /** From the file's text or its parsed object (what `toJSON()` returns, or native `save_json` wrote). */
+  static fromJSON(file: string | NetworkFile, options?: { device?: 'auto' | 'webgpu' | 'cpu' }): Promise<Network>;
+  /** Trains; `onEpoch(epoch, meanLoss)` after each epoch, returning false stops. Resolves to each epoch's mean loss. */
+  fit(x: Rows, y: Rows, options?: FitOptions, onEpoch?: (epoch: number, loss: number) => boolean | void): Promise<Float32Array>;
+  /** One output row per input row. */
+  predict(x: Rows): Promise<Float32Array[]>;
+  /** Mean loss, forward only. */
+  evaluate(x: Rows, y: Rows): Promise<number>;
+  /** Share of rows classified right (argmax; a 0.5 threshold for one output). */
+  accuracy(x: Rows, y: Rows): Promise<number>;
+  /** The native file format as an object: `JSON.stringify(network)` is a file native `load_json` reads. */
+  toJSON(): NetworkFile;
+  setLearningRate(learningRate: number): void;
+  info(): NetworkInfo;
+  device(): Device;
+  deviceReason(): string;
+  /** Stops a running fit after its current epoch. */
+  stop(): void;
+  dispose(): void;
+  free(): void;
+}
+
+export class NetworkBuilder {
+  inputSize(n: number): this;
+  dense(units: number, activation?: Activation, slope?: number): this;
+  loss(name: LossName): this;
+  optimizer(options: OptimizerOptions): this;
+  seed(n: number): this;
+  device(d: 'auto' | 'webgpu' | 'cpu'): this;
+  build(): Promise<Network>;
+}

@@ -1,9 +1,10 @@
-// rusting-brain: int8 language models in the browser (WebGPU, or the wasm CPU path) and
-// under Node (the CPU path). A thin layer over the wasm-bindgen glue in ./dist: it loads
-// the .wasm once, from the file beside this one in Node and by URL everywhere else.
-import init, { Model } from './dist/rusting_brain.js';
+// rusting-brain: int8 language models and trainable dense networks in the browser (WebGPU,
+// or the wasm CPU path) and under Node (the CPU path). A thin layer over the wasm-bindgen
+// glue in ./dist: it loads the .wasm once, from the file beside this one in Node and by URL
+// everywhere else.
+import init, { Model, Network } from './dist/rusting_brain.js';
 
-export { Model };
+export { Model, Network };
 
 let ready = null;
 
@@ -61,3 +62,59 @@ export async function fetchModel(weightsUrl, tokenizerUrl, options = {}) {
   const [w, t] = await Promise.all([get(weightsUrl), get(tokenizerUrl)]);
   return loadModel(new Uint8Array(await w.arrayBuffer()), await t.text(), options);
 }
+
+/**
+ * Collects a dense network's architecture, then `build()` makes it (after loading the
+ * wasm module). Checked in Rust: a zero width, an unknown activation or loss, a bad
+ * optimizer setting is an Error from build().
+ */
+export class NetworkBuilder {
+  constructor() {
+    this.spec = { layers: [] };
+  }
+  /** Width of an input row. */
+  inputSize(n) {
+    this.spec.inputSize = n;
+    return this;
+  }
+  /** A fully connected layer of `units` outputs, then `activation` ("identity", "relu",
+   * "leaky_relu" (with `slope`), "sigmoid", "tanh", "softmax"). */
+  dense(units, activation = 'identity', slope) {
+    this.spec.layers.push(slope === undefined ? { units, activation } : { units, activation, slope });
+    return this;
+  }
+  /** "mean_squared_error", "binary_cross_entropy" or "categorical_cross_entropy". */
+  loss(name) {
+    this.spec.loss = name;
+    return this;
+  }
+  /** `{ kind: "adam" | "sgd", learningRate, betas, epsilon, momentum, nesterov, weightDecay }`. */
+  optimizer(options) {
+    this.spec.optimizer = options;
+    return this;
+  }
+  /** Seed of the weight initialisation (default 0): the same seed draws the same weights as native. */
+  seed(n) {
+    this.spec.seed = n;
+    return this;
+  }
+  /** "auto" (default), "webgpu" or "cpu". */
+  device(d) {
+    this.spec.device = d;
+    return this;
+  }
+  async build() {
+    await initialize();
+    return Network.create(this.spec);
+  }
+}
+
+/** A new `NetworkBuilder`. */
+Network.builder = () => new NetworkBuilder();
+
+// The static loader also works before the wasm module is loaded.
+const fromJSONOfGlue = Network.fromJSON;
+Network.fromJSON = async (file, options = {}) => {
+  await initialize();
+  return fromJSONOfGlue.call(Network, file, options);
+};

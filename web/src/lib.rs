@@ -46,6 +46,10 @@ pub enum WebError {
     Tokenizer(String),
     #[error("a generation is already running on this model; wait for it or call stop()")]
     Busy,
+    #[error("another call (fit, predict, evaluate, accuracy) is running on this network; await it first, or call stop()")]
+    NetworkBusy,
+    #[error("this network was disposed; build or load it again")]
+    NetworkDisposed,
     #[error("this model was disposed; load it again")]
     Disposed,
 }

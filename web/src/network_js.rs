@@ -271,12 +271,12 @@ impl Network {
     fn take(&self) -> Result<DenseNet, WebError> {
         let mut s = self.state.borrow_mut();
         if s.disposed {
-            return Err(WebError::Disposed);
+            return Err(WebError::NetworkDisposed);
         }
         if s.busy {
-            return Err(WebError::Busy);
+            return Err(WebError::NetworkBusy);
         }
-        let net = s.net.take().ok_or(WebError::Disposed)?;
+        let net = s.net.take().ok_or(WebError::NetworkDisposed)?;
         s.busy = true;
         s.stop = false;
         Ok(net)
@@ -347,7 +347,11 @@ impl Network {
         }
         let data = Rows { x: &xs, y: &ys, rows };
         let mut net = self.take()?;
-        net.check(&data, "fit")?;
+        // Every way out from here hands the network back.
+        if let Err(e) = net.check(&data, "fit") {
+            self.give_back(net, None);
+            return Err(e);
+        }
         let mut order = EpochOrder::new(rows, shuffle, seed);
         let mut history = Vec::new();
         let mut result = Ok(());
@@ -484,7 +488,7 @@ impl Network {
     pub fn to_json(&self) -> Result<JsValue, JsError> {
         let s = self.state.borrow();
         if s.disposed {
-            return Err(js_err(WebError::Disposed));
+            return Err(js_err(WebError::NetworkDisposed));
         }
         let mut file = s.host.clone();
         if let Some(net) = &s.net {
@@ -499,10 +503,13 @@ impl Network {
     pub fn set_learning_rate(&self, learning_rate: f64) -> Result<(), JsError> {
         let mut s = self.state.borrow_mut();
         let busy = s.busy;
-        let net = s
-            .net
-            .as_mut()
-            .ok_or_else(|| js_err(if busy { WebError::Busy } else { WebError::Disposed }))?;
+        let net = s.net.as_mut().ok_or_else(|| {
+            js_err(if busy {
+                WebError::NetworkBusy
+            } else {
+                WebError::NetworkDisposed
+            })
+        })?;
         let mut opt = net.optimizer;
         opt.set_learning_rate(learning_rate as f32);
         opt.validate().map_err(|e| js_err(e.into()))?;

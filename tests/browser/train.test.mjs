@@ -1,0 +1,166 @@
+// The Train page and the package's Network in headless Chromium, with WebGPU (SwiftShader)
+// and again with WebGPU unavailable (the wasm CPU path): iris trains on the page to at
+// least 90% held-out accuracy; three full-batch steps from seed 7 reach the native weights
+// (tests/browser/out/iris-native.json, written by the browser_network example); a network
+// trained natively predicts the same in the page, and one trained in the page predicts the
+// same natively. Screenshots of the page mid-training and after go to tests/browser/out/.
+//
+// Tolerance: 1e-6 of each tensor's (or output set's) largest magnitude. The page's
+// backends differ from native only in the order of f32 sums; web/tests/network.rs measures
+// the same comparison natively at up to 3.4e-7.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+import { serve } from '../../www/serve.mjs';
+import { out, repo } from './common.mjs';
+
+const chromiumPath = process.env.CHROMIUM ?? '/usr/bin/chromium';
+const skip = existsSync(chromiumPath) ? false : `no browser at ${chromiumPath} (apt-get install chromium, or set CHROMIUM)`;
+if (skip && process.env.RB_REQUIRE_BROWSER === '1') {
+  throw new Error(`RB_REQUIRE_BROWSER=1 but ${skip}`);
+}
+const base = ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
+  '--disable-sync', '--no-first-run', '--disable-quic'];
+const webgpu = ['--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-webgpu-adapter=swiftshader'];
+
+let server;
+let origin;
+let native;
+
+before(async () => {
+  if (skip) return;
+  const file = join(out, 'iris-native.json');
+  if (!existsSync(file)) throw new Error(`${file} is missing: run tests/browser/run.sh, which writes it with the browser_network example`);
+  native = JSON.parse(readFileSync(file, 'utf8'));
+  server = await serve(0);
+  origin = `http://127.0.0.1:${server.address().port}`;
+});
+
+after(() => server?.close());
+
+/** max |got - want| / max |want|, failing on a length mismatch or a non-finite value. */
+function relToScale(name, got, want) {
+  assert.equal(got.length, want.length, `${name}: ${got.length} values, the reference has ${want.length}`);
+  let scale = 1e-30;
+  for (let i = 0; i < want.length; i++) {
+    assert.ok(Number.isFinite(got[i]) && Number.isFinite(want[i]), `${name}: element ${i} is ${got[i]}, the reference has ${want[i]}`);
+    scale = Math.max(scale, Math.abs(want[i]));
+  }
+  let worst = 0;
+  for (let i = 0; i < want.length; i++) worst = Math.max(worst, Math.abs(got[i] - want[i]) / scale);
+  return worst;
+}
+
+function assertSameFile(name, got, want) {
+  assert.equal(got.layers.length, want.layers.length);
+  let worst = 0;
+  got.layers.forEach((layer, l) => {
+    worst = Math.max(worst, relToScale(`${name} layer ${l} weights`, layer.weights.flat(), want.layers[l].weights.flat()));
+    worst = Math.max(worst, relToScale(`${name} layer ${l} bias`, layer.bias, want.layers[l].bias));
+  });
+  assert.ok(worst <= 1e-6, `${name}: weights differ by ${worst} of their scale`);
+  return worst;
+}
+
+async function open(args, path) {
+  const browser = await chromium.launch({ executablePath: chromiumPath, headless: true, args: [...base, ...args] });
+  const page = await browser.newPage({ viewport: { width: 1040, height: 820 } });
+  const logs = [];
+  page.on('console', (m) => logs.push(`${m.type()}: ${m.text()}`));
+  page.on('pageerror', (e) => logs.push(`pageerror: ${e.message}`));
+  await page.goto(`${origin}/${path}`);
+  return { browser, page, logs };
+}
+
+async function waitState(page, states, logs, timeout = 180_000) {
+  try {
+    await page.waitForFunction((s) => s.includes(document.getElementById('train-output').dataset.state), states, { timeout });
+  } catch {
+    const status = await page.textContent('#status').catch(() => '?');
+    throw new Error(`the page never reached ${states}: status "${status}"; console:\n${logs.join('\n')}`);
+  }
+  return page.evaluate(() => document.getElementById('train-output').dataset.state);
+}
+
+async function trainOnPage(page, logs, dataset, screenshotMid) {
+  await page.selectOption('#dataset', dataset);
+  await page.click('#train');
+  if (screenshotMid) {
+    await page.waitForFunction(() => Number(document.getElementById('train-output').dataset.epochs ?? 0) >= 40, null, { timeout: 120_000 });
+    await page.screenshot({ path: join(out, screenshotMid), fullPage: true });
+  }
+  assert.equal(await waitState(page, ['done', 'error'], logs), 'done', await page.textContent('#status'));
+  return page.evaluate(() => ({ ...document.getElementById('train-output').dataset }));
+}
+
+for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], ['no WebGPU: the CPU path', [], 'cpu']]) {
+  test(`the Train page trains iris and the two spirals on ${name}`, { skip }, async () => {
+    const { browser, page, logs } = await open(args, 'train.html');
+    try {
+      const spirals = await trainOnPage(page, logs, 'spirals', `train-${device}-spirals-mid.png`);
+      await page.screenshot({ path: join(out, `train-${device}-spirals-done.png`), fullPage: true });
+      assert.equal(spirals.device, device);
+      const iris = await trainOnPage(page, logs, 'iris');
+      await page.screenshot({ path: join(out, `train-${device}-iris-done.png`), fullPage: true });
+      const rate = Number(iris.rate);
+      const n = native.native_samples_per_second;
+      console.log(`${name}: spirals held-out accuracy ${(100 * spirals.testAccuracy).toFixed(1)}% after ${spirals.epochs} epochs; `
+        + `iris ${(100 * iris.testAccuracy).toFixed(1)}% (held-out loss ${Number(iris.testLoss).toFixed(4)}), `
+        + `training ${rate.toFixed(0)} samples/s in the page against native ${n.one_thread.toFixed(0)} on one thread `
+        + `(${(rate / n.one_thread).toFixed(3)}x) and ${n.all_threads.toFixed(0)} on ${n.threads}`);
+      assert.equal(iris.device, device);
+      assert.equal(Number(iris.epochs), 200);
+      assert.ok(Number(iris.testAccuracy) >= 0.9, `iris held-out accuracy ${iris.testAccuracy}`);
+      assert.ok(Number(spirals.testAccuracy) >= 0.9, `spirals held-out accuracy ${spirals.testAccuracy}`);
+    } finally {
+      await browser.close();
+    }
+  });
+
+  test(`the page's Network and native Rust agree on ${name}`, { skip }, async () => {
+    const { browser, page, logs } = await open(args, 'train.html');
+    try {
+      const got = await page.evaluate(async ({ native, device }) => {
+        const { Network } = await import('/pkg/index.js');
+        const build = () => Network.builder().inputSize(4).dense(16, 'relu').dense(3, 'softmax')
+          .loss('categorical_cross_entropy').optimizer({ kind: 'adam', learningRate: 0.01 }).seed(7).device(device).build();
+        const { x, y } = native.train;
+        // Three full-batch steps from seed 7, as the native fixture took them.
+        const three = await build();
+        const losses = Array.from(await three.fit(x, y, { epochs: 3, batchSize: x.length, shuffle: false, seed: 0 }));
+        // A natively trained network, loaded here.
+        const loaded = await Network.fromJSON(native.trained.file, { device });
+        const loadedOut = (await loaded.predict(native.test.x)).map((r) => Array.from(r));
+        // A network trained here, for native to load.
+        const mine = await build();
+        await mine.fit(x, y, { epochs: 30, batchSize: 16, seed: 3 });
+        const mineOut = (await mine.predict(native.test.x)).map((r) => Array.from(r));
+        return {
+          devices: [three.device(), loaded.device(), mine.device()], losses, threeFile: three.toJSON(),
+          loadedOut, mineFile: JSON.stringify(mine, null, 2), mineOut,
+        };
+      }, { native, device: device === 'cpu' ? 'cpu' : 'auto' });
+      assert.deepEqual(got.devices, [device, device, device], logs.join('\n'));
+      const lossRel = relToScale('three-step losses', got.losses, native.three_steps.losses);
+      assert.ok(lossRel <= 1e-6, `losses ${got.losses} against native ${native.three_steps.losses}`);
+      const three = assertSameFile('after three full-batch steps', got.threeFile, native.three_steps.file);
+      const loaded = relToScale('page predictions of the native network', got.loadedOut.flat(), native.trained.predictions.flat());
+      assert.ok(loaded <= 1e-6, `${loaded}`);
+      // Native predictions of the page's network.
+      const netFile = join(out, `page-trained-${device}.json`);
+      const rowsFile = join(out, 'iris-test-rows.json');
+      writeFileSync(netFile, got.mineFile);
+      writeFileSync(rowsFile, JSON.stringify(native.test.x));
+      const stdout = execFileSync('cargo', ['run', '-q', '--profile', 'test', '-p', 'rusting_brain', '--example', 'browser_network', '--', 'predict', netFile, rowsFile], { cwd: repo, encoding: 'utf8' });
+      const nativeOut = JSON.parse(stdout.trim().split('\n').pop());
+      const moved = relToScale('native predictions of the page network', nativeOut.flat(), got.mineOut.flat());
+      assert.ok(moved <= 1e-6, `${moved}`);
+      console.log(`${name}: three steps ${three.toExponential(1)} of the scale from native, native network in the page ${loaded.toExponential(1)}, page network natively ${moved.toExponential(1)}`);
+    } finally {
+      await browser.close();
+    }
+  });
+}
