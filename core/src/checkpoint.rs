@@ -1,8 +1,9 @@
 //! Reading `.rbw` transformer checkpoints (feature `checkpoint`): safetensors files with the
 //! configuration as JSON in `__metadata__` and tensors under Hugging Face names. The reader
 //! lives here, over any backend, so the native crate (from a file) and the browser (from
-//! fetched bytes) accept and refuse exactly the same files; the writers are the native
-//! crate's (`save_bin`), which owns the file system.
+//! fetched bytes) accept and refuse exactly the same files. The F32 weights file is made
+//! here too ([`f32_file_bytes`]: native `save_bin` writes those bytes, a page downloads
+//! them); the int8 and optimizer-state writers are the native crate's.
 //!
 //! Nothing is allocated from a header's claims before the safetensors crate has checked
 //! that every tensor's offsets lie inside the bytes and cover them exactly.
@@ -13,7 +14,7 @@ use std::string::{String, ToString};
 use std::vec;
 use std::vec::Vec;
 
-use safetensors::tensor::{Dtype, SafeTensors};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::{json, Value};
 
 use crate::models::transformer::{
@@ -34,6 +35,72 @@ fn bad(location: &str, message: impl Into<String>) -> CoreError {
         location: location.to_string(),
         message: message.into(),
     }
+}
+
+/// The bytes of an F32 weights file: every parameter under its Hugging Face name, in the
+/// layout's order, the configuration in the metadata.
+pub fn f32_file_bytes<B: Backend>(model: &TransformerModel<B>) -> Result<Vec<u8>> {
+    let c = &model.config;
+    let meta = HashMap::from([
+        ("format".to_string(), WEIGHTS_FORMAT.to_string()),
+        ("version".to_string(), VERSION.to_string()),
+        ("precision".to_string(), "F32".to_string()),
+        ("config".to_string(), config_json(c).to_string()),
+    ]);
+    let mut tensors = Vec::new();
+    for ((name, t), buf) in c
+        .layout()
+        .into_named()
+        .into_iter()
+        .zip(model.params.as_ref().into_leaves())
+    {
+        let bytes: Vec<u8> = model
+            .backend
+            .download(buf)?
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        tensors.push((name, t.shape, bytes));
+    }
+    let views = tensors
+        .iter()
+        .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
+        .collect::<core::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad("weights", e.to_string()))?;
+    let bytes =
+        safetensors::tensor::serialize(views, Some(meta)).map_err(|e| bad("weights", e.to_string()))?;
+    sorted_header(bytes)
+}
+
+/// A safetensors file with its header's keys in sorted order. The safetensors crate writes
+/// the metadata in a hash map's order, which changes from run to run; sorted, the same
+/// tensors and metadata always give the same bytes (a file's hash means something). The
+/// tensors' offsets are relative to the end of the header, so the data is kept as it is.
+pub fn sorted_header(file: Vec<u8>) -> Result<Vec<u8>> {
+    fn sort_keys(v: Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                Value::Object(entries.into_iter().map(|(k, v)| (k, sort_keys(v))).collect())
+            }
+            other => other,
+        }
+    }
+    let n = file
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("eight bytes")) as usize)
+        .filter(|&n| file.len() >= 8 + n)
+        .ok_or_else(|| bad("header", "the file is shorter than its header"))?;
+    let header: Value = serde_json::from_slice(&file[8..8 + n]).map_err(|e| bad("header", e.to_string()))?;
+    let mut text = sort_keys(header).to_string().into_bytes();
+    // The data starts 8-aligned: pad the header with spaces, as the format asks.
+    text.resize(text.len().div_ceil(8) * 8, b' ');
+    let mut out = Vec::with_capacity(8 + text.len() + file.len() - 8 - n);
+    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&file[8 + n..]);
+    Ok(out)
 }
 
 /// The configuration as the metadata's `config` JSON.

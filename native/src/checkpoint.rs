@@ -105,7 +105,7 @@ fn write_raw(path: &Path, bytes: Vec<RawTensor>, meta: HashMap<String, String>) 
         .map_err(|e| NetworkError::InvalidInput(format!("{}: {e}", path.display())))?;
     let data = safetensors::tensor::serialize(views, Some(meta))
         .map_err(|e| NetworkError::InvalidInput(format!("{}: {e}", path.display())))?;
-    crate::files::write_atomic(path, &data)
+    crate::files::write_atomic(path, &rusting_brain_core::checkpoint::sorted_header(data)?)
 }
 
 fn host_tensors(
@@ -162,17 +162,8 @@ pub fn save_weights(model: &TransformerModel<CpuBackend>, path: &Path, precision
     if precision == Precision::Q8 {
         return save_q8(model, path);
     }
-    let meta = HashMap::from([
-        ("format".to_string(), WEIGHTS_FORMAT.to_string()),
-        ("version".to_string(), VERSION.to_string()),
-        ("precision".to_string(), "F32".to_string()),
-        ("config".to_string(), config_json(&model.config).to_string()),
-    ]);
-    write(
-        path,
-        host_tensors(&model.backend, &model.config, &model.params, "")?,
-        meta,
-    )
+    let bytes = rusting_brain_core::checkpoint::f32_file_bytes(model)?;
+    crate::files::write_atomic(path, &bytes)
 }
 
 pub fn save_optimizer(

@@ -2,9 +2,9 @@
 // or the wasm CPU path) and under Node (the CPU path). A thin layer over the wasm-bindgen
 // glue in ./dist: it loads the .wasm once, from the file beside this one in Node and by URL
 // everywhere else.
-import init, { Model, Network } from './dist/rusting_brain.js';
+import init, { Model, Network, Tokenizer, TransformerLm } from './dist/rusting_brain.js';
 
-export { Model, Network };
+export { Model, Network, Tokenizer, TransformerLm };
 
 let ready = null;
 

@@ -11,6 +11,8 @@
 //! the vocabulary, a model too large for the device, a call on a disposed model.
 
 mod engine;
+mod lm;
+mod lm_js;
 mod network;
 mod network_js;
 mod text;
@@ -24,6 +26,7 @@ use rusting_brain_shaders::ShaderError;
 use wasm_bindgen::prelude::*;
 
 pub use engine::{DeviceChoice, Engine};
+pub use lm::{train_tokenizer, LmTrainer, Step};
 pub use network::{DenseNet, Rows};
 pub use network_js::Network;
 pub use rusting_brain_core as core;

@@ -20,7 +20,7 @@ fn invalid(message: impl Into<String>) -> WebError {
     WebError::Invalid(message.into())
 }
 
-fn field(obj: &JsValue, key: &str) -> Result<Option<JsValue>, WebError> {
+pub(crate) fn field(obj: &JsValue, key: &str) -> Result<Option<JsValue>, WebError> {
     if obj.is_undefined() || obj.is_null() {
         return Ok(None);
     }
@@ -35,7 +35,7 @@ fn field(obj: &JsValue, key: &str) -> Result<Option<JsValue>, WebError> {
     })
 }
 
-fn number(obj: &JsValue, key: &str, what: &str) -> Result<Option<f64>, WebError> {
+pub(crate) fn number(obj: &JsValue, key: &str, what: &str) -> Result<Option<f64>, WebError> {
     match field(obj, key)? {
         None => Ok(None),
         Some(v) => match v.as_f64() {
@@ -46,7 +46,7 @@ fn number(obj: &JsValue, key: &str, what: &str) -> Result<Option<f64>, WebError>
 }
 
 /// A whole number in `0..=max`.
-fn count(obj: &JsValue, key: &str, what: &str, max: f64) -> Result<Option<u64>, WebError> {
+pub(crate) fn count(obj: &JsValue, key: &str, what: &str, max: f64) -> Result<Option<u64>, WebError> {
     match number(obj, key, what)? {
         None => Ok(None),
         Some(x) if x >= 0.0 && x <= max && x.fract() == 0.0 => Ok(Some(x as u64)),
