@@ -4,17 +4,19 @@
 //!     cargo run --release -p rusting_brain --example browser_network -- fixtures OUT_DIR
 //!     cargo run --release -p rusting_brain --example browser_network -- predict NET.json ROWS.json
 //!
-//! `fixtures` writes `OUT_DIR/iris-native.json`: iris' stratified 80/20 split, standardized;
+//! `fixtures` writes `OUT_DIR/train-native.json`: iris' stratified 80/20 split, standardized;
 //! the network file after three full-batch Adam steps from seed 7 (what the page must
 //! reach from the same seed); a network trained for 200 epochs, its file and its outputs on
 //! the test rows (what the page must predict after loading it); and native training speed
-//! for the page's iris settings, in samples a second, single-threaded and on all threads.
+//! for the page's iris settings, in samples a second, and of the Text tab's tiny language
+//! model, in tokens a second (single-threaded and on all threads).
 //! `predict` loads a network file (one a page wrote: `JSON.stringify(network)`) and prints
 //! its outputs for the rows of a JSON array of arrays.
 
 use std::time::Instant;
 
-use rusting_brain::{Activation, Dataset, Loss, Network, Optimizer, TrainConfig};
+use rusting_brain::core::Rng;
+use rusting_brain::{Activation, Dataset, Loss, Network, Optimizer, TrainConfig, TransformerLm};
 use serde_json::{json, Value};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -51,6 +53,50 @@ fn samples_per_second(train: &Dataset, threads: Option<usize>) -> Result<f64> {
         let t0 = Instant::now();
         net.fit(train, config).map_err(|e| e.to_string())?;
         Ok((epochs * train.len()) as f64 / t0.elapsed().as_secs_f64())
+    };
+    Ok(match threads {
+        Some(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()?
+            .install(run)?,
+        None => run()?,
+    })
+}
+
+/// Training speed of the Text tab's "tiny" model (its defaults: batch 8 of 64 tokens,
+/// vocabulary 512), in tokens a second over 30 steps after 3 of warm-up.
+fn lm_tokens_per_second(threads: Option<usize>) -> Result<f64> {
+    let run = || -> std::result::Result<f64, String> {
+        let mut lm = TransformerLm::builder()
+            .vocab_size(512)
+            .d_model(64)
+            .n_layers(2)
+            .heads(4, 2, 16)
+            .d_ff(192)
+            .max_seq_len(64)
+            .optimizer(Optimizer::adam(3e-3))
+            .seed(7)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let mut rng = Rng::new(1);
+        let mut step = |lm: &mut TransformerLm| -> std::result::Result<(), String> {
+            let rows: Vec<Vec<u32>> = (0..8)
+                .map(|_| (0..65).map(|_| rng.below(512) as u32).collect())
+                .collect();
+            lm.zero_grad().map_err(|e| e.to_string())?;
+            let batch = rusting_brain::TokenBatch::new(&rows).map_err(|e| e.to_string())?;
+            lm.accumulate_step(&batch).map_err(|e| e.to_string())?;
+            lm.step_clipped(1.0, 1.0).map_err(|e| e.to_string())?;
+            Ok(())
+        };
+        for _ in 0..3 {
+            step(&mut lm)?;
+        }
+        let t0 = Instant::now();
+        for _ in 0..30 {
+            step(&mut lm)?;
+        }
+        Ok((30 * 8 * 64) as f64 / t0.elapsed().as_secs_f64())
     };
     Ok(match threads {
         Some(n) => rayon::ThreadPoolBuilder::new()
@@ -108,8 +154,13 @@ fn fixtures(out: &str) -> Result<()> {
             "accuracy": accuracy,
         },
         "native_samples_per_second": { "one_thread": one, "all_threads": all, "threads": rayon::current_num_threads() },
+        "native_lm_tokens_per_second": {
+            "one_thread": lm_tokens_per_second(Some(1))?,
+            "all_threads": lm_tokens_per_second(None)?,
+            "threads": rayon::current_num_threads(),
+        },
     });
-    let path = dir.join("iris-native.json");
+    let path = dir.join("train-native.json");
     std::fs::write(&path, serde_json::to_string(&fixture)?)?;
     println!(
         "wrote {}: held-out accuracy {:.1}%, native training {one:.0} samples/s on one thread, {all:.0} on {}",

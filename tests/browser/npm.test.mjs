@@ -191,3 +191,69 @@ console.log(JSON.stringify({
   assert.match(e.disposed, /disposed/);
   assert.equal(got.afterErrors.length, 4, 'the network still answers after the errors');
 });
+
+test('the language-model training API under Node: a tokenizer, steps, the file, and errors', async () => {
+  const app = await packedApp();
+  await writeFile(join(app, 'lm.mjs'), `
+import { initialize, Tokenizer, TransformerLm } from 'rusting-brain';
+await initialize();
+const text = 'fn main() {\\n    let x = 1;\\n    println!("{}", x);\\n}\\n'.repeat(60);
+const tok = Tokenizer.train(text, { vocabSize: 300 });
+const ids = Array.from(tok.encode(text));
+const config = { vocabSize: tok.vocabSize(), dModel: 32, nLayers: 1, heads: 2, kvHeads: 1, headDim: 16, dFF: 64, maxSeqLen: 16, seed: 3, optimizer: { learningRate: 1e-2 } };
+const lm = TransformerLm.create(config);
+const windows = (n, from) => Array.from({ length: n }, (_, i) => ids.slice(from + 17 * i, from + 17 * i + 17));
+const held = windows(4, 0);
+const first = lm.evaluate(held).loss;
+const losses = [];
+for (let s = 0; s < 40; s++) losses.push(lm.trainStep(windows(4, 5 * s), { clip: 1 }).loss);
+const last = lm.evaluate(held).loss;
+const bytes = lm.toBytes();
+const model = await lm.toModel(tok, { device: 'cpu' });
+const out = await model.generate('fn main', { maxTokens: 6, stopAtEnd: false });
+const errors = {};
+const expectError = async (name, f) => {
+  try { await f(); errors[name] = 'no error'; } catch (e) { errors[name] = (e instanceof Error ? 'Error: ' : 'not an Error: ') + e.message; }
+};
+await expectError('vocab', () => Tokenizer.train(text, { vocabSize: 10 }));
+await expectError('empty', () => Tokenizer.train('   '));
+await expectError('tokenizerFile', () => Tokenizer.fromJSON('{"not": "a tokenizer"}'));
+await expectError('config', () => TransformerLm.create({ ...config, dModel: undefined }));
+await expectError('heads', () => TransformerLm.create({ ...config, heads: 3, kvHeads: 2 }));
+await expectError('ragged', () => lm.trainStep([ids.slice(0, 10), ids.slice(0, 9)]));
+await expectError('outside', () => lm.trainStep([[1, 2, 99999]]));
+await expectError('long', () => lm.trainStep([ids.slice(0, 40)]));
+await expectError('notIds', () => lm.trainStep([[1, 'a', 3]]));
+await expectError('notBatch', () => lm.trainStep('hello'));
+await expectError('clip', () => lm.trainStep(windows(1, 0), { clip: -1 }));
+const steps = lm.info().steps;
+lm.dispose();
+await expectError('disposed', () => lm.trainStep(held));
+console.log(JSON.stringify({ vocab: tok.vocabSize(), first, last, losses, bytes: bytes.length, generated: out.tokens, steps, errors,
+  roundTrip: Tokenizer.fromJSON(JSON.stringify(tok)).decode(tok.encode('fn main() {')) }));
+`);
+  const stdout = execFileSync('node', ['lm.mjs'], { cwd: app, encoding: 'utf8' });
+  const got = JSON.parse(stdout.trim().split('\n').pop());
+  assert.ok(got.vocab > 258 && got.vocab <= 300, `vocabulary ${got.vocab}`);
+  assert.ok(got.last < 0.5 * got.first, `held-out loss ${got.first} -> ${got.last}`);
+  assert.equal(got.steps, 40, 'refused steps were not counted');
+  assert.equal(got.generated, 6);
+  assert.ok(got.bytes > 4 * 32 * got.vocab, `${got.bytes} bytes`);
+  assert.equal(got.roundTrip, 'fn main() {');
+  for (const [name, message] of Object.entries(got.errors)) {
+    assert.match(message, /^Error: /, `${name}: ${message}`);
+  }
+  const e = got.errors;
+  assert.match(e.vocab, /258/);
+  assert.match(e.empty, /empty/);
+  assert.match(e.tokenizerFile, /tokenizer/);
+  assert.match(e.config, /dModel/);
+  assert.match(e.heads, /head/);
+  assert.match(e.ragged, /equal lengths/);
+  assert.match(e.outside, /outside the vocabulary/);
+  assert.match(e.long, /16|context|max_seq_len|longer/);
+  assert.match(e.notIds, /batch\[0\]\[1\]/);
+  assert.match(e.notBatch, /array of id sequences/);
+  assert.match(e.clip, /clip/);
+  assert.match(e.disposed, /disposed/);
+});

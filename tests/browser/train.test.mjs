@@ -1,7 +1,7 @@
 // The Train page and the package's Network in headless Chromium, with WebGPU (SwiftShader)
 // and again with WebGPU unavailable (the wasm CPU path): iris trains on the page to at
 // least 90% held-out accuracy; three full-batch steps from seed 7 reach the native weights
-// (tests/browser/out/iris-native.json, written by the browser_network example); a network
+// (tests/browser/out/train-native.json, written by the browser_network example); a network
 // trained natively predicts the same in the page, and one trained in the page predicts the
 // same natively. Screenshots of the page mid-training and after go to tests/browser/out/.
 //
@@ -11,7 +11,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
 import { serve } from '../../www/serve.mjs';
@@ -32,7 +32,7 @@ let native;
 
 before(async () => {
   if (skip) return;
-  const file = join(out, 'iris-native.json');
+  const file = join(out, 'train-native.json');
   if (!existsSync(file)) throw new Error(`${file} is missing: run tests/browser/run.sh, which writes it with the browser_network example`);
   native = JSON.parse(readFileSync(file, 'utf8'));
   server = await serve(0);
@@ -159,6 +159,62 @@ for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], 
       const moved = relToScale('native predictions of the page network', nativeOut.flat(), got.mineOut.flat());
       assert.ok(moved <= 1e-6, `${moved}`);
       console.log(`${name}: three steps ${three.toExponential(1)} of the scale from native, native network in the page ${loaded.toExponential(1)}, page network natively ${moved.toExponential(1)}`);
+    } finally {
+      await browser.close();
+    }
+  });
+}
+
+// The Text tab: a tokenizer and a tiny language model trained on the bundled excerpt (the
+// CPU path: language models train there with WebGPU or without), the held-out loss
+// falling; the downloaded model.rbw and tokenizer.json give native int8 decoding
+// (language_model generate --q8) the page's greedy ids.
+for (const [name, args] of [['WebGPU (SwiftShader)', webgpu], ['no WebGPU', []]]) {
+  test(`the Text tab trains a language model on ${name}, and native Rust decodes its file the same`, { skip }, async () => {
+    const { browser, page, logs } = await open(args, 'train.html#text');
+    const tag = name.startsWith('WebGPU') ? 'webgpu' : 'cpu';
+    try {
+      await page.waitForFunction(() => Number(document.getElementById('text-output').dataset.excerpt ?? 0) > 0, null, { timeout: 30_000 });
+      await page.fill('#lm-steps', '150');
+      await page.fill('#lm-every', '50');
+      await page.click('#lm-train');
+      await page.waitForFunction(() => Number(document.getElementById('text-output').dataset.step ?? 0) >= 60, null, { timeout: 180_000 });
+      await page.screenshot({ path: join(out, `train-text-${tag}-mid.png`), fullPage: true });
+      try {
+        await page.waitForFunction(() => ['done', 'error'].includes(document.getElementById('text-output').dataset.state), null, { timeout: 300_000 });
+      } catch {
+        throw new Error(`training never ended: ${await page.textContent('#lm-status')}; console:\n${logs.join('\n')}`);
+      }
+      const trained = await page.evaluate(() => ({ ...document.getElementById('text-output').dataset }));
+      assert.equal(trained.state, 'done', await page.textContent('#lm-status'));
+      await page.fill('#lm-prompt', 'fn main() {');
+      await page.fill('#lm-temperature', '0');
+      await page.click('#lm-generate');
+      await page.waitForFunction(() => document.getElementById('text-output').dataset.ids !== undefined
+        && document.getElementById('text-output').dataset.state === 'done', null, { timeout: 60_000 });
+      const ids = (await page.getAttribute('#text-output', 'data-ids')).split(',').filter((s) => s !== '').map(Number);
+      await page.screenshot({ path: join(out, `train-text-${tag}-done.png`), fullPage: true });
+      const dir = join(out, `page-lm-${tag}`);
+      mkdirSync(dir, { recursive: true });
+      for (const [button, file] of [['#lm-download-model', 'model.rbw'], ['#lm-download-tokenizer', 'tokenizer.json']]) {
+        const [download] = await Promise.all([page.waitForEvent('download'), page.click(button)]);
+        await download.saveAs(join(dir, file));
+      }
+      const first = Number(trained.heldFirst);
+      const last = Number(trained.heldLast);
+      const n = native.native_lm_tokens_per_second;
+      const rate = Number(trained.rate);
+      console.log(`${name}: held-out loss ${first.toFixed(3)} -> ${last.toFixed(3)} over ${trained.steps} steps on ${trained.device}; `
+        + `training ${rate.toFixed(0)} tokens/s in the page against native ${n.one_thread.toFixed(0)} on one thread (${(rate / n.one_thread).toFixed(2)}x) `
+        + `and ${n.all_threads.toFixed(0)} on ${n.threads}; greedy ids ${ids.length}`);
+      assert.equal(trained.device, 'cpu');
+      assert.equal(Number(trained.steps), 150);
+      assert.ok(last < first - 0.5, `the held-out loss fell by less than half a nat: ${first} -> ${last}`);
+      assert.ok(ids.length > 0, 'the page generated');
+      const stdout = execFileSync('cargo', ['run', '-q', '--profile', 'test', '-p', 'rusting_brain', '--features', 'gpu', '--example', 'language_model', '--',
+        'generate', 'fn main() {', '--from', dir, '--q8', '--temperature', '0', '--repetition-penalty', '1', '--tokens', '48', '--ids'], { cwd: repo, encoding: 'utf8' });
+      const nativeIds = JSON.parse(stdout.trim().split('\n').pop()).ids;
+      assert.deepEqual(ids, nativeIds, 'native int8 greedy ids of the downloaded file equal the page\'s');
     } finally {
       await browser.close();
     }

@@ -175,3 +175,64 @@ export class NetworkBuilder {
   device(d: 'auto' | 'webgpu' | 'cpu'): this;
   build(): Promise<Network>;
 }
+
+/** A byte-level BPE tokenizer (the `language_model` example's kind). */
+export class Tokenizer {
+  private constructor();
+  /** A vocabulary of `vocabSize` (default 512) entries trained on `text`: 256 byte symbols, `<|end|>`, merges. */
+  static train(text: string, options?: { vocabSize?: number }): Tokenizer;
+  /** From the text of a tokenizer.json, or its parsed object. */
+  static fromJSON(file: string | object): Tokenizer;
+  encode(text: string): Uint32Array;
+  decode(ids: Uint32Array | number[]): string;
+  vocabSize(): number;
+  endId(): number | undefined;
+  /** The tokenizer.json file as an object: `JSON.stringify(tokenizer)` writes it. */
+  toJSON(): object;
+  free(): void;
+}
+
+export interface LmConfig {
+  vocabSize: number;
+  dModel: number;
+  nLayers: number;
+  /** Query heads. */
+  heads: number;
+  /** Key/value heads (default: `heads`). */
+  kvHeads?: number;
+  headDim: number;
+  dFF: number;
+  maxSeqLen: number;
+  /** Seed of the initialization (default 0): the native builder's weights for the same settings. */
+  seed?: number;
+  /** Adam: `learningRate` (default 1e-3), `beta1`, `beta2`, `weightDecay`. */
+  optimizer?: { learningRate?: number; beta1?: number; beta2?: number; weightDecay?: number };
+}
+
+export interface LmStep {
+  /** Mean loss per token, in nats. */
+  loss: number;
+  tokens: number;
+  /** Global L2 norm of the gradients before clipping. */
+  gradNorm: number;
+  ms: number;
+}
+
+/** A small decoder-only transformer trained in the page (the wasm CPU path). */
+export class TransformerLm {
+  private constructor();
+  static create(config: LmConfig): TransformerLm;
+  /** One optimizer step on equal-length id sequences (at most maxSeqLen + 1 ids each). */
+  trainStep(batch: (number[] | Uint32Array)[], options?: { clip?: number }): LmStep;
+  /** Mean loss per token, forward only. */
+  evaluate(batch: (number[] | Uint32Array)[]): { loss: number; tokens: number };
+  setLearningRate(learningRate: number): void;
+  /** The F32 .rbw file: native `TransformerLm::load_bin` reads it, and so does `loadModel`. */
+  toBytes(): Uint8Array;
+  info(): { vocabSize: number; dModel: number; nLayers: number; maxSeqLen: number; parameters: number; steps: number };
+  device(): 'cpu';
+  /** The trained model, loaded for generation (int8, as `loadModel` loads an F32 file). */
+  toModel(tokenizer: Tokenizer | string, options?: LoadOptions): Promise<Model>;
+  dispose(): void;
+  free(): void;
+}

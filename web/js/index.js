@@ -118,3 +118,9 @@ Network.fromJSON = async (file, options = {}) => {
   await initialize();
   return fromJSONOfGlue.call(Network, file, options);
 };
+
+/** The trained model, loaded for generation through `loadModel` (int8, on the chosen device). */
+TransformerLm.prototype.toModel = async function toModel(tokenizer, options = {}) {
+  const json = typeof tokenizer === 'string' ? tokenizer : JSON.stringify(tokenizer);
+  return loadModel(this.toBytes(), json, options);
+};
