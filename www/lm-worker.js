@@ -41,7 +41,7 @@ const SIZES = {
   small: { dModel: 96, nLayers: 4, heads: 6, kvHeads: 2, headDim: 16, dFF: 256 },
 };
 
-async function train({ text, vocabSize, size, steps, batch, seq, lr, seed, every }) {
+async function train({ text, vocabSize, size, steps, batch, seq, lr, seed, every, device }) {
   stopRequested = false;
   await initialize();
   lm?.dispose();
@@ -57,19 +57,19 @@ async function train({ text, vocabSize, size, steps, batch, seq, lr, seed, every
     throw new Error(`the text is too short: ${trainIds.length} training and ${heldIds.length} held-out tokens for sequences of ${seq}`);
   }
   const tokenizerMs = performance.now() - t0;
-  lm = TransformerLm.create({ ...SIZES[size], vocabSize: tokenizer.vocabSize(), maxSeqLen: seq, seed, optimizer: { learningRate: lr } });
+  lm = await TransformerLm.create({ ...SIZES[size], vocabSize: tokenizer.vocabSize(), maxSeqLen: seq, seed, device, optimizer: { learningRate: lr } });
   // The held-out batch: up to 16 windows spread evenly over the held-out tokens.
   const windows = Math.min(16, Math.floor(heldIds.length / (seq + 1)));
   const held = Array.from({ length: windows }, (_, i) => {
     const at = Math.floor((i * (heldIds.length - seq - 1)) / Math.max(1, windows - 1));
     return heldIds.slice(at, at + seq + 1);
   });
-  const heldLoss = () => lm.evaluate(held).loss;
+  const heldLoss = async () => (await lm.evaluate(held)).loss;
   postMessage({
-    type: 'ready', device: lm.device(), info: lm.info(), tokenizerMs,
+    type: 'ready', device: lm.device(), reason: lm.deviceReason(), info: lm.info(), tokenizerMs,
     trainTokens: trainIds.length, heldTokens: heldIds.length,
   });
-  const first = heldLoss();
+  const first = await heldLoss();
   postMessage({ type: 'held', step: 0, loss: first });
   const r = random(seed);
   // Warmup over the first tenth, then a cosine down to a tenth of the peak.
@@ -86,19 +86,19 @@ async function train({ text, vocabSize, size, steps, batch, seq, lr, seed, every
       const at = Math.floor(r() * (trainIds.length - seq - 1));
       return trainIds.slice(at, at + seq + 1);
     });
-    const s = lm.trainStep(rows, { clip: 1 });
+    const s = await lm.trainStep(rows, { clip: 1 });
     tokens += s.tokens;
     ms += s.ms;
     done = step + 1;
     postMessage({ type: 'step', step: done, loss: s.loss, tokensPerSecond: (1000 * tokens) / ms });
     if (done % every === 0 || done === steps) {
-      last = heldLoss();
+      last = await heldLoss();
       postMessage({ type: 'held', step: done, loss: last });
     }
     await nextTurn();
   }
   if (done % every !== 0 && done !== steps) {
-    last = heldLoss();
+    last = await heldLoss();
     postMessage({ type: 'held', step: done, loss: last });
   }
   model = await lm.toModel(tokenizer, { device: 'cpu' });
@@ -120,7 +120,7 @@ onmessage = async ({ data }) => {
     if (data.type === 'train') await train(data);
     else if (data.type === 'generate') await generate(data);
     else if (data.type === 'files') {
-      const bytes = lm.toBytes();
+      const bytes = await lm.toBytes();
       postMessage({ type: 'files', which: data.which, bytes, tokenizer: JSON.stringify(tokenizer, null, 2) }, [bytes.buffer]);
     }
   } catch (e) {

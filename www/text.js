@@ -87,6 +87,7 @@ $('lm-train').addEventListener('click', () => {
     type: 'train', text, vocabSize: Number($('lm-vocab').value), size: $('lm-size').value, steps,
     batch: Number($('lm-batch').value), seq: Number($('lm-seq').value), lr: Number($('lm-lr').value),
     seed: Number($('lm-seed').value), every: Number($('lm-every').value),
+    device: new URLSearchParams(location.search).get('device') ?? $('lm-device-choice').value,
   });
 });
 
@@ -118,6 +119,7 @@ worker.onmessage = ({ data }) => {
   if (data.type === 'ready') {
     $('lm-device').textContent = data.device;
     $('lm-device').className = `badge ${data.device}`;
+    $('lm-device').title = data.reason;
     $('lm-params').textContent = data.info.parameters.toLocaleString('en');
     out.dataset.device = data.device;
     status(`vocabulary of ${data.info.vocabSize} trained in ${data.tokenizerMs.toFixed(0)} ms; ${data.trainTokens.toLocaleString('en')} training and ${data.heldTokens.toLocaleString('en')} held-out tokens`);

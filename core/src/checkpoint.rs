@@ -40,26 +40,38 @@ fn bad(location: &str, message: impl Into<String>) -> CoreError {
 /// The bytes of an F32 weights file: every parameter under its Hugging Face name, in the
 /// layout's order, the configuration in the metadata.
 pub fn f32_file_bytes<B: Backend>(model: &TransformerModel<B>) -> Result<Vec<u8>> {
-    let c = &model.config;
+    let values = model
+        .params
+        .as_ref()
+        .into_leaves()
+        .into_iter()
+        .map(|buf| model.backend.download(buf))
+        .collect::<Result<Vec<_>>>()?;
+    f32_file_bytes_of(&model.config, &values)
+}
+
+/// [`f32_file_bytes`] from the parameters' values on the host, in the layout's order (what
+/// a browser has after reading a GPU model's buffers without blocking).
+pub fn f32_file_bytes_of(c: &TransformerConfig, values: &[Vec<f32>]) -> Result<Vec<u8>> {
     let meta = HashMap::from([
         ("format".to_string(), WEIGHTS_FORMAT.to_string()),
         ("version".to_string(), VERSION.to_string()),
         ("precision".to_string(), "F32".to_string()),
         ("config".to_string(), config_json(c).to_string()),
     ]);
+    let named = c.layout().into_named();
+    if named.len() != values.len() {
+        return Err(bad(
+            "weights",
+            format!("{} tensors for a layout of {}", values.len(), named.len()),
+        ));
+    }
     let mut tensors = Vec::new();
-    for ((name, t), buf) in c
-        .layout()
-        .into_named()
-        .into_iter()
-        .zip(model.params.as_ref().into_leaves())
-    {
-        let bytes: Vec<u8> = model
-            .backend
-            .download(buf)?
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+    for ((name, t), v) in named.into_iter().zip(values) {
+        if v.len() != t.shape.iter().product::<usize>() {
+            return Err(bad(&name, format!("{} values for shape {:?}", v.len(), t.shape)));
+        }
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         tensors.push((name, t.shape, bytes));
     }
     let views = tensors

@@ -52,6 +52,11 @@ struct Recorder {
     scratch: HashMap<&'static str, GpuBuffer>,
     /// RoPE cos/sin tables by (head_dim, theta bits, scaling).
     rope: HashMap<(usize, u32, ScalingKey), GpuBuffer>,
+    /// Cross-entropy leaves its per-row losses on the device (see
+    /// [`WgpuBackend::defer_losses`]).
+    defer_losses: bool,
+    /// The rows the last deferred cross-entropy counts.
+    deferred: Option<Vec<bool>>,
 }
 
 /// The pools a primitive draws on while it records.
@@ -188,6 +193,26 @@ fn loss_code(loss: Loss) -> u32 {
     }
 }
 
+/// The sum and count of the counted rows' losses; a non-finite one is an error.
+fn sum_losses(losses: &[f32], counted: impl Fn(usize) -> bool) -> Result<CrossEntropySum> {
+    let mut total = CrossEntropySum::default();
+    for (r, &loss) in losses.iter().enumerate() {
+        if !counted(r) {
+            continue;
+        }
+        let loss = loss as f64;
+        if !loss.is_finite() {
+            return Err(CoreError::NonFinite {
+                op: "cross_entropy",
+                value: loss,
+            });
+        }
+        total.loss_sum += loss;
+        total.count += 1;
+    }
+    Ok(total)
+}
+
 fn rows_check(op: &'static str, rows: usize, cols: usize, bufs: &[(&'static str, usize)]) -> Result<usize> {
     check_rows(op, rows, cols, bufs)
 }
@@ -231,6 +256,7 @@ impl WgpuBackend {
             staged,
             scratch,
             rope,
+            ..
         } = &mut *rec;
         let pending = encoder
             .take()
@@ -293,6 +319,70 @@ impl WgpuBackend {
             }
         };
         self.download(&buf)
+    }
+
+    /// [`Self::read_scratch`] without blocking: the pending work is submitted, the read
+    /// awaited.
+    async fn read_scratch_async(&self, role: &'static str, len: usize) -> Result<Vec<f32>> {
+        let buf = {
+            let rec = self.lock();
+            match rec.scratch.get(role) {
+                Some(b) => b.prefix(len.min(b.len)),
+                None => return Ok(Vec::new()),
+            }
+        };
+        self.flush()?;
+        self.gpu.read(&buf).await.map_err(device)
+    }
+
+    /// From now on (`true`), `cross_entropy` leaves its per-row losses on the device and
+    /// reports a loss sum of 0 with the right count; [`Self::deferred_loss`] reads them
+    /// without blocking. What a browser needs to train: a page cannot block on a read, and
+    /// core's training step asks for the loss in the middle of the pass.
+    pub fn defer_losses(&self, on: bool) {
+        let mut rec = self.lock();
+        rec.defer_losses = on;
+        rec.deferred = None;
+    }
+
+    /// The loss sum and count of the last deferred `cross_entropy`, read back without
+    /// blocking; `None` when there is none pending. A non-finite loss is an error.
+    pub async fn deferred_loss(&self) -> Result<Option<CrossEntropySum>> {
+        let Some(counted) = self.lock().deferred.take() else {
+            return Ok(None);
+        };
+        let losses = self
+            .read_scratch_async("cross-entropy losses", counted.len())
+            .await?;
+        sum_losses(&losses, |r| counted[r]).map(Some)
+    }
+
+    /// `sum_of_squares_many` without blocking: the same kernels, the read awaited.
+    pub async fn sum_of_squares_many_async(&self, xs: &[&GpuBuffer]) -> Result<f64> {
+        let total = self.record_sum_of_squares(xs)?;
+        if total == 0 {
+            return Ok(0.0);
+        }
+        let partials = self.read_scratch_async("sum of squares", total).await?;
+        Ok(partials.iter().map(|&v| v as f64).sum())
+    }
+
+    /// Records the partial sums of squares of `xs` (chunks of 4,096 values, in f32) into the
+    /// "sum of squares" scratch; returns how many partials there are.
+    fn record_sum_of_squares(&self, xs: &[&GpuBuffer]) -> Result<usize> {
+        let total: usize = xs.iter().map(|x| x.len().div_ceil(SUM_OF_SQUARES_CHUNK)).sum();
+        if total == 0 {
+            return Ok(0);
+        }
+        self.record(|b, pools| {
+            let partials = pools.scratch("sum of squares", total)?;
+            let mut at = 0;
+            for x in xs {
+                at += b.sum_of_squares(&partials, at, x, x.len())?;
+            }
+            Ok(())
+        })?;
+        Ok(total)
     }
 
     fn dense(
@@ -405,18 +495,10 @@ impl Backend for WgpuBackend {
     fn sum_of_squares_many(&self, xs: &[&GpuBuffer]) -> Result<f64> {
         // Partial sums in f32 over chunks of 4,096 values on the device, added in f64 here:
         // one read-back for every tensor of a global gradient norm.
-        let total: usize = xs.iter().map(|x| x.len().div_ceil(SUM_OF_SQUARES_CHUNK)).sum();
+        let total = self.record_sum_of_squares(xs)?;
         if total == 0 {
             return Ok(0.0);
         }
-        self.record(|b, pools| {
-            let partials = pools.scratch("sum of squares", total)?;
-            let mut at = 0;
-            for x in xs {
-                at += b.sum_of_squares(&partials, at, x, x.len())?;
-            }
-            Ok(())
-        })?;
         let partials = self.read_scratch("sum of squares", total)?;
         Ok(partials.iter().map(|&v| v as f64).sum())
     }
@@ -805,23 +887,17 @@ impl Backend for WgpuBackend {
             let loss = pools.scratch("cross-entropy losses", rows)?;
             b.cross_entropy(logits, &targets, &loss, (rows, vocab), grad_scale)
         })?;
-        let losses = self.read_scratch("cross-entropy losses", rows)?;
-        let mut total = CrossEntropySum::default();
-        for (r, &loss) in losses.iter().enumerate() {
-            if !counted(r) {
-                continue;
+        {
+            let mut rec = self.lock();
+            if rec.defer_losses {
+                let flags: Vec<bool> = (0..rows).map(counted).collect();
+                let count = flags.iter().filter(|&&c| c).count();
+                rec.deferred = Some(flags);
+                return Ok(CrossEntropySum { loss_sum: 0.0, count });
             }
-            let loss = loss as f64;
-            if !loss.is_finite() {
-                return Err(CoreError::NonFinite {
-                    op: "cross_entropy",
-                    value: loss,
-                });
-            }
-            total.loss_sum += loss;
-            total.count += 1;
         }
-        Ok(total)
+        let losses = self.read_scratch("cross-entropy losses", rows)?;
+        sum_losses(&losses, counted)
     }
     fn moe_combine(
         &self,

@@ -201,14 +201,14 @@ const text = 'fn main() {\\n    let x = 1;\\n    println!("{}", x);\\n}\\n'.repe
 const tok = Tokenizer.train(text, { vocabSize: 300 });
 const ids = Array.from(tok.encode(text));
 const config = { vocabSize: tok.vocabSize(), dModel: 32, nLayers: 1, heads: 2, kvHeads: 1, headDim: 16, dFF: 64, maxSeqLen: 16, seed: 3, optimizer: { learningRate: 1e-2 } };
-const lm = TransformerLm.create(config);
+const lm = await TransformerLm.create(config);
 const windows = (n, from) => Array.from({ length: n }, (_, i) => ids.slice(from + 17 * i, from + 17 * i + 17));
 const held = windows(4, 0);
-const first = lm.evaluate(held).loss;
+const first = (await lm.evaluate(held)).loss;
 const losses = [];
-for (let s = 0; s < 40; s++) losses.push(lm.trainStep(windows(4, 5 * s), { clip: 1 }).loss);
-const last = lm.evaluate(held).loss;
-const bytes = lm.toBytes();
+for (let s = 0; s < 40; s++) losses.push((await lm.trainStep(windows(4, 5 * s), { clip: 1 })).loss);
+const last = (await lm.evaluate(held)).loss;
+const bytes = await lm.toBytes();
 const model = await lm.toModel(tok, { device: 'cpu' });
 const out = await model.generate('fn main', { maxTokens: 6, stopAtEnd: false });
 const errors = {};
@@ -219,6 +219,7 @@ await expectError('vocab', () => Tokenizer.train(text, { vocabSize: 10 }));
 await expectError('empty', () => Tokenizer.train('   '));
 await expectError('tokenizerFile', () => Tokenizer.fromJSON('{"not": "a tokenizer"}'));
 await expectError('config', () => TransformerLm.create({ ...config, dModel: undefined }));
+await expectError('device', () => TransformerLm.create({ ...config, device: 'tpu' }));
 await expectError('heads', () => TransformerLm.create({ ...config, heads: 3, kvHeads: 2 }));
 await expectError('ragged', () => lm.trainStep([ids.slice(0, 10), ids.slice(0, 9)]));
 await expectError('outside', () => lm.trainStep([[1, 2, 99999]]));
@@ -227,9 +228,10 @@ await expectError('notIds', () => lm.trainStep([[1, 'a', 3]]));
 await expectError('notBatch', () => lm.trainStep('hello'));
 await expectError('clip', () => lm.trainStep(windows(1, 0), { clip: -1 }));
 const steps = lm.info().steps;
+const device = lm.device();
 lm.dispose();
 await expectError('disposed', () => lm.trainStep(held));
-console.log(JSON.stringify({ vocab: tok.vocabSize(), first, last, losses, bytes: bytes.length, generated: out.tokens, steps, errors,
+console.log(JSON.stringify({ device, vocab: tok.vocabSize(), first, last, losses, bytes: bytes.length, generated: out.tokens, steps, errors,
   roundTrip: Tokenizer.fromJSON(JSON.stringify(tok)).decode(tok.encode('fn main() {')) }));
 `);
   const stdout = execFileSync('node', ['lm.mjs'], { cwd: app, encoding: 'utf8' });
@@ -237,6 +239,7 @@ console.log(JSON.stringify({ vocab: tok.vocabSize(), first, last, losses, bytes:
   assert.ok(got.vocab > 258 && got.vocab <= 300, `vocabulary ${got.vocab}`);
   assert.ok(got.last < 0.5 * got.first, `held-out loss ${got.first} -> ${got.last}`);
   assert.equal(got.steps, 40, 'refused steps were not counted');
+  assert.equal(got.device, 'cpu');
   assert.equal(got.generated, 6);
   assert.ok(got.bytes > 4 * 32 * got.vocab, `${got.bytes} bytes`);
   assert.equal(got.roundTrip, 'fn main() {');
@@ -248,6 +251,7 @@ console.log(JSON.stringify({ vocab: tok.vocabSize(), first, last, losses, bytes:
   assert.match(e.empty, /empty/);
   assert.match(e.tokenizerFile, /tokenizer/);
   assert.match(e.config, /dModel/);
+  assert.match(e.device, /tpu/);
   assert.match(e.heads, /head/);
   assert.match(e.ragged, /equal lengths/);
   assert.match(e.outside, /outside the vocabulary/);

@@ -207,6 +207,8 @@ export interface LmConfig {
   seed?: number;
   /** Adam: `learningRate` (default 1e-3), `beta1`, `beta2`, `weightDecay`. */
   optimizer?: { learningRate?: number; beta1?: number; beta2?: number; weightDecay?: number };
+  /** "auto" (default: WebGPU where there is an adapter), "webgpu" or "cpu". */
+  device?: 'auto' | 'webgpu' | 'cpu';
 }
 
 export interface LmStep {
@@ -218,19 +220,20 @@ export interface LmStep {
   ms: number;
 }
 
-/** A small decoder-only transformer trained in the page (the wasm CPU path). */
+/** A small decoder-only transformer trained in the page, on WebGPU or the wasm CPU path. */
 export class TransformerLm {
   private constructor();
-  static create(config: LmConfig): TransformerLm;
+  static create(config: LmConfig): Promise<TransformerLm>;
   /** One optimizer step on equal-length id sequences (at most maxSeqLen + 1 ids each). */
-  trainStep(batch: (number[] | Uint32Array)[], options?: { clip?: number }): LmStep;
+  trainStep(batch: (number[] | Uint32Array)[], options?: { clip?: number }): Promise<LmStep>;
   /** Mean loss per token, forward only. */
-  evaluate(batch: (number[] | Uint32Array)[]): { loss: number; tokens: number };
+  evaluate(batch: (number[] | Uint32Array)[]): Promise<{ loss: number; tokens: number }>;
   setLearningRate(learningRate: number): void;
   /** The F32 .rbw file: native `TransformerLm::load_bin` reads it, and so does `loadModel`. */
-  toBytes(): Uint8Array;
+  toBytes(): Promise<Uint8Array>;
   info(): { vocabSize: number; dModel: number; nLayers: number; maxSeqLen: number; parameters: number; steps: number };
-  device(): 'cpu';
+  device(): Device;
+  deviceReason(): string;
   /** The trained model, loaded for generation (int8, as `loadModel` loads an F32 file). */
   toModel(tokenizer: Tokenizer | string, options?: LoadOptions): Promise<Model>;
   dispose(): void;

@@ -122,5 +122,5 @@ Network.fromJSON = async (file, options = {}) => {
 /** The trained model, loaded for generation through `loadModel` (int8, on the chosen device). */
 TransformerLm.prototype.toModel = async function toModel(tokenizer, options = {}) {
   const json = typeof tokenizer === 'string' ? tokenizer : JSON.stringify(tokenizer);
-  return loadModel(this.toBytes(), json, options);
+  return loadModel(await this.toBytes(), json, options);
 };

@@ -1,14 +1,18 @@
 //! A small language model trained in the page, in plain Rust so native tests run it: core's
-//! `TransformerModel` on the portable backend (the wasm CPU path), stepped the way native
+//! `TransformerModel` on WebGPU (`WgpuBackend`, its losses and gradient norms read back
+//! without blocking) or on the portable backend (the wasm CPU path), stepped the way native
 //! `TransformerLm` steps (gradients zeroed, one batch's mean loss accumulated, the global
 //! gradient norm checked and optionally clipped, the optimizer), and written as the F32
 //! `.rbw` file native `load_bin` reads. Plus the byte-level BPE tokenizer the
 //! `language_model` example trains, trained here from a page's text.
 
-use rusting_brain_core::checkpoint::f32_file_bytes;
+use std::sync::Arc;
+
+use rusting_brain_core::checkpoint::{f32_file_bytes, f32_file_bytes_of};
 use rusting_brain_core::models::transformer::{TokenBatch, TransformerConfig, TransformerModel};
-use rusting_brain_core::{CoreError, Optimizer};
+use rusting_brain_core::{Backend, CoreError, Optimizer};
 use rusting_brain_portable::PortableBackend;
+use rusting_brain_shaders::{Gpu, GpuOptions, WgpuBackend};
 use tokenizers::models::bpe::{BpeTrainer, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{
@@ -16,6 +20,7 @@ use tokenizers::{
     TokenizerBuilder,
 };
 
+use crate::engine::DeviceChoice;
 use crate::WebError;
 
 /// The token that ends a reply, as in the `language_model` example's vocabulary.
@@ -73,12 +78,18 @@ pub struct Step {
     pub grad_norm: f64,
 }
 
+enum Device {
+    Cpu(TransformerModel<PortableBackend>),
+    Gpu(TransformerModel<WgpuBackend>),
+}
+
 /// A language model being trained.
 pub struct LmTrainer {
-    model: TransformerModel<PortableBackend>,
+    device: Device,
     /// Read again at every step: a schedule is `set_learning_rate` between steps.
     pub optimizer: Optimizer,
     steps: u64,
+    reason: String,
 }
 
 fn batch_of(seqs: &[Vec<u32>], vocab: usize) -> Result<TokenBatch, WebError> {
@@ -87,21 +98,108 @@ fn batch_of(seqs: &[Vec<u32>], vocab: usize) -> Result<TokenBatch, WebError> {
     Ok(tb)
 }
 
+/// The loss, the norm and the clip checked, then the optimizer: a refused step changes
+/// nothing.
+fn finish<B: Backend>(
+    m: &mut TransformerModel<B>,
+    optimizer: &Optimizer,
+    (sum, count): (f64, usize),
+    norm: f64,
+    clip: Option<f32>,
+) -> Result<Step, WebError> {
+    let loss = sum / count.max(1) as f64;
+    if !loss.is_finite() {
+        return Err(CoreError::NonFinite {
+            op: "training loss",
+            value: loss,
+        }
+        .into());
+    }
+    if !norm.is_finite() {
+        return Err(CoreError::NonFinite {
+            op: "gradient norm",
+            value: norm,
+        }
+        .into());
+    }
+    let scale = match clip {
+        Some(c) if norm > c as f64 => (c as f64 / norm) as f32,
+        _ => 1.0,
+    };
+    m.step(optimizer, scale)?;
+    Ok(Step {
+        loss,
+        tokens: count,
+        grad_norm: norm,
+    })
+}
+
+/// The last deferred cross-entropy's (sum, count), read back without blocking.
+async fn deferred(b: &WgpuBackend) -> Result<(f64, usize), WebError> {
+    let s = b
+        .deferred_loss()
+        .await?
+        .ok_or_else(|| WebError::Gpu("no loss was left on the device by the pass".into()))?;
+    Ok((s.loss_sum, s.count))
+}
+
 impl LmTrainer {
-    /// A new model, weights drawn from `seed` as native `TransformerLm::builder().seed(seed)`
-    /// draws them.
-    pub fn new(config: TransformerConfig, optimizer: Optimizer, seed: u64) -> Result<LmTrainer, WebError> {
+    /// A new model on the chosen device, weights drawn from `seed` as native
+    /// `TransformerLm::builder().seed(seed)` draws them (on the host, then uploaded).
+    pub async fn new(
+        config: TransformerConfig,
+        optimizer: Optimizer,
+        seed: u64,
+        choice: DeviceChoice,
+    ) -> Result<LmTrainer, WebError> {
         config.validate()?;
         optimizer.validate()?;
+        let gpu = match choice {
+            DeviceChoice::Cpu => Err("the CPU was asked for".to_string()),
+            _ => match Gpu::new(&GpuOptions::default()).await {
+                Ok(g) => Ok(WgpuBackend::new(Arc::new(g))),
+                Err(e) if choice == DeviceChoice::Auto => Err(format!("no usable WebGPU: {e}")),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let (device, reason) = match gpu {
+            Ok(backend) => {
+                let info = backend.gpu().adapter_info();
+                let reason = format!("WebGPU adapter {} ({:?})", info.name, info.backend);
+                backend.defer_losses(true);
+                (Device::Gpu(TransformerModel::new(backend, config, seed)?), reason)
+            }
+            Err(reason) => (
+                Device::Cpu(TransformerModel::new(PortableBackend, config, seed)?),
+                reason,
+            ),
+        };
         Ok(LmTrainer {
-            model: TransformerModel::new(PortableBackend, config, seed)?,
+            device,
             optimizer,
             steps: 0,
+            reason,
         })
     }
 
     pub fn config(&self) -> &TransformerConfig {
-        &self.model.config
+        match &self.device {
+            Device::Cpu(m) => &m.config,
+            Device::Gpu(m) => &m.config,
+        }
+    }
+
+    /// "webgpu" or "cpu".
+    pub fn device(&self) -> &'static str {
+        match self.device {
+            Device::Cpu(_) => "cpu",
+            Device::Gpu(_) => "webgpu",
+        }
+    }
+
+    /// Why the device in use was chosen.
+    pub fn reason(&self) -> &str {
+        &self.reason
     }
 
     pub fn steps(&self) -> u64 {
@@ -111,8 +209,8 @@ impl LmTrainer {
     /// One optimizer step on a batch of equal-length id sequences (each predicts its own
     /// next ids), the gradients clipped to a global norm of `clip` when given. A batch
     /// whose loss or gradient is not finite is refused before the weights change.
-    pub fn train_step(&mut self, seqs: &[Vec<u32>], clip: Option<f32>) -> Result<Step, WebError> {
-        let tb = batch_of(seqs, self.model.config.vocab_size)?;
+    pub async fn train_step(&mut self, seqs: &[Vec<u32>], clip: Option<f32>) -> Result<Step, WebError> {
+        let tb = batch_of(seqs, self.config().vocab_size)?;
         if let Some(c) = clip {
             if !(c.is_finite() && c > 0.0) {
                 return Err(WebError::Invalid(format!(
@@ -120,48 +218,56 @@ impl LmTrainer {
                 )));
             }
         }
-        let m = &mut self.model;
-        m.zero_grad()?;
-        let s = m.accumulate(&tb)?;
-        let loss = s.sum / s.count.max(1) as f64;
-        if !loss.is_finite() {
-            return Err(CoreError::NonFinite {
-                op: "training loss",
-                value: loss,
+        let optimizer = self.optimizer;
+        let step = match &mut self.device {
+            Device::Cpu(m) => {
+                m.zero_grad()?;
+                let s = m.accumulate(&tb)?;
+                let norm = m.grad_norm(1.0)?;
+                finish(m, &optimizer, (s.sum, s.count), norm, clip)?
             }
-            .into());
-        }
-        let norm = m.grad_norm(1.0)?;
-        if !norm.is_finite() {
-            return Err(CoreError::NonFinite {
-                op: "gradient norm",
-                value: norm,
+            Device::Gpu(m) => {
+                m.zero_grad()?;
+                m.accumulate(&tb)?;
+                let loss = deferred(&m.backend).await?;
+                let leaves = m.grads.as_ref().into_leaves();
+                let norm = m.backend.sum_of_squares_many_async(&leaves).await?.sqrt();
+                finish(m, &optimizer, loss, norm, clip)?
             }
-            .into());
-        }
-        let scale = match clip {
-            Some(c) if norm > c as f64 => (c as f64 / norm) as f32,
-            _ => 1.0,
         };
-        m.step(&self.optimizer, scale)?;
         self.steps += 1;
-        Ok(Step {
-            loss,
-            tokens: s.count,
-            grad_norm: norm,
-        })
+        Ok(step)
     }
 
     /// The mean loss per token of a batch, forward only.
-    pub fn evaluate(&mut self, seqs: &[Vec<u32>]) -> Result<(f64, usize), WebError> {
-        let tb = batch_of(seqs, self.model.config.vocab_size)?;
-        let s = self.model.evaluate(&tb)?;
-        Ok((s.sum / s.count.max(1) as f64, s.count))
+    pub async fn evaluate(&mut self, seqs: &[Vec<u32>]) -> Result<(f64, usize), WebError> {
+        let tb = batch_of(seqs, self.config().vocab_size)?;
+        let (sum, count) = match &mut self.device {
+            Device::Cpu(m) => {
+                let s = m.evaluate(&tb)?;
+                (s.sum, s.count)
+            }
+            Device::Gpu(m) => {
+                m.evaluate(&tb)?;
+                deferred(&m.backend).await?
+            }
+        };
+        Ok((sum / count.max(1) as f64, count))
     }
 
     /// The F32 `.rbw` file's bytes (native `load_bin` reads them; so does the page's
     /// `loadModel`, which quantizes them to int8).
-    pub fn to_bytes(&self) -> Result<Vec<u8>, WebError> {
-        Ok(f32_file_bytes(&self.model)?)
+    pub async fn to_bytes(&self) -> Result<Vec<u8>, WebError> {
+        match &self.device {
+            Device::Cpu(m) => Ok(f32_file_bytes(m)?),
+            Device::Gpu(m) => {
+                m.backend.flush()?;
+                let mut values = Vec::new();
+                for buf in m.params.as_ref().into_leaves() {
+                    values.push(m.backend.gpu().read(buf).await?);
+                }
+                Ok(f32_file_bytes_of(&m.config, &values)?)
+            }
+        }
     }
 }

@@ -1,16 +1,20 @@
 //! The JS `Tokenizer` (byte-level BPE: trained from text in the page, or read from a
 //! `tokenizer.json`) and `TransformerLm` (a small language model trained in the page, step by
-//! step, exported as the `.rbw` bytes native `load_bin` reads). Bad input (ids outside the
+//! step, on WebGPU or the CPU path, exported as the `.rbw` bytes native `load_bin` reads). Bad input (ids outside the
 //! vocabulary, ragged batches, a sequence longer than the model's context, bad settings) is
 //! an `Error` naming what to change.
+
+use std::cell::RefCell;
+use std::rc::Rc;
 
 use js_sys::{Array, Object, Uint32Array, Uint8Array};
 use rusting_brain_core::models::transformer::TransformerConfig;
 use rusting_brain_core::Optimizer;
 use wasm_bindgen::prelude::*;
 
+use crate::engine::DeviceChoice;
 use crate::lm::{train_tokenizer, LmTrainer, END};
-use crate::network_js::{count, field, number};
+use crate::network_js::{count, field, number, text};
 use crate::{js_err, set, WebError};
 
 fn invalid(message: impl Into<String>) -> JsError {
@@ -130,31 +134,64 @@ fn sequences(batch: &JsValue) -> Result<Vec<Vec<u32>>, JsError> {
         .collect()
 }
 
-/// A small decoder-only transformer trained in the page (on the wasm CPU path).
-#[wasm_bindgen(js_name = TransformerLm)]
-pub struct JsTransformerLm {
-    inner: Option<LmTrainer>,
+struct LmState {
+    lm: Option<LmTrainer>,
+    busy: bool,
+    disposed: bool,
 }
 
-fn disposed() -> JsError {
-    invalid("this model was disposed; create it again")
+/// A small decoder-only transformer trained in the page, on WebGPU or the wasm CPU path.
+#[wasm_bindgen(js_name = TransformerLm)]
+pub struct JsTransformerLm {
+    state: Rc<RefCell<LmState>>,
+    device: &'static str,
+    reason: String,
 }
 
 impl JsTransformerLm {
-    fn trainer(&mut self) -> Result<&mut LmTrainer, JsError> {
-        self.inner.as_mut().ok_or_else(disposed)
+    /// Takes the model out for the length of a call (a second call meanwhile is told the
+    /// model is busy, never handed an aliased one).
+    fn take(&self) -> Result<LmTrainer, JsError> {
+        let mut s = self.state.borrow_mut();
+        if s.disposed {
+            return Err(invalid("this model was disposed; create it again"));
+        }
+        if s.busy {
+            return Err(invalid(
+                "another call (trainStep, evaluate, toBytes) is running on this model; await it first",
+            ));
+        }
+        let lm =
+            s.lm.take()
+                .ok_or_else(|| invalid("this model was disposed; create it again"))?;
+        s.busy = true;
+        Ok(lm)
     }
-    fn trainer_ref(&self) -> Result<&LmTrainer, JsError> {
-        self.inner.as_ref().ok_or_else(disposed)
+
+    fn give_back(&self, lm: LmTrainer) {
+        let mut s = self.state.borrow_mut();
+        s.busy = false;
+        if !s.disposed {
+            s.lm = Some(lm);
+        }
+    }
+
+    /// Runs `f` on the model, handing it back whatever `f` returns.
+    fn with<T>(&self, f: impl FnOnce(&mut LmTrainer) -> Result<T, JsError>) -> Result<T, JsError> {
+        let mut lm = self.take()?;
+        let r = f(&mut lm);
+        self.give_back(lm);
+        r
     }
 }
 
 #[wasm_bindgen(js_class = TransformerLm)]
 impl JsTransformerLm {
     /// A new model from `{ vocabSize, dModel, nLayers, heads, kvHeads, headDim, dFF,
-    /// maxSeqLen, seed, optimizer }`: the native builder's model for the same settings and
-    /// seed (RoPE theta 10000, RMSNorm eps 1e-5, tied embeddings).
-    pub fn create(config: JsValue) -> Result<JsTransformerLm, JsError> {
+    /// maxSeqLen, seed, optimizer, device }`: the native builder's model for the same
+    /// settings and seed (RoPE theta 10000, RMSNorm eps 1e-5, tied embeddings), on WebGPU
+    /// where there is an adapter (`device`: "auto", the default) or the CPU.
+    pub async fn create(config: JsValue) -> Result<JsTransformerLm, JsError> {
         let what = "config";
         let n = |key: &str| -> Result<usize, JsError> {
             count(&config, key, what, 1e9)
@@ -204,34 +241,52 @@ impl JsTransformerLm {
                 opt
             }
         };
+        let choice = match text(&config, "device", what).map_err(js_err)? {
+            None => DeviceChoice::Auto,
+            Some(d) => DeviceChoice::parse(&d).map_err(js_err)?,
+        };
+        let lm = LmTrainer::new(c, optimizer, seed, choice).await.map_err(js_err)?;
         Ok(JsTransformerLm {
-            inner: Some(LmTrainer::new(c, optimizer, seed).map_err(js_err)?),
+            device: lm.device(),
+            reason: lm.reason().to_string(),
+            state: Rc::new(RefCell::new(LmState {
+                lm: Some(lm),
+                busy: false,
+                disposed: false,
+            })),
         })
     }
 
     /// One optimizer step on a batch of equal-length id sequences (at most `maxSeqLen + 1`
     /// ids each; each position predicts the next). `options.clip`: clip the gradients to
-    /// this global norm. Returns `{ loss, tokens, gradNorm, ms }`.
+    /// this global norm. Resolves to `{ loss, tokens, gradNorm, ms }`.
     #[wasm_bindgen(js_name = trainStep)]
-    pub fn train_step(&mut self, batch: JsValue, options: JsValue) -> Result<Object, JsError> {
+    pub async fn train_step(&self, batch: JsValue, options: JsValue) -> Result<Object, JsError> {
         let seqs = sequences(&batch)?;
         let clip = number(&options, "clip", "options")
             .map_err(js_err)?
             .map(|c| c as f32);
+        let mut lm = self.take()?;
         let t0 = crate::now_ms();
-        let s = self.trainer()?.train_step(&seqs, clip).map_err(js_err)?;
+        let r = lm.train_step(&seqs, clip).await;
+        let ms = crate::now_ms() - t0;
+        self.give_back(lm);
+        let s = r.map_err(js_err)?;
         let out = Object::new();
         set(&out, "loss", s.loss);
         set(&out, "tokens", s.tokens as f64);
         set(&out, "gradNorm", s.grad_norm);
-        set(&out, "ms", crate::now_ms() - t0);
+        set(&out, "ms", ms);
         Ok(out)
     }
 
     /// The mean loss per token of a batch, forward only: `{ loss, tokens }`.
-    pub fn evaluate(&mut self, batch: JsValue) -> Result<Object, JsError> {
+    pub async fn evaluate(&self, batch: JsValue) -> Result<Object, JsError> {
         let seqs = sequences(&batch)?;
-        let (loss, tokens) = self.trainer()?.evaluate(&seqs).map_err(js_err)?;
+        let mut lm = self.take()?;
+        let r = lm.evaluate(&seqs).await;
+        self.give_back(lm);
+        let (loss, tokens) = r.map_err(js_err)?;
         let out = Object::new();
         set(&out, "loss", loss);
         set(&out, "tokens", tokens as f64);
@@ -239,42 +294,55 @@ impl JsTransformerLm {
     }
 
     #[wasm_bindgen(js_name = setLearningRate)]
-    pub fn set_learning_rate(&mut self, learning_rate: f64) -> Result<(), JsError> {
-        let t = self.trainer()?;
-        let mut opt = t.optimizer;
-        opt.set_learning_rate(learning_rate as f32);
-        opt.validate().map_err(|e| js_err(e.into()))?;
-        t.optimizer = opt;
-        Ok(())
+    pub fn set_learning_rate(&self, learning_rate: f64) -> Result<(), JsError> {
+        self.with(|t| {
+            let mut opt = t.optimizer;
+            opt.set_learning_rate(learning_rate as f32);
+            opt.validate().map_err(|e| js_err(e.into()))?;
+            t.optimizer = opt;
+            Ok(())
+        })
     }
 
     /// The F32 `.rbw` file: native `TransformerLm::load_bin` reads it, `loadModel` too.
     #[wasm_bindgen(js_name = toBytes)]
-    pub fn to_bytes(&self) -> Result<Uint8Array, JsError> {
-        let bytes = self.trainer_ref()?.to_bytes().map_err(js_err)?;
-        Ok(Uint8Array::from(bytes.as_slice()))
+    pub async fn to_bytes(&self) -> Result<Uint8Array, JsError> {
+        let lm = self.take()?;
+        let r = lm.to_bytes().await;
+        self.give_back(lm);
+        Ok(Uint8Array::from(r.map_err(js_err)?.as_slice()))
     }
 
     /// `{ vocabSize, dModel, nLayers, maxSeqLen, parameters, steps }`.
     pub fn info(&self) -> Result<Object, JsError> {
-        let t = self.trainer_ref()?;
-        let c = t.config();
-        let out = Object::new();
-        set(&out, "vocabSize", c.vocab_size as f64);
-        set(&out, "dModel", c.d_model as f64);
-        set(&out, "nLayers", c.n_layers as f64);
-        set(&out, "maxSeqLen", c.max_seq_len as f64);
-        set(&out, "parameters", c.parameter_count() as f64);
-        set(&out, "steps", t.steps() as f64);
-        Ok(out)
+        self.with(|t| {
+            let c = t.config();
+            let out = Object::new();
+            set(&out, "vocabSize", c.vocab_size as f64);
+            set(&out, "dModel", c.d_model as f64);
+            set(&out, "nLayers", c.n_layers as f64);
+            set(&out, "maxSeqLen", c.max_seq_len as f64);
+            set(&out, "parameters", c.parameter_count() as f64);
+            set(&out, "steps", t.steps() as f64);
+            Ok(out)
+        })
     }
 
-    /// "cpu": language models train on the wasm CPU path.
+    /// "webgpu" or "cpu".
     pub fn device(&self) -> String {
-        "cpu".into()
+        self.device.into()
     }
 
-    pub fn dispose(&mut self) {
-        self.inner = None;
+    /// Why that device ("WebGPU adapter ...", or why not).
+    #[wasm_bindgen(js_name = deviceReason)]
+    pub fn device_reason(&self) -> String {
+        self.reason.clone()
+    }
+
+    /// Frees the model's memory (GPU buffers included); later calls are errors.
+    pub fn dispose(&self) {
+        let mut s = self.state.borrow_mut();
+        s.disposed = true;
+        s.lm = None;
     }
 }

@@ -56,7 +56,7 @@ pub(crate) fn count(obj: &JsValue, key: &str, what: &str, max: f64) -> Result<Op
     }
 }
 
-fn text(obj: &JsValue, key: &str, what: &str) -> Result<Option<String>, WebError> {
+pub(crate) fn text(obj: &JsValue, key: &str, what: &str) -> Result<Option<String>, WebError> {
     match field(obj, key)? {
         None => Ok(None),
         Some(v) => v
