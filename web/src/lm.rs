@@ -78,9 +78,10 @@ pub struct Step {
     pub grad_norm: f64,
 }
 
+/// Boxed: a model's fields are kilobytes, and the two differ in size.
 enum Device {
-    Cpu(TransformerModel<PortableBackend>),
-    Gpu(TransformerModel<WgpuBackend>),
+    Cpu(Box<TransformerModel<PortableBackend>>),
+    Gpu(Box<TransformerModel<WgpuBackend>>),
 }
 
 /// A language model being trained.
@@ -167,10 +168,13 @@ impl LmTrainer {
                 let info = backend.gpu().adapter_info();
                 let reason = format!("WebGPU adapter {} ({:?})", info.name, info.backend);
                 backend.defer_losses(true);
-                (Device::Gpu(TransformerModel::new(backend, config, seed)?), reason)
+                (
+                    Device::Gpu(Box::new(TransformerModel::new(backend, config, seed)?)),
+                    reason,
+                )
             }
             Err(reason) => (
-                Device::Cpu(TransformerModel::new(PortableBackend, config, seed)?),
+                Device::Cpu(Box::new(TransformerModel::new(PortableBackend, config, seed)?)),
                 reason,
             ),
         };
