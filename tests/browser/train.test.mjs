@@ -230,3 +230,45 @@ for (const [name, args, device, run] of textRuns) {
     }
   });
 }
+
+// Stop ends a run on both tabs, and the page answers while the worker trains: a frame is
+// drawn within a fraction of a second (the longest wait of ten is printed and bounded
+// loosely, at 250 ms: the training never runs on the page's thread).
+test('Stop stops training on both tabs, and the page stays responsive meanwhile', { skip }, async () => {
+  const { browser, page, logs } = await open([], 'train.html?device=cpu');
+  try {
+    const frameWait = () => page.evaluate(() => new Promise((resolve) => {
+      const t0 = performance.now();
+      requestAnimationFrame(() => resolve(performance.now() - t0));
+    }));
+    await page.selectOption('#dataset', 'spirals');
+    await page.fill('#epochs', '100000');
+    await page.click('#train');
+    await page.waitForFunction(() => Number(document.getElementById('train-output').dataset.epochs ?? 0) >= 20, null, { timeout: 60_000 });
+    const waits = [];
+    for (let i = 0; i < 10; i++) waits.push(await frameWait());
+    await page.click('#stop');
+    assert.equal(await waitState(page, ['done', 'error'], logs), 'done');
+    const epochs = Number(await page.getAttribute('#train-output', 'data-epochs'));
+    assert.ok(epochs < 100000, `${epochs} epochs ran`);
+    assert.match(await page.textContent('#status'), /^stopped after/);
+
+    await page.click('#tab-text-button');
+    await page.waitForFunction(() => Number(document.getElementById('text-output').dataset.excerpt ?? 0) > 0, null, { timeout: 30_000 });
+    await page.fill('#lm-steps', '100000');
+    await page.click('#lm-train');
+    await page.waitForFunction(() => Number(document.getElementById('text-output').dataset.step ?? 0) >= 5, null, { timeout: 60_000 });
+    for (let i = 0; i < 10; i++) waits.push(await frameWait());
+    await page.click('#lm-stop');
+    await page.waitForFunction(() => ['done', 'error'].includes(document.getElementById('text-output').dataset.state), null, { timeout: 60_000 });
+    assert.equal(await page.getAttribute('#text-output', 'data-state'), 'done', await page.textContent('#lm-status'));
+    const steps = Number(await page.getAttribute('#text-output', 'data-steps'));
+    assert.ok(steps < 100000, `${steps} steps ran`);
+    assert.match(await page.textContent('#lm-status'), /^stopped after/);
+    const worst = Math.max(...waits);
+    console.log(`while training: the longest of 20 waits for a frame ${worst.toFixed(0)} ms; stopped after ${epochs} epochs and ${steps} steps`);
+    assert.ok(worst < 250, `a frame waited ${worst} ms`);
+  } finally {
+    await browser.close();
+  }
+});
