@@ -242,6 +242,7 @@ $('train').addEventListener('click', async () => {
     current = prepare(await loadData($('dataset').value));
     drawLoss();
     drawBoundary(null);
+    $('boundary-caption').textContent = 'decision boundary (2-D data)';
     const layers = [
       ...hiddenLayers($('layers').value),
       current.two ? { units: 1, activation: 'sigmoid' } : { units: current.classes.length, activation: 'softmax' },

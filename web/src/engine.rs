@@ -281,6 +281,26 @@ async fn on_webgpu(
     Ok((on, cache, draw))
 }
 
+/// A WebGPU backend and the adapter's description for `choice`, or (`Ok(Err(reason))`) why
+/// the CPU path runs instead: "auto" falls back when there is no usable adapter, "webgpu"
+/// is then an error. What the trainers choose their device by.
+pub(crate) async fn webgpu_for(
+    choice: DeviceChoice,
+) -> Result<Result<(WgpuBackend, String), String>, WebError> {
+    if choice == DeviceChoice::Cpu {
+        return Ok(Err("the CPU was asked for".into()));
+    }
+    match Gpu::new(&GpuOptions::default()).await {
+        Ok(gpu) => {
+            let info = gpu.adapter_info();
+            let reason = format!("WebGPU adapter {} ({:?})", info.name, info.backend);
+            Ok(Ok((WgpuBackend::new(std::sync::Arc::new(gpu)), reason)))
+        }
+        Err(e) if choice == DeviceChoice::Auto => Ok(Err(format!("no usable WebGPU: {e}"))),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// What `generate` produced and why it ended ("length", "end", "stopped", "max_seq_len").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Generated {

@@ -6,13 +6,11 @@
 //! `.rbw` file native `load_bin` reads. Plus the byte-level BPE tokenizer the
 //! `language_model` example trains, trained here from a page's text.
 
-use std::sync::Arc;
-
 use rusting_brain_core::checkpoint::{f32_file_bytes, f32_file_bytes_of};
 use rusting_brain_core::models::transformer::{TokenBatch, TransformerConfig, TransformerModel};
 use rusting_brain_core::{Backend, CoreError, Optimizer};
 use rusting_brain_portable::PortableBackend;
-use rusting_brain_shaders::{Gpu, GpuOptions, WgpuBackend};
+use rusting_brain_shaders::WgpuBackend;
 use tokenizers::models::bpe::{BpeTrainer, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{
@@ -20,7 +18,7 @@ use tokenizers::{
     TokenizerBuilder,
 };
 
-use crate::engine::DeviceChoice;
+use crate::engine::{webgpu_for, DeviceChoice};
 use crate::WebError;
 
 /// The token that ends a reply, as in the `language_model` example's vocabulary.
@@ -155,18 +153,8 @@ impl LmTrainer {
     ) -> Result<LmTrainer, WebError> {
         config.validate()?;
         optimizer.validate()?;
-        let gpu = match choice {
-            DeviceChoice::Cpu => Err("the CPU was asked for".to_string()),
-            _ => match Gpu::new(&GpuOptions::default()).await {
-                Ok(g) => Ok(WgpuBackend::new(Arc::new(g))),
-                Err(e) if choice == DeviceChoice::Auto => Err(format!("no usable WebGPU: {e}")),
-                Err(e) => return Err(e.into()),
-            },
-        };
-        let (device, reason) = match gpu {
-            Ok(backend) => {
-                let info = backend.gpu().adapter_info();
-                let reason = format!("WebGPU adapter {} ({:?})", info.name, info.backend);
+        let (device, reason) = match webgpu_for(choice).await? {
+            Ok((backend, reason)) => {
                 backend.defer_losses(true);
                 (
                     Device::Gpu(Box::new(TransformerModel::new(backend, config, seed)?)),

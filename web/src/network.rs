@@ -4,16 +4,14 @@
 //! format (`dense_file`), so a seed gives a page the weights a native run gets and a file
 //! moves between the two both ways. Every read from the GPU is awaited, never blocked on.
 
-use std::sync::Arc;
-
 use rusting_brain_core::models::dense::{gather_batch, train_epoch, DenseConfig, DenseModel, DenseOps};
 use rusting_brain_core::models::dense_file::{self, DenseFile};
 use rusting_brain_core::ops::loss::loss_forward;
 use rusting_brain_core::{Backend, CoreError, Optimizer};
 use rusting_brain_portable::PortableBackend;
-use rusting_brain_shaders::{Gpu, GpuOptions, WgpuBackend};
+use rusting_brain_shaders::WgpuBackend;
 
-use crate::engine::DeviceChoice;
+use crate::engine::{webgpu_for, DeviceChoice};
 use crate::WebError;
 
 enum Device {
@@ -42,14 +40,6 @@ pub struct Rows<'a> {
 
 fn invalid(message: String) -> WebError {
     WebError::Invalid(message)
-}
-
-/// A WebGPU backend, or why there is none.
-async fn webgpu() -> Result<WgpuBackend, String> {
-    let gpu = Gpu::new(&GpuOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(WgpuBackend::new(Arc::new(gpu)))
 }
 
 /// A model for `config` with `parameters` (or weights drawn from `seed` when `None`) on the
@@ -83,20 +73,8 @@ async fn place(
     }
     // The configuration is checked before any device is touched.
     config.validate()?;
-    let gpu = match choice {
-        DeviceChoice::Cpu => Err("the CPU was asked for".to_string()),
-        _ => match webgpu().await {
-            Ok(b) => Ok(b),
-            Err(e) if choice == DeviceChoice::Auto => Err(format!("no usable WebGPU: {e}")),
-            Err(e) => return Err(WebError::Gpu(e)),
-        },
-    };
-    Ok(match gpu {
-        Ok(backend) => {
-            let info = backend.gpu().adapter_info();
-            let reason = format!("WebGPU adapter {} ({:?})", info.name, info.backend);
-            (Device::Gpu(build(backend, config, parameters, seed)?), reason)
-        }
+    Ok(match webgpu_for(choice).await? {
+        Ok((backend, reason)) => (Device::Gpu(build(backend, config, parameters, seed)?), reason),
         Err(reason) => (
             Device::Cpu(build(PortableBackend, config, parameters, seed)?),
             reason,
