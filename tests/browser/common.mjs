@@ -20,3 +20,16 @@ export async function reference(name = 'reference') {
 
 export const PROMPT = 'fn main() {';
 export const TOKENS = 32;
+
+export const chromiumPath = process.env.CHROMIUM ?? '/usr/bin/chromium';
+// Without a browser the page tests are skipped with the reason (a failure under
+// RB_REQUIRE_BROWSER=1, as in CI, which installs Debian's chromium).
+export const skip = existsSync(chromiumPath) ? false : `no browser at ${chromiumPath} (apt-get install chromium, or set CHROMIUM)`;
+if (skip && process.env.RB_REQUIRE_BROWSER === '1') {
+  throw new Error(`RB_REQUIRE_BROWSER=1 but ${skip}`);
+}
+// As root in a sandbox-less container, and quiet on a machine with no network.
+export const base = ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
+  '--disable-sync', '--no-first-run', '--disable-quic'];
+// WebGPU on SwiftShader, Chromium's CPU implementation of a GPU.
+export const webgpu = ['--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-webgpu-adapter=swiftshader'];

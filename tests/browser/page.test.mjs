@@ -5,23 +5,12 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdir } from 'node:fs/promises';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
 import { serve } from '../../www/serve.mjs';
-import { out, reference, PROMPT, TOKENS } from './common.mjs';
+import { out, reference, PROMPT, TOKENS, chromiumPath, skip, base, webgpu } from './common.mjs';
 
-const chromiumPath = process.env.CHROMIUM ?? '/usr/bin/chromium';
-// Without a browser these tests are skipped with the reason (a failure under
-// RB_REQUIRE_BROWSER=1, as in CI, which installs Debian's chromium).
-const skip = existsSync(chromiumPath) ? false : `no browser at ${chromiumPath} (apt-get install chromium, or set CHROMIUM)`;
-if (skip && process.env.RB_REQUIRE_BROWSER === '1') {
-  throw new Error(`RB_REQUIRE_BROWSER=1 but ${skip}`);
-}
-// As root in a sandbox-less container, and quiet on a machine with no network.
-const base = ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
-  '--disable-sync', '--no-first-run', '--disable-quic'];
-const webgpu = ['--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-webgpu-adapter=swiftshader'];
 
 let server;
 let origin;

@@ -15,16 +15,8 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
 import { serve } from '../../www/serve.mjs';
-import { out, repo } from './common.mjs';
+import { out, repo, chromiumPath, skip, base, webgpu } from './common.mjs';
 
-const chromiumPath = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const skip = existsSync(chromiumPath) ? false : `no browser at ${chromiumPath} (apt-get install chromium, or set CHROMIUM)`;
-if (skip && process.env.RB_REQUIRE_BROWSER === '1') {
-  throw new Error(`RB_REQUIRE_BROWSER=1 but ${skip}`);
-}
-const base = ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
-  '--disable-sync', '--no-first-run', '--disable-quic'];
-const webgpu = ['--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-webgpu-adapter=swiftshader'];
 
 let server;
 let origin;
