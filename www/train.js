@@ -223,6 +223,21 @@ $('dataset').addEventListener('change', () => {
   $('batch').value = d.batch;
 });
 
+// A CSV dropped anywhere on the Tabular tab becomes the data set.
+const tabular = $('tab-tabular');
+tabular.addEventListener('dragover', (e) => {
+  e.preventDefault();
+  e.dataTransfer.dropEffect = 'copy';
+});
+tabular.addEventListener('drop', (e) => {
+  e.preventDefault();
+  if (e.dataTransfer.files.length === 0) return;
+  $('csv').files = e.dataTransfer.files;
+  $('dataset').value = 'csv';
+  $('dataset').dispatchEvent(new Event('change'));
+  status(`${e.dataTransfer.files[0].name}: press Train`);
+});
+
 function hiddenLayers(text) {
   if (text.trim() === '') return [];
   return text.split(',').map((part) => {

@@ -264,3 +264,36 @@ test('Stop stops training on both tabs, and the page stays responsive meanwhile'
     await browser.close();
   }
 });
+
+// A CSV of the user's: dropped on the Tabular tab it trains (iris' rows, written here with
+// other column names and the class first-seen order shuffled); a malformed one is an error
+// on the page naming the row and column.
+test('a dropped CSV trains, and a malformed one is an error naming the cell', { skip }, async () => {
+  const { browser, page, logs } = await open([], 'train.html?device=cpu');
+  try {
+    const iris = readFileSync(join(repo, 'www', 'data', 'iris.csv'), 'utf8').trim().split('\n');
+    const rows = iris.slice(1).reverse();
+    const good = ['a,b,c,d,kind', ...rows].join('\n');
+    const bad = ['a,b,c,d,kind', rows[0], rows[1].replace(/^[^,]*/, 'wide'), ...rows.slice(2)].join('\n');
+    const drop = (text) => page.evaluate((csv) => {
+      const data = new DataTransfer();
+      data.items.add(new File([csv], 'mine.csv', { type: 'text/csv' }));
+      const tab = document.getElementById('tab-tabular');
+      tab.dispatchEvent(new DragEvent('dragover', { dataTransfer: data, bubbles: true, cancelable: true }));
+      tab.dispatchEvent(new DragEvent('drop', { dataTransfer: data, bubbles: true, cancelable: true }));
+    }, text);
+    await drop(bad);
+    assert.equal(await page.inputValue('#dataset'), 'csv');
+    await page.click('#train');
+    assert.equal(await waitState(page, ['done', 'error'], logs), 'error');
+    assert.match(await page.textContent('#status'), /CSV row 3, column "a": "wide" is not a number/);
+    await drop(good);
+    await page.click('#train');
+    assert.equal(await waitState(page, ['done', 'error'], logs), 'done', await page.textContent('#status'));
+    const got = await page.evaluate(() => ({ ...document.getElementById('train-output').dataset }));
+    console.log(`a dropped CSV (iris, reordered): held-out accuracy ${(100 * got.testAccuracy).toFixed(1)}% after ${got.epochs} epochs`);
+    assert.ok(Number(got.testAccuracy) >= 0.9, `held-out accuracy ${got.testAccuracy}`);
+  } finally {
+    await browser.close();
+  }
+});
