@@ -27,6 +27,7 @@
 //! ```
 
 #![cfg_attr(not(test), no_std)]
+#![warn(missing_docs)]
 
 extern crate alloc;
 

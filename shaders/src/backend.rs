@@ -218,12 +218,14 @@ fn rows_check(op: &'static str, rows: usize, cols: usize, bufs: &[(&'static str,
 }
 
 impl WgpuBackend {
+    /// A backend recording onto `gpu`'s device (shared: several backends may use one).
     pub fn new(gpu: Arc<Gpu>) -> WgpuBackend {
         WgpuBackend {
             gpu,
             rec: Arc::default(),
         }
     }
+    /// The device this backend records onto.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }

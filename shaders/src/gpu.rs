@@ -43,6 +43,7 @@ impl GpuBuffer {
     pub fn len(&self) -> usize {
         self.len
     }
+    /// No words.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -13,6 +13,8 @@
 //! reductions), at most 8 storage buffers per stage and 64 invocations per workgroup, so
 //! the same WGSL runs on SwiftShader in a browser and on lavapipe.
 
+#![warn(missing_docs)]
+
 mod backend;
 mod gpu;
 mod ops;
@@ -32,18 +34,32 @@ pub use wgpu;
 /// What can go wrong on the GPU; every message says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum ShaderError {
+    /// No adapter (or none of the kind asked for) on this machine or in this browser.
     #[error("no GPU adapter: {0}")]
     NoAdapter(String),
+    /// The adapter would not give a device with the features and limits asked for.
     #[error("the adapter refused a device: {0}")]
     Device(String),
+    /// A buffer larger than the adapter binds at once.
     #[error("{what} needs {bytes} bytes in one binding, over this adapter's limit of {limit} (max_storage_buffer_binding_size / max_buffer_size): use a smaller model or the CPU backend")]
-    TooLarge { what: String, bytes: u64, limit: u64 },
+    TooLarge {
+        /// The buffer's role.
+        what: String,
+        /// Its size.
+        bytes: u64,
+        /// The adapter's limit.
+        limit: u64,
+    },
+    /// wgpu's validation or the device reported an error.
     #[error("GPU validation or device error: {0}")]
     Validation(String),
+    /// Mapping a buffer for reading failed.
     #[error("reading a GPU buffer back failed: {0}")]
     Readback(String),
+    /// A bad argument; the message names it.
     #[error("{0}")]
     Invalid(String),
+    /// An error from core's checks.
     #[error(transparent)]
     Core(#[from] rusting_brain_core::CoreError),
 }

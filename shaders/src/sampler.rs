@@ -28,6 +28,7 @@ pub struct DeviceSampler {
 }
 
 impl DeviceSampler {
+    /// A sampler for a vocabulary of `vocab` ids, its buffers on `backend`'s device.
     pub fn new(backend: &WgpuBackend, vocab: usize) -> Result<DeviceSampler> {
         let gpu = backend.gpu();
         Ok(DeviceSampler {

@@ -27,6 +27,7 @@ pub enum DeviceChoice {
 }
 
 impl DeviceChoice {
+    /// "auto", "webgpu" (or "gpu") or "cpu"; anything else is an error naming the choices.
     pub fn parse(s: &str) -> Result<DeviceChoice, WebError> {
         match s {
             "auto" => Ok(DeviceChoice::Auto),
@@ -157,10 +158,12 @@ impl Engine {
         }
     }
 
+    /// Why the device in use was chosen ("WebGPU adapter ...", "no usable WebGPU: ...").
     pub fn reason(&self) -> &str {
         &self.reason
     }
 
+    /// The loaded model's architecture.
     pub fn config(&self) -> &TransformerConfig {
         &self.config
     }

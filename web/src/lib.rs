@@ -10,6 +10,8 @@
 //! JS errors are `Error`s with a message saying what to change: a bad file, an id outside
 //! the vocabulary, a model too large for the device, a call on a disposed model.
 
+#![warn(missing_docs)]
+
 mod engine;
 mod lm;
 mod lm_js;
@@ -35,24 +37,34 @@ pub use text::{GenerateOptions, Stream};
 /// Everything a call can fail with; each becomes a JS `Error` with this message.
 #[derive(Debug, thiserror::Error)]
 pub enum WebError {
+    /// A bad argument or option from the caller; the message names it.
     #[error("{0}")]
     Invalid(String),
+    /// The model would not fit in the device's (or the wasm heap's) memory.
     #[error("out of memory: {0}; use a smaller model")]
     OutOfMemory(String),
+    /// A model or network file that is truncated, corrupt or of another kind.
     #[error("bad model file: {0}")]
     File(String),
+    /// An error from core's checks (shapes, ids, non-finite values).
     #[error(transparent)]
     Core(CoreError),
+    /// No usable WebGPU adapter, or the device failed.
     #[error("WebGPU: {0}")]
     Gpu(String),
+    /// The tokenizer could not be read, trained or used.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A second generation on a model while one runs.
     #[error("a generation is already running on this model; wait for it or call stop()")]
     Busy,
+    /// A second call on a network while one runs.
     #[error("another call (fit, predict, evaluate, accuracy) is running on this network; await it first, or call stop()")]
     NetworkBusy,
+    /// A call on a network after `dispose()`.
     #[error("this network was disposed; build or load it again")]
     NetworkDisposed,
+    /// A call on a model after `dispose()`.
     #[error("this model was disposed; load it again")]
     Disposed,
 }

@@ -71,6 +71,7 @@ pub fn train_tokenizer(text: &str, vocab_size: usize) -> Result<Tokenizer, WebEr
 pub struct Step {
     /// The batch's mean loss per counted token, in nats.
     pub loss: f64,
+    /// Positions counted in the loss.
     pub tokens: usize,
     /// The global L2 norm of the gradients before clipping.
     pub grad_norm: f64,
@@ -174,6 +175,7 @@ impl LmTrainer {
         })
     }
 
+    /// The model's architecture.
     pub fn config(&self) -> &TransformerConfig {
         match &self.device {
             Device::Cpu(m) => &m.config,
@@ -194,6 +196,7 @@ impl LmTrainer {
         &self.reason
     }
 
+    /// Optimizer steps taken.
     pub fn steps(&self) -> u64 {
         self.steps
     }

@@ -33,8 +33,11 @@ pub struct DenseNet {
 
 /// Rows of inputs and targets, row-major, checked against a network's widths.
 pub struct Rows<'a> {
+    /// Inputs, `rows x input_size`.
     pub x: &'a [f32],
+    /// Targets, `rows x output_size`.
     pub y: &'a [f32],
+    /// How many rows.
     pub rows: usize,
 }
 
@@ -118,6 +121,7 @@ impl DenseNet {
         })
     }
 
+    /// The network's architecture.
     pub fn config(&self) -> &DenseConfig {
         match &self.device {
             Device::Cpu(m) => &m.config,
@@ -138,6 +142,7 @@ impl DenseNet {
         &self.reason
     }
 
+    /// The seed the weights were drawn from.
     pub fn seed(&self) -> u64 {
         self.seed
     }

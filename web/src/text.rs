@@ -44,6 +44,7 @@ pub struct Stream<'t> {
 }
 
 impl<'t> Stream<'t> {
+    /// A stream that decodes with `tokenizer`, starting empty.
     pub fn new(tokenizer: &'t Tokenizer) -> Stream<'t> {
         Stream {
             tokenizer,
@@ -80,12 +81,19 @@ impl<'t> Stream<'t> {
 /// `generate`'s options; every field may be absent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateOptions {
+    /// Most new tokens (`maxTokens`, default 64).
     pub max_tokens: usize,
+    /// 0 is greedy; above 0, sampling from softmax(logits / temperature).
     pub temperature: f32,
+    /// Keep only the k most likely tokens.
     pub top_k: Option<usize>,
+    /// Keep the smallest set of tokens whose probability reaches p.
     pub top_p: Option<f32>,
+    /// Divides positive logits and multiplies negative ones of tokens already seen (1: off).
     pub repetition_penalty: f32,
+    /// The sampler's seed; random when absent.
     pub seed: Option<u64>,
+    /// Stop at the tokenizer's `<|end|>`.
     pub stop_at_end: bool,
 }
 
@@ -154,6 +162,8 @@ fn get_bool(options: &JsValue, key: &str) -> Result<Option<bool>, WebError> {
 }
 
 impl GenerateOptions {
+    /// Reads a JS options object (`maxTokens`, `temperature`, `topK`, `topP`,
+    /// `repetitionPenalty`, `seed`, `stopAtEnd`), naming a field of the wrong type or range.
     pub fn from_js(options: &JsValue) -> Result<GenerateOptions, WebError> {
         if !(options.is_undefined() || options.is_null() || options.is_object()) {
             return Err(WebError::Invalid("options must be an object".into()));

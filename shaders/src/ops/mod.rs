@@ -88,6 +88,7 @@ impl DispatchCache {
     pub fn len(&self) -> usize {
         self.entries.len()
     }
+    /// Nothing held.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -119,6 +120,7 @@ impl KeyedCache {
     pub fn len(&self) -> usize {
         self.entries.values().map(|k| k.list.len()).sum()
     }
+    /// Nothing held.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
