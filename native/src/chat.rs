@@ -19,23 +19,29 @@ use crate::{NetworkError, Result, Sampler};
 /// `message['content']`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ChatMessage {
+    /// Who speaks: "system", "user" or "assistant" (or a template's own roles).
     pub role: String,
+    /// What they say.
     pub content: String,
 }
 
 impl ChatMessage {
+    /// A message with any role.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         ChatMessage {
             role: role.into(),
             content: content.into(),
         }
     }
+    /// The system prompt.
     pub fn system(content: impl Into<String>) -> Self {
         Self::new("system", content)
     }
+    /// What the user says.
     pub fn user(content: impl Into<String>) -> Self {
         Self::new("user", content)
     }
+    /// What the model said before (a reply kept in the history).
     pub fn assistant(content: impl Into<String>) -> Self {
         Self::new("assistant", content)
     }
@@ -162,6 +168,7 @@ impl ChatTemplate {
         self
     }
 
+    /// The template's Jinja source.
     pub fn source(&self) -> &str {
         &self.source
     }
@@ -400,13 +407,21 @@ pub(crate) fn strftime(format: &str, unix: i64) -> std::result::Result<String, S
 pub struct GenerationConfig {
     /// Ids that end a reply (`eos_token_id`, one or a list).
     pub eos_token_ids: Vec<u32>,
+    /// The id a prompt starts with, where the model has one.
     pub bos_token_id: Option<u32>,
+    /// The padding id, where the model has one.
     pub pad_token_id: Option<u32>,
+    /// Whether the authors sample (`true`) or decode greedily.
     pub do_sample: bool,
+    /// Their sampling temperature.
     pub temperature: Option<f32>,
+    /// Their top-k.
     pub top_k: Option<usize>,
+    /// Their top-p.
     pub top_p: Option<f32>,
+    /// Their repetition penalty.
     pub repetition_penalty: Option<f32>,
+    /// Their limit on new tokens.
     pub max_new_tokens: Option<usize>,
 }
 

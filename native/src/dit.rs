@@ -156,7 +156,10 @@ pub enum Spelling {
     Diffusers,
     /// The original release's names (BFL for FLUX), after `prefix` (empty, or
     /// `model.diffusion_model.` once or more).
-    Original { prefix: String },
+    Original {
+        /// What comes before each original name.
+        prefix: String,
+    },
 }
 
 /// Where one of diffusers' tensors lies in a stored file: a name, a row range of it, and
@@ -474,6 +477,7 @@ impl Dit {
         })
     }
 
+    /// The architecture read from the folder.
     pub fn config(&self) -> &DitConfig {
         self.model.config()
     }

@@ -311,6 +311,7 @@ impl ClipTextEncoder {
         self.model.weight_bytes()
     }
 
+    /// The architecture read from the folder.
     pub fn config(&self) -> &ClipTextConfig {
         self.model.config()
     }
@@ -372,6 +373,7 @@ impl T5Encoder {
         self.model.weight_bytes()
     }
 
+    /// The architecture read from the folder.
     pub fn config(&self) -> &T5Config {
         self.model.config()
     }

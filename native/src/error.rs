@@ -11,12 +11,20 @@ pub enum NetworkError {
     Core(#[from] CoreError),
     /// A file could not be opened, read or written.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
     /// A file was read but its contents are not what they claim to be.
     #[error("{path}: {location}: {message}")]
     Parse {
+        /// The file.
         path: PathBuf,
+        /// Where in it: a field, a tensor's name, a line and column.
         location: String,
+        /// What is wrong there.
         message: String,
     },
     /// The model configuration cannot be built.
@@ -28,14 +36,22 @@ pub enum NetworkError {
     /// Training stopped: the loss or a gradient stopped being finite, or a step failed.
     #[error("epoch {epoch}, batch {batch}: {source}")]
     Training {
+        /// The epoch, counted from 1.
         epoch: usize,
+        /// The batch within it, counted from 0.
         batch: usize,
+        /// Why.
         source: CoreError,
     },
     /// A language-model step failed: the loss or a gradient stopped being finite. The
     /// weights were left as they were before the step.
     #[error("step {step}: {source}")]
-    Step { step: u64, source: CoreError },
+    Step {
+        /// The step, counted from 1.
+        step: u64,
+        /// Why.
+        source: CoreError,
+    },
     /// The GPU could not be used: no adapter, a model over its limits, a device error.
     #[error("GPU: {0}")]
     Gpu(String),

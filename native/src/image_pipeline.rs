@@ -48,14 +48,18 @@ pub struct PipelineConfig {
     pub text_encoder_layers: Vec<usize>,
     /// What the unconditional half of classifier-free guidance encodes ("" by default).
     pub negative_prompt: String,
+    /// How the denoising steps are taken (the folder's scheduler unless changed).
     pub solver: Solver,
 }
 
 /// Which family a folder holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
+    /// FLUX.1 (dev, schnell): double- and single-stream blocks, CLIP + T5 prompts.
     Flux,
+    /// FLUX.2 (klein): shared modulation, a Qwen3 prompt encoder.
     Flux2,
+    /// Stable Diffusion 3 and 3.5 (MMDiT): two CLIP towers and T5.
     Sd3,
     /// Stable Diffusion 1.x and 2.x (`StableDiffusionPipeline`).
     Sd,
@@ -68,6 +72,7 @@ pub enum Family {
 pub struct PromptEmbedding {
     /// `(tokens, width)`: the per-token states the transformer attends to.
     pub states: Vec<f32>,
+    /// Rows of `states`.
     pub tokens: usize,
     /// The pooled vector (FLUX.1: CLIP's; SD3: both towers' projections side by side).
     pub pooled: Option<Vec<f32>>,
@@ -77,7 +82,9 @@ pub struct PromptEmbedding {
 /// run uses classifier-free guidance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Conditioning {
+    /// The prompt's encoding.
     pub prompt: PromptEmbedding,
+    /// The negative prompt's, with classifier-free guidance.
     pub negative: Option<PromptEmbedding>,
 }
 
@@ -85,9 +92,13 @@ pub struct Conditioning {
 /// the autoencoder's latent shifted and scaled; FLUX.2, patchified 2x2 and normalized.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Latent {
+    /// `channels x height x width` values.
     pub data: Vec<f32>,
+    /// Latent channels.
     pub channels: usize,
+    /// Latent rows.
     pub height: usize,
+    /// Latent columns.
     pub width: usize,
 }
 
@@ -497,6 +508,7 @@ impl ImagePipeline {
         })
     }
 
+    /// Which model family the folder holds.
     pub fn family(&self) -> Family {
         self.family
     }
@@ -506,6 +518,7 @@ impl ImagePipeline {
         self.dit.as_ref()
     }
 
+    /// The autoencoder.
     pub fn vae(&self) -> &Vae {
         &self.vae
     }

@@ -29,6 +29,7 @@
 
 // Kernels index several slices with one loop variable, as the formulas do.
 #![allow(clippy::needless_range_loop)]
+#![warn(missing_docs)]
 
 mod chat;
 mod checkpoint;

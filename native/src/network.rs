@@ -13,7 +13,9 @@ use crate::{Dataset, NetworkError, Result};
 /// How `fit` walks the data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrainConfig {
+    /// Passes over the data.
     pub epochs: usize,
+    /// Rows per optimizer step (the last batch of an epoch may be shorter).
     pub batch_size: usize,
     /// Reshuffle the rows before every epoch.
     pub shuffle: bool,
@@ -96,6 +98,7 @@ impl NetworkBuilder {
         self.layers.push(DenseLayer { units, activation });
         self
     }
+    /// The loss the network trains on (required).
     pub fn loss(mut self, loss: Loss) -> Self {
         self.loss = Some(loss);
         self
@@ -170,6 +173,7 @@ fn argmax(v: &[f32]) -> usize {
 }
 
 impl Network {
+    /// A builder: `.input_size(n)`, `.dense(units, activation)` per layer, `.loss(...)`, then `build()`.
     pub fn builder() -> NetworkBuilder {
         NetworkBuilder {
             input_size: 0,

@@ -15,7 +15,9 @@ use crate::{NetworkError, Result};
 /// One dimension of an input or output: a size, or a name the file leaves open (`batch`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OnnxDim {
+    /// A size the file fixes.
     Fixed(usize),
+    /// A size named but left open, given at run time.
     Symbolic(String),
 }
 
@@ -31,7 +33,9 @@ impl fmt::Display for OnnxDim {
 /// An input or output: its name and shape (`None` where the file does not say).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OnnxIo {
+    /// The name the graph gives it.
     pub name: String,
+    /// Its dimensions, where the file says.
     pub shape: Option<Vec<OnnxDim>>,
 }
 
@@ -50,8 +54,11 @@ impl fmt::Display for OnnxIo {
 /// An output of [`OnnxModel::run`]: its shape and values, row-major.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OnnxOutput {
+    /// The output's name in the graph.
     pub name: String,
+    /// Its dimensions.
     pub shape: Vec<usize>,
+    /// `shape`'s product of values, row-major.
     pub values: Vec<f32>,
 }
 

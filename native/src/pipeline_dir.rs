@@ -104,6 +104,7 @@ impl PipelineFolder {
         })
     }
 
+    /// The folder.
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -115,6 +116,7 @@ impl PipelineFolder {
     pub fn components(&self) -> &BTreeMap<String, Component> {
         &self.components
     }
+    /// The component in folder `name` (`transformer`, `vae`, `text_encoder`...), if the index names it.
     pub fn component(&self, name: &str) -> Option<&Component> {
         self.components.get(name)
     }

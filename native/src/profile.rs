@@ -10,11 +10,13 @@ use rusting_brain_core::{Activation, Backend, Loss, Result};
 
 /// Wraps a backend; `report()` gives (primitive, calls, total time), largest first.
 pub struct Profiled<B: Backend> {
+    /// The backend doing the work.
     pub inner: B,
     times: RefCell<BTreeMap<&'static str, (usize, Duration)>>,
 }
 
 impl<B: Backend> Profiled<B> {
+    /// Profiles `inner`.
     pub fn new(inner: B) -> Self {
         Profiled {
             inner,

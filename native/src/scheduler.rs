@@ -17,7 +17,9 @@ use crate::Result;
 /// The sampler a scheduler configuration describes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SchedulerConfig {
+    /// Flow matching (FLUX, SD3): Euler steps along the velocity.
     FlowMatch(FlowMatchConfig),
+    /// A discrete-time diffusion schedule (SD 1.x/2.x, SDXL) and its solver.
     Discrete(Solver, DiscreteConfig),
 }
 

@@ -118,6 +118,7 @@ impl TokenFile {
     pub fn len(&self) -> usize {
         self.len
     }
+    /// No tokens.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -213,6 +213,7 @@ pub struct PromptTokenizer {
 }
 
 impl PromptTokenizer {
+    /// Reads `tokenizer.json` (and its `tokenizer_config.json` where present) from `dir`.
     pub fn load(dir: impl AsRef<Path>) -> Result<PromptTokenizer> {
         let dir = dir.as_ref();
         let json = dir.join("tokenizer.json");

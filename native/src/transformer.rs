@@ -133,14 +133,17 @@ impl MoeOptions {
 }
 
 impl TransformerLmBuilder {
+    /// Vocabulary size (required).
     pub fn vocab_size(mut self, n: usize) -> Self {
         self.config.vocab_size = n;
         self
     }
+    /// Model width (required).
     pub fn d_model(mut self, n: usize) -> Self {
         self.config.d_model = n;
         self
     }
+    /// Transformer blocks (required).
     pub fn n_layers(mut self, n: usize) -> Self {
         self.config.n_layers = n;
         self
@@ -157,6 +160,7 @@ impl TransformerLmBuilder {
         self.config.d_ff = n;
         self
     }
+    /// The longest sequence (prompt and reply) the model takes (required).
     pub fn max_seq_len(mut self, n: usize) -> Self {
         self.config.max_seq_len = n;
         self
@@ -245,6 +249,7 @@ impl TransformerLmBuilder {
         self.seed = seed;
         self
     }
+    /// Builds the model with weights drawn from the seed, or says why the configuration is invalid.
     pub fn build(mut self) -> Result<TransformerLm> {
         self.config.moe = self.moe.resolve(&self.config)?;
         self.config
@@ -349,6 +354,7 @@ pub struct TransformerLm {
 }
 
 impl TransformerLm {
+    /// A builder: the sizes (`vocab_size`, `d_model`, `n_layers`, `heads`, `d_ff`, `max_seq_len`), then `build()`.
     pub fn builder() -> TransformerLmBuilder {
         TransformerLmBuilder {
             config: TransformerConfig {
@@ -595,6 +601,7 @@ impl TransformerLm {
         }
     }
 
+    /// The architecture.
     pub fn config(&self) -> &TransformerConfig {
         &self.model().config
     }
@@ -625,6 +632,7 @@ impl TransformerLm {
         self.model().step
     }
 
+    /// Parameters in all, and those a token uses (they differ with experts).
     pub fn parameter_counts(&self) -> ParameterCounts {
         let c = self.config();
         let dense = TransformerConfig {
@@ -704,6 +712,7 @@ impl TransformerLm {
         Ok(StepLoss::from_sum(s))
     }
 
+    /// Zeroes the accumulated gradients (`accumulate_step` adds to them).
     pub fn zero_grad(&mut self) -> Result<()> {
         #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
@@ -1252,6 +1261,7 @@ impl KvCaches {
             CacheEngine::Wgpu(c, _) => c.len(),
         }
     }
+    /// No messages.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

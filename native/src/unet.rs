@@ -211,10 +211,12 @@ impl Unet {
         })
     }
 
+    /// The architecture read from the folder.
     pub fn config(&self) -> &UnetConfig {
         self.model.config()
     }
 
+    /// Weights and biases.
     pub fn parameter_count(&self) -> usize {
         self.config().layout().parameter_count()
     }

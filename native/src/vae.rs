@@ -65,6 +65,7 @@ impl Vae {
         self.model.weight_bytes()
     }
 
+    /// The architecture read from the folder.
     pub fn config(&self) -> &VaeConfig {
         self.model.config()
     }
@@ -280,9 +281,13 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
 /// A picture, channels first, values in [-1, 1]: `data[(c * height + y) * width + x]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Image {
+    /// Columns.
     pub width: usize,
+    /// Rows.
     pub height: usize,
+    /// Channels (3 for RGB).
     pub channels: usize,
+    /// `channels x height x width` values in [-1, 1].
     pub data: Vec<f32>,
 }
 

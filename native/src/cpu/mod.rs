@@ -50,6 +50,7 @@ pub(crate) fn rows_per_task(cols: usize) -> usize {
 pub struct CpuBackend;
 
 impl CpuBackend {
+    /// The CPU backend (stateless: the thread team and the kernels' choice are global).
     pub fn new() -> Self {
         CpuBackend
     }

@@ -24,6 +24,8 @@ pub fn tile_floats(spec: &SdpaSpec) -> usize {
     Q_BLOCK.min(spec.q_len) * (spec.kv_len + spec.head_dim)
 }
 
+/// Scaled dot-product attention on the CPU, blocked over queries (see [`SdpaSpec`] for the
+/// layout, masks and bias): the fused kernel whose reference twin is core's `ops::sdpa`.
 #[allow(clippy::too_many_arguments)]
 pub fn sdpa(
     out: &mut [f32],

@@ -15,13 +15,16 @@ use rusting_brain_core::ops::unary::Unary;
 /// The instruction set the kernels run with, detected once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
+    /// AVX-512F (with VNNI and BF16 where present).
     Avx512,
+    /// AVX2 with FMA.
     Avx2Fma,
     /// SSE2 on x86-64, NEON (which always has FMA) on aarch64.
     Baseline,
 }
 
 impl Isa {
+    /// The name printed in benchmark tables and logs.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Avx512 => "avx512f",

@@ -365,6 +365,7 @@ impl CudaBackend {
     pub fn set_tf32(&self, on: bool) {
         self.dev.tf32.store(on, Ordering::SeqCst);
     }
+    /// Whether FP32 GEMMs run on TF32 tensor cores.
     pub fn tf32(&self) -> bool {
         self.dev.tf32.load(Ordering::SeqCst)
     }
@@ -373,6 +374,7 @@ impl CudaBackend {
     pub fn set_bf16_attention(&self, on: bool) {
         self.dev.flash.store(on, Ordering::SeqCst);
     }
+    /// Whether attention runs on the BF16 flash kernels where it can.
     pub fn bf16_attention(&self) -> bool {
         self.dev.flash.load(Ordering::SeqCst)
     }

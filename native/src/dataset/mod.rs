@@ -51,15 +51,19 @@ impl Dataset {
         Ok(Dataset { inputs, targets })
     }
 
+    /// Rows.
     pub fn len(&self) -> usize {
         self.inputs.len()
     }
+    /// No rows.
     pub fn is_empty(&self) -> bool {
         self.inputs.is_empty()
     }
+    /// The input rows.
     pub fn inputs(&self) -> &[Vec<f32>] {
         &self.inputs
     }
+    /// The target rows, one per input row.
     pub fn targets(&self) -> &[Vec<f32>] {
         &self.targets
     }
@@ -353,7 +357,9 @@ impl Dataset {
 /// Per-column mean and standard deviation of a training split (see [`Dataset::standardize`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Statistics {
+    /// Each column's mean.
     pub mean: Vec<f32>,
+    /// Each column's standard deviation (1 where a column is constant).
     pub std: Vec<f32>,
 }
 
