@@ -33,6 +33,7 @@ pub use crate::ops::spatial::PatchSpec;
 pub use crate::ops::unary::Unary;
 use crate::{Activation, Loss, Result};
 
+/// Where buffers live and the primitives run: core's model definitions call these methods, and each backend (the reference, the CPU's kernels, wgpu, CUDA, the portable wasm one) implements them, checked against the reference in the shared sweep.
 pub trait Backend {
     /// A contiguous f32 buffer living wherever this backend computes.
     type Buffer;
@@ -58,6 +59,7 @@ pub trait Backend {
     fn write(&self, dst: &mut Self::Buffer, data: &[f32]) -> Result<()>;
     /// Number of f32 elements.
     fn len(&self, buf: &Self::Buffer) -> usize;
+    /// Sets every element to `value`.
     fn fill(&self, buf: &mut Self::Buffer, value: f32) -> Result<()>;
     /// dst = src (same length).
     fn copy(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<()>;
@@ -97,6 +99,7 @@ pub trait Backend {
         b: &Self::Buffer,
         spec: &MatmulSpec,
     ) -> Result<()>;
+    /// `out[r][c] += bias[c]` over `rows x cols`.
     fn add_bias(&self, out: &mut Self::Buffer, bias: &Self::Buffer, rows: usize, cols: usize) -> Result<()>;
     /// Accumulates.
     fn bias_backward(
@@ -106,6 +109,7 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     ) -> Result<()>;
+    /// `out = act(inp)` elementwise (softmax over each row).
     fn activation_forward(
         &self,
         act: Activation,
@@ -114,6 +118,7 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     ) -> Result<()>;
+    /// `dinp` from `dout` through `act`, given its input and output (overwrites `dinp`).
     #[allow(clippy::too_many_arguments)]
     fn activation_backward(
         &self,
@@ -125,6 +130,7 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     ) -> Result<()>;
+    /// The mean loss of `rows x cols` predictions against their targets, on the host.
     fn loss_forward(
         &self,
         loss: Loss,
@@ -133,6 +139,7 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     ) -> Result<f64>;
+    /// The gradient of the mean loss with respect to the predictions (overwrites `dpred`).
     fn loss_backward(
         &self,
         loss: Loss,
@@ -142,6 +149,7 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     ) -> Result<()>;
+    /// Softmax + categorical cross-entropy or sigmoid + binary cross-entropy back to the logits at once: `(pred - target) / rows`, stable where the two steps apart would saturate.
     fn fused_output_backward(
         &self,
         loss: Loss,
@@ -153,6 +161,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     // ----- transformer blocks -----
+    /// RMSNorm of each `dim`-wide row times `weight`, keeping each row's 1/rms in `rstd` for the backward.
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_forward(
         &self,
@@ -181,6 +190,7 @@ pub trait Backend {
     fn rope_forward(&self, x: &mut Self::Buffer, spec: &RopeSpec) -> Result<()>;
     /// In place.
     fn rope_backward(&self, dx: &mut Self::Buffer, spec: &RopeSpec) -> Result<()>;
+    /// Softmax over each row of `cols`.
     fn softmax_forward(
         &self,
         out: &mut Self::Buffer,
@@ -188,6 +198,7 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     ) -> Result<()>;
+    /// Softmax's backward from its output (overwrites `dinp`).
     fn softmax_backward(
         &self,
         dinp: &mut Self::Buffer,
@@ -196,7 +207,9 @@ pub trait Backend {
         rows: usize,
         cols: usize,
     ) -> Result<()>;
+    /// `out = silu(gate) * up`.
     fn swiglu_forward(&self, out: &mut Self::Buffer, gate: &Self::Buffer, up: &Self::Buffer) -> Result<()>;
+    /// SwiGLU's backward: the gradients of `gate` and `up` (overwritten).
     fn swiglu_backward(
         &self,
         dgate: &mut Self::Buffer,
@@ -205,6 +218,7 @@ pub trait Backend {
         gate: &Self::Buffer,
         up: &Self::Buffer,
     ) -> Result<()>;
+    /// Causal grouped-query attention (see [`AttentionSpec`] for the layout), keeping each row's log-sum-exp in `lse` for the backward.
     fn attention_forward(
         &self,
         out: &mut Self::Buffer,
@@ -214,6 +228,7 @@ pub trait Backend {
         v: &Self::Buffer,
         spec: &AttentionSpec,
     ) -> Result<()>;
+    /// Attention's backward: `dq`, `dk`, `dv` (overwritten) from the forward's output and `lse`.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
@@ -228,6 +243,7 @@ pub trait Backend {
         lse: &Self::Buffer,
         spec: &AttentionSpec,
     ) -> Result<()>;
+    /// Rows of `table` (`vocab x dim`) for `ids`; an id not below `vocab` is an error.
     fn embedding_forward(
         &self,
         out: &mut Self::Buffer,
@@ -643,6 +659,7 @@ pub trait Backend {
     }
 
     // ----- optimizers -----
+    /// One Adam(W) step (`step` counted from 1) of `param` with `grad`, the moments `m`, `v` updated in place.
     fn adam_update(
         &self,
         param: &mut Self::Buffer,
@@ -652,6 +669,7 @@ pub trait Backend {
         hp: &AdamParams,
         step: u64,
     ) -> Result<()>;
+    /// One SGD step of `param` with `grad`, the momentum buffer updated when there is one.
     fn sgd_update(
         &self,
         param: &mut Self::Buffer,

@@ -6,21 +6,34 @@ pub enum CoreError {
     /// A buffer does not have the number of elements the shape arguments imply.
     #[error("{op}: `{what}` has {actual} elements but the shape needs {expected}")]
     ShapeMismatch {
+        /// The operation.
         op: &'static str,
+        /// The buffer.
         what: &'static str,
+        /// Elements the shape needs.
         expected: usize,
+        /// Elements it has.
         actual: usize,
     },
     /// A dimension that must be positive (a norm's width, a head size, a vocabulary) is zero,
     /// or dimensions are inconsistent with each other.
     #[error("{op}: invalid dimensions: {message}")]
-    InvalidDimension { op: &'static str, message: String },
+    InvalidDimension {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// A token id (or class index) is not below the table size.
     #[error("{op}: id {id} at position {index} is outside the vocabulary ({vocab})")]
     IdOutOfRange {
+        /// The operation.
         op: &'static str,
+        /// The id.
         id: u32,
+        /// Where it is.
         index: usize,
+        /// The table's size.
         vocab: usize,
     },
     /// A token id of a batch is not below the vocabulary size.
@@ -28,25 +41,50 @@ pub enum CoreError {
         "token id {id} at batch row {row}, position {position} ({what}) is outside the vocabulary ({vocab})"
     )]
     TokenOutOfRange {
+        /// "input" or "target".
         what: &'static str,
+        /// The id.
         id: u32,
+        /// Its row of the batch.
         row: usize,
+        /// Its position in the row.
         position: usize,
+        /// The vocabulary's size.
         vocab: usize,
     },
     /// A hyper-parameter is outside its valid range (negative learning rate, beta >= 1, ...).
     #[error("{op}: invalid argument: {message}")]
-    InvalidArgument { op: &'static str, message: String },
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// A loss came out NaN or infinite; the inputs were not finite or overflowed.
     #[error("{op}: the result is not finite ({value}); check the inputs for NaN/Inf")]
-    NonFinite { op: &'static str, value: f64 },
+    NonFinite {
+        /// The operation.
+        op: &'static str,
+        /// The value it came out as.
+        value: f64,
+    },
     /// A checkpoint's bytes are not what they claim to be (`location`: the header, the
     /// metadata, or a tensor's name).
     #[error("{location}: {message}")]
-    Checkpoint { location: String, message: String },
+    Checkpoint {
+        /// Where: the header, the metadata, a tensor's name, a line and column.
+        location: String,
+        /// What is wrong there.
+        message: String,
+    },
     /// A device backend failed (driver, allocation, kernel launch). Never silently recovered.
     #[error("{backend} backend: {message}")]
-    Device { backend: &'static str, message: String },
+    Device {
+        /// The backend ("wgpu", "cuda").
+        backend: &'static str,
+        /// What the device or driver said.
+        message: String,
+    },
 }
 
 /// Checks that a buffer has `expected` elements (shared by every backend's validation).
@@ -113,6 +151,7 @@ pub fn check_rows(
     Ok(n)
 }
 
+/// Checks that a dimension `what` is at least 1.
 pub fn nonzero(op: &'static str, what: &str, value: usize) -> Result<(), CoreError> {
     if value == 0 {
         Err(CoreError::InvalidDimension {

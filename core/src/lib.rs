@@ -15,6 +15,7 @@
 //! so the web crate runs the same model code as the native one.
 #![no_std]
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 // The reference math indexes several arrays with one loop variable, as the formulas do;
 // rewriting those loops as zipped iterators would make them harder to check by eye.
 #![allow(clippy::needless_range_loop)]
@@ -27,6 +28,7 @@ pub mod backend;
 #[cfg(feature = "checkpoint")]
 pub mod checkpoint;
 pub mod diffusion;
+/// The errors every primitive and backend reports, and the shape checks they share.
 pub mod error;
 pub mod models;
 pub mod ops;

@@ -4,12 +4,25 @@
 use crate::ops::optim::{AdamParams, SgdParams};
 use crate::Result;
 
+/// The update rule and its own settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum OptimizerKind {
     /// Plain or momentum SGD, PyTorch semantics (no dampening); weight decay is L2.
-    Sgd { momentum: f32, nesterov: bool },
+    Sgd {
+        /// Momentum (0: none).
+        momentum: f32,
+        /// Nesterov momentum.
+        nesterov: bool,
+    },
     /// Adam with bias correction; weight decay is decoupled (AdamW).
-    Adam { beta1: f32, beta2: f32, epsilon: f32 },
+    Adam {
+        /// First moment's decay.
+        beta1: f32,
+        /// Second moment's decay.
+        beta2: f32,
+        /// Added to the second moment's square root.
+        epsilon: f32,
+    },
 }
 
 /// Which update rule, at which learning rate, with which settings.
@@ -23,12 +36,14 @@ pub enum OptimizerKind {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Optimizer {
+    /// The rule (SGD or Adam) and its settings.
     pub kind: OptimizerKind,
     learning_rate: f32,
     weight_decay: f32,
 }
 
 impl Optimizer {
+    /// Plain SGD: `p -= lr * g`.
     pub fn sgd(learning_rate: f32) -> Self {
         Optimizer {
             kind: OptimizerKind::Sgd {
@@ -39,6 +54,7 @@ impl Optimizer {
             weight_decay: 0.0,
         }
     }
+    /// SGD with momentum (PyTorch's: no dampening).
     pub fn sgd_momentum(learning_rate: f32, momentum: f32) -> Self {
         Optimizer {
             kind: OptimizerKind::Sgd {
@@ -98,9 +114,11 @@ impl Optimizer {
         self.weight_decay = decay;
         self
     }
+    /// The rate the next step uses.
     pub fn learning_rate(&self) -> f32 {
         self.learning_rate
     }
+    /// The weight decay (decoupled for Adam, L2 for SGD).
     pub fn decay(&self) -> f32 {
         self.weight_decay
     }

@@ -25,24 +25,41 @@ pub trait Real:
     + Sync
     + 'static
 {
+    /// 0.
     const ZERO: Self;
+    /// 1.
     const ONE: Self;
+    /// Negative infinity (the identity of a running max).
     const NEG_INFINITY: Self;
+    /// From f64, rounded to nearest.
     fn from_f64(x: f64) -> Self;
+    /// From f32, exactly.
     fn from_f32(x: f32) -> Self;
+    /// To f64, exactly.
     fn to_f64(self) -> f64;
+    /// To f32, rounded to nearest.
     fn to_f32(self) -> f32;
+    /// e^x.
     fn exp(self) -> Self;
+    /// The natural logarithm.
     fn ln(self) -> Self;
+    /// The square root.
     fn sqrt(self) -> Self;
+    /// The sine (radians).
     fn sin(self) -> Self;
+    /// The cosine (radians).
     fn cos(self) -> Self;
+    /// The hyperbolic tangent.
     fn tanh(self) -> Self;
     /// The error function (exact GELU).
     fn erf(self) -> Self;
+    /// x^e.
     fn powf(self, e: Self) -> Self;
+    /// |x|.
     fn abs(self) -> Self;
+    /// Neither infinite nor NaN.
     fn is_finite(self) -> bool;
+    /// The larger; `self` when `other` is NaN or equal.
     fn max(self, other: Self) -> Self {
         if other > self {
             other
@@ -50,6 +67,7 @@ pub trait Real:
             self
         }
     }
+    /// The smaller; `self` when `other` is NaN or equal.
     fn min(self, other: Self) -> Self {
         if other < self {
             other
@@ -57,6 +75,7 @@ pub trait Real:
             self
         }
     }
+    /// From a count, through f64.
     fn from_usize(x: usize) -> Self {
         Self::from_f64(x as f64)
     }

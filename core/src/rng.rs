@@ -4,6 +4,7 @@
 //! the browser, from a `u64` seed alone, so the generator is defined here rather than taken
 //! from the OS or a crate whose stream may change between versions.
 
+/// The generator: the same seed gives the same stream everywhere.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rng {
     s: [u64; 4],
@@ -18,6 +19,7 @@ fn splitmix64(state: &mut u64) -> u64 {
 }
 
 impl Rng {
+    /// A generator whose state is drawn from `seed` by SplitMix64.
     pub fn new(seed: u64) -> Rng {
         let mut st = seed;
         Rng {
@@ -30,6 +32,7 @@ impl Rng {
         }
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = self.s[1] << 17;

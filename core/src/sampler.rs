@@ -12,7 +12,9 @@ use crate::{CoreError, Result, Rng};
 pub struct Sampler {
     /// 0 means greedy (argmax).
     pub temperature: f32,
+    /// Keep only the k most likely tokens.
     pub top_k: Option<usize>,
+    /// Keep the most likely tokens whose probabilities add up to at least p.
     pub top_p: Option<f32>,
     /// The CTRL / Hugging Face penalty over tokens already in the context: positive logits
     /// are divided by it, negative ones multiplied. 1 is none.
@@ -74,6 +76,7 @@ impl Sampler {
         self.top_p = Some(p);
         self
     }
+    /// Sets the repetition penalty (1 is none).
     pub fn repetition_penalty(mut self, penalty: f32) -> Self {
         self.repetition_penalty = penalty;
         self

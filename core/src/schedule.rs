@@ -12,14 +12,18 @@
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Schedule {
+    /// The highest rate, reached at the end of warmup.
     pub peak: f32,
+    /// Steps of the linear warmup.
     pub warmup: u64,
+    /// Steps in all; the cosine reaches the floor there.
     pub total: u64,
     /// The final rate as a fraction of the peak (default 0.1).
     pub floor: f32,
 }
 
 impl Schedule {
+    /// Linear warmup to `peak` over `warmup` steps, then a cosine down to a tenth of it at `total`.
     pub fn warmup_cosine(peak: f32, warmup: u64, total: u64) -> Schedule {
         Schedule {
             peak,

@@ -11,6 +11,8 @@
 //! Every kernel has its reference twin in `rusting_brain_core::ops`; CI compiles every
 //! file with NVRTC (from the `nvidia-cuda-nvrtc-cu12` wheel) even without a GPU. Launching
 //! them, and comparing them with the twins on a device, is the CUDA backend's part.
+
+#![warn(missing_docs)]
 #![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -18,7 +20,9 @@ use std::path::{Path, PathBuf};
 /// One `.cu` file: its name (the op) and its text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Source {
+    /// The file's stem, which names the op.
     pub name: &'static str,
+    /// The CUDA C++ source.
     pub code: &'static str,
 }
 
@@ -56,26 +60,47 @@ pub const SOURCES: &[Source] = &[
 /// What can go wrong before a kernel runs; every message says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
+    /// A CUDA library cannot be loaded.
     #[error("the CUDA library `{lib}` is not installed or not on the loader path (tried {tried}); install the NVIDIA driver (libcuda) and NVRTC (the CUDA toolkit, or the nvidia-cuda-nvrtc-cu12 wheel on LD_LIBRARY_PATH; docs/INSTALL_CUDA.md), or use another backend")]
-    LibraryMissing { lib: &'static str, tried: String },
+    LibraryMissing {
+        /// The library ("cuda", "nvrtc", "cublasLt").
+        lib: &'static str,
+        /// The file names looked for.
+        tried: String,
+    },
+    /// A kernel file did not compile.
     #[error("NVRTC could not compile kernel file `{kernel}` for {arch}: {message}\n{log}")]
     Compile {
+        /// The kernel file.
         kernel: String,
+        /// The architecture compiled for.
         arch: String,
+        /// NVRTC's error.
         message: String,
+        /// NVRTC's compile log.
         log: String,
     },
+    /// An architecture name NVRTC does not take.
     #[error("`{0}` is not a GPU architecture NVRTC takes (expected like compute_80 or sm_90)")]
     BadArch(String),
+    /// The compiled-kernel cache could not be read or written.
     #[error("kernel cache {path}: {source}")]
-    Cache { path: PathBuf, source: std::io::Error },
+    Cache {
+        /// The cache file or folder.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
 }
 
 /// The CUDA libraries the backend loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Library {
+    /// The driver API (`libcuda`).
     Driver,
+    /// The runtime compiler.
     Nvrtc,
+    /// cuBLASLt, for the GEMMs.
     CublasLt,
 }
 
@@ -176,6 +201,7 @@ impl Compiler {
         Some(base.join("rusting_brain").join("kernels"))
     }
 
+    /// The architecture the kernels are compiled for (`sm_90`...).
     pub fn arch(&self) -> &str {
         &self.arch
     }

@@ -15,8 +15,10 @@ use alloc::vec::Vec;
 
 use crate::{CoreError, Result};
 
+/// How the betas of the training noise schedule grow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BetaSchedule {
+    /// `linspace(b0, b1)`.
     Linear,
     /// `linspace(sqrt(b0), sqrt(b1))²` (Stable Diffusion's).
     ScaledLinear,
@@ -27,9 +29,11 @@ pub enum BetaSchedule {
 /// What the model predicts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prediction {
+    /// The noise ε.
     Epsilon,
     /// v = sqrt(ᾱ) ε - sqrt(1 - ᾱ) x0 (SD 2.x 768).
     VPrediction,
+    /// The clean sample x0.
     Sample,
     /// The rectified-flow velocity (DPM-Solver++ over flow sigmas: x0 = x - σ v).
     Flow,
@@ -38,16 +42,22 @@ pub enum Prediction {
 /// How the inference timesteps are spread over the training ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spacing {
+    /// Timesteps `0, k, 2k...` from the start (plus `steps_offset`).
     Leading,
+    /// Timesteps counted back from the last training step.
     Trailing,
+    /// Evenly spaced over the whole range.
     Linspace,
 }
 
 /// Which sampler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Solver {
+    /// DDIM (deterministic at eta 0).
     Ddim,
+    /// Euler over the Karras-style sigmas.
     Euler,
+    /// Euler with fresh noise each step.
     EulerAncestral,
     /// DPM-Solver++ 2M (multistep, second order, midpoint).
     DpmPlusPlus2M,
@@ -56,15 +66,23 @@ pub enum Solver {
 /// A `scheduler_config.json`'s keys that shape these samplers.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DiscreteConfig {
+    /// Training timesteps (1000).
     pub num_train_timesteps: usize,
+    /// The first beta.
     pub beta_start: f64,
+    /// The last beta.
     pub beta_end: f64,
+    /// How the betas grow between them.
     pub beta_schedule: BetaSchedule,
+    /// What the model predicts.
     pub prediction: Prediction,
+    /// How the inference timesteps are spread.
     pub spacing: Spacing,
+    /// Added to every inference timestep (1 for SD).
     pub steps_offset: usize,
     /// DDIM: clamp the predicted clean sample to `±clip_sample_range`.
     pub clip_sample: bool,
+    /// The clamp's bound.
     pub clip_sample_range: f64,
     /// DDIM: the "previous" ᾱ past the first step is 1 (else ᾱ[0]).
     pub set_alpha_to_one: bool,
@@ -73,6 +91,7 @@ pub struct DiscreteConfig {
     pub final_sigma_zero: bool,
     /// DPM: first order on the last step(s) with fewer than 15 steps.
     pub lower_order_final: bool,
+    /// DPM: the last step first order (Euler).
     pub euler_at_final: bool,
     /// DDIM's eta (0: deterministic).
     pub eta: f64,
@@ -125,6 +144,7 @@ fn linspace_f32(a: f32, b: f32, n: usize) -> Vec<f32> {
 }
 
 impl DiscreteConfig {
+    /// Checks the settings, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         if self.num_train_timesteps < 2 {
             return Err(invalid(format!(
@@ -245,7 +265,9 @@ impl DiscreteConfig {
 /// taken in order.
 #[derive(Debug, Clone)]
 pub struct DiscreteSampler {
+    /// The sampler.
     pub solver: Solver,
+    /// The schedule's settings.
     pub config: DiscreteConfig,
     /// What the model is given at each step.
     pub timesteps: Vec<f64>,
@@ -259,6 +281,7 @@ pub struct DiscreteSampler {
 }
 
 impl DiscreteSampler {
+    /// A run of `steps` steps of `solver` over `config`'s schedule.
     pub fn new(solver: Solver, config: DiscreteConfig, steps: usize) -> Result<Self> {
         let timesteps = config.timesteps(solver, steps)?;
         let ac = config.alphas_cumprod();
@@ -344,6 +367,7 @@ impl DiscreteSampler {
         })
     }
 
+    /// Steps of the run.
     pub fn steps(&self) -> usize {
         self.timesteps.len()
     }

@@ -26,15 +26,23 @@ pub enum TimeShift {
 /// The scheduler's `scheduler_config.json` keys that shape the schedule.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FlowMatchConfig {
+    /// Training timesteps (1000).
     pub num_train_timesteps: usize,
     /// The static shift (used when `use_dynamic_shifting` is off).
     pub shift: f64,
+    /// Shift the sigmas by the image's size (FLUX) instead of `shift`.
     pub use_dynamic_shifting: bool,
+    /// The dynamic shift's `mu` at `base_image_seq_len` tokens.
     pub base_shift: f64,
+    /// The dynamic shift's `mu` at `max_image_seq_len` tokens.
     pub max_shift: f64,
+    /// Tokens where `mu` is `base_shift`.
     pub base_image_seq_len: usize,
+    /// Tokens where `mu` is `max_shift`.
     pub max_image_seq_len: usize,
+    /// Stretch the shifted sigmas so the last one is this (SD3.5), when given.
     pub shift_terminal: Option<f64>,
+    /// The shift's form (exponential or linear in `mu`).
     pub time_shift: TimeShift,
 }
 
@@ -63,6 +71,7 @@ fn invalid(message: alloc::string::String) -> CoreError {
 }
 
 impl FlowMatchConfig {
+    /// Checks the settings, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         if self.num_train_timesteps < 2 {
             return Err(invalid(format!(
@@ -191,10 +200,13 @@ pub fn flux2_empirical_mu(image_seq_len: usize, steps: usize) -> f64 {
 pub struct FlowMatchEuler {
     /// `N + 1` values, the last 0.
     pub sigmas: Vec<f32>,
+    /// Training timesteps (the model's time is `sigma * num_train_timesteps`).
     pub num_train_timesteps: usize,
 }
 
 impl FlowMatchEuler {
+    /// The schedule of `steps` steps (or of the `sigmas` given), shifted by `mu` where the
+    /// configuration shifts dynamically; the final 0 appended.
     pub fn new(
         config: &FlowMatchConfig,
         steps: usize,

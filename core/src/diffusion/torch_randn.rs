@@ -25,6 +25,7 @@ pub struct Mt19937 {
 }
 
 impl Mt19937 {
+    /// PyTorch's CPU generator state for `seed`.
     pub fn new(seed: u64) -> Self {
         let mut state = [0u32; 624];
         state[0] = seed as u32;
@@ -49,6 +50,7 @@ impl Mt19937 {
         self.index = 0;
     }
 
+    /// The next 32 random bits.
     pub fn next_u32(&mut self) -> u32 {
         if self.index >= 624 {
             self.twist();
@@ -108,6 +110,7 @@ pub struct TorchGenerator {
 }
 
 impl TorchGenerator {
+    /// A generator in the state `torch.Generator().manual_seed(seed)` leaves.
     pub fn new(seed: u64) -> Self {
         TorchGenerator {
             mt: Mt19937::new(seed),

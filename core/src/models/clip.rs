@@ -20,22 +20,33 @@ use crate::backend::{SdpaSpec, Unary};
 use crate::models::layers::{linear, Layout, Weights};
 use crate::{Backend, CoreError, Result};
 
+/// A CLIP text tower's shapes, from its `config.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClipTextConfig {
+    /// Token ids run from 0 to `vocab_size - 1`.
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Hidden width of the MLP.
     pub intermediate_size: usize,
+    /// Transformer layers.
     pub num_hidden_layers: usize,
+    /// Attention heads.
     pub num_attention_heads: usize,
+    /// Positions (77).
     pub max_position_embeddings: usize,
+    /// The MLP's activation (quick GELU for OpenAI's towers, GELU for OpenCLIP's).
     pub hidden_act: Unary,
+    /// LayerNorm's epsilon.
     pub layer_norm_eps: f32,
+    /// The id whose state is pooled (the highest id, for the original towers, is found by argmax).
     pub eos_token_id: u32,
     /// `Some` for `CLIPTextModelWithProjection` (`text_projection`, no bias).
     pub projection_dim: Option<usize>,
 }
 
 impl ClipTextConfig {
+    /// Checks the shapes, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| {
             Err(CoreError::InvalidArgument {
@@ -114,6 +125,7 @@ pub struct ClipTextOutput {
     pub text_embeds: Option<Vec<f32>>,
 }
 
+/// A CLIP text encoder over backend `B`, with its weights.
 pub struct ClipText<B: Backend> {
     backend: B,
     config: ClipTextConfig,
@@ -126,6 +138,7 @@ impl<B: Backend> ClipText<B> {
         self.weights.bytes(&self.backend)
     }
 
+    /// The encoder from its weights by transformers' names, each checked against the configuration.
     pub fn new(backend: B, config: ClipTextConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         ClipText::with_q8(backend, config, weights, BTreeMap::new())
     }
@@ -146,6 +159,7 @@ impl<B: Backend> ClipText<B> {
         })
     }
 
+    /// The architecture.
     pub fn config(&self) -> &ClipTextConfig {
         &self.config
     }

@@ -9,17 +9,23 @@ use alloc::vec::Vec;
 use crate::ops::matmul::MatmulSpec;
 use crate::{Activation, Backend, CoreError, Loss, Optimizer, Result, Rng};
 
+/// One fully connected layer: its width and what follows it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DenseLayer {
+    /// Outputs.
     pub units: usize,
+    /// The activation after the affine map.
     pub activation: Activation,
 }
 
 /// The architecture: everything needed to rebuild the model but its weights.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DenseConfig {
+    /// Width of an input row.
     pub input_size: usize,
+    /// The layers, input to output.
     pub layers: Vec<DenseLayer>,
+    /// What training minimizes.
     pub loss: Loss,
 }
 
@@ -31,6 +37,7 @@ fn invalid(message: alloc::string::String) -> CoreError {
 }
 
 impl DenseConfig {
+    /// Checks the sizes and settings, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         if self.input_size == 0 {
             return Err(invalid(
@@ -65,6 +72,7 @@ impl DenseConfig {
         };
         (fan_in, self.layers[l].units)
     }
+    /// Width of an output row (the last layer's units).
     pub fn output_size(&self) -> usize {
         self.layers.last().map_or(0, |l| l.units)
     }
@@ -100,13 +108,17 @@ struct Arena<B: Backend> {
 /// A dense network living on backend `B`: parameters, gradients, optimizer state and
 /// activation arenas.
 pub struct DenseModel<B: Backend> {
+    /// Where the buffers live and the math runs.
     pub backend: B,
+    /// The architecture.
     pub config: DenseConfig,
     /// Per layer, `(out, in)`.
     pub weights: Vec<B::Buffer>,
     /// Per layer, `(out)`.
     pub biases: Vec<B::Buffer>,
+    /// Per layer, the accumulated gradient of the weights, `(out, in)`.
     pub grad_weights: Vec<B::Buffer>,
+    /// Per layer, the accumulated gradient of the bias.
     pub grad_biases: Vec<B::Buffer>,
     /// Optimizer state mirroring the parameters: Adam's (m, v), or SGD's velocity in `.0`.
     state_weights: Vec<(B::Buffer, B::Buffer)>,
@@ -371,6 +383,7 @@ impl<B: Backend> DenseModel<B> {
         Ok(())
     }
 
+    /// Zeroes the accumulated gradients.
     pub fn zero_grad(&mut self) -> Result<()> {
         for g in self.grad_weights.iter_mut().chain(self.grad_biases.iter_mut()) {
             self.backend.fill(g, 0.0)?;
@@ -447,12 +460,19 @@ impl<B: Backend> DenseModel<B> {
 /// is [`DenseModel<B>`], one for every backend, and this erases the `B` so a type without a
 /// type parameter can hold any of them.
 pub trait DenseOps {
+    /// The architecture.
     fn config(&self) -> &DenseConfig;
+    /// Zeroes the accumulated gradients.
     fn zero_grad(&mut self) -> Result<()>;
+    /// Forward and backward of `rows` rows; adds the gradients of their mean loss and returns it.
     fn forward_backward(&mut self, x: &[f32], y: &[f32], rows: usize) -> Result<f64>;
+    /// One optimizer step with the gradients times `grad_scale`.
     fn step(&mut self, optimizer: &Optimizer, grad_scale: f32) -> Result<()>;
+    /// Outputs of `rows` rows, on the host.
     fn predict(&mut self, x: &[f32], rows: usize) -> Result<Vec<f32>>;
+    /// Mean loss of `rows` rows, forward only.
     fn loss(&mut self, x: &[f32], y: &[f32], rows: usize) -> Result<f64>;
+    /// Per layer: weights `(out, in)` and bias, on the host.
     fn parameters(&self) -> Result<Vec<(Vec<f32>, Vec<f32>)>>;
 }
 
@@ -490,6 +510,7 @@ pub struct EpochOrder {
 }
 
 impl EpochOrder {
+    /// The order of `rows` rows, reshuffled each epoch (when `shuffle`) from `seed`.
     pub fn new(rows: usize, shuffle: bool, seed: u64) -> EpochOrder {
         EpochOrder {
             rng: Rng::new(seed),

@@ -12,13 +12,17 @@ use serde::{Deserialize, Serialize};
 use super::dense::{DenseConfig, DenseLayer};
 use crate::{Activation, CoreError, Loss, Optimizer, OptimizerKind, Result};
 
+/// The file's `format` field.
 pub const FORMAT: &str = "rusting_brain.network";
+/// The version this build writes and reads.
 pub const VERSION: u32 = 1;
 
 /// Everything the file holds, on the host.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DenseFile {
+    /// The architecture.
     pub config: DenseConfig,
+    /// The optimizer's settings (its state is not saved).
     pub optimizer: Optimizer,
     /// The seed the weights were drawn from.
     pub seed: u64,
@@ -95,6 +99,7 @@ pub fn parse_activation(name: &str, slope: Option<f32>) -> Option<Activation> {
     })
 }
 
+/// The file's name of a loss.
 pub fn loss_name(l: Loss) -> &'static str {
     match l {
         Loss::MeanSquaredError => "mean_squared_error",
@@ -103,6 +108,7 @@ pub fn loss_name(l: Loss) -> &'static str {
     }
 }
 
+/// The loss a file (or a JS caller) names.
 pub fn parse_loss(name: &str) -> Option<Loss> {
     Some(match name {
         "mean_squared_error" => Loss::MeanSquaredError,

@@ -31,25 +31,35 @@ use crate::models::layers::{Layout, Weights};
 use crate::ops::spatial::{timestep_embedding, PatchOrder, TimestepSpec};
 use crate::{Backend, CoreError, Result};
 
+/// Which diffusion transformer family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DitKind {
+    /// FLUX.1 (dev, schnell).
     Flux,
+    /// FLUX.2 (klein, dev).
     Flux2,
+    /// Stable Diffusion 3 and 3.5 (MMDiT).
     Sd3,
 }
 
 /// Every shape a diffusion transformer has, from its `config.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DitConfig {
+    /// The family.
     pub kind: DitKind,
+    /// Side of the latent squares that become tokens (1 where the pipeline packs them, 2 for SD3).
     pub patch_size: usize,
+    /// Channels of a token as fed.
     pub in_channels: usize,
+    /// Channels of a token as returned.
     pub out_channels: usize,
     /// Double-stream (joint) blocks.
     pub num_layers: usize,
     /// Single-stream blocks (FLUX only; 0 for SD3).
     pub num_single_layers: usize,
+    /// Width of an attention head.
     pub attention_head_dim: usize,
+    /// Attention heads.
     pub num_attention_heads: usize,
     /// Width of the prompt states the pipeline feeds.
     pub joint_attention_dim: usize,
@@ -59,11 +69,13 @@ pub struct DitConfig {
     pub guidance_embeds: bool,
     /// Rotary widths per position axis (FLUX: 3 axes, FLUX.2: 4; empty for SD3).
     pub axes_dims_rope: Vec<usize>,
+    /// RoPE's base frequency.
     pub rope_theta: f64,
     /// MLP width over model width (FLUX: 4, FLUX.2: 3, SD3: 4).
     pub mlp_ratio: f32,
     /// Sinusoidal timestep features (256 everywhere so far).
     pub timestep_channels: usize,
+    /// The norms' epsilon.
     pub eps: f32,
     /// SD3: the learned-size sin-cos table is `pos_embed_max_size`² positions.
     pub pos_embed_max_size: usize,
@@ -90,6 +102,7 @@ impl DitConfig {
         self.patch_size * self.patch_size * self.out_channels
     }
 
+    /// Checks the shapes against each other, naming the first that does not fit.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| {
             Err(CoreError::InvalidArgument {
@@ -299,11 +312,19 @@ impl DitConfig {
 pub enum DitLatent<'a> {
     /// FLUX: packed latent tokens `(batch, tokens, in_channels)` and their positions
     /// `ids: (tokens, axes)`.
-    Tokens { data: &'a [f32], ids: &'a [f32] },
+    Tokens {
+        /// The tokens.
+        data: &'a [f32],
+        /// Their positions.
+        ids: &'a [f32],
+    },
     /// SD3: the latent image `(batch, in_channels, height, width)`.
     Image {
+        /// The latent.
         data: &'a [f32],
+        /// Its rows.
         height: usize,
+        /// Its columns.
         width: usize,
     },
 }
@@ -311,7 +332,9 @@ pub enum DitLatent<'a> {
 /// One denoiser call, with the tensors diffusers passes to the transformer.
 #[derive(Debug, Clone, Copy)]
 pub struct DitInput<'a> {
+    /// Images in the batch.
     pub batch: usize,
+    /// The image tokens or latent.
     pub latent: DitLatent<'a>,
     /// `(batch, text_tokens, joint_attention_dim)`.
     pub context: &'a [f32],
@@ -327,6 +350,7 @@ pub struct DitInput<'a> {
     pub guidance: Option<&'a [f32]>,
 }
 
+/// A diffusion transformer (FLUX.1, FLUX.2 or SD3) over backend `B`, with its weights.
 pub struct Dit<B: Backend> {
     backend: B,
     config: DitConfig,
@@ -347,6 +371,7 @@ impl<B: Backend> Dit<B> {
         self.weights.bytes(&self.backend)
     }
 
+    /// The model from its weights by diffusers' names (every tensor checked against the configuration).
     pub fn new(backend: B, config: DitConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         Dit::with_q8(backend, config, weights, BTreeMap::new())
     }
@@ -367,10 +392,12 @@ impl<B: Backend> Dit<B> {
         })
     }
 
+    /// The architecture.
     pub fn config(&self) -> &DitConfig {
         &self.config
     }
 
+    /// The backend it runs on.
     pub fn backend(&self) -> &B {
         &self.backend
     }

@@ -15,10 +15,12 @@ use crate::{Backend, CoreError, Result};
 /// Tensor names and shapes in the order a model defines them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Layout {
+    /// `(name, shape)` of every tensor.
     pub tensors: Vec<(String, Vec<usize>)>,
 }
 
 impl Layout {
+    /// Appends a tensor.
     pub fn push(&mut self, name: String, shape: Vec<usize>) {
         self.tensors.push((name, shape));
     }
@@ -190,17 +192,24 @@ fn checkpoint(name: &str, message: impl Into<String>) -> CoreError {
 
 /// An activation `(batch, channels, h, w)` on the backend.
 pub struct Image<B: Backend> {
+    /// The values, `batch x channels x h x w`.
     pub data: B::Buffer,
+    /// Images.
     pub batch: usize,
+    /// Channels.
     pub channels: usize,
+    /// Rows.
     pub h: usize,
+    /// Columns.
     pub w: usize,
 }
 
 impl<B: Backend> Image<B> {
+    /// Elements.
     pub fn len(&self) -> usize {
         self.batch * self.channels * self.h * self.w
     }
+    /// No elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

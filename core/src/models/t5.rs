@@ -17,22 +17,33 @@ use crate::backend::{SdpaSpec, Unary};
 use crate::models::layers::{Layout, Weights};
 use crate::{Backend, CoreError, Result};
 
+/// A T5 encoder's shapes (v1.1: gated GELU), from its `config.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct T5Config {
+    /// Token ids run from 0 to `vocab_size - 1`.
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub d_model: usize,
+    /// Width of a head.
     pub d_kv: usize,
+    /// Hidden width of the feed-forward.
     pub d_ff: usize,
+    /// Encoder layers.
     pub num_layers: usize,
+    /// Attention heads.
     pub num_heads: usize,
+    /// Buckets of the relative position bias.
     pub relative_attention_num_buckets: usize,
+    /// The distance past which every position shares the last bucket.
     pub relative_attention_max_distance: usize,
+    /// RMSNorm's epsilon.
     pub layer_norm_epsilon: f32,
     /// The gate's activation (`gelu_new`, the tanh form, for "gated-gelu").
     pub act: Unary,
 }
 
 impl T5Config {
+    /// Checks the shapes, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| {
             Err(CoreError::InvalidArgument {
@@ -118,6 +129,7 @@ impl T5Config {
     }
 }
 
+/// A T5 encoder over backend `B`, with its weights.
 pub struct T5Encoder<B: Backend> {
     backend: B,
     config: T5Config,
@@ -130,6 +142,7 @@ impl<B: Backend> T5Encoder<B> {
         self.weights.bytes(&self.backend)
     }
 
+    /// The encoder from its weights by transformers' names, each checked against the configuration.
     pub fn new(backend: B, config: T5Config, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         T5Encoder::with_q8(backend, config, weights, BTreeMap::new())
     }
@@ -150,6 +163,7 @@ impl<B: Backend> T5Encoder<B> {
         })
     }
 
+    /// The architecture.
     pub fn config(&self) -> &T5Config {
         &self.config
     }

@@ -18,18 +18,28 @@ use crate::{Backend, CoreError, Optimizer, Result, Rng, RopeScaling};
 /// The architecture of a [`TransformerModel`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransformerConfig {
+    /// Token ids run from 0 to `vocab_size - 1`.
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub d_model: usize,
+    /// Transformer blocks.
     pub n_layers: usize,
+    /// Query heads.
     pub q_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `q_heads`).
     pub kv_heads: usize,
+    /// Width of each head.
     pub head_dim: usize,
+    /// Hidden width of the SwiGLU feed-forward.
     pub d_ff: usize,
+    /// The longest sequence the model (and its KV cache) takes.
     pub max_seq_len: usize,
+    /// RoPE's base frequency (10,000 for most models).
     pub rope_theta: f32,
     /// How the rotary frequencies are stretched for a long context (Llama 3.1's `llama3`,
     /// position interpolation's `linear`); `RopeScaling::None` for most models.
     pub rope_scaling: RopeScaling,
+    /// RMSNorm's epsilon.
     pub norm_eps: f32,
     /// Whether the output head is the token embedding (`true`, as in GPT-2, Gemma and the
     /// small Qwen models) or a matrix of its own, `lm_head.weight` (Llama, Mistral).
@@ -48,6 +58,7 @@ pub struct TransformerConfig {
 /// feed-forward, and how it routes. See [`crate::ops::moe`] for the routing and the losses.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeConfig {
+    /// Routed experts per sparse block.
     pub n_experts: usize,
     /// Experts each token goes to.
     pub top_k: usize,
@@ -115,6 +126,7 @@ impl MoeConfig {
 }
 
 impl TransformerConfig {
+    /// Checks the sizes and settings, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("vocab_size", self.vocab_size),
@@ -185,9 +197,11 @@ impl TransformerConfig {
             },
         )
     }
+    /// Width of all query heads together.
     pub fn q_dim(&self) -> usize {
         self.q_heads * self.head_dim
     }
+    /// Width of all key (or value) heads together.
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
     }
@@ -312,10 +326,15 @@ impl TransformerConfig {
 /// of `seq` positions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenBatch {
+    /// Rows.
     pub batch: usize,
+    /// Positions per row.
     pub seq: usize,
+    /// `batch x seq` input ids.
     pub inputs: Vec<u32>,
+    /// `batch x seq` ids each position predicts.
     pub targets: Vec<u32>,
+    /// `batch x seq`: whether a position's prediction counts in the loss.
     pub mask: Vec<bool>,
 }
 
@@ -1455,6 +1474,7 @@ impl<B: Backend> KvCache<B> {
     pub fn len(&self) -> usize {
         self.len
     }
+    /// No positions held.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -1493,9 +1513,13 @@ struct DecodeArena<B: Backend> {
 /// dense model).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LossSum {
+    /// The LM loss summed over the counted positions.
     pub sum: f64,
+    /// Counted positions.
     pub count: usize,
+    /// The load-balancing loss (0 for a dense model).
     pub load_balance: f64,
+    /// The router z-loss (0 for a dense model).
     pub router_z: f64,
 }
 
@@ -1508,9 +1532,13 @@ struct AuxLoss {
 
 /// A transformer LM living on backend `B`.
 pub struct TransformerModel<B: Backend> {
+    /// Where the buffers live and the math runs.
     pub backend: B,
+    /// The architecture.
     pub config: TransformerConfig,
+    /// The weights, laid out as [`TransformerConfig::layout`].
     pub params: Params<B>,
+    /// The accumulated gradients, laid out like `params`.
     pub grads: Params<B>,
     /// Adam's first moments (SGD's velocity), laid out like `params`.
     pub m: Params<B>,
@@ -2645,6 +2673,7 @@ impl<B: Backend> TransformerModel<B> {
         Ok(())
     }
 
+    /// Zeroes the accumulated gradients (the adapters' while adapters are attached).
     pub fn zero_grad(&mut self) -> Result<()> {
         if let Some(st) = self.lora.as_mut() {
             for g in adapter_buffers_mut(&mut st.grads) {

@@ -26,31 +26,43 @@ use crate::{Backend, CoreError, Result};
 /// Every shape of a `UNet2DConditionModel`, from its `config.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UnetConfig {
+    /// Latent channels in.
     pub in_channels: usize,
+    /// Channels out (the predicted noise or velocity).
     pub out_channels: usize,
     /// Per down block: whether it has cross-attention (`CrossAttnDownBlock2D`) or not
     /// (`DownBlock2D`).
     pub down_cross: Vec<bool>,
     /// Per up block, in up order: `CrossAttnUpBlock2D` or `UpBlock2D`.
     pub up_cross: Vec<bool>,
+    /// Channels of each resolution, finest first.
     pub block_out_channels: Vec<usize>,
+    /// ResNet layers per block.
     pub layers_per_block: Vec<usize>,
+    /// Transformer layers per spatial transformer, per block.
     pub transformer_layers_per_block: Vec<usize>,
     /// Heads per block (diffusers' `attention_head_dim`).
     pub heads: Vec<usize>,
+    /// Width of the prompt states.
     pub cross_attention_dim: usize,
+    /// Groups of the group norms.
     pub norm_num_groups: usize,
+    /// The group norms' epsilon.
     pub norm_eps: f32,
     /// `Linear` instead of 1x1 convolutions around each spatial transformer (SD 2.x, XL).
     pub use_linear_projection: bool,
+    /// The timestep features' order (sin first, or cos first).
     pub flip_sin_to_cos: bool,
+    /// The timestep features' frequency shift.
     pub freq_shift: f32,
     /// `UNetMidBlock2DCrossAttn` (true in every SD model).
     pub mid_block: bool,
     /// SD-XL's `addition_embed_type: "text_time"`: the Fourier width of each size/crop
     /// number and the width of `[pooled | time ids]`.
     pub addition_time_embed_dim: Option<usize>,
+    /// SD-XL: width of `[pooled | time ids features]`.
     pub projection_class_embeddings_input_dim: usize,
+    /// Padding of the downsampling convolutions.
     pub downsample_padding: usize,
 }
 
@@ -65,6 +77,7 @@ impl UnetConfig {
         1 << self.block_out_channels.len().saturating_sub(1)
     }
 
+    /// Checks the shapes against each other, naming the first that does not fit.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| {
             Err(CoreError::InvalidArgument {
@@ -272,8 +285,11 @@ impl UnetConfig {
 pub struct UnetInput<'a> {
     /// `(batch, in_channels, h, w)`.
     pub sample: &'a [f32],
+    /// Images.
     pub batch: usize,
+    /// Latent rows.
     pub h: usize,
+    /// Latent columns.
     pub w: usize,
     /// One timestep a row (0..num_train_timesteps).
     pub timestep: &'a [f32],
@@ -281,9 +297,11 @@ pub struct UnetInput<'a> {
     pub context: &'a [f32],
     /// SD-XL: `(batch, pooled)` text embeds and `(batch, 6)` time ids.
     pub text_embeds: Option<&'a [f32]>,
+    /// SD-XL: `(batch, 6)` original size, crop and target size.
     pub time_ids: Option<&'a [f32]>,
 }
 
+/// A Stable Diffusion UNet (1.x, 2.x, XL) over backend `B`, with its weights.
 pub struct Unet<B: Backend> {
     backend: B,
     config: UnetConfig,
@@ -291,6 +309,7 @@ pub struct Unet<B: Backend> {
 }
 
 impl<B: Backend> Unet<B> {
+    /// The UNet from its weights by diffusers' names, each checked against the configuration.
     pub fn new(backend: B, config: UnetConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         Unet::with_q8(backend, config, weights, BTreeMap::new())
     }
@@ -311,10 +330,12 @@ impl<B: Backend> Unet<B> {
         })
     }
 
+    /// The architecture.
     pub fn config(&self) -> &UnetConfig {
         &self.config
     }
 
+    /// The backend it runs on.
     pub fn backend_ref(&self) -> &B {
         &self.backend
     }

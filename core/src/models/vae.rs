@@ -27,24 +27,34 @@ use crate::{Backend, CoreError, Result};
 /// The ResNets', attention's and output norms' epsilon: diffusers builds every VAE with 1e-6.
 const EPS: f32 = 1e-6;
 
+/// An AutoencoderKL's shapes, from its `config.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VaeConfig {
+    /// Image channels in.
     pub in_channels: usize,
+    /// Image channels out.
     pub out_channels: usize,
+    /// Latent channels.
     pub latent_channels: usize,
     /// Channels of each resolution, finest first.
     pub block_out_channels: Vec<usize>,
     /// The decoder's (FLUX.2's `decoder_block_out_channels`; else the same as the encoder's).
     pub decoder_block_out_channels: Vec<usize>,
+    /// ResNet layers per resolution.
     pub layers_per_block: usize,
+    /// Groups of the group norms.
     pub norm_num_groups: usize,
     /// `act_fn` (SiLU in every published VAE).
     pub act: Unary,
+    /// Multiplies the latents the denoiser sees.
     pub scaling_factor: f32,
     /// Subtracted before scaling (SD3 and FLUX.1; 0 for the SD family).
     pub shift_factor: f32,
+    /// A 1x1 convolution after the encoder.
     pub use_quant_conv: bool,
+    /// A 1x1 convolution before the decoder.
     pub use_post_quant_conv: bool,
+    /// Attention in the middle block.
     pub mid_block_add_attention: bool,
     /// FLUX.2: latents are patchified 2x2 and normalized by stored statistics.
     pub latent_bn: Option<LatentBatchNorm>,
@@ -54,11 +64,14 @@ pub struct VaeConfig {
 /// (channels `latent_channels * patch^2`), then `(z - running_mean) / sqrt(running_var + eps)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatentBatchNorm {
+    /// Side of the latent patches.
     pub patch: usize,
+    /// Added to the variance.
     pub eps: f32,
 }
 
 impl VaeConfig {
+    /// Checks the shapes, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| {
             Err(CoreError::InvalidArgument {
@@ -206,11 +219,17 @@ impl VaeConfig {
 /// latent_channels, h, w)` on the host, `logvar` clamped to [-30, 20] as diffusers does.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LatentDist {
+    /// `(batch, latent_channels, h, w)`.
     pub mean: Vec<f32>,
+    /// Log-variance, in the same layout.
     pub logvar: Vec<f32>,
+    /// Images.
     pub batch: usize,
+    /// Latent channels.
     pub channels: usize,
+    /// Latent rows.
     pub h: usize,
+    /// Latent columns.
     pub w: usize,
 }
 
@@ -228,6 +247,7 @@ impl LatentDist {
     }
 }
 
+/// A variational autoencoder (diffusers' `AutoencoderKL`, and FLUX.2's) over backend `B`, with its weights.
 pub struct AutoencoderKl<B: Backend> {
     backend: B,
     config: VaeConfig,
@@ -251,9 +271,11 @@ impl<B: Backend> AutoencoderKl<B> {
         })
     }
 
+    /// The architecture.
     pub fn config(&self) -> &VaeConfig {
         &self.config
     }
+    /// The backend it runs on.
     pub fn backend(&self) -> &B {
         &self.backend
     }

@@ -5,15 +5,19 @@ use crate::ops::softmax::{softmax_backward, softmax_row};
 use crate::ops::swiglu::sigmoid;
 use crate::{Real, Result};
 
+/// What follows a dense layer's affine map.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Activation {
     /// f(x) = x (also called linear).
     #[default]
     Identity,
+    /// f(x) = max(x, 0).
     Relu,
     /// f(x) = x for x > 0, `alpha * x` otherwise.
     LeakyRelu(f32),
+    /// f(x) = 1 / (1 + e^-x).
     Sigmoid,
+    /// f(x) = tanh(x).
     Tanh,
     /// Row-wise softmax over the layer's units.
     Softmax,

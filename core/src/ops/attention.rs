@@ -14,14 +14,22 @@
 use crate::error::{check_len, nonzero, product};
 use crate::{CoreError, Real, Result};
 
+/// Causal grouped-query attention over a KV cache: `q (batch, q_len, q_heads, head_dim)`, keys and values `(batch, kv_capacity, kv_heads, head_dim)` of which the first `kv_len` are filled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionSpec {
+    /// Sequences.
     pub batch: usize,
+    /// New query positions (the last `q_len` of `kv_len`).
     pub q_len: usize,
+    /// Filled key positions.
     pub kv_len: usize,
+    /// Positions the key/value buffers hold.
     pub kv_capacity: usize,
+    /// Query heads.
     pub q_heads: usize,
+    /// Key/value heads (a divisor of `q_heads`).
     pub kv_heads: usize,
+    /// Width of a head.
     pub head_dim: usize,
 }
 
@@ -94,6 +102,7 @@ impl AttentionSpec {
         Ok(())
     }
 
+    /// Query heads per key/value head.
     pub fn group(&self) -> usize {
         self.q_heads / self.kv_heads
     }

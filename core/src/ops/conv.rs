@@ -15,19 +15,30 @@
 use crate::error::{check_len, nonzero, product};
 use crate::{CoreError, Real, Result};
 
+/// A 2-D convolution's shape and settings (PyTorch's `Conv2d`): input `(batch, in_channels, height, width)`, weight `(out_channels, in_channels / groups, kh, kw)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conv2dSpec {
+    /// Images.
     pub batch: usize,
+    /// Input channels.
     pub in_channels: usize,
+    /// Output channels.
     pub out_channels: usize,
+    /// Input rows.
     pub height: usize,
+    /// Input columns.
     pub width: usize,
+    /// Kernel rows and columns.
     pub kernel: (usize, usize),
+    /// Steps between outputs, down and across.
     pub stride: (usize, usize),
+    /// Zero rows and columns added on each side.
     pub padding: (usize, usize),
     /// Extra zero rows and columns after the input (asymmetric padding).
     pub pad_end: (usize, usize),
+    /// Spacing of the kernel's taps.
     pub dilation: (usize, usize),
+    /// Channel groups (both channel counts divide by it).
     pub groups: usize,
 }
 
@@ -55,10 +66,12 @@ impl Conv2dSpec {
             groups: 1,
         }
     }
+    /// The same stride down and across.
     pub fn stride(mut self, s: usize) -> Self {
         self.stride = (s, s);
         self
     }
+    /// The same padding on every side.
     pub fn padding(mut self, p: usize) -> Self {
         self.padding = (p, p);
         self
@@ -68,10 +81,12 @@ impl Conv2dSpec {
         self.pad_end = (e, e);
         self
     }
+    /// The same dilation down and across.
     pub fn dilation(mut self, d: usize) -> Self {
         self.dilation = (d, d);
         self
     }
+    /// Channel groups.
     pub fn groups(mut self, g: usize) -> Self {
         self.groups = g;
         self

@@ -8,11 +8,14 @@ use crate::{CoreError, Real, Result};
 /// `loss_sum / count`; keeping the sum lets micro-batches combine exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct CrossEntropySum {
+    /// Losses summed over the counted rows.
     pub loss_sum: f64,
+    /// Rows counted.
     pub count: usize,
 }
 
 impl CrossEntropySum {
+    /// The mean loss (0 when nothing counted).
     pub fn mean(&self) -> f64 {
         if self.count == 0 {
             0.0

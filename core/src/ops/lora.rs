@@ -21,14 +21,19 @@ use crate::{CoreError, Real, Result};
 pub struct LoraSpec {
     /// Rows of `x` (tokens, or one expert's routed rows).
     pub rows: usize,
+    /// Width of `x`.
     pub d_in: usize,
+    /// Width of `y`.
     pub d_out: usize,
+    /// The adapter's rank.
     pub rank: usize,
     /// `alpha / rank`, or `alpha / sqrt(rank)` with rank-stabilized scaling.
     pub scale: f32,
     /// Element offsets of the first row in `x` (and `dx`), `y` (and `dy`), `t` (and `dt`).
     pub x_offset: usize,
+    /// See `x_offset`.
     pub y_offset: usize,
+    /// See `x_offset`.
     pub t_offset: usize,
     /// Operand precision of a backend's products (the reference computes in f64).
     pub precision: Precision,
@@ -56,6 +61,7 @@ impl LoraSpec {
         self.t_offset = t;
         self
     }
+    /// Sets the products' operand precision.
     pub fn precision(mut self, p: Precision) -> Self {
         self.precision = p;
         self

@@ -9,10 +9,14 @@ use crate::error::{check_len, check_rows};
 use crate::ops::activation::Activation;
 use crate::{CoreError, Real, Result};
 
+/// What a dense network minimizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Loss {
+    /// Mean of `(pred - target)^2` over every element.
     MeanSquaredError,
+    /// Binary cross-entropy of probabilities (after a sigmoid), averaged over every element.
     BinaryCrossEntropy,
+    /// Cross-entropy of a row of probabilities (after a softmax) against a one-hot (or soft) row, averaged over rows.
     CategoricalCrossEntropy,
 }
 

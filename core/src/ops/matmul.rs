@@ -29,15 +29,25 @@ pub enum Precision {
 /// expert's block of rows of one grouped buffer this way).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MatmulSpec {
+    /// Rows of `A` and `C`.
     pub m: usize,
+    /// Columns of `B` and `C`.
     pub n: usize,
+    /// Columns of `A`, rows of `B`: the summed dimension.
     pub k: usize,
+    /// `A` is stored transposed, `(k, m)`.
     pub trans_a: bool,
+    /// `B` is stored transposed, `(n, k)`.
     pub trans_b: bool,
+    /// Multiplies the product.
     pub alpha: f32,
+    /// Multiplies the old `C` (0: overwrite, never read).
     pub beta: f32,
+    /// The products' precision (F32, or BF16 operands with f32 sums).
     pub precision: Precision,
+    /// Independent products, each operand's blocks one after another.
     pub batch: usize,
+    /// Where the operands start inside larger buffers.
     pub window: Option<Window>,
 }
 
@@ -48,8 +58,11 @@ pub type Operands<'a, T> = (&'a [T], &'a [T], &'a mut [T], MatmulSpec);
 /// Element offsets of `A`, `B` and `C` inside their buffers; see [`MatmulSpec::window`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Window {
+    /// Offset of `A`.
     pub a: usize,
+    /// Offset of `B`.
     pub b: usize,
+    /// Offset of `C`.
     pub c: usize,
 }
 
@@ -69,18 +82,22 @@ impl MatmulSpec {
             window: None,
         }
     }
+    /// Reads `A` as stored `(k, m)`.
     pub fn trans_a(mut self, t: bool) -> Self {
         self.trans_a = t;
         self
     }
+    /// Reads `B` as stored `(n, k)` (a PyTorch `Linear` weight).
     pub fn trans_b(mut self, t: bool) -> Self {
         self.trans_b = t;
         self
     }
+    /// Sets `alpha`.
     pub fn alpha(mut self, alpha: f32) -> Self {
         self.alpha = alpha;
         self
     }
+    /// Sets `beta`.
     pub fn beta(mut self, beta: f32) -> Self {
         self.beta = beta;
         self
@@ -89,10 +106,12 @@ impl MatmulSpec {
     pub fn accumulate(self) -> Self {
         self.beta(1.0)
     }
+    /// Sets the products' precision.
     pub fn precision(mut self, p: Precision) -> Self {
         self.precision = p;
         self
     }
+    /// `batch` independent products.
     pub fn batch(mut self, batch: usize) -> Self {
         self.batch = batch;
         self

@@ -11,14 +11,18 @@ use crate::{CoreError, Real, Result};
 /// shift, scale and gate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModulationSpec {
+    /// Images (or sequences) in the batch.
     pub batch: usize,
+    /// Tokens of each.
     pub tokens: usize,
+    /// Width of a token and of a chunk.
     pub dim: usize,
     /// Columns of one row of `mods`.
     pub stride: usize,
 }
 
 impl ModulationSpec {
+    /// A spec of `batch x tokens x dim` with `stride` columns of modulation a row.
     pub fn new(batch: usize, tokens: usize, dim: usize, stride: usize) -> Self {
         ModulationSpec {
             batch,
@@ -105,15 +109,22 @@ pub fn gate_add<T: Real>(
 /// output, concatenating features, or (with `rows` the batch) joining two sequences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ColumnCopy {
+    /// Rows of both matrices.
     pub rows: usize,
+    /// Columns copied.
     pub width: usize,
+    /// Columns of a row of `src`.
     pub src_cols: usize,
+    /// The first column read.
     pub src_at: usize,
+    /// Columns of a row of `dst`.
     pub dst_cols: usize,
+    /// The first column written.
     pub dst_at: usize,
 }
 
 impl ColumnCopy {
+    /// Checks the widths and the buffers' lengths (`dst`, `src` elements).
     pub fn check(&self, dst: usize, src: usize) -> Result<()> {
         const OP: &str = "copy_cols";
         check_len(OP, "src", src, product(OP, &[self.rows, self.src_cols])?)?;
@@ -139,9 +150,13 @@ pub fn copy_cols<T: Real>(dst: &mut [T], src: &[T], spec: &ColumnCopy) -> Result
 /// `x: (batch, seq, heads, head_dim)`, `cos`, `sin: (seq, head_dim / 2)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RopePairsSpec {
+    /// Sequences.
     pub batch: usize,
+    /// Tokens of each.
     pub seq: usize,
+    /// Heads.
     pub heads: usize,
+    /// Width of a head (even).
     pub head_dim: usize,
 }
 

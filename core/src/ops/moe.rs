@@ -32,9 +32,13 @@ use crate::{CoreError, Real, Result};
 /// buffers. Slot order: row-major `(n, top_k)`, best choice first.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Routing {
+    /// Tokens routed.
     pub tokens: usize,
+    /// Experts.
     pub n_experts: usize,
+    /// Experts per token.
     pub top_k: usize,
+    /// The chosen experts' weights renormalized to sum to 1.
     pub renormalize: bool,
     /// Router probabilities, `(n, n_experts)`.
     pub probs: Vec<f32>,
@@ -311,10 +315,15 @@ pub fn moe_combine_backward<T: Real>(
 /// row), else row `s` (the down projection, whose input is the slot's own hidden row).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoutedSpec {
+    /// Routed slots.
     pub slots: usize,
+    /// Output columns of each product.
     pub n: usize,
+    /// The summed dimension.
     pub k: usize,
+    /// Experts per token.
     pub top_k: usize,
+    /// Slot `s` reads activation row `s / top_k`.
     pub x_per_token: bool,
 }
 

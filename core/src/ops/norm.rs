@@ -89,11 +89,17 @@ pub fn layer_norm<T: Real>(
 /// of two of each).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupNormSpec {
+    /// Images (or sequences).
     pub batch: usize,
+    /// Channels (a multiple of `groups`).
     pub channels: usize,
+    /// Elements of a channel (height * width, or 1).
     pub spatial: usize,
+    /// Groups normalized together.
     pub groups: usize,
+    /// Added to the variance.
     pub eps: f32,
+    /// The activation applied in the same pass, when given.
     pub act: Option<crate::ops::unary::Unary>,
 }
 

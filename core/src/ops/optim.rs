@@ -10,12 +10,19 @@ use crate::{CoreError, Real, Result};
 /// `grad_scale` multiplies every gradient first (micro-batch averaging, clipping).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamParams {
+    /// Learning rate.
     pub lr: f32,
+    /// Decay of the first moment's running mean.
     pub beta1: f32,
+    /// Decay of the second moment's running mean.
     pub beta2: f32,
+    /// Added to the second moment's square root.
     pub eps: f32,
+    /// Weight decay.
     pub weight_decay: f32,
+    /// AdamW's decoupled decay (`true`) or an L2 term in the gradient.
     pub decoupled: bool,
+    /// Multiplies every gradient before the update.
     pub grad_scale: f32,
 }
 
@@ -39,6 +46,7 @@ fn invalid(op: &'static str, message: alloc::string::String) -> CoreError {
 }
 
 impl AdamParams {
+    /// Checks the settings (finite, in range), naming the bad one.
     pub fn validate(&self, op: &'static str) -> Result<()> {
         let ok = |x: f32| x.is_finite() && x >= 0.0;
         if !ok(self.lr) {
@@ -120,14 +128,23 @@ pub fn adam_update<T: Real>(
 /// The per-step scalars of Adam, computed once per step (in f64, then rounded to T).
 #[derive(Debug, Clone, Copy)]
 pub struct AdamConstants<T> {
+    /// Learning rate.
     pub lr: T,
+    /// First moment's decay.
     pub beta1: T,
+    /// Second moment's decay.
     pub beta2: T,
+    /// `1 - beta1`.
     pub one_minus_beta1: T,
+    /// `1 - beta2`.
     pub one_minus_beta2: T,
+    /// Epsilon.
     pub eps: T,
+    /// Weight decay.
     pub weight_decay: T,
+    /// Decoupled decay (AdamW).
     pub decoupled: bool,
+    /// The gradients' multiplier.
     pub grad_scale: T,
     /// lr / (1 - beta1^t)
     pub step_size: T,
@@ -136,6 +153,7 @@ pub struct AdamConstants<T> {
 }
 
 impl<T: Real> AdamConstants<T> {
+    /// The constants of step `step` (counted from 1) of `hp`.
     pub fn new(hp: &AdamParams, step: u64) -> AdamConstants<T> {
         let t = step.min(i32::MAX as u64) as i32;
         let bc1 = 1.0 - libm::pow(hp.beta1 as f64, t as f64);
@@ -176,14 +194,20 @@ pub fn adam_element<T: Real>(p: &mut T, g: T, m: &mut T, v: &mut T, c: &AdamCons
 /// Weight decay is L2: `g += weight_decay * p`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SgdParams {
+    /// Learning rate.
     pub lr: f32,
+    /// Momentum `mu` (0: none).
     pub momentum: f32,
+    /// Nesterov momentum.
     pub nesterov: bool,
+    /// L2 weight decay.
     pub weight_decay: f32,
+    /// Multiplies every gradient before the update.
     pub grad_scale: f32,
 }
 
 impl SgdParams {
+    /// Plain SGD at `lr`.
     pub fn new(lr: f32) -> Self {
         SgdParams {
             lr,
@@ -193,6 +217,7 @@ impl SgdParams {
             grad_scale: 1.0,
         }
     }
+    /// Checks the settings (finite, non-negative), naming the bad one.
     pub fn validate(&self, op: &'static str) -> Result<()> {
         let ok = |x: f32| x.is_finite() && x >= 0.0;
         if !ok(self.lr) || !ok(self.momentum) || !ok(self.weight_decay) || !self.grad_scale.is_finite() {

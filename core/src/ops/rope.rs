@@ -15,11 +15,17 @@ use crate::{CoreError, Real, Result};
 /// is at absolute position `pos_offset + t` (non-zero when decoding after a KV cache).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeSpec {
+    /// Sequences.
     pub batch: usize,
+    /// Positions of each.
     pub seq: usize,
+    /// Heads.
     pub heads: usize,
+    /// Width of a head (even).
     pub head_dim: usize,
+    /// The absolute position of row 0.
     pub pos_offset: usize,
+    /// The base frequency.
     pub theta: f32,
     /// How the frequencies are stretched (none by default).
     pub scaling: RopeScaling,
@@ -34,15 +40,22 @@ pub enum RopeScaling {
     #[default]
     None,
     /// Position interpolation: every frequency divided by `factor` (`"linear"`).
-    Linear { factor: f32 },
+    Linear {
+        /// The divisor.
+        factor: f32,
+    },
     /// Llama 3.1's: wavelengths longer than `original_max_position / low_freq_factor` are
     /// stretched by `factor`, those shorter than `original_max_position / high_freq_factor`
     /// kept, and the band between blended linearly in `original_max_position / wavelength`
     /// (`"llama3"`).
     Llama3 {
+        /// The stretch of the low frequencies.
         factor: f32,
+        /// Sets the long-wavelength edge of the band.
         low_freq_factor: f32,
+        /// Sets the short-wavelength edge of the band.
         high_freq_factor: f32,
+        /// The context the model was trained with.
         original_max_position: usize,
     },
 }
@@ -138,6 +151,7 @@ impl RopeScaling {
 }
 
 impl RopeSpec {
+    /// Checks the shape against a buffer of `len` elements.
     pub fn check(&self, op: &'static str, len: usize) -> Result<()> {
         nonzero(op, "head_dim", self.head_dim)?;
         if !self.head_dim.is_multiple_of(2) {

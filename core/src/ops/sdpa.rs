@@ -19,15 +19,24 @@
 use crate::error::{check_len, nonzero, product};
 use crate::{CoreError, Real, Result};
 
+/// Attention over any query and key lengths; see the module docs for the layout, masks and bias.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SdpaSpec {
+    /// Sequences.
     pub batch: usize,
+    /// Query positions.
     pub q_len: usize,
+    /// Key (and value) positions.
     pub kv_len: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads (a divisor of `heads`).
     pub kv_heads: usize,
+    /// Width of a head.
     pub head_dim: usize,
+    /// Multiplies `q . k`.
     pub scale: f32,
+    /// Each query sees only the keys up to its own position.
     pub causal: bool,
 }
 
@@ -51,14 +60,17 @@ impl SdpaSpec {
         self.kv_len = kv_len;
         self
     }
+    /// Key/value heads.
     pub fn kv_heads(mut self, kv_heads: usize) -> Self {
         self.kv_heads = kv_heads;
         self
     }
+    /// The factor on `q . k`.
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = scale;
         self
     }
+    /// Causal masking.
     pub fn causal(mut self, causal: bool) -> Self {
         self.causal = causal;
         self
@@ -123,6 +135,7 @@ impl SdpaSpec {
         Ok((nq, nkv))
     }
 
+    /// Query heads per key/value head.
     pub fn group(&self) -> usize {
         self.heads / self.kv_heads
     }

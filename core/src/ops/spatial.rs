@@ -50,11 +50,17 @@ pub enum PatchOrder {
 /// becomes a token of `channels * patch^2` features, tokens row by row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PatchSpec {
+    /// Images.
     pub batch: usize,
+    /// Channels.
     pub channels: usize,
+    /// Rows (a multiple of `patch`).
     pub height: usize,
+    /// Columns (a multiple of `patch`).
     pub width: usize,
+    /// The squares' side.
     pub patch: usize,
+    /// How a token's features are ordered.
     pub order: PatchOrder,
 }
 
@@ -140,10 +146,12 @@ pub struct TimestepSpec {
     pub downscale_freq_shift: f32,
     /// Multiplies the angles (1 unless a model says otherwise).
     pub scale: f32,
+    /// The longest period of the sinusoids (10,000).
     pub max_period: f32,
 }
 
 impl TimestepSpec {
+    /// An embedding of `dim` features with diffusers' defaults.
     pub fn new(dim: usize) -> Self {
         TimestepSpec {
             dim,

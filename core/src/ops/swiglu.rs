@@ -3,6 +3,7 @@
 use crate::error::check_len;
 use crate::{Real, Result};
 
+/// 1 / (1 + e^-x), without overflow for large |x|.
 pub fn sigmoid<T: Real>(x: T) -> T {
     // Both branches avoid exp of a large positive number, so neither overflows.
     if x >= T::ZERO {
@@ -13,6 +14,7 @@ pub fn sigmoid<T: Real>(x: T) -> T {
     }
 }
 
+/// x * sigmoid(x).
 pub fn silu<T: Real>(x: T) -> T {
     x * sigmoid(x)
 }

@@ -5,6 +5,7 @@ use crate::error::check_len;
 use crate::ops::swiglu::sigmoid;
 use crate::{Real, Result};
 
+/// An elementwise activation of the image models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unary {
     /// `x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2))`: PyTorch's `gelu`, Hugging Face's "gelu".

@@ -49,6 +49,7 @@ impl LoraConfig {
             rslora: false,
         }
     }
+    /// The adapters' alpha (their output is scaled by alpha / rank).
     pub fn alpha(mut self, alpha: f32) -> LoraConfig {
         self.alpha = alpha;
         self
@@ -62,6 +63,7 @@ impl LoraConfig {
         self.targets = t;
         self
     }
+    /// rsLoRA: scale by alpha / sqrt(rank) instead.
     pub fn rslora(mut self, on: bool) -> LoraConfig {
         self.rslora = on;
         self
@@ -74,6 +76,7 @@ impl LoraConfig {
             self.alpha / self.rank as f32
         }
     }
+    /// Checks the rank, alpha and targets, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| CoreError::InvalidArgument {
             op: "LoraConfig",
@@ -122,7 +125,9 @@ pub fn peft_names(name: &str) -> (String, String) {
 /// An adapter's two tensors: `A (rank, d_in)`, `B (d_out, rank)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoraPair<T> {
+    /// `(rank, d_in)`.
     pub a: T,
+    /// `(d_out, rank)`, zero at the start.
     pub b: T,
 }
 
@@ -131,10 +136,15 @@ pub type Adapters<B> = Tree<Option<LoraPair<<B as Backend>::Buffer>>>;
 
 /// A model's adapters with their gradients and AdamW moments.
 pub struct LoraState<B: Backend> {
+    /// Rank, alpha and targets.
     pub config: LoraConfig,
+    /// The adapters.
     pub weights: Adapters<B>,
+    /// Their accumulated gradients.
     pub grads: Adapters<B>,
+    /// AdamW's first moments.
     pub m: Adapters<B>,
+    /// AdamW's second moments.
     pub v: Adapters<B>,
 }
 

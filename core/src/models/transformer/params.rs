@@ -31,14 +31,18 @@ pub enum TensorKind {
 /// Shape and kind of one tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
+    /// Dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// What the tensor is (which decides how it is stored and quantized).
     pub kind: TensorKind,
 }
 
 impl TensorSpec {
+    /// Elements.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
+    /// No elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -68,26 +72,36 @@ pub struct Swiglu<T> {
 pub struct Experts<T> {
     /// `(n_experts, d_model)`.
     pub router: T,
+    /// The routed experts.
     pub experts: Vec<Swiglu<T>>,
 }
 
 /// One block.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Block<T> {
+    /// `(d_model)`: RMSNorm before attention.
     pub attn_norm: T,
+    /// `(q_dim, d_model)`: the query projection.
     pub wq: T,
+    /// `(kv_dim, d_model)`: the key projection.
     pub wk: T,
+    /// `(kv_dim, d_model)`: the value projection.
     pub wv: T,
+    /// `(d_model, q_dim)`: the output projection.
     pub wo: T,
     /// `(q_dim)`, `(kv_dim)`, `(kv_dim)`: biases of the query, key and value projections
     /// (`qkv_bias`, as Qwen2 has them).
     pub q_bias: Option<T>,
+    /// The key projection's bias.
     pub k_bias: Option<T>,
+    /// The value projection's bias.
     pub v_bias: Option<T>,
     /// `(head_dim)`: RMSNorm weights over each query and each key head, applied before
     /// RoPE (`qk_norm`, as Qwen3 has them).
     pub q_norm: Option<T>,
+    /// The key heads' norm.
     pub k_norm: Option<T>,
+    /// `(d_model)`: RMSNorm before the feed-forward.
     pub ffn_norm: T,
     /// The dense feed-forward; in a sparse block, the shared expert (if it has one).
     pub mlp: Option<Swiglu<T>>,
@@ -100,13 +114,16 @@ pub struct Block<T> {
 pub struct Tree<T> {
     /// `(vocab, d_model)`; also the output head when `lm_head` is `None` (tied).
     pub embed: T,
+    /// The blocks.
     pub layers: Vec<Block<T>>,
+    /// `(d_model)`: RMSNorm before the head.
     pub final_norm: T,
     /// `(vocab, d_model)`: an output head of its own (`tie_embeddings: false`).
     pub lm_head: Option<T>,
 }
 
 impl<T> Swiglu<T> {
+    /// Borrows each tensor.
     pub fn as_ref(&self) -> Swiglu<&T> {
         Swiglu {
             gate: &self.gate,
@@ -114,6 +131,7 @@ impl<T> Swiglu<T> {
             down: &self.down,
         }
     }
+    /// Borrows each tensor mutably.
     pub fn as_mut(&mut self) -> Swiglu<&mut T> {
         Swiglu {
             gate: &mut self.gate,
@@ -121,6 +139,7 @@ impl<T> Swiglu<T> {
             down: &mut self.down,
         }
     }
+    /// Each tensor through `f`.
     pub fn map<U>(self, f: &mut impl FnMut(T) -> U) -> Swiglu<U> {
         Swiglu {
             gate: f(self.gate),
@@ -149,6 +168,7 @@ impl<T> Swiglu<T> {
 }
 
 impl<T> Block<T> {
+    /// Borrows each tensor.
     pub fn as_ref(&self) -> Block<&T> {
         Block {
             attn_norm: &self.attn_norm,
@@ -169,6 +189,7 @@ impl<T> Block<T> {
             }),
         }
     }
+    /// Borrows each tensor mutably.
     pub fn as_mut(&mut self) -> Block<&mut T> {
         Block {
             attn_norm: &mut self.attn_norm,
@@ -336,6 +357,7 @@ impl<T> Block<T> {
 }
 
 impl<T> Tree<T> {
+    /// Borrows each tensor.
     pub fn as_ref(&self) -> Tree<&T> {
         Tree {
             embed: &self.embed,
@@ -348,6 +370,7 @@ impl<T> Tree<T> {
     pub fn head(&self) -> &T {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
+    /// Borrows each tensor mutably.
     pub fn as_mut(&mut self) -> Tree<&mut T> {
         Tree {
             embed: &mut self.embed,

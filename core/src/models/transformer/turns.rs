@@ -19,6 +19,7 @@ pub struct Conversation {
 }
 
 impl Conversation {
+    /// An empty conversation within `config`'s vocabulary and context.
     pub fn new(config: &TransformerConfig) -> Self {
         Conversation {
             context: Vec::new(),
@@ -123,7 +124,10 @@ impl Finish {
 pub enum Turn {
     /// Feed the id back (the conversation continues from it); `stop` says the reply
     /// ends there all the same ([`Finish::Stopped`]).
-    Feed { stop: bool },
+    Feed {
+        /// The reply ends after this id all the same.
+        stop: bool,
+    },
     /// The reply is over.
     Done(Finish),
 }
@@ -150,6 +154,7 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// A reply of at most `max_new` ids, ending early at `end` when given.
     pub fn new(max_new: usize, end: Option<u32>) -> Self {
         Reply {
             ids: Vec::new(),
@@ -187,6 +192,7 @@ impl Reply {
         &self.ids
     }
 
+    /// The reply's ids.
     pub fn into_ids(self) -> Vec<u32> {
         self.ids
     }
