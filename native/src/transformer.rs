@@ -1327,7 +1327,7 @@ impl Decoder<'_> {
     pub fn position(&self) -> usize {
         self.caches.len()
     }
-    /// The model decoding (its configuration, its device and [`TransformerLm::gpu_counters`]).
+    /// The model decoding (its configuration, its device and `TransformerLm::gpu_counters`, feature `gpu`).
     pub fn model(&self) -> &TransformerLm {
         self.model
     }

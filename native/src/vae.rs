@@ -7,7 +7,7 @@
 //! dtype: the fp16 trap `force_upcast` guards against cannot happen). Every shape comes
 //! from `config.json`.
 //!
-//! [`save_png`] and [`load_image`] (feature `images`) move between files and [`Image`]s,
+//! `save_png` and `load_image` (feature `images`) move between files and [`Image`]s,
 //! three channels in [-1, 1], the range the autoencoder works in.
 
 use std::path::Path;

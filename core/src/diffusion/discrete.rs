@@ -84,7 +84,7 @@ pub struct DiscreteConfig {
     pub clip_sample: bool,
     /// The clamp's bound.
     pub clip_sample_range: f64,
-    /// DDIM: the "previous" ᾱ past the first step is 1 (else ᾱ[0]).
+    /// DDIM: the "previous" ᾱ past the first step is 1 (else `ᾱ[0]`).
     pub set_alpha_to_one: bool,
     /// Euler, DPM: the last sigma is 0 (`final_sigmas_type: "zero"`), else the smallest
     /// training sigma.

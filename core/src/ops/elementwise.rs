@@ -35,7 +35,7 @@ pub fn check_bias(
     check_len(op, names[1], bias, cols)
 }
 
-/// out[r] += bias for every row r; out: (rows, cols), bias: (cols).
+/// `out[r] += bias` for every row `r`; `out: (rows, cols)`, `bias: (cols)`.
 pub fn add_bias<T: Real>(out: &mut [T], bias: &[T], rows: usize, cols: usize) -> Result<()> {
     check_bias("add_bias", ["out", "bias"], out.len(), bias.len(), rows, cols)?;
     for row in out.chunks_exact_mut(cols) {

@@ -34,7 +34,7 @@ pub fn check_embedding(
     check_ids(op, ids, vocab)
 }
 
-/// out: (ids.len(), dim) = table[ids]; table: (vocab, dim).
+/// `out: (ids.len(), dim) = table[ids]`; `table: (vocab, dim)`.
 pub fn embedding_forward<T: Real>(
     out: &mut [T],
     table: &[T],
@@ -58,7 +58,7 @@ pub fn embedding_forward<T: Real>(
     Ok(())
 }
 
-/// dtable[ids[r]] += dout[r] (accumulated; repeated ids sum).
+/// `dtable[ids[r]] += dout[r]` (accumulated; repeated ids sum).
 pub fn embedding_backward<T: Real>(
     dtable: &mut [T],
     dout: &[T],

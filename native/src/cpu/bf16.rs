@@ -13,7 +13,7 @@
 //! do not depend on the thread count.
 //!
 //! Layout: op(A) is packed in tiles of 8 rows, k/2 steps of 8 u32 words, each the bf16
-//! pair (a[i][2p], a[i][2p+1]) (low half first, as the instruction pairs them); op(B) as
+//! pair `(a[i][2p], a[i][2p+1])` (low half first, as the instruction pairs them); op(B) as
 //! panels of 32 columns, each a run of k/2 steps of 32 such pairs. A micro-tile of 8 rows
 //! x 32 columns holds 16 accumulators; a step loads two B vectors and broadcasts one A word
 //! per row; 128 steps at a time, so the panel's slice stays in L1 across a task's tiles.

@@ -795,13 +795,13 @@ dispatch!(
     sum_sq => sum_sq_body(a: &[f32]) -> f32
 );
 dispatch!(
-    /// out[j] = scale * dot(q, rows[j * stride..][..q.len()]) for every j < out.len(): one
+    /// `out[j] = scale * dot(q, rows[j * stride..][..q.len()])` for every `j < out.len()`: one
     /// head's attention scores against a strided KV cache, in one dispatched call (the
     /// per-row `dot` calls cost more than their 32-wide work at decode time).
     dot_rows => dot_rows_body(out: &mut [f32], q: &[f32], rows: &[f32], stride: usize, scale: f32)
 );
 dispatch!(
-    /// out += sum_j (p[j] * inv) * rows[j * stride..][..out.len()], in order of j: the
+    /// `out += sum_j (p[j] * inv) * rows[j * stride..][..out.len()]`, in order of `j`: the
     /// weighted sum of values, one `axpy` per row as before, in one dispatched call.
     axpy_rows => axpy_rows_body(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], stride: usize)
 );
@@ -810,7 +810,7 @@ dispatch!(
     axpy => axpy_body(y: &mut [f32], alpha: f32, x: &[f32])
 );
 dispatch!(
-    /// out[j] = sum_p x[p] * mat[p * width + j] for j < width (overwritten); mat holds
+    /// `out[j] = sum_p x[p] * mat[p * width + j]` for `j < width` (overwritten); `mat` holds
     /// x.len() rows of `width`.
     sum_rows => sum_rows_body(out: &mut [f32], mat: &[f32], x: &[f32], width: usize)
 );

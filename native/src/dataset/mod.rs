@@ -333,7 +333,7 @@ impl Dataset {
 
     /// Appends a mirrored copy of every image row, with its target. Rows are read as
     /// planes of `width`-pixel lines (grayscale, or the R, G, B planes of
-    /// [`Dataset::from_image_folder`]), so `input_size` must be a multiple of `width`.
+    /// `Dataset::from_image_folder`, feature `images`), so `input_size` must be a multiple of `width`.
     pub fn flip_horizontal(&mut self, width: usize) -> Result<()> {
         let w = self.input_size();
         if width == 0 || !w.is_multiple_of(width) {

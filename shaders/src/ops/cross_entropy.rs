@@ -8,7 +8,7 @@ pub const NOT_COUNTED: u32 = u32::MAX;
 
 impl Batch<'_> {
     /// Each row's loss `lse - logit[target]` into `loss` (0 for a row whose target is
-    /// [`NOT_COUNTED`]); with `grad_scale`, the rows overwritten by their gradient.
+    /// `NOT_COUNTED`); with `grad_scale`, the rows overwritten by their gradient.
     pub fn cross_entropy(
         &mut self,
         logits: &GpuBuffer,

@@ -29,7 +29,7 @@ impl Batch<'_> {
     }
 
     /// `dtable[id] += dout[position]` for every position of every id, from the grouping
-    /// [`embedding_groups`] made on the host.
+    /// `embedding_groups` made on the host.
     pub fn embedding_backward(
         &mut self,
         dtable: &GpuBuffer,

@@ -9,7 +9,7 @@ pub const LORA_MAX_RANK: usize = 32;
 
 impl Batch<'_> {
     /// `t = x A^T` (kept), `y += scale * t B^T`, one workgroup per row, on the windows of
-    /// `s`; ranks up to [`LORA_MAX_RANK`].
+    /// `s`; ranks up to `LORA_MAX_RANK`.
     pub fn lora_forward(
         &mut self,
         y: &GpuBuffer,

@@ -37,7 +37,7 @@ impl Batch<'_> {
     }
 }
 
-/// cos/sin per position for [`Batch::rope`]: `positions` rows of (cos[half], sin[half]),
+/// cos/sin per position for [`Batch::rope`]: `positions` rows of `(cos[half], sin[half])`,
 /// the f32 angles formed exactly as the CPU forms them.
 pub fn rope_table(positions: usize, head_dim: usize, theta: f32, scaling: RopeScaling) -> Vec<f32> {
     let half = head_dim / 2;
