@@ -261,3 +261,58 @@ console.log(JSON.stringify({ device, vocab: tok.vocabSize(), first, last, losses
   assert.match(e.clip, /clip/);
   assert.match(e.disposed, /disposed/);
 });
+
+// The package's TypeScript declarations as an app compiles against them: a file using every
+// class (Model, Network, NetworkBuilder, Tokenizer, TransformerLm) and option type, checked
+// by tsc --strict against the installed package; a misuse must fail to compile.
+test('the package\'s TypeScript types compile for an app, and reject a misuse', async () => {
+  const app = await packedApp();
+  const tsc = join(repo, 'tests', 'browser', 'node_modules', 'typescript', 'bin', 'tsc');
+  await writeFile(join(app, 'tsconfig.json'), JSON.stringify({
+    compilerOptions: { strict: true, noEmit: true, target: 'es2020', module: 'es2020', moduleResolution: 'bundler', lib: ['es2020', 'dom'] },
+    files: ['use.ts'],
+  }));
+  const use = `
+import { initialize, loadModel, fetchModel, Model, Network, NetworkBuilder, Tokenizer, TransformerLm,
+  type GenerateResult, type FitOptions, type NetworkFile, type LmStep, type Device } from 'rusting-brain';
+async function main(bytes: Uint8Array, tok: string): Promise<void> {
+  await initialize();
+  const model: Model = await loadModel(bytes, tok, { device: 'auto' });
+  const r: GenerateResult = await model.generate('fn main() {', { maxTokens: 8, temperature: 0.7, topK: 40, topP: 0.9, seed: 1 }, (text, id) => id > 0);
+  const d: Device = r.device;
+  await model.chat('more', { stopAtEnd: false });
+  model.dispose();
+  const remote = await fetchModel('m.rbw', new URL('http://x/t.json'));
+  remote.free();
+  const b: NetworkBuilder = Network.builder().inputSize(2).dense(4, 'leaky_relu', 0.1).dense(1, 'sigmoid')
+    .loss('binary_cross_entropy').optimizer({ kind: 'sgd', learningRate: 0.1, momentum: 0.9, nesterov: true }).seed(3).device('cpu');
+  const net = await b.build();
+  const fit: FitOptions = { epochs: 2, batchSize: 2, shuffle: false, seed: 4 };
+  const history: Float32Array = await net.fit([[0, 1], [1, 0]], new Float32Array([1, 1]), fit, (epoch, loss) => loss > 0.1);
+  const out: Float32Array[] = await net.predict([[0, 1]]);
+  const acc: number = await net.accuracy([[0, 1]], [[1]]) + await net.evaluate([[0, 1]], [[1]]);
+  const file: NetworkFile = net.toJSON();
+  const again = await Network.fromJSON(file, { device: 'webgpu' });
+  again.setLearningRate(0.01);
+  const t = Tokenizer.train('some text', { vocabSize: 300 });
+  const lm = await TransformerLm.create({ vocabSize: t.vocabSize(), dModel: 32, nLayers: 1, heads: 2, headDim: 16, dFF: 64, maxSeqLen: 16 });
+  const step: LmStep = await lm.trainStep([Array.from(t.encode('some text'))], { clip: 1 });
+  const rbw: Uint8Array = await lm.toBytes();
+  const gen = await lm.toModel(t);
+  console.log(d, history, out, acc, step.gradNorm, rbw.length, gen.info().vocabSize, t.endId(), Tokenizer.fromJSON(t.toJSON()).decode([1]));
+}
+main(new Uint8Array(), '{}');
+`;
+  await writeFile(join(app, 'use.ts'), use);
+  execFileSync('node', [tsc, '-p', 'tsconfig.json'], { cwd: app, encoding: 'utf8' });
+  // A misuse: a string where the epochs go, and a method that does not exist.
+  await writeFile(join(app, 'use.ts'), use.replace('epochs: 2', "epochs: 'two'").replace('again.setLearningRate', 'again.setLearnRate'));
+  let failed = '';
+  try {
+    execFileSync('node', [tsc, '-p', 'tsconfig.json'], { cwd: app, encoding: 'utf8' });
+  } catch (e) {
+    failed = String(e.stdout);
+  }
+  assert.match(failed, /TS2322: Type 'string' is not assignable to type 'number'/, failed);
+  assert.match(failed, /setLearnRate/, failed);
+});

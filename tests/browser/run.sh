@@ -43,7 +43,7 @@ echo "native CPU int8 reference, greedy: $(cat tests/browser/out/reference.json)
 echo "and sampled with seed 7: $(cat tests/browser/out/reference-sampled.json)"
 
 cd tests/browser
-if [ ! -d node_modules/playwright-core ]; then
+if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/typescript ]; then
     npm ci --no-audit --no-fund
 fi
 node --test --test-concurrency=1 --test-reporter=spec
