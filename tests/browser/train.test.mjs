@@ -223,9 +223,10 @@ for (const [name, args, device, run] of textRuns) {
   });
 }
 
-// Stop ends a run on both tabs, and the page answers while the worker trains: a frame is
-// drawn within a fraction of a second (the longest wait of ten is printed and bounded
-// loosely, at 250 ms: the training never runs on the page's thread).
+// Stop ends a run on both tabs, and the page answers while the worker trains: ten frames
+// are drawn on each tab while the run is still going (the longest wait is printed, not
+// bounded: a time is this machine's, and the point is that training never holds the page's
+// thread).
 test('Stop stops training on both tabs, and the page stays responsive meanwhile', { skip }, async () => {
   const { browser, page, logs } = await open([], 'train.html?device=cpu');
   try {
@@ -239,6 +240,7 @@ test('Stop stops training on both tabs, and the page stays responsive meanwhile'
     await page.waitForFunction(() => Number(document.getElementById('train-output').dataset.epochs ?? 0) >= 20, null, { timeout: 60_000 });
     const waits = [];
     for (let i = 0; i < 10; i++) waits.push(await frameWait());
+    assert.equal(await page.getAttribute('#train-output', 'data-state'), 'training', 'the frames came while it trained');
     await page.click('#stop');
     assert.equal(await waitState(page, ['done', 'error'], logs), 'done');
     const epochs = Number(await page.getAttribute('#train-output', 'data-epochs'));
@@ -251,6 +253,7 @@ test('Stop stops training on both tabs, and the page stays responsive meanwhile'
     await page.click('#lm-train');
     await page.waitForFunction(() => Number(document.getElementById('text-output').dataset.step ?? 0) >= 5, null, { timeout: 60_000 });
     for (let i = 0; i < 10; i++) waits.push(await frameWait());
+    assert.equal(await page.getAttribute('#text-output', 'data-state'), 'training', 'the frames came while it trained');
     await page.click('#lm-stop');
     await page.waitForFunction(() => ['done', 'error'].includes(document.getElementById('text-output').dataset.state), null, { timeout: 60_000 });
     assert.equal(await page.getAttribute('#text-output', 'data-state'), 'done', await page.textContent('#lm-status'));
@@ -259,7 +262,6 @@ test('Stop stops training on both tabs, and the page stays responsive meanwhile'
     assert.match(await page.textContent('#lm-status'), /^stopped after/);
     const worst = Math.max(...waits);
     console.log(`while training: the longest of 20 waits for a frame ${worst.toFixed(0)} ms; stopped after ${epochs} epochs and ${steps} steps`);
-    assert.ok(worst < 250, `a frame waited ${worst} ms`);
   } finally {
     await browser.close();
   }

@@ -298,18 +298,24 @@ impl Network {
         (s.host.config.input_size, s.host.config.output_size())
     }
 
-    async fn with_data<T>(
-        &self,
-        x: &JsValue,
-        y: &JsValue,
-        f: impl AsyncFnOnce(&mut DenseNet, &Rows<'_>) -> Result<T, WebError>,
-    ) -> Result<T, WebError> {
+    /// Inputs and targets from JS, as many rows of each, of the network's widths.
+    fn data(&self, x: &JsValue, y: &JsValue) -> Result<(Vec<f32>, Vec<f32>, usize), WebError> {
         let (n_in, n_out) = self.widths();
         let (xs, rows) = rows_of(x, n_in, "x")?;
         let (ys, y_rows) = rows_of(y, n_out, "y")?;
         if rows != y_rows {
             return Err(invalid(format!("x has {rows} rows but y has {y_rows}")));
         }
+        Ok((xs, ys, rows))
+    }
+
+    async fn with_data<T>(
+        &self,
+        x: &JsValue,
+        y: &JsValue,
+        f: impl AsyncFnOnce(&mut DenseNet, &Rows<'_>) -> Result<T, WebError>,
+    ) -> Result<T, WebError> {
+        let (xs, ys, rows) = self.data(x, y)?;
         let mut net = self.take()?;
         let r = f(&mut net, &Rows { x: &xs, y: &ys, rows }).await;
         self.give_back(net, None);
@@ -339,19 +345,11 @@ impl Network {
             Some(s) => s,
             None => (js_sys::Math::random() * 4_294_967_296.0) as u64,
         };
-        let (n_in, n_out) = self.widths();
-        let (xs, rows) = rows_of(&x, n_in, "x")?;
-        let (ys, y_rows) = rows_of(&y, n_out, "y")?;
-        if rows != y_rows {
-            return Err(invalid(format!("x has {rows} rows but y has {y_rows}")));
-        }
+        let (xs, ys, rows) = self.data(&x, &y)?;
         let data = Rows { x: &xs, y: &ys, rows };
+        // Every way out from here hands the network back. (train_epoch checks the data,
+        // NaN included, before it touches the weights.)
         let mut net = self.take()?;
-        // Every way out from here hands the network back.
-        if let Err(e) = net.check(&data, "fit") {
-            self.give_back(net, None);
-            return Err(e);
-        }
         let mut order = EpochOrder::new(rows, shuffle, seed);
         let mut history = Vec::new();
         let mut result = Ok(());
