@@ -180,6 +180,10 @@ impl ChatTemplate {
             message.push_str(&format!(": {s}"));
             source = s.source();
         }
+        // A template given as a string has no file to name, only the template itself.
+        if self.origin.as_os_str() == "chat template" {
+            return NetworkError::InvalidInput(format!("chat template: {message}"));
+        }
         NetworkError::parse(&self.origin, "chat template", message)
     }
 

@@ -739,6 +739,17 @@ fn write_files(
     written.push("generation_config.json".into());
     // config.json last: a reader that finds it finds the weights it describes.
     write_json("config.json", &config)?;
+    // safetensors stages its file with owner-only permissions (0600) and keeps them; give the
+    // weights the permissions a file created here gets (the umask's), as the JSON files have,
+    // so a directory saved for others to read is readable by them.
+    let config_path = tmp.join("config.json");
+    let permissions = std::fs::metadata(&config_path)
+        .map_err(|e| NetworkError::io(&config_path, e))?
+        .permissions();
+    for file in written.iter().filter(|f| f.ends_with(".safetensors")) {
+        let path = tmp.join(file);
+        std::fs::set_permissions(&path, permissions.clone()).map_err(|e| NetworkError::io(&path, e))?;
+    }
     written.push("config.json".into());
     Ok(written)
 }

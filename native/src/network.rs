@@ -72,7 +72,9 @@ pub(crate) enum Engine {
 pub struct Network {
     /// `Err` holds the reason `build()` could not make the model; every call reports it.
     engine: std::result::Result<Engine, String>,
-    /// Read again at every step: change its learning rate between epochs at will.
+    /// Read when `fit` or `fit_with` starts and used for that whole call: change its learning
+    /// rate between calls (a schedule runs one `fit` call per epoch, each with a seed of its
+    /// own in `TrainConfig::seed`, since each call starts its shuffle from that seed).
     pub optimizer: Optimizer,
     pub(crate) seed: u64,
 }

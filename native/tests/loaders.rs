@@ -60,6 +60,17 @@ fn csv_errors_name_the_file_line_and_column() {
         Dataset::from_csv(&text, 1),
         &["text.csv", "line 3, column 2", "`oops`"],
     );
+    // A typo in the first row of a file without a header is an error, not a header.
+    let typo = d.file("typo.csv", "1,x2,3\n4,5,6\n");
+    err_contains(
+        Dataset::from_csv(&typo, 1),
+        &["typo.csv", "line 1, column 2", "`x2`"],
+    );
+    let typo = d.file("typo_labeled.csv", "5.1,3.5,l.4,setosa\n4.9,3.0,1.4,setosa\n");
+    err_contains(
+        Dataset::from_csv_labeled(&typo),
+        &["typo_labeled.csv", "line 1, column 3", "`l.4`"],
+    );
     let empty = d.file("empty.csv", "");
     err_contains(Dataset::from_csv(&empty, 1), &["empty.csv", "no data rows"]);
     let header_only = d.file("header.csv", "a,b,c\n");

@@ -222,6 +222,56 @@ fn bad_configurations_and_inputs_are_errors_not_panics() {
         .optimizer(Optimizer::adam(-1.0))
         .try_build();
     assert!(bad_opt.is_err());
+    // Pairings that cannot train are refused at build, with the activation to use instead.
+    for (activation, loss, says) in [
+        (
+            Activation::Identity,
+            Loss::BinaryCrossEntropy,
+            "end with a sigmoid",
+        ),
+        (
+            Activation::Relu,
+            Loss::CategoricalCrossEntropy,
+            "end with a softmax",
+        ),
+        (Activation::Tanh, Loss::BinaryCrossEntropy, "activation is Tanh"),
+        (
+            Activation::Softmax,
+            Loss::BinaryCrossEntropy,
+            "softmax over 1 unit",
+        ),
+        (Activation::Softmax, Loss::MeanSquaredError, "softmax over 1 unit"),
+    ] {
+        let e = Network::builder()
+            .input_size(2)
+            .dense(4, Activation::Tanh)
+            .dense(1, activation)
+            .loss(loss)
+            .try_build()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains(says), "{activation:?} + {loss:?}: {e:?}");
+    }
+    // A softmax over several units and a sigmoid with either cross-entropy are fine.
+    for (activation, units, loss) in [
+        (Activation::Softmax, 3, Loss::CategoricalCrossEntropy),
+        (Activation::Softmax, 3, Loss::BinaryCrossEntropy),
+        (Activation::Sigmoid, 1, Loss::BinaryCrossEntropy),
+        (Activation::Sigmoid, 3, Loss::CategoricalCrossEntropy),
+        (Activation::Identity, 1, Loss::MeanSquaredError),
+    ] {
+        let built = Network::builder()
+            .input_size(2)
+            .dense(units, activation)
+            .loss(loss)
+            .try_build();
+        assert!(
+            built.is_ok(),
+            "{activation:?} x {units} + {loss:?}: {:?}",
+            built.err()
+        );
+    }
 
     let mut model = xor_network();
     let e = model.predict(&[1.0, 2.0, 3.0]).unwrap_err().to_string();

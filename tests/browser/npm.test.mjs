@@ -130,6 +130,7 @@ await expectError('notNumber', () => net.predict([[0, 'a']]));
 await expectError('flat', () => net.predict([1, 2, 3]));
 await expectError('activation', () => Network.builder().inputSize(2).dense(4, 'swish').loss('mean_squared_error').build());
 await expectError('loss', () => Network.builder().inputSize(2).dense(4, 'relu').loss('hinge').build());
+await expectError('pairing', () => Network.builder().inputSize(2).dense(1, 'identity').loss('binary_cross_entropy').build());
 await expectError('noLayers', () => Network.builder().inputSize(2).loss('mean_squared_error').build());
 await expectError('zeroUnits', () => Network.builder().inputSize(2).dense(0, 'relu').loss('mean_squared_error').build());
 await expectError('learningRate', () => Network.builder().inputSize(2).dense(1).loss('mean_squared_error').optimizer({ learningRate: -1 }).build());
@@ -176,6 +177,7 @@ console.log(JSON.stringify({
   assert.match(e.flat, /not a whole number of rows of 2/);
   assert.match(e.activation, /swish/);
   assert.match(e.loss, /hinge/);
+  assert.match(e.pairing, /binary cross-entropy needs outputs between 0 and 1.*end with a sigmoid/);
   assert.match(e.noLayers, /no layers/);
   assert.match(e.zeroUnits, /0 units/);
   assert.match(e.learningRate, /learning rate/i);

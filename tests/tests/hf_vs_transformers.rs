@@ -322,6 +322,14 @@ fn load_save_load_is_bitwise_and_keeps_the_directory() {
         assert_eq!(config["architectures"], source["architectures"], "{name}");
         assert_eq!(config["eos_token_id"], source["eos_token_id"], "{name}");
         assert!(out.join("generation_config.json").is_file());
+        // The weights are as readable as the JSON beside them (safetensors alone would
+        // leave them owner-only).
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |f: &str| std::fs::metadata(out.join(f)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode("model.safetensors"), mode("config.json"), "{name}");
+        }
 
         // Into the same directory again, sharded, beside a file of the user's: the old
         // single file goes, the shards and the user's file stay.

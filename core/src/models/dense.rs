@@ -60,6 +60,33 @@ impl DenseConfig {
                     )));
                 }
             }
+            if l.activation == Activation::Softmax && l.units == 1 {
+                return Err(invalid(alloc::format!(
+                    "layer {i}: a softmax over 1 unit always outputs 1 and passes no gradient back \
+                     (for one output use a sigmoid)"
+                )));
+            }
+        }
+        // The cross-entropies take logarithms of the outputs, and of one minus them: an output
+        // layer whose values can leave (0, 1) makes the loss NaN or negative in the middle of
+        // training, long after the mistake was made here.
+        let last = self.layers[self.layers.len() - 1].activation;
+        let probabilities = matches!(last, Activation::Sigmoid | Activation::Softmax);
+        if !probabilities
+            && matches!(
+                self.loss,
+                Loss::BinaryCrossEntropy | Loss::CategoricalCrossEntropy
+            )
+        {
+            let (loss, fix) = if self.loss == Loss::BinaryCrossEntropy {
+                ("binary cross-entropy", "a sigmoid")
+            } else {
+                ("categorical cross-entropy", "a softmax")
+            };
+            return Err(invalid(alloc::format!(
+                "{loss} needs outputs between 0 and 1, but the last layer's activation is {last:?}: \
+                 end with {fix} (or use mean squared error)"
+            )));
         }
         Ok(())
     }

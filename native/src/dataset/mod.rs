@@ -77,12 +77,13 @@ impl Dataset {
     }
 
     /// Reads a numeric CSV whose last `target_columns` columns are the target. A first row
-    /// with any non-numeric cell is a header and is skipped; quoted fields, CRLF line ends
-    /// and blank lines are understood. Errors name the line and column.
+    /// with no number in it is a header and is skipped (one with some numbers is data, so a
+    /// typo in a file without a header is an error naming it, not a row dropped); quoted
+    /// fields, CRLF line ends and blank lines are understood. Errors name the line and column.
     pub fn from_csv(path: impl AsRef<Path>, target_columns: usize) -> Result<Dataset> {
         let path = path.as_ref();
         let records = csv::read_records(path)?;
-        let body = skip_header(&records, |fields| fields.iter().all(|f| csv::number(f).is_some()));
+        let body = skip_header(&records, |fields| fields.iter().all(|f| csv::number(f).is_none()));
         let width = body
             .first()
             .map(|r| r.fields.len())
@@ -106,15 +107,15 @@ impl Dataset {
 
     /// Reads a CSV whose last column is a class name (`5.1,3.5,1.4,0.2,setosa`): the other
     /// columns are the inputs, the targets are one-hot, and the class names come back sorted
-    /// (target column `i` is `classes[i]`).
+    /// (target column `i` is `classes[i]`). A first row with no number among its input
+    /// columns is a header and is skipped.
     pub fn from_csv_labeled(path: impl AsRef<Path>) -> Result<(Dataset, Vec<String>)> {
         let path = path.as_ref();
         let records = csv::read_records(path)?;
         let body = skip_header(&records, |fields| {
-            fields.len() > 1
-                && fields[..fields.len() - 1]
-                    .iter()
-                    .all(|f| csv::number(f).is_some())
+            fields[..fields.len().saturating_sub(1)]
+                .iter()
+                .all(|f| csv::number(f).is_none())
         });
         let width = body
             .first()
@@ -425,9 +426,9 @@ fn no_rows(path: &Path) -> NetworkError {
     NetworkError::parse(path, "line 1", "the file has no data rows")
 }
 
-fn skip_header(records: &[csv::Record], is_data: impl Fn(&[String]) -> bool) -> &[csv::Record] {
+fn skip_header(records: &[csv::Record], is_header: impl Fn(&[String]) -> bool) -> &[csv::Record] {
     match records.first() {
-        Some(first) if !is_data(&first.fields) => &records[1..],
+        Some(first) if is_header(&first.fields) => &records[1..],
         _ => records,
     }
 }
