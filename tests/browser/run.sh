@@ -3,7 +3,8 @@
 # exports the demo model when www/models/ has none, writes the native CPU int8 greedy ids
 # the page must reproduce and the Train page's native fixtures, then runs the Node test
 # files here (Playwright driving Debian's chromium; the packed package under Node).
-# Screenshots: tests/browser/out/.
+# Screenshots: tests/browser/out/. The tutorials' book is built with mdBook where it is
+# installed, and its pages opened too.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -41,6 +42,16 @@ done
 cargo run -q --profile test -p rusting_brain --example browser_network -- fixtures tests/browser/out
 echo "native CPU int8 reference, greedy: $(cat tests/browser/out/reference.json)"
 echo "and sampled with seed 7: $(cat tests/browser/out/reference-sampled.json)"
+
+# The tutorials rendered as a reader meets them (book.test.mjs opens them in Chromium).
+if command -v mdbook >/dev/null; then
+    mdbook build tutorials
+elif [ "${RB_REQUIRE_BOOK:-}" = 1 ]; then
+    echo "RB_REQUIRE_BOOK=1 but mdbook is not installed" >&2
+    exit 1
+else
+    echo "SKIPPED the rendered book: mdbook is not installed (cargo install mdbook --version 0.4.52 --locked --no-default-features)"
+fi
 
 cd tests/browser
 if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/typescript ]; then
