@@ -11,11 +11,36 @@
 //!   backend (the rayon CPU one, CUDA, wgpu) is tested against it.
 //! - [`CoreError`]: the one error type of this crate.
 //!
-//! Later layers (model definitions, quantization, sampling, checkpoint layout) live here too,
-//! so the web crate runs the same model code as the native one.
+//! - [`models`]: the model definitions (dense networks, the transformer language model and
+//!   its mixture-of-experts layers, the image models' denoisers, autoencoder and text
+//!   encoders), written once over [`Backend`], so the native CPU, CUDA and wgpu backends and
+//!   the browser's run the same code; [`sampler`], [`schedule`], [`optimizer`] and the
+//!   checkpoint layout (feature `checkpoint`) beside them.
+//!
+//! A product on the reference backend, and the token a greedy sampler picks from it:
+//!
+//! ```
+//! use rusting_brain_core::backend::MatmulSpec;
+//! use rusting_brain_core::{Backend, ReferenceBackend, Sampler};
+//!
+//! let be = ReferenceBackend;
+//! let x = be.upload(&[1.0, 2.0])?; // one row of 2 features
+//! let w = be.upload(&[0.5, -1.0, 2.0, 0.0, 1.0, 1.0])?; // (3, 2), stored (out, in)
+//! let mut logits = be.zeros(3)?;
+//! be.matmul(&mut logits, &x, &w, &MatmulSpec::new(1, 3, 2).trans_b(true))?;
+//! let logits = be.download(&logits)?;
+//! assert_eq!(logits, vec![-1.5, 2.0, 3.0]);
+//! assert_eq!(Sampler::greedy().sample(&logits, &[])?, 2);
+//!
+//! // A shape that does not fit is an error that says so, never a panic:
+//! assert!(be.matmul(&mut be.zeros(2)?, &x, &w, &MatmulSpec::new(1, 3, 2)).is_err());
+//! # Ok::<(), rusting_brain_core::CoreError>(())
+//! ```
 #![no_std]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// docs.rs (nightly) labels each feature-gated item with its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // The reference math indexes several arrays with one loop variable, as the formulas do;
 // rewriting those loops as zipped iterators would make them harder to check by eye.
 #![allow(clippy::needless_range_loop)]

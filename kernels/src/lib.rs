@@ -11,6 +11,19 @@
 //! Every kernel has its reference twin in `rusting_brain_core::ops`; CI compiles every
 //! file with NVRTC (from the `nvidia-cuda-nvrtc-cu12` wheel) even without a GPU. Launching
 //! them, and comparing them with the twins on a device, is the CUDA backend's part.
+//!
+//! The kernel files, and NVRTC where it is installed:
+//!
+//! ```
+//! use rusting_brain_kernels::{nvrtc_version, SOURCES};
+//!
+//! assert!(SOURCES.iter().any(|s| s.name == "flash_attention"));
+//! match nvrtc_version() {
+//!     Ok((major, minor)) => println!("NVRTC {major}.{minor}"),
+//!     // Without the library: an error naming it and how to install it, not a panic.
+//!     Err(e) => println!("{e}"),
+//! }
+//! ```
 
 #![warn(missing_docs)]
 #![deny(unsafe_code)]

@@ -1,13 +1,42 @@
 //! `rusting_brain`: deep learning in Rust, natively. This is the crate users add.
 //!
 //! It wraps the model definitions and reference math of [`rusting_brain_core`] with
-//! backends chosen at run time: the multi-threaded SIMD [`cpu::CpuBackend`] today, CUDA and
-//! wgpu behind features as they land. The user-facing types (`Network`, `TransformerLm`,
-//! `Dataset`, `TokenBatch`, ...) live here, along with files, threads and loaders.
+//! backends chosen at run time: the multi-threaded SIMD [`cpu::CpuBackend`], wgpu (feature
+//! `gpu`: Vulkan, Metal, DX12) and CUDA (feature `cuda`, or `cuda-13`). The user-facing
+//! types ([`Network`], [`TransformerLm`], [`Dataset`], [`TokenBatch`], [`ImagePipeline`],
+//! ...) live here, along with files, threads, loaders and the Hugging Face, PEFT and ONNX
+//! formats (feature `onnx` reads ONNX; writing needs none). Feature `images` adds image
+//! folders to [`Dataset`] and the text-to-image example.
 //!
-//! Everything that can fail returns [`NetworkError`]; nothing panics on user input.
+//! Everything that can fail returns [`NetworkError`]; nothing panics on user input. The
+//! tutorials (`tutorials/` in the repository) teach the crate chapter by chapter.
 //!
-//! A primitive on the CPU backend (the same example as the README):
+//! A dense network learning XOR:
+//!
+//! ```
+//! use rusting_brain::{Activation, Dataset, Loss, Network, Optimizer, TrainConfig};
+//!
+//! let data = Dataset::new(
+//!     vec![vec![0.0, 0.0], vec![0.0, 1.0], vec![1.0, 0.0], vec![1.0, 1.0]],
+//!     vec![vec![0.0], vec![1.0], vec![1.0], vec![0.0]],
+//! )?;
+//! let mut model = Network::builder()
+//!     .input_size(2)
+//!     .dense(8, Activation::Tanh)
+//!     .dense(1, Activation::Sigmoid)
+//!     .loss(Loss::BinaryCrossEntropy)
+//!     .optimizer(Optimizer::adam(0.05))
+//!     .seed(42)
+//!     .try_build()?;
+//! let config = TrainConfig { epochs: 1_000, batch_size: 4, shuffle: true, seed: Some(42) };
+//! model.fit(&data, config)?;
+//! assert_eq!(model.accuracy(&data)?, 1.0);
+//! // An input of the wrong width is an error:
+//! assert!(model.predict(&[1.0]).is_err());
+//! # Ok::<(), rusting_brain::NetworkError>(())
+//! ```
+//!
+//! A primitive on the CPU backend:
 //!
 //! ```
 //! use rusting_brain::cpu::CpuBackend;
@@ -30,6 +59,8 @@
 // Kernels index several slices with one loop variable, as the formulas do.
 #![allow(clippy::needless_range_loop)]
 #![warn(missing_docs)]
+// docs.rs (nightly) labels each feature-gated item with its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod chat;
 mod checkpoint;
@@ -77,7 +108,7 @@ pub use image_pipeline::{
 pub use network::{Network, NetworkBuilder, TrainConfig};
 pub use pipeline_dir::{Component, PipelineFolder};
 pub use rusting_brain_core as core;
-pub use rusting_brain_core::models::transformer::{LoraConfig, TokenBatch, LORA_TARGETS};
+pub use rusting_brain_core::models::transformer::{LoraConfig, TokenBatch, TransformerConfig, LORA_TARGETS};
 pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, Optimizer, ReferenceBackend};
 pub use rusting_brain_core::{RopeScaling, Sampler, Schedule};
 /// Which GPU adapter `to_gpu_with` asks for (feature `gpu`).

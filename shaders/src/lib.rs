@@ -12,6 +12,23 @@
 //! Portability: only WebGPU's core features (f32, `dot4I8Packed`, workgroup-memory
 //! reductions), at most 8 storage buffers per stage and 64 invocations per workgroup, so
 //! the same WGSL runs on SwiftShader in a browser and on lavapipe.
+//!
+//! Opening the default adapter, where the machine has one:
+//!
+//! ```
+//! use rusting_brain_shaders::{Gpu, GpuOptions};
+//!
+//! match Gpu::new_blocking(&GpuOptions::default()) {
+//!     Ok(gpu) => {
+//!         println!("{}", gpu.adapter_info().name);
+//!         let x = gpu.upload("x", &[1.0, 2.0, 3.0])?;
+//!         assert_eq!(gpu.read_blocking(&x)?, vec![1.0, 2.0, 3.0]);
+//!     }
+//!     // No adapter (a server without a GPU or Mesa's lavapipe): an error saying so.
+//!     Err(e) => println!("no GPU here: {e}"),
+//! }
+//! # Ok::<(), rusting_brain_shaders::ShaderError>(())
+//! ```
 
 #![warn(missing_docs)]
 

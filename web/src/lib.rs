@@ -9,6 +9,36 @@
 //!
 //! JS errors are `Error`s with a message saying what to change: a bad file, an id outside
 //! the vocabulary, a model too large for the device, a call on a disposed model.
+//!
+//! The crate's Rust side runs natively too (its tests do, on lavapipe and on the CPU path):
+//! the page's dense network, on the CPU path, trained for a few epochs:
+//!
+//! ```
+//! use rusting_brain_web::core::models::dense::{DenseConfig, DenseLayer};
+//! use rusting_brain_web::core::{Activation, Loss, Optimizer};
+//! use rusting_brain_web::{DenseNet, DeviceChoice, Rows};
+//!
+//! # rusting_brain_shaders::block_on(async {
+//! let config = DenseConfig {
+//!     input_size: 2,
+//!     layers: vec![
+//!         DenseLayer { units: 8, activation: Activation::Tanh },
+//!         DenseLayer { units: 1, activation: Activation::Sigmoid },
+//!     ],
+//!     loss: Loss::BinaryCrossEntropy,
+//! };
+//! let mut net = DenseNet::new(config, Optimizer::adam(0.05), 42, DeviceChoice::Cpu).await?;
+//! let (x, y) = ([0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]);
+//! let data = Rows { x: &x, y: &y, rows: 4 };
+//! let first = net.train_epoch(&data, &[0, 1, 2, 3], 4).await?;
+//! for _ in 0..500 {
+//!     net.train_epoch(&data, &[0, 1, 2, 3], 4).await?;
+//! }
+//! assert!(net.loss(&data).await? < first);
+//! assert_eq!(net.accuracy(&data).await?, 1.0);
+//! # Ok::<(), rusting_brain_web::WebError>(())
+//! # }).unwrap();
+//! ```
 
 #![warn(missing_docs)]
 
