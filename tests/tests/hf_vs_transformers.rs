@@ -482,6 +482,9 @@ fn bad_directories_are_refused_by_file_and_key() {
         &refusal(&d),
         &["config.json", "attention_bias", "output projection"],
     );
+    let d = case("mlp_bias", "llama_tied");
+    edit_config(&d, |v| v["mlp_bias"] = serde_json::json!(true));
+    assert_names(&refusal(&d), &["config.json", "mlp_bias", "feed-forward biases"]);
     let d = case("qwen2_moe", "qwen3_moe");
     edit_config(&d, |v| {
         v["architectures"] = serde_json::json!(["Qwen2MoeForCausalLM"])
