@@ -199,14 +199,21 @@ fn bad_files_and_bad_inputs_are_clear_errors() {
         &["onnx-reduce-axis.onnx", "a malformed ONNX graph", "axis"],
     );
     // Inputs that do not fit.
+    // Each names the file, then what does not fit.
     let mut model = OnnxModel::load(fixtures().join("torch_mlp.onnx")).unwrap();
     let e = model.run(&[]).unwrap_err().to_string();
-    assert!(e.contains("takes 1 inputs"), "{e}");
+    assert!(
+        e.contains("torch_mlp.onnx") && e.contains("takes 1 inputs"),
+        "{e}"
+    );
     let e = model.run(&[(&[2, 7], &[0.0; 14])]).unwrap_err().to_string();
-    assert!(e.contains("[2, 7]"), "{e}");
+    assert!(e.contains("torch_mlp.onnx") && e.contains("[2, 7]"), "{e}");
     let e = model.run(&[(&[2, 8], &[0.0; 15])]).unwrap_err().to_string();
-    assert!(e.contains("holds 16 values; 15 given"), "{e}");
+    assert!(
+        e.contains("torch_mlp.onnx") && e.contains("holds 16 values; 15 given"),
+        "{e}"
+    );
     let e = model.run(&[(&[16], &[0.0; 16])]).unwrap_err().to_string();
-    assert!(e.contains("rank 2"), "{e}");
+    assert!(e.contains("torch_mlp.onnx") && e.contains("rank 2"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
