@@ -34,12 +34,24 @@ pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, WebError> {
 }
 
 /// Generated ids as text, a token at a time. Byte-level BPE splits characters across
-/// tokens, so the text so far is decoded whole and only complete characters are released
-/// (an incomplete one decodes to U+FFFD until its last byte arrives).
+/// tokens, so a token's text is only released once its characters are complete (an
+/// incomplete one decodes to U+FFFD until its last byte arrives).
+///
+/// Each step decodes a window of the last few ids, not the whole text: decoding everything
+/// again at every token made a generation's decoding quadratic in its length (a page
+/// generating thousands of tokens would spend more time there than in the model). The
+/// window starts at the ids of the last released
+/// piece, so a decoder's rule for the first token of a text (a stripped leading space)
+/// falls on a token whose text is already out, and the new text is the window's text
+/// past that piece's.
 pub struct Stream<'t> {
     tokenizer: &'t Tokenizer,
     ids: Vec<u32>,
-    released: usize,
+    /// The window's start: the ids of the last released piece.
+    prefix: usize,
+    /// The ids whose text is released: `ids[..read]`.
+    read: usize,
+    /// The text released so far.
     text: String,
 }
 
@@ -49,7 +61,8 @@ impl<'t> Stream<'t> {
         Stream {
             tokenizer,
             ids: Vec::new(),
-            released: 0,
+            prefix: 0,
+            read: 0,
             text: String::new(),
         }
     }
@@ -57,24 +70,93 @@ impl<'t> Stream<'t> {
     /// Adds `id` and returns the text it completes (often empty mid-character).
     pub fn push(&mut self, id: u32) -> String {
         self.ids.push(id);
-        // An id the tokenizer does not know (the model's vocabulary may be larger) is
-        // left out of the text rather than failing the generation.
-        let Ok(text) = self.tokenizer.decode(&self.ids, false) else {
+        let decode = |ids: &[u32]| self.tokenizer.decode(ids, false);
+        let (Ok(before), Ok(window)) = (
+            decode(&self.ids[self.prefix..self.read]),
+            decode(&self.ids[self.prefix..]),
+        ) else {
+            // An id the tokenizer cannot decode is left out of the text rather than
+            // failing the generation (or every window after it).
+            self.ids.pop();
             return String::new();
         };
-        self.text = text;
-        let complete = self.text.trim_end_matches('\u{fffd}');
-        if complete.len() <= self.released || !complete.is_char_boundary(self.released) {
+        if window.len() <= before.len()
+            || window.ends_with('\u{fffd}')
+            || !window.is_char_boundary(before.len())
+        {
             return String::new();
         }
-        let piece = complete[self.released..].to_string();
-        self.released = complete.len();
+        let piece = window[before.len()..].to_string();
+        self.prefix = self.read;
+        self.read = self.ids.len();
+        self.text.push_str(&piece);
         piece
     }
 
-    /// Everything generated, as text.
+    /// Everything generated, as text (an unfinished character at the end as U+FFFD).
     pub fn text(&self) -> String {
-        self.text.clone()
+        let rest = &self.ids[self.prefix..];
+        match (
+            self.tokenizer.decode(&self.ids[self.prefix..self.read], false),
+            self.tokenizer.decode(rest, false),
+        ) {
+            (Ok(before), Ok(window))
+                if window.len() > before.len() && window.is_char_boundary(before.len()) =>
+            {
+                format!("{}{}", self.text, &window[before.len()..])
+            }
+            _ => self.text.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pieces, joined, are the whole decode, on text whose characters byte-level
+    /// tokens split (two- to four-byte ones), with each piece whole characters.
+    #[test]
+    fn streamed_pieces_join_to_the_whole_decode() {
+        let corpus = "fn main() { println!(\"héllo wörld\"); } // ünïcödé: 日本語のテキスト, emoji 🦀🦀, \
+                      ∀x ∈ ℝ: x² ≥ 0. Rust's ownership: let s = String::from(\"ß\");\n";
+        let tokenizer = crate::train_tokenizer(&corpus.repeat(20), 300).unwrap();
+        for text in [
+            corpus,
+            "日本語 🦀 plain ascii then ünïcödé 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 and  double  spaces\n\ttabs",
+            " leading space, trailing space ",
+        ] {
+            let ids = encode(&tokenizer, text).unwrap();
+            let whole = decode(&tokenizer, &ids).unwrap();
+            assert_eq!(whole, text, "the tokenizer round-trips the text");
+            let mut stream = Stream::new(&tokenizer);
+            let mut joined = String::new();
+            let mut empty = 0;
+            for &id in &ids {
+                let piece = stream.push(id);
+                assert!(!piece.contains('\u{fffd}'), "{piece:?} holds a partial character");
+                empty += piece.is_empty() as usize;
+                joined.push_str(&piece);
+            }
+            assert_eq!(joined, whole);
+            assert_eq!(stream.text(), whole);
+            // Multi-byte characters were split across tokens, so some pushes waited.
+            assert!(
+                empty > 0 || text.is_ascii(),
+                "{text:?}: no push waited for a character"
+            );
+        }
+        // An unfinished character at the end (one the training text never had, so its four
+        // bytes are four tokens): held back from the pieces, U+FFFD in text().
+        let ids = encode(&tokenizer, "ab𝔘").unwrap();
+        assert!(ids.len() >= 4, "{ids:?}");
+        let mut stream = Stream::new(&tokenizer);
+        let mut joined = String::new();
+        for &id in &ids[..ids.len() - 1] {
+            joined.push_str(&stream.push(id));
+        }
+        assert_eq!(joined, "ab");
+        assert_eq!(stream.text(), "ab\u{fffd}");
     }
 }
 
