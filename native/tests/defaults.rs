@@ -105,22 +105,21 @@ fn dense_weights_are_he_uniform_before_relu_and_glorot_uniform_otherwise() {
     }
 }
 
+/// A small model's builder: vocabulary 64, width 32, 4 query heads over 2 of size 8.
+fn small(n_layers: usize) -> rusting_brain::TransformerLmBuilder {
+    TransformerLm::builder()
+        .vocab_size(64)
+        .d_model(32)
+        .n_layers(n_layers)
+        .heads(4, 2, 8)
+        .d_ff(64)
+        .max_seq_len(16)
+}
+
 #[test]
 fn mixture_of_experts_defaults_are_the_documented_ones() {
-    let build = |top_k| {
-        TransformerLm::builder()
-            .vocab_size(64)
-            .d_model(32)
-            .n_layers(2)
-            .heads(4, 2, 8)
-            .d_ff(64)
-            .experts(4, top_k)
-            .max_seq_len(16)
-            .build()
-            .unwrap()
-    };
     for (top_k, renormalize) in [(1, false), (2, true), (3, true)] {
-        let model = build(top_k);
+        let model = small(2).experts(4, top_k).build().unwrap();
         let moe = model.config().moe.clone().unwrap();
         assert_eq!(moe.load_balance_coef, 0.01);
         assert_eq!(moe.router_z_coef, 0.001);
@@ -130,15 +129,7 @@ fn mixture_of_experts_defaults_are_the_documented_ones() {
 
 #[test]
 fn q8_files_hold_i8_matrices_beside_f32_scales() {
-    let mut model = TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(32)
-        .n_layers(1)
-        .heads(4, 2, 8)
-        .d_ff(64)
-        .max_seq_len(16)
-        .build()
-        .unwrap();
+    let mut model = small(1).build().unwrap();
     model.quantize().unwrap();
     let dir = TempDir::new("defaults_q8");
     let path = dir.join("m.q8.rbw");
@@ -162,16 +153,7 @@ fn q8_files_hold_i8_matrices_beside_f32_scales() {
 
 #[test]
 fn save_bin_with_adapters_attached_writes_the_base_alone() {
-    let mut model = TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(32)
-        .n_layers(1)
-        .heads(4, 2, 8)
-        .d_ff(64)
-        .max_seq_len(16)
-        .seed(3)
-        .build()
-        .unwrap();
+    let mut model = small(1).seed(3).build().unwrap();
     let base = model.named_parameters().unwrap();
     model.add_lora(LoraConfig::new(4)).unwrap();
     // Train the adapters a step, so a merged save would differ from the base.

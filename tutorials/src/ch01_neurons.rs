@@ -72,6 +72,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let predicted = network.predict(&input)?;
     println!("by hand   {x:?}");
     println!("predict   {predicted:?}");
+    assert_eq!(x.len(), predicted.len(), "one value per output");
     for (a, b) in x.iter().zip(&predicted) {
         // The library sums in another order (SIMD lanes), so the last bit may differ.
         assert!((a - b).abs() < 1e-6, "by hand {a}, predict {b}");

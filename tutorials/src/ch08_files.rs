@@ -67,11 +67,12 @@ fn json_round_trip(network: &mut Network, data: &Dataset, dir: &Path) -> Result<
         network.predict_batch(data.inputs())?,
         loaded.predict_batch(data.inputs())?,
     );
-    let identical = before
-        .iter()
-        .flatten()
-        .zip(after.iter().flatten())
-        .all(|(a, b)| a.to_bits() == b.to_bits());
+    let identical = before.len() == after.len()
+        && before
+            .iter()
+            .flatten()
+            .zip(after.iter().flatten())
+            .all(|(a, b)| a.to_bits() == b.to_bits());
     loaded.save_json(dir.join("again.json"))?;
     let same_file = std::fs::read(&path)? == std::fs::read(dir.join("again.json"))?;
     println!(

@@ -72,8 +72,16 @@ fn parameters(network: &Network, path: &Path) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// The largest |a - b|: infinite when the lengths differ, NaN when a value is NaN (`max`
+/// would skip it), so a check that it is small fails on either.
 fn max_difference(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    if a.len() != b.len() {
+        return f32::INFINITY;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, |worst, d| if d > worst || d.is_nan() { d } else { worst })
 }
 // ANCHOR_END: setup
 

@@ -249,8 +249,16 @@ fn count_parameters(model: &TransformerLm) -> Result<(), Box<dyn Error>> {
 // ANCHOR_END: count
 
 // ANCHOR: check
+/// The largest |a - b|: infinite when the lengths differ, NaN when a value is NaN (`max`
+/// would skip it), so a check that it is small fails on either.
 fn max_difference(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    if a.len() != b.len() {
+        return f32::INFINITY;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, |worst, d| if d > worst || d.is_nan() { d } else { worst })
 }
 
 /// Logits at every position of `ids`: `(ids.len(), vocab)` row-major. `forward_batch` reads
@@ -271,11 +279,7 @@ fn check_by_hand(model: &mut TransformerLm, ids: &[u32]) -> Result<(), Box<dyn E
     let library = logits(model, ids)?;
     let params: HashMap<String, Vec<f32>> = model.named_parameters()?.into_iter().collect();
     let by_hand = forward_by_hand(&params, model.config(), ids)?;
-    let worst = by_hand
-        .iter()
-        .zip(library.chunks(model.config().vocab_size))
-        .map(|(a, b)| max_difference(a, b))
-        .fold(0.0, f32::max);
+    let worst = max_difference(&by_hand.concat(), &library);
     println!("by hand against forward_batch: largest difference {worst:.1e}");
     assert!(worst < 1e-5);
     Ok(())

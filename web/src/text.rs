@@ -51,6 +51,9 @@ pub struct Stream<'t> {
     prefix: usize,
     /// The ids whose text is released: `ids[..read]`.
     read: usize,
+    /// The length of `ids[prefix..read]` decoded: where a window's new text begins (kept, so
+    /// a push that releases nothing decodes one window, not two).
+    before: usize,
     /// The text released so far.
     text: String,
 }
@@ -63,6 +66,7 @@ impl<'t> Stream<'t> {
             ids: Vec::new(),
             prefix: 0,
             read: 0,
+            before: 0,
             text: String::new(),
         }
     }
@@ -70,40 +74,35 @@ impl<'t> Stream<'t> {
     /// Adds `id` and returns the text it completes (often empty mid-character).
     pub fn push(&mut self, id: u32) -> String {
         self.ids.push(id);
-        let decode = |ids: &[u32]| self.tokenizer.decode(ids, false);
-        let (Ok(before), Ok(window)) = (
-            decode(&self.ids[self.prefix..self.read]),
-            decode(&self.ids[self.prefix..]),
-        ) else {
+        let Ok(window) = self.tokenizer.decode(&self.ids[self.prefix..], false) else {
             // An id the tokenizer cannot decode is left out of the text rather than
             // failing the generation (or every window after it).
             self.ids.pop();
             return String::new();
         };
-        if window.len() <= before.len()
-            || window.ends_with('\u{fffd}')
-            || !window.is_char_boundary(before.len())
-        {
+        let before = self.before;
+        if window.len() <= before || window.ends_with('\u{fffd}') || !window.is_char_boundary(before) {
             return String::new();
         }
-        let piece = window[before.len()..].to_string();
+        // The next window starts at this piece's ids; its released part is their text alone
+        // (which a first-token rule may make differ from `piece`).
+        let Ok(released) = self.tokenizer.decode(&self.ids[self.read..], false) else {
+            self.ids.pop();
+            return String::new();
+        };
+        let piece = window[before..].to_string();
         self.prefix = self.read;
         self.read = self.ids.len();
+        self.before = released.len();
         self.text.push_str(&piece);
         piece
     }
 
     /// Everything generated, as text (an unfinished character at the end as U+FFFD).
     pub fn text(&self) -> String {
-        let rest = &self.ids[self.prefix..];
-        match (
-            self.tokenizer.decode(&self.ids[self.prefix..self.read], false),
-            self.tokenizer.decode(rest, false),
-        ) {
-            (Ok(before), Ok(window))
-                if window.len() > before.len() && window.is_char_boundary(before.len()) =>
-            {
-                format!("{}{}", self.text, &window[before.len()..])
+        match self.tokenizer.decode(&self.ids[self.prefix..], false) {
+            Ok(window) if window.len() > self.before && window.is_char_boundary(self.before) => {
+                format!("{}{}", self.text, &window[self.before..])
             }
             _ => self.text.clone(),
         }
