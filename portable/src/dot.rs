@@ -12,7 +12,7 @@
 const LANES: usize = 8;
 
 /// `sum a[i] * b[i]` over the shorter length, in eight lanes added in a fixed order.
-#[inline]
+#[inline(always)]
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
@@ -67,7 +67,7 @@ pub(crate) fn dot_i8(w: &[i8], x: &[i8]) -> i32 {
 /// [`dot_i8`] of `R` weight rows (a multiple of 4) with the same activations, `x` loaded
 /// once for all of them: `[w[0] . x, .., w[R-1] . x]` over `x`'s length, which no row is
 /// shorter than.
-#[inline]
+#[inline(always)]
 pub(crate) fn dot_rows_i8<const R: usize>(w: [&[i8]; R], x: &[i8]) -> [i32; R] {
     let n = x.len();
     let w = w.map(|r| &r[..n]);
@@ -78,6 +78,30 @@ pub(crate) fn dot_rows_i8<const R: usize>(w: [&[i8]; R], x: &[i8]) -> [i32; R] {
     #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
     {
         w.map(|r| dot_i8_scalar(r, x))
+    }
+}
+
+/// `acc[j] = w[j * stride..][..x.len()] . x` for every `j < acc.len()`: a block of weight
+/// rows `stride` bytes apart (`stride >= x.len()`), four rows a pass through
+/// [`dot_rows_i8`] and the last ones alone. One call a block, not a call a four rows: at
+/// the demo model's sizes the per-call work of the four-row form (its slices, its result
+/// through memory, the caller's stores) was a tenth of the browser's decode.
+///
+/// # Panics
+///
+/// When `w` holds fewer than `acc.len()` rows (the caller sizes it from checked shapes).
+pub(crate) fn dot_row_block_i8(acc: &mut [i32], w: &[i8], stride: usize, x: &[i8]) {
+    let n = x.len();
+    let row = |j: usize| &w[j * stride..j * stride + n];
+    let mut groups = acc.chunks_exact_mut(4);
+    let mut j = 0;
+    for g in &mut groups {
+        g.copy_from_slice(&dot_rows_i8::<4>([row(j), row(j + 1), row(j + 2), row(j + 3)], x));
+        j += 4;
+    }
+    for a in groups.into_remainder() {
+        *a = dot_i8(row(j), x);
+        j += 1;
     }
 }
 
@@ -126,6 +150,7 @@ mod simd128 {
 
     /// `dot_i8` of `R` rows at once (`R` a multiple of 4): one activation load serves
     /// every row. Rows and `x` of equal length.
+    #[inline(always)]
     pub(crate) fn dot_rows_i8<const R: usize>(w: [&[i8]; R], x: &[i8]) -> [i32; R] {
         let n = x.len();
         let steps = n / 16;
@@ -228,6 +253,28 @@ mod tests {
             for (r, row) in rows.iter().enumerate() {
                 let want: i64 = row[..n].iter().zip(&x).map(|(&a, &b)| a as i64 * b as i64).sum();
                 assert_eq!(got[r] as i64, want, "row {r} at length {n}");
+            }
+        }
+    }
+
+    /// A block of rows gives each row's exact sum for every count of rows (each remainder
+    /// of the four-row passes), rows `stride` bytes apart with padding past `x`.
+    #[test]
+    fn a_block_of_rows_gives_each_rows_sum() {
+        let mut rng = Rng::new(6);
+        for (n, stride) in [(0, 4), (5, 8), (37, 40), (192, 192)] {
+            let w: Vec<i8> = (0..13 * stride)
+                .map(|_| (rng.below(256) as i32 - 128) as i8)
+                .collect();
+            let x: Vec<i8> = (0..n).map(|_| (rng.below(255) as i32 - 127) as i8).collect();
+            for rows in 0..=13 {
+                let mut acc = alloc::vec![i32::MIN; rows];
+                dot_row_block_i8(&mut acc, &w, stride, &x);
+                for (j, &got) in acc.iter().enumerate() {
+                    let row = &w[j * stride..j * stride + n];
+                    let want: i64 = row.iter().zip(&x).map(|(&a, &b)| a as i64 * b as i64).sum();
+                    assert_eq!(got as i64, want, "row {j} of {rows}, length {n}");
+                }
             }
         }
     }

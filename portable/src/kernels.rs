@@ -11,7 +11,7 @@ use rusting_brain_core::ops::matmul::round_bf16;
 use rusting_brain_core::ops::{q8, swiglu};
 use rusting_brain_core::Result;
 
-use crate::dot::{as_i8, axpy_f32, dot_f32, dot_i8, dot_rows_i8};
+use crate::dot::{as_i8, axpy_f32, dot_f32, dot_row_block_i8};
 use crate::exp::exp_f32;
 
 /// Twin of `ops::matmul::matmul`. Each problem's A is laid out as rows of k and B as
@@ -71,15 +71,24 @@ pub(crate) fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> 
 /// absolute maximum by comparison (wasm's `f32.max` differs from Rust's `f32::max` on NaN,
 /// so `f32::max` is a library call there; a NaN is skipped by both forms) and rounding half
 /// away from zero by truncation (`libm::roundf` is a library call too). Writes `q` and
-/// returns the row's scale.
+/// returns the row's scale. On wasm32 with SIMD128 the same steps run four lanes at a time
+/// (a decode step quantizes every product's input row, and the scalar loop was a tenth of
+/// the browser's decode time).
 pub(crate) fn quantize_row(x: &[f32], q: &mut Vec<i8>) -> f32 {
-    let absmax = x
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    let (absmax, done) = simd128::absmax(x);
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    let (absmax, done) = (0.0f32, 0);
+    let absmax = x[done..]
         .iter()
-        .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+        .fold(absmax, |m, v| if v.abs() > m { v.abs() } else { m });
     let scale = absmax / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
     q.clear();
-    q.extend(x.iter().map(|&v| {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    simd128::round_into(x, inv, q);
+    let done = q.len();
+    q.extend(x[done..].iter().map(|&v| {
         // Clamping first gives the same result as rounding first (127 rounds to itself)
         // and keeps the truncation in range; a NaN stays NaN and becomes 0, as in core.
         let y = (v * inv).clamp(-127.0, 127.0);
@@ -91,9 +100,71 @@ pub(crate) fn quantize_row(x: &[f32], q: &mut Vec<i8>) -> f32 {
     scale
 }
 
+/// [`quantize_row`]'s two loops in SIMD128, each step the scalar form's operations lane by
+/// lane, so the results are the same bits.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128 {
+    use alloc::vec::Vec;
+    use core::arch::wasm32::*;
+
+    /// The largest `|x[i]|` over the first multiple of 4 elements (NaN skipped: `pmax(m, a)`
+    /// is `m < a ? a : m`, the scalar fold's comparison), and how many elements it covered.
+    pub(super) fn absmax(x: &[f32]) -> (f32, usize) {
+        let chunks = x.chunks_exact(4);
+        let done = x.len() - chunks.remainder().len();
+        let mut m = f32x4_splat(0.0);
+        for c in chunks {
+            // SAFETY: `c` is four f32s; v128_load has no alignment requirement.
+            let v = unsafe { v128_load(c.as_ptr().cast::<v128>()) };
+            m = f32x4_pmax(m, f32x4_abs(v));
+        }
+        let lanes = [
+            f32x4_extract_lane::<0>(m),
+            f32x4_extract_lane::<1>(m),
+            f32x4_extract_lane::<2>(m),
+            f32x4_extract_lane::<3>(m),
+        ];
+        (lanes.iter().fold(0.0f32, |m, &v| if v > m { v } else { m }), done)
+    }
+
+    /// Appends the rounded values of the first multiple of 16 elements of `x` to `q`
+    /// (empty on entry).
+    pub(super) fn round_into(x: &[f32], inv: f32, q: &mut Vec<i8>) {
+        let chunks = x.chunks_exact(16);
+        q.reserve(x.len());
+        let (inv, hi, lo) = (f32x4_splat(inv), f32x4_splat(127.0), f32x4_splat(-127.0));
+        let (half, minus_half) = (f32x4_splat(0.5), f32x4_splat(-0.5));
+        let round = |v: v128| {
+            // pmin(y, 127) is `127 < y ? 127 : y` and pmax(y, -127) is `y < -127 ? -127 :
+            // y`: a NaN passes through both, as through `clamp`.
+            let y = f32x4_pmax(f32x4_pmin(f32x4_mul(v, inv), hi), lo);
+            // Truncation saturates and sends NaN to 0, as `as i32` does.
+            let t = i32x4_trunc_sat_f32x4(y);
+            let frac = f32x4_sub(y, f32x4_convert_i32x4(t));
+            // The comparisons are -1 where true: t + [frac >= 0.5] - [frac <= -0.5].
+            i32x4_add(i32x4_sub(t, f32x4_ge(frac, half)), f32x4_le(frac, minus_half))
+        };
+        for c in chunks {
+            let r = core::array::from_fn::<v128, 4, _>(|i| {
+                // SAFETY: 4 * i + 4 <= 16 floats are in `c`.
+                round(unsafe { v128_load(c.as_ptr().add(4 * i).cast::<v128>()) })
+            });
+            // Every value is within +-127: the saturating narrowings are exact.
+            let bytes = i8x16_narrow_i16x8(i16x8_narrow_i32x4(r[0], r[1]), i16x8_narrow_i32x4(r[2], r[3]));
+            let at = q.len();
+            // SAFETY: `reserve` above made room for x.len() >= at + 16 bytes; the 16
+            // written are then counted in the length.
+            unsafe {
+                v128_store(q.as_mut_ptr().add(at).cast::<v128>(), bytes);
+                q.set_len(at + 16);
+            }
+        }
+    }
+}
+
 /// Twin of `ops::q8::q8_matmul` (the spec already cut to its operands): each activation
 /// row quantized once (bit-identical to core's quantizer), then one exact int8 dot per
-/// weight row, four rows at a time, scaled as core scales it, so the result is
+/// weight row, a block of rows a call, scaled as core scales it, so the result is
 /// bit-identical to core's.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn q8_matmul(
@@ -109,35 +180,30 @@ pub(crate) fn q8_matmul(
     q8::check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let row_bytes = 4 * q8::packed_cols(k);
     let weights = as_i8(packed);
-    let row = |j: usize| &weights[j * row_bytes..(j + 1) * row_bytes];
     let mut q = Vec::with_capacity(k);
+    // The rows' integer sums, a block of output columns at a time (on the stack).
+    let mut acc = [0i32; BLOCK];
     for i in 0..m {
         let sx = quantize_row(&x[i * k..(i + 1) * k], &mut q);
         let out = &mut out[i * n..(i + 1) * n];
-        // out[j] = acc * x_scale * w_scale (+ beta * out[j]), the branch on beta outside
-        // the loop so the common case's four stores vectorize.
-        let put = |out: &mut [f32], acc: &[i32], scales: &[f32]| {
-            let values = out.iter_mut().zip(acc).zip(scales);
+        for (b, (out, scales)) in out.chunks_mut(BLOCK).zip(scales.chunks(BLOCK)).enumerate() {
+            let acc = &mut acc[..out.len()];
+            dot_row_block_i8(acc, &weights[b * BLOCK * row_bytes..], row_bytes, &q);
+            // out[j] = acc * x_scale * w_scale (+ beta * out[j]), the branch on beta
+            // outside the loop so the common case vectorizes.
+            let values = out.iter_mut().zip(acc.iter()).zip(scales);
             if beta == 0.0 {
                 values.for_each(|((o, &a), &w)| *o = a as f32 * sx * w);
             } else {
                 values.for_each(|((o, &a), &w)| *o = a as f32 * sx * w + beta * *o);
             }
-        };
-        // Four rows a pass (eight spill registers in the browser's wasm compilers and run
-        // slower), then one at a time.
-        let mut j = 0;
-        while j + 4 <= n {
-            let acc = dot_rows_i8::<4>(core::array::from_fn(|t| row(j + t)), &q);
-            put(&mut out[j..j + 4], &acc, &scales[j..j + 4]);
-            j += 4;
-        }
-        for j in j..n {
-            put(&mut out[j..j + 1], &[dot_i8(&row(j)[..k], &q)], &scales[j..j + 1]);
         }
     }
     Ok(())
 }
+
+/// Output columns of [`q8_matmul`] a block.
+const BLOCK: usize = 256;
 
 /// Twin of `ops::swiglu::swiglu_forward`: `out = silu(gate) * up` with core's form of the
 /// sigmoid (exp of minus the magnitude, so nothing overflows) and the branch-free exp, so
@@ -197,21 +263,32 @@ pub(crate) fn attention_forward(
                 // Four keys a pass keep `o` in registers; each element still takes the
                 // keys' terms one after another, as one axpy per key would.
                 let mut j = 0;
+                // (Plain slices and zips: array `map`s here were not inlined and cost a
+                // tenth of the browser's decode, index loops kept their bounds checks.)
+                let row = |j: usize| {
+                    let vi = spec.kv_index(b, j, kvh);
+                    &v[vi..vi + d]
+                };
                 while j + 4 <= n {
-                    let p = [0, 1, 2, 3].map(|t| scores[j + t] * inv);
-                    let rows = [0, 1, 2, 3].map(|t| {
-                        let vi = spec.kv_index(b, j + t, kvh);
-                        &v[vi..vi + d]
-                    });
-                    for (i, o) in o.iter_mut().enumerate() {
-                        *o = (((*o + p[0] * rows[0][i]) + p[1] * rows[1][i]) + p[2] * rows[2][i])
-                            + p[3] * rows[3][i];
+                    let (p0, p1, p2, p3) = (
+                        scores[j] * inv,
+                        scores[j + 1] * inv,
+                        scores[j + 2] * inv,
+                        scores[j + 3] * inv,
+                    );
+                    let terms = o
+                        .iter_mut()
+                        .zip(row(j))
+                        .zip(row(j + 1))
+                        .zip(row(j + 2))
+                        .zip(row(j + 3));
+                    for ((((o, &v0), &v1), &v2), &v3) in terms {
+                        *o = (((*o + p0 * v0) + p1 * v1) + p2 * v2) + p3 * v3;
                     }
                     j += 4;
                 }
                 for (j, e) in scores[..n].iter().enumerate().skip(j) {
-                    let vi = spec.kv_index(b, j, kvh);
-                    axpy_f32(o, e * inv, &v[vi..vi + d]);
+                    axpy_f32(o, e * inv, row(j));
                 }
             }
         }

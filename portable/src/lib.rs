@@ -34,6 +34,7 @@ extern crate alloc;
 mod dot;
 mod exp;
 mod kernels;
+mod rope;
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -41,8 +42,8 @@ use alloc::vec::Vec;
 use rusting_brain_core::backend::*;
 use rusting_brain_core::error::{check_len, check_range};
 use rusting_brain_core::ops::{
-    activation, cross_entropy, elementwise, embedding, l2norm, lora, loss, moe, optim, q8, rmsnorm, rope,
-    softmax, swiglu,
+    activation, cross_entropy, elementwise, embedding, l2norm, lora, loss, moe, optim, q8, rmsnorm, softmax,
+    swiglu,
 };
 use rusting_brain_core::{Activation, Loss, Result};
 
@@ -195,10 +196,10 @@ impl Backend for PortableBackend {
         rmsnorm::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim)
     }
     fn rope_forward(&self, x: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
-        rope::rope_forward(x, spec)
+        crate::rope::rope_forward(x, spec)
     }
     fn rope_backward(&self, dx: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
-        rope::rope_backward(dx, spec)
+        crate::rope::rope_backward(dx, spec)
     }
     fn softmax_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
         softmax::softmax_forward(out, inp, rows, cols)
