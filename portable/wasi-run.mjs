@@ -16,7 +16,8 @@ const wasi = new WASI({
   version: 'preview1',
   args: [program, ...args],
   env,
-  preopens: { '/tmp': tmpdir() },
+  // The working directory too, so a program reads files by paths relative to it.
+  preopens: { '/tmp': tmpdir(), '.': '.' },
   returnOnExit: true,
 });
 const module = await WebAssembly.compile(await readFile(program));

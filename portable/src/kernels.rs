@@ -242,9 +242,10 @@ pub(crate) fn attention_forward(
                 let qrow = &q[qi..qi + d];
                 let n = spec.visible(t);
                 let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores[..n].iter_mut().enumerate() {
-                    let ki = spec.kv_index(b, j, kvh);
-                    *s = scale * dot_f32(qrow, &k[ki..ki + d]);
+                // Key j of this head starts `stride` after key j - 1.
+                let (base, stride) = (spec.kv_index(b, 0, kvh), spec.kv_heads * d);
+                for (s, key) in scores[..n].iter_mut().zip(k[base..].chunks(stride)) {
+                    *s = scale * dot_f32(qrow, &key[..d]);
                     // A comparison, not `f32::max` (a library call on wasm); a NaN score
                     // reaches the sum either way.
                     if *s > max {
@@ -265,10 +266,7 @@ pub(crate) fn attention_forward(
                 let mut j = 0;
                 // (Plain slices and zips: array `map`s here were not inlined and cost a
                 // tenth of the browser's decode, index loops kept their bounds checks.)
-                let row = |j: usize| {
-                    let vi = spec.kv_index(b, j, kvh);
-                    &v[vi..vi + d]
-                };
+                let row = |j: usize| &v[base + j * stride..][..d];
                 while j + 4 <= n {
                     let (p0, p1, p2, p3) = (
                         scores[j] * inv,
