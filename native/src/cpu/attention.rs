@@ -17,7 +17,7 @@ use rusting_brain_core::Result;
 use super::{simd, team};
 
 /// Scores times head size below which a decode step's attention stays on one thread.
-const TEAM_MIN: usize = 1 << 13;
+const TEAM_MIN: usize = 1 << 14;
 
 pub fn attention_forward(
     out: &mut [f32],

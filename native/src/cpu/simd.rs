@@ -144,6 +144,11 @@ fn block(x: &[f32]) -> &[f32; STEP] {
 }
 
 #[inline(always)]
+fn lanes(x: &[f32]) -> &[f32; LANES] {
+    x.try_into().expect("chunks_exact yields LANES elements")
+}
+
+#[inline(always)]
 fn block_mut(x: &mut [f32]) -> &mut [f32; STEP] {
     x.try_into().expect("chunks_exact yields STEP elements")
 }
@@ -551,6 +556,9 @@ fn dot_rows_body<const FMA: bool>(out: &mut [f32], q: &[f32], rows: &[f32], stri
         let r = &rows[j * stride..j * stride + d];
         let mut acc = [0.0f32; LANES];
         for (x, y) in cq.clone().zip(r.chunks_exact(LANES)) {
+            // As arrays: over slices LLVM vectorized this two lanes at a time (a decode
+            // step's attention ran at a quarter of the vector width).
+            let (x, y) = (lanes(x), lanes(y));
             for l in 0..LANES {
                 acc[l] = madd::<FMA>(x[l], y[l], acc[l]);
             }
@@ -566,8 +574,30 @@ fn dot_rows_body<const FMA: bool>(out: &mut [f32], q: &[f32], rows: &[f32], stri
 #[inline(always)]
 fn axpy_rows_body<const FMA: bool>(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], stride: usize) {
     let d = out.len();
-    for (j, &pj) in p.iter().enumerate() {
-        axpy_body::<FMA>(out, pj * inv, &rows[j * stride..j * stride + d]);
+    let row = |j: usize| &rows[j * stride..j * stride + d];
+    // Four rows a pass, each element taking their terms in order (the same operations as
+    // four axpys): `out` is loaded and stored once a pass instead of once a row.
+    let mut groups = p.chunks_exact(4);
+    let mut j = 0;
+    for g in groups.by_ref() {
+        let a = [g[0] * inv, g[1] * inv, g[2] * inv, g[3] * inv];
+        let terms = out
+            .iter_mut()
+            .zip(row(j))
+            .zip(row(j + 1))
+            .zip(row(j + 2))
+            .zip(row(j + 3));
+        for ((((o, &r0), &r1), &r2), &r3) in terms {
+            let t = madd::<FMA>(a[0], r0, *o);
+            let t = madd::<FMA>(a[1], r1, t);
+            let t = madd::<FMA>(a[2], r2, t);
+            *o = madd::<FMA>(a[3], r3, t);
+        }
+        j += 4;
+    }
+    for &pj in groups.remainder() {
+        axpy_body::<FMA>(out, pj * inv, row(j));
+        j += 1;
     }
 }
 
@@ -646,6 +676,8 @@ fn scale_body<const FMA: bool>(x: &mut [f32], alpha: f32) {
 
 #[inline(always)]
 fn max_body<const FMA: bool>(x: &[f32]) -> f32 {
+    // The larger of two, the earlier one on a tie (a NaN is tracked on the side).
+    let pick = |a: f32, b: f32| if b > a { b } else { a };
     let mut acc = [f32::NEG_INFINITY; STEP];
     let mut nan = [false; STEP];
     let chunks = x.chunks_exact(STEP);
@@ -654,19 +686,33 @@ fn max_body<const FMA: bool>(x: &[f32]) -> f32 {
         let v = block(v);
         for l in 0..STEP {
             nan[l] |= v[l].is_nan();
-            acc[l] = if v[l] > acc[l] { v[l] } else { acc[l] };
+            acc[l] = pick(acc[l], v[l]);
         }
     }
-    let mut m = f32::NEG_INFINITY;
+    // Down to one vector by halves, then the tail a vector at a time, then its last
+    // elements: the scalar loop over 64 lanes and a tail of up to 63 was most of the time
+    // of a decode step's short rows (a row of 80 scores).
     let mut any_nan = nan.iter().any(|&b| b);
-    for &v in tail.iter().chain(acc.iter()) {
+    let half: [f32; 2 * LANES] = std::array::from_fn(|l| pick(acc[l], acc[l + 2 * LANES]));
+    let mut m: [f32; LANES] = std::array::from_fn(|l| pick(half[l], half[l + LANES]));
+    let vectors = tail.chunks_exact(LANES);
+    let rest = vectors.remainder();
+    for v in vectors {
+        let v = lanes(v);
+        for l in 0..LANES {
+            any_nan |= v[l].is_nan();
+            m[l] = pick(m[l], v[l]);
+        }
+    }
+    let mut best = f32::NEG_INFINITY;
+    for &v in rest.iter().chain(m.iter()) {
         any_nan |= v.is_nan();
-        m = if v > m { v } else { m };
+        best = pick(best, v);
     }
     if any_nan {
         f32::NAN
     } else {
-        m
+        best
     }
 }
 
@@ -712,11 +758,13 @@ fn exp_sub_sum_body<const FMA: bool>(x: &mut [f32], shift: f32) -> f32 {
             acc[l] += v[l];
         }
     }
-    let mut tail = 0.0;
-    for v in chunks.into_remainder() {
+    // The tail's exps in a loop of their own (it vectorizes; with the sum in it, it ran
+    // one element at a time), then their sum in order as before.
+    let rest = chunks.into_remainder();
+    for v in rest.iter_mut() {
         *v = exp(*v - shift);
-        tail += *v;
     }
+    let tail = rest.iter().fold(0.0f32, |t, &v| t + v);
     fold(&acc) + tail
 }
 
@@ -795,11 +843,56 @@ dispatch!(
     sum_sq => sum_sq_body(a: &[f32]) -> f32
 );
 dispatch!(
-    /// `out[j] = scale * dot(q, rows[j * stride..][..q.len()])` for every `j < out.len()`: one
-    /// head's attention scores against a strided KV cache, in one dispatched call (the
-    /// per-row `dot` calls cost more than their 32-wide work at decode time).
-    dot_rows => dot_rows_body(out: &mut [f32], q: &[f32], rows: &[f32], stride: usize, scale: f32)
+    /// [`dot_rows`] for any ISA and head width.
+    dot_rows_any => dot_rows_body(out: &mut [f32], q: &[f32], rows: &[f32], stride: usize, scale: f32)
 );
+
+/// `out[j] = scale * dot(q, rows[j * stride..][..q.len()])` for every `j < out.len()`: one
+/// head's attention scores against a strided KV cache, in one dispatched call (the per-row
+/// `dot` calls cost more than their 32-wide work at decode time).
+#[inline]
+pub fn dot_rows(out: &mut [f32], q: &[f32], rows: &[f32], stride: usize, scale: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 && !q.is_empty() && q.len().is_multiple_of(LANES) {
+        // SAFETY: isa() is Avx512 only after run-time detection found avx512f.
+        return unsafe { dot_rows_avx512(out, q, rows, stride, scale) };
+    }
+    dot_rows_any(out, q, rows, stride, scale)
+}
+
+/// [`dot_rows_body`] on AVX-512 for heads a multiple of 16 wide, in the same operations (one
+/// FMA chain per key, then `hsum`'s halvings 8, 4, 2 and 1 lanes apart, plus the empty
+/// tail's 0), so the same bits. The generic body came out two lanes wide: LLVM shaped its
+/// vectors by the reduction tree, and the scores took half a decode step's attention.
+///
+/// # Safety
+/// The CPU must have avx512f.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_rows_avx512(out: &mut [f32], q: &[f32], rows: &[f32], stride: usize, scale: f32) {
+    use std::arch::x86_64::*;
+    let d = q.len();
+    for (j, o) in out.iter_mut().enumerate() {
+        let r = &rows[j * stride..j * stride + d];
+        let mut acc = _mm512_setzero_ps();
+        for c in (0..d).step_by(LANES) {
+            // SAFETY: c + 16 <= d elements are in `q` and `r` (d is a multiple of 16).
+            let (x, y) = unsafe {
+                (
+                    _mm512_loadu_ps(q.as_ptr().add(c)),
+                    _mm512_loadu_ps(r.as_ptr().add(c)),
+                )
+            };
+            acc = _mm512_fmadd_ps(x, y, acc);
+        }
+        let hi8 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+        let h8 = _mm256_add_ps(_mm512_castps512_ps256(acc), hi8);
+        let h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps::<1>(h8));
+        let h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+        let h1 = _mm_add_ss(h2, _mm_movehdup_ps(h2));
+        *o = scale * (_mm_cvtss_f32(h1) + 0.0);
+    }
+}
 dispatch!(
     /// `out += sum_j (p[j] * inv) * rows[j * stride..][..out.len()]`, in order of `j`: the
     /// weighted sum of values, one `axpy` per row as before, in one dispatched call.
@@ -943,6 +1036,86 @@ mod tests {
         v[20] = f32::NAN;
         assert!(max(&v).is_nan());
         assert_eq!(max(&[]), f32::NEG_INFINITY);
+    }
+
+    /// The max at every tail length around the vector and step widths, wherever the largest
+    /// value sits, and a NaN anywhere.
+    #[test]
+    fn max_is_the_largest_at_every_length() {
+        let mut rng = rusting_brain_core::Rng::new(12);
+        for n in (1..=140).chain([257, 1000]) {
+            let v: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
+            let want = v
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+            assert_eq!(max(&v), want, "n = {n}");
+            for at in [0, n / 2, n - 1] {
+                let mut w = v.clone();
+                w[at] = f32::NAN;
+                assert!(max(&w).is_nan(), "n = {n}, NaN at {at}");
+            }
+        }
+    }
+
+    /// The attention's row helpers give the same bits as their definitions on every path:
+    /// the scores as `scale * dot` with `dot_rows_body`'s one chain per key, the weighted sum
+    /// as one `axpy` per row in order, the exps' sum as 64-wide chunks then the tail in
+    /// order; head widths on and off the 16-lane multiple, key counts around the passes.
+    #[test]
+    fn attention_row_helpers_match_their_definitions_bit_for_bit() {
+        let mut rng = rusting_brain_core::Rng::new(13);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for d in [16usize, 24, 32, 64, 80, 128] {
+            for keys in [1usize, 3, 4, 7, 80, 131] {
+                let stride = 2 * d + 5;
+                let q: Vec<f32> = (0..d).map(|_| rng.normal() as f32).collect();
+                let rows: Vec<f32> = (0..keys * stride).map(|_| rng.normal() as f32).collect();
+                let mut got = vec![0.0f32; keys];
+                dot_rows(&mut got, &q, &rows, stride, 0.17);
+                let mut want = vec![0.0f32; keys];
+                dot_rows_body::<true>(&mut want, &q, &rows, stride, 0.17);
+                if isa() == Isa::Baseline {
+                    dot_rows_body::<BASE_FMA>(&mut want, &q, &rows, stride, 0.17);
+                }
+                assert_eq!(bits(&got), bits(&want), "scores, d {d}, {keys} keys");
+                for (j, w) in want.iter().enumerate() {
+                    let plain: f64 = q
+                        .iter()
+                        .zip(&rows[j * stride..])
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum();
+                    assert!(
+                        (*w as f64 - 0.17 * plain).abs() < 1e-5 * (1.0 + plain.abs()),
+                        "score {j}"
+                    );
+                }
+
+                let p: Vec<f32> = (0..keys).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
+                let mut got: Vec<f32> = (0..d).map(|_| rng.normal() as f32).collect();
+                let mut want = got.clone();
+                axpy_rows(&mut got, &p, 0.3, &rows, stride);
+                for (j, &pj) in p.iter().enumerate() {
+                    axpy(&mut want, pj * 0.3, &rows[j * stride..j * stride + d]);
+                }
+                assert_eq!(bits(&got), bits(&want), "weighted sum, d {d}, {keys} keys");
+            }
+        }
+        for n in (1..=140).chain([1000]) {
+            let x: Vec<f32> = (0..n).map(|_| rng.normal() as f32 * 4.0).collect();
+            let mut got = x.clone();
+            let sum = exp_sub_sum(&mut got, 1.5);
+            let want: Vec<f32> = x.iter().map(|&v| exp(v - 1.5)).collect();
+            assert_eq!(bits(&got), bits(&want), "exps, n {n}");
+            let full = n / STEP * STEP;
+            let mut acc = [0.0f32; STEP];
+            for c in want[..full].chunks_exact(STEP) {
+                for l in 0..STEP {
+                    acc[l] += c[l];
+                }
+            }
+            let tail = want[full..].iter().fold(0.0f32, |t, &v| t + v);
+            assert_eq!(sum.to_bits(), (fold(&acc) + tail).to_bits(), "sum, n {n}");
+        }
     }
 
     #[test]
