@@ -69,10 +69,11 @@ pub fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
-/// The checkout's short commit hash.
+/// The checkout's short commit hash, with "-dirty" when tracked files differ from it (a
+/// figure measured on uncommitted code must not pass for the commit's).
 pub fn commit() -> String {
     Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
+        .args(["describe", "--always", "--dirty", "--abbrev=7"])
         .output()
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
