@@ -871,6 +871,14 @@ impl TransformerLm {
                 m.device.forward_cached_on_device(ids, c)?;
                 Ok(Pending::Device)
             }
+            (LmEngine::Cpu(_), _) if ids.len() == 1 => {
+                // A decode step: split over the thread team or on this thread alone,
+                // whichever has lately been faster (cpu::team::DecodeSteps).
+                let step = crate::cpu::team::DECODE_STEPS.begin();
+                let logits = self.forward_cached(ids, caches);
+                crate::cpu::team::DECODE_STEPS.end(step);
+                Ok(Pending::Host(logits?))
+            }
             _ => Ok(Pending::Host(self.forward_cached(ids, caches)?)),
         }
     }

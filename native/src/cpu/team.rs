@@ -10,7 +10,9 @@
 //! the helpers) each offers its core to any other runnable thread every few dozen spins:
 //! when another program holds one of two vCPUs, the helper and the caller share the other,
 //! and a spin that never yields held the core its partner needed (a Q8 decode step then ran
-//! at two thirds of the single-thread speed, its spread over five runs 22-43%).
+//! at two thirds of the single-thread speed, its spread over five runs 22-43%). A CPU
+//! model's decode step runs through [`DecodeSteps`], which keeps it on the calling thread
+//! alone while that has lately been faster (hand-offs on a VM get dearer for stretches).
 //!
 //! [`run`] calls `job(part)` for every part in `0..parts()`, part 0 on the calling thread,
 //! and returns when all are done. A helper claims its part before running it; the caller,
@@ -144,9 +146,106 @@ pub fn parts() -> usize {
     PARTS.load(Ordering::Acquire).max(1)
 }
 
+thread_local! {
+    /// Set for the length of a decode step [`DecodeSteps`] runs on one thread.
+    static SOLO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a decode step runs its jobs over the team or every part on the calling thread,
+/// chosen by timing steps both ways. A hand-off's cost is not fixed on a VM: on two vCPUs
+/// the caller's wait for its helper is 0.3-0.4 us most of the time and 1.6-2.3 us for
+/// stretches of seconds to minutes (the host running the vCPUs far apart, so every cache
+/// line of activations and outputs crosses further), and a 5.3M model's decode then ran at
+/// two thirds of one thread's speed. Every step is timed; one in TRY_EVERY runs the other
+/// way, and the other way is kept once its mean is a tenth faster. Decided per step, not
+/// per product: a step's time is steady where one product's is noise (a per-product
+/// choice measured here let noisy stretches send sizes the slow way, and the spread inside
+/// a run rose from 1-7% to 11-25%).
+pub struct DecodeSteps {
+    /// Mean step times, ns (0: not measured yet), split and on one thread.
+    split_ns: AtomicU64,
+    solo_ns: AtomicU64,
+    steps: AtomicU64,
+}
+
+/// One decode step in one in this many runs the other way.
+const TRY_EVERY: u64 = 64;
+
+/// A step being timed; hand it back to [`DecodeSteps::end`].
+pub struct Step {
+    solo: bool,
+    start: Instant,
+}
+
+/// The decode steps of every model on the CPU in this process.
+pub static DECODE_STEPS: DecodeSteps = DecodeSteps::new();
+
+impl DecodeSteps {
+    /// Nothing measured.
+    pub const fn new() -> DecodeSteps {
+        DecodeSteps {
+            split_ns: AtomicU64::new(0),
+            solo_ns: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+        }
+    }
+
+    /// Starts a step on this thread: its jobs run on this thread alone when that is the
+    /// way chosen for it.
+    pub fn begin(&self) -> Step {
+        let steps = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
+        let solo = self.solo_best() != steps.is_multiple_of(TRY_EVERY);
+        SOLO.with(|f| f.set(solo));
+        Step {
+            solo,
+            start: Instant::now(),
+        }
+    }
+
+    /// Ends the step begun on this thread and records its time.
+    pub fn end(&self, step: Step) {
+        SOLO.with(|f| f.set(false));
+        let ns = step.start.elapsed().as_nanos().min(1 << 40) as u64;
+        self.note(step.solo, ns);
+    }
+
+    /// Whether steps on one thread have lately been a tenth faster than split ones.
+    fn solo_best(&self) -> bool {
+        let (split, solo) = (
+            self.split_ns.load(Ordering::Relaxed),
+            self.solo_ns.load(Ordering::Relaxed),
+        );
+        split != 0 && solo != 0 && solo.saturating_mul(10) < split.saturating_mul(9)
+    }
+
+    /// Adds a step's time to its way's mean: a quarter of the way each (a lasting change
+    /// shows within a few steps), a time counting at most twice the mean (one step the OS
+    /// preempted must not turn the choice for hundreds of steps).
+    fn note(&self, solo: bool, ns: u64) {
+        let mean = if solo { &self.solo_ns } else { &self.split_ns };
+        let old = mean.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            ns
+        } else {
+            (old * 3 + ns.min(old.saturating_mul(2))) / 4
+        };
+        mean.store(new, Ordering::Relaxed);
+    }
+}
+
+impl Default for DecodeSteps {
+    fn default() -> Self {
+        DecodeSteps::new()
+    }
+}
+
 /// Runs `job(p)` for every part `p` in `0..parts()`, in parallel where the team is free.
 pub fn run(job: &(dyn Fn(usize) + Sync)) {
     let team = team();
+    if SOLO.with(|f| f.get()) {
+        (0..parts()).for_each(job);
+        return;
+    }
     let guard = match team.try_lock() {
         Ok(g) if !g.helpers.is_empty() => g,
         // Busy, poisoned or no helpers: every part here, in order.
@@ -269,6 +368,73 @@ mod tests {
                 });
             }
         });
+    }
+
+    /// Steps split until one-thread steps are timed a tenth faster, then run on one
+    /// thread except one in TRY_EVERY; a solo step runs every part on the calling thread;
+    /// one preempted step moves a mean by at most a quarter of it.
+    #[test]
+    fn decode_steps_follow_the_faster_way() {
+        let d = DecodeSteps::new();
+        let ways = |d: &DecodeSteps, n: u64| -> Vec<bool> {
+            (0..n)
+                .map(|_| {
+                    let step = d.begin();
+                    let solo = step.solo;
+                    // Ended by hand: the timings are set below.
+                    SOLO.with(|f| f.set(false));
+                    solo
+                })
+                .collect()
+        };
+        let first = ways(&d, 2 * TRY_EVERY);
+        assert_eq!(
+            first.iter().filter(|&&s| s).count(),
+            2,
+            "only the tries alone while nothing is timed"
+        );
+        d.split_ns.store(1000, Ordering::Relaxed);
+        d.solo_ns.store(920, Ordering::Relaxed);
+        assert_eq!(
+            ways(&d, 2 * TRY_EVERY).iter().filter(|&&s| s).count(),
+            2,
+            "8% faster is not enough"
+        );
+        d.solo_ns.store(880, Ordering::Relaxed);
+        assert_eq!(
+            ways(&d, 2 * TRY_EVERY).iter().filter(|&&s| !s).count(),
+            2,
+            "12% faster: alone but for the tries"
+        );
+        d.note(false, 1_000_000);
+        assert_eq!(
+            d.split_ns.load(Ordering::Relaxed),
+            1250,
+            "an outlier counts as twice the mean"
+        );
+        d.note(true, 0);
+        assert_eq!(d.solo_ns.load(Ordering::Relaxed), 660);
+        // A solo step's jobs run on the calling thread, parts in order.
+        let step = loop {
+            let s = d.begin();
+            if s.solo {
+                break s;
+            }
+            SOLO.with(|f| f.set(false));
+        };
+        let me = std::thread::current().id();
+        let seen = Mutex::new(Vec::new());
+        run(&|p| {
+            if p == 0 {
+                // Time for a helper to wake and claim the other parts, were it asked.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            seen.lock().unwrap().push((p, std::thread::current().id() == me))
+        });
+        d.end(step);
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(seen, (0..parts()).map(|p| (p, true)).collect::<Vec<_>>());
+        assert!(!SOLO.with(|f| f.get()), "the step's end clears the flag");
     }
 
     #[test]
