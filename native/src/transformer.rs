@@ -263,6 +263,7 @@ impl TransformerLmBuilder {
             engine: LmEngine::Cpu(model),
             optimizer: self.optimizer,
             origin: None,
+            decode_steps: Default::default(),
         })
     }
 }
@@ -351,6 +352,8 @@ pub struct TransformerLm {
     pub optimizer: Optimizer,
     /// The `config.json` a Hugging Face directory was loaded from, for `save_pretrained`.
     origin: Option<crate::hf::Origin>,
+    /// This model's decode steps on the CPU, timed split over the thread team and alone.
+    decode_steps: crate::cpu::team::DecodeSteps,
 }
 
 impl TransformerLm {
@@ -873,10 +876,10 @@ impl TransformerLm {
             }
             (LmEngine::Cpu(_), _) if ids.len() == 1 => {
                 // A decode step: split over the thread team or on this thread alone,
-                // whichever has lately been faster (cpu::team::DecodeSteps).
-                let step = crate::cpu::team::DECODE_STEPS.begin();
+                // whichever has lately been faster for this model (cpu::team::DecodeSteps).
+                let step = self.decode_steps.begin();
                 let logits = self.forward_cached(ids, caches);
-                crate::cpu::team::DECODE_STEPS.end(step);
+                self.decode_steps.end(step);
                 Ok(Pending::Host(logits?))
             }
             _ => Ok(Pending::Host(self.forward_cached(ids, caches)?)),
@@ -958,7 +961,10 @@ impl TransformerLm {
     /// device moves return an error afterwards.
     pub fn quantize(&mut self) -> Result<()> {
         self.refuse_on_device("quantize", "call to_cpu() first")?;
-        Ok(self.model_mut().quantize()?)
+        self.model_mut().quantize()?;
+        // An int8 step takes a fraction of an f32 one: time the ways afresh.
+        self.decode_steps = Default::default();
+        Ok(())
     }
 
     /// Bytes the host copy's weights and training state hold: f32 parameters, gradients and
@@ -994,6 +1000,7 @@ impl TransformerLm {
             engine: LmEngine::Cpu(model),
             optimizer: Optimizer::adam(3e-4),
             origin: None,
+            decode_steps: Default::default(),
         })
     }
 
@@ -1021,6 +1028,7 @@ impl TransformerLm {
             engine: LmEngine::Cpu(model),
             optimizer: Optimizer::adam(3e-4),
             origin: Some(origin),
+            decode_steps: Default::default(),
         })
     }
 

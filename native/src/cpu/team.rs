@@ -151,8 +151,9 @@ thread_local! {
     static SOLO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether a decode step runs its jobs over the team or every part on the calling thread,
-/// chosen by timing steps both ways. A hand-off's cost is not fixed on a VM: on two vCPUs
+/// Whether a model's decode step runs its jobs over the team or every part on the calling
+/// thread, chosen by timing its steps both ways (one per model: an f32 model's steps and an
+/// int8 one's differ several times over). A hand-off's cost is not fixed on a VM: on two vCPUs
 /// the caller's wait for its helper is 0.3-0.4 us most of the time and 1.6-2.3 us for
 /// stretches of seconds to minutes (the host running the vCPUs far apart, so every cache
 /// line of activations and outputs crosses further), and a 5.3M model's decode then ran at
@@ -177,9 +178,6 @@ pub struct Step {
     start: Instant,
 }
 
-/// The decode steps of every model on the CPU in this process.
-pub static DECODE_STEPS: DecodeSteps = DecodeSteps::new();
-
 impl DecodeSteps {
     /// Nothing measured.
     pub const fn new() -> DecodeSteps {
@@ -194,7 +192,10 @@ impl DecodeSteps {
     /// way chosen for it.
     pub fn begin(&self) -> Step {
         let steps = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
-        let solo = self.solo_best() != steps.is_multiple_of(TRY_EVERY);
+        // The tries fall on steps 16, 80, 144, ...: the first soon after a model starts
+        // decoding, past its first cold steps.
+        let trying = steps % TRY_EVERY == TRY_EVERY / 4;
+        let solo = self.solo_best() != trying;
         SOLO.with(|f| f.set(solo));
         Step {
             solo,
