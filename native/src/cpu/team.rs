@@ -178,6 +178,12 @@ pub struct Step {
     start: Instant,
 }
 
+impl Drop for Step {
+    fn drop(&mut self) {
+        SOLO.with(|f| f.set(false));
+    }
+}
+
 impl DecodeSteps {
     /// Nothing measured.
     pub const fn new() -> DecodeSteps {
@@ -203,9 +209,9 @@ impl DecodeSteps {
         }
     }
 
-    /// Ends the step begun on this thread and records its time.
+    /// Ends the step begun on this thread and records its time (dropping the step, which
+    /// also happens if the step panics, ends its solo run).
     pub fn end(&self, step: Step) {
-        SOLO.with(|f| f.set(false));
         let ns = step.start.elapsed().as_nanos().min(1 << 40) as u64;
         self.note(step.solo, ns);
     }
@@ -380,11 +386,8 @@ mod tests {
         let ways = |d: &DecodeSteps, n: u64| -> Vec<bool> {
             (0..n)
                 .map(|_| {
-                    let step = d.begin();
-                    let solo = step.solo;
-                    // Ended by hand: the timings are set below.
-                    SOLO.with(|f| f.set(false));
-                    solo
+                    // Dropped, not ended: the timings are set below.
+                    d.begin().solo
                 })
                 .collect()
         };
@@ -421,7 +424,6 @@ mod tests {
             if s.solo {
                 break s;
             }
-            SOLO.with(|f| f.set(false));
         };
         let me = std::thread::current().id();
         let seen = Mutex::new(Vec::new());
@@ -436,6 +438,18 @@ mod tests {
         let seen = seen.into_inner().unwrap();
         assert_eq!(seen, (0..parts()).map(|p| (p, true)).collect::<Vec<_>>());
         assert!(!SOLO.with(|f| f.get()), "the step's end clears the flag");
+        let step = loop {
+            let s = d.begin();
+            if s.solo {
+                break s;
+            }
+        };
+        assert!(SOLO.with(|f| f.get()));
+        drop(step);
+        assert!(
+            !SOLO.with(|f| f.get()),
+            "so does dropping it (a step that panicked)"
+        );
     }
 
     #[test]
