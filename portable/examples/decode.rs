@@ -15,6 +15,7 @@ use std::error::Error;
 use std::time::Instant;
 
 use rusting_brain_core::checkpoint::read_model;
+use rusting_brain_core::Sampler;
 use rusting_brain_portable::PortableBackend;
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -43,6 +44,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .into());
     }
     let mut cache = model.new_kv_caches()?;
+    let mut greedy = Sampler::greedy();
     let mut rates = Vec::new();
     let mut first_ids = Vec::new();
     for run in 0..runs {
@@ -50,13 +52,12 @@ fn main() -> Result<(), Box<dyn Error>> {
         let mut logits = model.forward_cached(&prompt, &mut cache)?;
         let t = Instant::now();
         let mut ids = Vec::with_capacity(tokens);
+        let mut context = prompt.clone();
         for _ in 0..tokens {
-            // The first of equal largest logits, as the samplers' greedy draw takes it.
-            let id = logits
-                .iter()
-                .enumerate()
-                .fold(0, |best, (i, &v)| if v > logits[best] { i } else { best }) as u32;
+            // Core's greedy draw, as the page's engine makes it.
+            let id = greedy.sample(&logits, &context)?;
             ids.push(id);
+            context.push(id);
             logits = model.forward_cached(&[id], &mut cache)?;
         }
         let rate = tokens as f64 / t.elapsed().as_secs_f64();
