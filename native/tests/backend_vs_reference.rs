@@ -615,6 +615,12 @@ fn q8_products_and_lookups_match_reference() {
         (1, 1000, 33),
         (7, 127, 1000),
         (1, 64, 256),
+        // Decode: sixteen rows a pass, whole and short 64-byte steps, rows left over,
+        // and products big enough to split over the team.
+        (1, 48, 130),
+        (1, 35, 704),
+        (1, 4096, 256),
+        (1, 1000, 200),
         // The int8 GEMM's tiles: rows and weight rows that are not multiples of four,
         // lengths that are and are not whole 64-byte chunks, bands split over the team.
         (13, 130, 200),

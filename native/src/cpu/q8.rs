@@ -79,35 +79,21 @@ pub fn q8_matmul(
         let v = acc as f32 * sx * scales[j];
         *o = if beta == 0.0 { v } else { v + beta * *o };
     };
-    // Outputs `first..first + o.len()` of one activation row: four weight rows a call.
-    let outputs = |o: &mut [f32], first: usize, xq: &[i8], xsum: i32, sx: f32| {
-        let done = o.len() / 4 * 4;
-        let mut quads = o.chunks_exact_mut(4);
-        for (q, y4) in quads.by_ref().enumerate() {
-            let j = first + 4 * q;
-            let acc = simd::dot4_i8(xq, xsum, [row(j), row(j + 1), row(j + 2), row(j + 3)]);
-            for (u, (y, a)) in y4.iter_mut().zip(acc).enumerate() {
-                store(y, a, sx, j + u);
-            }
-        }
-        for (u, y) in quads.into_remainder().iter_mut().enumerate() {
-            let j = first + done + u;
-            store(y, simd::dot_i8(xq, row(j)), sx, j);
-        }
-    };
     if m == 1 {
         // Decode: each part of the team (both cores here) streams a contiguous block of
-        // weight rows once; small matrices stay on the calling thread.
+        // weight rows once, sixteen rows a pass; small matrices stay on the calling thread.
         let (xq, sx) = simd::quantize_i8(x);
         let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
+        let rows = |o: &mut [f32], first: usize| {
+            let w = &w[first * pc * 4..];
+            simd::q8_rows(o, &xq, xsum, sx, w, pc * 4, &scales[first..], beta)
+        };
         let parts = team::parts();
-        if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 8 * parts {
-            let per = n.div_ceil(parts).div_ceil(4) * 4;
-            team::run_blocks(out.chunks_mut(per).collect(), |p, o| {
-                outputs(o, p * per, &xq, xsum, sx)
-            });
+        if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 16 * parts {
+            let per = n.div_ceil(parts).div_ceil(16) * 16;
+            team::run_blocks(out.chunks_mut(per).collect(), |p, o| rows(o, p * per));
         } else {
-            outputs(out, 0, &xq, xsum, sx);
+            rows(out, 0);
         }
     } else {
         // Prompt processing and batches: an int8 GEMM. Each part of the team takes a band

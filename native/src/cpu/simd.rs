@@ -334,6 +334,145 @@ unsafe fn dot4_i8_vnni(x: &[i8], xsum: i32, rows: [&[i8]; 4]) -> [i32; 4] {
     out
 }
 
+/// A decode product's rows: `out[r] = (x . w_r) * sx * scales[r]`, plus `beta * out[r]`
+/// when `beta` is not zero, for the weight rows `w_r = w[r * stride..r * stride + x.len()]`,
+/// `r < out.len()`, with `xsum = sum(x)`: to the bit what core's `q8_matmul` stores (the
+/// integer sums are exact, the scaling is the same two products and one add, not fused).
+///
+/// With VNNI, sixteen rows a pass: one load of `x` serves sixteen weight rows, the sixteen
+/// accumulators are folded into one vector by a transposing tree, and the scaling is one
+/// vector op per step. Row at a time, the folds and the scalar scaling cost as much as the
+/// products at the widths of a small model (k = 256: four 64-byte steps a row).
+#[allow(clippy::too_many_arguments)]
+pub fn q8_rows(
+    out: &mut [f32],
+    x: &[i8],
+    xsum: i32,
+    sx: f32,
+    w: &[i8],
+    stride: usize,
+    scales: &[f32],
+    beta: f32,
+) {
+    let (n, k) = (out.len(), x.len());
+    assert!(
+        stride >= k && scales.len() >= n,
+        "q8_rows: a row or a scale short"
+    );
+    assert!(
+        n == 0 || w.len() >= (n - 1) * stride + k,
+        "q8_rows: the weights end early"
+    );
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if has_vnni() {
+        done = n / 16 * 16;
+        // SAFETY: has_vnni() checked avx512f, avx512bw and avx512vnni; the asserts above
+        // put every row `r < done` of `k` bytes inside `w` and its scale inside `scales`.
+        unsafe { q8_rows16_vnni(&mut out[..done], x, xsum, sx, w, stride, scales, beta) };
+    }
+    let row = |j: usize| &w[j * stride..j * stride + k];
+    let store = |o: &mut f32, acc: i32, j: usize| {
+        let v = acc as f32 * sx * scales[j];
+        *o = if beta == 0.0 { v } else { v + beta * *o };
+    };
+    let rest = &mut out[done..];
+    let quads = rest.len() / 4;
+    for q in 0..quads {
+        let j = done + 4 * q;
+        let acc = dot4_i8(x, xsum, [row(j), row(j + 1), row(j + 2), row(j + 3)]);
+        for (u, a) in acc.into_iter().enumerate() {
+            store(&mut rest[4 * q + u], a, j + u);
+        }
+    }
+    for u in 4 * quads..rest.len() {
+        store(&mut rest[u], dot_i8(x, row(done + u)), done + u);
+    }
+}
+
+/// [`q8_rows`] on VNNI for `out.len()` a multiple of 16, the weights as the unsigned side
+/// (biased by 128, taken off with `xsum`) as in `dot4_i8_vnni`.
+///
+/// # Safety
+/// The CPU must have avx512f, avx512bw and avx512vnni; rows `0..out.len()` of `x.len()`
+/// bytes at `stride` must lie inside `w`, and `scales` must have `out.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q8_rows16_vnni(
+    out: &mut [f32],
+    x: &[i8],
+    xsum: i32,
+    sx: f32,
+    w: &[i8],
+    stride: usize,
+    scales: &[f32],
+    beta: f32,
+) {
+    use std::arch::x86_64::*;
+    let k = x.len();
+    let (full, tail) = (k / 64, k % 64);
+    // A short last step reads only its bytes; the zeroed rest adds 128 * 0 to every sum.
+    let tail_mask: __mmask64 = if tail == 0 { 0 } else { (1u64 << tail) - 1 };
+    let steps = full + usize::from(tail != 0);
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let bias = _mm512_set1_epi32(128 * xsum);
+    let (vsx, vbeta) = (_mm512_set1_ps(sx), _mm512_set1_ps(beta));
+    let xp = x.as_ptr();
+    for (b, o16) in out.chunks_exact_mut(16).enumerate() {
+        let base = w.as_ptr().wrapping_add(b * 16 * stride);
+        let mut acc = [[_mm512_setzero_si512(); 4]; 4];
+        for c in 0..steps {
+            let mask = if c < full { !0 } else { tail_mask };
+            // SAFETY: bytes c * 64.. under `mask` are inside x (k bytes) and inside each row.
+            let xv = unsafe { _mm512_maskz_loadu_epi8(mask, xp.add(c * 64)) };
+            for (g, a4) in acc.iter_mut().enumerate() {
+                for (u, a) in a4.iter_mut().enumerate() {
+                    let r = base.wrapping_add((4 * g + u) * stride + c * 64);
+                    // The next block's row, a step ahead: rows of a few hundred bytes are
+                    // too short for the hardware prefetcher to lock on. A prefetch past
+                    // the matrix is harmless.
+                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(16 * stride));
+                    // SAFETY: as above, for row 16 b + 4 g + u (< out.len()).
+                    let wv = unsafe { _mm512_maskz_loadu_epi8(mask, r) };
+                    *a = _mm512_dpbusd_epi32(*a, _mm512_xor_si512(wv, flip), xv);
+                }
+            }
+        }
+        // Sixteen accumulators to one vector of sixteen totals (row 4 g + u in lane
+        // 4 g + u), the fold of `dot4x4_i8_vnni`.
+        let pair = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+        };
+        let row_lanes = |a: &[__m512i; 4]| {
+            let (t01, t23) = (pair(a[0], a[1]), pair(a[2], a[3]));
+            _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23))
+        };
+        let halves = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0x44>(a, b),
+                _mm512_shuffle_i32x4::<0xEE>(a, b),
+            )
+        };
+        let u = acc.each_ref().map(row_lanes);
+        let (v01, v23) = (halves(u[0], u[1]), halves(u[2], u[3]));
+        let sums = _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0x88>(v01, v23),
+            _mm512_shuffle_i32x4::<0xDD>(v01, v23),
+        );
+        let totals = _mm512_sub_epi32(sums, bias);
+        // SAFETY: scales has out.len() >= 16 b + 16 values; o16 is 16 writable floats.
+        unsafe {
+            let sc = _mm512_loadu_ps(scales.as_ptr().add(b * 16));
+            let mut v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(totals), vsx), sc);
+            if beta != 0.0 {
+                v = _mm512_add_ps(v, _mm512_mul_ps(vbeta, _mm512_loadu_ps(o16.as_ptr())));
+            }
+            _mm512_storeu_ps(o16.as_mut_ptr(), v);
+        }
+    }
+}
+
 /// `out[i][j] = xs[i] . rows[j]` over int8 for four activation rows and four weight rows,
 /// exact in i32, with `xsums[i] = sum(xs[i])`: the tile of the int8 GEMM that prompt
 /// processing runs. Each 64-byte load of a weight row serves four activation rows (the
@@ -1131,6 +1270,56 @@ mod tests {
         let x = vec![-127i8; 4096];
         assert_eq!(dot_i8(&x, &x), 4096 * 127 * 127);
         assert_eq!(dot_i8(&x, &vec![127i8; 4096]), -4096 * 127 * 127);
+    }
+
+    /// The decode rows against the plain formula, bit for bit: row counts around the
+    /// sixteen-row pass, widths around the 64-byte step (a masked last step), a stride
+    /// past the width (packed rows are padded), both betas, the extremes included.
+    #[test]
+    fn decode_rows_match_the_plain_formula_bit_for_bit() {
+        for k in [1usize, 5, 63, 64, 65, 130, 256, 704] {
+            let stride = k.div_ceil(4) * 4 + 4;
+            for n in [0usize, 1, 4, 15, 16, 17, 33, 48, 70] {
+                let w: Vec<i8> = (0..n * stride)
+                    .map(|i| ((i * 91 + 13) % 255) as i32 - 127)
+                    .map(|v| v as i8)
+                    .collect();
+                let mut x: Vec<i8> = (0..k)
+                    .map(|i| (((i * 37 + 5) % 255) as i32 - 127) as i8)
+                    .collect();
+                if k > 2 {
+                    x[k - 1] = -127;
+                }
+                let xsum = x.iter().map(|&v| v as i32).sum();
+                let scales: Vec<f32> = (0..n).map(|j| 1e-3 * (j as f32 + 0.37)).collect();
+                let sx = 0.013f32;
+                for beta in [0.0f32, 1.0] {
+                    let init: Vec<f32> = (0..n)
+                        .map(|j| {
+                            if beta == 0.0 {
+                                f32::NAN
+                            } else {
+                                j as f32 * 0.1 - 2.0
+                            }
+                        })
+                        .collect();
+                    let mut got = init.clone();
+                    q8_rows(&mut got, &x, xsum, sx, &w, stride, &scales, beta);
+                    for j in 0..n {
+                        let row = &w[j * stride..j * stride + k];
+                        let acc: i32 = x.iter().zip(row).map(|(&a, &b)| a as i32 * b as i32).sum();
+                        let v = acc as f32 * sx * scales[j];
+                        let want = if beta == 0.0 { v } else { v + beta * init[j] };
+                        assert_eq!(
+                            got[j].to_bits(),
+                            want.to_bits(),
+                            "k {k}, n {n}, row {j}, beta {beta} (vnni: {})",
+                            has_vnni()
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// The GEMM tile against the plain sums, on lengths around the 64-byte chunk, the
