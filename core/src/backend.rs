@@ -33,6 +33,19 @@ pub use crate::ops::spatial::PatchSpec;
 pub use crate::ops::unary::Unary;
 use crate::{Activation, Loss, Result};
 
+/// One product of [`Backend::q8_matmul_many`]: its output, its int8 weight (packed
+/// values and row scales) and its spec.
+pub struct Q8Product<'a, T> {
+    /// `(m, n)`, or the spec's window of it.
+    pub out: &'a mut T,
+    /// The int8 weight `(n, k)`, four values a slot.
+    pub packed: &'a T,
+    /// One scale per weight row.
+    pub scales: &'a T,
+    /// `m, n, k`, beta and window, as for [`Backend::q8_matmul`].
+    pub spec: MatmulSpec,
+}
+
 /// Where buffers live and the primitives run: core's model definitions call these methods, and each backend (the reference, the CPU's kernels, wgpu, CUDA, the portable wasm one) implements them, checked against the reference in the shared sweep.
 pub trait Backend {
     /// A contiguous f32 buffer living wherever this backend computes.
@@ -380,6 +393,37 @@ pub trait Backend {
         scales: &Self::Buffer,
         spec: &MatmulSpec,
     ) -> Result<()>;
+    /// Several int8 products of one input, each `out = x W^T + beta * out` as in
+    /// [`Backend::q8_matmul`] with its own spec: attention's q, k and v projections. A
+    /// backend that runs them as one job (one hand-off between threads, one rounding of
+    /// `x`) overrides this; the default, one `q8_matmul` each, is what an override is
+    /// tested against.
+    fn q8_matmul_many(&self, x: &Self::Buffer, products: &mut [Q8Product<'_, Self::Buffer>]) -> Result<()> {
+        for p in products.iter_mut() {
+            self.q8_matmul(p.out, x, p.packed, p.scales, &p.spec)?;
+        }
+        Ok(())
+    }
+    /// The first half of a SwiGLU feed-forward on int8 weights: `gate = x Wg^T`,
+    /// `up = x Wu^T` (`spec` is `(m, f, d)`: `x` `(m, d)`, both weights `(f, d)`, beta 0),
+    /// then `out = silu(gate) * up`; `gate` and `up` keep their values for a backward pass.
+    /// The default is the two products and [`Backend::swiglu_forward`]; a backend may run
+    /// all three as one job.
+    #[allow(clippy::too_many_arguments)]
+    fn q8_swiglu(
+        &self,
+        out: &mut Self::Buffer,
+        gate: &mut Self::Buffer,
+        up: &mut Self::Buffer,
+        x: &Self::Buffer,
+        gate_w: (&Self::Buffer, &Self::Buffer),
+        up_w: (&Self::Buffer, &Self::Buffer),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        self.q8_matmul(gate, x, gate_w.0, gate_w.1, spec)?;
+        self.q8_matmul(up, x, up_w.0, up_w.1, spec)?;
+        self.swiglu_forward(out, gate, up)
+    }
     /// Rows of an int8 table, dequantized.
     #[allow(clippy::too_many_arguments)]
     fn q8_embedding(

@@ -156,6 +156,23 @@ impl<B: Backend> Backend for Profiled<B> {
     ) -> Result<()> {
         self.time("q8_matmul", || self.inner.q8_matmul(out, x, packed, scales, spec))
     }
+    fn q8_matmul_many(&self, x: &B::Buffer, products: &mut [Q8Product<'_, B::Buffer>]) -> Result<()> {
+        self.time("q8_matmul_many", || self.inner.q8_matmul_many(x, products))
+    }
+    fn q8_swiglu(
+        &self,
+        out: &mut B::Buffer,
+        gate: &mut B::Buffer,
+        up: &mut B::Buffer,
+        x: &B::Buffer,
+        gate_w: (&B::Buffer, &B::Buffer),
+        up_w: (&B::Buffer, &B::Buffer),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        self.time("q8_swiglu", || {
+            self.inner.q8_swiglu(out, gate, up, x, gate_w, up_w, spec)
+        })
+    }
     fn q8_embedding(
         &self,
         out: &mut B::Buffer,

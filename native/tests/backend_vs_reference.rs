@@ -662,6 +662,166 @@ fn q8_products_and_lookups_match_reference() {
     assert!(quantize_rows(&[1.0, f32::NAN], 1, 2).is_err());
 }
 
+/// The fused int8 calls against their definitions (the trait's defaults, which the
+/// reference runs): several products of one input, and SwiGLU's two products with the
+/// gating. At one activation row the CPU runs them as one job of the team; those rows must
+/// be the very numbers its `q8_matmul` and `swiglu_forward` give one call at a time. The
+/// other specs (several rows, a window) go the default way. Bad lengths are errors.
+#[test]
+fn fused_q8_calls_match_their_definitions() {
+    use rusting_brain_core::ops::q8::quantize_rows;
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(113);
+    // (rows, input width, the products' widths): q, k, v at the 5.3M and README shapes,
+    // odd widths and rows left over after the sixteen-row passes, a batch of rows.
+    for &(m, k, ns) in &[
+        (1, 256, [256, 64, 64]),
+        (1, 512, [512, 128, 128]),
+        (1, 33, [7, 1, 40]),
+        (1, 130, [1000, 17, 48]),
+        (3, 70, [33, 16, 5]),
+    ] {
+        let x = randn(&mut rng, m * k);
+        let weights: Vec<(Vec<f32>, Vec<f32>)> = ns
+            .iter()
+            .map(|&n| quantize_rows(&randn(&mut rng, n * k), n, k).unwrap())
+            .collect();
+        for beta in [0.0, 1.0] {
+            let init: Vec<Vec<f32>> = ns
+                .iter()
+                .map(|&n| {
+                    if beta == 0.0 {
+                        nan(m * n)
+                    } else {
+                        randn(&mut rng, m * n)
+                    }
+                })
+                .collect();
+            let run = |be: &Dyn| {
+                let mut outs = init.clone();
+                let mut products: Vec<Q8Product<'_, Vec<f32>>> = outs
+                    .iter_mut()
+                    .zip(&weights)
+                    .zip(ns)
+                    .map(|((out, (packed, scales)), n)| Q8Product {
+                        out,
+                        packed,
+                        scales,
+                        spec: MatmulSpec::new(m, n, k).trans_b(true).beta(beta),
+                    })
+                    .collect();
+                be.q8_matmul_many(&x, &mut products).unwrap();
+                outs
+            };
+            let (got, want) = (run(cpu), run(rf));
+            for (i, n) in ns.iter().enumerate() {
+                close(
+                    &format!("q8_matmul_many {m}x{n}x{k} beta {beta}"),
+                    &got[i],
+                    &want[i],
+                );
+                let mut one = init[i].clone();
+                let spec = MatmulSpec::new(m, *n, k).trans_b(true).beta(beta);
+                cpu.q8_matmul(&mut one, &x, &weights[i].0, &weights[i].1, &spec)
+                    .unwrap();
+                assert_eq!(
+                    got[i], one,
+                    "q8_matmul_many {m}x{n}x{k}: not the single product's numbers"
+                );
+            }
+        }
+        // SwiGLU: gate and up of the first width.
+        let f = ns[0];
+        let spec = MatmulSpec::new(m, f, k).trans_b(true);
+        let (wg, wu) = (&weights[0], quantize_rows(&randn(&mut rng, f * k), f, k).unwrap());
+        let run = |be: &Dyn| {
+            let (mut out, mut gate, mut up) = (nan(m * f), nan(m * f), nan(m * f));
+            be.q8_swiglu(
+                &mut out,
+                &mut gate,
+                &mut up,
+                &x,
+                (&wg.0, &wg.1),
+                (&wu.0, &wu.1),
+                &spec,
+            )
+            .unwrap();
+            (out, gate, up)
+        };
+        let (got, want) = (run(cpu), run(rf));
+        close(&format!("q8_swiglu {m}x{f}x{k} gate"), &got.1, &want.1);
+        close(&format!("q8_swiglu {m}x{f}x{k} up"), &got.2, &want.2);
+        close(&format!("q8_swiglu {m}x{f}x{k}"), &got.0, &want.0);
+        let (mut gate, mut up, mut out) = (nan(m * f), nan(m * f), nan(m * f));
+        cpu.q8_matmul(&mut gate, &x, &wg.0, &wg.1, &spec).unwrap();
+        cpu.q8_matmul(&mut up, &x, &wu.0, &wu.1, &spec).unwrap();
+        cpu.swiglu_forward(&mut out, &gate, &up).unwrap();
+        assert_eq!(
+            (&got.0, &got.1, &got.2),
+            (&out, &gate, &up),
+            "q8_swiglu {m}x{f}x{k}: not the unfused numbers"
+        );
+    }
+    // Lengths that do not fit the spec are errors on both, fused or not.
+    let (packed, scales) = quantize_rows(&randn(&mut rng, 32 * 64), 32, 64).unwrap();
+    let x = randn(&mut rng, 64);
+    for be in [cpu, rf] {
+        let (mut short, mut right) = (vec![0.0; 31], vec![0.0; 32]);
+        let spec = MatmulSpec::new(1, 32, 64).trans_b(true);
+        let mut products = [
+            Q8Product {
+                out: &mut right,
+                packed: &packed,
+                scales: &scales,
+                spec,
+            },
+            Q8Product {
+                out: &mut short,
+                packed: &packed,
+                scales: &scales,
+                spec,
+            },
+        ];
+        assert!(
+            be.q8_matmul_many(&x, &mut products).is_err(),
+            "{}: a short output",
+            be.name()
+        );
+        let mut products = [Q8Product {
+            out: &mut right,
+            packed: &packed,
+            scales: &scales[..31].to_vec(),
+            spec,
+        }];
+        assert!(
+            be.q8_matmul_many(&x, &mut products).is_err(),
+            "{}: a short scale",
+            be.name()
+        );
+        let (mut out, mut gate, mut up) = (vec![0.0; 32], vec![0.0; 32], vec![0.0; 31]);
+        let r = be.q8_swiglu(
+            &mut out,
+            &mut gate,
+            &mut up,
+            &x,
+            (&packed, &scales),
+            (&packed, &scales),
+            &spec,
+        );
+        assert!(r.is_err(), "{}: a short up", be.name());
+        let r = be.q8_swiglu(
+            &mut out,
+            &mut gate,
+            &mut vec![0.0; 32],
+            &x[..63].to_vec(),
+            (&packed, &scales),
+            (&packed, &scales),
+            &spec,
+        );
+        assert!(r.is_err(), "{}: a short input", be.name());
+    }
+}
+
 /// A windowed product touches exactly its rows: the same numbers as the product of the
 /// cut-out operands, and every element outside the window unchanged.
 #[test]

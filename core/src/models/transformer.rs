@@ -12,7 +12,9 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::backend::{AttentionSpec, LoraSpec, MatmulSpec, Precision, RopeSpec, RoutedSpec, SdpaSpec};
+use crate::backend::{
+    AttentionSpec, LoraSpec, MatmulSpec, Precision, Q8Product, RopeSpec, RoutedSpec, SdpaSpec,
+};
 use crate::{Backend, CoreError, Optimizer, Result, Rng, RopeScaling};
 
 /// The architecture of a [`TransformerModel`].
@@ -980,13 +982,22 @@ fn mlp_forward<B: Backend>(
     mut lora: Option<MlpLoraFwd<'_, B>>,
 ) -> Result<()> {
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
-    w.gate.apply(b, gate, x, mm(n, f, d))?;
-    w.up.apply(b, up, x, mm(n, f, d))?;
-    if let Some((lw, lt, ctx)) = &mut lora {
-        adapt(b, &lw.gate, lt.gate, gate, x, ctx.spec(n, d, f))?;
-        adapt(b, &lw.up, lt.up, up, x, ctx.spec(n, d, f))?;
+    match (&w.gate, &w.up, &lora) {
+        // Int8 without adapters: the products and the gating in one call, which a backend
+        // may run as one job.
+        (Mat::Q8(pg, sg), Mat::Q8(pu, su), None) => {
+            b.q8_swiglu(s, gate, up, x, (pg, sg), (pu, su), &mm(n, f, d).trans_b(true))?;
+        }
+        _ => {
+            w.gate.apply(b, gate, x, mm(n, f, d))?;
+            w.up.apply(b, up, x, mm(n, f, d))?;
+            if let Some((lw, lt, ctx)) = &mut lora {
+                adapt(b, &lw.gate, lt.gate, gate, x, ctx.spec(n, d, f))?;
+                adapt(b, &lw.up, lt.up, up, x, ctx.spec(n, d, f))?;
+            }
+            b.swiglu_forward(s, gate, up)?;
+        }
     }
-    b.swiglu_forward(s, gate, up)?;
     w.down.apply(b, out, s, mm(n, d, f).beta(1.0))?;
     if let Some((lw, lt, ctx)) = lora {
         adapt(b, &lw.down, lt.down, out, s, ctx.spec(n, f, d))?;
@@ -1386,9 +1397,40 @@ fn block_forward<B: Backend>(
         None => (None, None, None),
     };
     let mut project = |qp: &mut B::Buffer, kp: &mut B::Buffer| -> Result<()> {
-        w.wq.apply(b, qp, h, mm(n, q, d))?;
-        w.wk.apply(b, kp, h, mm(n, kv, d))?;
-        w.wv.apply(b, vb, h, mm(n, kv, d))?;
+        match (&w.wq, &w.wk, &w.wv) {
+            // All three int8 (an int8 model): one call, which a backend may run as one job.
+            (Mat::Q8(pq, sq), Mat::Q8(pk, sk), Mat::Q8(pv, sv)) => {
+                let t = |spec: MatmulSpec| spec.trans_b(true);
+                b.q8_matmul_many(
+                    h,
+                    &mut [
+                        Q8Product {
+                            out: &mut *qp,
+                            packed: pq,
+                            scales: sq,
+                            spec: t(mm(n, q, d)),
+                        },
+                        Q8Product {
+                            out: &mut *kp,
+                            packed: pk,
+                            scales: sk,
+                            spec: t(mm(n, kv, d)),
+                        },
+                        Q8Product {
+                            out: &mut *vb,
+                            packed: pv,
+                            scales: sv,
+                            spec: t(mm(n, kv, d)),
+                        },
+                    ],
+                )?;
+            }
+            _ => {
+                w.wq.apply(b, qp, h, mm(n, q, d))?;
+                w.wk.apply(b, kp, h, mm(n, kv, d))?;
+                w.wv.apply(b, vb, h, mm(n, kv, d))?;
+            }
+        }
         if let (Some(lw), Some(lt), Some(ctx)) = (lw, lt.as_deref_mut(), ctx) {
             adapt(b, &lw.wq, &mut lt.wq, qp, h, ctx.spec(n, d, q))?;
             adapt(b, &lw.wk, &mut lt.wk, kp, h, ctx.spec(n, d, kv))?;

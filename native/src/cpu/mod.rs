@@ -334,6 +334,52 @@ impl Backend for CpuBackend {
         let (x, out) = rusting_brain_core::ops::q8::q8_operands(spec, x, out)?;
         q8::q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
     }
+    fn q8_matmul_many(&self, x: &Vec<f32>, products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
+        // One activation row over all of `x` (a decode step's projections): one job.
+        // Anything else runs product by product.
+        let single =
+            |p: &Q8Product<'_, Vec<f32>>| p.spec.m == 1 && p.spec.window.is_none() && p.spec.k == x.len();
+        if !products.iter().all(single) {
+            for p in products.iter_mut() {
+                self.q8_matmul(p.out, x, p.packed, p.scales, &p.spec)?;
+            }
+            return Ok(());
+        }
+        let mut rows = Vec::with_capacity(products.len());
+        for p in products.iter_mut() {
+            // The checks q8_matmul makes of the spec (trans_b, alpha, batch).
+            let (_, out) = rusting_brain_core::ops::q8::q8_operands(&p.spec, x, p.out)?;
+            check_len("q8_matmul_many", "out", out.len(), p.spec.n)?;
+            rows.push(q8::DecodeProduct {
+                out,
+                packed: p.packed,
+                scales: p.scales,
+                beta: p.spec.beta,
+            });
+        }
+        q8::q8_matmul_many(x, rows)
+    }
+    fn q8_swiglu(
+        &self,
+        out: &mut Vec<f32>,
+        gate: &mut Vec<f32>,
+        up: &mut Vec<f32>,
+        x: &Vec<f32>,
+        gate_w: (&Vec<f32>, &Vec<f32>),
+        up_w: (&Vec<f32>, &Vec<f32>),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        let plain = spec.m == 1 && spec.window.is_none() && spec.beta == 0.0 && spec.k == x.len();
+        if !plain {
+            self.q8_matmul(gate, x, gate_w.0, gate_w.1, spec)?;
+            self.q8_matmul(up, x, up_w.0, up_w.1, spec)?;
+            return self.swiglu_forward(out, gate, up);
+        }
+        rusting_brain_core::ops::q8::q8_operands(spec, x, out)?;
+        rusting_brain_core::ops::swiglu::check_swiglu_forward(out.len(), gate.len(), up.len())?;
+        check_len("q8_swiglu", "out", out.len(), spec.n)?;
+        q8::q8_swiglu(out, gate, up, x, (gate_w.0, gate_w.1), (up_w.0, up_w.1))
+    }
     fn q8_embedding(
         &self,
         out: &mut Vec<f32>,

@@ -153,6 +153,126 @@ pub fn q8_matmul(
     Ok(())
 }
 
+/// One int8 product of [`q8_matmul_many`] at one activation row: its output `(n)`,
+/// weight `(n, k)` (packed values and row scales) and beta.
+pub struct DecodeProduct<'a> {
+    pub out: &'a mut [f32],
+    pub packed: &'a [f32],
+    pub scales: &'a [f32],
+    pub beta: f32,
+}
+
+/// Several int8 products of one activation row `x` (`k` values): `x` is rounded once and
+/// every matrix's rows are split over the team in one job (attention's q, k and v at
+/// decode: one hand-off instead of three, and the two small ones no longer run alone).
+pub fn q8_matmul_many(x: &[f32], products: Vec<DecodeProduct<'_>>) -> Result<()> {
+    let k = x.len();
+    for p in &products {
+        let n = p.out.len();
+        check_q8_matmul(n, k, p.packed.len(), p.scales.len(), 1, n, k)?;
+    }
+    let stride = packed_cols(k) * 4;
+    let (xq, sx) = simd::quantize_i8(x);
+    let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
+    let bytes: usize = products.iter().map(|p| p.out.len() * k).sum();
+    let parts = team::parts();
+    // The weights each part reads, then the outputs it writes: every matrix split the
+    // same way, part p taking its share of each one's rows (whole sixteen-row passes).
+    let weights: Vec<(&[i8], &[f32], f32)> = products
+        .iter()
+        .map(|p| (as_i8(p.packed), p.scales, p.beta))
+        .collect();
+    let split = if parts > 1 && bytes >= TEAM_MIN_BYTES {
+        parts
+    } else {
+        1
+    };
+    let mut blocks: Vec<Vec<(usize, usize, &mut [f32])>> = (0..split).map(|_| Vec::new()).collect();
+    for (i, p) in products.into_iter().enumerate() {
+        let per = p.out.len().div_ceil(split).div_ceil(16).max(1) * 16;
+        for (part, o) in p.out.chunks_mut(per).enumerate() {
+            blocks[part].push((i, part * per, o));
+        }
+    }
+    let job = |_: usize, list: &mut Vec<(usize, usize, &mut [f32])>| {
+        for (i, first, o) in list.iter_mut() {
+            let (w, scales, beta) = weights[*i];
+            simd::q8_rows(
+                o,
+                &xq,
+                xsum,
+                sx,
+                &w[*first * stride..],
+                stride,
+                &scales[*first..],
+                beta,
+            );
+        }
+    };
+    if split > 1 {
+        team::run_blocks(blocks, job);
+    } else {
+        blocks.iter_mut().for_each(|b| job(0, b));
+    }
+    Ok(())
+}
+
+/// A SwiGLU's int8 products and gating at one activation row `x` (`d` values):
+/// `gate = x Wg^T`, `up = x Wu^T` (`f` values each), `out = silu(gate) * up`, as one job of
+/// the team, each part taking the same rows of both products and gating them.
+pub fn q8_swiglu(
+    out: &mut [f32],
+    gate: &mut [f32],
+    up: &mut [f32],
+    x: &[f32],
+    gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]),
+) -> Result<()> {
+    let (f, d) = (out.len(), x.len());
+    check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
+    check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
+    let stride = packed_cols(d) * 4;
+    let (xq, sx) = simd::quantize_i8(x);
+    let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
+    let (wg, wu) = (as_i8(gate_w.0), as_i8(up_w.0));
+    let rows = |first: usize, o: &mut [f32], g: &mut [f32], u: &mut [f32]| {
+        simd::q8_rows(
+            g,
+            &xq,
+            xsum,
+            sx,
+            &wg[first * stride..],
+            stride,
+            &gate_w.1[first..],
+            0.0,
+        );
+        simd::q8_rows(
+            u,
+            &xq,
+            xsum,
+            sx,
+            &wu[first * stride..],
+            stride,
+            &up_w.1[first..],
+            0.0,
+        );
+        simd::swiglu(o, g, u);
+    };
+    let parts = team::parts();
+    if parts > 1 && 2 * f * d >= TEAM_MIN_BYTES && f >= 16 * parts {
+        let per = f.div_ceil(parts).div_ceil(16) * 16;
+        let blocks = out
+            .chunks_mut(per)
+            .zip(gate.chunks_mut(per))
+            .zip(up.chunks_mut(per))
+            .collect();
+        team::run_blocks(blocks, |p, ((o, g), u)| rows(p * per, o, g, u));
+    } else {
+        rows(0, out, gate, up);
+    }
+    Ok(())
+}
+
 pub fn q8_embedding(
     out: &mut [f32],
     packed: &[f32],
