@@ -1011,9 +1011,64 @@ pub fn dot_rows(out: &mut [f32], q: &[f32], rows: &[f32], stride: usize, scale: 
 unsafe fn dot_rows_avx512(out: &mut [f32], q: &[f32], rows: &[f32], stride: usize, scale: f32) {
     use std::arch::x86_64::*;
     let d = q.len();
-    for (j, o) in out.iter_mut().enumerate() {
+    let (zero, vscale) = (_mm512_setzero_ps(), _mm512_set1_ps(scale));
+    // Sixteen keys a pass: sixteen FMA chains, then the sixteen `hsum`s at once by a
+    // transposing tree whose every add joins the same two partial sums as `hsum` does
+    // (lanes 8, 4, 2, then 1 apart), so the same bits; the scores come out as one vector.
+    // Key by key, the four dependent horizontal steps and the scalar stores were most of
+    // the scores' time.
+    let full = out.len() / 16 * 16;
+    for (b, o16) in out[..full].chunks_exact_mut(16).enumerate() {
+        let base = &rows[b * 16 * stride..];
+        let mut acc = [zero; 16];
+        for c in (0..d).step_by(LANES) {
+            // SAFETY: c + 16 <= d elements are in `q`; key b * 16 + r < out.len() has its
+            // d elements inside `rows` (the caller's span).
+            let x = unsafe { _mm512_loadu_ps(q.as_ptr().add(c)) };
+            for (r, a) in acc.iter_mut().enumerate() {
+                let y = unsafe { _mm512_loadu_ps(base[r * stride + c..r * stride + c + LANES].as_ptr()) };
+                *a = _mm512_fmadd_ps(x, y, *a);
+            }
+        }
+        // Lanes 8 apart (128-bit blocks 0 + 2, 1 + 3), two keys a vector.
+        let s8: [__m512; 8] = std::array::from_fn(|p| {
+            let (a, b) = (acc[2 * p], acc[2 * p + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x44>(a, b),
+                _mm512_shuffle_f32x4::<0xEE>(a, b),
+            )
+        });
+        // Lanes 4 apart (blocks 0 + 1 of each key's half), four keys a vector, one a block.
+        let s4: [__m512; 4] = std::array::from_fn(|p| {
+            let (a, b) = (s8[2 * p], s8[2 * p + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(a, b),
+                _mm512_shuffle_f32x4::<0xDD>(a, b),
+            )
+        });
+        // Lanes 2 apart, then 1 apart: block k of the result holds keys k, 4 + k, 8 + k,
+        // 12 + k.
+        let s2: [__m512; 2] = std::array::from_fn(|p| {
+            let (a, b) = (_mm512_castps_pd(s4[2 * p]), _mm512_castps_pd(s4[2 * p + 1]));
+            _mm512_add_ps(
+                _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+            )
+        });
+        let s1 = _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(s2[0], s2[1]),
+            _mm512_shuffle_ps::<0xDD>(s2[0], s2[1]),
+        );
+        // Key i sits in lane 4 (i % 4) + i / 4.
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        let sums = _mm512_permutexvar_ps(order, s1);
+        let v = _mm512_mul_ps(vscale, _mm512_add_ps(sums, zero));
+        // SAFETY: o16 is 16 writable floats.
+        unsafe { _mm512_storeu_ps(o16.as_mut_ptr(), v) };
+    }
+    for (j, o) in out.iter_mut().enumerate().skip(full) {
         let r = &rows[j * stride..j * stride + d];
-        let mut acc = _mm512_setzero_ps();
+        let mut acc = zero;
         for c in (0..d).step_by(LANES) {
             // SAFETY: c + 16 <= d elements are in `q` and `r` (d is a multiple of 16).
             let (x, y) = unsafe {
@@ -1033,10 +1088,52 @@ unsafe fn dot_rows_avx512(out: &mut [f32], q: &[f32], rows: &[f32], stride: usiz
     }
 }
 dispatch!(
-    /// `out += sum_j (p[j] * inv) * rows[j * stride..][..out.len()]`, in order of `j`: the
-    /// weighted sum of values, one `axpy` per row as before, in one dispatched call.
-    axpy_rows => axpy_rows_body(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], stride: usize)
+    /// [`axpy_rows`] for any ISA and width.
+    axpy_rows_any => axpy_rows_body(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], stride: usize)
 );
+
+/// `out += sum_j (p[j] * inv) * rows[j * stride..][..out.len()]`, in order of `j`: the
+/// weighted sum of values, one `axpy` per row as before, in one dispatched call.
+#[inline]
+pub fn axpy_rows(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], stride: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 && !out.is_empty() && out.len().is_multiple_of(LANES) && out.len() <= 8 * LANES {
+        // SAFETY: isa() is Avx512 only after run-time detection found avx512f.
+        return unsafe { axpy_rows_avx512(out, p, inv, rows, stride) };
+    }
+    axpy_rows_any(out, p, inv, rows, stride)
+}
+
+/// [`axpy_rows_body`] on AVX-512 for a head of 16 to 128 lanes (a multiple of 16), its
+/// outputs in registers from the first row to the last: the same FMAs in the same order
+/// (same bits), without the store and reload of `out` every four rows.
+///
+/// # Safety
+/// The CPU must have avx512f.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_rows_avx512(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], stride: usize) {
+    use std::arch::x86_64::*;
+    let vecs = out.len() / LANES;
+    let mut acc = [_mm512_setzero_ps(); 8];
+    for (v, a) in acc.iter_mut().enumerate().take(vecs) {
+        // SAFETY: v < vecs, so 16 v + 16 <= out.len().
+        *a = unsafe { _mm512_loadu_ps(out.as_ptr().add(v * LANES)) };
+    }
+    for (j, &pj) in p.iter().enumerate() {
+        let a = _mm512_set1_ps(pj * inv);
+        let r = &rows[j * stride..j * stride + out.len()];
+        for (v, acc) in acc.iter_mut().enumerate().take(vecs) {
+            // SAFETY: as above, inside the row's out.len() elements.
+            *acc = _mm512_fmadd_ps(a, unsafe { _mm512_loadu_ps(r.as_ptr().add(v * LANES)) }, *acc);
+        }
+    }
+    for (v, a) in acc.iter().enumerate().take(vecs) {
+        // SAFETY: as for the loads.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(v * LANES), *a) };
+    }
+}
+
 dispatch!(
     /// y += alpha * x over the shorter length.
     axpy => axpy_body(y: &mut [f32], alpha: f32, x: &[f32])
@@ -1204,7 +1301,7 @@ mod tests {
     fn attention_row_helpers_match_their_definitions_bit_for_bit() {
         let mut rng = rusting_brain_core::Rng::new(13);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for d in [16usize, 24, 32, 64, 80, 128] {
+        for d in [16usize, 24, 32, 48, 64, 80, 128] {
             for keys in [1usize, 3, 4, 7, 80, 131] {
                 let stride = 2 * d + 5;
                 let q: Vec<f32> = (0..d).map(|_| rng.normal() as f32).collect();
@@ -1231,12 +1328,24 @@ mod tests {
 
                 let p: Vec<f32> = (0..keys).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
                 let mut got: Vec<f32> = (0..d).map(|_| rng.normal() as f32).collect();
+                let start = got.clone();
                 let mut want = got.clone();
                 axpy_rows(&mut got, &p, 0.3, &rows, stride);
                 for (j, &pj) in p.iter().enumerate() {
                     axpy(&mut want, pj * 0.3, &rows[j * stride..j * stride + d]);
                 }
                 assert_eq!(bits(&got), bits(&want), "weighted sum, d {d}, {keys} keys");
+                for (i, w) in want.iter().enumerate() {
+                    let plain: f64 = start[i] as f64
+                        + p.iter()
+                            .enumerate()
+                            .map(|(j, &pj)| (pj * 0.3) as f64 * rows[j * stride + i] as f64)
+                            .sum::<f64>();
+                    assert!(
+                        (*w as f64 - plain).abs() < 1e-5 * (1.0 + plain.abs()),
+                        "weighted sum {i}, d {d}, {keys} keys: {w} against {plain}"
+                    );
+                }
             }
         }
         for n in (1..=140).chain([1000]) {
