@@ -414,7 +414,6 @@ unsafe fn q8_rows16_vnni(
     let (full, tail) = (k / 64, k % 64);
     // A short last step reads only its bytes; the zeroed rest adds 128 * 0 to every sum.
     let tail_mask: __mmask64 = if tail == 0 { 0 } else { (1u64 << tail) - 1 };
-    let steps = full + usize::from(tail != 0);
     let flip = _mm512_set1_epi8(i8::MIN);
     let bias = _mm512_set1_epi32(128 * xsum);
     let (vsx, vbeta) = (_mm512_set1_ps(sx), _mm512_set1_ps(beta));
@@ -422,22 +421,33 @@ unsafe fn q8_rows16_vnni(
     for (b, o16) in out.chunks_exact_mut(16).enumerate() {
         let base = w.as_ptr().wrapping_add(b * 16 * stride);
         let mut acc = [[_mm512_setzero_si512(); 4]; 4];
-        for c in 0..steps {
-            let mask = if c < full { !0 } else { tail_mask };
+        // Row 4 g + u of the block starts at group[g] + u * stride: four pointers and the
+        // stride's multiples, which the addressing modes take as they are (sixteen row
+        // pointers did not fit the registers, and every load reloaded its own).
+        let group = [0, 1, 2, 3].map(|g| base.wrapping_add(4 * g * stride));
+        // The next block's bytes (the rows are contiguous), sixteen lines a step: rows of a
+        // few hundred bytes are too short for the hardware prefetcher to lock on. A
+        // prefetch past the matrix is harmless.
+        let next = base.wrapping_add(16 * stride);
+        let step = |acc: &mut [[__m512i; 4]; 4], c: usize, mask: __mmask64| {
             // SAFETY: bytes c * 64.. under `mask` are inside x (k bytes) and inside each row.
             let xv = unsafe { _mm512_maskz_loadu_epi8(mask, xp.add(c * 64)) };
+            let ahead = next.wrapping_add(c * 1024);
             for (g, a4) in acc.iter_mut().enumerate() {
+                let p = group[g].wrapping_add(c * 64);
                 for (u, a) in a4.iter_mut().enumerate() {
-                    let r = base.wrapping_add((4 * g + u) * stride + c * 64);
-                    // The next block's row, a step ahead: rows of a few hundred bytes are
-                    // too short for the hardware prefetcher to lock on. A prefetch past
-                    // the matrix is harmless.
-                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(16 * stride));
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add((4 * g + u) * 64));
                     // SAFETY: as above, for row 16 b + 4 g + u (< out.len()).
-                    let wv = unsafe { _mm512_maskz_loadu_epi8(mask, r) };
+                    let wv = unsafe { _mm512_maskz_loadu_epi8(mask, p.wrapping_add(u * stride)) };
                     *a = _mm512_dpbusd_epi32(*a, _mm512_xor_si512(wv, flip), xv);
                 }
             }
+        };
+        for c in 0..full {
+            step(&mut acc, c, !0);
+        }
+        if tail != 0 {
+            step(&mut acc, full, tail_mask);
         }
         // Sixteen accumulators to one vector of sixteen totals (row 4 g + u in lane
         // 4 g + u), the fold of `dot4x4_i8_vnni`.
