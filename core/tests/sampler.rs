@@ -11,6 +11,47 @@ fn greedy_is_argmax_after_the_penalty() {
     assert_eq!(p.sample(&[0.1, 3.0, 2.9, -1.0], &[1, 1]).unwrap(), 2);
 }
 
+/// Greedy picks the first index of the largest logit at every length around the
+/// sixteen-lane scan, wherever the largest sits, with ties, signed zeros and infinities;
+/// a NaN anywhere is an error, with or without a penalty.
+#[test]
+fn greedy_is_the_first_largest_at_every_length() {
+    let plain = |l: &[f32]| (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32;
+    for n in (1..=40).chain([100, 4096, 4097]) {
+        let base: Vec<f32> = (0..n).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.5).collect();
+        for at in [0, n / 3, n / 2, n - 1] {
+            for top in [100.0f32, f32::INFINITY] {
+                let mut l = base.clone();
+                l[at] = top;
+                // A tie after the first: the first wins.
+                if at + 5 < n {
+                    l[at + 5] = top;
+                }
+                assert_eq!(
+                    Sampler::greedy().sample(&l, &[]).unwrap(),
+                    plain(&l),
+                    "n {n}, at {at}"
+                );
+                assert_eq!(Sampler::greedy().sample(&l, &[]).unwrap(), at as u32);
+            }
+            let mut l = base.clone();
+            l[at] = f32::NAN;
+            assert!(Sampler::greedy().sample(&l, &[]).is_err(), "NaN at {at} of {n}");
+            assert!(Sampler::greedy().repetition_penalty(1.5).sample(&l, &[]).is_err());
+        }
+        let neg = vec![f32::NEG_INFINITY; n];
+        assert_eq!(Sampler::greedy().sample(&neg, &[]).unwrap(), 0, "all -inf, n {n}");
+        let mut zeros = vec![-1.0f32; n];
+        zeros[n - 1] = 0.0;
+        zeros[n / 2] = -0.0;
+        assert_eq!(
+            Sampler::greedy().sample(&zeros, &[]).unwrap(),
+            plain(&zeros),
+            "signed zeros, n {n}"
+        );
+    }
+}
+
 #[test]
 fn repetition_penalty_divides_positive_and_multiplies_negative_logits_once() {
     let s = Sampler::greedy().repetition_penalty(1.25);
