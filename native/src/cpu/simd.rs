@@ -363,10 +363,14 @@ pub fn q8_rows(
         n == 0 || w.len() >= (n - 1) * stride + k,
         "q8_rows: the weights end early"
     );
-    let mut done = 0;
+    // Rows in whole sixteen-row passes on VNNI; the rest (all of them elsewhere) below.
+    let done = if cfg!(target_arch = "x86_64") && has_vnni() {
+        n / 16 * 16
+    } else {
+        0
+    };
     #[cfg(target_arch = "x86_64")]
-    if has_vnni() {
-        done = n / 16 * 16;
+    if done > 0 {
         // SAFETY: has_vnni() checked avx512f, avx512bw and avx512vnni; the asserts above
         // put every row `r < done` of `k` bytes inside `w` and its scale inside `scales`.
         unsafe { q8_rows16_vnni(&mut out[..done], x, xsum, sx, w, stride, scales, beta) };
