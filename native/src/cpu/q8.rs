@@ -83,10 +83,10 @@ pub fn q8_matmul(
         // Decode: each part of the team (both cores here) streams a contiguous block of
         // weight rows once, sixteen rows a pass; small matrices stay on the calling thread.
         let (xq, sx) = simd::quantize_i8(x);
-        let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
+        let row = simd::Int8Row::new(&xq, sx);
         let rows = |o: &mut [f32], first: usize| {
             let w = &w[first * pc * 4..];
-            simd::q8_rows(o, &xq, xsum, sx, w, pc * 4, &scales[first..], beta)
+            simd::q8_rows(o, &row, w, pc * 4, &scales[first..], beta)
         };
         let parts = team::parts();
         if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 16 * parts {
@@ -173,7 +173,7 @@ pub fn q8_matmul_many(x: &[f32], products: Vec<DecodeProduct<'_>>) -> Result<()>
     }
     let stride = packed_cols(k) * 4;
     let (xq, sx) = simd::quantize_i8(x);
-    let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
+    let row = simd::Int8Row::new(&xq, sx);
     let bytes: usize = products.iter().map(|p| p.out.len() * k).sum();
     let parts = team::parts();
     // The weights each part reads, then the outputs it writes: every matrix split the
@@ -197,16 +197,7 @@ pub fn q8_matmul_many(x: &[f32], products: Vec<DecodeProduct<'_>>) -> Result<()>
     let job = |_: usize, list: &mut Vec<(usize, usize, &mut [f32])>| {
         for (i, first, o) in list.iter_mut() {
             let (w, scales, beta) = weights[*i];
-            simd::q8_rows(
-                o,
-                &xq,
-                xsum,
-                sx,
-                &w[*first * stride..],
-                stride,
-                &scales[*first..],
-                beta,
-            );
+            simd::q8_rows(o, &row, &w[*first * stride..], stride, &scales[*first..], beta);
         }
     };
     if split > 1 {
@@ -233,29 +224,11 @@ pub fn q8_swiglu(
     check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
     let stride = packed_cols(d) * 4;
     let (xq, sx) = simd::quantize_i8(x);
-    let xsum: i32 = xq.iter().map(|&v| v as i32).sum();
+    let row = simd::Int8Row::new(&xq, sx);
     let (wg, wu) = (as_i8(gate_w.0), as_i8(up_w.0));
     let rows = |first: usize, o: &mut [f32], g: &mut [f32], u: &mut [f32]| {
-        simd::q8_rows(
-            g,
-            &xq,
-            xsum,
-            sx,
-            &wg[first * stride..],
-            stride,
-            &gate_w.1[first..],
-            0.0,
-        );
-        simd::q8_rows(
-            u,
-            &xq,
-            xsum,
-            sx,
-            &wu[first * stride..],
-            stride,
-            &up_w.1[first..],
-            0.0,
-        );
+        simd::q8_rows(g, &row, &wg[first * stride..], stride, &gate_w.1[first..], 0.0);
+        simd::q8_rows(u, &row, &wu[first * stride..], stride, &up_w.1[first..], 0.0);
         simd::swiglu(o, g, u);
     };
     let parts = team::parts();

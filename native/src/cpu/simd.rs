@@ -334,26 +334,36 @@ unsafe fn dot4_i8_vnni(x: &[i8], xsum: i32, rows: [&[i8]; 4]) -> [i32; 4] {
     out
 }
 
+/// An activation row rounded to int8 ([`quantize_i8`]): the values, their sum and the
+/// row's scale, what every int8 product of the row needs.
+pub struct Int8Row<'a> {
+    /// The rounded values.
+    pub q: &'a [i8],
+    /// Their sum (the bias of VNNI's unsigned operand comes off with it).
+    pub sum: i32,
+    /// What one unit of `q` is worth.
+    pub scale: f32,
+}
+
+impl<'a> Int8Row<'a> {
+    /// The row `q` with scale `scale`, its sum taken here.
+    pub fn new(q: &'a [i8], scale: f32) -> Self {
+        let sum = q.iter().map(|&v| v as i32).sum();
+        Int8Row { q, sum, scale }
+    }
+}
+
 /// A decode product's rows: `out[r] = (x . w_r) * sx * scales[r]`, plus `beta * out[r]`
-/// when `beta` is not zero, for the weight rows `w_r = w[r * stride..r * stride + x.len()]`,
-/// `r < out.len()`, with `xsum = sum(x)`: to the bit what core's `q8_matmul` stores (the
+/// when `beta` is not zero, for the weight rows `w_r = w[r * stride..r * stride + k]`,
+/// `r < out.len()`, with `x`, `sx` and `k` from the rounded row `a`: to the bit what core's `q8_matmul` stores (the
 /// integer sums are exact, the scaling is the same two products and one add, not fused).
 ///
 /// With VNNI, sixteen rows a pass: one load of `x` serves sixteen weight rows, the sixteen
 /// accumulators are folded into one vector by a transposing tree, and the scaling is one
 /// vector op per step. Row at a time, the folds and the scalar scaling cost as much as the
 /// products at the widths of a small model (k = 256: four 64-byte steps a row).
-#[allow(clippy::too_many_arguments)]
-pub fn q8_rows(
-    out: &mut [f32],
-    x: &[i8],
-    xsum: i32,
-    sx: f32,
-    w: &[i8],
-    stride: usize,
-    scales: &[f32],
-    beta: f32,
-) {
+pub fn q8_rows(out: &mut [f32], a: &Int8Row, w: &[i8], stride: usize, scales: &[f32], beta: f32) {
+    let (x, xsum, sx) = (a.q, a.sum, a.scale);
     let (n, k) = (out.len(), x.len());
     assert!(
         stride >= k && scales.len() >= n,
@@ -373,7 +383,7 @@ pub fn q8_rows(
     if done > 0 {
         // SAFETY: has_vnni() checked avx512f, avx512bw and avx512vnni; the asserts above
         // put every row `r < done` of `k` bytes inside `w` and its scale inside `scales`.
-        unsafe { q8_rows16_vnni(&mut out[..done], x, xsum, sx, w, stride, scales, beta) };
+        unsafe { q8_rows16_vnni(&mut out[..done], a, w, stride, scales, beta) };
     }
     let row = |j: usize| &w[j * stride..j * stride + k];
     let store = |o: &mut f32, acc: i32, j: usize| {
@@ -398,22 +408,13 @@ pub fn q8_rows(
 /// (biased by 128, taken off with `xsum`) as in `dot4_i8_vnni`.
 ///
 /// # Safety
-/// The CPU must have avx512f, avx512bw and avx512vnni; rows `0..out.len()` of `x.len()`
+/// The CPU must have avx512f, avx512bw and avx512vnni; rows `0..out.len()` of `a.q.len()`
 /// bytes at `stride` must lie inside `w`, and `scales` must have `out.len()` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn q8_rows16_vnni(
-    out: &mut [f32],
-    x: &[i8],
-    xsum: i32,
-    sx: f32,
-    w: &[i8],
-    stride: usize,
-    scales: &[f32],
-    beta: f32,
-) {
+unsafe fn q8_rows16_vnni(out: &mut [f32], a: &Int8Row, w: &[i8], stride: usize, scales: &[f32], beta: f32) {
     use std::arch::x86_64::*;
+    let (x, xsum, sx) = (a.q, a.sum, a.scale);
     let k = x.len();
     let (full, tail) = (k / 64, k % 64);
     // A short last step reads only its bytes; the zeroed rest adds 128 * 0 to every sum.
@@ -1413,7 +1414,7 @@ mod tests {
                 if k > 2 {
                     x[k - 1] = -127;
                 }
-                let xsum = x.iter().map(|&v| v as i32).sum();
+                let xsum: i32 = x.iter().map(|&v| v as i32).sum();
                 let scales: Vec<f32> = (0..n).map(|j| 1e-3 * (j as f32 + 0.37)).collect();
                 let sx = 0.013f32;
                 for beta in [0.0f32, 1.0] {
@@ -1427,7 +1428,9 @@ mod tests {
                         })
                         .collect();
                     let mut got = init.clone();
-                    q8_rows(&mut got, &x, xsum, sx, &w, stride, &scales, beta);
+                    let row = Int8Row::new(&x, sx);
+                    assert_eq!(row.sum, xsum);
+                    q8_rows(&mut got, &row, &w, stride, &scales, beta);
                     for j in 0..n {
                         let row = &w[j * stride..j * stride + k];
                         let acc: i32 = x.iter().zip(row).map(|(&a, &b)| a as i32 * b as i32).sum();
