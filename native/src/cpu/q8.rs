@@ -83,10 +83,10 @@ pub fn q8_matmul(
         // Decode: each part of the team (both cores here) streams a contiguous block of
         // weight rows once, sixteen rows a pass; small matrices stay on the calling thread.
         let (xq, sx) = simd::quantize_i8(x);
-        let row = simd::Int8Row::new(&xq, sx);
+        let act = simd::Int8Row::new(&xq, sx);
         let rows = |o: &mut [f32], first: usize| {
             let w = &w[first * pc * 4..];
-            simd::q8_rows(o, &row, w, pc * 4, &scales[first..], beta)
+            simd::q8_rows(o, &act, w, pc * 4, &scales[first..], beta)
         };
         let parts = team::parts();
         if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 16 * parts {
@@ -173,31 +173,32 @@ pub fn q8_matmul_many(x: &[f32], products: Vec<DecodeProduct<'_>>) -> Result<()>
     }
     let stride = packed_cols(k) * 4;
     let (xq, sx) = simd::quantize_i8(x);
-    let row = simd::Int8Row::new(&xq, sx);
+    let act = simd::Int8Row::new(&xq, sx);
     let bytes: usize = products.iter().map(|p| p.out.len() * k).sum();
     let parts = team::parts();
-    // The weights each part reads, then the outputs it writes: every matrix split the
-    // same way, part p taking its share of each one's rows (whole sixteen-row passes).
-    let weights: Vec<(&[i8], &[f32], f32)> = products
-        .iter()
-        .map(|p| (as_i8(p.packed), p.scales, p.beta))
-        .collect();
     let split = if parts > 1 && bytes >= TEAM_MIN_BYTES {
         parts
     } else {
         1
     };
-    let mut blocks: Vec<Vec<(usize, usize, &mut [f32])>> = (0..split).map(|_| Vec::new()).collect();
-    for (i, p) in products.into_iter().enumerate() {
+    // Every matrix split the same way, part p taking its share of each one's rows (whole
+    // sixteen-row passes): the rows of the part's outputs, their weights and scales.
+    let mut blocks: Vec<Vec<DecodeProduct<'_>>> = (0..split).map(|_| Vec::new()).collect();
+    for p in products {
         let per = p.out.len().div_ceil(split).div_ceil(16).max(1) * 16;
-        for (part, o) in p.out.chunks_mut(per).enumerate() {
-            blocks[part].push((i, part * per, o));
+        for (part, out) in p.out.chunks_mut(per).enumerate() {
+            let first = part * per;
+            blocks[part].push(DecodeProduct {
+                out,
+                packed: &p.packed[first * stride / 4..],
+                scales: &p.scales[first..],
+                beta: p.beta,
+            });
         }
     }
-    let job = |_: usize, list: &mut Vec<(usize, usize, &mut [f32])>| {
-        for (i, first, o) in list.iter_mut() {
-            let (w, scales, beta) = weights[*i];
-            simd::q8_rows(o, &row, &w[*first * stride..], stride, &scales[*first..], beta);
+    let job = |_: usize, list: &mut Vec<DecodeProduct<'_>>| {
+        for p in list.iter_mut() {
+            simd::q8_rows(p.out, &act, as_i8(p.packed), stride, p.scales, p.beta);
         }
     };
     if split > 1 {
@@ -224,11 +225,11 @@ pub fn q8_swiglu(
     check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
     let stride = packed_cols(d) * 4;
     let (xq, sx) = simd::quantize_i8(x);
-    let row = simd::Int8Row::new(&xq, sx);
+    let act = simd::Int8Row::new(&xq, sx);
     let (wg, wu) = (as_i8(gate_w.0), as_i8(up_w.0));
     let rows = |first: usize, o: &mut [f32], g: &mut [f32], u: &mut [f32]| {
-        simd::q8_rows(g, &row, &wg[first * stride..], stride, &gate_w.1[first..], 0.0);
-        simd::q8_rows(u, &row, &wu[first * stride..], stride, &up_w.1[first..], 0.0);
+        simd::q8_rows(g, &act, &wg[first * stride..], stride, &gate_w.1[first..], 0.0);
+        simd::q8_rows(u, &act, &wu[first * stride..], stride, &up_w.1[first..], 0.0);
         simd::swiglu(o, g, u);
     };
     let parts = team::parts();

@@ -355,8 +355,9 @@ impl<'a> Int8Row<'a> {
 
 /// A decode product's rows: `out[r] = (x . w_r) * sx * scales[r]`, plus `beta * out[r]`
 /// when `beta` is not zero, for the weight rows `w_r = w[r * stride..r * stride + k]`,
-/// `r < out.len()`, with `x`, `sx` and `k` from the rounded row `a`: to the bit what core's `q8_matmul` stores (the
-/// integer sums are exact, the scaling is the same two products and one add, not fused).
+/// `r < out.len()`, with `x`, `sx` and `k` from the rounded row `a`: to the bit what
+/// core's `q8_matmul` stores (the integer sums are exact, the scaling is the same two
+/// products and one add, not fused).
 ///
 /// With VNNI, sixteen rows a pass: one load of `x` serves sixteen weight rows, the sixteen
 /// accumulators are folded into one vector by a transposing tree, and the scaling is one
@@ -454,28 +455,8 @@ unsafe fn q8_rows16_vnni(out: &mut [f32], a: &Int8Row, w: &[i8], stride: usize, 
         if tail != 0 {
             step(&mut acc, full, tail_mask);
         }
-        // Sixteen accumulators to one vector of sixteen totals (row 4 g + u in lane
-        // 4 g + u), the fold of `dot4x4_i8_vnni`.
-        let pair = |a: __m512i, b: __m512i| {
-            _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
-        };
-        let row_lanes = |a: &[__m512i; 4]| {
-            let (t01, t23) = (pair(a[0], a[1]), pair(a[2], a[3]));
-            _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23))
-        };
-        let halves = |a: __m512i, b: __m512i| {
-            _mm512_add_epi32(
-                _mm512_shuffle_i32x4::<0x44>(a, b),
-                _mm512_shuffle_i32x4::<0xEE>(a, b),
-            )
-        };
-        let u = acc.each_ref().map(row_lanes);
-        let (v01, v23) = (halves(u[0], u[1]), halves(u[2], u[3]));
-        let sums = _mm512_add_epi32(
-            _mm512_shuffle_i32x4::<0x88>(v01, v23),
-            _mm512_shuffle_i32x4::<0xDD>(v01, v23),
-        );
-        let totals = _mm512_sub_epi32(sums, bias);
+        // Row 4 g + u's total in lane 4 g + u.
+        let totals = _mm512_sub_epi32(fold16_i32(&acc), bias);
         // SAFETY: scales has out.len() >= 16 b + 16 values; o16 is 16 writable floats.
         unsafe {
             let sc = _mm512_loadu_ps(scales.as_ptr().add(b * 16));
@@ -486,6 +467,39 @@ unsafe fn q8_rows16_vnni(out: &mut [f32], a: &Int8Row, w: &[i8], stride: usize, 
             _mm512_storeu_ps(o16.as_mut_ptr(), v);
         }
     }
+}
+
+/// Sixteen i32 accumulators (four groups of four) to one vector of their sixteen totals,
+/// `acc[g][u]`'s in lane `4 g + u`, by a transposing tree rather than a horizontal
+/// reduction each (which cost as much as the products at k = 256): within a group,
+/// interleave-and-add so each 128-bit lane holds partial sums of its four; across groups,
+/// 128-bit lane shuffles and adds. Integer sums: any order gives the same value.
+///
+/// # Safety
+/// The CPU must have avx512f (checked by the callers).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fold16_i32(acc: &[[std::arch::x86_64::__m512i; 4]; 4]) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    let pair =
+        |a: __m512i, b: __m512i| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    let group = |a: &[__m512i; 4]| {
+        let (t01, t23) = (pair(a[0], a[1]), pair(a[2], a[3]));
+        _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23))
+    };
+    let halves = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0x44>(a, b),
+            _mm512_shuffle_i32x4::<0xEE>(a, b),
+        )
+    };
+    let u = acc.each_ref().map(group);
+    let (v01, v23) = (halves(u[0], u[1]), halves(u[2], u[3]));
+    _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0x88>(v01, v23),
+        _mm512_shuffle_i32x4::<0xDD>(v01, v23),
+    )
 }
 
 /// `out[i][j] = xs[i] . rows[j]` over int8 for four activation rows and four weight rows,
@@ -530,34 +544,7 @@ unsafe fn dot4x4_i8_vnni(xs: [&[i8]; 4], xsums: [i32; 4], rows: [&[i8]; 4]) -> [
             }
         }
     }
-    // Sixteen accumulators to sixteen totals in one vector, by a transposing tree rather
-    // than a horizontal reduction each (which cost as much as the products at k = 256).
-    // Per row: interleave-and-add the four accumulators so each 128-bit lane holds
-    // partial sums of [r0, r1, r2, r3]; then across rows, 128-bit lane shuffles and adds
-    // leave row i's four totals in lane i. Integer sums: any order gives the same value.
-    let pair =
-        |a: __m512i, b: __m512i| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-    let row_lanes = |a: &[__m512i; 4]| {
-        let (t01, t23) = (pair(a[0], a[1]), pair(a[2], a[3]));
-        _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23))
-    };
-    let u = [
-        row_lanes(&acc[0]),
-        row_lanes(&acc[1]),
-        row_lanes(&acc[2]),
-        row_lanes(&acc[3]),
-    ];
-    let halves = |a: __m512i, b: __m512i| {
-        _mm512_add_epi32(
-            _mm512_shuffle_i32x4::<0x44>(a, b),
-            _mm512_shuffle_i32x4::<0xEE>(a, b),
-        )
-    };
-    let (v01, v23) = (halves(u[0], u[1]), halves(u[2], u[3]));
-    let all = _mm512_add_epi32(
-        _mm512_shuffle_i32x4::<0x88>(v01, v23),
-        _mm512_shuffle_i32x4::<0xDD>(v01, v23),
-    );
+    let all = fold16_i32(&acc);
     let mut totals = [[0i32; 4]; 4];
     // SAFETY: `totals` is 64 writable bytes; unaligned stores need no alignment.
     unsafe { _mm512_storeu_si512(totals.as_mut_ptr() as *mut __m512i, all) };
