@@ -1,12 +1,16 @@
-//! The two inner loops every hot primitive of this backend runs: an f32 dot product over
-//! eight fixed lanes and an exact int8 dot product.
+//! The inner loops every hot primitive of this backend runs: an f32 dot product over eight
+//! fixed lanes (one row, or four rows sharing one operand), attention's weighted sum of
+//! rows and running maximum, and an exact int8 dot product of blocks of rows.
 //!
-//! The f32 dot keeps eight partial sums (element `i` goes to lane `i % 8`) and adds them in
-//! one fixed tree, written in plain Rust: the compiler turns the lanes into two SIMD128
-//! vectors on wasm32 (SSE on x86), and since the order of every addition is in the source,
-//! a native build gives the same bits as the browser's. The int8 dot is an exact integer,
-//! so its SIMD128 form (wasm32 with `+simd128`) and the scalar one agree by construction;
-//! the tests run both (natively and under WASI) against the same reference.
+//! Each f32 helper has a definition in plain Rust (the `_scalar` functions) whose order of
+//! additions is the contract: the dot keeps eight partial sums (element `i` goes to lane
+//! `i % 8`) added in one fixed tree, the weighted sum adds each key's term in key order
+//! from 0. On wasm32 with `+simd128` each has a SIMD128 form doing the same operations
+//! on the same lanes (LLVM had vectorized the plain dot product as lanes of one, two, four
+//! and one), so a native build gives the browser's bits; the WASI run of the tests checks
+//! the two forms against each other bit for bit. The int8 dot is an exact integer, so its
+//! SIMD128 form and the scalar one agree by construction; the tests run both (natively
+//! and under WASI) against the same reference.
 
 /// Lanes of the f32 dot product.
 const LANES: usize = 8;
@@ -15,7 +19,21 @@ const LANES: usize = 8;
 #[inline(always)]
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        simd128::dot_f32(&a[..n], &b[..n])
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        dot_f32_scalar(&a[..n], &b[..n])
+    }
+}
+
+/// The eight lanes of [`dot_f32`] in plain Rust: the definition the SIMD128 forms keep bit
+/// for bit. Equal lengths.
+#[cfg_attr(all(target_arch = "wasm32", target_feature = "simd128"), allow(dead_code))]
+#[inline(always)]
+pub(crate) fn dot_f32_scalar(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; LANES];
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -24,10 +42,81 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
             lanes[l] += x[l] * y[l];
         }
     }
+    lanes_tail_sum(lanes, ra, rb)
+}
+
+/// The last `len % 8` products into the first lanes, then the lanes' fixed tree.
+#[inline(always)]
+fn lanes_tail_sum(mut lanes: [f32; LANES], ra: &[f32], rb: &[f32]) -> f32 {
     for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
         lanes[l] += x * y;
     }
     ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+}
+
+/// [`dot_f32`] of `a` with four rows (each at least `a`'s length): the same four numbers,
+/// bit for bit, with `a` loaded once for the four (attention's scores, four keys a pass).
+#[inline(always)]
+pub(crate) fn dot4_f32(a: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
+    let n = a.len();
+    let rows = rows.map(|r| &r[..n]);
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        simd128::dot4_f32(a, rows)
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        rows.map(|r| dot_f32_scalar(a, r))
+    }
+}
+
+/// `o[c] = sum_j p[j] * v[base + j * stride + c]` for every `c < o.len()`, each sum from
+/// 0 in key order (as `o.fill(0)` then one [`axpy_f32`] a key would give): attention's
+/// weighted sum of value rows.
+///
+/// # Panics
+///
+/// When a row runs past `v` (the caller sizes them from a checked spec).
+pub(crate) fn weighted_rows(o: &mut [f32], p: &[f32], v: &[f32], base: usize, stride: usize) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        simd128::weighted_rows(o, p, v, base, stride)
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        weighted_rows_scalar(o, p, v, base, stride)
+    }
+}
+
+/// [`weighted_rows`] as its definition: one `axpy` a key.
+#[cfg_attr(all(target_arch = "wasm32", target_feature = "simd128"), allow(dead_code))]
+pub(crate) fn weighted_rows_scalar(o: &mut [f32], p: &[f32], v: &[f32], base: usize, stride: usize) {
+    let d = o.len();
+    o.fill(0.0);
+    for (j, &pj) in p.iter().enumerate() {
+        axpy_f32(o, pj, &v[base + j * stride..][..d]);
+    }
+}
+
+/// The largest value of `x`, NaNs skipped (`-inf` when there is none): attention's
+/// running maximum, which a comparison per score made a branch per score.
+#[inline]
+pub(crate) fn max_f32(x: &[f32]) -> f32 {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        simd128::max_f32(x)
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        max_f32_scalar(f32::NEG_INFINITY, x)
+    }
+}
+
+/// [`max_f32`]'s definition from `m`: a comparison, not `f32::max` (a library call on
+/// wasm), so a NaN never replaces the maximum.
+#[inline(always)]
+pub(crate) fn max_f32_scalar(m: f32, x: &[f32]) -> f32 {
+    x.iter().fold(m, |m, &v| if v > m { v } else { m })
 }
 
 /// `y += alpha * x` over the shorter length (vectorizes as it stands: no sum crosses lanes).
@@ -125,6 +214,141 @@ mod simd128 {
         i32x4_add(acc, i32x4_extadd_pairwise_i16x8(pairs))
     }
 
+    /// [`super::dot_f32_scalar`] with lanes 0-3 and 4-7 as two vectors: the same
+    /// operations on the same lanes. Equal lengths.
+    #[inline(always)]
+    pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        let steps = a.len() / 8;
+        let (mut lo, mut hi) = (f32x4_splat(0.0), f32x4_splat(0.0));
+        for s in 0..steps {
+            // SAFETY: 8 * s + 8 <= len floats are in both slices.
+            unsafe {
+                let (x, y) = (a.as_ptr().add(8 * s), b.as_ptr().add(8 * s));
+                lo = f32x4_add(lo, f32x4_mul(v128_load(x.cast()), v128_load(y.cast())));
+                hi = f32x4_add(
+                    hi,
+                    f32x4_mul(v128_load(x.add(4).cast()), v128_load(y.add(4).cast())),
+                );
+            }
+        }
+        let lanes = [
+            f32x4_extract_lane::<0>(lo),
+            f32x4_extract_lane::<1>(lo),
+            f32x4_extract_lane::<2>(lo),
+            f32x4_extract_lane::<3>(lo),
+            f32x4_extract_lane::<0>(hi),
+            f32x4_extract_lane::<1>(hi),
+            f32x4_extract_lane::<2>(hi),
+            f32x4_extract_lane::<3>(hi),
+        ];
+        super::lanes_tail_sum(lanes, &a[8 * steps..], &b[8 * steps..])
+    }
+
+    /// [`super::dot4_f32`]: each row's two lane vectors as in `dot_f32`, then the four
+    /// trees at once. The tree `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))` is
+    /// `(s0 + s1) + (s2 + s3)` over `s = lo + hi`; shuffles line up the same pairs of
+    /// the four rows' `s` so each add is the scalar form's add. Lengths not a multiple
+    /// of 8 take `dot_f32` a row.
+    #[inline(always)]
+    pub(crate) fn dot4_f32(a: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
+        let n = a.len();
+        if !n.is_multiple_of(8) {
+            return rows.map(|r| dot_f32(a, r));
+        }
+        let mut lo = [f32x4_splat(0.0); 4];
+        let mut hi = [f32x4_splat(0.0); 4];
+        for s in 0..n / 8 {
+            // SAFETY: 8 * s + 8 <= n floats are in `a` and in every row.
+            unsafe {
+                let x = a.as_ptr().add(8 * s);
+                let (x_lo, x_hi) = (v128_load(x.cast()), v128_load(x.add(4).cast()));
+                for r in 0..4 {
+                    let y = rows[r].as_ptr().add(8 * s);
+                    lo[r] = f32x4_add(lo[r], f32x4_mul(x_lo, v128_load(y.cast())));
+                    hi[r] = f32x4_add(hi[r], f32x4_mul(x_hi, v128_load(y.add(4).cast())));
+                }
+            }
+        }
+        let s: [v128; 4] = core::array::from_fn(|r| f32x4_add(lo[r], hi[r]));
+        // [s0[0] + s0[1], s1[0] + s1[1], s0[2] + s0[3], s1[2] + s1[3]], then rows 2 and 3.
+        let pairs = |a, b| {
+            f32x4_add(
+                i32x4_shuffle::<0, 4, 2, 6>(a, b),
+                i32x4_shuffle::<1, 5, 3, 7>(a, b),
+            )
+        };
+        let (u, w) = (pairs(s[0], s[1]), pairs(s[2], s[3]));
+        let sums = f32x4_add(
+            i32x4_shuffle::<0, 1, 4, 5>(u, w),
+            i32x4_shuffle::<2, 3, 6, 7>(u, w),
+        );
+        [
+            f32x4_extract_lane::<0>(sums),
+            f32x4_extract_lane::<1>(sums),
+            f32x4_extract_lane::<2>(sums),
+            f32x4_extract_lane::<3>(sums),
+        ]
+    }
+
+    /// [`super::max_f32`] four lanes at a time: `pmax(m, v)` is `m < v ? v : m`, the
+    /// scalar form's comparison, so a NaN is skipped in every lane. The same value as the
+    /// scalar form (which of two equal values it keeps cannot show, but a 0 where the
+    /// scalar form keeps a -0 can; every use subtracts it or adds it to a nonzero sum).
+    pub(crate) fn max_f32(x: &[f32]) -> f32 {
+        let chunks = x.chunks_exact(4);
+        let tail = chunks.remainder();
+        let mut m = f32x4_splat(f32::NEG_INFINITY);
+        for c in chunks {
+            // SAFETY: `c` is four f32s.
+            m = f32x4_pmax(m, unsafe { v128_load(c.as_ptr().cast()) });
+        }
+        let lanes = [
+            f32x4_extract_lane::<0>(m),
+            f32x4_extract_lane::<1>(m),
+            f32x4_extract_lane::<2>(m),
+            f32x4_extract_lane::<3>(m),
+        ];
+        super::max_f32_scalar(super::max_f32_scalar(f32::NEG_INFINITY, &lanes), tail)
+    }
+
+    /// [`super::weighted_rows`]: the outputs in registers, 32 columns (eight vectors) at
+    /// a time over every key, then four, then the scalar definition for the last
+    /// `len % 4`; each column's sum runs in key order from 0, as the definition's.
+    pub(crate) fn weighted_rows(o: &mut [f32], p: &[f32], v: &[f32], base: usize, stride: usize) {
+        let d = o.len();
+        let mut c = 0;
+        while c + 32 <= d {
+            columns::<8>(&mut o[c..c + 32], p, v, base + c, stride);
+            c += 32;
+        }
+        while c + 4 <= d {
+            columns::<1>(&mut o[c..c + 4], p, v, base + c, stride);
+            c += 4;
+        }
+        if c < d {
+            super::weighted_rows_scalar(&mut o[c..], p, v, base + c, stride);
+        }
+    }
+
+    /// `4 * V` columns of [`weighted_rows`] (`o.len() == 4 * V`), kept in `V` vectors.
+    #[inline(always)]
+    fn columns<const V: usize>(o: &mut [f32], p: &[f32], v: &[f32], base: usize, stride: usize) {
+        let mut acc = [f32x4_splat(0.0); V];
+        for (j, &pj) in p.iter().enumerate() {
+            let row = &v[base + j * stride..][..4 * V];
+            let pj = f32x4_splat(pj);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: 4 * i + 4 <= 4 * V floats are in `row`.
+                let x = unsafe { v128_load(row.as_ptr().add(4 * i).cast()) };
+                *acc = f32x4_add(*acc, f32x4_mul(pj, x));
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            // SAFETY: as above, in `o`.
+            unsafe { v128_store(o.as_mut_ptr().add(4 * i).cast(), *acc) };
+        }
+    }
+
     /// Sixteen int8 pairs a step (`mac`). Equal lengths.
     pub(crate) fn dot_i8(w: &[i8], x: &[i8]) -> i32 {
         let n = w.len();
@@ -155,31 +379,28 @@ mod simd128 {
         let n = x.len();
         let steps = n / 16;
         let mut acc = [i32x4_splat(0); R];
-        // The activations are widened to i16 once a step for all the rows; each row then
-        // costs two widenings and two i16 dot products (`i32x4.dot_i16x8_s`, one pmaddwd on
-        // x86), where `mac`'s widening multiplies redo the activations' half for every row.
-        // Integer sums: the same numbers in any order.
-        let step = |acc: &mut [v128; R], s: usize| {
-            // SAFETY: the callers pass s < steps, so 16 * s + 16 <= n bytes are in `x` and
-            // in every row.
-            let b = unsafe { v128_load(x.as_ptr().add(16 * s).cast::<v128>()) };
-            let (b_lo, b_hi) = (i16x8_extend_low_i8x16(b), i16x8_extend_high_i8x16(b));
+        // Each row costs two sign-extending loads of eight bytes (`i16x8.load8x8_s`, one
+        // `pmovsxbw` from memory on x86) and two i16 dot products (`i32x4.dot_i16x8_s`,
+        // one `pmaddwd`); the activations' two loads serve every row. Widening a loaded
+        // vector's high half instead costs a shuffle and a shift on x86, and unrolling
+        // two steps made V8 spill the accumulators: each was measured slower (docs/
+        // baseline.md). Integer sums: the same numbers in any order.
+        for s in 0..steps {
+            // SAFETY: s < steps, so 16 * s + 16 <= n bytes are in `x` and in every row;
+            // the loads have no alignment requirement.
+            let (b_lo, b_hi) = unsafe {
+                let p = x.as_ptr().add(16 * s);
+                (i16x8_load_extend_i8x8(p), i16x8_load_extend_i8x8(p.add(8)))
+            };
             for (acc, row) in acc.iter_mut().zip(&w) {
-                let a = unsafe { v128_load(row.as_ptr().add(16 * s).cast::<v128>()) };
-                let lo = i32x4_dot_i16x8(i16x8_extend_low_i8x16(a), b_lo);
-                let hi = i32x4_dot_i16x8(i16x8_extend_high_i8x16(a), b_hi);
+                let (a_lo, a_hi) = unsafe {
+                    let p = row.as_ptr().add(16 * s);
+                    (i16x8_load_extend_i8x8(p), i16x8_load_extend_i8x8(p.add(8)))
+                };
+                let lo = i32x4_dot_i16x8(a_lo, b_lo);
+                let hi = i32x4_dot_i16x8(a_hi, b_hi);
                 *acc = i32x4_add(*acc, i32x4_add(lo, hi));
             }
-        };
-        // Two steps an iteration: the browsers' wasm compilers do not unroll loops.
-        let mut s = 0;
-        while s + 2 <= steps {
-            step(&mut acc, s);
-            step(&mut acc, s + 1);
-            s += 2;
-        }
-        if s < steps {
-            step(&mut acc, s);
         }
         let mut out = [0i32; R];
         for (out, acc) in out.chunks_exact_mut(4).zip(acc.chunks_exact(4)) {
@@ -277,6 +498,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The f32 helpers equal their plain definitions bit for bit (the maximum by value),
+    /// at every length around their vector widths: under WASI (SIMD128) this is the
+    /// check that the vector forms keep the definitions' order of operations; natively
+    /// both sides are the definition. Normal values, whose sums cancel, so another order
+    /// of additions changes low bits; NaN and infinities in some inputs.
+    #[test]
+    fn f32_helpers_equal_their_definitions_bit_for_bit() {
+        let mut rng = Rng::new(8);
+        let mut mixed = |n: usize| rng.normal_vec(n, 1.0);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for n in (0..=41).chain([64, 100, 128]) {
+            let a = mixed(n);
+            let rows: Vec<Vec<f32>> = (0..4).map(|_| mixed(n + 5)).collect();
+            let want: Vec<u32> = rows
+                .iter()
+                .map(|r| dot_f32_scalar(&a, &r[..n]).to_bits())
+                .collect();
+            let four = dot4_f32(&a, core::array::from_fn(|r| &rows[r][..]));
+            assert_eq!(bits(&four), want, "four rows at length {n}");
+            assert_eq!(dot_f32(&a, &rows[1]).to_bits(), want[1], "one row at length {n}");
+            // The weighted sum of 0 to 9 value rows of width n, `stride` apart from `base`.
+            for keys in [0, 1, 4, 9] {
+                let (base, stride) = (3, n + 2);
+                let v = mixed(base + keys * stride);
+                let p = mixed(keys);
+                let mut got = vec![f32::NAN; n];
+                let mut want = vec![f32::NAN; n];
+                weighted_rows(&mut got, &p, &v, base, stride);
+                weighted_rows_scalar(&mut want, &p, &v, base, stride);
+                assert_eq!(bits(&got), bits(&want), "{keys} value rows of width {n}");
+            }
+            let mut x = mixed(n);
+            let want = max_f32_scalar(f32::NEG_INFINITY, &x);
+            assert_eq!(max_f32(&x), want, "the largest of {n}");
+            if n > 2 {
+                x[n / 2] = f32::NAN;
+                x[1] = f32::INFINITY;
+                assert_eq!(max_f32(&x), f32::INFINITY, "NaN skipped at length {n}");
+                let a: Vec<f32> = a
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| if i == 2 { f32::NAN } else { v })
+                    .collect();
+                assert!(dot4_f32(&a, core::array::from_fn(|r| &rows[r][..]))
+                    .iter()
+                    .all(|v| v.is_nan()));
+            }
+        }
+        assert_eq!(max_f32(&[]), f32::NEG_INFINITY);
+        assert_eq!(max_f32(&[f32::NAN; 9]), f32::NEG_INFINITY, "NaNs only");
     }
 
     /// Within the f32 bound of a sum of n products (n * eps * sum |a b|) of the f64 sum, at

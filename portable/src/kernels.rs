@@ -11,7 +11,7 @@ use rusting_brain_core::ops::matmul::round_bf16;
 use rusting_brain_core::ops::{q8, swiglu};
 use rusting_brain_core::Result;
 
-use crate::dot::{as_i8, axpy_f32, dot_f32, dot_row_block_i8};
+use crate::dot::{as_i8, dot4_f32, dot_f32, dot_row_block_i8, max_f32, weighted_rows};
 use crate::exp::exp_f32;
 
 /// Twin of `ops::matmul::matmul`. Each problem's A is laid out as rows of k and B as
@@ -219,9 +219,10 @@ pub(crate) fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) -> Resul
 }
 
 /// Twin of `ops::attention::attention_forward`, in f32: the same scores, max, log-sum-exp
-/// and weighted sum, with the dot products and the accumulation of V on eight lanes, and
-/// one exp per score (core takes a second, `exp(s - lse)`, for the weight; here it is
-/// `exp(s - max) / sum`, the same number up to rounding).
+/// and weighted sum, with the scores' dot products on eight lanes (four keys a pass), the
+/// weighted sum's outputs held in registers over every key, and one exp per score (core
+/// takes a second, `exp(s - lse)`, for the weight; here it is `exp(s - max) / sum`, the
+/// same number up to rounding).
 pub(crate) fn attention_forward(
     out: &mut [f32],
     lse: &mut [f32],
@@ -241,17 +242,21 @@ pub(crate) fn attention_forward(
                 let qi = spec.q_index(b, t, h);
                 let qrow = &q[qi..qi + d];
                 let n = spec.visible(t);
-                let mut max = f32::NEG_INFINITY;
                 // Key j of this head starts `stride` after key j - 1.
                 let (base, stride) = (spec.kv_index(b, 0, kvh), spec.kv_heads * d);
-                for (s, key) in scores[..n].iter_mut().zip(k[base..].chunks(stride)) {
-                    *s = scale * dot_f32(qrow, &key[..d]);
-                    // A comparison, not `f32::max` (a library call on wasm); a NaN score
-                    // reaches the sum either way.
-                    if *s > max {
-                        max = *s;
+                let key = |j: usize| &k[base + j * stride..][..d];
+                let mut j = 0;
+                while j + 4 <= n {
+                    let dots = dot4_f32(qrow, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
+                    for (s, dot) in scores[j..j + 4].iter_mut().zip(dots) {
+                        *s = scale * dot;
                     }
+                    j += 4;
                 }
+                for (j, s) in scores[..n].iter_mut().enumerate().skip(j) {
+                    *s = scale * dot_f32(qrow, key(j));
+                }
+                let max = max_f32(&scores[..n]);
                 // The exps on their own (a loop that vectorizes), then their running sum.
                 for s in &mut scores[..n] {
                     *s = exp_f32(*s - max);
@@ -259,35 +264,10 @@ pub(crate) fn attention_forward(
                 let sum: f32 = scores[..n].iter().sum();
                 lse[(b * spec.q_len + t) * spec.q_heads + h] = max + libm::logf(sum);
                 let inv = 1.0 / sum;
-                let o = &mut out[qi..qi + d];
-                o.fill(0.0);
-                // Four keys a pass keep `o` in registers; each element still takes the
-                // keys' terms one after another, as one axpy per key would.
-                let mut j = 0;
-                // (Plain slices and zips: array `map`s here were not inlined, and with the
-                // index loops' bounds checks cost about 3% of the demo model's decode.)
-                let row = |j: usize| &v[base + j * stride..][..d];
-                while j + 4 <= n {
-                    let (p0, p1, p2, p3) = (
-                        scores[j] * inv,
-                        scores[j + 1] * inv,
-                        scores[j + 2] * inv,
-                        scores[j + 3] * inv,
-                    );
-                    let terms = o
-                        .iter_mut()
-                        .zip(row(j))
-                        .zip(row(j + 1))
-                        .zip(row(j + 2))
-                        .zip(row(j + 3));
-                    for ((((o, &v0), &v1), &v2), &v3) in terms {
-                        *o = (((*o + p0 * v0) + p1 * v1) + p2 * v2) + p3 * v3;
-                    }
-                    j += 4;
+                for s in &mut scores[..n] {
+                    *s *= inv;
                 }
-                for (j, e) in scores[..n].iter().enumerate().skip(j) {
-                    axpy_f32(o, e * inv, row(j));
-                }
+                weighted_rows(&mut out[qi..qi + d], &scores[..n], v, base, stride);
             }
         }
     }
