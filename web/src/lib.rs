@@ -128,6 +128,8 @@ struct State {
     engine: Option<Engine>,
     /// Shared with a running generation, which decodes while the state stays borrowable.
     tokenizer: Rc<tokenizers::Tokenizer>,
+    /// The tokenizer's size with added tokens, counted once (`decode` checks ids with it).
+    vocab: usize,
     /// The id that ends a reply (`<|end|>` in the language_model example's vocabulary).
     end: Option<u32>,
     busy: bool,
@@ -219,10 +221,10 @@ impl Model {
         let engine = Engine::load(&weights, choice).await.map_err(js_err)?;
         drop(weights);
         let vocab = engine.config().vocab_size;
-        if tokenizer.get_vocab_size(true) > vocab {
+        let tokens = tokenizer.get_vocab_size(true);
+        if tokens > vocab {
             return Err(js_err(WebError::Invalid(format!(
-                "the tokenizer has {} tokens but the model's vocabulary is {vocab}: they do not belong together",
-                tokenizer.get_vocab_size(true)
+                "the tokenizer has {tokens} tokens but the model's vocabulary is {vocab}: they do not belong together"
             ))));
         }
         let end = tokenizer.token_to_id("<|end|>");
@@ -232,6 +234,7 @@ impl Model {
             state: Rc::new(RefCell::new(State {
                 engine: Some(engine),
                 tokenizer: Rc::new(tokenizer),
+                vocab: tokens,
                 end,
                 busy: false,
                 stop: false,
@@ -276,7 +279,7 @@ impl Model {
     /// The text of `ids`.
     pub fn decode(&self, ids: &[u32]) -> Result<String, JsError> {
         let s = self.state.borrow();
-        text::decode(&s.tokenizer, ids).map_err(js_err)
+        text::decode(&s.tokenizer, s.vocab, ids).map_err(js_err)
     }
 
     /// Generates a continuation of `prompt` from a fresh conversation. `options`:

@@ -21,8 +21,9 @@ pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, WebError> {
         .to_vec())
 }
 
-pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, WebError> {
-    let vocab = tokenizer.get_vocab_size(true);
+/// The text of `ids`, each checked against `vocab` (the tokenizer's size, added tokens
+/// included, counted once by the caller: counting builds the whole vocabulary map).
+pub fn decode(tokenizer: &Tokenizer, vocab: usize, ids: &[u32]) -> Result<String, WebError> {
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(WebError::Invalid(format!(
             "token id {id} is outside the tokenizer's vocabulary of {vocab}"
@@ -126,7 +127,7 @@ mod tests {
             " leading space, trailing space ",
         ] {
             let ids = encode(&tokenizer, text).unwrap();
-            let whole = decode(&tokenizer, &ids).unwrap();
+            let whole = decode(&tokenizer, tokenizer.get_vocab_size(true), &ids).unwrap();
             assert_eq!(whole, text, "the tokenizer round-trips the text");
             let mut stream = Stream::new(&tokenizer);
             let mut joined = String::new();
