@@ -147,15 +147,32 @@ pub struct Model {
 
 /// Milliseconds from a monotonic clock where there is one (`performance.now()`).
 fn now_ms() -> f64 {
-    let perf = Reflect::get(&js_sys::global(), &"performance".into()).ok();
-    perf.and_then(|p| {
-        let now = Reflect::get(&p, &"now".into())
-            .ok()?
-            .dyn_into::<Function>()
-            .ok()?;
-        now.call0(&p).ok()?.as_f64()
-    })
-    .unwrap_or_else(js_sys::Date::now)
+    Clock::new().ms()
+}
+
+/// `performance.now`, looked up once: a generation reads the clock at every token, and
+/// each lookup by name crosses into JS twice with a fresh string. `Date.now()` where there
+/// is no `performance`.
+struct Clock(Option<(JsValue, Function)>);
+
+impl Clock {
+    fn new() -> Clock {
+        let perf = Reflect::get(&js_sys::global(), &"performance".into()).ok();
+        Clock(perf.and_then(|p| {
+            let now = Reflect::get(&p, &"now".into())
+                .ok()?
+                .dyn_into::<Function>()
+                .ok()?;
+            Some((p, now))
+        }))
+    }
+
+    fn ms(&self) -> f64 {
+        self.0
+            .as_ref()
+            .and_then(|(p, now)| now.call0(p).ok()?.as_f64())
+            .unwrap_or_else(js_sys::Date::now)
+    }
 }
 
 /// Lets the event loop run (one macrotask turn), so a worker sees a stop message between
@@ -344,7 +361,8 @@ impl Model {
         on_token: Option<Function>,
         fresh: bool,
     ) -> Result<Object, JsError> {
-        let t0 = now_ms();
+        let clock = Clock::new();
+        let t0 = clock.ms();
         let opts = GenerateOptions::from_js(&options).map_err(js_err)?;
         let seed = opts
             .seed
@@ -379,7 +397,7 @@ impl Model {
                 .is_some_and(|a| a.is_truthy())
         };
         let mut stream = Stream::new(&tokenizer);
-        let last_turn = std::cell::Cell::new(now_ms());
+        let last_turn = std::cell::Cell::new(clock.ms());
         let mut first_ms = None;
         let mut callback_error = None;
         let result = engine
@@ -389,7 +407,7 @@ impl Model {
                 &mut sampler,
                 opts.stop_at_end.then_some(end).flatten(),
                 |id| {
-                    first_ms.get_or_insert_with(|| now_ms() - t0);
+                    first_ms.get_or_insert_with(|| clock.ms() - t0);
                     let piece = stream.push(id);
                     if let Some(f) = &on_token {
                         match f.call2(&JsValue::NULL, &piece.into(), &id.into()) {
@@ -407,12 +425,12 @@ impl Model {
                     // A turn of the event loop costs tens of microseconds (more where it
                     // falls back to setTimeout), so the loop takes one only once it has run
                     // 20 ms: a Stop lands within that, and the turns cost under 1%.
-                    let due = now_ms() - last_turn.get() >= 20.0;
-                    let last_turn = &last_turn;
+                    let due = clock.ms() - last_turn.get() >= 20.0;
+                    let (last_turn, clock) = (&last_turn, &clock);
                     async move {
                         if due {
                             next_turn().await;
-                            last_turn.set(now_ms());
+                            last_turn.set(clock.ms());
                         }
                     }
                 },
@@ -434,7 +452,7 @@ impl Model {
             )));
         }
         let out = result.map_err(js_err)?;
-        let total = now_ms() - t0;
+        let total = clock.ms() - t0;
         let o = Object::new();
         set(&o, "text", stream.text());
         set(&o, "ids", Uint32Array::from(&out.ids[..]));
