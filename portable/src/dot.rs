@@ -292,8 +292,9 @@ mod simd128 {
 
     /// [`super::max_f32`] four lanes at a time: `pmax(m, v)` is `m < v ? v : m`, the
     /// scalar form's comparison, so a NaN is skipped in every lane. The same value as the
-    /// scalar form (which of two equal values it keeps cannot show, but a 0 where the
-    /// scalar form keeps a -0 can; every use subtracts it or adds it to a nonzero sum).
+    /// scalar form; only the sign of a zero maximum can differ (a 0 where the scalar form
+    /// keeps a -0), which attention's uses, `score - max` and `max + ln(sum)`, do not
+    /// pass on: `exp(+-0) = 1`, and `+-0 + 0 = 0`.
     pub(crate) fn max_f32(x: &[f32]) -> f32 {
         let chunks = x.chunks_exact(4);
         let tail = chunks.remainder();
