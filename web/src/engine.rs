@@ -271,13 +271,22 @@ impl Engine {
     }
 }
 
+/// The backend over `gpu`. `WgpuBackend` holds its device in an `Arc` because native
+/// programs share it across threads; in a page the WebGPU handles are JS objects (neither
+/// `Send` nor `Sync` on wasm32) and stay on the worker's one thread, so the `Arc` is only
+/// ever cloned there.
+#[allow(clippy::arc_with_non_send_sync)]
+fn backend_on(gpu: Gpu) -> WgpuBackend {
+    WgpuBackend::new(std::sync::Arc::new(gpu))
+}
+
 /// The int8 model on a WebGPU adapter: core's model over `WgpuBackend`, its KV cache and
 /// the draw's buffers.
 async fn on_webgpu(
     model: &TransformerModel<PortableBackend>,
 ) -> Result<(TransformerModel<WgpuBackend>, KvCache<WgpuBackend>, DeviceSampler), ShaderError> {
     let gpu = Gpu::new(&GpuOptions::default()).await?;
-    let backend = WgpuBackend::new(std::sync::Arc::new(gpu));
+    let backend = backend_on(gpu);
     let on = model.copy_to(backend.clone())?;
     let cache = on.new_kv_caches()?;
     let draw = DeviceSampler::new(&backend, model.config.vocab_size)?;
@@ -297,7 +306,7 @@ pub(crate) async fn webgpu_for(
         Ok(gpu) => {
             let info = gpu.adapter_info();
             let reason = format!("WebGPU adapter {} ({:?})", info.name, info.backend);
-            Ok(Ok((WgpuBackend::new(std::sync::Arc::new(gpu)), reason)))
+            Ok(Ok((backend_on(gpu), reason)))
         }
         Err(e) if choice == DeviceChoice::Auto => Ok(Err(format!("no usable WebGPU: {e}"))),
         Err(e) => Err(e.into()),
