@@ -117,17 +117,16 @@ pub fn q8_matmul(
                 for iq in 0..quads {
                     let i = 4 * iq;
                     let a = &quantized[i..i + 4];
-                    let acc = simd::dot4x4_i8(
+                    simd::tile4x4_i8(
+                        &mut o[i * n + j..],
+                        n,
                         [&a[0].0, &a[1].0, &a[2].0, &a[3].0],
                         [a[0].2, a[1].2, a[2].2, a[3].2],
+                        [a[0].1, a[1].1, a[2].1, a[3].1],
                         w4,
+                        &scales[j..j + 4],
+                        beta,
                     );
-                    for (u, (xi, acc_i)) in a.iter().zip(acc).enumerate() {
-                        let y4 = &mut o[(i + u) * n + j..(i + u) * n + j + 4];
-                        for (v, (y, a)) in y4.iter_mut().zip(acc_i).enumerate() {
-                            store(y, a, xi.1, j + v);
-                        }
-                    }
                 }
                 for (i, (xq, sx, xsum)) in quantized.iter().enumerate().skip(4 * quads) {
                     let acc = simd::dot4_i8(xq, *xsum, w4);

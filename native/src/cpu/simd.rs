@@ -518,20 +518,22 @@ pub fn dot4x4_i8(xs: [&[i8]; 4], xsums: [i32; 4], rows: [&[i8]; 4]) -> [[i32; 4]
     xs.map(|x| rows.map(|r| dot_i8_generic(x, r)))
 }
 
-/// `dot4x4_i8` with VNNI, the weights as the unsigned side as in `dot4_i8_vnni`.
+/// The sixteen sums of a 4 x 4 tile over the first `chunks` 64-byte chunks, with the
+/// weights made unsigned (+128: the bias `128 * sum(x)` is still in them), folded into one
+/// vector (`fold16_i32`'s lane order: activation row `i`, weight row `j` in lane `4 i + j`).
 ///
 /// # Safety
-/// The CPU must have avx512f, avx512bw and avx512vnni (checked by the caller).
+/// The CPU must have avx512f, avx512bw and avx512vnni; every row of `xs` and `rows` holds
+/// at least `64 * chunks` bytes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn dot4x4_i8_vnni(xs: [&[i8]; 4], xsums: [i32; 4], rows: [&[i8]; 4]) -> [[i32; 4]; 4] {
+#[inline]
+unsafe fn tile_sums_vnni(xs: [&[i8]; 4], rows: [&[i8]; 4], chunks: usize) -> std::arch::x86_64::__m512i {
     use std::arch::x86_64::*;
-    let n = rows.iter().chain(&xs).fold(usize::MAX, |m, r| m.min(r.len()));
-    let chunks = n / 64;
     let flip = _mm512_set1_epi8(i8::MIN);
     let mut acc = [[_mm512_setzero_si512(); 4]; 4];
     for c in 0..chunks {
-        // SAFETY: c * 64 + 64 <= n <= every length, so each 64-byte load is in bounds;
+        // SAFETY: c * 64 + 64 <= 64 * chunks bytes are in every row (the contract);
         // unaligned loads need no alignment.
         let w = rows.map(|r| unsafe {
             _mm512_xor_si512(_mm512_loadu_si512(r.as_ptr().add(c * 64) as *const __m512i), flip)
@@ -544,7 +546,123 @@ unsafe fn dot4x4_i8_vnni(xs: [&[i8]; 4], xsums: [i32; 4], rows: [&[i8]; 4]) -> [
             }
         }
     }
-    let all = fold16_i32(&acc);
+    // SAFETY: avx512f (the contract).
+    unsafe { fold16_i32(&acc) }
+}
+
+/// The int8 GEMM's 4 x 4 tile and its outputs: `out[u * stride + v] = (xs[u] . rows[v]) as
+/// f32 * sx[u] * scales[v]`, plus `beta * out[u * stride + v]` when `beta` is not 0 (the
+/// old value is not read otherwise), for `u, v < 4`; `xsums[u] = sum(xs[u])`. The plain
+/// form is [`dot4x4_i8`] and a store per element; with VNNI and rows a whole number of
+/// 64 bytes long the sixteen outputs are converted, scaled and stored as vectors, in the
+/// same operations on each element (the per-element stores had been a sixth of a prompt's
+/// processing).
+///
+/// # Panics
+/// When `out` has fewer than `3 * stride + 4` elements or `scales` fewer than 4.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn tile4x4_i8(
+    out: &mut [f32],
+    stride: usize,
+    xs: [&[i8]; 4],
+    xsums: [i32; 4],
+    sx: [f32; 4],
+    rows: [&[i8]; 4],
+    scales: &[f32],
+    beta: f32,
+) {
+    let scales: &[f32; 4] = scales[..4].try_into().expect("four scales");
+    let _ = &out[3 * stride..3 * stride + 4];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = xs[0].len();
+        if has_vnni() && n.is_multiple_of(64) && rows.iter().chain(&xs).all(|r| r.len() == n) {
+            // SAFETY: has_vnni() checked the features; the rows are n = 64 * (n / 64)
+            // bytes long; `out` holds 3 * stride + 4 elements (checked above).
+            return unsafe { tile4x4_i8_vnni(out, stride, xs, xsums, sx, rows, scales, beta) };
+        }
+    }
+    let acc = dot4x4_i8(xs, xsums, rows);
+    for (u, acc_u) in acc.iter().enumerate() {
+        for (v, &a) in acc_u.iter().enumerate() {
+            let o = &mut out[u * stride + v];
+            let y = a as f32 * sx[u] * scales[v];
+            *o = if beta == 0.0 { y } else { y + beta * *o };
+        }
+    }
+}
+
+/// [`tile4x4_i8`] with VNNI: the folded sums less the bias, converted (round to nearest, as
+/// `as f32`), times `sx` then the scales, each activation row's four outputs one 128-bit
+/// store.
+///
+/// # Safety
+/// avx512f, avx512bw and avx512vnni; every row of `xs` and `rows` is `64 * k` bytes long
+/// for some k; `out` holds at least `3 * stride + 4` elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile4x4_i8_vnni(
+    out: &mut [f32],
+    stride: usize,
+    xs: [&[i8]; 4],
+    xsums: [i32; 4],
+    sx: [f32; 4],
+    rows: [&[i8]; 4],
+    scales: &[f32; 4],
+    beta: f32,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the contract: every row is 64 * (len / 64) bytes.
+    let all = unsafe { tile_sums_vnni(xs, rows, xs[0].len() / 64) };
+    let b = xsums.map(|x| x.wrapping_mul(128));
+    let bias = _mm512_setr_epi32(
+        b[0], b[0], b[0], b[0], b[1], b[1], b[1], b[1], b[2], b[2], b[2], b[2], b[3], b[3], b[3], b[3],
+    );
+    let s = sx;
+    let sxv = _mm512_setr_ps(
+        s[0], s[0], s[0], s[0], s[1], s[1], s[1], s[1], s[2], s[2], s[2], s[2], s[3], s[3], s[3], s[3],
+    );
+    // SAFETY: `scales` is four floats.
+    let scv = _mm512_broadcast_f32x4(unsafe { _mm_loadu_ps(scales.as_ptr()) });
+    let y = _mm512_mul_ps(
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(all, bias)), sxv),
+        scv,
+    );
+    let rows4 = [
+        _mm512_extractf32x4_ps::<0>(y),
+        _mm512_extractf32x4_ps::<1>(y),
+        _mm512_extractf32x4_ps::<2>(y),
+        _mm512_extractf32x4_ps::<3>(y),
+    ];
+    let betav = _mm_set1_ps(beta);
+    for (u, yu) in rows4.into_iter().enumerate() {
+        // SAFETY: u * stride + 4 <= 3 * stride + 4 <= out.len() (the contract).
+        unsafe {
+            let p = out.as_mut_ptr().add(u * stride);
+            let v = if beta == 0.0 {
+                yu
+            } else {
+                _mm_add_ps(yu, _mm_mul_ps(betav, _mm_loadu_ps(p)))
+            };
+            _mm_storeu_ps(p, v);
+        }
+    }
+}
+
+/// `dot4x4_i8` with VNNI, the weights as the unsigned side as in `dot4_i8_vnni`.
+///
+/// # Safety
+/// The CPU must have avx512f, avx512bw and avx512vnni (checked by the caller).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn dot4x4_i8_vnni(xs: [&[i8]; 4], xsums: [i32; 4], rows: [&[i8]; 4]) -> [[i32; 4]; 4] {
+    use std::arch::x86_64::*;
+    let n = rows.iter().chain(&xs).fold(usize::MAX, |m, r| m.min(r.len()));
+    let chunks = n / 64;
+    // SAFETY: the caller's contract (avx512f, avx512bw, avx512vnni); chunks * 64 <= n.
+    let all = unsafe { tile_sums_vnni(xs, rows, chunks) };
     let mut totals = [[0i32; 4]; 4];
     // SAFETY: `totals` is 64 writable bytes; unaligned stores need no alignment.
     unsafe { _mm512_storeu_si512(totals.as_mut_ptr() as *mut __m512i, all) };
@@ -1459,6 +1577,71 @@ mod tests {
                 for j in 0..4 {
                     let want: i32 = xs[i].iter().zip(&ws[j]).map(|(&a, &b)| a as i32 * b as i32).sum();
                     assert_eq!(got[i][j], want, "n = {n}, ({i}, {j}) (vnni: {})", has_vnni());
+                }
+            }
+        }
+    }
+
+    /// The tile with its outputs against the plain formula, bit for bit: lengths on and off
+    /// the 64-byte chunk (the vector stores and the plain ones), both betas (beta 0 must
+    /// not read the NaN already there), a stride past four with the elements between the
+    /// tile's rows left as they were, scales that round differently per column.
+    #[test]
+    fn int8_tile_outputs_match_the_plain_formula_bit_for_bit() {
+        for n in [1usize, 63, 64, 65, 128, 704, 1408] {
+            let row = |seed: usize| -> Vec<i8> {
+                (0..n)
+                    .map(|i| ((i * seed + seed * 7) % 255) as i32 - 127)
+                    .map(|v| v as i8)
+                    .collect()
+            };
+            let xs: Vec<Vec<i8>> = (0..4).map(|i| row(37 + 2 * i)).collect();
+            let mut ws: Vec<Vec<i8>> = (0..4).map(|j| row(91 + 4 * j)).collect();
+            ws[2].fill(-127);
+            let xsums = [0, 1, 2, 3].map(|i| xs[i].iter().map(|&v| v as i32).sum::<i32>());
+            let sx = [0.013f32, 0.7, 1e-4, 3.3];
+            let scales = [1e-3f32 * 0.37, 0.011, 2.5e-3, 0.9];
+            let stride = 7;
+            for beta in [0.0f32, 1.0, -0.5] {
+                let init: Vec<f32> = (0..3 * stride + 4)
+                    .map(|e| {
+                        if beta == 0.0 && e % stride < 4 {
+                            f32::NAN
+                        } else {
+                            e as f32 * 0.1 - 2.0
+                        }
+                    })
+                    .collect();
+                let mut got = init.clone();
+                tile4x4_i8(
+                    &mut got,
+                    stride,
+                    [&xs[0], &xs[1], &xs[2], &xs[3]],
+                    xsums,
+                    sx,
+                    [&ws[0], &ws[1], &ws[2], &ws[3]],
+                    &scales,
+                    beta,
+                );
+                for (e, (g, old)) in got.iter().zip(&init).enumerate() {
+                    let (u, v) = (e / stride, e % stride);
+                    let want = if v < 4 {
+                        let acc: i32 = xs[u].iter().zip(&ws[v]).map(|(&a, &b)| a as i32 * b as i32).sum();
+                        let y = acc as f32 * sx[u] * scales[v];
+                        if beta == 0.0 {
+                            y
+                        } else {
+                            y + beta * old
+                        }
+                    } else {
+                        *old
+                    };
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "n {n}, beta {beta}, element ({u}, {v}) (vnni: {})",
+                        has_vnni()
+                    );
                 }
             }
         }
