@@ -1553,21 +1553,28 @@ mod tests {
         }
     }
 
+    /// A tile's operands of length `n`: four activation rows, four weight rows (row
+    /// `extreme` all -127) and the activation rows' sums.
+    fn tile_operands(n: usize, extreme: usize) -> (Vec<Vec<i8>>, Vec<Vec<i8>>, [i32; 4]) {
+        let row = |seed: usize| -> Vec<i8> {
+            (0..n)
+                .map(|i| ((i * seed + seed * 7) % 255) as i32 - 127)
+                .map(|v| v as i8)
+                .collect()
+        };
+        let xs: Vec<Vec<i8>> = (0..4).map(|i| row(37 + 2 * i)).collect();
+        let mut ws: Vec<Vec<i8>> = (0..4).map(|j| row(91 + 4 * j)).collect();
+        ws[extreme].fill(-127);
+        let xsums = [0, 1, 2, 3].map(|i| xs[i].iter().map(|&v| v as i32).sum::<i32>());
+        (xs, ws, xsums)
+    }
+
     /// The GEMM tile against the plain sums, on lengths around the 64-byte chunk, the
     /// extremes included.
     #[test]
     fn int8_tile_agrees_with_the_plain_sums() {
         for n in [1usize, 63, 64, 65, 130, 512, 1408] {
-            let row = |seed: usize| -> Vec<i8> {
-                (0..n)
-                    .map(|i| ((i * seed + seed * 7) % 255) as i32 - 127)
-                    .map(|v| v as i8)
-                    .collect()
-            };
-            let xs: Vec<Vec<i8>> = (0..4).map(|i| row(37 + 2 * i)).collect();
-            let mut ws: Vec<Vec<i8>> = (0..4).map(|j| row(91 + 4 * j)).collect();
-            ws[3].fill(-127);
-            let xsums = [0, 1, 2, 3].map(|i| xs[i].iter().map(|&v| v as i32).sum::<i32>());
+            let (xs, ws, xsums) = tile_operands(n, 3);
             let got = dot4x4_i8(
                 [&xs[0], &xs[1], &xs[2], &xs[3]],
                 xsums,
@@ -1589,16 +1596,7 @@ mod tests {
     #[test]
     fn int8_tile_outputs_match_the_plain_formula_bit_for_bit() {
         for n in [1usize, 63, 64, 65, 128, 704, 1408] {
-            let row = |seed: usize| -> Vec<i8> {
-                (0..n)
-                    .map(|i| ((i * seed + seed * 7) % 255) as i32 - 127)
-                    .map(|v| v as i8)
-                    .collect()
-            };
-            let xs: Vec<Vec<i8>> = (0..4).map(|i| row(37 + 2 * i)).collect();
-            let mut ws: Vec<Vec<i8>> = (0..4).map(|j| row(91 + 4 * j)).collect();
-            ws[2].fill(-127);
-            let xsums = [0, 1, 2, 3].map(|i| xs[i].iter().map(|&v| v as i32).sum::<i32>());
+            let (xs, ws, xsums) = tile_operands(n, 2);
             let sx = [0.013f32, 0.7, 1e-4, 3.3];
             let scales = [1e-3f32 * 0.37, 0.011, 2.5e-3, 0.9];
             let stride = 7;
