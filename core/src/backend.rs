@@ -397,18 +397,15 @@ pub trait Backend {
     /// [`Backend::q8_matmul`] with its own spec: attention's q, k and v projections. A
     /// backend that runs them as one job (one hand-off between threads, one rounding of
     /// `x`) overrides this; the default, one `q8_matmul` each, is what an override is
-    /// tested against.
+    /// tested against ([`q8_matmul_each`]).
     fn q8_matmul_many(&self, x: &Self::Buffer, products: &mut [Q8Product<'_, Self::Buffer>]) -> Result<()> {
-        for p in products.iter_mut() {
-            self.q8_matmul(p.out, x, p.packed, p.scales, &p.spec)?;
-        }
-        Ok(())
+        q8_matmul_each(self, x, products)
     }
     /// The first half of a SwiGLU feed-forward on int8 weights: `gate = x Wg^T`,
     /// `up = x Wu^T` (`spec` is `(m, f, d)`: `x` `(m, d)`, both weights `(f, d)`, beta 0),
     /// then `out = silu(gate) * up`; `gate` and `up` keep their values for a backward pass.
-    /// The default is the two products and [`Backend::swiglu_forward`]; a backend may run
-    /// all three as one job.
+    /// The default is the two products and [`Backend::swiglu_forward`]
+    /// ([`q8_swiglu_unfused`]); a backend may run all three as one job.
     #[allow(clippy::too_many_arguments)]
     fn q8_swiglu(
         &self,
@@ -420,9 +417,7 @@ pub trait Backend {
         up_w: (&Self::Buffer, &Self::Buffer),
         spec: &MatmulSpec,
     ) -> Result<()> {
-        self.q8_matmul(gate, x, gate_w.0, gate_w.1, spec)?;
-        self.q8_matmul(up, x, up_w.0, up_w.1, spec)?;
-        self.swiglu_forward(out, gate, up)
+        q8_swiglu_unfused(self, out, gate, up, x, gate_w, up_w, spec)
     }
     /// Rows of an int8 table, dequantized.
     #[allow(clippy::too_many_arguments)]
@@ -721,6 +716,37 @@ pub trait Backend {
         velocity: Option<&mut Self::Buffer>,
         hp: &SgdParams,
     ) -> Result<()>;
+}
+
+/// [`Backend::q8_matmul_many`] as one of `backend`'s `q8_matmul` a product: the definition,
+/// and what an override falls back to for shapes it does not fuse.
+pub fn q8_matmul_each<B: Backend + ?Sized>(
+    backend: &B,
+    x: &B::Buffer,
+    products: &mut [Q8Product<'_, B::Buffer>],
+) -> Result<()> {
+    for p in products.iter_mut() {
+        backend.q8_matmul(p.out, x, p.packed, p.scales, &p.spec)?;
+    }
+    Ok(())
+}
+
+/// [`Backend::q8_swiglu`] as `backend`'s two products and its `swiglu_forward`: the
+/// definition, and what an override falls back to for shapes it does not fuse.
+#[allow(clippy::too_many_arguments)]
+pub fn q8_swiglu_unfused<B: Backend + ?Sized>(
+    backend: &B,
+    out: &mut B::Buffer,
+    gate: &mut B::Buffer,
+    up: &mut B::Buffer,
+    x: &B::Buffer,
+    gate_w: (&B::Buffer, &B::Buffer),
+    up_w: (&B::Buffer, &B::Buffer),
+    spec: &MatmulSpec,
+) -> Result<()> {
+    backend.q8_matmul(gate, x, gate_w.0, gate_w.1, spec)?;
+    backend.q8_matmul(up, x, up_w.0, up_w.1, spec)?;
+    backend.swiglu_forward(out, gate, up)
 }
 
 /// [`Backend::lora_forward`] as two of `backend`'s GEMMs, the scale folded into the

@@ -340,10 +340,7 @@ impl Backend for CpuBackend {
         let single =
             |p: &Q8Product<'_, Vec<f32>>| p.spec.m == 1 && p.spec.window.is_none() && p.spec.k == x.len();
         if !products.iter().all(single) {
-            for p in products.iter_mut() {
-                self.q8_matmul(p.out, x, p.packed, p.scales, &p.spec)?;
-            }
-            return Ok(());
+            return rusting_brain_core::backend::q8_matmul_each(self, x, products);
         }
         let mut rows = Vec::with_capacity(products.len());
         for p in products.iter_mut() {
@@ -371,9 +368,9 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let plain = spec.m == 1 && spec.window.is_none() && spec.beta == 0.0 && spec.k == x.len();
         if !plain {
-            self.q8_matmul(gate, x, gate_w.0, gate_w.1, spec)?;
-            self.q8_matmul(up, x, up_w.0, up_w.1, spec)?;
-            return self.swiglu_forward(out, gate, up);
+            return rusting_brain_core::backend::q8_swiglu_unfused(
+                self, out, gate, up, x, gate_w, up_w, spec,
+            );
         }
         rusting_brain_core::ops::q8::q8_operands(spec, x, out)?;
         rusting_brain_core::ops::swiglu::check_swiglu_forward(out.len(), gate.len(), up.len())?;
