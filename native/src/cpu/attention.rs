@@ -433,15 +433,92 @@ fn on_team<T: Sync, R: Send>(tiles: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> 
         .collect()
 }
 
-/// The (cols x rows) transpose of the first `rows` x `cols` of `v`, contiguous.
-fn transposed(v: View, rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0f32; rows * cols];
+/// `dst` (cols x rows, contiguous) = the transpose of the first `rows` x `cols` of `v`.
+fn transpose_into(dst: &mut [f32], v: View, rows: usize, cols: usize) {
     for i in 0..rows {
         for j in 0..cols {
-            t[j * rows + i] = v.data[i * v.rs + j * v.cs];
+            dst[j * rows + i] = v.data[i * v.rs + j * v.cs];
         }
     }
-    t
+}
+
+/// An output that the tasks of one blocked call write through a raw pointer, each to
+/// elements no other task reads or writes: a (batch, head)'s rows are strided through the
+/// whole buffer, so no task can own a `&mut` sub-slice holding just its own. Writing in
+/// place spares the task-local copies and the serial gather that followed them (a page
+/// fault per fresh buffer, one thread copying while the other waited).
+struct Scattered<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: the pointer comes from a `&'a mut [f32]` held for 'a, so only the tasks reach
+// the buffer while it lives, and every caller writes elements disjoint from every other
+// task's (see the SAFETY notes at the calls).
+unsafe impl Send for Scattered<'_> {}
+unsafe impl Sync for Scattered<'_> {}
+
+impl<'a> Scattered<'a> {
+    fn new(out: &'a mut [f32]) -> Self {
+        Scattered {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            _out: std::marker::PhantomData,
+        }
+    }
+
+    /// `out[start + i] = src[i] * mul` (`mul` 1 copies exactly).
+    ///
+    /// # Safety
+    /// No other task reads or writes `out[start..start + src.len()]` during the call.
+    unsafe fn put(&self, start: usize, src: &[f32], mul: f32) {
+        assert!(
+            start <= self.len && src.len() <= self.len - start,
+            "attention: output row out of bounds"
+        );
+        let dst = self.ptr.add(start);
+        for (i, &v) in src.iter().enumerate() {
+            *dst.add(i) = v * mul;
+        }
+    }
+
+    /// `out[start..start + len] = 0`.
+    ///
+    /// # Safety
+    /// As for [`Scattered::put`].
+    unsafe fn zero(&self, start: usize, len: usize) {
+        assert!(
+            start <= self.len && len <= self.len - start,
+            "attention: output row out of bounds"
+        );
+        std::ptr::write_bytes(self.ptr.add(start), 0, len);
+    }
+}
+
+/// Per-thread buffers of the blocked passes, kept between calls (a step's attention ran a
+/// few hundred allocations of 32 KiB and more, each touching fresh pages).
+#[derive(Default)]
+struct Scratch {
+    kt: Vec<f32>,
+    vt: Vec<f32>,
+    p: Vec<f32>,
+    dp: Vec<f32>,
+    rows: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// The first `len` elements of `v`, grown if needed (contents unspecified).
+fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    &mut v[..len]
 }
 
 fn transpose(v: View) -> View {
@@ -452,26 +529,24 @@ fn transpose(v: View) -> View {
     }
 }
 
-/// Softmax in place of the causal rows `t0..t0 + rows` of one head's scores `s` (rows x
-/// width, raw dot products), scaled by `scale`; each row's log-sum-exp (of the scaled
-/// scores) goes to `lse_out[t - t0]` and its masked tail is zeroed.
-fn causal_softmax(
-    s: &mut [f32],
-    lse_out: &mut [f32],
-    spec: &AttentionSpec,
-    scale: f32,
-    t0: usize,
-    width: usize,
-) {
-    for (r, (row, lse)) in s.chunks_exact_mut(width).zip(lse_out.iter_mut()).enumerate() {
-        let vis = spec.visible(t0 + r);
-        simd::scale(&mut row[..vis], scale);
-        let max = simd::max(&row[..vis]);
-        let sum = simd::exp_sub_sum(&mut row[..vis], max);
-        *lse = max + sum.ln();
-        simd::scale(&mut row[..vis], 1.0 / sum);
-        row[vis..].fill(0.0);
+/// `dot(a, b)` for one head's row: sixteen lanes of partial sums. `simd::dot` steps 64
+/// elements at a time, so a 32-wide head ran in its scalar tail, one dependent add per
+/// element (3% of the attention's time).
+fn short_dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..16 {
+            acc[l] += x[l] * y[l];
+        }
     }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Query rows per block of the blocked forward pass: a block's scores reach only the keys
@@ -492,26 +567,29 @@ pub(crate) fn attention_forward_blocked(
     let tiles: Vec<(usize, usize)> = (0..spec.batch)
         .flat_map(|b| (0..hq).map(move |h| (b, h)))
         .collect();
-    // Per (b, h): O_h (tq x d) and its lse row, computed into task-local buffers.
-    let results: Vec<(Vec<f32>, Vec<f32>)> = on_team(&tiles, |&(b, h)| {
+    let (out_w, lse_w) = (Scattered::new(out), Scattered::new(lse));
+    on_team(&tiles, |&(b, h)| {
         let kvh = h / spec.group();
         let (qh, kh, vh) = (
             q_view(q, spec, b, h),
             kv_view(k, spec, b, kvh),
             kv_view(v, spec, b, kvh),
         );
-        let mut o = vec![0.0f32; tq * d];
-        let mut l = vec![0.0f32; tq];
-        // K^T (d x tk) once for every query block.
-        let kt = transposed(kh, tk, d);
-        let kt = View {
-            data: &kt,
-            rs: tk,
-            cs: 1,
-        };
-        with_tiles(QUERY_BLOCK.min(tq) * tk, |scores, _| {
-            for t0 in (0..tq).step_by(QUERY_BLOCK) {
-                let rows = QUERY_BLOCK.min(tq - t0);
+        SCRATCH.with(|cell| {
+            let sc = &mut *cell.borrow_mut();
+            // K^T (d x tk) once for every query block.
+            let kt = sized(&mut sc.kt, d * tk);
+            transpose_into(kt, kh, tk, d);
+            let kt = View {
+                data: kt,
+                rs: tk,
+                cs: 1,
+            };
+            let blk = QUERY_BLOCK.min(tq);
+            let scores = sized(&mut sc.p, blk * tk);
+            let o = sized(&mut sc.rows, blk * d);
+            for t0 in (0..tq).step_by(blk) {
+                let rows = blk.min(tq - t0);
                 let width = spec.visible(t0 + rows - 1);
                 let s = &mut scores[..rows * width];
                 let q_rows = View {
@@ -519,24 +597,34 @@ pub(crate) fn attention_forward_blocked(
                     ..qh
                 };
                 gemm_views(s, rows, width, d, q_rows, kt, 0.0);
-                causal_softmax(s, &mut l[t0..t0 + rows], spec, scale, t0, width);
+                // Each row's exps unnormalized; the weighted sum is divided by the row's sum
+                // afterwards (d values a row instead of `width`).
+                let mut inv = [0.0f32; QUERY_BLOCK];
+                for (r, row) in s.chunks_exact_mut(width).enumerate() {
+                    let t = t0 + r;
+                    let vis = spec.visible(t);
+                    // The largest scaled score is `scale` times the largest raw one: rounding
+                    // keeps the order, so these are the exps of scaling first.
+                    let max = scale * simd::max(&row[..vis]);
+                    let sum = simd::exp_affine_sum(&mut row[..vis], scale, max);
+                    inv[r] = 1.0 / sum;
+                    row[vis..].fill(0.0);
+                    // SAFETY: lse element (b, t, h) is written by this (b, h) task alone.
+                    unsafe { lse_w.put((b * tq + t) * hq + h, &[max + sum.ln()], 1.0) };
+                }
                 let p = View {
                     data: s,
                     rs: width,
                     cs: 1,
                 };
-                gemm_views(&mut o[t0 * d..(t0 + rows) * d], rows, d, width, p, vh, 0.0);
+                gemm_views(&mut o[..rows * d], rows, d, width, p, vh, 0.0);
+                for (r, row) in o[..rows * d].chunks_exact(d).enumerate() {
+                    // SAFETY: output row (b, t0 + r, head h) is written by this task alone.
+                    unsafe { out_w.put(spec.q_index(b, t0 + r, h), row, inv[r]) };
+                }
             }
         });
-        (o, l)
     });
-    for (&(b, h), (o, l)) in tiles.iter().zip(&results) {
-        for t in 0..tq {
-            let i = spec.q_index(b, t, h);
-            out[i..i + d].copy_from_slice(&o[t * d..(t + 1) * d]);
-            lse[(b * tq + t) * hq + h] = l[t];
-        }
-    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -560,42 +648,48 @@ pub(crate) fn attention_backward_blocked(
         spec.kv_len,
     );
     let scale = 1.0 / (d as f32).sqrt();
-    // One task per (b, kv head): it owns that head's dK and dV and handles every query head
-    // of its group, so no two tasks add into the same gradient.
+    // One task per (b, kv head): it owns that head's dK and dV and the dQ rows of every
+    // query head of its group, so no two tasks write the same gradient element.
     let tiles: Vec<(usize, usize)> = (0..spec.batch)
         .flat_map(|b| (0..hkv).map(move |g| (b, g)))
         .collect();
-    type Grads = (Vec<Vec<f32>>, Vec<f32>, Vec<f32>);
-    let results: Vec<Grads> = on_team(&tiles, |&(b, kvh)| {
+    let (dq_w, dk_w, dv_w) = (Scattered::new(dq), Scattered::new(dk), Scattered::new(dv));
+    on_team(&tiles, |&(b, kvh)| {
         let (kv_k, kv_v) = (kv_view(k, spec, b, kvh), kv_view(v, spec, b, kvh));
-        // K^T and V^T (d x tk) once for every head of the group and every query block.
-        let (kt, vt) = (transposed(kv_k, tk, d), transposed(kv_v, tk, d));
-        let (kt, vt) = (
-            View {
-                data: &kt,
-                rs: tk,
-                cs: 1,
-            },
-            View {
-                data: &vt,
-                rs: tk,
-                cs: 1,
-            },
-        );
-        let mut dk_t = vec![0.0f32; tk * d];
-        let mut dv_t = vec![0.0f32; tk * d];
-        let mut dqs = Vec::with_capacity(spec.group());
-        // Query blocks as in the forward pass: a block's products reach only the keys
-        // its last row sees (dK and dV beyond them get nothing from it).
-        let blk = QUERY_BLOCK.min(tq);
-        with_tiles(blk * tk, |p, dp| {
+        SCRATCH.with(|cell| {
+            let sc = &mut *cell.borrow_mut();
+            // K^T and V^T (d x tk) once for every head of the group and every query block.
+            let kt = sized(&mut sc.kt, d * tk);
+            transpose_into(kt, kv_k, tk, d);
+            let vt = sized(&mut sc.vt, d * tk);
+            transpose_into(vt, kv_v, tk, d);
+            let (kt, vt) = (
+                View {
+                    data: kt,
+                    rs: tk,
+                    cs: 1,
+                },
+                View {
+                    data: vt,
+                    rs: tk,
+                    cs: 1,
+                },
+            );
+            let dk_t = sized(&mut sc.dk, tk * d);
+            dk_t.fill(0.0);
+            let dv_t = sized(&mut sc.dv, tk * d);
+            dv_t.fill(0.0);
+            // Query blocks as in the forward pass: a block's products reach only the keys
+            // its last row sees (dK and dV beyond them get nothing from it).
+            let blk = QUERY_BLOCK.min(tq);
+            let (p_all, dp_all) = (sized(&mut sc.p, blk * tk), sized(&mut sc.dp, blk * tk));
+            let dq_rows = sized(&mut sc.rows, blk * d);
             for h in kvh * spec.group()..(kvh + 1) * spec.group() {
                 let (qh, doh) = (q_view(q, spec, b, h), q_view(dout, spec, b, h));
-                let mut dq_h = vec![0.0f32; tq * d];
                 for t0 in (0..tq).step_by(blk) {
                     let rows = blk.min(tq - t0);
                     let width = spec.visible(t0 + rows - 1);
-                    let (p, dp) = (&mut p[..rows * width], &mut dp[..rows * width]);
+                    let (p, dp) = (&mut p_all[..rows * width], &mut dp_all[..rows * width]);
                     let qv = View {
                         data: &qh.data[t0 * qh.rs..],
                         ..qh
@@ -623,37 +717,38 @@ pub(crate) fn attention_backward_blocked(
                     gemm_views(dp, rows, width, d, dov, vt, 0.0);
                     for (r, (pr, dr)) in p.chunks_exact(width).zip(dp.chunks_exact_mut(width)).enumerate() {
                         let i = spec.q_index(b, t0 + r, h);
-                        let delta = simd::dot(&dout[i..i + d], &out[i..i + d]);
+                        let delta = short_dot(&dout[i..i + d], &out[i..i + d]);
                         simd::softmax_grad(dr, pr, delta, scale);
                     }
-                    // dQ_h = dS K; dK += dS^T Q
+                    // dQ rows = dS K; dK += dS^T Q
                     let ds = View {
                         data: dp,
                         rs: width,
                         cs: 1,
                     };
-                    gemm_views(&mut dq_h[t0 * d..(t0 + rows) * d], rows, d, width, ds, kv_k, 0.0);
+                    let dq_blk = &mut dq_rows[..rows * d];
+                    gemm_views(dq_blk, rows, d, width, ds, kv_k, 0.0);
+                    for (r, row) in dq_blk.chunks_exact(d).enumerate() {
+                        // SAFETY: dQ row (b, t0 + r, head h) belongs to this task's group.
+                        unsafe { dq_w.put(spec.q_index(b, t0 + r, h), row, 1.0) };
+                    }
                     gemm_views(&mut dk_t[..width * d], width, d, rows, transpose(ds), qv, 1.0);
                 }
-                dqs.push(dq_h);
+            }
+            // Rows past kv_len get no gradient.
+            for j in 0..spec.kv_capacity {
+                let i = spec.kv_index(b, j, kvh);
+                // SAFETY: dK and dV rows (b, j, kvh) are written by this task alone.
+                unsafe {
+                    if j < tk {
+                        dk_w.put(i, &dk_t[j * d..(j + 1) * d], 1.0);
+                        dv_w.put(i, &dv_t[j * d..(j + 1) * d], 1.0);
+                    } else {
+                        dk_w.zero(i, d);
+                        dv_w.zero(i, d);
+                    }
+                }
             }
         });
-        (dqs, dk_t, dv_t)
     });
-    dk.fill(0.0);
-    dv.fill(0.0);
-    for (&(b, kvh), (dqs, dk_t, dv_t)) in tiles.iter().zip(&results) {
-        for (u, dq_h) in dqs.iter().enumerate() {
-            let h = kvh * spec.group() + u;
-            for t in 0..tq {
-                let i = spec.q_index(b, t, h);
-                dq[i..i + d].copy_from_slice(&dq_h[t * d..(t + 1) * d]);
-            }
-        }
-        for j in 0..tk {
-            let i = spec.kv_index(b, j, kvh);
-            dk[i..i + d].copy_from_slice(&dk_t[j * d..(j + 1) * d]);
-            dv[i..i + d].copy_from_slice(&dv_t[j * d..(j + 1) * d]);
-        }
-    }
 }

@@ -1013,12 +1013,24 @@ pub fn exp(x: f32) -> f32 {
 
 #[inline(always)]
 fn exp_sub_sum_body<const FMA: bool>(x: &mut [f32], shift: f32) -> f32 {
+    exp_map_sum(x, |v| v - shift)
+}
+
+#[inline(always)]
+fn exp_affine_sum_body<const FMA: bool>(x: &mut [f32], scale: f32, shift: f32) -> f32 {
+    exp_map_sum(x, |v| scale * v - shift)
+}
+
+/// x = exp(f(x)) in place, returning the sum of the new values: STEP-wide partial sums
+/// folded by `fold`, then the tail's in order.
+#[inline(always)]
+fn exp_map_sum(x: &mut [f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0.0f32; STEP];
     let mut chunks = x.chunks_exact_mut(STEP);
     for v in chunks.by_ref() {
         let v = block_mut(v);
         for l in 0..STEP {
-            v[l] = exp(v[l] - shift);
+            v[l] = exp(f(v[l]));
             acc[l] += v[l];
         }
     }
@@ -1026,7 +1038,7 @@ fn exp_sub_sum_body<const FMA: bool>(x: &mut [f32], shift: f32) -> f32 {
     // one element at a time), then their sum in order as before.
     let rest = chunks.into_remainder();
     for v in rest.iter_mut() {
-        *v = exp(*v - shift);
+        *v = exp(f(*v));
     }
     let tail = rest.iter().fold(0.0f32, |t, &v| t + v);
     fold(&acc) + tail
@@ -1284,6 +1296,11 @@ dispatch!(
     /// x = exp(x - shift) in place; returns the sum of the new values.
     exp_sub_sum => exp_sub_sum_body(x: &mut [f32], shift: f32) -> f32
 );
+dispatch!(
+    /// x = exp(scale * x - shift) in place; returns the sum of the new values (summed as
+    /// in [`exp_sub_sum`]).
+    exp_affine_sum => exp_affine_sum_body(x: &mut [f32], scale: f32, shift: f32) -> f32
+);
 /// `f(x)` for the image models' activations. The exp-based ones use the fast `exp`; the
 /// exact GELU keeps libm's
 /// `erff`, which no cheap polynomial matches to the reference's 1e-7.
@@ -1502,21 +1519,30 @@ mod tests {
                 }
             }
         }
+        // Sums in STEP-wide lanes, folded, then the tail in order.
+        let sum_of = |w: &[f32]| {
+            let full = w.len() / STEP * STEP;
+            let mut acc = [0.0f32; STEP];
+            for c in w[..full].chunks_exact(STEP) {
+                for l in 0..STEP {
+                    acc[l] += c[l];
+                }
+            }
+            fold(&acc) + w[full..].iter().fold(0.0f32, |t, &v| t + v)
+        };
         for n in (1..=140).chain([1000]) {
             let x: Vec<f32> = (0..n).map(|_| rng.normal() as f32 * 4.0).collect();
             let mut got = x.clone();
             let sum = exp_sub_sum(&mut got, 1.5);
             let want: Vec<f32> = x.iter().map(|&v| exp(v - 1.5)).collect();
             assert_eq!(bits(&got), bits(&want), "exps, n {n}");
-            let full = n / STEP * STEP;
-            let mut acc = [0.0f32; STEP];
-            for c in want[..full].chunks_exact(STEP) {
-                for l in 0..STEP {
-                    acc[l] += c[l];
-                }
-            }
-            let tail = want[full..].iter().fold(0.0f32, |t, &v| t + v);
-            assert_eq!(sum.to_bits(), (fold(&acc) + tail).to_bits(), "sum, n {n}");
+            assert_eq!(sum.to_bits(), sum_of(&want).to_bits(), "sum, n {n}");
+            // The scaled form: each value scaled, then shifted, then exp'd; summed alike.
+            let mut scaled = x.clone();
+            let scaled_sum = exp_affine_sum(&mut scaled, 0.7, 1.5);
+            let want: Vec<f32> = x.iter().map(|&v| exp(0.7 * v - 1.5)).collect();
+            assert_eq!(bits(&scaled), bits(&want), "scaled exps, n {n}");
+            assert_eq!(scaled_sum.to_bits(), sum_of(&want).to_bits(), "scaled sum, n {n}");
         }
     }
 
