@@ -12,11 +12,16 @@
 //! (1.2e-38) count as 0. Each output is summed along k by one thread, in order, so the bits
 //! do not depend on the thread count.
 //!
-//! Layout: op(A) is packed in tiles of 8 rows, k/2 steps of 8 u32 words, each the bf16
-//! pair `(a[i][2p], a[i][2p+1])` (low half first, as the instruction pairs them); op(B) as
-//! panels of 32 columns, each a run of k/2 steps of 32 such pairs. A micro-tile of 8 rows
-//! x 32 columns holds 16 accumulators; a step loads two B vectors and broadcasts one A word
-//! per row; 128 steps at a time, so the panel's slice stays in L1 across a task's tiles.
+//! Layout: op(A) as u32 words, each the bf16 pair `(a[i][2p], a[i][2p+1])` (low half
+//! first, as the instruction pairs them): row by row (k/2 words a row) when A is stored as
+//! op(A), so packing is a contiguous conversion; in tiles of 8 rows, k/2 steps of 8 words,
+//! when A is stored transposed, where a step of 8 rows is what memory holds together.
+//! op(B) as panels of 32 columns, each a run of k/2 steps of 32 such pairs. A micro-tile
+//! of 8 rows x 32 columns holds 16 accumulators; a step loads two B vectors and broadcasts
+//! one A word per row; 128 steps at a time, so the panel's slice stays in L1 across a
+//! task's tiles. The buffers are not cleared between products: rows of A past m and
+//! columns of B past n only reach outputs that are not stored, and every other word is
+//! written.
 //!
 //! Reference twin: `rusting_brain_core::ops::matmul::matmul` with `Precision::Bf16`;
 //! `tests/backend_vs_reference.rs`.
@@ -90,22 +95,30 @@ pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
         let kp = k.div_ceil(2);
         let parallel = m * n * k >= PARALLEL_MACS && rayon::current_num_threads() > 1;
 
-        // A: tiles of MR rows (the last padded with zeros), each k/2 steps of MR words
-        // (step p of row r: the pair (a[r][2p], a[r][2p+1]); the high half is zero when k
-        // is odd), so a tile's step is one contiguous run.
+        // A: tiles of MR rows (the last padded), each row k/2 words when A is op(A), or
+        // k/2 steps of MR words when A is transposed (step p of row r: the pair
+        // (a[r][2p], a[r][2p+1]); the high half is zero when k is odd).
         let tiles = m.div_ceil(MR);
         let panels = n.div_ceil(NR);
         with_buffers(tiles * kp * MR, panels * kp * NR, |apack, bpack| {
             // SAFETY (both packs): available() proved AVX-512F and AVX512_BF16; each call
             // gets its own tile or panel, sized as the function requires.
-            let pack_a = |(t, tile): (usize, &mut [u32])| unsafe { pack_a_tile(tile, t, a, spec) };
+            // A transposed is packed A_GROUP tiles at a time (see `pack_a_group_transposed`).
+            let a_unit = if spec.trans_a { A_GROUP } else { 1 } * kp * MR;
+            let pack_a = |(t, tiles): (usize, &mut [u32])| unsafe {
+                if spec.trans_a {
+                    pack_a_group_transposed(tiles, t * A_GROUP, a, spec)
+                } else {
+                    pack_a_rows(tiles, t, a, spec)
+                }
+            };
             // B: panels of NR columns (zeros past n), each k/2 steps of NR words.
             let pack_b = |(q, panel): (usize, &mut [u32])| unsafe { pack_b_panel(panel, q, b, spec) };
             if parallel {
-                apack.par_chunks_mut(kp * MR).enumerate().for_each(pack_a);
+                apack.par_chunks_mut(a_unit).enumerate().for_each(pack_a);
                 bpack.par_chunks_mut(kp * NR).enumerate().for_each(pack_b);
             } else {
-                apack.chunks_mut(kp * MR).enumerate().for_each(pack_a);
+                apack.chunks_mut(a_unit).enumerate().for_each(pack_a);
                 bpack.chunks_mut(kp * NR).enumerate().for_each(pack_b);
             }
 
@@ -126,14 +139,23 @@ pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
                         };
                         for r0 in (0..task_rows).step_by(MR) {
                             let t = (first + r0) / MR;
-                            let tile_a = &apack[(t * kp + p0) * MR..(t * kp + p0 + steps) * MR];
                             let slice = &panel[p0 * NR..(p0 + steps) * NR];
                             let out = &mut c[r0 * n + q * NR..];
                             let rows = MR.min(task_rows - r0);
-                            // SAFETY: available() proved AVX-512F and AVX512_BF16; `tile_a`
-                            // holds `steps` steps of MR words, `slice` of NR, and `out` reaches
+                            let (alpha, tile_start) = (spec.alpha, t * kp * MR);
+                            // SAFETY: available() proved AVX-512F and AVX512_BF16; the tile's
+                            // words (MR rows of kp, or kp steps of MR) are in `apack` from
+                            // tile_start, `slice` holds `steps` steps of NR, and `out` reaches
                             // row rows - 1, column cols - 1 at stride n.
-                            unsafe { tile(out, n, rows, cols, tile_a, slice, steps, spec.alpha, beta, read) };
+                            unsafe {
+                                if spec.trans_a {
+                                    let a = &apack[tile_start + p0 * MR..tile_start + (p0 + steps) * MR];
+                                    tile::<false>(out, n, rows, cols, a, 0, slice, steps, alpha, beta, read)
+                                } else {
+                                    let a = &apack[tile_start + p0..tile_start + kp * MR];
+                                    tile::<true>(out, n, rows, cols, a, kp, slice, steps, alpha, beta, read)
+                                }
+                            };
                         }
                     }
                 }
@@ -159,17 +181,17 @@ thread_local! {
     static BUFFERS: RefCell<[Vec<u32>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
 }
 
-/// Runs `f` on zeroed buffers of `a_len` and `b_len` words: this thread's kept ones, or new
-/// ones if they are in use (a product started by a task this thread picked up while
-/// waiting inside another).
+/// Runs `f` on buffers of `a_len` and `b_len` words: this thread's kept ones (holding
+/// whatever the last product left), or new ones if they are in use (a product started by
+/// a task this thread picked up while waiting inside another). Clearing them cost 7-11% of
+/// a training step's products, and the packers write every word that reaches a stored
+/// output.
 fn with_buffers<R>(a_len: usize, b_len: usize, f: impl FnOnce(&mut [u32], &mut [u32]) -> R) -> R {
     BUFFERS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut kept) => {
             let [a, b] = &mut *kept;
-            for (v, len) in [(&mut *a, a_len), (&mut *b, b_len)] {
-                v.clear();
-                v.resize(len, 0);
-            }
+            a.resize(a_len, 0);
+            b.resize(b_len, 0);
             f(a, b)
         }
         Err(_) => f(&mut vec![0; a_len], &mut vec![0; b_len]),
@@ -231,35 +253,83 @@ unsafe fn scatter_row(row: &[f32], out: &mut [u32], stride: usize) {
     }
 }
 
-/// Packs tile `t` of op(A) (MR rows from row t * MR; see [`gemm`]) into `tile`
-/// (kp * MR words, zeroed).
+/// Packs tile `t` of op(A) (MR rows from row t * MR; see [`gemm`]) into `tile` (MR rows
+/// of kp words) when A is stored as op(A): each row converted in place of its own, 32
+/// floats a step. The rows of the last tile past m are left as they are.
 ///
 /// # Safety
-/// The CPU has AVX-512F and AVX512_BF16; `a` is A as `spec` describes it.
+/// The CPU has AVX-512F and AVX512_BF16; `a` is A as `spec` describes it, not transposed;
+/// `tile` holds MR * kp words.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn pack_a_tile(tile: &mut [u32], t: usize, a: &[f32], spec: &MatmulSpec) {
+unsafe fn pack_a_rows(tile: &mut [u32], t: usize, a: &[f32], spec: &MatmulSpec) {
+    use std::arch::x86_64::*;
+    debug_assert!(!spec.trans_a);
+    let (m, k) = (spec.m, spec.k);
+    let kp = k.div_ceil(2);
+    for (r, out) in tile.chunks_exact_mut(kp).enumerate().take(MR.min(m - t * MR)) {
+        let row = &a[(t * MR + r) * k..(t * MR + r + 1) * k];
+        let mut p = 0;
+        while p + 16 <= k / 2 {
+            _mm512_storeu_si512(
+                out.as_mut_ptr().add(p).cast(),
+                words_of_run(row.as_ptr().add(2 * p)),
+            );
+            p += 16;
+        }
+        for p in p..kp {
+            let hi = row.get(2 * p + 1).map_or(0, |&v| bits(v));
+            out[p] = bits(row[2 * p]) | hi << 16;
+        }
+    }
+}
+
+/// Tiles of a transposed op(A) packed together: each step reads 16 x A_GROUP/2
+/// consecutive floats of two stored rows (whole cache lines) instead of 8 per tile.
+const A_GROUP: usize = 4;
+
+/// Packs the tiles from `first` (as many as `tiles` holds, at most [`A_GROUP`]) of op(A)
+/// when A is stored transposed: op(A)[i][p] = a[p * m + i], so step p of consecutive rows
+/// of op(A) is a contiguous run of stored rows 2p and 2p + 1. One tile at a time read 32
+/// bytes of each stored row per pass, a stride of m floats apart: at the LM head's
+/// gradient (m = 4096, 16 KiB apart) a new page every read and 40% of the product's time.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512_BF16; `a` is A as `spec` describes it; `tiles` holds
+/// whole tiles (kp * MR words each, zeroed) starting at tile `first`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn pack_a_group_transposed(tiles: &mut [u32], first: usize, a: &[f32], spec: &MatmulSpec) {
     use std::arch::x86_64::*;
     let (m, k) = (spec.m, spec.k);
     let kp = k.div_ceil(2);
-    let rows = MR.min(m - t * MR);
-    if spec.trans_a {
-        // op(A)[i][p] = a[p * m + i]: stored rows 2p and 2p + 1 hold step p of MR
-        // consecutive rows of op(A), which are contiguous.
-        let mask = ((1u32 << rows) - 1) as u16;
-        for p in 0..kp {
-            let lo = a.as_ptr().add(2 * p * m + t * MR);
-            let hi = (2 * p + 1 < k).then(|| a.as_ptr().add((2 * p + 1) * m + t * MR));
-            _mm512_mask_storeu_epi32(
-                tile.as_mut_ptr().add(p * MR).cast(),
-                mask,
-                words_of_rows(lo, hi, mask),
+    let count = tiles.len() / (kp * MR);
+    let i0 = first * MR;
+    for p in 0..kp {
+        // Sixteen rows of op(A) a pass: the low eight words go to one tile, the high eight
+        // to the next.
+        for pair in 0..count.div_ceil(2) {
+            let i = i0 + 16 * pair;
+            let lanes = m.saturating_sub(i).min(16);
+            if lanes == 0 {
+                break;
+            }
+            let mask = ((1u32 << lanes) - 1) as u16;
+            let lo = a.as_ptr().add(2 * p * m + i);
+            let hi = (2 * p + 1 < k).then(|| a.as_ptr().add((2 * p + 1) * m + i));
+            let words = words_of_rows(lo, hi, mask);
+            let t = 2 * pair;
+            // Lanes past m are zeros (masked loads), as the tiles' padding must be.
+            _mm256_storeu_si256(
+                tiles.as_mut_ptr().add((t * kp + p) * MR).cast(),
+                _mm512_castsi512_si256(words),
             );
-        }
-    } else {
-        // op(A)[i][p] = a[i * k + p]: each row is contiguous; its words go MR apart.
-        for r in 0..rows {
-            scatter_row(&a[(t * MR + r) * k..(t * MR + r + 1) * k], &mut tile[r..], MR);
+            if t + 1 < count {
+                _mm256_storeu_si256(
+                    tiles.as_mut_ptr().add(((t + 1) * kp + p) * MR).cast(),
+                    _mm512_extracti64x4_epi64::<1>(words),
+                );
+            }
         }
     }
 }
@@ -306,20 +376,22 @@ unsafe fn pack_b_panel(panel: &mut [u32], q: usize, b: &[f32], spec: &MatmulSpec
 
 /// One MR x NR tile over `steps` steps: `out[r * ldc + j] = alpha * sum + beta * out[..]`
 /// (`out` is read only when `read`) for the first `rows` rows and `cols` columns (the rest
-/// of the tile is computed from zero padding and not stored).
+/// of the tile is computed from padding and not stored). Row r's word for step p is
+/// `a[r * lda + p]` when `ROW_MAJOR`, else `a[p * MR + r]`.
 ///
 /// # Safety
-/// The CPU has AVX-512F and AVX512_BF16; `a` holds steps * MR words (a packed tile's
-/// slice), `panel` steps * NR, and `out` holds `(rows - 1) * ldc + cols` elements.
+/// The CPU has AVX-512F and AVX512_BF16; `a` holds (MR - 1) * lda + steps words when
+/// `ROW_MAJOR`, else steps * MR; `panel` steps * NR; `out` `(rows - 1) * ldc + cols`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile(
+unsafe fn tile<const ROW_MAJOR: bool>(
     out: &mut [f32],
     ldc: usize,
     rows: usize,
     cols: usize,
     a: &[u32],
+    lda: usize,
     panel: &[u32],
     steps: usize,
     alpha: f32,
@@ -327,17 +399,23 @@ unsafe fn tile(
     read: bool,
 ) {
     use std::arch::x86_64::*;
-    debug_assert!(a.len() >= steps * MR && panel.len() >= steps * NR);
+    debug_assert!(panel.len() >= steps * NR);
+    debug_assert!(if ROW_MAJOR {
+        a.len() >= (MR - 1) * lda + steps
+    } else {
+        a.len() >= steps * MR
+    });
     debug_assert!(rows >= 1 && out.len() >= (rows - 1) * ldc + cols);
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     let (ap, bp) = (a.as_ptr(), panel.as_ptr());
     for p in 0..steps {
-        // SAFETY (every load): p < steps, so p * NR + 32 <= steps * NR words of the panel
-        // and p * MR + r < steps * MR words of `a`.
+        // SAFETY (every load): p < steps, so p * NR + 32 <= steps * NR words of the panel,
+        // and the word of `a` is inside it as the function's contract states.
         let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR).cast()));
         let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR + 16).cast()));
         for (r, acc) in acc.iter_mut().enumerate() {
-            let w: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(p * MR + r) as i32));
+            let at = if ROW_MAJOR { r * lda + p } else { p * MR + r };
+            let w: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(at) as i32));
             acc[0] = _mm512_dpbf16_ps(acc[0], w, b0);
             acc[1] = _mm512_dpbf16_ps(acc[1], w, b1);
         }
