@@ -21,6 +21,11 @@ use super::{simd, team};
 /// 32, 1.94 -> 1.43 us at 64); a handful of keys does not.
 const TEAM_MIN: usize = 1 << 11;
 
+thread_local! {
+    /// A decode step's scores for one query row, kept by each thread of the team.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 pub fn attention_forward(
     out: &mut [f32],
     lse: &mut [f32],
@@ -70,9 +75,12 @@ pub fn attention_forward(
         // Decoding one token: the heads split over the spinning team (rayon would have
         // one task, the row, and its workers sleep between decode calls anyway).
         let per = hq.div_ceil(parts);
-        let blocks = out.chunks_mut(per * d).zip(lse.chunks_mut(per)).collect();
+        let blocks = out.chunks_mut(per * d).zip(lse.chunks_mut(per));
         team::run_blocks(blocks, |p, (o, l)| {
-            heads(0, p * per, o, l, &mut Vec::with_capacity(spec.kv_len))
+            SCORES.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut scores) => heads(0, p * per, o, l, &mut scores),
+                Err(_) => heads(0, p * per, o, l, &mut Vec::new()),
+            })
         });
     } else {
         out.par_chunks_mut(hq * d)

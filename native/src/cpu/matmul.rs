@@ -184,7 +184,7 @@ fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, 
         // one core alone reads the f32 weights at a third of what two do once they have
         // left the cache.
         let per = out.len().div_ceil(parts).div_ceil(4) * 4;
-        team::run_blocks(out.chunks_mut(per).collect(), |p, o| work(p * per, o));
+        team::run_blocks(out.chunks_mut(per), |p, o| work(p * per, o));
     } else {
         work(0, out);
     }

@@ -60,6 +60,28 @@ pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, V
     Ok((packed, scales))
 }
 
+thread_local! {
+    static ROW_BUF: std::cell::Cell<Vec<i8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// This thread's buffer for an activation row rounded to int8, lent for one call and
+/// returned on drop (a decode step rounds ~25 rows; a call made while it is lent gets an
+/// empty one).
+struct RowBuf(Vec<i8>);
+
+impl RowBuf {
+    fn take() -> Self {
+        RowBuf(ROW_BUF.try_with(|b| b.take()).unwrap_or_default())
+    }
+}
+
+impl Drop for RowBuf {
+    fn drop(&mut self) {
+        let kept = std::mem::take(&mut self.0);
+        let _ = ROW_BUF.try_with(|b| b.set(kept));
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn q8_matmul(
     out: &mut [f32],
@@ -82,8 +104,9 @@ pub fn q8_matmul(
     if m == 1 {
         // Decode: each part of the team (both cores here) streams a contiguous block of
         // weight rows once, sixteen rows a pass; small matrices stay on the calling thread.
-        let (xq, sx) = simd::quantize_i8(x);
-        let act = simd::Int8Row::new(&xq, sx);
+        let mut xq = RowBuf::take();
+        let sx = simd::quantize_i8_into(x, &mut xq.0);
+        let act = simd::Int8Row::new(&xq.0, sx);
         let rows = |o: &mut [f32], first: usize| {
             let w = &w[first * pc * 4..];
             simd::q8_rows(o, &act, w, pc * 4, &scales[first..], beta)
@@ -91,7 +114,7 @@ pub fn q8_matmul(
         let parts = team::parts();
         if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 16 * parts {
             let per = n.div_ceil(parts).div_ceil(16) * 16;
-            team::run_blocks(out.chunks_mut(per).collect(), |p, o| rows(o, p * per));
+            team::run_blocks(out.chunks_mut(per), |p, o| rows(o, p * per));
         } else {
             rows(out, 0);
         }
@@ -144,7 +167,7 @@ pub fn q8_matmul(
         let parts = team::parts();
         if parts > 1 && m >= 8 && n * k >= TEAM_MIN_BYTES {
             let per = m.div_ceil(parts).div_ceil(4) * 4;
-            team::run_blocks(out.chunks_mut(per * n).collect(), |p, o| band(o, p * per));
+            team::run_blocks(out.chunks_mut(per * n), |p, o| band(o, p * per));
         } else {
             band(out, 0);
         }
@@ -171,8 +194,9 @@ pub fn q8_matmul_many(x: &[f32], products: Vec<DecodeProduct<'_>>) -> Result<()>
         check_q8_matmul(n, k, p.packed.len(), p.scales.len(), 1, n, k)?;
     }
     let stride = packed_cols(k) * 4;
-    let (xq, sx) = simd::quantize_i8(x);
-    let act = simd::Int8Row::new(&xq, sx);
+    let mut xq = RowBuf::take();
+    let sx = simd::quantize_i8_into(x, &mut xq.0);
+    let act = simd::Int8Row::new(&xq.0, sx);
     let bytes: usize = products.iter().map(|p| p.out.len() * k).sum();
     let parts = team::parts();
     let split = if parts > 1 && bytes >= TEAM_MIN_BYTES {
@@ -223,8 +247,9 @@ pub fn q8_swiglu(
     check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
     check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
     let stride = packed_cols(d) * 4;
-    let (xq, sx) = simd::quantize_i8(x);
-    let act = simd::Int8Row::new(&xq, sx);
+    let mut xq = RowBuf::take();
+    let sx = simd::quantize_i8_into(x, &mut xq.0);
+    let act = simd::Int8Row::new(&xq.0, sx);
     let (wg, wu) = (as_i8(gate_w.0), as_i8(up_w.0));
     let rows = |first: usize, o: &mut [f32], g: &mut [f32], u: &mut [f32]| {
         simd::q8_rows(g, &act, &wg[first * stride..], stride, &gate_w.1[first..], 0.0);
@@ -237,8 +262,7 @@ pub fn q8_swiglu(
         let blocks = out
             .chunks_mut(per)
             .zip(gate.chunks_mut(per))
-            .zip(up.chunks_mut(per))
-            .collect();
+            .zip(up.chunks_mut(per));
         team::run_blocks(blocks, |p, ((o, g), u)| rows(p * per, o, g, u));
     } else {
         rows(0, out, gate, up);

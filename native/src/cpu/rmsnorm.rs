@@ -35,7 +35,7 @@ pub fn rmsnorm_forward(
         band(0, out, rstd);
     } else {
         let per = rows.div_ceil(parts);
-        let blocks = out.chunks_mut(per * dim).zip(rstd.chunks_mut(per)).collect();
+        let blocks = out.chunks_mut(per * dim).zip(rstd.chunks_mut(per));
         team::run_blocks(blocks, |p, (o, r)| band(p * per, o, r));
     }
     Ok(())

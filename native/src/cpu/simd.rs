@@ -692,19 +692,29 @@ unsafe fn dot4x4_i8_vnni(xs: [&[i8]; 4], xsums: [i32; 4], rows: [&[i8]; 4]) -> [
 /// tails). A scalar `roundf` per value cost as much as the int8 products it feeds at
 /// decode time.
 pub fn quantize_i8(x: &[f32]) -> (Vec<i8>, f32) {
+    let mut out = Vec::new();
+    let scale = quantize_i8_into(x, &mut out);
+    (out, scale)
+}
+
+/// [`quantize_i8`] into `out` (resized to `x.len()`), returning the scale: a decode step
+/// rounds ~25 activation rows, and a kept buffer spares an allocation each.
+pub fn quantize_i8_into(x: &[f32], out: &mut Vec<i8>) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa(), Isa::Avx512) {
         // SAFETY: isa() reported avx512f on this CPU (run-time detection).
-        return unsafe { quantize_i8_avx512(x) };
+        return unsafe { quantize_i8_avx512(x, out) };
     }
-    rusting_brain_core::ops::q8::quantize_activations(x)
+    let (q, scale) = rusting_brain_core::ops::q8::quantize_activations(x);
+    *out = q;
+    scale
 }
 
 /// # Safety
 /// The CPU must have avx512f (checked by the caller).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn quantize_i8_avx512(x: &[f32]) -> (Vec<i8>, f32) {
+unsafe fn quantize_i8_avx512(x: &[f32], out: &mut Vec<i8>) -> f32 {
     use std::arch::x86_64::*;
     let chunks = x.len() / 16;
     let load = |c: usize| {
@@ -721,7 +731,8 @@ unsafe fn quantize_i8_avx512(x: &[f32]) -> (Vec<i8>, f32) {
         .fold(_mm512_reduce_max_ps(m), |m, v| m.max(v.abs()));
     let scale = absmax / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-    let mut out = vec![0i8; x.len()];
+    // Every byte is written below.
+    out.resize(x.len(), 0);
     let (vinv, half, lo, hi) = (
         _mm512_set1_ps(inv),
         _mm512_set1_ps(0.5),
@@ -754,7 +765,7 @@ unsafe fn quantize_i8_avx512(x: &[f32]) -> (Vec<i8>, f32) {
     for (o, &v) in out[chunks * 16..].iter_mut().zip(&x[chunks * 16..]) {
         *o = (v * inv).round().clamp(-127.0, 127.0) as i8;
     }
-    (out, scale)
+    scale
 }
 
 /// Whether `dot_i8` runs on VNNI here: the CPU has it, the AVX-512 path is in use, and
@@ -1368,7 +1379,9 @@ mod tests {
     fn quantize_i8_matches_the_reference_bit_for_bit() {
         use rusting_brain_core::ops::q8::quantize_activations;
         let mut rng = rusting_brain_core::Rng::new(7);
-        for n in [0usize, 1, 3, 15, 16, 17, 33, 127, 256, 1000] {
+        // One buffer through every length, longer and shorter than the last.
+        let mut kept = vec![99i8; 2000];
+        for n in [0usize, 1, 3, 15, 16, 17, 33, 127, 1000, 256] {
             let mut x: Vec<f32> = (0..n).map(|_| rng.normal() as f32 * 3.0).collect();
             if n >= 16 {
                 // Exact ties after scaling by 127 / absmax = 1: x.5 rounds away from zero,
@@ -1383,7 +1396,10 @@ mod tests {
                 x[7] = f32::NAN;
                 x[n - 1] = -1.5;
             }
-            assert_eq!(quantize_i8(&x), quantize_activations(&x), "n = {n}");
+            let want = quantize_activations(&x);
+            assert_eq!(quantize_i8(&x), want, "n = {n}");
+            let scale = quantize_i8_into(&x, &mut kept);
+            assert_eq!((kept.clone(), scale), want, "n = {n}, kept buffer");
         }
         // Every value tiny enough that 1 / scale overflows to infinity.
         let tiny = [1e-40f32, -3e-41, 0.0, 2e-45].repeat(5);

@@ -307,19 +307,37 @@ pub fn run(job: &(dyn Fn(usize) + Sync)) {
     }
 }
 
-/// Runs `job(p, &mut blocks[p])` for every block, block `p` as part `p` of the team:
-/// the way a kernel hands each thread its own slice of an output. `blocks` should hold at
-/// most [`parts`] items; any beyond run on the caller after its own.
-pub fn run_blocks<B: Send>(blocks: Vec<B>, job: impl Fn(usize, &mut B) + Sync) {
+/// Runs `job(p, &mut block p)` for every block, block `p` as part `p` of the team: the
+/// way a kernel hands each thread its own slice of an output. `blocks` should hold at
+/// most [`parts`] items; any beyond run on the caller after its own. The first four are
+/// held on the stack: a decode step hands out ~30 jobs, and two allocations each (the
+/// caller's list and this one's) were a visible part of the calling thread's time.
+pub fn run_blocks<B: Send>(blocks: impl IntoIterator<Item = B>, job: impl Fn(usize, &mut B) + Sync) {
+    const INLINE: usize = 4;
     let parts = parts();
-    let blocks: Vec<Mutex<B>> = blocks.into_iter().map(Mutex::new).collect();
+    let mut blocks = blocks.into_iter();
+    let mut inline: [Mutex<Option<B>>; INLINE] = Default::default();
+    let mut count = 0;
+    for slot in inline.iter_mut() {
+        *slot = Mutex::new(blocks.next());
+        count += usize::from(slot.get_mut().is_ok_and(|b| b.is_some()));
+    }
+    let rest: Vec<Mutex<Option<B>>> = blocks.map(|b| Mutex::new(Some(b))).collect();
+    let count = count + rest.len();
     let one = |p: usize| {
-        if let Some(Ok(mut b)) = blocks.get(p).map(|b| b.lock()) {
-            job(p, &mut b);
+        let slot = if p < INLINE {
+            inline.get(p)
+        } else {
+            rest.get(p - INLINE)
+        };
+        if let Some(Ok(mut b)) = slot.map(|b| b.lock()) {
+            if let Some(b) = b.as_mut() {
+                job(p, b);
+            }
         }
     };
     run(&one);
-    (parts..blocks.len()).for_each(one);
+    (parts..count).for_each(one);
 }
 
 /// Splits `out` into one band per part, each a whole number of `unit` elements, and runs
@@ -333,7 +351,7 @@ pub fn bands<T: Send>(out: &mut [T], unit: usize, min_len: usize, job: impl Fn(u
         return;
     }
     let per = out.len().div_ceil(parts).div_ceil(unit) * unit;
-    run_blocks(out.chunks_mut(per).collect(), |p, b| job(p * per, b));
+    run_blocks(out.chunks_mut(per), |p, b| job(p * per, b));
 }
 
 #[cfg(test)]
@@ -375,6 +393,21 @@ mod tests {
                 });
             }
         });
+    }
+
+    /// Every block reaches the job once, as its own index, whether the blocks fit the
+    /// stack-held four, spill past them, or are fewer than the parts.
+    #[test]
+    fn run_blocks_hands_each_block_to_its_part_once() {
+        for count in [0usize, 1, 2, 3, 4, 5, 9] {
+            let mut out = vec![usize::MAX; count];
+            run_blocks(out.iter_mut().enumerate(), |p, (i, slot)| {
+                assert_eq!(p, *i, "block {i} ran as part {p}");
+                assert_eq!(**slot, usize::MAX, "block {i} ran twice");
+                **slot = p;
+            });
+            assert_eq!(out, (0..count).collect::<Vec<_>>(), "{count} blocks");
+        }
     }
 
     /// Steps split until one-thread steps are timed a tenth faster, then run on one
