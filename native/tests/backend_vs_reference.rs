@@ -673,13 +673,16 @@ fn fused_q8_calls_match_their_definitions() {
     let (cpu, rf) = backends();
     let mut rng = Rng::new(113);
     // (rows, input width, the products' widths): q, k, v at the 5.3M and README shapes,
-    // odd widths and rows left over after the sixteen-row passes, a batch of rows.
+    // odd widths and rows left over after the sixteen-row passes, a batch of rows, one
+    // product alone, and more products than one job takes.
     for &(m, k, ns) in &[
-        (1, 256, [256, 64, 64]),
-        (1, 512, [512, 128, 128]),
-        (1, 33, [7, 1, 40]),
-        (1, 130, [1000, 17, 48]),
-        (3, 70, [33, 16, 5]),
+        (1, 256, &[256, 64, 64][..]),
+        (1, 512, &[512, 128, 128]),
+        (1, 33, &[7, 1, 40]),
+        (1, 130, &[1000, 17, 48]),
+        (3, 70, &[33, 16, 5]),
+        (1, 300, &[700]),
+        (1, 64, &[16, 300, 48, 7, 100]),
     ] {
         let x = randn(&mut rng, m * k);
         let weights: Vec<(Vec<f32>, Vec<f32>)> = ns
@@ -702,7 +705,7 @@ fn fused_q8_calls_match_their_definitions() {
                 let mut products: Vec<Q8Product<'_, Vec<f32>>> = outs
                     .iter_mut()
                     .zip(&weights)
-                    .zip(ns)
+                    .zip(ns.iter().copied())
                     .map(|((out, (packed, scales)), n)| Q8Product {
                         out,
                         packed,

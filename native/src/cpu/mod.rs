@@ -339,15 +339,15 @@ impl Backend for CpuBackend {
         // Anything else runs product by product.
         let single =
             |p: &Q8Product<'_, Vec<f32>>| p.spec.m == 1 && p.spec.window.is_none() && p.spec.k == x.len();
-        if !products.iter().all(single) {
+        if products.len() > q8::MANY_MAX || !products.iter().all(single) {
             return rusting_brain_core::backend::q8_matmul_each(self, x, products);
         }
-        let mut rows = Vec::with_capacity(products.len());
-        for p in products.iter_mut() {
+        let mut rows: [Option<q8::DecodeProduct<'_>>; q8::MANY_MAX] = Default::default();
+        for (p, row) in products.iter_mut().zip(&mut rows) {
             // The checks q8_matmul makes of the spec (trans_b, alpha, batch).
             let (_, out) = rusting_brain_core::ops::q8::q8_operands(&p.spec, x, p.out)?;
             check_len("q8_matmul_many", "out", out.len(), p.spec.n)?;
-            rows.push(q8::DecodeProduct {
+            *row = Some(q8::DecodeProduct {
                 out,
                 packed: p.packed,
                 scales: p.scales,

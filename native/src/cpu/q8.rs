@@ -184,12 +184,18 @@ pub struct DecodeProduct<'a> {
     pub beta: f32,
 }
 
-/// Several int8 products of one activation row `x` (`k` values): `x` is rounded once and
-/// every matrix's rows are split over the team in one job (attention's q, k and v at
-/// decode: one hand-off instead of three, and the two small ones no longer run alone).
-pub fn q8_matmul_many(x: &[f32], products: Vec<DecodeProduct<'_>>) -> Result<()> {
+/// The most products [`q8_matmul_many`] takes in one job (attention's q, k and v are
+/// three); the backend runs longer lists product by product.
+pub const MANY_MAX: usize = 4;
+
+/// Several int8 products of one activation row `x` (`k` values), at most [`MANY_MAX`]:
+/// `x` is rounded once and every matrix's rows are split over the team in one job
+/// (attention's q, k and v at decode: one hand-off instead of three, and the two small
+/// ones no longer run alone). The lists live on the stack: they were four allocations a
+/// call.
+pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]) -> Result<()> {
     let k = x.len();
-    for p in &products {
+    for p in products.iter().flatten() {
         let n = p.out.len();
         check_q8_matmul(n, k, p.packed.len(), p.scales.len(), 1, n, k)?;
     }
@@ -197,7 +203,7 @@ pub fn q8_matmul_many(x: &[f32], products: Vec<DecodeProduct<'_>>) -> Result<()>
     let mut xq = RowBuf::take();
     let sx = simd::quantize_i8_into(x, &mut xq.0);
     let act = simd::Int8Row::new(&xq.0, sx);
-    let bytes: usize = products.iter().map(|p| p.out.len() * k).sum();
+    let bytes: usize = products.iter().flatten().map(|p| p.out.len() * k).sum();
     let parts = team::parts();
     let split = if parts > 1 && bytes >= TEAM_MIN_BYTES {
         parts
@@ -206,28 +212,33 @@ pub fn q8_matmul_many(x: &[f32], products: Vec<DecodeProduct<'_>>) -> Result<()>
     };
     // Every matrix split the same way, part p taking its share of each one's rows (whole
     // sixteen-row passes): the rows of the part's outputs, their weights and scales.
-    let mut blocks: Vec<Vec<DecodeProduct<'_>>> = (0..split).map(|_| Vec::new()).collect();
-    for p in products {
-        let per = p.out.len().div_ceil(split).div_ceil(16).max(1) * 16;
-        for (part, out) in p.out.chunks_mut(per).enumerate() {
-            let first = part * per;
-            blocks[part].push(DecodeProduct {
+    let mut pieces = products.map(|p| {
+        p.map(|p| {
+            let per = p.out.len().div_ceil(split).div_ceil(16).max(1) * 16;
+            (p.out.chunks_mut(per), p.packed, p.scales, p.beta, per)
+        })
+    });
+    let blocks = (0..split).map(|part| {
+        pieces.each_mut().map(|piece| {
+            let (chunks, packed, scales, beta, per) = piece.as_mut()?;
+            let first = part * *per;
+            chunks.next().map(|out| DecodeProduct {
                 out,
-                packed: &p.packed[first * stride / 4..],
-                scales: &p.scales[first..],
-                beta: p.beta,
-            });
-        }
-    }
-    let job = |_: usize, list: &mut Vec<DecodeProduct<'_>>| {
-        for p in list.iter_mut() {
+                packed: &packed[first * stride / 4..],
+                scales: &scales[first..],
+                beta: *beta,
+            })
+        })
+    });
+    let job = |_: usize, list: &mut [Option<DecodeProduct<'_>>; MANY_MAX]| {
+        for p in list.iter_mut().flatten() {
             simd::q8_rows(p.out, &act, as_i8(p.packed), stride, p.scales, p.beta);
         }
     };
     if split > 1 {
         team::run_blocks(blocks, job);
     } else {
-        blocks.iter_mut().for_each(|b| job(0, b));
+        blocks.for_each(|mut b| job(0, &mut b));
     }
     Ok(())
 }
