@@ -997,7 +997,10 @@ pub fn exp(x: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     // `max`/`min` rather than `clamp`: they send NaN to a bound (its result is replaced
     // below), so `xc` is always finite and in range.
-    #[allow(clippy::manual_clamp, reason = "clamp keeps NaN, which the conversion below must not see")]
+    #[allow(
+        clippy::manual_clamp,
+        reason = "clamp keeps NaN, which the conversion below must not see"
+    )]
     let xc = x.max(-87.33).min(88.72);
     let k = (xc * LOG2E).round();
     let r = (xc - k * LN2_HI) - k * LN2_LO;
