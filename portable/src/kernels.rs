@@ -6,7 +6,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use rusting_brain_core::backend::{AttentionSpec, MatmulSpec, Precision};
+use rusting_brain_core::backend::{AttentionSpec, MatmulSpec, Precision, Q8Product};
 use rusting_brain_core::ops::matmul::round_bf16;
 use rusting_brain_core::ops::{q8, swiglu};
 use rusting_brain_core::Result;
@@ -178,28 +178,79 @@ pub(crate) fn q8_matmul(
     beta: f32,
 ) -> Result<()> {
     q8::check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
-    let row_bytes = 4 * q8::packed_cols(k);
-    let weights = as_i8(packed);
     let mut q = Vec::with_capacity(k);
-    // The rows' integer sums, a block of output columns at a time (on the stack).
-    let mut acc = [0i32; BLOCK];
     for i in 0..m {
         let sx = quantize_row(&x[i * k..(i + 1) * k], &mut q);
-        let out = &mut out[i * n..(i + 1) * n];
-        for (b, (out, scales)) in out.chunks_mut(BLOCK).zip(scales.chunks(BLOCK)).enumerate() {
-            let acc = &mut acc[..out.len()];
-            dot_row_block_i8(acc, &weights[b * BLOCK * row_bytes..], row_bytes, &q);
-            // out[j] = acc * x_scale * w_scale (+ beta * out[j]), the branch on beta
-            // outside the loop so the common case vectorizes.
-            let values = out.iter_mut().zip(acc.iter()).zip(scales);
-            if beta == 0.0 {
-                values.for_each(|((o, &a), &w)| *o = a as f32 * sx * w);
-            } else {
-                values.for_each(|((o, &a), &w)| *o = a as f32 * sx * w + beta * *o);
-            }
-        }
+        q8_row(&mut out[i * n..(i + 1) * n], &q, sx, packed, scales, beta);
     }
     Ok(())
+}
+
+/// One rounded activation row `q` (scale `sx`) against every weight row:
+/// `out[j] = (q . w_j) * sx * scales[j]` (`+ beta * out[j]`), as core scales it.
+fn q8_row(out: &mut [f32], q: &[i8], sx: f32, packed: &[f32], scales: &[f32], beta: f32) {
+    let row_bytes = 4 * q8::packed_cols(q.len());
+    let weights = as_i8(packed);
+    // The rows' integer sums, a block of output columns at a time (on the stack).
+    let mut acc = [0i32; BLOCK];
+    for (b, (out, scales)) in out.chunks_mut(BLOCK).zip(scales.chunks(BLOCK)).enumerate() {
+        let acc = &mut acc[..out.len()];
+        dot_row_block_i8(acc, &weights[b * BLOCK * row_bytes..], row_bytes, q);
+        // out[j] = acc * x_scale * w_scale (+ beta * out[j]), the branch on beta
+        // outside the loop so the common case vectorizes.
+        let values = out.iter_mut().zip(acc.iter()).zip(scales);
+        if beta == 0.0 {
+            values.for_each(|((o, &a), &w)| *o = a as f32 * sx * w);
+        } else {
+            values.for_each(|((o, &a), &w)| *o = a as f32 * sx * w + beta * *o);
+        }
+    }
+}
+
+/// Several int8 products of one activation row `x` (every spec `m = 1`, no window,
+/// `k = x.len()`: the caller's condition): `x` rounded once for all of them, each product
+/// then as [`q8_matmul`] computes it, so the same bits as one call each. At decode,
+/// attention's q, k and v round their shared input once instead of three times.
+pub(crate) fn q8_matmul_many(x: &[f32], products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
+    for p in products.iter_mut() {
+        let s = &p.spec;
+        let (_, out) = q8::q8_operands(s, x, p.out)?;
+        q8::check_q8_matmul(out.len(), x.len(), p.packed.len(), p.scales.len(), 1, s.n, s.k)?;
+    }
+    let mut q = Vec::with_capacity(x.len());
+    let sx = quantize_row(x, &mut q);
+    for p in products.iter_mut() {
+        q8_row(p.out, &q, sx, p.packed, p.scales, p.spec.beta);
+    }
+    Ok(())
+}
+
+/// A SwiGLU's two int8 products of one activation row `x` and the gating (the caller's
+/// condition as for [`q8_matmul_many`]): `x` rounded once, then `gate` and `up` as
+/// [`q8_matmul`] computes them and `out` as [`swiglu_forward`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn q8_swiglu(
+    out: &mut [f32],
+    gate: &mut [f32],
+    up: &mut [f32],
+    x: &[f32],
+    gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]),
+    spec: &MatmulSpec,
+) -> Result<()> {
+    let (n, k) = (spec.n, spec.k);
+    {
+        let (_, g) = q8::q8_operands(spec, x, gate)?;
+        q8::check_q8_matmul(g.len(), x.len(), gate_w.0.len(), gate_w.1.len(), 1, n, k)?;
+        let (_, u) = q8::q8_operands(spec, x, up)?;
+        q8::check_q8_matmul(u.len(), x.len(), up_w.0.len(), up_w.1.len(), 1, n, k)?;
+    }
+    swiglu::check_swiglu_forward(out.len(), gate.len(), up.len())?;
+    let mut q = Vec::with_capacity(x.len());
+    let sx = quantize_row(x, &mut q);
+    q8_row(gate, &q, sx, gate_w.0, gate_w.1, spec.beta);
+    q8_row(up, &q, sx, up_w.0, up_w.1, spec.beta);
+    swiglu_forward(out, gate, up)
 }
 
 /// Output columns of [`q8_matmul`] a block.

@@ -4,7 +4,7 @@
 //! groups' tails (n = 1..9), the 16-wide steps' tails (k = 1, 15, 16, 17, ...), several
 //! activation rows, accumulation and a window inside larger buffers.
 
-use rusting_brain_core::backend::MatmulSpec;
+use rusting_brain_core::backend::{q8_matmul_each, q8_swiglu_unfused, MatmulSpec, Q8Product};
 use rusting_brain_core::ops::q8;
 use rusting_brain_core::{Backend, ReferenceBackend, Rng};
 use rusting_brain_portable::PortableBackend;
@@ -96,4 +96,94 @@ fn bad_int8_operands_are_errors() {
         call(vec![1.0; 4], &scales, MatmulSpec::new(1, 3, 4)).is_err(),
         "not x W^T"
     );
+}
+
+/// The fused calls (one rounding of the shared input) give the same bits as their
+/// definitions (one `q8_matmul` per product, then `swiglu_forward`), on the decode shapes
+/// they fuse and on the ones they hand back (several rows, a window), and refuse what
+/// the definitions refuse.
+#[test]
+fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
+    let be = PortableBackend;
+    let mut rng = Rng::new(23);
+    for &(m, k, ns) in &[
+        (1, 256, &[256, 64, 64][..]),
+        (1, 33, &[7, 1, 300]),
+        (1, 17, &[5]),
+        (3, 20, &[9, 4]),
+    ] {
+        let x = rng.normal_vec(m * k, 1.0);
+        let weights: Vec<(Vec<f32>, Vec<f32>)> = ns
+            .iter()
+            .map(|&n| q8::quantize_rows(&rng.normal_vec(n * k, 0.1), n, k).unwrap())
+            .collect();
+        for beta in [0.0, 0.5] {
+            let init: Vec<Vec<f32>> = ns.iter().map(|&n| rng.normal_vec(m * n, 1.0)).collect();
+            let run = |fused: bool| {
+                let mut outs = init.clone();
+                let mut products: Vec<Q8Product<'_, Vec<f32>>> = outs
+                    .iter_mut()
+                    .zip(&weights)
+                    .zip(ns.iter().copied())
+                    .map(|((out, (packed, scales)), n)| Q8Product {
+                        out,
+                        packed,
+                        scales,
+                        spec: MatmulSpec::new(m, n, k).trans_b(true).beta(beta),
+                    })
+                    .collect();
+                if fused {
+                    be.q8_matmul_many(&x, &mut products).unwrap();
+                } else {
+                    q8_matmul_each(&be, &x, &mut products).unwrap();
+                }
+                outs
+            };
+            let (got, want) = (run(true), run(false));
+            for (i, n) in ns.iter().enumerate() {
+                assert_eq!(
+                    bits(&got[i]),
+                    bits(&want[i]),
+                    "q8_matmul_many {m}x{n}x{k} beta {beta}"
+                );
+            }
+            // The SwiGLU of the first two widths' worth: gate and up of one width.
+            let n = ns[0];
+            let (wg, wu) = (
+                &weights[0],
+                &q8::quantize_rows(&rng.normal_vec(n * k, 0.1), n, k).unwrap(),
+            );
+            let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
+            let swiglu = |fused: bool| {
+                let (mut out, mut gate, mut up) = (vec![f32::NAN; m * n], init[0].clone(), init[0].clone());
+                let (g, u) = ((&wg.0, &wg.1), (&wu.0, &wu.1));
+                if fused {
+                    be.q8_swiglu(&mut out, &mut gate, &mut up, &x, g, u, &spec)
+                        .unwrap();
+                } else {
+                    q8_swiglu_unfused(&be, &mut out, &mut gate, &mut up, &x, g, u, &spec).unwrap();
+                }
+                [out, gate, up]
+            };
+            let (got, want) = (swiglu(true), swiglu(false));
+            for (part, (g, w)) in ["out", "gate", "up"].iter().zip(got.iter().zip(&want)) {
+                assert_eq!(bits(g), bits(w), "q8_swiglu {part} {m}x{n}x{k} beta {beta}");
+            }
+        }
+    }
+    // A weight of the wrong size is refused, as by the definition.
+    let x = rng.normal_vec(8, 1.0);
+    let (packed, scales) = q8::quantize_rows(&rng.normal_vec(3 * 8, 0.1), 3, 8).unwrap();
+    let mut out = vec![0.0; 4];
+    let mut products = [Q8Product {
+        out: &mut out,
+        packed: &packed,
+        scales: &scales,
+        spec: MatmulSpec::new(1, 4, 8).trans_b(true),
+    }];
+    assert!(be.q8_matmul_many(&x, &mut products).is_err());
+    let (mut o, mut g, mut u) = (vec![0.0; 4], vec![0.0; 4], vec![0.0; 4]);
+    let spec = MatmulSpec::new(1, 4, 8).trans_b(true);
+    let w = (&packed, &scales);
+    assert!(be.q8_swiglu(&mut o, &mut g, &mut u, &x, w, w, &spec).is_err());
 }
