@@ -357,9 +357,7 @@ impl Backend for PortableBackend {
     fn q8_matmul_many(&self, x: &Vec<f32>, products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
         // One activation row over all of `x` (a decode step's q, k and v): rounded once.
         // Anything else runs product by product.
-        let single =
-            |p: &Q8Product<'_, Vec<f32>>| p.spec.m == 1 && p.spec.window.is_none() && p.spec.k == x.len();
-        if !products.iter().all(single) {
+        if !products.iter().all(|p| p.spec.one_row_of(x.len())) {
             return q8_matmul_each(self, x, products);
         }
         kernels::q8_matmul_many(x, products)
@@ -374,7 +372,7 @@ impl Backend for PortableBackend {
         up_w: (&Vec<f32>, &Vec<f32>),
         spec: &MatmulSpec,
     ) -> Result<()> {
-        if spec.m != 1 || spec.window.is_some() || spec.k != x.len() {
+        if !spec.one_row_of(x.len()) {
             return q8_swiglu_unfused(self, out, gate, up, x, gate_w, up_w, spec);
         }
         kernels::q8_swiglu(out, gate, up, x, (gate_w.0, gate_w.1), (up_w.0, up_w.1), spec)

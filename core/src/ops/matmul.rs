@@ -82,6 +82,12 @@ impl MatmulSpec {
             window: None,
         }
     }
+    /// Whether this product takes one activation row that is the whole input, `x` of
+    /// `x_len` values: `m = 1`, no window, `k = x_len` (a decode step's products, which
+    /// backends fuse).
+    pub fn one_row_of(&self, x_len: usize) -> bool {
+        self.m == 1 && self.window.is_none() && self.k == x_len
+    }
     /// Reads `A` as stored `(k, m)`.
     pub fn trans_a(mut self, t: bool) -> Self {
         self.trans_a = t;

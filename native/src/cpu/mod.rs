@@ -337,9 +337,7 @@ impl Backend for CpuBackend {
     fn q8_matmul_many(&self, x: &Vec<f32>, products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
         // One activation row over all of `x` (a decode step's projections): one job.
         // Anything else runs product by product.
-        let single =
-            |p: &Q8Product<'_, Vec<f32>>| p.spec.m == 1 && p.spec.window.is_none() && p.spec.k == x.len();
-        if products.len() > q8::MANY_MAX || !products.iter().all(single) {
+        if products.len() > q8::MANY_MAX || !products.iter().all(|p| p.spec.one_row_of(x.len())) {
             return rusting_brain_core::backend::q8_matmul_each(self, x, products);
         }
         let mut rows: [Option<q8::DecodeProduct<'_>>; q8::MANY_MAX] = Default::default();
@@ -366,7 +364,7 @@ impl Backend for CpuBackend {
         up_w: (&Vec<f32>, &Vec<f32>),
         spec: &MatmulSpec,
     ) -> Result<()> {
-        let plain = spec.m == 1 && spec.window.is_none() && spec.beta == 0.0 && spec.k == x.len();
+        let plain = spec.one_row_of(x.len()) && spec.beta == 0.0;
         if !plain {
             return rusting_brain_core::backend::q8_swiglu_unfused(
                 self, out, gate, up, x, gate_w, up_w, spec,
