@@ -683,6 +683,9 @@ fn fused_q8_calls_match_their_definitions() {
         (3, 70, &[33, 16, 5]),
         (1, 300, &[700]),
         (1, 64, &[16, 300, 48, 7, 100]),
+        // Four products, the most one job takes, split over the team with three too small
+        // to give every part rows.
+        (1, 512, &[1024, 5, 7, 16]),
     ] {
         let x = randn(&mut rng, m * k);
         let weights: Vec<(Vec<f32>, Vec<f32>)> = ns

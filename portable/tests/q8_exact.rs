@@ -100,8 +100,8 @@ fn bad_int8_operands_are_errors() {
 
 /// The fused calls (one rounding of the shared input) give the same bits as their
 /// definitions (one `q8_matmul` per product, then `swiglu_forward`), on the decode shapes
-/// they fuse and on the ones they hand back (several rows, a window), and refuse what
-/// the definitions refuse.
+/// they fuse and on the ones they hand back (several rows), and refuse what the
+/// definitions refuse.
 #[test]
 fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
     let be = PortableBackend;
@@ -147,7 +147,7 @@ fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
                     "q8_matmul_many {m}x{n}x{k} beta {beta}"
                 );
             }
-            // The SwiGLU of the first two widths' worth: gate and up of one width.
+            // The SwiGLU at the first width: its gate weight and a fresh up weight.
             let n = ns[0];
             let (wg, wu) = (
                 &weights[0],

@@ -95,7 +95,8 @@ pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
         let kp = k.div_ceil(2);
         let parallel = m * n * k >= PARALLEL_MACS && rayon::current_num_threads() > 1;
 
-        // A: tiles of MR rows (the last padded), each row k/2 words when A is op(A), or
+        // A: tiles of MR rows (the last one's rows past m left as they are), each row k/2
+        // words when A is op(A), or
         // k/2 steps of MR words when A is transposed (step p of row r: the pair
         // (a[r][2p], a[r][2p+1]); the high half is zero when k is odd).
         let tiles = m.div_ceil(MR);
@@ -112,7 +113,8 @@ pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
                     pack_a_rows(tiles, t, a, spec)
                 }
             };
-            // B: panels of NR columns (zeros past n), each k/2 steps of NR words.
+            // B: panels of NR columns (columns past n left as they are), each k/2 steps of
+            // NR words.
             let pack_b = |(q, panel): (usize, &mut [u32])| unsafe { pack_b_panel(panel, q, b, spec) };
             if parallel {
                 apack.par_chunks_mut(a_unit).enumerate().for_each(pack_a);
@@ -296,7 +298,7 @@ const A_GROUP: usize = 4;
 ///
 /// # Safety
 /// The CPU has AVX-512F and AVX512_BF16; `a` is A as `spec` describes it; `tiles` holds
-/// whole tiles (kp * MR words each, zeroed) starting at tile `first`.
+/// whole tiles (kp * MR words each) starting at tile `first`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn pack_a_group_transposed(tiles: &mut [u32], first: usize, a: &[f32], spec: &MatmulSpec) {
@@ -319,7 +321,7 @@ unsafe fn pack_a_group_transposed(tiles: &mut [u32], first: usize, a: &[f32], sp
             let hi = (2 * p + 1 < k).then(|| a.as_ptr().add((2 * p + 1) * m + i));
             let words = words_of_rows(lo, hi, mask);
             let t = 2 * pair;
-            // Lanes past m are zeros (masked loads), as the tiles' padding must be.
+            // Lanes past m read as zeros (masked loads); they reach only rows not stored.
             _mm256_storeu_si256(
                 tiles.as_mut_ptr().add((t * kp + p) * MR).cast(),
                 _mm512_castsi512_si256(words),
@@ -335,7 +337,7 @@ unsafe fn pack_a_group_transposed(tiles: &mut [u32], first: usize, a: &[f32], sp
 }
 
 /// Packs panel `q` of op(B) (NR columns from column q * NR; see [`gemm`]) into `panel`
-/// (kp * NR words, zeroed).
+/// (kp * NR words; columns past n are left as they are).
 ///
 /// # Safety
 /// The CPU has AVX-512F and AVX512_BF16; `b` is B as `spec` describes it.
@@ -444,6 +446,46 @@ unsafe fn tile<const ROW_MAJOR: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Products on packing buffers full of NaN words, as an earlier product may leave
+    /// them (they are not cleared): every word that reaches a stored output is written,
+    /// for both layouts of A, both of B, odd k, and m and n off the tile and group sizes.
+    #[test]
+    fn stale_packing_buffers_never_reach_the_outputs() {
+        use rusting_brain_core::backend::Precision;
+        use rusting_brain_core::{Backend, ReferenceBackend, Rng};
+        if !available() {
+            println!("no AVX512_BF16 here: nothing to check");
+            return;
+        }
+        let mut rng = Rng::new(31);
+        for &(m, n, k) in &[(1, 7, 3), (9, 33, 17), (33, 40, 31), (41, 65, 2), (64, 64, 300)] {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                // A quiet NaN in both halves of every word, more words than any of these
+                // products packs.
+                BUFFERS.with(|b| {
+                    for v in b.borrow_mut().iter_mut() {
+                        v.clear();
+                        v.resize(1 << 16, 0x7fc0_7fc0);
+                    }
+                });
+                let (a, b) = (rng.normal_vec(m * k, 1.0), rng.normal_vec(k * n, 1.0));
+                let spec = MatmulSpec::new(m, n, k)
+                    .trans_a(ta)
+                    .trans_b(tb)
+                    .precision(Precision::Bf16);
+                let mut got = vec![f32::NAN; m * n];
+                gemm(&mut got, &a, &b, &spec);
+                let mut want = vec![0.0; m * n];
+                ReferenceBackend.matmul(&mut want, &a, &b, &spec).unwrap();
+                let name = format!("{m}x{n}x{k} trans {ta} {tb}");
+                // The same rounded operands and exact products; the sums' f32 rounding
+                // alone differs (the reference sums in f64).
+                let err = rusting_brain_test_support::rel_to_scale(&name, &got, &want);
+                assert!(err < 1e-5, "{name}: {err:e} of the scale");
+            }
+        }
+    }
 
     /// The packing's rounding is the reference's, bit for bit: ties both ways, the values
     /// either side of them, the largest finite value (which rounds to infinity), infinities,

@@ -315,7 +315,8 @@ pub fn run(job: &(dyn Fn(usize) + Sync)) {
 pub fn run_blocks<B: Send>(blocks: impl IntoIterator<Item = B>, job: impl Fn(usize, &mut B) + Sync) {
     const INLINE: usize = 4;
     let parts = parts();
-    let mut blocks = blocks.into_iter();
+    // Fused: a block after an iterator's first `None` would run as the wrong part.
+    let mut blocks = blocks.into_iter().fuse();
     let mut inline: [Mutex<Option<B>>; INLINE] = Default::default();
     let mut count = 0;
     for slot in inline.iter_mut() {
