@@ -64,20 +64,30 @@ thread_local! {
     static ROW_BUF: std::cell::Cell<Vec<i8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// This thread's buffer for an activation row rounded to int8, lent for one call and
+/// An activation row rounded to int8 in this thread's buffer, lent for one call and
 /// returned on drop (a decode step rounds ~25 rows; a call made while it is lent gets an
 /// empty one).
-struct RowBuf(Vec<i8>);
+struct RowBuf {
+    q: Vec<i8>,
+    scale: f32,
+}
 
 impl RowBuf {
-    fn take() -> Self {
-        RowBuf(ROW_BUF.try_with(|b| b.take()).unwrap_or_default())
+    /// `x` rounded as `simd::quantize_i8` rounds it.
+    fn of(x: &[f32]) -> Self {
+        let mut q = ROW_BUF.try_with(|b| b.take()).unwrap_or_default();
+        let scale = simd::quantize_i8_into(x, &mut q);
+        RowBuf { q, scale }
+    }
+
+    fn row(&self) -> simd::Int8Row<'_> {
+        simd::Int8Row::new(&self.q, self.scale)
     }
 }
 
 impl Drop for RowBuf {
     fn drop(&mut self) {
-        let kept = std::mem::take(&mut self.0);
+        let kept = std::mem::take(&mut self.q);
         let _ = ROW_BUF.try_with(|b| b.set(kept));
     }
 }
@@ -104,9 +114,8 @@ pub fn q8_matmul(
     if m == 1 {
         // Decode: each part of the team (both cores here) streams a contiguous block of
         // weight rows once, sixteen rows a pass; small matrices stay on the calling thread.
-        let mut xq = RowBuf::take();
-        let sx = simd::quantize_i8_into(x, &mut xq.0);
-        let act = simd::Int8Row::new(&xq.0, sx);
+        let xq = RowBuf::of(x);
+        let act = xq.row();
         let rows = |o: &mut [f32], first: usize| {
             let w = &w[first * pc * 4..];
             simd::q8_rows(o, &act, w, pc * 4, &scales[first..], beta)
@@ -200,9 +209,8 @@ pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]
         check_q8_matmul(n, k, p.packed.len(), p.scales.len(), 1, n, k)?;
     }
     let stride = packed_cols(k) * 4;
-    let mut xq = RowBuf::take();
-    let sx = simd::quantize_i8_into(x, &mut xq.0);
-    let act = simd::Int8Row::new(&xq.0, sx);
+    let xq = RowBuf::of(x);
+    let act = xq.row();
     let bytes: usize = products.iter().flatten().map(|p| p.out.len() * k).sum();
     let parts = team::parts();
     let split = if parts > 1 && bytes >= TEAM_MIN_BYTES {
@@ -258,9 +266,8 @@ pub fn q8_swiglu(
     check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
     check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
     let stride = packed_cols(d) * 4;
-    let mut xq = RowBuf::take();
-    let sx = simd::quantize_i8_into(x, &mut xq.0);
-    let act = simd::Int8Row::new(&xq.0, sx);
+    let xq = RowBuf::of(x);
+    let act = xq.row();
     let (wg, wu) = (as_i8(gate_w.0), as_i8(up_w.0));
     let rows = |first: usize, o: &mut [f32], g: &mut [f32], u: &mut [f32]| {
         simd::q8_rows(g, &act, &wg[first * stride..], stride, &gate_w.1[first..], 0.0);
