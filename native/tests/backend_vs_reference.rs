@@ -705,17 +705,7 @@ fn fused_q8_calls_match_their_definitions() {
                 .collect();
             let run = |be: &Dyn| {
                 let mut outs = init.clone();
-                let mut products: Vec<Q8Product<'_, Vec<f32>>> = outs
-                    .iter_mut()
-                    .zip(&weights)
-                    .zip(ns.iter().copied())
-                    .map(|((out, (packed, scales)), n)| Q8Product {
-                        out,
-                        packed,
-                        scales,
-                        spec: MatmulSpec::new(m, n, k).trans_b(true).beta(beta),
-                    })
-                    .collect();
+                let mut products = rusting_brain_test_support::q8_products(&mut outs, &weights, (m, k, beta));
                 be.q8_matmul_many(&x, &mut products).unwrap();
                 outs
             };

@@ -121,17 +121,7 @@ fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
             let init: Vec<Vec<f32>> = ns.iter().map(|&n| rng.normal_vec(m * n, 1.0)).collect();
             let run = |fused: bool| {
                 let mut outs = init.clone();
-                let mut products: Vec<Q8Product<'_, Vec<f32>>> = outs
-                    .iter_mut()
-                    .zip(&weights)
-                    .zip(ns.iter().copied())
-                    .map(|((out, (packed, scales)), n)| Q8Product {
-                        out,
-                        packed,
-                        scales,
-                        spec: MatmulSpec::new(m, n, k).trans_b(true).beta(beta),
-                    })
-                    .collect();
+                let mut products = rusting_brain_test_support::q8_products(&mut outs, &weights, (m, k, beta));
                 if fused {
                     be.q8_matmul_many(&x, &mut products).unwrap();
                 } else {

@@ -129,6 +129,25 @@ pub fn rel_to_scale(name: &str, got: &[f32], want: &[f32]) -> f32 {
         .fold(0.0f32, nan_max)
 }
 
+/// `q8_matmul_many`'s products of one input `(m, k)`: output `i` is `outs[i]` `(m, n_i)`,
+/// its weight `weights[i]` (packed values, row scales), `beta` for all.
+pub fn q8_products<'a>(
+    outs: &'a mut [Vec<f32>],
+    weights: &'a [(Vec<f32>, Vec<f32>)],
+    (m, k, beta): (usize, usize, f32),
+) -> Vec<rusting_brain_core::backend::Q8Product<'a, Vec<f32>>> {
+    use rusting_brain_core::backend::{MatmulSpec, Q8Product};
+    outs.iter_mut()
+        .zip(weights)
+        .map(|(out, (packed, scales))| Q8Product {
+            spec: MatmulSpec::new(m, scales.len(), k).trans_b(true).beta(beta),
+            out,
+            packed,
+            scales,
+        })
+        .collect()
+}
+
 /// An output buffer of `n` NaNs: an element the code under test forgets to write stays
 /// NaN and fails the comparison.
 pub fn poisoned(n: usize) -> Vec<f32> {
