@@ -68,24 +68,47 @@ async function generate(page, logs, maxTokens, temperature = 0) {
 }
 
 // The CPU path's decode speed beside native single-threaded Q8 decode of the same model
-// and prompt (run.sh measures it, best of three): 120 greedy tokens eight times while
-// the browser's wasm engine tiers its hot functions up to optimized code (about a thousand
-// tokens in Chromium), then best of three. Printed, not asserted: a speed is
-// a measurement of this machine (docs/baseline.md records it with the CPU model).
+// and prompt (run.sh measures it, best of three). The generations are started from the
+// page itself (its Generate button, the end seen by a MutationObserver), not one by one
+// from the test: on a 2-vCPU machine the driver's round trips and its every-frame polling
+// took a core's share from the 15 ms generations (runs 6,000-7,000 tokens/s against
+// 7,800 started from the page, same browser, same warm engine). Twenty-four warm-up
+// generations first: Chromium runs the hot functions in its baseline compiler until they
+// tier up, about 2,000 tokens after load on that machine; the first one's rate is printed
+// too. Then best of three. Printed, not asserted: a speed is a measurement of this machine
+// (docs/baseline.md records it with the CPU model).
 test('the CPU path decodes at a measured fraction of native single-threaded speed', { skip }, async () => {
   const native = Math.max(...[1, 2, 3].map((r) => JSON.parse(readFileSync(join(out, `native-1thread-${r}.json`), 'utf8')).tokens_per_second));
   const { browser, page, logs } = await openPage([], '?device=cpu');
   try {
     assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
-    for (let i = 0; i < 8; i++) await generate(page, logs, 120);
-    const rates = [];
-    for (let i = 0; i < 3; i++) {
-      const got = await generate(page, logs, 120);
-      assert.equal(got.device, 'cpu');
-      rates.push(got.rate);
-    }
+    const first = await generate(page, logs, 120);
+    assert.equal(first.device, 'cpu');
+    assert.equal(first.ids.length, 120, 'a run of 120 tokens');
+    const runs = await page.evaluate(async (count) => {
+      const output = document.getElementById('output');
+      const rates = [];
+      for (let i = 0; i < count; i++) {
+        const done = new Promise((resolve) => {
+          const watch = new MutationObserver(() => {
+            if (output.dataset.state === 'done' || output.dataset.state === 'error') {
+              watch.disconnect();
+              resolve(output.dataset.state);
+            }
+          });
+          watch.observe(output, { attributes: true, attributeFilter: ['data-state'] });
+        });
+        document.getElementById('go').click();
+        if ((await done) !== 'done') throw new Error(document.getElementById('status').textContent);
+        rates.push(Number(output.dataset.rate));
+      }
+      return rates;
+    }, 24 + 3);
+    assert.equal(runs.length, 27);
+    for (const r of runs) assert.ok(Number.isFinite(r) && r > 0, `a rate for every run: ${runs}`);
+    const rates = runs.slice(24);
     const best = Math.max(...rates);
-    console.log(`CPU path decode, 120 greedy tokens: page ${best.toFixed(0)} tokens/s (runs ${rates.map((r) => r.toFixed(0)).join(', ')}), native one thread ${native.toFixed(0)} tokens/s: ${(best / native).toFixed(2)}x`);
+    console.log(`CPU path decode, 120 greedy tokens: page ${best.toFixed(0)} tokens/s (runs ${rates.map((r) => r.toFixed(0)).join(', ')}; the first after load ${first.rate.toFixed(0)}), native one thread ${native.toFixed(0)} tokens/s: ${(best / native).toFixed(2)}x`);
   } finally {
     await browser.close();
   }
