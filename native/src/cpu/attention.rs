@@ -46,27 +46,43 @@ pub fn attention_forward(
     }
     let scale = 1.0 / (d as f32).sqrt();
     // One query row's heads `h0..h0 + l.len()`: scores against the visible keys, softmax,
-    // weighted sum of values. `o` holds those heads' outputs.
+    // weighted sum of values. `o` holds those heads' outputs. Heads that share a key/value
+    // head go together, up to four at once, so each cache row is read once for all of them.
     let heads = |row: usize, h0: usize, o: &mut [f32], l: &mut [f32], scores: &mut Vec<f32>| {
         let (b, t) = (row / spec.q_len, row % spec.q_len);
         let n = spec.visible(t);
-        scores.resize(n, 0.0);
-        for (u, lu) in l.iter_mut().enumerate() {
+        let group = spec.group();
+        let mut u = 0;
+        while u < l.len() {
             let h = h0 + u;
-            let kvh = h / spec.group();
+            let kvh = h / group;
+            let run = (group - h % group).min(l.len() - u).min(4);
+            scores.resize(run * n, 0.0);
+            let s = &mut scores[..run * n];
             let qi = spec.q_index(b, t, h);
-            let qrow = &q[qi..qi + d];
-            let s = &mut scores[..n];
-            // Key/value rows of this head are `stride` apart in the cache.
+            // Key/value rows of this group are `stride` apart in the cache.
             let (first, stride) = (spec.kv_index(b, 0, kvh), spec.kv_heads * d);
             let span = (n - 1) * stride + d;
-            simd::dot_rows(s, qrow, &k[first..first + span], stride, scale);
-            let max = simd::max(s);
-            let sum = simd::exp_sub_sum(s, max);
-            *lu = max + sum.ln();
-            let oh = &mut o[u * d..(u + 1) * d];
+            simd::dot_rows_heads(
+                s,
+                n,
+                &q[qi..qi + run * d],
+                run,
+                &k[first..first + span],
+                stride,
+                scale,
+            );
+            let mut inv = [0.0f32; 4];
+            for (i, si) in s.chunks_exact_mut(n).enumerate() {
+                let max = simd::max(si);
+                let sum = simd::exp_sub_sum(si, max);
+                l[u + i] = max + sum.ln();
+                inv[i] = 1.0 / sum;
+            }
+            let oh = &mut o[u * d..(u + run) * d];
             oh.fill(0.0);
-            simd::axpy_rows(oh, s, 1.0 / sum, &v[first..first + span], stride);
+            simd::axpy_rows_heads(oh, s, n, &inv[..run], &v[first..first + span], stride);
+            u += run;
         }
     };
     let parts = team::parts();

@@ -1165,11 +1165,8 @@ unsafe fn dot_rows_avx512(out: &mut [f32], q: &[f32], rows: &[f32], stride: usiz
     use std::arch::x86_64::*;
     let d = q.len();
     let (zero, vscale) = (_mm512_setzero_ps(), _mm512_set1_ps(scale));
-    // Sixteen keys a pass: sixteen FMA chains, then the sixteen `hsum`s at once by a
-    // transposing tree whose every add joins the same two partial sums as `hsum` does
-    // (lanes 8, 4, 2, then 1 apart), so the same bits; the scores come out as one vector.
-    // Key by key, the four dependent horizontal steps and the scalar stores were most of
-    // the scores' time.
+    // Sixteen keys a pass: sixteen FMA chains, then their sixteen `hsum`s at once
+    // (`fold16`, the same bits); the scores come out as one vector.
     let full = out.len() / 16 * 16;
     for (b, o16) in out[..full].chunks_exact_mut(16).enumerate() {
         let base = &rows[b * 16 * stride..];
@@ -1183,38 +1180,7 @@ unsafe fn dot_rows_avx512(out: &mut [f32], q: &[f32], rows: &[f32], stride: usiz
                 *a = _mm512_fmadd_ps(x, y, *a);
             }
         }
-        // Lanes 8 apart (128-bit blocks 0 + 2, 1 + 3), two keys a vector.
-        let s8: [__m512; 8] = std::array::from_fn(|p| {
-            let (a, b) = (acc[2 * p], acc[2 * p + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0x44>(a, b),
-                _mm512_shuffle_f32x4::<0xEE>(a, b),
-            )
-        });
-        // Lanes 4 apart (blocks 0 + 1 of each key's half), four keys a vector, one a block.
-        let s4: [__m512; 4] = std::array::from_fn(|p| {
-            let (a, b) = (s8[2 * p], s8[2 * p + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0x88>(a, b),
-                _mm512_shuffle_f32x4::<0xDD>(a, b),
-            )
-        });
-        // Lanes 2 apart, then 1 apart: block k of the result holds keys k, 4 + k, 8 + k,
-        // 12 + k.
-        let s2: [__m512; 2] = std::array::from_fn(|p| {
-            let (a, b) = (_mm512_castps_pd(s4[2 * p]), _mm512_castps_pd(s4[2 * p + 1]));
-            _mm512_add_ps(
-                _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-            )
-        });
-        let s1 = _mm512_add_ps(
-            _mm512_shuffle_ps::<0x88>(s2[0], s2[1]),
-            _mm512_shuffle_ps::<0xDD>(s2[0], s2[1]),
-        );
-        // Key i sits in lane 4 (i % 4) + i / 4.
-        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        let sums = _mm512_permutexvar_ps(order, s1);
+        let sums = fold16(&acc);
         let v = _mm512_mul_ps(vscale, _mm512_add_ps(sums, zero));
         // SAFETY: o16 is 16 writable floats.
         unsafe { _mm512_storeu_ps(o16.as_mut_ptr(), v) };
@@ -1240,6 +1206,247 @@ unsafe fn dot_rows_avx512(out: &mut [f32], q: &[f32], rows: &[f32], stride: usiz
         *o = scale * (_mm_cvtss_f32(h1) + 0.0);
     }
 }
+/// `[hsum(acc[0]), .., hsum(acc[15])]` as one vector: sixteen horizontal sums at once by a
+/// transposing tree whose every add joins the same two partial sums as `hsum` does (lanes
+/// 8, 4, 2, then 1 apart), so each lane has `hsum`'s bits. Sum by sum, the four dependent
+/// horizontal steps and the scalar stores were most of the attention scores' time.
+///
+/// # Safety
+/// The CPU must have avx512f.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fold16(acc: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // Lanes 8 apart (128-bit blocks 0 + 2, 1 + 3), two sums a vector.
+    let s8: [__m512; 8] = std::array::from_fn(|p| {
+        let (a, b) = (acc[2 * p], acc[2 * p + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(a, b),
+            _mm512_shuffle_f32x4::<0xEE>(a, b),
+        )
+    });
+    // Lanes 4 apart (blocks 0 + 1 of each sum's half), four sums a vector, one a block.
+    let s4: [__m512; 4] = std::array::from_fn(|p| {
+        let (a, b) = (s8[2 * p], s8[2 * p + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(a, b),
+            _mm512_shuffle_f32x4::<0xDD>(a, b),
+        )
+    });
+    // Lanes 2 apart, then 1 apart: block k of the result holds sums k, 4 + k, 8 + k,
+    // 12 + k.
+    let s2: [__m512; 2] = std::array::from_fn(|p| {
+        let (a, b) = (_mm512_castps_pd(s4[2 * p]), _mm512_castps_pd(s4[2 * p + 1]));
+        _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        )
+    });
+    let s1 = _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(s2[0], s2[1]),
+        _mm512_shuffle_ps::<0xDD>(s2[0], s2[1]),
+    );
+    // Sum i sits in lane 4 (i % 4) + i / 4.
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(order, s1)
+}
+
+/// Attention scores of `h` query heads that share their keys (a GQA group):
+/// `out[i * n + j] = scale * dot(q[i * d..][..d], rows[j * stride..][..d])` for `i < h`,
+/// `j < n`, with `d = q.len() / h`. The same numbers as [`dot_rows`] head by head (each
+/// score is one FMA chain and `hsum`'s tree either way); on AVX-512 each key row is read
+/// once for up to four heads instead of once a head: at decode time the rows come from L2
+/// or further, and reading them once a head was most of the scores' time.
+pub fn dot_rows_heads(
+    out: &mut [f32],
+    n: usize,
+    q: &[f32],
+    h: usize,
+    rows: &[f32],
+    stride: usize,
+    scale: f32,
+) {
+    let d = q.len().checked_div(h).unwrap_or(0);
+    assert!(
+        out.len() >= h * n && q.len() == h * d,
+        "dot_rows_heads: {h} heads of {d} against {n} keys"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 && d > 0 && d.is_multiple_of(LANES) && n > 0 {
+        let mut i = 0;
+        while i < h {
+            let take = (h - i).min(4);
+            let (o, qs) = (&mut out[i * n..(i + take) * n], &q[i * d..(i + take) * d]);
+            // SAFETY: isa() is Avx512 only after run-time detection found avx512f.
+            unsafe {
+                match take {
+                    4 => dot_rows_heads_avx512::<4>(o, n, qs, rows, stride, scale),
+                    3 => dot_rows_heads_avx512::<3>(o, n, qs, rows, stride, scale),
+                    2 => dot_rows_heads_avx512::<2>(o, n, qs, rows, stride, scale),
+                    _ => dot_rows_avx512(o, qs, rows, stride, scale),
+                }
+            }
+            i += take;
+        }
+        return;
+    }
+    for i in 0..h {
+        dot_rows(
+            &mut out[i * n..(i + 1) * n],
+            &q[i * d..(i + 1) * d],
+            rows,
+            stride,
+            scale,
+        );
+    }
+}
+
+/// [`dot_rows_heads`] for `H` heads (2 to 4) on AVX-512: `16 / H` keys a pass, each key's
+/// row loaded once a 16-lane step and multiplied into every head's chain, the `H * (16 /
+/// H)` sums folded at once by `fold16`. Keys past the last whole pass go through
+/// [`dot_rows_avx512`]'s key-by-key tail, which gives the same bits.
+///
+/// # Safety
+/// The CPU must have avx512f; `q.len()` is `H` heads of a multiple of 16 lanes, `out` holds
+/// `H * n` scores and `rows` the `n` key rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_rows_heads_avx512<const H: usize>(
+    out: &mut [f32],
+    n: usize,
+    q: &[f32],
+    rows: &[f32],
+    stride: usize,
+    scale: f32,
+) {
+    use std::arch::x86_64::*;
+    let d = q.len() / H;
+    let kb = LANES / H;
+    let (zero, vscale) = (_mm512_setzero_ps(), _mm512_set1_ps(scale));
+    let full = n / kb * kb;
+    let mut lanes = [0.0f32; LANES];
+    for j0 in (0..full).step_by(kb) {
+        // acc[i * kb + r]: head i against key j0 + r.
+        let mut acc = [zero; LANES];
+        for c in (0..d).step_by(LANES) {
+            // SAFETY: c + 16 <= d elements are in each head's query.
+            let qs: [__m512; H] =
+                std::array::from_fn(|i| unsafe { _mm512_loadu_ps(q.as_ptr().add(i * d + c)) });
+            for r in 0..kb {
+                let at = (j0 + r) * stride + c;
+                let y = _mm512_loadu_ps(rows[at..at + LANES].as_ptr());
+                for (i, x) in qs.iter().enumerate() {
+                    acc[i * kb + r] = _mm512_fmadd_ps(*x, y, acc[i * kb + r]);
+                }
+            }
+        }
+        let v = _mm512_mul_ps(vscale, _mm512_add_ps(fold16(&acc), zero));
+        // SAFETY: `lanes` is 16 floats.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
+        for i in 0..H {
+            out[i * n + j0..i * n + j0 + kb].copy_from_slice(&lanes[i * kb..(i + 1) * kb]);
+        }
+    }
+    if full < n {
+        for i in 0..H {
+            let o = &mut out[i * n + full..(i + 1) * n];
+            dot_rows_avx512(o, &q[i * d..(i + 1) * d], &rows[full * stride..], stride, scale);
+        }
+    }
+}
+
+/// The weighted sums of values of `h` heads that share their value rows:
+/// `out[i * d..][..d] += sum_j (p[i * n + j] * inv[i]) * rows[j * stride..][..d]`, in order
+/// of `j`, with `d = out.len() / h`. The same numbers as [`axpy_rows`] head by head; on
+/// AVX-512 each value row is read once for every head, and the heads' independent FMA
+/// chains overlap (one head's chain was bound by the FMA latency, a key every four cycles).
+pub fn axpy_rows_heads(out: &mut [f32], p: &[f32], n: usize, inv: &[f32], rows: &[f32], stride: usize) {
+    let h = inv.len();
+    let d = out.len().checked_div(h).unwrap_or(0);
+    assert!(
+        p.len() >= h * n && out.len() == h * d,
+        "axpy_rows_heads: {h} heads of {d} over {n} rows"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 && d > 0 && d.is_multiple_of(LANES) && d <= 4 * LANES {
+        let per = 16 / (d / LANES); // heads whose accumulators fit in 16 registers
+        let mut i = 0;
+        while i < h {
+            let take = (h - i).min(per).min(4);
+            let o = &mut out[i * d..(i + take) * d];
+            let (ps, iv) = (&p[i * n..(i + take) * n], &inv[i..i + take]);
+            // SAFETY: isa() is Avx512 only after run-time detection found avx512f.
+            unsafe {
+                match take {
+                    4 => axpy_rows_heads_avx512::<4>(o, ps, n, iv, rows, stride),
+                    3 => axpy_rows_heads_avx512::<3>(o, ps, n, iv, rows, stride),
+                    2 => axpy_rows_heads_avx512::<2>(o, ps, n, iv, rows, stride),
+                    _ => axpy_rows_avx512(o, &ps[..n], iv[0], rows, stride),
+                }
+            }
+            i += take;
+        }
+        return;
+    }
+    for i in 0..h {
+        axpy_rows(
+            &mut out[i * d..(i + 1) * d],
+            &p[i * n..(i + 1) * n],
+            inv[i],
+            rows,
+            stride,
+        );
+    }
+}
+
+/// [`axpy_rows_heads`] for `H` heads (2 to 4) of 16 to 64 lanes on AVX-512: every head's
+/// outputs in registers from the first row to the last, `_mm512_set1_ps(p * inv)` and one
+/// FMA a vector as [`axpy_rows_avx512`] does (same bits).
+///
+/// # Safety
+/// The CPU must have avx512f; `out` is `H` heads of 16 to 64 lanes (a multiple of 16), `p`
+/// holds `H * n` weights and `rows` the `n` value rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_rows_heads_avx512<const H: usize>(
+    out: &mut [f32],
+    p: &[f32],
+    n: usize,
+    inv: &[f32],
+    rows: &[f32],
+    stride: usize,
+) {
+    use std::arch::x86_64::*;
+    let d = out.len() / H;
+    let vecs = d / LANES;
+    // acc[i * 4 + v]: head i's lanes 16 v..16 v + 16.
+    let mut acc = [_mm512_setzero_ps(); 16];
+    for i in 0..H {
+        for v in 0..vecs {
+            // SAFETY: v < vecs, so head i's lane 16 v + 16 <= d.
+            acc[i * 4 + v] = unsafe { _mm512_loadu_ps(out.as_ptr().add(i * d + v * LANES)) };
+        }
+    }
+    for j in 0..n {
+        let a: [__m512; H] = std::array::from_fn(|i| _mm512_set1_ps(p[i * n + j] * inv[i]));
+        let r = &rows[j * stride..j * stride + d];
+        for v in 0..vecs {
+            // SAFETY: inside the row's d elements.
+            let y = unsafe { _mm512_loadu_ps(r.as_ptr().add(v * LANES)) };
+            for (i, a) in a.iter().enumerate() {
+                acc[i * 4 + v] = _mm512_fmadd_ps(*a, y, acc[i * 4 + v]);
+            }
+        }
+    }
+    for i in 0..H {
+        for v in 0..vecs {
+            // SAFETY: as for the loads.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i * d + v * LANES), acc[i * 4 + v]) };
+        }
+    }
+}
+
 dispatch!(
     /// [`axpy_rows`] for any ISA and width.
     axpy_rows_any => axpy_rows_body(out: &mut [f32], p: &[f32], inv: f32, rows: &[f32], stride: usize)
@@ -1569,6 +1776,60 @@ mod tests {
             let want: Vec<f32> = x.iter().map(|&v| exp(0.7 * v - 1.5)).collect();
             assert_eq!(bits(&scaled), bits(&want), "scaled exps, n {n}");
             assert_eq!(scaled_sum.to_bits(), sum_of(&want).to_bits(), "scaled sum, n {n}");
+        }
+    }
+
+    /// The grouped forms against the one-head calls, bit for bit: one to nine heads (runs
+    /// of four, three, two and one), head widths on and off the 16-lane multiple and past
+    /// the grouped weighted sum's 64 lanes, key counts around every pass width (16 / H
+    /// keys) and the 16-key blocks.
+    #[test]
+    fn grouped_attention_rows_equal_the_one_head_calls_bit_for_bit() {
+        let mut rng = rusting_brain_core::Rng::new(29);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for d in [16usize, 24, 32, 64, 80, 128] {
+            for h in 1..=9usize {
+                for keys in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 80, 131] {
+                    let stride = 2 * d + 3;
+                    let q: Vec<f32> = (0..h * d).map(|_| rng.normal() as f32).collect();
+                    let rows: Vec<f32> = (0..(keys - 1) * stride + d)
+                        .map(|_| rng.normal() as f32)
+                        .collect();
+                    let mut got = vec![f32::NAN; h * keys];
+                    dot_rows_heads(&mut got, keys, &q, h, &rows, stride, 0.21);
+                    let mut want = vec![0.0f32; h * keys];
+                    for i in 0..h {
+                        dot_rows(
+                            &mut want[i * keys..(i + 1) * keys],
+                            &q[i * d..(i + 1) * d],
+                            &rows,
+                            stride,
+                            0.21,
+                        );
+                    }
+                    assert_eq!(bits(&got), bits(&want), "scores, {h} heads of {d}, {keys} keys");
+
+                    let p: Vec<f32> = (0..h * keys).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
+                    let inv: Vec<f32> = (0..h).map(|_| rng.uniform(0.1, 1.0) as f32).collect();
+                    let mut got: Vec<f32> = (0..h * d).map(|_| rng.normal() as f32).collect();
+                    let mut want = got.clone();
+                    axpy_rows_heads(&mut got, &p, keys, &inv, &rows, stride);
+                    for i in 0..h {
+                        axpy_rows(
+                            &mut want[i * d..(i + 1) * d],
+                            &p[i * keys..(i + 1) * keys],
+                            inv[i],
+                            &rows,
+                            stride,
+                        );
+                    }
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "weighted sums, {h} heads of {d}, {keys} keys"
+                    );
+                }
+            }
         }
     }
 
