@@ -23,8 +23,10 @@ pub fn rmsnorm_forward(
         for ((o, r), x) in o.chunks_exact_mut(dim).zip(r.iter_mut()).zip(x.chunks_exact(dim)) {
             let s = 1.0 / (simd::sum_sq(x) / dim as f32 + eps).sqrt();
             *r = s;
-            for i in 0..dim {
-                o[i] = x[i] * s * weight[i];
+            // Zipped, not indexed: three slices indexed by `i` kept their bounds checks and
+            // the loop scalar (a decode step's norms are a row each).
+            for ((o, &x), &w) in o.iter_mut().zip(x).zip(weight) {
+                *o = x * s * w;
             }
         }
     };

@@ -88,25 +88,33 @@ fn rotate(x: &mut [f32], spec: &RopeSpec, sign: f32) {
     };
     let table = &rows[first * d..(first + seq) * d];
     let row_len = heads * d;
-    x.par_chunks_mut(row_len * rows_per_task(row_len))
-        .enumerate()
-        .for_each(|(chunk, block)| {
-            let first = chunk * rows_per_task(row_len);
-            for (r, row) in block.chunks_exact_mut(row_len).enumerate() {
-                let t = (first + r) % seq;
-                let (cos, sin) = table[t * d..(t + 1) * d].split_at(half);
-                for head in row.chunks_exact_mut(d) {
-                    let (x1, x2) = head.split_at_mut(half);
-                    for i in 0..half {
-                        let (a, b) = (x1[i], x2[i]);
-                        // sign is +-1, so sin * sign is exact, as in the reference.
-                        let s = sin[i] * sign;
-                        x1[i] = a * cos[i] - b * s;
-                        x2[i] = b * cos[i] + a * s;
-                    }
+    let per_task = rows_per_task(row_len);
+    let block = |chunk: usize, block: &mut [f32]| {
+        let first = chunk * per_task;
+        for (r, row) in block.chunks_exact_mut(row_len).enumerate() {
+            let t = (first + r) % seq;
+            let (cos, sin) = table[t * d..(t + 1) * d].split_at(half);
+            for head in row.chunks_exact_mut(d) {
+                let (x1, x2) = head.split_at_mut(half);
+                for (((a, b), &c), &s) in x1.iter_mut().zip(x2.iter_mut()).zip(cos).zip(sin) {
+                    let (x, y) = (*a, *b);
+                    // sign is +-1, so sin * sign is exact, as in the reference.
+                    let s = s * sign;
+                    *a = x * c - y * s;
+                    *b = y * c + x * s;
                 }
             }
-        });
+        }
+    };
+    // A decode step's rotation (one position) is one task: run it here, not through
+    // rayon's splitting machinery, which cost more than the rotation.
+    if x.len() <= row_len * per_task {
+        block(0, x);
+    } else {
+        x.par_chunks_mut(row_len * per_task)
+            .enumerate()
+            .for_each(|(chunk, b)| block(chunk, b));
+    }
 }
 
 pub fn rope_forward(x: &mut [f32], spec: &RopeSpec) -> Result<()> {
