@@ -419,6 +419,23 @@ pub trait Backend {
     ) -> Result<()> {
         q8_swiglu_unfused(self, out, gate, up, x, gate_w, up_w, spec)
     }
+    /// A SwiGLU feed-forward on int8 weights, added to `out`: [`Backend::q8_swiglu`] of
+    /// `x` into `s` (`gate` and `up` keep their values), then `out = s Wd^T + out` with
+    /// `Wd` `(d, f)`. `spec` is the gating products' `(m, f, d)`. The default is those two
+    /// calls ([`q8_mlp_unfused`]); a backend may run the whole feed-forward as one job.
+    #[allow(clippy::too_many_arguments)]
+    fn q8_mlp(
+        &self,
+        out: &mut Self::Buffer,
+        acts: [&mut Self::Buffer; 3],
+        x: &Self::Buffer,
+        gate_w: (&Self::Buffer, &Self::Buffer),
+        up_w: (&Self::Buffer, &Self::Buffer),
+        down_w: (&Self::Buffer, &Self::Buffer),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        q8_mlp_unfused(self, out, acts, x, gate_w, up_w, down_w, spec)
+    }
     /// Rows of an int8 table, dequantized.
     #[allow(clippy::too_many_arguments)]
     fn q8_embedding(
@@ -747,6 +764,28 @@ pub fn q8_swiglu_unfused<B: Backend + ?Sized>(
     backend.q8_matmul(gate, x, gate_w.0, gate_w.1, spec)?;
     backend.q8_matmul(up, x, up_w.0, up_w.1, spec)?;
     backend.swiglu_forward(out, gate, up)
+}
+
+/// [`Backend::q8_mlp`] as `backend`'s [`Backend::q8_swiglu`] into `s` and its down
+/// product added to `out`: the definition, and what an override falls back to for shapes
+/// it does not fuse. `acts` is `[gate, up, s]`.
+#[allow(clippy::too_many_arguments)]
+pub fn q8_mlp_unfused<B: Backend + ?Sized>(
+    backend: &B,
+    out: &mut B::Buffer,
+    [gate, up, s]: [&mut B::Buffer; 3],
+    x: &B::Buffer,
+    gate_w: (&B::Buffer, &B::Buffer),
+    up_w: (&B::Buffer, &B::Buffer),
+    down_w: (&B::Buffer, &B::Buffer),
+    spec: &MatmulSpec,
+) -> Result<()> {
+    backend.q8_swiglu(s, gate, up, x, gate_w, up_w, spec)?;
+    let down = MatmulSpec::new(spec.m, spec.k, spec.n)
+        .precision(spec.precision)
+        .trans_b(true)
+        .beta(1.0);
+    backend.q8_matmul(out, s, down_w.0, down_w.1, &down)
 }
 
 /// [`Backend::lora_forward`] as two of `backend`'s GEMMs, the scale folded into the

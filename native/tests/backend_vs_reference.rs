@@ -818,6 +818,92 @@ fn fused_q8_calls_match_their_definitions() {
     }
 }
 
+/// The int8 feed-forward (SwiGLU's products and gating, then the down product added to
+/// the residual) against its definition: at one activation row the CPU runs it as one
+/// phased job of the team, and every output (gate, up, s and the residual) must be the
+/// very numbers of the two calls it fuses; other shapes go the default way. Bad lengths
+/// are errors.
+#[test]
+fn fused_q8_feed_forward_matches_its_definition() {
+    use rusting_brain_core::backend::q8_mlp_unfused;
+    use rusting_brain_core::ops::q8::quantize_rows;
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(114);
+    // (rows, d, f): the 5.3M and README shapes; widths that leave rows over after the
+    // sixteen-row passes or give a part no rows; too small to split; several rows.
+    for &(m, d, f) in &[
+        (1, 256, 704),
+        (1, 512, 1408),
+        (1, 130, 1000),
+        (1, 40, 2000),
+        (1, 300, 33),
+        (1, 64, 300),
+        (1, 33, 40),
+        (1, 16, 4096),
+        (3, 70, 33),
+    ] {
+        let x = randn(&mut rng, m * d);
+        let residual = randn(&mut rng, m * d);
+        let wg = quantize_rows(&randn(&mut rng, f * d), f, d).unwrap();
+        let wu = quantize_rows(&randn(&mut rng, f * d), f, d).unwrap();
+        let wd = quantize_rows(&randn(&mut rng, d * f), d, f).unwrap();
+        let spec = MatmulSpec::new(m, f, d).trans_b(true);
+        let run = |be: &Dyn, fused: bool| {
+            let mut out = residual.clone();
+            let (mut gate, mut up, mut s) = (nan(m * f), nan(m * f), nan(m * f));
+            let (g, u, w) = ((&wg.0, &wg.1), (&wu.0, &wu.1), (&wd.0, &wd.1));
+            if fused {
+                be.q8_mlp(&mut out, [&mut gate, &mut up, &mut s], &x, g, u, w, &spec)
+            } else {
+                q8_mlp_unfused(be, &mut out, [&mut gate, &mut up, &mut s], &x, g, u, w, &spec)
+            }
+            .unwrap();
+            (out, gate, up, s)
+        };
+        let (got, want) = (run(cpu, true), run(rf, true));
+        close(&format!("q8_mlp {m}x{d}x{f} gate"), &got.1, &want.1);
+        close(&format!("q8_mlp {m}x{d}x{f} s"), &got.3, &want.3);
+        close(&format!("q8_mlp {m}x{d}x{f}"), &got.0, &want.0);
+        assert_eq!(
+            got,
+            run(cpu, false),
+            "q8_mlp {m}x{d}x{f}: not the unfused numbers"
+        );
+    }
+    // Lengths that do not fit the spec are errors on both, fused or not.
+    let (d, f) = (64, 48);
+    let (pg, sg) = quantize_rows(&randn(&mut rng, f * d), f, d).unwrap();
+    let (pd, sd) = quantize_rows(&randn(&mut rng, d * f), d, f).unwrap();
+    let x = randn(&mut rng, d);
+    let spec = MatmulSpec::new(1, f, d).trans_b(true);
+    for be in [cpu, rf] {
+        let bad: [(&str, usize, usize, usize, usize); 4] = [
+            ("a short residual", d - 1, f, f, sd.len()),
+            ("a short s", d, f, f - 1, sd.len()),
+            ("a short gate", d, f - 1, f, sd.len()),
+            ("a short down scale", d, f, f, sd.len() - 1),
+        ];
+        for (what, out_len, gate_len, s_len, scales_len) in bad {
+            let (mut out, mut gate, mut up, mut s) = (
+                vec![0.0; out_len],
+                vec![0.0; gate_len],
+                vec![0.0; f],
+                vec![0.0; s_len],
+            );
+            let r = be.q8_mlp(
+                &mut out,
+                [&mut gate, &mut up, &mut s],
+                &x,
+                (&pg, &sg),
+                (&pg, &sg),
+                (&pd, &sd[..scales_len].to_vec()),
+                &spec,
+            );
+            assert!(r.is_err(), "{}: {what}", be.name());
+        }
+    }
+}
+
 /// A windowed product touches exactly its rows: the same numbers as the product of the
 /// cut-out operands, and every element outside the window unchanged.
 #[test]

@@ -982,9 +982,15 @@ fn mlp_forward<B: Backend>(
     mut lora: Option<MlpLoraFwd<'_, B>>,
 ) -> Result<()> {
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
+    if let (Mat::Q8(pg, sg), Mat::Q8(pu, su), Mat::Q8(pd, sd), None) = (&w.gate, &w.up, &w.down, &lora) {
+        // Int8 without adapters: the whole feed-forward in one call, which a backend may
+        // run as one job.
+        let spec = mm(n, f, d).trans_b(true);
+        return b.q8_mlp(out, [gate, up, s], x, (pg, sg), (pu, su), (pd, sd), &spec);
+    }
     match (&w.gate, &w.up, &lora) {
-        // Int8 without adapters: the products and the gating in one call, which a backend
-        // may run as one job.
+        // Int8 gating products without adapters (the down product in f32): the products
+        // and the gating in one call, which a backend may run as one job.
         (Mat::Q8(pg, sg), Mat::Q8(pu, su), None) => {
             b.q8_swiglu(s, gate, up, x, (pg, sg), (pu, su), &mm(n, f, d).trans_b(true))?;
         }

@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::Result;
 
+use super::shared_buf::SharedBuf;
 use super::{simd, team};
 
 /// Scores times head size below which a decode step's attention stays on one thread. Eight
@@ -466,60 +467,6 @@ fn transpose_into(dst: &mut [f32], v: View, rows: usize, cols: usize) {
     }
 }
 
-/// An output that the tasks of one blocked call write through a raw pointer, each to
-/// elements no other task reads or writes: a (batch, head)'s rows are strided through the
-/// whole buffer, so no task can own a `&mut` sub-slice holding just its own. Writing in
-/// place spares the task-local copies and the serial gather that followed them (a page
-/// fault per fresh buffer, one thread copying while the other waited).
-struct Scattered<'a> {
-    ptr: *mut f32,
-    len: usize,
-    _out: std::marker::PhantomData<&'a mut [f32]>,
-}
-
-// SAFETY: the pointer comes from a `&'a mut [f32]` held for 'a, so only the tasks reach
-// the buffer while it lives, and every caller writes elements disjoint from every other
-// task's (see the SAFETY notes at the calls).
-unsafe impl Send for Scattered<'_> {}
-unsafe impl Sync for Scattered<'_> {}
-
-impl<'a> Scattered<'a> {
-    fn new(out: &'a mut [f32]) -> Self {
-        Scattered {
-            ptr: out.as_mut_ptr(),
-            len: out.len(),
-            _out: std::marker::PhantomData,
-        }
-    }
-
-    /// `out[start + i] = src[i] * mul` (`mul` 1 copies exactly).
-    ///
-    /// # Safety
-    /// No other task reads or writes `out[start..start + src.len()]` during the call.
-    unsafe fn put(&self, start: usize, src: &[f32], mul: f32) {
-        assert!(
-            start <= self.len && src.len() <= self.len - start,
-            "attention: output row out of bounds"
-        );
-        let dst = self.ptr.add(start);
-        for (i, &v) in src.iter().enumerate() {
-            *dst.add(i) = v * mul;
-        }
-    }
-
-    /// `out[start..start + len] = 0`.
-    ///
-    /// # Safety
-    /// As for [`Scattered::put`].
-    unsafe fn zero(&self, start: usize, len: usize) {
-        assert!(
-            start <= self.len && len <= self.len - start,
-            "attention: output row out of bounds"
-        );
-        std::ptr::write_bytes(self.ptr.add(start), 0, len);
-    }
-}
-
 /// Per-thread buffers of the blocked passes, kept between calls (a step's attention ran a
 /// few hundred allocations of 32 KiB and more, each touching fresh pages).
 #[derive(Default)]
@@ -591,7 +538,7 @@ pub(crate) fn attention_forward_blocked(
     let tiles: Vec<(usize, usize)> = (0..spec.batch)
         .flat_map(|b| (0..hq).map(move |h| (b, h)))
         .collect();
-    let (out_w, lse_w) = (Scattered::new(out), Scattered::new(lse));
+    let (out_w, lse_w) = (SharedBuf::new(out), SharedBuf::new(lse));
     on_team(&tiles, |&(b, h)| {
         let kvh = h / spec.group();
         let (qh, kh, vh) = (
@@ -677,7 +624,7 @@ pub(crate) fn attention_backward_blocked(
     let tiles: Vec<(usize, usize)> = (0..spec.batch)
         .flat_map(|b| (0..hkv).map(move |g| (b, g)))
         .collect();
-    let (dq_w, dk_w, dv_w) = (Scattered::new(dq), Scattered::new(dk), Scattered::new(dv));
+    let (dq_w, dk_w, dv_w) = (SharedBuf::new(dq), SharedBuf::new(dk), SharedBuf::new(dv));
     on_team(&tiles, |&(b, kvh)| {
         let (kv_k, kv_v) = (kv_view(k, spec, b, kvh), kv_view(v, spec, b, kvh));
         SCRATCH.with(|cell| {

@@ -24,6 +24,7 @@ pub(crate) mod q8;
 mod rmsnorm;
 mod rope;
 pub mod sdpa;
+mod shared_buf;
 pub mod simd;
 mod softmax;
 mod spatial;
@@ -374,6 +375,46 @@ impl Backend for CpuBackend {
         rusting_brain_core::ops::swiglu::check_swiglu_forward(out.len(), gate.len(), up.len())?;
         check_len("q8_swiglu", "out", out.len(), spec.n)?;
         q8::q8_swiglu(out, gate, up, x, (gate_w.0, gate_w.1), (up_w.0, up_w.1))
+    }
+    fn q8_mlp(
+        &self,
+        out: &mut Vec<f32>,
+        [gate, up, s]: [&mut Vec<f32>; 3],
+        x: &Vec<f32>,
+        gate_w: (&Vec<f32>, &Vec<f32>),
+        up_w: (&Vec<f32>, &Vec<f32>),
+        down_w: (&Vec<f32>, &Vec<f32>),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        // One activation row (a decode step's feed-forward): one phased job. Anything
+        // else as the two calls.
+        if !(spec.one_row_of(x.len()) && spec.beta == 0.0) {
+            return rusting_brain_core::backend::q8_mlp_unfused(
+                self,
+                out,
+                [gate, up, s],
+                x,
+                gate_w,
+                up_w,
+                down_w,
+                spec,
+            );
+        }
+        // The checks the two calls make of their specs and lengths.
+        rusting_brain_core::ops::q8::q8_operands(spec, x, s)?;
+        rusting_brain_core::ops::swiglu::check_swiglu_forward(s.len(), gate.len(), up.len())?;
+        check_len("q8_mlp", "s", s.len(), spec.n)?;
+        check_len("q8_mlp", "out", out.len(), spec.k)?;
+        q8::q8_mlp(
+            out,
+            gate,
+            up,
+            s,
+            x,
+            (gate_w.0, gate_w.1),
+            (up_w.0, up_w.1),
+            (down_w.0, down_w.1),
+        )
     }
     fn q8_embedding(
         &self,

@@ -10,6 +10,7 @@ use rusting_brain_core::ops::embedding::check_ids;
 use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols};
 use rusting_brain_core::Result;
 
+use super::shared_buf::SharedBuf;
 use super::{simd, team};
 
 /// int8 weights below which a decode product stays on the calling thread: handing half of
@@ -61,12 +62,13 @@ pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, V
 }
 
 thread_local! {
-    static ROW_BUF: std::cell::Cell<Vec<i8>> = const { std::cell::Cell::new(Vec::new()) };
+    /// Kept row buffers: one a row lent at once (the fused feed-forward rounds its second
+    /// row while the first is still lent).
+    static ROW_BUFS: std::cell::RefCell<Vec<Vec<i8>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// An activation row rounded to int8 in this thread's buffer, lent for one call and
-/// returned on drop (a decode step rounds ~25 rows; a call made while it is lent gets an
-/// empty one).
+/// An activation row rounded to int8 in one of this thread's buffers, lent for one call
+/// and returned on drop (a decode step rounds ~25 rows).
 struct RowBuf {
     q: Vec<i8>,
     scale: f32,
@@ -75,7 +77,11 @@ struct RowBuf {
 impl RowBuf {
     /// `x` rounded as `simd::quantize_i8` rounds it.
     fn of(x: &[f32]) -> Self {
-        let mut q = ROW_BUF.try_with(|b| b.take()).unwrap_or_default();
+        let mut q = ROW_BUFS
+            .try_with(|b| b.try_borrow_mut().ok()?.pop())
+            .ok()
+            .flatten()
+            .unwrap_or_default();
         let scale = simd::quantize_i8_into(x, &mut q);
         RowBuf { q, scale }
     }
@@ -88,7 +94,13 @@ impl RowBuf {
 impl Drop for RowBuf {
     fn drop(&mut self) {
         let kept = std::mem::take(&mut self.q);
-        let _ = ROW_BUF.try_with(|b| b.set(kept));
+        let _ = ROW_BUFS.try_with(|b| {
+            if let Ok(mut b) = b.try_borrow_mut() {
+                if b.len() < 4 {
+                    b.push(kept);
+                }
+            }
+        });
     }
 }
 
@@ -285,6 +297,87 @@ pub fn q8_swiglu(
     } else {
         rows(0, out, gate, up);
     }
+    Ok(())
+}
+
+/// A SwiGLU feed-forward at one activation row `x` (`d` values), added to `out`:
+/// `gate = x Wg^T`, `up = x Wu^T`, `s = silu(gate) * up` (`f` values each), then
+/// `out += s Wd^T`. One job of the team in two phases: each part its rows of gate, up and
+/// s, then, once every part's rows of `s` are there, each part rounds all of `s` and
+/// takes its rows of the down product. The same calls on the same rows as [`q8_swiglu`]
+/// then [`q8_matmul`] (same bits), with one hand-off and no serial rounding of `s`
+/// between them.
+#[allow(clippy::too_many_arguments)]
+pub fn q8_mlp(
+    out: &mut [f32],
+    gate: &mut [f32],
+    up: &mut [f32],
+    s: &mut [f32],
+    x: &[f32],
+    gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]),
+    down_w: (&[f32], &[f32]),
+) -> Result<()> {
+    let (f, d) = (s.len(), x.len());
+    check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
+    check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
+    check_q8_matmul(out.len(), f, down_w.0.len(), down_w.1.len(), 1, d, f)?;
+    let parts = team::parts();
+    if parts < 2 || 3 * f * d < TEAM_MIN_BYTES || f < 16 * parts || d < 16 * parts {
+        q8_swiglu(s, gate, up, x, gate_w, up_w)?;
+        return q8_matmul(out, s, down_w.0, down_w.1, 1, d, f, 1.0);
+    }
+    let (stride_d, stride_f) = (packed_cols(d) * 4, packed_cols(f) * 4);
+    let (wg, wu, wd) = (as_i8(gate_w.0), as_i8(up_w.0), as_i8(down_w.0));
+    let xq = RowBuf::of(x);
+    let act = xq.row();
+    // Whole sixteen-row passes a part, as the unfused calls split them.
+    let (per_f, per_d) = (
+        f.div_ceil(parts).div_ceil(16) * 16,
+        d.div_ceil(parts).div_ceil(16) * 16,
+    );
+    let (gate, up, s, out) = (
+        SharedBuf::new(gate),
+        SharedBuf::new(up),
+        SharedBuf::new(s),
+        SharedBuf::new(out),
+    );
+    team::run_phased(2, &|p, phase| {
+        if phase == 0 {
+            let (first, end) = ((p * per_f).min(f), ((p + 1) * per_f).min(f));
+            if first == end {
+                return;
+            }
+            // SAFETY: in phase 0 part p alone touches rows first..end of gate, up and s.
+            let (g, u, o) = unsafe { (gate.band(first, end), up.band(first, end), s.band(first, end)) };
+            simd::q8_rows(
+                g,
+                &act,
+                &wg[first * stride_d..],
+                stride_d,
+                &gate_w.1[first..],
+                0.0,
+            );
+            simd::q8_rows(u, &act, &wu[first * stride_d..], stride_d, &up_w.1[first..], 0.0);
+            simd::swiglu(o, g, u);
+        } else {
+            let (first, end) = ((p * per_d).min(d), ((p + 1) * per_d).min(d));
+            if first == end {
+                return;
+            }
+            // SAFETY: in phase 1 every part only reads s (written in phase 0, before the
+            // barrier) and part p alone writes rows first..end of out.
+            let (sq, o) = unsafe { (RowBuf::of(s.all()), out.band(first, end)) };
+            simd::q8_rows(
+                o,
+                &sq.row(),
+                &wd[first * stride_f..],
+                stride_f,
+                &down_w.1[first..],
+                1.0,
+            );
+        }
+    });
     Ok(())
 }
 

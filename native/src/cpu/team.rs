@@ -20,6 +20,12 @@
 //! has not scheduled costs the speed of one core, never a wait. If the team is busy
 //! (another thread's job, or a job calling `run` again) the parts run one after another on
 //! the caller: same results, no deadlock. A panic in a part is raised again on the caller.
+//!
+//! [`run_phased`] runs a job in phases with a barrier between them (every part finishes
+//! phase k before any starts phase k + 1): work whose second step reads all of the first's
+//! outputs takes one hand-off instead of one a step, and a barrier is cheaper than a
+//! hand-off (no claim, and the caller's serial work between two jobs is gone). A part the
+//! caller claimed runs its phases on the caller, between the same barriers.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -36,7 +42,7 @@ const SPIN: Duration = Duration::from_micros(300);
 /// of `pause`; an offer nobody takes is one cheap system call).
 const YIELD_EVERY: u32 = 64;
 
-type Job = dyn Fn(usize) + Sync;
+type Job = dyn Fn(usize, usize) + Sync;
 
 struct Shared {
     /// Bumped once per job; helpers run a job when they see a new value.
@@ -47,6 +53,11 @@ struct Shared {
     job: UnsafeCell<*const Job>,
     /// Parts of the current job (after part 0) not finished yet.
     pending: AtomicUsize,
+    /// Phases of the current job, written with `job`.
+    phases: AtomicUsize,
+    /// Parts that have finished the current job's phases so far, summed over its barriers:
+    /// phase k + 1 starts once this reaches `parts * (k + 1)`.
+    arrived: AtomicUsize,
     /// Per helper part: the last epoch whose part was claimed, by the helper or the caller.
     taken: Vec<AtomicU64>,
     /// Per helper: parked, or about to park.
@@ -75,8 +86,10 @@ fn team() -> &'static Mutex<Team> {
         let n = rayon::current_num_threads().saturating_sub(1);
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
-            job: UnsafeCell::new(std::ptr::null::<fn(usize)>() as *const Job),
+            job: UnsafeCell::new(std::ptr::null::<fn(usize, usize)>() as *const Job),
             pending: AtomicUsize::new(0),
+            phases: AtomicUsize::new(1),
+            arrived: AtomicUsize::new(0),
             taken: (0..n).map(|_| AtomicU64::new(0)).collect(),
             sleeping: (0..n).map(|_| AtomicBool::new(false)).collect(),
             panicked: AtomicBool::new(false),
@@ -133,10 +146,33 @@ fn helper(s: &Shared, index: usize) {
         // SAFETY: see `Shared::job`: the pointer was stored before this epoch was
         // published, and the caller waits for this part (counted in `pending`).
         let job = unsafe { &**s.job.get() };
-        if catch_unwind(AssertUnwindSafe(|| job(index + 1))).is_err() {
-            s.panicked.store(true, Ordering::SeqCst);
+        let (phases, parts) = (s.phases.load(Ordering::Acquire), PARTS.load(Ordering::Acquire));
+        let mut ok = true;
+        for k in 0..phases {
+            // A part that panicked skips its later phases but still meets the barriers.
+            if ok && catch_unwind(AssertUnwindSafe(|| job(index + 1, k))).is_err() {
+                s.panicked.store(true, Ordering::SeqCst);
+                ok = false;
+            }
+            if k + 1 < phases {
+                barrier(s, 1, parts * (k + 1));
+            }
         }
         s.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts `count` parts in at the current barrier, then waits until `target` have arrived,
+/// offering the core now and then as the other waits do (the part we wait for may need it).
+fn barrier(s: &Shared, count: usize, target: usize) {
+    s.arrived.fetch_add(count, Ordering::AcqRel);
+    let mut spins = 0u32;
+    while s.arrived.load(Ordering::Acquire) < target {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(YIELD_EVERY) {
+            std::thread::yield_now();
+        }
+        std::hint::spin_loop();
     }
 }
 
@@ -248,26 +284,43 @@ impl Default for DecodeSteps {
 
 /// Runs `job(p)` for every part `p` in `0..parts()`, in parallel where the team is free.
 pub fn run(job: &(dyn Fn(usize) + Sync)) {
+    run_phased(1, &|p, _| job(p));
+}
+
+/// Runs `job(p, k)` for every part `p` in `0..parts()` and phase `k` in `0..phases`, in
+/// parallel where the team is free, each phase starting once every part has finished the
+/// one before: what phase k of any part wrote, phase k + 1 of every part may read. Where
+/// the team is busy, or the step runs on one thread, the phases run in order, each over
+/// every part.
+pub fn run_phased(phases: usize, job: &(dyn Fn(usize, usize) + Sync)) {
     let team = team();
+    let in_order = || {
+        for k in 0..phases {
+            (0..parts()).for_each(|p| job(p, k));
+        }
+    };
     if SOLO.with(|f| f.get()) {
-        (0..parts()).for_each(job);
+        in_order();
         return;
     }
     let guard = match team.try_lock() {
         Ok(g) if !g.helpers.is_empty() => g,
         // Busy, poisoned or no helpers: every part here, in order.
         _ => {
-            (0..parts()).for_each(job);
+            in_order();
             return;
         }
     };
     let s = &guard.shared;
+    let parts = guard.helpers.len() + 1;
     s.pending.store(guard.helpers.len(), Ordering::Relaxed);
+    s.arrived.store(0, Ordering::Relaxed);
+    s.phases.store(phases, Ordering::Relaxed);
     // SAFETY: we hold the lock and `pending` was zero (every earlier job finished before
     // its caller released the lock), so no helper reads `job` now. The lifetime is erased
     // only for the duration of this call: we wait for `pending == 0` below.
     unsafe {
-        *s.job.get() = std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Job>(job) as *const Job;
+        *s.job.get() = std::mem::transmute::<&(dyn Fn(usize, usize) + Sync), &'static Job>(job) as *const Job;
     }
     let epoch = s.epoch.fetch_add(1, Ordering::SeqCst) + 1;
     for (i, t) in guard.helpers.iter().enumerate() {
@@ -275,18 +328,38 @@ pub fn run(job: &(dyn Fn(usize) + Sync)) {
             t.unpark();
         }
     }
-    let mut mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+    // The first panic of a part run here; a part that panicked skips its later phases.
+    let mut mine = Ok(());
+    let mut run_part = |p: usize, k: usize, ok: &mut bool| {
+        if *ok {
+            if let Err(e) = catch_unwind(AssertUnwindSafe(|| job(p, k))) {
+                *ok = false;
+                if mine.is_ok() {
+                    mine = Err(e);
+                }
+            }
+        }
+    };
+    let mut own_ok = true;
+    run_part(0, 0, &mut own_ok);
     // Parts no helper has started yet: run them here rather than wait for a helper the
-    // scheduler may not run for a while.
+    // scheduler may not run for a while. (No list is made unless one is claimed.)
+    let mut claimed: Vec<(usize, bool)> = Vec::new();
     for (i, taken) in s.taken.iter().enumerate() {
         if taken.fetch_max(epoch, Ordering::AcqRel) < epoch {
-            let r = catch_unwind(AssertUnwindSafe(|| job(i + 1)));
-            if mine.is_ok() {
-                mine = r;
-            }
-            s.pending.fetch_sub(1, Ordering::AcqRel);
+            let mut ok = true;
+            run_part(i + 1, 0, &mut ok);
+            claimed.push((i + 1, ok));
         }
     }
+    for k in 1..phases {
+        barrier(s, 1 + claimed.len(), parts * k);
+        run_part(0, k, &mut own_ok);
+        for (p, ok) in claimed.iter_mut() {
+            run_part(*p, k, ok);
+        }
+    }
+    s.pending.fetch_sub(claimed.len(), Ordering::AcqRel);
     // A helper that claimed a part may have lost its core: yield now and then so it can
     // finish on this one.
     let mut spins = 0u32;
@@ -394,6 +467,95 @@ mod tests {
                 });
             }
         });
+    }
+
+    /// Every part runs every phase once, and each phase sees what every part wrote in the
+    /// one before (the barrier): on the team, nested in a job (the parts in order on one
+    /// thread), and from several threads at once (whoever does not get the team runs in
+    /// order).
+    #[test]
+    fn phased_jobs_see_every_part_of_the_previous_phase() {
+        let parts = parts();
+        // `slow`: the part that takes a while in each phase (none for usize::MAX), so the
+        // others reach the barrier first.
+        let check = |phases: usize, nested: bool, slow: usize| {
+            let slots: Vec<AtomicUsize> = (0..phases * parts).map(|_| AtomicUsize::new(0)).collect();
+            run_phased(phases, &|p, k| {
+                if p == slow {
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_micros(20) {
+                        std::hint::spin_loop();
+                    }
+                }
+                if k > 0 {
+                    for q in 0..parts {
+                        assert_eq!(
+                            slots[(k - 1) * parts + q].load(Ordering::Relaxed),
+                            1,
+                            "part {p}, phase {k}: part {q} had not finished phase {}",
+                            k - 1
+                        );
+                    }
+                }
+                if nested && p == 0 && k == 0 {
+                    let inner: Vec<AtomicUsize> = (0..2 * parts).map(|_| AtomicUsize::new(0)).collect();
+                    run_phased(2, &|q, j| {
+                        if j == 1 {
+                            assert!(inner[..parts].iter().all(|h| h.load(Ordering::SeqCst) == 1));
+                        }
+                        inner[j * parts + q].fetch_add(1, Ordering::SeqCst);
+                    });
+                    assert!(inner.iter().all(|h| h.load(Ordering::SeqCst) == 1));
+                }
+                // Relaxed on purpose: the barrier must order it for the next phase.
+                slots[k * parts + p].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                slots.iter().all(|h| h.load(Ordering::SeqCst) == 1),
+                "{phases} phases: {slots:?}"
+            );
+        };
+        for round in 0..3000 {
+            let slow = [usize::MAX, 0, parts - 1][round % 3];
+            check(1 + round % 4, round % 100 == 0, slow);
+        }
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for round in 0..300 {
+                        check(2 + round % 3, false, round % parts);
+                    }
+                });
+            }
+        });
+    }
+
+    /// A part that panics in a phase panics the caller (on the team, once every part has
+    /// gone through the barriers; in order, at once), nothing waits forever, and the team
+    /// takes the next job.
+    #[test]
+    fn a_phased_job_whose_part_panics_does_not_hang() {
+        let parts = parts();
+        for failing in 0..parts {
+            for phase in 0..3 {
+                let r = std::panic::catch_unwind(|| {
+                    run_phased(3, &|p, k| {
+                        if p == failing && k == phase {
+                            panic!("part {p} fails in phase {k}");
+                        }
+                    })
+                });
+                assert!(
+                    r.is_err(),
+                    "part {failing}'s panic in phase {phase} reaches the caller"
+                );
+            }
+        }
+        let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
+        run_phased(2, &|p, _| {
+            hits[p].fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 2));
     }
 
     /// Every block reaches the job once, as its own index, whether the blocks fit the
