@@ -436,6 +436,13 @@ pub trait Backend {
     ) -> Result<()> {
         q8_mlp_unfused(self, out, acts, x, gate_w, up_w, down_w, spec)
     }
+    /// The attention half of a cached block on int8 weights ([`Q8Attention`]): q, k, v
+    /// projected from `h`, rotated, k and v written into the cache at `pos`, attention
+    /// over the cache, and `x = att Wo^T + x`. The default is those calls one by one
+    /// ([`q8_attention_unfused`]); a backend may run them as one job.
+    fn q8_attention(&self, a: Q8Attention<'_, Self::Buffer>) -> Result<()> {
+        q8_attention_unfused(self, a)
+    }
     /// Rows of an int8 table, dequantized.
     #[allow(clippy::too_many_arguments)]
     fn q8_embedding(
@@ -764,6 +771,83 @@ pub fn q8_swiglu_unfused<B: Backend + ?Sized>(
     backend.q8_matmul(gate, x, gate_w.0, gate_w.1, spec)?;
     backend.q8_matmul(up, x, up_w.0, up_w.1, spec)?;
     backend.swiglu_forward(out, gate, up)
+}
+
+/// The operands of [`Backend::q8_attention`] at `n` new positions of one sequence
+/// (`spec.q_len`).
+pub struct Q8Attention<'a, T> {
+    /// The residual stream `(n, d)`: `att Wo^T` is added to it.
+    pub x: &'a mut T,
+    /// Its normed copy `(n, d)`, the projections' input.
+    pub h: &'a T,
+    /// The query projection `(n, q_dim)`, rotated.
+    pub q: &'a mut T,
+    /// The key projection `(n, kv_dim)`, rotated.
+    pub k: &'a mut T,
+    /// The value projection `(n, kv_dim)`.
+    pub v: &'a mut T,
+    /// The block's key cache (`spec.kv_capacity` positions of `kv_dim`); the new keys go
+    /// at `pos`.
+    pub cache_k: &'a mut T,
+    /// The block's value cache, laid out as `cache_k`.
+    pub cache_v: &'a mut T,
+    /// Positions already in the cache.
+    pub pos: usize,
+    /// Attention's output `(n, q_dim)`.
+    pub att: &'a mut T,
+    /// Its log-sum-exps `(n, q_heads)`.
+    pub lse: &'a mut T,
+    /// `[Wq, Wk, Wv, Wo]`, each as (packed values, row scales).
+    pub weights: [(&'a T, &'a T); 4],
+    /// The rotation of `q`.
+    pub rope_q: &'a RopeSpec,
+    /// The rotation of `k`.
+    pub rope_k: &'a RopeSpec,
+    /// The attention over the cache (`kv_len = pos + n`).
+    pub spec: &'a AttentionSpec,
+}
+
+/// [`Backend::q8_attention`] as `backend`'s calls one by one: [`Backend::q8_matmul_many`]
+/// for q, k and v, [`Backend::rope_forward`] of q and k, [`Backend::copy_range`] into the
+/// cache, [`Backend::attention_forward`], and Wo's product added to `x`. The definition,
+/// and what an override falls back to for shapes it does not fuse.
+pub fn q8_attention_unfused<B: Backend + ?Sized>(backend: &B, a: Q8Attention<'_, B::Buffer>) -> Result<()> {
+    let s = a.spec;
+    let n = s.q_len;
+    let (q_dim, kv_dim) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
+    // The model width, from h (a length that is not whole rows fails the products' checks).
+    let d = backend.len(a.h) / n.max(1);
+    let [wq, wk, wv, wo] = a.weights;
+    let t = |m, nn, k| MatmulSpec::new(m, nn, k).trans_b(true);
+    backend.q8_matmul_many(
+        a.h,
+        &mut [
+            Q8Product {
+                out: &mut *a.q,
+                packed: wq.0,
+                scales: wq.1,
+                spec: t(n, q_dim, d),
+            },
+            Q8Product {
+                out: &mut *a.k,
+                packed: wk.0,
+                scales: wk.1,
+                spec: t(n, kv_dim, d),
+            },
+            Q8Product {
+                out: &mut *a.v,
+                packed: wv.0,
+                scales: wv.1,
+                spec: t(n, kv_dim, d),
+            },
+        ],
+    )?;
+    backend.rope_forward(a.q, a.rope_q)?;
+    backend.rope_forward(a.k, a.rope_k)?;
+    backend.copy_range(a.cache_k, a.pos * kv_dim, a.k, 0, n * kv_dim)?;
+    backend.copy_range(a.cache_v, a.pos * kv_dim, a.v, 0, n * kv_dim)?;
+    backend.attention_forward(a.att, a.lse, a.q, a.cache_k, a.cache_v, s)?;
+    backend.q8_matmul(a.x, a.att, wo.0, wo.1, &t(n, d, q_dim).beta(1.0))
 }
 
 /// [`Backend::q8_mlp`] as `backend`'s [`Backend::q8_swiglu`] into `s` and its down

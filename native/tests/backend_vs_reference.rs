@@ -904,6 +904,169 @@ fn fused_q8_feed_forward_matches_its_definition() {
     }
 }
 
+/// The attention half of a decode step on int8 weights (projections, rotations, the cache
+/// rows, attention, Wo's product added to the residual) against its definition, the calls
+/// one by one: at one position the CPU runs it as one phased job of the team, and every
+/// output must be the very numbers of those calls. Shapes: the 5.3M and README blocks,
+/// head counts that leave a part no key/value head or no query head, heads off the 16-lane
+/// multiple, one head per group, the cache's first and last positions, and one too small
+/// to split. Bad operands are errors on both ways.
+#[test]
+fn fused_q8_attention_matches_its_definition() {
+    use rusting_brain_core::backend::{q8_attention_unfused, Q8Attention};
+    use rusting_brain_core::ops::q8::quantize_rows;
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(115);
+    // (d, q heads, kv heads, head size, position, capacity)
+    for &(d, hq, hkv, hd, pos, cap) in &[
+        (256, 8, 2, 32, 15, 64),
+        (512, 8, 2, 64, 100, 513),
+        (192, 6, 2, 32, 0, 16),
+        (192, 6, 2, 32, 15, 16),
+        (200, 5, 1, 40, 3, 10),
+        (160, 3, 3, 48, 9, 12),
+        (130, 9, 3, 18, 2, 5),
+        (32, 2, 1, 16, 1, 4),
+    ] {
+        let (q_dim, kv_dim) = (hq * hd, hkv * hd);
+        let h = randn(&mut rng, d);
+        let x0 = randn(&mut rng, d);
+        let cache0 = (randn(&mut rng, cap * kv_dim), randn(&mut rng, cap * kv_dim));
+        let w: Vec<(Vec<f32>, Vec<f32>)> = [(q_dim, d), (kv_dim, d), (kv_dim, d), (d, q_dim)]
+            .iter()
+            .map(|&(n, k)| quantize_rows(&randn(&mut rng, n * k), n, k).unwrap())
+            .collect();
+        let spec = AttentionSpec {
+            batch: 1,
+            q_len: 1,
+            kv_len: pos + 1,
+            kv_capacity: cap,
+            q_heads: hq,
+            kv_heads: hkv,
+            head_dim: hd,
+        };
+        let rope = |heads| RopeSpec {
+            batch: 1,
+            seq: 1,
+            heads,
+            head_dim: hd,
+            pos_offset: pos,
+            theta: 10_000.0,
+            scaling: RopeScaling::None,
+        };
+        let (rope_q, rope_k) = (rope(hq), rope(hkv));
+        let run = |be: &Dyn, fused: bool| {
+            let mut x = x0.clone();
+            let (mut q, mut k, mut v) = (nan(q_dim), nan(kv_dim), nan(kv_dim));
+            let (mut ck, mut cv) = cache0.clone();
+            let (mut att, mut lse) = (nan(q_dim), nan(hq));
+            let a = Q8Attention {
+                x: &mut x,
+                h: &h,
+                q: &mut q,
+                k: &mut k,
+                v: &mut v,
+                cache_k: &mut ck,
+                cache_v: &mut cv,
+                pos,
+                att: &mut att,
+                lse: &mut lse,
+                weights: [
+                    (&w[0].0, &w[0].1),
+                    (&w[1].0, &w[1].1),
+                    (&w[2].0, &w[2].1),
+                    (&w[3].0, &w[3].1),
+                ],
+                rope_q: &rope_q,
+                rope_k: &rope_k,
+                spec: &spec,
+            };
+            if fused {
+                be.q8_attention(a)
+            } else {
+                q8_attention_unfused(be, a)
+            }
+            .unwrap();
+            [x, q, k, v, ck, cv, att, lse]
+        };
+        let what = format!("q8_attention d {d}, heads {hq}/{hkv} of {hd}, position {pos} of {cap}");
+        let (got, want) = (run(cpu, true), run(rf, true));
+        close(&format!("{what}: att"), &got[6], &want[6]);
+        close(&format!("{what}: x"), &got[0], &want[0]);
+        assert_eq!(
+            got,
+            run(cpu, false),
+            "{what}: not the numbers of the calls one by one"
+        );
+    }
+    // Bad operands: a position past the cache, a short residual, a short Wo scale.
+    let (d, hq, hkv, hd, cap) = (256, 8, 2, 32, 4);
+    let (q_dim, kv_dim) = (hq * hd, hkv * hd);
+    let w: Vec<(Vec<f32>, Vec<f32>)> = [(q_dim, d), (kv_dim, d), (kv_dim, d), (d, q_dim)]
+        .iter()
+        .map(|&(n, k)| quantize_rows(&randn(&mut rng, n * k), n, k).unwrap())
+        .collect();
+    let h = randn(&mut rng, d);
+    for be in [cpu, rf] {
+        for (what, pos, x_len, wo_scales) in [
+            ("a position past the cache", cap, d, d),
+            ("a short residual", 1, d - 1, d),
+            ("a short Wo scale", 1, d, d - 1),
+        ] {
+            let spec = AttentionSpec {
+                batch: 1,
+                q_len: 1,
+                kv_len: pos + 1,
+                kv_capacity: cap,
+                q_heads: hq,
+                kv_heads: hkv,
+                head_dim: hd,
+            };
+            let rope = |heads| RopeSpec {
+                batch: 1,
+                seq: 1,
+                heads,
+                head_dim: hd,
+                pos_offset: pos,
+                theta: 10_000.0,
+                scaling: RopeScaling::None,
+            };
+            let (rope_q, rope_k) = (rope(hq), rope(hkv));
+            let (mut x, mut q, mut k, mut v) = (
+                vec![0.0; x_len],
+                vec![0.0; q_dim],
+                vec![0.0; kv_dim],
+                vec![0.0; kv_dim],
+            );
+            let (mut ck, mut cv) = (vec![0.0; cap * kv_dim], vec![0.0; cap * kv_dim]);
+            let (mut att, mut lse) = (vec![0.0; q_dim], vec![0.0; hq]);
+            let wo_s = w[3].1[..wo_scales].to_vec();
+            let r = be.q8_attention(Q8Attention {
+                x: &mut x,
+                h: &h,
+                q: &mut q,
+                k: &mut k,
+                v: &mut v,
+                cache_k: &mut ck,
+                cache_v: &mut cv,
+                pos,
+                att: &mut att,
+                lse: &mut lse,
+                weights: [
+                    (&w[0].0, &w[0].1),
+                    (&w[1].0, &w[1].1),
+                    (&w[2].0, &w[2].1),
+                    (&w[3].0, &wo_s),
+                ],
+                rope_q: &rope_q,
+                rope_k: &rope_k,
+                spec: &spec,
+            });
+            assert!(r.is_err(), "{}: {what}", be.name());
+        }
+    }
+}
+
 /// A windowed product touches exactly its rows: the same numbers as the product of the
 /// cut-out operands, and every element outside the window unchanged.
 #[test]

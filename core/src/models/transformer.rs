@@ -13,7 +13,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::backend::{
-    AttentionSpec, LoraSpec, MatmulSpec, Precision, Q8Product, RopeSpec, RoutedSpec, SdpaSpec,
+    AttentionSpec, LoraSpec, MatmulSpec, Precision, Q8Attention, Q8Product, RopeSpec, RoutedSpec, SdpaSpec,
 };
 use crate::{Backend, CoreError, Optimizer, Result, Rng, RopeScaling};
 
@@ -1449,39 +1449,70 @@ fn block_forward<B: Backend>(
         }
         Ok(())
     };
-    match (&p.q_norm, &p.k_norm) {
-        // Per-head norms: the projections land in q_raw/k_raw (kept for the backward),
-        // then q = rmsnorm(q_raw) over rows (n * heads) of head_dim.
-        (Some(qn), Some(kn)) => {
-            let [q_raw, k_raw, rstd_q, rstd_k] = qk;
-            project(q_raw, k_raw)?;
-            let hd = c.head_dim;
-            b.rmsnorm_forward(qb, rstd_q, q_raw, qn, n * c.q_heads, hd, c.norm_eps)?;
-            b.rmsnorm_forward(kb, rstd_k, k_raw, kn, n * c.kv_heads, hd, c.norm_eps)?;
-        }
-        _ => project(qb, kb)?,
-    }
-    b.rope_forward(qb, rope_q)?;
-    b.rope_forward(kb, rope_k)?;
     let inference = matches!(keys, Keys::Cache { .. } | Keys::Masked(_));
-    match keys {
-        Keys::Fresh => b.attention_forward(att, lse, qb, kb, vb, spec)?,
-        Keys::Masked(mask) => {
-            let masked = SdpaSpec::new(spec.batch, spec.q_len, spec.q_heads, spec.head_dim)
-                .kv_heads(spec.kv_heads)
-                .causal(true);
-            b.sdpa(att, qb, kb, vb, Some(mask), None, &masked)?;
+    // An int8 block decoding from its cache with nothing in between (no adapters, biases
+    // or per-head norms): the projections through Wo's product in one call, which a
+    // backend may run as one job.
+    let plain = lw.is_none()
+        && [&p.q_bias, &p.k_bias, &p.v_bias, &p.q_norm, &p.k_norm]
+            .iter()
+            .all(|o| o.is_none());
+    match (keys, &w.wq, &w.wk, &w.wv, &w.wo) {
+        (Keys::Cache { k, v, pos }, Mat::Q8(pq, sq), Mat::Q8(pk, sk), Mat::Q8(pv, sv), Mat::Q8(po, so))
+            if plain =>
+        {
+            b.q8_attention(Q8Attention {
+                x: &mut *x,
+                h: &*h,
+                q: qb,
+                k: kb,
+                v: vb,
+                cache_k: k,
+                cache_v: v,
+                pos,
+                att: &mut *att,
+                lse,
+                weights: [(pq, sq), (pk, sk), (pv, sv), (po, so)],
+                rope_q,
+                rope_k,
+                spec,
+            })?;
         }
-        Keys::Cache { k, v, pos } => {
-            b.copy_range(k, pos * kv, kb, 0, n * kv)?;
-            b.copy_range(v, pos * kv, vb, 0, n * kv)?;
-            b.attention_forward(att, lse, qb, k, v, spec)?;
+        (keys, ..) => {
+            match (&p.q_norm, &p.k_norm) {
+                // Per-head norms: the projections land in q_raw/k_raw (kept for the backward),
+                // then q = rmsnorm(q_raw) over rows (n * heads) of head_dim.
+                (Some(qn), Some(kn)) => {
+                    let [q_raw, k_raw, rstd_q, rstd_k] = qk;
+                    project(q_raw, k_raw)?;
+                    let hd = c.head_dim;
+                    b.rmsnorm_forward(qb, rstd_q, q_raw, qn, n * c.q_heads, hd, c.norm_eps)?;
+                    b.rmsnorm_forward(kb, rstd_k, k_raw, kn, n * c.kv_heads, hd, c.norm_eps)?;
+                }
+                _ => project(qb, kb)?,
+            }
+            b.rope_forward(qb, rope_q)?;
+            b.rope_forward(kb, rope_k)?;
+            match keys {
+                Keys::Fresh => b.attention_forward(att, lse, qb, kb, vb, spec)?,
+                Keys::Masked(mask) => {
+                    let masked = SdpaSpec::new(spec.batch, spec.q_len, spec.q_heads, spec.head_dim)
+                        .kv_heads(spec.kv_heads)
+                        .causal(true);
+                    b.sdpa(att, qb, kb, vb, Some(mask), None, &masked)?;
+                }
+                Keys::Cache { k, v, pos } => {
+                    b.copy_range(k, pos * kv, kb, 0, n * kv)?;
+                    b.copy_range(v, pos * kv, vb, 0, n * kv)?;
+                    b.attention_forward(att, lse, qb, k, v, spec)?;
+                }
+            }
+            // x += att Wo^T
+            w.wo.apply(b, x, att, mm(n, d, q).beta(1.0))?;
+            if let (Some(lw), Some(lt), Some(ctx)) = (lw, lt.as_deref_mut(), ctx) {
+                adapt(b, &lw.wo, &mut lt.wo, x, att, ctx.spec(n, q, d))?;
+            }
         }
-    }
-    // x += att Wo^T
-    w.wo.apply(b, x, att, mm(n, d, q).beta(1.0))?;
-    if let (Some(lw), Some(lt), Some(ctx)) = (lw, lt.as_deref_mut(), ctx) {
-        adapt(b, &lw.wo, &mut lt.wo, x, att, ctx.spec(n, q, d))?;
     }
     if let Some((_, x_mid)) = saved.as_mut() {
         b.copy(x_mid, x)?;

@@ -45,46 +45,8 @@ pub fn attention_forward(
         attention_forward_blocked(out, lse, q, k, v, spec);
         return Ok(());
     }
-    let scale = 1.0 / (d as f32).sqrt();
-    // One query row's heads `h0..h0 + l.len()`: scores against the visible keys, softmax,
-    // weighted sum of values. `o` holds those heads' outputs. Heads that share a key/value
-    // head go together, up to four at once, so each cache row is read once for all of them.
     let heads = |row: usize, h0: usize, o: &mut [f32], l: &mut [f32], scores: &mut Vec<f32>| {
-        let (b, t) = (row / spec.q_len, row % spec.q_len);
-        let n = spec.visible(t);
-        let group = spec.group();
-        let mut u = 0;
-        while u < l.len() {
-            let h = h0 + u;
-            let kvh = h / group;
-            let run = (group - h % group).min(l.len() - u).min(4);
-            scores.resize(run * n, 0.0);
-            let s = &mut scores[..run * n];
-            let qi = spec.q_index(b, t, h);
-            // Key/value rows of this group are `stride` apart in the cache.
-            let (first, stride) = (spec.kv_index(b, 0, kvh), spec.kv_heads * d);
-            let span = (n - 1) * stride + d;
-            simd::dot_rows_heads(
-                s,
-                n,
-                &q[qi..qi + run * d],
-                run,
-                &k[first..first + span],
-                stride,
-                scale,
-            );
-            let mut inv = [0.0f32; 4];
-            for (i, si) in s.chunks_exact_mut(n).enumerate() {
-                let max = simd::max(si);
-                let sum = simd::exp_sub_sum(si, max);
-                l[u + i] = max + sum.ln();
-                inv[i] = 1.0 / sum;
-            }
-            let oh = &mut o[u * d..(u + run) * d];
-            oh.fill(0.0);
-            simd::axpy_rows_heads(oh, s, n, &inv[..run], &v[first..first + span], stride);
-            u += run;
-        }
+        row_heads(spec, q, k, v, row, h0, o, l, scores)
     };
     let parts = team::parts();
     let rows = spec.batch * spec.q_len;
@@ -94,10 +56,7 @@ pub fn attention_forward(
         let per = hq.div_ceil(parts);
         let blocks = out.chunks_mut(per * d).zip(lse.chunks_mut(per));
         team::run_blocks(blocks, |p, (o, l)| {
-            SCORES.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut scores) => heads(0, p * per, o, l, &mut scores),
-                Err(_) => heads(0, p * per, o, l, &mut Vec::new()),
-            })
+            with_scores(|scores| heads(0, p * per, o, l, scores))
         });
     } else {
         out.par_chunks_mut(hq * d)
@@ -109,6 +68,69 @@ pub fn attention_forward(
             );
     }
     Ok(())
+}
+
+/// `f` with this thread's kept scores buffer (a fresh one if it is lent already).
+pub(crate) fn with_scores<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+    SCORES.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scores) => f(&mut scores),
+        Err(_) => f(&mut Vec::new()),
+    })
+}
+
+/// One query row's heads `h0..h0 + l.len()` (`row` is `(b, t)` flattened): scores
+/// against the visible keys, softmax, weighted sum of values; `o` holds those heads'
+/// outputs, `l` their log-sum-exps. Heads that share a key/value head go together, up to
+/// four at once, so each cache row is read once for all of them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn row_heads(
+    spec: &AttentionSpec,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    row: usize,
+    h0: usize,
+    o: &mut [f32],
+    l: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let d = spec.head_dim;
+    let scale = 1.0 / (d as f32).sqrt();
+    let (b, t) = (row / spec.q_len, row % spec.q_len);
+    let n = spec.visible(t);
+    let group = spec.group();
+    let mut u = 0;
+    while u < l.len() {
+        let h = h0 + u;
+        let kvh = h / group;
+        let run = (group - h % group).min(l.len() - u).min(4);
+        scores.resize(run * n, 0.0);
+        let s = &mut scores[..run * n];
+        let qi = spec.q_index(b, t, h);
+        // Key/value rows of this group are `stride` apart in the cache.
+        let (first, stride) = (spec.kv_index(b, 0, kvh), spec.kv_heads * d);
+        let span = (n - 1) * stride + d;
+        simd::dot_rows_heads(
+            s,
+            n,
+            &q[qi..qi + run * d],
+            run,
+            &k[first..first + span],
+            stride,
+            scale,
+        );
+        let mut inv = [0.0f32; 4];
+        for (i, si) in s.chunks_exact_mut(n).enumerate() {
+            let max = simd::max(si);
+            let sum = simd::exp_sub_sum(si, max);
+            l[u + i] = max + sum.ln();
+            inv[i] = 1.0 / sum;
+        }
+        let oh = &mut o[u * d..(u + run) * d];
+        oh.fill(0.0);
+        simd::axpy_rows_heads(oh, s, n, &inv[..run], &v[first..first + span], stride);
+        u += run;
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

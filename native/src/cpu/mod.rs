@@ -376,6 +376,32 @@ impl Backend for CpuBackend {
         check_len("q8_swiglu", "out", out.len(), spec.n)?;
         q8::q8_swiglu(out, gate, up, x, (gate_w.0, gate_w.1), (up_w.0, up_w.1))
     }
+    fn q8_attention(&self, a: Q8Attention<'_, Vec<f32>>) -> Result<()> {
+        // One position of one sequence, over the team: one phased job. Anything else (a
+        // prompt, one thread, a model too small to split) as the calls one by one.
+        let s = a.spec;
+        let bytes = (s.q_heads + s.kv_heads) * s.head_dim * 2 * a.h.len();
+        if s.batch != 1 || s.q_len != 1 || team::parts() < 2 || bytes < q8::TEAM_MIN_BYTES {
+            return rusting_brain_core::backend::q8_attention_unfused(self, a);
+        }
+        let [wq, wk, wv, wo] = a.weights;
+        q8::q8_attention_row(q8::DecodeAttention {
+            x: a.x,
+            h: a.h,
+            q: a.q,
+            k: a.k,
+            v: a.v,
+            cache_k: a.cache_k,
+            cache_v: a.cache_v,
+            pos: a.pos,
+            att: a.att,
+            lse: a.lse,
+            weights: [(wq.0, wq.1), (wk.0, wk.1), (wv.0, wv.1), (wo.0, wo.1)],
+            rope_q: a.rope_q,
+            rope_k: a.rope_k,
+            spec: s,
+        })
+    }
     fn q8_mlp(
         &self,
         out: &mut Vec<f32>,

@@ -5,9 +5,11 @@
 //! Twin of `rusting_brain_core::ops::q8`.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::{check_len, product};
+use rusting_brain_core::error::{check_len, check_range, product};
+use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::ops::embedding::check_ids;
 use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols};
+use rusting_brain_core::ops::rope::RopeSpec;
 use rusting_brain_core::Result;
 
 use super::shared_buf::SharedBuf;
@@ -15,7 +17,7 @@ use super::{simd, team};
 
 /// int8 weights below which a decode product stays on the calling thread: handing half of
 /// a 32 KiB matrix to the other core costs about what reading it does.
-const TEAM_MIN_BYTES: usize = 1 << 15;
+pub(crate) const TEAM_MIN_BYTES: usize = 1 << 15;
 
 /// The int8 values packed in `x` (four per slot, memory order).
 fn as_i8(x: &[f32]) -> &[i8] {
@@ -376,6 +378,165 @@ pub fn q8_mlp(
                 &down_w.1[first..],
                 1.0,
             );
+        }
+    });
+    Ok(())
+}
+
+/// The operands of [`q8_attention_row`]: core's `Q8Attention` as slices.
+pub struct DecodeAttention<'a> {
+    pub x: &'a mut [f32],
+    pub h: &'a [f32],
+    pub q: &'a mut [f32],
+    pub k: &'a mut [f32],
+    pub v: &'a mut [f32],
+    pub cache_k: &'a mut [f32],
+    pub cache_v: &'a mut [f32],
+    pub pos: usize,
+    pub att: &'a mut [f32],
+    pub lse: &'a mut [f32],
+    /// `[Wq, Wk, Wv, Wo]` as (packed values, row scales).
+    pub weights: [(&'a [f32], &'a [f32]); 4],
+    pub rope_q: &'a RopeSpec,
+    pub rope_k: &'a RopeSpec,
+    pub spec: &'a AttentionSpec,
+}
+
+/// The attention half of a decode step at one position, as one job of the team in four
+/// phases: (0) each part its rows of q, k and v; (1) its query heads rotated, and its
+/// key/value heads rotated and written into the cache; (2) its query heads' attention over
+/// the cache; (3) its rows of Wo's product, added to `x`. The same calls on the same rows
+/// as `q8_matmul_many`, `rope_forward`, `copy_range`, `attention_forward` and `q8_matmul`
+/// (same bits), with one hand-off instead of three and the rotations and copies off the
+/// calling thread. Every check those calls make is made first.
+pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
+    const OP: &str = "q8_attention";
+    let spec = a.spec;
+    let (hd, hq, hkv) = (spec.head_dim, spec.q_heads, spec.kv_heads);
+    let (d, q_dim, kv_dim) = (a.h.len(), hq * hd, hkv * hd);
+    let [wq, wk, wv, wo] = a.weights;
+    check_q8_matmul(a.q.len(), d, wq.0.len(), wq.1.len(), 1, q_dim, d)?;
+    check_q8_matmul(a.k.len(), d, wk.0.len(), wk.1.len(), 1, kv_dim, d)?;
+    check_q8_matmul(a.v.len(), d, wv.0.len(), wv.1.len(), 1, kv_dim, d)?;
+    a.rope_q.check("rope_forward", a.q.len())?;
+    a.rope_k.check("rope_forward", a.k.len())?;
+    let at = a
+        .pos
+        .checked_mul(kv_dim)
+        .ok_or_else(|| rusting_brain_core::CoreError::InvalidArgument {
+            op: OP,
+            message: format!("position {} is past any cache", a.pos),
+        })?;
+    check_range("copy_range", "dst", a.cache_k.len(), at, kv_dim)?;
+    check_range("copy_range", "dst", a.cache_v.len(), at, kv_dim)?;
+    spec.check("attention_forward")?;
+    spec.check_forward(
+        a.att.len(),
+        a.lse.len(),
+        a.q.len(),
+        a.cache_k.len(),
+        a.cache_v.len(),
+    )?;
+    check_q8_matmul(a.x.len(), q_dim, wo.0.len(), wo.1.len(), 1, d, q_dim)?;
+    if spec.batch != 1 || spec.q_len != 1 || a.rope_q.seq != 1 || a.rope_k.seq != 1 {
+        return Err(rusting_brain_core::CoreError::InvalidArgument {
+            op: OP,
+            message: "one position of one sequence".into(),
+        });
+    }
+    let parts = team::parts();
+    let (stride_d, stride_q) = (packed_cols(d) * 4, packed_cols(q_dim) * 4);
+    let xq = RowBuf::of(a.h);
+    let act = xq.row();
+    let (rows_q, first_q) = super::rope::table(a.rope_q);
+    let (rows_k, first_k) = super::rope::table(a.rope_k);
+    let (table_q, table_k) = (&rows_q[first_q * hd..], &rows_k[first_k * hd..]);
+    let band = |n: usize, unit: usize, p: usize| {
+        let per = n.div_ceil(parts).div_ceil(unit).max(1) * unit;
+        ((p * per).min(n), ((p + 1) * per).min(n))
+    };
+    let (q, k, v) = (SharedBuf::new(a.q), SharedBuf::new(a.k), SharedBuf::new(a.v));
+    let (kc, vc) = (SharedBuf::new(a.cache_k), SharedBuf::new(a.cache_v));
+    let (att, lse, x) = (SharedBuf::new(a.att), SharedBuf::new(a.lse), SharedBuf::new(a.x));
+    team::run_phased(4, &|p, phase| match phase {
+        0 => {
+            for (out, w, n) in [(&q, wq, q_dim), (&k, wk, kv_dim), (&v, wv, kv_dim)] {
+                let (first, end) = band(n, 16, p);
+                if first < end {
+                    // SAFETY: in phase 0 part p alone writes these rows of q, k and v.
+                    let o = unsafe { out.band(first, end) };
+                    simd::q8_rows(
+                        o,
+                        &act,
+                        &as_i8(w.0)[first * stride_d..],
+                        stride_d,
+                        &w.1[first..],
+                        0.0,
+                    );
+                }
+            }
+        }
+        1 => {
+            let (h0, h1) = band(hq, 1, p);
+            if h0 < h1 {
+                let heads = RopeSpec {
+                    heads: h1 - h0,
+                    ..*a.rope_q
+                };
+                // SAFETY: in phase 1 part p alone touches its query heads.
+                super::rope::rotate_with(unsafe { q.band(h0 * hd, h1 * hd) }, &heads, table_q, 1.0);
+            }
+            let (g0, g1) = band(hkv, 1, p);
+            if g0 < g1 {
+                let heads = RopeSpec {
+                    heads: g1 - g0,
+                    ..*a.rope_k
+                };
+                // SAFETY: in phase 1 part p alone touches its key/value heads, in the new
+                // rows and in the cache's row at `pos`.
+                unsafe {
+                    let kh = k.band(g0 * hd, g1 * hd);
+                    super::rope::rotate_with(kh, &heads, table_k, 1.0);
+                    kc.band(at + g0 * hd, at + g1 * hd).copy_from_slice(kh);
+                    vc.band(at + g0 * hd, at + g1 * hd)
+                        .copy_from_slice(v.band(g0 * hd, g1 * hd));
+                }
+            }
+        }
+        2 => {
+            let (h0, h1) = band(hq, 1, p);
+            if h0 < h1 {
+                // SAFETY: in phase 2 every part reads q and the caches (written before the
+                // barrier) and part p alone writes its heads' outputs.
+                let (qa, ka, va, o, l) = unsafe {
+                    (
+                        q.all(),
+                        kc.all(),
+                        vc.all(),
+                        att.band(h0 * hd, h1 * hd),
+                        lse.band(h0, h1),
+                    )
+                };
+                super::attention::with_scores(|s| {
+                    super::attention::row_heads(spec, qa, ka, va, 0, h0, o, l, s)
+                });
+            }
+        }
+        _ => {
+            let (first, end) = band(d, 16, p);
+            if first < end {
+                // SAFETY: in phase 3 every part reads att (written before the barrier) and
+                // part p alone writes these rows of x.
+                let (aq, o) = unsafe { (RowBuf::of(att.all()), x.band(first, end)) };
+                simd::q8_rows(
+                    o,
+                    &aq.row(),
+                    &as_i8(wo.0)[first * stride_q..],
+                    stride_q,
+                    &wo.1[first..],
+                    1.0,
+                );
+            }
         }
     });
     Ok(())

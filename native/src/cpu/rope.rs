@@ -77,16 +77,28 @@ fn cached_rows(d: usize, theta: f32, scaling: RopeScaling, end: usize) -> Option
 }
 
 fn rotate(x: &mut [f32], spec: &RopeSpec, sign: f32) {
-    let (d, half, heads, seq) = (spec.head_dim, spec.head_dim / 2, spec.heads, spec.seq);
-    let end = spec.pos_offset + seq;
-    let (rows, first) = match cached_rows(d, spec.theta, spec.scaling, end) {
+    let (rows, first) = table(spec);
+    rotate_with(x, spec, &rows[first * spec.head_dim..], sign);
+}
+
+/// The cos/sin rows of `spec`'s positions: the kept table and the row of position
+/// `pos_offset` in it, or rows made for this call alone (then from row 0).
+pub(crate) fn table(spec: &RopeSpec) -> (Arc<Vec<f32>>, usize) {
+    let (d, end) = (spec.head_dim, spec.pos_offset + spec.seq);
+    match cached_rows(d, spec.theta, spec.scaling, end) {
         Some(rows) => (rows, spec.pos_offset),
         None => (
             Arc::new(build_rows(d, spec.theta, spec.scaling, spec.pos_offset, end)),
             0,
         ),
-    };
-    let table = &rows[first * d..(first + seq) * d];
+    }
+}
+
+/// Rotates `x` (`spec`'s layout) by `sign` times the angles in `rows`, the cos/sin rows
+/// of its positions from the first.
+pub(crate) fn rotate_with(x: &mut [f32], spec: &RopeSpec, rows: &[f32], sign: f32) {
+    let (d, half, heads, seq) = (spec.head_dim, spec.head_dim / 2, spec.heads, spec.seq);
+    let table = &rows[..seq * d];
     let row_len = heads * d;
     let per_task = rows_per_task(row_len);
     let block = |chunk: usize, block: &mut [f32]| {
