@@ -173,6 +173,23 @@ impl<B: Backend> Backend for Profiled<B> {
             self.inner.q8_swiglu(out, gate, up, x, gate_w, up_w, spec)
         })
     }
+    fn q8_mlp(
+        &self,
+        out: &mut B::Buffer,
+        acts: [&mut B::Buffer; 3],
+        x: &B::Buffer,
+        gate_w: (&B::Buffer, &B::Buffer),
+        up_w: (&B::Buffer, &B::Buffer),
+        down_w: (&B::Buffer, &B::Buffer),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        self.time("q8_mlp", || {
+            self.inner.q8_mlp(out, acts, x, gate_w, up_w, down_w, spec)
+        })
+    }
+    fn q8_attention(&self, a: Q8Attention<'_, B::Buffer>) -> Result<()> {
+        self.time("q8_attention", || self.inner.q8_attention(a))
+    }
     fn q8_embedding(
         &self,
         out: &mut B::Buffer,
