@@ -904,6 +904,78 @@ fn fused_q8_feed_forward_matches_its_definition() {
     }
 }
 
+/// The specs of one decode position `pos` in a cache of `cap`: attention, and the
+/// rotations of q and k.
+fn decode_specs(
+    hq: usize,
+    hkv: usize,
+    hd: usize,
+    pos: usize,
+    cap: usize,
+) -> (AttentionSpec, RopeSpec, RopeSpec) {
+    let spec = AttentionSpec {
+        batch: 1,
+        q_len: 1,
+        kv_len: pos + 1,
+        kv_capacity: cap,
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: hd,
+    };
+    let rope = |heads| RopeSpec {
+        batch: 1,
+        seq: 1,
+        heads,
+        head_dim: hd,
+        pos_offset: pos,
+        theta: 10_000.0,
+        scaling: RopeScaling::None,
+    };
+    (spec, rope(hq), rope(hkv))
+}
+
+/// `q8_attention` (or, not `fused`, its definition) on `bufs` = `[x, q, k, v, cache_k,
+/// cache_v, att, lse]`.
+fn run_q8_attention(
+    be: &Dyn,
+    fused: bool,
+    bufs: &mut [Vec<f32>; 8],
+    h: &[f32],
+    w: &[(Vec<f32>, Vec<f32>)],
+    pos: usize,
+    (spec, rope_q, rope_k): &(AttentionSpec, RopeSpec, RopeSpec),
+) -> rusting_brain_core::Result<()> {
+    use rusting_brain_core::backend::{q8_attention_unfused, Q8Attention};
+    let h = h.to_vec();
+    let [x, q, k, v, cache_k, cache_v, att, lse] = bufs;
+    let a = Q8Attention {
+        x,
+        h: &h,
+        q,
+        k,
+        v,
+        cache_k,
+        cache_v,
+        pos,
+        att,
+        lse,
+        weights: [
+            (&w[0].0, &w[0].1),
+            (&w[1].0, &w[1].1),
+            (&w[2].0, &w[2].1),
+            (&w[3].0, &w[3].1),
+        ],
+        rope_q,
+        rope_k,
+        spec,
+    };
+    if fused {
+        be.q8_attention(a)
+    } else {
+        q8_attention_unfused(be, a)
+    }
+}
+
 /// The attention half of a decode step on int8 weights (projections, rotations, the cache
 /// rows, attention, Wo's product added to the residual) against its definition, the calls
 /// one by one: at one position the CPU runs it as one phased job of the team, and every
@@ -913,10 +985,15 @@ fn fused_q8_feed_forward_matches_its_definition() {
 /// to split. Bad operands are errors on both ways.
 #[test]
 fn fused_q8_attention_matches_its_definition() {
-    use rusting_brain_core::backend::{q8_attention_unfused, Q8Attention};
     use rusting_brain_core::ops::q8::quantize_rows;
     let (cpu, rf) = backends();
     let mut rng = Rng::new(115);
+    let weights = |rng: &mut Rng, d: usize, q_dim: usize, kv_dim: usize| -> Vec<(Vec<f32>, Vec<f32>)> {
+        [(q_dim, d), (kv_dim, d), (kv_dim, d), (d, q_dim)]
+            .iter()
+            .map(|&(n, k)| quantize_rows(&randn(rng, n * k), n, k).unwrap())
+            .collect()
+    };
     // (d, q heads, kv heads, head size, position, capacity)
     for &(d, hq, hkv, hd, pos, cap) in &[
         (256, 8, 2, 32, 15, 64),
@@ -930,64 +1007,22 @@ fn fused_q8_attention_matches_its_definition() {
     ] {
         let (q_dim, kv_dim) = (hq * hd, hkv * hd);
         let h = randn(&mut rng, d);
-        let x0 = randn(&mut rng, d);
-        let cache0 = (randn(&mut rng, cap * kv_dim), randn(&mut rng, cap * kv_dim));
-        let w: Vec<(Vec<f32>, Vec<f32>)> = [(q_dim, d), (kv_dim, d), (kv_dim, d), (d, q_dim)]
-            .iter()
-            .map(|&(n, k)| quantize_rows(&randn(&mut rng, n * k), n, k).unwrap())
-            .collect();
-        let spec = AttentionSpec {
-            batch: 1,
-            q_len: 1,
-            kv_len: pos + 1,
-            kv_capacity: cap,
-            q_heads: hq,
-            kv_heads: hkv,
-            head_dim: hd,
-        };
-        let rope = |heads| RopeSpec {
-            batch: 1,
-            seq: 1,
-            heads,
-            head_dim: hd,
-            pos_offset: pos,
-            theta: 10_000.0,
-            scaling: RopeScaling::None,
-        };
-        let (rope_q, rope_k) = (rope(hq), rope(hkv));
+        let start = [
+            randn(&mut rng, d),
+            nan(q_dim),
+            nan(kv_dim),
+            nan(kv_dim),
+            randn(&mut rng, cap * kv_dim),
+            randn(&mut rng, cap * kv_dim),
+            nan(q_dim),
+            nan(hq),
+        ];
+        let w = weights(&mut rng, d, q_dim, kv_dim);
+        let specs = decode_specs(hq, hkv, hd, pos, cap);
         let run = |be: &Dyn, fused: bool| {
-            let mut x = x0.clone();
-            let (mut q, mut k, mut v) = (nan(q_dim), nan(kv_dim), nan(kv_dim));
-            let (mut ck, mut cv) = cache0.clone();
-            let (mut att, mut lse) = (nan(q_dim), nan(hq));
-            let a = Q8Attention {
-                x: &mut x,
-                h: &h,
-                q: &mut q,
-                k: &mut k,
-                v: &mut v,
-                cache_k: &mut ck,
-                cache_v: &mut cv,
-                pos,
-                att: &mut att,
-                lse: &mut lse,
-                weights: [
-                    (&w[0].0, &w[0].1),
-                    (&w[1].0, &w[1].1),
-                    (&w[2].0, &w[2].1),
-                    (&w[3].0, &w[3].1),
-                ],
-                rope_q: &rope_q,
-                rope_k: &rope_k,
-                spec: &spec,
-            };
-            if fused {
-                be.q8_attention(a)
-            } else {
-                q8_attention_unfused(be, a)
-            }
-            .unwrap();
-            [x, q, k, v, ck, cv, att, lse]
+            let mut bufs = start.clone();
+            run_q8_attention(be, fused, &mut bufs, &h, &w, pos, &specs).unwrap();
+            bufs
         };
         let what = format!("q8_attention d {d}, heads {hq}/{hkv} of {hd}, position {pos} of {cap}");
         let (got, want) = (run(cpu, true), run(rf, true));
@@ -1002,10 +1037,7 @@ fn fused_q8_attention_matches_its_definition() {
     // Bad operands: a position past the cache, a short residual, a short Wo scale.
     let (d, hq, hkv, hd, cap) = (256, 8, 2, 32, 4);
     let (q_dim, kv_dim) = (hq * hd, hkv * hd);
-    let w: Vec<(Vec<f32>, Vec<f32>)> = [(q_dim, d), (kv_dim, d), (kv_dim, d), (d, q_dim)]
-        .iter()
-        .map(|&(n, k)| quantize_rows(&randn(&mut rng, n * k), n, k).unwrap())
-        .collect();
+    let w = weights(&mut rng, d, q_dim, kv_dim);
     let h = randn(&mut rng, d);
     for be in [cpu, rf] {
         for (what, pos, x_len, wo_scales) in [
@@ -1013,55 +1045,20 @@ fn fused_q8_attention_matches_its_definition() {
             ("a short residual", 1, d - 1, d),
             ("a short Wo scale", 1, d, d - 1),
         ] {
-            let spec = AttentionSpec {
-                batch: 1,
-                q_len: 1,
-                kv_len: pos + 1,
-                kv_capacity: cap,
-                q_heads: hq,
-                kv_heads: hkv,
-                head_dim: hd,
-            };
-            let rope = |heads| RopeSpec {
-                batch: 1,
-                seq: 1,
-                heads,
-                head_dim: hd,
-                pos_offset: pos,
-                theta: 10_000.0,
-                scaling: RopeScaling::None,
-            };
-            let (rope_q, rope_k) = (rope(hq), rope(hkv));
-            let (mut x, mut q, mut k, mut v) = (
+            let mut w = w.clone();
+            w[3].1.truncate(wo_scales);
+            let mut bufs = [
                 vec![0.0; x_len],
                 vec![0.0; q_dim],
                 vec![0.0; kv_dim],
                 vec![0.0; kv_dim],
-            );
-            let (mut ck, mut cv) = (vec![0.0; cap * kv_dim], vec![0.0; cap * kv_dim]);
-            let (mut att, mut lse) = (vec![0.0; q_dim], vec![0.0; hq]);
-            let wo_s = w[3].1[..wo_scales].to_vec();
-            let r = be.q8_attention(Q8Attention {
-                x: &mut x,
-                h: &h,
-                q: &mut q,
-                k: &mut k,
-                v: &mut v,
-                cache_k: &mut ck,
-                cache_v: &mut cv,
-                pos,
-                att: &mut att,
-                lse: &mut lse,
-                weights: [
-                    (&w[0].0, &w[0].1),
-                    (&w[1].0, &w[1].1),
-                    (&w[2].0, &w[2].1),
-                    (&w[3].0, &wo_s),
-                ],
-                rope_q: &rope_q,
-                rope_k: &rope_k,
-                spec: &spec,
-            });
+                vec![0.0; cap * kv_dim],
+                vec![0.0; cap * kv_dim],
+                vec![0.0; q_dim],
+                vec![0.0; hq],
+            ];
+            let specs = decode_specs(hq, hkv, hd, pos, cap);
+            let r = run_q8_attention(be, true, &mut bufs, &h, &w, pos, &specs);
             assert!(r.is_err(), "{}: {what}", be.name());
         }
     }
