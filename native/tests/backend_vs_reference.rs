@@ -1034,6 +1034,37 @@ fn fused_q8_attention_matches_its_definition() {
             "{what}: not the numbers of the calls one by one"
         );
     }
+    // Rotations laid out otherwise than the attention's heads (each pair of heads rotated
+    // as one head twice as wide): the calls one by one take them, and so does the fused
+    // call, with the same numbers.
+    {
+        let (d, hq, hkv, hd, pos, cap) = (256, 8, 2, 32, 5, 16);
+        let (q_dim, kv_dim) = (hq * hd, hkv * hd);
+        let h = randn(&mut rng, d);
+        let start = [
+            randn(&mut rng, d),
+            nan(q_dim),
+            nan(kv_dim),
+            nan(kv_dim),
+            randn(&mut rng, cap * kv_dim),
+            randn(&mut rng, cap * kv_dim),
+            nan(q_dim),
+            nan(hq),
+        ];
+        let w = weights(&mut rng, d, q_dim, kv_dim);
+        let (spec, mut rope_q, mut rope_k) = decode_specs(hq, hkv, hd, pos, cap);
+        (rope_q.heads, rope_q.head_dim, rope_k.heads, rope_k.head_dim) = (hq / 2, 2 * hd, hkv / 2, 2 * hd);
+        let run = |fused: bool| {
+            let mut bufs = start.clone();
+            run_q8_attention(cpu, fused, &mut bufs, &h, &w, pos, &(spec, rope_q, rope_k)).unwrap();
+            bufs
+        };
+        assert_eq!(
+            run(true),
+            run(false),
+            "q8_attention with rotations of other heads"
+        );
+    }
     // Bad operands: a position past the cache, a short residual, a short Wo scale.
     let (d, hq, hkv, hd, cap) = (256, 8, 2, 32, 4);
     let (q_dim, kv_dim) = (hq * hd, hkv * hd);

@@ -380,8 +380,14 @@ impl Backend for CpuBackend {
         // One position of one sequence, over the team: one phased job. Anything else (a
         // prompt, one thread, a model too small to split) as the calls one by one.
         let s = a.spec;
-        let bytes = (s.q_heads + s.kv_heads) * s.head_dim * 2 * a.h.len();
-        if s.batch != 1 || s.q_len != 1 || team::parts() < 2 || bytes < q8::TEAM_MIN_BYTES {
+        let bytes = (s.q_heads.saturating_add(s.kv_heads))
+            .saturating_mul(s.head_dim)
+            .saturating_mul(2 * a.h.len());
+        // Rotations laid out as the attention's heads (the job rotates head by head).
+        let rotations = [(a.rope_q, s.q_heads), (a.rope_k, s.kv_heads)]
+            .iter()
+            .all(|(r, heads)| r.batch == 1 && r.seq == 1 && r.heads == *heads && r.head_dim == s.head_dim);
+        if s.batch != 1 || s.q_len != 1 || !rotations || team::parts() < 2 || bytes < q8::TEAM_MIN_BYTES {
             return rusting_brain_core::backend::q8_attention_unfused(self, a);
         }
         let [wq, wk, wv, wo] = a.weights;

@@ -438,10 +438,13 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
         a.cache_v.len(),
     )?;
     check_q8_matmul(a.x.len(), q_dim, wo.0.len(), wo.1.len(), 1, d, q_dim)?;
-    if spec.batch != 1 || spec.q_len != 1 || a.rope_q.seq != 1 || a.rope_k.seq != 1 {
+    let rotations = [(a.rope_q, hq), (a.rope_k, hkv)]
+        .iter()
+        .all(|(r, heads)| r.batch == 1 && r.seq == 1 && r.heads == *heads && r.head_dim == hd);
+    if spec.batch != 1 || spec.q_len != 1 || !rotations {
         return Err(rusting_brain_core::CoreError::InvalidArgument {
             op: OP,
-            message: "one position of one sequence".into(),
+            message: "one position of one sequence, rotated with the attention's heads".into(),
         });
     }
     let parts = team::parts();

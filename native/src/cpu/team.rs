@@ -94,16 +94,19 @@ fn team() -> &'static Mutex<Team> {
             sleeping: (0..n).map(|_| AtomicBool::new(false)).collect(),
             panicked: AtomicBool::new(false),
         });
-        let helpers = (0..n)
-            .filter_map(|i| {
-                let s = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("rusting_brain-team-{}", i + 1))
-                    .spawn(move || helper(&s, i))
-                    .ok()
-                    .map(|h| h.thread().clone())
-            })
-            .collect::<Vec<_>>();
+        // Helper i runs part i + 1: the helpers that started must be 0..k, so spawning
+        // stops at the first failure (the slots past it are never used).
+        let mut helpers = Vec::with_capacity(n);
+        for i in 0..n {
+            let s = Arc::clone(&shared);
+            match std::thread::Builder::new()
+                .name(format!("rusting_brain-team-{}", i + 1))
+                .spawn(move || helper(&s, i))
+            {
+                Ok(h) => helpers.push(h.thread().clone()),
+                Err(_) => break,
+            }
+        }
         PARTS.store(helpers.len() + 1, Ordering::Release);
         Mutex::new(Team { shared, helpers })
     })
@@ -293,6 +296,9 @@ pub fn run(job: &(dyn Fn(usize) + Sync)) {
 /// the team is busy, or the step runs on one thread, the phases run in order, each over
 /// every part.
 pub fn run_phased(phases: usize, job: &(dyn Fn(usize, usize) + Sync)) {
+    if phases == 0 {
+        return;
+    }
     let team = team();
     let in_order = || {
         for k in 0..phases {
@@ -345,7 +351,7 @@ pub fn run_phased(phases: usize, job: &(dyn Fn(usize, usize) + Sync)) {
     // Parts no helper has started yet: run them here rather than wait for a helper the
     // scheduler may not run for a while. (No list is made unless one is claimed.)
     let mut claimed: Vec<(usize, bool)> = Vec::new();
-    for (i, taken) in s.taken.iter().enumerate() {
+    for (i, taken) in s.taken.iter().enumerate().take(guard.helpers.len()) {
         if taken.fetch_max(epoch, Ordering::AcqRel) < epoch {
             let mut ok = true;
             run_part(i + 1, 0, &mut ok);
