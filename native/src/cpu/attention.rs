@@ -45,9 +45,6 @@ pub fn attention_forward(
         attention_forward_blocked(out, lse, q, k, v, spec);
         return Ok(());
     }
-    let heads = |row: usize, h0: usize, o: &mut [f32], l: &mut [f32], scores: &mut Vec<f32>| {
-        row_heads(spec, q, k, v, row, h0, o, l, scores)
-    };
     let parts = team::parts();
     let rows = spec.batch * spec.q_len;
     if rows == 1 && parts > 1 && hq >= 2 && spec.kv_len * hq * d >= TEAM_MIN {
@@ -56,7 +53,7 @@ pub fn attention_forward(
         let per = hq.div_ceil(parts);
         let blocks = out.chunks_mut(per * d).zip(lse.chunks_mut(per));
         team::run_blocks(blocks, |p, (o, l)| {
-            with_scores(|scores| heads(0, p * per, o, l, scores))
+            with_scores(|scores| row_heads(spec, q, k, v, 0, p * per, o, l, scores))
         });
     } else {
         out.par_chunks_mut(hq * d)
@@ -64,7 +61,7 @@ pub fn attention_forward(
             .enumerate()
             .for_each_init(
                 || Vec::with_capacity(spec.kv_len),
-                |scores, (row, (o, l))| heads(row, 0, o, l, scores),
+                |scores, (row, (o, l))| row_heads(spec, q, k, v, row, 0, o, l, scores),
             );
     }
     Ok(())

@@ -69,6 +69,28 @@ impl CpuBackend {
     }
 }
 
+/// Whether a SwiGLU's gating products (`spec`, `x` into `s`, keeping `gate` and `up`; `op`
+/// and `name` name the call and `s` in errors) take
+/// the fused one-row path: one activation row over all of `x`, beta 0. When they do, the
+/// checks the unfused calls would make of the spec and lengths are made here; `false`
+/// leaves the checking to those calls.
+fn fused_swiglu_row(
+    (op, name): (&'static str, &'static str),
+    spec: &MatmulSpec,
+    x: &[f32],
+    s: &mut [f32],
+    gate: &[f32],
+    up: &[f32],
+) -> Result<bool> {
+    if !(spec.one_row_of(x.len()) && spec.beta == 0.0) {
+        return Ok(false);
+    }
+    rusting_brain_core::ops::q8::q8_operands(spec, x, s)?;
+    rusting_brain_core::ops::swiglu::check_swiglu_forward(s.len(), gate.len(), up.len())?;
+    check_len(op, name, s.len(), spec.n)?;
+    Ok(true)
+}
+
 impl Backend for CpuBackend {
     type Buffer = Vec<f32>;
 
@@ -365,15 +387,11 @@ impl Backend for CpuBackend {
         up_w: (&Vec<f32>, &Vec<f32>),
         spec: &MatmulSpec,
     ) -> Result<()> {
-        let plain = spec.one_row_of(x.len()) && spec.beta == 0.0;
-        if !plain {
+        if !fused_swiglu_row(("q8_swiglu", "out"), spec, x, out, gate, up)? {
             return rusting_brain_core::backend::q8_swiglu_unfused(
                 self, out, gate, up, x, gate_w, up_w, spec,
             );
         }
-        rusting_brain_core::ops::q8::q8_operands(spec, x, out)?;
-        rusting_brain_core::ops::swiglu::check_swiglu_forward(out.len(), gate.len(), up.len())?;
-        check_len("q8_swiglu", "out", out.len(), spec.n)?;
         q8::q8_swiglu(out, gate, up, x, (gate_w.0, gate_w.1), (up_w.0, up_w.1))
     }
     fn q8_attention(&self, a: Q8Attention<'_, Vec<f32>>) -> Result<()> {
@@ -383,11 +401,7 @@ impl Backend for CpuBackend {
         let bytes = (s.q_heads.saturating_add(s.kv_heads))
             .saturating_mul(s.head_dim)
             .saturating_mul(2 * a.h.len());
-        // Rotations laid out as the attention's heads (the job rotates head by head).
-        let rotations = [(a.rope_q, s.q_heads), (a.rope_k, s.kv_heads)]
-            .iter()
-            .all(|(r, heads)| r.batch == 1 && r.seq == 1 && r.heads == *heads && r.head_dim == s.head_dim);
-        if s.batch != 1 || s.q_len != 1 || !rotations || team::parts() < 2 || bytes < q8::TEAM_MIN_BYTES {
+        if !q8::attention_row_fits(s, a.rope_q, a.rope_k) || team::parts() < 2 || bytes < q8::TEAM_MIN_BYTES {
             return rusting_brain_core::backend::q8_attention_unfused(self, a);
         }
         let [wq, wk, wv, wo] = a.weights;
@@ -420,7 +434,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         // One activation row (a decode step's feed-forward): one phased job. Anything
         // else as the two calls.
-        if !(spec.one_row_of(x.len()) && spec.beta == 0.0) {
+        if !fused_swiglu_row(("q8_mlp", "s"), spec, x, s, gate, up)? {
             return rusting_brain_core::backend::q8_mlp_unfused(
                 self,
                 out,
@@ -432,10 +446,6 @@ impl Backend for CpuBackend {
                 spec,
             );
         }
-        // The checks the two calls make of their specs and lengths.
-        rusting_brain_core::ops::q8::q8_operands(spec, x, s)?;
-        rusting_brain_core::ops::swiglu::check_swiglu_forward(s.len(), gate.len(), up.len())?;
-        check_len("q8_mlp", "s", s.len(), spec.n)?;
         check_len("q8_mlp", "out", out.len(), spec.k)?;
         q8::q8_mlp(
             out,

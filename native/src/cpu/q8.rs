@@ -265,6 +265,23 @@ pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]
     Ok(())
 }
 
+/// Rows `first..first + o.len()` of a SwiGLU at one rounded row `act`: the gate's and
+/// up's int8 products (weight rows `stride` bytes apart), then `o = silu(g) * u`. What
+/// each part of [`q8_swiglu`] and of [`q8_mlp`]'s first phase runs.
+fn swiglu_rows(
+    act: &simd::Int8Row<'_>,
+    first: usize,
+    [o, g, u]: [&mut [f32]; 3],
+    gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]),
+    stride: usize,
+) {
+    let at = first * stride;
+    simd::q8_rows(g, act, &as_i8(gate_w.0)[at..], stride, &gate_w.1[first..], 0.0);
+    simd::q8_rows(u, act, &as_i8(up_w.0)[at..], stride, &up_w.1[first..], 0.0);
+    simd::swiglu(o, g, u);
+}
+
 /// A SwiGLU's int8 products and gating at one activation row `x` (`d` values):
 /// `gate = x Wg^T`, `up = x Wu^T` (`f` values each), `out = silu(gate) * up`, as one job of
 /// the team, each part taking the same rows of both products and gating them.
@@ -282,11 +299,8 @@ pub fn q8_swiglu(
     let stride = packed_cols(d) * 4;
     let xq = RowBuf::of(x);
     let act = xq.row();
-    let (wg, wu) = (as_i8(gate_w.0), as_i8(up_w.0));
     let rows = |first: usize, o: &mut [f32], g: &mut [f32], u: &mut [f32]| {
-        simd::q8_rows(g, &act, &wg[first * stride..], stride, &gate_w.1[first..], 0.0);
-        simd::q8_rows(u, &act, &wu[first * stride..], stride, &up_w.1[first..], 0.0);
-        simd::swiglu(o, g, u);
+        swiglu_rows(&act, first, [o, g, u], gate_w, up_w, stride)
     };
     let parts = team::parts();
     if parts > 1 && 2 * f * d >= TEAM_MIN_BYTES && f >= 16 * parts {
@@ -330,7 +344,7 @@ pub fn q8_mlp(
         return q8_matmul(out, s, down_w.0, down_w.1, 1, d, f, 1.0);
     }
     let (stride_d, stride_f) = (packed_cols(d) * 4, packed_cols(f) * 4);
-    let (wg, wu, wd) = (as_i8(gate_w.0), as_i8(up_w.0), as_i8(down_w.0));
+    let wd = as_i8(down_w.0);
     let xq = RowBuf::of(x);
     let act = xq.row();
     // Whole sixteen-row passes a part, as the unfused calls split them.
@@ -352,16 +366,7 @@ pub fn q8_mlp(
             }
             // SAFETY: in phase 0 part p alone touches rows first..end of gate, up and s.
             let (g, u, o) = unsafe { (gate.band(first, end), up.band(first, end), s.band(first, end)) };
-            simd::q8_rows(
-                g,
-                &act,
-                &wg[first * stride_d..],
-                stride_d,
-                &gate_w.1[first..],
-                0.0,
-            );
-            simd::q8_rows(u, &act, &wu[first * stride_d..], stride_d, &up_w.1[first..], 0.0);
-            simd::swiglu(o, g, u);
+            swiglu_rows(&act, first, [o, g, u], gate_w, up_w, stride_d);
         } else {
             let (first, end) = ((p * per_d).min(d), ((p + 1) * per_d).min(d));
             if first == end {
@@ -402,6 +407,15 @@ pub struct DecodeAttention<'a> {
     pub spec: &'a AttentionSpec,
 }
 
+/// Whether [`q8_attention_row`] takes these specs: one position of one sequence, rotated
+/// with the attention's heads (the job rotates head by head).
+pub fn attention_row_fits(spec: &AttentionSpec, rope_q: &RopeSpec, rope_k: &RopeSpec) -> bool {
+    let laid_out = |r: &RopeSpec, heads: usize| {
+        r.batch == 1 && r.seq == 1 && r.heads == heads && r.head_dim == spec.head_dim
+    };
+    spec.batch == 1 && spec.q_len == 1 && laid_out(rope_q, spec.q_heads) && laid_out(rope_k, spec.kv_heads)
+}
+
 /// The attention half of a decode step at one position, as one job of the team in four
 /// phases: (0) each part its rows of q, k and v; (1) its query heads rotated, and its
 /// key/value heads rotated and written into the cache; (2) its query heads' attention over
@@ -438,10 +452,7 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
         a.cache_v.len(),
     )?;
     check_q8_matmul(a.x.len(), q_dim, wo.0.len(), wo.1.len(), 1, d, q_dim)?;
-    let rotations = [(a.rope_q, hq), (a.rope_k, hkv)]
-        .iter()
-        .all(|(r, heads)| r.batch == 1 && r.seq == 1 && r.heads == *heads && r.head_dim == hd);
-    if spec.batch != 1 || spec.q_len != 1 || !rotations {
+    if !attention_row_fits(spec, a.rope_q, a.rope_k) {
         return Err(rusting_brain_core::CoreError::InvalidArgument {
             op: OP,
             message: "one position of one sequence, rotated with the attention's heads".into(),
