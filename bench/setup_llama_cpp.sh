@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # llama.cpp beside `bench_decode`: fetches llama.cpp's source as the llama-cpp-python sdist
-# on PyPI carries it (vendor/llama.cpp), builds `llama-bench` for this CPU (GGML_NATIVE),
+# on PyPI carries it (vendor/llama.cpp), builds `llama-bench` for this CPU's instruction sets,
 # and writes Q8_0 GGUFs of random Llamas at both bench_decode shapes. Nothing of
 # llama.cpp enters the repository; everything goes under $RB_LLAMA_DIR.
 #
@@ -19,21 +19,56 @@ cd "$dir"
 
 src="$dir/llama_cpp_python-$version/vendor/llama.cpp"
 if [ ! -e "$src/CMakeLists.txt" ]; then
-    url="$("$python" - "$version" <<'PY'
-import json, sys, urllib.parse, urllib.request
-v = sys.argv[1]
-index = "https://pypi.org/pypi/llama-cpp-python/json"
-meta = json.load(urllib.request.urlopen(index))
-files = meta["releases"].get(v) or sys.exit(f"llama-cpp-python {v} is not on the index")
-# A mirror of the index may give addresses relative to the JSON's.
-print(urllib.parse.urljoin(index, next(f["url"] for f in files if f["packagetype"] == "sdist")))
-PY
-)"
-    echo "== fetching $url"
-    curl -sSfL -o sdist.tar.gz "$url"
-    tar xzf sdist.tar.gz
-    rm sdist.tar.gz
+    # The sdist through pip itself, so pip's own index settings (a mirror, a proxy) apply.
+    echo "== fetching the llama-cpp-python $version sdist"
+    "$python" -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+        -d "$dir/sdist" "llama-cpp-python==$version"
+    tar xzf "$dir"/sdist/llama_cpp_python-"$version".tar.gz -C "$dir"
+    rm -rf "$dir/sdist"
 fi
+
+# The instruction sets to build for, named instead of GGML_NATIVE: a VM may list AMX in
+# /proc/cpuinfo and still fault on its first tile instruction (the hypervisor does not
+# hand the tile state over), which kills every quantized product with SIGILL. AMX is
+# built in only when a probe has run a tile instruction here.
+flags() { grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true; }
+has() { flags | grep -qw "$1" && echo ON || echo OFF; }
+amx=OFF
+if [ "$(has amx_tile)" = ON ]; then
+    probe="$dir/amx-probe"
+    cat > "$probe.c" <<'C'
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Asks Linux for the tile state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) and runs one tile
+   instruction; a VM that does not pass AMX through fails one or the other. */
+int main(void) {
+    if (syscall(SYS_arch_prctl, 0x1023, 18)) return 1;
+    unsigned char cfg[64];
+    memset(cfg, 0, sizeof cfg);
+    cfg[0] = 1; cfg[16] = 64; cfg[48] = 16;
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_release();
+    return 0;
+}
+C
+    if cc -O1 -mamx-tile -o "$probe" "$probe.c" 2>/dev/null && "$probe" 2>/dev/null; then
+        amx=ON
+    fi
+    echo "== AMX listed by the CPU; a tile instruction $( [ "$amx" = ON ] && echo runs || echo faults ) here"
+fi
+isa=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_F16C="$(has f16c)"
+     -DGGML_FMA="$(has fma)" -DGGML_AVX2="$(has avx2)" -DGGML_BMI2="$(has bmi2)"
+     -DGGML_AVX_VNNI="$(has avx_vnni)" -DGGML_AVX512="$(has avx512f)"
+     -DGGML_AVX512_VBMI="$(has avx512vbmi)" -DGGML_AVX512_VNNI="$(has avx512_vnni)"
+     -DGGML_AVX512_BF16="$(has avx512_bf16)" -DGGML_AMX_TILE="$amx" -DGGML_AMX_INT8="$amx"
+     -DGGML_AMX_BF16="$amx")
+if [ "$(uname -m)" != x86_64 ]; then
+    isa=(-DGGML_NATIVE=ON)
+fi
+echo "== llama.cpp's instruction sets: ${isa[*]}"
 
 cmake_bin="$(command -v cmake || true)"
 if [ -z "$cmake_bin" ]; then
@@ -43,7 +78,7 @@ if [ -z "$cmake_bin" ]; then
 fi
 if [ ! -x "$dir/build/bin/llama-bench" ]; then
     echo "== building llama-bench"
-    "$cmake_bin" -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    "$cmake_bin" -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF
     "$cmake_bin" --build "$dir/build" --target llama-bench -j"$(nproc)"

@@ -20,8 +20,8 @@
 //! A product on the reference backend, and the token a greedy sampler picks from it:
 //!
 //! ```
-//! use rusting_brain_core::backend::MatmulSpec;
-//! use rusting_brain_core::{Backend, ReferenceBackend, Sampler};
+//! use rusting_brain_core::backend::*; // the Backend trait, its op families and their specs
+//! use rusting_brain_core::{ReferenceBackend, Sampler};
 //!
 //! let be = ReferenceBackend;
 //! let x = be.upload(&[1.0, 2.0])?; // one row of 2 features

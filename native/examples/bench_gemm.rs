@@ -9,8 +9,9 @@
 use std::time::Instant;
 
 use rusting_brain::cpu::CpuBackend;
+use rusting_brain_core::backend::MatmulOps;
 use rusting_brain_core::backend::{MatmulSpec, Precision};
-use rusting_brain_core::{Backend, ReferenceBackend, Rng};
+use rusting_brain_core::{ReferenceBackend, Rng};
 
 /// Best times of several contenders measured in rotating turns (a b c, b c a, ...), so a slow
 /// patch of the machine (another process, frequency change) hits all of them alike.

@@ -19,9 +19,11 @@ use bench::{best, commit, cpu_model};
 
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain::profile::Profiled;
+use rusting_brain_core::backend::ConvOps;
+use rusting_brain_core::backend::SdpaOps;
 use rusting_brain_core::backend::{Conv2dSpec, SdpaSpec, Unary};
 use rusting_brain_core::models::vae::{AutoencoderKl, VaeConfig};
-use rusting_brain_core::{Backend, Rng};
+use rusting_brain_core::Rng;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2);

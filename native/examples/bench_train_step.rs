@@ -41,6 +41,7 @@ use rusting_brain::{Backend, Optimizer, TransformerLm};
 #[path = "common/rss.rs"]
 mod rss;
 use rss::peak_rss_mib;
+use rusting_brain_core::backend::Memory;
 
 fn torch(
     python: &str,
@@ -350,10 +351,10 @@ mod gpu {
 mod cuda {
     use std::time::Instant;
 
-    use rusting_brain::core::backend::{MatmulSpec, Precision};
+    use rusting_brain::core::backend::{MatmulOps, MatmulSpec, Memory, Precision};
     use rusting_brain::core::Rng;
     use rusting_brain::cuda::CudaBackend;
-    use rusting_brain::{Backend, Optimizer, TransformerLm};
+    use rusting_brain::{Optimizer, TransformerLm};
 
     /// The largest square BF16 GEMM's TFLOP/s on this device: the peak MFU is measured
     /// against (8192^3, best of 10 after a warm-up).

@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use rusting_brain::core::backend::{MatmulSpec, Precision};
 use rusting_brain::cuda::CudaBackend;
-use rusting_brain::Backend;
+use rusting_brain_core::backend::MatmulOps;
+use rusting_brain_core::backend::Memory;
 
 fn time(b: &CudaBackend, spec: &MatmulSpec) -> Result<f64, Box<dyn std::error::Error>> {
     // A transpose changes the layout, not the element count.

@@ -10,12 +10,13 @@ use rusting_brain_core::checkpoint::{
 };
 use rusting_brain_core::models::transformer::{Params, TensorKind, TransformerConfig, TransformerModel};
 use rusting_brain_core::ops::q8;
-use rusting_brain_core::{Backend, CoreError, Optimizer, OptimizerKind};
+use rusting_brain_core::{CoreError, Optimizer, OptimizerKind};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{json, Value};
 
 use crate::cpu::CpuBackend;
 use crate::{NetworkError, Result};
+use rusting_brain_core::backend::Memory;
 
 /// How weights are stored in a checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

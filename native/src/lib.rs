@@ -39,9 +39,8 @@
 //! A primitive on the CPU backend:
 //!
 //! ```
+//! use rusting_brain::core::backend::*; // the Backend trait, its op families and their specs
 //! use rusting_brain::cpu::CpuBackend;
-//! use rusting_brain::core::backend::MatmulSpec;
-//! use rusting_brain::Backend;
 //!
 //! let cpu = CpuBackend::new();
 //! let a = cpu.upload(&[1.0, 2.0, 3.0, 4.0])?; // (2, 2)

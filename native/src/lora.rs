@@ -8,13 +8,13 @@ use std::path::Path;
 use rusting_brain_core::models::transformer::{
     adapted_shapes, adapter_buffers_mut, peft_names, LoraConfig, TransformerModel, LORA_TARGETS,
 };
-use rusting_brain_core::Backend;
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 use serde_json::{json, Value};
 
 use crate::cpu::CpuBackend;
 use crate::{NetworkError, Result};
+use rusting_brain_core::backend::Memory;
 
 /// The `format` of an `.rbl` file's metadata.
 pub const ADAPTER_FORMAT: &str = "rusting_brain.lora";

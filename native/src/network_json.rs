@@ -5,10 +5,11 @@ use std::path::Path;
 
 use rusting_brain_core::models::dense::DenseModel;
 use rusting_brain_core::models::dense_file::{self, DenseFile};
-use rusting_brain_core::{Backend, CoreError};
+use rusting_brain_core::CoreError;
 
 use crate::cpu::CpuBackend;
 use crate::{Network, NetworkError, Result};
+use rusting_brain_core::backend::Memory;
 
 pub fn save(network: &Network, path: &Path) -> Result<()> {
     let model = network.model()?;

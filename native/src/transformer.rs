@@ -1357,7 +1357,7 @@ impl Decoder<'_> {
         if let Some(Pending::Device) = self.pending {
             if let LmEngine::Wgpu(m) = &self.model.engine {
                 let logits = m.device.cached_logits().ok_or_else(left)?;
-                self.pending = Some(Pending::Host(rusting_brain_core::Backend::download(
+                self.pending = Some(Pending::Host(rusting_brain_core::backend::Memory::download(
                     &m.device.backend,
                     logits,
                 )?));

@@ -3,7 +3,7 @@
 
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain_core::backend::*;
-use rusting_brain_core::{Activation, Backend, CoreError, Loss};
+use rusting_brain_core::{Activation, CoreError, Loss};
 
 fn v(n: usize) -> Vec<f32> {
     vec![0.5; n]

@@ -1,6 +1,6 @@
 //! The CUDA backend (feature `cuda`) against the reference, on a device:
 //! - every primitive through `CudaBackend` against `ReferenceBackend` on awkward shapes,
-//!   outputs poisoned with NaN first (through `Backend::upload`), FP32 and BF16 paths;
+//!   outputs poisoned with NaN first (through `Memory::upload`), FP32 and BF16 paths;
 //! - whole models: dense and mixture-of-experts `TransformerLm` logits, then the weights
 //!   after 3 AdamW steps, CUDA against CPU in FP32 and in mixed precision; a dense
 //!   `Network` trained on both; greedy decoding on both;
@@ -27,7 +27,7 @@
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use rusting_brain::core::backend::*;
-use rusting_brain::core::{Activation, Backend, Loss, ReferenceBackend, Rng};
+use rusting_brain::core::{Activation, Loss, ReferenceBackend, Rng};
 use rusting_brain::cuda::{cuda_available, CudaBackend, CudaBuffer};
 use rusting_brain::{Dataset, Network, Optimizer, Sampler, TrainConfig, TransformerLm};
 use rusting_brain_test_support::check_close;

@@ -4,9 +4,10 @@
 //! groups' tails (n = 1..9), the 16-wide steps' tails (k = 1, 15, 16, 17, ...), several
 //! activation rows, accumulation and a window inside larger buffers.
 
+use rusting_brain_core::backend::Q8Ops;
 use rusting_brain_core::backend::{q8_matmul_each, q8_swiglu_unfused, MatmulSpec, Q8Product};
 use rusting_brain_core::ops::q8;
-use rusting_brain_core::{Backend, ReferenceBackend, Rng};
+use rusting_brain_core::{ReferenceBackend, Rng};
 use rusting_brain_portable::PortableBackend;
 
 fn bits(x: &[f32]) -> Vec<u32> {

@@ -8,8 +8,22 @@
 
 use std::sync::Arc;
 
+use rusting_brain_core::backend::ActivationOps;
+use rusting_brain_core::backend::AttentionOps;
+use rusting_brain_core::backend::CrossEntropyOps;
+use rusting_brain_core::backend::ElementwiseOps;
+use rusting_brain_core::backend::EmbeddingOps;
+use rusting_brain_core::backend::L2normOps;
+use rusting_brain_core::backend::LoraOps;
+use rusting_brain_core::backend::LossOps;
+use rusting_brain_core::backend::MatmulOps;
+use rusting_brain_core::backend::Memory;
+use rusting_brain_core::backend::MoeOps;
+use rusting_brain_core::backend::OptimOps;
+use rusting_brain_core::backend::RmsnormOps;
+use rusting_brain_core::backend::SwigluOps;
 use rusting_brain_core::backend::{AdamParams, MatmulSpec, SgdParams};
-use rusting_brain_core::{Activation, Backend, Loss, ReferenceBackend, Rng};
+use rusting_brain_core::{Activation, Loss, ReferenceBackend, Rng};
 use rusting_brain_shaders::{Gpu, GpuOptions, ShaderError, WgpuBackend};
 use rusting_brain_test_support::rel_to_scale;
 

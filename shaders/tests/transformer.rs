@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use rusting_brain_core::backend::Memory;
 use rusting_brain_core::models::transformer::{MoeConfig, TokenBatch, TransformerConfig, TransformerModel};
 use rusting_brain_core::{Backend, Optimizer, ReferenceBackend};
 use rusting_brain_shaders::{block_on, DeviceSampler, Gpu, GpuOptions, ShaderError, WgpuBackend};

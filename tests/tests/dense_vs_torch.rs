@@ -7,8 +7,9 @@
 //! f32 rounding (~1e-7 relative; measured worst printed by the test).
 
 use rusting_brain::cpu::CpuBackend;
+use rusting_brain_core::backend::Memory;
 use rusting_brain_core::models::dense::{DenseConfig, DenseLayer, DenseModel};
-use rusting_brain_core::{Activation, Backend, Loss, Optimizer};
+use rusting_brain_core::{Activation, Loss, Optimizer};
 use rusting_brain_tests::*;
 
 const TOL: Tolerance = Tolerance::new(1e-5, 1e-7);

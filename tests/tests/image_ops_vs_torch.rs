@@ -19,7 +19,7 @@ use rusting_brain::cpu::CpuBackend;
 use rusting_brain_core::backend::*;
 use rusting_brain_core::ops::spatial::{timestep_embedding, PatchOrder, TimestepSpec};
 use rusting_brain_core::ops::{conv, norm, sdpa, spatial, unary};
-use rusting_brain_core::{Backend, Real};
+use rusting_brain_core::Real;
 use rusting_brain_tests::*;
 use serde_json::Value;
 

@@ -182,7 +182,7 @@ fn fixture_records_its_generator() {
 #[test]
 fn cpu_backend_matches_pytorch_to_f32_rounding() {
     use rusting_brain::cpu::CpuBackend;
-    use rusting_brain_core::Backend;
+
     let f = fixture();
     let cpu = CpuBackend::new();
     let x = |name: &str| f.real::<f32>(name);

@@ -472,15 +472,16 @@ pub use lora::{
 pub use params::{Block, Experts, Swiglu, TensorKind, TensorSpec, Tree};
 pub use turns::{Conversation, Finish, Reply, Turn};
 
+use crate::backend::Memory;
 use crate::ops::moe::Routing;
 
 /// Parameters, gradients or optimizer moments on backend `B`, as one [`Tree`].
-pub type Params<B> = Tree<<B as Backend>::Buffer>;
+pub type Params<B> = Tree<<B as Memory>::Buffer>;
 /// One block of [`Params`].
-pub type LayerParams<B> = Block<<B as Backend>::Buffer>;
+pub type LayerParams<B> = Block<<B as Memory>::Buffer>;
 /// An int8 model's matrices: (packed int8, per-row scales) where the layout has a
 /// [`TensorKind::Matrix`], `None` for norms and routers (they stay f32 in [`Params`]).
-pub type QuantParams<B> = Tree<Option<(<B as Backend>::Buffer, <B as Backend>::Buffer)>>;
+pub type QuantParams<B> = Tree<Option<(<B as Memory>::Buffer, <B as Memory>::Buffer)>>;
 
 /// Zeroed buffers of `layout`'s shapes.
 pub fn zeros_like<B: Backend>(b: &B, layout: &Tree<TensorSpec>) -> Result<Params<B>> {
@@ -710,7 +711,7 @@ struct MoeActs<B: Backend> {
     /// `(n * top_k, d)`: each expert's output, before its routing weight.
     y: B::Buffer,
     /// `(n, top_k)` each slot's expert (`u32` bits) and weight, when the backend routes
-    /// on its own buffers (see [`Backend::routes_on_device`]); the slot-ordered rows of
+    /// on its own buffers (see [`MoeOps::routes_on_device`](crate::backend::MoeOps::routes_on_device)); the slot-ordered rows of
     /// `gate`, `up`, `s` and `y` then follow them instead of the grouping.
     slot_expert: B::Buffer,
     slot_weight: B::Buffer,
@@ -954,14 +955,14 @@ impl<B: Backend> Arena<B> {
 
 /// A feed-forward's adapters in a forward pass: adapters, their `x A^T` buffers, settings.
 type MlpLoraFwd<'a, B> = (
-    &'a Swiglu<Option<LoraPair<<B as Backend>::Buffer>>>,
-    Swiglu<&'a mut Option<<B as Backend>::Buffer>>,
+    &'a Swiglu<Option<LoraPair<<B as Memory>::Buffer>>>,
+    Swiglu<&'a mut Option<<B as Memory>::Buffer>>,
     LoraCtx,
 );
 /// The routed experts' adapters in a forward pass.
 type MoeLoraFwd<'a, B> = (
-    &'a Experts<Option<LoraPair<<B as Backend>::Buffer>>>,
-    Experts<&'a mut Option<<B as Backend>::Buffer>>,
+    &'a Experts<Option<LoraPair<<B as Memory>::Buffer>>>,
+    Experts<&'a mut Option<<B as Memory>::Buffer>>,
     LoraCtx,
 );
 
@@ -1014,10 +1015,10 @@ fn mlp_forward<B: Backend>(
 /// The adapters of a feed-forward's backward pass: adapters, their gradients, the kept
 /// `x A^T`, the `dt` scratch, and the shared settings.
 type MlpLora<'a, B> = (
-    &'a Swiglu<Option<LoraPair<<B as Backend>::Buffer>>>,
-    Swiglu<&'a mut Option<LoraPair<<B as Backend>::Buffer>>>,
-    &'a Swiglu<Option<<B as Backend>::Buffer>>,
-    &'a mut <B as Backend>::Buffer,
+    &'a Swiglu<Option<LoraPair<<B as Memory>::Buffer>>>,
+    Swiglu<&'a mut Option<LoraPair<<B as Memory>::Buffer>>>,
+    &'a Swiglu<Option<<B as Memory>::Buffer>>,
+    &'a mut <B as Memory>::Buffer,
     LoraCtx,
 );
 
@@ -1181,7 +1182,7 @@ fn moe_forward<B: Backend>(
 
 /// The experts' int8 (packed, scales) as `[gate, up, down]` lists, when an inference pass
 /// routes them on the backend's buffers: the backend says it does
-/// ([`Backend::routes_on_device`]) and every expert is int8. `None`: group on the host.
+/// ([`MoeOps::routes_on_device`](crate::backend::MoeOps::routes_on_device)) and every expert is int8. `None`: group on the host.
 #[allow(clippy::type_complexity)]
 fn routed_on_device<'a, B: Backend>(
     b: &B,
@@ -1204,10 +1205,10 @@ fn routed_on_device<'a, B: Backend>(
 
 /// The experts' adapters in a backward pass, as [`MlpLora`] is for one feed-forward.
 type MoeLora<'a, B> = (
-    &'a Experts<Option<LoraPair<<B as Backend>::Buffer>>>,
-    Experts<&'a mut Option<LoraPair<<B as Backend>::Buffer>>>,
-    &'a Experts<Option<<B as Backend>::Buffer>>,
-    &'a mut <B as Backend>::Buffer,
+    &'a Experts<Option<LoraPair<<B as Memory>::Buffer>>>,
+    Experts<&'a mut Option<LoraPair<<B as Memory>::Buffer>>>,
+    &'a Experts<Option<<B as Memory>::Buffer>>,
+    &'a mut <B as Memory>::Buffer,
     LoraCtx,
 );
 
@@ -1803,7 +1804,7 @@ impl<B: Backend> TransformerModel<B> {
         Ok(to)
     }
 
-    /// Refuses a backend whose one-buffer bound ([`Backend::max_binding_len`]) is below
+    /// Refuses a backend whose one-buffer bound ([`Memory::max_binding_len`](crate::backend::Memory::max_binding_len)) is below
     /// what this model's f32 tensors or one position's scratch need, before anything is
     /// copied. int8 matrices are not bounded here: a backend binds them in row slabs.
     fn check_fits<C: Backend>(&self, to: &C) -> Result<()> {
@@ -2114,7 +2115,7 @@ impl<B: Backend> TransformerModel<B> {
     /// [`TransformerModel::forward_cached`], leaving the logits in the backend's buffer
     /// (`vocab_size` values) for a sampler that runs where they are: on a GPU, a greedy
     /// token then reads back one id, and nothing in the pass waits for the device (an
-    /// int8 model's experts are routed there too, see [`Backend::routes_on_device`]).
+    /// int8 model's experts are routed there too, see [`MoeOps::routes_on_device`](crate::backend::MoeOps::routes_on_device)).
     /// Refused input changes nothing: every id and the cache's room are checked first.
     pub fn forward_cached_on_device(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<&B::Buffer> {
         self.check_cached(ids, cache)?;

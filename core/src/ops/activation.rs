@@ -1,9 +1,14 @@
 //! The activations of a dense network, forward and backward, row-wise over (rows, cols).
 
+use crate::backend::Memory;
 use crate::error::{check_len, check_rows};
 use crate::ops::softmax::{softmax_backward, softmax_row};
 use crate::ops::swiglu::sigmoid;
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{Real, Result};
+use alloc::vec::Vec;
 
 /// What follows a dense layer's affine map.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -114,4 +119,56 @@ pub fn activation_backward<T: Real>(
         Activation::Softmax => softmax_backward(dinp, dout, out, rows, cols)?,
     }
     Ok(())
+}
+
+/// The dense networks' activations, forward and backward: see [`crate::ops::activation`].
+pub trait ActivationOps: Memory {
+    /// `out = act(inp)` elementwise (softmax over each row).
+    fn activation_forward(
+        &self,
+        act: Activation,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    /// `dinp` from `dout` through `act`, given its input and output (overwrites `dinp`).
+    #[allow(clippy::too_many_arguments)]
+    fn activation_backward(
+        &self,
+        act: Activation,
+        dinp: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        inp: &Self::Buffer,
+        out: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+}
+
+impl ActivationOps for ReferenceBackend {
+    fn activation_forward(
+        &self,
+        act: Activation,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        in_f64([out], |[o]| activation_forward(act, o, &wide(inp), rows, cols))
+    }
+    fn activation_backward(
+        &self,
+        act: Activation,
+        dinp: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        out: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        in_f64([dinp], |[d]| {
+            activation_backward(act, d, &wide(dout), &wide(inp), &wide(out), rows, cols)
+        })
+    }
 }

@@ -11,8 +11,13 @@
 //! `0..=position`. Query head `h` reads key/value head `h / (q_heads / kv_heads)`.
 //! Scores are scaled by `1 / sqrt(head_dim)`.
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
+use alloc::vec::Vec;
 
 /// Causal grouped-query attention over a KV cache: `q (batch, q_len, q_heads, head_dim)`, keys and values `(batch, kv_capacity, kv_heads, head_dim)` of which the first `kv_len` are filled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,4 +242,67 @@ pub fn attention_backward<T: Real>(
         }
     }
     Ok(())
+}
+
+/// Causal grouped-query attention, forward and backward: see [`crate::ops::attention`].
+pub trait AttentionOps: Memory {
+    /// Causal grouped-query attention (see [`AttentionSpec`] for the layout), keeping each row's log-sum-exp in `lse` for the backward.
+    fn attention_forward(
+        &self,
+        out: &mut Self::Buffer,
+        lse: &mut Self::Buffer,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        spec: &AttentionSpec,
+    ) -> Result<()>;
+    /// Attention's backward: `dq`, `dk`, `dv` (overwritten) from the forward's output and `lse`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        dq: &mut Self::Buffer,
+        dk: &mut Self::Buffer,
+        dv: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        out: &Self::Buffer,
+        lse: &Self::Buffer,
+        spec: &AttentionSpec,
+    ) -> Result<()>;
+}
+
+impl AttentionOps for ReferenceBackend {
+    fn attention_forward(
+        &self,
+        out: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        in_f64([out, lse], |[o, l]| {
+            attention_forward(o, l, &wide(q), &wide(k), &wide(v), spec)
+        })
+    }
+    fn attention_backward(
+        &self,
+        dq: &mut Vec<f32>,
+        dk: &mut Vec<f32>,
+        dv: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        out: &Vec<f32>,
+        lse: &Vec<f32>,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        in_f64([dq, dk, dv], |[dq, dk, dv]| {
+            let (q, k, v) = (wide(q), wide(k), wide(v));
+            attention_backward(dq, dk, dv, &wide(dout), &q, &k, &v, &wide(out), &wide(lse), spec)
+        })
+    }
 }

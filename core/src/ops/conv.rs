@@ -12,7 +12,9 @@
 //! before a stride-2 convolution. Output channel `o` of group `g = o / (out_channels / groups)` reads input
 //! channels `g * in_per_group..(g + 1) * in_per_group`.
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
 /// A 2-D convolution's shape and settings (PyTorch's `Conv2d`): input `(batch, in_channels, height, width)`, weight `(out_channels, in_channels / groups, kh, kw)`.
@@ -252,3 +254,33 @@ pub fn conv2d<T: Real>(
     }
     Ok(())
 }
+
+/// Two-dimensional convolution (image models): see [`crate::ops::conv`].
+pub trait ConvOps: Memory {
+    // The defaults compute on the host through the reference ops (a download and an
+    // upload around each call): correct on every backend, and what a device backend has
+    // until it brings its own kernel. The CPU backend overrides each one.
+
+    /// See [`crate::ops::conv::conv2d`].
+    fn conv2d(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        weight: &Self::Buffer,
+        bias: Option<&Self::Buffer>,
+        spec: &Conv2dSpec,
+    ) -> Result<()> {
+        let bias = bias.map(|b| self.download(b)).transpose()?;
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::conv::conv2d(
+            &mut o,
+            &self.download(inp)?,
+            &self.download(weight)?,
+            bias.as_deref(),
+            spec,
+        )?;
+        self.write(out, &o)
+    }
+}
+
+impl ConvOps for ReferenceBackend {}

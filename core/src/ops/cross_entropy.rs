@@ -1,8 +1,12 @@
 //! Softmax + cross-entropy over a vocabulary, fused so the (rows, vocab) probabilities are
 //! never stored: the logits buffer is overwritten in place with the gradient.
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::in_f64;
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
+use alloc::vec::Vec;
 
 /// The summed loss over the rows that count, and how many rows counted. The mean is
 /// `loss_sum / count`; keeping the sum lets micro-batches combine exactly.
@@ -108,4 +112,35 @@ pub fn cross_entropy<T: Real>(
         }
     }
     Ok(total)
+}
+
+/// Softmax cross-entropy over logits, loss and gradient in one pass: see [`crate::ops::cross_entropy`].
+pub trait CrossEntropyOps: Memory {
+    /// See [`crate::ops::cross_entropy::cross_entropy`]: logits overwritten by their
+    /// gradient when `grad_scale` is given.
+    fn cross_entropy(
+        &self,
+        logits: &mut Self::Buffer,
+        targets: &[u32],
+        mask: Option<&[bool]>,
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) -> Result<CrossEntropySum>;
+}
+
+impl CrossEntropyOps for ReferenceBackend {
+    fn cross_entropy(
+        &self,
+        logits: &mut Vec<f32>,
+        targets: &[u32],
+        mask: Option<&[bool]>,
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) -> Result<CrossEntropySum> {
+        in_f64([logits], |[l]| {
+            cross_entropy(l, targets, mask, rows, vocab, grad_scale)
+        })
+    }
 }

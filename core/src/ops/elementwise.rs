@@ -1,8 +1,13 @@
 //! Small element-wise helpers a model needs between the big primitives: residual adds,
 //! gradient scaling, and the bias of a dense layer.
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{Real, Result};
+use alloc::vec::Vec;
 
 /// y += alpha * x.
 pub fn axpy<T: Real>(y: &mut [T], alpha: f32, x: &[T]) -> Result<()> {
@@ -62,4 +67,38 @@ pub fn bias_backward<T: Real>(dbias: &mut [T], dout: &[T], rows: usize, cols: us
         }
     }
     Ok(())
+}
+
+/// Element-wise updates and the dense layer's bias: see [`crate::ops::elementwise`].
+pub trait ElementwiseOps: Memory {
+    /// y += alpha * x.
+    fn axpy(&self, y: &mut Self::Buffer, alpha: f32, x: &Self::Buffer) -> Result<()>;
+    /// x *= alpha.
+    fn scale(&self, x: &mut Self::Buffer, alpha: f32) -> Result<()>;
+    /// `out[r][c] += bias[c]` over `rows x cols`.
+    fn add_bias(&self, out: &mut Self::Buffer, bias: &Self::Buffer, rows: usize, cols: usize) -> Result<()>;
+    /// Accumulates.
+    fn bias_backward(
+        &self,
+        dbias: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+}
+
+impl ElementwiseOps for ReferenceBackend {
+    fn axpy(&self, y: &mut Vec<f32>, alpha: f32, x: &Vec<f32>) -> Result<()> {
+        axpy(y, alpha, x)
+    }
+    fn scale(&self, x: &mut Vec<f32>, alpha: f32) -> Result<()> {
+        scale(x, alpha);
+        Ok(())
+    }
+    fn add_bias(&self, out: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        add_bias(out, bias, rows, cols)
+    }
+    fn bias_backward(&self, dbias: &mut Vec<f32>, dout: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        in_f64([dbias], |[d]| bias_backward(d, &wide(dout), rows, cols))
+    }
 }

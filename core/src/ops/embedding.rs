@@ -1,7 +1,12 @@
 //! Token embedding lookup and its gradient.
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
+use alloc::vec::Vec;
 
 /// Checks every id against the table size, naming the first bad one.
 pub fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
@@ -82,4 +87,51 @@ pub fn embedding_backward<T: Real>(
         }
     }
     Ok(())
+}
+
+/// Token embeddings, forward and backward: see [`crate::ops::embedding`].
+pub trait EmbeddingOps: Memory {
+    /// Rows of `table` (`vocab x dim`) for `ids`; an id not below `vocab` is an error.
+    fn embedding_forward(
+        &self,
+        out: &mut Self::Buffer,
+        table: &Self::Buffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// Accumulates.
+    fn embedding_backward(
+        &self,
+        dtable: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()>;
+}
+
+impl EmbeddingOps for ReferenceBackend {
+    fn embedding_forward(
+        &self,
+        out: &mut Vec<f32>,
+        table: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        embedding_forward(out, table, ids, vocab, dim)
+    }
+    fn embedding_backward(
+        &self,
+        dtable: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        in_f64([dtable], |[d]| {
+            embedding_backward(d, &wide(dout), ids, vocab, dim)
+        })
+    }
 }

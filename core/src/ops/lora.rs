@@ -12,9 +12,15 @@
 //! block runs each expert on a run of grouped rows): the offsets in [`LoraSpec`] say where
 //! the first row starts. `A`, `B`, `dA`, `dB` are whole.
 
+use crate::backend::MatmulOps;
 use crate::backend::Precision;
 use crate::error::check_len;
+use crate::ops::matmul::MatmulSpec;
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
+use alloc::vec::Vec;
 
 /// The shape of one adapter product.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -237,6 +243,188 @@ pub fn lora_merge<T: Real>(
         }
     }
     Ok(())
+}
+
+/// Low-rank adapters, forward and backward: see [`crate::ops::lora`].
+pub trait LoraOps: MatmulOps {
+    /// `t = x A^T` (overwritten, kept for the backward pass), then `y += scale * t B^T`.
+    /// The default is two of the backend's own GEMMs ([`lora_forward_by_gemm`]); a backend
+    /// with a one-pass kernel overrides it.
+    #[allow(clippy::too_many_arguments)]
+    fn lora_forward(
+        &self,
+        y: &mut Self::Buffer,
+        t: &mut Self::Buffer,
+        x: &Self::Buffer,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        lora_forward_by_gemm(self, y, t, x, a, b, s)
+    }
+    /// From `dy`: `dB += scale * dy^T t`, `dt = scale * dy B` (scratch, overwritten),
+    /// `dA += dt^T x`, and `dx += dt A` when `dx` is given.
+    #[allow(clippy::too_many_arguments)]
+    fn lora_backward(
+        &self,
+        dx: Option<&mut Self::Buffer>,
+        da: &mut Self::Buffer,
+        db: &mut Self::Buffer,
+        dt: &mut Self::Buffer,
+        dy: &Self::Buffer,
+        x: &Self::Buffer,
+        t: &Self::Buffer,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        let op = "lora_backward";
+        s.check(
+            op,
+            self.len(x),
+            self.len(dy),
+            self.len(t),
+            self.len(a),
+            self.len(b),
+        )?;
+        s.check(
+            op,
+            self.len(x),
+            self.len(dy),
+            self.len(dt),
+            self.len(da),
+            self.len(db),
+        )?;
+        if let Some(dx) = &dx {
+            s.check(
+                op,
+                self.len(dx),
+                self.len(dy),
+                self.len(t),
+                self.len(a),
+                self.len(b),
+            )?;
+        }
+        if s.rows == 0 {
+            return Ok(());
+        }
+        let mm = |m, n, k| MatmulSpec::new(m, n, k).precision(s.precision);
+        let (rows, r, di, dout) = (s.rows, s.rank, s.d_in, s.d_out);
+        let (xo, yo, to) = (s.x_offset, s.y_offset, s.t_offset);
+        self.matmul(
+            db,
+            dy,
+            t,
+            &mm(dout, r, rows)
+                .trans_a(true)
+                .alpha(s.scale)
+                .accumulate()
+                .window(yo, to, 0),
+        )?;
+        self.matmul(dt, dy, b, &mm(rows, r, dout).alpha(s.scale).window(yo, 0, to))?;
+        self.matmul(
+            da,
+            dt,
+            x,
+            &mm(r, di, rows).trans_a(true).accumulate().window(to, xo, 0),
+        )?;
+        if let Some(dx) = dx {
+            self.matmul(dx, dt, a, &mm(rows, di, r).accumulate().window(to, 0, xo))?;
+        }
+        Ok(())
+    }
+}
+
+impl LoraOps for ReferenceBackend {
+    fn lora_forward(
+        &self,
+        y: &mut Vec<f32>,
+        t: &mut Vec<f32>,
+        x: &Vec<f32>,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        s.check("lora_forward", x.len(), y.len(), t.len(), a.len(), b.len())?;
+        // t rounds to f32 as a backend stores it; y's sum then runs over the stored t.
+        in_f64([t], |[t]| lora_down(t, &wide(x), &wide(a), s))?;
+        let t = wide(t);
+        in_f64([y], |[y]| lora_up(y, &t, &wide(b), s))
+    }
+    fn lora_backward(
+        &self,
+        dx: Option<&mut Vec<f32>>,
+        da: &mut Vec<f32>,
+        db: &mut Vec<f32>,
+        dt: &mut Vec<f32>,
+        dy: &Vec<f32>,
+        x: &Vec<f32>,
+        t: &Vec<f32>,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        let mut sink;
+        let dx = match dx {
+            Some(dx) => dx,
+            None => {
+                sink = alloc::vec![0.0f32; s.x_offset + s.rows * s.d_in];
+                &mut sink
+            }
+        };
+        in_f64([dx, da, db, dt], |[dx, da, db, dt]| {
+            lora_backward(
+                dx,
+                da,
+                db,
+                dt,
+                &wide(dy),
+                &wide(x),
+                &wide(t),
+                &wide(a),
+                &wide(b),
+                s,
+            )
+        })
+    }
+}
+
+/// [`LoraOps::lora_forward`] as two of `backend`'s GEMMs, the scale folded into the
+/// second's alpha: at the ranks adapters use (4 to 64) both products are bound by reading
+/// `x` and writing `y`, which a GEMM already does once each.
+pub fn lora_forward_by_gemm<B: MatmulOps + ?Sized>(
+    backend: &B,
+    y: &mut B::Buffer,
+    t: &mut B::Buffer,
+    x: &B::Buffer,
+    a: &B::Buffer,
+    b: &B::Buffer,
+    s: &LoraSpec,
+) -> Result<()> {
+    let len = |buf| backend.len(buf);
+    s.check("lora_forward", len(x), len(y), len(t), len(a), len(b))?;
+    if s.rows == 0 {
+        return Ok(());
+    }
+    let mm = |m, n, k| MatmulSpec::new(m, n, k).precision(s.precision);
+    backend.matmul(
+        t,
+        x,
+        a,
+        &mm(s.rows, s.rank, s.d_in)
+            .trans_b(true)
+            .window(s.x_offset, 0, s.t_offset),
+    )?;
+    backend.matmul(
+        y,
+        t,
+        b,
+        &mm(s.rows, s.d_out, s.rank)
+            .trans_b(true)
+            .alpha(s.scale)
+            .accumulate()
+            .window(s.t_offset, 0, s.y_offset),
+    )
 }
 
 #[cfg(test)]

@@ -5,9 +5,14 @@
 //! clamped at -100 and gradient denominators at 1e-12, as `torch.nn.BCELoss` does, so a
 //! saturated prediction gives a large finite loss instead of Inf.
 
+use crate::backend::Memory;
 use crate::error::{check_len, check_rows};
 use crate::ops::activation::Activation;
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
+use alloc::vec::Vec;
 
 /// What a dense network minimizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,4 +132,76 @@ pub fn fused_output_backward<T: Real>(
         dlogits[i] = (pred[i] - target[i]) * inv;
     }
     Ok(())
+}
+
+/// The dense networks' losses: see [`crate::ops::loss`].
+pub trait LossOps: Memory {
+    /// The mean loss of `rows x cols` predictions against their targets, on the host.
+    fn loss_forward(
+        &self,
+        loss: Loss,
+        pred: &Self::Buffer,
+        target: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<f64>;
+    /// The gradient of the mean loss with respect to the predictions (overwrites `dpred`).
+    fn loss_backward(
+        &self,
+        loss: Loss,
+        dpred: &mut Self::Buffer,
+        pred: &Self::Buffer,
+        target: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    /// Softmax + categorical cross-entropy or sigmoid + binary cross-entropy back to the logits at once: `(pred - target) / rows`, stable where the two steps apart would saturate.
+    fn fused_output_backward(
+        &self,
+        loss: Loss,
+        dlogits: &mut Self::Buffer,
+        pred: &Self::Buffer,
+        target: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+}
+
+impl LossOps for ReferenceBackend {
+    fn loss_forward(
+        &self,
+        l: Loss,
+        pred: &Vec<f32>,
+        target: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<f64> {
+        loss_forward(l, &wide(pred), &wide(target), rows, cols)
+    }
+    fn loss_backward(
+        &self,
+        l: Loss,
+        dpred: &mut Vec<f32>,
+        pred: &Vec<f32>,
+        target: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        in_f64([dpred], |[d]| {
+            loss_backward(l, d, &wide(pred), &wide(target), rows, cols)
+        })
+    }
+    fn fused_output_backward(
+        &self,
+        l: Loss,
+        dlogits: &mut Vec<f32>,
+        pred: &Vec<f32>,
+        target: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        in_f64([dlogits], |[d]| {
+            fused_output_backward(l, d, &wide(pred), &wide(target), rows, cols)
+        })
+    }
 }

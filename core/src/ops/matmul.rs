@@ -1,7 +1,12 @@
 //! General matrix multiply: `C = alpha * op(A) * op(B) + beta * C`, batched.
 
+use crate::backend::Memory;
 use crate::error::{check_len, check_range, product};
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{Real, Result};
+use alloc::vec::Vec;
 
 /// The element type GEMM operands are rounded to before multiplying. Accumulation is always
 /// in the caller's type (f32 on backends), like cuBLAS's BF16 GEMM with FP32 compute.
@@ -229,4 +234,22 @@ pub fn matmul<T: Real>(c: &mut [T], a: &[T], b: &[T], spec: &MatmulSpec) -> Resu
         }
     }
     Ok(())
+}
+
+/// General matrix products: see [`crate::ops::matmul`].
+pub trait MatmulOps: Memory {
+    /// See [`crate::ops::matmul::matmul`].
+    fn matmul(
+        &self,
+        c: &mut Self::Buffer,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        spec: &MatmulSpec,
+    ) -> Result<()>;
+}
+
+impl MatmulOps for ReferenceBackend {
+    fn matmul(&self, c: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, spec: &MatmulSpec) -> Result<()> {
+        in_f64([c], |[c]| matmul(c, &wide(a), &wide(b), spec))
+    }
 }

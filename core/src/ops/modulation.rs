@@ -3,7 +3,9 @@
 //! copy for their fused projections and joint sequences, and rotary embedding from
 //! per-token angle tables (FLUX's multi-axis positions).
 
+use crate::backend::Memory;
 use crate::error::{check_len, check_range, nonzero, product};
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
 /// `x: (batch, tokens, dim)` modulated by `mods: (batch, stride)`, of which a block reads
@@ -238,3 +240,57 @@ pub fn rope_tables(
     }
     Ok((cos, sin))
 }
+
+/// The diffusion transformers' modulation, gates, column copies and paired rotations: see [`crate::ops::modulation`].
+pub trait ModulationOps: Memory {
+    /// See [`crate::ops::modulation::modulate`].
+    fn modulate(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        mods: &Self::Buffer,
+        shift_at: usize,
+        scale_at: usize,
+        spec: &ModulationSpec,
+    ) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        let (x, mods) = (self.download(x)?, self.download(mods)?);
+        crate::ops::modulation::modulate(&mut o, &x, &mods, shift_at, scale_at, spec)?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::modulation::gate_add`].
+    fn gate_add(
+        &self,
+        x: &mut Self::Buffer,
+        y: &Self::Buffer,
+        mods: &Self::Buffer,
+        gate_at: usize,
+        spec: &ModulationSpec,
+    ) -> Result<()> {
+        let mut o = self.download(x)?;
+        let (y, mods) = (self.download(y)?, self.download(mods)?);
+        crate::ops::modulation::gate_add(&mut o, &y, &mods, gate_at, spec)?;
+        self.write(x, &o)
+    }
+    /// See [`crate::ops::modulation::copy_cols`].
+    fn copy_cols(&self, dst: &mut Self::Buffer, src: &Self::Buffer, spec: &ColumnCopy) -> Result<()> {
+        let mut o = self.download(dst)?;
+        crate::ops::modulation::copy_cols(&mut o, &self.download(src)?, spec)?;
+        self.write(dst, &o)
+    }
+    /// See [`crate::ops::modulation::rope_pairs`]. In place.
+    fn rope_pairs(
+        &self,
+        x: &mut Self::Buffer,
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        spec: &RopePairsSpec,
+    ) -> Result<()> {
+        let mut o = self.download(x)?;
+        let (cos, sin) = (self.download(cos)?, self.download(sin)?);
+        crate::ops::modulation::rope_pairs(&mut o, &cos, &sin, spec)?;
+        self.write(x, &o)
+    }
+}
+
+impl ModulationOps for ReferenceBackend {}

@@ -22,7 +22,11 @@
 
 use alloc::vec::Vec;
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
 /// How one batch of `n` tokens is routed, and the quantities its backward pass needs.
@@ -419,4 +423,124 @@ pub fn q8_matmul_routed(
         )?;
     }
     Ok(())
+}
+
+/// Mixture-of-experts routing and combining: see [`crate::ops::moe`].
+pub trait MoeOps: Memory {
+    /// `out[t] += sum_j weight[t, j] * y[row_of_slot[t, j]]`; `out (n, dim)`,
+    /// `y (n * top_k, dim)`. Host-side routing tables, like token ids.
+    fn moe_combine(
+        &self,
+        out: &mut Self::Buffer,
+        y: &Self::Buffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()>;
+    /// `dy` overwritten; returns the gradient of each slot's weight on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine_backward(
+        &self,
+        dy: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        y: &Self::Buffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>>;
+    /// Whether an int8 model's inference routes its experts on this backend's buffers
+    /// ([`MoeOps::moe_route`], [`MoeOps::q8_matmul_routed`], [`MoeOps::moe_combine_slots`])
+    /// instead of reading the router's logits back to group the tokens on the host. A
+    /// device that must not wait for a read (WebGPU in a page) says yes; the host
+    /// backends keep the grouped products, which batch a prefill into one GEMM per expert.
+    fn routes_on_device(&self) -> bool {
+        false
+    }
+    /// Each slot's expert (`u32` bits) and combine weight from the router's logits, on the
+    /// backend; see [`crate::ops::moe::route_slots`]. The default reads the logits back
+    /// and routes on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_route(
+        &self,
+        expert: &mut Self::Buffer,
+        weight: &mut Self::Buffer,
+        logits: &Self::Buffer,
+        n: usize,
+        n_experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<()> {
+        let (mut e, mut w) = (alloc::vec![0.0; n * top_k], alloc::vec![0.0; n * top_k]);
+        let l = self.download(logits)?;
+        crate::ops::moe::route_slots(&mut e, &mut w, &l, n, n_experts, top_k, renormalize)?;
+        self.write(expert, &e)?;
+        self.write(weight, &w)
+    }
+    /// The routed experts' int8 products slot by slot; see
+    /// [`crate::ops::moe::q8_matmul_routed`]. `experts`: (packed, scales) per expert. The
+    /// default computes on the host.
+    fn q8_matmul_routed(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        experts: &[(&Self::Buffer, &Self::Buffer)],
+        expert: &Self::Buffer,
+        spec: &RoutedSpec,
+    ) -> Result<()> {
+        let host: Vec<(Vec<f32>, Vec<f32>)> = experts
+            .iter()
+            .map(|(p, s)| Ok((self.download(p)?, self.download(s)?)))
+            .collect::<Result<_>>()?;
+        let views: Vec<(&[f32], &[f32])> = host.iter().map(|(p, s)| (&p[..], &s[..])).collect();
+        let mut o = alloc::vec![0.0; self.len(out)];
+        let (x, expert) = (self.download(x)?, self.download(expert)?);
+        crate::ops::moe::q8_matmul_routed(&mut o, &x, &views, &expert, spec)?;
+        self.write(out, &o)
+    }
+    /// `out[t] += sum_j weight[t, j] * y[t * top_k + j]`: [`MoeOps::moe_combine`] with the
+    /// expert outputs in slot order and the weights on the backend.
+    fn moe_combine_slots(
+        &self,
+        out: &mut Self::Buffer,
+        y: &Self::Buffer,
+        weight: &Self::Buffer,
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        let w = self.download(weight)?;
+        let rows: Vec<u32> = (0..w.len() as u32).collect();
+        self.moe_combine(out, y, &rows, &w, top_k, dim)
+    }
+}
+
+impl MoeOps for ReferenceBackend {
+    fn moe_combine(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        in_f64([out], |[o]| {
+            moe_combine(o, &wide(y), row_of_slot, weight, top_k, dim)
+        })
+    }
+    fn moe_combine_backward(
+        &self,
+        dy: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        y: &Vec<f32>,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>> {
+        in_f64([dy], |[d]| {
+            moe_combine_backward(d, &wide(dout), &wide(y), row_of_slot, weight, top_k, dim)
+        })
+    }
 }

@@ -7,7 +7,9 @@
 //! hundreds of thousands of values, where an f32 running sum would lose the low digits
 //! the variance is made of.
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
 /// `(mean, 1 / sqrt(var + eps))` of `x`, two passes in f64.
@@ -174,3 +176,56 @@ pub fn group_norm<T: Real>(
     }
     Ok(())
 }
+
+/// Group and layer norms (image models, text encoders): see [`crate::ops::norm`].
+pub trait NormOps: Memory {
+    /// See [`crate::ops::norm::group_norm`].
+    fn group_norm(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        bias: Option<&Self::Buffer>,
+        spec: &GroupNormSpec,
+    ) -> Result<()> {
+        let weight = weight.map(|w| self.download(w)).transpose()?;
+        let bias = bias.map(|b| self.download(b)).transpose()?;
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::norm::group_norm(
+            &mut o,
+            &self.download(inp)?,
+            weight.as_deref(),
+            bias.as_deref(),
+            spec,
+        )?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::norm::layer_norm`].
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        bias: Option<&Self::Buffer>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let weight = weight.map(|w| self.download(w)).transpose()?;
+        let bias = bias.map(|b| self.download(b)).transpose()?;
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::norm::layer_norm(
+            &mut o,
+            &self.download(inp)?,
+            weight.as_deref(),
+            bias.as_deref(),
+            rows,
+            dim,
+            eps,
+        )?;
+        self.write(out, &o)
+    }
+}
+
+impl NormOps for ReferenceBackend {}

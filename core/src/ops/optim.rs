@@ -2,8 +2,11 @@
 //! follow PyTorch's `torch.optim.Adam`/`AdamW`/`SGD` (single-tensor path) term by term, so
 //! f32 results agree to rounding.
 
+use crate::backend::Memory;
 use crate::error::check_len;
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
+use alloc::vec::Vec;
 
 /// Adam hyper-parameters. `decoupled = true` is AdamW (decay applied to the weights,
 /// `p *= 1 - lr * weight_decay`); `false` is Adam with L2 (`g += weight_decay * p`).
@@ -260,5 +263,50 @@ pub fn sgd_update<T: Real>(
             }
             Ok(())
         }
+    }
+}
+
+/// Optimizer steps: see [`crate::ops::optim`].
+pub trait OptimOps: Memory {
+    /// One Adam(W) step (`step` counted from 1) of `param` with `grad`, the moments `m`, `v` updated in place.
+    fn adam_update(
+        &self,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        m: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        hp: &AdamParams,
+        step: u64,
+    ) -> Result<()>;
+    /// One SGD step of `param` with `grad`, the momentum buffer updated when there is one.
+    fn sgd_update(
+        &self,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        velocity: Option<&mut Self::Buffer>,
+        hp: &SgdParams,
+    ) -> Result<()>;
+}
+
+impl OptimOps for ReferenceBackend {
+    fn adam_update(
+        &self,
+        param: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        m: &mut Vec<f32>,
+        v: &mut Vec<f32>,
+        hp: &AdamParams,
+        step: u64,
+    ) -> Result<()> {
+        adam_update(param, grad, m, v, hp, step)
+    }
+    fn sgd_update(
+        &self,
+        param: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        velocity: Option<&mut Vec<f32>>,
+        hp: &SgdParams,
+    ) -> Result<()> {
+        sgd_update(param, grad, velocity.map(|v| v.as_mut_slice()), hp)
     }
 }

@@ -8,8 +8,14 @@
 
 use alloc::vec::Vec;
 
+use crate::backend::AttentionOps;
+use crate::backend::RopeOps;
+use crate::backend::SwigluOps;
 use crate::error::{check_len, check_range, nonzero, product};
+use crate::ops::attention::AttentionSpec;
 use crate::ops::matmul::MatmulSpec;
+use crate::ops::rope::RopeSpec;
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
 /// f32 slots per packed row of `cols` int8 values.
@@ -209,4 +215,248 @@ pub fn q8_embedding<T: Real>(
         }
     }
     Ok(())
+}
+
+/// Int8 inference: products on int8 weights and the fused decode calls built on them: see [`crate::ops::q8`].
+pub trait Q8Ops: SwigluOps + RopeOps + AttentionOps {
+    /// `out = x W^T + beta * out` with W (n x k) int8, packed four to a slot, one scale a
+    /// row; `spec` as for an f32 `Linear` product (see [`crate::ops::q8::q8_operands`]).
+    fn q8_matmul(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        packed: &Self::Buffer,
+        scales: &Self::Buffer,
+        spec: &MatmulSpec,
+    ) -> Result<()>;
+    /// Several int8 products of one input, each `out = x W^T + beta * out` as in
+    /// [`Q8Ops::q8_matmul`] with its own spec: attention's q, k and v projections. A
+    /// backend that runs them as one job (one hand-off between threads, one rounding of
+    /// `x`) overrides this; the default, one `q8_matmul` each, is what an override is
+    /// tested against ([`q8_matmul_each`]).
+    fn q8_matmul_many(&self, x: &Self::Buffer, products: &mut [Q8Product<'_, Self::Buffer>]) -> Result<()> {
+        q8_matmul_each(self, x, products)
+    }
+    /// The first half of a SwiGLU feed-forward on int8 weights: `gate = x Wg^T`,
+    /// `up = x Wu^T` (`spec` is `(m, f, d)`: `x` `(m, d)`, both weights `(f, d)`, beta 0),
+    /// then `out = silu(gate) * up`; `gate` and `up` keep their values for a backward pass.
+    /// The default is the two products and [`SwigluOps::swiglu_forward`]
+    /// ([`q8_swiglu_unfused`]); a backend may run all three as one job.
+    #[allow(clippy::too_many_arguments)]
+    fn q8_swiglu(
+        &self,
+        out: &mut Self::Buffer,
+        gate: &mut Self::Buffer,
+        up: &mut Self::Buffer,
+        x: &Self::Buffer,
+        gate_w: (&Self::Buffer, &Self::Buffer),
+        up_w: (&Self::Buffer, &Self::Buffer),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        q8_swiglu_unfused(self, out, gate, up, x, gate_w, up_w, spec)
+    }
+    /// A SwiGLU feed-forward on int8 weights, added to `out`: [`Q8Ops::q8_swiglu`] of
+    /// `x` into `s` (`gate` and `up` keep their values), then `out = s Wd^T + out` with
+    /// `Wd` `(d, f)`. `spec` is the gating products' `(m, f, d)`. The default is those two
+    /// calls ([`q8_mlp_unfused`]); a backend may run the whole feed-forward as one job.
+    #[allow(clippy::too_many_arguments)]
+    fn q8_mlp(
+        &self,
+        out: &mut Self::Buffer,
+        acts: [&mut Self::Buffer; 3],
+        x: &Self::Buffer,
+        gate_w: (&Self::Buffer, &Self::Buffer),
+        up_w: (&Self::Buffer, &Self::Buffer),
+        down_w: (&Self::Buffer, &Self::Buffer),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        q8_mlp_unfused(self, out, acts, x, gate_w, up_w, down_w, spec)
+    }
+    /// The attention half of a cached block on int8 weights ([`Q8Attention`]): q, k, v
+    /// projected from `h`, rotated, k and v written into the cache at `pos`, attention
+    /// over the cache, and `x = att Wo^T + x`. The default is those calls one by one
+    /// ([`q8_attention_unfused`]); a backend may run them as one job.
+    fn q8_attention(&self, a: Q8Attention<'_, Self::Buffer>) -> Result<()> {
+        q8_attention_unfused(self, a)
+    }
+    /// Rows of an int8 table, dequantized.
+    #[allow(clippy::too_many_arguments)]
+    fn q8_embedding(
+        &self,
+        out: &mut Self::Buffer,
+        packed: &Self::Buffer,
+        scales: &Self::Buffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()>;
+}
+
+impl Q8Ops for ReferenceBackend {
+    fn q8_matmul(
+        &self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        packed: &Vec<f32>,
+        scales: &Vec<f32>,
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        // Exact integer sums: no f64 detour needed.
+        let (x, out) = q8_operands(spec, x, out)?;
+        q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
+    }
+    fn q8_embedding(
+        &self,
+        out: &mut Vec<f32>,
+        packed: &Vec<f32>,
+        scales: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        q8_embedding(out, packed, scales, ids, vocab, dim)
+    }
+}
+
+/// One product of [`Q8Ops::q8_matmul_many`]: its output, its int8 weight (packed
+/// values and row scales) and its spec.
+pub struct Q8Product<'a, T> {
+    /// `(m, n)`, or the spec's window of it.
+    pub out: &'a mut T,
+    /// The int8 weight `(n, k)`, four values a slot.
+    pub packed: &'a T,
+    /// One scale per weight row.
+    pub scales: &'a T,
+    /// `m, n, k`, beta and window, as for [`Q8Ops::q8_matmul`].
+    pub spec: MatmulSpec,
+}
+
+/// The operands of [`Q8Ops::q8_attention`] at `n` new positions of one sequence
+/// (`spec.q_len`).
+pub struct Q8Attention<'a, T> {
+    /// The residual stream `(n, d)`: `att Wo^T` is added to it.
+    pub x: &'a mut T,
+    /// Its normed copy `(n, d)`, the projections' input.
+    pub h: &'a T,
+    /// The query projection `(n, q_dim)`, rotated.
+    pub q: &'a mut T,
+    /// The key projection `(n, kv_dim)`, rotated.
+    pub k: &'a mut T,
+    /// The value projection `(n, kv_dim)`.
+    pub v: &'a mut T,
+    /// The block's key cache (`spec.kv_capacity` positions of `kv_dim`); the new keys go
+    /// at `pos`.
+    pub cache_k: &'a mut T,
+    /// The block's value cache, laid out as `cache_k`.
+    pub cache_v: &'a mut T,
+    /// Positions already in the cache.
+    pub pos: usize,
+    /// Attention's output `(n, q_dim)`.
+    pub att: &'a mut T,
+    /// Its log-sum-exps `(n, q_heads)`.
+    pub lse: &'a mut T,
+    /// `[Wq, Wk, Wv, Wo]`, each as (packed values, row scales).
+    pub weights: [(&'a T, &'a T); 4],
+    /// The rotation of `q`.
+    pub rope_q: &'a RopeSpec,
+    /// The rotation of `k`.
+    pub rope_k: &'a RopeSpec,
+    /// The attention over the cache (`kv_len = pos + n`).
+    pub spec: &'a AttentionSpec,
+}
+
+/// [`Q8Ops::q8_matmul_many`] as one of `backend`'s `q8_matmul` a product: the definition,
+/// and what an override falls back to for shapes it does not fuse.
+pub fn q8_matmul_each<B: Q8Ops + ?Sized>(
+    backend: &B,
+    x: &B::Buffer,
+    products: &mut [Q8Product<'_, B::Buffer>],
+) -> Result<()> {
+    for p in products.iter_mut() {
+        backend.q8_matmul(p.out, x, p.packed, p.scales, &p.spec)?;
+    }
+    Ok(())
+}
+
+/// [`Q8Ops::q8_swiglu`] as `backend`'s two products and its `swiglu_forward`: the
+/// definition, and what an override falls back to for shapes it does not fuse.
+#[allow(clippy::too_many_arguments)]
+pub fn q8_swiglu_unfused<B: Q8Ops + ?Sized>(
+    backend: &B,
+    out: &mut B::Buffer,
+    gate: &mut B::Buffer,
+    up: &mut B::Buffer,
+    x: &B::Buffer,
+    gate_w: (&B::Buffer, &B::Buffer),
+    up_w: (&B::Buffer, &B::Buffer),
+    spec: &MatmulSpec,
+) -> Result<()> {
+    backend.q8_matmul(gate, x, gate_w.0, gate_w.1, spec)?;
+    backend.q8_matmul(up, x, up_w.0, up_w.1, spec)?;
+    backend.swiglu_forward(out, gate, up)
+}
+
+/// [`Q8Ops::q8_attention`] as `backend`'s calls one by one: [`Q8Ops::q8_matmul_many`]
+/// for q, k and v, [`RopeOps::rope_forward`] of q and k, [`Memory::copy_range`](crate::backend::Memory::copy_range) into the
+/// cache, [`AttentionOps::attention_forward`], and Wo's product added to `x`. The definition,
+/// and what an override falls back to for shapes it does not fuse.
+pub fn q8_attention_unfused<B: Q8Ops + ?Sized>(backend: &B, a: Q8Attention<'_, B::Buffer>) -> Result<()> {
+    let s = a.spec;
+    let n = s.q_len;
+    let (q_dim, kv_dim) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
+    // The model width, from h (a length that is not whole rows fails the products' checks).
+    let d = backend.len(a.h) / n.max(1);
+    let [wq, wk, wv, wo] = a.weights;
+    let t = |m, nn, k| MatmulSpec::new(m, nn, k).trans_b(true);
+    backend.q8_matmul_many(
+        a.h,
+        &mut [
+            Q8Product {
+                out: &mut *a.q,
+                packed: wq.0,
+                scales: wq.1,
+                spec: t(n, q_dim, d),
+            },
+            Q8Product {
+                out: &mut *a.k,
+                packed: wk.0,
+                scales: wk.1,
+                spec: t(n, kv_dim, d),
+            },
+            Q8Product {
+                out: &mut *a.v,
+                packed: wv.0,
+                scales: wv.1,
+                spec: t(n, kv_dim, d),
+            },
+        ],
+    )?;
+    backend.rope_forward(a.q, a.rope_q)?;
+    backend.rope_forward(a.k, a.rope_k)?;
+    backend.copy_range(a.cache_k, a.pos * kv_dim, a.k, 0, n * kv_dim)?;
+    backend.copy_range(a.cache_v, a.pos * kv_dim, a.v, 0, n * kv_dim)?;
+    backend.attention_forward(a.att, a.lse, a.q, a.cache_k, a.cache_v, s)?;
+    backend.q8_matmul(a.x, a.att, wo.0, wo.1, &t(n, d, q_dim).beta(1.0))
+}
+
+/// [`Q8Ops::q8_mlp`] as `backend`'s [`Q8Ops::q8_swiglu`] into `s` and its down
+/// product added to `out`: the definition, and what an override falls back to for shapes
+/// it does not fuse. `acts` is `[gate, up, s]`.
+#[allow(clippy::too_many_arguments)]
+pub fn q8_mlp_unfused<B: Q8Ops + ?Sized>(
+    backend: &B,
+    out: &mut B::Buffer,
+    [gate, up, s]: [&mut B::Buffer; 3],
+    x: &B::Buffer,
+    gate_w: (&B::Buffer, &B::Buffer),
+    up_w: (&B::Buffer, &B::Buffer),
+    down_w: (&B::Buffer, &B::Buffer),
+    spec: &MatmulSpec,
+) -> Result<()> {
+    backend.q8_swiglu(s, gate, up, x, gate_w, up_w, spec)?;
+    let down = MatmulSpec::new(spec.m, spec.k, spec.n)
+        .precision(spec.precision)
+        .trans_b(true)
+        .beta(1.0);
+    backend.q8_matmul(out, s, down_w.0, down_w.1, &down)
 }

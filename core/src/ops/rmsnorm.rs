@@ -1,7 +1,12 @@
 //! RMSNorm: `out = x / sqrt(mean(x^2) + eps) * weight`, over the last dimension.
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{Real, Result};
+use alloc::vec::Vec;
 
 /// The shape contract of `rmsnorm_forward`, shared by every backend (buffer lengths).
 pub fn check_rmsnorm_forward(
@@ -114,4 +119,74 @@ pub fn rmsnorm_backward<T: Real>(
         }
     }
     Ok(())
+}
+
+/// RMSNorm forward and backward: see [`crate::ops::rmsnorm`].
+pub trait RmsnormOps: Memory {
+    /// RMSNorm of each `dim`-wide row times `weight`, keeping each row's 1/rms in `rstd` for the backward.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_forward(
+        &self,
+        out: &mut Self::Buffer,
+        rstd: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        weight: &Self::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()>;
+    /// dinp overwritten, dweight accumulated.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Self::Buffer,
+        dweight: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        inp: &Self::Buffer,
+        weight: &Self::Buffer,
+        rstd: &Self::Buffer,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()>;
+}
+
+impl RmsnormOps for ReferenceBackend {
+    fn rmsnorm_forward(
+        &self,
+        out: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        in_f64([out, rstd], |[o, r]| {
+            rmsnorm_forward(o, r, &wide(inp), &wide(weight), rows, dim, eps)
+        })
+    }
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Vec<f32>,
+        dweight: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        rstd: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        in_f64([dinp, dweight], |[dx, dw]| {
+            rmsnorm_backward(
+                dx,
+                dw,
+                &wide(dout),
+                &wide(inp),
+                &wide(weight),
+                &wide(rstd),
+                rows,
+                dim,
+            )
+        })
+    }
 }

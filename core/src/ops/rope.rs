@@ -8,8 +8,12 @@
 //! Models trained on a long context with stretched frequencies ([`RopeScaling`]) turn by
 //! `p * f_i`, with `f_i` the scaled inverse frequency of [`RopeScaling::inv_freq`].
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::in_f64;
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
+use alloc::vec::Vec;
 
 /// Where the vectors sit: `x` is `(batch, seq, heads, head_dim)` and row `t` of the sequence
 /// is at absolute position `pos_offset + t` (non-zero when decoding after a KV cache).
@@ -227,4 +231,21 @@ pub fn rope_backward<T: Real>(dx: &mut [T], spec: &RopeSpec) -> Result<()> {
     spec.check("rope_backward", dx.len())?;
     rotate(dx, spec, -T::ONE);
     Ok(())
+}
+
+/// Rotary position embeddings, forward and backward: see [`crate::ops::rope`].
+pub trait RopeOps: Memory {
+    /// In place.
+    fn rope_forward(&self, x: &mut Self::Buffer, spec: &RopeSpec) -> Result<()>;
+    /// In place.
+    fn rope_backward(&self, dx: &mut Self::Buffer, spec: &RopeSpec) -> Result<()>;
+}
+
+impl RopeOps for ReferenceBackend {
+    fn rope_forward(&self, x: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
+        in_f64([x], |[x]| rope_forward(x, spec))
+    }
+    fn rope_backward(&self, dx: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
+        in_f64([dx], |[dx]| rope_backward(dx, spec))
+    }
 }

@@ -16,7 +16,9 @@
 //! `causal`, query `t` sees keys `j <= t + kv_len - q_len` (CLIP's text tower). A query
 //! that sees no key at all (every key masked) gets zeros, not the NaN of an empty softmax.
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
 /// Attention over any query and key lengths; see the module docs for the layout, masks and bias.
@@ -237,3 +239,27 @@ pub fn sdpa<T: Real>(
     }
     Ok(())
 }
+
+/// Scaled dot-product attention with masks and biases (image models, text encoders): see [`crate::ops::sdpa`].
+pub trait SdpaOps: Memory {
+    /// See [`crate::ops::sdpa::sdpa`]. The key mask is a host slice, like token ids.
+    #[allow(clippy::too_many_arguments)]
+    fn sdpa(
+        &self,
+        out: &mut Self::Buffer,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        key_mask: Option<&[bool]>,
+        bias: Option<&Self::Buffer>,
+        spec: &SdpaSpec,
+    ) -> Result<()> {
+        let bias = bias.map(|b| self.download(b)).transpose()?;
+        let mut o = alloc::vec![0.0; self.len(out)];
+        let (q, k, v) = (self.download(q)?, self.download(k)?, self.download(v)?);
+        crate::ops::sdpa::sdpa(&mut o, &q, &k, &v, key_mask, bias.as_deref(), spec)?;
+        self.write(out, &o)
+    }
+}
+
+impl SdpaOps for ReferenceBackend {}

@@ -1,7 +1,12 @@
 //! Row-wise softmax, stabilised by subtracting the row maximum.
 
+use crate::backend::Memory;
 use crate::error::check_rows;
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{Real, Result};
+use alloc::vec::Vec;
 
 /// out, inp: (rows, cols). A row of all `-inf` gives NaN (0/0), as in PyTorch.
 pub fn softmax_forward<T: Real>(out: &mut [T], inp: &[T], rows: usize, cols: usize) -> Result<()> {
@@ -64,4 +69,43 @@ pub fn softmax_backward<T: Real>(
         }
     }
     Ok(())
+}
+
+/// Row-wise softmax, forward and backward: see [`crate::ops::softmax`].
+pub trait SoftmaxOps: Memory {
+    /// Softmax over each row of `cols`.
+    fn softmax_forward(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+    /// Softmax's backward from its output (overwrites `dinp`).
+    fn softmax_backward(
+        &self,
+        dinp: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        out: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
+}
+
+impl SoftmaxOps for ReferenceBackend {
+    fn softmax_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        in_f64([out], |[o]| softmax_forward(o, &wide(inp), rows, cols))
+    }
+    fn softmax_backward(
+        &self,
+        dinp: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        out: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        in_f64([dinp], |[d]| {
+            softmax_backward(d, &wide(dout), &wide(out), rows, cols)
+        })
+    }
 }

@@ -2,7 +2,9 @@
 //! up blocks), patches to tokens and back (the DiTs' input and output, the FLUX.2 VAE's
 //! 2x2 latent packing), and the sinusoidal timestep embedding.
 
+use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
 /// `out (planes, h * s, w * s)` from `inp (planes, h, w)` by repeating each value in an
@@ -203,3 +205,35 @@ pub fn timestep_embedding(out: &mut [f32], timesteps: &[f32], spec: &TimestepSpe
     }
     Ok(())
 }
+
+/// Upsampling and patching of feature maps: see [`crate::ops::spatial`].
+pub trait SpatialOps: Memory {
+    /// See [`crate::ops::spatial::upsample_nearest2d`].
+    fn upsample_nearest2d(
+        &self,
+        out: &mut Self::Buffer,
+        inp: &Self::Buffer,
+        planes: usize,
+        h: usize,
+        w: usize,
+        scale: usize,
+    ) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::spatial::upsample_nearest2d(&mut o, &self.download(inp)?, planes, h, w, scale)?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::spatial::patchify`].
+    fn patchify(&self, out: &mut Self::Buffer, inp: &Self::Buffer, spec: &PatchSpec) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::spatial::patchify(&mut o, &self.download(inp)?, spec)?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::spatial::unpatchify`].
+    fn unpatchify(&self, out: &mut Self::Buffer, inp: &Self::Buffer, spec: &PatchSpec) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::spatial::unpatchify(&mut o, &self.download(inp)?, spec)?;
+        self.write(out, &o)
+    }
+}
+
+impl SpatialOps for ReferenceBackend {}

@@ -1,7 +1,12 @@
 //! SiLU and the SwiGLU gate of a Llama feed-forward: `out = silu(gate) * up`.
 
+use crate::backend::Memory;
 use crate::error::check_len;
+use crate::reference::in_f64;
+use crate::reference::wide;
+use crate::reference::ReferenceBackend;
 use crate::{Real, Result};
+use alloc::vec::Vec;
 
 /// 1 / (1 + e^-x), without overflow for large |x|.
 pub fn sigmoid<T: Real>(x: T) -> T {
@@ -81,4 +86,37 @@ pub fn swiglu_backward<T: Real>(
         dup[i] = dout[i] * silu(gate[i]);
     }
     Ok(())
+}
+
+/// The SwiGLU gate `silu(gate) * up`, forward and backward: see [`crate::ops::swiglu`].
+pub trait SwigluOps: Memory {
+    /// `out = silu(gate) * up`.
+    fn swiglu_forward(&self, out: &mut Self::Buffer, gate: &Self::Buffer, up: &Self::Buffer) -> Result<()>;
+    /// SwiGLU's backward: the gradients of `gate` and `up` (overwritten).
+    fn swiglu_backward(
+        &self,
+        dgate: &mut Self::Buffer,
+        dup: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+    ) -> Result<()>;
+}
+
+impl SwigluOps for ReferenceBackend {
+    fn swiglu_forward(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>) -> Result<()> {
+        in_f64([out], |[o]| swiglu_forward(o, &wide(gate), &wide(up)))
+    }
+    fn swiglu_backward(
+        &self,
+        dgate: &mut Vec<f32>,
+        dup: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        gate: &Vec<f32>,
+        up: &Vec<f32>,
+    ) -> Result<()> {
+        in_f64([dgate, dup], |[dg, du]| {
+            swiglu_backward(dg, du, &wide(dout), &wide(gate), &wide(up))
+        })
+    }
 }

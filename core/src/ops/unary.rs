@@ -1,8 +1,10 @@
 //! Element-wise activations of the image and text-encoder models, forward only (their
 //! scope is inference): GELU exact and tanh-approximated, CLIP's quick GELU, SiLU.
 
+use crate::backend::Memory;
 use crate::error::check_len;
 use crate::ops::swiglu::sigmoid;
+use crate::reference::ReferenceBackend;
 use crate::{Real, Result};
 
 /// An elementwise activation of the image models.
@@ -68,3 +70,21 @@ pub fn gated<T: Real>(op: Unary, out: &mut [T], gate: &[T], up: &[T]) -> Result<
     }
     Ok(())
 }
+
+/// Element-wise activations of the image models and text encoders: see [`crate::ops::unary`].
+pub trait UnaryOps: Memory {
+    /// See [`crate::ops::unary::unary`].
+    fn unary(&self, op: Unary, out: &mut Self::Buffer, inp: &Self::Buffer) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::unary::unary(op, &mut o, &self.download(inp)?)?;
+        self.write(out, &o)
+    }
+    /// See [`crate::ops::unary::gated`]: `out = f(gate) * up`.
+    fn gated(&self, op: Unary, out: &mut Self::Buffer, gate: &Self::Buffer, up: &Self::Buffer) -> Result<()> {
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::unary::gated(op, &mut o, &self.download(gate)?, &self.download(up)?)?;
+        self.write(out, &o)
+    }
+}
+
+impl UnaryOps for ReferenceBackend {}

@@ -16,6 +16,8 @@ use rusting_brain_core::Result;
 
 use super::shared_buf::SharedBuf;
 use super::{simd, team};
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::AttentionOps;
 
 /// Scores times head size below which a decode step's attention stays on one thread. Eight
 /// heads over 20 keys already gain from the split (one call: 1.45 -> 1.18 us at head size
@@ -741,4 +743,33 @@ pub(crate) fn attention_backward_blocked(
             }
         });
     });
+}
+
+impl AttentionOps for CpuBackend {
+    fn attention_forward(
+        &self,
+        out: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        attention_forward(out, lse, q, k, v, spec)
+    }
+    fn attention_backward(
+        &self,
+        dq: &mut Vec<f32>,
+        dk: &mut Vec<f32>,
+        dv: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        out: &Vec<f32>,
+        lse: &Vec<f32>,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        attention_backward(dq, dk, dv, dout, q, k, v, out, lse, spec)
+    }
 }

@@ -452,8 +452,9 @@ mod tests {
     /// for both layouts of A, both of B, odd k, and m and n off the tile and group sizes.
     #[test]
     fn stale_packing_buffers_never_reach_the_outputs() {
+        use rusting_brain_core::backend::MatmulOps;
         use rusting_brain_core::backend::Precision;
-        use rusting_brain_core::{Backend, ReferenceBackend, Rng};
+        use rusting_brain_core::{ReferenceBackend, Rng};
         if !available() {
             println!("no AVX512_BF16 here: nothing to check");
             return;

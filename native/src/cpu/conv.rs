@@ -8,7 +8,9 @@
 //! need 300 MB of columns), and each band's product writes straight into its place in
 //! `out` through the GEMM's row stride.
 
+use crate::cpu::CpuBackend;
 use rayon::prelude::*;
+use rusting_brain_core::backend::ConvOps;
 use rusting_brain_core::ops::conv::Conv2dSpec;
 use rusting_brain_core::Result;
 
@@ -165,5 +167,18 @@ fn gemm_into(
             false,
             parallelism,
         );
+    }
+}
+
+impl ConvOps for CpuBackend {
+    fn conv2d(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        bias: Option<&Vec<f32>>,
+        spec: &Conv2dSpec,
+    ) -> Result<()> {
+        conv2d(out, inp, weight, bias.map(|b| &b[..]), spec)
     }
 }

@@ -8,6 +8,8 @@ use rusting_brain_core::ops::cross_entropy::{check_cross_entropy, CrossEntropySu
 use rusting_brain_core::{CoreError, Result};
 
 use super::simd;
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::CrossEntropyOps;
 
 pub fn cross_entropy(
     logits: &mut [f32],
@@ -69,4 +71,18 @@ pub fn cross_entropy(
         }
     }
     Ok(total)
+}
+
+impl CrossEntropyOps for CpuBackend {
+    fn cross_entropy(
+        &self,
+        logits: &mut Vec<f32>,
+        targets: &[u32],
+        mask: Option<&[bool]>,
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) -> Result<CrossEntropySum> {
+        cross_entropy(logits, targets, mask, rows, vocab, grad_scale)
+    }
 }

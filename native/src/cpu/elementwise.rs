@@ -8,6 +8,8 @@ use rusting_brain_core::ops::unary::Unary;
 use rusting_brain_core::Result;
 
 use super::{rows_per_task, simd, ELEMENTS_PER_TASK};
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::ElementwiseOps;
 
 pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) -> Result<()> {
     check_len("axpy", "x", x.len(), y.len())?;
@@ -90,4 +92,20 @@ pub fn gated(op: Unary, out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()>
             }
         });
     Ok(())
+}
+
+impl ElementwiseOps for CpuBackend {
+    fn axpy(&self, y: &mut Vec<f32>, alpha: f32, x: &Vec<f32>) -> Result<()> {
+        axpy(y, alpha, x)
+    }
+    fn scale(&self, x: &mut Vec<f32>, alpha: f32) -> Result<()> {
+        scale(x, alpha);
+        Ok(())
+    }
+    fn add_bias(&self, out: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        add_bias(out, bias, rows, cols)
+    }
+    fn bias_backward(&self, dbias: &mut Vec<f32>, dout: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        bias_backward(dbias, dout, rows, cols)
+    }
 }

@@ -8,6 +8,8 @@ use rusting_brain_core::ops::embedding::check_embedding;
 use rusting_brain_core::Result;
 
 use super::simd;
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::EmbeddingOps;
 
 pub fn embedding_forward(
     out: &mut [f32],
@@ -75,4 +77,27 @@ pub fn embedding_backward(
             }
         });
     Ok(())
+}
+
+impl EmbeddingOps for CpuBackend {
+    fn embedding_forward(
+        &self,
+        out: &mut Vec<f32>,
+        table: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        embedding_forward(out, table, ids, vocab, dim)
+    }
+    fn embedding_backward(
+        &self,
+        dtable: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        embedding_backward(dtable, dout, ids, vocab, dim)
+    }
 }

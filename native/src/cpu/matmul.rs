@@ -10,6 +10,8 @@ use rusting_brain_core::ops::matmul::{round_bf16, MatmulSpec, Precision};
 use rusting_brain_core::Result;
 
 use super::{bf16, simd, team};
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::MatmulOps;
 
 /// Below this many multiply-adds the product runs on one thread: splitting costs more.
 const PARALLEL_MACS: f64 = 64.0 * 64.0 * 64.0;
@@ -214,5 +216,11 @@ fn sum_rows(out: &mut [f32], mat: &[f32], vec: &[f32], width: usize, alpha: f32,
     }
     for (y, &v) in out.iter_mut().zip(&sum) {
         store(y, v, alpha, beta);
+    }
+}
+
+impl MatmulOps for CpuBackend {
+    fn matmul(&self, c: &mut Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, spec: &MatmulSpec) -> Result<()> {
+        matmul(c, a, b, spec)
     }
 }

@@ -11,6 +11,8 @@ use rusting_brain_core::ops::moe::check_combine;
 use rusting_brain_core::Result;
 
 use super::simd;
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::MoeOps;
 
 pub fn moe_combine(
     out: &mut [f32],
@@ -68,4 +70,30 @@ pub fn moe_combine_backward(
         dweight[slot_of_row[r]] = v;
     }
     Ok(dweight)
+}
+
+impl MoeOps for CpuBackend {
+    fn moe_combine(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        moe_combine(out, y, row_of_slot, weight, top_k, dim)
+    }
+    fn moe_combine_backward(
+        &self,
+        dy: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        y: &Vec<f32>,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>> {
+        moe_combine_backward(dy, dout, y, row_of_slot, weight, top_k, dim)
+    }
 }

@@ -9,6 +9,8 @@ use rusting_brain_core::ops::norm::{check_layer_norm, GroupNormSpec};
 use rusting_brain_core::Result;
 
 use super::simd;
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::NormOps;
 
 const BLOCK: usize = 256;
 const LANES: usize = 16;
@@ -136,5 +138,38 @@ fn normalize(
             y += b[i * s];
         }
         *o = y;
+    }
+}
+
+impl NormOps for CpuBackend {
+    fn group_norm(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: Option<&Vec<f32>>,
+        bias: Option<&Vec<f32>>,
+        spec: &GroupNormSpec,
+    ) -> Result<()> {
+        group_norm(out, inp, weight.map(|w| &w[..]), bias.map(|b| &b[..]), spec)
+    }
+    fn layer_norm(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: Option<&Vec<f32>>,
+        bias: Option<&Vec<f32>>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        layer_norm(
+            out,
+            inp,
+            weight.map(|w| &w[..]),
+            bias.map(|b| &b[..]),
+            rows,
+            dim,
+            eps,
+        )
     }
 }

@@ -7,6 +7,8 @@ use rusting_brain_core::ops::optim::{check_adam, check_sgd, AdamConstants, AdamP
 use rusting_brain_core::Result;
 
 use super::{simd, ELEMENTS_PER_TASK};
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::OptimOps;
 
 pub fn adam_update(
     param: &mut [f32],
@@ -65,5 +67,28 @@ pub fn sgd_update(
                 });
             Ok(())
         }
+    }
+}
+
+impl OptimOps for CpuBackend {
+    fn adam_update(
+        &self,
+        param: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        m: &mut Vec<f32>,
+        v: &mut Vec<f32>,
+        hp: &AdamParams,
+        step: u64,
+    ) -> Result<()> {
+        adam_update(param, grad, m, v, hp, step)
+    }
+    fn sgd_update(
+        &self,
+        param: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        velocity: Option<&mut Vec<f32>>,
+        hp: &SgdParams,
+    ) -> Result<()> {
+        sgd_update(param, grad, velocity.map(|v| v.as_mut_slice()), hp)
     }
 }

@@ -14,6 +14,12 @@ use rusting_brain_core::Result;
 
 use super::shared_buf::SharedBuf;
 use super::{simd, team};
+use crate::cpu::fused_swiglu_row;
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::MatmulSpec;
+use rusting_brain_core::backend::Q8Attention;
+use rusting_brain_core::backend::Q8Ops;
+use rusting_brain_core::backend::Q8Product;
 
 /// int8 weights below which a decode product stays on the calling thread: handing half of
 /// a 32 KiB matrix to the other core costs about what reading it does.
@@ -578,6 +584,132 @@ pub fn q8_embedding(
         }
     });
     Ok(())
+}
+
+impl Q8Ops for CpuBackend {
+    fn q8_matmul(
+        &self,
+        out: &mut Vec<f32>,
+        x: &Vec<f32>,
+        packed: &Vec<f32>,
+        scales: &Vec<f32>,
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        let (x, out) = rusting_brain_core::ops::q8::q8_operands(spec, x, out)?;
+        q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
+    }
+    fn q8_matmul_many(&self, x: &Vec<f32>, products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
+        // One activation row over all of `x` (a decode step's projections): one job.
+        // Anything else runs product by product.
+        if products.len() > MANY_MAX || !products.iter().all(|p| p.spec.one_row_of(x.len())) {
+            return rusting_brain_core::backend::q8_matmul_each(self, x, products);
+        }
+        let mut rows: [Option<DecodeProduct<'_>>; MANY_MAX] = Default::default();
+        for (p, row) in products.iter_mut().zip(&mut rows) {
+            // The checks q8_matmul makes of the spec (trans_b, alpha, batch).
+            let (_, out) = rusting_brain_core::ops::q8::q8_operands(&p.spec, x, p.out)?;
+            check_len("q8_matmul_many", "out", out.len(), p.spec.n)?;
+            *row = Some(DecodeProduct {
+                out,
+                packed: p.packed,
+                scales: p.scales,
+                beta: p.spec.beta,
+            });
+        }
+        q8_matmul_many(x, rows)
+    }
+    fn q8_swiglu(
+        &self,
+        out: &mut Vec<f32>,
+        gate: &mut Vec<f32>,
+        up: &mut Vec<f32>,
+        x: &Vec<f32>,
+        gate_w: (&Vec<f32>, &Vec<f32>),
+        up_w: (&Vec<f32>, &Vec<f32>),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        if !fused_swiglu_row(("q8_swiglu", "out"), spec, x, out, gate, up)? {
+            return rusting_brain_core::backend::q8_swiglu_unfused(
+                self, out, gate, up, x, gate_w, up_w, spec,
+            );
+        }
+        q8_swiglu(out, gate, up, x, (gate_w.0, gate_w.1), (up_w.0, up_w.1))
+    }
+    fn q8_attention(&self, a: Q8Attention<'_, Vec<f32>>) -> Result<()> {
+        // One position of one sequence, over the team: one phased job. Anything else (a
+        // prompt, one thread, a model too small to split) as the calls one by one.
+        let s = a.spec;
+        let bytes = (s.q_heads.saturating_add(s.kv_heads))
+            .saturating_mul(s.head_dim)
+            .saturating_mul(2 * a.h.len());
+        if !attention_row_fits(s, a.rope_q, a.rope_k) || team::parts() < 2 || bytes < TEAM_MIN_BYTES {
+            return rusting_brain_core::backend::q8_attention_unfused(self, a);
+        }
+        let [wq, wk, wv, wo] = a.weights;
+        q8_attention_row(DecodeAttention {
+            x: a.x,
+            h: a.h,
+            q: a.q,
+            k: a.k,
+            v: a.v,
+            cache_k: a.cache_k,
+            cache_v: a.cache_v,
+            pos: a.pos,
+            att: a.att,
+            lse: a.lse,
+            weights: [(wq.0, wq.1), (wk.0, wk.1), (wv.0, wv.1), (wo.0, wo.1)],
+            rope_q: a.rope_q,
+            rope_k: a.rope_k,
+            spec: s,
+        })
+    }
+    fn q8_mlp(
+        &self,
+        out: &mut Vec<f32>,
+        [gate, up, s]: [&mut Vec<f32>; 3],
+        x: &Vec<f32>,
+        gate_w: (&Vec<f32>, &Vec<f32>),
+        up_w: (&Vec<f32>, &Vec<f32>),
+        down_w: (&Vec<f32>, &Vec<f32>),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        // One activation row (a decode step's feed-forward): one phased job. Anything
+        // else as the two calls.
+        if !fused_swiglu_row(("q8_mlp", "s"), spec, x, s, gate, up)? {
+            return rusting_brain_core::backend::q8_mlp_unfused(
+                self,
+                out,
+                [gate, up, s],
+                x,
+                gate_w,
+                up_w,
+                down_w,
+                spec,
+            );
+        }
+        check_len("q8_mlp", "out", out.len(), spec.k)?;
+        q8_mlp(
+            out,
+            gate,
+            up,
+            s,
+            x,
+            (gate_w.0, gate_w.1),
+            (up_w.0, up_w.1),
+            (down_w.0, down_w.1),
+        )
+    }
+    fn q8_embedding(
+        &self,
+        out: &mut Vec<f32>,
+        packed: &Vec<f32>,
+        scales: &Vec<f32>,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        q8_embedding(out, packed, scales, ids, vocab, dim)
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ use rusting_brain_core::ops::rmsnorm::{check_rmsnorm_backward, check_rmsnorm_for
 use rusting_brain_core::Result;
 
 use super::{rows_per_task, simd, team};
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::RmsnormOps;
 
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_forward(
@@ -98,4 +100,32 @@ pub fn rmsnorm_backward(
         simd::axpy(dweight, 1.0, p);
     }
     Ok(())
+}
+
+impl RmsnormOps for CpuBackend {
+    fn rmsnorm_forward(
+        &self,
+        out: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        rmsnorm_forward(out, rstd, inp, weight, rows, dim, eps)
+    }
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut Vec<f32>,
+        dweight: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        inp: &Vec<f32>,
+        weight: &Vec<f32>,
+        rstd: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim)
+    }
 }

@@ -9,6 +9,8 @@ use rusting_brain_core::ops::rope::{RopeScaling, RopeSpec};
 use rusting_brain_core::{Real, Result};
 
 use super::rows_per_task;
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::RopeOps;
 
 /// Positions past this are computed per call instead of kept (a table row is head_dim floats).
 const MAX_CACHED_POSITIONS: usize = 1 << 16;
@@ -139,4 +141,13 @@ pub fn rope_backward(dx: &mut [f32], spec: &RopeSpec) -> Result<()> {
     spec.check("rope_backward", dx.len())?;
     rotate(dx, spec, -1.0);
     Ok(())
+}
+
+impl RopeOps for CpuBackend {
+    fn rope_forward(&self, x: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
+        rope_forward(x, spec)
+    }
+    fn rope_backward(&self, dx: &mut Vec<f32>, spec: &RopeSpec) -> Result<()> {
+        rope_backward(dx, spec)
+    }
 }

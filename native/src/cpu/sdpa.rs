@@ -13,6 +13,8 @@ use rusting_brain_core::Result;
 
 use super::attention::{gemm_views, with_tiles, View};
 use super::simd;
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::SdpaOps;
 
 /// Queries per task: enough rows for the GEMMs to run at speed (at 4,608 tokens, 24 heads
 /// of 128: 64 rows ran at 123 GFLOP/s on 2 Xeon cores, 128 at 149, 256 at 159; see
@@ -132,4 +134,19 @@ pub fn sdpa(
         }
     }
     Ok(())
+}
+
+impl SdpaOps for CpuBackend {
+    fn sdpa(
+        &self,
+        out: &mut Vec<f32>,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        key_mask: Option<&[bool]>,
+        bias: Option<&Vec<f32>>,
+        spec: &SdpaSpec,
+    ) -> Result<()> {
+        sdpa(out, q, k, v, key_mask, bias.map(|b| &b[..]), spec)
+    }
 }

@@ -6,6 +6,8 @@ use rusting_brain_core::error::check_rows;
 use rusting_brain_core::Result;
 
 use super::{rows_per_task, simd};
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::SoftmaxOps;
 
 /// One row: out = softmax(x). Shared with attention and the losses.
 pub fn softmax_row(out: &mut [f32], x: &[f32]) {
@@ -57,4 +59,20 @@ pub fn softmax_backward(dinp: &mut [f32], dout: &[f32], out: &[f32], rows: usize
             }
         });
     Ok(())
+}
+
+impl SoftmaxOps for CpuBackend {
+    fn softmax_forward(&self, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        softmax_forward(out, inp, rows, cols)
+    }
+    fn softmax_backward(
+        &self,
+        dinp: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        out: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        softmax_backward(dinp, dout, out, rows, cols)
+    }
 }

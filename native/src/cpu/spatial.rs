@@ -1,7 +1,9 @@
 //! Image layout moves on the CPU: nearest upsampling and patches to tokens. Twins of
 //! `rusting_brain_core::ops::spatial`. Pure data movement, parallel over output rows.
 
+use crate::cpu::CpuBackend;
 use rayon::prelude::*;
+use rusting_brain_core::backend::SpatialOps;
 use rusting_brain_core::ops::spatial::{check_upsample, PatchOrder, PatchSpec};
 use rusting_brain_core::Result;
 
@@ -77,5 +79,25 @@ fn move_patches(out: &mut [f32], inp: &[f32], spec: &PatchSpec, to_tokens: bool)
                 *v = inp[t * f + feature(ch, py, x % p)];
             }
         });
+    }
+}
+
+impl SpatialOps for CpuBackend {
+    fn upsample_nearest2d(
+        &self,
+        out: &mut Vec<f32>,
+        inp: &Vec<f32>,
+        planes: usize,
+        h: usize,
+        w: usize,
+        scale: usize,
+    ) -> Result<()> {
+        upsample_nearest2d(out, inp, planes, h, w, scale)
+    }
+    fn patchify(&self, out: &mut Vec<f32>, inp: &Vec<f32>, spec: &PatchSpec) -> Result<()> {
+        patchify(out, inp, spec)
+    }
+    fn unpatchify(&self, out: &mut Vec<f32>, inp: &Vec<f32>, spec: &PatchSpec) -> Result<()> {
+        unpatchify(out, inp, spec)
     }
 }

@@ -6,6 +6,8 @@ use rusting_brain_core::ops::swiglu::{check_swiglu_backward, check_swiglu_forwar
 use rusting_brain_core::Result;
 
 use super::{simd, team, ELEMENTS_PER_TASK};
+use crate::cpu::CpuBackend;
+use rusting_brain_core::backend::SwigluOps;
 
 pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_swiglu_forward(out.len(), gate.len(), up.len())?;
@@ -35,4 +37,20 @@ pub fn swiglu_backward(
         .zip(up.par_chunks(c))
         .for_each(|((((dg, du), dy), g), u)| simd::swiglu_backward(dg, du, dy, g, u));
     Ok(())
+}
+
+impl SwigluOps for CpuBackend {
+    fn swiglu_forward(&self, out: &mut Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>) -> Result<()> {
+        swiglu_forward(out, gate, up)
+    }
+    fn swiglu_backward(
+        &self,
+        dgate: &mut Vec<f32>,
+        dup: &mut Vec<f32>,
+        dout: &Vec<f32>,
+        gate: &Vec<f32>,
+        up: &Vec<f32>,
+    ) -> Result<()> {
+        swiglu_backward(dgate, dup, dout, gate, up)
+    }
 }

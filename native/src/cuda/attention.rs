@@ -2,6 +2,11 @@
 //! `flash_attention.cu` under mixed precision); twin of `rusting_brain_core::ops::attention`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::AttentionOps;
+use rusting_brain_core::backend::AttentionSpec;
+use rusting_brain_core::Result;
 
 /// The shape argument of the attention kernels (`struct Shape` in attention.cu).
 #[repr(C)]
@@ -179,4 +184,33 @@ pub(super) fn attention_backward(
     let kv_rows = spec.batch * spec.kv_capacity * spec.kv_heads;
     launch!(be, "attention_backward_dkv", CudaBackend::warps_cfg(kv_rows)?;
         &mut dk.data, &mut dv.data, &dout.data, &q.data, &k.data, &v.data, &out.data, &lse.data, &s)
+}
+
+impl AttentionOps for CudaBackend {
+    fn attention_forward(
+        &self,
+        out: &mut CudaBuffer,
+        lse: &mut CudaBuffer,
+        q: &CudaBuffer,
+        k: &CudaBuffer,
+        v: &CudaBuffer,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        attention_forward(self, out, lse, q, k, v, spec)
+    }
+    fn attention_backward(
+        &self,
+        dq: &mut CudaBuffer,
+        dk: &mut CudaBuffer,
+        dv: &mut CudaBuffer,
+        dout: &CudaBuffer,
+        q: &CudaBuffer,
+        k: &CudaBuffer,
+        v: &CudaBuffer,
+        out: &CudaBuffer,
+        lse: &CudaBuffer,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        attention_backward(self, dq, dk, dv, dout, q, k, v, out, lse, spec)
+    }
 }

@@ -2,6 +2,11 @@
 //! `rusting_brain_core::ops::cross_entropy`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::CrossEntropyOps;
+use rusting_brain_core::backend::CrossEntropySum;
+use rusting_brain_core::Result;
 
 pub(super) fn cross_entropy(
     be: &CudaBackend,
@@ -42,4 +47,18 @@ pub(super) fn cross_entropy(
         });
     }
     Ok(sum)
+}
+
+impl CrossEntropyOps for CudaBackend {
+    fn cross_entropy(
+        &self,
+        logits: &mut CudaBuffer,
+        targets: &[u32],
+        mask: Option<&[bool]>,
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) -> Result<CrossEntropySum> {
+        cross_entropy(self, logits, targets, mask, rows, vocab, grad_scale)
+    }
 }

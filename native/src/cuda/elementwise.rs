@@ -2,6 +2,11 @@
 //! `rusting_brain_core::ops::elementwise`.
 
 use super::*;
+use crate::cuda::dense;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::ElementwiseOps;
+use rusting_brain_core::Result;
 
 pub(super) fn axpy(be: &CudaBackend, y: &mut CudaBuffer, alpha: f32, x: &CudaBuffer) -> Result<()> {
     check_len("axpy", "x", x.len, y.len)?;
@@ -18,4 +23,25 @@ pub(super) fn scale(be: &CudaBackend, x: &mut CudaBuffer, alpha: f32) -> Result<
         return Ok(());
     }
     launch!(be, "scale", grid(n); &mut x.data, &alpha, &(n as i64))
+}
+
+impl ElementwiseOps for CudaBackend {
+    fn axpy(&self, y: &mut CudaBuffer, alpha: f32, x: &CudaBuffer) -> Result<()> {
+        axpy(self, y, alpha, x)
+    }
+    fn scale(&self, x: &mut CudaBuffer, alpha: f32) -> Result<()> {
+        scale(self, x, alpha)
+    }
+    fn add_bias(&self, out: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, cols: usize) -> Result<()> {
+        dense::add_bias(self, out, bias, rows, cols)
+    }
+    fn bias_backward(
+        &self,
+        dbias: &mut CudaBuffer,
+        dout: &CudaBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        dense::bias_backward(self, dbias, dout, rows, cols)
+    }
 }

@@ -2,6 +2,10 @@
 //! `rusting_brain_core::ops::embedding`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::EmbeddingOps;
+use rusting_brain_core::Result;
 
 pub(super) fn embedding_forward(
     be: &CudaBackend,
@@ -69,4 +73,27 @@ pub(super) fn embedding_backward(
     let (nu, d) = (i32_of("ids", uniq.len())?, i32_of("dim", dim)?);
     launch!(be, "embedding_backward", grid(uniq.len() * dim);
         &mut dtable.data, &dout.data, &ug, &og, &pg, &nu, &d)
+}
+
+impl EmbeddingOps for CudaBackend {
+    fn embedding_forward(
+        &self,
+        out: &mut CudaBuffer,
+        table: &CudaBuffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        embedding_forward(self, out, table, ids, vocab, dim)
+    }
+    fn embedding_backward(
+        &self,
+        dtable: &mut CudaBuffer,
+        dout: &CudaBuffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        embedding_backward(self, dtable, dout, ids, vocab, dim)
+    }
 }

@@ -2,6 +2,10 @@
 //! `rusting_brain_core::ops::l2norm`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::L2normOps;
+use rusting_brain_core::Result;
 
 impl CudaBackend {
     pub(super) fn sum_of_squares_into(
@@ -40,4 +44,13 @@ pub(super) fn sum_of_squares_many(be: &CudaBackend, xs: &[&CudaBuffer]) -> Resul
         }
     }
     be.reduce_host(partials, slots)
+}
+
+impl L2normOps for CudaBackend {
+    fn sum_of_squares(&self, x: &CudaBuffer) -> Result<f64> {
+        sum_of_squares(self, x)
+    }
+    fn sum_of_squares_many(&self, xs: &[&CudaBuffer]) -> Result<f64> {
+        sum_of_squares_many(self, xs)
+    }
 }

@@ -2,6 +2,11 @@
 //! precision (`to_bf16` in `kernels/cu/elementwise.cu`); twin of `rusting_brain_core::ops::matmul`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::MatmulOps;
+use rusting_brain_core::backend::MatmulSpec;
+use rusting_brain_core::Result;
 
 impl CudaBackend {
     /// Rounds `len` f32 of `src` from `offset` to bf16 into `dst`.
@@ -115,4 +120,10 @@ pub(super) fn matmul(
     spec: &MatmulSpec,
 ) -> Result<()> {
     be.gemm(c, a, b, spec)
+}
+
+impl MatmulOps for CudaBackend {
+    fn matmul(&self, c: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, spec: &MatmulSpec) -> Result<()> {
+        matmul(self, c, a, b, spec)
+    }
 }

@@ -17,6 +17,7 @@
 //! Reductions (sums of squares, losses) are summed per block in a fixed grid and the
 //! partial sums added on the host in f64, in block order: the same bits on every run.
 
+mod activation;
 mod gemm;
 mod lm;
 
@@ -51,7 +52,7 @@ fn dev_err(message: impl Into<String>) -> CoreError {
     }
 }
 
-fn drv(what: &str) -> impl Fn(cudarc::driver::DriverError) -> CoreError + '_ {
+pub(crate) fn drv(what: &str) -> impl Fn(cudarc::driver::DriverError) -> CoreError + '_ {
     move |e| dev_err(format!("{what}: {e:?}"))
 }
 
@@ -229,7 +230,9 @@ mod dense;
 mod elementwise;
 mod embedding;
 mod l2norm;
+mod loss;
 mod matmul;
+mod memory;
 mod moe;
 mod optim;
 mod q8;
@@ -238,7 +241,7 @@ mod rope;
 mod softmax;
 mod swiglu;
 
-fn grid(n: usize) -> LaunchConfig {
+pub(crate) fn grid(n: usize) -> LaunchConfig {
     // Grid-stride kernels: a bounded grid covers any n.
     let blocks = n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
     LaunchConfig {
@@ -495,344 +498,12 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
-    type Buffer = CudaBuffer;
-
-    fn name(&self) -> &'static str {
-        "cuda"
-    }
-    fn synchronize(&self) -> Result<()> {
-        CudaBackend::synchronize(self)
-    }
-    fn zeros(&self, len: usize) -> Result<CudaBuffer> {
-        self.alloc(len)
-    }
-    fn upload(&self, data: &[f32]) -> Result<CudaBuffer> {
-        let mut b = self.alloc(data.len())?;
-        if !data.is_empty() {
-            self.dev
-                .stream
-                .memcpy_htod(data, &mut b.data)
-                .map_err(drv("copying to the device"))?;
-        }
-        Ok(b)
-    }
-    fn download(&self, buf: &CudaBuffer) -> Result<Vec<f32>> {
-        if buf.len == 0 {
-            return Ok(Vec::new());
-        }
-        self.dev
-            .stream
-            .clone_dtoh(&buf.data.slice(0..buf.len))
-            .map_err(drv("copying from the device (or an earlier kernel failed)"))
-    }
-    fn write(&self, dst: &mut CudaBuffer, data: &[f32]) -> Result<()> {
-        check_len("write", "data", data.len(), dst.len)?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.dev
-            .stream
-            .memcpy_htod(data, &mut dst.data)
-            .map_err(drv("copying to the device"))
-    }
-    fn len(&self, buf: &CudaBuffer) -> usize {
-        buf.len
-    }
-    fn fill(&self, buf: &mut CudaBuffer, value: f32) -> Result<()> {
-        let n = buf.len;
-        if n == 0 {
-            return Ok(());
-        }
-        launch!(self, "fill", grid(n); &mut buf.data, &value, &(n as i64))
-    }
-    fn copy(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<()> {
-        check_len("copy", "src", src.len, dst.len)?;
-        self.copy_range(dst, 0, src, 0, src.len)
-    }
-    fn copy_range(
-        &self,
-        dst: &mut CudaBuffer,
-        dst_offset: usize,
-        src: &CudaBuffer,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        check_range("copy_range", "dst", dst.len, dst_offset, len)?;
-        check_range("copy_range", "src", src.len, src_offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let from = src.data.slice(src_offset..src_offset + len);
-        let mut to = dst.data.slice_mut(dst_offset..dst_offset + len);
-        self.dev
-            .stream
-            .memcpy_dtod(&from, &mut to)
-            .map_err(drv("device copy"))
-    }
-    fn axpy(&self, y: &mut CudaBuffer, alpha: f32, x: &CudaBuffer) -> Result<()> {
-        elementwise::axpy(self, y, alpha, x)
-    }
-    fn scale(&self, x: &mut CudaBuffer, alpha: f32) -> Result<()> {
-        elementwise::scale(self, x, alpha)
-    }
-    fn sum_of_squares(&self, x: &CudaBuffer) -> Result<f64> {
-        l2norm::sum_of_squares(self, x)
-    }
-    fn sum_of_squares_many(&self, xs: &[&CudaBuffer]) -> Result<f64> {
-        l2norm::sum_of_squares_many(self, xs)
-    }
-    fn matmul(&self, c: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, spec: &MatmulSpec) -> Result<()> {
-        matmul::matmul(self, c, a, b, spec)
-    }
-    fn add_bias(&self, out: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, cols: usize) -> Result<()> {
-        dense::add_bias(self, out, bias, rows, cols)
-    }
-    fn bias_backward(
-        &self,
-        dbias: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        dense::bias_backward(self, dbias, dout, rows, cols)
-    }
-    fn activation_forward(
-        &self,
-        act: Activation,
-        out: &mut CudaBuffer,
-        inp: &CudaBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        dense::activation_forward(self, act, out, inp, rows, cols)
-    }
-    fn activation_backward(
-        &self,
-        act: Activation,
-        dinp: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        inp: &CudaBuffer,
-        out: &CudaBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        dense::activation_backward(self, act, dinp, dout, inp, out, rows, cols)
-    }
-    fn loss_forward(
-        &self,
-        loss: Loss,
-        pred: &CudaBuffer,
-        target: &CudaBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<f64> {
-        dense::loss_forward(self, loss, pred, target, rows, cols)
-    }
-    fn loss_backward(
-        &self,
-        loss: Loss,
-        dpred: &mut CudaBuffer,
-        pred: &CudaBuffer,
-        target: &CudaBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        dense::loss_backward(self, loss, dpred, pred, target, rows, cols)
-    }
-    fn fused_output_backward(
-        &self,
-        loss: Loss,
-        dlogits: &mut CudaBuffer,
-        pred: &CudaBuffer,
-        target: &CudaBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        dense::fused_output_backward(self, loss, dlogits, pred, target, rows, cols)
-    }
-    fn rmsnorm_forward(
-        &self,
-        out: &mut CudaBuffer,
-        rstd: &mut CudaBuffer,
-        inp: &CudaBuffer,
-        weight: &CudaBuffer,
-        rows: usize,
-        dim: usize,
-        eps: f32,
-    ) -> Result<()> {
-        rmsnorm::rmsnorm_forward(self, out, rstd, inp, weight, rows, dim, eps)
-    }
-    fn rmsnorm_backward(
-        &self,
-        dinp: &mut CudaBuffer,
-        dweight: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        inp: &CudaBuffer,
-        weight: &CudaBuffer,
-        rstd: &CudaBuffer,
-        rows: usize,
-        dim: usize,
-    ) -> Result<()> {
-        rmsnorm::rmsnorm_backward(self, dinp, dweight, dout, inp, weight, rstd, rows, dim)
-    }
-    fn rope_forward(&self, x: &mut CudaBuffer, spec: &RopeSpec) -> Result<()> {
-        rope::rope_forward(self, x, spec)
-    }
-    fn rope_backward(&self, dx: &mut CudaBuffer, spec: &RopeSpec) -> Result<()> {
-        rope::rope_backward(self, dx, spec)
-    }
-    fn softmax_forward(
-        &self,
-        out: &mut CudaBuffer,
-        inp: &CudaBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        softmax::softmax_forward(self, out, inp, rows, cols)
-    }
-    fn softmax_backward(
-        &self,
-        dinp: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        out: &CudaBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        softmax::softmax_backward(self, dinp, dout, out, rows, cols)
-    }
-    fn swiglu_forward(&self, out: &mut CudaBuffer, gate: &CudaBuffer, up: &CudaBuffer) -> Result<()> {
-        swiglu::swiglu_forward(self, out, gate, up)
-    }
-    fn swiglu_backward(
-        &self,
-        dgate: &mut CudaBuffer,
-        dup: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        gate: &CudaBuffer,
-        up: &CudaBuffer,
-    ) -> Result<()> {
-        swiglu::swiglu_backward(self, dgate, dup, dout, gate, up)
-    }
-    fn attention_forward(
-        &self,
-        out: &mut CudaBuffer,
-        lse: &mut CudaBuffer,
-        q: &CudaBuffer,
-        k: &CudaBuffer,
-        v: &CudaBuffer,
-        spec: &AttentionSpec,
-    ) -> Result<()> {
-        attention::attention_forward(self, out, lse, q, k, v, spec)
-    }
-    fn attention_backward(
-        &self,
-        dq: &mut CudaBuffer,
-        dk: &mut CudaBuffer,
-        dv: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        q: &CudaBuffer,
-        k: &CudaBuffer,
-        v: &CudaBuffer,
-        out: &CudaBuffer,
-        lse: &CudaBuffer,
-        spec: &AttentionSpec,
-    ) -> Result<()> {
-        attention::attention_backward(self, dq, dk, dv, dout, q, k, v, out, lse, spec)
-    }
-    fn embedding_forward(
-        &self,
-        out: &mut CudaBuffer,
-        table: &CudaBuffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
-    ) -> Result<()> {
-        embedding::embedding_forward(self, out, table, ids, vocab, dim)
-    }
-    fn embedding_backward(
-        &self,
-        dtable: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
-    ) -> Result<()> {
-        embedding::embedding_backward(self, dtable, dout, ids, vocab, dim)
-    }
-    fn cross_entropy(
-        &self,
-        logits: &mut CudaBuffer,
-        targets: &[u32],
-        mask: Option<&[bool]>,
-        rows: usize,
-        vocab: usize,
-        grad_scale: Option<f32>,
-    ) -> Result<CrossEntropySum> {
-        cross_entropy::cross_entropy(self, logits, targets, mask, rows, vocab, grad_scale)
-    }
-    fn moe_combine(
-        &self,
-        out: &mut CudaBuffer,
-        y: &CudaBuffer,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
-        dim: usize,
-    ) -> Result<()> {
-        moe::moe_combine(self, out, y, row_of_slot, weight, top_k, dim)
-    }
-    fn moe_combine_backward(
-        &self,
-        dy: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        y: &CudaBuffer,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
-        dim: usize,
-    ) -> Result<Vec<f32>> {
-        moe::moe_combine_backward(self, dy, dout, y, row_of_slot, weight, top_k, dim)
-    }
-    fn q8_matmul(
-        &self,
-        out: &mut CudaBuffer,
-        x: &CudaBuffer,
-        packed: &CudaBuffer,
-        scales: &CudaBuffer,
-        spec: &MatmulSpec,
-    ) -> Result<()> {
-        q8::q8_matmul(self, out, x, packed, scales, spec)
-    }
-    fn q8_embedding(
-        &self,
-        out: &mut CudaBuffer,
-        packed: &CudaBuffer,
-        scales: &CudaBuffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
-    ) -> Result<()> {
-        q8::q8_embedding(self, out, packed, scales, ids, vocab, dim)
-    }
-    fn adam_update(
-        &self,
-        param: &mut CudaBuffer,
-        grad: &CudaBuffer,
-        m: &mut CudaBuffer,
-        v: &mut CudaBuffer,
-        hp: &AdamParams,
-        step: u64,
-    ) -> Result<()> {
-        optim::adam_update(self, param, grad, m, v, hp, step)
-    }
-    fn sgd_update(
-        &self,
-        param: &mut CudaBuffer,
-        grad: &CudaBuffer,
-        velocity: Option<&mut CudaBuffer>,
-        hp: &SgdParams,
-    ) -> Result<()> {
-        optim::sgd_update(self, param, grad, velocity, hp)
-    }
-}
+// Families this backend runs through their default methods (on the host, or through
+// the backend's other primitives).
+impl LoraOps for CudaBackend {}
+impl ConvOps for CudaBackend {}
+impl NormOps for CudaBackend {}
+impl UnaryOps for CudaBackend {}
+impl SdpaOps for CudaBackend {}
+impl SpatialOps for CudaBackend {}
+impl ModulationOps for CudaBackend {}

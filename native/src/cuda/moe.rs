@@ -2,6 +2,10 @@
 //! `rusting_brain_core::ops::moe`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::MoeOps;
+use rusting_brain_core::Result;
 
 pub(super) fn moe_combine(
     be: &CudaBackend,
@@ -51,4 +55,30 @@ pub(super) fn moe_combine_backward(
     launch!(be, "moe_combine_backward", rows_grid(slots, 128)?;
         &mut dy.data, &mut dweight.data, &dout.data, &y.data, &rows, &w, &s, &kk, &d)?;
     be.download(&dweight)
+}
+
+impl MoeOps for CudaBackend {
+    fn moe_combine(
+        &self,
+        out: &mut CudaBuffer,
+        y: &CudaBuffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        moe_combine(self, out, y, row_of_slot, weight, top_k, dim)
+    }
+    fn moe_combine_backward(
+        &self,
+        dy: &mut CudaBuffer,
+        dout: &CudaBuffer,
+        y: &CudaBuffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>> {
+        moe_combine_backward(self, dy, dout, y, row_of_slot, weight, top_k, dim)
+    }
 }

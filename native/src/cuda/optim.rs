@@ -2,6 +2,12 @@
 //! `rusting_brain_core::ops::optim`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::AdamParams;
+use rusting_brain_core::backend::OptimOps;
+use rusting_brain_core::backend::SgdParams;
+use rusting_brain_core::Result;
 
 pub(super) fn adam_update(
     be: &CudaBackend,
@@ -44,5 +50,28 @@ pub(super) fn sgd_update(
         None => launch!(be, "sgd_update", grid(n);
             &mut param.data, &grad.data, &0u64, &(n as i64), &hp.lr, &hp.momentum,
             &hp.weight_decay, &hp.grad_scale, &nesterov),
+    }
+}
+
+impl OptimOps for CudaBackend {
+    fn adam_update(
+        &self,
+        param: &mut CudaBuffer,
+        grad: &CudaBuffer,
+        m: &mut CudaBuffer,
+        v: &mut CudaBuffer,
+        hp: &AdamParams,
+        step: u64,
+    ) -> Result<()> {
+        adam_update(self, param, grad, m, v, hp, step)
+    }
+    fn sgd_update(
+        &self,
+        param: &mut CudaBuffer,
+        grad: &CudaBuffer,
+        velocity: Option<&mut CudaBuffer>,
+        hp: &SgdParams,
+    ) -> Result<()> {
+        sgd_update(self, param, grad, velocity, hp)
     }
 }

@@ -2,6 +2,11 @@
 //! `rusting_brain_core::ops::q8`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::MatmulSpec;
+use rusting_brain_core::backend::Q8Ops;
+use rusting_brain_core::Result;
 
 pub(super) fn q8_matmul(
     be: &CudaBackend,
@@ -82,4 +87,28 @@ pub(super) fn q8_embedding(
         i32_of("dim", ops::q8::packed_cols(dim))?,
     );
     launch!(be, "q8_embedding", grid(ids.len() * dim); &mut out.data, &packed.data, &scales.data, &idg, &r, &d, &w)
+}
+
+impl Q8Ops for CudaBackend {
+    fn q8_matmul(
+        &self,
+        out: &mut CudaBuffer,
+        x: &CudaBuffer,
+        packed: &CudaBuffer,
+        scales: &CudaBuffer,
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        q8_matmul(self, out, x, packed, scales, spec)
+    }
+    fn q8_embedding(
+        &self,
+        out: &mut CudaBuffer,
+        packed: &CudaBuffer,
+        scales: &CudaBuffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        q8_embedding(self, out, packed, scales, ids, vocab, dim)
+    }
 }

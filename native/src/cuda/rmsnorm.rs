@@ -2,6 +2,10 @@
 //! sums bias gradients); twin of `rusting_brain_core::ops::rmsnorm`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::RmsnormOps;
+use rusting_brain_core::Result;
 
 impl CudaBackend {
     /// `acc[c] += sum over rows of m[r][c]` for an (rows, cols) matrix, in two fixed stages
@@ -108,4 +112,32 @@ pub(super) fn rmsnorm_backward(
     launch!(be, "rmsnorm_backward", rows_grid(rows, 256)?;
         &mut dinp.data, &mut *rows_dw, &dout.data, &inp.data, &weight.data, &rstd.data, &r, &d)?;
     be.column_sum(&mut dweight.data, rows_dw, rows, dim)
+}
+
+impl RmsnormOps for CudaBackend {
+    fn rmsnorm_forward(
+        &self,
+        out: &mut CudaBuffer,
+        rstd: &mut CudaBuffer,
+        inp: &CudaBuffer,
+        weight: &CudaBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        rmsnorm_forward(self, out, rstd, inp, weight, rows, dim, eps)
+    }
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut CudaBuffer,
+        dweight: &mut CudaBuffer,
+        dout: &CudaBuffer,
+        inp: &CudaBuffer,
+        weight: &CudaBuffer,
+        rstd: &CudaBuffer,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        rmsnorm_backward(self, dinp, dweight, dout, inp, weight, rstd, rows, dim)
+    }
 }

@@ -2,6 +2,11 @@
 //! `rusting_brain_core::ops::rope`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::RopeOps;
+use rusting_brain_core::backend::RopeSpec;
+use rusting_brain_core::Result;
 
 /// The kernels' shape arguments, after the spec is checked against `x`; `None` when there
 /// is nothing to turn.
@@ -37,4 +42,13 @@ pub(super) fn rope_backward(be: &CudaBackend, dx: &mut CudaBuffer, spec: &RopeSp
     launch!(be, "rope_backward", grid(dx.len / 2);
         &mut dx.data, &d[0], &d[1], &d[2], &d[3], &d[4], &spec.theta,
         &kind, &k[0], &k[1], &k[2], &k[3], &k[4], &k[5])
+}
+
+impl RopeOps for CudaBackend {
+    fn rope_forward(&self, x: &mut CudaBuffer, spec: &RopeSpec) -> Result<()> {
+        rope_forward(self, x, spec)
+    }
+    fn rope_backward(&self, dx: &mut CudaBuffer, spec: &RopeSpec) -> Result<()> {
+        rope_backward(self, dx, spec)
+    }
 }

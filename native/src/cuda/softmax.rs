@@ -2,6 +2,10 @@
 //! `rusting_brain_core::ops::softmax`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::SoftmaxOps;
+use rusting_brain_core::Result;
 
 pub(super) fn softmax_forward(
     be: &CudaBackend,
@@ -42,4 +46,26 @@ pub(super) fn softmax_backward(
     }
     let (r, c) = (i32_of("rows", rows)?, i32_of("cols", cols)?);
     launch!(be, "softmax_backward", rows_grid(rows, 256)?; &mut dinp.data, &dout.data, &out.data, &r, &c)
+}
+
+impl SoftmaxOps for CudaBackend {
+    fn softmax_forward(
+        &self,
+        out: &mut CudaBuffer,
+        inp: &CudaBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        softmax_forward(self, out, inp, rows, cols)
+    }
+    fn softmax_backward(
+        &self,
+        dinp: &mut CudaBuffer,
+        dout: &CudaBuffer,
+        out: &CudaBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        softmax_backward(self, dinp, dout, out, rows, cols)
+    }
 }

@@ -2,6 +2,10 @@
 //! `rusting_brain_core::ops::swiglu`.
 
 use super::*;
+use crate::cuda::CudaBackend;
+use crate::cuda::CudaBuffer;
+use rusting_brain_core::backend::SwigluOps;
+use rusting_brain_core::Result;
 
 pub(super) fn swiglu_forward(
     be: &CudaBackend,
@@ -32,4 +36,20 @@ pub(super) fn swiglu_backward(
     }
     launch!(be, "swiglu_backward", grid(n);
         &mut dgate.data, &mut dup.data, &dout.data, &gate.data, &up.data, &(n as i64))
+}
+
+impl SwigluOps for CudaBackend {
+    fn swiglu_forward(&self, out: &mut CudaBuffer, gate: &CudaBuffer, up: &CudaBuffer) -> Result<()> {
+        swiglu_forward(self, out, gate, up)
+    }
+    fn swiglu_backward(
+        &self,
+        dgate: &mut CudaBuffer,
+        dup: &mut CudaBuffer,
+        dout: &CudaBuffer,
+        gate: &CudaBuffer,
+        up: &CudaBuffer,
+    ) -> Result<()> {
+        swiglu_backward(self, dgate, dup, dout, gate, up)
+    }
 }

@@ -2,6 +2,11 @@
 //! `attention_backward_kv.wgsl`); twin of `rusting_brain_core::ops::attention`.
 
 use super::*;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::AttentionOps;
+use rusting_brain_core::backend::AttentionSpec;
+use rusting_brain_core::Result;
 
 /// The largest head size the backward kernels hold in registers (four values a thread).
 pub const MAX_HEAD_DIM: usize = 4 * WG;
@@ -105,5 +110,54 @@ impl Batch<'_> {
         let p = attention_params(spec)?;
         self.dispatch(Kernel::Attention, &p, &[q, k, v, out, lse, scratch], grid(nl))?;
         Ok(())
+    }
+}
+
+impl AttentionOps for WgpuBackend {
+    fn attention_forward(
+        &self,
+        out: &mut GpuBuffer,
+        lse: &mut GpuBuffer,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        let (_, _, nl) = spec.check("attention_forward")?;
+        spec.check_forward(out.len(), lse.len(), q.len(), k.len(), v.len())?;
+        self.record(|b, pools| {
+            let scratch = pools.scratch("attention scores", nl * spec.kv_capacity)?;
+            b.attention(out, lse, q, k, v, &scratch, spec)
+        })
+    }
+    fn attention_backward(
+        &self,
+        dq: &mut GpuBuffer,
+        dk: &mut GpuBuffer,
+        dv: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        out: &GpuBuffer,
+        lse: &GpuBuffer,
+        spec: &AttentionSpec,
+    ) -> Result<()> {
+        spec.check_backward([
+            dq.len(),
+            dk.len(),
+            dv.len(),
+            dout.len(),
+            q.len(),
+            k.len(),
+            v.len(),
+            out.len(),
+            lse.len(),
+        ])?;
+        let (_, _, nl) = spec.check("attention_backward")?;
+        self.record(|b, pools| {
+            let delta = pools.scratch("attention delta", nl)?;
+            b.attention_backward([dq, dk, dv], dout, [q, k, v, out, lse], &delta, spec)
+        })
     }
 }

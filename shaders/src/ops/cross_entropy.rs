@@ -2,6 +2,12 @@
 //! `rusting_brain_core::ops::cross_entropy`.
 
 use super::*;
+use crate::backend::sum_losses;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::CrossEntropyOps;
+use rusting_brain_core::backend::CrossEntropySum;
+use rusting_brain_core::Result;
 
 /// The target word of a row that is not counted (masked out).
 pub const NOT_COUNTED: u32 = u32::MAX;
@@ -31,5 +37,45 @@ impl Batch<'_> {
         ];
         self.dispatch(Kernel::CrossEntropy, &p, &[targets, logits, loss], grid(rows))?;
         Ok(())
+    }
+}
+
+impl CrossEntropyOps for WgpuBackend {
+    fn cross_entropy(
+        &self,
+        logits: &mut GpuBuffer,
+        targets: &[u32],
+        mask: Option<&[bool]>,
+        rows: usize,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) -> Result<CrossEntropySum> {
+        rusting_brain_core::ops::cross_entropy::check_cross_entropy(
+            logits.len(),
+            targets,
+            mask,
+            rows,
+            vocab,
+        )?;
+        let counted = |r: usize| mask.is_none_or(|m| m[r]);
+        let words: Vec<u32> = (0..rows)
+            .map(|r| if counted(r) { targets[r] } else { NOT_COUNTED })
+            .collect();
+        self.record(|b, pools| {
+            let targets = pools.stage(&words)?;
+            let loss = pools.scratch("cross-entropy losses", rows)?;
+            b.cross_entropy(logits, &targets, &loss, (rows, vocab), grad_scale)
+        })?;
+        {
+            let mut rec = self.lock();
+            if rec.defer_losses {
+                let flags: Vec<bool> = (0..rows).map(counted).collect();
+                let count = flags.iter().filter(|&&c| c).count();
+                rec.deferred = Some(flags);
+                return Ok(CrossEntropySum { loss_sum: 0.0, count });
+            }
+        }
+        let losses = self.read_scratch("cross-entropy losses", rows)?;
+        sum_losses(&losses, counted)
     }
 }

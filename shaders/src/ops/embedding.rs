@@ -3,6 +3,10 @@
 //! is in `q8.rs`.
 
 use super::*;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::EmbeddingOps;
+use rusting_brain_core::Result;
 
 impl Batch<'_> {
     /// `out[r] = table[ids[r]]`, rows of `dim`; ids must be in range (checked by the caller).
@@ -85,4 +89,52 @@ pub fn embedding_groups(ids: &[u32], vocab: usize) -> (Vec<u32>, usize) {
         next[s] += 1;
     }
     (words, n)
+}
+
+impl EmbeddingOps for WgpuBackend {
+    fn embedding_forward(
+        &self,
+        out: &mut GpuBuffer,
+        table: &GpuBuffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        rusting_brain_core::ops::embedding::check_embedding(
+            "embedding_forward",
+            ["table", "out"],
+            table.len(),
+            out.len(),
+            ids,
+            vocab,
+            dim,
+        )?;
+        self.record(|b, pools| {
+            let ids_buf = pools.stage(ids)?;
+            b.embedding(out, &ids_buf, table, ids.len(), dim)
+        })
+    }
+    fn embedding_backward(
+        &self,
+        dtable: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        rusting_brain_core::ops::embedding::check_embedding(
+            "embedding_backward",
+            ["dtable", "dout"],
+            dtable.len(),
+            dout.len(),
+            ids,
+            vocab,
+            dim,
+        )?;
+        let (groups, n_ids) = embedding_groups(ids, vocab);
+        self.record(|b, pools| {
+            let groups = pools.stage(&groups)?;
+            b.embedding_backward(dtable, &groups, n_ids, dout, dim)
+        })
+    }
 }

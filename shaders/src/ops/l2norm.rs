@@ -2,6 +2,10 @@
 //! `rusting_brain_core::ops::l2norm`.
 
 use super::*;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::L2normOps;
+use rusting_brain_core::Result;
 
 /// Values each workgroup of `sum_of_squares.wgsl` sums.
 pub const SUM_OF_SQUARES_CHUNK: usize = 4096;
@@ -28,5 +32,21 @@ impl Batch<'_> {
             )?;
         }
         Ok(groups)
+    }
+}
+
+impl L2normOps for WgpuBackend {
+    fn sum_of_squares(&self, x: &GpuBuffer) -> Result<f64> {
+        self.sum_of_squares_many(&[x])
+    }
+    fn sum_of_squares_many(&self, xs: &[&GpuBuffer]) -> Result<f64> {
+        // Partial sums in f32 over chunks of 4,096 values on the device, added in f64 here:
+        // one read-back for every tensor of a global gradient norm.
+        let total = self.record_sum_of_squares(xs)?;
+        if total == 0 {
+            return Ok(0.0);
+        }
+        let partials = self.read_scratch("sum of squares", total)?;
+        Ok(partials.iter().map(|&v| v as f64).sum())
     }
 }

@@ -3,6 +3,11 @@
 use rusting_brain_core::ops::lora::LoraSpec;
 
 use super::*;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::LoraOps;
+use rusting_brain_core::backend::Precision;
+use rusting_brain_core::Result;
 
 /// The largest rank `lora.wgsl` holds in its workgroup memory.
 pub const LORA_MAX_RANK: usize = 32;
@@ -49,5 +54,25 @@ impl Batch<'_> {
             grid(s.rows),
         )?;
         Ok(())
+    }
+}
+
+impl LoraOps for WgpuBackend {
+    fn lora_forward(
+        &self,
+        y: &mut GpuBuffer,
+        t: &mut GpuBuffer,
+        x: &GpuBuffer,
+        a: &GpuBuffer,
+        b: &GpuBuffer,
+        s: &LoraSpec,
+    ) -> Result<()> {
+        s.check("lora_forward", x.len(), y.len(), t.len(), a.len(), b.len())?;
+        // One pass for f32 adapters of the usual ranks (a decode step's one dispatch per
+        // projection instead of two); bf16 operands and larger ranks take the two GEMMs.
+        if s.rank > crate::ops::LORA_MAX_RANK || s.precision != Precision::F32 {
+            return rusting_brain_core::backend::lora_forward_by_gemm(self, y, t, x, a, b, s);
+        }
+        self.record(|batch, _| batch.lora_forward(y, t, x, a, b, s))
     }
 }

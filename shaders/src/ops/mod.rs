@@ -5,28 +5,31 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::ops::q8::packed_cols;
-use rusting_brain_core::ops::rope::RopeSpec;
 
 use crate::{Gpu, GpuBuffer, Kernel, ShaderError};
 
+mod activation;
 mod attention;
 mod cross_entropy;
 mod dense;
+mod elementwise;
 mod embedding;
 mod l2norm;
 mod lora;
+mod loss;
+mod matmul;
+mod memory;
 mod moe;
+mod optim;
 mod q8;
 mod rmsnorm;
 mod rope;
 mod sampling;
+mod softmax;
 mod swiglu;
 
-pub(crate) use cross_entropy::NOT_COUNTED;
 pub use dense::DenseOp;
-pub(crate) use embedding::embedding_groups;
 pub use l2norm::SUM_OF_SQUARES_CHUNK;
 pub use lora::LORA_MAX_RANK;
 pub use rope::rope_table;

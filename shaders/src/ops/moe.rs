@@ -3,6 +3,13 @@
 //! `rusting_brain_core::ops::moe`.
 
 use super::*;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::MoeOps;
+use rusting_brain_core::backend::RoutedSpec;
+use rusting_brain_core::error::check_len;
+use rusting_brain_core::CoreError;
+use rusting_brain_core::Result;
 
 impl Batch<'_> {
     /// Backward of [`Batch::moe_combine`] over `slots = rows * top_k`: `dy[row] = weight *
@@ -162,5 +169,140 @@ impl Batch<'_> {
             grid((rows * dim).div_ceil(WG)),
         )?;
         Ok(())
+    }
+}
+
+impl MoeOps for WgpuBackend {
+    fn moe_combine(
+        &self,
+        out: &mut GpuBuffer,
+        y: &GpuBuffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        let n = rusting_brain_core::ops::moe::check_combine(
+            "moe_combine",
+            out.len(),
+            y.len(),
+            row_of_slot,
+            weight,
+            top_k,
+            dim,
+        )?;
+        self.record(|b, pools| {
+            let rows = pools.stage(row_of_slot)?;
+            let w = pools.stage_f32(weight)?;
+            b.moe_combine(out, &rows, &w, y, n, dim, top_k)
+        })
+    }
+    fn moe_combine_backward(
+        &self,
+        dy: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        y: &GpuBuffer,
+        row_of_slot: &[u32],
+        weight: &[f32],
+        top_k: usize,
+        dim: usize,
+    ) -> Result<Vec<f32>> {
+        const OP: &str = "moe_combine_backward";
+        let n = rusting_brain_core::ops::moe::check_combine(
+            OP,
+            dout.len(),
+            y.len(),
+            row_of_slot,
+            weight,
+            top_k,
+            dim,
+        )?;
+        check_len(OP, "dy", dy.len(), y.len())?;
+        let slots = row_of_slot.len();
+        self.record(|b, pools| {
+            let rows = pools.stage(row_of_slot)?;
+            let w = pools.stage_f32(weight)?;
+            let dweight = pools.scratch("moe weight gradients", slots)?;
+            b.moe_combine_backward(dy, &dweight, &rows, &w, dout, y, (n, dim, top_k))
+        })?;
+        self.read_scratch("moe weight gradients", slots)
+    }
+    fn routes_on_device(&self) -> bool {
+        // In a page nothing may wait for a read, and natively the read-back of the
+        // router's logits would cost a submission per sparse block.
+        true
+    }
+    fn moe_route(
+        &self,
+        expert: &mut GpuBuffer,
+        weight: &mut GpuBuffer,
+        logits: &GpuBuffer,
+        n: usize,
+        n_experts: usize,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<()> {
+        const OP: &str = "moe_route";
+        check_len(OP, "logits", logits.len(), n * n_experts)?;
+        check_len(OP, "expert", expert.len(), n * top_k)?;
+        check_len(OP, "weight", weight.len(), n * top_k)?;
+        self.record(|b, _| b.moe_route(expert, weight, logits, n, n_experts, top_k, renormalize))
+    }
+    fn q8_matmul_routed(
+        &self,
+        out: &mut GpuBuffer,
+        x: &GpuBuffer,
+        experts: &[(&GpuBuffer, &GpuBuffer)],
+        expert: &GpuBuffer,
+        spec: &RoutedSpec,
+    ) -> Result<()> {
+        let lens: Vec<(usize, usize)> = experts.iter().map(|(p, s)| (p.len(), s.len())).collect();
+        spec.check(out.len(), x.len(), expert.len(), &lens)?;
+        let (rows, k) = (spec.x_rows(), spec.k);
+        let pc = rusting_brain_core::ops::q8::packed_cols(k);
+        self.record(|b, pools| {
+            // The activations are rounded once; each expert's dispatch fills its slots.
+            let xq = pools.scratch("int8 activations", rows * pc)?;
+            let xs = pools.scratch("int8 activation scales", rows)?;
+            b.quantize_activations(&xq, &xs, x, rows, k)?;
+            for (e, (w, ws)) in experts.iter().enumerate() {
+                b.q8_expert(
+                    out,
+                    &xq,
+                    &xs,
+                    w,
+                    ws,
+                    expert,
+                    (spec.slots, spec.n, k, spec.top_k),
+                    spec.x_per_token,
+                    e,
+                )?;
+            }
+            Ok(())
+        })
+    }
+    fn moe_combine_slots(
+        &self,
+        out: &mut GpuBuffer,
+        y: &GpuBuffer,
+        weight: &GpuBuffer,
+        top_k: usize,
+        dim: usize,
+    ) -> Result<()> {
+        const OP: &str = "moe_combine_slots";
+        if top_k == 0 || dim == 0 || !weight.len().is_multiple_of(top_k) {
+            return Err(CoreError::InvalidDimension {
+                op: OP,
+                message: format!("{} weights for top_k {top_k}, dim {dim}", weight.len()),
+            });
+        }
+        let n = weight.len() / top_k;
+        check_len(OP, "out", out.len(), n * dim)?;
+        check_len(OP, "y", y.len(), n * top_k * dim)?;
+        let identity: Vec<u32> = (0..weight.len() as u32).collect();
+        self.record(|b, pools| {
+            let rows = pools.stage(&identity)?;
+            b.moe_combine(out, &rows, weight, y, n, dim, top_k)
+        })
     }
 }

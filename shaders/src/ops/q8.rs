@@ -2,6 +2,13 @@
 //! twin of `rusting_brain_core::ops::q8`.
 
 use super::*;
+use crate::backend::unsupported;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::MatmulSpec;
+use rusting_brain_core::backend::Q8Ops;
+use rusting_brain_core::CoreError;
+use rusting_brain_core::Result;
 
 impl Batch<'_> {
     /// Each row of `x` (rows x cols) to int8 with its own scale: `xq` gets
@@ -201,5 +208,87 @@ impl Batch<'_> {
                 bytes: (self.gpu.slab_align() * row_words * 4) as u64,
                 limit: self.gpu.max_binding(),
             })
+    }
+}
+
+impl Q8Ops for WgpuBackend {
+    fn q8_matmul(
+        &self,
+        out: &mut GpuBuffer,
+        x: &GpuBuffer,
+        packed: &GpuBuffer,
+        scales: &GpuBuffer,
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        if spec.batch != 1 || !spec.trans_b || spec.trans_a || spec.alpha != 1.0 {
+            return Err(unsupported("a batched, transposed or scaled int8 product"));
+        }
+        let (m, n, k) = (spec.m, spec.n, spec.k);
+        // A window places x and out inside larger buffers (an expert's rows); the weight is
+        // always whole, as core's q8_operands has it.
+        let (xa, oc) = match spec.window {
+            None => (0, 0),
+            Some(w) if w.b == 0 => (w.a, w.c),
+            Some(_) => {
+                return Err(CoreError::InvalidArgument {
+                    op: "q8_matmul",
+                    message: "the int8 weight cannot be windowed (window b must be 0)".into(),
+                })
+            }
+        };
+        let inside = |have: usize, at: usize, len: usize| at.checked_add(len).is_some_and(|end| end <= have);
+        let (lx, lo) = (m * k, m * n);
+        if !inside(x.len(), xa, lx)
+            || !inside(out.len(), oc, lo)
+            || (spec.window.is_none() && (x.len() != lx || out.len() != lo))
+        {
+            return Err(CoreError::InvalidDimension {
+                op: "q8_matmul",
+                message: format!(
+                    "x holds {} and out {} values; ({m} x {k}) at {xa} and ({m} x {n}) at {oc} do not fit",
+                    x.len(),
+                    out.len()
+                ),
+            });
+        }
+        rusting_brain_core::ops::q8::check_q8_matmul(lo, lx, packed.len(), scales.len(), m, n, k)?;
+        let pc = rusting_brain_core::ops::q8::packed_cols(k);
+        self.record(|b, pools| {
+            let xq = pools.scratch("int8 activations", m * pc)?;
+            let xs = pools.scratch("int8 activation scales", m)?;
+            if xa == 0 {
+                b.quantize_activations(&xq, &xs, x, m, k)?;
+            } else {
+                let xin = pools.scratch("int8 window input", lx)?;
+                b.copy(&xin, 0, x, xa, lx)?;
+                b.quantize_activations(&xq, &xs, &xin, m, k)?;
+            }
+            if oc == 0 {
+                return b.q8_matmul(out, &xq, &xs, packed, scales, m, n, k, spec.beta);
+            }
+            // Into scratch, then back into the window (with beta, the window's old values
+            // go in first).
+            let o = pools.scratch("int8 window output", lo)?;
+            if spec.beta != 0.0 {
+                b.copy(&o, 0, out, oc, lo)?;
+            }
+            b.q8_matmul(&o, &xq, &xs, packed, scales, m, n, k, spec.beta)?;
+            b.copy(out, oc, &o, 0, lo)
+        })
+    }
+    fn q8_embedding(
+        &self,
+        out: &mut GpuBuffer,
+        packed: &GpuBuffer,
+        scales: &GpuBuffer,
+        ids: &[u32],
+        vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        rusting_brain_core::ops::embedding::check_ids("q8_embedding", ids, vocab)?;
+        self.record(|b, pools| {
+            let gids = pools.stage(ids)?;
+            b.q8_embedding(out, &gids, packed, scales, ids.len(), vocab, dim)
+        })
     }
 }

@@ -2,6 +2,10 @@
 //! `rusting_brain_core::ops::rmsnorm`.
 
 use super::*;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::RmsnormOps;
+use rusting_brain_core::Result;
 
 impl Batch<'_> {
     /// Backward of [`Batch::rmsnorm`]: `dinp` overwritten, `dweight` accumulated (a pass
@@ -68,5 +72,51 @@ impl Batch<'_> {
         let p = [u(rows, "rows")?, u(dim, "dim")?, eps.to_bits()];
         self.dispatch(Kernel::RmsNorm, &p, &[inp, weight, out, rstd], grid(rows))?;
         Ok(())
+    }
+}
+
+impl RmsnormOps for WgpuBackend {
+    fn rmsnorm_forward(
+        &self,
+        out: &mut GpuBuffer,
+        rstd: &mut GpuBuffer,
+        inp: &GpuBuffer,
+        weight: &GpuBuffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        rusting_brain_core::ops::rmsnorm::check_rmsnorm_forward(
+            out.len(),
+            rstd.len(),
+            inp.len(),
+            weight.len(),
+            rows,
+            dim,
+        )?;
+        self.record(|b, _| b.rmsnorm(out, rstd, inp, weight, rows, dim, eps))
+    }
+    fn rmsnorm_backward(
+        &self,
+        dinp: &mut GpuBuffer,
+        dweight: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        inp: &GpuBuffer,
+        weight: &GpuBuffer,
+        rstd: &GpuBuffer,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        rusting_brain_core::ops::rmsnorm::check_rmsnorm_backward(
+            dinp.len(),
+            dweight.len(),
+            dout.len(),
+            inp.len(),
+            weight.len(),
+            rstd.len(),
+            rows,
+            dim,
+        )?;
+        self.record(|b, _| b.rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim))
     }
 }

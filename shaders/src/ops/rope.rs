@@ -1,6 +1,11 @@
 //! Rotary position embeddings (`rope.wgsl`); twin of `rusting_brain_core::ops::rope`.
 
 use super::*;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::RopeOps;
+use rusting_brain_core::backend::RopeSpec;
+use rusting_brain_core::Result;
 use rusting_brain_core::RopeScaling;
 
 impl Batch<'_> {
@@ -61,4 +66,13 @@ fn libm_cos(x: f32) -> f32 {
 fn libm_sin(x: f32) -> f32 {
     use rusting_brain_core::Real;
     Real::sin(x)
+}
+
+impl RopeOps for WgpuBackend {
+    fn rope_forward(&self, x: &mut GpuBuffer, spec: &RopeSpec) -> Result<()> {
+        self.rope(x, spec, false)
+    }
+    fn rope_backward(&self, dx: &mut GpuBuffer, spec: &RopeSpec) -> Result<()> {
+        self.rope(dx, spec, true)
+    }
 }

@@ -1,6 +1,10 @@
 //! SwiGLU (`swiglu.wgsl`, `swiglu_backward.wgsl`); twin of `rusting_brain_core::ops::swiglu`.
 
 use super::*;
+use crate::backend::WgpuBackend;
+use crate::GpuBuffer;
+use rusting_brain_core::backend::SwigluOps;
+use rusting_brain_core::Result;
 
 impl Batch<'_> {
     /// Backward of [`Batch::swiglu`] over `len` values: `dgate`, `dup` overwritten.
@@ -55,5 +59,31 @@ impl Batch<'_> {
             grid(len.div_ceil(WG)),
         )?;
         Ok(())
+    }
+}
+
+impl SwigluOps for WgpuBackend {
+    fn swiglu_forward(&self, out: &mut GpuBuffer, gate: &GpuBuffer, up: &GpuBuffer) -> Result<()> {
+        rusting_brain_core::ops::swiglu::check_swiglu_forward(out.len(), gate.len(), up.len())?;
+        let n = out.len();
+        self.record(|b, _| b.swiglu(out, gate, up, n))
+    }
+    fn swiglu_backward(
+        &self,
+        dgate: &mut GpuBuffer,
+        dup: &mut GpuBuffer,
+        dout: &GpuBuffer,
+        gate: &GpuBuffer,
+        up: &GpuBuffer,
+    ) -> Result<()> {
+        rusting_brain_core::ops::swiglu::check_swiglu_backward(
+            dgate.len(),
+            dup.len(),
+            dout.len(),
+            gate.len(),
+            up.len(),
+        )?;
+        let n = gate.len();
+        self.record(|b, _| b.swiglu_backward(dgate, dup, dout, gate, up, n))
     }
 }

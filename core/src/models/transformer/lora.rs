@@ -11,6 +11,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 use super::{Params, Tree};
+use crate::backend::Memory;
 use crate::{Backend, CoreError, Result, Rng};
 
 /// The projections an adapter can attach to, by module name (as PEFT's `target_modules`
@@ -132,7 +133,7 @@ pub struct LoraPair<T> {
 }
 
 /// Adapters, or their gradients or optimizer moments: `Some` where a projection is adapted.
-pub type Adapters<B> = Tree<Option<LoraPair<<B as Backend>::Buffer>>>;
+pub type Adapters<B> = Tree<Option<LoraPair<<B as Memory>::Buffer>>>;
 
 /// A model's adapters with their gradients and AdamW moments.
 pub struct LoraState<B: Backend> {
