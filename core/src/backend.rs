@@ -87,12 +87,7 @@ pub trait Memory {
     fn copy(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<()>;
     /// `dst[dst_offset..][..len] = src[src_offset..][..len]` (KV-cache appends, row picks).
     fn copy_range(
-        &self,
-        dst: &mut Self::Buffer,
-        dst_offset: usize,
-        src: &Self::Buffer,
-        src_offset: usize,
-        len: usize,
+        &self, dst: &mut Self::Buffer, dst_offset: usize, src: &Self::Buffer, src_offset: usize, len: usize,
     ) -> Result<()>;
     /// The most values a buffer a kernel reads or writes whole may hold (a GPU's storage
     /// binding); a model keeps its scratch within it, e.g. by prefilling a long prompt in
@@ -203,11 +198,7 @@ macro_rules! host_memory {
                 $crate::backend::host::copy_checked("copy", "src", dst, src)
             }
             fn copy_range(
-                &self,
-                dst: &mut Self::Buffer,
-                dst_offset: usize,
-                src: &Self::Buffer,
-                src_offset: usize,
+                &self, dst: &mut Self::Buffer, dst_offset: usize, src: &Self::Buffer, src_offset: usize,
                 len: usize,
             ) -> $crate::Result<()> {
                 $crate::backend::host::copy_range(dst, dst_offset, src, src_offset, len)
@@ -236,11 +227,7 @@ pub mod host {
     }
     /// `dst[dst_offset..][..len] = src[src_offset..][..len]`, both ranges checked.
     pub fn copy_range(
-        dst: &mut [f32],
-        dst_offset: usize,
-        src: &[f32],
-        src_offset: usize,
-        len: usize,
+        dst: &mut [f32], dst_offset: usize, src: &[f32], src_offset: usize, len: usize,
     ) -> Result<()> {
         check_range("copy_range", "dst", dst.len(), dst_offset, len)?;
         check_range("copy_range", "src", src.len(), src_offset, len)?;

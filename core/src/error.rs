@@ -89,10 +89,7 @@ pub enum CoreError {
 
 /// Checks that a buffer has `expected` elements (shared by every backend's validation).
 pub fn check_len(
-    op: &'static str,
-    what: &'static str,
-    actual: usize,
-    expected: usize,
+    op: &'static str, what: &'static str, actual: usize, expected: usize,
 ) -> Result<(), CoreError> {
     if actual == expected {
         Ok(())
@@ -108,11 +105,7 @@ pub fn check_len(
 
 /// Checks that `offset..offset + len` lies inside a buffer of `buf_len` elements.
 pub fn check_range(
-    op: &'static str,
-    what: &'static str,
-    buf_len: usize,
-    offset: usize,
-    len: usize,
+    op: &'static str, what: &'static str, buf_len: usize, offset: usize, len: usize,
 ) -> Result<(), CoreError> {
     match offset.checked_add(len) {
         Some(end) if end <= buf_len => Ok(()),
@@ -138,10 +131,7 @@ pub fn product(op: &'static str, dims: &[usize]) -> Result<usize, CoreError> {
 /// Checks a row-wise op: `cols > 0` and every named buffer holding `rows * cols` elements.
 /// Returns `rows * cols`.
 pub fn check_rows(
-    op: &'static str,
-    rows: usize,
-    cols: usize,
-    bufs: &[(&'static str, usize)],
+    op: &'static str, rows: usize, cols: usize, bufs: &[(&'static str, usize)],
 ) -> Result<usize, CoreError> {
     nonzero(op, "cols", cols)?;
     let n = product(op, &[rows, cols])?;

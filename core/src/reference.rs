@@ -25,8 +25,7 @@ pub(crate) fn narrow(dst: &mut [f32], src: &[f64]) {
 /// Runs `f` on f64 copies of the outputs (`outs`, read first so accumulating outputs
 /// keep their values) and writes the rounded results back.
 pub(crate) fn in_f64<const N: usize, R>(
-    outs: [&mut Vec<f32>; N],
-    f: impl FnOnce(&mut [Vec<f64>; N]) -> Result<R>,
+    outs: [&mut Vec<f32>; N], f: impl FnOnce(&mut [Vec<f64>; N]) -> Result<R>,
 ) -> Result<R> {
     let mut wide_outs: [Vec<f64>; N] = core::array::from_fn(|i| wide(outs[i]));
     let r = f(&mut wide_outs)?;

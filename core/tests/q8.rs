@@ -8,14 +8,7 @@ use rusting_brain_core::Rng;
 
 #[allow(clippy::too_many_arguments)]
 fn definition(
-    x: &[f32],
-    packed: &[f32],
-    scales: &[f32],
-    m: usize,
-    n: usize,
-    k: usize,
-    beta: f32,
-    out: &mut [f32],
+    x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32, out: &mut [f32],
 ) {
     let pc = packed_cols(k);
     for i in 0..m {

@@ -25,10 +25,7 @@ fn config(max_seq_len: usize) -> TransformerConfig {
 
 /// Runs the engines' loop over `draws` (what a sampler would give), feeding as told.
 fn run(
-    conv: &mut Conversation,
-    reply: &mut Reply,
-    draws: &[u32],
-    stop_at: Option<u32>,
+    conv: &mut Conversation, reply: &mut Reply, draws: &[u32], stop_at: Option<u32>,
 ) -> (Finish, Vec<u32>) {
     let mut fed = Vec::new();
     let mut draws = draws.iter();

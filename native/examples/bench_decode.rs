@@ -53,9 +53,7 @@ fn read_bandwidth_gb_s(bytes: usize) -> f64 {
 /// One warm-up generation, then a timed prefill and `new` single-token greedy steps;
 /// returns (prefill seconds, decode tokens/s).
 fn decode_run(
-    model: &mut TransformerLm,
-    prompt: &[u32],
-    new: usize,
+    model: &mut TransformerLm, prompt: &[u32], new: usize,
 ) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     model.generate(prompt, 8.min(new), &mut Sampler::greedy())?;
     let mut decoder = model.decoder();
@@ -73,9 +71,7 @@ fn decode_run(
 /// Prompt processing: tokens/s of feeding `len` tokens into an empty cache, best of 3
 /// after a warm-up.
 fn prefill_rate(
-    model: &mut TransformerLm,
-    len: usize,
-    vocab: usize,
+    model: &mut TransformerLm, len: usize, vocab: usize,
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let mut rng = Rng::new(11);
     let prompt: Vec<u32> = (0..len).map(|_| rng.below(vocab as u64) as u32).collect();
@@ -434,10 +430,7 @@ fn decode_memory(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn breakdown(
-    config: &TransformerConfig,
-    prompt: &[u32],
-    new_tokens: usize,
-    quantized: bool,
+    config: &TransformerConfig, prompt: &[u32], new_tokens: usize, quantized: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut pm = TransformerModel::new(Profiled::new(CpuBackend::new()), config.clone(), 0)?;
     if quantized {
@@ -489,11 +482,8 @@ fn breakdown(
 /// over a buffer of the int8 working set's size in the same run.
 #[cfg(feature = "gpu")]
 fn gpu_row(
-    shape: &dyn Fn() -> rusting_brain::TransformerLmBuilder,
-    prompt: &[u32],
-    new_tokens: usize,
-    per_token_q8: f64,
-    tps_cpu_q8: f64,
+    shape: &dyn Fn() -> rusting_brain::TransformerLmBuilder, prompt: &[u32], new_tokens: usize,
+    per_token_q8: f64, tps_cpu_q8: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut m = shape().build()?;
     m.quantize()?;

@@ -48,9 +48,7 @@ fn parse(class: &str, config: &Value) -> Result<DitConfig, Box<dyn std::error::E
 }
 
 fn model<B: Backend<Buffer = Vec<f32>>>(
-    be: B,
-    config: &DitConfig,
-    rng: &mut Rng,
+    be: B, config: &DitConfig, rng: &mut Rng,
 ) -> Result<Dit<B>, Box<dyn std::error::Error>> {
     let weights: BTreeMap<String, Vec<f32>> = config
         .layout()

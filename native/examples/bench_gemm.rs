@@ -37,14 +37,7 @@ fn best_in_turns(reps: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
 /// `gemm::gemm` on row-major A (m, k) and B given by its (row, column) strides.
 #[allow(clippy::too_many_arguments)]
 fn gemm_direct(
-    c: &mut [f32],
-    a: &[f32],
-    b: &[f32],
-    m: usize,
-    n: usize,
-    k: usize,
-    b_rs: isize,
-    b_cs: isize,
+    c: &mut [f32], a: &[f32], b: &[f32], m: usize, n: usize, k: usize, b_rs: isize, b_cs: isize,
     threads: usize,
 ) {
     let par = if threads > 1 {

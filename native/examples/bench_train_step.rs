@@ -44,12 +44,7 @@ use rss::peak_rss_mib;
 use rusting_brain_core::backend::Memory;
 
 fn torch(
-    python: &str,
-    script: &str,
-    batch: usize,
-    seq: usize,
-    threads: usize,
-    extra: &[&str],
+    python: &str, script: &str, batch: usize, seq: usize, threads: usize, extra: &[&str],
 ) -> Option<(f64, String)> {
     let mut cmd = Command::new(python);
     cmd.args([
@@ -89,10 +84,7 @@ fn measure(model: &mut TransformerLm, seqs: &[Vec<u32>]) -> Result<f64, Box<dyn 
 /// The step's time by primitive: the same step on `backend` wrapped in `Profiled` (which
 /// fences each primitive with `synchronize`, so on a device the times are the kernels').
 fn print_breakdown<B: Backend>(
-    backend: B,
-    config: &TransformerConfig,
-    seqs: &[Vec<u32>],
-    precision: Precision,
+    backend: B, config: &TransformerConfig, seqs: &[Vec<u32>], precision: Precision,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut pm = TransformerModel::new(Profiled::new(backend), config.clone(), 0)?;
     pm.precision = precision;
@@ -359,9 +351,7 @@ mod cuda {
     /// The largest square BF16 GEMM's TFLOP/s on this device: the peak MFU is measured
     /// against (8192^3, best of 10 after a warm-up).
     pub fn gemm_peak(
-        b: &CudaBackend,
-        n: usize,
-        precision: Precision,
+        b: &CudaBackend, n: usize, precision: Precision,
     ) -> Result<f64, Box<dyn std::error::Error>> {
         let x = b.upload(&vec![0.01f32; n * n])?;
         let w = b.upload(&vec![0.01f32; n * n])?;

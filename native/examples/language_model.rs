@@ -206,10 +206,7 @@ fn held_out_loss(model: &mut TransformerLm, file: &mut TokenFile, max_chunks: us
 }
 
 fn held_out_loss_at(
-    model: &mut TransformerLm,
-    file: &mut TokenFile,
-    max_chunks: usize,
-    seq: usize,
+    model: &mut TransformerLm, file: &mut TokenFile, max_chunks: usize, seq: usize,
 ) -> Result<f32, Error> {
     let (mut sum, mut n) = (0.0f64, 0usize);
     let mut i = 0;
@@ -396,12 +393,7 @@ fn generate(model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, g: &Gen) -
 
 /// Streams the continuation of `prompt` until `ends` or `g.tokens`.
 fn generate_until(
-    model: &mut TransformerLm,
-    tok: &Tokenizer,
-    prompt: &str,
-    ids: &[u32],
-    g: &Gen,
-    ends: &[u32],
+    model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, ids: &[u32], g: &Gen, ends: &[u32],
     mut sampler: Sampler,
 ) -> Result<(), Error> {
     let ids = ids.to_vec();
@@ -451,11 +443,8 @@ fn generate_until(
 /// Draws up to `tokens` ids until `ends(id)`; the ending id is kept with `keep_end`.
 /// `None` (after saying so) when the context fills first.
 fn reply(
-    decoder: &mut rusting_brain::Decoder<'_>,
-    sampler: &mut Sampler,
-    tokens: usize,
-    ends: impl Fn(u32) -> Result<bool, Error>,
-    keep_end: bool,
+    decoder: &mut rusting_brain::Decoder<'_>, sampler: &mut Sampler, tokens: usize,
+    ends: impl Fn(u32) -> Result<bool, Error>, keep_end: bool,
 ) -> Result<Option<Vec<u32>>, Error> {
     let mut out = Vec::new();
     for _ in 0..tokens {
@@ -505,9 +494,7 @@ fn chat(g: &Gen) -> Result<(), Error> {
 /// A Hugging Face directory's model (int8 at load with `q8`), tokenizer and generation
 /// settings.
 fn load_pretrained(
-    dir: &Path,
-    q8: bool,
-    context: Option<usize>,
+    dir: &Path, q8: bool, context: Option<usize>,
 ) -> Result<(TransformerLm, Tokenizer, GenerationConfig), Error> {
     let t0 = Instant::now();
     let mut model = if q8 {
@@ -613,12 +600,7 @@ fn chat_pretrained(dir: &Path, system: Option<String>, g: &Gen) -> Result<(), Er
 /// Full fine-tuning of a Hugging Face model on a corpus, then `save_pretrained` with the
 /// tokenizer files beside it.
 fn finetune_pretrained(
-    dir: &Path,
-    steps: u64,
-    lr: f32,
-    corpus: Option<PathBuf>,
-    out: Option<PathBuf>,
-    context: Option<usize>,
+    dir: &Path, steps: u64, lr: f32, corpus: Option<PathBuf>, out: Option<PathBuf>, context: Option<usize>,
     lora: Option<usize>,
 ) -> Result<(), Error> {
     let (mut model, tok, _) = load_pretrained(dir, false, context)?;

@@ -199,10 +199,7 @@ impl ChatTemplate {
     /// Qwen3, `{"date_string": "..."}` for Llama 3). They are set after the special tokens,
     /// so they may override one.
     pub fn render_with(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        vars: &Map<String, Value>,
+        &self, messages: &[ChatMessage], add_generation_prompt: bool, vars: &Map<String, Value>,
     ) -> Result<String> {
         let env = environment();
         let template = self.compile(&env)?;
@@ -291,16 +288,12 @@ struct PythonFormatter;
 
 impl serde_json::ser::Formatter for PythonFormatter {
     fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
+        &mut self, w: &mut W, first: bool,
     ) -> std::io::Result<()> {
         item_separator(w, first)
     }
     fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
+        &mut self, w: &mut W, first: bool,
     ) -> std::io::Result<()> {
         item_separator(w, first)
     }

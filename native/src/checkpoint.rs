@@ -110,10 +110,7 @@ fn write_raw(path: &Path, bytes: Vec<RawTensor>, meta: HashMap<String, String>) 
 }
 
 fn host_tensors(
-    b: &CpuBackend,
-    c: &TransformerConfig,
-    p: &Params<CpuBackend>,
-    prefix: &str,
+    b: &CpuBackend, c: &TransformerConfig, p: &Params<CpuBackend>, prefix: &str,
 ) -> Result<Vec<HostTensor>> {
     c.layout()
         .into_named()
@@ -168,9 +165,7 @@ pub fn save_weights(model: &TransformerModel<CpuBackend>, path: &Path, precision
 }
 
 pub fn save_optimizer(
-    model: &TransformerModel<CpuBackend>,
-    optimizer: &Optimizer,
-    path: &Path,
+    model: &TransformerModel<CpuBackend>, optimizer: &Optimizer, path: &Path,
 ) -> Result<()> {
     let meta = HashMap::from([
         ("format".to_string(), OPTIMIZER_FORMAT.to_string()),

@@ -129,12 +129,8 @@ pub(crate) type ReadWeights = (BTreeMap<String, Vec<f32>>, BTreeMap<String, (Vec
 /// unless `ignorable` says it may be passed over. The matrices `int8` picks are rounded to
 /// int8 as they are read (the f32 matrix never exists whole).
 pub(crate) fn read_weights(
-    dir: &Path,
-    stems: &[&str],
-    layout: &Layout,
-    file_name: impl Fn(&str) -> String,
-    ignorable: impl Fn(&str) -> bool,
-    int8: impl Fn(&str, &[usize]) -> bool,
+    dir: &Path, stems: &[&str], layout: &Layout, file_name: impl Fn(&str) -> String,
+    ignorable: impl Fn(&str) -> bool, int8: impl Fn(&str, &[usize]) -> bool,
 ) -> Result<ReadWeights> {
     let files = Files::open(dir, stems)?;
     let _prefetch = Prefetch::start(&files.paths);

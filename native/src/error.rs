@@ -65,9 +65,7 @@ impl NetworkError {
         }
     }
     pub(crate) fn parse(
-        path: impl Into<PathBuf>,
-        location: impl Into<String>,
-        message: impl Into<String>,
+        path: impl Into<PathBuf>, location: impl Into<String>, message: impl Into<String>,
     ) -> Self {
         NetworkError::Parse {
             path: path.into(),

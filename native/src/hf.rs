@@ -658,10 +658,7 @@ fn shard_name(i: usize, n: usize) -> String {
 /// Writes the weights (sharded past `max_shard_bytes`), `config.json` and
 /// `generation_config.json` into `tmp`.
 fn write_files(
-    model: &TransformerModel<CpuBackend>,
-    origin: Option<&Origin>,
-    tmp: &Path,
-    max_shard_bytes: usize,
+    model: &TransformerModel<CpuBackend>, origin: Option<&Origin>, tmp: &Path, max_shard_bytes: usize,
 ) -> Result<Vec<String>> {
     let c = &model.config;
     let family = family_for(c, origin)?;
@@ -759,10 +756,7 @@ fn write_files(
 /// is moved in whole, `config.json` last, and the shards of an earlier save that the new
 /// index does not name are removed.
 pub(crate) fn save(
-    model: &TransformerModel<CpuBackend>,
-    origin: Option<&Origin>,
-    dir: &Path,
-    max_shard_bytes: usize,
+    model: &TransformerModel<CpuBackend>, origin: Option<&Origin>, dir: &Path, max_shard_bytes: usize,
 ) -> Result<()> {
     if max_shard_bytes == 0 {
         return Err(NetworkError::InvalidInput(

@@ -864,11 +864,7 @@ impl ImagePipeline {
     /// Denoises from noise to a `width x height` picture's latent, calling
     /// `progress(step, total)` after each step (`false` stops the run with an error).
     pub fn sample_latent(
-        &self,
-        cond: &Conditioning,
-        width: usize,
-        height: usize,
-        noise: Noise,
+        &self, cond: &Conditioning, width: usize, height: usize, noise: Noise,
         progress: impl FnMut(usize, usize) -> bool,
     ) -> Result<Latent> {
         let (c, h, w) = self.latent_shape(width, height)?;
@@ -902,11 +898,7 @@ impl ImagePipeline {
     /// img2img: `image` (in [-1, 1], sides multiples of the model's) encoded, pushed
     /// `strength` of the way back up the schedule and denoised from there.
     pub fn sample_latent_from_image(
-        &self,
-        cond: &Conditioning,
-        image: &Image,
-        strength: f32,
-        noise: Noise,
+        &self, cond: &Conditioning, image: &Image, strength: f32, noise: Noise,
         progress: impl FnMut(usize, usize) -> bool,
     ) -> Result<Latent> {
         if !(0.0..=1.0).contains(&strength) {
@@ -996,11 +988,7 @@ impl ImagePipeline {
 
     /// The flow-matching loop from step `first`.
     fn denoise(
-        &self,
-        cond: &Conditioning,
-        mut latent: Latent,
-        schedule: &mut FlowStepper,
-        first: usize,
+        &self, cond: &Conditioning, mut latent: Latent, schedule: &mut FlowStepper, first: usize,
         mut progress: impl FnMut(usize, usize) -> bool,
     ) -> Result<Latent> {
         let dit = self.denoiser()?;
@@ -1151,13 +1139,8 @@ impl ImagePipeline {
     /// (negative first), as diffusers runs it; the ancestral samplers' noise continues the
     /// seed's generator.
     fn denoise_unet(
-        &self,
-        cond: &Conditioning,
-        mut latent: Latent,
-        mut sampler: DiscreteSampler,
-        first: usize,
-        mut generator: Option<TorchGenerator>,
-        mut progress: impl FnMut(usize, usize) -> bool,
+        &self, cond: &Conditioning, mut latent: Latent, mut sampler: DiscreteSampler, first: usize,
+        mut generator: Option<TorchGenerator>, mut progress: impl FnMut(usize, usize) -> bool,
     ) -> Result<Latent> {
         let unet = self.unet_ref()?;
         let cfg = unet.config();
@@ -1247,11 +1230,7 @@ impl ImagePipeline {
     /// `prompt` to a `width x height` picture in [-1, 1]: condition, sample, decode.
     /// `seed` `None` draws one from the clock.
     pub fn generate(
-        &mut self,
-        prompt: &str,
-        width: usize,
-        height: usize,
-        seed: Option<u64>,
+        &mut self, prompt: &str, width: usize, height: usize, seed: Option<u64>,
         progress: impl FnMut(usize, usize) -> bool,
     ) -> Result<Image> {
         self.latent_shape(width, height)?;
@@ -1269,11 +1248,7 @@ impl ImagePipeline {
     /// img2img: `image` (in [-1, 1]) repainted towards `prompt`; `strength` in [0, 1] is
     /// how far back up the schedule it starts (low keeps the composition).
     pub fn generate_from_image(
-        &mut self,
-        image: &Image,
-        strength: f32,
-        prompt: &str,
-        seed: Option<u64>,
+        &mut self, image: &Image, strength: f32, prompt: &str, seed: Option<u64>,
         progress: impl FnMut(usize, usize) -> bool,
     ) -> Result<Image> {
         self.latent_shape(image.width, image.height)?;
@@ -1318,9 +1293,7 @@ struct Tower {
 /// Both CLIP towers on `prompt`: their tokens (which must pad to the same length, as the
 /// towers' states are laid side by side) and each one's [`Tower`].
 fn two_towers(
-    prompt: &str,
-    towers: [(&ClipTextEncoder, &ClipTokenizer); 2],
-    family: &str,
+    prompt: &str, towers: [(&ClipTextEncoder, &ClipTokenizer); 2], family: &str,
 ) -> Result<(usize, [Tower; 2])> {
     let [a, b] = towers.map(|(clip, tokenizer)| -> Result<(usize, Tower)> {
         let (ids, _) = tokenizer.encode(prompt)?;

@@ -341,10 +341,7 @@ impl Network {
     /// [`Network::fit`], calling `on_epoch(epoch, mean_loss)` after each epoch (counted from
     /// 1); returning `false` stops the run. The history holds the epochs that ran.
     pub fn fit_with(
-        &mut self,
-        data: &Dataset,
-        config: TrainConfig,
-        mut on_epoch: impl FnMut(usize, f32) -> bool,
+        &mut self, data: &Dataset, config: TrainConfig, mut on_epoch: impl FnMut(usize, f32) -> bool,
     ) -> Result<Vec<f32>> {
         self.check_data(data, "fit")?;
         if config.batch_size == 0 {

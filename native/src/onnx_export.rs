@@ -182,11 +182,7 @@ fn tensor(name: String, dims: &[usize], values: &[f32]) -> TensorProto {
 }
 
 fn node(
-    op: &str,
-    name: String,
-    input: Vec<String>,
-    output: String,
-    attribute: Vec<AttributeProto>,
+    op: &str, name: String, input: Vec<String>, output: String, attribute: Vec<AttributeProto>,
 ) -> NodeProto {
     NodeProto {
         input,

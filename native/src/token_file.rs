@@ -38,10 +38,7 @@ impl TokenFile {
     /// missing field is an error naming the line, and `out` is only replaced when every
     /// line converted. Returns the number of ids written.
     pub fn write_jsonl(
-        out: impl AsRef<Path>,
-        jsonl: impl AsRef<Path>,
-        field: &str,
-        eos: Option<u32>,
+        out: impl AsRef<Path>, jsonl: impl AsRef<Path>, field: &str, eos: Option<u32>,
         mut tokenize: impl FnMut(&str) -> Vec<u32>,
     ) -> Result<usize> {
         let (out, jsonl) = (out.as_ref(), jsonl.as_ref());

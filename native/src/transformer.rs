@@ -888,11 +888,7 @@ impl TransformerLm {
 
     /// The next id from the pending logits.
     fn draw(
-        &mut self,
-        pending: &Pending,
-        sampler: &mut Sampler,
-        context: &[u32],
-        caches: &mut KvCaches,
+        &mut self, pending: &Pending, sampler: &mut Sampler, context: &[u32], caches: &mut KvCaches,
     ) -> Result<u32> {
         #[cfg(not(feature = "gpu"))]
         let _ = caches;
@@ -923,10 +919,7 @@ impl TransformerLm {
     /// [`TransformerLm::generate`], handing each id to `on_token` as it is decoded; returning
     /// `false` stops (the id that stopped it is kept).
     pub fn generate_with(
-        &mut self,
-        prompt: &[u32],
-        max_new: usize,
-        sampler: &mut Sampler,
+        &mut self, prompt: &[u32], max_new: usize, sampler: &mut Sampler,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Vec<u32>> {
         let mut decoder = self.decoder();
@@ -1020,8 +1013,7 @@ impl TransformerLm {
     /// matrix to int8 a slab of rows at a time as it is read, so the f32 model is never held
     /// (the peak is the int8 model plus the f32 norms and biases).
     pub fn from_pretrained_at(
-        dir: impl AsRef<std::path::Path>,
-        precision: crate::Precision,
+        dir: impl AsRef<std::path::Path>, precision: crate::Precision,
     ) -> Result<TransformerLm> {
         let (model, origin) = crate::hf::load(dir.as_ref(), precision)?;
         Ok(TransformerLm {
@@ -1046,9 +1038,7 @@ impl TransformerLm {
     /// [`TransformerLm::save_pretrained`] with shards of at most `max_shard_bytes` (one
     /// tensor larger than that gets a shard of its own).
     pub fn save_pretrained_sharded(
-        &self,
-        dir: impl AsRef<std::path::Path>,
-        max_shard_bytes: usize,
+        &self, dir: impl AsRef<std::path::Path>, max_shard_bytes: usize,
     ) -> Result<()> {
         if self.is_quantized() {
             return Err(NetworkError::InvalidInput(

@@ -99,22 +99,14 @@ impl Vae {
     /// with their `(channels, h, w)`: shifted and scaled, or for FLUX.2 patchified 2x2 and
     /// normalized by the stored statistics.
     pub fn to_denoiser(
-        &self,
-        z: &[f32],
-        batch: usize,
-        h: usize,
-        w: usize,
+        &self, z: &[f32], batch: usize, h: usize, w: usize,
     ) -> Result<(Vec<f32>, usize, usize, usize)> {
         Ok(self.model.to_denoiser(z, batch, h, w)?)
     }
 
     /// A denoiser's latents back to the autoencoder's, with their `(h, w)`.
     pub fn from_denoiser(
-        &self,
-        z: &[f32],
-        batch: usize,
-        h: usize,
-        w: usize,
+        &self, z: &[f32], batch: usize, h: usize, w: usize,
     ) -> Result<(Vec<f32>, usize, usize)> {
         Ok(self.model.from_denoiser(z, batch, h, w)?)
     }

@@ -305,10 +305,7 @@ impl<'a> Tensors<'a> {
 
     /// [`Tensors::read_q8`] of rows `rows` only (see [`Tensors::read_rows`]).
     pub(crate) fn read_q8_rows(
-        &self,
-        name: &str,
-        shape: &[usize],
-        rows: Range<usize>,
+        &self, name: &str, shape: &[usize], rows: Range<usize>,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let (i, view) = self.view(name, shape)?;
         let (total, cols) = rows_cols(shape);

@@ -907,11 +907,7 @@ fn fused_q8_feed_forward_matches_its_definition() {
 /// The specs of one decode position `pos` in a cache of `cap`: attention, and the
 /// rotations of q and k.
 fn decode_specs(
-    hq: usize,
-    hkv: usize,
-    hd: usize,
-    pos: usize,
-    cap: usize,
+    hq: usize, hkv: usize, hd: usize, pos: usize, cap: usize,
 ) -> (AttentionSpec, RopeSpec, RopeSpec) {
     let spec = AttentionSpec {
         batch: 1,
@@ -937,12 +933,7 @@ fn decode_specs(
 /// `q8_attention` (or, not `fused`, its definition) on `bufs` = `[x, q, k, v, cache_k,
 /// cache_v, att, lse]`.
 fn run_q8_attention(
-    be: &Dyn,
-    fused: bool,
-    bufs: &mut [Vec<f32>; 8],
-    h: &[f32],
-    w: &[(Vec<f32>, Vec<f32>)],
-    pos: usize,
+    be: &Dyn, fused: bool, bufs: &mut [Vec<f32>; 8], h: &[f32], w: &[(Vec<f32>, Vec<f32>)], pos: usize,
     (spec, rope_q, rope_k): &(AttentionSpec, RopeSpec, RopeSpec),
 ) -> rusting_brain_core::Result<()> {
     use rusting_brain_core::backend::{q8_attention_unfused, Q8Attention};

@@ -168,14 +168,7 @@ mod simd128 {
 /// bit-identical to core's.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn q8_matmul(
-    out: &mut [f32],
-    x: &[f32],
-    packed: &[f32],
-    scales: &[f32],
-    m: usize,
-    n: usize,
-    k: usize,
-    beta: f32,
+    out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
     q8::check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let mut q = Vec::with_capacity(k);
@@ -230,13 +223,8 @@ pub(crate) fn q8_matmul_many(x: &[f32], products: &mut [Q8Product<'_, Vec<f32>>]
 /// [`q8_matmul`] computes them and `out` as [`swiglu_forward`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn q8_swiglu(
-    out: &mut [f32],
-    gate: &mut [f32],
-    up: &mut [f32],
-    x: &[f32],
-    gate_w: (&[f32], &[f32]),
-    up_w: (&[f32], &[f32]),
-    spec: &MatmulSpec,
+    out: &mut [f32], gate: &mut [f32], up: &mut [f32], x: &[f32], gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]), spec: &MatmulSpec,
 ) -> Result<()> {
     let (n, k) = (spec.n, spec.k);
     {
@@ -275,12 +263,7 @@ pub(crate) fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) -> Resul
 /// takes a second, `exp(s - lse)`, for the weight; here it is `exp(s - max) / sum`, the
 /// same number up to rounding).
 pub(crate) fn attention_forward(
-    out: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    spec: &AttentionSpec,
+    out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], spec: &AttentionSpec,
 ) -> Result<()> {
     spec.check_forward(out.len(), lse.len(), q.len(), k.len(), v.len())?;
     let d = spec.head_dim;

@@ -124,12 +124,7 @@ mod tests {
     use rusting_brain_core::Rng;
 
     fn spec(
-        batch: usize,
-        seq: usize,
-        head_dim: usize,
-        pos_offset: usize,
-        theta: f32,
-        scaling: RopeScaling,
+        batch: usize, seq: usize, head_dim: usize, pos_offset: usize, theta: f32, scaling: RopeScaling,
     ) -> RopeSpec {
         RopeSpec {
             batch,

@@ -91,9 +91,7 @@ impl Pools<'_> {
 
     /// A scratch buffer of at least `words` for `role`, grown to the next power of two.
     pub(crate) fn scratch(
-        &mut self,
-        role: &'static str,
-        words: usize,
+        &mut self, role: &'static str, words: usize,
     ) -> std::result::Result<GpuBuffer, ShaderError> {
         let have = self.scratch.get(role).map_or(0, |b| b.len);
         if have < words.max(1) {
@@ -111,11 +109,7 @@ impl Pools<'_> {
     /// and theta. Made for at least [`ROPE_POSITIONS`] positions, so decoding does not
     /// rebuild it as the sequence grows; past that it doubles.
     pub(crate) fn rope(
-        &mut self,
-        positions: usize,
-        head_dim: usize,
-        theta: f32,
-        scaling: RopeScaling,
+        &mut self, positions: usize, head_dim: usize, theta: f32, scaling: RopeScaling,
     ) -> std::result::Result<GpuBuffer, ShaderError> {
         let key = (head_dim, theta.to_bits(), scaling_key(scaling));
         let have = self.rope.get(&key).map_or(0, |b| b.len / head_dim.max(1));
@@ -220,10 +214,7 @@ pub(crate) fn sum_losses(losses: &[f32], counted: impl Fn(usize) -> bool) -> Res
 }
 
 pub(crate) fn rows_check(
-    op: &'static str,
-    rows: usize,
-    cols: usize,
-    bufs: &[(&'static str, usize)],
+    op: &'static str, rows: usize, cols: usize, bufs: &[(&'static str, usize)],
 ) -> Result<usize> {
     check_rows(op, rows, cols, bufs)
 }
@@ -252,15 +243,13 @@ impl WgpuBackend {
 
     /// Records kernels into the pending encoder.
     pub(crate) fn record<R>(
-        &self,
-        f: impl FnOnce(&mut Batch<'_>, &mut Pools<'_>) -> std::result::Result<R, ShaderError>,
+        &self, f: impl FnOnce(&mut Batch<'_>, &mut Pools<'_>) -> std::result::Result<R, ShaderError>,
     ) -> Result<R> {
         self.record_raw(f).map_err(device)
     }
 
     pub(crate) fn record_raw<R>(
-        &self,
-        f: impl FnOnce(&mut Batch<'_>, &mut Pools<'_>) -> std::result::Result<R, ShaderError>,
+        &self, f: impl FnOnce(&mut Batch<'_>, &mut Pools<'_>) -> std::result::Result<R, ShaderError>,
     ) -> std::result::Result<R, ShaderError> {
         let mut rec = self.lock();
         let Recorder {
@@ -304,8 +293,7 @@ impl WgpuBackend {
     /// Records kernels of the crate's own (the device draw) after the pending work, with
     /// the same bind-group cache.
     pub(crate) fn record_after<R>(
-        &self,
-        f: impl FnOnce(&mut Batch<'_>) -> std::result::Result<R, ShaderError>,
+        &self, f: impl FnOnce(&mut Batch<'_>) -> std::result::Result<R, ShaderError>,
     ) -> std::result::Result<R, ShaderError> {
         self.record_raw(|b, _| f(b))
     }
@@ -399,12 +387,7 @@ impl WgpuBackend {
     }
 
     pub(crate) fn dense(
-        &self,
-        op: DenseOp,
-        x: [Option<&GpuBuffer>; 3],
-        y: &GpuBuffer,
-        rows: usize,
-        cols: usize,
+        &self, op: DenseOp, x: [Option<&GpuBuffer>; 3], y: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
         self.record(|b, _| b.dense(op, x, y, rows, cols))
     }

@@ -410,11 +410,7 @@ impl Gpu {
     }
 
     fn write_words(
-        &self,
-        buf: &GpuBuffer,
-        offset: usize,
-        words: impl Iterator<Item = u32>,
-        n: usize,
+        &self, buf: &GpuBuffer, offset: usize, words: impl Iterator<Item = u32>, n: usize,
     ) -> Result<(), ShaderError> {
         if offset.checked_add(n).is_none_or(|end| end > buf.len) {
             return Err(ShaderError::Invalid(format!(
@@ -452,11 +448,7 @@ impl Gpu {
     /// Reads `n` u32 words from word `offset` on, the copy recorded after the work in
     /// `encoder` and submitted with it: work and read in one submission.
     pub(crate) async fn read_words_after(
-        &self,
-        encoder: Option<wgpu::CommandEncoder>,
-        buf: &GpuBuffer,
-        offset: usize,
-        n: usize,
+        &self, encoder: Option<wgpu::CommandEncoder>, buf: &GpuBuffer, offset: usize, n: usize,
     ) -> Result<Vec<u32>, ShaderError> {
         if offset.checked_add(n).is_none_or(|end| end > buf.len) {
             return Err(ShaderError::Invalid(format!(

@@ -49,11 +49,7 @@ impl DeviceSampler {
     /// on the host (`Sampler::sample_ranked`), so the ids are the CPU's for the same seed;
     /// without `top_k` the logits come back and the core sampler draws from the whole row.
     pub async fn draw(
-        &mut self,
-        backend: &WgpuBackend,
-        logits: &GpuBuffer,
-        sampler: &mut Sampler,
-        context: &[u32],
+        &mut self, backend: &WgpuBackend, logits: &GpuBuffer, sampler: &mut Sampler, context: &[u32],
     ) -> Result<u32> {
         sampler.validate()?;
         let vocab = self.vocab;

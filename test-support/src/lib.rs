@@ -62,10 +62,7 @@ pub fn check_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) 
 /// [`assert_close`] for tensors: the shapes must match too.
 #[track_caller]
 pub fn assert_close_shaped(
-    name: &str,
-    (got_shape, got): (&[usize], &[f32]),
-    (want_shape, want): (&[usize], &[f32]),
-    rtol: f64,
+    name: &str, (got_shape, got): (&[usize], &[f32]), (want_shape, want): (&[usize], &[f32]), rtol: f64,
     atol: f64,
 ) -> f64 {
     assert_eq!(got_shape, want_shape, "{name}: shape");
@@ -132,9 +129,7 @@ pub fn rel_to_scale(name: &str, got: &[f32], want: &[f32]) -> f32 {
 /// `q8_matmul_many`'s products of one input `(m, k)`: output `i` is `outs[i]` `(m, n_i)`,
 /// its weight `weights[i]` (packed values, row scales), `beta` for all.
 pub fn q8_products<'a>(
-    outs: &'a mut [Vec<f32>],
-    weights: &'a [(Vec<f32>, Vec<f32>)],
-    (m, k, beta): (usize, usize, f32),
+    outs: &'a mut [Vec<f32>], weights: &'a [(Vec<f32>, Vec<f32>)], (m, k, beta): (usize, usize, f32),
 ) -> Vec<rusting_brain_core::backend::Q8Product<'a, Vec<f32>>> {
     use rusting_brain_core::backend::{MatmulSpec, Q8Product};
     outs.iter_mut()

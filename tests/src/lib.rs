@@ -252,10 +252,7 @@ pub fn compare<A: Copy + Into<f64>>(name: &str, actual: &[A], expected: &Tensor,
 /// [`compare`], panicking with the report when it fails (for tests).
 #[track_caller]
 pub fn assert_close<A: Copy + Into<f64>>(
-    name: &str,
-    actual: &[A],
-    expected: &Tensor,
-    tol: Tolerance,
+    name: &str, actual: &[A], expected: &Tensor, tol: Tolerance,
 ) -> Report {
     let report = compare(name, actual, expected, tol);
     assert!(report.passed(), "{report}");

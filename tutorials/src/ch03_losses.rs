@@ -78,10 +78,7 @@ type ByHand = fn(&[Vec<f32>], &[Vec<f32>]) -> f64;
 /// Builds an untrained network ending in `activation`, and returns its loss on `data`
 /// computed by hand from its predictions, and as the library's `evaluate` computes it.
 fn both_losses(
-    data: &Dataset,
-    activation: Activation,
-    loss: Loss,
-    by_hand: ByHand,
+    data: &Dataset, activation: Activation, loss: Loss, by_hand: ByHand,
 ) -> Result<(f64, f32), Box<dyn std::error::Error>> {
     let mut network = Network::builder()
         .input_size(data.input_size())

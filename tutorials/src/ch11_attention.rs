@@ -100,9 +100,7 @@ fn linear(w: &[f32], x: &[f32]) -> Vec<f32> {
 // ANCHOR: by_hand
 /// The model's logits at every position of `ids`, computed from its named weights.
 fn forward_by_hand(
-    p: &HashMap<String, Vec<f32>>,
-    c: &TransformerConfig,
-    ids: &[u32],
+    p: &HashMap<String, Vec<f32>>, c: &TransformerConfig, ids: &[u32],
 ) -> Result<Vec<Vec<f32>>, Box<dyn Error>> {
     let w = |name: String| p.get(&name).ok_or(format!("no tensor named {name}"));
     let (d, hd) = (c.d_model, c.head_dim);

@@ -82,9 +82,7 @@ fn held_out_loss(model: &mut TransformerLm, held: &mut TokenFile) -> Result<f32,
 
 // ANCHOR: train
 fn train(
-    model: &mut TransformerLm,
-    data: &mut TokenFile,
-    held: &mut TokenFile,
+    model: &mut TransformerLm, data: &mut TokenFile, held: &mut TokenFile,
 ) -> Result<(), Box<dyn Error>> {
     let schedule = Schedule::warmup_cosine(3e-3, STEPS / 10, STEPS);
     for step in 0..STEPS {

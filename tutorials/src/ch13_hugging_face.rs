@@ -54,8 +54,7 @@ fn read_header(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>
 }
 
 fn shape(
-    header: &serde_json::Map<String, serde_json::Value>,
-    name: &str,
+    header: &serde_json::Map<String, serde_json::Value>, name: &str,
 ) -> Result<Vec<usize>, Box<dyn Error>> {
     let entry = header.get(name).ok_or(format!("no tensor {name}"))?;
     Ok(serde_json::from_value(entry["shape"].clone())?)

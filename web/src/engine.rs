@@ -225,12 +225,7 @@ impl Engine {
     /// continues from it. `end`: an id that ends the reply (not handed on). `pause` runs
     /// between tokens: the bindings let the event loop turn there.
     pub async fn generate<F, P, Fut>(
-        &mut self,
-        prompt: &[u32],
-        max_new: usize,
-        sampler: &mut Sampler,
-        end: Option<u32>,
-        mut on_token: F,
+        &mut self, prompt: &[u32], max_new: usize, sampler: &mut Sampler, end: Option<u32>, mut on_token: F,
         pause: P,
     ) -> Result<Generated, WebError>
     where

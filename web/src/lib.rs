@@ -308,20 +308,14 @@ impl Model {
     /// tokensPerSecond, device, finish}` (`finish`: "length", "end", "stopped",
     /// "max_seq_len").
     pub async fn generate(
-        &self,
-        prompt: String,
-        options: JsValue,
-        on_token: Option<Function>,
+        &self, prompt: String, options: JsValue, on_token: Option<Function>,
     ) -> Result<Object, JsError> {
         self.run(prompt, options, on_token, true).await
     }
 
     /// `generate`, continuing the conversation: the KV cache keeps every earlier turn.
     pub async fn chat(
-        &self,
-        text: String,
-        options: JsValue,
-        on_token: Option<Function>,
+        &self, text: String, options: JsValue, on_token: Option<Function>,
     ) -> Result<Object, JsError> {
         self.run(text, options, on_token, false).await
     }
@@ -355,11 +349,7 @@ impl Model {
     }
 
     async fn run(
-        &self,
-        prompt: String,
-        options: JsValue,
-        on_token: Option<Function>,
-        fresh: bool,
+        &self, prompt: String, options: JsValue, on_token: Option<Function>, fresh: bool,
     ) -> Result<Object, JsError> {
         let clock = Clock::new();
         let t0 = clock.ms();

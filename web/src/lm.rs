@@ -101,10 +101,7 @@ fn batch_of(seqs: &[Vec<u32>], vocab: usize) -> Result<TokenBatch, WebError> {
 /// The loss, the norm and the clip checked, then the optimizer: a refused step changes
 /// nothing.
 fn finish<B: Backend>(
-    m: &mut TransformerModel<B>,
-    optimizer: &Optimizer,
-    (sum, count): (f64, usize),
-    norm: f64,
+    m: &mut TransformerModel<B>, optimizer: &Optimizer, (sum, count): (f64, usize), norm: f64,
     clip: Option<f32>,
 ) -> Result<Step, WebError> {
     let loss = sum / count.max(1) as f64;
@@ -147,10 +144,7 @@ impl LmTrainer {
     /// A new model on the chosen device, weights drawn from `seed` as native
     /// `TransformerLm::builder().seed(seed)` draws them (on the host, then uploaded).
     pub async fn new(
-        config: TransformerConfig,
-        optimizer: Optimizer,
-        seed: u64,
-        choice: DeviceChoice,
+        config: TransformerConfig, optimizer: Optimizer, seed: u64, choice: DeviceChoice,
     ) -> Result<LmTrainer, WebError> {
         config.validate()?;
         optimizer.validate()?;

@@ -48,16 +48,10 @@ fn invalid(message: String) -> WebError {
 /// A model for `config` with `parameters` (or weights drawn from `seed` when `None`) on the
 /// chosen device, and why that device.
 async fn place(
-    config: DenseConfig,
-    parameters: Option<&[(Vec<f32>, Vec<f32>)]>,
-    seed: u64,
-    choice: DeviceChoice,
+    config: DenseConfig, parameters: Option<&[(Vec<f32>, Vec<f32>)]>, seed: u64, choice: DeviceChoice,
 ) -> Result<(Device, String), WebError> {
     fn build<B: Backend>(
-        backend: B,
-        config: DenseConfig,
-        parameters: Option<&[(Vec<f32>, Vec<f32>)]>,
-        seed: u64,
+        backend: B, config: DenseConfig, parameters: Option<&[(Vec<f32>, Vec<f32>)]>, seed: u64,
     ) -> Result<DenseModel<B>, CoreError> {
         match parameters {
             None => DenseModel::new(backend, config, seed),
@@ -89,10 +83,7 @@ impl DenseNet {
     /// A new network, weights drawn from `seed` as natively (the same draws on either
     /// device: they are made on the host and uploaded).
     pub async fn new(
-        config: DenseConfig,
-        optimizer: Optimizer,
-        seed: u64,
-        choice: DeviceChoice,
+        config: DenseConfig, optimizer: Optimizer, seed: u64, choice: DeviceChoice,
     ) -> Result<DenseNet, WebError> {
         optimizer.validate()?;
         let (device, reason) = place(config, None, seed, choice).await?;
@@ -178,10 +169,7 @@ impl DenseNet {
     /// One epoch over the rows of `order`, `batch_size` at a time; the epoch's mean loss.
     /// A failing batch is named, and leaves the weights as they were before it.
     pub async fn train_epoch(
-        &mut self,
-        data: &Rows<'_>,
-        order: &[usize],
-        batch_size: usize,
+        &mut self, data: &Rows<'_>, order: &[usize], batch_size: usize,
     ) -> Result<f64, WebError> {
         self.check(data, "fit")?;
         if batch_size == 0 {

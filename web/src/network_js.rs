@@ -310,10 +310,7 @@ impl Network {
     }
 
     async fn with_data<T>(
-        &self,
-        x: &JsValue,
-        y: &JsValue,
-        f: impl AsyncFnOnce(&mut DenseNet, &Rows<'_>) -> Result<T, WebError>,
+        &self, x: &JsValue, y: &JsValue, f: impl AsyncFnOnce(&mut DenseNet, &Rows<'_>) -> Result<T, WebError>,
     ) -> Result<T, WebError> {
         let (xs, ys, rows) = self.data(x, y)?;
         let mut net = self.take()?;
@@ -323,11 +320,7 @@ impl Network {
     }
 
     async fn fit_inner(
-        &self,
-        x: JsValue,
-        y: JsValue,
-        options: JsValue,
-        on_epoch: Option<Function>,
+        &self, x: JsValue, y: JsValue, options: JsValue, on_epoch: Option<Function>,
     ) -> Result<Vec<f32>, WebError> {
         let what = "fit options";
         let epochs = count(&options, "epochs", what, 1e9)?.unwrap_or(10) as usize;
@@ -437,11 +430,7 @@ impl Network {
     /// `onEpoch(epoch, loss)` after each epoch; returning `false` stops. Resolves to each
     /// epoch's mean training loss.
     pub async fn fit(
-        &self,
-        x: JsValue,
-        y: JsValue,
-        options: JsValue,
-        on_epoch: Option<Function>,
+        &self, x: JsValue, y: JsValue, options: JsValue, on_epoch: Option<Function>,
     ) -> Result<Float32Array, JsError> {
         let history = self.fit_inner(x, y, options, on_epoch).await.map_err(js_err)?;
         Ok(Float32Array::from(history.as_slice()))

@@ -208,10 +208,7 @@ impl FlowMatchEuler {
     /// The schedule of `steps` steps (or of the `sigmas` given), shifted by `mu` where the
     /// configuration shifts dynamically; the final 0 appended.
     pub fn new(
-        config: &FlowMatchConfig,
-        steps: usize,
-        sigmas: Option<&[f64]>,
-        mu: Option<f64>,
+        config: &FlowMatchConfig, steps: usize, sigmas: Option<&[f64]>, mu: Option<f64>,
     ) -> Result<Self> {
         let mut s = config.sigmas(steps, sigmas, mu)?;
         s.push(0.0);

@@ -145,9 +145,7 @@ impl<B: Backend> ClipText<B> {
 
     /// [`ClipText::new`] with the projection matrices in `q8` as int8.
     pub fn with_q8(
-        backend: B,
-        config: ClipTextConfig,
-        weights: BTreeMap<String, B::Buffer>,
+        backend: B, config: ClipTextConfig, weights: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
     ) -> Result<Self> {
         config.validate()?;

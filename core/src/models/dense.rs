@@ -185,10 +185,7 @@ impl<B: Backend> DenseModel<B> {
 
     /// A model around given parameter buffers (loading a checkpoint).
     pub fn from_parameters(
-        backend: B,
-        config: DenseConfig,
-        weights: Vec<B::Buffer>,
-        biases: Vec<B::Buffer>,
+        backend: B, config: DenseConfig, weights: Vec<B::Buffer>, biases: Vec<B::Buffer>,
     ) -> Result<Self> {
         config.validate()?;
         let n = config.layers.len();
@@ -557,10 +554,7 @@ impl EpochOrder {
 
 /// The rows of one minibatch, gathered row-major: inputs into `x`, targets into `y`.
 pub fn gather_batch<'a>(
-    rows: &[usize],
-    row: &dyn Fn(usize) -> (&'a [f32], &'a [f32]),
-    x: &mut Vec<f32>,
-    y: &mut Vec<f32>,
+    rows: &[usize], row: &dyn Fn(usize) -> (&'a [f32], &'a [f32]), x: &mut Vec<f32>, y: &mut Vec<f32>,
 ) {
     x.clear();
     y.clear();
@@ -577,10 +571,7 @@ pub fn gather_batch<'a>(
 /// mean loss weighted by its rows), or the index of the batch that failed and why; a batch
 /// whose loss is not finite fails before its step, so the weights stay as they were.
 pub fn train_epoch<'a>(
-    model: &mut dyn DenseOps,
-    order: &[usize],
-    batch_size: usize,
-    optimizer: &Optimizer,
+    model: &mut dyn DenseOps, order: &[usize], batch_size: usize, optimizer: &Optimizer,
     row: &dyn Fn(usize) -> (&'a [f32], &'a [f32]),
 ) -> core::result::Result<f64, (usize, CoreError)> {
     if batch_size == 0 {

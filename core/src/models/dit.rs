@@ -378,9 +378,7 @@ impl<B: Backend> Dit<B> {
 
     /// [`Dit::new`] with the matrices in `q8` held as int8.
     pub fn with_q8(
-        backend: B,
-        config: DitConfig,
-        weights: BTreeMap<String, B::Buffer>,
+        backend: B, config: DitConfig, weights: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
     ) -> Result<Self> {
         config.validate()?;
@@ -425,13 +423,7 @@ impl<B: Backend> Dit<B> {
     /// LayerNorm without affine, then `* (1 + scale) + shift` from `mods` at the chunks
     /// `shift` and `scale` (counted in model widths).
     fn norm_modulate(
-        &self,
-        x: &B::Buffer,
-        batch: usize,
-        tokens: usize,
-        mods: &B::Buffer,
-        shift: usize,
-        scale: usize,
+        &self, x: &B::Buffer, batch: usize, tokens: usize, mods: &B::Buffer, shift: usize, scale: usize,
     ) -> Result<B::Buffer> {
         let (be, d) = (&self.backend, self.config.dim());
         let mut normed = be.zeros(batch * tokens * d)?;
@@ -444,13 +436,7 @@ impl<B: Backend> Dit<B> {
 
     /// `x += mods[gate] * y`.
     fn gate_add(
-        &self,
-        x: &mut B::Buffer,
-        y: &B::Buffer,
-        batch: usize,
-        tokens: usize,
-        mods: &B::Buffer,
-        gate: usize,
+        &self, x: &mut B::Buffer, y: &B::Buffer, batch: usize, tokens: usize, mods: &B::Buffer, gate: usize,
     ) -> Result<()> {
         let (be, d) = (&self.backend, self.config.dim());
         let spec = ModulationSpec::new(batch, tokens, d, be.len(mods) / batch);
@@ -527,10 +513,7 @@ impl<B: Backend> Dit<B> {
     /// Attention over the streams joined in order (each `(batch, tokens, dim)`, already
     /// normed), rotary from `rope` when given; the output split back per stream.
     fn attention(
-        &self,
-        streams: Vec<Qkv<B>>,
-        batch: usize,
-        rope: Option<&(B::Buffer, B::Buffer)>,
+        &self, streams: Vec<Qkv<B>>, batch: usize, rope: Option<&(B::Buffer, B::Buffer)>,
     ) -> Result<Vec<B::Buffer>> {
         let (be, d) = (&self.backend, self.config.dim());
         let lens: Vec<usize> = streams.iter().map(|s| s.tokens).collect();
@@ -649,13 +632,7 @@ impl<B: Backend> Dit<B> {
     /// Queries, keys and values of one stream from the projections `names` under `prefix`,
     /// each head RMS-normed by `norms` when the model has q/k norms.
     fn stream_qkv(
-        &self,
-        prefix: &str,
-        names: [&str; 3],
-        norms: [&str; 2],
-        x: &B::Buffer,
-        batch: usize,
-        tokens: usize,
+        &self, prefix: &str, names: [&str; 3], norms: [&str; 2], x: &B::Buffer, batch: usize, tokens: usize,
     ) -> Result<Qkv<B>> {
         let (d, rows) = (self.config.dim(), batch * tokens);
         let [q, k, v] = names.map(|n| self.linear(&format!("{prefix}.{n}"), x, rows, d, d));
@@ -673,14 +650,8 @@ impl<B: Backend> Dit<B> {
     /// SD3's last block has only scale and shift for the prompt, which it does not update).
     #[allow(clippy::too_many_arguments)]
     fn joint_block(
-        &self,
-        n: usize,
-        img: &mut B::Buffer,
-        txt: &mut B::Buffer,
-        (batch, ni, nt): (usize, usize, usize),
-        m_img: &B::Buffer,
-        m_txt: &B::Buffer,
-        rope: Option<&(B::Buffer, B::Buffer)>,
+        &self, n: usize, img: &mut B::Buffer, txt: &mut B::Buffer, (batch, ni, nt): (usize, usize, usize),
+        m_img: &B::Buffer, m_txt: &B::Buffer, rope: Option<&(B::Buffer, B::Buffer)>,
     ) -> Result<()> {
         let cfg = &self.config;
         let d = cfg.dim();
@@ -756,12 +727,7 @@ impl<B: Backend> Dit<B> {
     /// Single-stream block `n` over the joined sequence `x (batch, s, dim)`, in place:
     /// attention and MLP from one modulated input, concatenated, projected, gated.
     fn single_block(
-        &self,
-        n: usize,
-        x: &mut B::Buffer,
-        batch: usize,
-        s: usize,
-        mods: &B::Buffer,
+        &self, n: usize, x: &mut B::Buffer, batch: usize, s: usize, mods: &B::Buffer,
         rope: Option<&(B::Buffer, B::Buffer)>,
     ) -> Result<()> {
         let (d, m) = (self.config.dim(), self.config.mlp_dim());

@@ -92,9 +92,7 @@ impl<B: Backend> Weights<B> {
     /// [`Weights::new`] with some matrices (`(rows, cols)` in the layout) int8 in `q8`
     /// instead of f32 in `map`.
     pub fn with_q8(
-        backend: &B,
-        layout: &Layout,
-        map: BTreeMap<String, B::Buffer>,
+        backend: &B, layout: &Layout, map: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
     ) -> Result<Self> {
         for (name, shape) in &layout.tensors {
@@ -166,14 +164,7 @@ impl<B: Backend> Weights<B> {
     /// `out = x W^T` for the matrix `name` (a `Linear` weight `(dout, din)`), f32 or int8.
     #[allow(clippy::too_many_arguments)]
     pub fn project(
-        &self,
-        be: &B,
-        name: &str,
-        out: &mut B::Buffer,
-        x: &B::Buffer,
-        rows: usize,
-        din: usize,
-        dout: usize,
+        &self, be: &B, name: &str, out: &mut B::Buffer, x: &B::Buffer, rows: usize, din: usize, dout: usize,
     ) -> Result<()> {
         let spec = MatmulSpec::new(rows, dout, din).trans_b(true);
         match self.q8.get(name) {
@@ -229,14 +220,7 @@ impl<B: Backend> Image<B> {
 /// (the VAE downsampler's `F.pad(x, (0, 1, 0, 1))`).
 #[allow(clippy::too_many_arguments)]
 pub fn conv<B: Backend>(
-    be: &B,
-    w: &Weights<B>,
-    prefix: &str,
-    x: &Image<B>,
-    cout: usize,
-    k: usize,
-    stride: usize,
-    padding: usize,
+    be: &B, w: &Weights<B>, prefix: &str, x: &Image<B>, cout: usize, k: usize, stride: usize, padding: usize,
     pad_end: usize,
 ) -> Result<Image<B>> {
     let spec = Conv2dSpec::new(x.batch, x.channels, cout, x.h, x.w, k)
@@ -255,13 +239,7 @@ pub fn conv<B: Backend>(
 
 /// `GroupNorm` `prefix` (affine), then `act` when given, in one pass.
 pub fn group_norm<B: Backend>(
-    be: &B,
-    w: &Weights<B>,
-    prefix: &str,
-    x: &Image<B>,
-    groups: usize,
-    eps: f32,
-    act: Option<Unary>,
+    be: &B, w: &Weights<B>, prefix: &str, x: &Image<B>, groups: usize, eps: f32, act: Option<Unary>,
 ) -> Result<Image<B>> {
     let spec = GroupNormSpec {
         batch: x.batch,
@@ -285,14 +263,7 @@ pub fn group_norm<B: Backend>(
 /// convolution when the channel count changes.
 #[allow(clippy::too_many_arguments)]
 pub fn resnet<B: Backend>(
-    be: &B,
-    w: &Weights<B>,
-    prefix: &str,
-    x: &Image<B>,
-    cout: usize,
-    groups: usize,
-    eps: f32,
-    act: Unary,
+    be: &B, w: &Weights<B>, prefix: &str, x: &Image<B>, cout: usize, groups: usize, eps: f32, act: Unary,
 ) -> Result<Image<B>> {
     let h = group_norm(be, w, &format!("{prefix}.norm1"), x, groups, eps, Some(act))?;
     let h = conv(be, w, &format!("{prefix}.conv1"), &h, cout, 3, 1, 1, 0)?;
@@ -310,13 +281,7 @@ pub fn resnet<B: Backend>(
 /// `y = x W^T + b` over `rows` rows: the `Linear` `prefix`, weight `(dout, din)`, f32 or
 /// int8.
 pub fn linear<B: Backend>(
-    be: &B,
-    w: &Weights<B>,
-    prefix: &str,
-    x: &B::Buffer,
-    rows: usize,
-    din: usize,
-    dout: usize,
+    be: &B, w: &Weights<B>, prefix: &str, x: &B::Buffer, rows: usize, din: usize, dout: usize,
 ) -> Result<B::Buffer> {
     let mut y = be.zeros(rows * dout)?;
     w.project(be, &format!("{prefix}.weight"), &mut y, x, rows, din, dout)?;
@@ -327,12 +292,7 @@ pub fn linear<B: Backend>(
 /// The VAE's mid-block self-attention over the pixels: one head as wide as the channels,
 /// group-normed input, residual added (diffusers' `Attention` with `residual_connection`).
 pub fn spatial_attention<B: Backend>(
-    be: &B,
-    w: &Weights<B>,
-    prefix: &str,
-    x: &Image<B>,
-    groups: usize,
-    eps: f32,
+    be: &B, w: &Weights<B>, prefix: &str, x: &Image<B>, groups: usize, eps: f32,
 ) -> Result<Image<B>> {
     let (c, hw) = (x.channels, x.h * x.w);
     let rows = x.batch * hw;

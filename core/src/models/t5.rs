@@ -149,9 +149,7 @@ impl<B: Backend> T5Encoder<B> {
 
     /// [`T5Encoder::new`] with the projection matrices in `q8` as int8.
     pub fn with_q8(
-        backend: B,
-        config: T5Config,
-        weights: BTreeMap<String, B::Buffer>,
+        backend: B, config: T5Config, weights: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
     ) -> Result<Self> {
         config.validate()?;

@@ -516,12 +516,7 @@ impl<B: Backend> Mat<'_, B> {
     /// `Linear` weight `(n_out = k, n_in = n)`): the input gradient of [`Mat::apply`]. An
     /// int8 W (a frozen base under adapters) is dequantized into `deq` first.
     fn grad_input(
-        &self,
-        b: &B,
-        out: &mut B::Buffer,
-        dy: &B::Buffer,
-        spec: MatmulSpec,
-        deq: &mut Dequant<B>,
+        &self, b: &B, out: &mut B::Buffer, dy: &B::Buffer, spec: MatmulSpec, deq: &mut Dequant<B>,
     ) -> Result<()> {
         match *self {
             Mat::F32(w) => b.matmul(out, dy, w, &spec),
@@ -550,12 +545,7 @@ impl<B: Backend> Dequant<B> {
         }
     }
     fn get(
-        &mut self,
-        b: &B,
-        packed: &B::Buffer,
-        scales: &B::Buffer,
-        rows: usize,
-        cols: usize,
+        &mut self, b: &B, packed: &B::Buffer, scales: &B::Buffer, rows: usize, cols: usize,
     ) -> Result<&B::Buffer> {
         let len = rows * cols;
         let i = match self.by_len.iter().position(|(l, _)| *l == len) {
@@ -590,11 +580,7 @@ impl LoraCtx {
 
 /// `y += scale (x A^T) B^T` where the projection has an adapter (`t` keeps `x A^T`).
 fn adapt<B: Backend>(
-    b: &B,
-    pair: &Option<LoraPair<B::Buffer>>,
-    t: &mut Option<B::Buffer>,
-    y: &mut B::Buffer,
-    x: &B::Buffer,
+    b: &B, pair: &Option<LoraPair<B::Buffer>>, t: &mut Option<B::Buffer>, y: &mut B::Buffer, x: &B::Buffer,
     s: LoraSpec,
 ) -> Result<()> {
     match (pair, t) {
@@ -606,15 +592,8 @@ fn adapt<B: Backend>(
 /// The backward of [`adapt`]: the adapter's gradients, and `dx += ...` when given.
 #[allow(clippy::too_many_arguments)]
 fn adapt_backward<B: Backend>(
-    b: &B,
-    pair: &Option<LoraPair<B::Buffer>>,
-    grad: &mut Option<LoraPair<B::Buffer>>,
-    t: &Option<B::Buffer>,
-    dt: &mut B::Buffer,
-    dx: Option<&mut B::Buffer>,
-    dy: &B::Buffer,
-    x: &B::Buffer,
-    s: LoraSpec,
+    b: &B, pair: &Option<LoraPair<B::Buffer>>, grad: &mut Option<LoraPair<B::Buffer>>, t: &Option<B::Buffer>,
+    dt: &mut B::Buffer, dx: Option<&mut B::Buffer>, dy: &B::Buffer, x: &B::Buffer, s: LoraSpec,
 ) -> Result<()> {
     match (pair, grad, t) {
         (Some(p), Some(g), Some(t)) => b.lora_backward(dx, &mut g.a, &mut g.b, dt, dy, x, t, &p.a, &p.b, &s),
@@ -632,11 +611,7 @@ struct BlockLora<'a, B: Backend> {
 /// Buffers of `x A^T` for one block's adapted projections over `n` rows (`n * top_k` for
 /// the experts).
 fn lora_acts<B: Backend>(
-    b: &B,
-    shapes: &Block<Option<(usize, usize)>>,
-    n: usize,
-    top_k: usize,
-    rank: usize,
+    b: &B, shapes: &Block<Option<(usize, usize)>>, n: usize, top_k: usize, rank: usize,
 ) -> Result<Block<Option<B::Buffer>>> {
     let mut lens: Block<Option<usize>> = shapes.as_ref().map(|s| s.map(|_| n * rank));
     if let Some(e) = lens.moe.as_mut() {
@@ -651,9 +626,7 @@ fn lora_acts<B: Backend>(
 
 /// Block `l`'s weights as the forward pass reads them: int8 where quantized, else f32.
 fn block_view<'a, B: Backend>(
-    params: &'a Params<B>,
-    quantized: Option<&'a QuantParams<B>>,
-    l: usize,
+    params: &'a Params<B>, quantized: Option<&'a QuantParams<B>>, l: usize,
 ) -> Result<Block<Mat<'a, B>>> {
     let f = params.layers[l].as_ref();
     match quantized {
@@ -831,10 +804,7 @@ fn qk_scratch<B: Backend>(b: &B, c: &TransformerConfig, n: usize) -> Result<[B::
 
 /// Each block's `x A^T` buffers for `n` rows, when adapters are attached.
 fn lora_t_for<B: Backend>(
-    b: &B,
-    c: &TransformerConfig,
-    lora: Option<&LoraConfig>,
-    n: usize,
+    b: &B, c: &TransformerConfig, lora: Option<&LoraConfig>, n: usize,
 ) -> Result<Vec<Block<Option<B::Buffer>>>> {
     let Some(cfg) = lora else { return Ok(Vec::new()) };
     let shapes = adapted_shapes(cfg, &c.layout());
@@ -850,11 +820,7 @@ impl<B: Backend> Arena<B> {
     /// The token embedding of `ids` into the residual stream `x_out` (the int8 table where
     /// the model is quantized).
     fn embed(
-        &mut self,
-        b: &B,
-        c: &TransformerConfig,
-        params: &Params<B>,
-        quantized: Option<&QuantParams<B>>,
+        &mut self, b: &B, c: &TransformerConfig, params: &Params<B>, quantized: Option<&QuantParams<B>>,
         ids: &[u32],
     ) -> Result<()> {
         match quantized.map(|q| &q.embed) {
@@ -879,11 +845,7 @@ impl<B: Backend> Arena<B> {
     }
 
     fn new(
-        b: &B,
-        c: &TransformerConfig,
-        batch: usize,
-        seq: usize,
-        lora: Option<&LoraConfig>,
+        b: &B, c: &TransformerConfig, batch: usize, seq: usize, lora: Option<&LoraConfig>,
     ) -> Result<Self> {
         let n = batch * seq;
         let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
@@ -971,16 +933,8 @@ type MoeLoraFwd<'a, B> = (
 /// `beta = 1`). `x`, `out`: `(n, d)`; `gate`, `up`, `s`: `(n, f)`, kept for the backward pass.
 #[allow(clippy::too_many_arguments)]
 fn mlp_forward<B: Backend>(
-    b: &B,
-    w: &Swiglu<Mat<'_, B>>,
-    x: &B::Buffer,
-    out: &mut B::Buffer,
-    [gate, up, s]: [&mut B::Buffer; 3],
-    n: usize,
-    d: usize,
-    f: usize,
-    prec: Precision,
-    mut lora: Option<MlpLoraFwd<'_, B>>,
+    b: &B, w: &Swiglu<Mat<'_, B>>, x: &B::Buffer, out: &mut B::Buffer, [gate, up, s]: [&mut B::Buffer; 3],
+    n: usize, d: usize, f: usize, prec: Precision, mut lora: Option<MlpLoraFwd<'_, B>>,
 ) -> Result<()> {
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
     if let (Mat::Q8(pg, sg), Mat::Q8(pu, su), Mat::Q8(pd, sd), None) = (&w.gate, &w.up, &w.down, &lora) {
@@ -1027,17 +981,9 @@ type MlpLora<'a, B> = (
 /// and writes `dx` `(n, d)`. `scratch` is `(ds, dgate, dup)`, `(n, f)`.
 #[allow(clippy::too_many_arguments)]
 fn mlp_backward<B: Backend>(
-    b: &B,
-    p: &Swiglu<Mat<'_, B>>,
-    g: Option<&mut Swiglu<B::Buffer>>,
-    a: [&B::Buffer; 4],
-    dout: &B::Buffer,
-    dx: &mut B::Buffer,
-    [ds, dgate, dup]: &mut [B::Buffer; 3],
-    (n, d, f): (usize, usize, usize),
-    prec: Precision,
-    deq: &mut Dequant<B>,
-    lora: Option<MlpLora<'_, B>>,
+    b: &B, p: &Swiglu<Mat<'_, B>>, g: Option<&mut Swiglu<B::Buffer>>, a: [&B::Buffer; 4], dout: &B::Buffer,
+    dx: &mut B::Buffer, [ds, dgate, dup]: &mut [B::Buffer; 3], (n, d, f): (usize, usize, usize),
+    prec: Precision, deq: &mut Dequant<B>, lora: Option<MlpLora<'_, B>>,
 ) -> Result<()> {
     let [x, gate, up, s] = a;
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
@@ -1093,17 +1039,8 @@ fn mlp_backward<B: Backend>(
 /// choice that bf16 rounding would flip.
 #[allow(clippy::too_many_arguments)]
 fn moe_forward<B: Backend>(
-    b: &B,
-    w: &Experts<Mat<'_, B>>,
-    m: &MoeConfig,
-    a: &mut MoeActs<B>,
-    x: &B::Buffer,
-    out: &mut B::Buffer,
-    n: usize,
-    d: usize,
-    prec: Precision,
-    inference: bool,
-    mut lora: Option<MoeLoraFwd<'_, B>>,
+    b: &B, w: &Experts<Mat<'_, B>>, m: &MoeConfig, a: &mut MoeActs<B>, x: &B::Buffer, out: &mut B::Buffer,
+    n: usize, d: usize, prec: Precision, inference: bool, mut lora: Option<MoeLoraFwd<'_, B>>,
 ) -> Result<()> {
     let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
     let mm = |rows, nn, kk| MatmulSpec::new(rows, nn, kk).precision(prec);
@@ -1185,8 +1122,7 @@ fn moe_forward<B: Backend>(
 /// ([`MoeOps::routes_on_device`](crate::backend::MoeOps::routes_on_device)) and every expert is int8. `None`: group on the host.
 #[allow(clippy::type_complexity)]
 fn routed_on_device<'a, B: Backend>(
-    b: &B,
-    w: &Experts<Mat<'a, B>>,
+    b: &B, w: &Experts<Mat<'a, B>>,
 ) -> Option<[Vec<(&'a B::Buffer, &'a B::Buffer)>; 3]> {
     if !b.routes_on_device() {
         return None;
@@ -1220,22 +1156,10 @@ type MoeLora<'a, B> = (
 /// `(ds, dgate, dup)` of `(n * top_k, expert_d_ff)`.
 #[allow(clippy::too_many_arguments)]
 fn moe_backward<B: Backend>(
-    b: &B,
-    p: &Experts<Mat<'_, B>>,
-    g: Option<&mut Experts<B::Buffer>>,
-    m: &MoeConfig,
-    a: &MoeActs<B>,
-    x: &B::Buffer,
-    dout: &B::Buffer,
-    dx: &mut B::Buffer,
-    dxe: &mut B::Buffer,
-    dlogits: &mut B::Buffer,
-    [ds, dgate, dup]: &mut [B::Buffer; 3],
-    (n, d): (usize, usize),
-    prec: Precision,
-    (lb_scale, z_scale): (f32, f32),
-    deq: &mut Dequant<B>,
-    lora: Option<MoeLora<'_, B>>,
+    b: &B, p: &Experts<Mat<'_, B>>, g: Option<&mut Experts<B::Buffer>>, m: &MoeConfig, a: &MoeActs<B>,
+    x: &B::Buffer, dout: &B::Buffer, dx: &mut B::Buffer, dxe: &mut B::Buffer, dlogits: &mut B::Buffer,
+    [ds, dgate, dup]: &mut [B::Buffer; 3], (n, d): (usize, usize), prec: Precision,
+    (lb_scale, z_scale): (f32, f32), deq: &mut Dequant<B>, lora: Option<MoeLora<'_, B>>,
 ) -> Result<()> {
     let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
     let mm = |rows, nn, kk| MatmulSpec::new(rows, nn, kk).precision(prec);
@@ -1364,18 +1288,9 @@ struct BlockActs<'a, B: Backend> {
 /// the cached one (which passes its KV cache as `keys`).
 #[allow(clippy::too_many_arguments)]
 fn block_forward<B: Backend>(
-    b: &B,
-    c: &TransformerConfig,
-    l: usize,
-    p: &LayerParams<B>,
-    w: &Block<Mat<'_, B>>,
-    x: &mut B::Buffer,
-    a: BlockActs<'_, B>,
-    keys: Keys<'_, B>,
-    (rope_q, rope_k, spec): (&RopeSpec, &RopeSpec, &AttentionSpec),
-    n: usize,
-    prec: Precision,
-    lora: Option<BlockLora<'_, B>>,
+    b: &B, c: &TransformerConfig, l: usize, p: &LayerParams<B>, w: &Block<Mat<'_, B>>, x: &mut B::Buffer,
+    a: BlockActs<'_, B>, keys: Keys<'_, B>, (rope_q, rope_k, spec): (&RopeSpec, &RopeSpec, &AttentionSpec),
+    n: usize, prec: Precision, lora: Option<BlockLora<'_, B>>,
 ) -> Result<()> {
     let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
@@ -1671,10 +1586,7 @@ impl<B: Backend> TransformerModel<B> {
     /// [`TransformerModel::from_params`]; `frozen` leaves the gradients and moments empty
     /// (a copy of a model with adapters attached).
     fn from_params_with(
-        backend: B,
-        config: TransformerConfig,
-        params: Params<B>,
-        frozen: bool,
+        backend: B, config: TransformerConfig, params: Params<B>, frozen: bool,
     ) -> Result<Self> {
         config.validate()?;
         let layout = config.layout();
@@ -1714,10 +1626,7 @@ impl<B: Backend> TransformerModel<B> {
     /// routers (its matrices may be empty: they are dropped), `quantized` the int8
     /// matrices, both in the configuration's layout.
     pub fn from_quantized(
-        backend: B,
-        config: TransformerConfig,
-        params: Params<B>,
-        quantized: QuantParams<B>,
+        backend: B, config: TransformerConfig, params: Params<B>, quantized: QuantParams<B>,
     ) -> Result<Self> {
         config.validate()?;
         let layout = config.layout();
@@ -1842,10 +1751,7 @@ impl<B: Backend> TransformerModel<B> {
 
     /// A model at step 0 around checked parts: `[grads, m, v]` laid out like `params`.
     fn assemble(
-        backend: B,
-        config: TransformerConfig,
-        params: Params<B>,
-        [grads, m, v]: [Params<B>; 3],
+        backend: B, config: TransformerConfig, params: Params<B>, [grads, m, v]: [Params<B>; 3],
         quantized: Option<QuantParams<B>>,
     ) -> Self {
         TransformerModel {
@@ -1972,11 +1878,7 @@ impl<B: Backend> TransformerModel<B> {
     /// positions see the real tokens only). Layers past the last one asked for are not
     /// run. Each entry is `(batch, seq, d_model)`.
     pub fn hidden_states(
-        &mut self,
-        ids: &[u32],
-        batch: usize,
-        mask: Option<&[bool]>,
-        layers: &[usize],
+        &mut self, ids: &[u32], batch: usize, mask: Option<&[bool]>, layers: &[usize],
     ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let err = |message: String| CoreError::InvalidDimension {

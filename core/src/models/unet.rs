@@ -316,9 +316,7 @@ impl<B: Backend> Unet<B> {
 
     /// [`Unet::new`] with the matrices in `q8` held as int8.
     pub fn with_q8(
-        backend: B,
-        config: UnetConfig,
-        weights: BTreeMap<String, B::Buffer>,
+        backend: B, config: UnetConfig, weights: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
     ) -> Result<Self> {
         config.validate()?;
@@ -448,16 +446,8 @@ impl<B: Backend> Unet<B> {
     /// `to_out.0`.
     #[allow(clippy::too_many_arguments)]
     fn attend(
-        &self,
-        p: &str,
-        q: &B::Buffer,
-        k: &B::Buffer,
-        v: &B::Buffer,
-        batch: usize,
-        nq: usize,
-        nk: usize,
-        c: usize,
-        heads: usize,
+        &self, p: &str, q: &B::Buffer, k: &B::Buffer, v: &B::Buffer, batch: usize, nq: usize, nk: usize,
+        c: usize, heads: usize,
     ) -> Result<B::Buffer> {
         let be = &self.backend;
         let mut att = be.zeros(batch * nq * c)?;
@@ -490,13 +480,7 @@ impl<B: Backend> Unet<B> {
     /// cross-attention to `context (batch, nk, cross_attention_dim)` and a GEGLU MLP, each
     /// pre-normed and residual, projection out, plus the input.
     fn transformer(
-        &self,
-        p: &str,
-        x: &Image<B>,
-        context: &B::Buffer,
-        nk: usize,
-        heads: usize,
-        layers: usize,
+        &self, p: &str, x: &Image<B>, context: &B::Buffer, nk: usize, heads: usize, layers: usize,
     ) -> Result<Image<B>> {
         let (be, w, cfg) = (&self.backend, &self.weights, &self.config);
         let (c, n) = (x.channels, x.h * x.w);

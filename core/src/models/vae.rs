@@ -455,11 +455,7 @@ impl<B: Backend> AutoencoderKl<B> {
     /// into `patch x patch` patches, channel `c * patch^2 + py * patch + px`, and normalized
     /// by the stored statistics (FLUX.2's `_patchify_latents` and batch norm).
     pub fn to_denoiser(
-        &self,
-        z: &[f32],
-        batch: usize,
-        h: usize,
-        w: usize,
+        &self, z: &[f32], batch: usize, h: usize, w: usize,
     ) -> Result<(Vec<f32>, usize, usize, usize)> {
         let cfg = &self.config;
         let l = cfg.latent_channels;
@@ -502,11 +498,7 @@ impl<B: Backend> AutoencoderKl<B> {
     /// `(batch, channels, h, w)` back to `(batch, latent_channels, h', w')` for
     /// [`AutoencoderKl::decode`], with `(h', w')`.
     pub fn from_denoiser(
-        &self,
-        z: &[f32],
-        batch: usize,
-        h: usize,
-        w: usize,
+        &self, z: &[f32], batch: usize, h: usize, w: usize,
     ) -> Result<(Vec<f32>, usize, usize)> {
         let cfg = &self.config;
         let l = cfg.latent_channels;

@@ -39,11 +39,7 @@ fn check(op: &'static str, inp: usize, out: usize, rows: usize, cols: usize) -> 
 
 /// out = f(inp), inp and out: (rows, cols).
 pub fn activation_forward<T: Real>(
-    act: Activation,
-    out: &mut [T],
-    inp: &[T],
-    rows: usize,
-    cols: usize,
+    act: Activation, out: &mut [T], inp: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
     check("activation_forward", inp.len(), out.len(), rows, cols)?;
     match act {
@@ -81,13 +77,7 @@ pub fn activation_forward<T: Real>(
 /// dinp = f'(inp) * dout (overwritten). `inp` is the pre-activation, `out` the forward result;
 /// each activation reads whichever makes its derivative cheapest. ReLU's derivative at 0 is 0.
 pub fn activation_backward<T: Real>(
-    act: Activation,
-    dinp: &mut [T],
-    dout: &[T],
-    inp: &[T],
-    out: &[T],
-    rows: usize,
-    cols: usize,
+    act: Activation, dinp: &mut [T], dout: &[T], inp: &[T], out: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
     const OP: &str = "activation_backward";
     let n = check(OP, inp.len(), out.len(), rows, cols)?;
@@ -125,47 +115,25 @@ pub fn activation_backward<T: Real>(
 pub trait ActivationOps: Memory {
     /// `out = act(inp)` elementwise (softmax over each row).
     fn activation_forward(
-        &self,
-        act: Activation,
-        out: &mut Self::Buffer,
-        inp: &Self::Buffer,
-        rows: usize,
-        cols: usize,
+        &self, act: Activation, out: &mut Self::Buffer, inp: &Self::Buffer, rows: usize, cols: usize,
     ) -> Result<()>;
     /// `dinp` from `dout` through `act`, given its input and output (overwrites `dinp`).
     #[allow(clippy::too_many_arguments)]
     fn activation_backward(
-        &self,
-        act: Activation,
-        dinp: &mut Self::Buffer,
-        dout: &Self::Buffer,
-        inp: &Self::Buffer,
-        out: &Self::Buffer,
-        rows: usize,
-        cols: usize,
+        &self, act: Activation, dinp: &mut Self::Buffer, dout: &Self::Buffer, inp: &Self::Buffer,
+        out: &Self::Buffer, rows: usize, cols: usize,
     ) -> Result<()>;
 }
 
 impl ActivationOps for ReferenceBackend {
     fn activation_forward(
-        &self,
-        act: Activation,
-        out: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        rows: usize,
-        cols: usize,
+        &self, act: Activation, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
         in_f64([out], |[o]| activation_forward(act, o, &wide(inp), rows, cols))
     }
     fn activation_backward(
-        &self,
-        act: Activation,
-        dinp: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        inp: &Vec<f32>,
-        out: &Vec<f32>,
-        rows: usize,
-        cols: usize,
+        &self, act: Activation, dinp: &mut Vec<f32>, dout: &Vec<f32>, inp: &Vec<f32>, out: &Vec<f32>,
+        rows: usize, cols: usize,
     ) -> Result<()> {
         in_f64([dinp], |[d]| {
             activation_backward(act, d, &wide(dout), &wide(inp), &wide(out), rows, cols)

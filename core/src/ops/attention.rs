@@ -143,12 +143,7 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
 
 /// Forward: writes `out` and `lse`.
 pub fn attention_forward<T: Real>(
-    out: &mut [T],
-    lse: &mut [T],
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    spec: &AttentionSpec,
+    out: &mut [T], lse: &mut [T], q: &[T], k: &[T], v: &[T], spec: &AttentionSpec,
 ) -> Result<()> {
     spec.check_forward(out.len(), lse.len(), q.len(), k.len(), v.len())?;
     let d = spec.head_dim;
@@ -192,15 +187,7 @@ pub fn attention_forward<T: Real>(
 /// get zero) from `dout`, the forward inputs, and the forward's `out` and `lse`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: Real>(
-    dq: &mut [T],
-    dk: &mut [T],
-    dv: &mut [T],
-    dout: &[T],
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    out: &[T],
-    lse: &[T],
+    dq: &mut [T], dk: &mut [T], dv: &mut [T], dout: &[T], q: &[T], k: &[T], v: &[T], out: &[T], lse: &[T],
     spec: &AttentionSpec,
 ) -> Result<()> {
     spec.check_backward([
@@ -248,39 +235,21 @@ pub fn attention_backward<T: Real>(
 pub trait AttentionOps: Memory {
     /// Causal grouped-query attention (see [`AttentionSpec`] for the layout), keeping each row's log-sum-exp in `lse` for the backward.
     fn attention_forward(
-        &self,
-        out: &mut Self::Buffer,
-        lse: &mut Self::Buffer,
-        q: &Self::Buffer,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
-        spec: &AttentionSpec,
+        &self, out: &mut Self::Buffer, lse: &mut Self::Buffer, q: &Self::Buffer, k: &Self::Buffer,
+        v: &Self::Buffer, spec: &AttentionSpec,
     ) -> Result<()>;
     /// Attention's backward: `dq`, `dk`, `dv` (overwritten) from the forward's output and `lse`.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
-        &self,
-        dq: &mut Self::Buffer,
-        dk: &mut Self::Buffer,
-        dv: &mut Self::Buffer,
-        dout: &Self::Buffer,
-        q: &Self::Buffer,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
-        out: &Self::Buffer,
-        lse: &Self::Buffer,
+        &self, dq: &mut Self::Buffer, dk: &mut Self::Buffer, dv: &mut Self::Buffer, dout: &Self::Buffer,
+        q: &Self::Buffer, k: &Self::Buffer, v: &Self::Buffer, out: &Self::Buffer, lse: &Self::Buffer,
         spec: &AttentionSpec,
     ) -> Result<()>;
 }
 
 impl AttentionOps for ReferenceBackend {
     fn attention_forward(
-        &self,
-        out: &mut Vec<f32>,
-        lse: &mut Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
+        &self, out: &mut Vec<f32>, lse: &mut Vec<f32>, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>,
         spec: &AttentionSpec,
     ) -> Result<()> {
         in_f64([out, lse], |[o, l]| {
@@ -288,17 +257,8 @@ impl AttentionOps for ReferenceBackend {
         })
     }
     fn attention_backward(
-        &self,
-        dq: &mut Vec<f32>,
-        dk: &mut Vec<f32>,
-        dv: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        out: &Vec<f32>,
-        lse: &Vec<f32>,
-        spec: &AttentionSpec,
+        &self, dq: &mut Vec<f32>, dk: &mut Vec<f32>, dv: &mut Vec<f32>, dout: &Vec<f32>, q: &Vec<f32>,
+        k: &Vec<f32>, v: &Vec<f32>, out: &Vec<f32>, lse: &Vec<f32>, spec: &AttentionSpec,
     ) -> Result<()> {
         in_f64([dq, dk, dv], |[dq, dk, dv]| {
             let (q, k, v) = (wide(q), wide(k), wide(v));

@@ -47,12 +47,7 @@ pub struct Conv2dSpec {
 impl Conv2dSpec {
     /// A `k x k` convolution with stride 1, padding 0, no dilation, one group.
     pub fn new(
-        batch: usize,
-        in_channels: usize,
-        out_channels: usize,
-        height: usize,
-        width: usize,
-        k: usize,
+        batch: usize, in_channels: usize, out_channels: usize, height: usize, width: usize, k: usize,
     ) -> Self {
         Conv2dSpec {
             batch,
@@ -174,11 +169,7 @@ impl Conv2dSpec {
 
     /// The shape contract of `conv2d` (buffer lengths), shared by every backend.
     pub fn check_lens(
-        &self,
-        out: usize,
-        inp: usize,
-        weight: usize,
-        bias: Option<usize>,
+        &self, out: usize, inp: usize, weight: usize, bias: Option<usize>,
     ) -> Result<(usize, usize)> {
         const OP: &str = "conv2d";
         let (ni, nw, no, size) = self.check()?;
@@ -208,11 +199,7 @@ fn invalid(message: alloc::string::String) -> CoreError {
 
 /// `out = conv(inp, weight) + bias`; see the module docs for layouts.
 pub fn conv2d<T: Real>(
-    out: &mut [T],
-    inp: &[T],
-    weight: &[T],
-    bias: Option<&[T]>,
-    spec: &Conv2dSpec,
+    out: &mut [T], inp: &[T], weight: &[T], bias: Option<&[T]>, spec: &Conv2dSpec,
 ) -> Result<()> {
     let (oh, ow) = spec.check_lens(out.len(), inp.len(), weight.len(), bias.map(|b| b.len()))?;
     let (h, w) = (spec.height, spec.width);
@@ -263,12 +250,8 @@ pub trait ConvOps: Memory {
 
     /// See [`crate::ops::conv::conv2d`].
     fn conv2d(
-        &self,
-        out: &mut Self::Buffer,
-        inp: &Self::Buffer,
-        weight: &Self::Buffer,
-        bias: Option<&Self::Buffer>,
-        spec: &Conv2dSpec,
+        &self, out: &mut Self::Buffer, inp: &Self::Buffer, weight: &Self::Buffer,
+        bias: Option<&Self::Buffer>, spec: &Conv2dSpec,
     ) -> Result<()> {
         let bias = bias.map(|b| self.download(b)).transpose()?;
         let mut o = alloc::vec![0.0; self.len(out)];

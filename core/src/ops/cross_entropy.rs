@@ -32,11 +32,7 @@ impl CrossEntropySum {
 /// The contract of `cross_entropy`, shared by every backend: logits `(rows, vocab)`,
 /// one target and (optionally) one mask flag per row, every counted target below `vocab`.
 pub fn check_cross_entropy(
-    logits: usize,
-    targets: &[u32],
-    mask: Option<&[bool]>,
-    rows: usize,
-    vocab: usize,
+    logits: usize, targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
 ) -> Result<()> {
     const OP: &str = "cross_entropy";
     nonzero(OP, "vocab", vocab)?;
@@ -67,11 +63,7 @@ pub fn check_cross_entropy(
 /// Targets of ignored rows are not read, so padding may hold any id. A non-finite loss is
 /// [`CoreError::NonFinite`]; the logits may then be partly overwritten.
 pub fn cross_entropy<T: Real>(
-    logits: &mut [T],
-    targets: &[u32],
-    mask: Option<&[bool]>,
-    rows: usize,
-    vocab: usize,
+    logits: &mut [T], targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
     grad_scale: Option<f32>,
 ) -> Result<CrossEntropySum> {
     const OP: &str = "cross_entropy";
@@ -119,24 +111,14 @@ pub trait CrossEntropyOps: Memory {
     /// See [`crate::ops::cross_entropy::cross_entropy`]: logits overwritten by their
     /// gradient when `grad_scale` is given.
     fn cross_entropy(
-        &self,
-        logits: &mut Self::Buffer,
-        targets: &[u32],
-        mask: Option<&[bool]>,
-        rows: usize,
-        vocab: usize,
+        &self, logits: &mut Self::Buffer, targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum>;
 }
 
 impl CrossEntropyOps for ReferenceBackend {
     fn cross_entropy(
-        &self,
-        logits: &mut Vec<f32>,
-        targets: &[u32],
-        mask: Option<&[bool]>,
-        rows: usize,
-        vocab: usize,
+        &self, logits: &mut Vec<f32>, targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
         in_f64([logits], |[l]| {

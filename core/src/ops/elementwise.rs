@@ -28,12 +28,7 @@ pub fn scale<T: Real>(x: &mut [T], alpha: f32) {
 /// The contract of `add_bias` and `bias_backward`, shared by every backend: a
 /// `(rows, cols)` matrix and a `(cols)` bias; `names` are their argument names.
 pub fn check_bias(
-    op: &'static str,
-    names: [&'static str; 2],
-    matrix: usize,
-    bias: usize,
-    rows: usize,
-    cols: usize,
+    op: &'static str, names: [&'static str; 2], matrix: usize, bias: usize, rows: usize, cols: usize,
 ) -> Result<()> {
     nonzero(op, "cols", cols)?;
     check_len(op, names[0], matrix, product(op, &[rows, cols])?)?;
@@ -79,11 +74,7 @@ pub trait ElementwiseOps: Memory {
     fn add_bias(&self, out: &mut Self::Buffer, bias: &Self::Buffer, rows: usize, cols: usize) -> Result<()>;
     /// Accumulates.
     fn bias_backward(
-        &self,
-        dbias: &mut Self::Buffer,
-        dout: &Self::Buffer,
-        rows: usize,
-        cols: usize,
+        &self, dbias: &mut Self::Buffer, dout: &Self::Buffer, rows: usize, cols: usize,
     ) -> Result<()>;
 }
 

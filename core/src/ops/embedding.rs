@@ -25,12 +25,7 @@ pub fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
 /// table, `(ids.len(), dim)` rows, every id below `vocab`. `names` are the table's and the
 /// rows' argument names for the message.
 pub fn check_embedding(
-    op: &'static str,
-    names: [&'static str; 2],
-    table: usize,
-    rows: usize,
-    ids: &[u32],
-    vocab: usize,
+    op: &'static str, names: [&'static str; 2], table: usize, rows: usize, ids: &[u32], vocab: usize,
     dim: usize,
 ) -> Result<()> {
     nonzero(op, "dim", dim)?;
@@ -41,11 +36,7 @@ pub fn check_embedding(
 
 /// `out: (ids.len(), dim) = table[ids]`; `table: (vocab, dim)`.
 pub fn embedding_forward<T: Real>(
-    out: &mut [T],
-    table: &[T],
-    ids: &[u32],
-    vocab: usize,
-    dim: usize,
+    out: &mut [T], table: &[T], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     check_embedding(
         "embedding_forward",
@@ -65,11 +56,7 @@ pub fn embedding_forward<T: Real>(
 
 /// `dtable[ids[r]] += dout[r]` (accumulated; repeated ids sum).
 pub fn embedding_backward<T: Real>(
-    dtable: &mut [T],
-    dout: &[T],
-    ids: &[u32],
-    vocab: usize,
-    dim: usize,
+    dtable: &mut [T], dout: &[T], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     check_embedding(
         "embedding_backward",
@@ -93,42 +80,22 @@ pub fn embedding_backward<T: Real>(
 pub trait EmbeddingOps: Memory {
     /// Rows of `table` (`vocab x dim`) for `ids`; an id not below `vocab` is an error.
     fn embedding_forward(
-        &self,
-        out: &mut Self::Buffer,
-        table: &Self::Buffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, out: &mut Self::Buffer, table: &Self::Buffer, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()>;
     /// Accumulates.
     fn embedding_backward(
-        &self,
-        dtable: &mut Self::Buffer,
-        dout: &Self::Buffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, dtable: &mut Self::Buffer, dout: &Self::Buffer, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()>;
 }
 
 impl EmbeddingOps for ReferenceBackend {
     fn embedding_forward(
-        &self,
-        out: &mut Vec<f32>,
-        table: &Vec<f32>,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, out: &mut Vec<f32>, table: &Vec<f32>, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         embedding_forward(out, table, ids, vocab, dim)
     }
     fn embedding_backward(
-        &self,
-        dtable: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, dtable: &mut Vec<f32>, dout: &Vec<f32>, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         in_f64([dtable], |[d]| {
             embedding_backward(d, &wide(dout), ids, vocab, dim)

@@ -111,12 +111,7 @@ impl LoraSpec {
 
 /// `t = x A^T` (overwritten), then `y += scale * t B^T`.
 pub fn lora_forward<T: Real>(
-    y: &mut [T],
-    t: &mut [T],
-    x: &[T],
-    a: &[T],
-    b: &[T],
-    s: &LoraSpec,
+    y: &mut [T], t: &mut [T], x: &[T], a: &[T], b: &[T], s: &LoraSpec,
 ) -> Result<()> {
     s.check("lora_forward", x.len(), y.len(), t.len(), a.len(), b.len())?;
     lora_down(t, x, a, s)?;
@@ -176,15 +171,7 @@ pub fn lora_up<T: Real>(y: &mut [T], t: &[T], b: &[T], s: &LoraSpec) -> Result<(
 /// `dx += dt A`. `t` is what [`lora_forward`] kept.
 #[allow(clippy::too_many_arguments)]
 pub fn lora_backward<T: Real>(
-    dx: &mut [T],
-    da: &mut [T],
-    db: &mut [T],
-    dt: &mut [T],
-    dy: &[T],
-    x: &[T],
-    t: &[T],
-    a: &[T],
-    b: &[T],
+    dx: &mut [T], da: &mut [T], db: &mut [T], dt: &mut [T], dy: &[T], x: &[T], t: &[T], a: &[T], b: &[T],
     s: &LoraSpec,
 ) -> Result<()> {
     let op = "lora_backward";
@@ -221,13 +208,7 @@ pub fn lora_backward<T: Real>(
 
 /// `W += scale * B A`: the adapter folded into the `(d_out, d_in)` weight it adapts.
 pub fn lora_merge<T: Real>(
-    w: &mut [T],
-    a: &[T],
-    b: &[T],
-    d_out: usize,
-    d_in: usize,
-    rank: usize,
-    scale: f32,
+    w: &mut [T], a: &[T], b: &[T], d_out: usize, d_in: usize, rank: usize, scale: f32,
 ) -> Result<()> {
     let s = LoraSpec::new(0, d_in, d_out, rank, scale);
     s.check("lora_merge", 0, 0, 0, a.len(), b.len())?;
@@ -252,13 +233,8 @@ pub trait LoraOps: MatmulOps {
     /// with a one-pass kernel overrides it.
     #[allow(clippy::too_many_arguments)]
     fn lora_forward(
-        &self,
-        y: &mut Self::Buffer,
-        t: &mut Self::Buffer,
-        x: &Self::Buffer,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        s: &LoraSpec,
+        &self, y: &mut Self::Buffer, t: &mut Self::Buffer, x: &Self::Buffer, a: &Self::Buffer,
+        b: &Self::Buffer, s: &LoraSpec,
     ) -> Result<()> {
         lora_forward_by_gemm(self, y, t, x, a, b, s)
     }
@@ -266,17 +242,9 @@ pub trait LoraOps: MatmulOps {
     /// `dA += dt^T x`, and `dx += dt A` when `dx` is given.
     #[allow(clippy::too_many_arguments)]
     fn lora_backward(
-        &self,
-        dx: Option<&mut Self::Buffer>,
-        da: &mut Self::Buffer,
-        db: &mut Self::Buffer,
-        dt: &mut Self::Buffer,
-        dy: &Self::Buffer,
-        x: &Self::Buffer,
-        t: &Self::Buffer,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        s: &LoraSpec,
+        &self, dx: Option<&mut Self::Buffer>, da: &mut Self::Buffer, db: &mut Self::Buffer,
+        dt: &mut Self::Buffer, dy: &Self::Buffer, x: &Self::Buffer, t: &Self::Buffer, a: &Self::Buffer,
+        b: &Self::Buffer, s: &LoraSpec,
     ) -> Result<()> {
         let op = "lora_backward";
         s.check(
@@ -337,13 +305,7 @@ pub trait LoraOps: MatmulOps {
 
 impl LoraOps for ReferenceBackend {
     fn lora_forward(
-        &self,
-        y: &mut Vec<f32>,
-        t: &mut Vec<f32>,
-        x: &Vec<f32>,
-        a: &Vec<f32>,
-        b: &Vec<f32>,
-        s: &LoraSpec,
+        &self, y: &mut Vec<f32>, t: &mut Vec<f32>, x: &Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, s: &LoraSpec,
     ) -> Result<()> {
         s.check("lora_forward", x.len(), y.len(), t.len(), a.len(), b.len())?;
         // t rounds to f32 as a backend stores it; y's sum then runs over the stored t.
@@ -352,17 +314,8 @@ impl LoraOps for ReferenceBackend {
         in_f64([y], |[y]| lora_up(y, &t, &wide(b), s))
     }
     fn lora_backward(
-        &self,
-        dx: Option<&mut Vec<f32>>,
-        da: &mut Vec<f32>,
-        db: &mut Vec<f32>,
-        dt: &mut Vec<f32>,
-        dy: &Vec<f32>,
-        x: &Vec<f32>,
-        t: &Vec<f32>,
-        a: &Vec<f32>,
-        b: &Vec<f32>,
-        s: &LoraSpec,
+        &self, dx: Option<&mut Vec<f32>>, da: &mut Vec<f32>, db: &mut Vec<f32>, dt: &mut Vec<f32>,
+        dy: &Vec<f32>, x: &Vec<f32>, t: &Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, s: &LoraSpec,
     ) -> Result<()> {
         let mut sink;
         let dx = match dx {
@@ -393,12 +346,7 @@ impl LoraOps for ReferenceBackend {
 /// second's alpha: at the ranks adapters use (4 to 64) both products are bound by reading
 /// `x` and writing `y`, which a GEMM already does once each.
 pub fn lora_forward_by_gemm<B: MatmulOps + ?Sized>(
-    backend: &B,
-    y: &mut B::Buffer,
-    t: &mut B::Buffer,
-    x: &B::Buffer,
-    a: &B::Buffer,
-    b: &B::Buffer,
+    backend: &B, y: &mut B::Buffer, t: &mut B::Buffer, x: &B::Buffer, a: &B::Buffer, b: &B::Buffer,
     s: &LoraSpec,
 ) -> Result<()> {
     let len = |buf| backend.len(buf);

@@ -83,12 +83,7 @@ pub fn loss_forward<T: Real>(loss: Loss, pred: &[T], target: &[T], rows: usize, 
 
 /// dpred = d(mean loss) / d pred (overwritten).
 pub fn loss_backward<T: Real>(
-    loss: Loss,
-    dpred: &mut [T],
-    pred: &[T],
-    target: &[T],
-    rows: usize,
-    cols: usize,
+    loss: Loss, dpred: &mut [T], pred: &[T], target: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
     const OP: &str = "loss_backward";
     let n = check(OP, pred.len(), target.len(), rows, cols)?;
@@ -114,12 +109,7 @@ pub fn loss_backward<T: Real>(
 /// [`Loss::fuses_with`] holds: `dlogits = (pred - target) / divisor`. `pred` is the output
 /// of the softmax or sigmoid.
 pub fn fused_output_backward<T: Real>(
-    loss: Loss,
-    dlogits: &mut [T],
-    pred: &[T],
-    target: &[T],
-    rows: usize,
-    cols: usize,
+    loss: Loss, dlogits: &mut [T], pred: &[T], target: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
     const OP: &str = "fused_output_backward";
     let n = check(OP, pred.len(), target.len(), rows, cols)?;
@@ -138,67 +128,35 @@ pub fn fused_output_backward<T: Real>(
 pub trait LossOps: Memory {
     /// The mean loss of `rows x cols` predictions against their targets, on the host.
     fn loss_forward(
-        &self,
-        loss: Loss,
-        pred: &Self::Buffer,
-        target: &Self::Buffer,
-        rows: usize,
-        cols: usize,
+        &self, loss: Loss, pred: &Self::Buffer, target: &Self::Buffer, rows: usize, cols: usize,
     ) -> Result<f64>;
     /// The gradient of the mean loss with respect to the predictions (overwrites `dpred`).
     fn loss_backward(
-        &self,
-        loss: Loss,
-        dpred: &mut Self::Buffer,
-        pred: &Self::Buffer,
-        target: &Self::Buffer,
-        rows: usize,
+        &self, loss: Loss, dpred: &mut Self::Buffer, pred: &Self::Buffer, target: &Self::Buffer, rows: usize,
         cols: usize,
     ) -> Result<()>;
     /// Softmax + categorical cross-entropy or sigmoid + binary cross-entropy back to the logits at once: `(pred - target) / rows`, stable where the two steps apart would saturate.
     fn fused_output_backward(
-        &self,
-        loss: Loss,
-        dlogits: &mut Self::Buffer,
-        pred: &Self::Buffer,
-        target: &Self::Buffer,
-        rows: usize,
-        cols: usize,
+        &self, loss: Loss, dlogits: &mut Self::Buffer, pred: &Self::Buffer, target: &Self::Buffer,
+        rows: usize, cols: usize,
     ) -> Result<()>;
 }
 
 impl LossOps for ReferenceBackend {
     fn loss_forward(
-        &self,
-        l: Loss,
-        pred: &Vec<f32>,
-        target: &Vec<f32>,
-        rows: usize,
-        cols: usize,
+        &self, l: Loss, pred: &Vec<f32>, target: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<f64> {
         loss_forward(l, &wide(pred), &wide(target), rows, cols)
     }
     fn loss_backward(
-        &self,
-        l: Loss,
-        dpred: &mut Vec<f32>,
-        pred: &Vec<f32>,
-        target: &Vec<f32>,
-        rows: usize,
-        cols: usize,
+        &self, l: Loss, dpred: &mut Vec<f32>, pred: &Vec<f32>, target: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
         in_f64([dpred], |[d]| {
             loss_backward(l, d, &wide(pred), &wide(target), rows, cols)
         })
     }
     fn fused_output_backward(
-        &self,
-        l: Loss,
-        dlogits: &mut Vec<f32>,
-        pred: &Vec<f32>,
-        target: &Vec<f32>,
-        rows: usize,
-        cols: usize,
+        &self, l: Loss, dlogits: &mut Vec<f32>, pred: &Vec<f32>, target: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
         in_f64([dlogits], |[d]| {
             fused_output_backward(l, d, &wide(pred), &wide(target), rows, cols)

@@ -166,11 +166,7 @@ impl MatmulSpec {
     /// parts. The returned spec has no window, so a kernel written for whole operands runs
     /// it unchanged.
     pub fn operands<'a, T>(
-        &self,
-        op: &'static str,
-        a: &'a [T],
-        b: &'a [T],
-        c: &'a mut [T],
+        &self, op: &'static str, a: &'a [T], b: &'a [T], c: &'a mut [T],
     ) -> Result<Operands<'a, T>> {
         let (la, lb, lc) = self.check(op, a.len(), b.len(), c.len())?;
         match self.window {
@@ -240,11 +236,7 @@ pub fn matmul<T: Real>(c: &mut [T], a: &[T], b: &[T], spec: &MatmulSpec) -> Resu
 pub trait MatmulOps: Memory {
     /// See [`crate::ops::matmul::matmul`].
     fn matmul(
-        &self,
-        c: &mut Self::Buffer,
-        a: &Self::Buffer,
-        b: &Self::Buffer,
-        spec: &MatmulSpec,
+        &self, c: &mut Self::Buffer, a: &Self::Buffer, b: &Self::Buffer, spec: &MatmulSpec,
     ) -> Result<()>;
 }
 

@@ -58,12 +58,7 @@ impl ModulationSpec {
 /// `out[b, t, i] = x[b, t, i] * (1 + mods[b, scale_at + i]) + mods[b, shift_at + i]`:
 /// a normalized activation shifted and scaled by its row's conditioning.
 pub fn modulate<T: Real>(
-    out: &mut [T],
-    x: &[T],
-    mods: &[T],
-    shift_at: usize,
-    scale_at: usize,
-    spec: &ModulationSpec,
+    out: &mut [T], x: &[T], mods: &[T], shift_at: usize, scale_at: usize, spec: &ModulationSpec,
 ) -> Result<()> {
     const OP: &str = "modulate";
     spec.check(OP, x.len(), mods.len(), &[shift_at, scale_at])?;
@@ -84,11 +79,7 @@ pub fn modulate<T: Real>(
 
 /// `x[b, t, i] += mods[b, gate_at + i] * y[b, t, i]`: a gated residual add.
 pub fn gate_add<T: Real>(
-    x: &mut [T],
-    y: &[T],
-    mods: &[T],
-    gate_at: usize,
-    spec: &ModulationSpec,
+    x: &mut [T], y: &[T], mods: &[T], gate_at: usize, spec: &ModulationSpec,
 ) -> Result<()> {
     const OP: &str = "gate_add";
     spec.check(OP, x.len(), mods.len(), &[gate_at])?;
@@ -204,9 +195,7 @@ pub fn rope_pairs<T: Real>(x: &mut [T], cos: &[T], sin: &[T], spec: &RopePairsSp
 /// frequency, axis after axis: `(seq, sum(axes) / 2)` each. Computed in f64 and rounded
 /// once, as diffusers does (`freqs_dtype=torch.float64`).
 pub fn rope_tables(
-    ids: &[f32],
-    axes: &[usize],
-    theta: f64,
+    ids: &[f32], axes: &[usize], theta: f64,
 ) -> Result<(alloc::vec::Vec<f32>, alloc::vec::Vec<f32>)> {
     const OP: &str = "rope_tables";
     nonzero(OP, "axes", axes.len())?;
@@ -245,13 +234,8 @@ pub fn rope_tables(
 pub trait ModulationOps: Memory {
     /// See [`crate::ops::modulation::modulate`].
     fn modulate(
-        &self,
-        out: &mut Self::Buffer,
-        x: &Self::Buffer,
-        mods: &Self::Buffer,
-        shift_at: usize,
-        scale_at: usize,
-        spec: &ModulationSpec,
+        &self, out: &mut Self::Buffer, x: &Self::Buffer, mods: &Self::Buffer, shift_at: usize,
+        scale_at: usize, spec: &ModulationSpec,
     ) -> Result<()> {
         let mut o = alloc::vec![0.0; self.len(out)];
         let (x, mods) = (self.download(x)?, self.download(mods)?);
@@ -260,11 +244,7 @@ pub trait ModulationOps: Memory {
     }
     /// See [`crate::ops::modulation::gate_add`].
     fn gate_add(
-        &self,
-        x: &mut Self::Buffer,
-        y: &Self::Buffer,
-        mods: &Self::Buffer,
-        gate_at: usize,
+        &self, x: &mut Self::Buffer, y: &Self::Buffer, mods: &Self::Buffer, gate_at: usize,
         spec: &ModulationSpec,
     ) -> Result<()> {
         let mut o = self.download(x)?;
@@ -280,11 +260,7 @@ pub trait ModulationOps: Memory {
     }
     /// See [`crate::ops::modulation::rope_pairs`]. In place.
     fn rope_pairs(
-        &self,
-        x: &mut Self::Buffer,
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
-        spec: &RopePairsSpec,
+        &self, x: &mut Self::Buffer, cos: &Self::Buffer, sin: &Self::Buffer, spec: &RopePairsSpec,
     ) -> Result<()> {
         let mut o = self.download(x)?;
         let (cos, sin) = (self.download(cos)?, self.download(sin)?);

@@ -81,12 +81,7 @@ impl Routing {
     /// Routes `n` tokens from their router `logits` `(n, n_experts)`, reusing this value's
     /// storage. Non-finite logits are an error (a diverged router).
     pub fn route(
-        &mut self,
-        logits: &[f32],
-        n: usize,
-        n_experts: usize,
-        top_k: usize,
-        renormalize: bool,
+        &mut self, logits: &[f32], n: usize, n_experts: usize, top_k: usize, renormalize: bool,
     ) -> Result<()> {
         const OP: &str = "moe route";
         nonzero(OP, "n_experts", n_experts)?;
@@ -234,13 +229,7 @@ impl Routing {
 /// The shape contract of the combine ops: `out (n, dim)`, `y (n * top_k, dim)`,
 /// `row_of_slot` and `weight` `(n * top_k)`, every row index inside `y`.
 pub fn check_combine(
-    op: &'static str,
-    out: usize,
-    y: usize,
-    row_of_slot: &[u32],
-    weight: &[f32],
-    top_k: usize,
-    dim: usize,
+    op: &'static str, out: usize, y: usize, row_of_slot: &[u32], weight: &[f32], top_k: usize, dim: usize,
 ) -> Result<usize> {
     nonzero(op, "dim", dim)?;
     nonzero(op, "top_k", top_k)?;
@@ -262,12 +251,7 @@ pub fn check_combine(
 /// `out[t] += sum_j weight[t, j] * y[row_of_slot[t, j]]`: the experts' outputs, weighted,
 /// back in token order. `out (n, dim)`, `y (n * top_k, dim)` in grouped order.
 pub fn moe_combine<T: Real>(
-    out: &mut [T],
-    y: &[T],
-    row_of_slot: &[u32],
-    weight: &[f32],
-    top_k: usize,
-    dim: usize,
+    out: &mut [T], y: &[T], row_of_slot: &[u32], weight: &[f32], top_k: usize, dim: usize,
 ) -> Result<()> {
     let n = check_combine("moe_combine", out.len(), y.len(), row_of_slot, weight, top_k, dim)?;
     for t in 0..n {
@@ -285,13 +269,7 @@ pub fn moe_combine<T: Real>(
 /// Backward of [`moe_combine`]: `dy[row] = weight * dout[token]` (overwritten), and the
 /// gradient of each slot's weight, `dout[token] . y[row]`, returned in slot order.
 pub fn moe_combine_backward<T: Real>(
-    dy: &mut [T],
-    dout: &[T],
-    y: &[T],
-    row_of_slot: &[u32],
-    weight: &[f32],
-    top_k: usize,
-    dim: usize,
+    dy: &mut [T], dout: &[T], y: &[T], row_of_slot: &[u32], weight: &[f32], top_k: usize, dim: usize,
 ) -> Result<Vec<f32>> {
     const OP: &str = "moe_combine_backward";
     let n = check_combine(OP, dout.len(), y.len(), row_of_slot, weight, top_k, dim)?;
@@ -370,12 +348,7 @@ impl RoutedSpec {
 /// weight, `(n, top_k)` in rank order, exactly as [`Routing::route`] chooses them.
 #[allow(clippy::too_many_arguments)]
 pub fn route_slots(
-    expert: &mut [f32],
-    weight: &mut [f32],
-    logits: &[f32],
-    n: usize,
-    n_experts: usize,
-    top_k: usize,
+    expert: &mut [f32], weight: &mut [f32], logits: &[f32], n: usize, n_experts: usize, top_k: usize,
     renormalize: bool,
 ) -> Result<()> {
     let mut r = Routing::default();
@@ -395,11 +368,7 @@ pub fn route_slots(
 /// count. Each product is [`crate::ops::q8::q8_matmul`] on one row, so the values are
 /// those of the grouped path bit for bit.
 pub fn q8_matmul_routed(
-    out: &mut [f32],
-    x: &[f32],
-    experts: &[(&[f32], &[f32])],
-    expert: &[f32],
-    spec: &RoutedSpec,
+    out: &mut [f32], x: &[f32], experts: &[(&[f32], &[f32])], expert: &[f32], spec: &RoutedSpec,
 ) -> Result<()> {
     let lens: Vec<(usize, usize)> = experts.iter().map(|(p, s)| (p.len(), s.len())).collect();
     spec.check(out.len(), x.len(), expert.len(), &lens)?;
@@ -430,25 +399,14 @@ pub trait MoeOps: Memory {
     /// `out[t] += sum_j weight[t, j] * y[row_of_slot[t, j]]`; `out (n, dim)`,
     /// `y (n * top_k, dim)`. Host-side routing tables, like token ids.
     fn moe_combine(
-        &self,
-        out: &mut Self::Buffer,
-        y: &Self::Buffer,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
+        &self, out: &mut Self::Buffer, y: &Self::Buffer, row_of_slot: &[u32], weight: &[f32], top_k: usize,
         dim: usize,
     ) -> Result<()>;
     /// `dy` overwritten; returns the gradient of each slot's weight on the host.
     #[allow(clippy::too_many_arguments)]
     fn moe_combine_backward(
-        &self,
-        dy: &mut Self::Buffer,
-        dout: &Self::Buffer,
-        y: &Self::Buffer,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
-        dim: usize,
+        &self, dy: &mut Self::Buffer, dout: &Self::Buffer, y: &Self::Buffer, row_of_slot: &[u32],
+        weight: &[f32], top_k: usize, dim: usize,
     ) -> Result<Vec<f32>>;
     /// Whether an int8 model's inference routes its experts on this backend's buffers
     /// ([`MoeOps::moe_route`], [`MoeOps::q8_matmul_routed`], [`MoeOps::moe_combine_slots`])
@@ -463,14 +421,8 @@ pub trait MoeOps: Memory {
     /// and routes on the host.
     #[allow(clippy::too_many_arguments)]
     fn moe_route(
-        &self,
-        expert: &mut Self::Buffer,
-        weight: &mut Self::Buffer,
-        logits: &Self::Buffer,
-        n: usize,
-        n_experts: usize,
-        top_k: usize,
-        renormalize: bool,
+        &self, expert: &mut Self::Buffer, weight: &mut Self::Buffer, logits: &Self::Buffer, n: usize,
+        n_experts: usize, top_k: usize, renormalize: bool,
     ) -> Result<()> {
         let (mut e, mut w) = (alloc::vec![0.0; n * top_k], alloc::vec![0.0; n * top_k]);
         let l = self.download(logits)?;
@@ -482,12 +434,8 @@ pub trait MoeOps: Memory {
     /// [`crate::ops::moe::q8_matmul_routed`]. `experts`: (packed, scales) per expert. The
     /// default computes on the host.
     fn q8_matmul_routed(
-        &self,
-        out: &mut Self::Buffer,
-        x: &Self::Buffer,
-        experts: &[(&Self::Buffer, &Self::Buffer)],
-        expert: &Self::Buffer,
-        spec: &RoutedSpec,
+        &self, out: &mut Self::Buffer, x: &Self::Buffer, experts: &[(&Self::Buffer, &Self::Buffer)],
+        expert: &Self::Buffer, spec: &RoutedSpec,
     ) -> Result<()> {
         let host: Vec<(Vec<f32>, Vec<f32>)> = experts
             .iter()
@@ -502,12 +450,7 @@ pub trait MoeOps: Memory {
     /// `out[t] += sum_j weight[t, j] * y[t * top_k + j]`: [`MoeOps::moe_combine`] with the
     /// expert outputs in slot order and the weights on the backend.
     fn moe_combine_slots(
-        &self,
-        out: &mut Self::Buffer,
-        y: &Self::Buffer,
-        weight: &Self::Buffer,
-        top_k: usize,
-        dim: usize,
+        &self, out: &mut Self::Buffer, y: &Self::Buffer, weight: &Self::Buffer, top_k: usize, dim: usize,
     ) -> Result<()> {
         let w = self.download(weight)?;
         let rows: Vec<u32> = (0..w.len() as u32).collect();
@@ -517,12 +460,7 @@ pub trait MoeOps: Memory {
 
 impl MoeOps for ReferenceBackend {
     fn moe_combine(
-        &self,
-        out: &mut Vec<f32>,
-        y: &Vec<f32>,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
+        &self, out: &mut Vec<f32>, y: &Vec<f32>, row_of_slot: &[u32], weight: &[f32], top_k: usize,
         dim: usize,
     ) -> Result<()> {
         in_f64([out], |[o]| {
@@ -530,14 +468,8 @@ impl MoeOps for ReferenceBackend {
         })
     }
     fn moe_combine_backward(
-        &self,
-        dy: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        y: &Vec<f32>,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
-        dim: usize,
+        &self, dy: &mut Vec<f32>, dout: &Vec<f32>, y: &Vec<f32>, row_of_slot: &[u32], weight: &[f32],
+        top_k: usize, dim: usize,
     ) -> Result<Vec<f32>> {
         in_f64([dy], |[d]| {
             moe_combine_backward(d, &wide(dout), &wide(y), row_of_slot, weight, top_k, dim)

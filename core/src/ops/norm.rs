@@ -29,12 +29,7 @@ pub fn mean_rstd<T: Real>(x: &[T], eps: f32) -> (f64, f64) {
 
 /// The shape contract of `layer_norm` (buffer lengths).
 pub fn check_layer_norm(
-    out: usize,
-    inp: usize,
-    weight: Option<usize>,
-    bias: Option<usize>,
-    rows: usize,
-    dim: usize,
+    out: usize, inp: usize, weight: Option<usize>, bias: Option<usize>, rows: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "layer_norm";
     nonzero(OP, "dim", dim)?;
@@ -52,13 +47,7 @@ pub fn check_layer_norm(
 
 /// inp, out: (rows, dim); weight, bias: (dim), each optional.
 pub fn layer_norm<T: Real>(
-    out: &mut [T],
-    inp: &[T],
-    weight: Option<&[T]>,
-    bias: Option<&[T]>,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    out: &mut [T], inp: &[T], weight: Option<&[T]>, bias: Option<&[T]>, rows: usize, dim: usize, eps: f32,
 ) -> Result<()> {
     check_layer_norm(
         out.len(),
@@ -142,11 +131,7 @@ impl GroupNormSpec {
 /// Statistics per (batch, group) over the group's channels and positions; then
 /// `spec.act`, when given.
 pub fn group_norm<T: Real>(
-    out: &mut [T],
-    inp: &[T],
-    weight: Option<&[T]>,
-    bias: Option<&[T]>,
-    spec: &GroupNormSpec,
+    out: &mut [T], inp: &[T], weight: Option<&[T]>, bias: Option<&[T]>, spec: &GroupNormSpec,
 ) -> Result<()> {
     spec.check(
         out.len(),
@@ -181,12 +166,8 @@ pub fn group_norm<T: Real>(
 pub trait NormOps: Memory {
     /// See [`crate::ops::norm::group_norm`].
     fn group_norm(
-        &self,
-        out: &mut Self::Buffer,
-        inp: &Self::Buffer,
-        weight: Option<&Self::Buffer>,
-        bias: Option<&Self::Buffer>,
-        spec: &GroupNormSpec,
+        &self, out: &mut Self::Buffer, inp: &Self::Buffer, weight: Option<&Self::Buffer>,
+        bias: Option<&Self::Buffer>, spec: &GroupNormSpec,
     ) -> Result<()> {
         let weight = weight.map(|w| self.download(w)).transpose()?;
         let bias = bias.map(|b| self.download(b)).transpose()?;
@@ -203,14 +184,8 @@ pub trait NormOps: Memory {
     /// See [`crate::ops::norm::layer_norm`].
     #[allow(clippy::too_many_arguments)]
     fn layer_norm(
-        &self,
-        out: &mut Self::Buffer,
-        inp: &Self::Buffer,
-        weight: Option<&Self::Buffer>,
-        bias: Option<&Self::Buffer>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        &self, out: &mut Self::Buffer, inp: &Self::Buffer, weight: Option<&Self::Buffer>,
+        bias: Option<&Self::Buffer>, rows: usize, dim: usize, eps: f32,
     ) -> Result<()> {
         let weight = weight.map(|w| self.download(w)).transpose()?;
         let bias = bias.map(|b| self.download(b)).transpose()?;

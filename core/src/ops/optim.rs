@@ -113,12 +113,7 @@ pub fn check_sgd(param: usize, grad: usize, velocity: Option<usize>, hp: &SgdPar
 
 /// One Adam/AdamW step at `step` (1 for the first update), in place on `param`, `m`, `v`.
 pub fn adam_update<T: Real>(
-    param: &mut [T],
-    grad: &[T],
-    m: &mut [T],
-    v: &mut [T],
-    hp: &AdamParams,
-    step: u64,
+    param: &mut [T], grad: &[T], m: &mut [T], v: &mut [T], hp: &AdamParams, step: u64,
 ) -> Result<()> {
     check_adam(param.len(), grad.len(), m.len(), v.len(), hp, step)?;
     let c = AdamConstants::<T>::new(hp, step);
@@ -235,10 +230,7 @@ impl SgdParams {
 
 /// One SGD step. `velocity` is required when `momentum > 0` (zero-initialised by the caller).
 pub fn sgd_update<T: Real>(
-    param: &mut [T],
-    grad: &[T],
-    velocity: Option<&mut [T]>,
-    hp: &SgdParams,
+    param: &mut [T], grad: &[T], velocity: Option<&mut [T]>, hp: &SgdParams,
 ) -> Result<()> {
     check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
     let n = param.len();
@@ -270,42 +262,25 @@ pub fn sgd_update<T: Real>(
 pub trait OptimOps: Memory {
     /// One Adam(W) step (`step` counted from 1) of `param` with `grad`, the moments `m`, `v` updated in place.
     fn adam_update(
-        &self,
-        param: &mut Self::Buffer,
-        grad: &Self::Buffer,
-        m: &mut Self::Buffer,
-        v: &mut Self::Buffer,
-        hp: &AdamParams,
-        step: u64,
+        &self, param: &mut Self::Buffer, grad: &Self::Buffer, m: &mut Self::Buffer, v: &mut Self::Buffer,
+        hp: &AdamParams, step: u64,
     ) -> Result<()>;
     /// One SGD step of `param` with `grad`, the momentum buffer updated when there is one.
     fn sgd_update(
-        &self,
-        param: &mut Self::Buffer,
-        grad: &Self::Buffer,
-        velocity: Option<&mut Self::Buffer>,
+        &self, param: &mut Self::Buffer, grad: &Self::Buffer, velocity: Option<&mut Self::Buffer>,
         hp: &SgdParams,
     ) -> Result<()>;
 }
 
 impl OptimOps for ReferenceBackend {
     fn adam_update(
-        &self,
-        param: &mut Vec<f32>,
-        grad: &Vec<f32>,
-        m: &mut Vec<f32>,
-        v: &mut Vec<f32>,
-        hp: &AdamParams,
+        &self, param: &mut Vec<f32>, grad: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, hp: &AdamParams,
         step: u64,
     ) -> Result<()> {
         adam_update(param, grad, m, v, hp, step)
     }
     fn sgd_update(
-        &self,
-        param: &mut Vec<f32>,
-        grad: &Vec<f32>,
-        velocity: Option<&mut Vec<f32>>,
-        hp: &SgdParams,
+        &self, param: &mut Vec<f32>, grad: &Vec<f32>, velocity: Option<&mut Vec<f32>>, hp: &SgdParams,
     ) -> Result<()> {
         sgd_update(param, grad, velocity.map(|v| v.as_mut_slice()), hp)
     }

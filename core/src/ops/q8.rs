@@ -78,13 +78,7 @@ pub fn check_q8(op: &'static str, packed: usize, scales: usize, n: usize, k: usi
 
 /// The contract of `q8_matmul`, shared by every backend (buffer lengths).
 pub fn check_q8_matmul(
-    out: usize,
-    x: usize,
-    packed: usize,
-    scales: usize,
-    m: usize,
-    n: usize,
-    k: usize,
+    out: usize, x: usize, packed: usize, scales: usize, m: usize, n: usize, k: usize,
 ) -> Result<()> {
     const OP: &str = "q8_matmul";
     check_q8(OP, packed, scales, n, k)?;
@@ -97,9 +91,7 @@ pub fn check_q8_matmul(
 /// `alpha` 1 and one problem; a window may place `x` and `out` inside larger buffers (its `b`
 /// offset must be 0: the weight is always whole). Returns the `x` and `out` operands.
 pub fn q8_operands<'a>(
-    spec: &MatmulSpec,
-    x: &'a [f32],
-    out: &'a mut [f32],
+    spec: &MatmulSpec, x: &'a [f32], out: &'a mut [f32],
 ) -> Result<(&'a [f32], &'a mut [f32])> {
     const OP: &str = "q8_matmul";
     if !spec.trans_b || spec.trans_a || spec.alpha != 1.0 || spec.batch != 1 {
@@ -146,14 +138,7 @@ pub fn quantize_activations(x: &[f32]) -> (Vec<i8>, f32) {
 /// module docs); the i32 sum is exact, then scaled by `x_scale * w_scale`.
 #[allow(clippy::too_many_arguments)]
 pub fn q8_matmul(
-    out: &mut [f32],
-    x: &[f32],
-    packed: &[f32],
-    scales: &[f32],
-    m: usize,
-    n: usize,
-    k: usize,
-    beta: f32,
+    out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
     check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let pc = packed_cols(k);
@@ -196,12 +181,7 @@ pub fn q8_matmul(
 
 /// Embedding lookup from an int8 table (vocab x dim): `out[r] = dequantize(table[ids[r]])`.
 pub fn q8_embedding<T: Real>(
-    out: &mut [T],
-    packed: &[f32],
-    scales: &[f32],
-    ids: &[u32],
-    vocab: usize,
-    dim: usize,
+    out: &mut [T], packed: &[f32], scales: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "q8_embedding";
     check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
@@ -222,11 +202,7 @@ pub trait Q8Ops: SwigluOps + RopeOps + AttentionOps {
     /// `out = x W^T + beta * out` with W (n x k) int8, packed four to a slot, one scale a
     /// row; `spec` as for an f32 `Linear` product (see [`crate::ops::q8::q8_operands`]).
     fn q8_matmul(
-        &self,
-        out: &mut Self::Buffer,
-        x: &Self::Buffer,
-        packed: &Self::Buffer,
-        scales: &Self::Buffer,
+        &self, out: &mut Self::Buffer, x: &Self::Buffer, packed: &Self::Buffer, scales: &Self::Buffer,
         spec: &MatmulSpec,
     ) -> Result<()>;
     /// Several int8 products of one input, each `out = x W^T + beta * out` as in
@@ -244,14 +220,8 @@ pub trait Q8Ops: SwigluOps + RopeOps + AttentionOps {
     /// ([`q8_swiglu_unfused`]); a backend may run all three as one job.
     #[allow(clippy::too_many_arguments)]
     fn q8_swiglu(
-        &self,
-        out: &mut Self::Buffer,
-        gate: &mut Self::Buffer,
-        up: &mut Self::Buffer,
-        x: &Self::Buffer,
-        gate_w: (&Self::Buffer, &Self::Buffer),
-        up_w: (&Self::Buffer, &Self::Buffer),
-        spec: &MatmulSpec,
+        &self, out: &mut Self::Buffer, gate: &mut Self::Buffer, up: &mut Self::Buffer, x: &Self::Buffer,
+        gate_w: (&Self::Buffer, &Self::Buffer), up_w: (&Self::Buffer, &Self::Buffer), spec: &MatmulSpec,
     ) -> Result<()> {
         q8_swiglu_unfused(self, out, gate, up, x, gate_w, up_w, spec)
     }
@@ -261,14 +231,9 @@ pub trait Q8Ops: SwigluOps + RopeOps + AttentionOps {
     /// calls ([`q8_mlp_unfused`]); a backend may run the whole feed-forward as one job.
     #[allow(clippy::too_many_arguments)]
     fn q8_mlp(
-        &self,
-        out: &mut Self::Buffer,
-        acts: [&mut Self::Buffer; 3],
-        x: &Self::Buffer,
-        gate_w: (&Self::Buffer, &Self::Buffer),
-        up_w: (&Self::Buffer, &Self::Buffer),
-        down_w: (&Self::Buffer, &Self::Buffer),
-        spec: &MatmulSpec,
+        &self, out: &mut Self::Buffer, acts: [&mut Self::Buffer; 3], x: &Self::Buffer,
+        gate_w: (&Self::Buffer, &Self::Buffer), up_w: (&Self::Buffer, &Self::Buffer),
+        down_w: (&Self::Buffer, &Self::Buffer), spec: &MatmulSpec,
     ) -> Result<()> {
         q8_mlp_unfused(self, out, acts, x, gate_w, up_w, down_w, spec)
     }
@@ -282,36 +247,21 @@ pub trait Q8Ops: SwigluOps + RopeOps + AttentionOps {
     /// Rows of an int8 table, dequantized.
     #[allow(clippy::too_many_arguments)]
     fn q8_embedding(
-        &self,
-        out: &mut Self::Buffer,
-        packed: &Self::Buffer,
-        scales: &Self::Buffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, out: &mut Self::Buffer, packed: &Self::Buffer, scales: &Self::Buffer, ids: &[u32],
+        vocab: usize, dim: usize,
     ) -> Result<()>;
 }
 
 impl Q8Ops for ReferenceBackend {
     fn q8_matmul(
-        &self,
-        out: &mut Vec<f32>,
-        x: &Vec<f32>,
-        packed: &Vec<f32>,
-        scales: &Vec<f32>,
-        spec: &MatmulSpec,
+        &self, out: &mut Vec<f32>, x: &Vec<f32>, packed: &Vec<f32>, scales: &Vec<f32>, spec: &MatmulSpec,
     ) -> Result<()> {
         // Exact integer sums: no f64 detour needed.
         let (x, out) = q8_operands(spec, x, out)?;
         q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
     }
     fn q8_embedding(
-        &self,
-        out: &mut Vec<f32>,
-        packed: &Vec<f32>,
-        scales: &Vec<f32>,
-        ids: &[u32],
-        vocab: usize,
+        &self, out: &mut Vec<f32>, packed: &Vec<f32>, scales: &Vec<f32>, ids: &[u32], vocab: usize,
         dim: usize,
     ) -> Result<()> {
         q8_embedding(out, packed, scales, ids, vocab, dim)
@@ -368,9 +318,7 @@ pub struct Q8Attention<'a, T> {
 /// [`Q8Ops::q8_matmul_many`] as one of `backend`'s `q8_matmul` a product: the definition,
 /// and what an override falls back to for shapes it does not fuse.
 pub fn q8_matmul_each<B: Q8Ops + ?Sized>(
-    backend: &B,
-    x: &B::Buffer,
-    products: &mut [Q8Product<'_, B::Buffer>],
+    backend: &B, x: &B::Buffer, products: &mut [Q8Product<'_, B::Buffer>],
 ) -> Result<()> {
     for p in products.iter_mut() {
         backend.q8_matmul(p.out, x, p.packed, p.scales, &p.spec)?;
@@ -382,14 +330,8 @@ pub fn q8_matmul_each<B: Q8Ops + ?Sized>(
 /// definition, and what an override falls back to for shapes it does not fuse.
 #[allow(clippy::too_many_arguments)]
 pub fn q8_swiglu_unfused<B: Q8Ops + ?Sized>(
-    backend: &B,
-    out: &mut B::Buffer,
-    gate: &mut B::Buffer,
-    up: &mut B::Buffer,
-    x: &B::Buffer,
-    gate_w: (&B::Buffer, &B::Buffer),
-    up_w: (&B::Buffer, &B::Buffer),
-    spec: &MatmulSpec,
+    backend: &B, out: &mut B::Buffer, gate: &mut B::Buffer, up: &mut B::Buffer, x: &B::Buffer,
+    gate_w: (&B::Buffer, &B::Buffer), up_w: (&B::Buffer, &B::Buffer), spec: &MatmulSpec,
 ) -> Result<()> {
     backend.q8_matmul(gate, x, gate_w.0, gate_w.1, spec)?;
     backend.q8_matmul(up, x, up_w.0, up_w.1, spec)?;
@@ -444,13 +386,8 @@ pub fn q8_attention_unfused<B: Q8Ops + ?Sized>(backend: &B, a: Q8Attention<'_, B
 /// it does not fuse. `acts` is `[gate, up, s]`.
 #[allow(clippy::too_many_arguments)]
 pub fn q8_mlp_unfused<B: Q8Ops + ?Sized>(
-    backend: &B,
-    out: &mut B::Buffer,
-    [gate, up, s]: [&mut B::Buffer; 3],
-    x: &B::Buffer,
-    gate_w: (&B::Buffer, &B::Buffer),
-    up_w: (&B::Buffer, &B::Buffer),
-    down_w: (&B::Buffer, &B::Buffer),
+    backend: &B, out: &mut B::Buffer, [gate, up, s]: [&mut B::Buffer; 3], x: &B::Buffer,
+    gate_w: (&B::Buffer, &B::Buffer), up_w: (&B::Buffer, &B::Buffer), down_w: (&B::Buffer, &B::Buffer),
     spec: &MatmulSpec,
 ) -> Result<()> {
     backend.q8_swiglu(s, gate, up, x, gate_w, up_w, spec)?;

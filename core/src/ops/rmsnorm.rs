@@ -10,12 +10,7 @@ use alloc::vec::Vec;
 
 /// The shape contract of `rmsnorm_forward`, shared by every backend (buffer lengths).
 pub fn check_rmsnorm_forward(
-    out: usize,
-    rstd: usize,
-    inp: usize,
-    weight: usize,
-    rows: usize,
-    dim: usize,
+    out: usize, rstd: usize, inp: usize, weight: usize, rows: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "rmsnorm_forward";
     nonzero(OP, "dim", dim)?;
@@ -29,14 +24,7 @@ pub fn check_rmsnorm_forward(
 /// The shape contract of `rmsnorm_backward` (buffer lengths).
 #[allow(clippy::too_many_arguments)]
 pub fn check_rmsnorm_backward(
-    dinp: usize,
-    dweight: usize,
-    dout: usize,
-    inp: usize,
-    weight: usize,
-    rstd: usize,
-    rows: usize,
-    dim: usize,
+    dinp: usize, dweight: usize, dout: usize, inp: usize, weight: usize, rstd: usize, rows: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "rmsnorm_backward";
     nonzero(OP, "dim", dim)?;
@@ -51,13 +39,7 @@ pub fn check_rmsnorm_backward(
 
 /// inp, out: (rows, dim); weight: (dim); rstd: (rows), saved for the backward pass.
 pub fn rmsnorm_forward<T: Real>(
-    out: &mut [T],
-    rstd: &mut [T],
-    inp: &[T],
-    weight: &[T],
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    out: &mut [T], rstd: &mut [T], inp: &[T], weight: &[T], rows: usize, dim: usize, eps: f32,
 ) -> Result<()> {
     check_rmsnorm_forward(out.len(), rstd.len(), inp.len(), weight.len(), rows, dim)?;
     let eps = T::from_f32(eps);
@@ -83,13 +65,7 @@ pub fn rmsnorm_forward<T: Real>(
 /// `dx = rstd * (g - xhat * mean(g * xhat))`, `dweight += sum_rows(dout * xhat)`.
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_backward<T: Real>(
-    dinp: &mut [T],
-    dweight: &mut [T],
-    dout: &[T],
-    inp: &[T],
-    weight: &[T],
-    rstd: &[T],
-    rows: usize,
+    dinp: &mut [T], dweight: &mut [T], dout: &[T], inp: &[T], weight: &[T], rstd: &[T], rows: usize,
     dim: usize,
 ) -> Result<()> {
     check_rmsnorm_backward(
@@ -126,55 +102,29 @@ pub trait RmsnormOps: Memory {
     /// RMSNorm of each `dim`-wide row times `weight`, keeping each row's 1/rms in `rstd` for the backward.
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_forward(
-        &self,
-        out: &mut Self::Buffer,
-        rstd: &mut Self::Buffer,
-        inp: &Self::Buffer,
-        weight: &Self::Buffer,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        &self, out: &mut Self::Buffer, rstd: &mut Self::Buffer, inp: &Self::Buffer, weight: &Self::Buffer,
+        rows: usize, dim: usize, eps: f32,
     ) -> Result<()>;
     /// dinp overwritten, dweight accumulated.
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_backward(
-        &self,
-        dinp: &mut Self::Buffer,
-        dweight: &mut Self::Buffer,
-        dout: &Self::Buffer,
-        inp: &Self::Buffer,
-        weight: &Self::Buffer,
-        rstd: &Self::Buffer,
-        rows: usize,
-        dim: usize,
+        &self, dinp: &mut Self::Buffer, dweight: &mut Self::Buffer, dout: &Self::Buffer, inp: &Self::Buffer,
+        weight: &Self::Buffer, rstd: &Self::Buffer, rows: usize, dim: usize,
     ) -> Result<()>;
 }
 
 impl RmsnormOps for ReferenceBackend {
     fn rmsnorm_forward(
-        &self,
-        out: &mut Vec<f32>,
-        rstd: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        &self, out: &mut Vec<f32>, rstd: &mut Vec<f32>, inp: &Vec<f32>, weight: &Vec<f32>, rows: usize,
+        dim: usize, eps: f32,
     ) -> Result<()> {
         in_f64([out, rstd], |[o, r]| {
             rmsnorm_forward(o, r, &wide(inp), &wide(weight), rows, dim, eps)
         })
     }
     fn rmsnorm_backward(
-        &self,
-        dinp: &mut Vec<f32>,
-        dweight: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        rstd: &Vec<f32>,
-        rows: usize,
-        dim: usize,
+        &self, dinp: &mut Vec<f32>, dweight: &mut Vec<f32>, dout: &Vec<f32>, inp: &Vec<f32>,
+        weight: &Vec<f32>, rstd: &Vec<f32>, rows: usize, dim: usize,
     ) -> Result<()> {
         in_f64([dinp, dweight], |[dx, dw]| {
             rmsnorm_backward(

@@ -80,13 +80,7 @@ impl SdpaSpec {
 
     /// The shape contract shared by every backend; returns the lengths `(q/out, k/v)`.
     pub fn check(
-        &self,
-        out: usize,
-        q: usize,
-        k: usize,
-        v: usize,
-        key_mask: Option<usize>,
-        bias: Option<usize>,
+        &self, out: usize, q: usize, k: usize, v: usize, key_mask: Option<usize>, bias: Option<usize>,
     ) -> Result<(usize, usize)> {
         const OP: &str = "sdpa";
         nonzero(OP, "head_dim", self.head_dim)?;
@@ -165,13 +159,7 @@ impl SdpaSpec {
 
 /// `out = softmax(scale * q k^T + bias, masked) v`; see the module docs.
 pub fn sdpa<T: Real>(
-    out: &mut [T],
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    key_mask: Option<&[bool]>,
-    bias: Option<&[T]>,
-    spec: &SdpaSpec,
+    out: &mut [T], q: &[T], k: &[T], v: &[T], key_mask: Option<&[bool]>, bias: Option<&[T]>, spec: &SdpaSpec,
 ) -> Result<()> {
     spec.check(
         out.len(),
@@ -245,14 +233,8 @@ pub trait SdpaOps: Memory {
     /// See [`crate::ops::sdpa::sdpa`]. The key mask is a host slice, like token ids.
     #[allow(clippy::too_many_arguments)]
     fn sdpa(
-        &self,
-        out: &mut Self::Buffer,
-        q: &Self::Buffer,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
-        key_mask: Option<&[bool]>,
-        bias: Option<&Self::Buffer>,
-        spec: &SdpaSpec,
+        &self, out: &mut Self::Buffer, q: &Self::Buffer, k: &Self::Buffer, v: &Self::Buffer,
+        key_mask: Option<&[bool]>, bias: Option<&Self::Buffer>, spec: &SdpaSpec,
     ) -> Result<()> {
         let bias = bias.map(|b| self.download(b)).transpose()?;
         let mut o = alloc::vec![0.0; self.len(out)];

@@ -45,11 +45,7 @@ pub fn softmax_row<T: Real>(out: &mut [T], x: &[T]) {
 
 /// dinp = out * (dout - sum(dout * out)), per row. `out` is the forward result.
 pub fn softmax_backward<T: Real>(
-    dinp: &mut [T],
-    dout: &[T],
-    out: &[T],
-    rows: usize,
-    cols: usize,
+    dinp: &mut [T], dout: &[T], out: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
     check_rows(
         "softmax_backward",
@@ -75,20 +71,11 @@ pub fn softmax_backward<T: Real>(
 pub trait SoftmaxOps: Memory {
     /// Softmax over each row of `cols`.
     fn softmax_forward(
-        &self,
-        out: &mut Self::Buffer,
-        inp: &Self::Buffer,
-        rows: usize,
-        cols: usize,
+        &self, out: &mut Self::Buffer, inp: &Self::Buffer, rows: usize, cols: usize,
     ) -> Result<()>;
     /// Softmax's backward from its output (overwrites `dinp`).
     fn softmax_backward(
-        &self,
-        dinp: &mut Self::Buffer,
-        dout: &Self::Buffer,
-        out: &Self::Buffer,
-        rows: usize,
-        cols: usize,
+        &self, dinp: &mut Self::Buffer, dout: &Self::Buffer, out: &Self::Buffer, rows: usize, cols: usize,
     ) -> Result<()>;
 }
 
@@ -97,12 +84,7 @@ impl SoftmaxOps for ReferenceBackend {
         in_f64([out], |[o]| softmax_forward(o, &wide(inp), rows, cols))
     }
     fn softmax_backward(
-        &self,
-        dinp: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        out: &Vec<f32>,
-        rows: usize,
-        cols: usize,
+        &self, dinp: &mut Vec<f32>, dout: &Vec<f32>, out: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
         in_f64([dinp], |[d]| {
             softmax_backward(d, &wide(dout), &wide(out), rows, cols)

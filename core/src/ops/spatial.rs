@@ -11,12 +11,7 @@ use crate::{CoreError, Real, Result};
 /// `s x s` square (`planes` = batch x channels): PyTorch's `interpolate(mode="nearest")`
 /// with an integer `scale_factor`.
 pub fn upsample_nearest2d<T: Real>(
-    out: &mut [T],
-    inp: &[T],
-    planes: usize,
-    h: usize,
-    w: usize,
-    s: usize,
+    out: &mut [T], inp: &[T], planes: usize, h: usize, w: usize, s: usize,
 ) -> Result<()> {
     check_upsample(out.len(), inp.len(), planes, h, w, s)?;
     let (oh, ow) = (h * s, w * s);
@@ -210,13 +205,7 @@ pub fn timestep_embedding(out: &mut [f32], timesteps: &[f32], spec: &TimestepSpe
 pub trait SpatialOps: Memory {
     /// See [`crate::ops::spatial::upsample_nearest2d`].
     fn upsample_nearest2d(
-        &self,
-        out: &mut Self::Buffer,
-        inp: &Self::Buffer,
-        planes: usize,
-        h: usize,
-        w: usize,
-        scale: usize,
+        &self, out: &mut Self::Buffer, inp: &Self::Buffer, planes: usize, h: usize, w: usize, scale: usize,
     ) -> Result<()> {
         let mut o = alloc::vec![0.0; self.len(out)];
         crate::ops::spatial::upsample_nearest2d(&mut o, &self.download(inp)?, planes, h, w, scale)?;

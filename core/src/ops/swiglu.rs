@@ -74,11 +74,7 @@ pub fn swiglu_forward<T: Real>(out: &mut [T], gate: &[T], up: &[T]) -> Result<()
 
 /// dgate = dout * up * silu'(gate), dup = dout * silu(gate) (both overwritten).
 pub fn swiglu_backward<T: Real>(
-    dgate: &mut [T],
-    dup: &mut [T],
-    dout: &[T],
-    gate: &[T],
-    up: &[T],
+    dgate: &mut [T], dup: &mut [T], dout: &[T], gate: &[T], up: &[T],
 ) -> Result<()> {
     check_swiglu_backward(dgate.len(), dup.len(), dout.len(), gate.len(), up.len())?;
     for i in 0..gate.len() {
@@ -94,11 +90,7 @@ pub trait SwigluOps: Memory {
     fn swiglu_forward(&self, out: &mut Self::Buffer, gate: &Self::Buffer, up: &Self::Buffer) -> Result<()>;
     /// SwiGLU's backward: the gradients of `gate` and `up` (overwritten).
     fn swiglu_backward(
-        &self,
-        dgate: &mut Self::Buffer,
-        dup: &mut Self::Buffer,
-        dout: &Self::Buffer,
-        gate: &Self::Buffer,
+        &self, dgate: &mut Self::Buffer, dup: &mut Self::Buffer, dout: &Self::Buffer, gate: &Self::Buffer,
         up: &Self::Buffer,
     ) -> Result<()>;
 }
@@ -108,12 +100,7 @@ impl SwigluOps for ReferenceBackend {
         in_f64([out], |[o]| swiglu_forward(o, &wide(gate), &wide(up)))
     }
     fn swiglu_backward(
-        &self,
-        dgate: &mut Vec<f32>,
-        dup: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        gate: &Vec<f32>,
-        up: &Vec<f32>,
+        &self, dgate: &mut Vec<f32>, dup: &mut Vec<f32>, dout: &Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>,
     ) -> Result<()> {
         in_f64([dgate, dup], |[dg, du]| {
             swiglu_backward(dg, du, &wide(dout), &wide(gate), &wide(up))

@@ -117,11 +117,7 @@ pub fn print_torch_line(torch: Option<&serde_json::Value>, python: &str, script:
 
 /// The image benchmarks' PyTorch call: `script --threads T --reps R --cases CASES`.
 pub fn torch_cases(
-    python: &str,
-    script: &str,
-    threads: usize,
-    reps: usize,
-    cases: &serde_json::Value,
+    python: &str, script: &str, threads: usize, reps: usize, cases: &serde_json::Value,
 ) -> Option<serde_json::Value> {
     let args = [
         "--threads".to_string(),

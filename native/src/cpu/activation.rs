@@ -8,24 +8,13 @@ use rusting_brain_core::Result;
 
 impl ActivationOps for CpuBackend {
     fn activation_forward(
-        &self,
-        act: Activation,
-        out: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        rows: usize,
-        cols: usize,
+        &self, act: Activation, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
         dense::activation_forward(act, out, inp, rows, cols)
     }
     fn activation_backward(
-        &self,
-        act: Activation,
-        dinp: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        inp: &Vec<f32>,
-        out: &Vec<f32>,
-        rows: usize,
-        cols: usize,
+        &self, act: Activation, dinp: &mut Vec<f32>, dout: &Vec<f32>, inp: &Vec<f32>, out: &Vec<f32>,
+        rows: usize, cols: usize,
     ) -> Result<()> {
         dense::activation_backward(act, dinp, dout, inp, out, rows, cols)
     }

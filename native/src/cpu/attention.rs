@@ -30,12 +30,7 @@ thread_local! {
 }
 
 pub fn attention_forward(
-    out: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    spec: &AttentionSpec,
+    out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], spec: &AttentionSpec,
 ) -> Result<()> {
     let (nq, _, _) = spec.check("attention_forward")?;
     spec.check_forward(out.len(), lse.len(), q.len(), k.len(), v.len())?;
@@ -83,15 +78,8 @@ pub(crate) fn with_scores<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
 /// four at once, so each cache row is read once for all of them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn row_heads(
-    spec: &AttentionSpec,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    row: usize,
-    h0: usize,
-    o: &mut [f32],
-    l: &mut [f32],
-    scores: &mut Vec<f32>,
+    spec: &AttentionSpec, q: &[f32], k: &[f32], v: &[f32], row: usize, h0: usize, o: &mut [f32],
+    l: &mut [f32], scores: &mut Vec<f32>,
 ) {
     let d = spec.head_dim;
     let scale = 1.0 / (d as f32).sqrt();
@@ -134,16 +122,8 @@ pub(crate) fn row_heads(
 
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    spec: &AttentionSpec,
+    dq: &mut [f32], dk: &mut [f32], dv: &mut [f32], dout: &[f32], q: &[f32], k: &[f32], v: &[f32],
+    out: &[f32], lse: &[f32], spec: &AttentionSpec,
 ) -> Result<()> {
     let (nq, nkv, nl) = spec.check("attention_backward")?;
     spec.check_backward([
@@ -368,14 +348,7 @@ fn small_gemm(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: View, rhs: Vie
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn small_tile<const R: usize>(
-    out: &mut [f32],
-    n: usize,
-    k: usize,
-    lhs: View,
-    i0: usize,
-    b: &[f32],
-    ldb: usize,
-    beta: f32,
+    out: &mut [f32], n: usize, k: usize, lhs: View, i0: usize, b: &[f32], ldb: usize, beta: f32,
 ) {
     use std::arch::x86_64::*;
     let mask = |lanes: usize| -> __mmask16 { ((1u32 << lanes.min(16)) - 1) as u16 };
@@ -547,12 +520,7 @@ fn short_dot(a: &[f32], b: &[f32]) -> f32 {
 const QUERY_BLOCK: usize = 32;
 
 pub(crate) fn attention_forward_blocked(
-    out: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    spec: &AttentionSpec,
+    out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], spec: &AttentionSpec,
 ) {
     let (d, hq, tq, tk) = (spec.head_dim, spec.q_heads, spec.q_len, spec.kv_len);
     let scale = 1.0 / (d as f32).sqrt();
@@ -621,16 +589,8 @@ pub(crate) fn attention_forward_blocked(
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_backward_blocked(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    spec: &AttentionSpec,
+    dq: &mut [f32], dk: &mut [f32], dv: &mut [f32], dout: &[f32], q: &[f32], k: &[f32], v: &[f32],
+    out: &[f32], lse: &[f32], spec: &AttentionSpec,
 ) {
     let (d, hq, hkv, tq, tk) = (
         spec.head_dim,
@@ -747,28 +707,14 @@ pub(crate) fn attention_backward_blocked(
 
 impl AttentionOps for CpuBackend {
     fn attention_forward(
-        &self,
-        out: &mut Vec<f32>,
-        lse: &mut Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
+        &self, out: &mut Vec<f32>, lse: &mut Vec<f32>, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>,
         spec: &AttentionSpec,
     ) -> Result<()> {
         attention_forward(out, lse, q, k, v, spec)
     }
     fn attention_backward(
-        &self,
-        dq: &mut Vec<f32>,
-        dk: &mut Vec<f32>,
-        dv: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        out: &Vec<f32>,
-        lse: &Vec<f32>,
-        spec: &AttentionSpec,
+        &self, dq: &mut Vec<f32>, dk: &mut Vec<f32>, dv: &mut Vec<f32>, dout: &Vec<f32>, q: &Vec<f32>,
+        k: &Vec<f32>, v: &Vec<f32>, out: &Vec<f32>, lse: &Vec<f32>, spec: &AttentionSpec,
     ) -> Result<()> {
         attention_backward(dq, dk, dv, dout, q, k, v, out, lse, spec)
     }

@@ -388,17 +388,8 @@ unsafe fn pack_b_panel(panel: &mut [u32], q: usize, b: &[f32], spec: &MatmulSpec
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<const ROW_MAJOR: bool>(
-    out: &mut [f32],
-    ldc: usize,
-    rows: usize,
-    cols: usize,
-    a: &[u32],
-    lda: usize,
-    panel: &[u32],
-    steps: usize,
-    alpha: f32,
-    beta: f32,
-    read: bool,
+    out: &mut [f32], ldc: usize, rows: usize, cols: usize, a: &[u32], lda: usize, panel: &[u32],
+    steps: usize, alpha: f32, beta: f32, read: bool,
 ) {
     use std::arch::x86_64::*;
     debug_assert!(panel.len() >= steps * NR);

@@ -21,11 +21,7 @@ const BAND_VALUES: usize = 1 << 20;
 const PARALLEL_MACS: usize = 1 << 18;
 
 pub fn conv2d(
-    out: &mut [f32],
-    inp: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    spec: &Conv2dSpec,
+    out: &mut [f32], inp: &[f32], weight: &[f32], bias: Option<&[f32]>, spec: &Conv2dSpec,
 ) -> Result<()> {
     let (oh, ow) = spec.check_lens(out.len(), inp.len(), weight.len(), bias.map(|b| b.len()))?;
     if out.is_empty() {
@@ -115,14 +111,7 @@ fn im2col(cols: &mut [f32], x: &[f32], spec: &Conv2dSpec, y0: usize, rows: usize
 /// row-major (`b` rows `b_rs` apart).
 #[allow(clippy::too_many_arguments)]
 fn gemm_into(
-    dst: &mut [f32],
-    dst_rs: usize,
-    col0: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f32],
-    b: &[f32],
+    dst: &mut [f32], dst_rs: usize, col0: usize, m: usize, n: usize, k: usize, a: &[f32], b: &[f32],
     b_rs: usize,
 ) {
     if m == 0 || n == 0 || k == 0 {
@@ -172,11 +161,7 @@ fn gemm_into(
 
 impl ConvOps for CpuBackend {
     fn conv2d(
-        &self,
-        out: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        bias: Option<&Vec<f32>>,
+        &self, out: &mut Vec<f32>, inp: &Vec<f32>, weight: &Vec<f32>, bias: Option<&Vec<f32>>,
         spec: &Conv2dSpec,
     ) -> Result<()> {
         conv2d(out, inp, weight, bias.map(|b| &b[..]), spec)

@@ -12,11 +12,7 @@ use crate::cpu::CpuBackend;
 use rusting_brain_core::backend::CrossEntropyOps;
 
 pub fn cross_entropy(
-    logits: &mut [f32],
-    targets: &[u32],
-    mask: Option<&[bool]>,
-    rows: usize,
-    vocab: usize,
+    logits: &mut [f32], targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
     grad_scale: Option<f32>,
 ) -> Result<CrossEntropySum> {
     const OP: &str = "cross_entropy";
@@ -75,12 +71,7 @@ pub fn cross_entropy(
 
 impl CrossEntropyOps for CpuBackend {
     fn cross_entropy(
-        &self,
-        logits: &mut Vec<f32>,
-        targets: &[u32],
-        mask: Option<&[bool]>,
-        rows: usize,
-        vocab: usize,
+        &self, logits: &mut Vec<f32>, targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
         cross_entropy(logits, targets, mask, rows, vocab, grad_scale)

@@ -16,11 +16,7 @@ fn lens(op: &'static str, rows: usize, cols: usize, bufs: &[(&'static str, usize
 }
 
 pub fn activation_forward(
-    act: Activation,
-    out: &mut [f32],
-    inp: &[f32],
-    rows: usize,
-    cols: usize,
+    act: Activation, out: &mut [f32], inp: &[f32], rows: usize, cols: usize,
 ) -> Result<()> {
     let per = lens(
         "activation_forward",
@@ -35,13 +31,7 @@ pub fn activation_forward(
 
 #[allow(clippy::too_many_arguments)]
 pub fn activation_backward(
-    act: Activation,
-    dinp: &mut [f32],
-    dout: &[f32],
-    inp: &[f32],
-    out: &[f32],
-    rows: usize,
-    cols: usize,
+    act: Activation, dinp: &mut [f32], dout: &[f32], inp: &[f32], out: &[f32], rows: usize, cols: usize,
 ) -> Result<()> {
     let per = lens(
         "activation_backward",
@@ -90,12 +80,7 @@ pub fn loss_forward(loss: Loss, pred: &[f32], target: &[f32], rows: usize, cols:
 }
 
 fn scaled_blocks(
-    dpred: &mut [f32],
-    pred: &[f32],
-    target: &[f32],
-    rows: usize,
-    cols: usize,
-    per: usize,
+    dpred: &mut [f32], pred: &[f32], target: &[f32], rows: usize, cols: usize, per: usize,
     f: impl Fn(&mut [f32], &[f32], &[f32], usize) -> Result<()> + Sync,
 ) -> Result<()> {
     // The reference divides by the block's own row count; rescale to the whole batch.
@@ -112,12 +97,7 @@ fn scaled_blocks(
 }
 
 pub fn loss_backward(
-    loss: Loss,
-    dpred: &mut [f32],
-    pred: &[f32],
-    target: &[f32],
-    rows: usize,
-    cols: usize,
+    loss: Loss, dpred: &mut [f32], pred: &[f32], target: &[f32], rows: usize, cols: usize,
 ) -> Result<()> {
     let per = lens(
         "loss_backward",
@@ -138,12 +118,7 @@ pub fn loss_backward(
 }
 
 pub fn fused_output_backward(
-    loss: Loss,
-    dlogits: &mut [f32],
-    pred: &[f32],
-    target: &[f32],
-    rows: usize,
-    cols: usize,
+    loss: Loss, dlogits: &mut [f32], pred: &[f32], target: &[f32], rows: usize, cols: usize,
 ) -> Result<()> {
     let per = lens(
         "fused_output_backward",

@@ -12,11 +12,7 @@ use crate::cpu::CpuBackend;
 use rusting_brain_core::backend::EmbeddingOps;
 
 pub fn embedding_forward(
-    out: &mut [f32],
-    table: &[f32],
-    ids: &[u32],
-    vocab: usize,
-    dim: usize,
+    out: &mut [f32], table: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     check_embedding(
         "embedding_forward",
@@ -38,11 +34,7 @@ pub fn embedding_forward(
 }
 
 pub fn embedding_backward(
-    dtable: &mut [f32],
-    dout: &[f32],
-    ids: &[u32],
-    vocab: usize,
-    dim: usize,
+    dtable: &mut [f32], dout: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     check_embedding(
         "embedding_backward",
@@ -81,22 +73,12 @@ pub fn embedding_backward(
 
 impl EmbeddingOps for CpuBackend {
     fn embedding_forward(
-        &self,
-        out: &mut Vec<f32>,
-        table: &Vec<f32>,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, out: &mut Vec<f32>, table: &Vec<f32>, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         embedding_forward(out, table, ids, vocab, dim)
     }
     fn embedding_backward(
-        &self,
-        dtable: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, dtable: &mut Vec<f32>, dout: &Vec<f32>, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         embedding_backward(dtable, dout, ids, vocab, dim)
     }

@@ -79,11 +79,7 @@ impl CpuBackend {
 /// checks the unfused calls would make of the spec and lengths are made here; `false`
 /// leaves the checking to those calls.
 pub(crate) fn fused_swiglu_row(
-    (op, name): (&'static str, &'static str),
-    spec: &MatmulSpec,
-    x: &[f32],
-    s: &mut [f32],
-    gate: &[f32],
+    (op, name): (&'static str, &'static str), spec: &MatmulSpec, x: &[f32], s: &mut [f32], gate: &[f32],
     up: &[f32],
 ) -> Result<bool> {
     if !(spec.one_row_of(x.len()) && spec.beta == 0.0) {

@@ -15,12 +15,7 @@ use crate::cpu::CpuBackend;
 use rusting_brain_core::backend::MoeOps;
 
 pub fn moe_combine(
-    out: &mut [f32],
-    y: &[f32],
-    row_of_slot: &[u32],
-    weight: &[f32],
-    top_k: usize,
-    dim: usize,
+    out: &mut [f32], y: &[f32], row_of_slot: &[u32], weight: &[f32], top_k: usize, dim: usize,
 ) -> Result<()> {
     check_combine("moe_combine", out.len(), y.len(), row_of_slot, weight, top_k, dim)?;
     out.par_chunks_mut(dim)
@@ -36,13 +31,7 @@ pub fn moe_combine(
 }
 
 pub fn moe_combine_backward(
-    dy: &mut [f32],
-    dout: &[f32],
-    y: &[f32],
-    row_of_slot: &[u32],
-    weight: &[f32],
-    top_k: usize,
-    dim: usize,
+    dy: &mut [f32], dout: &[f32], y: &[f32], row_of_slot: &[u32], weight: &[f32], top_k: usize, dim: usize,
 ) -> Result<Vec<f32>> {
     const OP: &str = "moe_combine_backward";
     let n = check_combine(OP, dout.len(), y.len(), row_of_slot, weight, top_k, dim)?;
@@ -74,25 +63,14 @@ pub fn moe_combine_backward(
 
 impl MoeOps for CpuBackend {
     fn moe_combine(
-        &self,
-        out: &mut Vec<f32>,
-        y: &Vec<f32>,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
+        &self, out: &mut Vec<f32>, y: &Vec<f32>, row_of_slot: &[u32], weight: &[f32], top_k: usize,
         dim: usize,
     ) -> Result<()> {
         moe_combine(out, y, row_of_slot, weight, top_k, dim)
     }
     fn moe_combine_backward(
-        &self,
-        dy: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        y: &Vec<f32>,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
-        dim: usize,
+        &self, dy: &mut Vec<f32>, dout: &Vec<f32>, y: &Vec<f32>, row_of_slot: &[u32], weight: &[f32],
+        top_k: usize, dim: usize,
     ) -> Result<Vec<f32>> {
         moe_combine_backward(dy, dout, y, row_of_slot, weight, top_k, dim)
     }

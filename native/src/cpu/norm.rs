@@ -54,12 +54,7 @@ fn mean_rstd(x: &[f32], eps: f32) -> (f32, f32, f32) {
 
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm(
-    out: &mut [f32],
-    inp: &[f32],
-    weight: Option<&[f32]>,
-    bias: Option<&[f32]>,
-    rows: usize,
-    dim: usize,
+    out: &mut [f32], inp: &[f32], weight: Option<&[f32]>, bias: Option<&[f32]>, rows: usize, dim: usize,
     eps: f32,
 ) -> Result<()> {
     check_layer_norm(
@@ -81,11 +76,7 @@ pub fn layer_norm(
 }
 
 pub fn group_norm(
-    out: &mut [f32],
-    inp: &[f32],
-    weight: Option<&[f32]>,
-    bias: Option<&[f32]>,
-    spec: &GroupNormSpec,
+    out: &mut [f32], inp: &[f32], weight: Option<&[f32]>, bias: Option<&[f32]>, spec: &GroupNormSpec,
 ) -> Result<()> {
     spec.check(
         out.len(),
@@ -122,11 +113,7 @@ pub fn group_norm(
 /// of per-feature values, stride 0 repeats one value.
 #[inline(always)]
 fn normalize(
-    o: &mut [f32],
-    x: &[f32],
-    (hi, lo): (f32, f32),
-    rstd: f32,
-    w: Option<(&[f32], usize)>,
+    o: &mut [f32], x: &[f32], (hi, lo): (f32, f32), rstd: f32, w: Option<(&[f32], usize)>,
     b: Option<(&[f32], usize)>,
 ) {
     for (i, (o, &x)) in o.iter_mut().zip(x).enumerate() {
@@ -143,24 +130,14 @@ fn normalize(
 
 impl NormOps for CpuBackend {
     fn group_norm(
-        &self,
-        out: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        weight: Option<&Vec<f32>>,
-        bias: Option<&Vec<f32>>,
+        &self, out: &mut Vec<f32>, inp: &Vec<f32>, weight: Option<&Vec<f32>>, bias: Option<&Vec<f32>>,
         spec: &GroupNormSpec,
     ) -> Result<()> {
         group_norm(out, inp, weight.map(|w| &w[..]), bias.map(|b| &b[..]), spec)
     }
     fn layer_norm(
-        &self,
-        out: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        weight: Option<&Vec<f32>>,
-        bias: Option<&Vec<f32>>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        &self, out: &mut Vec<f32>, inp: &Vec<f32>, weight: Option<&Vec<f32>>, bias: Option<&Vec<f32>>,
+        rows: usize, dim: usize, eps: f32,
     ) -> Result<()> {
         layer_norm(
             out,

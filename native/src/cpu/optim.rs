@@ -11,12 +11,7 @@ use crate::cpu::CpuBackend;
 use rusting_brain_core::backend::OptimOps;
 
 pub fn adam_update(
-    param: &mut [f32],
-    grad: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    hp: &AdamParams,
-    step: u64,
+    param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], hp: &AdamParams, step: u64,
 ) -> Result<()> {
     check_adam(param.len(), grad.len(), m.len(), v.len(), hp, step)?;
     let c = AdamConstants::<f32>::new(hp, step);
@@ -31,10 +26,7 @@ pub fn adam_update(
 }
 
 pub fn sgd_update(
-    param: &mut [f32],
-    grad: &[f32],
-    velocity: Option<&mut [f32]>,
-    hp: &SgdParams,
+    param: &mut [f32], grad: &[f32], velocity: Option<&mut [f32]>, hp: &SgdParams,
 ) -> Result<()> {
     check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
     let (lr, mu, wd, s) = (hp.lr, hp.momentum, hp.weight_decay, hp.grad_scale);
@@ -72,22 +64,13 @@ pub fn sgd_update(
 
 impl OptimOps for CpuBackend {
     fn adam_update(
-        &self,
-        param: &mut Vec<f32>,
-        grad: &Vec<f32>,
-        m: &mut Vec<f32>,
-        v: &mut Vec<f32>,
-        hp: &AdamParams,
+        &self, param: &mut Vec<f32>, grad: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, hp: &AdamParams,
         step: u64,
     ) -> Result<()> {
         adam_update(param, grad, m, v, hp, step)
     }
     fn sgd_update(
-        &self,
-        param: &mut Vec<f32>,
-        grad: &Vec<f32>,
-        velocity: Option<&mut Vec<f32>>,
-        hp: &SgdParams,
+        &self, param: &mut Vec<f32>, grad: &Vec<f32>, velocity: Option<&mut Vec<f32>>, hp: &SgdParams,
     ) -> Result<()> {
         sgd_update(param, grad, velocity.map(|v| v.as_mut_slice()), hp)
     }

@@ -114,14 +114,7 @@ impl Drop for RowBuf {
 
 #[allow(clippy::too_many_arguments)]
 pub fn q8_matmul(
-    out: &mut [f32],
-    x: &[f32],
-    packed: &[f32],
-    scales: &[f32],
-    m: usize,
-    n: usize,
-    k: usize,
-    beta: f32,
+    out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
     check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let pc = packed_cols(k);
@@ -275,12 +268,8 @@ pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]
 /// up's int8 products (weight rows `stride` bytes apart), then `o = silu(g) * u`. What
 /// each part of [`q8_swiglu`] and of [`q8_mlp`]'s first phase runs.
 fn swiglu_rows(
-    act: &simd::Int8Row<'_>,
-    first: usize,
-    [o, g, u]: [&mut [f32]; 3],
-    gate_w: (&[f32], &[f32]),
-    up_w: (&[f32], &[f32]),
-    stride: usize,
+    act: &simd::Int8Row<'_>, first: usize, [o, g, u]: [&mut [f32]; 3], gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]), stride: usize,
 ) {
     let at = first * stride;
     simd::q8_rows(g, act, &as_i8(gate_w.0)[at..], stride, &gate_w.1[first..], 0.0);
@@ -292,11 +281,7 @@ fn swiglu_rows(
 /// `gate = x Wg^T`, `up = x Wu^T` (`f` values each), `out = silu(gate) * up`, as one job of
 /// the team, each part taking the same rows of both products and gating them.
 pub fn q8_swiglu(
-    out: &mut [f32],
-    gate: &mut [f32],
-    up: &mut [f32],
-    x: &[f32],
-    gate_w: (&[f32], &[f32]),
+    out: &mut [f32], gate: &mut [f32], up: &mut [f32], x: &[f32], gate_w: (&[f32], &[f32]),
     up_w: (&[f32], &[f32]),
 ) -> Result<()> {
     let (f, d) = (out.len(), x.len());
@@ -331,14 +316,8 @@ pub fn q8_swiglu(
 /// between them.
 #[allow(clippy::too_many_arguments)]
 pub fn q8_mlp(
-    out: &mut [f32],
-    gate: &mut [f32],
-    up: &mut [f32],
-    s: &mut [f32],
-    x: &[f32],
-    gate_w: (&[f32], &[f32]),
-    up_w: (&[f32], &[f32]),
-    down_w: (&[f32], &[f32]),
+    out: &mut [f32], gate: &mut [f32], up: &mut [f32], s: &mut [f32], x: &[f32], gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]), down_w: (&[f32], &[f32]),
 ) -> Result<()> {
     let (f, d) = (s.len(), x.len());
     check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
@@ -563,12 +542,7 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
 }
 
 pub fn q8_embedding(
-    out: &mut [f32],
-    packed: &[f32],
-    scales: &[f32],
-    ids: &[u32],
-    vocab: usize,
-    dim: usize,
+    out: &mut [f32], packed: &[f32], scales: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "q8_embedding";
     check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
@@ -588,12 +562,7 @@ pub fn q8_embedding(
 
 impl Q8Ops for CpuBackend {
     fn q8_matmul(
-        &self,
-        out: &mut Vec<f32>,
-        x: &Vec<f32>,
-        packed: &Vec<f32>,
-        scales: &Vec<f32>,
-        spec: &MatmulSpec,
+        &self, out: &mut Vec<f32>, x: &Vec<f32>, packed: &Vec<f32>, scales: &Vec<f32>, spec: &MatmulSpec,
     ) -> Result<()> {
         let (x, out) = rusting_brain_core::ops::q8::q8_operands(spec, x, out)?;
         q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
@@ -619,14 +588,8 @@ impl Q8Ops for CpuBackend {
         q8_matmul_many(x, rows)
     }
     fn q8_swiglu(
-        &self,
-        out: &mut Vec<f32>,
-        gate: &mut Vec<f32>,
-        up: &mut Vec<f32>,
-        x: &Vec<f32>,
-        gate_w: (&Vec<f32>, &Vec<f32>),
-        up_w: (&Vec<f32>, &Vec<f32>),
-        spec: &MatmulSpec,
+        &self, out: &mut Vec<f32>, gate: &mut Vec<f32>, up: &mut Vec<f32>, x: &Vec<f32>,
+        gate_w: (&Vec<f32>, &Vec<f32>), up_w: (&Vec<f32>, &Vec<f32>), spec: &MatmulSpec,
     ) -> Result<()> {
         if !fused_swiglu_row(("q8_swiglu", "out"), spec, x, out, gate, up)? {
             return rusting_brain_core::backend::q8_swiglu_unfused(
@@ -664,13 +627,8 @@ impl Q8Ops for CpuBackend {
         })
     }
     fn q8_mlp(
-        &self,
-        out: &mut Vec<f32>,
-        [gate, up, s]: [&mut Vec<f32>; 3],
-        x: &Vec<f32>,
-        gate_w: (&Vec<f32>, &Vec<f32>),
-        up_w: (&Vec<f32>, &Vec<f32>),
-        down_w: (&Vec<f32>, &Vec<f32>),
+        &self, out: &mut Vec<f32>, [gate, up, s]: [&mut Vec<f32>; 3], x: &Vec<f32>,
+        gate_w: (&Vec<f32>, &Vec<f32>), up_w: (&Vec<f32>, &Vec<f32>), down_w: (&Vec<f32>, &Vec<f32>),
         spec: &MatmulSpec,
     ) -> Result<()> {
         // One activation row (a decode step's feed-forward): one phased job. Anything
@@ -700,12 +658,7 @@ impl Q8Ops for CpuBackend {
         )
     }
     fn q8_embedding(
-        &self,
-        out: &mut Vec<f32>,
-        packed: &Vec<f32>,
-        scales: &Vec<f32>,
-        ids: &[u32],
-        vocab: usize,
+        &self, out: &mut Vec<f32>, packed: &Vec<f32>, scales: &Vec<f32>, ids: &[u32], vocab: usize,
         dim: usize,
     ) -> Result<()> {
         q8_embedding(out, packed, scales, ids, vocab, dim)

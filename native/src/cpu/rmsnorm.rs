@@ -11,13 +11,7 @@ use rusting_brain_core::backend::RmsnormOps;
 
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_forward(
-    out: &mut [f32],
-    rstd: &mut [f32],
-    inp: &[f32],
-    weight: &[f32],
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    out: &mut [f32], rstd: &mut [f32], inp: &[f32], weight: &[f32], rows: usize, dim: usize, eps: f32,
 ) -> Result<()> {
     check_rmsnorm_forward(out.len(), rstd.len(), inp.len(), weight.len(), rows, dim)?;
     let band = |first: usize, o: &mut [f32], r: &mut [f32]| {
@@ -49,14 +43,8 @@ pub fn rmsnorm_forward(
 /// the result does not depend on the thread count.
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_backward(
-    dinp: &mut [f32],
-    dweight: &mut [f32],
-    dout: &[f32],
-    inp: &[f32],
-    weight: &[f32],
-    rstd: &[f32],
-    rows: usize,
-    dim: usize,
+    dinp: &mut [f32], dweight: &mut [f32], dout: &[f32], inp: &[f32], weight: &[f32], rstd: &[f32],
+    rows: usize, dim: usize,
 ) -> Result<()> {
     check_rmsnorm_backward(
         dinp.len(),
@@ -104,27 +92,14 @@ pub fn rmsnorm_backward(
 
 impl RmsnormOps for CpuBackend {
     fn rmsnorm_forward(
-        &self,
-        out: &mut Vec<f32>,
-        rstd: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        &self, out: &mut Vec<f32>, rstd: &mut Vec<f32>, inp: &Vec<f32>, weight: &Vec<f32>, rows: usize,
+        dim: usize, eps: f32,
     ) -> Result<()> {
         rmsnorm_forward(out, rstd, inp, weight, rows, dim, eps)
     }
     fn rmsnorm_backward(
-        &self,
-        dinp: &mut Vec<f32>,
-        dweight: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        inp: &Vec<f32>,
-        weight: &Vec<f32>,
-        rstd: &Vec<f32>,
-        rows: usize,
-        dim: usize,
+        &self, dinp: &mut Vec<f32>, dweight: &mut Vec<f32>, dout: &Vec<f32>, inp: &Vec<f32>,
+        weight: &Vec<f32>, rstd: &Vec<f32>, rows: usize, dim: usize,
     ) -> Result<()> {
         rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim)
     }

@@ -30,12 +30,7 @@ pub fn tile_floats(spec: &SdpaSpec) -> usize {
 /// layout, masks and bias): the fused kernel whose reference twin is core's `ops::sdpa`.
 #[allow(clippy::too_many_arguments)]
 pub fn sdpa(
-    out: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    key_mask: Option<&[bool]>,
-    bias: Option<&[f32]>,
+    out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], key_mask: Option<&[bool]>, bias: Option<&[f32]>,
     spec: &SdpaSpec,
 ) -> Result<()> {
     spec.check(
@@ -138,14 +133,8 @@ pub fn sdpa(
 
 impl SdpaOps for CpuBackend {
     fn sdpa(
-        &self,
-        out: &mut Vec<f32>,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        key_mask: Option<&[bool]>,
-        bias: Option<&Vec<f32>>,
-        spec: &SdpaSpec,
+        &self, out: &mut Vec<f32>, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>, key_mask: Option<&[bool]>,
+        bias: Option<&Vec<f32>>, spec: &SdpaSpec,
     ) -> Result<()> {
         sdpa(out, q, k, v, key_mask, bias.map(|b| &b[..]), spec)
     }

@@ -563,14 +563,8 @@ unsafe fn tile_sums_vnni(xs: [&[i8]; 4], rows: [&[i8]; 4], chunks: usize) -> std
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub fn tile4x4_i8(
-    out: &mut [f32],
-    stride: usize,
-    xs: [&[i8]; 4],
-    xsums: [i32; 4],
-    sx: [f32; 4],
-    rows: [&[i8]; 4],
-    scales: &[f32],
-    beta: f32,
+    out: &mut [f32], stride: usize, xs: [&[i8]; 4], xsums: [i32; 4], sx: [f32; 4], rows: [&[i8]; 4],
+    scales: &[f32], beta: f32,
 ) {
     let scales: &[f32; 4] = scales[..4].try_into().expect("four scales");
     let _ = &out[3 * stride..3 * stride + 4];
@@ -604,14 +598,8 @@ pub fn tile4x4_i8(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile4x4_i8_vnni(
-    out: &mut [f32],
-    stride: usize,
-    xs: [&[i8]; 4],
-    xsums: [i32; 4],
-    sx: [f32; 4],
-    rows: [&[i8]; 4],
-    scales: &[f32; 4],
-    beta: f32,
+    out: &mut [f32], stride: usize, xs: [&[i8]; 4], xsums: [i32; 4], sx: [f32; 4], rows: [&[i8]; 4],
+    scales: &[f32; 4], beta: f32,
 ) {
     use std::arch::x86_64::*;
     // SAFETY: the contract: every row is 64 * (len / 64) bytes.
@@ -907,11 +895,7 @@ fn sum_rows_body<const FMA: bool>(out: &mut [f32], mat: &[f32], x: &[f32], width
 
 #[inline(always)]
 fn adam_body<const FMA: bool>(
-    p: &mut [f32],
-    g: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    c: &AdamConstants<f32>,
+    p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: &AdamConstants<f32>,
 ) {
     // `rusting_brain_core::ops::optim::adam_element`, operation for operation (the tests
     // check the results are bit-identical), written with std's `f32::sqrt` — an LLVM
@@ -1088,11 +1072,7 @@ fn swiglu_body<const FMA: bool>(out: &mut [f32], gate: &[f32], up: &[f32]) {
 
 #[inline(always)]
 fn swiglu_backward_body<const FMA: bool>(
-    dgate: &mut [f32],
-    dup: &mut [f32],
-    dout: &[f32],
-    gate: &[f32],
-    up: &[f32],
+    dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &[f32], up: &[f32],
 ) {
     for i in 0..dgate
         .len()
@@ -1259,13 +1239,7 @@ unsafe fn fold16(acc: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__
 /// once for up to four heads instead of once a head: at decode time the rows come from L2
 /// or further, and reading them once a head was most of the scores' time.
 pub fn dot_rows_heads(
-    out: &mut [f32],
-    n: usize,
-    q: &[f32],
-    h: usize,
-    rows: &[f32],
-    stride: usize,
-    scale: f32,
+    out: &mut [f32], n: usize, q: &[f32], h: usize, rows: &[f32], stride: usize, scale: f32,
 ) {
     let d = q.len().checked_div(h).unwrap_or(0);
     assert!(
@@ -1313,12 +1287,7 @@ pub fn dot_rows_heads(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn dot_rows_heads_avx512<const H: usize>(
-    out: &mut [f32],
-    n: usize,
-    q: &[f32],
-    rows: &[f32],
-    stride: usize,
-    scale: f32,
+    out: &mut [f32], n: usize, q: &[f32], rows: &[f32], stride: usize, scale: f32,
 ) {
     use std::arch::x86_64::*;
     let d = q.len() / H;
@@ -1410,12 +1379,7 @@ pub fn axpy_rows_heads(out: &mut [f32], p: &[f32], n: usize, inv: &[f32], rows: 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn axpy_rows_heads_avx512<const H: usize>(
-    out: &mut [f32],
-    p: &[f32],
-    n: usize,
-    inv: &[f32],
-    rows: &[f32],
-    stride: usize,
+    out: &mut [f32], p: &[f32], n: usize, inv: &[f32], rows: &[f32], stride: usize,
 ) {
     use std::arch::x86_64::*;
     let d = out.len() / H;

@@ -66,12 +66,7 @@ impl SoftmaxOps for CpuBackend {
         softmax_forward(out, inp, rows, cols)
     }
     fn softmax_backward(
-        &self,
-        dinp: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        out: &Vec<f32>,
-        rows: usize,
-        cols: usize,
+        &self, dinp: &mut Vec<f32>, dout: &Vec<f32>, out: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
         softmax_backward(dinp, dout, out, rows, cols)
     }

@@ -8,12 +8,7 @@ use rusting_brain_core::ops::spatial::{check_upsample, PatchOrder, PatchSpec};
 use rusting_brain_core::Result;
 
 pub fn upsample_nearest2d(
-    out: &mut [f32],
-    inp: &[f32],
-    planes: usize,
-    h: usize,
-    w: usize,
-    s: usize,
+    out: &mut [f32], inp: &[f32], planes: usize, h: usize, w: usize, s: usize,
 ) -> Result<()> {
     check_upsample(out.len(), inp.len(), planes, h, w, s)?;
     let ow = w * s;
@@ -84,13 +79,7 @@ fn move_patches(out: &mut [f32], inp: &[f32], spec: &PatchSpec, to_tokens: bool)
 
 impl SpatialOps for CpuBackend {
     fn upsample_nearest2d(
-        &self,
-        out: &mut Vec<f32>,
-        inp: &Vec<f32>,
-        planes: usize,
-        h: usize,
-        w: usize,
-        scale: usize,
+        &self, out: &mut Vec<f32>, inp: &Vec<f32>, planes: usize, h: usize, w: usize, scale: usize,
     ) -> Result<()> {
         upsample_nearest2d(out, inp, planes, h, w, scale)
     }

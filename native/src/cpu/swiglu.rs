@@ -21,11 +21,7 @@ pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
 }
 
 pub fn swiglu_backward(
-    dgate: &mut [f32],
-    dup: &mut [f32],
-    dout: &[f32],
-    gate: &[f32],
-    up: &[f32],
+    dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &[f32], up: &[f32],
 ) -> Result<()> {
     check_swiglu_backward(dgate.len(), dup.len(), dout.len(), gate.len(), up.len())?;
     let c = ELEMENTS_PER_TASK;
@@ -44,12 +40,7 @@ impl SwigluOps for CpuBackend {
         swiglu_forward(out, gate, up)
     }
     fn swiglu_backward(
-        &self,
-        dgate: &mut Vec<f32>,
-        dup: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        gate: &Vec<f32>,
-        up: &Vec<f32>,
+        &self, dgate: &mut Vec<f32>, dup: &mut Vec<f32>, dout: &Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>,
     ) -> Result<()> {
         swiglu_backward(dgate, dup, dout, gate, up)
     }

@@ -106,13 +106,8 @@ impl CudaBackend {
 }
 
 pub(super) fn attention_forward(
-    be: &CudaBackend,
-    out: &mut CudaBuffer,
-    lse: &mut CudaBuffer,
-    q: &CudaBuffer,
-    k: &CudaBuffer,
-    v: &CudaBuffer,
-    spec: &AttentionSpec,
+    be: &CudaBackend, out: &mut CudaBuffer, lse: &mut CudaBuffer, q: &CudaBuffer, k: &CudaBuffer,
+    v: &CudaBuffer, spec: &AttentionSpec,
 ) -> Result<()> {
     spec.check_forward(out.len, lse.len, q.len, k.len, v.len)?;
     if spec.batch == 0 || spec.q_len == 0 || spec.q_heads == 0 {
@@ -136,17 +131,8 @@ pub(super) fn attention_forward(
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attention_backward(
-    be: &CudaBackend,
-    dq: &mut CudaBuffer,
-    dk: &mut CudaBuffer,
-    dv: &mut CudaBuffer,
-    dout: &CudaBuffer,
-    q: &CudaBuffer,
-    k: &CudaBuffer,
-    v: &CudaBuffer,
-    out: &CudaBuffer,
-    lse: &CudaBuffer,
-    spec: &AttentionSpec,
+    be: &CudaBackend, dq: &mut CudaBuffer, dk: &mut CudaBuffer, dv: &mut CudaBuffer, dout: &CudaBuffer,
+    q: &CudaBuffer, k: &CudaBuffer, v: &CudaBuffer, out: &CudaBuffer, lse: &CudaBuffer, spec: &AttentionSpec,
 ) -> Result<()> {
     spec.check_backward([
         dq.len, dk.len, dv.len, dout.len, q.len, k.len, v.len, out.len, lse.len,
@@ -188,27 +174,14 @@ pub(super) fn attention_backward(
 
 impl AttentionOps for CudaBackend {
     fn attention_forward(
-        &self,
-        out: &mut CudaBuffer,
-        lse: &mut CudaBuffer,
-        q: &CudaBuffer,
-        k: &CudaBuffer,
-        v: &CudaBuffer,
+        &self, out: &mut CudaBuffer, lse: &mut CudaBuffer, q: &CudaBuffer, k: &CudaBuffer, v: &CudaBuffer,
         spec: &AttentionSpec,
     ) -> Result<()> {
         attention_forward(self, out, lse, q, k, v, spec)
     }
     fn attention_backward(
-        &self,
-        dq: &mut CudaBuffer,
-        dk: &mut CudaBuffer,
-        dv: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        q: &CudaBuffer,
-        k: &CudaBuffer,
-        v: &CudaBuffer,
-        out: &CudaBuffer,
-        lse: &CudaBuffer,
+        &self, dq: &mut CudaBuffer, dk: &mut CudaBuffer, dv: &mut CudaBuffer, dout: &CudaBuffer,
+        q: &CudaBuffer, k: &CudaBuffer, v: &CudaBuffer, out: &CudaBuffer, lse: &CudaBuffer,
         spec: &AttentionSpec,
     ) -> Result<()> {
         attention_backward(self, dq, dk, dv, dout, q, k, v, out, lse, spec)

@@ -9,13 +9,8 @@ use rusting_brain_core::backend::CrossEntropySum;
 use rusting_brain_core::Result;
 
 pub(super) fn cross_entropy(
-    be: &CudaBackend,
-    logits: &mut CudaBuffer,
-    targets: &[u32],
-    mask: Option<&[bool]>,
-    rows: usize,
-    vocab: usize,
-    grad_scale: Option<f32>,
+    be: &CudaBackend, logits: &mut CudaBuffer, targets: &[u32], mask: Option<&[bool]>, rows: usize,
+    vocab: usize, grad_scale: Option<f32>,
 ) -> Result<CrossEntropySum> {
     ops::cross_entropy::check_cross_entropy(logits.len, targets, mask, rows, vocab)?;
     let counted = mask.map_or(rows, |m| m.iter().filter(|&&b| b).count());
@@ -51,12 +46,7 @@ pub(super) fn cross_entropy(
 
 impl CrossEntropyOps for CudaBackend {
     fn cross_entropy(
-        &self,
-        logits: &mut CudaBuffer,
-        targets: &[u32],
-        mask: Option<&[bool]>,
-        rows: usize,
-        vocab: usize,
+        &self, logits: &mut CudaBuffer, targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
         cross_entropy(self, logits, targets, mask, rows, vocab, grad_scale)

@@ -32,16 +32,8 @@ impl CudaBackend {
     /// `loss_backward` with `code`, scaled by 1 / the loss's divisor.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn loss_gradient(
-        &self,
-        op: &'static str,
-        grad_name: &'static str,
-        code: i32,
-        loss: Loss,
-        grad: &mut CudaBuffer,
-        pred: &CudaBuffer,
-        target: &CudaBuffer,
-        rows: usize,
-        cols: usize,
+        &self, op: &'static str, grad_name: &'static str, code: i32, loss: Loss, grad: &mut CudaBuffer,
+        pred: &CudaBuffer, target: &CudaBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
         let n = check_rows(op, rows, cols, &[("pred", pred.len), ("target", target.len)])?;
         check_len(op, grad_name, grad.len, n)?;
@@ -55,11 +47,7 @@ impl CudaBackend {
 }
 
 pub(super) fn add_bias(
-    be: &CudaBackend,
-    out: &mut CudaBuffer,
-    bias: &CudaBuffer,
-    rows: usize,
-    cols: usize,
+    be: &CudaBackend, out: &mut CudaBuffer, bias: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
     ops::elementwise::check_bias("add_bias", ["out", "bias"], out.len, bias.len, rows, cols)?;
     let n = rows * cols;
@@ -70,11 +58,7 @@ pub(super) fn add_bias(
 }
 
 pub(super) fn bias_backward(
-    be: &CudaBackend,
-    dbias: &mut CudaBuffer,
-    dout: &CudaBuffer,
-    rows: usize,
-    cols: usize,
+    be: &CudaBackend, dbias: &mut CudaBuffer, dout: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
     ops::elementwise::check_bias(
         "bias_backward",
@@ -91,12 +75,7 @@ pub(super) fn bias_backward(
 }
 
 pub(super) fn activation_forward(
-    be: &CudaBackend,
-    act: Activation,
-    out: &mut CudaBuffer,
-    inp: &CudaBuffer,
-    rows: usize,
-    cols: usize,
+    be: &CudaBackend, act: Activation, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
     let n = check_rows(
         "activation_forward",
@@ -116,14 +95,8 @@ pub(super) fn activation_forward(
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn activation_backward(
-    be: &CudaBackend,
-    act: Activation,
-    dinp: &mut CudaBuffer,
-    dout: &CudaBuffer,
-    inp: &CudaBuffer,
-    out: &CudaBuffer,
-    rows: usize,
-    cols: usize,
+    be: &CudaBackend, act: Activation, dinp: &mut CudaBuffer, dout: &CudaBuffer, inp: &CudaBuffer,
+    out: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
     const OP: &str = "activation_backward";
     let n = check_rows(OP, rows, cols, &[("inp", inp.len), ("out", out.len)])?;
@@ -141,12 +114,7 @@ pub(super) fn activation_backward(
 }
 
 pub(super) fn loss_forward(
-    be: &CudaBackend,
-    loss: Loss,
-    pred: &CudaBuffer,
-    target: &CudaBuffer,
-    rows: usize,
-    cols: usize,
+    be: &CudaBackend, loss: Loss, pred: &CudaBuffer, target: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<f64> {
     const OP: &str = "loss_forward";
     let n = check_rows(OP, rows, cols, &[("pred", pred.len), ("target", target.len)])?;
@@ -173,13 +141,8 @@ pub(super) fn loss_forward(
 }
 
 pub(super) fn loss_backward(
-    be: &CudaBackend,
-    loss: Loss,
-    dpred: &mut CudaBuffer,
-    pred: &CudaBuffer,
-    target: &CudaBuffer,
-    rows: usize,
-    cols: usize,
+    be: &CudaBackend, loss: Loss, dpred: &mut CudaBuffer, pred: &CudaBuffer, target: &CudaBuffer,
+    rows: usize, cols: usize,
 ) -> Result<()> {
     let code = loss_code(loss);
     be.loss_gradient(
@@ -196,13 +159,8 @@ pub(super) fn loss_backward(
 }
 
 pub(super) fn fused_output_backward(
-    be: &CudaBackend,
-    loss: Loss,
-    dlogits: &mut CudaBuffer,
-    pred: &CudaBuffer,
-    target: &CudaBuffer,
-    rows: usize,
-    cols: usize,
+    be: &CudaBackend, loss: Loss, dlogits: &mut CudaBuffer, pred: &CudaBuffer, target: &CudaBuffer,
+    rows: usize, cols: usize,
 ) -> Result<()> {
     be.loss_gradient(
         "fused_output_backward",

@@ -36,11 +36,7 @@ impl ElementwiseOps for CudaBackend {
         dense::add_bias(self, out, bias, rows, cols)
     }
     fn bias_backward(
-        &self,
-        dbias: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        rows: usize,
-        cols: usize,
+        &self, dbias: &mut CudaBuffer, dout: &CudaBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
         dense::bias_backward(self, dbias, dout, rows, cols)
     }

@@ -8,12 +8,7 @@ use rusting_brain_core::backend::EmbeddingOps;
 use rusting_brain_core::Result;
 
 pub(super) fn embedding_forward(
-    be: &CudaBackend,
-    out: &mut CudaBuffer,
-    table: &CudaBuffer,
-    ids: &[u32],
-    vocab: usize,
-    dim: usize,
+    be: &CudaBackend, out: &mut CudaBuffer, table: &CudaBuffer, ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     ops::embedding::check_embedding(
         "embedding_forward",
@@ -33,12 +28,7 @@ pub(super) fn embedding_forward(
 }
 
 pub(super) fn embedding_backward(
-    be: &CudaBackend,
-    dtable: &mut CudaBuffer,
-    dout: &CudaBuffer,
-    ids: &[u32],
-    vocab: usize,
-    dim: usize,
+    be: &CudaBackend, dtable: &mut CudaBuffer, dout: &CudaBuffer, ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     ops::embedding::check_embedding(
         "embedding_backward",
@@ -77,22 +67,12 @@ pub(super) fn embedding_backward(
 
 impl EmbeddingOps for CudaBackend {
     fn embedding_forward(
-        &self,
-        out: &mut CudaBuffer,
-        table: &CudaBuffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, out: &mut CudaBuffer, table: &CudaBuffer, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         embedding_forward(self, out, table, ids, vocab, dim)
     }
     fn embedding_backward(
-        &self,
-        dtable: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, dtable: &mut CudaBuffer, dout: &CudaBuffer, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         embedding_backward(self, dtable, dout, ids, vocab, dim)
     }

@@ -92,12 +92,7 @@ fn err(what: &str, e: lt::CublasError) -> String {
 }
 
 fn layout(
-    ty: sys::cudaDataType,
-    rows: usize,
-    cols: usize,
-    ld: usize,
-    batch: usize,
-    stride: usize,
+    ty: sys::cudaDataType, rows: usize, cols: usize, ld: usize, batch: usize, stride: usize,
 ) -> Result<sys::cublasLtMatrixLayout_t, String> {
     let l =
         lt::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64).map_err(|e| err("layout", e))?;
@@ -263,14 +258,7 @@ impl Lt {
     /// The addresses must hold the operands `key` describes, on this handle's device.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn run(
-        &mut self,
-        key: GemmKey,
-        a: u64,
-        b: u64,
-        c: u64,
-        alpha: f32,
-        beta: f32,
-        workspace: u64,
+        &mut self, key: GemmKey, a: u64, b: u64, c: u64, alpha: f32, beta: f32, workspace: u64,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), String> {
         let ws = self.workspace.len();

@@ -9,10 +9,7 @@ use rusting_brain_core::Result;
 
 impl CudaBackend {
     pub(super) fn sum_of_squares_into(
-        &self,
-        partials: &mut CudaSlice<f32>,
-        slot: usize,
-        x: &CudaBuffer,
+        &self, partials: &mut CudaSlice<f32>, slot: usize, x: &CudaBuffer,
     ) -> Result<()> {
         let mut view = partials.slice_mut(slot * REDUCE_BLOCKS..(slot + 1) * REDUCE_BLOCKS);
         launch!(self, "sum_of_squares", Self::reduce_cfg(x.len); &mut view, &x.data, &(x.len as i64))

@@ -23,9 +23,7 @@ impl DeviceBackend for CudaBackend {
 /// The device copy of `host` on device `ordinal`. The four weight-sized trees are counted
 /// against `budget_mib` before the first of them is allocated; `host` is not touched.
 pub(crate) fn device_copy(
-    host: &TransformerModel<CpuBackend>,
-    ordinal: usize,
-    budget_mib: usize,
+    host: &TransformerModel<CpuBackend>, ordinal: usize, budget_mib: usize,
 ) -> Result<TransformerModel<CudaBackend>> {
     // Refused before the device opens, so nothing is held.
     check_trainable(host, CudaBackend::KIND)?;

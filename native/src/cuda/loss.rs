@@ -9,33 +9,18 @@ use rusting_brain_core::Result;
 
 impl LossOps for CudaBackend {
     fn loss_forward(
-        &self,
-        loss: Loss,
-        pred: &CudaBuffer,
-        target: &CudaBuffer,
-        rows: usize,
-        cols: usize,
+        &self, loss: Loss, pred: &CudaBuffer, target: &CudaBuffer, rows: usize, cols: usize,
     ) -> Result<f64> {
         dense::loss_forward(self, loss, pred, target, rows, cols)
     }
     fn loss_backward(
-        &self,
-        loss: Loss,
-        dpred: &mut CudaBuffer,
-        pred: &CudaBuffer,
-        target: &CudaBuffer,
-        rows: usize,
+        &self, loss: Loss, dpred: &mut CudaBuffer, pred: &CudaBuffer, target: &CudaBuffer, rows: usize,
         cols: usize,
     ) -> Result<()> {
         dense::loss_backward(self, loss, dpred, pred, target, rows, cols)
     }
     fn fused_output_backward(
-        &self,
-        loss: Loss,
-        dlogits: &mut CudaBuffer,
-        pred: &CudaBuffer,
-        target: &CudaBuffer,
-        rows: usize,
+        &self, loss: Loss, dlogits: &mut CudaBuffer, pred: &CudaBuffer, target: &CudaBuffer, rows: usize,
         cols: usize,
     ) -> Result<()> {
         dense::fused_output_backward(self, loss, dlogits, pred, target, rows, cols)

@@ -11,22 +11,14 @@ use rusting_brain_core::Result;
 impl CudaBackend {
     /// Rounds `len` f32 of `src` from `offset` to bf16 into `dst`.
     pub(super) fn to_bf16(
-        &self,
-        dst: &mut CudaSlice<u16>,
-        src: &CudaBuffer,
-        offset: usize,
-        len: usize,
+        &self, dst: &mut CudaSlice<u16>, src: &CudaBuffer, offset: usize, len: usize,
     ) -> Result<()> {
         let view = src.data.slice(offset..offset + len);
         launch!(self, "to_bf16", grid(len); dst, &view, &(len as i64))
     }
 
     pub(super) fn gemm(
-        &self,
-        c: &mut CudaBuffer,
-        a: &CudaBuffer,
-        b: &CudaBuffer,
-        spec: &MatmulSpec,
+        &self, c: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, spec: &MatmulSpec,
     ) -> Result<()> {
         let (la, lb, lc) = spec.check("matmul", a.len, b.len, c.len)?;
         let (wa, wb, wc) = spec.window.map_or((0, 0, 0), |w| (w.a, w.b, w.c));
@@ -113,11 +105,7 @@ impl CudaBackend {
 }
 
 pub(super) fn matmul(
-    be: &CudaBackend,
-    c: &mut CudaBuffer,
-    a: &CudaBuffer,
-    b: &CudaBuffer,
-    spec: &MatmulSpec,
+    be: &CudaBackend, c: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, spec: &MatmulSpec,
 ) -> Result<()> {
     be.gemm(c, a, b, spec)
 }

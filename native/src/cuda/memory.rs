@@ -66,12 +66,7 @@ impl Memory for CudaBackend {
         self.copy_range(dst, 0, src, 0, src.len)
     }
     fn copy_range(
-        &self,
-        dst: &mut CudaBuffer,
-        dst_offset: usize,
-        src: &CudaBuffer,
-        src_offset: usize,
-        len: usize,
+        &self, dst: &mut CudaBuffer, dst_offset: usize, src: &CudaBuffer, src_offset: usize, len: usize,
     ) -> Result<()> {
         check_range("copy_range", "dst", dst.len, dst_offset, len)?;
         check_range("copy_range", "src", src.len, src_offset, len)?;

@@ -419,10 +419,7 @@ impl CudaBackend {
 
     /// A scratch buffer of at least `len` elements, grown (and counted) as needed.
     fn scratch<'a, T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-        &self,
-        slot: &'a mut Scratch<T>,
-        len: usize,
-        what: &str,
+        &self, slot: &'a mut Scratch<T>, len: usize, what: &str,
     ) -> Result<&'a mut CudaSlice<T>> {
         let have = slot.buf.as_ref().map_or(0, |b| b.len());
         if have < len {
@@ -463,8 +460,7 @@ impl CudaBackend {
     }
 
     fn upload_any<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-        &self,
-        data: &[T],
+        &self, data: &[T],
     ) -> Result<CudaSlice<T>> {
         // Short-lived like the index tables: checked against the budget, freed at the end
         // of the call.

@@ -8,13 +8,8 @@ use rusting_brain_core::backend::MoeOps;
 use rusting_brain_core::Result;
 
 pub(super) fn moe_combine(
-    be: &CudaBackend,
-    out: &mut CudaBuffer,
-    y: &CudaBuffer,
-    row_of_slot: &[u32],
-    weight: &[f32],
-    top_k: usize,
-    dim: usize,
+    be: &CudaBackend, out: &mut CudaBuffer, y: &CudaBuffer, row_of_slot: &[u32], weight: &[f32],
+    top_k: usize, dim: usize,
 ) -> Result<()> {
     let n = ops::moe::check_combine("moe_combine", out.len, y.len, row_of_slot, weight, top_k, dim)?;
     if n == 0 {
@@ -28,14 +23,8 @@ pub(super) fn moe_combine(
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn moe_combine_backward(
-    be: &CudaBackend,
-    dy: &mut CudaBuffer,
-    dout: &CudaBuffer,
-    y: &CudaBuffer,
-    row_of_slot: &[u32],
-    weight: &[f32],
-    top_k: usize,
-    dim: usize,
+    be: &CudaBackend, dy: &mut CudaBuffer, dout: &CudaBuffer, y: &CudaBuffer, row_of_slot: &[u32],
+    weight: &[f32], top_k: usize, dim: usize,
 ) -> Result<Vec<f32>> {
     const OP: &str = "moe_combine_backward";
     let n = ops::moe::check_combine(OP, dout.len, y.len, row_of_slot, weight, top_k, dim)?;
@@ -59,25 +48,14 @@ pub(super) fn moe_combine_backward(
 
 impl MoeOps for CudaBackend {
     fn moe_combine(
-        &self,
-        out: &mut CudaBuffer,
-        y: &CudaBuffer,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
+        &self, out: &mut CudaBuffer, y: &CudaBuffer, row_of_slot: &[u32], weight: &[f32], top_k: usize,
         dim: usize,
     ) -> Result<()> {
         moe_combine(self, out, y, row_of_slot, weight, top_k, dim)
     }
     fn moe_combine_backward(
-        &self,
-        dy: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        y: &CudaBuffer,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
-        dim: usize,
+        &self, dy: &mut CudaBuffer, dout: &CudaBuffer, y: &CudaBuffer, row_of_slot: &[u32], weight: &[f32],
+        top_k: usize, dim: usize,
     ) -> Result<Vec<f32>> {
         moe_combine_backward(self, dy, dout, y, row_of_slot, weight, top_k, dim)
     }

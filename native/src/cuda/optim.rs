@@ -10,13 +10,8 @@ use rusting_brain_core::backend::SgdParams;
 use rusting_brain_core::Result;
 
 pub(super) fn adam_update(
-    be: &CudaBackend,
-    param: &mut CudaBuffer,
-    grad: &CudaBuffer,
-    m: &mut CudaBuffer,
-    v: &mut CudaBuffer,
-    hp: &AdamParams,
-    step: u64,
+    be: &CudaBackend, param: &mut CudaBuffer, grad: &CudaBuffer, m: &mut CudaBuffer, v: &mut CudaBuffer,
+    hp: &AdamParams, step: u64,
 ) -> Result<()> {
     ops::optim::check_adam(param.len, grad.len, m.len, v.len, hp, step)?;
     let n = param.len;
@@ -31,10 +26,7 @@ pub(super) fn adam_update(
 }
 
 pub(super) fn sgd_update(
-    be: &CudaBackend,
-    param: &mut CudaBuffer,
-    grad: &CudaBuffer,
-    velocity: Option<&mut CudaBuffer>,
+    be: &CudaBackend, param: &mut CudaBuffer, grad: &CudaBuffer, velocity: Option<&mut CudaBuffer>,
     hp: &SgdParams,
 ) -> Result<()> {
     ops::optim::check_sgd(param.len, grad.len, velocity.as_ref().map(|v| v.len), hp)?;
@@ -55,22 +47,13 @@ pub(super) fn sgd_update(
 
 impl OptimOps for CudaBackend {
     fn adam_update(
-        &self,
-        param: &mut CudaBuffer,
-        grad: &CudaBuffer,
-        m: &mut CudaBuffer,
-        v: &mut CudaBuffer,
-        hp: &AdamParams,
-        step: u64,
+        &self, param: &mut CudaBuffer, grad: &CudaBuffer, m: &mut CudaBuffer, v: &mut CudaBuffer,
+        hp: &AdamParams, step: u64,
     ) -> Result<()> {
         adam_update(self, param, grad, m, v, hp, step)
     }
     fn sgd_update(
-        &self,
-        param: &mut CudaBuffer,
-        grad: &CudaBuffer,
-        velocity: Option<&mut CudaBuffer>,
-        hp: &SgdParams,
+        &self, param: &mut CudaBuffer, grad: &CudaBuffer, velocity: Option<&mut CudaBuffer>, hp: &SgdParams,
     ) -> Result<()> {
         sgd_update(self, param, grad, velocity, hp)
     }

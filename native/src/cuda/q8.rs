@@ -9,11 +9,7 @@ use rusting_brain_core::backend::Q8Ops;
 use rusting_brain_core::Result;
 
 pub(super) fn q8_matmul(
-    be: &CudaBackend,
-    out: &mut CudaBuffer,
-    x: &CudaBuffer,
-    packed: &CudaBuffer,
-    scales: &CudaBuffer,
+    be: &CudaBackend, out: &mut CudaBuffer, x: &CudaBuffer, packed: &CudaBuffer, scales: &CudaBuffer,
     spec: &MatmulSpec,
 ) -> Result<()> {
     const OP: &str = "q8_matmul";
@@ -65,13 +61,8 @@ pub(super) fn q8_matmul(
 }
 
 pub(super) fn q8_embedding(
-    be: &CudaBackend,
-    out: &mut CudaBuffer,
-    packed: &CudaBuffer,
-    scales: &CudaBuffer,
-    ids: &[u32],
-    vocab: usize,
-    dim: usize,
+    be: &CudaBackend, out: &mut CudaBuffer, packed: &CudaBuffer, scales: &CudaBuffer, ids: &[u32],
+    vocab: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "q8_embedding";
     ops::q8::check_q8(OP, packed.len, scales.len, vocab, dim)?;
@@ -91,22 +82,13 @@ pub(super) fn q8_embedding(
 
 impl Q8Ops for CudaBackend {
     fn q8_matmul(
-        &self,
-        out: &mut CudaBuffer,
-        x: &CudaBuffer,
-        packed: &CudaBuffer,
-        scales: &CudaBuffer,
+        &self, out: &mut CudaBuffer, x: &CudaBuffer, packed: &CudaBuffer, scales: &CudaBuffer,
         spec: &MatmulSpec,
     ) -> Result<()> {
         q8_matmul(self, out, x, packed, scales, spec)
     }
     fn q8_embedding(
-        &self,
-        out: &mut CudaBuffer,
-        packed: &CudaBuffer,
-        scales: &CudaBuffer,
-        ids: &[u32],
-        vocab: usize,
+        &self, out: &mut CudaBuffer, packed: &CudaBuffer, scales: &CudaBuffer, ids: &[u32], vocab: usize,
         dim: usize,
     ) -> Result<()> {
         q8_embedding(self, out, packed, scales, ids, vocab, dim)

@@ -11,11 +11,7 @@ impl CudaBackend {
     /// `acc[c] += sum over rows of m[r][c]` for an (rows, cols) matrix, in two fixed stages
     /// (chunks of rows, then the chunks in order): deterministic, and parallel over rows.
     pub(super) fn column_sum(
-        &self,
-        acc: &mut CudaSlice<f32>,
-        m: &CudaSlice<f32>,
-        rows: usize,
-        cols: usize,
+        &self, acc: &mut CudaSlice<f32>, m: &CudaSlice<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
         if rows == 0 || cols == 0 {
             return Ok(());
@@ -57,14 +53,8 @@ impl CudaBackend {
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn rmsnorm_forward(
-    be: &CudaBackend,
-    out: &mut CudaBuffer,
-    rstd: &mut CudaBuffer,
-    inp: &CudaBuffer,
-    weight: &CudaBuffer,
-    rows: usize,
-    dim: usize,
-    eps: f32,
+    be: &CudaBackend, out: &mut CudaBuffer, rstd: &mut CudaBuffer, inp: &CudaBuffer, weight: &CudaBuffer,
+    rows: usize, dim: usize, eps: f32,
 ) -> Result<()> {
     ops::rmsnorm::check_rmsnorm_forward(out.len, rstd.len, inp.len, weight.len, rows, dim)?;
     if rows == 0 {
@@ -77,15 +67,8 @@ pub(super) fn rmsnorm_forward(
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn rmsnorm_backward(
-    be: &CudaBackend,
-    dinp: &mut CudaBuffer,
-    dweight: &mut CudaBuffer,
-    dout: &CudaBuffer,
-    inp: &CudaBuffer,
-    weight: &CudaBuffer,
-    rstd: &CudaBuffer,
-    rows: usize,
-    dim: usize,
+    be: &CudaBackend, dinp: &mut CudaBuffer, dweight: &mut CudaBuffer, dout: &CudaBuffer, inp: &CudaBuffer,
+    weight: &CudaBuffer, rstd: &CudaBuffer, rows: usize, dim: usize,
 ) -> Result<()> {
     ops::rmsnorm::check_rmsnorm_backward(
         dinp.len,
@@ -116,27 +99,14 @@ pub(super) fn rmsnorm_backward(
 
 impl RmsnormOps for CudaBackend {
     fn rmsnorm_forward(
-        &self,
-        out: &mut CudaBuffer,
-        rstd: &mut CudaBuffer,
-        inp: &CudaBuffer,
-        weight: &CudaBuffer,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        &self, out: &mut CudaBuffer, rstd: &mut CudaBuffer, inp: &CudaBuffer, weight: &CudaBuffer,
+        rows: usize, dim: usize, eps: f32,
     ) -> Result<()> {
         rmsnorm_forward(self, out, rstd, inp, weight, rows, dim, eps)
     }
     fn rmsnorm_backward(
-        &self,
-        dinp: &mut CudaBuffer,
-        dweight: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        inp: &CudaBuffer,
-        weight: &CudaBuffer,
-        rstd: &CudaBuffer,
-        rows: usize,
-        dim: usize,
+        &self, dinp: &mut CudaBuffer, dweight: &mut CudaBuffer, dout: &CudaBuffer, inp: &CudaBuffer,
+        weight: &CudaBuffer, rstd: &CudaBuffer, rows: usize, dim: usize,
     ) -> Result<()> {
         rmsnorm_backward(self, dinp, dweight, dout, inp, weight, rstd, rows, dim)
     }

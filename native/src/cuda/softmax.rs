@@ -8,11 +8,7 @@ use rusting_brain_core::backend::SoftmaxOps;
 use rusting_brain_core::Result;
 
 pub(super) fn softmax_forward(
-    be: &CudaBackend,
-    out: &mut CudaBuffer,
-    inp: &CudaBuffer,
-    rows: usize,
-    cols: usize,
+    be: &CudaBackend, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
     check_rows(
         "softmax_forward",
@@ -28,12 +24,7 @@ pub(super) fn softmax_forward(
 }
 
 pub(super) fn softmax_backward(
-    be: &CudaBackend,
-    dinp: &mut CudaBuffer,
-    dout: &CudaBuffer,
-    out: &CudaBuffer,
-    rows: usize,
-    cols: usize,
+    be: &CudaBackend, dinp: &mut CudaBuffer, dout: &CudaBuffer, out: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
     check_rows(
         "softmax_backward",
@@ -50,21 +41,12 @@ pub(super) fn softmax_backward(
 
 impl SoftmaxOps for CudaBackend {
     fn softmax_forward(
-        &self,
-        out: &mut CudaBuffer,
-        inp: &CudaBuffer,
-        rows: usize,
-        cols: usize,
+        &self, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
         softmax_forward(self, out, inp, rows, cols)
     }
     fn softmax_backward(
-        &self,
-        dinp: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        out: &CudaBuffer,
-        rows: usize,
-        cols: usize,
+        &self, dinp: &mut CudaBuffer, dout: &CudaBuffer, out: &CudaBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
         softmax_backward(self, dinp, dout, out, rows, cols)
     }

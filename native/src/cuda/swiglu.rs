@@ -8,10 +8,7 @@ use rusting_brain_core::backend::SwigluOps;
 use rusting_brain_core::Result;
 
 pub(super) fn swiglu_forward(
-    be: &CudaBackend,
-    out: &mut CudaBuffer,
-    gate: &CudaBuffer,
-    up: &CudaBuffer,
+    be: &CudaBackend, out: &mut CudaBuffer, gate: &CudaBuffer, up: &CudaBuffer,
 ) -> Result<()> {
     ops::swiglu::check_swiglu_forward(out.len, gate.len, up.len)?;
     let n = out.len;
@@ -22,11 +19,7 @@ pub(super) fn swiglu_forward(
 }
 
 pub(super) fn swiglu_backward(
-    be: &CudaBackend,
-    dgate: &mut CudaBuffer,
-    dup: &mut CudaBuffer,
-    dout: &CudaBuffer,
-    gate: &CudaBuffer,
+    be: &CudaBackend, dgate: &mut CudaBuffer, dup: &mut CudaBuffer, dout: &CudaBuffer, gate: &CudaBuffer,
     up: &CudaBuffer,
 ) -> Result<()> {
     ops::swiglu::check_swiglu_backward(dgate.len, dup.len, dout.len, gate.len, up.len)?;
@@ -43,11 +36,7 @@ impl SwigluOps for CudaBackend {
         swiglu_forward(self, out, gate, up)
     }
     fn swiglu_backward(
-        &self,
-        dgate: &mut CudaBuffer,
-        dup: &mut CudaBuffer,
-        dout: &CudaBuffer,
-        gate: &CudaBuffer,
+        &self, dgate: &mut CudaBuffer, dup: &mut CudaBuffer, dout: &CudaBuffer, gate: &CudaBuffer,
         up: &CudaBuffer,
     ) -> Result<()> {
         swiglu_backward(self, dgate, dup, dout, gate, up)

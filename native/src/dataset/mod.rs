@@ -220,10 +220,7 @@ impl Dataset {
     /// class names come back beside the data.
     #[cfg(feature = "images")]
     pub fn from_image_folder(
-        dir: impl AsRef<Path>,
-        width: u32,
-        height: u32,
-        grayscale: bool,
+        dir: impl AsRef<Path>, width: u32, height: u32, grayscale: bool,
     ) -> Result<(Dataset, Vec<String>)> {
         images::read_folder(dir.as_ref(), width, height, grayscale)
     }

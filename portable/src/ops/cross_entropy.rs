@@ -9,12 +9,7 @@ use rusting_brain_core::Result;
 
 impl CrossEntropyOps for PortableBackend {
     fn cross_entropy(
-        &self,
-        logits: &mut Vec<f32>,
-        targets: &[u32],
-        mask: Option<&[bool]>,
-        rows: usize,
-        vocab: usize,
+        &self, logits: &mut Vec<f32>, targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
         cross_entropy::cross_entropy(logits, targets, mask, rows, vocab, grad_scale)

@@ -8,22 +8,12 @@ use rusting_brain_core::Result;
 
 impl EmbeddingOps for PortableBackend {
     fn embedding_forward(
-        &self,
-        out: &mut Vec<f32>,
-        table: &Vec<f32>,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, out: &mut Vec<f32>, table: &Vec<f32>, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         embedding::embedding_forward(out, table, ids, vocab, dim)
     }
     fn embedding_backward(
-        &self,
-        dtable: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, dtable: &mut Vec<f32>, dout: &Vec<f32>, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         embedding::embedding_backward(dtable, dout, ids, vocab, dim)
     }

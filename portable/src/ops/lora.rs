@@ -10,30 +10,15 @@ use rusting_brain_core::Result;
 
 impl LoraOps for PortableBackend {
     fn lora_forward(
-        &self,
-        y: &mut Vec<f32>,
-        t: &mut Vec<f32>,
-        x: &Vec<f32>,
-        a: &Vec<f32>,
-        b: &Vec<f32>,
-        s: &LoraSpec,
+        &self, y: &mut Vec<f32>, t: &mut Vec<f32>, x: &Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, s: &LoraSpec,
     ) -> Result<()> {
         s.check("lora_forward", x.len(), y.len(), t.len(), a.len(), b.len())?;
         lora::lora_down(t, x, a, s)?;
         lora::lora_up(y, t, b, s)
     }
     fn lora_backward(
-        &self,
-        dx: Option<&mut Vec<f32>>,
-        da: &mut Vec<f32>,
-        db: &mut Vec<f32>,
-        dt: &mut Vec<f32>,
-        dy: &Vec<f32>,
-        x: &Vec<f32>,
-        t: &Vec<f32>,
-        a: &Vec<f32>,
-        b: &Vec<f32>,
-        s: &LoraSpec,
+        &self, dx: Option<&mut Vec<f32>>, da: &mut Vec<f32>, db: &mut Vec<f32>, dt: &mut Vec<f32>,
+        dy: &Vec<f32>, x: &Vec<f32>, t: &Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, s: &LoraSpec,
     ) -> Result<()> {
         let mut sink;
         let dx = match dx {

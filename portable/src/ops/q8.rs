@@ -13,12 +13,7 @@ use rusting_brain_core::Result;
 
 impl Q8Ops for PortableBackend {
     fn q8_matmul(
-        &self,
-        out: &mut Vec<f32>,
-        x: &Vec<f32>,
-        packed: &Vec<f32>,
-        scales: &Vec<f32>,
-        spec: &MatmulSpec,
+        &self, out: &mut Vec<f32>, x: &Vec<f32>, packed: &Vec<f32>, scales: &Vec<f32>, spec: &MatmulSpec,
     ) -> Result<()> {
         let (x, out) = q8::q8_operands(spec, x, out)?;
         kernels::q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
@@ -32,14 +27,8 @@ impl Q8Ops for PortableBackend {
         kernels::q8_matmul_many(x, products)
     }
     fn q8_swiglu(
-        &self,
-        out: &mut Vec<f32>,
-        gate: &mut Vec<f32>,
-        up: &mut Vec<f32>,
-        x: &Vec<f32>,
-        gate_w: (&Vec<f32>, &Vec<f32>),
-        up_w: (&Vec<f32>, &Vec<f32>),
-        spec: &MatmulSpec,
+        &self, out: &mut Vec<f32>, gate: &mut Vec<f32>, up: &mut Vec<f32>, x: &Vec<f32>,
+        gate_w: (&Vec<f32>, &Vec<f32>), up_w: (&Vec<f32>, &Vec<f32>), spec: &MatmulSpec,
     ) -> Result<()> {
         if !spec.one_row_of(x.len()) {
             return q8_swiglu_unfused(self, out, gate, up, x, gate_w, up_w, spec);
@@ -47,12 +36,7 @@ impl Q8Ops for PortableBackend {
         kernels::q8_swiglu(out, gate, up, x, (gate_w.0, gate_w.1), (up_w.0, up_w.1), spec)
     }
     fn q8_embedding(
-        &self,
-        out: &mut Vec<f32>,
-        packed: &Vec<f32>,
-        scales: &Vec<f32>,
-        ids: &[u32],
-        vocab: usize,
+        &self, out: &mut Vec<f32>, packed: &Vec<f32>, scales: &Vec<f32>, ids: &[u32], vocab: usize,
         dim: usize,
     ) -> Result<()> {
         q8::q8_embedding(out, packed, scales, ids, vocab, dim)

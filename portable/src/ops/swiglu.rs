@@ -12,12 +12,7 @@ impl SwigluOps for PortableBackend {
         kernels::swiglu_forward(out, gate, up)
     }
     fn swiglu_backward(
-        &self,
-        dgate: &mut Vec<f32>,
-        dup: &mut Vec<f32>,
-        dout: &Vec<f32>,
-        gate: &Vec<f32>,
-        up: &Vec<f32>,
+        &self, dgate: &mut Vec<f32>, dup: &mut Vec<f32>, dout: &Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>,
     ) -> Result<()> {
         swiglu::swiglu_backward(dgate, dup, dout, gate, up)
     }

@@ -11,12 +11,7 @@ use rusting_brain_core::Result;
 
 impl ActivationOps for WgpuBackend {
     fn activation_forward(
-        &self,
-        act: Activation,
-        out: &mut GpuBuffer,
-        inp: &GpuBuffer,
-        rows: usize,
-        cols: usize,
+        &self, act: Activation, out: &mut GpuBuffer, inp: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
         rows_check(
             "activation_forward",
@@ -34,14 +29,8 @@ impl ActivationOps for WgpuBackend {
         )
     }
     fn activation_backward(
-        &self,
-        act: Activation,
-        dinp: &mut GpuBuffer,
-        dout: &GpuBuffer,
-        inp: &GpuBuffer,
-        out: &GpuBuffer,
-        rows: usize,
-        cols: usize,
+        &self, act: Activation, dinp: &mut GpuBuffer, dout: &GpuBuffer, inp: &GpuBuffer, out: &GpuBuffer,
+        rows: usize, cols: usize,
     ) -> Result<()> {
         rows_check(
             "activation_backward",

@@ -33,12 +33,8 @@ impl Batch<'_> {
     /// of size T x T is stored.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_backward(
-        &mut self,
-        [dq, dk, dv]: [&GpuBuffer; 3],
-        dout: &GpuBuffer,
-        [q, k, v, out, lse]: [&GpuBuffer; 5],
-        delta: &GpuBuffer,
-        spec: &AttentionSpec,
+        &mut self, [dq, dk, dv]: [&GpuBuffer; 3], dout: &GpuBuffer, [q, k, v, out, lse]: [&GpuBuffer; 5],
+        delta: &GpuBuffer, spec: &AttentionSpec,
     ) -> Result<(), ShaderError> {
         const OP: &str = "attention_backward";
         let (nq, nkv, nl) = spec.check(OP)?;
@@ -87,14 +83,8 @@ impl Batch<'_> {
     /// writes `out` and the log-sum-exp `lse`; `scratch` holds the scores.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
-        &mut self,
-        out: &GpuBuffer,
-        lse: &GpuBuffer,
-        q: &GpuBuffer,
-        k: &GpuBuffer,
-        v: &GpuBuffer,
-        scratch: &AttentionScratch,
-        spec: &AttentionSpec,
+        &mut self, out: &GpuBuffer, lse: &GpuBuffer, q: &GpuBuffer, k: &GpuBuffer, v: &GpuBuffer,
+        scratch: &AttentionScratch, spec: &AttentionSpec,
     ) -> Result<(), ShaderError> {
         const OP: &str = "attention";
         let (nq, nkv, nl) = spec.check(OP)?;
@@ -115,12 +105,7 @@ impl Batch<'_> {
 
 impl AttentionOps for WgpuBackend {
     fn attention_forward(
-        &self,
-        out: &mut GpuBuffer,
-        lse: &mut GpuBuffer,
-        q: &GpuBuffer,
-        k: &GpuBuffer,
-        v: &GpuBuffer,
+        &self, out: &mut GpuBuffer, lse: &mut GpuBuffer, q: &GpuBuffer, k: &GpuBuffer, v: &GpuBuffer,
         spec: &AttentionSpec,
     ) -> Result<()> {
         let (_, _, nl) = spec.check("attention_forward")?;
@@ -131,17 +116,8 @@ impl AttentionOps for WgpuBackend {
         })
     }
     fn attention_backward(
-        &self,
-        dq: &mut GpuBuffer,
-        dk: &mut GpuBuffer,
-        dv: &mut GpuBuffer,
-        dout: &GpuBuffer,
-        q: &GpuBuffer,
-        k: &GpuBuffer,
-        v: &GpuBuffer,
-        out: &GpuBuffer,
-        lse: &GpuBuffer,
-        spec: &AttentionSpec,
+        &self, dq: &mut GpuBuffer, dk: &mut GpuBuffer, dv: &mut GpuBuffer, dout: &GpuBuffer, q: &GpuBuffer,
+        k: &GpuBuffer, v: &GpuBuffer, out: &GpuBuffer, lse: &GpuBuffer, spec: &AttentionSpec,
     ) -> Result<()> {
         spec.check_backward([
             dq.len(),

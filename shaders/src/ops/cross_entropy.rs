@@ -16,11 +16,7 @@ impl Batch<'_> {
     /// Each row's loss `lse - logit[target]` into `loss` (0 for a row whose target is
     /// `NOT_COUNTED`); with `grad_scale`, the rows overwritten by their gradient.
     pub fn cross_entropy(
-        &mut self,
-        logits: &GpuBuffer,
-        targets: &GpuBuffer,
-        loss: &GpuBuffer,
-        (rows, vocab): (usize, usize),
+        &mut self, logits: &GpuBuffer, targets: &GpuBuffer, loss: &GpuBuffer, (rows, vocab): (usize, usize),
         grad_scale: Option<f32>,
     ) -> Result<(), ShaderError> {
         need("cross_entropy", "logits", logits, rows * vocab)?;
@@ -42,12 +38,7 @@ impl Batch<'_> {
 
 impl CrossEntropyOps for WgpuBackend {
     fn cross_entropy(
-        &self,
-        logits: &mut GpuBuffer,
-        targets: &[u32],
-        mask: Option<&[bool]>,
-        rows: usize,
-        vocab: usize,
+        &self, logits: &mut GpuBuffer, targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
         rusting_brain_core::ops::cross_entropy::check_cross_entropy(

@@ -11,12 +11,7 @@ impl Batch<'_> {
     /// One of the dense layers' element-wise or per-row ops on `y` (see `dense.wgsl` for
     /// the roles of `x`); lengths are checked by the caller.
     pub fn dense(
-        &mut self,
-        op: DenseOp,
-        x: [Option<&GpuBuffer>; 3],
-        y: &GpuBuffer,
-        rows: usize,
-        cols: usize,
+        &mut self, op: DenseOp, x: [Option<&GpuBuffer>; 3], y: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<(), ShaderError> {
         let (code, alpha, inv) = op.codes();
         let invocations = match op {
@@ -49,11 +44,7 @@ impl Batch<'_> {
     /// An optimizer step over `len` values: `words` are `optim.wgsl`'s parameters; `m`
     /// and `v` are the moments (Adam) or `m` the velocity (SGD with momentum).
     pub fn optim(
-        &mut self,
-        words: &[u32; 16],
-        param: &GpuBuffer,
-        grad: &GpuBuffer,
-        m: Option<&GpuBuffer>,
+        &mut self, words: &[u32; 16], param: &GpuBuffer, grad: &GpuBuffer, m: Option<&GpuBuffer>,
         v: Option<&GpuBuffer>,
     ) -> Result<(), ShaderError> {
         let len = words[1] as usize;
@@ -74,15 +65,9 @@ impl Batch<'_> {
     /// checked by the caller (the backend runs `MatmulSpec::check`).
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
-        &mut self,
-        c: &GpuBuffer,
-        a: &GpuBuffer,
-        b: &GpuBuffer,
-        (m, n, k, batch): (usize, usize, usize, usize),
-        (trans_a, trans_b): (bool, bool),
-        (alpha, beta): (f32, f32),
-        at: (usize, usize, usize),
-        bf16: bool,
+        &mut self, c: &GpuBuffer, a: &GpuBuffer, b: &GpuBuffer,
+        (m, n, k, batch): (usize, usize, usize, usize), (trans_a, trans_b): (bool, bool),
+        (alpha, beta): (f32, f32), at: (usize, usize, usize), bf16: bool,
     ) -> Result<(), ShaderError> {
         const OP: &str = "matmul";
         need(OP, "a", a, at.0 + batch * m * k)?;

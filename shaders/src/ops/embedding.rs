@@ -11,12 +11,7 @@ use rusting_brain_core::Result;
 impl Batch<'_> {
     /// `out[r] = table[ids[r]]`, rows of `dim`; ids must be in range (checked by the caller).
     pub fn embedding(
-        &mut self,
-        out: &GpuBuffer,
-        ids: &GpuBuffer,
-        table: &GpuBuffer,
-        rows: usize,
-        dim: usize,
+        &mut self, out: &GpuBuffer, ids: &GpuBuffer, table: &GpuBuffer, rows: usize, dim: usize,
     ) -> Result<(), ShaderError> {
         need("embedding", "ids", ids, rows)?;
         need("embedding", "out", out, rows * dim)?;
@@ -35,12 +30,7 @@ impl Batch<'_> {
     /// `dtable[id] += dout[position]` for every position of every id, from the grouping
     /// `embedding_groups` made on the host.
     pub fn embedding_backward(
-        &mut self,
-        dtable: &GpuBuffer,
-        groups: &GpuBuffer,
-        n_ids: usize,
-        dout: &GpuBuffer,
-        dim: usize,
+        &mut self, dtable: &GpuBuffer, groups: &GpuBuffer, n_ids: usize, dout: &GpuBuffer, dim: usize,
     ) -> Result<(), ShaderError> {
         need("embedding_backward", "groups", groups, 2 * n_ids + 1)?;
         if n_ids * dim == 0 {
@@ -93,12 +83,7 @@ pub fn embedding_groups(ids: &[u32], vocab: usize) -> (Vec<u32>, usize) {
 
 impl EmbeddingOps for WgpuBackend {
     fn embedding_forward(
-        &self,
-        out: &mut GpuBuffer,
-        table: &GpuBuffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, out: &mut GpuBuffer, table: &GpuBuffer, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         rusting_brain_core::ops::embedding::check_embedding(
             "embedding_forward",
@@ -115,12 +100,7 @@ impl EmbeddingOps for WgpuBackend {
         })
     }
     fn embedding_backward(
-        &self,
-        dtable: &mut GpuBuffer,
-        dout: &GpuBuffer,
-        ids: &[u32],
-        vocab: usize,
-        dim: usize,
+        &self, dtable: &mut GpuBuffer, dout: &GpuBuffer, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
         rusting_brain_core::ops::embedding::check_embedding(
             "embedding_backward",

@@ -14,11 +14,7 @@ impl Batch<'_> {
     /// Partial sums of `x[..len]^2` into `partials[offset..]`, one per
     /// [`SUM_OF_SQUARES_CHUNK`] values; returns how many were written.
     pub fn sum_of_squares(
-        &mut self,
-        partials: &GpuBuffer,
-        offset: usize,
-        x: &GpuBuffer,
-        len: usize,
+        &mut self, partials: &GpuBuffer, offset: usize, x: &GpuBuffer, len: usize,
     ) -> Result<usize, ShaderError> {
         let groups = len.div_ceil(SUM_OF_SQUARES_CHUNK);
         need("sum_of_squares", "x", x, len)?;

@@ -16,13 +16,7 @@ impl Batch<'_> {
     /// `t = x A^T` (kept), `y += scale * t B^T`, one workgroup per row, on the windows of
     /// `s`; ranks up to `LORA_MAX_RANK`.
     pub fn lora_forward(
-        &mut self,
-        y: &GpuBuffer,
-        t: &GpuBuffer,
-        x: &GpuBuffer,
-        a: &GpuBuffer,
-        b: &GpuBuffer,
-        s: &LoraSpec,
+        &mut self, y: &GpuBuffer, t: &GpuBuffer, x: &GpuBuffer, a: &GpuBuffer, b: &GpuBuffer, s: &LoraSpec,
     ) -> Result<(), ShaderError> {
         if s.rank == 0 || s.rank > LORA_MAX_RANK {
             return Err(ShaderError::Invalid(format!(
@@ -59,12 +53,7 @@ impl Batch<'_> {
 
 impl LoraOps for WgpuBackend {
     fn lora_forward(
-        &self,
-        y: &mut GpuBuffer,
-        t: &mut GpuBuffer,
-        x: &GpuBuffer,
-        a: &GpuBuffer,
-        b: &GpuBuffer,
+        &self, y: &mut GpuBuffer, t: &mut GpuBuffer, x: &GpuBuffer, a: &GpuBuffer, b: &GpuBuffer,
         s: &LoraSpec,
     ) -> Result<()> {
         s.check("lora_forward", x.len(), y.len(), t.len(), a.len(), b.len())?;

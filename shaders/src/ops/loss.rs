@@ -12,12 +12,7 @@ use rusting_brain_core::Result;
 
 impl LossOps for WgpuBackend {
     fn loss_forward(
-        &self,
-        loss: Loss,
-        pred: &GpuBuffer,
-        target: &GpuBuffer,
-        rows: usize,
-        cols: usize,
+        &self, loss: Loss, pred: &GpuBuffer, target: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<f64> {
         // A scalar for the progress report: computed by the reference on the read-back
         // values, so it means exactly what it means on the CPU.
@@ -30,12 +25,7 @@ impl LossOps for WgpuBackend {
         )
     }
     fn loss_backward(
-        &self,
-        loss: Loss,
-        dpred: &mut GpuBuffer,
-        pred: &GpuBuffer,
-        target: &GpuBuffer,
-        rows: usize,
+        &self, loss: Loss, dpred: &mut GpuBuffer, pred: &GpuBuffer, target: &GpuBuffer, rows: usize,
         cols: usize,
     ) -> Result<()> {
         rows_check(
@@ -61,12 +51,7 @@ impl LossOps for WgpuBackend {
         )
     }
     fn fused_output_backward(
-        &self,
-        loss: Loss,
-        dlogits: &mut GpuBuffer,
-        pred: &GpuBuffer,
-        target: &GpuBuffer,
-        rows: usize,
+        &self, loss: Loss, dlogits: &mut GpuBuffer, pred: &GpuBuffer, target: &GpuBuffer, rows: usize,
         cols: usize,
     ) -> Result<()> {
         rows_check(

@@ -67,12 +67,7 @@ impl Memory for WgpuBackend {
         self.record(|b, _| b.copy(dst, 0, src, 0, n))
     }
     fn copy_range(
-        &self,
-        dst: &mut GpuBuffer,
-        dst_offset: usize,
-        src: &GpuBuffer,
-        src_offset: usize,
-        len: usize,
+        &self, dst: &mut GpuBuffer, dst_offset: usize, src: &GpuBuffer, src_offset: usize, len: usize,
     ) -> Result<()> {
         self.record(|b, _| b.copy(dst, dst_offset, src, src_offset, len))
     }

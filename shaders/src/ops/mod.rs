@@ -202,21 +202,13 @@ impl Gpu {
 
 impl Batch<'_> {
     fn dispatch(
-        &mut self,
-        kernel: Kernel,
-        params: &[u32],
-        buffers: &[&GpuBuffer],
-        groups: (u32, u32),
+        &mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32),
     ) -> Result<(), ShaderError> {
         self.dispatch3(kernel, params, buffers, (groups.0, groups.1, 1))
     }
 
     fn dispatch3(
-        &mut self,
-        kernel: Kernel,
-        params: &[u32],
-        buffers: &[&GpuBuffer],
-        groups: (u32, u32, u32),
+        &mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32, u32),
     ) -> Result<(), ShaderError> {
         // A buffer over one binding is bound only through a slab view (the int8 products
         // and lookups make them); anything else would be a validation error on the device.
@@ -335,12 +327,7 @@ impl Batch<'_> {
 
     /// Copies `n` words from `src[src_at..]` to `dst[dst_at..]` (the KV-cache append).
     pub fn copy(
-        &mut self,
-        dst: &GpuBuffer,
-        dst_at: usize,
-        src: &GpuBuffer,
-        src_at: usize,
-        n: usize,
+        &mut self, dst: &GpuBuffer, dst_at: usize, src: &GpuBuffer, src_at: usize, n: usize,
     ) -> Result<(), ShaderError> {
         need("copy", "src", src, src_at + n)?;
         need("copy", "dst", dst, dst_at + n)?;

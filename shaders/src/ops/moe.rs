@@ -16,14 +16,8 @@ impl Batch<'_> {
     /// dout[token]` (overwritten) and each slot's weight gradient into `dweight`.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine_backward(
-        &mut self,
-        dy: &GpuBuffer,
-        dweight: &GpuBuffer,
-        row_of_slot: &GpuBuffer,
-        weight: &GpuBuffer,
-        dout: &GpuBuffer,
-        y: &GpuBuffer,
-        (rows, dim, top_k): (usize, usize, usize),
+        &mut self, dy: &GpuBuffer, dweight: &GpuBuffer, row_of_slot: &GpuBuffer, weight: &GpuBuffer,
+        dout: &GpuBuffer, y: &GpuBuffer, (rows, dim, top_k): (usize, usize, usize),
     ) -> Result<(), ShaderError> {
         const OP: &str = "moe_combine_backward";
         let slots = rows * top_k;
@@ -51,14 +45,8 @@ impl Batch<'_> {
     /// (rows x top_k, rank order).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_route(
-        &mut self,
-        expert: &GpuBuffer,
-        weight: &GpuBuffer,
-        logits: &GpuBuffer,
-        rows: usize,
-        n_experts: usize,
-        top_k: usize,
-        renormalize: bool,
+        &mut self, expert: &GpuBuffer, weight: &GpuBuffer, logits: &GpuBuffer, rows: usize, n_experts: usize,
+        top_k: usize, renormalize: bool,
     ) -> Result<(), ShaderError> {
         const OP: &str = "moe_route";
         if n_experts == 0 || n_experts > 256 || top_k == 0 || top_k > n_experts {
@@ -92,15 +80,8 @@ impl Batch<'_> {
     /// left alone. `x_per_token`: slot s reads activation row s / top_k (else row s).
     #[allow(clippy::too_many_arguments)]
     pub fn q8_expert(
-        &mut self,
-        out: &GpuBuffer,
-        xq: &GpuBuffer,
-        xs: &GpuBuffer,
-        w: &GpuBuffer,
-        ws: &GpuBuffer,
-        expert: &GpuBuffer,
-        (slots, n, k, top_k): (usize, usize, usize, usize),
-        x_per_token: bool,
+        &mut self, out: &GpuBuffer, xq: &GpuBuffer, xs: &GpuBuffer, w: &GpuBuffer, ws: &GpuBuffer,
+        expert: &GpuBuffer, (slots, n, k, top_k): (usize, usize, usize, usize), x_per_token: bool,
         only: usize,
     ) -> Result<(), ShaderError> {
         const OP: &str = "q8_expert";
@@ -145,14 +126,8 @@ impl Batch<'_> {
     /// `dim` (`row_of_slot` as the identity when the expert outputs are in slot order).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(
-        &mut self,
-        x: &GpuBuffer,
-        row_of_slot: &GpuBuffer,
-        weight: &GpuBuffer,
-        y: &GpuBuffer,
-        rows: usize,
-        dim: usize,
-        top_k: usize,
+        &mut self, x: &GpuBuffer, row_of_slot: &GpuBuffer, weight: &GpuBuffer, y: &GpuBuffer, rows: usize,
+        dim: usize, top_k: usize,
     ) -> Result<(), ShaderError> {
         need("moe_combine", "x", x, rows * dim)?;
         need("moe_combine", "row_of_slot", row_of_slot, rows * top_k)?;
@@ -174,12 +149,7 @@ impl Batch<'_> {
 
 impl MoeOps for WgpuBackend {
     fn moe_combine(
-        &self,
-        out: &mut GpuBuffer,
-        y: &GpuBuffer,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
+        &self, out: &mut GpuBuffer, y: &GpuBuffer, row_of_slot: &[u32], weight: &[f32], top_k: usize,
         dim: usize,
     ) -> Result<()> {
         let n = rusting_brain_core::ops::moe::check_combine(
@@ -198,14 +168,8 @@ impl MoeOps for WgpuBackend {
         })
     }
     fn moe_combine_backward(
-        &self,
-        dy: &mut GpuBuffer,
-        dout: &GpuBuffer,
-        y: &GpuBuffer,
-        row_of_slot: &[u32],
-        weight: &[f32],
-        top_k: usize,
-        dim: usize,
+        &self, dy: &mut GpuBuffer, dout: &GpuBuffer, y: &GpuBuffer, row_of_slot: &[u32], weight: &[f32],
+        top_k: usize, dim: usize,
     ) -> Result<Vec<f32>> {
         const OP: &str = "moe_combine_backward";
         let n = rusting_brain_core::ops::moe::check_combine(
@@ -233,14 +197,8 @@ impl MoeOps for WgpuBackend {
         true
     }
     fn moe_route(
-        &self,
-        expert: &mut GpuBuffer,
-        weight: &mut GpuBuffer,
-        logits: &GpuBuffer,
-        n: usize,
-        n_experts: usize,
-        top_k: usize,
-        renormalize: bool,
+        &self, expert: &mut GpuBuffer, weight: &mut GpuBuffer, logits: &GpuBuffer, n: usize,
+        n_experts: usize, top_k: usize, renormalize: bool,
     ) -> Result<()> {
         const OP: &str = "moe_route";
         check_len(OP, "logits", logits.len(), n * n_experts)?;
@@ -249,11 +207,7 @@ impl MoeOps for WgpuBackend {
         self.record(|b, _| b.moe_route(expert, weight, logits, n, n_experts, top_k, renormalize))
     }
     fn q8_matmul_routed(
-        &self,
-        out: &mut GpuBuffer,
-        x: &GpuBuffer,
-        experts: &[(&GpuBuffer, &GpuBuffer)],
-        expert: &GpuBuffer,
+        &self, out: &mut GpuBuffer, x: &GpuBuffer, experts: &[(&GpuBuffer, &GpuBuffer)], expert: &GpuBuffer,
         spec: &RoutedSpec,
     ) -> Result<()> {
         let lens: Vec<(usize, usize)> = experts.iter().map(|(p, s)| (p.len(), s.len())).collect();
@@ -282,12 +236,7 @@ impl MoeOps for WgpuBackend {
         })
     }
     fn moe_combine_slots(
-        &self,
-        out: &mut GpuBuffer,
-        y: &GpuBuffer,
-        weight: &GpuBuffer,
-        top_k: usize,
-        dim: usize,
+        &self, out: &mut GpuBuffer, y: &GpuBuffer, weight: &GpuBuffer, top_k: usize, dim: usize,
     ) -> Result<()> {
         const OP: &str = "moe_combine_slots";
         if top_k == 0 || dim == 0 || !weight.len().is_multiple_of(top_k) {

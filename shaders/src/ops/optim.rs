@@ -13,13 +13,8 @@ use rusting_brain_core::Result;
 
 impl OptimOps for WgpuBackend {
     fn adam_update(
-        &self,
-        param: &mut GpuBuffer,
-        grad: &GpuBuffer,
-        m: &mut GpuBuffer,
-        v: &mut GpuBuffer,
-        hp: &AdamParams,
-        step: u64,
+        &self, param: &mut GpuBuffer, grad: &GpuBuffer, m: &mut GpuBuffer, v: &mut GpuBuffer,
+        hp: &AdamParams, step: u64,
     ) -> Result<()> {
         check_adam(param.len(), grad.len(), m.len(), v.len(), hp, step)?;
         let c = AdamConstants::<f32>::new(hp, step);
@@ -44,11 +39,7 @@ impl OptimOps for WgpuBackend {
         self.record(|b, _| b.optim(&words, param, grad, Some(m), Some(v)))
     }
     fn sgd_update(
-        &self,
-        param: &mut GpuBuffer,
-        grad: &GpuBuffer,
-        velocity: Option<&mut GpuBuffer>,
-        hp: &SgdParams,
+        &self, param: &mut GpuBuffer, grad: &GpuBuffer, velocity: Option<&mut GpuBuffer>, hp: &SgdParams,
     ) -> Result<()> {
         check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
         let momentum = if velocity.is_some() { hp.momentum } else { 0.0 };

@@ -14,12 +14,7 @@ impl Batch<'_> {
     /// Each row of `x` (rows x cols) to int8 with its own scale: `xq` gets
     /// `rows * packed_cols(cols)` packed words, `xs` the scales.
     pub fn quantize_activations(
-        &mut self,
-        xq: &GpuBuffer,
-        xs: &GpuBuffer,
-        x: &GpuBuffer,
-        rows: usize,
-        cols: usize,
+        &mut self, xq: &GpuBuffer, xs: &GpuBuffer, x: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<(), ShaderError> {
         const OP: &str = "quantize_activations";
         let pc = packed_cols(cols);
@@ -38,16 +33,8 @@ impl Batch<'_> {
     /// [`Batch::quantize_activations`]) and int8 weights `w` (n x packed_cols(k)) with scales `ws`.
     #[allow(clippy::too_many_arguments)]
     pub fn q8_matmul(
-        &mut self,
-        out: &GpuBuffer,
-        xq: &GpuBuffer,
-        xs: &GpuBuffer,
-        w: &GpuBuffer,
-        ws: &GpuBuffer,
-        m: usize,
-        n: usize,
-        k: usize,
-        beta: f32,
+        &mut self, out: &GpuBuffer, xq: &GpuBuffer, xs: &GpuBuffer, w: &GpuBuffer, ws: &GpuBuffer, m: usize,
+        n: usize, k: usize, beta: f32,
     ) -> Result<(), ShaderError> {
         self.q8_matmul_cols(out, (n, 0), xq, xs, w, ws, m, n, k, beta)
     }
@@ -56,17 +43,8 @@ impl Batch<'_> {
     /// one row slab of a weight split across bindings.
     #[allow(clippy::too_many_arguments)]
     pub fn q8_matmul_cols(
-        &mut self,
-        out: &GpuBuffer,
-        (out_n, j0): (usize, usize),
-        xq: &GpuBuffer,
-        xs: &GpuBuffer,
-        w: &GpuBuffer,
-        ws: &GpuBuffer,
-        m: usize,
-        n: usize,
-        k: usize,
-        beta: f32,
+        &mut self, out: &GpuBuffer, (out_n, j0): (usize, usize), xq: &GpuBuffer, xs: &GpuBuffer,
+        w: &GpuBuffer, ws: &GpuBuffer, m: usize, n: usize, k: usize, beta: f32,
     ) -> Result<(), ShaderError> {
         const OP: &str = "q8_matmul";
         let pc = packed_cols(k);
@@ -129,14 +107,8 @@ impl Batch<'_> {
     /// itself (the sampler's) is in range by construction, and a stray one reads as NaN.
     #[allow(clippy::too_many_arguments)]
     pub fn q8_embedding(
-        &mut self,
-        out: &GpuBuffer,
-        ids: &GpuBuffer,
-        table: &GpuBuffer,
-        scales: &GpuBuffer,
-        rows: usize,
-        vocab: usize,
-        dim: usize,
+        &mut self, out: &GpuBuffer, ids: &GpuBuffer, table: &GpuBuffer, scales: &GpuBuffer, rows: usize,
+        vocab: usize, dim: usize,
     ) -> Result<(), ShaderError> {
         self.q8_embedding_slab(out, ids, table, scales, rows, vocab, dim, (0, vocab))
     }
@@ -145,15 +117,8 @@ impl Batch<'_> {
     /// holds rows `id0 .. id0 + slab_rows`; other ids are left to the other slabs' calls.
     #[allow(clippy::too_many_arguments)]
     pub fn q8_embedding_slab(
-        &mut self,
-        out: &GpuBuffer,
-        ids: &GpuBuffer,
-        table: &GpuBuffer,
-        scales: &GpuBuffer,
-        rows: usize,
-        vocab: usize,
-        dim: usize,
-        (id0, slab_rows): (usize, usize),
+        &mut self, out: &GpuBuffer, ids: &GpuBuffer, table: &GpuBuffer, scales: &GpuBuffer, rows: usize,
+        vocab: usize, dim: usize, (id0, slab_rows): (usize, usize),
     ) -> Result<(), ShaderError> {
         const OP: &str = "q8_embedding";
         let pc = packed_cols(dim);
@@ -213,12 +178,7 @@ impl Batch<'_> {
 
 impl Q8Ops for WgpuBackend {
     fn q8_matmul(
-        &self,
-        out: &mut GpuBuffer,
-        x: &GpuBuffer,
-        packed: &GpuBuffer,
-        scales: &GpuBuffer,
-        spec: &MatmulSpec,
+        &self, out: &mut GpuBuffer, x: &GpuBuffer, packed: &GpuBuffer, scales: &GpuBuffer, spec: &MatmulSpec,
     ) -> Result<()> {
         if spec.batch != 1 || !spec.trans_b || spec.trans_a || spec.alpha != 1.0 {
             return Err(unsupported("a batched, transposed or scaled int8 product"));
@@ -277,12 +237,7 @@ impl Q8Ops for WgpuBackend {
         })
     }
     fn q8_embedding(
-        &self,
-        out: &mut GpuBuffer,
-        packed: &GpuBuffer,
-        scales: &GpuBuffer,
-        ids: &[u32],
-        vocab: usize,
+        &self, out: &mut GpuBuffer, packed: &GpuBuffer, scales: &GpuBuffer, ids: &[u32], vocab: usize,
         dim: usize,
     ) -> Result<()> {
         rusting_brain_core::ops::embedding::check_ids("q8_embedding", ids, vocab)?;

@@ -12,15 +12,8 @@ impl Batch<'_> {
     /// over rows, then one over columns that adds the rows in order).
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_backward(
-        &mut self,
-        dinp: &GpuBuffer,
-        dweight: &GpuBuffer,
-        dout: &GpuBuffer,
-        inp: &GpuBuffer,
-        weight: &GpuBuffer,
-        rstd: &GpuBuffer,
-        rows: usize,
-        dim: usize,
+        &mut self, dinp: &GpuBuffer, dweight: &GpuBuffer, dout: &GpuBuffer, inp: &GpuBuffer,
+        weight: &GpuBuffer, rstd: &GpuBuffer, rows: usize, dim: usize,
     ) -> Result<(), ShaderError> {
         const OP: &str = "rmsnorm_backward";
         let n = rows
@@ -49,14 +42,8 @@ impl Batch<'_> {
     /// `out = x / sqrt(mean(x^2) + eps) * weight` per row; `rstd` gets each row's factor.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm(
-        &mut self,
-        out: &GpuBuffer,
-        rstd: &GpuBuffer,
-        inp: &GpuBuffer,
-        weight: &GpuBuffer,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        &mut self, out: &GpuBuffer, rstd: &GpuBuffer, inp: &GpuBuffer, weight: &GpuBuffer, rows: usize,
+        dim: usize, eps: f32,
     ) -> Result<(), ShaderError> {
         const OP: &str = "rmsnorm";
         let n = rows
@@ -77,14 +64,8 @@ impl Batch<'_> {
 
 impl RmsnormOps for WgpuBackend {
     fn rmsnorm_forward(
-        &self,
-        out: &mut GpuBuffer,
-        rstd: &mut GpuBuffer,
-        inp: &GpuBuffer,
-        weight: &GpuBuffer,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        &self, out: &mut GpuBuffer, rstd: &mut GpuBuffer, inp: &GpuBuffer, weight: &GpuBuffer, rows: usize,
+        dim: usize, eps: f32,
     ) -> Result<()> {
         rusting_brain_core::ops::rmsnorm::check_rmsnorm_forward(
             out.len(),
@@ -97,15 +78,8 @@ impl RmsnormOps for WgpuBackend {
         self.record(|b, _| b.rmsnorm(out, rstd, inp, weight, rows, dim, eps))
     }
     fn rmsnorm_backward(
-        &self,
-        dinp: &mut GpuBuffer,
-        dweight: &mut GpuBuffer,
-        dout: &GpuBuffer,
-        inp: &GpuBuffer,
-        weight: &GpuBuffer,
-        rstd: &GpuBuffer,
-        rows: usize,
-        dim: usize,
+        &self, dinp: &mut GpuBuffer, dweight: &mut GpuBuffer, dout: &GpuBuffer, inp: &GpuBuffer,
+        weight: &GpuBuffer, rstd: &GpuBuffer, rows: usize, dim: usize,
     ) -> Result<()> {
         rusting_brain_core::ops::rmsnorm::check_rmsnorm_backward(
             dinp.len(),

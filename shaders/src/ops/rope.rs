@@ -13,11 +13,7 @@ impl Batch<'_> {
     /// position (see [`rope_table`]) up to at least `pos_offset + seq`. `inverse` rotates
     /// back (the backward pass).
     pub fn rope(
-        &mut self,
-        x: &GpuBuffer,
-        table: &GpuBuffer,
-        spec: &RopeSpec,
-        inverse: bool,
+        &mut self, x: &GpuBuffer, table: &GpuBuffer, spec: &RopeSpec, inverse: bool,
     ) -> Result<(), ShaderError> {
         const OP: &str = "rope";
         let rows = spec.batch * spec.seq;

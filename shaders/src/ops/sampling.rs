@@ -6,11 +6,7 @@ use super::*;
 impl Batch<'_> {
     /// `ids[r]` = the index of row r's largest value (ties: the lower index).
     pub fn argmax(
-        &mut self,
-        ids: &GpuBuffer,
-        logits: &GpuBuffer,
-        rows: usize,
-        cols: usize,
+        &mut self, ids: &GpuBuffer, logits: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<(), ShaderError> {
         need("argmax", "logits", logits, rows * cols)?;
         need("argmax", "ids", ids, rows)?;
@@ -34,11 +30,7 @@ impl Batch<'_> {
     /// The repetition penalty on one row of `logits`, in place, at `n_ids` distinct ids
     /// (all inside the row; see [`context_ids`]).
     pub fn penalize(
-        &mut self,
-        logits: &GpuBuffer,
-        ids: &GpuBuffer,
-        n_ids: usize,
-        penalty: f32,
+        &mut self, logits: &GpuBuffer, ids: &GpuBuffer, n_ids: usize, penalty: f32,
     ) -> Result<(), ShaderError> {
         need("penalize", "ids", ids, n_ids)?;
         if n_ids == 0 || penalty == 1.0 {
@@ -56,13 +48,8 @@ impl Batch<'_> {
     /// The `k` largest values of `logits` (one row of `cols`), most likely first, ties to
     /// the lower index: ids into `top_ids`, values into `top_vals`; `scratch` holds a copy.
     pub fn topk(
-        &mut self,
-        top_ids: &GpuBuffer,
-        top_vals: &GpuBuffer,
-        scratch: &GpuBuffer,
-        logits: &GpuBuffer,
-        cols: usize,
-        k: usize,
+        &mut self, top_ids: &GpuBuffer, top_vals: &GpuBuffer, scratch: &GpuBuffer, logits: &GpuBuffer,
+        cols: usize, k: usize,
     ) -> Result<(), ShaderError> {
         need("topk", "logits", logits, cols)?;
         need("topk", "scratch", scratch, cols)?;

@@ -14,12 +14,7 @@ impl SoftmaxOps for WgpuBackend {
         self.activation_forward(Activation::Softmax, out, inp, rows, cols)
     }
     fn softmax_backward(
-        &self,
-        dinp: &mut GpuBuffer,
-        dout: &GpuBuffer,
-        out: &GpuBuffer,
-        rows: usize,
-        cols: usize,
+        &self, dinp: &mut GpuBuffer, dout: &GpuBuffer, out: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
         rows_check(
             "softmax_backward",

@@ -9,12 +9,7 @@ use rusting_brain_core::Result;
 impl Batch<'_> {
     /// Backward of [`Batch::swiglu`] over `len` values: `dgate`, `dup` overwritten.
     pub fn swiglu_backward(
-        &mut self,
-        dgate: &GpuBuffer,
-        dup: &GpuBuffer,
-        dout: &GpuBuffer,
-        gate: &GpuBuffer,
-        up: &GpuBuffer,
+        &mut self, dgate: &GpuBuffer, dup: &GpuBuffer, dout: &GpuBuffer, gate: &GpuBuffer, up: &GpuBuffer,
         len: usize,
     ) -> Result<(), ShaderError> {
         for (name, b) in [
@@ -40,11 +35,7 @@ impl Batch<'_> {
 
     /// `out = silu(gate) * up` over `len` values.
     pub fn swiglu(
-        &mut self,
-        out: &GpuBuffer,
-        gate: &GpuBuffer,
-        up: &GpuBuffer,
-        len: usize,
+        &mut self, out: &GpuBuffer, gate: &GpuBuffer, up: &GpuBuffer, len: usize,
     ) -> Result<(), ShaderError> {
         for (name, b) in [("out", out), ("gate", gate), ("up", up)] {
             need("swiglu", name, b, len)?;
@@ -69,12 +60,7 @@ impl SwigluOps for WgpuBackend {
         self.record(|b, _| b.swiglu(out, gate, up, n))
     }
     fn swiglu_backward(
-        &self,
-        dgate: &mut GpuBuffer,
-        dup: &mut GpuBuffer,
-        dout: &GpuBuffer,
-        gate: &GpuBuffer,
-        up: &GpuBuffer,
+        &self, dgate: &mut GpuBuffer, dup: &mut GpuBuffer, dout: &GpuBuffer, gate: &GpuBuffer, up: &GpuBuffer,
     ) -> Result<()> {
         rusting_brain_core::ops::swiglu::check_swiglu_backward(
             dgate.len(),

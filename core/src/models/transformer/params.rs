@@ -148,9 +148,7 @@ impl<T> Swiglu<T> {
         }
     }
     fn try_map<U, E>(
-        self,
-        prefix: &str,
-        f: &mut impl FnMut(&str, T) -> Result<U, E>,
+        self, prefix: &str, f: &mut impl FnMut(&str, T) -> Result<U, E>,
     ) -> Result<Swiglu<U>, E> {
         Ok(Swiglu {
             gate: f(&format!("{prefix}gate_proj.weight"), self.gate)?,
@@ -234,9 +232,7 @@ impl<T> Block<T> {
     /// Every leaf through `f` with its name under `prefix` (`model.layers.3.`), in the
     /// order of [`Tree::into_leaves`].
     pub fn try_map<U, E>(
-        self,
-        prefix: &str,
-        f: &mut impl FnMut(&str, T) -> Result<U, E>,
+        self, prefix: &str, f: &mut impl FnMut(&str, T) -> Result<U, E>,
     ) -> Result<Block<U>, E> {
         let mut g = |name: &str, t: T| f(&format!("{prefix}{name}"), t);
         let attn_norm = g("input_layernorm.weight", self.attn_norm)?;

@@ -171,10 +171,7 @@ impl Reply {
     /// Takes a drawn id: hands it to `on_token` (whose `false` means stop) unless it is
     /// the end id, and says whether it is fed back.
     pub fn drawn(
-        &mut self,
-        conversation: &mut Conversation,
-        id: u32,
-        on_token: impl FnOnce(u32) -> bool,
+        &mut self, conversation: &mut Conversation, id: u32, on_token: impl FnOnce(u32) -> bool,
     ) -> Turn {
         if Some(id) == self.end {
             return Turn::Done(Finish::End);
