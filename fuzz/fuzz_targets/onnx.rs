@@ -2,7 +2,7 @@
 //! its declared shapes when they are fixed and small.
 //!
 //! tract asserts some graph invariants with panics; `OnnxModel` catches those and returns
-//! an error (`guarded` in native/src/onnx.rs). libFuzzer's panic hook would abort on them
+//! an error (`guarded` in native/src/dense/onnx.rs). libFuzzer's panic hook would abort on them
 //! even though they are caught, so panics raised inside tract's own crates pass here, and
 //! the target checks the call returned (an error); a panic anywhere else still aborts.
 #![no_main]

@@ -1,7 +1,7 @@
 //! Every CUDA kernel against `rusting_brain_core`'s own reference op, with no GPU: the
 //! kernel files run on the CPU emulator (`emulate/driver.cpp` over `emulate/cuda_shim.h`,
 //! one CPU thread per CUDA thread, warp barriers for shuffles), launched as the CUDA
-//! backend launches them (`native/src/cuda`: the same argument order, grid and block
+//! backend launches them (`native/src/backend/cuda`: the same argument order, grid and block
 //! sizes), and what they write is compared here with core's op on the same inputs. The
 //! C++ side only moves bytes; the oracle is the Rust reference the CPU and wgpu backends
 //! are tested against.

@@ -61,51 +61,41 @@
 // docs.rs (nightly) labels each feature-gated item with its feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod chat;
-mod checkpoint;
-pub mod cpu;
-#[cfg(feature = "cuda-backend")]
-pub mod cuda;
-mod dataset;
-#[cfg(any(feature = "gpu", feature = "cuda-backend"))]
-mod device;
-pub mod dit;
-pub mod encoders;
+// By domain: the backends, file I/O, language models, dense networks, images.
+mod backend;
+mod dense;
 mod error;
-mod files;
-#[cfg(feature = "gpu")]
-pub mod gpu;
-mod hf;
-pub mod image_pipeline;
-mod lora;
-mod network;
-mod network_json;
-#[cfg(feature = "onnx")]
-mod onnx;
-mod onnx_export;
-mod pipeline_dir;
-#[cfg(feature = "onnx")]
-pub use onnx::{OnnxDim, OnnxIo, OnnxModel, OnnxOutput};
-pub mod profile;
-pub mod scheduler;
-mod token_file;
-mod tokenize;
-mod transformer;
-pub mod unet;
-pub mod vae;
-mod weights;
+mod image;
+mod io;
+mod lm;
 
-pub use chat::{ChatMessage, ChatTemplate, GenerationConfig};
-pub use checkpoint::Precision;
-pub use dataset::{Dataset, Statistics, SPLIT_SEED};
+pub use backend::cpu;
+#[cfg(feature = "cuda-backend")]
+pub use backend::cuda;
+#[cfg(feature = "gpu")]
+pub use backend::gpu;
+pub use backend::profile;
+#[cfg(feature = "onnx")]
+pub use dense::onnx::{OnnxDim, OnnxIo, OnnxModel, OnnxOutput};
+pub use image::pipeline as image_pipeline;
+pub use image::{dit, encoders, scheduler, unet, vae};
+
+pub use dense::dataset::{Dataset, Statistics, SPLIT_SEED};
+pub use dense::network::{Network, NetworkBuilder, TrainConfig};
 pub use dit::Dit;
 pub use encoders::{ClipTextEncoder, T5Encoder, TextEncoder};
 pub use error::NetworkError;
+pub use image::folder::{Component, PipelineFolder};
+pub use image::tokenize::{klein_prompt, ClipTokenizer, PromptTokenizer};
 pub use image_pipeline::{
     component_sizes, ComponentSize, Conditioning, ImagePipeline, Latent, Noise, PipelineConfig, Solver,
 };
-pub use network::{Network, NetworkBuilder, TrainConfig};
-pub use pipeline_dir::{Component, PipelineFolder};
+pub use io::precision::Precision;
+pub use lm::chat::{ChatMessage, ChatTemplate, GenerationConfig};
+pub use lm::token_file::TokenFile;
+pub use lm::transformer::{
+    Decoder, KvCaches, ParameterCounts, StepLoss, TransformerLm, TransformerLmBuilder,
+};
 pub use rusting_brain_core as core;
 pub use rusting_brain_core::models::transformer::{LoraConfig, TokenBatch, TransformerConfig, LORA_TARGETS};
 pub use rusting_brain_core::{Activation, Backend, CoreError, Loss, Optimizer, ReferenceBackend};
@@ -113,9 +103,6 @@ pub use rusting_brain_core::{RopeScaling, Sampler, Schedule};
 /// Which GPU adapter `to_gpu_with` asks for (feature `gpu`).
 #[cfg(feature = "gpu")]
 pub use rusting_brain_shaders::{GpuCounters, GpuOptions};
-pub use token_file::TokenFile;
-pub use tokenize::{klein_prompt, ClipTokenizer, PromptTokenizer};
-pub use transformer::{Decoder, KvCaches, ParameterCounts, StepLoss, TransformerLm, TransformerLmBuilder};
 pub use unet::Unet;
 
 /// Result type of this crate.

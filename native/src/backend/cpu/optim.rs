@@ -1,0 +1,77 @@
+//! Optimizer updates on the CPU: element-wise in parallel, each element through the very
+//! function the reference uses (`adam_element`), so results match it bit for bit.
+//! Twin of `rusting_brain_core::ops::optim`.
+
+use rayon::prelude::*;
+use rusting_brain_core::ops::optim::{check_adam, check_sgd, AdamConstants, AdamParams, SgdParams};
+use rusting_brain_core::Result;
+
+use super::{simd, ELEMENTS_PER_TASK};
+use crate::backend::cpu::CpuBackend;
+use rusting_brain_core::backend::OptimOps;
+
+pub fn adam_update(
+    param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], hp: &AdamParams, step: u64,
+) -> Result<()> {
+    check_adam(param.len(), grad.len(), m.len(), v.len(), hp, step)?;
+    let c = AdamConstants::<f32>::new(hp, step);
+    let e = ELEMENTS_PER_TASK;
+    param
+        .par_chunks_mut(e)
+        .zip(grad.par_chunks(e))
+        .zip(m.par_chunks_mut(e))
+        .zip(v.par_chunks_mut(e))
+        .for_each(|(((p, g), m), v)| simd::adam(p, g, m, v, &c));
+    Ok(())
+}
+
+pub fn sgd_update(
+    param: &mut [f32], grad: &[f32], velocity: Option<&mut [f32]>, hp: &SgdParams,
+) -> Result<()> {
+    check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
+    let (lr, mu, wd, s) = (hp.lr, hp.momentum, hp.weight_decay, hp.grad_scale);
+    let e = ELEMENTS_PER_TASK;
+    match velocity {
+        None => {
+            param
+                .par_chunks_mut(e)
+                .zip(grad.par_chunks(e))
+                .for_each(|(p, g)| {
+                    for i in 0..p.len() {
+                        let gi = g[i] * s + wd * p[i];
+                        p[i] -= lr * gi;
+                    }
+                });
+            Ok(())
+        }
+        Some(buf) => {
+            param
+                .par_chunks_mut(e)
+                .zip(grad.par_chunks(e))
+                .zip(buf.par_chunks_mut(e))
+                .for_each(|((p, g), b)| {
+                    for i in 0..p.len() {
+                        let gi = g[i] * s + wd * p[i];
+                        b[i] = mu * b[i] + gi;
+                        let d = if hp.nesterov { gi + mu * b[i] } else { b[i] };
+                        p[i] -= lr * d;
+                    }
+                });
+            Ok(())
+        }
+    }
+}
+
+impl OptimOps for CpuBackend {
+    fn adam_update(
+        &self, param: &mut Vec<f32>, grad: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, hp: &AdamParams,
+        step: u64,
+    ) -> Result<()> {
+        adam_update(param, grad, m, v, hp, step)
+    }
+    fn sgd_update(
+        &self, param: &mut Vec<f32>, grad: &Vec<f32>, velocity: Option<&mut Vec<f32>>, hp: &SgdParams,
+    ) -> Result<()> {
+        sgd_update(param, grad, velocity.map(|v| v.as_mut_slice()), hp)
+    }
+}

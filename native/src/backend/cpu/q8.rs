@@ -1,0 +1,712 @@
+//! Int8 products on the CPU: each activation row is rounded to int8 (its own scale), then
+//! int8 x int8 dot products in i32 — AVX-512 VNNI `vpdpbusd` where the CPU has it, widening
+//! SIMD loops elsewhere — exactly the integers the reference computes. The weights cross
+//! the memory bus at one byte each, which is what decoding is bound by.
+//! Twin of `rusting_brain_core::ops::q8`.
+
+use rayon::prelude::*;
+use rusting_brain_core::error::{check_len, check_range, product};
+use rusting_brain_core::ops::attention::AttentionSpec;
+use rusting_brain_core::ops::embedding::check_ids;
+use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols};
+use rusting_brain_core::ops::rope::RopeSpec;
+use rusting_brain_core::Result;
+
+use super::shared_buf::SharedBuf;
+use super::{simd, team};
+use crate::backend::cpu::fused_swiglu_row;
+use crate::backend::cpu::CpuBackend;
+use rusting_brain_core::backend::MatmulSpec;
+use rusting_brain_core::backend::Q8Attention;
+use rusting_brain_core::backend::Q8Ops;
+use rusting_brain_core::backend::Q8Product;
+
+/// int8 weights below which a decode product stays on the calling thread: handing half of
+/// a 32 KiB matrix to the other core costs about what reading it does.
+pub(crate) const TEAM_MIN_BYTES: usize = 1 << 15;
+
+/// The int8 values packed in `x` (four per slot, memory order).
+fn as_i8(x: &[f32]) -> &[i8] {
+    // SAFETY: `i8` has alignment 1 and every bit pattern is a valid `i8`; the new slice
+    // covers exactly the `4 * x.len()` bytes of `x` and borrows it for the same lifetime.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const i8, x.len() * 4) }
+}
+
+/// Rounds each row of `w` (rows x cols) to int8 with its own scale, to the bit what core's
+/// `q8::quantize_rows` gives: the packed values (four a slot, padding bytes 0) and the
+/// scales. Each row goes through [`simd::quantize_i8`] (AVX-512 where the CPU has it), so
+/// rounding a 494M-parameter checkpoint at load is not bound by a scalar `roundf`.
+pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    const OP: &str = "quantize_rows";
+    check_len(OP, "w", w.len(), product(OP, &[rows, cols])?)?;
+    if let Some(v) = w.iter().find(|v| !v.is_finite()) {
+        return Err(rusting_brain_core::CoreError::NonFinite {
+            op: OP,
+            value: *v as f64,
+        });
+    }
+    let pc = packed_cols(cols);
+    let mut packed = vec![0.0f32; rows * pc];
+    let mut scales = vec![0.0f32; rows];
+    if cols == 0 {
+        return Ok((packed, scales));
+    }
+    for ((row, slots), scale) in w
+        .chunks_exact(cols)
+        .zip(packed.chunks_exact_mut(pc))
+        .zip(scales.iter_mut())
+    {
+        let (q, s) = simd::quantize_i8(row);
+        *scale = s;
+        for (slot, four) in slots.iter_mut().zip(q.chunks(4)) {
+            let mut bytes = [0u8; 4];
+            for (b, &v) in bytes.iter_mut().zip(four) {
+                *b = v as u8;
+            }
+            *slot = f32::from_ne_bytes(bytes);
+        }
+    }
+    Ok((packed, scales))
+}
+
+thread_local! {
+    /// Kept row buffers: one a row lent at once (the fused feed-forward rounds its second
+    /// row while the first is still lent).
+    static ROW_BUFS: std::cell::RefCell<Vec<Vec<i8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An activation row rounded to int8 in one of this thread's buffers, lent for one call
+/// and returned on drop (a decode step rounds ~25 rows).
+struct RowBuf {
+    q: Vec<i8>,
+    scale: f32,
+}
+
+impl RowBuf {
+    /// `x` rounded as `simd::quantize_i8` rounds it.
+    fn of(x: &[f32]) -> Self {
+        let mut q = ROW_BUFS
+            .try_with(|b| b.try_borrow_mut().ok()?.pop())
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let scale = simd::quantize_i8_into(x, &mut q);
+        RowBuf { q, scale }
+    }
+
+    fn row(&self) -> simd::Int8Row<'_> {
+        simd::Int8Row::new(&self.q, self.scale)
+    }
+}
+
+impl Drop for RowBuf {
+    fn drop(&mut self) {
+        let kept = std::mem::take(&mut self.q);
+        let _ = ROW_BUFS.try_with(|b| {
+            if let Ok(mut b) = b.try_borrow_mut() {
+                if b.len() < 4 {
+                    b.push(kept);
+                }
+            }
+        });
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn q8_matmul(
+    out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
+) -> Result<()> {
+    check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
+    let pc = packed_cols(k);
+    let w = as_i8(packed);
+    let row = |j: usize| &w[j * pc * 4..j * pc * 4 + k];
+    let store = |o: &mut f32, acc: i32, sx: f32, j: usize| {
+        let v = acc as f32 * sx * scales[j];
+        *o = if beta == 0.0 { v } else { v + beta * *o };
+    };
+    if m == 1 {
+        // Decode: each part of the team (both cores here) streams a contiguous block of
+        // weight rows once, sixteen rows a pass; small matrices stay on the calling thread.
+        let xq = RowBuf::of(x);
+        let act = xq.row();
+        let rows = |o: &mut [f32], first: usize| {
+            let w = &w[first * pc * 4..];
+            simd::q8_rows(o, &act, w, pc * 4, &scales[first..], beta)
+        };
+        let parts = team::parts();
+        if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 16 * parts {
+            let per = n.div_ceil(parts).div_ceil(16) * 16;
+            team::run_blocks(out.chunks_mut(per), |p, o| rows(o, p * per));
+        } else {
+            rows(out, 0);
+        }
+    } else {
+        // Prompt processing and batches: an int8 GEMM. Each part of the team takes a band
+        // of activation rows, rounds them to int8 once, then runs 4 x 4 tiles (four
+        // activation rows against four weight rows) so each weight load serves four rows;
+        // the four weight rows stay in L1 while the band's rows stream past them.
+        let band = |o: &mut [f32], first: usize| {
+            let rows = o.len() / n;
+            let quantized: Vec<(Vec<i8>, f32, i32)> = x[first * k..(first + rows) * k]
+                .chunks_exact(k)
+                .map(|xi| {
+                    let (q, s) = simd::quantize_i8(xi);
+                    let sum = q.iter().map(|&v| v as i32).sum();
+                    (q, s, sum)
+                })
+                .collect();
+            let quads = rows / 4;
+            for jq in 0..n / 4 {
+                let j = 4 * jq;
+                let w4 = [row(j), row(j + 1), row(j + 2), row(j + 3)];
+                for iq in 0..quads {
+                    let i = 4 * iq;
+                    let a = &quantized[i..i + 4];
+                    simd::tile4x4_i8(
+                        &mut o[i * n + j..],
+                        n,
+                        [&a[0].0, &a[1].0, &a[2].0, &a[3].0],
+                        [a[0].2, a[1].2, a[2].2, a[3].2],
+                        [a[0].1, a[1].1, a[2].1, a[3].1],
+                        w4,
+                        &scales[j..j + 4],
+                        beta,
+                    );
+                }
+                for (i, (xq, sx, xsum)) in quantized.iter().enumerate().skip(4 * quads) {
+                    let acc = simd::dot4_i8(xq, *xsum, w4);
+                    for (v, (y, a)) in o[i * n + j..i * n + j + 4].iter_mut().zip(acc).enumerate() {
+                        store(y, a, *sx, j + v);
+                    }
+                }
+            }
+            for j in n / 4 * 4..n {
+                for (i, (xq, sx, _)) in quantized.iter().enumerate() {
+                    store(&mut o[i * n + j], simd::dot_i8(xq, row(j)), *sx, j);
+                }
+            }
+        };
+        let parts = team::parts();
+        if parts > 1 && m >= 8 && n * k >= TEAM_MIN_BYTES {
+            let per = m.div_ceil(parts).div_ceil(4) * 4;
+            team::run_blocks(out.chunks_mut(per * n), |p, o| band(o, p * per));
+        } else {
+            band(out, 0);
+        }
+    }
+    Ok(())
+}
+
+/// One int8 product of [`q8_matmul_many`] at one activation row: its output `(n)`,
+/// weight `(n, k)` (packed values and row scales) and beta.
+pub struct DecodeProduct<'a> {
+    pub out: &'a mut [f32],
+    pub packed: &'a [f32],
+    pub scales: &'a [f32],
+    pub beta: f32,
+}
+
+/// The most products [`q8_matmul_many`] takes in one job (attention's q, k and v are
+/// three); the backend runs longer lists product by product.
+pub const MANY_MAX: usize = 4;
+
+/// Several int8 products of one activation row `x` (`k` values), at most [`MANY_MAX`]:
+/// `x` is rounded once and every matrix's rows are split over the team in one job
+/// (attention's q, k and v at decode: one hand-off instead of three, and the two small
+/// ones no longer run alone). The lists live on the stack: they were four allocations a
+/// call.
+pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]) -> Result<()> {
+    let k = x.len();
+    for p in products.iter().flatten() {
+        let n = p.out.len();
+        check_q8_matmul(n, k, p.packed.len(), p.scales.len(), 1, n, k)?;
+    }
+    let stride = packed_cols(k) * 4;
+    let xq = RowBuf::of(x);
+    let act = xq.row();
+    let bytes: usize = products.iter().flatten().map(|p| p.out.len() * k).sum();
+    let parts = team::parts();
+    let split = if parts > 1 && bytes >= TEAM_MIN_BYTES {
+        parts
+    } else {
+        1
+    };
+    // Every matrix split the same way, part p taking its share of each one's rows (whole
+    // sixteen-row passes): the rows of the part's outputs, their weights and scales.
+    let mut pieces = products.map(|p| {
+        p.map(|p| {
+            let per = p.out.len().div_ceil(split).div_ceil(16).max(1) * 16;
+            (p.out.chunks_mut(per), p.packed, p.scales, p.beta, per)
+        })
+    });
+    let blocks = (0..split).map(|part| {
+        pieces.each_mut().map(|piece| {
+            let (chunks, packed, scales, beta, per) = piece.as_mut()?;
+            let first = part * *per;
+            chunks.next().map(|out| DecodeProduct {
+                out,
+                packed: &packed[first * stride / 4..],
+                scales: &scales[first..],
+                beta: *beta,
+            })
+        })
+    });
+    let job = |_: usize, list: &mut [Option<DecodeProduct<'_>>; MANY_MAX]| {
+        for p in list.iter_mut().flatten() {
+            simd::q8_rows(p.out, &act, as_i8(p.packed), stride, p.scales, p.beta);
+        }
+    };
+    if split > 1 {
+        team::run_blocks(blocks, job);
+    } else {
+        blocks.for_each(|mut b| job(0, &mut b));
+    }
+    Ok(())
+}
+
+/// Rows `first..first + o.len()` of a SwiGLU at one rounded row `act`: the gate's and
+/// up's int8 products (weight rows `stride` bytes apart), then `o = silu(g) * u`. What
+/// each part of [`q8_swiglu`] and of [`q8_mlp`]'s first phase runs.
+fn swiglu_rows(
+    act: &simd::Int8Row<'_>, first: usize, [o, g, u]: [&mut [f32]; 3], gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]), stride: usize,
+) {
+    let at = first * stride;
+    simd::q8_rows(g, act, &as_i8(gate_w.0)[at..], stride, &gate_w.1[first..], 0.0);
+    simd::q8_rows(u, act, &as_i8(up_w.0)[at..], stride, &up_w.1[first..], 0.0);
+    simd::swiglu(o, g, u);
+}
+
+/// A SwiGLU's int8 products and gating at one activation row `x` (`d` values):
+/// `gate = x Wg^T`, `up = x Wu^T` (`f` values each), `out = silu(gate) * up`, as one job of
+/// the team, each part taking the same rows of both products and gating them.
+pub fn q8_swiglu(
+    out: &mut [f32], gate: &mut [f32], up: &mut [f32], x: &[f32], gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]),
+) -> Result<()> {
+    let (f, d) = (out.len(), x.len());
+    check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
+    check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
+    let stride = packed_cols(d) * 4;
+    let xq = RowBuf::of(x);
+    let act = xq.row();
+    let rows = |first: usize, o: &mut [f32], g: &mut [f32], u: &mut [f32]| {
+        swiglu_rows(&act, first, [o, g, u], gate_w, up_w, stride)
+    };
+    let parts = team::parts();
+    if parts > 1 && 2 * f * d >= TEAM_MIN_BYTES && f >= 16 * parts {
+        let per = f.div_ceil(parts).div_ceil(16) * 16;
+        let blocks = out
+            .chunks_mut(per)
+            .zip(gate.chunks_mut(per))
+            .zip(up.chunks_mut(per));
+        team::run_blocks(blocks, |p, ((o, g), u)| rows(p * per, o, g, u));
+    } else {
+        rows(0, out, gate, up);
+    }
+    Ok(())
+}
+
+/// A SwiGLU feed-forward at one activation row `x` (`d` values), added to `out`:
+/// `gate = x Wg^T`, `up = x Wu^T`, `s = silu(gate) * up` (`f` values each), then
+/// `out += s Wd^T`. One job of the team in two phases: each part its rows of gate, up and
+/// s, then, once every part's rows of `s` are there, each part rounds all of `s` and
+/// takes its rows of the down product. The same calls on the same rows as [`q8_swiglu`]
+/// then [`q8_matmul`] (same bits), with one hand-off and no serial rounding of `s`
+/// between them.
+#[allow(clippy::too_many_arguments)]
+pub fn q8_mlp(
+    out: &mut [f32], gate: &mut [f32], up: &mut [f32], s: &mut [f32], x: &[f32], gate_w: (&[f32], &[f32]),
+    up_w: (&[f32], &[f32]), down_w: (&[f32], &[f32]),
+) -> Result<()> {
+    let (f, d) = (s.len(), x.len());
+    check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
+    check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
+    check_q8_matmul(out.len(), f, down_w.0.len(), down_w.1.len(), 1, d, f)?;
+    let parts = team::parts();
+    if parts < 2 || 3 * f * d < TEAM_MIN_BYTES || f < 16 * parts || d < 16 * parts {
+        q8_swiglu(s, gate, up, x, gate_w, up_w)?;
+        return q8_matmul(out, s, down_w.0, down_w.1, 1, d, f, 1.0);
+    }
+    let (stride_d, stride_f) = (packed_cols(d) * 4, packed_cols(f) * 4);
+    let wd = as_i8(down_w.0);
+    let xq = RowBuf::of(x);
+    let act = xq.row();
+    // Whole sixteen-row passes a part, as the unfused calls split them.
+    let (per_f, per_d) = (
+        f.div_ceil(parts).div_ceil(16) * 16,
+        d.div_ceil(parts).div_ceil(16) * 16,
+    );
+    let (gate, up, s, out) = (
+        SharedBuf::new(gate),
+        SharedBuf::new(up),
+        SharedBuf::new(s),
+        SharedBuf::new(out),
+    );
+    team::run_phased(2, &|p, phase| {
+        if phase == 0 {
+            let (first, end) = ((p * per_f).min(f), ((p + 1) * per_f).min(f));
+            if first == end {
+                return;
+            }
+            // SAFETY: in phase 0 part p alone touches rows first..end of gate, up and s.
+            let (g, u, o) = unsafe { (gate.band(first, end), up.band(first, end), s.band(first, end)) };
+            swiglu_rows(&act, first, [o, g, u], gate_w, up_w, stride_d);
+        } else {
+            let (first, end) = ((p * per_d).min(d), ((p + 1) * per_d).min(d));
+            if first == end {
+                return;
+            }
+            // SAFETY: in phase 1 every part only reads s (written in phase 0, before the
+            // barrier) and part p alone writes rows first..end of out.
+            let (sq, o) = unsafe { (RowBuf::of(s.all()), out.band(first, end)) };
+            simd::q8_rows(
+                o,
+                &sq.row(),
+                &wd[first * stride_f..],
+                stride_f,
+                &down_w.1[first..],
+                1.0,
+            );
+        }
+    });
+    Ok(())
+}
+
+/// The operands of [`q8_attention_row`]: core's `Q8Attention` as slices.
+pub struct DecodeAttention<'a> {
+    pub x: &'a mut [f32],
+    pub h: &'a [f32],
+    pub q: &'a mut [f32],
+    pub k: &'a mut [f32],
+    pub v: &'a mut [f32],
+    pub cache_k: &'a mut [f32],
+    pub cache_v: &'a mut [f32],
+    pub pos: usize,
+    pub att: &'a mut [f32],
+    pub lse: &'a mut [f32],
+    /// `[Wq, Wk, Wv, Wo]` as (packed values, row scales).
+    pub weights: [(&'a [f32], &'a [f32]); 4],
+    pub rope_q: &'a RopeSpec,
+    pub rope_k: &'a RopeSpec,
+    pub spec: &'a AttentionSpec,
+}
+
+/// Whether [`q8_attention_row`] takes these specs: one position of one sequence, rotated
+/// with the attention's heads (the job rotates head by head).
+pub fn attention_row_fits(spec: &AttentionSpec, rope_q: &RopeSpec, rope_k: &RopeSpec) -> bool {
+    let laid_out = |r: &RopeSpec, heads: usize| {
+        r.batch == 1 && r.seq == 1 && r.heads == heads && r.head_dim == spec.head_dim
+    };
+    spec.batch == 1 && spec.q_len == 1 && laid_out(rope_q, spec.q_heads) && laid_out(rope_k, spec.kv_heads)
+}
+
+/// The attention half of a decode step at one position, as one job of the team in four
+/// phases: (0) each part its rows of q, k and v; (1) its query heads rotated, and its
+/// key/value heads rotated and written into the cache; (2) its query heads' attention over
+/// the cache; (3) its rows of Wo's product, added to `x`. The same calls on the same rows
+/// as `q8_matmul_many`, `rope_forward`, `copy_range`, `attention_forward` and `q8_matmul`
+/// (same bits), with one hand-off instead of three and the rotations and copies off the
+/// calling thread. Every check those calls make is made first.
+pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
+    const OP: &str = "q8_attention";
+    let spec = a.spec;
+    let (hd, hq, hkv) = (spec.head_dim, spec.q_heads, spec.kv_heads);
+    let (d, q_dim, kv_dim) = (a.h.len(), hq * hd, hkv * hd);
+    let [wq, wk, wv, wo] = a.weights;
+    check_q8_matmul(a.q.len(), d, wq.0.len(), wq.1.len(), 1, q_dim, d)?;
+    check_q8_matmul(a.k.len(), d, wk.0.len(), wk.1.len(), 1, kv_dim, d)?;
+    check_q8_matmul(a.v.len(), d, wv.0.len(), wv.1.len(), 1, kv_dim, d)?;
+    a.rope_q.check("rope_forward", a.q.len())?;
+    a.rope_k.check("rope_forward", a.k.len())?;
+    let at = a
+        .pos
+        .checked_mul(kv_dim)
+        .ok_or_else(|| rusting_brain_core::CoreError::InvalidArgument {
+            op: OP,
+            message: format!("position {} is past any cache", a.pos),
+        })?;
+    check_range("copy_range", "dst", a.cache_k.len(), at, kv_dim)?;
+    check_range("copy_range", "dst", a.cache_v.len(), at, kv_dim)?;
+    spec.check("attention_forward")?;
+    spec.check_forward(
+        a.att.len(),
+        a.lse.len(),
+        a.q.len(),
+        a.cache_k.len(),
+        a.cache_v.len(),
+    )?;
+    check_q8_matmul(a.x.len(), q_dim, wo.0.len(), wo.1.len(), 1, d, q_dim)?;
+    if !attention_row_fits(spec, a.rope_q, a.rope_k) {
+        return Err(rusting_brain_core::CoreError::InvalidArgument {
+            op: OP,
+            message: "one position of one sequence, rotated with the attention's heads".into(),
+        });
+    }
+    let parts = team::parts();
+    let (stride_d, stride_q) = (packed_cols(d) * 4, packed_cols(q_dim) * 4);
+    let xq = RowBuf::of(a.h);
+    let act = xq.row();
+    let (rows_q, first_q) = super::rope::table(a.rope_q);
+    let (rows_k, first_k) = super::rope::table(a.rope_k);
+    let (table_q, table_k) = (&rows_q[first_q * hd..], &rows_k[first_k * hd..]);
+    let band = |n: usize, unit: usize, p: usize| {
+        let per = n.div_ceil(parts).div_ceil(unit).max(1) * unit;
+        ((p * per).min(n), ((p + 1) * per).min(n))
+    };
+    let (q, k, v) = (SharedBuf::new(a.q), SharedBuf::new(a.k), SharedBuf::new(a.v));
+    let (kc, vc) = (SharedBuf::new(a.cache_k), SharedBuf::new(a.cache_v));
+    let (att, lse, x) = (SharedBuf::new(a.att), SharedBuf::new(a.lse), SharedBuf::new(a.x));
+    team::run_phased(4, &|p, phase| match phase {
+        0 => {
+            for (out, w, n) in [(&q, wq, q_dim), (&k, wk, kv_dim), (&v, wv, kv_dim)] {
+                let (first, end) = band(n, 16, p);
+                if first < end {
+                    // SAFETY: in phase 0 part p alone writes these rows of q, k and v.
+                    let o = unsafe { out.band(first, end) };
+                    simd::q8_rows(
+                        o,
+                        &act,
+                        &as_i8(w.0)[first * stride_d..],
+                        stride_d,
+                        &w.1[first..],
+                        0.0,
+                    );
+                }
+            }
+        }
+        1 => {
+            let (h0, h1) = band(hq, 1, p);
+            if h0 < h1 {
+                let heads = RopeSpec {
+                    heads: h1 - h0,
+                    ..*a.rope_q
+                };
+                // SAFETY: in phase 1 part p alone touches its query heads.
+                super::rope::rotate_with(unsafe { q.band(h0 * hd, h1 * hd) }, &heads, table_q, 1.0);
+            }
+            let (g0, g1) = band(hkv, 1, p);
+            if g0 < g1 {
+                let heads = RopeSpec {
+                    heads: g1 - g0,
+                    ..*a.rope_k
+                };
+                // SAFETY: in phase 1 part p alone touches its key/value heads, in the new
+                // rows and in the cache's row at `pos`.
+                unsafe {
+                    let kh = k.band(g0 * hd, g1 * hd);
+                    super::rope::rotate_with(kh, &heads, table_k, 1.0);
+                    kc.band(at + g0 * hd, at + g1 * hd).copy_from_slice(kh);
+                    vc.band(at + g0 * hd, at + g1 * hd)
+                        .copy_from_slice(v.band(g0 * hd, g1 * hd));
+                }
+            }
+        }
+        2 => {
+            let (h0, h1) = band(hq, 1, p);
+            if h0 < h1 {
+                // SAFETY: in phase 2 every part reads q and the caches (written before the
+                // barrier) and part p alone writes its heads' outputs.
+                let (qa, ka, va, o, l) = unsafe {
+                    (
+                        q.all(),
+                        kc.all(),
+                        vc.all(),
+                        att.band(h0 * hd, h1 * hd),
+                        lse.band(h0, h1),
+                    )
+                };
+                super::attention::with_scores(|s| {
+                    super::attention::row_heads(spec, qa, ka, va, 0, h0, o, l, s)
+                });
+            }
+        }
+        _ => {
+            let (first, end) = band(d, 16, p);
+            if first < end {
+                // SAFETY: in phase 3 every part reads att (written before the barrier) and
+                // part p alone writes these rows of x.
+                let (aq, o) = unsafe { (RowBuf::of(att.all()), x.band(first, end)) };
+                simd::q8_rows(
+                    o,
+                    &aq.row(),
+                    &as_i8(wo.0)[first * stride_q..],
+                    stride_q,
+                    &wo.1[first..],
+                    1.0,
+                );
+            }
+        }
+    });
+    Ok(())
+}
+
+pub fn q8_embedding(
+    out: &mut [f32], packed: &[f32], scales: &[f32], ids: &[u32], vocab: usize, dim: usize,
+) -> Result<()> {
+    const OP: &str = "q8_embedding";
+    check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
+    check_len(OP, "out", out.len(), product(OP, &[ids.len(), dim])?)?;
+    check_ids(OP, ids, vocab)?;
+    let pc = packed_cols(dim);
+    let w = as_i8(packed);
+    out.par_chunks_mut(dim).zip(ids.par_iter()).for_each(|(o, &id)| {
+        let id = id as usize;
+        let q = &w[id * pc * 4..id * pc * 4 + dim];
+        for (v, &b) in o.iter_mut().zip(q) {
+            *v = b as f32 * scales[id];
+        }
+    });
+    Ok(())
+}
+
+impl Q8Ops for CpuBackend {
+    fn q8_matmul(
+        &self, out: &mut Vec<f32>, x: &Vec<f32>, packed: &Vec<f32>, scales: &Vec<f32>, spec: &MatmulSpec,
+    ) -> Result<()> {
+        let (x, out) = rusting_brain_core::ops::q8::q8_operands(spec, x, out)?;
+        q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
+    }
+    fn q8_matmul_many(&self, x: &Vec<f32>, products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
+        // One activation row over all of `x` (a decode step's projections): one job.
+        // Anything else runs product by product.
+        if products.len() > MANY_MAX || !products.iter().all(|p| p.spec.one_row_of(x.len())) {
+            return rusting_brain_core::backend::q8_matmul_each(self, x, products);
+        }
+        let mut rows: [Option<DecodeProduct<'_>>; MANY_MAX] = Default::default();
+        for (p, row) in products.iter_mut().zip(&mut rows) {
+            // The checks q8_matmul makes of the spec (trans_b, alpha, batch).
+            let (_, out) = rusting_brain_core::ops::q8::q8_operands(&p.spec, x, p.out)?;
+            check_len("q8_matmul_many", "out", out.len(), p.spec.n)?;
+            *row = Some(DecodeProduct {
+                out,
+                packed: p.packed,
+                scales: p.scales,
+                beta: p.spec.beta,
+            });
+        }
+        q8_matmul_many(x, rows)
+    }
+    fn q8_swiglu(
+        &self, out: &mut Vec<f32>, gate: &mut Vec<f32>, up: &mut Vec<f32>, x: &Vec<f32>,
+        gate_w: (&Vec<f32>, &Vec<f32>), up_w: (&Vec<f32>, &Vec<f32>), spec: &MatmulSpec,
+    ) -> Result<()> {
+        if !fused_swiglu_row(("q8_swiglu", "out"), spec, x, out, gate, up)? {
+            return rusting_brain_core::backend::q8_swiglu_unfused(
+                self, out, gate, up, x, gate_w, up_w, spec,
+            );
+        }
+        q8_swiglu(out, gate, up, x, (gate_w.0, gate_w.1), (up_w.0, up_w.1))
+    }
+    fn q8_attention(&self, a: Q8Attention<'_, Vec<f32>>) -> Result<()> {
+        // One position of one sequence, over the team: one phased job. Anything else (a
+        // prompt, one thread, a model too small to split) as the calls one by one.
+        let s = a.spec;
+        let bytes = (s.q_heads.saturating_add(s.kv_heads))
+            .saturating_mul(s.head_dim)
+            .saturating_mul(2 * a.h.len());
+        if !attention_row_fits(s, a.rope_q, a.rope_k) || team::parts() < 2 || bytes < TEAM_MIN_BYTES {
+            return rusting_brain_core::backend::q8_attention_unfused(self, a);
+        }
+        let [wq, wk, wv, wo] = a.weights;
+        q8_attention_row(DecodeAttention {
+            x: a.x,
+            h: a.h,
+            q: a.q,
+            k: a.k,
+            v: a.v,
+            cache_k: a.cache_k,
+            cache_v: a.cache_v,
+            pos: a.pos,
+            att: a.att,
+            lse: a.lse,
+            weights: [(wq.0, wq.1), (wk.0, wk.1), (wv.0, wv.1), (wo.0, wo.1)],
+            rope_q: a.rope_q,
+            rope_k: a.rope_k,
+            spec: s,
+        })
+    }
+    fn q8_mlp(
+        &self, out: &mut Vec<f32>, [gate, up, s]: [&mut Vec<f32>; 3], x: &Vec<f32>,
+        gate_w: (&Vec<f32>, &Vec<f32>), up_w: (&Vec<f32>, &Vec<f32>), down_w: (&Vec<f32>, &Vec<f32>),
+        spec: &MatmulSpec,
+    ) -> Result<()> {
+        // One activation row (a decode step's feed-forward): one phased job. Anything
+        // else as the two calls.
+        if !fused_swiglu_row(("q8_mlp", "s"), spec, x, s, gate, up)? {
+            return rusting_brain_core::backend::q8_mlp_unfused(
+                self,
+                out,
+                [gate, up, s],
+                x,
+                gate_w,
+                up_w,
+                down_w,
+                spec,
+            );
+        }
+        check_len("q8_mlp", "out", out.len(), spec.k)?;
+        q8_mlp(
+            out,
+            gate,
+            up,
+            s,
+            x,
+            (gate_w.0, gate_w.1),
+            (up_w.0, up_w.1),
+            (down_w.0, down_w.1),
+        )
+    }
+    fn q8_embedding(
+        &self, out: &mut Vec<f32>, packed: &Vec<f32>, scales: &Vec<f32>, ids: &[u32], vocab: usize,
+        dim: usize,
+    ) -> Result<()> {
+        q8_embedding(out, packed, scales, ids, vocab, dim)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusting_brain_core::Rng;
+
+    /// Bit for bit core's `quantize_rows` on awkward widths (a partly filled last slot,
+    /// under and over one AVX-512 vector), zero and subnormal rows, and values that land
+    /// on ties after scaling; a non-finite value is refused by both.
+    #[test]
+    fn quantize_rows_matches_the_reference_bit_for_bit() {
+        let mut rng = Rng::new(17);
+        for (rows, cols) in [
+            (1, 1),
+            (3, 3),
+            (2, 5),
+            (7, 16),
+            (5, 17),
+            (4, 33),
+            (3, 127),
+            (2, 1000),
+        ] {
+            let mut w = rng.normal_vec(rows * cols, 2.0);
+            // Row 0 ties: absmax 127 makes the scale 1, so v * inv is v itself.
+            if cols >= 3 {
+                w[0] = 127.0;
+                w[1] = 2.5;
+                w[2] = -0.5;
+            }
+            if rows >= 3 {
+                w[cols..2 * cols].fill(0.0);
+                w[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 1e-40);
+            }
+            let (p, s) = quantize_rows(&w, rows, cols).unwrap();
+            let (rp, rs) = rusting_brain_core::ops::q8::quantize_rows(&w, rows, cols).unwrap();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&p), bits(&rp), "{rows} x {cols} packed");
+            assert_eq!(bits(&s), bits(&rs), "{rows} x {cols} scales");
+        }
+        let mut w = vec![1.0f32; 6];
+        w[4] = f32::NAN;
+        assert!(quantize_rows(&w, 2, 3).is_err());
+        assert!(rusting_brain_core::ops::q8::quantize_rows(&w, 2, 3).is_err());
+        assert!(quantize_rows(&w, 2, 4).is_err());
+    }
+}

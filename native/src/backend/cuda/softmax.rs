@@ -1,0 +1,53 @@
+//! Row softmax and its backward on CUDA (`kernels/cu/softmax.cu`); twin of
+//! `rusting_brain_core::ops::softmax`.
+
+use super::*;
+use crate::backend::cuda::CudaBackend;
+use crate::backend::cuda::CudaBuffer;
+use rusting_brain_core::backend::SoftmaxOps;
+use rusting_brain_core::Result;
+
+pub(super) fn softmax_forward(
+    be: &CudaBackend, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
+) -> Result<()> {
+    check_rows(
+        "softmax_forward",
+        rows,
+        cols,
+        &[("inp", inp.len), ("out", out.len)],
+    )?;
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let (r, c) = (i32_of("rows", rows)?, i32_of("cols", cols)?);
+    launch!(be, "softmax_forward", rows_grid(rows, 256)?; &mut out.data, &inp.data, &r, &c)
+}
+
+pub(super) fn softmax_backward(
+    be: &CudaBackend, dinp: &mut CudaBuffer, dout: &CudaBuffer, out: &CudaBuffer, rows: usize, cols: usize,
+) -> Result<()> {
+    check_rows(
+        "softmax_backward",
+        rows,
+        cols,
+        &[("dinp", dinp.len), ("dout", dout.len), ("out", out.len)],
+    )?;
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let (r, c) = (i32_of("rows", rows)?, i32_of("cols", cols)?);
+    launch!(be, "softmax_backward", rows_grid(rows, 256)?; &mut dinp.data, &dout.data, &out.data, &r, &c)
+}
+
+impl SoftmaxOps for CudaBackend {
+    fn softmax_forward(
+        &self, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
+    ) -> Result<()> {
+        softmax_forward(self, out, inp, rows, cols)
+    }
+    fn softmax_backward(
+        &self, dinp: &mut CudaBuffer, dout: &CudaBuffer, out: &CudaBuffer, rows: usize, cols: usize,
+    ) -> Result<()> {
+        softmax_backward(self, dinp, dout, out, rows, cols)
+    }
+}

@@ -1,0 +1,219 @@
+//! Transformer checkpoints (`.rbw`) and optimizer state (`.opt`): safetensors files, the
+//! configuration as JSON in `__metadata__`, tensors under Hugging Face names, so Python reads
+//! them with `safetensors.numpy.load_file`. Writes are atomic.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use rusting_brain_core::checkpoint::{
+    config_json, packed_to_i8, Checkpoint, OPTIMIZER_FORMAT, VERSION, WEIGHTS_FORMAT,
+};
+use rusting_brain_core::models::transformer::{Params, TensorKind, TransformerConfig, TransformerModel};
+use rusting_brain_core::ops::q8;
+use rusting_brain_core::{CoreError, Optimizer, OptimizerKind};
+use safetensors::tensor::{Dtype, TensorView};
+use serde_json::{json, Value};
+
+use crate::backend::cpu::CpuBackend;
+use crate::io::precision::Precision;
+use crate::{NetworkError, Result};
+use rusting_brain_core::backend::Memory;
+
+fn optimizer_json(o: &Optimizer) -> Value {
+    match o.kind {
+        OptimizerKind::Adam {
+            beta1,
+            beta2,
+            epsilon,
+        } => json!({
+            "kind": "adam", "learning_rate": o.learning_rate(), "weight_decay": o.decay(),
+            "betas": [beta1, beta2], "epsilon": epsilon,
+        }),
+        OptimizerKind::Sgd { momentum, nesterov } => json!({
+            "kind": "sgd", "learning_rate": o.learning_rate(), "weight_decay": o.decay(),
+            "momentum": momentum, "nesterov": nesterov,
+        }),
+    }
+}
+
+fn optimizer_from_json(v: &Value) -> std::result::Result<Optimizer, String> {
+    let f = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_f64)
+            .map(|x| x as f32)
+            .ok_or(format!("optimizer has no number `{k}`"))
+    };
+    let o = match v.get("kind").and_then(Value::as_str) {
+        Some("adam") => {
+            let betas = v
+                .get("betas")
+                .and_then(Value::as_array)
+                .ok_or("optimizer has no betas")?;
+            let b = |i: usize| {
+                betas
+                    .get(i)
+                    .and_then(Value::as_f64)
+                    .map(|x| x as f32)
+                    .ok_or("bad betas")
+            };
+            Optimizer::adam(f("learning_rate")?)
+                .betas(b(0)?, b(1)?)
+                .epsilon(f("epsilon")?)
+        }
+        Some("sgd") => Optimizer::sgd_momentum(f("learning_rate")?, f("momentum")?)
+            .nesterov(v.get("nesterov").and_then(Value::as_bool).unwrap_or(false)),
+        other => return Err(format!("unknown optimizer kind {other:?}")),
+    };
+    Ok(o.weight_decay(f("weight_decay")?))
+}
+
+/// A tensor on the host: name, shape, values.
+pub(crate) type HostTensor = (String, Vec<usize>, Vec<f32>);
+
+pub(crate) fn le_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Serializes named f32 tensors with their shapes and metadata, then writes atomically.
+pub(crate) fn write(path: &Path, tensors: Vec<HostTensor>, meta: HashMap<String, String>) -> Result<()> {
+    write_raw(
+        path,
+        tensors
+            .into_iter()
+            .map(|(n, s, d)| (n, Dtype::F32, s, le_bytes(&d)))
+            .collect(),
+        meta,
+    )
+}
+
+/// A tensor as stored: name, dtype, shape, little-endian bytes.
+type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+fn write_raw(path: &Path, bytes: Vec<RawTensor>, meta: HashMap<String, String>) -> Result<()> {
+    let views: Vec<(String, TensorView<'_>)> = bytes
+        .iter()
+        .map(|(n, dt, s, b)| TensorView::new(*dt, s.clone(), b).map(|v| (n.clone(), v)))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| NetworkError::InvalidInput(format!("{}: {e}", path.display())))?;
+    let data = safetensors::tensor::serialize(views, Some(meta))
+        .map_err(|e| NetworkError::InvalidInput(format!("{}: {e}", path.display())))?;
+    crate::io::files::write_atomic(path, &rusting_brain_core::checkpoint::sorted_header(data)?)
+}
+
+fn host_tensors(
+    b: &CpuBackend, c: &TransformerConfig, p: &Params<CpuBackend>, prefix: &str,
+) -> Result<Vec<HostTensor>> {
+    c.layout()
+        .into_named()
+        .into_iter()
+        .zip(p.as_ref().into_leaves())
+        .map(|((name, t), buf)| Ok((format!("{prefix}{name}"), t.shape, b.download(buf)?)))
+        .collect()
+}
+
+fn save_q8(model: &TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
+    let c = &model.config;
+    let b = &model.backend;
+    let meta = HashMap::from([
+        ("format".to_string(), WEIGHTS_FORMAT.to_string()),
+        ("version".to_string(), VERSION.to_string()),
+        ("precision".to_string(), "Q8".to_string()),
+        ("config".to_string(), config_json(c).to_string()),
+    ]);
+    let quantized: Vec<Option<&(Vec<f32>, Vec<f32>)>> = match &model.quantized {
+        Some(qp) => qp
+            .as_ref()
+            .into_leaves()
+            .into_iter()
+            .map(Option::as_ref)
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut out: Vec<RawTensor> = Vec::new();
+    let leaves = model.params.as_ref().into_leaves();
+    for (i, (name, t)) in c.layout().into_named().into_iter().enumerate() {
+        if t.kind != TensorKind::Matrix {
+            out.push((name, Dtype::F32, t.shape, le_bytes(&b.download(leaves[i])?)));
+            continue;
+        }
+        let (rows, cols) = t.rows_cols();
+        let (packed, scales) = match quantized.get(i) {
+            Some(Some((p, s))) => (b.download(p)?, b.download(s)?),
+            _ => q8::quantize_rows(&b.download(leaves[i])?, rows, cols)?,
+        };
+        out.push((format!("{name}.scale"), Dtype::F32, vec![rows], le_bytes(&scales)));
+        out.push((name, Dtype::I8, t.shape, packed_to_i8(&packed, rows, cols)));
+    }
+    write_raw(path, out, meta)
+}
+
+pub fn save_weights(model: &TransformerModel<CpuBackend>, path: &Path, precision: Precision) -> Result<()> {
+    if precision == Precision::Q8 {
+        return save_q8(model, path);
+    }
+    let bytes = rusting_brain_core::checkpoint::f32_file_bytes(model)?;
+    crate::io::files::write_atomic(path, &bytes)
+}
+
+pub fn save_optimizer(
+    model: &TransformerModel<CpuBackend>, optimizer: &Optimizer, path: &Path,
+) -> Result<()> {
+    let meta = HashMap::from([
+        ("format".to_string(), OPTIMIZER_FORMAT.to_string()),
+        ("version".to_string(), VERSION.to_string()),
+        ("step".to_string(), model.step.to_string()),
+        ("config".to_string(), config_json(&model.config).to_string()),
+        ("optimizer".to_string(), optimizer_json(optimizer).to_string()),
+    ]);
+    let mut tensors = host_tensors(&model.backend, &model.config, &model.m, "m.")?;
+    tensors.extend(host_tensors(&model.backend, &model.config, &model.v, "v.")?);
+    write(path, tensors, meta)
+}
+
+/// A checkpoint's complaint about its bytes, as an error naming the file.
+fn in_file(path: &Path) -> impl Fn(CoreError) -> NetworkError + '_ {
+    move |e| match e {
+        CoreError::Checkpoint { location, message } => NetworkError::parse(path, location, message),
+        other => NetworkError::Core(other),
+    }
+}
+
+/// The model in a `.rbw` file (F32 as saved, Q8 as a quantized model); the format checks
+/// are core's, shared with the browser's loader.
+pub fn load_weights(path: &Path) -> Result<TransformerModel<CpuBackend>> {
+    let bytes = crate::io::files::read(path)?;
+    rusting_brain_core::checkpoint::read_model(&bytes, CpuBackend::new()).map_err(in_file(path))
+}
+
+/// Loads moments, step count and optimizer settings into `model`; the file must have been
+/// written for a model of the same configuration. Nothing changes on error.
+pub fn load_optimizer(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Result<Optimizer> {
+    let bytes = crate::io::files::read(path)?;
+    let file = Checkpoint::parse(&bytes, OPTIMIZER_FORMAT).map_err(in_file(path))?;
+    let config = file.config().map_err(in_file(path))?;
+    if config != model.config {
+        return Err(NetworkError::parse(
+            path,
+            "metadata.config",
+            "this optimizer state belongs to a model of another configuration",
+        ));
+    }
+    let step = file
+        .meta("step")
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| NetworkError::parse(path, "metadata", "no step count"))?;
+    let opt_v: Value = serde_json::from_str(file.meta("optimizer").unwrap_or(""))
+        .map_err(|e| NetworkError::parse(path, "metadata.optimizer", e.to_string()))?;
+    let optimizer =
+        optimizer_from_json(&opt_v).map_err(|e| NetworkError::parse(path, "metadata.optimizer", e))?;
+    let m = file
+        .params(&config, "m.", &model.backend)
+        .map_err(in_file(path))?;
+    let v = file
+        .params(&config, "v.", &model.backend)
+        .map_err(in_file(path))?;
+    model.m = m;
+    model.v = v;
+    model.step = step;
+    Ok(optimizer)
+}
