@@ -1,0 +1,296 @@
+//! Cached decoding: the keys and values of every block, and one position (or a prompt's piece) at a time.
+
+use super::*;
+
+/// Keys and values of every block for one sequence being decoded, with room for
+/// `max_seq_len` positions; `len` are filled. Made by
+/// [`TransformerModel::new_kv_caches`].
+pub struct KvCache<B: Backend> {
+    pub(super) k: Vec<B::Buffer>,
+    pub(super) v: Vec<B::Buffer>,
+    pub(super) len: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// No positions held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Forgets every position (the buffers stay allocated).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+/// Scratch of a cached forward pass over `rows` new positions.
+pub(super) struct DecodeArena<B: Backend> {
+    pub(super) rows: usize,
+    pub(super) x: B::Buffer,
+    pub(super) h: B::Buffer,
+    pub(super) rstd: B::Buffer,
+    pub(super) h2: B::Buffer,
+    pub(super) rstd2: B::Buffer,
+    pub(super) q: B::Buffer,
+    pub(super) k: B::Buffer,
+    pub(super) v: B::Buffer,
+    pub(super) qk: [B::Buffer; 4],
+    pub(super) att: B::Buffer,
+    pub(super) lse: B::Buffer,
+    /// `(gate, up, s)` per feed-forward width.
+    pub(super) ffn: Triples<B>,
+    /// Shared by every sparse block (they route one after another).
+    pub(super) moe: Option<MoeActs<B>>,
+    /// Each block's `x A^T` with adapters attached (scratch here, not kept).
+    pub(super) lora_t: Vec<Block<Option<B::Buffer>>>,
+    pub(super) last: B::Buffer,
+    pub(super) logits: B::Buffer,
+}
+
+impl<B: Backend> TransformerModel<B> {
+    /// Sets the longest sequence the model takes, for a published model whose context
+    /// (131,072 positions for Llama 3.1) would make KV caches of many gigabytes: the caches
+    /// are `n_layers x 2 x max_seq_len x kv_dim` values. Nothing learned depends on it; RoPE
+    /// positions are absolute. Caches made before are refused afterwards (their shape no
+    /// longer matches), so a conversation starts again.
+    pub fn set_max_seq_len(&mut self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(invalid("max_seq_len must be at least 1".into()));
+        }
+        self.config.max_seq_len = n;
+        Ok(())
+    }
+    /// Empty key/value caches for one sequence of up to `max_seq_len` positions.
+    pub fn new_kv_caches(&self) -> Result<KvCache<B>> {
+        let n = self.config.max_seq_len * self.config.kv_dim();
+        let b = &self.backend;
+        Ok(KvCache {
+            k: (0..self.config.n_layers)
+                .map(|_| b.zeros(n))
+                .collect::<Result<_>>()?,
+            v: (0..self.config.n_layers)
+                .map(|_| b.zeros(n))
+                .collect::<Result<_>>()?,
+            len: 0,
+        })
+    }
+    /// Runs `ids` (one sequence, any number of new positions) after the `cache.len()`
+    /// positions already in `cache`, appends their keys and values, and returns the logits
+    /// of the last new position (`vocab_size` values). Prefill is one call with the whole
+    /// prompt; decoding, one call per token.
+    pub fn forward_cached(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<Vec<f32>> {
+        self.forward_cached_on_device(ids, cache)?;
+        let a = self.decode.as_ref().expect("the pass made it");
+        self.backend.download(&a.logits)
+    }
+    /// [`TransformerModel::forward_cached`], leaving the logits in the backend's buffer
+    /// (`vocab_size` values) for a sampler that runs where they are: on a GPU, a greedy
+    /// token then reads back one id, and nothing in the pass waits for the device (an
+    /// int8 model's experts are routed there too, see [`MoeOps::routes_on_device`](crate::backend::MoeOps::routes_on_device)).
+    /// Refused input changes nothing: every id and the cache's room are checked first.
+    pub fn forward_cached_on_device(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<&B::Buffer> {
+        self.check_cached(ids, cache)?;
+        // A long prompt in pieces, so a piece's attention scores over the whole cache
+        // (rows x q_heads x max_seq_len) stay within 2^25 values (128 MiB, the storage
+        // binding every WebGPU adapter offers) and within the backend's binding. The
+        // pieces give the same values.
+        let c = &self.config;
+        let room = (1usize << 25).min(self.backend.max_binding_len());
+        let most = (room / (c.q_heads * c.max_seq_len).max(1)).clamp(1, 256);
+        for piece in ids.chunks(most) {
+            self.forward_cached_piece(piece, cache)?;
+        }
+        Ok(&self.decode.as_ref().expect("the pass made it").logits)
+    }
+    /// The logits the last cached forward pass left in the backend's buffer, if any.
+    pub fn cached_logits(&self) -> Option<&B::Buffer> {
+        self.decode.as_ref().map(|a| &a.logits)
+    }
+    /// What [`TransformerModel::forward_cached`] refuses.
+    pub(super) fn check_cached(&self, ids: &[u32], cache: &KvCache<B>) -> Result<()> {
+        let c = &self.config;
+        let r = ids.len();
+        if r == 0 {
+            return Err(batch_err("forward_cached needs at least one token id".into()));
+        }
+        if let Some(i) = ids.iter().position(|&t| t as usize >= c.vocab_size) {
+            return Err(CoreError::TokenOutOfRange {
+                what: "input",
+                id: ids[i],
+                row: 0,
+                position: cache.len + i,
+                vocab: c.vocab_size,
+            });
+        }
+        let want = c.max_seq_len * c.kv_dim();
+        if cache.k.len() != c.n_layers
+            || cache
+                .k
+                .iter()
+                .chain(&cache.v)
+                .any(|buf| self.backend.len(buf) != want)
+        {
+            return Err(invalid(
+                "this KV cache was made for a model of another shape".into(),
+            ));
+        }
+        if cache.len + r > c.max_seq_len {
+            return Err(CoreError::InvalidDimension {
+                op: "forward_cached",
+                message: format!(
+                    "{} cached + {r} new positions is over max_seq_len {}",
+                    cache.len, c.max_seq_len
+                ),
+            });
+        }
+        Ok(())
+    }
+    /// One piece of a cached forward pass, checked by the caller; the logits of its last
+    /// position are left in the decode arena.
+    pub(super) fn forward_cached_piece(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<()> {
+        let c = &self.config;
+        let r = ids.len();
+        let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
+        let b = &self.backend;
+        if self.decode.as_ref().is_none_or(|a| a.rows != r) {
+            self.decode = None;
+            let mut lens: Vec<usize> = (0..c.n_layers)
+                .filter_map(|l| c.mlp_width(l))
+                .map(|f| r * f)
+                .collect();
+            lens.dedup();
+            self.decode = Some(DecodeArena {
+                rows: r,
+                x: b.zeros(r * d)?,
+                h: b.zeros(r * d)?,
+                rstd: b.zeros(r)?,
+                h2: b.zeros(r * d)?,
+                rstd2: b.zeros(r)?,
+                q: b.zeros(r * q)?,
+                k: b.zeros(r * kv)?,
+                v: b.zeros(r * kv)?,
+                qk: qk_scratch(b, c, r)?,
+                att: b.zeros(r * q)?,
+                lse: b.zeros(r * c.q_heads)?,
+                ffn: Triples::new(b, lens)?,
+                moe: match &c.moe {
+                    Some(m) => Some(MoeActs::new(b, r, d, m)?),
+                    None => None,
+                },
+                lora_t: lora_t_for(b, c, self.lora.as_ref().map(|l| &l.config), r)?,
+                last: b.zeros(d)?,
+                logits: b.zeros(c.vocab_size)?,
+            });
+        }
+        let a = self.decode.as_mut().expect("made above");
+        let prec = self.precision;
+        let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
+        let pos = cache.len;
+        let (rope_q, rope_k) = c.rope_specs(1, r, pos);
+        let spec = AttentionSpec {
+            batch: 1,
+            q_len: r,
+            kv_len: pos + r,
+            kv_capacity: c.max_seq_len,
+            q_heads: c.q_heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+        };
+        let quantized = self.quantized.as_ref();
+        let experts_adapted = self.lora.as_ref().is_some_and(|l| {
+            l.config
+                .targets
+                .iter()
+                .any(|t| ["gate_proj", "up_proj", "down_proj"].contains(&t.as_str()))
+        });
+        let routed_here = quantized.is_some() && b.routes_on_device() && !experts_adapted;
+        match quantized.map(|q| &q.embed) {
+            Some(Some((packed, scales))) => b.q8_embedding(&mut a.x, packed, scales, ids, c.vocab_size, d)?,
+            _ => b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?,
+        }
+        self.expert_usage.clear();
+        let lora_ctx = self.lora.as_ref().map(|st| LoraCtx {
+            rank: st.config.rank,
+            scale: st.config.scale(),
+            prec,
+        });
+        for l in 0..c.n_layers {
+            let w = block_view(&self.params, quantized, l)?;
+            let lora = match (&self.lora, lora_ctx) {
+                (Some(st), Some(ctx)) => Some(BlockLora {
+                    w: &st.weights.layers[l],
+                    t: &mut a.lora_t[l],
+                    ctx,
+                }),
+                _ => None,
+            };
+            let ffn = match c.mlp_width(l) {
+                Some(f) => {
+                    let [gate, up, s] = a.ffn.get(r * f)?;
+                    Some([gate, up, s])
+                }
+                None => None,
+            };
+            let acts = BlockActs {
+                h: &mut a.h,
+                rstd1: &mut a.rstd,
+                q: &mut a.q,
+                k: &mut a.k,
+                v: &mut a.v,
+                qk: &mut a.qk,
+                att: &mut a.att,
+                lse: &mut a.lse,
+                h2: &mut a.h2,
+                rstd2: &mut a.rstd2,
+                ffn,
+                moe: a.moe.as_mut(),
+                saved: None,
+            };
+            let keys = Keys::Cache {
+                k: &mut cache.k[l],
+                v: &mut cache.v[l],
+                pos,
+            };
+            let p = &self.params.layers[l];
+            block_forward(
+                b,
+                c,
+                l,
+                p,
+                &w,
+                &mut a.x,
+                acts,
+                keys,
+                (&rope_q, &rope_k, &spec),
+                r,
+                prec,
+                lora,
+            )?;
+            // Routed on the device, the counts stay there: no usage is reported.
+            if let (Some(_), Some(acts), false) = (c.sparse(l), &a.moe, routed_here) {
+                self.expert_usage.push(acts.routing.usage());
+            }
+        }
+        b.rmsnorm_forward(
+            &mut a.h,
+            &mut a.rstd,
+            &a.x,
+            &self.params.final_norm,
+            r,
+            d,
+            c.norm_eps,
+        )?;
+        b.copy_range(&mut a.last, 0, &a.h, (r - 1) * d, d)?;
+        // Only the last position's logits: one (1, d) x (d, vocab) product.
+        let head = match quantized.map(|q| q.head()) {
+            Some(Some((packed, scales))) => Mat::Q8(packed, scales),
+            _ => Mat::F32(self.params.head()),
+        };
+        head.apply(b, &mut a.logits, &a.last, mm(1, c.vocab_size, d))?;
+        cache.len += r;
+        Ok(())
+    }
+}
