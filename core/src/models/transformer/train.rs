@@ -22,7 +22,7 @@ impl<B: Backend> TransformerModel<B> {
         }
         let aux = self.forward(tb)?;
         let c = &self.config;
-        let (n, d, q, kv) = (tb.batch * tb.seq, c.d_model, c.q_dim(), c.kv_dim());
+        let (n, d) = (tb.batch * tb.seq, c.d_model);
         let prec = self.precision;
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
         let b = &self.backend;
@@ -93,251 +93,24 @@ impl<B: Backend> TransformerModel<B> {
             n,
             d,
         )?;
-        let (rope_q, rope_k) = c.rope_specs(tb.batch, tb.seq, 0);
-        let att_spec = AttentionSpec::causal(tb.batch, tb.seq, c.q_heads, c.kv_heads, c.head_dim);
-        let layout_err = || invalid("gradients laid out differently from the parameters".into());
+        // The blocks in reverse, each one's backward beside its forward in block.rs.
         for l in (0..c.n_layers).rev() {
-            let (p, a) = (&params.layers[l], &arena.layers[l]);
-            let w = block_view(params, quantized, l)?;
-            let mut g = (!frozen).then(|| &mut grads.layers[l]);
-            // The adapters of this block: weights, gradients (split by part), kept x A^T.
-            let (lw, mut lg, lt) = match lora.as_deref_mut() {
-                Some(st) => (
-                    Some(&st.weights.layers[l]),
-                    Some(st.grads.layers[l].as_mut()),
-                    Some(&arena.lora_t[l]),
-                ),
-                None => (None, None, None),
-            };
-            let (lg_mlp, lg_moe) = match lg.as_mut() {
-                Some(lg) => (lg.mlp.take(), lg.moe.take()),
-                None => (None, None),
-            };
-            // --- FFN: x_out = x_mid + mlp(h2) + experts(h2); dx holds d x_out, dh gets d h2.
-            match (&w.mlp, c.mlp_width(l)) {
-                (Some(pm), Some(f)) => {
-                    let gm = match g.as_deref_mut() {
-                        Some(g) => Some(g.mlp.as_mut().ok_or_else(layout_err)?),
-                        None => None,
-                    };
-                    let ml = match (
-                        lw.and_then(|w| w.mlp.as_ref()),
-                        lg_mlp,
-                        lt.and_then(|t| t.mlp.as_ref()),
-                        lora_ctx,
-                    ) {
-                        (Some(w), Some(g), Some(t), Some(ctx)) => Some((w, g, t, &mut arena.lora_dt, ctx)),
-                        _ => None,
-                    };
-                    mlp_backward(
-                        b,
-                        pm,
-                        gm,
-                        [&a.h2, &a.gate, &a.up, &a.s],
-                        &arena.dx,
-                        &mut arena.dh,
-                        arena.ffn.get(n * f)?,
-                        (n, d, f),
-                        prec,
-                        &mut arena.deq,
-                        ml,
-                    )?
-                }
-                (None, None) => b.fill(&mut arena.dh, 0.0)?,
-                _ => return Err(layout_err()),
-            }
-            match (&w.moe, c.sparse(l), &a.moe) {
-                (Some(pe), Some(m), Some(acts)) => {
-                    let ge = match g.as_deref_mut() {
-                        Some(g) => Some(g.moe.as_mut().ok_or_else(layout_err)?),
-                        None => None,
-                    };
-                    let ml = match (
-                        lw.and_then(|w| w.moe.as_ref()),
-                        lg_moe,
-                        lt.and_then(|t| t.moe.as_ref()),
-                        lora_ctx,
-                    ) {
-                        (Some(w), Some(g), Some(t), Some(ctx)) => Some((w, g, t, &mut arena.lora_dt, ctx)),
-                        _ => None,
-                    };
-                    moe_backward(
-                        b,
-                        pe,
-                        ge,
-                        m,
-                        acts,
-                        &a.h2,
-                        &arena.dx,
-                        &mut arena.dh,
-                        &mut arena.dxe,
-                        &mut arena.dlogits,
-                        arena.ffn.get(n * m.top_k * m.expert_d_ff)?,
-                        (n, d),
-                        prec,
-                        aux_scales,
-                        &mut arena.deq,
-                        ml,
-                    )?
-                }
-                (None, None, None) => {}
-                _ => return Err(layout_err()),
-            }
-            // d x_mid = dx (residual) + rmsnorm backward of dh
-            b.rmsnorm_backward(
-                &mut arena.dx2,
-                match g.as_deref_mut() {
-                    Some(g) => &mut g.ffn_norm,
-                    None => &mut arena.sink_d,
-                },
-                &arena.dh,
-                &a.x_mid,
-                &p.ffn_norm,
-                &a.rstd2,
-                n,
-                d,
-            )?;
-            b.axpy(&mut arena.dx2, 1.0, &arena.dx)?;
-            // --- attention: x_mid = x_in + att Wo^T; dx2 holds d x_mid.
-            if let Some(g) = g.as_deref_mut() {
-                b.matmul(
-                    &mut g.wo,
-                    &arena.dx2,
-                    &a.att,
-                    &mm(d, q, n).trans_a(true).accumulate(),
-                )?;
-            }
-            w.wo.grad_input(b, &mut arena.datt, &arena.dx2, mm(n, q, d), &mut arena.deq)?;
-            if let (Some(lw), Some(lg), Some(lt), Some(ctx)) = (lw, lg.as_mut(), lt, lora_ctx) {
-                let spec = ctx.spec(n, q, d);
-                adapt_backward(
-                    b,
-                    &lw.wo,
-                    lg.wo,
-                    &lt.wo,
-                    &mut arena.lora_dt,
-                    Some(&mut arena.datt),
-                    &arena.dx2,
-                    &a.att,
-                    spec,
-                )?;
-            }
-            b.attention_backward(
-                &mut arena.dq,
-                &mut arena.dk,
-                &mut arena.dv,
-                &arena.datt,
-                &a.q,
-                &a.k,
-                &a.v,
-                &a.att,
-                &a.lse,
-                &att_spec,
-            )?;
-            b.rope_backward(&mut arena.dq, &rope_q)?;
-            b.rope_backward(&mut arena.dk, &rope_k)?;
-            // Through the per-head norms: dq then holds the gradient of q before them.
-            if let (Some(qn), Some(kn)) = (&p.q_norm, &p.k_norm) {
-                let [q_raw, k_raw, rstd_q, rstd_k] = &a.qk;
-                let hd = c.head_dim;
-                let rows = [n * c.q_heads, n * c.kv_heads];
-                let ins = [(q_raw, qn, rstd_q), (k_raw, kn, rstd_k)];
-                let mut outs = [(&mut arena.dq_raw, &arena.dq), (&mut arena.dk_raw, &arena.dk)];
-                for (i, (dst, dy)) in outs.iter_mut().enumerate() {
-                    let (x, wn, rstd) = ins[i];
-                    let dweight = match g.as_deref_mut() {
-                        Some(g) => if i == 0 {
-                            g.q_norm.as_mut()
-                        } else {
-                            g.k_norm.as_mut()
-                        }
-                        .ok_or_else(layout_err)?,
-                        None => &mut arena.sink_hd,
-                    };
-                    b.rmsnorm_backward(dst, dweight, dy, x, wn, rstd, rows[i], hd)?;
-                }
-                core::mem::swap(&mut arena.dq, &mut arena.dq_raw);
-                core::mem::swap(&mut arena.dk, &mut arena.dk_raw);
-            }
-            if let Some(g) = g.as_deref_mut() {
-                for (gb, dout, cols) in [
-                    (g.q_bias.as_mut(), &arena.dq, q),
-                    (g.k_bias.as_mut(), &arena.dk, kv),
-                    (g.v_bias.as_mut(), &arena.dv, kv),
-                ] {
-                    if let Some(gb) = gb {
-                        b.bias_backward(gb, dout, n, cols)?;
-                    }
-                }
-                b.matmul(
-                    &mut g.wq,
-                    &arena.dq,
-                    &a.h,
-                    &mm(q, d, n).trans_a(true).accumulate(),
-                )?;
-                b.matmul(
-                    &mut g.wk,
-                    &arena.dk,
-                    &a.h,
-                    &mm(kv, d, n).trans_a(true).accumulate(),
-                )?;
-                b.matmul(
-                    &mut g.wv,
-                    &arena.dv,
-                    &a.h,
-                    &mm(kv, d, n).trans_a(true).accumulate(),
-                )?;
-            }
-            w.wq.grad_input(b, &mut arena.dh, &arena.dq, mm(n, d, q), &mut arena.deq)?;
-            w.wk.grad_input(
+            let g = (!frozen).then(|| &mut grads.layers[l]);
+            let shape = (tb.batch, tb.seq);
+            block_backward(
                 b,
-                &mut arena.dh,
-                &arena.dk,
-                mm(n, d, kv).accumulate(),
-                &mut arena.deq,
+                c,
+                prec,
+                l,
+                params,
+                quantized,
+                g,
+                lora.as_deref_mut(),
+                lora_ctx,
+                arena,
+                shape,
+                aux_scales,
             )?;
-            w.wv.grad_input(
-                b,
-                &mut arena.dh,
-                &arena.dv,
-                mm(n, d, kv).accumulate(),
-                &mut arena.deq,
-            )?;
-            if let (Some(lw), Some(lg), Some(lt), Some(ctx)) = (lw, lg, lt, lora_ctx) {
-                let dt = &mut arena.lora_dt;
-                for (pair, grad, t, dy, cols) in [
-                    (&lw.wq, lg.wq, &lt.wq, &arena.dq, q),
-                    (&lw.wk, lg.wk, &lt.wk, &arena.dk, kv),
-                    (&lw.wv, lg.wv, &lt.wv, &arena.dv, kv),
-                ] {
-                    adapt_backward(
-                        b,
-                        pair,
-                        grad,
-                        t,
-                        dt,
-                        Some(&mut arena.dh),
-                        dy,
-                        &a.h,
-                        ctx.spec(n, d, cols),
-                    )?;
-                }
-            }
-            // d x_in = dx2 (residual) + rmsnorm backward of dh, into dx for the block below.
-            b.rmsnorm_backward(
-                &mut arena.dx,
-                match g {
-                    Some(g) => &mut g.attn_norm,
-                    None => &mut arena.sink_d,
-                },
-                &arena.dh,
-                &a.x_in,
-                &p.attn_norm,
-                &a.rstd1,
-                n,
-                d,
-            )?;
-            b.axpy(&mut arena.dx, 1.0, &arena.dx2)?;
         }
         if !frozen {
             b.embedding_backward(&mut grads.embed, &arena.dx, &tb.inputs, c.vocab_size, d)?;
