@@ -2,7 +2,9 @@
 //!
 //! Each shader is a `.wgsl` file under `src/wgsl/`, named after the op it implements
 //! (`rmsnorm.wgsl` beside `rusting_brain_core::ops::rmsnorm`), embedded with
-//! `include_str!` so the crate publishes on its own. One runner, over wgpu, serves the
+//! `include_str!` so the crate publishes on its own; what several kernels share (the
+//! workgroup reductions, attention's shape and bindings) is one file under `src/wgsl/prelude/`
+//! joined in front of them at build (`concat!`). One runner, over wgpu, serves the
 //! native build (Metal, Vulkan, DX12) and the browser (WebGPU): kernels compile once when
 //! the [`Gpu`] opens, int8 weights travel packed four to a `u32` with their scales in a
 //! buffer of their own, reads back never block the thread. Every shader has its reference
@@ -198,7 +200,11 @@ impl Kernel {
             Kernel::Q8Matmul => include_str!("wgsl/q8_matmul.wgsl"),
             Kernel::Swiglu => include_str!("wgsl/swiglu.wgsl"),
             Kernel::Rope => include_str!("wgsl/rope.wgsl"),
-            Kernel::Attention => include_str!("wgsl/attention.wgsl"),
+            Kernel::Attention => concat!(
+                include_str!("wgsl/prelude/attention.wgsl"),
+                include_str!("wgsl/prelude/reduce.wgsl"),
+                include_str!("wgsl/attention.wgsl")
+            ),
             Kernel::Q8Embedding => include_str!("wgsl/q8_embedding.wgsl"),
             Kernel::Argmax => include_str!("wgsl/argmax.wgsl"),
             Kernel::Matmul => include_str!("wgsl/matmul.wgsl"),
@@ -214,11 +220,20 @@ impl Kernel {
             Kernel::QuantizeActivationsSg => include_str!("wgsl/quantize_activations_sg.wgsl"),
             Kernel::RmsNormBackward => include_str!("wgsl/rmsnorm_backward.wgsl"),
             Kernel::SwigluBackward => include_str!("wgsl/swiglu_backward.wgsl"),
-            Kernel::AttentionBackwardQ => include_str!("wgsl/attention_backward_q.wgsl"),
-            Kernel::AttentionBackwardKv => include_str!("wgsl/attention_backward_kv.wgsl"),
+            Kernel::AttentionBackwardQ => concat!(
+                include_str!("wgsl/prelude/attention.wgsl"),
+                include_str!("wgsl/attention_backward_q.wgsl")
+            ),
+            Kernel::AttentionBackwardKv => concat!(
+                include_str!("wgsl/prelude/attention.wgsl"),
+                include_str!("wgsl/attention_backward_kv.wgsl")
+            ),
             Kernel::Embedding => include_str!("wgsl/embedding.wgsl"),
             Kernel::EmbeddingBackward => include_str!("wgsl/embedding_backward.wgsl"),
-            Kernel::CrossEntropy => include_str!("wgsl/cross_entropy.wgsl"),
+            Kernel::CrossEntropy => concat!(
+                include_str!("wgsl/prelude/reduce.wgsl"),
+                include_str!("wgsl/cross_entropy.wgsl")
+            ),
             Kernel::MoeCombineBackward => include_str!("wgsl/moe_combine_backward.wgsl"),
             Kernel::SumOfSquares => include_str!("wgsl/sum_of_squares.wgsl"),
             Kernel::MatmulTiled => include_str!("wgsl/matmul_tiled.wgsl"),

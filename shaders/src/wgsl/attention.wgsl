@@ -3,45 +3,11 @@
 // head's dimensions spread over the threads; writes the log-sum-exp like the CPU.
 // Layouts as rusting_brain_core::ops::attention (its twin): q/out (batch, q_len, q_heads, d),
 // k/v (batch, kv_capacity, kv_heads, d), lse (batch, q_len, q_heads).
-struct Params {
-    batch: u32, q_len: u32, kv_len: u32, kv_capacity: u32,
-    q_heads: u32, kv_heads: u32, head_dim: u32, scale: f32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
+// Joined after prelude/attention.wgsl (Params, p, q, k, v) and prelude/reduce.wgsl (WG,
+// part, reduce_max, reduce_sum).
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(6) var<storage, read_write> scores: array<f32>;
-
-const WG: u32 = 64u;
-var<workgroup> part: array<f32, WG>;
-
-fn reduce_max(t: u32, value: f32) -> f32 {
-    part[t] = value;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (t < s) { part[t] = max(part[t], part[t + s]); }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(t: u32, value: f32) -> f32 {
-    part[t] = value;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (t < s) { part[t] += part[t + s]; }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -4,15 +4,7 @@
 // query-side pass did (same sums, same order), then the threads (over the dimensions) add
 // p dout to dv and ds q to dk. Rows past kv_len get zeros. Twin of
 // rusting_brain_core::ops::attention::attention_backward.
-struct Params {
-    batch: u32, q_len: u32, kv_len: u32, kv_capacity: u32,
-    q_heads: u32, kv_heads: u32, head_dim: u32, scale: f32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
+// Joined after prelude/attention.wgsl (Params, p, q, k, v).
 @group(0) @binding(4) var<storage, read> dout: array<f32>;
 @group(0) @binding(5) var<storage, read> lse: array<f32>;
 @group(0) @binding(6) var<storage, read> delta: array<f32>;

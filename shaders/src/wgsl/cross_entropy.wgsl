@@ -3,6 +3,7 @@
 // scale * (softmax - onehot); a row whose target is NOT_COUNTED gets loss 0 and, with
 // `grad`, a zero gradient. The host sums the losses in f64.
 // Twin of rusting_brain_core::ops::cross_entropy::cross_entropy.
+// Joined after prelude/reduce.wgsl (WG, part, reduce_max, reduce_sum).
 struct Params { rows: u32, vocab: u32, grad: u32, scale: f32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -10,33 +11,7 @@ struct Params { rows: u32, vocab: u32, grad: u32, scale: f32 }
 @group(0) @binding(2) var<storage, read_write> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> loss: array<f32>;
 
-const WG: u32 = 64u;
 const NOT_COUNTED: u32 = 0xffffffffu;
-var<workgroup> part: array<f32, WG>;
-
-fn reduce_max(t: u32, value: f32) -> f32 {
-    part[t] = value;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (t < s) { part[t] = max(part[t], part[t + s]); }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(t: u32, value: f32) -> f32 {
-    part[t] = value;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (t < s) { part[t] += part[t + s]; }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
