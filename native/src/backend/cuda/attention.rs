@@ -8,6 +8,32 @@ use rusting_brain_core::backend::AttentionOps;
 use rusting_brain_core::backend::AttentionSpec;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/attention.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = (
+    "attention",
+    &[
+        "attention_forward",
+        "attention_backward_dq",
+        "attention_backward_dkv",
+    ],
+);
+
+/// The kernels of `kernels/cu/flash_attention.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const FLASH_KERNELS: (&str, &[&str]) = (
+    "flash_attention",
+    &[
+        "flash_forward_64",
+        "flash_backward_kv_64",
+        "flash_backward_q_64",
+        "flash_forward_128",
+        "flash_backward_kv_128",
+        "flash_backward_q_128",
+        "flash_delta",
+    ],
+);
+
 /// The shape argument of the attention kernels (`struct Shape` in attention.cu).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

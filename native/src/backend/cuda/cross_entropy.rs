@@ -8,6 +8,10 @@ use rusting_brain_core::backend::CrossEntropyOps;
 use rusting_brain_core::backend::CrossEntropySum;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/cross_entropy.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = ("cross_entropy", &["cross_entropy"]);
+
 pub(super) fn cross_entropy(
     be: &CudaBackend, logits: &mut CudaBuffer, targets: &[u32], mask: Option<&[bool]>, rows: usize,
     vocab: usize, grad_scale: Option<f32>,

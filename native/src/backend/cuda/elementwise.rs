@@ -8,6 +8,24 @@ use crate::backend::cuda::CudaBuffer;
 use rusting_brain_core::backend::ElementwiseOps;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/elementwise.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = (
+    "elementwise",
+    &[
+        "fill",
+        "axpy",
+        "scale",
+        "add_bias",
+        "partial_sums",
+        "activation_forward",
+        "activation_backward",
+        "loss_terms",
+        "loss_backward",
+        "to_bf16",
+    ],
+);
+
 pub(super) fn axpy(be: &CudaBackend, y: &mut CudaBuffer, alpha: f32, x: &CudaBuffer) -> Result<()> {
     check_len("axpy", "x", x.len, y.len)?;
     let n = y.len;

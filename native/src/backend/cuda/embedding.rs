@@ -7,6 +7,10 @@ use crate::backend::cuda::CudaBuffer;
 use rusting_brain_core::backend::EmbeddingOps;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/embedding.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = ("embedding", &["embedding_forward", "embedding_backward"]);
+
 pub(super) fn embedding_forward(
     be: &CudaBackend, out: &mut CudaBuffer, table: &CudaBuffer, ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {

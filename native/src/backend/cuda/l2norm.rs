@@ -7,6 +7,10 @@ use crate::backend::cuda::CudaBuffer;
 use rusting_brain_core::backend::L2normOps;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/l2norm.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = ("l2norm", &["sum_of_squares"]);
+
 impl CudaBackend {
     pub(super) fn sum_of_squares_into(
         &self, partials: &mut CudaSlice<f32>, slot: usize, x: &CudaBuffer,

@@ -147,62 +147,21 @@ pub fn cuda_available() -> std::result::Result<usize, String> {
     Ok(n as usize)
 }
 
-/// Kernel names each `.cu` file must provide, checked when the backend starts so a
-/// missing one is an error then, not at the first training step.
+/// Every family's kernels (each family file names its own), loaded when the backend starts.
 const KERNELS: &[(&str, &[&str])] = &[
-    (
-        "rmsnorm",
-        &[
-            "rmsnorm_forward",
-            "rmsnorm_backward",
-            "column_sum",
-            "column_sum_chunks",
-        ],
-    ),
-    ("swiglu", &["swiglu_forward", "swiglu_backward"]),
-    ("rope", &["rope_forward", "rope_backward"]),
-    ("cross_entropy", &["cross_entropy"]),
-    ("optim", &["adam_update", "sgd_update"]),
-    ("l2norm", &["sum_of_squares"]),
-    ("embedding", &["embedding_forward", "embedding_backward"]),
-    (
-        "attention",
-        &[
-            "attention_forward",
-            "attention_backward_dq",
-            "attention_backward_dkv",
-        ],
-    ),
-    (
-        "flash_attention",
-        &[
-            "flash_forward_64",
-            "flash_backward_kv_64",
-            "flash_backward_q_64",
-            "flash_forward_128",
-            "flash_backward_kv_128",
-            "flash_backward_q_128",
-            "flash_delta",
-        ],
-    ),
-    (
-        "elementwise",
-        &[
-            "fill",
-            "axpy",
-            "scale",
-            "add_bias",
-            "partial_sums",
-            "activation_forward",
-            "activation_backward",
-            "loss_terms",
-            "loss_backward",
-            "to_bf16",
-        ],
-    ),
-    ("softmax", &["softmax_forward", "softmax_backward"]),
-    ("moe", &["moe_combine", "moe_combine_backward"]),
-    ("q8", &["quantize_activations", "q8_matmul", "q8_embedding"]),
+    rmsnorm::KERNELS,
+    swiglu::KERNELS,
+    rope::KERNELS,
+    cross_entropy::KERNELS,
+    optim::KERNELS,
+    l2norm::KERNELS,
+    embedding::KERNELS,
+    attention::KERNELS,
+    attention::FLASH_KERNELS,
+    elementwise::KERNELS,
+    softmax::KERNELS,
+    moe::KERNELS,
+    q8::KERNELS,
 ];
 
 /// One launch: `launch!(self, "kernel", cfg; arg, arg, ...)` with every argument a reference

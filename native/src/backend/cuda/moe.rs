@@ -7,6 +7,10 @@ use crate::backend::cuda::CudaBuffer;
 use rusting_brain_core::backend::MoeOps;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/moe.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = ("moe", &["moe_combine", "moe_combine_backward"]);
+
 pub(super) fn moe_combine(
     be: &CudaBackend, out: &mut CudaBuffer, y: &CudaBuffer, row_of_slot: &[u32], weight: &[f32],
     top_k: usize, dim: usize,

@@ -9,6 +9,10 @@ use rusting_brain_core::backend::OptimOps;
 use rusting_brain_core::backend::SgdParams;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/optim.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = ("optim", &["adam_update", "sgd_update"]);
+
 pub(super) fn adam_update(
     be: &CudaBackend, param: &mut CudaBuffer, grad: &CudaBuffer, m: &mut CudaBuffer, v: &mut CudaBuffer,
     hp: &AdamParams, step: u64,

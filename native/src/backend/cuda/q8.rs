@@ -8,6 +8,10 @@ use rusting_brain_core::backend::MatmulSpec;
 use rusting_brain_core::backend::Q8Ops;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/q8.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = ("q8", &["quantize_activations", "q8_matmul", "q8_embedding"]);
+
 pub(super) fn q8_matmul(
     be: &CudaBackend, out: &mut CudaBuffer, x: &CudaBuffer, packed: &CudaBuffer, scales: &CudaBuffer,
     spec: &MatmulSpec,

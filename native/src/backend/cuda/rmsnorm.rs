@@ -7,6 +7,18 @@ use crate::backend::cuda::CudaBuffer;
 use rusting_brain_core::backend::RmsnormOps;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/rmsnorm.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = (
+    "rmsnorm",
+    &[
+        "rmsnorm_forward",
+        "rmsnorm_backward",
+        "column_sum",
+        "column_sum_chunks",
+    ],
+);
+
 impl CudaBackend {
     /// `acc[c] += sum over rows of m[r][c]` for an (rows, cols) matrix, in two fixed stages
     /// (chunks of rows, then the chunks in order): deterministic, and parallel over rows.

@@ -8,6 +8,10 @@ use rusting_brain_core::backend::RopeOps;
 use rusting_brain_core::backend::RopeSpec;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/rope.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = ("rope", &["rope_forward", "rope_backward"]);
+
 /// The kernels' shape arguments, after the spec is checked against `x`; `None` when there
 /// is nothing to turn.
 fn dims(x: &CudaBuffer, spec: &RopeSpec, op: &'static str) -> Result<Option<[i32; 5]>> {

@@ -7,6 +7,10 @@ use crate::backend::cuda::CudaBuffer;
 use rusting_brain_core::backend::SoftmaxOps;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/softmax.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = ("softmax", &["softmax_forward", "softmax_backward"]);
+
 pub(super) fn softmax_forward(
     be: &CudaBackend, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {

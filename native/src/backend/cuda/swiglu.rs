@@ -7,6 +7,10 @@ use crate::backend::cuda::CudaBuffer;
 use rusting_brain_core::backend::SwigluOps;
 use rusting_brain_core::Result;
 
+/// The kernels of `kernels/cu/swiglu.cu` this family launches, loaded when the backend starts
+/// (a missing one is an error then, not at the first step).
+pub(super) const KERNELS: (&str, &[&str]) = ("swiglu", &["swiglu_forward", "swiglu_backward"]);
+
 pub(super) fn swiglu_forward(
     be: &CudaBackend, out: &mut CudaBuffer, gate: &CudaBuffer, up: &CudaBuffer,
 ) -> Result<()> {
