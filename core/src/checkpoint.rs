@@ -31,10 +31,7 @@ pub const OPTIMIZER_FORMAT: &str = "rusting_brain.optimizer";
 pub const VERSION: u64 = 1;
 
 fn bad(location: &str, message: impl Into<String>) -> CoreError {
-    CoreError::Checkpoint {
-        location: location.to_string(),
-        message: message.into(),
-    }
+    CoreError::Checkpoint { location: location.to_string(), message: message.into() }
 }
 
 /// The bytes of an F32 weights file: every parameter under its Hugging Face name, in the
@@ -61,10 +58,7 @@ pub fn f32_file_bytes_of(c: &TransformerConfig, values: &[Vec<f32>]) -> Result<V
     ]);
     let named = c.layout().into_named();
     if named.len() != values.len() {
-        return Err(bad(
-            "weights",
-            format!("{} tensors for a layout of {}", values.len(), named.len()),
-        ));
+        return Err(bad("weights", format!("{} tensors for a layout of {}", values.len(), named.len())));
     }
     let mut tensors = Vec::new();
     for ((name, t), v) in named.into_iter().zip(values) {
@@ -138,12 +132,7 @@ fn rope_scaling_json(s: &RopeScaling) -> Value {
     match *s {
         RopeScaling::None => Value::Null,
         RopeScaling::Linear { factor } => json!({"type": "linear", "factor": factor}),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position,
-        } => json!({
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => json!({
             "type": "llama3", "factor": factor, "low_freq_factor": low_freq_factor,
             "high_freq_factor": high_freq_factor, "original_max_position": original_max_position,
         }),
@@ -153,18 +142,14 @@ fn rope_scaling_json(s: &RopeScaling) -> Value {
 fn rope_scaling_from_json(v: &Value) -> Result<RopeScaling, String> {
     let w = "config.rope_scaling";
     match v.get("type").and_then(Value::as_str) {
-        Some("linear") => Ok(RopeScaling::Linear {
-            factor: f32_of(v, "factor", w)?,
-        }),
+        Some("linear") => Ok(RopeScaling::Linear { factor: f32_of(v, "factor", w)? }),
         Some("llama3") => Ok(RopeScaling::Llama3 {
             factor: f32_of(v, "factor", w)?,
             low_freq_factor: f32_of(v, "low_freq_factor", w)?,
             high_freq_factor: f32_of(v, "high_freq_factor", w)?,
             original_max_position: usize_of(v, "original_max_position", w)?,
         }),
-        other => Err(format!(
-            "{w} has type {other:?}; this build reads \"linear\" and \"llama3\""
-        )),
+        other => Err(format!("{w} has type {other:?}; this build reads \"linear\" and \"llama3\"")),
     }
 }
 
@@ -176,16 +161,11 @@ fn usize_of(v: &Value, k: &str, what: &str) -> Result<usize, String> {
 }
 
 fn f32_of(v: &Value, k: &str, what: &str) -> Result<f32, String> {
-    v.get(k)
-        .and_then(Value::as_f64)
-        .map(|x| x as f32)
-        .ok_or(format!("{what} has no number `{k}`"))
+    v.get(k).and_then(Value::as_f64).map(|x| x as f32).ok_or(format!("{what} has no number `{k}`"))
 }
 
 fn bool_of(v: &Value, k: &str, what: &str) -> Result<bool, String> {
-    v.get(k)
-        .and_then(Value::as_bool)
-        .ok_or(format!("{what} has no boolean `{k}`"))
+    v.get(k).and_then(Value::as_bool).ok_or(format!("{what} has no boolean `{k}`"))
 }
 
 fn moe_from_json(v: &Value) -> Result<MoeConfig, String> {
@@ -196,9 +176,7 @@ fn moe_from_json(v: &Value) -> Result<MoeConfig, String> {
         .ok_or(format!("{w} has no array `layers`"))?
         .iter()
         .map(|l| {
-            l.as_u64()
-                .and_then(|x| usize::try_from(x).ok())
-                .ok_or(format!("{w}.layers holds a non-integer"))
+            l.as_u64().and_then(|x| usize::try_from(x).ok()).ok_or(format!("{w}.layers holds a non-integer"))
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(MoeConfig {
@@ -304,12 +282,7 @@ impl<'a> Checkpoint<'a> {
         let meta = metadata.metadata().clone().unwrap_or_default();
         match meta.get("format").map(String::as_str) {
             Some(f) if f == format => {}
-            other => {
-                return Err(bad(
-                    "metadata",
-                    format!("format {other:?}, expected \"{format}\""),
-                ))
-            }
+            other => return Err(bad("metadata", format!("format {other:?}, expected \"{format}\""))),
         }
         match meta.get("version").and_then(|v| v.parse::<u64>().ok()) {
             Some(VERSION) => {}
@@ -340,24 +313,15 @@ impl<'a> Checkpoint<'a> {
 
     /// The F32 tensor `name`, checked against `t`'s shape and for finite values.
     pub fn read_f32(&self, name: &str, t: &TensorSpec) -> Result<Vec<f32>> {
-        let tensor = self
-            .tensors
-            .tensor(name)
-            .map_err(|_| bad(name, "missing tensor"))?;
+        let tensor = self.tensors.tensor(name).map_err(|_| bad(name, "missing tensor"))?;
         if tensor.dtype() != Dtype::F32 {
             return Err(bad(name, format!("dtype {:?}, expected F32", tensor.dtype())));
         }
         if tensor.shape() != t.shape.as_slice() {
-            return Err(bad(
-                name,
-                format!("shape {:?}, the config needs {:?}", tensor.shape(), t.shape),
-            ));
+            return Err(bad(name, format!("shape {:?}, the config needs {:?}", tensor.shape(), t.shape)));
         }
-        let data: Vec<f32> = tensor
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let data: Vec<f32> =
+            tensor.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         if data.iter().any(|v| !v.is_finite()) {
             return Err(bad(name, "holds NaN or infinite values"));
         }
@@ -376,25 +340,14 @@ impl<'a> Checkpoint<'a> {
     /// The int8 matrix `name` (I8, `t`'s shape) and its `name.scale` row scales, packed.
     fn read_q8(&self, name: &str, t: &TensorSpec) -> Result<(Vec<f32>, Vec<f32>)> {
         let (rows, cols) = t.rows_cols();
-        let tensor = self
-            .tensors
-            .tensor(name)
-            .map_err(|_| bad(name, "missing tensor"))?;
+        let tensor = self.tensors.tensor(name).map_err(|_| bad(name, "missing tensor"))?;
         if tensor.dtype() != Dtype::I8 || tensor.shape() != t.shape.as_slice() {
             return Err(bad(
                 name,
-                format!(
-                    "{:?} {:?}, expected I8 {:?}",
-                    tensor.dtype(),
-                    tensor.shape(),
-                    t.shape
-                ),
+                format!("{:?} {:?}, expected I8 {:?}", tensor.dtype(), tensor.shape(), t.shape),
             ));
         }
-        let scale = TensorSpec {
-            shape: vec![rows],
-            kind: TensorKind::Norm,
-        };
+        let scale = TensorSpec { shape: vec![rows], kind: TensorKind::Norm };
         let scale_name = format!("{name}.scale");
         let s = self.read_f32(&scale_name, &scale)?;
         if s.iter().any(|x| *x < 0.0) {
@@ -428,10 +381,9 @@ impl<'a> Checkpoint<'a> {
                 })?;
                 TransformerModel::from_quantized(backend, config, params, quantized)
             }
-            other => Err(bad(
-                "metadata",
-                format!("precision {other:?} is not one this build reads (F32, Q8)"),
-            )),
+            other => {
+                Err(bad("metadata", format!("precision {other:?} is not one this build reads (F32, Q8)")))
+            }
         }
     }
 }

@@ -94,12 +94,7 @@ pub fn check_len(
     if actual == expected {
         Ok(())
     } else {
-        Err(CoreError::ShapeMismatch {
-            op,
-            what,
-            expected,
-            actual,
-        })
+        Err(CoreError::ShapeMismatch { op, what, expected, actual })
     }
 }
 
@@ -144,10 +139,7 @@ pub fn check_rows(
 /// Checks that a dimension `what` is at least 1.
 pub fn nonzero(op: &'static str, what: &str, value: usize) -> Result<(), CoreError> {
     if value == 0 {
-        Err(CoreError::InvalidDimension {
-            op,
-            message: alloc::format!("{what} must be at least 1"),
-        })
+        Err(CoreError::InvalidDimension { op, message: alloc::format!("{what} must be at least 1") })
     } else {
         Ok(())
     }

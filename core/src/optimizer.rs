@@ -46,33 +46,19 @@ impl Optimizer {
     /// Plain SGD: `p -= lr * g`.
     pub fn sgd(learning_rate: f32) -> Self {
         Optimizer {
-            kind: OptimizerKind::Sgd {
-                momentum: 0.0,
-                nesterov: false,
-            },
+            kind: OptimizerKind::Sgd { momentum: 0.0, nesterov: false },
             learning_rate,
             weight_decay: 0.0,
         }
     }
     /// SGD with momentum (PyTorch's: no dampening).
     pub fn sgd_momentum(learning_rate: f32, momentum: f32) -> Self {
-        Optimizer {
-            kind: OptimizerKind::Sgd {
-                momentum,
-                nesterov: false,
-            },
-            learning_rate,
-            weight_decay: 0.0,
-        }
+        Optimizer { kind: OptimizerKind::Sgd { momentum, nesterov: false }, learning_rate, weight_decay: 0.0 }
     }
     /// Adam with PyTorch's defaults: betas (0.9, 0.999), epsilon 1e-8, no weight decay.
     pub fn adam(learning_rate: f32) -> Self {
         Optimizer {
-            kind: OptimizerKind::Adam {
-                beta1: 0.9,
-                beta2: 0.999,
-                epsilon: 1e-8,
-            },
+            kind: OptimizerKind::Adam { beta1: 0.9, beta2: 0.999, epsilon: 1e-8 },
             learning_rate,
             weight_decay: 0.0,
         }
@@ -80,32 +66,21 @@ impl Optimizer {
     /// Adam's betas; ignored by SGD.
     pub fn betas(mut self, beta1: f32, beta2: f32) -> Self {
         if let OptimizerKind::Adam { epsilon, .. } = self.kind {
-            self.kind = OptimizerKind::Adam {
-                beta1,
-                beta2,
-                epsilon,
-            };
+            self.kind = OptimizerKind::Adam { beta1, beta2, epsilon };
         }
         self
     }
     /// Adam's epsilon; ignored by SGD.
     pub fn epsilon(mut self, eps: f32) -> Self {
         if let OptimizerKind::Adam { beta1, beta2, .. } = self.kind {
-            self.kind = OptimizerKind::Adam {
-                beta1,
-                beta2,
-                epsilon: eps,
-            };
+            self.kind = OptimizerKind::Adam { beta1, beta2, epsilon: eps };
         }
         self
     }
     /// Nesterov momentum; ignored by Adam.
     pub fn nesterov(mut self, on: bool) -> Self {
         if let OptimizerKind::Sgd { momentum, .. } = self.kind {
-            self.kind = OptimizerKind::Sgd {
-                momentum,
-                nesterov: on,
-            };
+            self.kind = OptimizerKind::Sgd { momentum, nesterov: on };
         }
         self
     }
@@ -145,11 +120,7 @@ impl Optimizer {
     /// Adam's parameters with gradients scaled by `grad_scale`, or None for SGD.
     pub fn adam_params(&self, grad_scale: f32) -> Option<AdamParams> {
         match self.kind {
-            OptimizerKind::Adam {
-                beta1,
-                beta2,
-                epsilon,
-            } => Some(AdamParams {
+            OptimizerKind::Adam { beta1, beta2, epsilon } => Some(AdamParams {
                 lr: self.learning_rate,
                 beta1,
                 beta2,

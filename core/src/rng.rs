@@ -22,14 +22,7 @@ impl Rng {
     /// A generator whose state is drawn from `seed` by SplitMix64.
     pub fn new(seed: u64) -> Rng {
         let mut st = seed;
-        Rng {
-            s: [
-                splitmix64(&mut st),
-                splitmix64(&mut st),
-                splitmix64(&mut st),
-                splitmix64(&mut st),
-            ],
-        }
+        Rng { s: [splitmix64(&mut st), splitmix64(&mut st), splitmix64(&mut st), splitmix64(&mut st)] }
     }
 
     /// The next 64 random bits.

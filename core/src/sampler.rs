@@ -23,10 +23,7 @@ pub struct Sampler {
 }
 
 fn invalid(message: alloc::string::String) -> CoreError {
-    CoreError::InvalidArgument {
-        op: "sampler",
-        message,
-    }
+    CoreError::InvalidArgument { op: "sampler", message }
 }
 
 /// A seed from the operating system where there is one; a fixed one without `std`.
@@ -47,13 +44,7 @@ fn fresh_seed() -> u64 {
 impl Sampler {
     /// Always the most likely token (after the repetition penalty, if one is set).
     pub fn greedy() -> Sampler {
-        Sampler {
-            temperature: 0.0,
-            top_k: None,
-            top_p: None,
-            repetition_penalty: 1.0,
-            rng: Rng::new(0),
-        }
+        Sampler { temperature: 0.0, top_k: None, top_p: None, repetition_penalty: 1.0, rng: Rng::new(0) }
     }
     /// Sampling from `softmax(logits / temperature)`; `None` seeds from the operating
     /// system (from a fixed seed in a `no_std` build).
@@ -85,10 +76,7 @@ impl Sampler {
     /// Checks the settings (what `sample` checks first).
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(invalid(alloc::format!(
-                "temperature {} must be finite and >= 0",
-                self.temperature
-            )));
+            return Err(invalid(alloc::format!("temperature {} must be finite and >= 0", self.temperature)));
         }
         if self.top_k == Some(0) {
             return Err(invalid("top_k must be at least 1".into()));
@@ -132,14 +120,9 @@ impl Sampler {
     /// The candidate tokens and their probabilities after temperature, top-k and top-p,
     /// most likely first (ties: lower id first). Empty for greedy.
     pub fn candidates(&self, penalized: &[f32]) -> Vec<(u32, f64)> {
-        let mut order: Vec<u32> = (0..penalized.len() as u32)
-            .filter(|&i| penalized[i as usize] > f32::NEG_INFINITY)
-            .collect();
-        order.sort_by(|&a, &b| {
-            penalized[b as usize]
-                .total_cmp(&penalized[a as usize])
-                .then(a.cmp(&b))
-        });
+        let mut order: Vec<u32> =
+            (0..penalized.len() as u32).filter(|&i| penalized[i as usize] > f32::NEG_INFINITY).collect();
+        order.sort_by(|&a, &b| penalized[b as usize].total_cmp(&penalized[a as usize]).then(a.cmp(&b)));
         if let Some(k) = self.top_k {
             order.truncate(k);
         }
@@ -152,16 +135,10 @@ impl Sampler {
     fn weigh(&self, ranked: &[(u32, f32)]) -> Vec<(u32, f64)> {
         let t = self.temperature as f64;
         let max = ranked.first().map_or(0.0, |&(_, v)| v as f64);
-        let weights: Vec<f64> = ranked
-            .iter()
-            .map(|&(_, v)| libm::exp((v as f64 - max) / t))
-            .collect();
+        let weights: Vec<f64> = ranked.iter().map(|&(_, v)| libm::exp((v as f64 - max) / t)).collect();
         let total: f64 = weights.iter().sum();
-        let mut out: Vec<(u32, f64)> = ranked
-            .iter()
-            .zip(&weights)
-            .map(|(&(i, _), &w)| (i, w / total))
-            .collect();
+        let mut out: Vec<(u32, f64)> =
+            ranked.iter().zip(&weights).map(|(&(i, _), &w)| (i, w / total)).collect();
         if let Some(p) = self.top_p {
             let mut cum = 0.0;
             let mut keep = out.len();
@@ -186,17 +163,11 @@ impl Sampler {
     pub fn sample_ranked(&mut self, ranked: &[(u32, f32)]) -> Result<u32> {
         self.validate()?;
         if let Some(&(_, v)) = ranked.iter().find(|(_, v)| v.is_nan()) {
-            return Err(CoreError::NonFinite {
-                op: "sampler",
-                value: v as f64,
-            });
+            return Err(CoreError::NonFinite { op: "sampler", value: v as f64 });
         }
         let ranked = &ranked[..ranked.len().min(self.top_k.unwrap_or(usize::MAX))];
         if self.temperature == 0.0 {
-            return ranked
-                .first()
-                .map(|c| c.0)
-                .ok_or_else(|| invalid("every logit is -inf".into()));
+            return ranked.first().map(|c| c.0).ok_or_else(|| invalid("every logit is -inf".into()));
         }
         let cands = self.weigh(ranked);
         self.draw(&cands)
@@ -226,10 +197,7 @@ impl Sampler {
         // Any NaN, branch-free so it vectorizes: the scan is a few percent of a small
         // model's decode step otherwise.
         if logits.iter().fold(false, |any, v| any | v.is_nan()) {
-            return Err(CoreError::NonFinite {
-                op: "sampler",
-                value: f64::NAN,
-            });
+            return Err(CoreError::NonFinite { op: "sampler", value: f64::NAN });
         }
         if self.temperature == 0.0 && self.repetition_penalty == 1.0 {
             return Ok(first_max(logits) as u32);
@@ -254,10 +222,7 @@ fn first_max(x: &[f32]) -> usize {
             *m = if v > *m { v } else { *m };
         }
     }
-    let top = chunks
-        .remainder()
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let top =
+        chunks.remainder().iter().chain(&lanes).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
     x.iter().position(|&v| v == top).unwrap_or(0)
 }

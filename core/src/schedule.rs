@@ -25,12 +25,7 @@ pub struct Schedule {
 impl Schedule {
     /// Linear warmup to `peak` over `warmup` steps, then a cosine down to a tenth of it at `total`.
     pub fn warmup_cosine(peak: f32, warmup: u64, total: u64) -> Schedule {
-        Schedule {
-            peak,
-            warmup,
-            total,
-            floor: 0.1,
-        }
+        Schedule { peak, warmup, total, floor: 0.1 }
     }
     /// Sets the final rate to `fraction * peak`.
     pub fn floor(mut self, fraction: f32) -> Schedule {

@@ -69,25 +69,13 @@ fn matmul_gradients_match_finite_differences_for_every_transpose() {
         // dA = dC B^T (as stored: (m,k), or (k,m) when trans_a, i.e. B dC^T).
         let mut da = vec![0.0; m * k];
         if ta {
-            matmul(
-                &mut da,
-                &b,
-                &w,
-                &MatmulSpec::new(k, m, n).trans_a(tb).trans_b(true),
-            )
-            .unwrap();
+            matmul(&mut da, &b, &w, &MatmulSpec::new(k, m, n).trans_a(tb).trans_b(true)).unwrap();
         } else {
             matmul(&mut da, &w, &b, &MatmulSpec::new(m, k, n).trans_b(!tb)).unwrap();
         }
         let mut db = vec![0.0; k * n];
         if tb {
-            matmul(
-                &mut db,
-                &w,
-                &a,
-                &MatmulSpec::new(n, k, m).trans_a(true).trans_b(ta),
-            )
-            .unwrap();
+            matmul(&mut db, &w, &a, &MatmulSpec::new(n, k, m).trans_a(true).trans_b(ta)).unwrap();
         } else {
             matmul(&mut db, &a, &w, &MatmulSpec::new(k, n, m).trans_a(!ta)).unwrap();
         }
@@ -171,10 +159,7 @@ fn rope_backward_matches_finite_differences_and_preserves_norms() {
     let mut y = x.clone();
     rope_forward(&mut y, &spec).unwrap();
     let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>();
-    assert!(
-        (norm(&x) - norm(&y)).abs() < 1e-9 * norm(&x),
-        "a rotation keeps the norm"
-    );
+    assert!((norm(&x) - norm(&y)).abs() < 1e-9 * norm(&x), "a rotation keeps the norm");
     // Position 0 is the identity.
     let spec0 = RopeSpec {
         batch: 1,
@@ -204,11 +189,7 @@ fn rope_rejects_odd_head_dim_and_bad_theta() {
     };
     assert!(rope_forward(&mut x, &spec).is_err());
     let mut x = vec![0.0f32; 4];
-    let spec = RopeSpec {
-        head_dim: 4,
-        theta: f32::NAN,
-        ..spec
-    };
+    let spec = RopeSpec { head_dim: 4, theta: f32::NAN, ..spec };
     assert!(rope_forward(&mut x, &spec).is_err());
 }
 
@@ -297,15 +278,7 @@ fn attention_gradients_match_finite_differences_with_gqa() {
 fn attention_gradients_match_finite_differences_with_a_partly_filled_cache() {
     // Two new queries after three cached positions, in a cache of capacity 7.
     attention_case(
-        AttentionSpec {
-            batch: 2,
-            q_len: 2,
-            kv_len: 5,
-            kv_capacity: 7,
-            q_heads: 4,
-            kv_heads: 2,
-            head_dim: 3,
-        },
+        AttentionSpec { batch: 2, q_len: 2, kv_len: 5, kv_capacity: 7, q_heads: 4, kv_heads: 2, head_dim: 3 },
         9,
     );
 }
@@ -344,10 +317,7 @@ fn kv_cache_decode_matches_full_forward() {
         for bi in 0..b {
             let src = full.q_index(bi, pos, 0);
             for i in 0..hq * d {
-                assert!(
-                    (o1[bi * hq * d + i] - out[src + i]).abs() < 1e-12,
-                    "decode at {pos} differs"
-                );
+                assert!((o1[bi * hq * d + i] - out[src + i]).abs() < 1e-12, "decode at {pos} differs");
             }
         }
     }
@@ -360,15 +330,8 @@ fn attention_rejects_inconsistent_heads_and_lengths() {
     let mut l = vec![0.0f32; 64];
     let bad_heads = AttentionSpec::causal(1, 2, 3, 2, 4);
     assert!(attention_forward(&mut o, &mut l, &z, &z, &z, &bad_heads).is_err());
-    let bad_len = AttentionSpec {
-        batch: 1,
-        q_len: 3,
-        kv_len: 2,
-        kv_capacity: 2,
-        q_heads: 1,
-        kv_heads: 1,
-        head_dim: 4,
-    };
+    let bad_len =
+        AttentionSpec { batch: 1, q_len: 3, kv_len: 2, kv_capacity: 2, q_heads: 1, kv_heads: 1, head_dim: 4 };
     assert!(attention_forward(&mut o, &mut l, &z, &z, &z, &bad_len).is_err());
     let spec = AttentionSpec::causal(1, 2, 2, 1, 4);
     let err = attention_forward(&mut o, &mut l, &z[..15], &z, &z, &spec).unwrap_err();
@@ -391,10 +354,7 @@ fn embedding_gradient_matches_finite_differences_and_sums_repeats() {
     });
     let mut out = vec![0.0f32; 2 * dim];
     let err = embedding_forward(&mut out, &vec![0.0f32; vocab * dim], &[1, 5], vocab, dim).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "embedding_forward: id 5 at position 1 is outside the vocabulary (5)"
-    );
+    assert_eq!(err.to_string(), "embedding_forward: id 5 at position 1 is outside the vocabulary (5)");
 }
 
 #[test]
@@ -406,19 +366,14 @@ fn cross_entropy_gradient_matches_finite_differences_with_ignore_mask() {
     let mask = [true, true, false, false, true];
     let mean = |x: &[f64]| {
         let mut l = x.to_vec();
-        cross_entropy(&mut l, &targets, Some(&mask), rows, vocab, None)
-            .unwrap()
-            .mean()
+        cross_entropy(&mut l, &targets, Some(&mask), rows, vocab, None).unwrap().mean()
     };
     let mut g = logits.clone();
     let sum = cross_entropy(&mut g, &targets, Some(&mask), rows, vocab, Some(1.0 / 3.0)).unwrap();
     assert_eq!(sum.count, 3);
     assert!((sum.mean() - mean(&logits)).abs() < 1e-15);
     check("cross_entropy dlogits", &logits, &g, mean);
-    assert!(
-        g[2 * vocab..4 * vocab].iter().all(|&v| v == 0.0),
-        "ignored rows get zero gradient"
-    );
+    assert!(g[2 * vocab..4 * vocab].iter().all(|&v| v == 0.0), "ignored rows get zero gradient");
     // Uniform logits: loss = ln(vocab).
     let mut u = vec![0.0f64; vocab];
     let s = cross_entropy(&mut u, &[1], None, 1, vocab, None).unwrap();
@@ -435,10 +390,8 @@ fn activation_gradients_match_finite_differences() {
     let mut rng = Rng::new(13);
     let (rows, cols) = (3, 5);
     // Keep inputs away from ReLU's kink at 0, where the derivative is not defined.
-    let x: Vec<f64> = randn(&mut rng, rows * cols)
-        .iter()
-        .map(|v| if v.abs() < 0.05 { v + 0.2 } else { *v })
-        .collect();
+    let x: Vec<f64> =
+        randn(&mut rng, rows * cols).iter().map(|v| if v.abs() < 0.05 { v + 0.2 } else { *v }).collect();
     let w = randn(&mut rng, rows * cols);
     for act in [
         Activation::Identity,
@@ -480,9 +433,7 @@ fn loss_gradients_match_finite_differences_and_fused_pairs_agree() {
     ] {
         let mut d = vec![0.0; rows * cols];
         loss_backward(loss, &mut d, &probs, target, rows, cols).unwrap();
-        check(&format!("{loss:?} dpred"), &probs, &d, |p| {
-            loss_forward(loss, p, target, rows, cols).unwrap()
-        });
+        check(&format!("{loss:?} dpred"), &probs, &d, |p| loss_forward(loss, p, target, rows, cols).unwrap());
     }
     for (loss, act, target) in [
         (Loss::BinaryCrossEntropy, Activation::Sigmoid, &soft),
@@ -501,10 +452,7 @@ fn loss_gradients_match_finite_differences_and_fused_pairs_agree() {
         check(&format!("fused {loss:?}+{act:?} dlogits"), &logits, &dz, through);
     }
     // Hand values: MSE of (1, 3) against (0, 0) is 5; BCE of 0.5 is ln 2.
-    assert_eq!(
-        loss_forward(Loss::MeanSquaredError, &[1.0f64, 3.0], &[0.0, 0.0], 1, 2).unwrap(),
-        5.0
-    );
+    assert_eq!(loss_forward(Loss::MeanSquaredError, &[1.0f64, 3.0], &[0.0, 0.0], 1, 2).unwrap(), 5.0);
     let bce = loss_forward(Loss::BinaryCrossEntropy, &[0.5f64], &[1.0], 1, 1).unwrap();
     assert!((bce - 2f64.ln()).abs() < 1e-15);
     // A saturated prediction is clamped, not infinite.

@@ -84,20 +84,11 @@ fn all_tokens_preferring_one_expert_are_all_routed_and_the_balance_loss_is_at_it
     for &t in &r.token_of_row {
         seen[t as usize] += 1;
     }
-    assert!(
-        seen.iter().all(|&c| c == k),
-        "every token reaches its {k} experts"
-    );
+    assert!(seen.iter().all(|&c| c == k), "every token reaches its {k} experts");
     // The maximum of n_experts * sum f_i P_i is n_experts / top_k (all probability on the
     // top_k experts that get every slot); a perfectly even split gives 1.
-    assert!(
-        (r.load_balance - e as f64 / k as f64).abs() < 1e-6,
-        "{}",
-        r.load_balance
-    );
-    let even: Vec<f32> = (0..n * e)
-        .map(|i| if i % e == (i / e) % e { 5.0 } else { 0.0 })
-        .collect();
+    assert!((r.load_balance - e as f64 / k as f64).abs() < 1e-6, "{}", r.load_balance);
+    let even: Vec<f32> = (0..n * e).map(|i| if i % e == (i / e) % e { 5.0 } else { 0.0 }).collect();
     r.route(&even, n, e, 1, false).unwrap();
     assert!(r.usage().iter().all(|&u| (u - 0.25).abs() < 1e-12));
 }
@@ -108,10 +99,7 @@ fn bad_routing_input_is_an_error() {
     assert!(r.route(&[0.0; 6], 2, 3, 0, true).is_err(), "top_k 0");
     assert!(r.route(&[0.0; 6], 2, 3, 4, true).is_err(), "top_k > experts");
     assert!(r.route(&[0.0; 5], 2, 3, 1, true).is_err(), "short logits");
-    assert!(
-        r.route(&[0.0, f32::NAN, 0.0], 1, 3, 1, true).is_err(),
-        "NaN logits"
-    );
+    assert!(r.route(&[0.0, f32::NAN, 0.0], 1, 3, 1, true).is_err(), "NaN logits");
 }
 
 /// The objective `sum_slots c_slot * weight_slot + a * load_balance + b * z_loss` as a
@@ -128,12 +116,7 @@ fn objective(logits: &[f32], n: usize, e: usize, k: usize, renorm: bool, c: &[f3
 fn router_gradient_matches_finite_differences() {
     // Logits far apart enough that a step of h never changes a top-k choice.
     let mut rng = Rng::new(7);
-    for &(n, e, k, renorm) in &[
-        (5, 4, 2, true),
-        (5, 4, 2, false),
-        (6, 3, 1, false),
-        (4, 6, 3, true),
-    ] {
+    for &(n, e, k, renorm) in &[(5, 4, 2, true), (5, 4, 2, false), (6, 3, 1, false), (4, 6, 3, true)] {
         let mut logits: Vec<f32> = Vec::new();
         for _ in 0..n {
             let mut order: Vec<usize> = (0..e).collect();
@@ -274,30 +257,14 @@ fn slot_routing_and_routed_int8_products_match_the_grouped_path() {
         })
         .collect();
     let views: Vec<(&[f32], &[f32])> = weights.iter().map(|(p, s)| (&p[..], &s[..])).collect();
-    let spec = RoutedSpec {
-        slots: n * top_k,
-        n: f,
-        k: d,
-        top_k,
-        x_per_token: true,
-    };
+    let spec = RoutedSpec { slots: n * top_k, n: f, k: d, top_k, x_per_token: true };
     let mut got = vec![f32::NAN; n * top_k * f];
     q8_matmul_routed(&mut got, &x, &views, &expert, &spec).unwrap();
     // The grouped path: each expert's product over the rows routed to it.
     for slot in 0..n * top_k {
         let (t, e) = (slot / top_k, r.expert[slot] as usize);
         let mut want = vec![0.0f32; f];
-        q8_matmul(
-            &mut want,
-            &x[t * d..(t + 1) * d],
-            &weights[e].0,
-            &weights[e].1,
-            1,
-            f,
-            d,
-            0.0,
-        )
-        .unwrap();
+        q8_matmul(&mut want, &x[t * d..(t + 1) * d], &weights[e].0, &weights[e].1, 1, f, d, 0.0).unwrap();
         assert_eq!(&got[slot * f..(slot + 1) * f], &want[..], "slot {slot}");
     }
     // A slot naming an expert that is not there, and a short output, are errors.

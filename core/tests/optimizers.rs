@@ -9,11 +9,7 @@ fn adam_first_step_moves_each_weight_by_lr_times_sign() {
     let mut p = vec![1.0f64, -2.0, 0.5];
     let g = vec![0.3, -4.0, 1e-3];
     let (mut m, mut v) = (vec![0.0; 3], vec![0.0; 3]);
-    let hp = AdamParams {
-        lr: 0.01,
-        eps: 1e-8,
-        ..AdamParams::default()
-    };
+    let hp = AdamParams { lr: 0.01, eps: 1e-8, ..AdamParams::default() };
     adam_update(&mut p, &g, &mut m, &mut v, &hp, 1).unwrap();
     for (i, (&pi, &gi)) in [1.0f64, -2.0, 0.5].iter().zip(&g).enumerate() {
         let expect = pi - 0.01f32 as f64 * gi / (gi.abs() + 1e-8f32 as f64);
@@ -46,20 +42,13 @@ fn adam_second_step_matches_the_formula() {
 
 #[test]
 fn adamw_decays_weights_and_adam_l2_adds_to_the_gradient() {
-    let base = AdamParams {
-        lr: 0.1,
-        weight_decay: 0.5,
-        ..AdamParams::default()
-    };
+    let base = AdamParams { lr: 0.1, weight_decay: 0.5, ..AdamParams::default() };
     let mut p = vec![2.0f64];
     let (mut m, mut v) = (vec![0.0], vec![0.0]);
     adam_update(&mut p, &[0.0], &mut m, &mut v, &base, 1).unwrap();
     // decoupled: p *= 1 - 0.1*0.5, zero gradient moves nothing else.
     assert!((p[0] - 2.0 * (1.0 - 0.1f32 as f64 * 0.5)).abs() < 1e-9);
-    let l2 = AdamParams {
-        decoupled: false,
-        ..base
-    };
+    let l2 = AdamParams { decoupled: false, ..base };
     let mut p = vec![2.0f64];
     let (mut m, mut v) = (vec![0.0], vec![0.0]);
     adam_update(&mut p, &[0.0], &mut m, &mut v, &l2, 1).unwrap();
@@ -72,27 +61,12 @@ fn adam_rejects_bad_hyperparameters_and_step_zero() {
     let mut p = vec![0.0f32];
     let (mut m, mut v) = (vec![0.0], vec![0.0]);
     for hp in [
-        AdamParams {
-            beta1: 1.0,
-            ..AdamParams::default()
-        },
-        AdamParams {
-            lr: -1.0,
-            ..AdamParams::default()
-        },
-        AdamParams {
-            eps: 0.0,
-            ..AdamParams::default()
-        },
-        AdamParams {
-            lr: f32::NAN,
-            ..AdamParams::default()
-        },
+        AdamParams { beta1: 1.0, ..AdamParams::default() },
+        AdamParams { lr: -1.0, ..AdamParams::default() },
+        AdamParams { eps: 0.0, ..AdamParams::default() },
+        AdamParams { lr: f32::NAN, ..AdamParams::default() },
     ] {
-        assert!(
-            adam_update(&mut p, &[1.0], &mut m, &mut v, &hp, 1).is_err(),
-            "{hp:?}"
-        );
+        assert!(adam_update(&mut p, &[1.0], &mut m, &mut v, &hp, 1).is_err(), "{hp:?}");
     }
     assert!(adam_update(&mut p, &[1.0], &mut m, &mut v, &AdamParams::default(), 0).is_err());
     assert!(adam_update(&mut p, &[1.0, 2.0], &mut m, &mut v, &AdamParams::default(), 1).is_err());
@@ -102,13 +76,7 @@ fn adam_rejects_bad_hyperparameters_and_step_zero() {
 fn sgd_with_momentum_and_nesterov_follow_pytorch() {
     let mut p = vec![1.0f64];
     let mut buf = vec![0.0];
-    let hp = SgdParams {
-        lr: 0.1,
-        momentum: 0.9,
-        nesterov: false,
-        weight_decay: 0.0,
-        grad_scale: 1.0,
-    };
+    let hp = SgdParams { lr: 0.1, momentum: 0.9, nesterov: false, weight_decay: 0.0, grad_scale: 1.0 };
     sgd_update(&mut p, &[1.0], Some(&mut buf), &hp).unwrap(); // buf 1, p 0.9
     sgd_update(&mut p, &[1.0], Some(&mut buf), &hp).unwrap(); // buf 1.9, p 0.71
     assert!((p[0] - 0.71).abs() < 1e-7 && (buf[0] - 1.9).abs() < 1e-7);
@@ -118,21 +86,9 @@ fn sgd_with_momentum_and_nesterov_follow_pytorch() {
     sgd_update(&mut p, &[1.0], Some(&mut buf), &nes).unwrap(); // d = 1 + 0.9*1 = 1.9
     assert!((p[0] - (1.0 - 0.1f32 as f64 * 1.9)).abs() < 1e-7);
     let mut p = vec![1.0f64];
-    sgd_update(
-        &mut p,
-        &[2.0],
-        None,
-        &SgdParams {
-            weight_decay: 0.5,
-            ..SgdParams::new(0.25)
-        },
-    )
-    .unwrap();
+    sgd_update(&mut p, &[2.0], None, &SgdParams { weight_decay: 0.5, ..SgdParams::new(0.25) }).unwrap();
     assert!((p[0] - (1.0 - 0.25 * 2.5)).abs() < 1e-12);
-    assert!(
-        sgd_update(&mut p, &[2.0], None, &hp).is_err(),
-        "momentum without a buffer"
-    );
+    assert!(sgd_update(&mut p, &[2.0], None, &hp).is_err(), "momentum without a buffer");
 }
 
 #[test]

@@ -25,15 +25,9 @@ fn definition(
 #[test]
 fn byte_lanes_equal_the_definition_bit_for_bit() {
     let mut rng = Rng::new(11);
-    for &(m, n, k) in &[
-        (1, 1, 1),
-        (1, 3, 3),
-        (3, 7, 7),
-        (2, 33, 33),
-        (1, 127, 127),
-        (4, 5, 1000),
-        (1, 2, 4096),
-    ] {
+    for &(m, n, k) in
+        &[(1, 1, 1), (1, 3, 3), (3, 7, 7), (2, 33, 33), (1, 127, 127), (4, 5, 1000), (1, 2, 4096)]
+    {
         let w: Vec<f32> = (0..n * k).map(|_| rng.normal() as f32 * 0.5).collect();
         let mut x: Vec<f32> = (0..m * k).map(|_| rng.normal() as f32 * 3.0).collect();
         // Saturating rows: the largest activation at both ends of int8.

@@ -27,11 +27,7 @@ fn greedy_is_the_first_largest_at_every_length() {
                 if at + 5 < n {
                     l[at + 5] = top;
                 }
-                assert_eq!(
-                    Sampler::greedy().sample(&l, &[]).unwrap(),
-                    plain(&l),
-                    "n {n}, at {at}"
-                );
+                assert_eq!(Sampler::greedy().sample(&l, &[]).unwrap(), plain(&l), "n {n}, at {at}");
                 assert_eq!(Sampler::greedy().sample(&l, &[]).unwrap(), at as u32);
             }
             let mut l = base.clone();
@@ -44,11 +40,7 @@ fn greedy_is_the_first_largest_at_every_length() {
         let mut zeros = vec![-1.0f32; n];
         zeros[n - 1] = 0.0;
         zeros[n / 2] = -0.0;
-        assert_eq!(
-            Sampler::greedy().sample(&zeros, &[]).unwrap(),
-            plain(&zeros),
-            "signed zeros, n {n}"
-        );
+        assert_eq!(Sampler::greedy().sample(&zeros, &[]).unwrap(), plain(&zeros), "signed zeros, n {n}");
     }
 }
 
@@ -64,23 +56,13 @@ fn top_k_and_top_p_keep_the_right_sets() {
     let logits = [1.0f32, 3.0, 2.0, 0.0, 2.0];
     let s = Sampler::temperature(1.0, Some(1)).top_k(3);
     let c = s.candidates(&logits);
-    assert_eq!(
-        c.iter().map(|x| x.0).collect::<Vec<_>>(),
-        vec![1, 2, 4],
-        "ties keep the lower id first"
-    );
+    assert_eq!(c.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2, 4], "ties keep the lower id first");
     assert!((c.iter().map(|x| x.1).sum::<f64>() - 1.0).abs() < 1e-12);
     // probabilities of softmax([3, 2, 2, 1, 0]) are 0.4576, 0.1683, 0.1683, 0.0619, 0.0228
     let s = Sampler::temperature(1.0, Some(1)).top_p(0.6);
-    assert_eq!(
-        s.candidates(&logits).iter().map(|x| x.0).collect::<Vec<_>>(),
-        vec![1, 2]
-    );
+    assert_eq!(s.candidates(&logits).iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2]);
     let s = Sampler::temperature(1.0, Some(1)).top_p(0.4);
-    assert_eq!(
-        s.candidates(&logits).iter().map(|x| x.0).collect::<Vec<_>>(),
-        vec![1]
-    );
+    assert_eq!(s.candidates(&logits).iter().map(|x| x.0).collect::<Vec<_>>(), vec![1]);
     let s = Sampler::temperature(1.0, Some(1)).top_p(1.0);
     assert_eq!(s.candidates(&logits).len(), 5);
     // -inf logits are never candidates
@@ -92,10 +74,7 @@ fn top_k_and_top_p_keep_the_right_sets() {
 fn a_fixed_seed_gives_a_fixed_sequence() {
     let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 11) as f32) * 0.3).collect();
     let run = || {
-        let mut s = Sampler::temperature(0.8, Some(42))
-            .top_k(20)
-            .top_p(0.9)
-            .repetition_penalty(1.1);
+        let mut s = Sampler::temperature(0.8, Some(42)).top_k(20).top_p(0.9).repetition_penalty(1.1);
         let mut ctx = Vec::new();
         for _ in 0..12 {
             let id = s.sample(&logits, &ctx).unwrap();
@@ -116,23 +95,12 @@ const GOLDEN: [u32; 12] = [8, 5, 5, 46, 21, 13, 2, 2, 24, 38, 38, 41];
 #[test]
 fn bad_settings_and_logits_are_errors() {
     assert!(Sampler::temperature(-1.0, Some(0)).sample(&[1.0], &[]).is_err());
-    assert!(Sampler::temperature(1.0, Some(0))
-        .top_k(0)
-        .sample(&[1.0], &[])
-        .is_err());
-    assert!(Sampler::temperature(1.0, Some(0))
-        .top_p(0.0)
-        .sample(&[1.0], &[])
-        .is_err());
-    assert!(Sampler::greedy()
-        .repetition_penalty(0.0)
-        .sample(&[1.0], &[])
-        .is_err());
+    assert!(Sampler::temperature(1.0, Some(0)).top_k(0).sample(&[1.0], &[]).is_err());
+    assert!(Sampler::temperature(1.0, Some(0)).top_p(0.0).sample(&[1.0], &[]).is_err());
+    assert!(Sampler::greedy().repetition_penalty(0.0).sample(&[1.0], &[]).is_err());
     assert!(Sampler::greedy().sample(&[], &[]).is_err());
     assert!(Sampler::greedy().sample(&[1.0, f32::NAN], &[]).is_err());
-    assert!(Sampler::temperature(1.0, Some(0))
-        .sample(&[f32::NEG_INFINITY; 3], &[])
-        .is_err());
+    assert!(Sampler::temperature(1.0, Some(0)).sample(&[f32::NEG_INFINITY; 3], &[]).is_err());
 }
 
 /// A device ranks the top k and the host draws from them: the same ids as drawing from
@@ -162,16 +130,10 @@ fn drawing_from_ranked_candidates_equals_drawing_from_the_row() {
             let context = [3u32, 12, 299, 3];
             let want = whole.sample(&logits, &context).unwrap();
             let pen = ranked.penalized(&logits, &context);
-            let mut order: Vec<u32> = (0..300)
-                .filter(|&i| pen[i as usize] > f32::NEG_INFINITY)
-                .collect();
+            let mut order: Vec<u32> = (0..300).filter(|&i| pen[i as usize] > f32::NEG_INFINITY).collect();
             order.sort_by(|&a, &b| pen[b as usize].total_cmp(&pen[a as usize]).then(a.cmp(&b)));
             let top: Vec<(u32, f32)> = order.iter().take(k).map(|&i| (i, pen[i as usize])).collect();
-            assert_eq!(
-                ranked.sample_ranked(&top).unwrap(),
-                want,
-                "k {k} p {p:?} t {t} step {step}"
-            );
+            assert_eq!(ranked.sample_ranked(&top).unwrap(), want, "k {k} p {p:?} t {t} step {step}");
         }
     }
     assert!(Sampler::greedy().sample_ranked(&[(1, f32::NAN)]).is_err());

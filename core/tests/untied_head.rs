@@ -27,11 +27,7 @@ fn config(tied: bool) -> TransformerConfig {
 }
 
 fn named<'a>(list: &'a [(String, Vec<f32>)], name: &str) -> &'a [f32] {
-    &list
-        .iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("{name} missing"))
-        .1
+    &list.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} missing")).1
 }
 
 /// Largest |a - b| over max |b|; fails on NaN and on a length mismatch.
@@ -54,24 +50,17 @@ fn an_untied_head_equal_to_the_embedding_reduces_to_the_tied_model() {
     for (name, values) in &params {
         untied.set_parameter(name, values).unwrap();
     }
-    untied
-        .set_parameter("lm_head.weight", named(&params, "model.embed_tokens.weight"))
-        .unwrap();
+    untied.set_parameter("lm_head.weight", named(&params, "model.embed_tokens.weight")).unwrap();
     let batch = TokenBatch::new(vec![vec![1, 5, 7, 2, 12], vec![0, 3, 3, 9, 4]]).unwrap();
     let a = tied.forward_logits(&batch).unwrap();
     let b = untied.forward_logits(&batch).unwrap();
     assert_eq!(a, b, "the same weights give the same logits");
     // And the head is what makes them: another head, other logits.
-    let other: Vec<f32> = named(&params, "model.embed_tokens.weight")
-        .iter()
-        .map(|v| -v)
-        .collect();
+    let other: Vec<f32> = named(&params, "model.embed_tokens.weight").iter().map(|v| -v).collect();
     untied.set_parameter("lm_head.weight", &other).unwrap();
     let c = untied.forward_logits(&batch).unwrap();
     assert!(rel(&c, &a) > 0.5);
-    untied
-        .set_parameter("lm_head.weight", named(&params, "model.embed_tokens.weight"))
-        .unwrap();
+    untied.set_parameter("lm_head.weight", named(&params, "model.embed_tokens.weight")).unwrap();
 
     tied.zero_grad().unwrap();
     untied.zero_grad().unwrap();

@@ -9,11 +9,7 @@ fuzz_target!(|data: &[u8]| {
     rusting_brain_fuzz::put("hf/config.json", config);
     let path = rusting_brain_fuzz::put("hf/model.safetensors", weights);
     let dir = path.parent().expect("a folder");
-    let precision = if data.len() % 2 == 0 {
-        Precision::F32
-    } else {
-        Precision::Q8
-    };
+    let precision = if data.len() % 2 == 0 { Precision::F32 } else { Precision::Q8 };
     if let Ok(mut lm) = TransformerLm::from_pretrained_at(dir, precision) {
         rusting_brain_fuzz::run(&mut lm);
     }

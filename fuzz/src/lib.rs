@@ -12,11 +12,8 @@ use rusting_brain::TransformerLm;
 pub fn scratch() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let base = if Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
+        let base =
+            if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
         let dir = base.join(format!("rb-fuzz-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("creating the fuzz scratch folder");
         dir
@@ -38,9 +35,7 @@ pub use rusting_brain_test_support::fuzz::{split, tiny_lm};
 /// Runs a model that loaded on two tokens: what loaded must also run (or refuse with an
 /// error), not crash later.
 pub fn run(lm: &mut TransformerLm) {
-    let ids: Vec<u32> = (0..2)
-        .filter(|&i| (i as usize) < lm.config().vocab_size)
-        .collect();
+    let ids: Vec<u32> = (0..2).filter(|&i| (i as usize) < lm.config().vocab_size).collect();
     let mut caches = lm.new_kv_caches();
     let _ = lm.forward_cached(&ids, &mut caches);
 }

@@ -46,10 +46,7 @@ const COMMON: &str = include_str!("../cu/common.cuh");
 /// A kernel file of `cu/` by its op name.
 macro_rules! source {
     ($name:literal) => {
-        Source {
-            name: $name,
-            code: include_str!(concat!("../cu/", $name, ".cu")),
-        }
+        Source { name: $name, code: include_str!(concat!("../cu/", $name, ".cu")) }
     };
 }
 
@@ -139,10 +136,7 @@ pub fn probe(lib: Library) -> Result<(), KernelError> {
             return Ok(());
         }
     }
-    Err(KernelError::LibraryMissing {
-        lib: lib.name(),
-        tried: candidates.join(", "),
-    })
+    Err(KernelError::LibraryMissing { lib: lib.name(), tried: candidates.join(", ") })
 }
 
 /// NVRTC's version, as (major, minor).
@@ -163,10 +157,7 @@ pub fn nvrtc_version() -> Result<(i32, i32), KernelError> {
 
 /// `compute_XY` for an `sm_XY`, `compute_XY` or `XY` spelling.
 pub fn virtual_arch(arch: &str) -> Result<String, KernelError> {
-    let digits = arch
-        .strip_prefix("sm_")
-        .or_else(|| arch.strip_prefix("compute_"))
-        .unwrap_or(arch);
+    let digits = arch.strip_prefix("sm_").or_else(|| arch.strip_prefix("compute_")).unwrap_or(arch);
     if digits.len() >= 2 && digits.chars().all(|c| c.is_ascii_digit() || c == 'a') {
         Ok(format!("compute_{digits}"))
     } else {
@@ -176,9 +167,7 @@ pub fn virtual_arch(arch: &str) -> Result<String, KernelError> {
 
 /// FNV-1a over the bytes: a cache key that is the same in every process and build.
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    })
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
 /// The text NVRTC compiles for `source`: the shared header pasted in.
@@ -196,10 +185,7 @@ pub struct Compiler {
 impl Compiler {
     /// For `arch` (`sm_90`, `compute_80`, ...), caching in `cache` when given.
     pub fn new(arch: &str, cache: Option<PathBuf>) -> Result<Compiler, KernelError> {
-        Ok(Compiler {
-            arch: virtual_arch(arch)?,
-            cache,
-        })
+        Ok(Compiler { arch: virtual_arch(arch)?, cache })
     }
 
     /// Where PTX is cached by default: `$RB_KERNEL_CACHE`, else `$XDG_CACHE_HOME` or
@@ -248,10 +234,7 @@ impl Compiler {
         }
         let ptx = self.compile(source)?;
         if let Some(p) = &path {
-            let err = |e| KernelError::Cache {
-                path: p.clone(),
-                source: e,
-            };
+            let err = |e| KernelError::Cache { path: p.clone(), source: e };
             if let Some(dir) = p.parent() {
                 std::fs::create_dir_all(dir).map_err(err)?;
             }

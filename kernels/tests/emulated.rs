@@ -103,14 +103,8 @@ fn launch(group: u32, name: &str, grid: (u32, u32, u32), threads: u32, args: &[A
     };
     for a in args {
         match a {
-            Arg::F32(v) => blob(
-                &mut req,
-                &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
-            ),
-            Arg::U32(v) => blob(
-                &mut req,
-                &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
-            ),
+            Arg::F32(v) => blob(&mut req, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>()),
+            Arg::U32(v) => blob(&mut req, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>()),
             Arg::I8(v) => blob(&mut req, &v.iter().map(|&x| x as u8).collect::<Vec<_>>()),
             Arg::U8(v) => blob(&mut req, v),
             Arg::U16(n) => blob(&mut req, &vec![0xffu8; 2 * n]),
@@ -129,11 +123,7 @@ fn launch(group: u32, name: &str, grid: (u32, u32, u32), threads: u32, args: &[A
         .expect("starting the emulator driver");
     child.stdin.take().unwrap().write_all(&req).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: the driver failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{name}: the driver failed: {}", String::from_utf8_lossy(&out.stderr));
     let (mut bufs, mut at) = (Vec::new(), 0);
     while at < out.stdout.len() {
         let n = u64::from_le_bytes(out.stdout[at..at + 8].try_into().unwrap()) as usize;
@@ -144,9 +134,7 @@ fn launch(group: u32, name: &str, grid: (u32, u32, u32), threads: u32, args: &[A
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
 /// The backend's `grid(n)`: grid-stride kernels, at most 65,535 blocks of 256.
@@ -223,12 +211,7 @@ fn elementwise_kernels_match_core() {
             "axpy",
             grid(n),
             THREADS,
-            &[
-                Arg::F32(y0.clone()),
-                Arg::Float(-0.7),
-                Arg::F32(x.clone()),
-                Arg::I64(n as i64)
-            ]
+            &[Arg::F32(y0.clone()), Arg::Float(-0.7), Arg::F32(x.clone()), Arg::I64(n as i64)]
         ));
         let mut want = y0.clone();
         ops::elementwise::axpy(&mut want, -0.7, &x).unwrap();
@@ -259,22 +242,13 @@ fn elementwise_kernels_match_core() {
         let want: Vec<f32> = x.iter().map(|&v| ops::matmul::round_bf16(v)).collect();
         exact(&format!("to_bf16 n={n}"), &got, &want);
         // swiglu
-        let (g, u, dout) = (
-            randn(&mut rng, n, 4.0),
-            randn(&mut rng, n, 2.0),
-            randn(&mut rng, n, 1.0),
-        );
+        let (g, u, dout) = (randn(&mut rng, n, 4.0), randn(&mut rng, n, 2.0), randn(&mut rng, n, 1.0));
         let b = run!(launch(
             1,
             "swiglu_forward",
             grid(n),
             THREADS,
-            &[
-                Arg::F32(vec![f32::NAN; n]),
-                Arg::F32(g.clone()),
-                Arg::F32(u.clone()),
-                Arg::I64(n as i64)
-            ]
+            &[Arg::F32(vec![f32::NAN; n]), Arg::F32(g.clone()), Arg::F32(u.clone()), Arg::I64(n as i64)]
         ));
         let mut want = vec![0.0; n];
         ops::swiglu::swiglu_forward(&mut want, &g, &u).unwrap();
@@ -353,12 +327,7 @@ fn activations_bias_and_losses_match_core() {
             ));
             let mut dx = vec![0.0; n];
             ops::activation::activation_backward(act, &mut dx, &dy, &x, &y, rows, cols).unwrap();
-            close(
-                &format!("{act:?} backward {rows}x{cols}"),
-                &f32s(&b[0]),
-                &dx,
-                1e-6,
-            );
+            close(&format!("{act:?} backward {rows}x{cols}"), &f32s(&b[0]), &dx, 1e-6);
         }
         // add_bias
         let bias = randn(&mut rng, cols, 1.0);
@@ -367,12 +336,7 @@ fn activations_bias_and_losses_match_core() {
             "add_bias",
             grid(n),
             THREADS,
-            &[
-                Arg::F32(x.clone()),
-                Arg::F32(bias.clone()),
-                Arg::I64(n as i64),
-                Arg::I32(cols as i32)
-            ]
+            &[Arg::F32(x.clone()), Arg::F32(bias.clone()), Arg::I64(n as i64), Arg::I32(cols as i32)]
         ));
         let mut want = x.clone();
         ops::elementwise::add_bias(&mut want, &bias, rows, cols).unwrap();
@@ -381,11 +345,9 @@ fn activations_bias_and_losses_match_core() {
         // the gradients; targets in (0, 1) so every loss is defined.
         let pred: Vec<f32> = (0..n).map(|_| rng.uniform(0.05, 0.95) as f32).collect();
         let target: Vec<f32> = (0..n).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
-        for (loss, code) in [
-            (Loss::MeanSquaredError, 0),
-            (Loss::BinaryCrossEntropy, 1),
-            (Loss::CategoricalCrossEntropy, 2),
-        ] {
+        for (loss, code) in
+            [(Loss::MeanSquaredError, 0), (Loss::BinaryCrossEntropy, 1), (Loss::CategoricalCrossEntropy, 2)]
+        {
             let b = run!(launch(
                 1,
                 "loss_terms",
@@ -406,21 +368,12 @@ fn activations_bias_and_losses_match_core() {
                 "partial_sums",
                 (blocks as u32, 1, 1),
                 THREADS,
-                &[
-                    Arg::F32(vec![f32::NAN; 1024]),
-                    Arg::F32(terms),
-                    Arg::I64(n as i64)
-                ]
+                &[Arg::F32(vec![f32::NAN; 1024]), Arg::F32(terms), Arg::I64(n as i64)]
             ));
             let total: f64 = f32s(&b[0])[..blocks].iter().map(|&v| v as f64).sum();
             let got = total / loss.divisor(rows, cols) as f64;
             let want = ops::loss::loss_forward(loss, &pred, &target, rows, cols).unwrap();
-            close(
-                &format!("{loss:?} value {rows}x{cols}"),
-                &[got as f32],
-                &[want as f32],
-                1e-5,
-            );
+            close(&format!("{loss:?} value {rows}x{cols}"), &[got as f32], &[want as f32], 1e-5);
             let inv = 1.0f32 / loss.divisor(rows, cols) as f32;
             let b = run!(launch(
                 1,
@@ -438,12 +391,7 @@ fn activations_bias_and_losses_match_core() {
             ));
             let mut want = vec![0.0; n];
             ops::loss::loss_backward(loss, &mut want, &pred, &target, rows, cols).unwrap();
-            close(
-                &format!("{loss:?} gradient {rows}x{cols}"),
-                &f32s(&b[0]),
-                &want,
-                1e-5,
-            );
+            close(&format!("{loss:?} gradient {rows}x{cols}"), &f32s(&b[0]), &want, 1e-5);
         }
         // The fused softmax/sigmoid + cross-entropy gradient (code 3).
         let inv = 1.0f32 / Loss::CategoricalCrossEntropy.divisor(rows, cols) as f32;
@@ -471,12 +419,7 @@ fn activations_bias_and_losses_match_core() {
             cols,
         )
         .unwrap();
-        close(
-            &format!("fused output gradient {rows}x{cols}"),
-            &f32s(&b[0]),
-            &want,
-            1e-5,
-        );
+        close(&format!("fused output gradient {rows}x{cols}"), &f32s(&b[0]), &want, 1e-5);
     }
 }
 
@@ -496,12 +439,7 @@ fn row_kernels_match_core() {
             "softmax_forward",
             rg,
             256,
-            &[
-                Arg::F32(vec![f32::NAN; n]),
-                Arg::F32(x.clone()),
-                Arg::I32(rows as i32),
-                Arg::I32(dim as i32)
-            ]
+            &[Arg::F32(vec![f32::NAN; n]), Arg::F32(x.clone()), Arg::I32(rows as i32), Arg::I32(dim as i32)]
         ));
         let mut y = vec![0.0; n];
         ops::softmax::softmax_forward(&mut y, &x, rows, dim).unwrap();
@@ -521,12 +459,7 @@ fn row_kernels_match_core() {
         ));
         let mut want = vec![0.0; n];
         ops::softmax::softmax_backward(&mut want, &dout, &y, rows, dim).unwrap();
-        close(
-            &format!("softmax_backward {rows}x{dim}"),
-            &f32s(&b[0]),
-            &want,
-            1e-5,
-        );
+        close(&format!("softmax_backward {rows}x{dim}"), &f32s(&b[0]), &want, 1e-5);
         // RMSNorm forward, and the backward with its two-stage column sum for the weight
         let b = run!(launch(
             1,
@@ -545,18 +478,8 @@ fn row_kernels_match_core() {
         ));
         let (mut y, mut rstd) = (vec![0.0; n], vec![0.0; rows]);
         ops::rmsnorm::rmsnorm_forward(&mut y, &mut rstd, &x, &w, rows, dim, 1e-5).unwrap();
-        close(
-            &format!("rmsnorm_forward out {rows}x{dim}"),
-            &f32s(&b[0]),
-            &y,
-            1e-5,
-        );
-        close(
-            &format!("rmsnorm_forward rstd {rows}x{dim}"),
-            &f32s(&b[1]),
-            &rstd,
-            1e-5,
-        );
+        close(&format!("rmsnorm_forward out {rows}x{dim}"), &f32s(&b[0]), &y, 1e-5);
+        close(&format!("rmsnorm_forward rstd {rows}x{dim}"), &f32s(&b[1]), &rstd, 1e-5);
         let b = run!(launch(
             1,
             "rmsnorm_backward",
@@ -596,27 +519,12 @@ fn row_kernels_match_core() {
             "column_sum",
             (col_blocks, 1, 1),
             THREADS,
-            &[
-                Arg::F32(dw0.clone()),
-                Arg::F32(f32s(&b[0])),
-                Arg::I32(chunks as i32),
-                Arg::I32(dim as i32)
-            ]
+            &[Arg::F32(dw0.clone()), Arg::F32(f32s(&b[0])), Arg::I32(chunks as i32), Arg::I32(dim as i32)]
         ));
         let (mut want_dx, mut want_dw) = (vec![0.0; n], dw0.clone());
         ops::rmsnorm::rmsnorm_backward(&mut want_dx, &mut want_dw, &dout, &x, &w, &rstd, rows, dim).unwrap();
-        close(
-            &format!("rmsnorm_backward dinp {rows}x{dim}"),
-            &dx,
-            &want_dx,
-            1e-5,
-        );
-        close(
-            &format!("rmsnorm_backward dweight {rows}x{dim}"),
-            &f32s(&b[0]),
-            &want_dw,
-            1e-5,
-        );
+        close(&format!("rmsnorm_backward dinp {rows}x{dim}"), &dx, &want_dx, 1e-5);
+        close(&format!("rmsnorm_backward dweight {rows}x{dim}"), &f32s(&b[0]), &want_dw, 1e-5);
         // cross-entropy with a mask, loss and gradient
         let targets: Vec<u32> = (0..rows).map(|r| (r * 7 % dim) as u32).collect();
         let mask: Vec<bool> = (0..rows).map(|r| r % 3 != 1).collect();
@@ -640,18 +548,8 @@ fn row_kernels_match_core() {
         let sum = ops::cross_entropy::cross_entropy(&mut logits, &targets, Some(&mask), rows, dim, Some(0.5))
             .unwrap();
         let got: f64 = f32s(&b[1]).iter().map(|&l| l as f64).sum();
-        close(
-            &format!("cross_entropy loss {rows}x{dim}"),
-            &[got as f32],
-            &[sum.loss_sum as f32],
-            1e-5,
-        );
-        close(
-            &format!("cross_entropy gradient {rows}x{dim}"),
-            &f32s(&b[0]),
-            &logits,
-            1e-5,
-        );
+        close(&format!("cross_entropy loss {rows}x{dim}"), &[got as f32], &[sum.loss_sum as f32], 1e-5);
+        close(&format!("cross_entropy gradient {rows}x{dim}"), &f32s(&b[0]), &logits, 1e-5);
     }
 }
 
@@ -669,20 +567,10 @@ fn rope_matches_core_with_each_scaling() {
         },
     ];
     for scaling in scalings {
-        for (batch, seq, heads, head_dim, pos_offset) in [
-            (1usize, 1usize, 1usize, 2usize, 0usize),
-            (2, 5, 3, 10, 7),
-            (1, 40, 2, 64, 100),
-        ] {
-            let spec = RopeSpec {
-                batch,
-                seq,
-                heads,
-                head_dim,
-                pos_offset,
-                theta: 10_000.0,
-                scaling,
-            };
+        for (batch, seq, heads, head_dim, pos_offset) in
+            [(1usize, 1usize, 1usize, 2usize, 0usize), (2, 5, 3, 10, 7), (1, 40, 2, 64, 100)]
+        {
+            let spec = RopeSpec { batch, seq, heads, head_dim, pos_offset, theta: 10_000.0, scaling };
             let n = batch * seq * heads * head_dim;
             let x = randn(&mut rng, n, 1.0);
             let (kind, k) = scaling.kernel_constants();
@@ -719,13 +607,8 @@ fn optimizer_and_norm_kernels_match_core() {
     let mut rng = Rng::new(5);
     for n in [1usize, 33, 1000] {
         let (p, g) = (randn(&mut rng, n, 1.0), randn(&mut rng, n, 0.1));
-        let (m, v) = (
-            randn(&mut rng, n, 0.01),
-            randn(&mut rng, n, 0.001)
-                .iter()
-                .map(|x| x.abs())
-                .collect::<Vec<_>>(),
-        );
+        let (m, v) =
+            (randn(&mut rng, n, 0.01), randn(&mut rng, n, 0.001).iter().map(|x| x.abs()).collect::<Vec<_>>());
         for decoupled in [true, false] {
             let hp = AdamParams {
                 lr: 1e-2,
@@ -765,24 +648,13 @@ fn optimizer_and_norm_kernels_match_core() {
             ));
             let (mut wp, mut wm, mut wv) = (p.clone(), m.clone(), v.clone());
             ops::optim::adam_update(&mut wp, &g, &mut wm, &mut wv, &hp, step).unwrap();
-            close(
-                &format!("adam param n={n} decoupled={decoupled}"),
-                &f32s(&b[0]),
-                &wp,
-                1e-6,
-            );
+            close(&format!("adam param n={n} decoupled={decoupled}"), &f32s(&b[0]), &wp, 1e-6);
             // Every pointer comes back, the gradient (b[1]) too.
             close(&format!("adam m n={n}"), &f32s(&b[2]), &wm, 1e-6);
             close(&format!("adam v n={n}"), &f32s(&b[3]), &wv, 1e-6);
         }
         for (momentum, nesterov) in [(0.0f32, false), (0.9, false), (0.9, true)] {
-            let hp = SgdParams {
-                lr: 0.1,
-                momentum,
-                nesterov,
-                weight_decay: 0.01,
-                grad_scale: 2.0,
-            };
+            let hp = SgdParams { lr: 0.1, momentum, nesterov, weight_decay: 0.01, grad_scale: 2.0 };
             let with_velocity = momentum > 0.0;
             let vel = randn(&mut rng, n, 0.1);
             let b = run!(launch(
@@ -793,11 +665,7 @@ fn optimizer_and_norm_kernels_match_core() {
                 &[
                     Arg::F32(p.clone()),
                     Arg::F32(g.clone()),
-                    if with_velocity {
-                        Arg::F32(vel.clone())
-                    } else {
-                        Arg::Null
-                    },
+                    if with_velocity { Arg::F32(vel.clone()) } else { Arg::Null },
                     Arg::I64(n as i64),
                     Arg::Float(hp.lr),
                     Arg::Float(momentum),
@@ -831,12 +699,7 @@ fn optimizer_and_norm_kernels_match_core() {
         ));
         let got: f64 = f32s(&b[0])[..blocks].iter().map(|&v| v as f64).sum();
         let want = ops::l2norm::sum_of_squares(&p);
-        close(
-            &format!("sum_of_squares n={n}"),
-            &[got as f32],
-            &[want as f32],
-            1e-6,
-        );
+        close(&format!("sum_of_squares n={n}"), &[got as f32], &[want as f32], 1e-6);
     }
 }
 
@@ -865,11 +728,7 @@ fn embedding_and_moe_kernels_match_core() {
         ));
         let mut want = vec![0.0; rows * dim];
         ops::embedding::embedding_forward(&mut want, &table, &ids, vocab, dim).unwrap();
-        exact(
-            &format!("embedding_forward vocab={vocab} dim={dim}"),
-            &f32s(&b[0]),
-            &want,
-        );
+        exact(&format!("embedding_forward vocab={vocab} dim={dim}"), &f32s(&b[0]), &want);
         // The backward, rows grouped by id on the host as the backend groups them.
         let dout = randn(&mut rng, rows * dim, 1.0);
         let mut order: Vec<u32> = (0..rows as u32).collect();
@@ -900,12 +759,7 @@ fn embedding_and_moe_kernels_match_core() {
         ));
         let mut want = dt0.clone();
         ops::embedding::embedding_backward(&mut want, &dout, &ids, vocab, dim).unwrap();
-        close(
-            &format!("embedding_backward vocab={vocab} dim={dim}"),
-            &f32s(&b[0]),
-            &want,
-            1e-6,
-        );
+        close(&format!("embedding_backward vocab={vocab} dim={dim}"), &f32s(&b[0]), &want, 1e-6);
     }
     for (n, top_k, dim) in [(1usize, 1usize, 1usize), (5, 2, 33), (40, 3, 300)] {
         let slots = n * top_k;
@@ -932,12 +786,7 @@ fn embedding_and_moe_kernels_match_core() {
         ));
         let mut want = out0;
         ops::moe::moe_combine(&mut want, &y, &row_of_slot, &weight, top_k, dim).unwrap();
-        close(
-            &format!("moe_combine n={n} k={top_k} dim={dim}"),
-            &f32s(&b[0]),
-            &want,
-            1e-6,
-        );
+        close(&format!("moe_combine n={n} k={top_k} dim={dim}"), &f32s(&b[0]), &want, 1e-6);
         let dout = randn(&mut rng, n * dim, 1.0);
         let b = run!(launch(
             1,
@@ -960,12 +809,7 @@ fn embedding_and_moe_kernels_match_core() {
         let dw =
             ops::moe::moe_combine_backward(&mut dy, &dout, &y, &row_of_slot, &weight, top_k, dim).unwrap();
         close(&format!("moe_combine_backward dy n={n}"), &f32s(&b[0]), &dy, 1e-6);
-        close(
-            &format!("moe_combine_backward dweight n={n}"),
-            &f32s(&b[1]),
-            &dw,
-            1e-5,
-        );
+        close(&format!("moe_combine_backward dweight n={n}"), &f32s(&b[1]), &dw, 1e-5);
     }
 }
 
@@ -995,18 +839,12 @@ fn int8_kernels_match_core_to_the_bit() {
         let (xq, xs) = (b[0].clone(), f32s(&b[1]));
         for r in 0..m {
             let (want_q, want_s) = q8::quantize_activations(&x[r * k..(r + 1) * k]);
-            let got: Vec<i8> = xq[r * words * 4..r * words * 4 + k]
-                .iter()
-                .map(|&b| b as i8)
-                .collect();
+            let got: Vec<i8> = xq[r * words * 4..r * words * 4 + k].iter().map(|&b| b as i8).collect();
             assert_eq!(got, want_q, "quantize_activations row {r} of {m}x{k}");
             assert_eq!(xs[r].to_bits(), want_s.to_bits(), "activation scale row {r}");
         }
         // beta 0 overwrites (a NaN already there must not leak), beta 0.5 accumulates.
-        for (beta, out0) in [
-            (0.0f32, vec![f32::NAN; m * n]),
-            (0.5, randn(&mut rng, m * n, 1.0)),
-        ] {
+        for (beta, out0) in [(0.0f32, vec![f32::NAN; m * n]), (0.5, randn(&mut rng, m * n, 1.0))] {
             let b = run!(launch(
                 1,
                 "q8_matmul",
@@ -1192,11 +1030,7 @@ fn bf16_flash_attention_kernels_match_core() {
         let shape = shape_bytes(&s, false);
         let d = s.head_dim;
         let q_grid = (s.q_len.div_ceil(64) as u32, s.q_heads as u32, s.batch as u32);
-        let kv_grid = (
-            s.kv_capacity.div_ceil(64) as u32,
-            s.kv_heads as u32,
-            s.batch as u32,
-        );
+        let kv_grid = (s.kv_capacity.div_ceil(64) as u32, s.kv_heads as u32, s.batch as u32);
         let b = run!(launch(
             3,
             &format!("flash_forward_{d}"),
@@ -1228,11 +1062,7 @@ fn bf16_flash_attention_kernels_match_core() {
         ));
         let delta = f32s(&b[0]);
         let want_delta: Vec<f32> = (0..nl)
-            .map(|r| {
-                (0..d)
-                    .map(|i| dout[r * d + i] as f64 * out[r * d + i] as f64)
-                    .sum::<f64>() as f32
-            })
+            .map(|r| (0..d).map(|i| dout[r * d + i] as f64 * out[r * d + i] as f64).sum::<f64>() as f32)
             .collect();
         close(&format!("flash_delta {s:?}"), &delta, &want_delta, 1e-5);
         let b = run!(launch(

@@ -27,11 +27,7 @@ fn every_kernel_compiles_for_ampere_ada_and_hopper() {
         let c = Compiler::new(arch, None).unwrap();
         for s in SOURCES {
             let ptx = c.compile(s).unwrap_or_else(|e| panic!("{e}"));
-            assert!(
-                ptx.contains(".entry"),
-                "{} for {arch}: no kernel in the PTX",
-                s.name
-            );
+            assert!(ptx.contains(".entry"), "{} for {arch}: no kernel in the PTX", s.name);
         }
     }
 }
@@ -45,16 +41,10 @@ fn a_compile_error_names_the_file_and_carries_the_log() {
         name: "broken",
         code: "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }",
     };
-    let e = Compiler::new("sm_80", None)
-        .unwrap()
-        .compile(&broken)
-        .unwrap_err();
+    let e = Compiler::new("sm_80", None).unwrap().compile(&broken).unwrap_err();
     let text = e.to_string();
     assert!(matches!(e, KernelError::Compile { .. }), "{text}");
-    assert!(
-        text.contains("broken") && text.contains("undefined_name"),
-        "{text}"
-    );
+    assert!(text.contains("broken") && text.contains("undefined_name"), "{text}");
 }
 
 #[test]
@@ -69,20 +59,13 @@ fn the_cache_is_keyed_by_source_and_architecture() {
     assert_eq!(files(), 1);
     assert_eq!(c80.ptx(&SOURCES[0]).unwrap(), first, "a hit returns the same PTX");
     assert_eq!(files(), 1);
-    Compiler::new("sm_90", Some(dir.clone()))
-        .unwrap()
-        .ptx(&SOURCES[0])
-        .unwrap();
+    Compiler::new("sm_90", Some(dir.clone())).unwrap().ptx(&SOURCES[0]).unwrap();
     let changed = Source {
         name: SOURCES[0].name,
         code: "extern \"C\" __global__ void other(float* x) { x[0] = 1.0f; }",
     };
     assert!(c80.ptx(&changed).unwrap().contains("other"));
-    assert_eq!(
-        files(),
-        3,
-        "another architecture and another source are other entries"
-    );
+    assert_eq!(files(), 3, "another architecture and another source are other entries");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

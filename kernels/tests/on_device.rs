@@ -40,23 +40,13 @@ impl Dev {
         let ctx = CudaContext::new(0).map_err(|e| format!("{e:?}"))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| format!("{e:?}"))?;
         let compiler = Compiler::new(&format!("sm_{major}{minor}"), None).map_err(|e| e.to_string())?;
-        Ok(Dev {
-            stream: ctx.default_stream(),
-            ctx,
-            compiler,
-        })
+        Ok(Dev { stream: ctx.default_stream(), ctx, compiler })
     }
 
     fn func(&self, file: &str, name: &str) -> R<CudaFunction> {
-        let src = SOURCES
-            .iter()
-            .find(|s| s.name == file)
-            .ok_or("no such kernel file")?;
+        let src = SOURCES.iter().find(|s| s.name == file).ok_or("no such kernel file")?;
         let ptx = self.compiler.ptx(src).map_err(|e| e.to_string())?;
-        let module = self
-            .ctx
-            .load_module(Ptx::from_src(ptx))
-            .map_err(|e| format!("{e:?}"))?;
+        let module = self.ctx.load_module(Ptx::from_src(ptx)).map_err(|e| format!("{e:?}"))?;
         Ok(module.load_function(name).map_err(|e| format!("{e:?}"))?)
     }
 
@@ -99,11 +89,7 @@ fn wide(x: &[f32]) -> Vec<f64> {
 }
 
 fn rows_cfg(rows: usize, threads: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
 
 fn elems_cfg(n: usize) -> LaunchConfig {
@@ -138,51 +124,18 @@ fn rmsnorm_matches(d: &Dev) -> R {
             let (mut out, mut rstd) = (vec![0.0; rows * dim], vec![0.0; rows]);
             rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &wide(&x), &wide(&w), rows, dim, 1e-5)?;
             let (mut dx, mut dw) = (vec![0.0; rows * dim], vec![0.0; dim]);
-            rmsnorm::rmsnorm_backward(
-                &mut dx,
-                &mut dw,
-                &wide(&dy),
-                &wide(&x),
-                &wide(&w),
-                &rstd,
-                rows,
-                dim,
-            )?;
+            rmsnorm::rmsnorm_backward(&mut dx, &mut dw, &wide(&dy), &wide(&x), &wide(&w), &rstd, rows, dim)?;
             let (xg, wg, dyg) = (d.up(&x)?, d.up(&w)?, d.up(&dy)?);
             let (mut og, mut rg) = (d.poisoned(rows * dim)?, d.poisoned(rows)?);
             let (r, n) = (rows as i32, dim as i32);
-            launch!(
-                d,
-                fwd,
-                rows_cfg(rows, 256),
-                &mut og,
-                &mut rg,
-                &xg,
-                &wg,
-                &r,
-                &n,
-                &1e-5f32
-            );
+            launch!(d, fwd, rows_cfg(rows, 256), &mut og, &mut rg, &xg, &wg, &r, &n, &1e-5f32);
             close("rmsnorm out", &d.down(&og)?, &out, 1e-5)?;
             let (mut dxg, mut dwr) = (d.poisoned(rows * dim)?, d.poisoned(rows * dim)?);
-            launch!(
-                d,
-                bwd,
-                rows_cfg(rows, 256),
-                &mut dxg,
-                &mut dwr,
-                &dyg,
-                &xg,
-                &wg,
-                &rg,
-                &r,
-                &n
-            );
+            launch!(d, bwd, rows_cfg(rows, 256), &mut dxg, &mut dwr, &dyg, &xg, &wg, &rg, &r, &n);
             // dx is a difference of terms of size |dy w rstd|; where dim is 1 they cancel
             // to ~1e-6 of that, so the error is measured against the terms, not the result.
-            let terms = (0..rows * dim).fold(0.0f64, |m, i| {
-                m.max((dy[i] * w[i % dim] * rstd[i / dim] as f32).abs() as f64)
-            });
+            let terms = (0..rows * dim)
+                .fold(0.0f64, |m, i| m.max((dy[i] * w[i % dim] * rstd[i / dim] as f32).abs() as f64));
             close_to("rmsnorm dx", &d.down(&dxg)?, &dx, 1e-5, terms)?;
             let mut dwg = d.up(&vec![0.0f32; dim])?;
             launch!(d, colsum, elems_cfg(dim), &mut dwg, &dwr, &r, &n);
@@ -193,17 +146,10 @@ fn rmsnorm_matches(d: &Dev) -> R {
 }
 
 fn swiglu_matches(d: &Dev) -> R {
-    let (fwd, bwd) = (
-        d.func("swiglu", "swiglu_forward")?,
-        d.func("swiglu", "swiglu_backward")?,
-    );
+    let (fwd, bwd) = (d.func("swiglu", "swiglu_forward")?, d.func("swiglu", "swiglu_backward")?);
     let mut rng = Rng::new(2);
     for n in [1usize, 7, 1000, 100_003] {
-        let (g, u, dy) = (
-            rng.normal_vec(n, 3.0),
-            rng.normal_vec(n, 1.0),
-            rng.normal_vec(n, 1.0),
-        );
+        let (g, u, dy) = (rng.normal_vec(n, 3.0), rng.normal_vec(n, 1.0), rng.normal_vec(n, 1.0));
         let mut out = vec![0.0; n];
         swiglu::swiglu_forward(&mut out, &wide(&g), &wide(&u))?;
         let (mut dg, mut du) = (vec![0.0; n], vec![0.0; n]);
@@ -240,15 +186,7 @@ fn rope_matches(d: &Dev) -> R {
     ] {
         let n = batch * seq * heads * head_dim;
         let x = rng.normal_vec(n, 1.0);
-        let spec = RopeSpec {
-            batch,
-            seq,
-            heads,
-            head_dim,
-            pos_offset: offset,
-            theta: 10000.0,
-            scaling,
-        };
+        let spec = RopeSpec { batch, seq, heads, head_dim, pos_offset: offset, theta: 10000.0, scaling };
         let (kind, k) = scaling.kernel_constants();
         for sign in [1.0f32, -1.0] {
             let mut want = wide(&x);
@@ -258,13 +196,7 @@ fn rope_matches(d: &Dev) -> R {
                 rope::rope_backward(&mut want, &spec)?;
             }
             let mut xg = d.up(&x)?;
-            let dims = [
-                batch as i32,
-                seq as i32,
-                heads as i32,
-                head_dim as i32,
-                offset as i32,
-            ];
+            let dims = [batch as i32, seq as i32, heads as i32, head_dim as i32, offset as i32];
             let f = if sign > 0.0 { &fwd } else { &bwd };
             launch!(
                 d,
@@ -311,19 +243,7 @@ fn cross_entropy_matches(d: &Dev) -> R {
             let (mut lg, mut losses, tg, mg) =
                 (d.up(&logits)?, d.poisoned(rows)?, d.up(&targets)?, d.up(&mask)?);
             let (r, v, write) = (rows as i32, vocab as i32, 1i32);
-            launch!(
-                d,
-                f,
-                rows_cfg(rows, 256),
-                &mut lg,
-                &mut losses,
-                &tg,
-                &mg,
-                &r,
-                &v,
-                &write,
-                &0.5f32
-            );
+            launch!(d, f, rows_cfg(rows, 256), &mut lg, &mut losses, &tg, &mg, &r, &v, &write, &0.5f32);
             close("cross-entropy gradient", &d.down(&lg)?, &want, 1e-5)?;
             let total: f64 = d.down(&losses)?.iter().map(|&l| l as f64).sum();
             if (total - sum.loss_sum).abs() > 1e-4 * sum.loss_sum.abs().max(1.0) {
@@ -386,21 +306,15 @@ fn adam_update_matches(d: &Dev) -> R {
 fn sum_of_squares_matches(d: &Dev) -> R {
     let sq = d.func("l2norm", "sum_of_squares")?;
     let mut rng = Rng::new(6);
-    let tensors: Vec<Vec<f32>> = [1usize, 1000, 100_003]
-        .iter()
-        .map(|&n| rng.normal_vec(n, 1.0))
-        .collect();
+    let tensors: Vec<Vec<f32>> = [1usize, 1000, 100_003].iter().map(|&n| rng.normal_vec(n, 1.0)).collect();
     let want =
         rusting_brain_core::ops::l2norm::global_l2_norm(&tensors.iter().map(|t| &t[..]).collect::<Vec<_>>());
     let blocks = 64usize;
     let mut partials = d.up(&vec![0.0f32; blocks])?;
     for t in &tensors {
         let (tg, n) = (d.up(t)?, t.len() as i64);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg =
+            LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         launch!(d, sq, cfg, &mut partials, &tg, &n);
     }
     // The partial sums added in f64 in slot order, as the backend adds them.
@@ -410,22 +324,12 @@ fn sum_of_squares_matches(d: &Dev) -> R {
 }
 
 fn embedding_matches(d: &Dev) -> R {
-    let (fwd, bwd) = (
-        d.func("embedding", "embedding_forward")?,
-        d.func("embedding", "embedding_backward")?,
-    );
+    let (fwd, bwd) = (d.func("embedding", "embedding_forward")?, d.func("embedding", "embedding_backward")?);
     let mut rng = Rng::new(7);
     for (vocab, dim, rows) in [(1usize, 1usize, 1usize), (33, 7, 127), (32000, 768, 1000)] {
         let table = rng.normal_vec(vocab * dim, 1.0);
-        let ids: Vec<u32> = (0..rows)
-            .map(|i| {
-                if i % 3 == 0 {
-                    0
-                } else {
-                    rng.below(vocab as u64) as u32
-                }
-            })
-            .collect();
+        let ids: Vec<u32> =
+            (0..rows).map(|i| if i % 3 == 0 { 0 } else { rng.below(vocab as u64) as u32 }).collect();
         let dy = rng.normal_vec(rows * dim, 1.0);
         let mut out = vec![0.0; rows * dim];
         embedding::embedding_forward(&mut out, &wide(&table), &ids, vocab, dim)?;
@@ -453,26 +357,11 @@ fn embedding_matches(d: &Dev) -> R {
         let nu = uniq.len() as i32;
         for _ in 0..2 {
             let mut dtg = d.up(&vec![0.0f32; vocab * dim])?;
-            launch!(
-                d,
-                bwd,
-                elems_cfg(uniq.len() * dim),
-                &mut dtg,
-                &dyg,
-                &ug,
-                &offg,
-                &pg,
-                &nu,
-                &n
-            );
+            launch!(d, bwd, elems_cfg(uniq.len() * dim), &mut dtg, &dyg, &ug, &offg, &pg, &nu, &n);
             runs.push(d.down(&dtg)?);
         }
         close("embedding dtable", &runs[0], &dt, 1e-5)?;
-        if runs[0]
-            .iter()
-            .zip(&runs[1])
-            .any(|(a, b)| a.to_bits() != b.to_bits())
-        {
+        if runs[0].iter().zip(&runs[1]).any(|(a, b)| a.to_bits() != b.to_bits()) {
             return Err("embedding backward is not deterministic".into());
         }
     }
@@ -496,10 +385,8 @@ unsafe impl DeviceRepr for Shape {}
 
 fn attention_matches(d: &Dev) -> R {
     let fwd = d.func("attention", "attention_forward")?;
-    let (bq, bkv) = (
-        d.func("attention", "attention_backward_dq")?,
-        d.func("attention", "attention_backward_dkv")?,
-    );
+    let (bq, bkv) =
+        (d.func("attention", "attention_backward_dq")?, d.func("attention", "attention_backward_dkv")?);
     let mut rng = Rng::new(8);
     // (batch, q_len, kv_len, capacity, q_heads, kv_heads, head_dim): training shapes,
     // decode over a partly filled cache, GQA groups of 1, 3 and 4.
@@ -560,20 +447,7 @@ fn attention_matches(d: &Dev) -> R {
         launch!(d, bq, warps(nl), &mut dqg, &dyg, &qg, &kg, &vg, &og, &lg, &shape);
         close("attention dq", &d.down(&dqg)?, &dq, 1e-4)?;
         let (mut dkg, mut dvg) = (d.poisoned(nkv)?, d.poisoned(nkv)?);
-        launch!(
-            d,
-            bkv,
-            warps(b * cap * kh),
-            &mut dkg,
-            &mut dvg,
-            &dyg,
-            &qg,
-            &kg,
-            &vg,
-            &og,
-            &lg,
-            &shape
-        );
+        launch!(d, bkv, warps(b * cap * kh), &mut dkg, &mut dvg, &dyg, &qg, &kg, &vg, &og, &lg, &shape);
         close("attention dk", &d.down(&dkg)?, &dk, 1e-4)?;
         close("attention dv", &d.down(&dvg)?, &dv, 1e-4)?;
     }

@@ -112,16 +112,8 @@ fn llama_cpp(large: bool, threads: usize, new: usize) -> Result<Vec<(String, f64
         .iter()
         .filter_map(|r| {
             let (p, g) = (r["n_prompt"].as_u64()?, r["n_gen"].as_u64()?);
-            let test = if g == 0 {
-                format!("pp{p}")
-            } else {
-                format!("tg{g}")
-            };
-            Some((
-                test,
-                r["avg_ts"].as_f64()?,
-                r["stddev_ts"].as_f64().unwrap_or(0.0),
-            ))
+            let test = if g == 0 { format!("pp{p}") } else { format!("tg{g}") };
+            Some((test, r["avg_ts"].as_f64()?, r["stddev_ts"].as_f64().unwrap_or(0.0)))
         })
         .collect::<Vec<_>>();
     if rows.is_empty() {
@@ -144,11 +136,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `readme`: the README's 38.9M configuration, where the bytes outweigh the ~90 calls
     // of a step; by default the training benchmark's 5.3M one.
     let large = words.iter().any(|w| w == "readme");
-    let (vocab, d_model, layers, q_heads, kv_heads, head_dim, d_ff) = if large {
-        (32_000, 512, 8, 8, 2, 64, 1408)
-    } else {
-        (4096, 256, 6, 8, 2, 32, 704)
-    };
+    let (vocab, d_model, layers, q_heads, kv_heads, head_dim, d_ff) =
+        if large { (32_000, 512, 8, 8, 2, 64, 1408) } else { (4096, 256, 6, 8, 2, 32, 704) };
     // Room for the longest prefill measured.
     let max_seq = (prompt_len + new_tokens).max(PREFILL[PREFILL.len() - 1]) + 1;
     let shape = || {
@@ -178,11 +167,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tps_q8 = q8_runs[2];
     let mut prefills = Vec::new();
     for &len in PREFILL {
-        prefills.push((
-            len,
-            prefill_rate(&mut model, len, vocab)?,
-            prefill_rate(&mut q8, len, vocab)?,
-        ));
+        prefills.push((len, prefill_rate(&mut model, len, vocab)?, prefill_rate(&mut q8, len, vocab)?));
     }
     // The mixture of experts with the same active size (8 experts of width d_ff / 2, top-2):
     // a token reads its two experts' weights, the router and everything else.
@@ -225,11 +210,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     .iter()
     .flat_map(|(k, v)| [k.to_string(), v.to_string()])
     .collect();
-    let lengths = PREFILL
-        .iter()
-        .map(|l| l.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let lengths = PREFILL.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",");
     let torch_args = |extra: &[&str]| {
         let mut args = torch_shape.clone();
         args.extend(["--prefill", &lengths].iter().chain(extra).map(|s| s.to_string()));
@@ -249,10 +230,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prefill * 1e3,
         prompt_len as f64 / prefill
     );
-    println!(
-        "{:<28} {:>10} {:>14} {:>12} {:>9}",
-        "", "tokens/s", "MB read/token", "GB/s", "of peak"
-    );
+    println!("{:<28} {:>10} {:>14} {:>12} {:>9}", "", "tokens/s", "MB read/token", "GB/s", "of peak");
     println!(
         "{:<28} {:>10.1} {:>14.2} {:>12.1} {:>8.0}%",
         "rusting_brain (cpu, f32)",
@@ -315,21 +293,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Prompt processing and decode beside llama.cpp and PyTorch, tokens/s.
     let llama_rate = |test: &str| {
-        llama
-            .as_ref()
-            .ok()
-            .and_then(|rows| rows.iter().find(|r| r.0 == test))
-            .map(|r| (r.1, r.2))
+        llama.as_ref().ok().and_then(|rows| rows.iter().find(|r| r.0 == test)).map(|r| (r.1, r.2))
     };
     println!(
         "\n{:<8} {:>10} {:>10} {:>14} {:>12} {:>14} {:>12}",
         "test", "ours f32", "ours q8", "llama.cpp q8", "q8 / llama", "torch int8", "torch f32"
     );
     let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
-    let mut rows: Vec<(String, f64, f64)> = prefills
-        .iter()
-        .map(|&(len, f, q)| (format!("pp{len}"), f, q))
-        .collect();
+    let mut rows: Vec<(String, f64, f64)> =
+        prefills.iter().map(|&(len, f, q)| (format!("pp{len}"), f, q)).collect();
     rows.push((format!("tg{new_tokens}"), tps, tps_q8));
     for (test, f, q) in &rows {
         let llama = llama_rate(test);
@@ -367,10 +339,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let child = child?;
     let line = String::from_utf8_lossy(&child.stdout);
     let v: serde_json::Value = serde_json::from_str(line.trim()).map_err(|e| {
-        format!(
-            "the memory run printed {line:?} ({e}); stderr: {}",
-            String::from_utf8_lossy(&child.stderr)
-        )
+        format!("the memory run printed {line:?} ({e}); stderr: {}", String::from_utf8_lossy(&child.stderr))
     })?;
     let f = |key: &str| v[key].as_f64().unwrap_or(f64::NAN);
     let mib = |key: &str| f(key) / (1 << 20) as f64;
@@ -442,11 +411,7 @@ fn breakdown(
     let steps = new_tokens.min(config.max_seq_len - prompt.len());
     let t = Instant::now();
     for _ in 0..steps {
-        let next = logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map_or(0, |(i, _)| i as u32);
+        let next = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32);
         logits = pm.forward_cached(&[next], &mut cache)?;
     }
     let wall = t.elapsed().as_secs_f64() / steps as f64;
@@ -459,19 +424,14 @@ fn breakdown(
     if quantized {
         // And a prompt of 128 tokens into an empty cache, after one untimed.
         let mut rng = Rng::new(11);
-        let long: Vec<u32> = (0..128.min(config.max_seq_len))
-            .map(|_| rng.below(config.vocab_size as u64) as u32)
-            .collect();
+        let long: Vec<u32> =
+            (0..128.min(config.max_seq_len)).map(|_| rng.below(config.vocab_size as u64) as u32).collect();
         pm.forward_cached(&long, &mut pm.new_kv_caches()?)?;
         pm.backend.reset();
         let t = Instant::now();
         pm.forward_cached(&long, &mut pm.new_kv_caches()?)?;
         let wall = t.elapsed().as_secs_f64();
-        println!(
-            "\nQ8 prefill of {} tokens, by primitive ({:.1} ms):",
-            long.len(),
-            wall * 1e3
-        );
+        println!("\nQ8 prefill of {} tokens, by primitive ({:.1} ms):", long.len(), wall * 1e3);
         print!("{}", pm.backend.breakdown(1, wall, true));
     }
     Ok(())

@@ -21,9 +21,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sizes = [784usize, 256, 128, 10];
 
     let mut rng = Rng::new(0);
-    let inputs: Vec<Vec<f32>> = (0..samples)
-        .map(|_| (0..sizes[0]).map(|_| rng.next_f64() as f32).collect())
-        .collect();
+    let inputs: Vec<Vec<f32>> =
+        (0..samples).map(|_| (0..sizes[0]).map(|_| rng.next_f64() as f32).collect()).collect();
     let targets: Vec<Vec<f32>> = (0..samples)
         .map(|_| {
             let mut t = vec![0.0; sizes[3]];
@@ -41,24 +40,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .optimizer(Optimizer::adam(1e-3))
         .seed(0)
         .build();
-    let config = TrainConfig {
-        epochs: 1,
-        batch_size: batch,
-        shuffle: true,
-        seed: Some(0),
-    };
+    let config = TrainConfig { epochs: 1, batch_size: batch, shuffle: true, seed: Some(0) };
     model.fit(&data, config)?; // warm-up: arenas, thread pool, page faults
                                // Best epoch of `epochs`: this shared VM's noise only ever slows a run down.
     let mut best = f64::INFINITY;
     for e in 0..epochs {
         let t = Instant::now();
-        model.fit(
-            &data,
-            TrainConfig {
-                seed: Some(e as u64 + 1),
-                ..config
-            },
-        )?;
+        model.fit(&data, TrainConfig { seed: Some(e as u64 + 1), ..config })?;
         best = best.min(t.elapsed().as_secs_f64());
     }
     let ours = samples as f64 / best;
@@ -84,20 +72,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|o| {
             let line = String::from_utf8_lossy(&o.stdout).lines().last()?.to_string();
             let v: serde_json::Value = serde_json::from_str(&line).ok()?;
-            Some((
-                v["samples_per_s"].as_f64()?,
-                v["version"].as_str().unwrap_or("?").to_string(),
-            ))
+            Some((v["samples_per_s"].as_f64()?, v["version"].as_str().unwrap_or("?").to_string()))
         });
 
     println!("bench_dense: {}-{}-{}-{} ReLU/softmax+CE, Adam, batch {batch}, {samples} samples, best of {epochs} epochs, {threads} threads", sizes[0], sizes[1], sizes[2], sizes[3]);
     println!("{:<24} {:>14} {:>16}", "", "samples/s", "GFLOP/s (6 x MACs)");
-    println!(
-        "{:<24} {:>14.0} {:>16.1}",
-        "rusting_brain (cpu)",
-        ours,
-        ours * 6.0 * macs / 1e9
-    );
+    println!("{:<24} {:>14.0} {:>16.1}", "rusting_brain (cpu)", ours, ours * 6.0 * macs / 1e9);
     match torch {
         Some((theirs, version)) => {
             println!(

@@ -99,15 +99,8 @@ fn step<B: Backend<Buffer = Vec<f32>>>(dit: &Dit<B>, x: &Inputs, case: &Case) ->
     let (gh, gw) = case.grid;
     let p = config.patch_size;
     let latent = match config.kind {
-        DitKind::Sd3 => DitLatent::Image {
-            data: &x.latent,
-            height: gh * p,
-            width: gw * p,
-        },
-        _ => DitLatent::Tokens {
-            data: &x.latent,
-            ids: &x.ids,
-        },
+        DitKind::Sd3 => DitLatent::Image { data: &x.latent, height: gh * p, width: gw * p },
+        _ => DitLatent::Tokens { data: &x.latent, ids: &x.ids },
     };
     let guidance = [3.5f32];
     let (timestep, t_sd3) = ([0.5f32], [500.0f32]);
@@ -117,11 +110,7 @@ fn step<B: Backend<Buffer = Vec<f32>>>(dit: &Dit<B>, x: &Inputs, case: &Case) ->
         context: &x.context,
         context_ids: &x.context_ids,
         pooled: (config.kind != DitKind::Flux2).then_some(&x.pooled[..]),
-        timestep: if config.kind == DitKind::Sd3 {
-            &t_sd3
-        } else {
-            &timestep
-        },
+        timestep: if config.kind == DitKind::Sd3 { &t_sd3 } else { &timestep },
         guidance: config.guidance_embeds.then_some(&guidance[..]),
     };
     dit.forward(&input).expect("dit forward")
@@ -214,12 +203,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some(x) => (format!("{:.1}", x * 1e3), format!("{:.2}", t / x)),
             None => ("-".into(), "-".into()),
         };
-        println!(
-            "{:<40} {:>11} {:>10.1} {tm:>10} {ratio:>10}",
-            case.name,
-            params,
-            t * 1e3
-        );
+        println!("{:<40} {:>11} {:>10.1} {tm:>10} {ratio:>10}", case.name, params, t * 1e3);
     }
     println!("FLUX.2 small step by primitive:\n{breakdown}");
     Ok(())

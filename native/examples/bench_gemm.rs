@@ -40,11 +40,7 @@ fn gemm_direct(
     c: &mut [f32], a: &[f32], b: &[f32], m: usize, n: usize, k: usize, b_rs: isize, b_cs: isize,
     threads: usize,
 ) {
-    let par = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     // SAFETY: a is m*k, b is k*n (either layout), c is m*n, all contiguous; the strides
     // address exactly those elements, and c is borrowed uniquely.
     unsafe {
@@ -109,10 +105,7 @@ fn main() {
         let trans_b = label.contains("W^T");
         let spec = MatmulSpec::new(m, n, k).trans_b(trans_b);
         let (mut c1, mut c2, mut c3) = (c.clone(), c.clone(), c.clone());
-        let (b_rs, b_cs) = (
-            if trans_b { 1 } else { n as isize },
-            if trans_b { k as isize } else { 1 },
-        );
+        let (b_rs, b_cs) = (if trans_b { 1 } else { n as isize }, if trans_b { k as isize } else { 1 });
         let times = best_in_turns(
             reps,
             &mut [
@@ -124,10 +117,8 @@ fn main() {
         let (t_backend, t_crate, t_single) = (times[0], times[1], times[2]);
         // The reference is a triple loop; past ~1 GFLOP it takes minutes, so it is skipped.
         let reference = if flops <= 2.0 * 1024f64.powi(3) {
-            let t = best_in_turns(
-                1,
-                &mut [&mut || ReferenceBackend.matmul(&mut c, &a, &b, &spec).unwrap()],
-            )[0];
+            let t =
+                best_in_turns(1, &mut [&mut || ReferenceBackend.matmul(&mut c, &a, &b, &spec).unwrap()])[0];
             format!("{:.2}", flops / t / 1e9)
         } else {
             "skipped".to_string()
@@ -154,10 +145,7 @@ fn main() {
             "no AVX512_BF16 here: rounded operands through the f32 GEMM"
         }
     );
-    println!(
-        "{:<34} {:>12} {:>12} {:>9}",
-        "shape (m x n x k)", "f32 GFLOP/s", "bf16 GFLOP/s", "bf16/f32"
-    );
+    println!("{:<34} {:>12} {:>12} {:>9}", "shape (m x n x k)", "f32 GFLOP/s", "bf16 GFLOP/s", "bf16/f32");
     let bf16_shapes: &[(usize, usize, usize, bool, bool, &str)] = &[
         (1024, 1024, 1024, false, false, ""),
         (2048, 704, 256, false, true, " forward x W^T"),

@@ -49,15 +49,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &[b, cin, cout, h, w, k] in &convs {
         let spec = Conv2dSpec::new(b, cin, cout, h, w, k).padding(k / 2);
         let (ni, nw, no, _) = spec.check()?;
-        let (x, wt, bias) = (
-            rng.normal_vec(ni, 1.0),
-            rng.normal_vec(nw, 0.02),
-            rng.normal_vec(cout, 1.0),
-        );
+        let (x, wt, bias) = (rng.normal_vec(ni, 1.0), rng.normal_vec(nw, 0.02), rng.normal_vec(cout, 1.0));
         let mut y = vec![0.0; no];
-        let t = best(reps, || {
-            be.conv2d(&mut y, &x, &wt, Some(&bias), &spec).expect("conv2d")
-        });
+        let t = best(reps, || be.conv2d(&mut y, &x, &wt, Some(&bias), &spec).expect("conv2d"));
         ours_conv.push((spec.flops(), t));
     }
 
@@ -79,11 +73,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         latent_bn: None,
     };
     let layout = config.layout();
-    let weights: BTreeMap<String, Vec<f32>> = layout
-        .tensors
-        .iter()
-        .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
-        .collect();
+    let weights: BTreeMap<String, Vec<f32>> =
+        layout.tensors.iter().map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02))).collect();
     let profiled = AutoencoderKl::new(Profiled::new(be), config.clone(), weights.clone())?;
     let vae = AutoencoderKl::new(be, config, weights)?;
     let latent = 32;
@@ -101,11 +92,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (tokens, heads, d) = (4608, 24, 128);
     let spec = SdpaSpec::new(1, tokens, heads, d);
     let n = tokens * heads * d;
-    let (q, k, v) = (
-        rng.normal_vec(n, 1.0),
-        rng.normal_vec(n, 1.0),
-        rng.normal_vec(n, 1.0),
-    );
+    let (q, k, v) = (rng.normal_vec(n, 1.0), rng.normal_vec(n, 1.0), rng.normal_vec(n, 1.0));
     let mut o = vec![0.0; n];
     // The first call allocates the per-thread score tiles (kept for later calls), so its
     // peak is the one to report; the second is timed.
@@ -139,10 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     bench::print_torch_line(torch.as_ref(), &python, script);
-    println!(
-        "{:<38} {:>10} {:>10} {:>10} {:>12}",
-        "", "ours ms", "torch ms", "ours/torch", "ours GFLOP/s"
-    );
+    println!("{:<38} {:>10} {:>10} {:>10} {:>12}", "", "ours ms", "torch ms", "ours/torch", "ours GFLOP/s");
     let row = |name: String, ours: f64, torch: Option<f64>, flops: Option<f64>| {
         let (tm, ratio) = match torch {
             Some(t) => (format!("{:.1}", t * 1e3), format!("{:.2}", ours / t)),
@@ -152,12 +136,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{name:<38} {:>10.1} {tm:>10} {ratio:>10} {g:>12}", ours * 1e3);
     };
     for (i, (&[_, cin, cout, h, w, k], &(flops, t))) in convs.iter().zip(&ours_conv).enumerate() {
-        row(
-            format!("conv2d {cin}->{cout} {k}x{k} at {h}x{w}"),
-            t,
-            theirs("conv", Some(i)),
-            Some(flops),
-        );
+        row(format!("conv2d {cin}->{cout} {k}x{k} at {h}x{w}"), t, theirs("conv", Some(i)), Some(flops));
     }
     row(
         format!(

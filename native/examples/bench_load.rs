@@ -117,18 +117,10 @@ fn parse_row(out: &std::process::Output, what: &str) -> Result<Row, Error> {
     if !out.status.success() {
         return Err(format!("{what} failed: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
-    let line = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .to_string();
+    let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
     let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| format!("{what}: `{line}`: {e}"))?;
     let num = |k: &str| v[k].as_f64().ok_or_else(|| format!("{what}: no {k} in `{line}`"));
-    Ok(Row {
-        seconds: num("seconds")?,
-        peak_rss: num("peak_rss")?,
-        model_bytes: num("model_bytes")?,
-    })
+    Ok(Row { seconds: num("seconds")?, peak_rss: num("peak_rss")?, model_bytes: num("model_bytes")? })
 }
 
 const TRANSFORMERS: &str = r#"
@@ -144,16 +136,10 @@ print(json.dumps(dict(seconds=s, peak_rss=resource.getrusage(resource.RUSAGE_SEL
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--child") {
-        let (mode, dir) = (
-            args.get(1).ok_or("--child MODE DIR")?,
-            args.get(2).ok_or("--child MODE DIR")?,
-        );
+        let (mode, dir) = (args.get(1).ok_or("--child MODE DIR")?, args.get(2).ok_or("--child MODE DIR")?);
         return child(mode, Path::new(dir));
     }
-    let dir = PathBuf::from(
-        args.first()
-            .ok_or("usage: bench_load DIR (see bench/hf_load_model.py)")?,
-    );
+    let dir = PathBuf::from(args.first().ok_or("usage: bench_load DIR (see bench/hf_load_model.py)")?);
     let files = shards(&dir)?;
     let file_bytes: u64 = files.iter().map(|f| f.metadata().map_or(0, |m| m.len())).sum();
     let gb = file_bytes as f64 / 1e9;
@@ -183,17 +169,10 @@ fn main() -> Result<(), Error> {
         } else {
             read_all(&files)?;
         }
-        match Command::new(&python)
-            .args(["-c", TRANSFORMERS])
-            .arg(&dir)
-            .output()
-        {
+        match Command::new(&python).args(["-c", TRANSFORMERS]).arg(&dir).output() {
             Ok(out) if out.status.success() => {
-                let line = String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .last()
-                    .unwrap_or_default()
-                    .to_string();
+                let line =
+                    String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
                     torch_note = format!("transformers {}", v["version"].as_str().unwrap_or("?"));
                 }

@@ -78,9 +78,8 @@ fn run(mode: &str) -> Result<(), Error> {
         m.add_lora(LoraConfig::new(16).alpha(32.0))?;
     }
     let mut rng = rusting_brain::core::Rng::new(1);
-    let rows: Vec<Vec<u32>> = (0..BATCH)
-        .map(|_| (0..=SEQ).map(|_| rng.below(32_000) as u32).collect())
-        .collect();
+    let rows: Vec<Vec<u32>> =
+        (0..BATCH).map(|_| (0..=SEQ).map(|_| rng.below(32_000) as u32).collect()).collect();
     let tb = TokenBatch::new(&rows)?;
     let mut times = Vec::new();
     for i in 0..=STEPS {
@@ -92,12 +91,7 @@ fn run(mode: &str) -> Result<(), Error> {
     }
     times.sort_by(f64::total_cmp);
     let tps = (BATCH * SEQ) as f64 / times[times.len() / 2];
-    println!(
-        "{tps} {} {} {}",
-        PEAK.load(Ordering::Relaxed),
-        peak_rss_kib(),
-        m.trainable_parameters()
-    );
+    println!("{tps} {} {} {}", PEAK.load(Ordering::Relaxed), peak_rss_kib(), m.trainable_parameters());
     Ok(())
 }
 
@@ -107,14 +101,7 @@ fn torch(mode: &str, threads: usize) -> Result<(f64, f64), String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/peft_lora_step.py");
     let out = std::process::Command::new(&python)
         .args([script, "--mode", mode, "--threads", &threads.to_string()])
-        .args([
-            "--batch",
-            &BATCH.to_string(),
-            "--seq",
-            &SEQ.to_string(),
-            "--steps",
-            &STEPS.to_string(),
-        ])
+        .args(["--batch", &BATCH.to_string(), "--seq", &SEQ.to_string(), "--steps", &STEPS.to_string()])
         .output()
         .map_err(|e| format!("{python}: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -122,10 +109,7 @@ fn torch(mode: &str, threads: usize) -> Result<(f64, f64), String> {
     let v: serde_json::Value = line.and_then(|l| serde_json::from_str(l).ok()).ok_or_else(|| {
         format!("{python} {script} failed (set RB_PYTHON to a Python with torch, transformers and peft)")
     })?;
-    Ok((
-        v["tokens_per_s"].as_f64().unwrap_or(0.0),
-        v["peak_rss_kib"].as_f64().unwrap_or(0.0),
-    ))
+    Ok((v["tokens_per_s"].as_f64().unwrap_or(0.0), v["peak_rss_kib"].as_f64().unwrap_or(0.0)))
 }
 
 fn main() -> Result<(), Error> {
@@ -152,18 +136,9 @@ fn main() -> Result<(), Error> {
         if !out.status.success() {
             return Err(format!("{mode}: {}", String::from_utf8_lossy(&out.stderr)).into());
         }
-        let v: Vec<f64> = String::from_utf8(out.stdout)?
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        got.push((
-            mode,
-            v[0],
-            v[1] as usize,
-            v[2] as usize,
-            v[3] as usize,
-            torch(mode, threads),
-        ));
+        let v: Vec<f64> =
+            String::from_utf8(out.stdout)?.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        got.push((mode, v[0], v[1] as usize, v[2] as usize, v[3] as usize, torch(mode, threads)));
     }
     let mib = |b: f64| b / (1u64 << 20) as f64;
     println!(
@@ -171,17 +146,9 @@ fn main() -> Result<(), Error> {
         "mode", "tokens/s", "PyTorch", "ratio", "alloc MiB", "RSS MiB", "PT RSS", "trainable"
     );
     for (mode, tps, bytes, rss, trainable, pt) in &got {
-        let name = if *mode == "full" {
-            "full fine-tuning"
-        } else {
-            "LoRA r=16, 7 proj."
-        };
+        let name = if *mode == "full" { "full fine-tuning" } else { "LoRA r=16, 7 proj." };
         let (pt_tps, pt_rss, ratio) = match pt {
-            Ok((t, r)) => (
-                format!("{t:.0}"),
-                format!("{:.0}", r / 1024.0),
-                format!("{:.2}x", tps / t),
-            ),
+            Ok((t, r)) => (format!("{t:.0}"), format!("{:.0}", r / 1024.0), format!("{:.2}x", tps / t)),
             Err(_) => ("-".into(), "-".into(), "-".into()),
         };
         println!(

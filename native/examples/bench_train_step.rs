@@ -60,10 +60,7 @@ fn torch(
     let out = cmd.output().ok().filter(|o| o.status.success())?;
     let line = String::from_utf8_lossy(&out.stdout).lines().last()?.to_string();
     let v: serde_json::Value = serde_json::from_str(&line).ok()?;
-    Some((
-        v["train_tokens_per_s"].as_f64()?,
-        format!("{} {}", v["framework"].as_str()?, v["mode"].as_str()?),
-    ))
+    Some((v["train_tokens_per_s"].as_f64()?, format!("{} {}", v["framework"].as_str()?, v["mode"].as_str()?)))
 }
 
 /// Median training tokens/s over 10 steps after 3 warm-up steps.
@@ -106,10 +103,7 @@ fn print_breakdown<B: Backend>(
     }
     pm.backend.synchronize()?;
     let wall = t.elapsed().as_secs_f64() / steps as f64;
-    println!(
-        "\nper step, by primitive ({steps} steps, {:.1} ms a step):",
-        wall * 1e3
-    );
+    println!("\nper step, by primitive ({steps} steps, {:.1} ms a step):", wall * 1e3);
     print!("{}", pm.backend.breakdown(steps, wall, false));
     Ok(())
 }
@@ -145,9 +139,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .seed(0)
     };
     let mut rng = Rng::new(1);
-    let seqs: Vec<Vec<u32>> = (0..batch)
-        .map(|_| (0..=seq).map(|_| rng.below(4096) as u32).collect())
-        .collect();
+    let seqs: Vec<Vec<u32>> =
+        (0..batch).map(|_| (0..=seq).map(|_| rng.below(4096) as u32).collect()).collect();
     // The sparse model runs first: it is the larger, so the peak memory read after it is
     // its own (the dense model is dropped-in later and smaller).
     let mut sparse = None;
@@ -218,19 +211,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "\nmixture of experts, same active parameters: {counts}; 8 experts of width 352, top-2, every layer"
         );
         row("rusting_brain moe (cpu, f32)", *tps, flops, "1.00x".into());
-        row(
-            "rusting_brain dense (above)",
-            ours,
-            dense_flops,
-            format!("{:.2}x", tps / ours),
-        );
+        row("rusting_brain dense (above)", ours, dense_flops, format!("{:.2}x", tps / ours));
         let extra = ["--experts", "8", "--top-k", "2", "--expert-d-ff", "352"];
         match torch(&python, moe_script, batch, seq, threads, &extra) {
             Some((t, name)) => row(&name, t, flops, format!("{:.2}x", tps / t)),
-            None => println!(
-                "{:<34} not run ({python} {moe_script} failed)",
-                "PyTorch eager moe"
-            ),
+            None => println!("{:<34} not run ({python} {moe_script} failed)", "PyTorch eager moe"),
         }
     }
 
@@ -282,9 +267,8 @@ mod gpu {
             }
         };
         let mut rng = Rng::new(1);
-        let seqs: Vec<Vec<u32>> = (0..batch)
-            .map(|_| (0..=seq).map(|_| rng.below(4096) as u32).collect())
-            .collect();
+        let seqs: Vec<Vec<u32>> =
+            (0..batch).map(|_| (0..=seq).map(|_| rng.below(4096) as u32).collect()).collect();
         let mut on_gpu = build()?;
         on_gpu.to_gpu_with(&options)?;
         let adapter = on_gpu.device().unwrap_or_default();
@@ -296,23 +280,12 @@ mod gpu {
         println!(
             "bench_train_step gpu: {}{}; batch {batch} x {seq}; f32; adapter {adapter}; CPU {} threads",
             on_cpu.parameter_counts(),
-            if moe {
-                ", 8 experts of width 352, top-2"
-            } else {
-                ""
-            },
+            if moe { ", 8 experts of width 352, top-2" } else { "" },
             rayon::current_num_threads()
         );
         println!("{:<34} {:>12} {:>10} {:>9}", "", "tokens/s", "GFLOP/s", "ratio");
-        for (name, tps) in [
-            ("rusting_brain (wgpu, f32)", gpu_tps),
-            ("rusting_brain (cpu, f32)", cpu_tps),
-        ] {
-            println!(
-                "{name:<34} {tps:>12.0} {:>10.1} {:>8.2}x",
-                tps * flops / 1e9,
-                tps / cpu_tps
-            );
+        for (name, tps) in [("rusting_brain (wgpu, f32)", gpu_tps), ("rusting_brain (cpu, f32)", cpu_tps)] {
+            println!("{name:<34} {tps:>12.0} {:>10.1} {:>8.2}x", tps * flops / 1e9, tps / cpu_tps);
         }
         // What a steady-state step asks of the device, counted on core's model directly.
         let backend = WgpuBackend::new(std::sync::Arc::new(Gpu::new_blocking(&options)?));
@@ -370,10 +343,8 @@ mod cuda {
     }
 
     pub fn run(batch: usize, seq: usize, moe: bool) -> Result<(), Box<dyn std::error::Error>> {
-        let budget: usize = std::env::var("RB_CUDA_BUDGET_MIB")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(60_000);
+        let budget: usize =
+            std::env::var("RB_CUDA_BUDGET_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(60_000);
         let (d, layers, hq, hkv, hd, ff, vocab) = (768, 16, 12, 4, 64, 1408, 32_000);
         let mut builder = TransformerLm::builder()
             .vocab_size(vocab)
@@ -391,9 +362,8 @@ mod cuda {
         model.set_mixed_precision(true);
         model.to_cuda(0, budget)?;
         let mut rng = Rng::new(1);
-        let seqs: Vec<Vec<u32>> = (0..batch)
-            .map(|_| (0..=seq).map(|_| rng.below(vocab as u64) as u32).collect())
-            .collect();
+        let seqs: Vec<Vec<u32>> =
+            (0..batch).map(|_| (0..=seq).map(|_| rng.below(vocab as u64) as u32).collect()).collect();
         for _ in 0..3 {
             model.train_step(&seqs)?;
         }

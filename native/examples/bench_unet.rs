@@ -52,18 +52,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             latent: 8,
             tokens: 77,
         },
-        Case {
-            name: "SD small (widths 64-256), 256x256",
-            config: small.clone(),
-            latent: 32,
-            tokens: 77,
-        },
-        Case {
-            name: "SD small (widths 64-256), 512x512",
-            config: small,
-            latent: 64,
-            tokens: 77,
-        },
+        Case { name: "SD small (widths 64-256), 256x256", config: small.clone(), latent: 32, tokens: 77 },
+        Case { name: "SD small (widths 64-256), 512x512", config: small, latent: 64, tokens: 77 },
     ];
     let mut rng = Rng::new(0);
     let mut ours = Vec::new();
@@ -106,23 +96,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let profiled = Unet::new(Profiled::new(be), config.clone(), weights)?;
             let t = Instant::now();
             profiled.forward(&input)?;
-            breakdown = profiled
-                .backend_ref()
-                .breakdown(1, t.elapsed().as_secs_f64(), false);
+            breakdown = profiled.backend_ref().breakdown(1, t.elapsed().as_secs_f64(), false);
         }
     }
 
     let python = bench::python();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_unet.py");
-    let spec: Vec<Value> = cases
-        .iter()
-        .map(|c| json!({"config": c.config, "latent": c.latent, "tokens": c.tokens}))
-        .collect();
+    let spec: Vec<Value> =
+        cases.iter().map(|c| json!({"config": c.config, "latent": c.latent, "tokens": c.tokens})).collect();
     // One process a case: a process's peak resident memory only ever rises.
-    let runs: Vec<Option<Value>> = spec
-        .iter()
-        .map(|case| bench::torch_cases(&python, script, threads, reps, &json!([case])))
-        .collect();
+    let runs: Vec<Option<Value>> =
+        spec.iter().map(|case| bench::torch_cases(&python, script, threads, reps, &json!([case]))).collect();
     let torch = runs.first().cloned().flatten();
     bench::print_torch_line(torch.as_ref(), &python, script);
     println!(

@@ -44,21 +44,13 @@ fn samples_per_second(train: &Dataset, threads: Option<usize>) -> Result<f64> {
     let run = || -> std::result::Result<f64, String> {
         let mut net = iris_network();
         let epochs = 200;
-        let config = TrainConfig {
-            epochs,
-            batch_size: 16,
-            shuffle: true,
-            seed: Some(1),
-        };
+        let config = TrainConfig { epochs, batch_size: 16, shuffle: true, seed: Some(1) };
         let t0 = Instant::now();
         net.fit(train, config).map_err(|e| e.to_string())?;
         Ok((epochs * train.len()) as f64 / t0.elapsed().as_secs_f64())
     };
     Ok(match threads {
-        Some(n) => rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()?
-            .install(run)?,
+        Some(n) => rayon::ThreadPoolBuilder::new().num_threads(n).build()?.install(run)?,
         None => run()?,
     })
 }
@@ -80,9 +72,8 @@ fn lm_tokens_per_second(threads: Option<usize>) -> Result<f64> {
             .map_err(|e| e.to_string())?;
         let mut rng = Rng::new(1);
         let mut step = |lm: &mut TransformerLm| -> std::result::Result<(), String> {
-            let rows: Vec<Vec<u32>> = (0..8)
-                .map(|_| (0..65).map(|_| rng.below(512) as u32).collect())
-                .collect();
+            let rows: Vec<Vec<u32>> =
+                (0..8).map(|_| (0..65).map(|_| rng.below(512) as u32).collect()).collect();
             lm.zero_grad().map_err(|e| e.to_string())?;
             let batch = rusting_brain::TokenBatch::new(&rows).map_err(|e| e.to_string())?;
             lm.accumulate_step(&batch).map_err(|e| e.to_string())?;
@@ -99,10 +90,7 @@ fn lm_tokens_per_second(threads: Option<usize>) -> Result<f64> {
         Ok((30 * 8 * 64) as f64 / t0.elapsed().as_secs_f64())
     };
     Ok(match threads {
-        Some(n) => rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()?
-            .install(run)?,
+        Some(n) => rayon::ThreadPoolBuilder::new().num_threads(n).build()?.install(run)?,
         None => run()?,
     })
 }
@@ -117,21 +105,11 @@ fn fixtures(out: &str) -> Result<()> {
     stats.apply(&mut test)?;
 
     let mut three = iris_network();
-    let full = TrainConfig {
-        epochs: 3,
-        batch_size: train.len(),
-        shuffle: false,
-        seed: Some(0),
-    };
+    let full = TrainConfig { epochs: 3, batch_size: train.len(), shuffle: false, seed: Some(0) };
     let three_losses = three.fit(&train, full)?;
 
     let mut trained = iris_network();
-    let config = TrainConfig {
-        epochs: 200,
-        batch_size: 16,
-        shuffle: true,
-        seed: Some(7),
-    };
+    let config = TrainConfig { epochs: 200, batch_size: 16, shuffle: true, seed: Some(7) };
     trained.fit(&train, config)?;
     let predictions = trained.predict_batch(test.inputs())?;
     let accuracy = trained.accuracy(&test)?;

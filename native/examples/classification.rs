@@ -11,11 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut train, mut test) = data.split_stratified(0.8);
     let stats = train.standardize();
     stats.apply(&mut test)?;
-    println!(
-        "{} training rows, {} test rows, classes {classes:?}",
-        train.len(),
-        test.len()
-    );
+    println!("{} training rows, {} test rows, classes {classes:?}", train.len(), test.len());
     let mut model = Network::builder()
         .input_size(4)
         .dense(16, Activation::Relu)
@@ -24,12 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .optimizer(Optimizer::adam(0.01))
         .seed(7)
         .build();
-    let config = TrainConfig {
-        epochs: 200,
-        batch_size: 16,
-        shuffle: true,
-        seed: Some(7),
-    };
+    let config = TrainConfig { epochs: 200, batch_size: 16, shuffle: true, seed: Some(7) };
     model.fit_with(&train, config, |epoch, loss| {
         if epoch % 40 == 0 {
             println!("epoch {epoch:>4}  loss {loss:.4}");

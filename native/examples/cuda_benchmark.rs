@@ -54,16 +54,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("lm head dx", tokens, d, vocab, false, false),
         ("lm head dW", vocab, d, tokens, true, false),
     ];
-    println!(
-        "{:<16} {:>24} {:>10} {:>10} {:>9}",
-        "product", "m x n x k", "BF16", "FP32", "of peak"
-    );
-    let peak = time(
-        &b,
-        &MatmulSpec::new(8192, 8192, 8192)
-            .trans_b(true)
-            .precision(Precision::Bf16),
-    )?;
+    println!("{:<16} {:>24} {:>10} {:>10} {:>9}", "product", "m x n x k", "BF16", "FP32", "of peak");
+    let peak = time(&b, &MatmulSpec::new(8192, 8192, 8192).trans_b(true).precision(Precision::Bf16))?;
     let peak32 = time(&b, &MatmulSpec::new(8192, 8192, 8192).trans_b(true))?;
     for (name, m, n, k, ta, tb) in shapes {
         let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb);
@@ -75,9 +67,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             100.0 * bf / peak
         );
     }
-    println!(
-        "{:<16} {:>24} {peak:>10.1} {peak32:>10.1} {:>8.0}%",
-        "square", "8192 x 8192 x 8192", 100.0
-    );
+    println!("{:<16} {:>24} {peak:>10.1} {peak32:>10.1} {:>8.0}%", "square", "8192 x 8192 x 8192", 100.0);
     Ok(())
 }

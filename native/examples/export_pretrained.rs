@@ -38,55 +38,30 @@ fn families() -> Vec<(&'static str, TransformerLmBuilder, Option<usize>)> {
     vec![
         (
             "llama",
-            base()
-                .tie_embeddings(false)
-                .rope_theta(500_000.0)
-                .rope_scaling(RopeScaling::Llama3 {
-                    factor: 8.0,
-                    low_freq_factor: 1.0,
-                    high_freq_factor: 4.0,
-                    original_max_position: 16,
-                }),
+            base().tie_embeddings(false).rope_theta(500_000.0).rope_scaling(RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position: 16,
+            }),
             // Shards of at most 20 KB: several files and the index.
             Some(20_000),
         ),
-        (
-            "qwen2",
-            base()
-                .qkv_bias(true)
-                .rope_scaling(RopeScaling::Linear { factor: 2.0 }),
-            None,
-        ),
+        ("qwen2", base().qkv_bias(true).rope_scaling(RopeScaling::Linear { factor: 2.0 }), None),
         ("qwen3", base().qk_norm(true).tie_embeddings(false), None),
-        (
-            "mixtral",
-            base().tie_embeddings(false).experts(4, 2).expert_d_ff(24),
-            None,
-        ),
-        (
-            "qwen3_moe",
-            base()
-                .qk_norm(true)
-                .experts(4, 2)
-                .expert_d_ff(24)
-                .renormalize_top_k(true),
-            None,
-        ),
+        ("mixtral", base().tie_embeddings(false).experts(4, 2).expert_d_ff(24), None),
+        ("qwen3_moe", base().qk_norm(true).experts(4, 2).expert_d_ff(24).renormalize_top_k(true), None),
     ]
 }
 
 fn main() -> Result<(), Error> {
-    let out = std::env::args()
-        .nth(1)
-        .map(PathBuf::from)
-        .ok_or("usage: export_pretrained OUT")?;
+    let out = std::env::args().nth(1).map(PathBuf::from).ok_or("usage: export_pretrained OUT")?;
     std::fs::create_dir_all(&out)?;
     for (name, builder, shard) in families() {
         let mut model = builder.build()?;
         // A few steps on a fixed pattern: every parameter moves off its initial value.
-        let rows: Vec<Vec<u32>> = (0..4u32)
-            .map(|r| (0..17u32).map(|t| (r * 7 + t * 13) % VOCAB as u32).collect())
-            .collect();
+        let rows: Vec<Vec<u32>> =
+            (0..4u32).map(|r| (0..17u32).map(|t| (r * 7 + t * 13) % VOCAB as u32).collect()).collect();
         let batch = TokenBatch::new(rows)?;
         for _ in 0..5 {
             model.zero_grad()?;
@@ -101,27 +76,15 @@ fn main() -> Result<(), Error> {
         // Logits at every position of two rows: forward_batch drops the last token's, so
         // each row carries one more.
         let ids: Vec<Vec<u32>> = (0..2u32)
-            .map(|r| {
-                (0..=T as u32)
-                    .map(|t| (r * 31 + t * 5 + 3) % VOCAB as u32)
-                    .collect()
-            })
+            .map(|r| (0..=T as u32).map(|t| (r * 31 + t * 5 + 3) % VOCAB as u32).collect())
             .collect();
         let logits = model.forward_batch(&TokenBatch::new(ids.clone())?)?;
-        let id_bytes: Vec<u8> = ids
-            .iter()
-            .flat_map(|r| r[..T].iter().flat_map(|&i| i64::from(i).to_le_bytes()))
-            .collect();
+        let id_bytes: Vec<u8> =
+            ids.iter().flat_map(|r| r[..T].iter().flat_map(|&i| i64::from(i).to_le_bytes())).collect();
         let logit_bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
         let tensors = HashMap::from([
-            (
-                "ids".to_string(),
-                TensorView::new(Dtype::I64, vec![2, T], &id_bytes)?,
-            ),
-            (
-                "logits".to_string(),
-                TensorView::new(Dtype::F32, vec![2, T, VOCAB], &logit_bytes)?,
-            ),
+            ("ids".to_string(), TensorView::new(Dtype::I64, vec![2, T], &id_bytes)?),
+            ("logits".to_string(), TensorView::new(Dtype::F32, vec![2, T, VOCAB], &logit_bytes)?),
         ]);
         safetensors::serialize_to_file(tensors, None, &dir.join("ours.safetensors"))?;
         let files: Vec<String> = std::fs::read_dir(&dir)?

@@ -66,12 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .optimizer(Optimizer::adam(1e-3))
         .seed(1)
         .build();
-    let config = TrainConfig {
-        epochs: 30,
-        batch_size: 32,
-        shuffle: true,
-        seed: Some(1),
-    };
+    let config = TrainConfig { epochs: 30, batch_size: 32, shuffle: true, seed: Some(1) };
     model.fit_with(&train, config, |epoch, loss| {
         if epoch % 5 == 0 {
             println!("epoch {epoch:>3}  loss {loss:.4}");

@@ -113,10 +113,9 @@ fn corpus_texts(corpus: Option<&Path>) -> Result<(String, String), Error> {
             let cut = held_out_cut(&text);
             (text[..cut].to_string(), text[cut..].to_string())
         }
-        None => (
-            read_text(&corpus_dir().join("train.txt.gz"))?,
-            read_text(&corpus_dir().join("heldout.txt.gz"))?,
-        ),
+        None => {
+            (read_text(&corpus_dir().join("train.txt.gz"))?, read_text(&corpus_dir().join("heldout.txt.gz"))?)
+        }
     })
 }
 
@@ -140,11 +139,7 @@ fn model(max_seq: usize, moe: bool) -> Result<TransformerLm, Error> {
         .max_seq_len(max_seq)
         .optimizer(Optimizer::adam(2e-3).betas(0.9, 0.95).weight_decay(0.1))
         .seed(7);
-    let builder = if moe {
-        builder.experts(8, 2).moe_layers(1..4).expert_d_ff(256)
-    } else {
-        builder
-    };
+    let builder = if moe { builder.experts(8, 2).moe_layers(1..4).expert_d_ff(256) } else { builder };
     Ok(builder.build()?)
 }
 
@@ -177,9 +172,7 @@ fn train_tokenizer(train_txt: &Path, out: &Path) -> Result<Tokenizer, Error> {
         DecoderWrapper,
     >::default()
     .with_model(BPE::default())
-    .with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(
-        ByteLevel::default().add_prefix_space(false),
-    )))
+    .with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::default().add_prefix_space(false))))
     .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())))
     .build()?;
     tokenizer.train_from_files(&mut trainer, vec![train_txt.to_string_lossy().into_owned()])?;
@@ -193,12 +186,7 @@ fn unigram_entropy(ids: &[u32]) -> f64 {
     let mut counts = vec![0usize; VOCAB];
     ids.iter().for_each(|&i| counts[i as usize] += 1);
     let n = ids.len() as f64;
-    counts
-        .iter()
-        .filter(|&&c| c > 0)
-        .map(|&c| c as f64 / n)
-        .map(|p| -p * p.ln())
-        .sum()
+    counts.iter().filter(|&&c| c > 0).map(|&c| c as f64 / n).map(|p| -p * p.ln()).sum()
 }
 
 fn held_out_loss(model: &mut TransformerLm, file: &mut TokenFile, max_chunks: usize) -> Result<f32, Error> {
@@ -277,15 +265,10 @@ fn train(steps: u64, corpus: Option<PathBuf>, moe: bool) -> Result<(), Error> {
     let mut data = TokenFile::open(dir.join("train.bin"), 42)?;
     let mut held = TokenFile::open(dir.join("heldout.bin"), 0)?;
     let first = held_out_loss(&mut model, &mut held, 8)?;
-    println!(
-        "held-out loss at start {first:.3} (perplexity {:.0})",
-        first.exp()
-    );
+    println!("held-out loss at start {first:.3} (perplexity {:.0})", first.exp());
     let schedule = Schedule::warmup_cosine(2e-3, steps / 10 + 1, steps);
     let bar = indicatif::ProgressBar::new(steps);
-    bar.set_style(indicatif::ProgressStyle::with_template(
-        "{bar:30} {pos}/{len} {msg} ETA {eta}",
-    )?);
+    bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ETA {eta}")?);
     let (mut train_curve, mut held_curve) = (Vec::new(), vec![(0u64, first)]);
     let t = Instant::now();
     for step in 0..steps {
@@ -296,11 +279,7 @@ fn train(steps: u64, corpus: Option<PathBuf>, moe: bool) -> Result<(), Error> {
         model.step_clipped(1.0, 1.0)?;
         train_curve.push((step + 1, loss.lm_loss));
         let tps = (step + 1) as f64 * (BATCH * SEQ) as f64 / t.elapsed().as_secs_f64();
-        let balance = if moe {
-            format!("  balance {:.3}", loss.load_balance_loss)
-        } else {
-            String::new()
-        };
+        let balance = if moe { format!("  balance {:.3}", loss.load_balance_loss) } else { String::new() };
         bar.set_message(format!("loss {:.3}{balance}  {tps:.0} tokens/s", loss.lm_loss));
         bar.inc(1);
         if (step + 1) % 100 == 0 || step + 1 == steps {
@@ -316,10 +295,7 @@ fn train(steps: u64, corpus: Option<PathBuf>, moe: bool) -> Result<(), Error> {
         last.exp()
     );
     if moe {
-        println!(
-            "expert shares in the last held-out batch, % per sparse layer: {}",
-            usage_line(&model)
-        );
+        println!("expert shares in the last held-out batch, % per sparse layer: {}", usage_line(&model));
     }
     model.save_bin(dir.join("model.rbw"), Precision::F32)?;
     plot(&dir.join("loss.svg"), &train_curve, &held_curve, steps)?;
@@ -376,11 +352,7 @@ fn export_web(out: Option<PathBuf>) -> Result<(), Error> {
     model.save_bin(&path, Precision::Q8)?;
     std::fs::copy(out_dir().join("tokenizer.json"), out.join("tokenizer.json"))?;
     let size = std::fs::metadata(&path)?.len();
-    println!(
-        "wrote {} ({:.2} MB, int8) and tokenizer.json",
-        path.display(),
-        size as f64 / 1e6
-    );
+    println!("wrote {} ({:.2} MB, int8) and tokenizer.json", path.display(), size as f64 / 1e6);
     Ok(())
 }
 
@@ -530,11 +502,7 @@ fn load_pretrained(
 
 fn generate_pretrained(dir: &Path, prompt: &str, g: &Gen) -> Result<(), Error> {
     let (mut model, tok, gen) = load_pretrained(dir, g.q8, g.context)?;
-    let sampler = if g.explicit {
-        sampler(g)
-    } else {
-        gen.sampler(g.seed)
-    };
+    let sampler = if g.explicit { sampler(g) } else { gen.sampler(g.seed) };
     // With the tokenizer's special tokens (a Llama prompt starts with <|begin_of_text|>),
     // as transformers' tokenizer(prompt) encodes by default.
     let ids = tok.encode(prompt, true)?.get_ids().to_vec();
@@ -547,11 +515,7 @@ fn generate_pretrained(dir: &Path, prompt: &str, g: &Gen) -> Result<(), Error> {
 fn chat_pretrained(dir: &Path, system: Option<String>, g: &Gen) -> Result<(), Error> {
     let (mut model, tok, gen) = load_pretrained(dir, g.q8, g.context)?;
     let template = ChatTemplate::from_pretrained(dir)?;
-    let mut sampler = if g.explicit {
-        sampler(g)
-    } else {
-        gen.sampler(g.seed)
-    };
+    let mut sampler = if g.explicit { sampler(g) } else { gen.sampler(g.seed) };
     let mut messages: Vec<ChatMessage> = system.into_iter().map(ChatMessage::system).collect();
     let mut decoder = model.decoder();
     println!("chat with {}: empty line quits", dir.display());
@@ -580,14 +544,7 @@ fn chat_pretrained(dir: &Path, system: Option<String>, g: &Gen) -> Result<(), Er
             decoder = model.decoder();
             decoder.feed(&ids)?;
         }
-        let Some(reply) = reply(
-            &mut decoder,
-            &mut sampler,
-            g.tokens,
-            |id| Ok(gen.is_end(id)),
-            false,
-        )?
-        else {
+        let Some(reply) = reply(&mut decoder, &mut sampler, g.tokens, |id| Ok(gen.is_end(id)), false)? else {
             return Ok(());
         };
         let text = tok.decode(&reply, true)?;
@@ -641,11 +598,7 @@ fn finetune_pretrained(
         model.step_clipped(1.0, 1.0)?;
         if (step + 1) % 10 == 0 || step + 1 == steps {
             let tps = (step + 1) as f64 * (BATCH * seq) as f64 / t.elapsed().as_secs_f64();
-            println!(
-                "step {:>5}  loss {:.3}  {tps:.0} tokens/s",
-                step + 1,
-                loss.lm_loss
-            );
+            println!("step {:>5}  loss {:.3}  {tps:.0} tokens/s", step + 1, loss.lm_loss);
         }
     }
     let last = held_out_loss_at(&mut model, &mut held, 8, seq)?;
@@ -674,26 +627,16 @@ fn finetune_pretrained(
             std::fs::copy(&from, &to)?;
         }
     }
-    println!(
-        "wrote {} (config.json, safetensors, generation_config.json, tokenizer files)",
-        out.display()
-    );
+    println!("wrote {} (config.json, safetensors, generation_config.json, tokenizer files)", out.display());
     Ok(())
 }
 
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let num = |name: &str, default: f64| -> Result<f64, Error> {
-        flag(name).map_or(Ok(default), |v| {
-            v.parse::<f64>()
-                .map_err(|_| format!("{name} {v}: not a number").into())
-        })
+        flag(name)
+            .map_or(Ok(default), |v| v.parse::<f64>().map_err(|_| format!("{name} {v}: not a number").into()))
     };
     let g = Gen {
         tokens: num("--tokens", 120.0)? as usize,
@@ -702,10 +645,7 @@ fn main() -> Result<(), Error> {
         top_p: num("--top-p", 0.95)? as f32,
         repetition_penalty: num("--repetition-penalty", 1.1)? as f32,
         seed: flag("--seed")
-            .map(|v| {
-                v.parse::<u64>()
-                    .map_err(|_| format!("--seed {v}: not a whole number"))
-            })
+            .map(|v| v.parse::<u64>().map_err(|_| format!("--seed {v}: not a whole number")))
             .transpose()?,
         q8: args.iter().any(|a| a == "--q8"),
         ids: args.iter().any(|a| a == "--ids"),
@@ -713,10 +653,7 @@ fn main() -> Result<(), Error> {
             .iter()
             .any(|f| args.iter().any(|a| a == f)),
         context: flag("--context")
-            .map(|v| {
-                v.parse::<usize>()
-                    .map_err(|_| format!("--context {v}: not a whole number"))
-            })
+            .map(|v| v.parse::<usize>().map_err(|_| format!("--context {v}: not a whole number")))
             .transpose()?,
     };
     let pretrained = flag("--from-pretrained").map(PathBuf::from);

@@ -120,10 +120,7 @@ fn main() -> Result<(), Error> {
     );
 
     let mut model = TransformerLm::load_bin(&base)?;
-    let before: Vec<f32> = held
-        .iter()
-        .map(|(_, r)| held_out(&mut model, r))
-        .collect::<Result<_, _>>()?;
+    let before: Vec<f32> = held.iter().map(|(_, r)| held_out(&mut model, r)).collect::<Result<_, _>>()?;
     model.add_lora(LoraConfig::new(rank).alpha(2.0 * rank as f32))?;
     println!(
         "LoRA rank {rank} on every projection: {} of {} weights train",
@@ -148,14 +145,8 @@ fn main() -> Result<(), Error> {
         }
     }
     let secs = t.elapsed().as_secs_f64();
-    let after: Vec<f32> = held
-        .iter()
-        .map(|(_, r)| held_out(&mut model, r))
-        .collect::<Result<_, _>>()?;
-    println!(
-        "trained {steps} steps in {secs:.0} s ({:.0} tokens/s)",
-        (steps * BATCH * SEQ) as f64 / secs
-    );
+    let after: Vec<f32> = held.iter().map(|(_, r)| held_out(&mut model, r)).collect::<Result<_, _>>()?;
+    println!("trained {steps} steps in {secs:.0} s ({:.0} tokens/s)", (steps * BATCH * SEQ) as f64 / secs);
     println!("{:<16} {:>10} {:>10}", "held-out loss", "base", "+ adapter");
     for (i, (name, _)) in held.iter().enumerate() {
         println!("{name:<16} {:>10.3} {:>10.3}", before[i], after[i]);
@@ -174,31 +165,24 @@ fn main() -> Result<(), Error> {
     let mut fresh = TransformerLm::load_bin(&base)?;
     fresh.load_lora(&adapter)?;
     let same = fresh.forward_batch(&probe)? == adapted;
-    println!(
-        "reloaded onto a fresh base: logits {}",
-        if same { "bit for bit the same" } else { "DIFFER" }
-    );
+    println!("reloaded onto a fresh base: logits {}", if same { "bit for bit the same" } else { "DIFFER" });
     model.merge_lora()?;
     let merged = model.forward_batch(&probe)?;
     let scale = adapted.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = merged
-        .iter()
-        .zip(&adapted)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, |m, d| if d > m || d.is_nan() { d } else { m });
-    println!(
-        "merged: worst logit difference {:.1e} of the largest",
-        worst / scale
-    );
+    let worst = merged.iter().zip(&adapted).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| {
+        if d > m || d.is_nan() {
+            d
+        } else {
+            m
+        }
+    });
+    println!("merged: worst logit difference {:.1e} of the largest", worst / scale);
 
     let prompt = "fn main() {\n    let";
     let ids = encode(&tok, prompt)?;
     let mut sampler = Sampler::temperature(0.8, Some(5)).top_p(0.9);
     let out = model.generate(&ids, 60, &mut sampler)?;
-    println!(
-        "--- merged model, from {prompt:?}:\n{prompt}{}",
-        tok.decode(&out, false)?
-    );
+    println!("--- merged model, from {prompt:?}:\n{prompt}{}", tok.decode(&out, false)?);
     let merged_ok = worst <= 1e-4 * scale; // false for NaN too
     if !same || !merged_ok {
         return Err("the adapter did not reload or merge to the same predictions".into());

@@ -14,11 +14,7 @@ type Error = Box<dyn std::error::Error>;
 fn list<T: std::str::FromStr>(s: &str, what: &str) -> Result<Vec<T>, Error> {
     s.split(',')
         .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            p.trim()
-                .parse::<T>()
-                .map_err(|_| format!("{what} `{s}`: `{p}` is not a number").into())
-        })
+        .map(|p| p.trim().parse::<T>().map_err(|_| format!("{what} `{s}`: `{p}` is not a number").into()))
         .collect()
 }
 

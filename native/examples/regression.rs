@@ -25,23 +25,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .optimizer(Optimizer::adam(0.01))
         .seed(1)
         .build();
-    let config = TrainConfig {
-        epochs: 300,
-        batch_size: 32,
-        shuffle: true,
-        seed: Some(5),
-    };
+    let config = TrainConfig { epochs: 300, batch_size: 32, shuffle: true, seed: Some(5) };
     model.fit_with(&train, config, |epoch, loss| {
         if epoch % 50 == 0 {
             println!("epoch {epoch:>4}  train MSE {loss:.6}");
         }
         true
     })?;
-    println!(
-        "held-out MSE {:.6} on {} samples",
-        model.evaluate(&test)?,
-        test.len()
-    );
+    println!("held-out MSE {:.6} on {} samples", model.evaluate(&test)?, test.len());
     for x in [[0.5f32, -0.5], [-0.9, 0.1]] {
         let want = (2.0 * x[0]).sin() + 0.5 * x[1] * x[1];
         println!("f({:?}) = {want:.4}, predicted {:.4}", x, model.predict(&x)?[0]);

@@ -17,15 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .optimizer(Optimizer::adam(0.05))
         .seed(3)
         .build();
-    model.fit(
-        &data,
-        TrainConfig {
-            epochs: 500,
-            batch_size: 4,
-            shuffle: true,
-            seed: Some(3),
-        },
-    )?;
+    model.fit(&data, TrainConfig { epochs: 500, batch_size: 4, shuffle: true, seed: Some(3) })?;
     let path = std::env::temp_dir().join("rusting_brain_or.json");
     model.save_json(&path)?;
     println!(
@@ -39,11 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (a, b) = (model.predict(x)?[0], loaded.predict(x)?[0]);
         println!(
             "{x:?}: trained {a:.6}  loaded {b:.6}  {}",
-            if a.to_bits() == b.to_bits() {
-                "identical"
-            } else {
-                "DIFFERENT"
-            }
+            if a.to_bits() == b.to_bits() { "identical" } else { "DIFFERENT" }
         );
     }
     println!("accuracy after loading {:.0}%", 100.0 * loaded.accuracy(&data)?);

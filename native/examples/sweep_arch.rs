@@ -10,20 +10,13 @@ use rusting_brain::{Optimizer, TransformerLm};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (batch, seq) = (
-        args.first().copied().unwrap_or(8),
-        args.get(1).copied().unwrap_or(512),
-    );
+    let (batch, seq) = (args.first().copied().unwrap_or(8), args.get(1).copied().unwrap_or(512));
     let vocab = 32_000;
     let mut rng = Rng::new(1);
-    let seqs: Vec<Vec<u32>> = (0..batch)
-        .map(|_| (0..=seq).map(|_| rng.below(vocab as u64) as u32).collect())
-        .collect();
+    let seqs: Vec<Vec<u32>> =
+        (0..batch).map(|_| (0..=seq).map(|_| rng.below(vocab as u64) as u32).collect()).collect();
     println!("sweep_arch: batch {batch} x {seq}, BF16 mixed precision; median of 5 steps after 2");
-    println!(
-        "{:>8} {:>7} {:>12} {:>12} {:>10}",
-        "d_model", "layers", "parameters", "tokens/s", "TFLOP/s"
-    );
+    println!("{:>8} {:>7} {:>12} {:>12} {:>10}", "d_model", "layers", "parameters", "tokens/s", "TFLOP/s");
     for d in [512usize, 768, 1024, 1536] {
         for layers in [4usize, 8, 16] {
             let heads = d / 64;

@@ -54,17 +54,12 @@ fn parse() -> Result<Args, String> {
     };
     let mut seed = None;
     while let Some(a) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .ok_or_else(|| format!("{name} needs a value\n{}", usage()))
-        };
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value\n{}", usage()));
         match a.as_str() {
             "--steps" => args.steps = Some(value("--steps")?.parse().map_err(|e| format!("--steps: {e}"))?),
             "--size" => {
                 let v = value("--size")?;
-                let (w, h) = v
-                    .split_once('x')
-                    .ok_or_else(|| format!("--size {v}: expected WxH"))?;
+                let (w, h) = v.split_once('x').ok_or_else(|| format!("--size {v}: expected WxH"))?;
                 args.size = (
                     w.parse().map_err(|e| format!("--size width: {e}"))?,
                     h.parse().map_err(|e| format!("--size height: {e}"))?,
@@ -73,11 +68,7 @@ fn parse() -> Result<Args, String> {
             "--seed" => seed = Some(value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?),
             "--q8" => args.q8 = true,
             "--guidance" => {
-                args.guidance = Some(
-                    value("--guidance")?
-                        .parse()
-                        .map_err(|e| format!("--guidance: {e}"))?,
-                )
+                args.guidance = Some(value("--guidance")?.parse().map_err(|e| format!("--guidance: {e}"))?)
             }
             "--layers" => {
                 let v = value("--layers")?;
@@ -86,9 +77,7 @@ fn parse() -> Result<Args, String> {
             }
             "--image" => args.image = Some(value("--image")?),
             "--strength" => {
-                args.strength = value("--strength")?
-                    .parse()
-                    .map_err(|e| format!("--strength: {e}"))?
+                args.strength = value("--strength")?.parse().map_err(|e| format!("--strength: {e}"))?
             }
             s if s.starts_with("--") => return Err(format!("unknown option {s}\n{}", usage())),
             _ => positional.push(a),
@@ -97,10 +86,7 @@ fn parse() -> Result<Args, String> {
     let [dir, prompt, out] = <[String; 3]>::try_from(positional).map_err(|_| usage())?;
     (args.dir, args.prompt, args.out) = (dir, prompt, out);
     args.seed = seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0)
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
     });
     Ok(args)
 }

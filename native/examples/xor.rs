@@ -17,12 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .optimizer(Optimizer::adam(0.05))
         .seed(42)
         .build();
-    let config = TrainConfig {
-        epochs: 2_000,
-        batch_size: 4,
-        shuffle: true,
-        seed: Some(42),
-    };
+    let config = TrainConfig { epochs: 2_000, batch_size: 4, shuffle: true, seed: Some(42) };
     let history = model.fit_with(&data, config, |epoch, loss| {
         if epoch % 200 == 0 {
             println!("epoch {epoch:>5}  loss {loss:.6}");
@@ -34,9 +29,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{x:?} -> {:.4}", model.predict(x)?[0]);
     }
     println!("accuracy {:.1}%", 100.0 * model.accuracy(&data)?);
-    println!(
-        "confusion matrix [actual][predicted]: {:?}",
-        model.confusion_matrix(&data)?
-    );
+    println!("confusion matrix [actual][predicted]: {:?}", model.confusion_matrix(&data)?);
     Ok(())
 }

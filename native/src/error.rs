@@ -59,18 +59,11 @@ pub enum NetworkError {
 
 impl NetworkError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        NetworkError::Io {
-            path: path.into(),
-            source,
-        }
+        NetworkError::Io { path: path.into(), source }
     }
     pub(crate) fn parse(
         path: impl Into<PathBuf>, location: impl Into<String>, message: impl Into<String>,
     ) -> Self {
-        NetworkError::Parse {
-            path: path.into(),
-            location: location.into(),
-            message: message.into(),
-        }
+        NetworkError::Parse { path: path.into(), location: location.into(), message: message.into() }
     }
 }

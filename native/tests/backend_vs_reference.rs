@@ -70,24 +70,12 @@ fn matmul_matches_reference_on_awkward_shapes_and_every_transpose() {
             for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0), (-2.0, 0.25)] {
                 let a = randn(&mut rng, m * k);
                 let b = randn(&mut rng, k * n);
-                let spec = MatmulSpec::new(m, n, k)
-                    .trans_a(ta)
-                    .trans_b(tb)
-                    .alpha(alpha)
-                    .beta(beta);
-                let init = if beta == 0.0 {
-                    nan(m * n)
-                } else {
-                    randn(&mut rng, m * n)
-                };
+                let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).alpha(alpha).beta(beta);
+                let init = if beta == 0.0 { nan(m * n) } else { randn(&mut rng, m * n) };
                 let (mut c1, mut c2) = (init.clone(), init);
                 cpu.matmul(&mut c1, &a, &b, &spec).unwrap();
                 rf.matmul(&mut c2, &a, &b, &spec).unwrap();
-                close(
-                    &format!("matmul {m}x{n}x{k} ta={ta} tb={tb} alpha={alpha} beta={beta}"),
-                    &c1,
-                    &c2,
-                );
+                close(&format!("matmul {m}x{n}x{k} ta={ta} tb={tb} alpha={alpha} beta={beta}"), &c1, &c2);
             }
         }
     }
@@ -130,11 +118,7 @@ fn bf16_products_match_reference_on_the_tiles_edges() {
                     .beta(beta)
                     .batch(batch)
                     .precision(Precision::Bf16);
-                let init = if beta == 0.0 {
-                    nan(batch * m * n)
-                } else {
-                    randn(&mut rng, batch * m * n)
-                };
+                let init = if beta == 0.0 { nan(batch * m * n) } else { randn(&mut rng, batch * m * n) };
                 let (mut c1, mut c2) = (init.clone(), init);
                 cpu.matmul(&mut c1, &a, &b, &spec).unwrap();
                 rf.matmul(&mut c2, &a, &b, &spec).unwrap();
@@ -158,10 +142,7 @@ fn bf16_products_are_the_same_bits_on_one_thread_and_on_three() {
     let b = randn(&mut rng, k * n);
     let spec = MatmulSpec::new(m, n, k).trans_b(true).precision(Precision::Bf16);
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         let mut c = nan(m * n);
         pool.install(|| CpuBackend.matmul(&mut c, &a, &b, &spec)).unwrap();
         c.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
@@ -177,10 +158,7 @@ fn batched_and_bf16_matmul_match_reference() {
         for precision in [Precision::F32, Precision::Bf16] {
             let a = randn(&mut rng, batch * m * k);
             let b = randn(&mut rng, batch * k * n);
-            let spec = MatmulSpec::new(m, n, k)
-                .trans_b(true)
-                .batch(batch)
-                .precision(precision);
+            let spec = MatmulSpec::new(m, n, k).trans_b(true).batch(batch).precision(precision);
             let (mut c1, mut c2) = (nan(batch * m * n), nan(batch * m * n));
             cpu.matmul(&mut c1, &a, &b, &spec).unwrap();
             rf.matmul(&mut c2, &a, &b, &spec).unwrap();
@@ -189,12 +167,10 @@ fn batched_and_bf16_matmul_match_reference() {
     }
     // k = 0: the product is empty, C = beta * C.
     let mut c = vec![2.0f32; 6];
-    cpu.matmul(&mut c, &vec![], &vec![], &MatmulSpec::new(2, 3, 0).beta(0.5))
-        .unwrap();
+    cpu.matmul(&mut c, &vec![], &vec![], &MatmulSpec::new(2, 3, 0).beta(0.5)).unwrap();
     assert_eq!(c, vec![1.0; 6]);
     let mut c = nan(6);
-    cpu.matmul(&mut c, &vec![], &vec![], &MatmulSpec::new(2, 3, 0))
-        .unwrap();
+    cpu.matmul(&mut c, &vec![], &vec![], &MatmulSpec::new(2, 3, 0)).unwrap();
     assert_eq!(c, vec![0.0; 6]);
 }
 
@@ -210,19 +186,15 @@ fn rmsnorm_matches_reference() {
         let mut outs = Vec::new();
         for be in [cpu, rf] {
             let (mut y, mut r) = (nan(rows * dim), nan(rows));
-            be.rmsnorm_forward(&mut y, &mut r, &x, &w, rows, dim, 1e-5)
-                .unwrap();
+            be.rmsnorm_forward(&mut y, &mut r, &x, &w, rows, dim, 1e-5).unwrap();
             let (mut dx, mut dw) = (nan(rows * dim), dw0.clone());
-            be.rmsnorm_backward(&mut dx, &mut dw, &dy, &x, &w, &r, rows, dim)
-                .unwrap();
+            be.rmsnorm_backward(&mut dx, &mut dw, &dy, &x, &w, &r, rows, dim).unwrap();
             outs.push((y, r, dx, dw));
         }
         let tag = format!("rmsnorm {rows}x{dim}");
         close(&format!("{tag} out"), &outs[0].0, &outs[1].0);
         close(&format!("{tag} rstd"), &outs[0].1, &outs[1].1);
-        let terms: Vec<f32> = (0..rows * dim)
-            .map(|i| outs[1].1[i / dim] * w[i % dim] * dy[i])
-            .collect();
+        let terms: Vec<f32> = (0..rows * dim).map(|i| outs[1].1[i / dim] * w[i % dim] * dy[i]).collect();
         close_scaled(&format!("{tag} dinp"), &outs[0].2, &outs[1].2, rms(&terms));
         close(&format!("{tag} dweight"), &outs[0].3, &outs[1].3);
     }
@@ -244,15 +216,7 @@ fn rope_matches_reference() {
         (1, 33, 2, 64, 0, 500_000.0, llama3),
         (3, 127, 1, 6, 1000, 10_000.0, llama3),
     ] {
-        let spec = RopeSpec {
-            batch,
-            seq,
-            heads,
-            head_dim,
-            pos_offset,
-            theta,
-            scaling,
-        };
+        let spec = RopeSpec { batch, seq, heads, head_dim, pos_offset, theta, scaling };
         let x = randn(&mut rng, batch * seq * heads * head_dim);
         let (mut a, mut b) = (x.clone(), x.clone());
         cpu.rope_forward(&mut a, &spec).unwrap();
@@ -387,8 +351,7 @@ fn attention_matches_reference_with_gqa_and_caches() {
             let (mut o, mut l) = (nan(nq), nan(nl));
             be.attention_forward(&mut o, &mut l, &q, &k, &v, &spec).unwrap();
             let (mut dq, mut dk, mut dv) = (nan(nq), nan(nkv), nan(nkv));
-            be.attention_backward(&mut dq, &mut dk, &mut dv, &dy, &q, &k, &v, &o, &l, &spec)
-                .unwrap();
+            be.attention_backward(&mut dq, &mut dk, &mut dv, &dy, &q, &k, &v, &o, &l, &spec).unwrap();
             outs.push([o, l, dq, dk, dv]);
         }
         for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
@@ -431,9 +394,7 @@ fn cross_entropy_matches_reference_with_and_without_gradient() {
             let mut outs = Vec::new();
             for be in [cpu, rf] {
                 let mut l = logits.clone();
-                let s = be
-                    .cross_entropy(&mut l, &targets, Some(&mask), rows, vocab, grad)
-                    .unwrap();
+                let s = be.cross_entropy(&mut l, &targets, Some(&mask), rows, vocab, grad).unwrap();
                 outs.push((l, s));
             }
             let (a, b) = (&outs[0], &outs[1]);
@@ -456,17 +417,8 @@ fn optimizers_match_reference_bit_for_bit() {
         let g = randn(&mut rng, n);
         for hp in [
             AdamParams::default(),
-            AdamParams {
-                weight_decay: 0.1,
-                decoupled: true,
-                grad_scale: 0.5,
-                ..AdamParams::default()
-            },
-            AdamParams {
-                weight_decay: 0.1,
-                decoupled: false,
-                ..AdamParams::default()
-            },
+            AdamParams { weight_decay: 0.1, decoupled: true, grad_scale: 0.5, ..AdamParams::default() },
+            AdamParams { weight_decay: 0.1, decoupled: false, ..AdamParams::default() },
         ] {
             let mut outs = Vec::new();
             for be in [cpu, rf] {
@@ -480,25 +432,15 @@ fn optimizers_match_reference_bit_for_bit() {
         }
         for hp in [
             SgdParams::new(0.1),
-            SgdParams {
-                momentum: 0.9,
-                nesterov: true,
-                weight_decay: 0.01,
-                ..SgdParams::new(0.1)
-            },
+            SgdParams { momentum: 0.9, nesterov: true, weight_decay: 0.01, ..SgdParams::new(0.1) },
         ] {
             let mut outs = Vec::new();
             for be in [cpu, rf] {
                 let mut p = p0.clone();
                 let mut buf = vec![0.0; n];
                 for _ in 0..3 {
-                    be.sgd_update(
-                        &mut p,
-                        &g,
-                        if hp.momentum > 0.0 { Some(&mut buf) } else { None },
-                        &hp,
-                    )
-                    .unwrap();
+                    be.sgd_update(&mut p, &g, if hp.momentum > 0.0 { Some(&mut buf) } else { None }, &hp)
+                        .unwrap();
                 }
                 outs.push(p);
             }
@@ -527,16 +469,9 @@ fn elementwise_bias_and_norm_match_reference() {
             let ss = be.sum_of_squares(&y).unwrap();
             outs.push((y, db, ss));
         }
-        close(
-            &format!("axpy/scale/add_bias {rows}x{cols}"),
-            &outs[0].0,
-            &outs[1].0,
-        );
+        close(&format!("axpy/scale/add_bias {rows}x{cols}"), &outs[0].0, &outs[1].0);
         close(&format!("bias_backward {rows}x{cols}"), &outs[0].1, &outs[1].1);
-        assert!(
-            (outs[0].2 - outs[1].2).abs() <= 1e-6 * outs[1].2,
-            "sum_of_squares {rows}x{cols}"
-        );
+        assert!((outs[0].2 - outs[1].2).abs() <= 1e-6 * outs[1].2, "sum_of_squares {rows}x{cols}");
     }
     let bufs = [vec![3.0f32, 4.0], vec![12.0]];
     let refs: Vec<&Vec<f32>> = bufs.iter().collect();
@@ -563,34 +498,26 @@ fn dense_activations_and_losses_match_reference() {
                 let mut y = nan(rows * cols);
                 be.activation_forward(act, &mut y, &z, rows, cols).unwrap();
                 let mut dz = nan(rows * cols);
-                be.activation_backward(act, &mut dz, &dy, &z, &y, rows, cols)
-                    .unwrap();
+                be.activation_backward(act, &mut dz, &dy, &z, &y, rows, cols).unwrap();
                 outs.push((y, dz));
             }
             close(&format!("{act:?} fwd {rows}x{cols}"), &outs[0].0, &outs[1].0);
             close(&format!("{act:?} bwd {rows}x{cols}"), &outs[0].1, &outs[1].1);
         }
         let mut probs = nan(rows * cols);
-        rf.activation_forward(Activation::Softmax, &mut probs, &z, rows, cols)
-            .unwrap();
+        rf.activation_forward(Activation::Softmax, &mut probs, &z, rows, cols).unwrap();
         let mut target = vec![0.0f32; rows * cols];
         for r in 0..rows {
             target[r * cols + rng.below(cols as u64) as usize] = 1.0;
         }
-        for loss in [
-            Loss::MeanSquaredError,
-            Loss::BinaryCrossEntropy,
-            Loss::CategoricalCrossEntropy,
-        ] {
+        for loss in [Loss::MeanSquaredError, Loss::BinaryCrossEntropy, Loss::CategoricalCrossEntropy] {
             let mut outs = Vec::new();
             for be in [cpu, rf] {
                 let l = be.loss_forward(loss, &probs, &target, rows, cols).unwrap();
                 let mut d = nan(rows * cols);
-                be.loss_backward(loss, &mut d, &probs, &target, rows, cols)
-                    .unwrap();
+                be.loss_backward(loss, &mut d, &probs, &target, rows, cols).unwrap();
                 let mut f = nan(rows * cols);
-                be.fused_output_backward(loss, &mut f, &probs, &target, rows, cols)
-                    .unwrap();
+                be.fused_output_backward(loss, &mut f, &probs, &target, rows, cols).unwrap();
                 outs.push((l, d, f));
             }
             assert!(
@@ -634,19 +561,12 @@ fn q8_products_and_lookups_match_reference() {
         for r in 0..n {
             let d = dequantize_row(&packed, &scales, r, k);
             for c in 0..k {
-                assert!(
-                    (d[c] - w[r * k + c]).abs() <= scales[r] * 0.5 + 1e-6,
-                    "rounding of ({r}, {c})"
-                );
+                assert!((d[c] - w[r * k + c]).abs() <= scales[r] * 0.5 + 1e-6, "rounding of ({r}, {c})");
             }
         }
         let x = randn(&mut rng, m * k);
         for beta in [0.0, 1.0] {
-            let init = if beta == 0.0 {
-                nan(m * n)
-            } else {
-                randn(&mut rng, m * n)
-            };
+            let init = if beta == 0.0 { nan(m * n) } else { randn(&mut rng, m * n) };
             let (mut a, mut b) = (init.clone(), init);
             let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
             cpu.q8_matmul(&mut a, &x, &packed, &scales, &spec).unwrap();
@@ -688,21 +608,11 @@ fn fused_q8_calls_match_their_definitions() {
         (1, 512, &[1024, 5, 7, 16]),
     ] {
         let x = randn(&mut rng, m * k);
-        let weights: Vec<(Vec<f32>, Vec<f32>)> = ns
-            .iter()
-            .map(|&n| quantize_rows(&randn(&mut rng, n * k), n, k).unwrap())
-            .collect();
+        let weights: Vec<(Vec<f32>, Vec<f32>)> =
+            ns.iter().map(|&n| quantize_rows(&randn(&mut rng, n * k), n, k).unwrap()).collect();
         for beta in [0.0, 1.0] {
-            let init: Vec<Vec<f32>> = ns
-                .iter()
-                .map(|&n| {
-                    if beta == 0.0 {
-                        nan(m * n)
-                    } else {
-                        randn(&mut rng, m * n)
-                    }
-                })
-                .collect();
+            let init: Vec<Vec<f32>> =
+                ns.iter().map(|&n| if beta == 0.0 { nan(m * n) } else { randn(&mut rng, m * n) }).collect();
             let run = |be: &Dyn| {
                 let mut outs = init.clone();
                 let mut products = rusting_brain_test_support::q8_products(&mut outs, &weights, (m, k, beta));
@@ -711,19 +621,11 @@ fn fused_q8_calls_match_their_definitions() {
             };
             let (got, want) = (run(cpu), run(rf));
             for (i, n) in ns.iter().enumerate() {
-                close(
-                    &format!("q8_matmul_many {m}x{n}x{k} beta {beta}"),
-                    &got[i],
-                    &want[i],
-                );
+                close(&format!("q8_matmul_many {m}x{n}x{k} beta {beta}"), &got[i], &want[i]);
                 let mut one = init[i].clone();
                 let spec = MatmulSpec::new(m, *n, k).trans_b(true).beta(beta);
-                cpu.q8_matmul(&mut one, &x, &weights[i].0, &weights[i].1, &spec)
-                    .unwrap();
-                assert_eq!(
-                    got[i], one,
-                    "q8_matmul_many {m}x{n}x{k}: not the single product's numbers"
-                );
+                cpu.q8_matmul(&mut one, &x, &weights[i].0, &weights[i].1, &spec).unwrap();
+                assert_eq!(got[i], one, "q8_matmul_many {m}x{n}x{k}: not the single product's numbers");
             }
         }
         // SwiGLU: gate and up of the first width.
@@ -732,16 +634,7 @@ fn fused_q8_calls_match_their_definitions() {
         let (wg, wu) = (&weights[0], quantize_rows(&randn(&mut rng, f * k), f, k).unwrap());
         let run = |be: &Dyn| {
             let (mut out, mut gate, mut up) = (nan(m * f), nan(m * f), nan(m * f));
-            be.q8_swiglu(
-                &mut out,
-                &mut gate,
-                &mut up,
-                &x,
-                (&wg.0, &wg.1),
-                (&wu.0, &wu.1),
-                &spec,
-            )
-            .unwrap();
+            be.q8_swiglu(&mut out, &mut gate, &mut up, &x, (&wg.0, &wg.1), (&wu.0, &wu.1), &spec).unwrap();
             (out, gate, up)
         };
         let (got, want) = (run(cpu), run(rf));
@@ -765,45 +658,15 @@ fn fused_q8_calls_match_their_definitions() {
         let (mut short, mut right) = (vec![0.0; 31], vec![0.0; 32]);
         let spec = MatmulSpec::new(1, 32, 64).trans_b(true);
         let mut products = [
-            Q8Product {
-                out: &mut right,
-                packed: &packed,
-                scales: &scales,
-                spec,
-            },
-            Q8Product {
-                out: &mut short,
-                packed: &packed,
-                scales: &scales,
-                spec,
-            },
+            Q8Product { out: &mut right, packed: &packed, scales: &scales, spec },
+            Q8Product { out: &mut short, packed: &packed, scales: &scales, spec },
         ];
-        assert!(
-            be.q8_matmul_many(&x, &mut products).is_err(),
-            "{}: a short output",
-            be.name()
-        );
-        let mut products = [Q8Product {
-            out: &mut right,
-            packed: &packed,
-            scales: &scales[..31].to_vec(),
-            spec,
-        }];
-        assert!(
-            be.q8_matmul_many(&x, &mut products).is_err(),
-            "{}: a short scale",
-            be.name()
-        );
+        assert!(be.q8_matmul_many(&x, &mut products).is_err(), "{}: a short output", be.name());
+        let mut products =
+            [Q8Product { out: &mut right, packed: &packed, scales: &scales[..31].to_vec(), spec }];
+        assert!(be.q8_matmul_many(&x, &mut products).is_err(), "{}: a short scale", be.name());
         let (mut out, mut gate, mut up) = (vec![0.0; 32], vec![0.0; 32], vec![0.0; 31]);
-        let r = be.q8_swiglu(
-            &mut out,
-            &mut gate,
-            &mut up,
-            &x,
-            (&packed, &scales),
-            (&packed, &scales),
-            &spec,
-        );
+        let r = be.q8_swiglu(&mut out, &mut gate, &mut up, &x, (&packed, &scales), (&packed, &scales), &spec);
         assert!(r.is_err(), "{}: a short up", be.name());
         let r = be.q8_swiglu(
             &mut out,
@@ -864,11 +727,7 @@ fn fused_q8_feed_forward_matches_its_definition() {
         close(&format!("q8_mlp {m}x{d}x{f} gate"), &got.1, &want.1);
         close(&format!("q8_mlp {m}x{d}x{f} s"), &got.3, &want.3);
         close(&format!("q8_mlp {m}x{d}x{f}"), &got.0, &want.0);
-        assert_eq!(
-            got,
-            run(cpu, false),
-            "q8_mlp {m}x{d}x{f}: not the unfused numbers"
-        );
+        assert_eq!(got, run(cpu, false), "q8_mlp {m}x{d}x{f}: not the unfused numbers");
     }
     // Lengths that do not fit the spec are errors on both, fused or not.
     let (d, f) = (64, 48);
@@ -884,12 +743,8 @@ fn fused_q8_feed_forward_matches_its_definition() {
             ("a short down scale", d, f, f, sd.len() - 1),
         ];
         for (what, out_len, gate_len, s_len, scales_len) in bad {
-            let (mut out, mut gate, mut up, mut s) = (
-                vec![0.0; out_len],
-                vec![0.0; gate_len],
-                vec![0.0; f],
-                vec![0.0; s_len],
-            );
+            let (mut out, mut gate, mut up, mut s) =
+                (vec![0.0; out_len], vec![0.0; gate_len], vec![0.0; f], vec![0.0; s_len]);
             let r = be.q8_mlp(
                 &mut out,
                 [&mut gate, &mut up, &mut s],
@@ -950,12 +805,7 @@ fn run_q8_attention(
         pos,
         att,
         lse,
-        weights: [
-            (&w[0].0, &w[0].1),
-            (&w[1].0, &w[1].1),
-            (&w[2].0, &w[2].1),
-            (&w[3].0, &w[3].1),
-        ],
+        weights: [(&w[0].0, &w[0].1), (&w[1].0, &w[1].1), (&w[2].0, &w[2].1), (&w[3].0, &w[3].1)],
         rope_q,
         rope_k,
         spec,
@@ -1019,11 +869,7 @@ fn fused_q8_attention_matches_its_definition() {
         let (got, want) = (run(cpu, true), run(rf, true));
         close(&format!("{what}: att"), &got[6], &want[6]);
         close(&format!("{what}: x"), &got[0], &want[0]);
-        assert_eq!(
-            got,
-            run(cpu, false),
-            "{what}: not the numbers of the calls one by one"
-        );
+        assert_eq!(got, run(cpu, false), "{what}: not the numbers of the calls one by one");
     }
     // Rotations laid out otherwise than the attention's heads (each pair of heads rotated
     // as one head twice as wide): the calls one by one take them, and so does the fused
@@ -1050,11 +896,7 @@ fn fused_q8_attention_matches_its_definition() {
             run_q8_attention(cpu, fused, &mut bufs, &h, &w, pos, &(spec, rope_q, rope_k)).unwrap();
             bufs
         };
-        assert_eq!(
-            run(true),
-            run(false),
-            "q8_attention with rotations of other heads"
-        );
+        assert_eq!(run(true), run(false), "q8_attention with rotations of other heads");
     }
     // Bad operands: a position past the cache, a short residual, a short Wo scale.
     let (d, hq, hkv, hd, cap) = (256, 8, 2, 32, 4);
@@ -1094,12 +936,9 @@ fn windowed_products_touch_only_their_rows() {
     let (cpu, rf) = backends();
     let mut rng = Rng::new(131);
     // (rows before, rows in the window, rows after, n, k)
-    for &(before, m, after, n, k) in &[
-        (0, 1, 3, 7, 33),
-        (5, 3, 0, 33, 7),
-        (2, 7, 4, 127, 33),
-        (1, 1, 1, 1000, 33),
-    ] {
+    for &(before, m, after, n, k) in
+        &[(0, 1, 3, 7, 33), (5, 3, 0, 33, 7), (2, 7, 4, 127, 33), (1, 1, 1, 1000, 33)]
+    {
         let rows = before + m + after;
         let x = randn(&mut rng, rows * k);
         let w = randn(&mut rng, n * k);
@@ -1108,10 +947,7 @@ fn windowed_products_touch_only_their_rows() {
         for beta in [0.0, 1.0] {
             let init = randn(&mut rng, rows * n);
             let windowed =
-                MatmulSpec::new(m, n, k)
-                    .trans_b(true)
-                    .beta(beta)
-                    .window(before * k, 0, before * n);
+                MatmulSpec::new(m, n, k).trans_b(true).beta(beta).window(before * k, 0, before * n);
             let whole = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
             for be in [cpu, rf] {
                 let mut c = init.clone();
@@ -1124,11 +960,7 @@ fn windowed_products_touch_only_their_rows() {
                     &want,
                 );
                 assert_eq!(&c[..before * n], &init[..before * n], "rows before the window");
-                assert_eq!(
-                    &c[(before + m) * n..],
-                    &init[(before + m) * n..],
-                    "rows after the window"
-                );
+                assert_eq!(&c[(before + m) * n..], &init[(before + m) * n..], "rows after the window");
                 let mut q = init.clone();
                 be.q8_matmul(&mut q, &x, &packed, &scales, &windowed).unwrap();
                 let mut want = init[before * n..(before + m) * n].to_vec();
@@ -1140,16 +972,12 @@ fn windowed_products_touch_only_their_rows() {
         }
         // A transposed-A window (a weight gradient over an expert's rows).
         let dy = randn(&mut rng, rows * n);
-        let acc = MatmulSpec::new(n, k, m)
-            .trans_a(true)
-            .accumulate()
-            .window(before * n, before * k, 0);
+        let acc = MatmulSpec::new(n, k, m).trans_a(true).accumulate().window(before * n, before * k, 0);
         let init = randn(&mut rng, n * k);
         let (mut g1, mut g2) = (init.clone(), init.clone());
         cpu.matmul(&mut g1, &dy, &x, &acc).unwrap();
         let whole = MatmulSpec::new(n, k, m).trans_a(true).accumulate();
-        rf.matmul(&mut g2, &dy[before * n..(before + m) * n].to_vec(), &cut, &whole)
-            .unwrap();
+        rf.matmul(&mut g2, &dy[before * n..(before + m) * n].to_vec(), &cut, &whole).unwrap();
         close("windowed trans_a matmul", &g1, &g2);
     }
     // A window past the end is an error, not a read out of bounds.
@@ -1163,12 +991,8 @@ fn windowed_products_touch_only_their_rows() {
     let (packed, scales) = quantize_rows(&[1.0; 4], 2, 2).unwrap();
     let mut out = vec![0.0; 4];
     let plain = MatmulSpec::new(2, 2, 2);
-    assert!(cpu
-        .q8_matmul(&mut out, &vec![1.0; 4], &packed, &scales, &plain)
-        .is_err());
-    assert!(rf
-        .q8_matmul(&mut out, &vec![1.0; 4], &packed, &scales, &plain)
-        .is_err());
+    assert!(cpu.q8_matmul(&mut out, &vec![1.0; 4], &packed, &scales, &plain).is_err());
+    assert!(rf.q8_matmul(&mut out, &vec![1.0; 4], &packed, &scales, &plain).is_err());
 }
 
 #[test]
@@ -1176,45 +1000,29 @@ fn moe_combine_matches_reference() {
     use rusting_brain_core::ops::moe::Routing;
     let (cpu, rf) = backends();
     let mut rng = Rng::new(141);
-    for &(n, experts, top_k, dim) in &[
-        (1, 1, 1, 1),
-        (7, 4, 2, 33),
-        (33, 8, 2, 7),
-        (127, 3, 3, 127),
-        (3, 5, 1, 1000),
-    ] {
+    for &(n, experts, top_k, dim) in
+        &[(1, 1, 1, 1), (7, 4, 2, 33), (33, 8, 2, 7), (127, 3, 3, 127), (3, 5, 1, 1000)]
+    {
         let logits = randn(&mut rng, n * experts);
         let mut r = Routing::default();
         r.route(&logits, n, experts, top_k, true).unwrap();
         let y = randn(&mut rng, n * top_k * dim);
         let init = randn(&mut rng, n * dim);
         let (mut a, mut b) = (init.clone(), init.clone());
-        cpu.moe_combine(&mut a, &y, &r.row_of_slot, &r.weight, top_k, dim)
-            .unwrap();
-        rf.moe_combine(&mut b, &y, &r.row_of_slot, &r.weight, top_k, dim)
-            .unwrap();
-        close(
-            &format!("moe_combine n={n} e={experts} k={top_k} dim={dim}"),
-            &a,
-            &b,
-        );
+        cpu.moe_combine(&mut a, &y, &r.row_of_slot, &r.weight, top_k, dim).unwrap();
+        rf.moe_combine(&mut b, &y, &r.row_of_slot, &r.weight, top_k, dim).unwrap();
+        close(&format!("moe_combine n={n} e={experts} k={top_k} dim={dim}"), &a, &b);
         let dout = randn(&mut rng, n * dim);
         let (mut da, mut db) = (nan(n * top_k * dim), nan(n * top_k * dim));
-        let wa = cpu
-            .moe_combine_backward(&mut da, &dout, &y, &r.row_of_slot, &r.weight, top_k, dim)
-            .unwrap();
-        let wb = rf
-            .moe_combine_backward(&mut db, &dout, &y, &r.row_of_slot, &r.weight, top_k, dim)
-            .unwrap();
+        let wa = cpu.moe_combine_backward(&mut da, &dout, &y, &r.row_of_slot, &r.weight, top_k, dim).unwrap();
+        let wb = rf.moe_combine_backward(&mut db, &dout, &y, &r.row_of_slot, &r.weight, top_k, dim).unwrap();
         close(&format!("moe_combine_backward dy n={n} dim={dim}"), &da, &db);
         close(&format!("moe_combine_backward dweight n={n} dim={dim}"), &wa, &wb);
     }
     // A row index outside y is an error on both backends.
     let mut out = vec![0.0; 4];
     for be in [cpu, rf] {
-        assert!(be
-            .moe_combine(&mut out, &vec![0.0; 4], &[0, 5], &[1.0, 1.0], 1, 2)
-            .is_err());
+        assert!(be.moe_combine(&mut out, &vec![0.0; 4], &[0, 5], &[1.0, 1.0], 1, 2).is_err());
     }
 }
 
@@ -1240,27 +1048,18 @@ fn lora_pair_matches_reference_on_windows() {
             randn(&mut rng, ly),
             randn(&mut rng, ly),
         );
-        let (dx0, da0, db0) = (
-            randn(&mut rng, lx),
-            randn(&mut rng, rank * d_in),
-            randn(&mut rng, d_out * rank),
-        );
+        let (dx0, da0, db0) =
+            (randn(&mut rng, lx), randn(&mut rng, rank * d_in), randn(&mut rng, d_out * rank));
         let mut outs = Vec::new();
         for be in [cpu, reference] {
             let (mut y, mut t) = (y0.clone(), nan(lt));
             be.lora_forward(&mut y, &mut t, &x, &a, &b, &s).unwrap();
             let (mut dx, mut da, mut db, mut dt) = (dx0.clone(), da0.clone(), db0.clone(), nan(lt));
-            be.lora_backward(Some(&mut dx), &mut da, &mut db, &mut dt, &dy, &x, &t, &a, &b, &s)
-                .unwrap();
+            be.lora_backward(Some(&mut dx), &mut da, &mut db, &mut dt, &dy, &x, &t, &a, &b, &s).unwrap();
             // Only the windows are written: the rest of t and dt keeps its NaN poison.
             let window = to..to + rows * rank;
             for (i, (tv, dv)) in t.iter().zip(&dt).enumerate() {
-                assert_eq!(
-                    window.contains(&i),
-                    !tv.is_nan() && !dv.is_nan(),
-                    "{} t[{i}]",
-                    be.name()
-                );
+                assert_eq!(window.contains(&i), !tv.is_nan() && !dv.is_nan(), "{} t[{i}]", be.name());
             }
             outs.push((y, t[window.clone()].to_vec(), dx, da, db, dt[window].to_vec()));
         }
@@ -1279,14 +1078,7 @@ fn lora_pair_matches_reference_on_windows() {
     // Shapes are checked, not trusted.
     let s = LoraSpec::new(2, 3, 4, 2, 1.0);
     let err = cpu
-        .lora_forward(
-            &mut vec![0.0; 8],
-            &mut vec![0.0; 4],
-            &vec![0.0; 5],
-            &vec![0.0; 6],
-            &vec![0.0; 8],
-            &s,
-        )
+        .lora_forward(&mut vec![0.0; 8], &mut vec![0.0; 4], &vec![0.0; 5], &vec![0.0; 6], &vec![0.0; 8], &s)
         .unwrap_err();
     assert!(err.to_string().contains('x'), "{err}");
 }
@@ -1317,9 +1109,6 @@ fn profiled_forwards_the_image_primitives() {
         "patchify",
         "unpatchify",
     ] {
-        assert!(
-            timed.contains(&op),
-            "{op} was not timed: Profiled does not forward it"
-        );
+        assert!(timed.contains(&op), "{op} was not timed: Profiled does not forward it");
     }
 }

@@ -24,9 +24,7 @@ fn build(vocab: usize, seed: u64) -> TransformerLm {
 /// The batch of step `s`: a pure function of the step, as a resumed run needs.
 fn batch(step: u64) -> TokenBatch {
     let mut rng = Rng::new(1000 + step);
-    let seqs: Vec<Vec<u32>> = (0..2)
-        .map(|_| (0..13).map(|_| rng.below(40) as u32).collect())
-        .collect();
+    let seqs: Vec<Vec<u32>> = (0..2).map(|_| (0..13).map(|_| rng.below(40) as u32).collect()).collect();
     TokenBatch::new(&seqs).unwrap()
 }
 
@@ -54,18 +52,12 @@ fn resuming_from_a_checkpoint_is_bitwise_identical_to_not_stopping() {
     drop(first);
     let mut resumed = TransformerLm::load_bin(d.join("m.rbw")).unwrap();
     resumed.load_optimizer_state(d.join("m.rbw.opt")).unwrap();
-    assert_eq!(
-        resumed.optimizer,
-        Optimizer::adam(5e-3).betas(0.9, 0.95).weight_decay(0.1)
-    );
+    assert_eq!(resumed.optimizer, Optimizer::adam(5e-3).betas(0.9, 0.95).weight_decay(0.1));
     assert_eq!(resumed.steps(), 4);
     for s in 4..7 {
         resumed.train_step_batch(&batch(s)).unwrap();
     }
-    assert!(
-        bits(&resumed) == bits(&straight),
-        "4 + 3 resumed steps differ from 7 straight ones"
-    );
+    assert!(bits(&resumed) == bits(&straight), "4 + 3 resumed steps differ from 7 straight ones");
 }
 
 #[test]
@@ -83,10 +75,7 @@ fn weights_round_trip_and_the_file_is_plain_safetensors() {
     let bytes = std::fs::read(d.join("a.rbw")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("model.layers.1.self_attn.k_proj.weight").unwrap();
-    assert_eq!(
-        (t.dtype(), t.shape().to_vec()),
-        (safetensors::Dtype::F32, vec![16, 32])
-    );
+    assert_eq!((t.dtype(), t.shape().to_vec()), (safetensors::Dtype::F32, vec![16, 32]));
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
     assert!(meta.metadata().as_ref().unwrap()["config"].contains("\"kv_heads\":2"));
 }
@@ -102,18 +91,10 @@ fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
         std::fs::write(d.join(name), bytes).unwrap();
         d.join(name)
     };
-    let err = |p: PathBuf| {
-        TransformerLm::load_bin(&p)
-            .err()
-            .expect("should fail")
-            .to_string()
-    };
+    let err = |p: PathBuf| TransformerLm::load_bin(&p).err().expect("should fail").to_string();
 
     let e = err(write("truncated.rbw", &good[..good.len() - 100]));
-    assert!(
-        e.contains("truncated.rbw") && e.contains("not a valid safetensors"),
-        "{e}"
-    );
+    assert!(e.contains("truncated.rbw") && e.contains("not a valid safetensors"), "{e}");
     let e = err(write("magic.rbw", b"PK\x03\x04 definitely a zip file"));
     assert!(e.contains("magic.rbw"), "{e}");
     // A header that claims a huge length: rejected before anything is allocated from it.
@@ -130,25 +111,16 @@ fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
     wrong.extend_from_slice(swapped.as_bytes());
     wrong.extend_from_slice(&good[8 + header_len..]);
     let e = err(write("shapes.rbw", &wrong));
-    assert!(
-        e.contains("mlp.gate_proj.weight") && e.contains("the config needs [40, 32]"),
-        "{e}"
-    );
+    assert!(e.contains("mlp.gate_proj.weight") && e.contains("the config needs [40, 32]"), "{e}");
     // A missing tensor: the same file rebuilt without one.
     {
         let st = safetensors::SafeTensors::deserialize(&good).unwrap();
         let (_, meta) = safetensors::SafeTensors::read_metadata(&good).unwrap();
-        let kept: Vec<(String, safetensors::tensor::TensorView)> = st
-            .tensors()
-            .into_iter()
-            .filter(|(n, _)| n != "model.layers.0.mlp.up_proj.weight")
-            .collect();
+        let kept: Vec<(String, safetensors::tensor::TensorView)> =
+            st.tensors().into_iter().filter(|(n, _)| n != "model.layers.0.mlp.up_proj.weight").collect();
         let bytes = safetensors::tensor::serialize(kept, meta.metadata().clone()).unwrap();
         let e = err(write("missing.rbw", &bytes));
-        assert!(
-            e.contains("model.layers.0.mlp.up_proj.weight") && e.contains("missing tensor"),
-            "{e}"
-        );
+        assert!(e.contains("model.layers.0.mlp.up_proj.weight") && e.contains("missing tensor"), "{e}");
     }
     // A file of another format altogether.
     let e = err(d.join("good.opt"));
@@ -159,10 +131,7 @@ fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
     // Optimizer state of another model: refused, and nothing changes.
     let mut other = build(44, 4);
     let before = bits(&other);
-    let e = other
-        .load_optimizer_state(d.join("good.opt"))
-        .unwrap_err()
-        .to_string();
+    let e = other.load_optimizer_state(d.join("good.opt")).unwrap_err().to_string();
     assert!(e.contains("another configuration"), "{e}");
     assert_eq!(other.steps(), 0);
     assert!(bits(&other) == before);
@@ -172,11 +141,7 @@ fn bad_checkpoints_are_errors_and_leave_the_model_alone() {
     std::fs::create_dir(&tmp).unwrap();
     let changed = build(40, 9);
     assert!(changed.save_bin(d.join("good.rbw"), Precision::F32).is_err());
-    assert_eq!(
-        std::fs::read(d.join("good.rbw")).unwrap(),
-        good,
-        "the old file changed"
-    );
+    assert_eq!(std::fs::read(d.join("good.rbw")).unwrap(), good, "the old file changed");
     std::fs::remove_dir(&tmp).unwrap();
     // A save whose rename fails (the path is a directory) leaves no temporary behind.
     std::fs::create_dir(d.join("taken.rbw")).unwrap();

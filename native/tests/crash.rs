@@ -63,12 +63,7 @@ fn version(v: usize) -> Version {
         .seed(10 + v as u64)
         .build();
     let ids = (0..20_000u32).map(|i| (i * 7 + v as u32) % 512).collect();
-    Version {
-        lm: base,
-        lora,
-        net,
-        ids,
-    }
+    Version { lm: base, lora, net, ids }
 }
 
 /// The files one round of saves writes, relative to the folder.
@@ -87,8 +82,7 @@ const FILES: [&str; 11] = [
 ];
 
 fn save_all(v: &Version, dir: &Path) {
-    v.lm.save_bin(dir.join("model.rbw"), rusting_brain::Precision::F32)
-        .unwrap();
+    v.lm.save_bin(dir.join("model.rbw"), rusting_brain::Precision::F32).unwrap();
     v.lm.save_optimizer_state(dir.join("state.opt")).unwrap();
     v.net.save_json(dir.join("net.json")).unwrap();
     v.net.save_onnx(dir.join("net.onnx")).unwrap();
@@ -118,13 +112,9 @@ fn loads(dir: &Path) -> Result<(), String> {
         move |err| format!("{what}: {err}")
     }
     TransformerLm::load_bin(dir.join("model.rbw")).map_err(e("load_bin"))?;
-    lm(3)
-        .load_optimizer_state(dir.join("state.opt"))
-        .map_err(e("load_optimizer_state"))?;
+    lm(3).load_optimizer_state(dir.join("state.opt")).map_err(e("load_optimizer_state"))?;
     Network::load_json(dir.join("net.json")).map_err(e("load_json"))?;
-    lm(3)
-        .load_lora(dir.join("adapters.rbl"))
-        .map_err(e("load_lora(.rbl)"))?;
+    lm(3).load_lora(dir.join("adapters.rbl")).map_err(e("load_lora(.rbl)"))?;
     lm(3).load_lora(dir.join("peft")).map_err(e("load_lora(PEFT)"))?;
     TransformerLm::from_pretrained(dir.join("hf")).map_err(e("from_pretrained"))?;
     TokenFile::open(dir.join("corpus.tok"), 0).map_err(e("TokenFile::open"))?;
@@ -152,11 +142,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
         return true;
     }
     if let (Ok(x), Ok(y)) = (SafeTensors::deserialize(a), SafeTensors::deserialize(b)) {
-        let meta = |s: &[u8]| {
-            SafeTensors::read_metadata(s)
-                .ok()
-                .map(|(_, m)| m.metadata().clone())
-        };
+        let meta = |s: &[u8]| SafeTensors::read_metadata(s).ok().map(|(_, m)| m.metadata().clone());
         let tensors = |t: &SafeTensors| {
             let mut v: Vec<_> = t
                 .tensors()
@@ -168,10 +154,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
         };
         return meta(a) == meta(b) && tensors(&x) == tensors(&y);
     }
-    match (
-        serde_json::from_slice::<serde_json::Value>(a),
-        serde_json::from_slice::<serde_json::Value>(b),
-    ) {
+    match (serde_json::from_slice::<serde_json::Value>(a), serde_json::from_slice::<serde_json::Value>(b)) {
         (Ok(x), Ok(y)) => x == y,
         _ => false,
     }
@@ -188,10 +171,7 @@ fn every_save_survives_sigkill_with_the_old_or_the_new_file() {
         .map(|v| {
             let d = TempDir::new(&format!("crash_want{v}"));
             save_all(&version(v), d.path());
-            FILES
-                .iter()
-                .map(|f| (*f, std::fs::read(d.join(f)).unwrap()))
-                .collect()
+            FILES.iter().map(|f| (*f, std::fs::read(d.join(f)).unwrap())).collect()
         })
         .collect();
 
@@ -224,10 +204,7 @@ fn every_save_survives_sigkill_with_the_old_or_the_new_file() {
         while out.read_line(&mut line).unwrap() > 0 && !line.contains("ready") {
             line.clear();
         }
-        assert!(
-            line.contains("ready"),
-            "kill {kill}: the child ended before saving"
-        );
+        assert!(line.contains("ready"), "kill {kill}: the child ended before saving");
         // xorshift: a fixed sequence, so a failure replays.
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -255,10 +232,7 @@ fn every_save_survives_sigkill_with_the_old_or_the_new_file() {
     }
 
     eprintln!("{KILLS} kills (SIGKILL at random within 2 rounds of saves, a round is {round:?}):");
-    eprintln!(
-        "{:<32} {:>9} {:>9} {:>8}",
-        "file", "version 0", "version 1", "neither"
-    );
+    eprintln!("{:<32} {:>9} {:>9} {:>8}", "file", "version 0", "version 1", "neither");
     for (f, [a, b]) in &held {
         eprintln!("{f:<32} {a:>9} {b:>9} {:>8}", 0);
         assert_eq!(a + b, KILLS);

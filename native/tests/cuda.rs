@@ -47,16 +47,11 @@ fn close(what: &str, got: &[f32], want: &[f32], rel: f64) -> R {
 /// [`close`] with the scale at least `floor`: the size of the terms a result that can
 /// cancel to zero is a difference of.
 fn close_to(what: &str, got: &[f32], want: &[f32], rel: f64, floor: f64) -> R {
-    let scale = want
-        .iter()
-        .fold(floor.max(1e-30), |m, &v| m.max((v as f64).abs()));
+    let scale = want.iter().fold(floor.max(1e-30), |m, &v| m.max((v as f64).abs()));
     // The workspace's one comparison (fails on NaN and on a length mismatch), with the
     // bound absolute: `rel` times the scale.
     let worst = check_close(what, got, want, 0.0, rel * scale).map_err(fail)?;
-    eprintln!(
-        "  {what}: worst {:.2e} of the scale (tolerance {rel:.0e})",
-        worst * rel
-    );
+    eprintln!("  {what}: worst {:.2e} of the scale (tolerance {rel:.0e})", worst * rel);
     Ok(())
 }
 
@@ -67,11 +62,7 @@ fn close_l2(what: &str, got: &[f32], want: &[f32], rel: f64) -> R {
     if got.len() != want.len() {
         return Err(fail(format!("{what}: {} values, want {}", got.len(), want.len())));
     }
-    let diff: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(&g, &w)| (g as f64 - w as f64).powi(2))
-        .sum();
+    let diff: f64 = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w as f64).powi(2)).sum();
     let norm: f64 = want.iter().map(|&w| (w as f64).powi(2)).sum();
     let r = (diff / norm.max(1e-60)).sqrt();
     eprintln!("  {what}: L2-relative {r:.2e} (tolerance {rel:.0e})");
@@ -106,10 +97,7 @@ fn nan(n: usize) -> Vec<f32> {
 }
 
 fn primitives_elementwise(c: &CudaBackend) -> R {
-    let mut p = Pair {
-        cuda: c,
-        rng: Rng::new(1),
-    };
+    let mut p = Pair { cuda: c, rng: Rng::new(1) };
     for n in [1usize, 7, 1000, 100_003] {
         let (x, y) = (p.randn(n), p.randn(n));
         let (mut yr, mut yg) = (y.clone(), p.up(&y)?);
@@ -137,10 +125,7 @@ fn primitives_elementwise(c: &CudaBackend) -> R {
     let bufs: Vec<CudaBuffer> = many.iter().map(|m| p.up(m)).collect::<R<_>>()?;
     let refs: Vec<&CudaBuffer> = bufs.iter().collect();
     let got = c.sum_of_squares_many(&refs)?;
-    let want: f64 = many
-        .iter()
-        .map(|m| REF.sum_of_squares(m).unwrap_or(f64::NAN))
-        .sum();
+    let want: f64 = many.iter().map(|m| REF.sum_of_squares(m).unwrap_or(f64::NAN)).sum();
     if (got - want).abs() > 1e-5 * want {
         return Err(fail(format!("sum_of_squares_many {got} vs {want}")));
     }
@@ -148,17 +133,8 @@ fn primitives_elementwise(c: &CudaBackend) -> R {
 }
 
 fn primitives_matmul(c: &CudaBackend) -> R {
-    let mut p = Pair {
-        cuda: c,
-        rng: Rng::new(2),
-    };
-    for (m, n, k) in [
-        (1, 1, 1),
-        (3, 7, 33),
-        (127, 33, 1000),
-        (64, 768, 256),
-        (33, 1000, 7),
-    ] {
+    let mut p = Pair { cuda: c, rng: Rng::new(2) };
+    for (m, n, k) in [(1, 1, 1), (3, 7, 33), (127, 33, 1000), (64, 768, 256), (33, 1000, 7)] {
         for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
             for prec in [Precision::F32, Precision::Bf16] {
                 for beta in [0.0f32, 1.0] {
@@ -194,11 +170,7 @@ fn primitives_matmul(c: &CudaBackend) -> R {
     close("batched matmul", &p.down(&got)?, &want, 1e-5)?;
     let (big_a, big_b, big_c) = (p.randn(300), p.randn(400), p.randn(200));
     for prec in [Precision::F32, Precision::Bf16] {
-        let spec = MatmulSpec::new(4, 6, 10)
-            .trans_b(true)
-            .window(37, 11, 101)
-            .precision(prec)
-            .accumulate();
+        let spec = MatmulSpec::new(4, 6, 10).trans_b(true).window(37, 11, 101).precision(prec).accumulate();
         let mut want = big_c.clone();
         REF.matmul(&mut want, &big_a, &big_b, &spec)?;
         let mut got = p.up(&big_c)?;
@@ -210,20 +182,10 @@ fn primitives_matmul(c: &CudaBackend) -> R {
     let mut want = c0.clone();
     REF.matmul(&mut want, &vec![], &vec![], &MatmulSpec::new(3, 4, 0).beta(0.5))?;
     let mut got = p.up(&c0)?;
-    c.matmul(
-        &mut got,
-        &p.up(&[])?,
-        &p.up(&[])?,
-        &MatmulSpec::new(3, 4, 0).beta(0.5),
-    )?;
+    c.matmul(&mut got, &p.up(&[])?, &p.up(&[])?, &MatmulSpec::new(3, 4, 0).beta(0.5))?;
     close("matmul k=0", &p.down(&got)?, &want, 1e-6)?;
     // A wrong length is the same error as on the host.
-    let e = c.matmul(
-        &mut got,
-        &p.up(&[1.0; 5])?,
-        &p.up(&[])?,
-        &MatmulSpec::new(3, 4, 2),
-    );
+    let e = c.matmul(&mut got, &p.up(&[1.0; 5])?, &p.up(&[])?, &MatmulSpec::new(3, 4, 2));
     if e.is_ok() {
         return Err(fail("a short operand was accepted"));
     }
@@ -231,10 +193,7 @@ fn primitives_matmul(c: &CudaBackend) -> R {
 }
 
 fn primitives_dense(c: &CudaBackend) -> R {
-    let mut p = Pair {
-        cuda: c,
-        rng: Rng::new(3),
-    };
+    let mut p = Pair { cuda: c, rng: Rng::new(3) };
     for (rows, cols) in [(1usize, 1usize), (7, 33), (127, 10), (1000, 3)] {
         let n = rows * cols;
         let (x, bias, dy) = (p.randn(n), p.randn(cols), p.randn(n));
@@ -269,11 +228,7 @@ fn primitives_dense(c: &CudaBackend) -> R {
         }
         let probs: Vec<f32> = x.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect();
         let target: Vec<f32> = (0..n).map(|i| (i % 3 == 0) as u8 as f32).collect();
-        for loss in [
-            Loss::MeanSquaredError,
-            Loss::BinaryCrossEntropy,
-            Loss::CategoricalCrossEntropy,
-        ] {
+        for loss in [Loss::MeanSquaredError, Loss::BinaryCrossEntropy, Loss::CategoricalCrossEntropy] {
             let want = REF.loss_forward(loss, &probs, &target, rows, cols)?;
             let got = c.loss_forward(loss, &p.up(&probs)?, &p.up(&target)?, rows, cols)?;
             if (got - want).abs() > 1e-5 * want.abs().max(1e-3) {
@@ -295,10 +250,7 @@ fn primitives_dense(c: &CudaBackend) -> R {
 }
 
 fn primitives_transformer(c: &CudaBackend) -> R {
-    let mut p = Pair {
-        cuda: c,
-        rng: Rng::new(4),
-    };
+    let mut p = Pair { cuda: c, rng: Rng::new(4) };
     for (rows, dim) in [(1usize, 1usize), (7, 33), (127, 768), (1000, 64)] {
         let n = rows * dim;
         let (x, w, dy) = (p.randn(n), p.randn(dim), p.randn(n));
@@ -314,12 +266,7 @@ fn primitives_transformer(c: &CudaBackend) -> R {
         let (mut dxg, mut dwg) = (p.up(&nan(n))?, p.up(&dw0)?);
         c.rmsnorm_backward(&mut dxg, &mut dwg, &dyg, &xg, &wg, &rg, rows, dim)?;
         // dim 1: dx is a difference of two O(w) terms that cancel (see backend_vs_reference).
-        close(
-            "rmsnorm dx",
-            &p.down(&dxg)?,
-            &dx,
-            if dim == 1 { 1e-2 } else { 1e-5 },
-        )?;
+        close("rmsnorm dx", &p.down(&dxg)?, &dx, if dim == 1 { 1e-2 } else { 1e-5 })?;
         close("rmsnorm dweight", &p.down(&dwg)?, &dw, 1e-4)?;
         let (mut sm, mut smg) = (nan(n), p.up(&nan(n))?);
         REF.softmax_forward(&mut sm, &x, rows, dim)?;
@@ -423,10 +370,7 @@ fn attention_case(c: &CudaBackend, p: &mut Pair, spec: AttentionSpec, rel: f64) 
 }
 
 fn primitives_attention(c: &CudaBackend) -> R {
-    let mut p = Pair {
-        cuda: c,
-        rng: Rng::new(5),
-    };
+    let mut p = Pair { cuda: c, rng: Rng::new(5) };
     let shapes = [
         AttentionSpec::causal(1, 1, 1, 1, 64),
         AttentionSpec::causal(2, 7, 4, 2, 64),
@@ -462,11 +406,7 @@ fn primitives_attention(c: &CudaBackend) -> R {
                 c,
                 &mut p,
                 spec,
-                if flash && (spec.head_dim == 64 || spec.head_dim == 128) {
-                    2e-2
-                } else {
-                    1e-4
-                },
+                if flash && (spec.head_dim == 64 || spec.head_dim == 128) { 2e-2 } else { 1e-4 },
             )?;
         }
     }
@@ -475,10 +415,7 @@ fn primitives_attention(c: &CudaBackend) -> R {
 }
 
 fn primitives_moe_q8_optim(c: &CudaBackend) -> R {
-    let mut p = Pair {
-        cuda: c,
-        rng: Rng::new(6),
-    };
+    let mut p = Pair { cuda: c, rng: Rng::new(6) };
     let (n, top_k, dim) = (37usize, 2usize, 48usize);
     let slots = n * top_k;
     let mut rows: Vec<u32> = (0..slots as u32).collect();
@@ -535,25 +472,14 @@ fn primitives_moe_q8_optim(c: &CudaBackend) -> R {
         }
         close("adamw", &p.down(&wg)?, &wr, 1e-5)?;
         for (momentum, nesterov) in [(0.0f32, false), (0.9, false), (0.9, true)] {
-            let hp = SgdParams {
-                lr: 0.1,
-                momentum,
-                nesterov,
-                weight_decay: 0.01,
-                grad_scale: 0.5,
-            };
+            let hp = SgdParams { lr: 0.1, momentum, nesterov, weight_decay: 0.01, grad_scale: 0.5 };
             let (mut wr, mut vr) = (w.clone(), vec![0.0; n]);
             let (mut wg, mut vg) = (p.up(&w)?, p.up(&vec![0.0; n])?);
             for _ in 0..3 {
                 REF.sgd_update(&mut wr, &g, (momentum > 0.0).then_some(&mut vr), &hp)?;
                 c.sgd_update(&mut wg, &gg, (momentum > 0.0).then_some(&mut vg), &hp)?;
             }
-            close(
-                &format!("sgd momentum {momentum} nesterov {nesterov}"),
-                &p.down(&wg)?,
-                &wr,
-                1e-5,
-            )?;
+            close(&format!("sgd momentum {momentum} nesterov {nesterov}"), &p.down(&wg)?, &wr, 1e-5)?;
         }
     }
     Ok(())
@@ -577,9 +503,7 @@ fn small_lm(moe: bool) -> R<TransformerLm> {
 
 fn batch() -> Vec<Vec<u32>> {
     let mut rng = Rng::new(8);
-    (0..3)
-        .map(|_| (0..38).map(|_| rng.below(300) as u32).collect())
-        .collect()
+    (0..3).map(|_| (0..38).map(|_| rng.below(300) as u32).collect()).collect()
 }
 
 /// Logits, then weights after 3 steps, CUDA against CPU.
@@ -606,11 +530,7 @@ fn whole_model(moe: bool, mixed: bool) -> R {
         // an expert that receives few rows has its gradient from a handful of tokens, so
         // Adam's normalized steps turn that difference into lr-sized moves. The H200 run
         // measured 2.2e-2 on the expert with the fewest rows, 1e-2 or less elsewhere.
-        let tol = if mixed && name.contains(".experts.") {
-            5e-2
-        } else {
-            rel
-        };
+        let tol = if mixed && name.contains(".experts.") { 5e-2 } else { rel };
         close_l2(&format!("{name} after 3 steps"), w, want, tol)?;
     }
     if gpu.steps() != 3 {
@@ -618,48 +538,29 @@ fn whole_model(moe: bool, mixed: bool) -> R {
     }
     // Back on the CPU, the model continues where it was.
     gpu.to_cpu()?;
-    close(
-        "logits after to_cpu",
-        &gpu.forward_batch(&tb)?,
-        &cpu.forward_batch(&tb)?,
-        rel,
-    )?;
+    close("logits after to_cpu", &gpu.forward_batch(&tb)?, &cpu.forward_batch(&tb)?, rel)?;
     Ok(())
 }
 
 /// The adapter pair through `CudaBackend` (two cuBLASLt products each way) against the
 /// reference's loops, on row windows as the experts use them.
 fn primitives_lora(c: &CudaBackend) -> R {
-    let mut p = Pair {
-        rng: Rng::new(41),
-        cuda: c,
-    };
-    for (rows, d_in, d_out, rank, offs) in [
-        (1, 1, 1, 1, (0, 0, 0)),
-        (7, 33, 20, 4, (33, 20, 4)),
-        (130, 96, 200, 16, (0, 400, 32)),
-    ] {
+    let mut p = Pair { rng: Rng::new(41), cuda: c };
+    for (rows, d_in, d_out, rank, offs) in
+        [(1, 1, 1, 1, (0, 0, 0)), (7, 33, 20, 4, (33, 20, 4)), (130, 96, 200, 16, (0, 400, 32))]
+    {
         let s = LoraSpec::new(rows, d_in, d_out, rank, 1.75).offsets(offs.0, offs.1, offs.2);
         let (lx, ly, lt) = (offs.0 + rows * d_in, offs.1 + rows * d_out, offs.2 + rows * rank);
-        let (x, a, bm, y0, dy) = (
-            p.randn(lx),
-            p.randn(rank * d_in),
-            p.randn(d_out * rank),
-            p.randn(ly),
-            p.randn(ly),
-        );
+        let (x, a, bm, y0, dy) =
+            (p.randn(lx), p.randn(rank * d_in), p.randn(d_out * rank), p.randn(ly), p.randn(ly));
         let (mut y, mut t) = (y0.clone(), vec![0.0; lt]);
         REF.lora_forward(&mut y, &mut t, &x, &a, &bm, &s)?;
         let (mut yg, mut tg) = (p.up(&y0)?, p.up(&vec![0.0; lt])?);
         let (xg, ag, bg) = (p.up(&x)?, p.up(&a)?, p.up(&bm)?);
         c.lora_forward(&mut yg, &mut tg, &xg, &ag, &bg, &s)?;
         close("lora y", &p.down(&yg)?, &y, 1e-4)?;
-        let (mut dx, mut da, mut db, mut dt) = (
-            vec![0.5; lx],
-            vec![0.25; rank * d_in],
-            vec![0.0; d_out * rank],
-            vec![0.0; lt],
-        );
+        let (mut dx, mut da, mut db, mut dt) =
+            (vec![0.5; lx], vec![0.25; rank * d_in], vec![0.0; d_out * rank], vec![0.0; lt]);
         REF.lora_backward(Some(&mut dx), &mut da, &mut db, &mut dt, &dy, &x, &t, &a, &bm, &s)?;
         let (mut dxg, mut dag, mut dbg, mut dtg) = (
             p.up(&vec![0.5; lx])?,
@@ -667,18 +568,7 @@ fn primitives_lora(c: &CudaBackend) -> R {
             p.up(&vec![0.0; d_out * rank])?,
             p.up(&vec![0.0; lt])?,
         );
-        c.lora_backward(
-            Some(&mut dxg),
-            &mut dag,
-            &mut dbg,
-            &mut dtg,
-            &p.up(&dy)?,
-            &xg,
-            &tg,
-            &ag,
-            &bg,
-            &s,
-        )?;
+        c.lora_backward(Some(&mut dxg), &mut dag, &mut dbg, &mut dtg, &p.up(&dy)?, &xg, &tg, &ag, &bg, &s)?;
         close("lora dx", &p.down(&dxg)?, &dx, 1e-4)?;
         close("lora dA", &p.down(&dag)?, &da, 1e-4)?;
         close("lora dB", &p.down(&dbg)?, &db, 1e-4)?;
@@ -707,10 +597,7 @@ fn lora_trains_as_on_the_cpu(_: &CudaBackend) -> R {
             let (lc, lg) = (cpu.train_step(&seqs)?, gpu.train_step(&seqs)?);
             eprintln!("  {tag} step {step}: loss cpu {} cuda {}", lc.lm_loss, lg.lm_loss);
             if ((lc.lm_loss - lg.lm_loss) as f64).abs() > 1e-4 * lc.lm_loss as f64 {
-                return Err(fail(format!(
-                    "{tag} step {step} loss {} vs {}",
-                    lg.lm_loss, lc.lm_loss
-                )));
+                return Err(fail(format!("{tag} step {step} loss {} vs {}", lg.lm_loss, lc.lm_loss)));
             }
             if step == 0 {
                 for ((n, g), (_, want)) in gpu.lora_gradients()?.iter().zip(cpu.lora_gradients()?.iter()) {
@@ -731,12 +618,7 @@ fn lora_trains_as_on_the_cpu(_: &CudaBackend) -> R {
             close_l2(&format!("{tag} {n} after 3 steps"), w, want, tol)?;
         }
         // int8: the W8A8 rounding above, measured 1.3e-3 of the largest logit.
-        close(
-            "logits",
-            &gpu.forward_batch(&tb)?,
-            &cpu.forward_batch(&tb)?,
-            if int8 { 1e-2 } else { 1e-4 },
-        )?;
+        close("logits", &gpu.forward_batch(&tb)?, &cpu.forward_batch(&tb)?, if int8 { 1e-2 } else { 1e-4 })?;
         gpu.to_cpu()?;
         if gpu.named_parameters()? != base {
             return Err(fail(format!("{tag}: the frozen base changed on the device")));
@@ -785,12 +667,7 @@ fn dense_network(_: &CudaBackend) -> R {
     };
     let (mut cpu, mut gpu) = (build(), build());
     gpu.to_cuda(0, 500)?;
-    let cfg = TrainConfig {
-        epochs: 3,
-        batch_size: 32,
-        shuffle: false,
-        seed: Some(1),
-    };
+    let cfg = TrainConfig { epochs: 3, batch_size: 32, shuffle: false, seed: Some(1) };
     let lc = cpu.fit(&data, cfg)?;
     let lg = gpu.fit(&data, cfg)?;
     close("network losses", &lg, &lc, 1e-4)?;
@@ -805,10 +682,7 @@ fn dense_network(_: &CudaBackend) -> R {
 fn budget_is_checked_first(_: &CudaBackend) -> R {
     let mut m = small_lm(false)?;
     let before = m.named_parameters()?;
-    let e = m
-        .to_cuda(0, 4)
-        .err()
-        .ok_or_else(|| fail("a 4 MiB budget was accepted"))?;
+    let e = m.to_cuda(0, 4).err().ok_or_else(|| fail("a 4 MiB budget was accepted"))?;
     if !e.to_string().contains("budget") {
         return Err(fail(format!("the error does not name the budget: {e}")));
     }
@@ -823,15 +697,9 @@ fn no_device_is_an_error() -> R {
     let mut m = small_lm(false)?;
     let e = match cuda_available() {
         // No driver or device: to_cuda must say so, and leave the model where it was.
-        Err(_) => m
-            .to_cuda(0, 1000)
-            .err()
-            .ok_or_else(|| fail("to_cuda succeeded without a device"))?,
+        Err(_) => m.to_cuda(0, 1000).err().ok_or_else(|| fail("to_cuda succeeded without a device"))?,
         // A device is here: ask for one that is not.
-        Ok(n) => m
-            .to_cuda(n + 7, 1000)
-            .err()
-            .ok_or_else(|| fail("a missing device ordinal was accepted"))?,
+        Ok(n) => m.to_cuda(n + 7, 1000).err().ok_or_else(|| fail("a missing device ordinal was accepted"))?,
     };
     eprintln!("  error: {e}");
     if m.device().is_some() {
@@ -846,14 +714,11 @@ fn no_device_is_an_error() -> R {
 /// against the CPU: logits, a greedy continuation, the loss and every gradient. Run from
 /// the repository root (device-check.sh does), or the build's checkout.
 fn hf_directories_match_the_cpu(_: &CudaBackend) -> R {
-    let root = [
-        "tests/fixtures/hf",
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf"),
-    ]
-    .into_iter()
-    .map(std::path::PathBuf::from)
-    .find(|p| p.is_dir())
-    .ok_or_else(|| fail("tests/fixtures/hf not found: run from the repository root"))?;
+    let root = ["tests/fixtures/hf", concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf")]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.is_dir())
+        .ok_or_else(|| fail("tests/fixtures/hf not found: run from the repository root"))?;
     let mut names: Vec<_> = std::fs::read_dir(&root)
         .map_err(|e| fail(e.to_string()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -861,30 +726,17 @@ fn hf_directories_match_the_cpu(_: &CudaBackend) -> R {
         .collect();
     names.sort();
     if names.len() < 9 {
-        return Err(fail(format!(
-            "only {} fixture directories in {}",
-            names.len(),
-            root.display()
-        )));
+        return Err(fail(format!("only {} fixture directories in {}", names.len(), root.display())));
     }
-    let rows: Vec<Vec<u32>> = (0..2u32)
-        .map(|r| (0..9u32).map(|t| (r * 17 + t * 5 + 3) % 64).collect())
-        .collect();
+    let rows: Vec<Vec<u32>> =
+        (0..2u32).map(|r| (0..9u32).map(|t| (r * 17 + t * 5 + 3) % 64).collect()).collect();
     let tb = rusting_brain::TokenBatch::new(&rows)?;
     for dir in names {
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut cpu = TransformerLm::from_pretrained(&dir)?;
         let mut gpu = TransformerLm::from_pretrained(&dir)?;
         gpu.to_cuda(0, 1000)?;
-        close(
-            &format!("{name} logits"),
-            &gpu.forward_batch(&tb)?,
-            &cpu.forward_batch(&tb)?,
-            1e-4,
-        )?;
+        close(&format!("{name} logits"), &gpu.forward_batch(&tb)?, &cpu.forward_batch(&tb)?, 1e-4)?;
         let prompt = [3u32, 9, 27, 17, 51];
         let (a, b) = (
             cpu.generate(&prompt, 12, &mut Sampler::greedy())?,

@@ -22,9 +22,7 @@ fn model(max_seq: usize, seed: u64) -> TransformerLm {
     let mut rng = Rng::new(seed);
     for _ in 0..5 {
         let n = 17.min(max_seq + 1);
-        let seqs: Vec<Vec<u32>> = (0..2)
-            .map(|_| (0..n).map(|_| rng.below(48) as u32).collect())
-            .collect();
+        let seqs: Vec<Vec<u32>> = (0..2).map(|_| (0..n).map(|_| rng.below(48) as u32).collect()).collect();
         m.train_step(&seqs).unwrap();
     }
     m
@@ -44,10 +42,7 @@ fn same(what: &str, a: &[f32], b: &[f32]) {
     let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, nan_max);
     // 1e-5 of the row's scale: the two paths sum in different orders (the full pass uses
     // the blocked attention, decoding the per-row one), nothing more.
-    assert!(
-        diff <= 1e-5 * scale,
-        "{what}: cached and full logits differ by {diff} (scale {scale})"
-    );
+    assert!(diff <= 1e-5 * scale, "{what}: cached and full logits differ by {diff} (scale {scale})");
 }
 
 #[test]
@@ -107,31 +102,18 @@ fn generate_is_greedy_argmax_and_streams_until_told_to_stop() {
     }
     let mut seen = Vec::new();
     let stopped = m
-        .generate_with(
-            &prompt,
-            10,
-            &mut Sampler::temperature(0.9, Some(7)).top_k(10),
-            |id| {
-                seen.push(id);
-                seen.len() < 4
-            },
-        )
+        .generate_with(&prompt, 10, &mut Sampler::temperature(0.9, Some(7)).top_k(10), |id| {
+            seen.push(id);
+            seen.len() < 4
+        })
         .unwrap();
     assert_eq!(stopped, seen);
     assert_eq!(stopped.len(), 4);
-    let again = m
-        .generate(&prompt, 4, &mut Sampler::temperature(0.9, Some(7)).top_k(10))
-        .unwrap();
+    let again = m.generate(&prompt, 4, &mut Sampler::temperature(0.9, Some(7)).top_k(10)).unwrap();
     assert_eq!(again, stopped, "a seed gives the same continuation");
     // The cache fills at max_seq_len: generation stops there instead of failing.
     let mut small = model(8, 5);
-    assert_eq!(
-        small
-            .generate(&[1, 2, 3], 100, &mut Sampler::greedy())
-            .unwrap()
-            .len(),
-        6
-    );
+    assert_eq!(small.generate(&[1, 2, 3], 100, &mut Sampler::greedy()).unwrap().len(), 6);
 }
 
 #[test]
@@ -143,10 +125,7 @@ fn cache_errors_are_reported() {
     assert!(m.forward_cached(&[], &mut c).is_err());
     m.forward_cached(&[1, 2, 3, 4, 5, 6], &mut c).unwrap();
     let e = m.forward_cached(&[1, 2, 3], &mut c).unwrap_err().to_string();
-    assert!(
-        e.contains("6 cached + 3 new positions is over max_seq_len 8"),
-        "{e}"
-    );
+    assert!(e.contains("6 cached + 3 new positions is over max_seq_len 8"), "{e}");
     let mut other = model(16, 7);
     let e = other.forward_cached(&[1], &mut c).unwrap_err().to_string();
     assert!(e.contains("another shape"), "{e}");

@@ -71,19 +71,10 @@ fn dense_weights_are_he_uniform_before_relu_and_glorot_uniform_otherwise() {
     let file: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let layers = file["layers"].as_array().unwrap();
     // (fan_in, fan_out, He?) per layer.
-    for (l, (fan_in, fan_out, he)) in [
-        (300.0f64, 200.0f64, true),
-        (200.0, 100.0, false),
-        (100.0, 10.0, false),
-    ]
-    .into_iter()
-    .enumerate()
+    for (l, (fan_in, fan_out, he)) in
+        [(300.0f64, 200.0f64, true), (200.0, 100.0, false), (100.0, 10.0, false)].into_iter().enumerate()
     {
-        let limit: f64 = if he {
-            (6.0 / fan_in).sqrt()
-        } else {
-            (6.0 / (fan_in + fan_out)).sqrt()
-        };
+        let limit: f64 = if he { (6.0 / fan_in).sqrt() } else { (6.0 / (fan_in + fan_out)).sqrt() };
         let w: Vec<f64> = layers[l]["weights"]
             .as_array()
             .unwrap()
@@ -93,15 +84,9 @@ fn dense_weights_are_he_uniform_before_relu_and_glorot_uniform_otherwise() {
         let max = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
         println!("layer {l}: max |w| {max:.5}, limit {limit:.5}");
         // The draws are f64 rounded to f32, which may round past the limit by half an ulp.
-        assert!(
-            max <= limit * (1.0 + 1e-7) && max > 0.99 * limit,
-            "layer {l}: max |w| {max}, limit {limit}"
-        );
+        assert!(max <= limit * (1.0 + 1e-7) && max > 0.99 * limit, "layer {l}: max |w| {max}, limit {limit}");
         let bias = layers[l]["bias"].as_array().unwrap();
-        assert!(
-            bias.iter().all(|b| b.as_f64() == Some(0.0)),
-            "layer {l}: biases start at zero"
-        );
+        assert!(bias.iter().all(|b| b.as_f64() == Some(0.0)), "layer {l}: biases start at zero");
     }
 }
 
@@ -173,8 +158,5 @@ fn save_bin_with_adapters_attached_writes_the_base_alone() {
     }
     let st_bytes = std::fs::read(&path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&st_bytes).unwrap();
-    assert!(
-        st.names().iter().all(|n| !n.contains("lora")),
-        "an adapter tensor was saved"
-    );
+    assert!(st.names().iter().all(|n| !n.contains("lora")), "an adapter tensor was saved");
 }

@@ -74,28 +74,15 @@ fn write_seeds(out: &Path) -> rusting_brain::Result<()> {
     seed(
         "peft",
         "tiny",
-        &join(
-            &read(tmp.join("peft/adapter_config.json")),
-            &read(tmp.join("peft/adapter_model.safetensors")),
-        ),
+        &join(&read(tmp.join("peft/adapter_config.json")), &read(tmp.join("peft/adapter_model.safetensors"))),
     );
 
     // Hugging Face folders: the fuzz model saved, and fixtures of the other families (the
     // executions per second fall with the seed's size, so not all of them).
     let lm = tiny_lm();
     lm.save_pretrained(tmp.join("hf"))?;
-    seed(
-        "hf",
-        "tiny",
-        &join(
-            &read(tmp.join("hf/config.json")),
-            &read(tmp.join("hf/model.safetensors")),
-        ),
-    );
-    for dir in fs::read_dir(fixtures().join("hf"))
-        .expect("the hf fixtures")
-        .flatten()
-    {
+    seed("hf", "tiny", &join(&read(tmp.join("hf/config.json")), &read(tmp.join("hf/model.safetensors"))));
+    for dir in fs::read_dir(fixtures().join("hf")).expect("the hf fixtures").flatten() {
         let dir = dir.path();
         let (c, w) = (dir.join("config.json"), dir.join("model.safetensors"));
         let name = dir.file_name().expect("a name").to_string_lossy().into_owned();
@@ -105,10 +92,7 @@ fn write_seeds(out: &Path) -> rusting_brain::Result<()> {
     }
 
     // Chat templates and generation settings.
-    for dir in fs::read_dir(fixtures().join("hf_chat"))
-        .expect("the chat fixtures")
-        .flatten()
-    {
+    for dir in fs::read_dir(fixtures().join("hf_chat")).expect("the chat fixtures").flatten() {
         let dir = dir.path();
         let t = dir.join("tokenizer_config.json");
         if t.exists() {
@@ -131,21 +115,14 @@ fn write_seeds(out: &Path) -> rusting_brain::Result<()> {
 
     // Tables, arrays, IDX, token files.
     seed("csv", "numbers.csv", b"a,b,y\n1,2,3\n4,5.5,6\n\n7,8,9\r\n");
-    seed(
-        "csv",
-        "labels.csv",
-        b"x1,x2,label\n0.1,0.2,cat\n\"1.5\",2,\"d\"\"og\"\n",
-    );
+    seed("csv", "labels.csv", b"x1,x2,label\n0.1,0.2,cat\n\"1.5\",2,\"d\"\"og\"\n");
     seed("npy", "xy", &join(&npy_f32(3, 2), &npy_f32(3, 1)));
     seed("idx", "mnist", &join(&idx(&[2, 3, 3]), &idx(&[2])));
     TokenFile::write(tmp.join("c.tok"), &(0..40).collect::<Vec<u32>>())?;
     seed("token_file", "c.tok", &read(tmp.join("c.tok")));
 
     // ONNX: the committed exports and one of our own.
-    for f in fs::read_dir(fixtures().join("onnx"))
-        .expect("the onnx fixtures")
-        .flatten()
-    {
+    for f in fs::read_dir(fixtures().join("onnx")).expect("the onnx fixtures").flatten() {
         let f = f.path();
         if f.extension().is_some_and(|e| e == "onnx") {
             let name = f.file_name().expect("a name").to_string_lossy().into_owned();
@@ -176,9 +153,7 @@ fn the_fuzz_seeds_are_valid_files() {
     for name in ["f32.rbw", "q8.rbw"] {
         rusting_brain::TransformerLm::load_bin(file(name, &only("rbw", name))).unwrap();
     }
-    tiny_lm()
-        .load_optimizer_state(file("s.opt", &only("opt", "state.opt")))
-        .unwrap();
+    tiny_lm().load_optimizer_state(file("s.opt", &only("opt", "state.opt"))).unwrap();
     tiny_lm().load_lora(file("a.rbl", &only("rbl", "a.rbl"))).unwrap();
     let peft = only("peft", "tiny");
     let (config, weights) = split(&peft);

@@ -50,10 +50,7 @@ fn refused<T>(what: &str, load: impl FnOnce() -> rusting_brain::Result<T>) -> St
         Ok(_) => panic!("{what}: a lying file loaded"),
         Err(e) => e.to_string(),
     };
-    assert!(
-        largest < 64 << 20,
-        "{what}: allocated {largest} bytes at once for a file of a few KiB ({err})"
-    );
+    assert!(largest < 64 << 20, "{what}: allocated {largest} bytes at once for a file of a few KiB ({err})");
     eprintln!("{what}: refused, largest allocation {largest} bytes: {err}");
     err
 }
@@ -97,11 +94,8 @@ fn headers_that_lie_about_sizes_are_refused_before_allocating() {
     // The weights file's header claims a tensor of 2^40 elements the file does not hold.
     std::fs::write(
         hf.join("config.json"),
-        std::fs::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/fixtures/hf/llama/config.json"
-        ))
-        .unwrap(),
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf/llama/config.json"))
+            .unwrap(),
     )
     .unwrap();
     std::fs::write(
@@ -112,17 +106,11 @@ fn headers_that_lie_about_sizes_are_refused_before_allocating() {
         ),
     )
     .unwrap();
-    refused("safetensors header with a 4 TiB tensor", || {
-        TransformerLm::from_pretrained(&hf)
-    });
+    refused("safetensors header with a 4 TiB tensor", || TransformerLm::from_pretrained(&hf));
 
     // A real .rbw whose configuration is edited to claim a huge model.
     let rbw = d.join("big.rbw");
-    rusting_brain_test_support::rule_model(32, 16)
-        .build()
-        .unwrap()
-        .save_bin(&rbw, Precision::F32)
-        .unwrap();
+    rusting_brain_test_support::rule_model(32, 16).build().unwrap().save_bin(&rbw, Precision::F32).unwrap();
     let bytes = std::fs::read(&rbw).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
@@ -136,13 +124,8 @@ fn headers_that_lie_about_sizes_are_refused_before_allocating() {
     lying.extend_from_slice(text.as_bytes());
     lying.extend_from_slice(&bytes[8 + n..]);
     std::fs::write(&rbw, lying).unwrap();
-    let err = refused(".rbw configuration of a huge model", || {
-        TransformerLm::load_bin(&rbw)
-    });
-    assert!(
-        !err.contains("format"),
-        "refused for its format, not its sizes: {err}"
-    );
+    let err = refused(".rbw configuration of a huge model", || TransformerLm::load_bin(&rbw));
+    assert!(!err.contains("format"), "refused for its format, not its sizes: {err}");
 
     // A .npy header whose shape needs 2^60 floats.
     let mut npy = b"\x93NUMPY\x01\x00".to_vec();
@@ -151,9 +134,7 @@ fn headers_that_lie_about_sizes_are_refused_before_allocating() {
     npy.extend_from_slice(header.as_bytes());
     npy.extend_from_slice(&[0u8; 64]);
     std::fs::write(d.join("x.npy"), &npy).unwrap();
-    refused(".npy shape of 2^60 rows", || {
-        Dataset::from_npy(d.join("x.npy"), d.join("x.npy"))
-    });
+    refused(".npy shape of 2^60 rows", || Dataset::from_npy(d.join("x.npy"), d.join("x.npy")));
 
     // IDX sizes of 2^32 - 1 images of 2^32 - 1 pixels.
     let mut idx = vec![0u8, 0, 8, 3];
@@ -162,9 +143,7 @@ fn headers_that_lie_about_sizes_are_refused_before_allocating() {
     }
     std::fs::write(d.join("images.idx"), &idx).unwrap();
     std::fs::write(d.join("labels.idx"), [0u8, 0, 8, 1, 255, 255, 255, 255]).unwrap();
-    refused("IDX sizes of 2^96 bytes", || {
-        Dataset::from_idx(d.join("images.idx"), d.join("labels.idx"))
-    });
+    refused("IDX sizes of 2^96 bytes", || Dataset::from_idx(d.join("images.idx"), d.join("labels.idx")));
 
     // A real dense network's JSON edited to claim billions of inputs and units.
     let net = Network::builder()
@@ -178,13 +157,8 @@ fn headers_that_lie_about_sizes_are_refused_before_allocating() {
     v["input_size"] = 3_000_000_000u64.into();
     v["layers"][0]["units"] = 3_000_000_000u64.into();
     std::fs::write(d.join("net.json"), v.to_string()).unwrap();
-    let err = refused("network JSON of 9e18 weights", || {
-        Network::load_json(d.join("net.json"))
-    });
-    assert!(
-        !err.contains("unknown field"),
-        "refused for a field name, not its sizes: {err}"
-    );
+    let err = refused("network JSON of 9e18 weights", || Network::load_json(d.join("net.json")));
+    assert!(!err.contains("unknown field"), "refused for a field name, not its sizes: {err}");
 
     // A token file of one id is too short to train on; the check needs no allocation.
     std::fs::write(d.join("one.tok"), 7u32.to_le_bytes()).unwrap();

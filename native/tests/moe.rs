@@ -41,17 +41,11 @@ fn invalid_mixture_configurations_are_clear_errors() {
     assert!(builder().build().is_ok());
     let err = |b: rusting_brain::TransformerLmBuilder| b.build().err().unwrap().to_string();
     let e = err(builder().experts(4, 5));
-    assert!(
-        e.contains("top_k 5 must be between 1 and the number of experts (4)"),
-        "{e}"
-    );
+    assert!(e.contains("top_k 5 must be between 1 and the number of experts (4)"), "{e}");
     let e = err(builder().experts(0, 0));
     assert!(e.contains("at least 1 expert"), "{e}");
     let e = err(builder().moe_layers(2..5));
-    assert!(
-        e.contains("moe layer 3 does not exist: the model has 3 layers"),
-        "{e}"
-    );
+    assert!(e.contains("moe layer 3 does not exist: the model has 3 layers"), "{e}");
     let e = err(builder().moe_layers([]));
     assert!(e.contains("no layer is sparse"), "{e}");
     let e = err(builder().expert_d_ff(0));
@@ -61,13 +55,7 @@ fn invalid_mixture_configurations_are_clear_errors() {
     let e = err(builder().router_z_coef(f32::NAN));
     assert!(e.contains("router_z_coef"), "{e}");
     let dense = || {
-        TransformerLm::builder()
-            .vocab_size(64)
-            .d_model(32)
-            .n_layers(2)
-            .heads(4, 2, 8)
-            .d_ff(64)
-            .max_seq_len(8)
+        TransformerLm::builder().vocab_size(64).d_model(32).n_layers(2).heads(4, 2, 8).d_ff(64).max_seq_len(8)
     };
     let e = err(dense().moe_layers(0..1));
     assert!(e.contains("without .experts(n_experts, top_k)"), "{e}");
@@ -106,14 +94,7 @@ fn parameter_counts_match_the_count_by_hand() {
     assert_eq!(c.per_sparse_layer, 656_384 + 4_096 + 8 * 2_162_688);
     assert_eq!(c.per_sparse_layer_active, 656_384 + 4_096 + 2 * 2_162_688);
     assert_eq!(c.to_string(), "129.8M total, 51.9M active");
-    assert_eq!(
-        m.named_parameters()
-            .unwrap()
-            .iter()
-            .map(|(_, v)| v.len())
-            .sum::<usize>(),
-        c.total
-    );
+    assert_eq!(m.named_parameters().unwrap().iter().map(|(_, v)| v.len()).sum::<usize>(), c.total);
 
     // A shared expert of width 704 in every layer, 4 experts top-1 of width 704.
     let m = TransformerLm::builder()
@@ -172,11 +153,7 @@ fn every_token_is_computed_when_all_prefer_the_same_experts() {
     let batch = rule_batch(&mut Rng::new(1), 6, 17);
     let loss = m.evaluate(&batch).unwrap();
     for usage in m.expert_usage() {
-        assert_eq!(
-            usage,
-            vec![0.5, 0.5, 0.0, 0.0],
-            "every slot went to experts 0 and 1"
-        );
+        assert_eq!(usage, vec![0.5, 0.5, 0.0, 0.0], "every slot went to experts 0 and 1");
     }
     // n_experts * sum f_i P_i with f = (1/2, 1/2, 0, 0) and P ~ (p, 1 - p, 0, 0): the
     // maximum, n_experts / top_k = 2.
@@ -244,11 +221,7 @@ fn kv_cache_decode_matches_full_forward_with_experts() {
         let full: Vec<&[f32]> = full.chunks(64).collect();
         let check = |what: &str, got: &[f32], want: &[f32]| {
             let scale = want.iter().map(|v| v.abs()).fold(0.0f32, nan_max);
-            let diff = got
-                .iter()
-                .zip(want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, nan_max);
+            let diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, nan_max);
             // Same bound as the dense model's decode test: only summation order differs
             // (a token routes identically alone or in a batch).
             assert!(diff <= 1e-5 * scale, "{what}: {diff} of {scale}");
@@ -287,11 +260,7 @@ fn q8_moe_keeps_logits_and_the_greedy_continuation_and_round_trips() {
     m.quantize().unwrap();
     let got = m.forward_batch(&held).unwrap();
     let scale = want.iter().map(|v| v.abs()).fold(0.0f32, nan_max);
-    let worst = want
-        .iter()
-        .zip(&got)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, nan_max);
+    let worst = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, nan_max);
     let rows: Vec<f32> = want
         .chunks(64)
         .zip(got.chunks(64))
@@ -307,16 +276,9 @@ fn q8_moe_keeps_logits_and_the_greedy_continuation_and_round_trips() {
     // 0.4%, 93 of 96 rows under 0.8%). A few move more: the routers stay f32, but their
     // input carries int8 noise, and a token whose two best experts were that close swaps
     // one (measured: 3 rows, 2.3-4.9%). That costs nothing in loss.
-    assert!(
-        within * 10 >= rows.len() * 9,
-        "only {within} of {} rows within 1%",
-        rows.len()
-    );
+    assert!(within * 10 >= rows.len() * 9, "only {within} of {} rows within 1%", rows.len());
     assert!(worst < 0.1 * scale, "q8 logits differ by {worst} (scale {scale})");
-    assert!(
-        (q8_loss - f32_loss).abs() < 0.05,
-        "held-out loss {f32_loss} -> {q8_loss}"
-    );
+    assert!((q8_loss - f32_loss).abs() < 0.05, "held-out loss {f32_loss} -> {q8_loss}");
     let q8_ids = m.generate(&prompt, 20, &mut Sampler::greedy()).unwrap();
     let same = f32_ids.iter().zip(&q8_ids).filter(|(a, b)| a == b).count();
     assert!(same >= 18, "greedy: {same} of 20 unchanged");
@@ -378,41 +340,23 @@ fn resuming_a_moe_run_is_bitwise_identical_to_not_stopping() {
         .max_seq_len(48)
         .build()
         .unwrap();
-    let e = dense
-        .load_optimizer_state(dir.join("w.opt"))
-        .unwrap_err()
-        .to_string();
+    let e = dense.load_optimizer_state(dir.join("w.opt")).unwrap_err().to_string();
     assert!(e.contains("another configuration"), "{e}");
 }
 
 #[test]
 fn set_parameter_checks_its_input() {
     let mut m = builder().build().unwrap();
-    let e = m
-        .set_parameter("model.layers.0.mlp.gate.weight", &[0.0; 128])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("no parameter named `model.layers.0.mlp.gate.weight`"),
-        "{e}"
-    );
-    let e = m
-        .set_parameter("model.layers.1.mlp.gate.weight", &[0.0; 3])
-        .unwrap_err()
-        .to_string();
+    let e = m.set_parameter("model.layers.0.mlp.gate.weight", &[0.0; 128]).unwrap_err().to_string();
+    assert!(e.contains("no parameter named `model.layers.0.mlp.gate.weight`"), "{e}");
+    let e = m.set_parameter("model.layers.1.mlp.gate.weight", &[0.0; 3]).unwrap_err().to_string();
     assert!(e.contains("shape [4, 32] (128 values); got 3"), "{e}");
-    let e = m
-        .set_parameter("model.layers.1.mlp.gate.weight", &[f32::NAN; 128])
-        .unwrap_err()
-        .to_string();
+    let e = m.set_parameter("model.layers.1.mlp.gate.weight", &[f32::NAN; 128]).unwrap_err().to_string();
     assert!(e.contains("NaN"), "{e}");
     m.quantize().unwrap();
     // Routers stay f32 in an int8 model; matrices are int8 and refuse.
-    m.set_parameter("model.layers.1.mlp.gate.weight", &[0.0; 128])
-        .unwrap();
-    assert!(m
-        .set_parameter("model.layers.1.mlp.experts.0.up_proj.weight", &[0.0; 1024])
-        .is_err());
+    m.set_parameter("model.layers.1.mlp.gate.weight", &[0.0; 128]).unwrap();
+    assert!(m.set_parameter("model.layers.1.mlp.experts.0.up_proj.weight", &[0.0; 1024]).is_err());
 }
 
 #[test]
@@ -423,18 +367,12 @@ fn bad_moe_checkpoints_are_errors() {
     m.save_bin(dir.join("good.q8.rbw"), Precision::Q8).unwrap();
     let err = |name: &str, bytes: &[u8]| {
         std::fs::write(dir.join(name), bytes).unwrap();
-        TransformerLm::load_bin(dir.join(name))
-            .err()
-            .expect("should fail")
-            .to_string()
+        TransformerLm::load_bin(dir.join(name)).err().expect("should fail").to_string()
     };
     for (file, drop) in [
         ("good.rbw", "model.layers.2.mlp.experts.3.down_proj.weight"),
         ("good.rbw", "model.layers.1.mlp.gate.weight"),
-        (
-            "good.q8.rbw",
-            "model.layers.1.mlp.shared_expert.up_proj.weight.scale",
-        ),
+        ("good.q8.rbw", "model.layers.1.mlp.shared_expert.up_proj.weight.scale"),
     ] {
         let good = std::fs::read(dir.join(file)).unwrap();
         let st = safetensors::SafeTensors::deserialize(&good).unwrap();
@@ -449,17 +387,9 @@ fn bad_moe_checkpoints_are_errors() {
     let header_len = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
     let header = std::str::from_utf8(&good[8..8 + header_len]).unwrap();
     for (from, to, want) in [
-        (
-            "\\\"n_experts\\\":4",
-            "\\\"n_experts\\\":5",
-            "model.layers.1.mlp.gate.weight",
-        ),
+        ("\\\"n_experts\\\":4", "\\\"n_experts\\\":5", "model.layers.1.mlp.gate.weight"),
         ("\\\"top_k\\\":2", "\\\"top_k\\\":7", "top_k 7"),
-        (
-            "\\\"layers\\\":[1,2]",
-            "\\\"layers\\\":[1,9]",
-            "moe layer 9 does not exist",
-        ),
+        ("\\\"layers\\\":[1,2]", "\\\"layers\\\":[1,9]", "moe layer 9 does not exist"),
     ] {
         let edited = header.replace(from, to);
         assert_ne!(edited, header, "the test edits {from}");

@@ -23,11 +23,7 @@ fn fixtures() -> PathBuf {
 
 fn tensor(st: &SafeTensors<'_>, name: &str) -> (Vec<usize>, Vec<f32>) {
     let t = st.tensor(name).unwrap();
-    let v = t
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let v = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     (t.shape().to_vec(), v)
 }
 
@@ -42,11 +38,7 @@ fn scratch(tag: &str) -> PathBuf {
 fn pytorch_and_keras_exports_match_onnx_runtime() {
     let bytes = std::fs::read(fixtures().join("expected.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    for (name, batch_dim) in [
-        ("torch_mlp", "batch"),
-        ("torch_cnn", "batch"),
-        ("keras_mlp", "unk__"),
-    ] {
+    for (name, batch_dim) in [("torch_mlp", "batch"), ("torch_cnn", "batch"), ("keras_mlp", "unk__")] {
         let mut model = OnnxModel::load(fixtures().join(format!("{name}.onnx"))).unwrap();
         let inputs = model.input_shapes().to_vec();
         assert_eq!(inputs.len(), 1, "{name}");
@@ -69,17 +61,11 @@ fn pytorch_and_keras_exports_match_onnx_runtime() {
         }
         eprintln!("{name} ({}): worst |ours - ONNX Runtime| {worst:.2e}", inputs[0]);
         // Another batch size reuses the model with that shape fixed.
-        let (b1, x1) = (
-            [&[1usize][..], &shape[1..]].concat(),
-            x[..x.len() / shape[0]].to_vec(),
-        );
+        let (b1, x1) = ([&[1usize][..], &shape[1..]].concat(), x[..x.len() / shape[0]].to_vec());
         let one = model.run(&[(&b1, &x1)]).unwrap();
         let row = want.len() / want_shape[0];
         for (g, w) in one[0].values.iter().zip(&want[..row]) {
-            assert!(
-                (g - w).abs() <= 1e-5 + 1e-5 * w.abs(),
-                "{name} batch 1: {g} vs {w}"
-            );
+            assert!((g - w).abs() <= 1e-5 + 1e-5 * w.abs(), "{name} batch 1: {g} vs {w}");
         }
     }
 }
@@ -87,12 +73,7 @@ fn pytorch_and_keras_exports_match_onnx_runtime() {
 /// The three example networks, trained briefly (what they compute is what matters here);
 /// the regression one takes a leaky ReLU so every activation the export maps is covered.
 fn networks() -> Vec<(&'static str, Network, usize)> {
-    let run = |epochs| TrainConfig {
-        epochs,
-        batch_size: 8,
-        shuffle: true,
-        seed: Some(1),
-    };
+    let run = |epochs| TrainConfig { epochs, batch_size: 8, shuffle: true, seed: Some(1) };
     let mut x = xor_network();
     x.fit(&xor(), run(200)).unwrap();
     let mut iris_net = iris_network();
@@ -115,9 +96,7 @@ fn networks() -> Vec<(&'static str, Network, usize)> {
 /// predictions there for tests/fixtures/check_onnx_export.py (ONNX Runtime, onnx.checker).
 #[test]
 fn saved_networks_run_under_tract_as_predict_does() {
-    let dir = std::env::var("RB_ONNX_OUT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| scratch("export"));
+    let dir = std::env::var("RB_ONNX_OUT").map(PathBuf::from).unwrap_or_else(|_| scratch("export"));
     std::fs::create_dir_all(&dir).unwrap();
     let mut rng = Rng::new(11);
     for (name, mut net, inputs) in networks() {
@@ -125,11 +104,7 @@ fn saved_networks_run_under_tract_as_predict_does() {
         net.save_onnx(&path).unwrap();
         let mut model = OnnxModel::load(&path).unwrap();
         let shape = model.input_shapes()[0].shape.clone().unwrap();
-        assert_eq!(
-            shape,
-            vec![OnnxDim::Symbolic("batch".into()), OnnxDim::Fixed(inputs)],
-            "{name}"
-        );
+        assert_eq!(shape, vec![OnnxDim::Symbolic("batch".into()), OnnxDim::Fixed(inputs)], "{name}");
         for batch in [1usize, 37] {
             let rows: Vec<Vec<f32>> = (0..batch).map(|_| rng.normal_vec(inputs, 1.0)).collect();
             let want: Vec<f32> = net.predict_batch(&rows).unwrap().concat();
@@ -143,10 +118,7 @@ fn saved_networks_run_under_tract_as_predict_does() {
                 // NaN-propagating: `f32::max` would skip a NaN and let it pass.
                 .fold(0f32, |m, d| if d > m || d.is_nan() { d } else { m });
             assert_eq!(got[0].values.len(), want.len(), "{name}");
-            assert!(
-                worst <= 1e-6,
-                "{name} batch {batch}: worst |tract - predict| {worst}"
-            );
+            assert!(worst <= 1e-6, "{name} batch {batch}: worst |tract - predict| {worst}");
             eprintln!("{name} batch {batch}: worst |tract - predict| {worst:.2e}");
             if std::env::var("RB_ONNX_OUT").is_ok() {
                 let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -179,18 +151,12 @@ fn bad_files_and_bad_inputs_are_clear_errors() {
     refused(&text, &["text.onnx", "not an ONNX model"]);
     refused(&dir.join("missing.onnx"), &["missing.onnx", "no such ONNX file"]);
     // A valid graph with an operator tract lacks (tests/fixtures/gen_onnx.py).
-    refused(
-        &fixtures().join("unknown_op.onnx"),
-        &["unknown_op.onnx", "FancyGelu"],
-    );
+    refused(&fixtures().join("unknown_op.onnx"), &["unknown_op.onnx", "FancyGelu"]);
     // Found by the fuzz target: a node reading a value nothing defines made tract panic
     // (a name lookup without a check).
     refused(
         &fixtures().join("../fuzz/onnx-undefined-input.onnx"),
-        &[
-            "onnx-undefined-input.onnx",
-            "which no input, initializer or node of the graph defines",
-        ],
+        &["onnx-undefined-input.onnx", "which no input, initializer or node of the graph defines"],
     );
     // Also found by fuzzing: a reduction over an axis past the rank made tract's shape
     // inference panic; the panic is caught and the file refused.
@@ -202,17 +168,11 @@ fn bad_files_and_bad_inputs_are_clear_errors() {
     // Each names the file, then what does not fit.
     let mut model = OnnxModel::load(fixtures().join("torch_mlp.onnx")).unwrap();
     let e = model.run(&[]).unwrap_err().to_string();
-    assert!(
-        e.contains("torch_mlp.onnx") && e.contains("takes 1 inputs"),
-        "{e}"
-    );
+    assert!(e.contains("torch_mlp.onnx") && e.contains("takes 1 inputs"), "{e}");
     let e = model.run(&[(&[2, 7], &[0.0; 14])]).unwrap_err().to_string();
     assert!(e.contains("torch_mlp.onnx") && e.contains("[2, 7]"), "{e}");
     let e = model.run(&[(&[2, 8], &[0.0; 15])]).unwrap_err().to_string();
-    assert!(
-        e.contains("torch_mlp.onnx") && e.contains("holds 16 values; 15 given"),
-        "{e}"
-    );
+    assert!(e.contains("torch_mlp.onnx") && e.contains("holds 16 values; 15 given"), "{e}");
     let e = model.run(&[(&[16], &[0.0; 16])]).unwrap_err().to_string();
     assert!(e.contains("torch_mlp.onnx") && e.contains("rank 2"), "{e}");
     let _ = std::fs::remove_dir_all(dir);

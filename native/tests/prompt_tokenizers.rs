@@ -27,18 +27,10 @@ fn ids_and_masks_match_transformers_clip_tokenizer() {
     assert!(cases.len() >= 6, "the fixture lists its prompts");
     for case in cases {
         let prompt = case["prompt"].as_str().unwrap();
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let want_mask: Vec<bool> = case["mask"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64() == Some(1))
-            .collect();
+        let want: Vec<u32> =
+            case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want_mask: Vec<bool> =
+            case["mask"].as_array().unwrap().iter().map(|v| v.as_u64() == Some(1)).collect();
         let (ids, mask) = tok.encode(prompt).unwrap();
         assert_eq!(ids, want, "ids of {prompt:?}");
         assert_eq!(mask, want_mask, "mask of {prompt:?}");
@@ -59,10 +51,7 @@ fn a_folder_without_the_files_is_an_error() {
 /// GPT-2's byte-to-character table, which CLIP's vocabulary is written in, in the order
 /// the vocabulary lists it (the printable bytes first).
 fn bytes_to_unicode() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256 {
@@ -82,9 +71,7 @@ fn the_real_openai_vocabulary_gives_the_published_ids() {
         return;
     };
     let mut text = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&gz).unwrap())
-        .read_to_string(&mut text)
-        .unwrap();
+    flate2::read::GzDecoder::new(std::fs::File::open(&gz).unwrap()).read_to_string(&mut text).unwrap();
     // As transformers' conversion does: the first line is a header, then 49152 - 256 - 2
     // merges are used.
     let merges: Vec<&str> = text.lines().skip(1).take(49152 - 256 - 2).collect();
@@ -95,17 +82,10 @@ fn the_real_openai_vocabulary_gives_the_published_ids() {
     vocab.extend(["<|startoftext|>".to_string(), "<|endoftext|>".to_string()]);
     assert_eq!(vocab.len(), 49408);
     let t = TempDir::new("clip-real");
-    let map: serde_json::Map<String, serde_json::Value> = vocab
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (v.clone(), i.into()))
-        .collect();
+    let map: serde_json::Map<String, serde_json::Value> =
+        vocab.iter().enumerate().map(|(i, v)| (v.clone(), i.into())).collect();
     std::fs::write(t.join("vocab.json"), serde_json::to_vec(&map).unwrap()).unwrap();
-    std::fs::write(
-        t.join("merges.txt"),
-        format!("#version: 0.2\n{}\n", merges.join("\n")),
-    )
-    .unwrap();
+    std::fs::write(t.join("merges.txt"), format!("#version: 0.2\n{}\n", merges.join("\n"))).unwrap();
     let tok = ClipTokenizer::load(t.path()).unwrap();
     for (prompt, want) in [
         (
@@ -118,25 +98,18 @@ fn the_real_openai_vocabulary_gives_the_published_ids() {
         ),
         (
             "a lovely cat holding a sign says 'flux.cpp'",
-            &[
-                49406, 320, 2165, 2368, 5050, 320, 2292, 1563, 262, 25249, 269, 66, 4186, 262, 49407,
-            ],
+            &[49406, 320, 2165, 2368, 5050, 320, 2292, 1563, 262, 25249, 269, 66, 4186, 262, 49407],
         ),
         ("", &[49406, 49407]),
     ] {
         assert_eq!(tok.ids(prompt).unwrap(), want, "{prompt:?}");
     }
     let (ids, mask) = tok.encode("a photograph of an astronaut riding a horse").unwrap();
-    assert_eq!(
-        (ids.len(), ids[76], mask.iter().filter(|m| **m).count()),
-        (77, 49407, 10)
-    );
+    assert_eq!((ids.len(), ids[76], mask.iter().filter(|m| **m).count()), (77, 49407, 10));
 }
 
 fn prompt_fixture(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/prompt_tokenizers")
-        .join(name)
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/prompt_tokenizers").join(name)
 }
 
 fn expected(name: &str) -> Vec<serde_json::Value> {
@@ -146,18 +119,8 @@ fn expected(name: &str) -> Vec<serde_json::Value> {
 }
 
 fn ids_and_mask(case: &serde_json::Value) -> (Vec<u32>, Vec<bool>) {
-    let ids = case["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    let mask = case["mask"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64() == Some(1))
-        .collect();
+    let ids = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let mask = case["mask"].as_array().unwrap().iter().map(|v| v.as_u64() == Some(1)).collect();
     (ids, mask)
 }
 
@@ -184,11 +147,7 @@ fn qwen_chat_prompt_matches_transformers() {
     for case in &cases {
         let prompt = case["prompt"].as_str().unwrap();
         let text = rusting_brain::klein_prompt(prompt);
-        assert_eq!(
-            text,
-            case["text"].as_str().unwrap(),
-            "the chat string of {prompt:?}"
-        );
+        assert_eq!(text, case["text"].as_str().unwrap(), "the chat string of {prompt:?}");
         assert_eq!(tok.encode(&text, 40).unwrap(), ids_and_mask(case), "{prompt:?}");
     }
     assert_eq!(
@@ -201,44 +160,19 @@ fn qwen_chat_prompt_matches_transformers() {
 fn tokenizer_folders_that_cannot_be_read_say_why() {
     let t = TempDir::new("spiece");
     std::fs::write(t.join("spiece.model"), b"\x0a\x03abc").unwrap();
-    let e = rusting_brain::PromptTokenizer::load(t.path())
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("only spiece.model") && e.contains("T5TokenizerFast"),
-        "{e}"
-    );
-    std::fs::copy(
-        prompt_fixture("t5").join("tokenizer.json"),
-        t.join("tokenizer.json"),
-    )
-    .unwrap();
-    let e = rusting_brain::PromptTokenizer::load(t.path())
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+    let e = rusting_brain::PromptTokenizer::load(t.path()).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("only spiece.model") && e.contains("T5TokenizerFast"), "{e}");
+    std::fs::copy(prompt_fixture("t5").join("tokenizer.json"), t.join("tokenizer.json")).unwrap();
+    let e = rusting_brain::PromptTokenizer::load(t.path()).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("no pad_token"), "{e}");
     std::fs::write(t.join("tokenizer_config.json"), r#"{"pad_token": "<nope>"}"#).unwrap();
-    let e = rusting_brain::PromptTokenizer::load(t.path())
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+    let e = rusting_brain::PromptTokenizer::load(t.path()).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("\"<nope>\" is not in the vocabulary"), "{e}");
-    std::fs::write(
-        t.join("tokenizer_config.json"),
-        r#"{"pad_token": "<pad>", "padding_side": "left"}"#,
-    )
-    .unwrap();
-    let e = rusting_brain::PromptTokenizer::load(t.path())
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+    std::fs::write(t.join("tokenizer_config.json"), r#"{"pad_token": "<pad>", "padding_side": "left"}"#)
+        .unwrap();
+    let e = rusting_brain::PromptTokenizer::load(t.path()).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("padding_side \"left\""), "{e}");
     std::fs::write(t.join("tokenizer.json"), b"{ not json").unwrap();
-    let e = rusting_brain::PromptTokenizer::load(t.path())
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+    let e = rusting_brain::PromptTokenizer::load(t.path()).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("tokenizer.json"), "{e}");
 }

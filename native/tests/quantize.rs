@@ -45,30 +45,17 @@ fn q8_keeps_logits_and_the_greedy_continuation() {
     assert!(m.is_quantized());
     let got = m.forward_batch(&held).unwrap();
     let scale = want.iter().map(|v| v.abs()).fold(0.0f32, nan_max);
-    let worst = want
-        .iter()
-        .zip(&got)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, nan_max);
+    let worst = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, nan_max);
     println!("q8 logits: worst |difference| {worst:.4} against a logit scale of {scale:.2}");
     // int8 with per-row scales keeps 2-3 significant digits per weight; through two blocks
     // and the head the logits moved by 0.3% of their range (0.030 of 9.3, measured), so 1%
     // leaves a factor of three.
-    assert!(
-        worst < 0.01 * scale,
-        "q8 logits differ by {worst} (scale {scale})"
-    );
+    assert!(worst < 0.01 * scale, "q8 logits differ by {worst} (scale {scale})");
     let q8_loss = m.evaluate(&held).unwrap().lm_loss;
-    assert!(
-        (q8_loss - f32_loss).abs() < 0.05,
-        "held-out loss {f32_loss} -> {q8_loss}"
-    );
+    assert!((q8_loss - f32_loss).abs() < 0.05, "held-out loss {f32_loss} -> {q8_loss}");
     let q8_ids = m.generate(&prompt, 20, &mut Sampler::greedy()).unwrap();
     let same = f32_ids.iter().zip(&q8_ids).filter(|(a, b)| a == b).count();
-    assert!(
-        same >= 18,
-        "greedy continuation: {same} of 20 ids unchanged ({f32_ids:?} vs {q8_ids:?})"
-    );
+    assert!(same >= 18, "greedy continuation: {same} of 20 ids unchanged ({f32_ids:?} vs {q8_ids:?})");
 
     // The Q8 file loads straight into a quantized model with the same outputs.
     let mut loaded = TransformerLm::load_bin(tmp("a.q8.rbw")).unwrap();
@@ -76,10 +63,7 @@ fn q8_keeps_logits_and_the_greedy_continuation() {
     assert_eq!(loaded.forward_batch(&held).unwrap(), got);
     let f32_size = std::fs::metadata(tmp("a.rbw")).unwrap().len() as f64;
     let q8_size = std::fs::metadata(tmp("a.q8.rbw")).unwrap().len() as f64;
-    println!(
-        "file sizes: F32 {f32_size} bytes, Q8 {q8_size} bytes ({:.3}x)",
-        q8_size / f32_size
-    );
+    println!("file sizes: F32 {f32_size} bytes, Q8 {q8_size} bytes ({:.3}x)", q8_size / f32_size);
     assert!(q8_size / f32_size < 0.3, "Q8 is {:.3} of F32", q8_size / f32_size);
     // Saving the quantized model as Q8 again gives the same file contents' tensors.
     loaded.save_bin(tmp("b.q8.rbw"), Precision::Q8).unwrap();

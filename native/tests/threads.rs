@@ -17,10 +17,7 @@ use rusting_brain::{LoraConfig, Optimizer, Sampler, TokenBatch, TransformerLm};
 type Run = (Vec<u32>, Vec<Vec<u32>>, Vec<u32>, Vec<u32>);
 
 fn run(threads: usize, moe: bool, lora: bool) -> Run {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     pool.install(|| run_here(moe, lora))
 }
 
@@ -43,9 +40,8 @@ fn run_here(moe: bool, lora: bool) -> Run {
         if lora {
             m.add_lora(LoraConfig::new(8).alpha(16.0)).unwrap();
         }
-        let rows: Vec<Vec<u32>> = (0..4u32)
-            .map(|r| (0..65u32).map(|t| (t * 7 + r * 13 + t * t) % 256).collect())
-            .collect();
+        let rows: Vec<Vec<u32>> =
+            (0..4u32).map(|r| (0..65u32).map(|t| (t * 7 + r * 13 + t * t) % 256).collect()).collect();
         let tb = TokenBatch::new(&rows).unwrap();
         let mut losses = Vec::new();
         for _ in 0..3 {
@@ -60,12 +56,7 @@ fn run_here(moe: bool, lora: bool) -> Run {
             .chain(m.lora_parameters().unwrap())
             .map(|(_, v)| v.iter().map(|x| x.to_bits()).collect())
             .collect();
-        let logits = m
-            .forward_batch(&tb)
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
+        let logits = m.forward_batch(&tb).unwrap().iter().map(|x| x.to_bits()).collect();
         let mut ids = m.generate(&rows[0][..40], 16, &mut Sampler::greedy()).unwrap();
         // The int8 path too (activation rounding, int8 products, VNNI or not).
         if !lora {
@@ -99,12 +90,7 @@ const CHILD: &str = "RB_DETERMINISM_CHILD";
 /// FNV-1a over the bits of a run, so a child reports one number per case.
 fn digest(run: &Run) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
-    let words = run
-        .0
-        .iter()
-        .chain(run.1.iter().flatten())
-        .chain(&run.2)
-        .chain(&run.3);
+    let words = run.0.iter().chain(run.1.iter().flatten()).chain(&run.2).chain(&run.3);
     for w in words {
         for b in w.to_le_bytes() {
             h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
@@ -115,11 +101,8 @@ fn digest(run: &Run) -> u64 {
 
 #[test]
 fn determinism_matrix_over_threads_and_instruction_sets() {
-    const CASES: [(&str, bool, bool); 3] = [
-        ("dense+q8", false, false),
-        ("moe+q8", true, false),
-        ("lora", false, true),
-    ];
+    const CASES: [(&str, bool, bool); 3] =
+        [("dense+q8", false, false), ("moe+q8", true, false), ("lora", false, true)];
     if std::env::var(CHILD).is_ok() {
         // A line of its own: libtest has printed the test name without a newline.
         println!("\nisa {}", rusting_brain::cpu::CpuBackend::new().isa());
@@ -156,11 +139,8 @@ fn determinism_matrix_over_threads_and_instruction_sets() {
                 .find_map(|l| l.strip_prefix("isa "))
                 .expect("the child names its path")
                 .to_string();
-            let digests: Vec<String> = text
-                .lines()
-                .filter_map(|l| l.strip_prefix("case "))
-                .map(str::to_string)
-                .collect();
+            let digests: Vec<String> =
+                text.lines().filter_map(|l| l.strip_prefix("case ")).map(str::to_string).collect();
             assert_eq!(digests.len(), CASES.len(), "child {isa}/{threads}: {text}");
             matrix.entry(ran).or_default().insert(threads, digests);
         }
@@ -168,10 +148,7 @@ fn determinism_matrix_over_threads_and_instruction_sets() {
     eprintln!(
         "determinism matrix (digest of losses, weights after 3 steps, logits, greedy and int8 decoding):"
     );
-    eprintln!(
-        "{:<14} {:<9} {:>18} {:>18} {:>18}",
-        "path", "threads", CASES[0].0, CASES[1].0, CASES[2].0
-    );
+    eprintln!("{:<14} {:<9} {:>18} {:>18} {:>18}", "path", "threads", CASES[0].0, CASES[1].0, CASES[2].0);
     for (path, by_threads) in &matrix {
         for (threads, d) in by_threads {
             let strip = |s: &String| s.split(' ').nth(1).unwrap_or("").to_string();

@@ -59,11 +59,8 @@ fn chunk_predicts_every_token_once_in_order() {
 #[test]
 fn jsonl_converts_line_by_line_with_errors_naming_the_line() {
     let d = Dir::new("tokens_jsonl");
-    std::fs::write(
-        d.join("c.jsonl"),
-        "{\"text\": \"héllo\"}\n\n{\"text\": \"wörld ✓\", \"id\": 2}\n",
-    )
-    .unwrap();
+    std::fs::write(d.join("c.jsonl"), "{\"text\": \"héllo\"}\n\n{\"text\": \"wörld ✓\", \"id\": 2}\n")
+        .unwrap();
     let bytes = |s: &str| s.bytes().map(u32::from).collect::<Vec<u32>>();
     let n = TokenFile::write_jsonl(d.join("c.bin"), d.join("c.jsonl"), "text", Some(999), bytes).unwrap();
     let mut want = bytes("héllo");
@@ -72,33 +69,20 @@ fn jsonl_converts_line_by_line_with_errors_naming_the_line() {
     want.push(999);
     assert_eq!(n, want.len());
     let raw = std::fs::read(d.join("c.bin")).unwrap();
-    let got: Vec<u32> = raw
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let got: Vec<u32> = raw.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(got, want);
 
-    std::fs::write(
-        d.join("bad.jsonl"),
-        "{\"text\": \"a\"}\n{\"text\": \"b\"\n{\"text\": \"c\"}\n",
-    )
-    .unwrap();
+    std::fs::write(d.join("bad.jsonl"), "{\"text\": \"a\"}\n{\"text\": \"b\"\n{\"text\": \"c\"}\n").unwrap();
     let e = TokenFile::write_jsonl(d.join("bad.bin"), d.join("bad.jsonl"), "text", None, bytes)
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("bad.jsonl") && e.contains("line 2") && e.contains("malformed JSON"),
-        "{e}"
-    );
+    assert!(e.contains("bad.jsonl") && e.contains("line 2") && e.contains("malformed JSON"), "{e}");
     assert!(!d.join("bad.bin").exists(), "a failed conversion writes nothing");
     std::fs::write(d.join("field.jsonl"), "{\"body\": \"a\"}\n").unwrap();
     let e = TokenFile::write_jsonl(d.join("f.bin"), d.join("field.jsonl"), "text", None, bytes)
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("line 1") && e.contains("no string field \"text\""),
-        "{e}"
-    );
+    assert!(e.contains("line 1") && e.contains("no string field \"text\""), "{e}");
     // The good file from before is untouched by a failed conversion into the same name.
     assert!(TokenFile::write_jsonl(d.join("c.bin"), d.join("bad.jsonl"), "text", None, bytes).is_err());
     assert_eq!(std::fs::read(d.join("c.bin")).unwrap(), raw);
@@ -108,16 +92,8 @@ fn jsonl_converts_line_by_line_with_errors_naming_the_line() {
 fn bad_token_files_are_errors() {
     let d = Dir::new("tokens_bad");
     std::fs::write(d.join("odd.bin"), [1u8, 2, 3, 4, 5]).unwrap();
-    assert!(TokenFile::open(d.join("odd.bin"), 0)
-        .err()
-        .unwrap()
-        .to_string()
-        .contains("not a whole number"));
+    assert!(TokenFile::open(d.join("odd.bin"), 0).err().unwrap().to_string().contains("not a whole number"));
     std::fs::write(d.join("one.bin"), 7u32.to_le_bytes()).unwrap();
     assert!(TokenFile::open(d.join("one.bin"), 0).is_err());
-    assert!(TokenFile::open(d.join("none.bin"), 0)
-        .err()
-        .unwrap()
-        .to_string()
-        .contains("none.bin"));
+    assert!(TokenFile::open(d.join("none.bin"), 0).err().unwrap().to_string().contains("none.bin"));
 }

@@ -9,11 +9,7 @@ use rusting_brain_test_support::nan_max;
 
 /// Every weight's bits, for "nothing changed" checks.
 fn bits(m: &TransformerLm) -> Vec<Vec<u32>> {
-    m.named_parameters()
-        .unwrap()
-        .into_iter()
-        .map(|(_, v)| v.iter().map(|x| x.to_bits()).collect())
-        .collect()
+    m.named_parameters().unwrap().into_iter().map(|(_, v)| v.iter().map(|x| x.to_bits()).collect()).collect()
 }
 
 fn tiny(seed: u64) -> TransformerLm {
@@ -67,10 +63,7 @@ fn parameter_counts_match_the_count_by_hand() {
         .build()
         .unwrap();
     let c = model.parameter_counts();
-    assert_eq!(
-        (c.total, c.embedding, c.per_layer),
-        (38_937_088, 16_384_000, 2_819_072)
-    );
+    assert_eq!((c.total, c.embedding, c.per_layer), (38_937_088, 16_384_000, 2_819_072));
     assert_eq!(c.to_string(), "38.9M total, 38.9M active");
 }
 
@@ -78,14 +71,9 @@ fn parameter_counts_match_the_count_by_hand() {
 fn a_tiny_model_overfits_a_fixed_batch() {
     let mut model = tiny(1);
     let mut rng = Rng::new(2);
-    let seqs: Vec<Vec<u32>> = (0..4)
-        .map(|_| (0..17).map(|_| rng.below(32) as u32).collect())
-        .collect();
+    let seqs: Vec<Vec<u32>> = (0..4).map(|_| (0..17).map(|_| rng.below(32) as u32).collect()).collect();
     let first = model.train_step(&seqs).unwrap().lm_loss;
-    assert!(
-        (first - (32f32).ln()).abs() < 0.3,
-        "starts near ln(vocab): {first}"
-    );
+    assert!((first - (32f32).ln()).abs() < 0.3, "starts near ln(vocab): {first}");
     let mut last = first;
     for _ in 0..300 {
         last = model.train_step(&seqs).unwrap().lm_loss;
@@ -125,9 +113,7 @@ fn held_out_loss_falls_on_a_learnable_rule() {
 #[test]
 fn two_half_batches_accumulated_equal_one_full_batch() {
     let mut rng = Rng::new(5);
-    let seqs: Vec<Vec<u32>> = (0..4)
-        .map(|_| (0..9).map(|_| rng.below(32) as u32).collect())
-        .collect();
+    let seqs: Vec<Vec<u32>> = (0..4).map(|_| (0..9).map(|_| rng.below(32) as u32).collect()).collect();
     // SGD: the update is linear in the gradient, so the only difference left is the f32
     // summation order of the two halves (Adam would amplify it where a gradient is ~0).
     let mut a = tiny(7);
@@ -139,30 +125,16 @@ fn two_half_batches_accumulated_equal_one_full_batch() {
     b.accumulate_step(&TokenBatch::new(&seqs[..2]).unwrap()).unwrap();
     b.accumulate_step(&TokenBatch::new(&seqs[2..]).unwrap()).unwrap();
     b.step(0.5).unwrap();
-    for ((name, pa), (_, pb)) in a
-        .named_parameters()
-        .unwrap()
-        .iter()
-        .zip(b.named_parameters().unwrap())
-    {
-        let worst = pa
-            .iter()
-            .zip(&pb)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0f32, nan_max);
-        assert!(
-            worst < 1e-6,
-            "{name}: accumulated and full-batch steps differ by {worst}"
-        );
+    for ((name, pa), (_, pb)) in a.named_parameters().unwrap().iter().zip(b.named_parameters().unwrap()) {
+        let worst = pa.iter().zip(&pb).map(|(x, y)| (x - y).abs()).fold(0.0f32, nan_max);
+        assert!(worst < 1e-6, "{name}: accumulated and full-batch steps differ by {worst}");
     }
 }
 
 #[test]
 fn step_clipped_returns_the_pre_clip_norm_and_clips() {
     let mut rng = Rng::new(6);
-    let seqs: Vec<Vec<u32>> = (0..2)
-        .map(|_| (0..9).map(|_| rng.below(32) as u32).collect())
-        .collect();
+    let seqs: Vec<Vec<u32>> = (0..2).map(|_| (0..9).map(|_| rng.below(32) as u32).collect()).collect();
     let batch = TokenBatch::new(&seqs).unwrap();
     let mut m = tiny(8);
     m.optimizer = Optimizer::sgd(0.1);
@@ -212,25 +184,13 @@ fn supervised_batches_count_only_response_tokens() {
 fn bad_ids_lengths_and_blow_ups_are_errors_naming_the_place() {
     let mut m = tiny(10);
     let e = m.train_step(&[vec![1, 2, 40, 3]]).unwrap_err().to_string();
-    assert_eq!(
-        e,
-        "token id 40 at batch row 0, position 2 (input) is outside the vocabulary (32)"
-    );
-    let e = m
-        .train_step(&[vec![1, 2, 3, 4], vec![1, 2, 3, 33]])
-        .unwrap_err()
-        .to_string();
-    assert_eq!(
-        e,
-        "token id 33 at batch row 1, position 2 (target) is outside the vocabulary (32)"
-    );
+    assert_eq!(e, "token id 40 at batch row 0, position 2 (input) is outside the vocabulary (32)");
+    let e = m.train_step(&[vec![1, 2, 3, 4], vec![1, 2, 3, 33]]).unwrap_err().to_string();
+    assert_eq!(e, "token id 33 at batch row 1, position 2 (target) is outside the vocabulary (32)");
     let long: Vec<u32> = (0..40).map(|i| i % 32).collect();
     let e = m.train_step(&[long]).unwrap_err().to_string();
     assert!(e.contains("over max_seq_len 32"), "{e}");
-    let all_masked = TokenBatch::new(&[vec![1, 2, 3]])
-        .unwrap()
-        .with_loss_mask(vec![false, false])
-        .unwrap();
+    let all_masked = TokenBatch::new(&[vec![1, 2, 3]]).unwrap().with_loss_mask(vec![false, false]).unwrap();
     assert!(m.train_step_batch(&all_masked).is_err());
     assert_eq!(m.steps(), 0, "no failed call took a step");
     // A learning rate that blows the weights up: the error names the step, and the step
@@ -258,41 +218,26 @@ fn warmup_cosine_schedule_and_set_learning_rate() {
     let s = Schedule::warmup_cosine(1e-3, 10, 110).floor(0.2);
     assert!((s.rate(0) - 1e-4).abs() < 1e-9);
     assert!((s.rate(9) - 1e-3).abs() < 1e-9);
-    assert!(
-        (s.rate(60) - 6e-4).abs() < 1e-9,
-        "halfway down the cosine: {}",
-        s.rate(60)
-    );
+    assert!((s.rate(60) - 6e-4).abs() < 1e-9, "halfway down the cosine: {}", s.rate(60));
     assert!((s.rate(500) - 2e-4).abs() < 1e-9);
     let mut m = tiny(11);
     m.optimizer = Optimizer::adam(1e-3).betas(0.9, 0.95).weight_decay(0.1);
     m.optimizer.set_learning_rate(s.rate(60));
-    assert_eq!(
-        m.optimizer,
-        Optimizer::adam(s.rate(60)).betas(0.9, 0.95).weight_decay(0.1)
-    );
+    assert_eq!(m.optimizer, Optimizer::adam(s.rate(60)).betas(0.9, 0.95).weight_decay(0.1));
 }
 
 #[test]
 fn mixed_precision_rounds_gemm_operands_and_still_trains() {
     let mut rng = Rng::new(12);
-    let seqs: Vec<Vec<u32>> = (0..4)
-        .map(|_| (0..17).map(|_| rng.below(32) as u32).collect())
-        .collect();
+    let seqs: Vec<Vec<u32>> = (0..4).map(|_| (0..17).map(|_| rng.below(32) as u32).collect()).collect();
     let batch = TokenBatch::new(&seqs).unwrap();
     let (mut full, mut mixed) = (tiny(13), tiny(13));
     mixed.set_mixed_precision(true);
-    let (a, b) = (
-        full.forward_batch(&batch).unwrap(),
-        mixed.forward_batch(&batch).unwrap(),
-    );
+    let (a, b) = (full.forward_batch(&batch).unwrap(), mixed.forward_batch(&batch).unwrap());
     let scale = a.iter().map(|v| v.abs()).fold(0.0f32, nan_max);
     let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, nan_max);
     // bf16 keeps 8 mantissa bits: differences of ~1e-2 of the logits' scale, never zero.
-    assert!(
-        diff > 0.0 && diff < 3e-2 * scale,
-        "bf16 vs f32 logits differ by {diff} (scale {scale})"
-    );
+    assert!(diff > 0.0 && diff < 3e-2 * scale, "bf16 vs f32 logits differ by {diff} (scale {scale})");
     let first = mixed.train_step_batch(&batch).unwrap().lm_loss;
     let mut last = first;
     for _ in 0..200 {
@@ -338,20 +283,11 @@ fn an_overflowing_weight_is_an_error_at_every_entry_point() {
         Err(NetworkError::Step { step: 1, .. }) => {}
         other => panic!("step_clipped(NaN, 1): expected an error naming step 1, got {other:?}"),
     }
-    assert!(
-        m.step_clipped(1.0, f32::INFINITY).is_err(),
-        "step_clipped with an infinite clip"
-    );
+    assert!(m.step_clipped(1.0, f32::INFINITY).is_err(), "step_clipped with an infinite clip");
     assert!(m.evaluate(&tb).is_err(), "evaluate returned a non-finite loss");
-    let e = m
-        .generate(&[1, 2, 3], 4, &mut rusting_brain::Sampler::greedy())
-        .unwrap_err()
-        .to_string();
+    let e = m.generate(&[1, 2, 3], 4, &mut rusting_brain::Sampler::greedy()).unwrap_err().to_string();
     eprintln!("generate: {e}");
-    assert!(
-        e.to_lowercase().contains("finite") || e.contains("NaN") || e.contains("inf"),
-        "{e}"
-    );
+    assert!(e.to_lowercase().contains("finite") || e.contains("NaN") || e.contains("inf"), "{e}");
     assert!(bits(&m) == before, "a refused call changed the weights");
     assert_eq!(m.steps(), 0);
 }

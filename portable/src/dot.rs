@@ -225,10 +225,7 @@ mod simd128 {
             unsafe {
                 let (x, y) = (a.as_ptr().add(8 * s), b.as_ptr().add(8 * s));
                 lo = f32x4_add(lo, f32x4_mul(v128_load(x.cast()), v128_load(y.cast())));
-                hi = f32x4_add(
-                    hi,
-                    f32x4_mul(v128_load(x.add(4).cast()), v128_load(y.add(4).cast())),
-                );
+                hi = f32x4_add(hi, f32x4_mul(v128_load(x.add(4).cast()), v128_load(y.add(4).cast())));
             }
         }
         let lanes = [
@@ -271,17 +268,9 @@ mod simd128 {
         }
         let s: [v128; 4] = core::array::from_fn(|r| f32x4_add(lo[r], hi[r]));
         // [s0[0] + s0[1], s1[0] + s1[1], s0[2] + s0[3], s1[2] + s1[3]], then rows 2 and 3.
-        let pairs = |a, b| {
-            f32x4_add(
-                i32x4_shuffle::<0, 4, 2, 6>(a, b),
-                i32x4_shuffle::<1, 5, 3, 7>(a, b),
-            )
-        };
+        let pairs = |a, b| f32x4_add(i32x4_shuffle::<0, 4, 2, 6>(a, b), i32x4_shuffle::<1, 5, 3, 7>(a, b));
         let (u, w) = (pairs(s[0], s[1]), pairs(s[2], s[3]));
-        let sums = f32x4_add(
-            i32x4_shuffle::<0, 1, 4, 5>(u, w),
-            i32x4_shuffle::<2, 3, 6, 7>(u, w),
-        );
+        let sums = f32x4_add(i32x4_shuffle::<0, 1, 4, 5>(u, w), i32x4_shuffle::<2, 3, 6, 7>(u, w));
         [
             f32x4_extract_lane::<0>(sums),
             f32x4_extract_lane::<1>(sums),
@@ -415,10 +404,8 @@ mod simd128 {
                 i32x4_shuffle::<0, 4, 1, 5>(acc[2], acc[3]),
                 i32x4_shuffle::<2, 6, 3, 7>(acc[2], acc[3]),
             );
-            let sums = i32x4_add(
-                i32x4_shuffle::<0, 1, 4, 5>(lo01, lo23),
-                i32x4_shuffle::<2, 3, 6, 7>(lo01, lo23),
-            );
+            let sums =
+                i32x4_add(i32x4_shuffle::<0, 1, 4, 5>(lo01, lo23), i32x4_shuffle::<2, 3, 6, 7>(lo01, lo23));
             out[0] = i32x4_extract_lane::<0>(sums);
             out[1] = i32x4_extract_lane::<1>(sums);
             out[2] = i32x4_extract_lane::<2>(sums);
@@ -464,9 +451,8 @@ mod tests {
     fn several_row_int8_dot_gives_each_rows_sum() {
         let mut rng = Rng::new(5);
         for n in (0..=40).chain([192, 1000]) {
-            let rows: Vec<Vec<i8>> = (0..8)
-                .map(|_| (0..n + 3).map(|_| (rng.below(256) as i32 - 128) as i8).collect())
-                .collect();
+            let rows: Vec<Vec<i8>> =
+                (0..8).map(|_| (0..n + 3).map(|_| (rng.below(256) as i32 - 128) as i8).collect()).collect();
             let x: Vec<i8> = (0..n).map(|_| (rng.below(255) as i32 - 127) as i8).collect();
             let four = dot_rows_i8::<4>(core::array::from_fn(|r| &rows[r][..]), &x);
             let eight = dot_rows_i8::<8>(core::array::from_fn(|r| &rows[r][..]), &x);
@@ -485,9 +471,7 @@ mod tests {
     fn a_block_of_rows_gives_each_rows_sum() {
         let mut rng = Rng::new(6);
         for (n, stride) in [(0, 4), (5, 8), (37, 40), (192, 192)] {
-            let w: Vec<i8> = (0..13 * stride)
-                .map(|_| (rng.below(256) as i32 - 128) as i8)
-                .collect();
+            let w: Vec<i8> = (0..13 * stride).map(|_| (rng.below(256) as i32 - 128) as i8).collect();
             let x: Vec<i8> = (0..n).map(|_| (rng.below(255) as i32 - 127) as i8).collect();
             for rows in 0..=13 {
                 let mut acc = alloc::vec![i32::MIN; rows];
@@ -514,10 +498,7 @@ mod tests {
         for n in (0..=41).chain([64, 100, 128]) {
             let a = mixed(n);
             let rows: Vec<Vec<f32>> = (0..4).map(|_| mixed(n + 5)).collect();
-            let want: Vec<u32> = rows
-                .iter()
-                .map(|r| dot_f32_scalar(&a, &r[..n]).to_bits())
-                .collect();
+            let want: Vec<u32> = rows.iter().map(|r| dot_f32_scalar(&a, &r[..n]).to_bits()).collect();
             let four = dot4_f32(&a, core::array::from_fn(|r| &rows[r][..]));
             assert_eq!(bits(&four), want, "four rows at length {n}");
             assert_eq!(dot_f32(&a, &rows[1]).to_bits(), want[1], "one row at length {n}");
@@ -539,14 +520,9 @@ mod tests {
                 x[n / 2] = f32::NAN;
                 x[1] = f32::INFINITY;
                 assert_eq!(max_f32(&x), f32::INFINITY, "NaN skipped at length {n}");
-                let a: Vec<f32> = a
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| if i == 2 { f32::NAN } else { v })
-                    .collect();
-                assert!(dot4_f32(&a, core::array::from_fn(|r| &rows[r][..]))
-                    .iter()
-                    .all(|v| v.is_nan()));
+                let a: Vec<f32> =
+                    a.iter().enumerate().map(|(i, &v)| if i == 2 { f32::NAN } else { v }).collect();
+                assert!(dot4_f32(&a, core::array::from_fn(|r| &rows[r][..])).iter().all(|v| v.is_nan()));
             }
         }
         assert_eq!(max_f32(&[]), f32::NEG_INFINITY);

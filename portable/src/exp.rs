@@ -69,9 +69,7 @@ mod tests {
             worst = worst.max(ulps(exp_f32(x), (x as f64).exp()));
             x += 1.0 / 1024.0;
         }
-        for x in [
-            LO, HI, -1e-30, 1e-30, 1e-7, -1e-7, 0.34657, -0.34657, 0.5, -0.5, 20.0, -20.0,
-        ] {
+        for x in [LO, HI, -1e-30, 1e-30, 1e-7, -1e-7, 0.34657, -0.34657, 0.5, -0.5, 20.0, -20.0] {
             worst = worst.max(ulps(exp_f32(x), (x as f64).exp()));
         }
         println!("exp: worst {worst:.2} ulp");

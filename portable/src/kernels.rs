@@ -55,11 +55,7 @@ pub(crate) fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> 
             let arow = &a[i * k..(i + 1) * k];
             for j in 0..n {
                 let acc = dot_f32(arow, &b[j * k..(j + 1) * k]);
-                let old = if spec.beta == 0.0 {
-                    0.0
-                } else {
-                    spec.beta * c[i * n + j]
-                };
+                let old = if spec.beta == 0.0 { 0.0 } else { spec.beta * c[i * n + j] };
                 c[i * n + j] = spec.alpha * acc + old;
             }
         }
@@ -79,9 +75,7 @@ pub(crate) fn quantize_row(x: &[f32], q: &mut Vec<i8>) -> f32 {
     let (absmax, done) = simd128::absmax(x);
     #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
     let (absmax, done) = (0.0f32, 0);
-    let absmax = x[done..]
-        .iter()
-        .fold(absmax, |m, v| if v.abs() > m { v.abs() } else { m });
+    let absmax = x[done..].iter().fold(absmax, |m, v| if v.abs() > m { v.abs() } else { m });
     let scale = absmax / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
     q.clear();
@@ -319,17 +313,11 @@ mod tests {
     #[test]
     fn quantize_row_is_cores_quantizer_bit_for_bit() {
         let mut rng = Rng::new(9);
-        let mut rows: Vec<Vec<f32>> = (0..50)
-            .map(|i| rng.normal_vec(1 + 7 * i, 1.0 + i as f32))
-            .collect();
+        let mut rows: Vec<Vec<f32>> = (0..50).map(|i| rng.normal_vec(1 + 7 * i, 1.0 + i as f32)).collect();
         let mut tricky = Vec::new();
         for h in 0..127 {
             let half = h as f32 + 0.5;
-            for v in [
-                half,
-                f32::from_bits(half.to_bits() - 1),
-                f32::from_bits(half.to_bits() + 1),
-            ] {
+            for v in [half, f32::from_bits(half.to_bits() - 1), f32::from_bits(half.to_bits() + 1)] {
                 tricky.extend([v, -v]);
             }
         }

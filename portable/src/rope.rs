@@ -33,10 +33,7 @@ struct Kept {
 // released with a Release store).
 unsafe impl Sync for Kept {}
 
-static KEPT: Kept = Kept {
-    taken: AtomicBool::new(false),
-    table: UnsafeCell::new(None),
-};
+static KEPT: Kept = Kept { taken: AtomicBool::new(false), table: UnsafeCell::new(None) };
 
 /// Appends the rows of positions `from..to` to `rows`, as core's `rotate` forms them.
 fn push_rows(rows: &mut Vec<f32>, d: usize, theta: f32, scaling: RopeScaling, from: usize, to: usize) {
@@ -72,10 +69,7 @@ fn rotate_with(x: &mut [f32], spec: &RopeSpec, sign: f32, table: &[f32], first: 
 fn rotate(x: &mut [f32], spec: &RopeSpec, sign: f32) {
     let (d, end) = (spec.head_dim, spec.pos_offset + spec.seq);
     let free = end <= MAX_KEPT_POSITIONS
-        && KEPT
-            .taken
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok();
+        && KEPT.taken.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok();
     if !free {
         let mut rows = Vec::new();
         push_rows(&mut rows, d, spec.theta, spec.scaling, spec.pos_offset, end);
@@ -126,15 +120,7 @@ mod tests {
     fn spec(
         batch: usize, seq: usize, head_dim: usize, pos_offset: usize, theta: f32, scaling: RopeScaling,
     ) -> RopeSpec {
-        RopeSpec {
-            batch,
-            seq,
-            heads: 3,
-            head_dim,
-            pos_offset,
-            theta,
-            scaling,
-        }
+        RopeSpec { batch, seq, heads: 3, head_dim, pos_offset, theta, scaling }
     }
 
     /// The same bits as core's f32 rotation, call after call as a decode makes them (the
@@ -151,14 +137,7 @@ mod tests {
                 calls.push(spec(2, 5, 10, pos, 500_000.0, linear));
             }
         }
-        calls.push(spec(
-            1,
-            3,
-            32,
-            MAX_KEPT_POSITIONS - 1,
-            10_000.0,
-            RopeScaling::None,
-        ));
+        calls.push(spec(1, 3, 32, MAX_KEPT_POSITIONS - 1, 10_000.0, RopeScaling::None));
         calls.push(spec(2, 4, 32, 0, 10_000.0, RopeScaling::None));
         for (i, s) in calls.iter().enumerate() {
             let x = rng.normal_vec(s.batch * s.seq * s.heads * s.head_dim, 1.0);
@@ -179,11 +158,7 @@ mod tests {
         let s = spec(1, 2, 32, 5, 10_000.0, RopeScaling::None);
         let x = rng.normal_vec(2 * 3 * 32, 1.0);
         let (mut got, mut want) = (x.clone(), x);
-        while KEPT
-            .taken
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {}
+        while KEPT.taken.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {}
         rope_forward(&mut got, &s).unwrap();
         KEPT.taken.store(false, Ordering::Release);
         core_rope::rope_forward(&mut want, &s).unwrap();

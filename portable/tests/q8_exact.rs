@@ -33,22 +33,11 @@ fn int8_products_equal_the_reference_bit_for_bit() {
         let x = rng.normal_vec(m * k, 1.0);
         for beta in [0.0, 0.5] {
             let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
-            let init = if beta == 0.0 {
-                vec![f32::NAN; m * n]
-            } else {
-                rng.normal_vec(m * n, 1.0)
-            };
+            let init = if beta == 0.0 { vec![f32::NAN; m * n] } else { rng.normal_vec(m * n, 1.0) };
             let (mut got, mut want) = (init.clone(), init);
-            PortableBackend
-                .q8_matmul(&mut got, &x, &packed, &scales, &spec)
-                .unwrap();
-            ReferenceBackend
-                .q8_matmul(&mut want, &x, &packed, &scales, &spec)
-                .unwrap();
-            assert!(
-                got.iter().all(|v| v.is_finite()),
-                "{m}x{n}x{k}: an output was not written"
-            );
+            PortableBackend.q8_matmul(&mut got, &x, &packed, &scales, &spec).unwrap();
+            ReferenceBackend.q8_matmul(&mut want, &x, &packed, &scales, &spec).unwrap();
+            assert!(got.iter().all(|v| v.is_finite()), "{m}x{n}x{k}: an output was not written");
             assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k} beta {beta}");
         }
     }
@@ -63,19 +52,11 @@ fn a_windowed_int8_product_touches_only_its_rows() {
     let spec = MatmulSpec::new(m, n, k).trans_b(true).window(5, 0, 7);
     let init = rng.normal_vec(7 + m * n + 4, 1.0);
     let (mut got, mut want) = (init.clone(), init.clone());
-    PortableBackend
-        .q8_matmul(&mut got, &x, &packed, &scales, &spec)
-        .unwrap();
-    ReferenceBackend
-        .q8_matmul(&mut want, &x, &packed, &scales, &spec)
-        .unwrap();
+    PortableBackend.q8_matmul(&mut got, &x, &packed, &scales, &spec).unwrap();
+    ReferenceBackend.q8_matmul(&mut want, &x, &packed, &scales, &spec).unwrap();
     assert_eq!(bits(&got), bits(&want));
     assert_eq!(bits(&got[..7]), bits(&init[..7]), "before the window");
-    assert_eq!(
-        bits(&got[7 + m * n..]),
-        bits(&init[7 + m * n..]),
-        "after the window"
-    );
+    assert_eq!(bits(&got[7 + m * n..]), bits(&init[7 + m * n..]), "after the window");
 }
 
 #[test]
@@ -89,14 +70,8 @@ fn bad_int8_operands_are_errors() {
     assert!(call(vec![1.0; 4], &scales, product).is_ok());
     let err = call(vec![1.0; 3], &scales, product).unwrap_err();
     assert!(err.to_string().contains('x'), "x too short: {err}");
-    assert!(
-        call(vec![1.0; 4], &vec![1.0; 2], product).is_err(),
-        "two scales for three rows"
-    );
-    assert!(
-        call(vec![1.0; 4], &scales, MatmulSpec::new(1, 3, 4)).is_err(),
-        "not x W^T"
-    );
+    assert!(call(vec![1.0; 4], &vec![1.0; 2], product).is_err(), "two scales for three rows");
+    assert!(call(vec![1.0; 4], &scales, MatmulSpec::new(1, 3, 4)).is_err(), "not x W^T");
 }
 
 /// The fused calls (one rounding of the shared input) give the same bits as their
@@ -107,17 +82,11 @@ fn bad_int8_operands_are_errors() {
 fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
     let be = PortableBackend;
     let mut rng = Rng::new(23);
-    for &(m, k, ns) in &[
-        (1, 256, &[256, 64, 64][..]),
-        (1, 33, &[7, 1, 300]),
-        (1, 17, &[5]),
-        (3, 20, &[9, 4]),
-    ] {
+    for &(m, k, ns) in &[(1, 256, &[256, 64, 64][..]), (1, 33, &[7, 1, 300]), (1, 17, &[5]), (3, 20, &[9, 4])]
+    {
         let x = rng.normal_vec(m * k, 1.0);
-        let weights: Vec<(Vec<f32>, Vec<f32>)> = ns
-            .iter()
-            .map(|&n| q8::quantize_rows(&rng.normal_vec(n * k, 0.1), n, k).unwrap())
-            .collect();
+        let weights: Vec<(Vec<f32>, Vec<f32>)> =
+            ns.iter().map(|&n| q8::quantize_rows(&rng.normal_vec(n * k, 0.1), n, k).unwrap()).collect();
         for beta in [0.0, 0.5] {
             let init: Vec<Vec<f32>> = ns.iter().map(|&n| rng.normal_vec(m * n, 1.0)).collect();
             let run = |fused: bool| {
@@ -132,25 +101,17 @@ fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
             };
             let (got, want) = (run(true), run(false));
             for (i, n) in ns.iter().enumerate() {
-                assert_eq!(
-                    bits(&got[i]),
-                    bits(&want[i]),
-                    "q8_matmul_many {m}x{n}x{k} beta {beta}"
-                );
+                assert_eq!(bits(&got[i]), bits(&want[i]), "q8_matmul_many {m}x{n}x{k} beta {beta}");
             }
             // The SwiGLU at the first width: its gate weight and a fresh up weight.
             let n = ns[0];
-            let (wg, wu) = (
-                &weights[0],
-                &q8::quantize_rows(&rng.normal_vec(n * k, 0.1), n, k).unwrap(),
-            );
+            let (wg, wu) = (&weights[0], &q8::quantize_rows(&rng.normal_vec(n * k, 0.1), n, k).unwrap());
             let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
             let swiglu = |fused: bool| {
                 let (mut out, mut gate, mut up) = (vec![f32::NAN; m * n], init[0].clone(), init[0].clone());
                 let (g, u) = ((&wg.0, &wg.1), (&wu.0, &wu.1));
                 if fused {
-                    be.q8_swiglu(&mut out, &mut gate, &mut up, &x, g, u, &spec)
-                        .unwrap();
+                    be.q8_swiglu(&mut out, &mut gate, &mut up, &x, g, u, &spec).unwrap();
                 } else {
                     q8_swiglu_unfused(&be, &mut out, &mut gate, &mut up, &x, g, u, &spec).unwrap();
                 }

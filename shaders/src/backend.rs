@@ -116,14 +116,8 @@ impl Pools<'_> {
         if have < positions {
             // Room to grow, but within one binding when the positions asked for fit one.
             let fit = (self.gpu.max_binding() / 4) as usize / head_dim.max(1);
-            let n = positions
-                .next_power_of_two()
-                .max(ROPE_POSITIONS)
-                .min(fit)
-                .max(positions);
-            let t = self
-                .gpu
-                .upload("rope table", &crate::rope_table(n, head_dim, theta, scaling))?;
+            let n = positions.next_power_of_two().max(ROPE_POSITIONS).min(fit).max(positions);
+            let t = self.gpu.upload("rope table", &crate::rope_table(n, head_dim, theta, scaling))?;
             self.rope.insert(key, t);
         }
         Ok(self.rope[&key].clone())
@@ -137,12 +131,7 @@ fn scaling_key(s: RopeScaling) -> ScalingKey {
     match s {
         RopeScaling::None => (0, [0; 4]),
         RopeScaling::Linear { factor } => (1, [factor.to_bits().into(), 0, 0, 0]),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position,
-        } => (
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => (
             2,
             [
                 factor.to_bits().into(),
@@ -160,10 +149,7 @@ const ROPE_POSITIONS: usize = 4096;
 pub(crate) fn device(e: ShaderError) -> CoreError {
     match e {
         ShaderError::Core(c) => c,
-        other => CoreError::Device {
-            backend: "wgpu",
-            message: other.to_string(),
-        },
+        other => CoreError::Device { backend: "wgpu", message: other.to_string() },
     }
 }
 
@@ -202,10 +188,7 @@ pub(crate) fn sum_losses(losses: &[f32], counted: impl Fn(usize) -> bool) -> Res
         }
         let loss = loss as f64;
         if !loss.is_finite() {
-            return Err(CoreError::NonFinite {
-                op: "cross_entropy",
-                value: loss,
-            });
+            return Err(CoreError::NonFinite { op: "cross_entropy", value: loss });
         }
         total.loss_sum += loss;
         total.count += 1;
@@ -222,10 +205,7 @@ pub(crate) fn rows_check(
 impl WgpuBackend {
     /// A backend recording onto `gpu`'s device (shared: several backends may use one).
     pub fn new(gpu: Arc<Gpu>) -> WgpuBackend {
-        WgpuBackend {
-            gpu,
-            rec: Arc::default(),
-        }
+        WgpuBackend { gpu, rec: Arc::default() }
     }
     /// The device this backend records onto.
     pub fn gpu(&self) -> &Gpu {
@@ -252,23 +232,10 @@ impl WgpuBackend {
         &self, f: impl FnOnce(&mut Batch<'_>, &mut Pools<'_>) -> std::result::Result<R, ShaderError>,
     ) -> std::result::Result<R, ShaderError> {
         let mut rec = self.lock();
-        let Recorder {
-            encoder,
-            cache,
-            staged,
-            scratch,
-            rope,
-            ..
-        } = &mut *rec;
-        let pending = encoder
-            .take()
-            .unwrap_or_else(|| self.gpu.device.create_command_encoder(&Default::default()));
-        let mut pools = Pools {
-            gpu: &self.gpu,
-            staged,
-            scratch,
-            rope,
-        };
+        let Recorder { encoder, cache, staged, scratch, rope, .. } = &mut *rec;
+        let pending =
+            encoder.take().unwrap_or_else(|| self.gpu.device.create_command_encoder(&Default::default()));
+        let mut pools = Pools { gpu: &self.gpu, staged, scratch, rope };
         let mut batch = self.gpu.batch_keyed(pending, cache);
         let r = f(&mut batch, &mut pools);
         *encoder = Some(batch.finish());
@@ -352,9 +319,7 @@ impl WgpuBackend {
         let Some(counted) = self.lock().deferred.take() else {
             return Ok(None);
         };
-        let losses = self
-            .read_scratch_async("cross-entropy losses", counted.len())
-            .await?;
+        let losses = self.read_scratch_async("cross-entropy losses", counted.len()).await?;
         sum_losses(&losses, |r| counted[r]).map(Some)
     }
 
@@ -395,12 +360,7 @@ impl WgpuBackend {
     pub(crate) fn rope(&self, x: &mut GpuBuffer, spec: &RopeSpec, inverse: bool) -> Result<()> {
         spec.check(if inverse { "rope_backward" } else { "rope_forward" }, x.len())?;
         self.record(|b, pools| {
-            let table = pools.rope(
-                spec.pos_offset + spec.seq,
-                spec.head_dim,
-                spec.theta,
-                spec.scaling,
-            )?;
+            let table = pools.rope(spec.pos_offset + spec.seq, spec.head_dim, spec.theta, spec.scaling)?;
             b.rope(x, &table, spec, inverse)
         })
     }

@@ -60,12 +60,7 @@ impl GpuBuffer {
     /// [`Gpu::slab_rows`]).
     pub(crate) fn slab(&self, at: usize, len: usize) -> GpuBuffer {
         debug_assert!(at + len <= self.len && len > 0);
-        GpuBuffer {
-            buf: self.buf.clone(),
-            at: self.at + at,
-            len,
-            slab: true,
-        }
+        GpuBuffer { buf: self.buf.clone(), at: self.at + at, len, slab: true }
     }
 
     /// The bytes a binding of this buffer covers.
@@ -199,11 +194,7 @@ impl Gpu {
         // Subgroups where the adapter has them (natively; wgpu's browser backend does not
         // offer them yet), unless the caller asked for the portable path.
         let subgroups = !options.no_subgroups && adapter.features().contains(wgpu::Features::SUBGROUP);
-        let features = if subgroups {
-            wgpu::Features::SUBGROUP
-        } else {
-            wgpu::Features::empty()
-        };
+        let features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("rusting_brain"),
@@ -297,8 +288,7 @@ impl Gpu {
 
     /// Overwrites a uniform buffer's parameters (queued: lands before the next submission).
     pub(crate) fn write_params(&self, uniform: &wgpu::Buffer, words: &[u32]) {
-        self.queue
-            .write_buffer(uniform, 0, &words_to_bytes(words.iter().copied()));
+        self.queue.write_buffer(uniform, 0, &words_to_bytes(words.iter().copied()));
     }
 
     /// The adapter: name, backend, device type.
@@ -344,11 +334,7 @@ impl Gpu {
         // a kernel handed one whole says so (see `Batch::dispatch`).
         let limit = self.limits.max_buffer_size;
         if bytes > limit {
-            return Err(ShaderError::TooLarge {
-                what: what.to_string(),
-                bytes,
-                limit,
-            });
+            return Err(ShaderError::TooLarge { what: what.to_string(), bytes, limit });
         }
         Ok(bytes.max(4))
     }
@@ -372,12 +358,7 @@ impl Gpu {
                 mapped_at_creation: false,
             }),
         };
-        Ok(GpuBuffer {
-            buf,
-            at: 0,
-            len: words,
-            slab: false,
-        })
+        Ok(GpuBuffer { buf, at: 0, len: words, slab: false })
     }
 
     /// A zeroed buffer of `words` 4-byte words.
@@ -387,11 +368,7 @@ impl Gpu {
 
     /// Copies f32 values (or int8 packed in f32 slots, as the CPU stores them) to the device.
     pub fn upload(&self, what: &str, data: &[f32]) -> Result<GpuBuffer, ShaderError> {
-        self.create(
-            what,
-            data.len(),
-            Some(&words_to_bytes(data.iter().map(|v| v.to_bits()))),
-        )
+        self.create(what, data.len(), Some(&words_to_bytes(data.iter().map(|v| v.to_bits()))))
     }
 
     /// Copies u32 values (token ids) to the device.
@@ -419,8 +396,7 @@ impl Gpu {
             )));
         }
         if n > 0 {
-            self.queue
-                .write_buffer(&buf.buf, (buf.at + offset) as u64 * 4, &words_to_bytes(words));
+            self.queue.write_buffer(&buf.buf, (buf.at + offset) as u64 * 4, &words_to_bytes(words));
         }
         Ok(())
     }
@@ -428,12 +404,7 @@ impl Gpu {
     /// Reads a buffer back as f32 without blocking the thread (on wasm the browser
     /// resolves the map; natively the device is polled until it completes).
     pub async fn read(&self, buf: &GpuBuffer) -> Result<Vec<f32>, ShaderError> {
-        Ok(self
-            .read_words(buf, 0, buf.len)
-            .await?
-            .into_iter()
-            .map(f32::from_bits)
-            .collect())
+        Ok(self.read_words(buf, 0, buf.len).await?.into_iter().map(f32::from_bits).collect())
     }
 
     /// Reads `n` u32 words from word `offset` on.
@@ -491,12 +462,8 @@ impl Gpu {
             .ok_or_else(|| ShaderError::Readback("the map callback was dropped".into()))?
             .map_err(|e| ShaderError::Readback(e.to_string()))?;
         let words = {
-            let view = staging
-                .get_mapped_range(..bytes)
-                .map_err(|e| ShaderError::Readback(e.to_string()))?;
-            view.chunks_exact(4)
-                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                .collect()
+            let view = staging.get_mapped_range(..bytes).map_err(|e| ShaderError::Readback(e.to_string()))?;
+            view.chunks_exact(4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]])).collect()
         };
         staging.unmap();
         *self.staging.lock().unwrap_or_else(|p| p.into_inner()) = Some(staging);
@@ -586,11 +553,7 @@ struct Sender<T>(Arc<Mutex<Slot<T>>>);
 struct Receiver<T>(Arc<Mutex<Slot<T>>>);
 
 fn oneshot<T>() -> (Sender<T>, Receiver<T>) {
-    let slot = Arc::new(Mutex::new(Slot {
-        value: None,
-        waker: None,
-        closed: false,
-    }));
+    let slot = Arc::new(Mutex::new(Slot { value: None, waker: None, closed: false }));
     (Sender(slot.clone()), Receiver(slot))
 }
 
@@ -636,9 +599,7 @@ fn browser_webgpu() -> Result<(), ShaderError> {
     use js_sys::Reflect;
     let global = js_sys::global();
     let get = |obj: &js_sys::wasm_bindgen::JsValue, key: &str| {
-        Reflect::get(obj, &key.into())
-            .ok()
-            .filter(|v| !v.is_undefined() && !v.is_null())
+        Reflect::get(obj, &key.into()).ok().filter(|v| !v.is_undefined() && !v.is_null())
     };
     if get(&global, "window").is_none() && get(&global, "WorkerGlobalScope").is_none() {
         return Err(ShaderError::NoAdapter(

@@ -230,10 +230,9 @@ impl Kernel {
             ),
             Kernel::Embedding => include_str!("wgsl/embedding.wgsl"),
             Kernel::EmbeddingBackward => include_str!("wgsl/embedding_backward.wgsl"),
-            Kernel::CrossEntropy => concat!(
-                include_str!("wgsl/prelude/reduce.wgsl"),
-                include_str!("wgsl/cross_entropy.wgsl")
-            ),
+            Kernel::CrossEntropy => {
+                concat!(include_str!("wgsl/prelude/reduce.wgsl"), include_str!("wgsl/cross_entropy.wgsl"))
+            }
             Kernel::MoeCombineBackward => include_str!("wgsl/moe_combine_backward.wgsl"),
             Kernel::SumOfSquares => include_str!("wgsl/sum_of_squares.wgsl"),
             Kernel::MatmulTiled => include_str!("wgsl/matmul_tiled.wgsl"),
@@ -244,9 +243,7 @@ impl Kernel {
     /// Every kernel's name, WGSL source and whether it needs subgroups (for validation
     /// with naga, or inspection).
     pub fn sources() -> impl Iterator<Item = (&'static str, &'static str, bool)> {
-        Kernel::ALL
-            .iter()
-            .map(|k| (k.name(), k.source(), k.needs_subgroups()))
+        Kernel::ALL.iter().map(|k| (k.name(), k.source(), k.needs_subgroups()))
     }
 }
 

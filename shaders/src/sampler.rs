@@ -69,11 +69,7 @@ impl DeviceSampler {
                 return Ok(sampler.sample(&gpu.read(logits).await?, context)?);
             }
         };
-        let ids = if sampler.repetition_penalty != 1.0 {
-            context_ids(context, vocab)
-        } else {
-            Vec::new()
-        };
+        let ids = if sampler.repetition_penalty != 1.0 { context_ids(context, vocab) } else { Vec::new() };
         if ids.len() > self.context.len() {
             self.context = gpu.zeros("context ids", ids.len().next_power_of_two())?;
         }
@@ -86,12 +82,7 @@ impl DeviceSampler {
                 logits
             } else {
                 b.copy(&self.penalized, 0, logits, 0, vocab)?;
-                b.penalize(
-                    &self.penalized,
-                    &self.context,
-                    ids.len(),
-                    sampler.repetition_penalty,
-                )?;
+                b.penalize(&self.penalized, &self.context, ids.len(), sampler.repetition_penalty)?;
                 &self.penalized
             };
             match k {
@@ -100,13 +91,7 @@ impl DeviceSampler {
             }
         })?;
         let work = backend.take_pending();
-        let nan = || -> ShaderError {
-            CoreError::NonFinite {
-                op: "sampler",
-                value: f64::NAN,
-            }
-            .into()
-        };
+        let nan = || -> ShaderError { CoreError::NonFinite { op: "sampler", value: f64::NAN }.into() };
         match k {
             None => {
                 let id = gpu.read_words_after(work, &self.best, 0, 1).await?[0];

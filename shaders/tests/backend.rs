@@ -28,10 +28,7 @@ use rusting_brain_shaders::{Gpu, GpuOptions, ShaderError, WgpuBackend};
 use rusting_brain_test_support::rel_to_scale;
 
 fn gpu() -> Option<WgpuBackend> {
-    match Gpu::new_blocking(&GpuOptions {
-        software: true,
-        ..Default::default()
-    }) {
+    match Gpu::new_blocking(&GpuOptions { software: true, ..Default::default() }) {
         Ok(g) => Some(WgpuBackend::new(Arc::new(g))),
         Err(e @ ShaderError::NoAdapter(_)) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
             eprintln!("SKIPPED, no GPU adapter here: {e}");
@@ -89,29 +86,14 @@ fn matmul_with_transposes_batches_windows_and_beta() {
     let r = ReferenceBackend;
     let mut rng = Rng::new(1);
     let mut worst = 0.0f32;
-    for (&m, (n, k)) in ROWS
-        .iter()
-        .zip([(1usize, 1usize), (5, 9), (13, 300), (33, 17), (10, 64), (3, 7)])
-    {
-        for (ta, tb, beta, batch) in [
-            (false, false, 0.0, 1),
-            (true, false, 1.0, 1),
-            (false, true, 0.5, 2),
-            (true, true, 0.0, 3),
-        ] {
-            let spec = MatmulSpec::new(m, n, k)
-                .trans_a(ta)
-                .trans_b(tb)
-                .alpha(0.75)
-                .beta(beta)
-                .batch(batch);
+    for (&m, (n, k)) in ROWS.iter().zip([(1usize, 1usize), (5, 9), (13, 300), (33, 17), (10, 64), (3, 7)]) {
+        for (ta, tb, beta, batch) in
+            [(false, false, 0.0, 1), (true, false, 1.0, 1), (false, true, 0.5, 2), (true, true, 0.0, 3)]
+        {
+            let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).alpha(0.75).beta(beta).batch(batch);
             let a = rng.normal_vec(batch * m * k, 1.0);
             let b = rng.normal_vec(batch * k * n, 1.0);
-            let c = if beta == 0.0 {
-                vec![0.0; batch * m * n]
-            } else {
-                rng.normal_vec(batch * m * n, 1.0)
-            };
+            let c = if beta == 0.0 { vec![0.0; batch * m * n] } else { rng.normal_vec(batch * m * n, 1.0) };
             let out = on_both!(
                 g,
                 r,
@@ -119,22 +101,14 @@ fn matmul_with_transposes_batches_windows_and_beta() {
                 [a, b],
                 [c]
             );
-            let e = rel_to_scale(
-                "matmul with transposes batches windows and beta",
-                &out[0].0,
-                &out[0].1,
-            );
+            let e = rel_to_scale("matmul with transposes batches windows and beta", &out[0].0, &out[0].1);
             assert!(e < 1e-4, "{spec:?}: {e}");
             worst = worst.max(e);
         }
     }
     // A window: C's rows 2.. of a larger buffer from A's and B's offsets.
     let spec = MatmulSpec::new(3, 4, 5).window(7, 3, 8);
-    let (a, b, c) = (
-        rng.normal_vec(30, 1.0),
-        rng.normal_vec(30, 1.0),
-        rng.normal_vec(24, 1.0),
-    );
+    let (a, b, c) = (rng.normal_vec(30, 1.0), rng.normal_vec(30, 1.0), rng.normal_vec(24, 1.0));
     let out = on_both!(
         g,
         r,
@@ -142,13 +116,7 @@ fn matmul_with_transposes_batches_windows_and_beta() {
         [a, b],
         [c]
     );
-    assert!(
-        rel_to_scale(
-            "matmul with transposes batches windows and beta",
-            &out[0].0,
-            &out[0].1
-        ) < 1e-5
-    );
+    assert!(rel_to_scale("matmul with transposes batches windows and beta", &out[0].0, &out[0].1) < 1e-5);
     // Wrong sizes are errors.
     let (x, mut y) = (g.zeros(5).unwrap(), g.zeros(6).unwrap());
     assert!(g.matmul(&mut y, &x, &x, &MatmulSpec::new(2, 3, 2)).is_err());
@@ -182,11 +150,7 @@ fn dense_layer_primitives_match_the_reference() {
             [bias.clone()],
             [base.clone()]
         );
-        worst = worst.max(rel_to_scale(
-            "dense layer primitives match the reference",
-            &out[0].0,
-            &out[0].1,
-        ));
+        worst = worst.max(rel_to_scale("dense layer primitives match the reference", &out[0].0, &out[0].1));
         let db0 = rng.normal_vec(cols, 1.0);
         let out = on_both!(
             g,
@@ -202,50 +166,31 @@ fn dense_layer_primitives_match_the_reference() {
                 g,
                 r,
                 |be, ins, outs| {
-                    be.activation_forward(act, &mut outs[0], &ins[0], rows, cols)
-                        .unwrap();
+                    be.activation_forward(act, &mut outs[0], &ins[0], rows, cols).unwrap();
                     let y = be.download(&outs[0]).unwrap();
                     let y = be.upload(&y).unwrap();
-                    be.activation_backward(act, &mut outs[1], &ins[1], &ins[0], &y, rows, cols)
-                        .unwrap();
+                    be.activation_backward(act, &mut outs[1], &ins[1], &ins[0], &y, rows, cols).unwrap();
                 },
                 [x.clone(), dout.clone()],
                 [vec![0.0; n], vec![0.0; n]]
             );
             for (i, (a, b)) in out.iter().enumerate() {
                 let e = rel_to_scale("dense layer primitives match the reference", a, b);
-                assert!(
-                    e < 1e-5,
-                    "{act:?} {} ({rows}, {cols}): {e}",
-                    ["forward", "backward"][i]
-                );
+                assert!(e < 1e-5, "{act:?} {} ({rows}, {cols}): {e}", ["forward", "backward"][i]);
                 worst = worst.max(e);
             }
         }
         // Losses on predictions in (0, 1) (the cross-entropies' domain).
-        let pred: Vec<f32> = rng
-            .normal_vec(n, 1.0)
-            .iter()
-            .map(|v| 1.0 / (1.0 + (-v).exp()))
-            .collect();
-        let target: Vec<f32> = rng
-            .normal_vec(n, 1.0)
-            .iter()
-            .map(|v| if *v > 0.0 { 1.0 } else { 0.0 })
-            .collect();
-        for loss in [
-            Loss::MeanSquaredError,
-            Loss::BinaryCrossEntropy,
-            Loss::CategoricalCrossEntropy,
-        ] {
+        let pred: Vec<f32> = rng.normal_vec(n, 1.0).iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect();
+        let target: Vec<f32> =
+            rng.normal_vec(n, 1.0).iter().map(|v| if *v > 0.0 { 1.0 } else { 0.0 }).collect();
+        for loss in [Loss::MeanSquaredError, Loss::BinaryCrossEntropy, Loss::CategoricalCrossEntropy] {
             let out = on_both!(
                 g,
                 r,
                 |be, ins, outs| {
-                    be.loss_backward(loss, &mut outs[0], &ins[0], &ins[1], rows, cols)
-                        .unwrap();
-                    be.fused_output_backward(loss, &mut outs[1], &ins[0], &ins[1], rows, cols)
-                        .unwrap();
+                    be.loss_backward(loss, &mut outs[0], &ins[0], &ins[1], rows, cols).unwrap();
+                    be.fused_output_backward(loss, &mut outs[1], &ins[0], &ins[1], rows, cols).unwrap();
                 },
                 [pred.clone(), target.clone()],
                 [vec![0.0; n], vec![0.0; n]]
@@ -263,10 +208,7 @@ fn dense_layer_primitives_match_the_reference() {
                 g.loss_forward(loss, &gp, &gt, rows, cols).unwrap(),
                 r.loss_forward(loss, &rp, &rt, rows, cols).unwrap(),
             );
-            assert!(
-                (lg - lr).abs() <= 1e-6 * lr.abs().max(1.0),
-                "{loss:?}: {lg} vs {lr}"
-            );
+            assert!((lg - lr).abs() <= 1e-6 * lr.abs().max(1.0), "{loss:?}: {lg} vs {lr}");
         }
         // fill, scale, axpy, sum of squares.
         let out = on_both!(
@@ -321,12 +263,7 @@ fn optimizer_steps_match_the_reference() {
             }
         }
         for (momentum, nesterov) in [(0.0, false), (0.9, false), (0.9, true)] {
-            let hp = SgdParams {
-                momentum,
-                nesterov,
-                weight_decay: 1e-3,
-                ..SgdParams::new(0.1)
-            };
+            let hp = SgdParams { momentum, nesterov, weight_decay: 1e-3, ..SgdParams::new(0.1) };
             let out = on_both!(
                 g,
                 r,
@@ -341,10 +278,7 @@ fn optimizer_steps_match_the_reference() {
                 [p.clone(), vec![0.5; n]]
             );
             for (a, b) in &out {
-                assert!(
-                    rel_to_scale("optimizer steps match the reference", a, b) < 1e-5,
-                    "sgd n {n} {hp:?}"
-                );
+                assert!(rel_to_scale("optimizer steps match the reference", a, b) < 1e-5, "sgd n {n} {hp:?}");
             }
         }
     }
@@ -372,10 +306,8 @@ fn rmsnorm_backward_matches_the_reference() {
             r,
             |be, ins, outs| {
                 let (a, b) = outs.split_at_mut(1);
-                be.rmsnorm_backward(
-                    &mut a[0], &mut b[0], &ins[0], &ins[1], &ins[2], &ins[3], rows, dim,
-                )
-                .unwrap()
+                be.rmsnorm_backward(&mut a[0], &mut b[0], &ins[0], &ins[1], &ins[2], &ins[3], rows, dim)
+                    .unwrap()
             },
             [dy.clone(), x, w.clone(), rstd.clone()],
             [vec![0.0; rows * dim], dw0]
@@ -415,8 +347,7 @@ fn swiglu_backward_matches_the_reference() {
             r,
             |be, ins, outs| {
                 let (a, b) = outs.split_at_mut(1);
-                be.swiglu_backward(&mut a[0], &mut b[0], &ins[0], &ins[1], &ins[2])
-                    .unwrap()
+                be.swiglu_backward(&mut a[0], &mut b[0], &ins[0], &ins[1], &ins[2]).unwrap()
             },
             [dout, gate, up],
             [vec![0.0; len], vec![0.0; len]]
@@ -449,15 +380,7 @@ fn attention_backward_matches_the_reference() {
         (2, 5, 9, 9, 2, 1, 130),
         (1, 4, 4, 4, 2, 2, 200),
     ] {
-        let spec = AttentionSpec {
-            batch,
-            q_len,
-            kv_len,
-            kv_capacity,
-            q_heads,
-            kv_heads,
-            head_dim,
-        };
+        let spec = AttentionSpec { batch, q_len, kv_len, kv_capacity, q_heads, kv_heads, head_dim };
         let (nq, nkv, nl) = spec.check("test").unwrap();
         let q = rng.normal_vec(nq, 1.0);
         let k = rng.normal_vec(nkv, 1.0);
@@ -495,24 +418,16 @@ fn attention_forward_matches_the_reference_on_training_shapes() {
     let Some(g) = gpu() else { return };
     let r = ReferenceBackend;
     let mut rng = Rng::new(14);
-    for spec in [
-        AttentionSpec::causal(3, 7, 4, 2, 8),
-        AttentionSpec::causal(1, 70, 2, 1, 130),
-    ] {
+    for spec in [AttentionSpec::causal(3, 7, 4, 2, 8), AttentionSpec::causal(1, 70, 2, 1, 130)] {
         let (nq, nkv, nl) = spec.check("test").unwrap();
         let out = on_both!(
             g,
             r,
             |be, ins, outs| {
                 let (a, b) = outs.split_at_mut(1);
-                be.attention_forward(&mut a[0], &mut b[0], &ins[0], &ins[1], &ins[2], &spec)
-                    .unwrap()
+                be.attention_forward(&mut a[0], &mut b[0], &ins[0], &ins[1], &ins[2], &spec).unwrap()
             },
-            [
-                rng.normal_vec(nq, 1.0),
-                rng.normal_vec(nkv, 1.0),
-                rng.normal_vec(nkv, 1.0)
-            ],
+            [rng.normal_vec(nq, 1.0), rng.normal_vec(nkv, 1.0), rng.normal_vec(nkv, 1.0)],
             [vec![0.0; nq], vec![0.0; nl]]
         );
         for (name, (a, b)) in ["out", "lse"].iter().zip(&out) {
@@ -539,9 +454,7 @@ fn embedding_forward_and_backward_match_the_reference() {
         let out = on_both!(
             g,
             r,
-            |be, ins, outs| be
-                .embedding_forward(&mut outs[0], &ins[0], &ids, vocab, dim)
-                .unwrap(),
+            |be, ins, outs| be.embedding_forward(&mut outs[0], &ins[0], &ids, vocab, dim).unwrap(),
             [table],
             [vec![0.0; ids.len() * dim]]
         );
@@ -551,28 +464,19 @@ fn embedding_forward_and_backward_match_the_reference() {
         let out = on_both!(
             g,
             r,
-            |be, ins, outs| be
-                .embedding_backward(&mut outs[0], &ins[0], &ids, vocab, dim)
-                .unwrap(),
+            |be, ins, outs| be.embedding_backward(&mut outs[0], &ins[0], &ids, vocab, dim).unwrap(),
             [dout],
             [dtable]
         );
         // Each id's rows are added in position order, as the reference adds them.
         assert!(
-            rel_to_scale(
-                "embedding forward and backward match the reference",
-                &out[0].0,
-                &out[0].1
-            ) < 1e-6,
+            rel_to_scale("embedding forward and backward match the reference", &out[0].0, &out[0].1) < 1e-6,
             "embedding_backward {vocab} x {dim}"
         );
     }
     let mut t = g.upload(&[0.0; 4]).unwrap();
     let x = g.upload(&[0.0; 2]).unwrap();
-    let e = g
-        .embedding_backward(&mut t, &x, &[2], 2, 2)
-        .unwrap_err()
-        .to_string();
+    let e = g.embedding_backward(&mut t, &x, &[2], 2, 2).unwrap_err().to_string();
     assert!(e.contains('2'), "{e}");
 }
 
@@ -590,10 +494,8 @@ fn cross_entropy_matches_the_reference_with_masks_and_gradients() {
             let out = on_both!(
                 g,
                 r,
-                |be, _ins, outs| sums.push(
-                    be.cross_entropy(&mut outs[0], &targets, mask, rows, vocab, grad)
-                        .unwrap()
-                ),
+                |be, _ins, outs| sums
+                    .push(be.cross_entropy(&mut outs[0], &targets, mask, rows, vocab, grad).unwrap()),
                 Vec::<Vec<f32>>::new(),
                 [logits.clone()]
             );
@@ -616,10 +518,7 @@ fn cross_entropy_matches_the_reference_with_masks_and_gradients() {
         }
     }
     let mut l = g.upload(&[0.0; 4]).unwrap();
-    let e = g
-        .cross_entropy(&mut l, &[0, 9], None, 2, 2, None)
-        .unwrap_err()
-        .to_string();
+    let e = g.cross_entropy(&mut l, &[0, 9], None, 2, 2, None).unwrap_err().to_string();
     assert!(e.contains('9'), "{e}");
 }
 
@@ -641,18 +540,12 @@ fn moe_combine_and_backward_match_the_reference() {
         let out = on_both!(
             g,
             r,
-            |be, ins, outs| be
-                .moe_combine(&mut outs[0], &ins[0], &row_of_slot, &weight, top_k, dim)
-                .unwrap(),
+            |be, ins, outs| be.moe_combine(&mut outs[0], &ins[0], &row_of_slot, &weight, top_k, dim).unwrap(),
             [y.clone()],
             [out0]
         );
         assert!(
-            rel_to_scale(
-                "moe combine and backward match the reference",
-                &out[0].0,
-                &out[0].1
-            ) < 1e-6,
+            rel_to_scale("moe combine and backward match the reference", &out[0].0, &out[0].1) < 1e-6,
             "moe_combine ({n}, {top_k}, {dim})"
         );
         let dout = rng.normal_vec(n * dim, 1.0);
@@ -668,19 +561,11 @@ fn moe_combine_and_backward_match_the_reference() {
             [vec![0.0; slots * dim]]
         );
         assert!(
-            rel_to_scale(
-                "moe combine and backward match the reference",
-                &out[0].0,
-                &out[0].1
-            ) < 1e-6,
+            rel_to_scale("moe combine and backward match the reference", &out[0].0, &out[0].1) < 1e-6,
             "dy ({n}, {top_k}, {dim})"
         );
         assert!(
-            rel_to_scale(
-                "moe combine and backward match the reference",
-                &dweights[0],
-                &dweights[1]
-            ) < 1e-5,
+            rel_to_scale("moe combine and backward match the reference", &dweights[0], &dweights[1]) < 1e-5,
             "dweight ({n}, {top_k}, {dim})"
         );
     }
@@ -690,10 +575,8 @@ fn moe_combine_and_backward_match_the_reference() {
 fn sum_of_squares_over_many_buffers_reads_back_once() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(18);
-    let host: Vec<Vec<f32>> = [1usize, 4095, 4096, 4097, 10_000]
-        .iter()
-        .map(|&n| rng.normal_vec(n, 1.0))
-        .collect();
+    let host: Vec<Vec<f32>> =
+        [1usize, 4095, 4096, 4097, 10_000].iter().map(|&n| rng.normal_vec(n, 1.0)).collect();
     let bufs: Vec<_> = host.iter().map(|v| g.upload(v).unwrap()).collect();
     let want: f64 = host.iter().flatten().map(|&v| v as f64 * v as f64).sum();
     let before = g.counters();
@@ -715,44 +598,20 @@ fn tiled_matmul_matches_the_reference_on_ragged_edges() {
     let mut rng = Rng::new(19);
     let mut worst = 0.0f32;
     // From 16 columns on the register-tiled kernel runs: tiles of 32 with edges of 1..31.
-    for (m, n, k) in [
-        (16usize, 16usize, 1usize),
-        (33, 47, 300),
-        (127, 65, 7),
-        (40, 200, 64),
-    ] {
-        for (ta, tb, beta, batch) in [
-            (false, false, 0.0, 1),
-            (true, false, 1.0, 2),
-            (false, true, 0.5, 1),
-            (true, true, 0.0, 3),
-        ] {
-            let spec = MatmulSpec::new(m, n, k)
-                .trans_a(ta)
-                .trans_b(tb)
-                .alpha(0.75)
-                .beta(beta)
-                .batch(batch);
-            let c = if beta == 0.0 {
-                vec![0.0; batch * m * n]
-            } else {
-                rng.normal_vec(batch * m * n, 1.0)
-            };
+    for (m, n, k) in [(16usize, 16usize, 1usize), (33, 47, 300), (127, 65, 7), (40, 200, 64)] {
+        for (ta, tb, beta, batch) in
+            [(false, false, 0.0, 1), (true, false, 1.0, 2), (false, true, 0.5, 1), (true, true, 0.0, 3)]
+        {
+            let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).alpha(0.75).beta(beta).batch(batch);
+            let c = if beta == 0.0 { vec![0.0; batch * m * n] } else { rng.normal_vec(batch * m * n, 1.0) };
             let out = on_both!(
                 g,
                 r,
                 |be, ins, outs| be.matmul(&mut outs[0], &ins[0], &ins[1], &spec).unwrap(),
-                [
-                    rng.normal_vec(batch * m * k, 1.0),
-                    rng.normal_vec(batch * k * n, 1.0)
-                ],
+                [rng.normal_vec(batch * m * k, 1.0), rng.normal_vec(batch * k * n, 1.0)],
                 [c]
             );
-            let e = rel_to_scale(
-                "tiled matmul matches the reference on ragged edges",
-                &out[0].0,
-                &out[0].1,
-            );
+            let e = rel_to_scale("tiled matmul matches the reference on ragged edges", &out[0].0, &out[0].1);
             assert!(e < 1e-5, "{spec:?}: {e}");
             worst = worst.max(e);
         }
@@ -765,11 +624,7 @@ fn tiled_matmul_matches_the_reference_on_ragged_edges() {
             [rng.normal_vec((m + 3) * k, 1.0), rng.normal_vec(n * k, 1.0)],
             [rng.normal_vec((m + 4) * n, 1.0)]
         );
-        let e = rel_to_scale(
-            "tiled matmul matches the reference on ragged edges",
-            &out[0].0,
-            &out[0].1,
-        );
+        let e = rel_to_scale("tiled matmul matches the reference on ragged edges", &out[0].0, &out[0].1);
         assert!(e < 1e-5, "window ({m}, {n}, {k}): {e}");
         worst = worst.max(e);
     }
@@ -790,11 +645,7 @@ fn bf16_matmul_rounds_its_operands_as_the_reference() {
     ] {
         let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).beta(beta);
         let bf = spec.precision(Precision::Bf16);
-        let (a, b, c) = (
-            rng.normal_vec(m * k, 1.0),
-            rng.normal_vec(k * n, 1.0),
-            rng.normal_vec(m * n, 1.0),
-        );
+        let (a, b, c) = (rng.normal_vec(m * k, 1.0), rng.normal_vec(k * n, 1.0), rng.normal_vec(m * n, 1.0));
         let out = on_both!(
             g,
             r,
@@ -806,23 +657,12 @@ fn bf16_matmul_rounds_its_operands_as_the_reference() {
             [c.clone(), c]
         );
         // The same rounded operands summed in the same order in f32: f32 rounding apart.
-        let e = rel_to_scale(
-            "bf16 matmul rounds its operands as the reference",
-            &out[0].0,
-            &out[0].1,
-        );
+        let e = rel_to_scale("bf16 matmul rounds its operands as the reference", &out[0].0, &out[0].1);
         assert!(e < 1e-5, "bf16 ({m}, {n}, {k}): {e}");
         // And the rounding happened: bf16 keeps 8 bits of mantissa, so the products move
         // by about 2^-9 of their size against f32's.
-        let moved = rel_to_scale(
-            "bf16 matmul rounds its operands as the reference",
-            &out[0].0,
-            &out[1].1,
-        );
-        assert!(
-            moved > 1e-4,
-            "bf16 ({m}, {n}, {k}) equals the f32 product: {moved}"
-        );
+        let moved = rel_to_scale("bf16 matmul rounds its operands as the reference", &out[0].0, &out[1].1);
+        assert!(moved > 1e-4, "bf16 ({m}, {n}, {k}) equals the f32 product: {moved}");
     }
 }
 
@@ -858,8 +698,7 @@ fn lora_pair_matches_the_reference_on_windows() {
             r,
             |be, ins, outs| {
                 let (y, t) = outs.split_at_mut(1);
-                be.lora_forward(&mut y[0], &mut t[0], &ins[0], &ins[1], &ins[2], &s)
-                    .unwrap()
+                be.lora_forward(&mut y[0], &mut t[0], &ins[0], &ins[1], &ins[2], &s).unwrap()
             },
             [x.clone(), a.clone(), b.clone()],
             [y0.clone(), t0.clone()]
@@ -873,11 +712,8 @@ fn lora_pair_matches_the_reference_on_windows() {
             );
         }
         let t = out[1].1.clone();
-        let (dx0, da0, db0) = (
-            rng.normal_vec(lx, 1.0),
-            rng.normal_vec(rank * d_in, 1.0),
-            rng.normal_vec(d_out * rank, 1.0),
-        );
+        let (dx0, da0, db0) =
+            (rng.normal_vec(lx, 1.0), rng.normal_vec(rank * d_in, 1.0), rng.normal_vec(d_out * rank, 1.0));
         let back = on_both!(
             g,
             r,

@@ -29,11 +29,7 @@ fn gpu() -> Option<Gpu> {
 
 /// The software adapter; `no_subgroups` forces the workgroup-reduction kernels.
 fn gpu_with(no_subgroups: bool) -> Option<Gpu> {
-    match Gpu::new_blocking(&GpuOptions {
-        software: true,
-        no_subgroups,
-        ..Default::default()
-    }) {
+    match Gpu::new_blocking(&GpuOptions { software: true, no_subgroups, ..Default::default() }) {
         Ok(g) => {
             let info = g.adapter_info();
             eprintln!(
@@ -46,10 +42,7 @@ fn gpu_with(no_subgroups: bool) -> Option<Gpu> {
             // Where the adapter offers subgroups, the default path must use them, so the
             // subgroup kernels are what the first pass of each test measures.
             if !no_subgroups && std::env::var("RB_EXPECT_SUBGROUPS").as_deref() == Ok("1") {
-                assert!(
-                    g.uses_subgroups(),
-                    "RB_EXPECT_SUBGROUPS=1 but the device has none"
-                );
+                assert!(g.uses_subgroups(), "RB_EXPECT_SUBGROUPS=1 but the device has none");
             }
             Some(g)
         }
@@ -78,11 +71,8 @@ fn every_kernel_passes_naga_validation() {
         let module = naga::front::wgsl::parse_str(source)
             .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
         // Only the subgroup variants may use subgroups: the rest must pass without.
-        let caps = if subgroups {
-            naga::valid::Capabilities::SUBGROUP
-        } else {
-            naga::valid::Capabilities::empty()
-        };
+        let caps =
+            if subgroups { naga::valid::Capabilities::SUBGROUP } else { naga::valid::Capabilities::empty() };
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
             .validate(&module)
             .unwrap_or_else(|e| panic!("{name}: {e:?}"));
@@ -132,10 +122,7 @@ fn q8_on(no_subgroups: bool) {
     let Some(g) = gpu_with(no_subgroups) else { return };
     let mut rng = Rng::new(2);
     // (m, n, k): k not a multiple of 4 or of the workgroup; n up to 1000.
-    for (m, (n, k)) in ROWS
-        .iter()
-        .zip([(1usize, 1usize), (3, 7), (33, 65), (7, 130), (1000, 33), (5, 257)])
-    {
+    for (m, (n, k)) in ROWS.iter().zip([(1usize, 1usize), (3, 7), (33, 65), (7, 130), (1000, 33), (5, 257)]) {
         let m = (*m).min(64);
         let mut x = randn(&mut rng, m * k, 1.5);
         if k >= 6 {
@@ -173,11 +160,7 @@ fn q8_on(no_subgroups: bool) {
         // Exact i32 sums and the same two f32 multiplies: the same bits.
         let got = g.read_blocking(&go).unwrap();
         for (i, (a, e)) in got.iter().zip(&out).enumerate() {
-            assert_eq!(
-                a.to_bits(),
-                e.to_bits(),
-                "({m}, {n}, {k}) element {i}: {a} vs {e}"
-            );
+            assert_eq!(a.to_bits(), e.to_bits(), "({m}, {n}, {k}) element {i}: {a} vs {e}");
         }
         // beta accumulates into what is there.
         let mut b = g.batch();
@@ -203,11 +186,7 @@ fn elementwise_kernels_match_reference() {
         let mut b = g.batch();
         b.swiglu(&go, &gg, &gu, n).unwrap();
         b.submit().unwrap();
-        let e = rel_to_scale(
-            "elementwise kernels match reference",
-            &g.read_blocking(&go).unwrap(),
-            &out,
-        );
+        let e = rel_to_scale("elementwise kernels match reference", &g.read_blocking(&go).unwrap(), &out);
         assert!(e < 1e-5, "swiglu n {n}: {e}");
     }
 }
@@ -237,35 +216,20 @@ fn rope_matches_reference_and_inverts() {
         let x = randn(&mut rng, n, 1.0);
         let mut want = x.clone();
         rope_forward(&mut want, &spec).unwrap();
-        let table = g
-            .upload("rope", &rope_table(off + seq, d, 10_000.0, Default::default()))
-            .unwrap();
+        let table = g.upload("rope", &rope_table(off + seq, d, 10_000.0, Default::default())).unwrap();
         let gx = g.upload("x", &x).unwrap();
         let mut b = g.batch();
         b.rope(&gx, &table, &spec, false).unwrap();
         b.submit().unwrap();
-        let e = rel_to_scale(
-            "rope matches reference and inverts",
-            &g.read_blocking(&gx).unwrap(),
-            &want,
-        );
+        let e = rel_to_scale("rope matches reference and inverts", &g.read_blocking(&gx).unwrap(), &want);
         assert!(e < 1e-5, "{spec:?}: {e}");
         let mut b = g.batch();
         b.rope(&gx, &table, &spec, true).unwrap();
         b.submit().unwrap();
-        let e = rel_to_scale(
-            "rope matches reference and inverts",
-            &g.read_blocking(&gx).unwrap(),
-            &x,
-        );
+        let e = rel_to_scale("rope matches reference and inverts", &g.read_blocking(&gx).unwrap(), &x);
         assert!(e < 1e-5, "inverse {spec:?}: {e}");
         // A table too short for the positions is an error, not an out-of-bounds read.
-        let short = g
-            .upload(
-                "rope",
-                &rope_table(off + seq - 1, d, 10_000.0, Default::default()),
-            )
-            .unwrap();
+        let short = g.upload("rope", &rope_table(off + seq - 1, d, 10_000.0, Default::default())).unwrap();
         assert!(g.batch().rope(&gx, &short, &spec, false).is_err());
     }
 }
@@ -302,20 +266,13 @@ fn attention_matches_reference_with_gqa_and_caches() {
     let mut worst = 0.0f32;
     for spec in specs {
         let (nq, nkv, nl) = spec.check("test").unwrap();
-        let (q, k, v) = (
-            randn(&mut rng, nq, 1.0),
-            randn(&mut rng, nkv, 1.0),
-            randn(&mut rng, nkv, 1.0),
-        );
+        let (q, k, v) = (randn(&mut rng, nq, 1.0), randn(&mut rng, nkv, 1.0), randn(&mut rng, nkv, 1.0));
         let (mut out, mut lse) = (vec![0.0; nq], vec![0.0; nl]);
         attention_forward(&mut out, &mut lse, &q, &k, &v, &spec).unwrap();
         let (go, gl) = (poisoned(&g, nq), poisoned(&g, nl));
         let scratch = g.zeros("scores", nl * spec.kv_capacity).unwrap();
-        let (gq, gk, gv) = (
-            g.upload("q", &q).unwrap(),
-            g.upload("k", &k).unwrap(),
-            g.upload("v", &v).unwrap(),
-        );
+        let (gq, gk, gv) =
+            (g.upload("q", &q).unwrap(), g.upload("k", &k).unwrap(), g.upload("v", &v).unwrap());
         let mut b = g.batch();
         b.attention(&go, &gl, &gq, &gk, &gv, &scratch, &spec).unwrap();
         b.submit().unwrap();
@@ -333,10 +290,7 @@ fn attention_matches_reference_with_gqa_and_caches() {
         worst = worst.max(e);
         // A scratch row too small for the cache is an error.
         let small = g.zeros("scores", nl * spec.kv_capacity - 1).unwrap();
-        assert!(g
-            .batch()
-            .attention(&go, &gl, &gq, &gk, &gv, &small, &spec)
-            .is_err());
+        assert!(g.batch().attention(&go, &gl, &gq, &gk, &gv, &small, &spec).is_err());
     }
     eprintln!("attention worst relative error {worst:e}");
 }
@@ -346,8 +300,7 @@ fn q8_embedding_and_argmax_match_reference_exactly() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(6);
     for (rows, (vocab, dim)) in
-        ROWS.iter()
-            .zip([(1usize, 1usize), (5, 7), (50, 33), (1000, 64), (3, 130), (77, 3)])
+        ROWS.iter().zip([(1usize, 1usize), (5, 7), (50, 33), (1000, 64), (3, 130), (77, 3)])
     {
         let table = randn(&mut rng, vocab * dim, 1.0);
         let (packed, scales) = quantize_rows(&table, vocab, dim).unwrap();
@@ -356,18 +309,11 @@ fn q8_embedding_and_argmax_match_reference_exactly() {
         q8_embedding(&mut out, &packed, &scales, &ids, vocab, dim).unwrap();
         let go = poisoned(&g, rows * dim);
         let gids = g.upload_u32("ids", &ids).unwrap();
-        let (gt, gs) = (
-            g.upload("table", &packed).unwrap(),
-            g.upload("scales", &scales).unwrap(),
-        );
+        let (gt, gs) = (g.upload("table", &packed).unwrap(), g.upload("scales", &scales).unwrap());
         let mut b = g.batch();
         b.q8_embedding(&go, &gids, &gt, &gs, *rows, vocab, dim).unwrap();
         b.submit().unwrap();
-        assert_eq!(
-            g.read_blocking(&go).unwrap(),
-            out,
-            "embedding rows {rows} vocab {vocab} dim {dim}"
-        );
+        assert_eq!(g.read_blocking(&go).unwrap(), out, "embedding rows {rows} vocab {vocab} dim {dim}");
         assert!(rusting_brain_shaders::check_ids(&[vocab as u32], vocab).is_err());
 
         // argmax over rows of `dim` values, with a tie planted: the lower index wins.
@@ -385,11 +331,7 @@ fn q8_embedding_and_argmax_match_reference_exactly() {
         let mut b = g.batch();
         b.argmax(&gi, &gl, *rows, vocab).unwrap();
         b.submit().unwrap();
-        assert_eq!(
-            g.read_u32_blocking(&gi).unwrap(),
-            want,
-            "argmax rows {rows} vocab {vocab}"
-        );
+        assert_eq!(g.read_u32_blocking(&gi).unwrap(), want, "argmax rows {rows} vocab {vocab}");
     }
 }
 
@@ -400,9 +342,7 @@ fn shape_errors_are_errors() {
     let mut b = g.batch();
     assert!(b.rmsnorm(&small, &small, &small, &small, 3, 4, 1e-5).is_err());
     assert!(b.swiglu(&small, &small, &small, 11).is_err());
-    assert!(b
-        .q8_matmul(&small, &small, &small, &small, &small, 1, 11, 4, 0.0)
-        .is_err());
+    assert!(b.q8_matmul(&small, &small, &small, &small, &small, 1, 11, 4, 0.0).is_err());
     assert!(b.copy(&small, 5, &small, 0, 6).is_err());
     assert!(g.write(&small, 9, &[1.0, 2.0]).is_err());
     // A buffer over the adapter's buffer limit is refused before allocating.
@@ -422,12 +362,8 @@ fn shape_errors_are_errors() {
 fn capped_gpu(bytes: u64) -> Option<Gpu> {
     gpu()?;
     Some(
-        Gpu::new_blocking(&GpuOptions {
-            software: true,
-            max_binding: Some(bytes),
-            ..Default::default()
-        })
-        .unwrap(),
+        Gpu::new_blocking(&GpuOptions { software: true, max_binding: Some(bytes), ..Default::default() })
+            .unwrap(),
     )
 }
 
@@ -459,17 +395,12 @@ fn int8_weights_over_a_binding_go_in_row_slabs_with_the_same_bits() {
         let go = g.upload("out", &base).unwrap();
         let mut b = g.batch();
         b.quantize_activations(&gxq, &gxs, &gx, m, k).unwrap();
-        b.q8_matmul_cols(&go, (n + 3, 1), &gxq, &gxs, &gw, &gws, m, n, k, 0.5)
-            .unwrap();
+        b.q8_matmul_cols(&go, (n + 3, 1), &gxq, &gxs, &gw, &gws, m, n, k, 0.5).unwrap();
         b.submit().unwrap();
         let got = g.read_blocking(&go).unwrap();
         assert_eq!(got.len(), want.len());
         for (i, (a, e)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                a.to_bits(),
-                e.to_bits(),
-                "({m}, {n}, {k}) element {i}: {a} vs {e}"
-            );
+            assert_eq!(a.to_bits(), e.to_bits(), "({m}, {n}, {k}) element {i}: {a} vs {e}");
         }
 
         // The same weight as an embedding table, ids in every slab.
@@ -509,11 +440,7 @@ fn moe_routing_expert_products_and_combine_match_reference() {
         b.submit().unwrap();
         // The choices exactly (random logits have no near-ties); weights to f32 rounding
         // of the reference's f64 softmax.
-        assert_eq!(
-            g.read_u32_blocking(&ge).unwrap(),
-            routing.expert,
-            "experts ({n}, {e_n}, {k})"
-        );
+        assert_eq!(g.read_u32_blocking(&ge).unwrap(), routing.expert, "experts ({n}, {e_n}, {k})");
         let e = rel_to_scale(
             "moe routing expert products and combine match reference",
             &g.read_blocking(&gw).unwrap(),
@@ -524,9 +451,8 @@ fn moe_routing_expert_products_and_combine_match_reference() {
         // Each slot through its own expert's gate weights (f rows of d), one dispatch per
         // expert, each filling only the slots routed to it.
         let x = randn(&mut rng, n * d, 1.0);
-        let experts: Vec<(Vec<f32>, Vec<f32>)> = (0..e_n)
-            .map(|_| quantize_rows(&randn(&mut rng, f * d, 0.5), f, d).unwrap())
-            .collect();
+        let experts: Vec<(Vec<f32>, Vec<f32>)> =
+            (0..e_n).map(|_| quantize_rows(&randn(&mut rng, f * d, 0.5), f, d).unwrap()).collect();
         let pc = packed_cols(d);
         let mut want = vec![0.0; n * k * f];
         for slot in 0..n * k {
@@ -546,25 +472,18 @@ fn moe_routing_expert_products_and_combine_match_reference() {
         }
         let (gxq, gxs) = (g.zeros("xq", n * pc).unwrap(), g.zeros("xs", n).unwrap());
         let gx = g.upload("x", &x).unwrap();
-        let gexperts: Vec<_> = experts
-            .iter()
-            .map(|(p, s)| (g.upload("w", p).unwrap(), g.upload("ws", s).unwrap()))
-            .collect();
+        let gexperts: Vec<_> =
+            experts.iter().map(|(p, s)| (g.upload("w", p).unwrap(), g.upload("ws", s).unwrap())).collect();
         let gy = poisoned(&g, n * k * f);
         let mut b = g.batch();
         b.quantize_activations(&gxq, &gxs, &gx, n, d).unwrap();
         for (ex, (gwp, gws)) in gexperts.iter().enumerate() {
-            b.q8_expert(&gy, &gxq, &gxs, gwp, gws, &ge, (n * k, f, d, k), true, ex)
-                .unwrap();
+            b.q8_expert(&gy, &gxq, &gxs, gwp, gws, &ge, (n * k, f, d, k), true, ex).unwrap();
         }
         b.submit().unwrap();
         let got = g.read_blocking(&gy).unwrap();
         for (i, (a, e)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                a.to_bits(),
-                e.to_bits(),
-                "expert product ({n}, {e_n}, {k}) element {i}"
-            );
+            assert_eq!(a.to_bits(), e.to_bits(), "expert product ({n}, {e_n}, {k}) element {i}");
         }
 
         // Combine: x += sum_s w_s y_s, the reference indexing slots by row_of_slot.
@@ -598,14 +517,7 @@ fn penalty_and_top_k_ranking_match_the_core_sampler() {
     use rusting_brain_shaders::{context_ids, NAN_ROW, NO_ID};
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(8);
-    for (cols, k) in [
-        (1usize, 1usize),
-        (7, 3),
-        (33, 33),
-        (127, 40),
-        (1000, 64),
-        (5000, 7),
-    ] {
+    for (cols, k) in [(1usize, 1usize), (7, 3), (33, 33), (127, 40), (1000, 64), (5000, 7)] {
         let mut logits = randn(&mut rng, cols, 2.0);
         if cols > 10 {
             logits[3] = f32::NEG_INFINITY;
@@ -615,10 +527,8 @@ fn penalty_and_top_k_ranking_match_the_core_sampler() {
         let sampler = Sampler::greedy().repetition_penalty(1.7);
         let want_pen = sampler.penalized(&logits, &context);
         let ids = context_ids(&context, cols);
-        let (gl, gi) = (
-            g.upload("logits", &logits).unwrap(),
-            g.upload_u32("ids", &ids.clone().max(vec![0])).unwrap(),
-        );
+        let (gl, gi) =
+            (g.upload("logits", &logits).unwrap(), g.upload_u32("ids", &ids.clone().max(vec![0])).unwrap());
         let (tid, tval, scratch) = (
             g.upload_u32("top ids", &vec![7; k]).unwrap(),
             poisoned(&g, k),
@@ -631,14 +541,9 @@ fn penalty_and_top_k_ranking_match_the_core_sampler() {
         b.argmax(&best, &gl, 1, cols).unwrap();
         b.submit().unwrap();
         assert_eq!(g.read_blocking(&gl).unwrap(), want_pen, "penalty ({cols})");
-        let mut order: Vec<u32> = (0..cols as u32)
-            .filter(|&i| want_pen[i as usize] > f32::NEG_INFINITY)
-            .collect();
-        order.sort_by(|&a, &b| {
-            want_pen[b as usize]
-                .total_cmp(&want_pen[a as usize])
-                .then(a.cmp(&b))
-        });
+        let mut order: Vec<u32> =
+            (0..cols as u32).filter(|&i| want_pen[i as usize] > f32::NEG_INFINITY).collect();
+        order.sort_by(|&a, &b| want_pen[b as usize].total_cmp(&want_pen[a as usize]).then(a.cmp(&b)));
         let got_ids = g.read_u32_blocking(&tid).unwrap();
         let got_vals = g.read_blocking(&tval).unwrap();
         for s in 0..k {
@@ -706,16 +611,11 @@ fn tiled_q8_matmul_matches_reference_exactly() {
         let go = g.upload("out", &base).unwrap();
         let mut b = g.batch();
         b.quantize_activations(&gxq, &gxs, &gx, m, k).unwrap();
-        b.q8_matmul_cols(&go, (n + 5, 2), &gxq, &gxs, &gw, &gws, m, n, k, 0.5)
-            .unwrap();
+        b.q8_matmul_cols(&go, (n + 5, 2), &gxq, &gxs, &gw, &gws, m, n, k, 0.5).unwrap();
         b.submit().unwrap();
         let got = g.read_blocking(&go).unwrap();
         for (i, (a, e)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                a.to_bits(),
-                e.to_bits(),
-                "({m}, {n}, {k}) element {i}: {a} vs {e}"
-            );
+            assert_eq!(a.to_bits(), e.to_bits(), "({m}, {n}, {k}) element {i}: {a} vs {e}");
         }
     }
 }

@@ -16,10 +16,7 @@ use rusting_brain_core::{Backend, Optimizer, ReferenceBackend};
 use rusting_brain_shaders::{block_on, DeviceSampler, Gpu, GpuOptions, ShaderError, WgpuBackend};
 
 fn gpu() -> Option<WgpuBackend> {
-    match Gpu::new_blocking(&GpuOptions {
-        software: true,
-        ..Default::default()
-    }) {
+    match Gpu::new_blocking(&GpuOptions { software: true, ..Default::default() }) {
         Ok(g) => Some(WgpuBackend::new(Arc::new(g))),
         Err(e @ ShaderError::NoAdapter(_)) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
             eprintln!("SKIPPED, no GPU adapter here: {e}");
@@ -59,13 +56,8 @@ fn config(moe: bool) -> TransformerConfig {
 }
 
 fn batch(step: u64) -> TokenBatch {
-    let seqs: Vec<Vec<u32>> = (0..3u64)
-        .map(|r| {
-            (0..9u64)
-                .map(|t| ((r * 31 + t * 7 + step * 5) % 67) as u32)
-                .collect()
-        })
-        .collect();
+    let seqs: Vec<Vec<u32>> =
+        (0..3u64).map(|r| (0..9u64).map(|t| ((r * 31 + t * 7 + step * 5) % 67) as u32).collect()).collect();
     TokenBatch::new(&seqs).unwrap()
 }
 
@@ -77,18 +69,8 @@ fn worst_l2<A: Backend, B: Backend>(a: &TransformerModel<A>, b: &TransformerMode
     for ((name, x), (_, y)) in pa.iter().zip(&pb) {
         assert_eq!(x.len(), y.len(), "{name}");
         assert!(x.iter().all(|v| v.is_finite()), "{name} has a non-finite value");
-        let diff: f64 = x
-            .iter()
-            .zip(y)
-            .map(|(p, q)| ((p - q) as f64).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        let norm: f64 = y
-            .iter()
-            .map(|q| (*q as f64).powi(2))
-            .sum::<f64>()
-            .sqrt()
-            .max(1e-30);
+        let diff: f64 = x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum::<f64>().sqrt();
+        let norm: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum::<f64>().sqrt().max(1e-30);
         if diff / norm > worst.0 {
             worst = (diff / norm, name.clone());
         }
@@ -113,12 +95,7 @@ fn trains_like_the_reference(moe: bool) {
         let b = host.accumulate(&tb).unwrap();
         host.step(&opt, 1.0).unwrap();
         assert_eq!(a.count, b.count);
-        assert!(
-            (a.sum - b.sum).abs() <= 1e-5 * b.sum.abs(),
-            "step {step} loss {} vs {}",
-            a.sum,
-            b.sum
-        );
+        assert!((a.sum - b.sum).abs() <= 1e-5 * b.sum.abs(), "step {step} loss {} vs {}", a.sum, b.sum);
         assert!((a.load_balance - b.load_balance).abs() <= 1e-5 * b.load_balance.abs().max(1.0));
     }
     let (worst, name) = worst_l2(&dev, &host);
@@ -127,11 +104,7 @@ fn trains_like_the_reference(moe: bool) {
     // The first step makes the arena, bind groups and staging; the later ones reuse them.
     eprintln!("per step: {step_cost:?}");
     for c in &step_cost[1..] {
-        assert_eq!(
-            (c.buffers, c.bind_groups),
-            (0, 0),
-            "a steady-state step allocated: {c:?}"
-        );
+        assert_eq!((c.buffers, c.bind_groups), (0, 0), "a steady-state step allocated: {c:?}");
     }
     let tb = batch(9);
     let (a, b) = (dev.evaluate(&tb).unwrap(), host.evaluate(&tb).unwrap());
@@ -150,10 +123,7 @@ fn moe_transformer_trains_on_wgpu_as_on_the_reference() {
 
 /// The first largest logit's id (the greedy choice).
 fn argmax(l: &[f32]) -> u32 {
-    l.iter()
-        .enumerate()
-        .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
-        .0 as u32
+    l.iter().enumerate().fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m }).0 as u32
 }
 
 #[test]
@@ -164,10 +134,8 @@ fn cached_decoding_on_wgpu_gives_the_reference_logits_and_ids() {
         let mut host = TransformerModel::new(ReferenceBackend, config(moe), 3).unwrap();
         let (mut cd, mut ch) = (dev.new_kv_caches().unwrap(), host.new_kv_caches().unwrap());
         let prompt = [5u32, 9, 1, 60, 2];
-        let (mut ld, mut lh) = (
-            dev.forward_cached(&prompt, &mut cd).unwrap(),
-            host.forward_cached(&prompt, &mut ch).unwrap(),
-        );
+        let (mut ld, mut lh) =
+            (dev.forward_cached(&prompt, &mut cd).unwrap(), host.forward_cached(&prompt, &mut ch).unwrap());
         let mut costs = Vec::new();
         for _ in 0..20 {
             let range = lh.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -230,10 +198,8 @@ fn int8_decoding_on_wgpu_gives_the_reference_ids() {
         host.quantize().unwrap();
         dev.quantize().unwrap();
         let (mut cd, mut ch) = (dev.new_kv_caches().unwrap(), host.new_kv_caches().unwrap());
-        let (mut ld, mut lh) = (
-            dev.forward_cached(&[4, 23], &mut cd).unwrap(),
-            host.forward_cached(&[4, 23], &mut ch).unwrap(),
-        );
+        let (mut ld, mut lh) =
+            (dev.forward_cached(&[4, 23], &mut cd).unwrap(), host.forward_cached(&[4, 23], &mut ch).unwrap());
         let mut worst = 0.0f32;
         let mut ids = Vec::new();
         for _ in 0..20 {
@@ -271,20 +237,13 @@ fn int8_decoding_on_wgpu_gives_the_reference_ids() {
             next = got;
         }
         for (c, s) in costs[1..].iter().zip(&steps[1..]) {
-            assert_eq!(
-                (c.buffers, c.bind_groups, c.submits),
-                (0, 0, 0),
-                "moe {moe}: {c:?}"
-            );
+            assert_eq!((c.buffers, c.bind_groups, c.submits), (0, 0, 0), "moe {moe}: {c:?}");
             assert_eq!(
                 (s.buffers, s.bind_groups, s.submits),
                 (0, 0, 1),
                 "moe {moe}, the step with its draw: {s:?}"
             );
         }
-        eprintln!(
-            "moe {moe}: an int8 decode step records {} dispatches",
-            costs[1].dispatches
-        );
+        eprintln!("moe {moe}: an int8 decode step records {} dispatches", costs[1].dispatches);
     }
 }

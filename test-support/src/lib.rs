@@ -28,11 +28,7 @@ pub fn assert_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64)
 /// panicking (the CUDA device tests): the same rule, the same message.
 pub fn check_close(name: &str, got: &[f32], want: &[f32], rtol: f64, atol: f64) -> Result<f64, String> {
     if got.len() != want.len() {
-        return Err(format!(
-            "{name}: {} values, the reference has {}",
-            got.len(),
-            want.len()
-        ));
+        return Err(format!("{name}: {} values, the reference has {}", got.len(), want.len()));
     }
     let mut worst = (0.0f64, 0usize);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -72,13 +68,7 @@ pub fn assert_close_shaped(
 /// The largest |a - b|, NaN-propagating: a NaN on either side gives NaN, which fails any
 /// `<=` check (an `f32::max` fold would silently skip it).
 pub fn worst_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(
-        a.len(),
-        b.len(),
-        "worst_abs_diff: lengths {} and {}",
-        a.len(),
-        b.len()
-    );
+    assert_eq!(a.len(), b.len(), "worst_abs_diff: lengths {} and {}", a.len(), b.len());
     a.iter().zip(b).fold(0.0f32, |m, (x, y)| {
         let d = (x - y).abs();
         if d.is_nan() || m.is_nan() {
@@ -105,13 +95,7 @@ pub fn nan_max(m: f32, d: f32) -> f32 {
 /// element: an output left as NaN poison is never skipped.
 #[track_caller]
 pub fn rel_to_scale(name: &str, got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "{name}: {} values, the reference has {}",
-        got.len(),
-        want.len()
-    );
+    assert_eq!(got.len(), want.len(), "{name}: {} values, the reference has {}", got.len(), want.len());
     let mut scale = 1e-30f32;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         assert!(
@@ -120,10 +104,7 @@ pub fn rel_to_scale(name: &str, got: &[f32], want: &[f32]) -> f32 {
         );
         scale = scale.max(w.abs());
     }
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs() / scale)
-        .fold(0.0f32, nan_max)
+    got.iter().zip(want).map(|(g, w)| (g - w).abs() / scale).fold(0.0f32, nan_max)
 }
 
 /// `q8_matmul_many`'s products of one input `(m, k)`: output `i` is `outs[i]` `(m, n_i)`,
@@ -228,9 +209,7 @@ pub fn rule_model(d_ff: usize, max_seq_len: usize) -> TransformerLmBuilder {
 pub fn train_on_rule(model: &mut TransformerLm, steps: usize) {
     let mut rng = Rng::new(6);
     for _ in 0..steps {
-        model
-            .train_step_batch(&rule_batch(&mut rng, 8, 25))
-            .expect("a training step on the rule");
+        model.train_step_batch(&rule_batch(&mut rng, 8, 25)).expect("a training step on the rule");
     }
 }
 

@@ -72,16 +72,8 @@ pub fn matmul<B: Backend>(be: &B, tol: f64) {
     for (m, n, k) in [(1, 1, 1), (3, 7, 33), (33, 5, 127), (64, 64, 64)] {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
             for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0)] {
-                let spec = MatmulSpec::new(m, n, k)
-                    .trans_a(ta)
-                    .trans_b(tb)
-                    .alpha(alpha)
-                    .beta(beta);
-                let init = if beta == 0.0 {
-                    poisoned(m * n)
-                } else {
-                    rng.normal_vec(m * n, 1.0)
-                };
+                let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).alpha(alpha).beta(beta);
+                let init = if beta == 0.0 { poisoned(m * n) } else { rng.normal_vec(m * n, 1.0) };
                 let (got, want) = both!(
                     be,
                     vec![rng.normal_vec(m * k, 1.0), rng.normal_vec(k * n, 1.0)],
@@ -101,19 +93,11 @@ pub fn matmul<B: Backend>(be: &B, tol: f64) {
     let spec = MatmulSpec::new(m, n, k).trans_b(true).batch(batch);
     let (got, want) = both!(
         be,
-        vec![
-            rng.normal_vec(batch * m * k, 1.0),
-            rng.normal_vec(batch * k * n, 1.0)
-        ],
+        vec![rng.normal_vec(batch * m * k, 1.0), rng.normal_vec(batch * k * n, 1.0)],
         vec![poisoned(batch * m * n)],
         |b, i, o| b.matmul(&mut o[0], &i[0], &i[1], &spec)
     );
-    close(
-        &format!("{} batched matmul", be.name()),
-        &got.0[0],
-        &want.0[0],
-        tol,
-    );
+    close(&format!("{} batched matmul", be.name()), &got.0[0], &want.0[0], tol);
 }
 
 pub fn dense<B: Backend>(be: &B, tol: f64) {
@@ -123,24 +107,11 @@ pub fn dense<B: Backend>(be: &B, tol: f64) {
         let x = rng.normal_vec(n, 3.0);
         let (got, want) = both!(be, vec![rng.normal_vec(cols, 1.0)], vec![x.clone()], |b, i, o| b
             .add_bias(&mut o[0], &i[0], rows, cols));
-        close(
-            &format!("{} add_bias {rows}x{cols}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
-        let (got, want) = both!(
-            be,
-            vec![rng.normal_vec(n, 1.0)],
-            vec![rng.normal_vec(cols, 1.0)],
-            |b, i, o| b.bias_backward(&mut o[0], &i[0], rows, cols)
-        );
-        close(
-            &format!("{} bias_backward {rows}x{cols}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} add_bias {rows}x{cols}", be.name()), &got.0[0], &want.0[0], tol);
+        let (got, want) =
+            both!(be, vec![rng.normal_vec(n, 1.0)], vec![rng.normal_vec(cols, 1.0)], |b, i, o| b
+                .bias_backward(&mut o[0], &i[0], rows, cols));
+        close(&format!("{} bias_backward {rows}x{cols}", be.name()), &got.0[0], &want.0[0], tol);
         for act in [
             Activation::Identity,
             Activation::Relu,
@@ -151,61 +122,29 @@ pub fn dense<B: Backend>(be: &B, tol: f64) {
         ] {
             let (got, want) = both!(be, vec![x.clone()], vec![poisoned(n)], |b, i, o| b
                 .activation_forward(act, &mut o[0], &i[0], rows, cols));
-            close(
-                &format!("{} {act:?} forward {rows}x{cols}", be.name()),
-                &got.0[0],
-                &want.0[0],
-                tol,
-            );
+            close(&format!("{} {act:?} forward {rows}x{cols}", be.name()), &got.0[0], &want.0[0], tol);
             let y = want.0[0].clone();
-            let (got, want) = both!(
-                be,
-                vec![rng.normal_vec(n, 1.0), x.clone(), y],
-                vec![poisoned(n)],
-                |b, i, o| b.activation_backward(act, &mut o[0], &i[0], &i[1], &i[2], rows, cols)
-            );
-            close(
-                &format!("{} {act:?} backward {rows}x{cols}", be.name()),
-                &got.0[0],
-                &want.0[0],
-                tol,
-            );
+            let (got, want) =
+                both!(be, vec![rng.normal_vec(n, 1.0), x.clone(), y], vec![poisoned(n)], |b, i, o| b
+                    .activation_backward(act, &mut o[0], &i[0], &i[1], &i[2], rows, cols));
+            close(&format!("{} {act:?} backward {rows}x{cols}", be.name()), &got.0[0], &want.0[0], tol);
         }
         let pred: Vec<f32> = (0..n).map(|_| rng.uniform(0.05, 0.95) as f32).collect();
         let target: Vec<f32> = (0..n).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
-        for loss in [
-            Loss::MeanSquaredError,
-            Loss::BinaryCrossEntropy,
-            Loss::CategoricalCrossEntropy,
-        ] {
-            let (got, want) = both!(
-                be,
-                vec![pred.clone(), target.clone()],
-                vec![poisoned(n)],
-                |b, i, o| {
-                    let value = b.loss_forward(loss, &i[0], &i[1], rows, cols);
-                    b.loss_backward(loss, &mut o[0], &i[0], &i[1], rows, cols)
-                        .and(value)
-                }
-            );
+        for loss in [Loss::MeanSquaredError, Loss::BinaryCrossEntropy, Loss::CategoricalCrossEntropy] {
+            let (got, want) = both!(be, vec![pred.clone(), target.clone()], vec![poisoned(n)], |b, i, o| {
+                let value = b.loss_forward(loss, &i[0], &i[1], rows, cols);
+                b.loss_backward(loss, &mut o[0], &i[0], &i[1], rows, cols).and(value)
+            });
             close(
                 &format!("{} {loss:?} value {rows}x{cols}", be.name()),
                 &[got.1 as f32],
                 &[want.1 as f32],
                 tol,
             );
-            close(
-                &format!("{} {loss:?} gradient {rows}x{cols}", be.name()),
-                &got.0[0],
-                &want.0[0],
-                tol,
-            );
-            let (got, want) = both!(
-                be,
-                vec![pred.clone(), target.clone()],
-                vec![poisoned(n)],
-                |b, i, o| b.fused_output_backward(loss, &mut o[0], &i[0], &i[1], rows, cols)
-            );
+            close(&format!("{} {loss:?} gradient {rows}x{cols}", be.name()), &got.0[0], &want.0[0], tol);
+            let (got, want) = both!(be, vec![pred.clone(), target.clone()], vec![poisoned(n)], |b, i, o| b
+                .fused_output_backward(loss, &mut o[0], &i[0], &i[1], rows, cols));
             close(
                 &format!("{} {loss:?} fused gradient {rows}x{cols}", be.name()),
                 &got.0[0],
@@ -220,32 +159,14 @@ pub fn transformer<B: Backend>(be: &B, tol: f64) {
     let mut rng = Rng::new(202);
     for (rows, dim) in [(1, 1), (3, 7), (33, 127)] {
         let n = rows * dim;
-        let (x, w, dy) = (
-            rng.normal_vec(n, 1.0),
-            rng.normal_vec(dim, 1.0),
-            rng.normal_vec(n, 1.0),
-        );
-        let (got, want) = both!(
-            be,
-            vec![x.clone(), w.clone()],
-            vec![poisoned(n), poisoned(rows)],
-            |b, i, o| {
+        let (x, w, dy) = (rng.normal_vec(n, 1.0), rng.normal_vec(dim, 1.0), rng.normal_vec(n, 1.0));
+        let (got, want) =
+            both!(be, vec![x.clone(), w.clone()], vec![poisoned(n), poisoned(rows)], |b, i, o| {
                 let (y, r) = o.split_at_mut(1);
                 b.rmsnorm_forward(&mut y[0], &mut r[0], &i[0], &i[1], rows, dim, 1e-5)
-            }
-        );
-        close(
-            &format!("{} rmsnorm out {rows}x{dim}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
-        close(
-            &format!("{} rmsnorm rstd {rows}x{dim}", be.name()),
-            &got.0[1],
-            &want.0[1],
-            tol,
-        );
+            });
+        close(&format!("{} rmsnorm out {rows}x{dim}", be.name()), &got.0[0], &want.0[0], tol);
+        close(&format!("{} rmsnorm rstd {rows}x{dim}", be.name()), &got.0[1], &want.0[1], tol);
         let rstd = want.0[1].clone();
         // dim 1 cancels (w * eps / (x^2 + eps) as a difference of O(w) terms): compare
         // the input gradient on the scale of those terms.
@@ -266,54 +187,24 @@ pub fn transformer<B: Backend>(be: &B, tol: f64) {
             tol,
             tol * scale,
         );
-        close(
-            &format!("{} rmsnorm dweight {rows}x{dim}", be.name()),
-            &got.0[1],
-            &want.0[1],
-            tol,
-        );
+        close(&format!("{} rmsnorm dweight {rows}x{dim}", be.name()), &got.0[1], &want.0[1], tol);
         let (got, want) = both!(be, vec![x.clone()], vec![poisoned(n)], |b, i, o| b
             .softmax_forward(&mut o[0], &i[0], rows, dim));
-        close(
-            &format!("{} softmax {rows}x{dim}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} softmax {rows}x{dim}", be.name()), &got.0[0], &want.0[0], tol);
         let y = want.0[0].clone();
         let (got, want) = both!(be, vec![dy.clone(), y], vec![poisoned(n)], |b, i, o| b
             .softmax_backward(&mut o[0], &i[0], &i[1], rows, dim));
-        close(
-            &format!("{} softmax backward {rows}x{dim}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} softmax backward {rows}x{dim}", be.name()), &got.0[0], &want.0[0], tol);
         let (g, u) = (rng.normal_vec(n, 2.0), rng.normal_vec(n, 1.0));
         let (got, want) = both!(be, vec![g.clone(), u.clone()], vec![poisoned(n)], |b, i, o| b
             .swiglu_forward(&mut o[0], &i[0], &i[1]));
         close(&format!("{} swiglu {n}", be.name()), &got.0[0], &want.0[0], tol);
-        let (got, want) = both!(
-            be,
-            vec![dy.clone(), g, u],
-            vec![poisoned(n), poisoned(n)],
-            |b, i, o| {
-                let (dg, du) = o.split_at_mut(1);
-                b.swiglu_backward(&mut dg[0], &mut du[0], &i[0], &i[1], &i[2])
-            }
-        );
-        close(
-            &format!("{} swiglu dgate {n}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
-        close(
-            &format!("{} swiglu dup {n}", be.name()),
-            &got.0[1],
-            &want.0[1],
-            tol,
-        );
+        let (got, want) = both!(be, vec![dy.clone(), g, u], vec![poisoned(n), poisoned(n)], |b, i, o| {
+            let (dg, du) = o.split_at_mut(1);
+            b.swiglu_backward(&mut dg[0], &mut du[0], &i[0], &i[1], &i[2])
+        });
+        close(&format!("{} swiglu dgate {n}", be.name()), &got.0[0], &want.0[0], tol);
+        close(&format!("{} swiglu dup {n}", be.name()), &got.0[1], &want.0[1], tol);
     }
     let llama3 = RopeScaling::Llama3 {
         factor: 8.0,
@@ -325,31 +216,12 @@ pub fn transformer<B: Backend>(be: &B, tol: f64) {
         for (batch, seq, heads, head_dim, pos_offset) in
             [(1, 1, 1, 2, 0), (2, 5, 3, 10, 7), (1, 9, 2, 64, 50)]
         {
-            let spec = RopeSpec {
-                batch,
-                seq,
-                heads,
-                head_dim,
-                pos_offset,
-                theta: 10_000.0,
-                scaling,
-            };
+            let spec = RopeSpec { batch, seq, heads, head_dim, pos_offset, theta: 10_000.0, scaling };
             let x = rng.normal_vec(batch * seq * heads * head_dim, 1.0);
-            let (got, want) = both!(be, vec![], vec![x.clone()], |b, _i, o| b
-                .rope_forward(&mut o[0], &spec));
-            close(
-                &format!("{} rope {spec:?}", be.name()),
-                &got.0[0],
-                &want.0[0],
-                tol,
-            );
+            let (got, want) = both!(be, vec![], vec![x.clone()], |b, _i, o| b.rope_forward(&mut o[0], &spec));
+            close(&format!("{} rope {spec:?}", be.name()), &got.0[0], &want.0[0], tol);
             let (got, want) = both!(be, vec![], vec![x], |b, _i, o| b.rope_backward(&mut o[0], &spec));
-            close(
-                &format!("{} rope backward {spec:?}", be.name()),
-                &got.0[0],
-                &want.0[0],
-                tol,
-            );
+            close(&format!("{} rope backward {spec:?}", be.name()), &got.0[0], &want.0[0], tol);
         }
     }
 }
@@ -374,32 +246,14 @@ pub fn attention<B: Backend>(be: &B, tol: f64) {
         spec(1, 3, 20, 24, 2, 1, 32),
     ] {
         let (nq, nkv, nl) = s.check("sweep").unwrap();
-        let (q, k, v) = (
-            rng.normal_vec(nq, 1.0),
-            rng.normal_vec(nkv, 1.0),
-            rng.normal_vec(nkv, 1.0),
-        );
-        let (got, want) = both!(
-            be,
-            vec![q.clone(), k.clone(), v.clone()],
-            vec![poisoned(nq), poisoned(nl)],
-            |b, i, o| {
+        let (q, k, v) = (rng.normal_vec(nq, 1.0), rng.normal_vec(nkv, 1.0), rng.normal_vec(nkv, 1.0));
+        let (got, want) =
+            both!(be, vec![q.clone(), k.clone(), v.clone()], vec![poisoned(nq), poisoned(nl)], |b, i, o| {
                 let (out, lse) = o.split_at_mut(1);
                 b.attention_forward(&mut out[0], &mut lse[0], &i[0], &i[1], &i[2], &s)
-            }
-        );
-        close(
-            &format!("{} attention out {s:?}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
-        close(
-            &format!("{} attention lse {s:?}", be.name()),
-            &got.0[1],
-            &want.0[1],
-            tol,
-        );
+            });
+        close(&format!("{} attention out {s:?}", be.name()), &got.0[0], &want.0[0], tol);
+        close(&format!("{} attention lse {s:?}", be.name()), &got.0[1], &want.0[1], tol);
         let (out, lse) = (want.0[0].clone(), want.0[1].clone());
         let (got, want) = both!(
             be,
@@ -417,13 +271,7 @@ pub fn attention<B: Backend>(be: &B, tol: f64) {
         // exactly for a single key: bound it on the scale of those terms.
         for (j, name) in ["dq", "dk", "dv"].iter().enumerate() {
             let (g, w) = (&got.0[j], &want.0[j]);
-            assert_close(
-                &format!("{} attention {name} {s:?}", be.name()),
-                g,
-                w,
-                tol,
-                tol * (rms(w) + 1.0),
-            );
+            assert_close(&format!("{} attention {name} {s:?}", be.name()), g, w, tol, tol * (rms(w) + 1.0));
         }
     }
 }
@@ -432,30 +280,17 @@ pub fn lookups_and_losses<B: Backend>(be: &B, tol: f64) {
     let mut rng = Rng::new(204);
     for (vocab, dim, ids) in [(5usize, 1usize, vec![0u32]), (11, 33, vec![3, 3, 0, 10, 3, 7, 0])] {
         let rows = ids.len();
-        let (got, want) = both!(
-            be,
-            vec![rng.normal_vec(vocab * dim, 1.0)],
-            vec![poisoned(rows * dim)],
-            |b, i, o| b.embedding_forward(&mut o[0], &i[0], &ids, vocab, dim)
-        );
-        close(
-            &format!("{} embedding {vocab}x{dim}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        let (got, want) =
+            both!(be, vec![rng.normal_vec(vocab * dim, 1.0)], vec![poisoned(rows * dim)], |b, i, o| b
+                .embedding_forward(&mut o[0], &i[0], &ids, vocab, dim));
+        close(&format!("{} embedding {vocab}x{dim}", be.name()), &got.0[0], &want.0[0], tol);
         let (got, want) = both!(
             be,
             vec![rng.normal_vec(rows * dim, 1.0)],
             vec![rng.normal_vec(vocab * dim, 1.0)],
             |b, i, o| b.embedding_backward(&mut o[0], &i[0], &ids, vocab, dim)
         );
-        close(
-            &format!("{} embedding backward {vocab}x{dim}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} embedding backward {vocab}x{dim}", be.name()), &got.0[0], &want.0[0], tol);
     }
     for (rows, vocab) in [(1, 1), (5, 33), (7, 300)] {
         let targets: Vec<u32> = (0..rows).map(|r| (r * 7 % vocab) as u32).collect();
@@ -469,48 +304,21 @@ pub fn lookups_and_losses<B: Backend>(be: &B, tol: f64) {
             tol,
         );
         assert_eq!(got.1.count, want.1.count, "{} cross_entropy count", be.name());
-        close(
-            &format!("{} cross_entropy gradient {rows}x{vocab}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} cross_entropy gradient {rows}x{vocab}", be.name()), &got.0[0], &want.0[0], tol);
     }
     for (n, top_k, dim) in [(1usize, 1usize, 1usize), (5, 2, 33)] {
         let slots = n * top_k;
         let row_of_slot: Vec<u32> = (0..slots).map(|s| ((s * 7 + 3) % slots) as u32).collect();
         let weight: Vec<f32> = (0..slots).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
         let y = rng.normal_vec(slots * dim, 1.0);
-        let (got, want) = both!(
-            be,
-            vec![y.clone()],
-            vec![rng.normal_vec(n * dim, 1.0)],
-            |b, i, o| b.moe_combine(&mut o[0], &i[0], &row_of_slot, &weight, top_k, dim)
-        );
-        close(
-            &format!("{} moe_combine {n}x{top_k}x{dim}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
-        let (got, want) = both!(
-            be,
-            vec![rng.normal_vec(n * dim, 1.0), y],
-            vec![poisoned(slots * dim)],
-            |b, i, o| b.moe_combine_backward(&mut o[0], &i[0], &i[1], &row_of_slot, &weight, top_k, dim)
-        );
-        close(
-            &format!("{} moe_combine dy {n}x{top_k}x{dim}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
-        close(
-            &format!("{} moe_combine dweight {n}x{top_k}x{dim}", be.name()),
-            &got.1,
-            &want.1,
-            tol,
-        );
+        let (got, want) = both!(be, vec![y.clone()], vec![rng.normal_vec(n * dim, 1.0)], |b, i, o| b
+            .moe_combine(&mut o[0], &i[0], &row_of_slot, &weight, top_k, dim));
+        close(&format!("{} moe_combine {n}x{top_k}x{dim}", be.name()), &got.0[0], &want.0[0], tol);
+        let (got, want) =
+            both!(be, vec![rng.normal_vec(n * dim, 1.0), y], vec![poisoned(slots * dim)], |b, i, o| b
+                .moe_combine_backward(&mut o[0], &i[0], &i[1], &row_of_slot, &weight, top_k, dim));
+        close(&format!("{} moe_combine dy {n}x{top_k}x{dim}", be.name()), &got.0[0], &want.0[0], tol);
+        close(&format!("{} moe_combine dweight {n}x{top_k}x{dim}", be.name()), &got.1, &want.1, tol);
     }
 }
 
@@ -525,21 +333,11 @@ pub fn int8<B: Backend>(be: &B, tol: f64) {
             vec![poisoned(m * n)],
             |b, i, o| b.q8_matmul(&mut o[0], &i[0], &i[1], &i[2], &spec)
         );
-        close(
-            &format!("{} q8_matmul {m}x{n}x{k}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} q8_matmul {m}x{n}x{k}", be.name()), &got.0[0], &want.0[0], tol);
         let ids: Vec<u32> = (0..m).map(|i| (i * 3 % n) as u32).collect();
         let (got, want) = both!(be, vec![packed, scales], vec![poisoned(m * k)], |b, i, o| b
             .q8_embedding(&mut o[0], &i[0], &i[1], &ids, n, k));
-        close(
-            &format!("{} q8_embedding {m}x{n}x{k}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} q8_embedding {m}x{n}x{k}", be.name()), &got.0[0], &want.0[0], tol);
     }
 }
 
@@ -558,16 +356,12 @@ pub fn optimizers<B: Backend>(be: &B, tol: f64) {
                 decoupled,
                 grad_scale: 0.5,
             };
-            let (got, want) = both!(
-                be,
-                vec![g.clone()],
-                vec![p.clone(), rng.normal_vec(n, 0.01), v.clone()],
-                |b, i, o| {
+            let (got, want) =
+                both!(be, vec![g.clone()], vec![p.clone(), rng.normal_vec(n, 0.01), v.clone()], |b, i, o| {
                     let (param, rest) = o.split_at_mut(1);
                     let (m, v) = rest.split_at_mut(1);
                     b.adam_update(&mut param[0], &i[0], &mut m[0], &mut v[0], &hp, 3)
-                }
-            );
+                });
             for (j, name) in ["param", "m", "v"].iter().enumerate() {
                 close(
                     &format!("{} adam {name} n={n} decoupled={decoupled}", be.name()),
@@ -578,28 +372,13 @@ pub fn optimizers<B: Backend>(be: &B, tol: f64) {
             }
         }
         for (momentum, nesterov) in [(0.0f32, false), (0.9, true)] {
-            let hp = SgdParams {
-                lr: 0.1,
-                momentum,
-                nesterov,
-                weight_decay: 0.01,
-                grad_scale: 2.0,
-            };
-            let (got, want) = both!(
-                be,
-                vec![g.clone()],
-                vec![p.clone(), rng.normal_vec(n, 0.1)],
-                |b, i, o| {
+            let hp = SgdParams { lr: 0.1, momentum, nesterov, weight_decay: 0.01, grad_scale: 2.0 };
+            let (got, want) =
+                both!(be, vec![g.clone()], vec![p.clone(), rng.normal_vec(n, 0.1)], |b, i, o| {
                     let (param, vel) = o.split_at_mut(1);
                     b.sgd_update(&mut param[0], &i[0], (momentum > 0.0).then_some(&mut vel[0]), &hp)
-                }
-            );
-            close(
-                &format!("{} sgd param n={n} momentum={momentum}", be.name()),
-                &got.0[0],
-                &want.0[0],
-                tol,
-            );
+                });
+            close(&format!("{} sgd param n={n} momentum={momentum}", be.name()), &got.0[0], &want.0[0], tol);
             close(
                 &format!("{} sgd velocity n={n} momentum={momentum}", be.name()),
                 &got.0[1],
@@ -607,14 +386,9 @@ pub fn optimizers<B: Backend>(be: &B, tol: f64) {
                 tol,
             );
         }
-        let (got, want) = both!(be, vec![p.clone(), g.clone()], vec![], |b, i, _o| b
-            .sum_of_squares_many(&[&i[0], &i[1]]));
-        close(
-            &format!("{} sum_of_squares_many n={n}", be.name()),
-            &[got.1 as f32],
-            &[want.1 as f32],
-            tol,
-        );
+        let (got, want) =
+            both!(be, vec![p.clone(), g.clone()], vec![], |b, i, _o| b.sum_of_squares_many(&[&i[0], &i[1]]));
+        close(&format!("{} sum_of_squares_many n={n}", be.name()), &[got.1 as f32], &[want.1 as f32], tol);
     }
 }
 
@@ -660,12 +434,7 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             i.get(2),
             &spec
         ));
-        close(
-            &format!("{} conv2d {spec:?}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} conv2d {spec:?}", be.name()), &got.0[0], &want.0[0], tol);
     }
     // With the ResNets' fused activation too.
     for (batch, channels, spatial, groups, affine, act) in [
@@ -675,14 +444,7 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
         (1, 64, 1023, 32, true, Some(Unary::Silu)),
         (3, 8, 1, 2, true, Some(Unary::Gelu)),
     ] {
-        let spec = GroupNormSpec {
-            batch,
-            channels,
-            spatial,
-            groups,
-            eps: 1e-6,
-            act,
-        };
+        let spec = GroupNormSpec { batch, channels, spatial, groups, eps: 1e-6, act };
         let n = batch * channels * spatial;
         let mut inputs = vec![rng.normal_vec(n, 2.0).iter().map(|v| v + 3.0).collect()];
         if affine {
@@ -696,12 +458,7 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             i.get(2),
             &spec
         ));
-        close(
-            &format!("{} group_norm {spec:?}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} group_norm {spec:?}", be.name()), &got.0[0], &want.0[0], tol);
     }
     for (rows, dim, affine) in [(1, 1, true), (7, 33, true), (5, 1280, false)] {
         let n = rows * dim;
@@ -719,12 +476,7 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             dim,
             1e-5
         ));
-        close(
-            &format!("{} layer_norm ({rows}, {dim})", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} layer_norm ({rows}, {dim})", be.name()), &got.0[0], &want.0[0], tol);
     }
     for op in [Unary::Gelu, Unary::GeluTanh, Unary::QuickGelu, Unary::Silu] {
         for n in [1, 33, 40_000] {
@@ -732,21 +484,13 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
                 .unary(op, &mut o[0], &i[0]));
             close(&format!("{} {op:?} {n}", be.name()), &got.0[0], &want.0[0], tol);
             let (gate, up) = (rng.normal_vec(n, 4.0), rng.normal_vec(n, 1.0));
-            let (got, want) = both!(be, vec![gate, up], vec![poisoned(n)], |b, i, o| b
-                .gated(op, &mut o[0], &i[0], &i[1]));
-            close(
-                &format!("{} gated {op:?} {n}", be.name()),
-                &got.0[0],
-                &want.0[0],
-                tol,
-            );
+            let (got, want) =
+                both!(be, vec![gate, up], vec![poisoned(n)], |b, i, o| b.gated(op, &mut o[0], &i[0], &i[1]));
+            close(&format!("{} gated {op:?} {n}", be.name()), &got.0[0], &want.0[0], tol);
         }
     }
     let sdpa = |batch, q_len, kv_len, heads, kv_heads, head_dim, causal| {
-        SdpaSpec::new(batch, q_len, heads, head_dim)
-            .kv_len(kv_len)
-            .kv_heads(kv_heads)
-            .causal(causal)
+        SdpaSpec::new(batch, q_len, heads, head_dim).kv_len(kv_len).kv_heads(kv_heads).causal(causal)
     };
     // (spec, masked, biased): one query, cross-attention to 77 tokens over two query
     // blocks of the CPU's 256, three blocks with padding and a bias (T5), causal under a
@@ -760,11 +504,7 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
     ] {
         let nq = spec.batch * spec.q_len * spec.heads * spec.head_dim;
         let nkv = spec.batch * spec.kv_len * spec.kv_heads * spec.head_dim;
-        let mut inputs = vec![
-            rng.normal_vec(nq, 1.0),
-            rng.normal_vec(nkv, 1.0),
-            rng.normal_vec(nkv, 1.0),
-        ];
+        let mut inputs = vec![rng.normal_vec(nq, 1.0), rng.normal_vec(nkv, 1.0), rng.normal_vec(nkv, 1.0)];
         if biased {
             inputs.push(rng.normal_vec(spec.heads * spec.q_len * spec.kv_len, 1.0));
         }
@@ -783,43 +523,19 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             i.get(3),
             &spec
         ));
-        close(
-            &format!("{} sdpa {spec:?}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        close(&format!("{} sdpa {spec:?}", be.name()), &got.0[0], &want.0[0], tol);
     }
     for (planes, h, w, s) in [(1, 1, 1, 1), (6, 5, 7, 2), (2, 3, 4, 3)] {
         let n = planes * h * w;
-        let (got, want) = both!(
-            be,
-            vec![rng.normal_vec(n, 1.0)],
-            vec![poisoned(n * s * s)],
-            |b, i, o| b.upsample_nearest2d(&mut o[0], &i[0], planes, h, w, s)
-        );
-        close(
-            &format!("{} upsample ({planes}, {h}, {w}) x{s}", be.name()),
-            &got.0[0],
-            &want.0[0],
-            tol,
-        );
+        let (got, want) = both!(be, vec![rng.normal_vec(n, 1.0)], vec![poisoned(n * s * s)], |b, i, o| b
+            .upsample_nearest2d(&mut o[0], &i[0], planes, h, w, s));
+        close(&format!("{} upsample ({planes}, {h}, {w}) x{s}", be.name()), &got.0[0], &want.0[0], tol);
     }
     for order in [PatchOrder::ChannelFirst, PatchOrder::ChannelLast] {
-        for (batch, channels, height, width, patch) in [
-            (1, 1, 1, 1, 1),
-            (2, 3, 4, 6, 2),
-            (1, 16, 8, 4, 1),
-            (1, 5, 9, 6, 3),
-        ] {
-            let spec = PatchSpec {
-                batch,
-                channels,
-                height,
-                width,
-                patch,
-                order,
-            };
+        for (batch, channels, height, width, patch) in
+            [(1, 1, 1, 1, 1), (2, 3, 4, 6, 2), (1, 16, 8, 4, 1), (1, 5, 9, 6, 3)]
+        {
+            let spec = PatchSpec { batch, channels, height, width, patch, order };
             let n = batch * channels * height * width;
             let x = rng.normal_vec(n, 1.0);
             let (got, want) = both!(be, vec![x.clone()], vec![poisoned(n), poisoned(n)], |b, i, o| {
@@ -827,12 +543,7 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
                 b.patchify(&mut tokens[0], &i[0], &spec)
                     .and_then(|_| b.unpatchify(&mut back[0], &tokens[0], &spec))
             });
-            close(
-                &format!("{} patchify {spec:?}", be.name()),
-                &got.0[0],
-                &want.0[0],
-                tol,
-            );
+            close(&format!("{} patchify {spec:?}", be.name()), &got.0[0], &want.0[0], tol);
             // Pure data movement: the round trip gives the input back, bit for bit.
             assert_eq!(got.0[1], x, "{} unpatchify(patchify(x)) {spec:?}", be.name());
             assert_eq!(want.0[1], x, "reference unpatchify(patchify(x)) {spec:?}");

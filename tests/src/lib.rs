@@ -18,12 +18,7 @@ pub enum ParityError {
     #[error("fixture {path} has no tensor named `{name}`")]
     Missing { path: PathBuf, name: String },
     #[error("tensor `{name}` in {path} is {actual:?}, expected one of {expected}")]
-    Dtype {
-        path: PathBuf,
-        name: String,
-        actual: Dtype,
-        expected: &'static str,
-    },
+    Dtype { path: PathBuf, name: String, actual: Dtype, expected: &'static str },
 }
 
 /// A safetensors fixture held in memory.
@@ -53,14 +48,9 @@ pub fn fixture_path(name: &str) -> PathBuf {
 impl Fixture {
     pub fn open(path: impl AsRef<Path>) -> Result<Fixture, ParityError> {
         let path = path.as_ref().to_path_buf();
-        let bytes = std::fs::read(&path).map_err(|source| ParityError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        SafeTensors::deserialize(&bytes).map_err(|e| ParityError::Format {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        let bytes = std::fs::read(&path).map_err(|source| ParityError::Io { path: path.clone(), source })?;
+        SafeTensors::deserialize(&bytes)
+            .map_err(|e| ParityError::Format { path: path.clone(), message: e.to_string() })?;
         Ok(Fixture { path, bytes })
     }
 
@@ -90,28 +80,21 @@ impl Fixture {
     /// Any float or integer tensor, as f64.
     pub fn get(&self, name: &str) -> Result<Tensor, ParityError> {
         let st = self.tensors();
-        let view = st.tensor(name).map_err(|_| ParityError::Missing {
-            path: self.path.clone(),
-            name: name.to_string(),
-        })?;
+        let view = st
+            .tensor(name)
+            .map_err(|_| ParityError::Missing { path: self.path.clone(), name: name.to_string() })?;
         let raw = view.data();
         let data: Vec<f64> = match view.dtype() {
-            Dtype::F32 => raw
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-                .collect(),
-            Dtype::F64 => raw
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-            Dtype::I64 => raw
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
-                .collect(),
-            Dtype::I32 => raw
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
-                .collect(),
+            Dtype::F32 => {
+                raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64).collect()
+            }
+            Dtype::F64 => raw.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::I64 => {
+                raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect()
+            }
+            Dtype::I32 => {
+                raw.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64).collect()
+            }
             other => {
                 return Err(ParityError::Dtype {
                     path: self.path.clone(),
@@ -121,10 +104,7 @@ impl Fixture {
                 })
             }
         };
-        Ok(Tensor {
-            shape: view.shape().to_vec(),
-            data,
-        })
+        Ok(Tensor { shape: view.shape().to_vec(), data })
     }
 }
 
@@ -215,11 +195,7 @@ pub fn compare<A: Copy + Into<f64>>(name: &str, actual: &[A], expected: &Tensor,
     };
     if actual.len() != expected.data.len() {
         report.failing = actual.len().max(expected.data.len());
-        report.name = format!(
-            "{name} (length {} vs expected {})",
-            actual.len(),
-            expected.data.len()
-        );
+        report.name = format!("{name} (length {} vs expected {})", actual.len(), expected.data.len());
         return report;
     }
     for (i, (&a, &e)) in actual.iter().zip(&expected.data).enumerate() {
@@ -270,10 +246,7 @@ pub fn rms(t: &Tensor) -> f64 {
 /// element's share of its bound.
 pub fn assert_close_rms(name: &str, actual: &[f32], expected: &Tensor, rtol: f64) -> Report {
     let r = assert_close(name, actual, expected, Tolerance::new(rtol, rtol * rms(expected)));
-    println!(
-        "{name:<28} max abs error {:.2e}, worst {:.3} of allowance",
-        r.max_abs_error, r.worst_ratio
-    );
+    println!("{name:<28} max abs error {:.2e}, worst {:.3} of allowance", r.max_abs_error, r.worst_ratio);
     r
 }
 
@@ -288,11 +261,7 @@ pub fn assert_same_picture(what: &str, got: &rusting_brain::vae::Image, want: &T
 /// [`assert_same_picture`] with a bound of `atol` per pixel value (in [0, 1]), for pictures
 /// that differ by design (an int8 model against the f32 reference).
 pub fn assert_picture_within(what: &str, got: &rusting_brain::vae::Image, want: &Tensor, atol: f64) -> f64 {
-    assert_eq!(
-        [1, got.channels, got.height, got.width],
-        want.shape[..],
-        "{what}: shape"
-    );
+    assert_eq!([1, got.channels, got.height, got.width], want.shape[..], "{what}: shape");
     let ours: Vec<f32> = got.data.iter().map(|v| (v / 2.0 + 0.5).clamp(0.0, 1.0)).collect();
     let r = assert_close(what, &ours, want, Tolerance::new(0.0, atol));
     println!("{what:<28} max abs error {:.2e}", r.max_abs_error);
@@ -316,10 +285,7 @@ pub fn relative_l2(actual: &[f32], expected: &Tensor) -> f64 {
 /// there is no adapter and RB_REQUIRE_GPU is not 1 (CI sets it, so a missing adapter fails
 /// there).
 pub fn to_wgpu(model: &mut rusting_brain::TransformerLm) -> bool {
-    let options = rusting_brain::GpuOptions {
-        software: true,
-        ..Default::default()
-    };
+    let options = rusting_brain::GpuOptions { software: true, ..Default::default() };
     match model.to_gpu_with(&options) {
         Ok(()) => true,
         Err(rusting_brain::NetworkError::Gpu(e))
@@ -336,18 +302,11 @@ pub use rusting_brain_test_support::worst_abs_diff;
 
 /// Named tensors' bits (`named_parameters`, `lora_parameters`), for bitwise comparisons.
 pub fn named_bits(tensors: &[(String, Vec<f32>)]) -> Vec<(String, Vec<u32>)> {
-    tensors
-        .iter()
-        .map(|(n, v)| (n.clone(), v.iter().map(|x| x.to_bits()).collect()))
-        .collect()
+    tensors.iter().map(|(n, v)| (n.clone(), v.iter().map(|x| x.to_bits()).collect())).collect()
 }
 
 /// A JSON array of numbers from a fixture file, as f64; panics, naming nothing more, on
 /// anything else (a fixture that is not what its script wrote).
 pub fn json_floats(v: &serde_json::Value) -> Vec<f64> {
-    v.as_array()
-        .expect("a JSON array")
-        .iter()
-        .map(|x| x.as_f64().expect("a JSON number"))
-        .collect()
+    v.as_array().expect("a JSON array").iter().map(|x| x.as_f64().expect("a JSON number")).collect()
 }

@@ -17,10 +17,7 @@ fn parity(name: &str) {
     let ids_t = io.get("ids").unwrap();
     let ids: Vec<u32> = ids_t.data.iter().map(|&v| v as u32).collect();
     let batch = ids_t.shape[0];
-    let mask: Option<Vec<bool>> = io
-        .get("mask")
-        .ok()
-        .map(|m| m.data.iter().map(|&v| v != 0.0).collect());
+    let mask: Option<Vec<bool>> = io.get("mask").ok().map(|m| m.data.iter().map(|&v| v != 0.0).collect());
     let out = enc.encode(&ids, batch, mask.as_deref()).unwrap();
     assert_close_rms(
         &format!("{name} last_hidden_state"),
@@ -37,22 +34,13 @@ fn parity(name: &str) {
             1e-4,
         );
     }
-    assert_close_rms(
-        &format!("{name} pooled"),
-        &out.pooled,
-        &io.get("pooled").unwrap(),
-        1e-4,
-    );
+    assert_close_rms(&format!("{name} pooled"), &out.pooled, &io.get("pooled").unwrap(), 1e-4);
     match (&out.text_embeds, io.get("text_embeds")) {
         (Some(got), Ok(want)) => {
             assert_close_rms(&format!("{name} text_embeds"), got, &want, 1e-4);
         }
         (None, Err(_)) => {}
-        (got, want) => panic!(
-            "{name}: text_embeds {} here, {} in the fixture",
-            got.is_some(),
-            want.is_ok()
-        ),
+        (got, want) => panic!("{name}: text_embeds {} here, {} in the fixture", got.is_some(), want.is_ok()),
     }
     // SD 2.x's prompt: the penultimate state through the final norm; the last state normed
     // is last_hidden_state itself.
@@ -89,21 +77,12 @@ fn bad_input_and_folders_are_errors() {
         let e = r.map(|_| ()).unwrap_err().to_string();
         assert!(e.contains(want), "`{e}` does not say `{want}`");
     };
-    says(
-        enc.encode(&[5, 1000, 2], 1, None),
-        "id 1000 at position 1 is outside the vocabulary (1000)",
-    );
-    says(
-        enc.encode(&vec![5; 78], 1, None),
-        "78 tokens a row; the model has 77 positions",
-    );
+    says(enc.encode(&[5, 1000, 2], 1, None), "id 1000 at position 1 is outside the vocabulary (1000)");
+    says(enc.encode(&vec![5; 78], 1, None), "78 tokens a row; the model has 77 positions");
     says(enc.encode(&[5, 6, 7], 2, None), "3 ids do not make 2 rows");
     says(enc.encode(&[5, 6], 1, Some(&[true])), "`mask` has 1 elements");
     let proj = ClipTextEncoder::load(fixture_path("clip").join("projection")).unwrap();
-    says(
-        proj.encode(&[9, 10, 11], 1, None),
-        "row 0 has no end-of-text token (7)",
-    );
+    says(proj.encode(&[9, 10, 11], 1, None), "row 0 has no end-of-text token (7)");
 
     let t = rusting_brain_test_support::TempDir::new("clip-bad");
     for f in ["config.json", "model.safetensors"] {
@@ -116,10 +95,7 @@ fn bad_input_and_folders_are_errors() {
         std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
     };
     let refused = |want: &str| {
-        let e = ClipTextEncoder::load(t.path())
-            .map(|_| ())
-            .unwrap_err()
-            .to_string();
+        let e = ClipTextEncoder::load(t.path()).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains(want), "`{e}` does not say `{want}`");
     };
     edit(&|v| v["num_hidden_layers"] = 6.into());
@@ -154,18 +130,12 @@ fn int8_towers_stay_close() {
         let dir = fixture_path("clip").join(name);
         let io = Fixture::open(dir.join("io.safetensors")).unwrap();
         let ids: Vec<u32> = io.get("ids").unwrap().data.iter().map(|&v| v as u32).collect();
-        let mask: Option<Vec<bool>> = io
-            .get("mask")
-            .ok()
-            .map(|m| m.data.iter().map(|&v| v != 0.0).collect());
+        let mask: Option<Vec<bool>> = io.get("mask").ok().map(|m| m.data.iter().map(|&v| v != 0.0).collect());
         let q8 = ClipTextEncoder::load_at(&dir, rusting_brain::Precision::Q8).unwrap();
         let f32 = ClipTextEncoder::load(&dir).unwrap();
         let got = q8.encode(&ids, 2, mask.as_deref()).unwrap();
         let exact = f32.encode(&ids, 2, mask.as_deref()).unwrap();
-        assert_ne!(
-            got.last_hidden_state, exact.last_hidden_state,
-            "{name}: int8 gave the f32 result"
-        );
+        assert_ne!(got.last_hidden_state, exact.last_hidden_state, "{name}: int8 gave the f32 result");
         // Int8 weights and activations, one scale a row, through five 32-wide layers and a
         // final LayerNorm: the error is judged as a whole (relative L2), where rounding
         // noise averages, with a looser bound on the single worst element.
@@ -177,10 +147,7 @@ fn int8_towers_stay_close() {
             &want,
             Tolerance::new(0.0, 0.15 * rms(&want)),
         );
-        println!(
-            "{name} int8: relative L2 {rel:.2e}, worst element {:.3} of 0.15 rms",
-            r.worst_ratio
-        );
+        println!("{name} int8: relative L2 {rel:.2e}, worst element {:.3} of 0.15 rms", r.worst_ratio);
         assert!(rel < 3e-2, "{name} int8: relative L2 error {rel}");
     }
 }

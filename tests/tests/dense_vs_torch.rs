@@ -40,34 +40,20 @@ fn dense_gradients_and_one_step_match_pytorch_for_every_pairing() {
         let mut layers: Vec<DenseLayer> = hidden
             .iter()
             .zip([7, 6])
-            .map(|(a, u)| DenseLayer {
-                units: u,
-                activation: activation(a),
-            })
+            .map(|(a, u)| DenseLayer { units: u, activation: activation(a) })
             .collect();
-        layers.push(DenseLayer {
-            units: *n_out,
-            activation: activation(out_act),
-        });
+        layers.push(DenseLayer { units: *n_out, activation: activation(out_act) });
         let loss = match loss.as_str() {
             "mse" => Loss::MeanSquaredError,
             "bce" => Loss::BinaryCrossEntropy,
             "cce" => Loss::CategoricalCrossEntropy,
             other => panic!("unknown loss {other}"),
         };
-        let config = DenseConfig {
-            input_size: 5,
-            layers,
-            loss,
-        };
+        let config = DenseConfig { input_size: 5, layers, loss };
         let cpu = CpuBackend::new();
         let get = |k: &str| f.get(&format!("c{c}.{k}")).unwrap();
-        let weights = (0..3)
-            .map(|l| cpu.upload(&get(&format!("w{l}")).to_f32()).unwrap())
-            .collect();
-        let biases = (0..3)
-            .map(|l| cpu.upload(&get(&format!("b{l}")).to_f32()).unwrap())
-            .collect();
+        let weights = (0..3).map(|l| cpu.upload(&get(&format!("w{l}")).to_f32()).unwrap()).collect();
+        let biases = (0..3).map(|l| cpu.upload(&get(&format!("b{l}")).to_f32()).unwrap()).collect();
         let mut model = DenseModel::from_parameters(cpu, config, weights, biases).unwrap();
         let (x, y) = (get("x").to_f32(), get("y").to_f32());
         let value = model.forward_backward(&x, &y, 8).unwrap();

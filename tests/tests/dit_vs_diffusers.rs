@@ -34,11 +34,7 @@ fn run(dit: &Dit, io: &Fixture) -> Vec<f32> {
         let data = latent.to_f32();
         let input = DitInput {
             batch,
-            latent: DitLatent::Image {
-                data: &data,
-                height: latent.shape[2],
-                width: latent.shape[3],
-            },
+            latent: DitLatent::Image { data: &data, height: latent.shape[2], width: latent.shape[3] },
             context: &context,
             context_ids: &[],
             pooled: pooled.as_deref(),
@@ -52,10 +48,7 @@ fn run(dit: &Dit, io: &Fixture) -> Vec<f32> {
     let txt_ids = io.get("txt_ids").unwrap().to_f32();
     let input = DitInput {
         batch,
-        latent: DitLatent::Tokens {
-            data: &hidden,
-            ids: &img_ids,
-        },
+        latent: DitLatent::Tokens { data: &hidden, ids: &img_ids },
         context: &context,
         context_ids: &txt_ids,
         pooled: pooled.as_deref(),
@@ -120,20 +113,12 @@ fn original_spellings_give_the_same_outputs() {
             };
             assert_eq!(
                 *dit.spelling(),
-                Spelling::Original {
-                    prefix: want_prefix.into()
-                },
+                Spelling::Original { prefix: want_prefix.into() },
                 "{name}/{spelling}"
             );
             let got = run(&dit, &io);
-            let same = got
-                .iter()
-                .zip(&reference)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(
-                same && got.len() == reference.len(),
-                "{name}/{spelling}: outputs differ"
-            );
+            let same = got.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same && got.len() == reference.len(), "{name}/{spelling}: outputs differ");
         }
     }
 }
@@ -163,10 +148,7 @@ fn bad_inputs_are_errors() {
     let pooled = io.get("pooled").unwrap().to_f32();
     let good = DitInput {
         batch: 2,
-        latent: DitLatent::Tokens {
-            data: &hidden,
-            ids: &img_ids,
-        },
+        latent: DitLatent::Tokens { data: &hidden, ids: &img_ids },
         context: &context,
         context_ids: &txt_ids,
         pooled: Some(&pooled),
@@ -175,63 +157,23 @@ fn bad_inputs_are_errors() {
     };
     assert!(dit.forward(&good).is_ok());
     let cases: Vec<(&str, DitInput)> = vec![
-        (
-            "no guidance",
-            DitInput {
-                guidance: None,
-                ..good
-            },
-        ),
+        ("no guidance", DitInput { guidance: None, ..good }),
         ("no pooled", DitInput { pooled: None, ..good }),
-        (
-            "one timestep",
-            DitInput {
-                timestep: &[0.5],
-                ..good
-            },
-        ),
-        (
-            "short context",
-            DitInput {
-                context: &context[1..],
-                ..good
-            },
-        ),
-        (
-            "short context ids",
-            DitInput {
-                context_ids: &txt_ids[3..],
-                ..good
-            },
-        ),
+        ("one timestep", DitInput { timestep: &[0.5], ..good }),
+        ("short context", DitInput { context: &context[1..], ..good }),
+        ("short context ids", DitInput { context_ids: &txt_ids[3..], ..good }),
         (
             "short latent",
-            DitInput {
-                latent: DitLatent::Tokens {
-                    data: &hidden[4..],
-                    ids: &img_ids,
-                },
-                ..good
-            },
+            DitInput { latent: DitLatent::Tokens { data: &hidden[4..], ids: &img_ids }, ..good },
         ),
         (
             "an image for FLUX",
-            DitInput {
-                latent: DitLatent::Image {
-                    data: &hidden,
-                    height: 4,
-                    width: 4,
-                },
-                ..good
-            },
+            DitInput { latent: DitLatent::Image { data: &hidden, height: 4, width: 4 }, ..good },
         ),
         ("batch 0", DitInput { batch: 0, ..good }),
     ];
     for (what, input) in cases {
-        let e = dit
-            .forward(&input)
-            .err()
-            .unwrap_or_else(|| panic!("{what}: accepted"));
+        let e = dit.forward(&input).err().unwrap_or_else(|| panic!("{what}: accepted"));
         println!("{what}: {e}");
     }
 }
@@ -257,18 +199,10 @@ fn bad_folders_are_errors() {
     assert!(Dit::load(dir).is_ok());
     // A config that does not match the weights: the tensor is named.
     let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        cfg.replace("\"num_layers\": 2", "\"num_layers\": 3"),
-    )
-    .unwrap();
+    std::fs::write(dir.join("config.json"), cfg.replace("\"num_layers\": 2", "\"num_layers\": 3")).unwrap();
     let e = Dit::load(dir).err().unwrap().to_string();
     assert!(e.contains("double_blocks.2"), "{e}");
-    std::fs::write(
-        dir.join("config.json"),
-        cfg.replace("\"num_layers\": 2", "\"num_layers\": 1"),
-    )
-    .unwrap();
+    std::fs::write(dir.join("config.json"), cfg.replace("\"num_layers\": 2", "\"num_layers\": 1")).unwrap();
     let e = Dit::load(dir).err().unwrap().to_string();
     assert!(e.contains("not part of the transformer"), "{e}");
     // A truncated file.
@@ -278,11 +212,8 @@ fn bad_folders_are_errors() {
     let e = Dit::load(dir).err().unwrap().to_string();
     println!("truncated: {e}");
     // An unknown class.
-    std::fs::write(
-        dir.join("config.json"),
-        cfg.replace("Flux2Transformer2DModel", "HunyuanDiT2DModel"),
-    )
-    .unwrap();
+    std::fs::write(dir.join("config.json"), cfg.replace("Flux2Transformer2DModel", "HunyuanDiT2DModel"))
+        .unwrap();
     let e = dit_config(&dir.join("config.json")).err().unwrap().to_string();
     assert!(e.contains("HunyuanDiT2DModel"), "{e}");
 }

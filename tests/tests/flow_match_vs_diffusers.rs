@@ -24,10 +24,7 @@ fn config(v: &Value) -> FlowMatchConfig {
     FlowMatchConfig {
         num_train_timesteps: n("num_train_timesteps", d.num_train_timesteps),
         shift: f("shift", d.shift),
-        use_dynamic_shifting: v
-            .get("use_dynamic_shifting")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        use_dynamic_shifting: v.get("use_dynamic_shifting").and_then(Value::as_bool).unwrap_or(false),
         base_shift: f("base_shift", d.base_shift),
         max_shift: f("max_shift", d.max_shift),
         base_image_seq_len: n("base_image_seq_len", d.base_image_seq_len),
@@ -61,10 +58,7 @@ fn schedules_match_diffusers() {
         }
         for (i, w) in json_floats(&c["timesteps"]).iter().enumerate() {
             let got = s.timestep(i) as f64;
-            assert!(
-                (got - w).abs() <= 1e-3,
-                "{name}: timestep {i} is {got}, diffusers {w}"
-            );
+            assert!((got - w).abs() <= 1e-3, "{name}: timestep {i} is {got}, diffusers {w}");
         }
         println!("{name:<12} {steps:>3} steps, worst sigma difference {worst:.1e}");
     }
@@ -88,13 +82,7 @@ fn mu_matches_the_flux_pipelines() {
 
 #[test]
 fn steps_noise_and_strength() {
-    let s = FlowMatchEuler::new(
-        &FlowMatchConfig::default(),
-        4,
-        Some(&[1.0, 0.75, 0.5, 0.25]),
-        None,
-    )
-    .unwrap();
+    let s = FlowMatchEuler::new(&FlowMatchConfig::default(), 4, Some(&[1.0, 0.75, 0.5, 0.25]), None).unwrap();
     assert_eq!(s.sigmas, [1.0, 0.75, 0.5, 0.25, 0.0]);
     // x <- x + (sigma_next - sigma) v, and the last step lands on x0 = x - sigma v.
     let mut x = vec![1.0f32, -2.0];
@@ -106,33 +94,15 @@ fn steps_noise_and_strength() {
     assert_eq!(s.start_for_strength(1.0).unwrap(), 0);
     assert_eq!(s.start_for_strength(0.6).unwrap(), 1);
     assert_eq!(s.start_for_strength(0.0).unwrap(), 4);
-    let dynamic = FlowMatchConfig {
-        use_dynamic_shifting: true,
-        ..FlowMatchConfig::default()
-    };
+    let dynamic = FlowMatchConfig { use_dynamic_shifting: true, ..FlowMatchConfig::default() };
     let plain = FlowMatchConfig::default();
     for (e, want) in [
-        (
-            s.start_for_strength(1.5).unwrap_err(),
-            "strength 1.5 is outside [0, 1]",
-        ),
-        (
-            s.step(4, &mut x, &[0.0, 0.0]).unwrap_err(),
-            "step 4 of a 4-step schedule",
-        ),
+        (s.start_for_strength(1.5).unwrap_err(), "strength 1.5 is outside [0, 1]"),
+        (s.step(4, &mut x, &[0.0, 0.0]).unwrap_err(), "step 4 of a 4-step schedule"),
         (s.step(0, &mut x, &[0.0]).unwrap_err(), "`v` has 1 elements"),
-        (
-            FlowMatchEuler::new(&dynamic, 4, None, None).unwrap_err(),
-            "needs mu",
-        ),
-        (
-            FlowMatchEuler::new(&plain, 2, Some(&[1.0]), None).unwrap_err(),
-            "1 sigmas given for 2 steps",
-        ),
-        (
-            FlowMatchEuler::new(&plain, 2, Some(&[1.0, 0.0]), None).unwrap_err(),
-            "sigma 0 is outside (0, 1]",
-        ),
+        (FlowMatchEuler::new(&dynamic, 4, None, None).unwrap_err(), "needs mu"),
+        (FlowMatchEuler::new(&plain, 2, Some(&[1.0]), None).unwrap_err(), "1 sigmas given for 2 steps"),
+        (FlowMatchEuler::new(&plain, 2, Some(&[1.0, 0.0]), None).unwrap_err(), "sigma 0 is outside (0, 1]"),
         (FlowMatchEuler::new(&plain, 0, None, None).unwrap_err(), "0 steps"),
     ] {
         assert!(e.to_string().contains(want), "`{e}` does not say `{want}`");

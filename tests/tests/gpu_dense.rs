@@ -13,10 +13,7 @@ use rusting_brain::{Activation, Dataset, GpuOptions, Loss, Network, NetworkError
 
 /// The software adapter (lavapipe in CI).
 fn software() -> GpuOptions {
-    GpuOptions {
-        software: true,
-        ..Default::default()
-    }
+    GpuOptions { software: true, ..Default::default() }
 }
 
 fn on_gpu(n: &mut Network) -> Option<()> {
@@ -63,25 +60,14 @@ fn three_steps_on_the_gpu_leave_the_cpus_weights() {
         if on_gpu(&mut gpu).is_none() {
             return;
         }
-        let config = TrainConfig {
-            epochs: 3,
-            batch_size: 4,
-            shuffle: false,
-            seed: Some(1),
-        };
+        let config = TrainConfig { epochs: 3, batch_size: 4, shuffle: false, seed: Some(1) };
         let (hc, hg) = (cpu.fit(&xor(), config).unwrap(), gpu.fit(&xor(), config).unwrap());
         for (a, b) in hc.iter().zip(&hg) {
-            assert!(
-                (a - b).abs() <= 1e-5 * a.abs().max(1.0),
-                "loss history {hc:?} vs {hg:?}"
-            );
+            assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "loss history {hc:?} vs {hg:?}");
         }
         // The weights after three steps, read back by moving the network to the CPU.
         gpu.to_cpu().unwrap();
-        let (dir, name) = (
-            std::env::temp_dir(),
-            format!("rb_gpu_dense_{}.json", std::process::id()),
-        );
+        let (dir, name) = (std::env::temp_dir(), format!("rb_gpu_dense_{}.json", std::process::id()));
         let (pc, pg) = (dir.join(format!("cpu_{name}")), dir.join(format!("gpu_{name}")));
         cpu.save_json(&pc).unwrap();
         gpu.save_json(&pg).unwrap();
@@ -96,11 +82,7 @@ fn three_steps_on_the_gpu_leave_the_cpus_weights() {
         assert_eq!(wc.len(), wg.len());
         assert!(wc.len() > 100, "the weights were read ({})", wc.len());
         let scale = wc.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let worst = wc
-            .iter()
-            .zip(&wg)
-            .map(|(a, b)| (a - b).abs() / scale)
-            .fold(0.0, f64::max);
+        let worst = wc.iter().zip(&wg).map(|(a, b)| (a - b).abs() / scale).fold(0.0, f64::max);
         eprintln!("{optimizer:?}: worst weight difference after 3 steps {worst:e} of the scale");
         assert!(worst < 1e-5, "{worst}");
     }
@@ -122,12 +104,7 @@ fn xor_and_iris_reach_the_cpus_accuracy_on_the_gpu() {
     if on_gpu(&mut n).is_none() {
         return;
     }
-    let config = TrainConfig {
-        epochs: 300,
-        batch_size: 4,
-        shuffle: true,
-        seed: Some(42),
-    };
+    let config = TrainConfig { epochs: 300, batch_size: 4, shuffle: true, seed: Some(42) };
     n.fit(&xor(), config).unwrap();
     assert_eq!(n.accuracy(&xor()).unwrap(), 1.0);
 
@@ -146,12 +123,7 @@ fn xor_and_iris_reach_the_cpus_accuracy_on_the_gpu() {
         .seed(7)
         .build();
     on_gpu(&mut model).unwrap();
-    let config = TrainConfig {
-        epochs: 200,
-        batch_size: 16,
-        shuffle: true,
-        seed: Some(7),
-    };
+    let config = TrainConfig { epochs: 200, batch_size: 16, shuffle: true, seed: Some(7) };
     model.fit(&train, config).unwrap();
     let acc = model.accuracy(&test).unwrap();
     eprintln!("iris test accuracy on the GPU: {acc}");

@@ -29,10 +29,7 @@ fn trained_q8() -> TransformerLm {
 /// The model moved to the software adapter, or None (skip) when there is none.
 /// The software adapter (lavapipe in CI).
 fn software() -> GpuOptions {
-    GpuOptions {
-        software: true,
-        ..Default::default()
-    }
+    GpuOptions { software: true, ..Default::default() }
 }
 
 fn on_gpu(m: &mut TransformerLm) -> Option<()> {
@@ -80,16 +77,9 @@ fn greedy_ids_and_logits_match_the_cpu_int8_path() {
             gpu.forward_cached(&seq[t..t + 1], &mut gc).unwrap(),
             cpu.forward_cached(&seq[t..t + 1], &mut cc).unwrap(),
         );
-        worst = worst.max(rel_to_scale(
-            "greedy ids and logits match the cpu int8 path",
-            &g,
-            &c,
-        ));
+        worst = worst.max(rel_to_scale("greedy ids and logits match the cpu int8 path", &g, &c));
     }
-    eprintln!(
-        "worst logit difference over {} steps: {worst:e} of the range",
-        seq.len() - 2
-    );
+    eprintln!("worst logit difference over {} steps: {worst:e} of the range", seq.len() - 2);
     assert!(worst < 2e-3, "{worst}");
 }
 
@@ -126,18 +116,9 @@ fn decoder_turns_and_a_seeded_sampled_run_match_the_cpu() {
     let samplers: [fn() -> Sampler; 5] = [
         || Sampler::greedy().repetition_penalty(1.3),
         || Sampler::temperature(0.9, Some(11)).top_k(20),
-        || {
-            Sampler::temperature(0.9, Some(11))
-                .top_k(20)
-                .top_p(0.95)
-                .repetition_penalty(1.1)
-        },
+        || Sampler::temperature(0.9, Some(11)).top_k(20).top_p(0.95).repetition_penalty(1.1),
         || Sampler::temperature(1.2, Some(5)).top_k(64).top_p(0.8),
-        || {
-            Sampler::temperature(0.7, Some(3))
-                .top_p(0.9)
-                .repetition_penalty(0.8)
-        },
+        || Sampler::temperature(0.7, Some(3)).top_p(0.9).repetition_penalty(0.8),
     ];
     for (i, sampler) in samplers.iter().enumerate() {
         let want = cpu.generate(&[5, 28], 40, &mut sampler()).unwrap();
@@ -235,11 +216,7 @@ fn mixture_of_experts_matches_the_cpu_int8_path() {
                 gpu.forward_cached(&seq[t..t + 1], &mut gc).unwrap(),
                 cpu.forward_cached(&seq[t..t + 1], &mut cc).unwrap(),
             );
-            worst = worst.max(rel_to_scale(
-                "mixture of experts matches the cpu int8 path",
-                &g,
-                &c,
-            ));
+            worst = worst.max(rel_to_scale("mixture of experts matches the cpu int8 path", &g, &c));
         }
         eprintln!("MoE (shared {shared}, top {top_k}): worst logit difference {worst:e} of the range");
         assert!(worst < 2e-3, "{worst}");
@@ -267,11 +244,7 @@ fn weights_over_a_binding_go_in_row_slabs_and_a_model_over_the_limits_is_refused
     // 16 KiB a binding: the 250 KiB int8 embedding (also the tied head) is bound as 15
     // row slabs of 256 rows and one of 160, and a prompt of 20 positions is prefilled as 16 + 4 (the
     // scores of 16 rows over 64 positions and 4 heads fill one binding).
-    let capped = GpuOptions {
-        software: true,
-        max_binding: Some(16 << 10),
-        ..Default::default()
-    };
+    let capped = GpuOptions { software: true, max_binding: Some(16 << 10), ..Default::default() };
     match gpu.to_gpu_with(&capped) {
         Ok(()) => {}
         Err(NetworkError::Gpu(e))
@@ -301,17 +274,10 @@ fn weights_over_a_binding_go_in_row_slabs_and_a_model_over_the_limits_is_refused
     // copies anything, and it stays usable on the CPU.
     let mut small = build();
     let e = small
-        .to_gpu_with(&GpuOptions {
-            software: true,
-            max_binding: Some(1 << 10),
-            ..Default::default()
-        })
+        .to_gpu_with(&GpuOptions { software: true, max_binding: Some(1 << 10), ..Default::default() })
         .unwrap_err()
         .to_string();
     assert!(e.contains("over this adapter's limit"), "{e}");
     assert!(small.device().is_none());
-    assert_eq!(
-        small.generate(&prompt, 4, &mut Sampler::greedy()).unwrap(),
-        want[..4]
-    );
+    assert_eq!(small.generate(&prompt, 4, &mut Sampler::greedy()).unwrap(), want[..4]);
 }

@@ -20,32 +20,20 @@ fn model(moe: bool) -> TransformerLm {
         .optimizer(Optimizer::adam(3e-3).betas(0.9, 0.95).weight_decay(0.1))
         .seed(21);
     if moe {
-        b = b
-            .experts(4, 2)
-            .moe_layers([1])
-            .shared_expert(true)
-            .expert_d_ff(16);
+        b = b.experts(4, 2).moe_layers([1]).shared_expert(true).expert_d_ff(16);
     }
     b.build().unwrap()
 }
 
 fn batch(step: usize) -> TokenBatch {
-    let seqs: Vec<Vec<u32>> = (0..4)
-        .map(|r| {
-            (0..12)
-                .map(|t| ((r * 17 + t * 5 + step * 3) % 61) as u32)
-                .collect()
-        })
-        .collect();
+    let seqs: Vec<Vec<u32>> =
+        (0..4).map(|r| (0..12).map(|t| ((r * 17 + t * 5 + step * 3) % 61) as u32).collect()).collect();
     TokenBatch::new(&seqs).unwrap()
 }
 
 /// The model on the software adapter, or None (skip) when there is none.
 fn on_gpu(m: &mut TransformerLm) -> Option<()> {
-    match m.to_gpu_with(&GpuOptions {
-        software: true,
-        ..Default::default()
-    }) {
+    match m.to_gpu_with(&GpuOptions { software: true, ..Default::default() }) {
         Ok(()) => Some(()),
         Err(NetworkError::Gpu(e))
             if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
@@ -64,18 +52,8 @@ fn worst_l2(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> (f64, String)
     for ((name, x), (other, y)) in a.iter().zip(b) {
         assert_eq!((name, x.len()), (other, y.len()));
         assert!(x.iter().all(|v| v.is_finite()), "{name} has a non-finite value");
-        let d: f64 = x
-            .iter()
-            .zip(y)
-            .map(|(p, q)| ((p - q) as f64).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        let n: f64 = y
-            .iter()
-            .map(|q| (*q as f64).powi(2))
-            .sum::<f64>()
-            .sqrt()
-            .max(1e-30);
+        let d: f64 = x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum::<f64>().sqrt();
+        let n: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum::<f64>().sqrt().max(1e-30);
         if d / n > worst.0 {
             worst = (d / n, name.clone());
         }
@@ -94,23 +72,15 @@ fn same_training(moe: bool) {
         m.accumulate_step(&batch(2)).unwrap();
         let norm = m.step_clipped(0.5, 0.05).unwrap();
         let b = m.train_step_batch(&batch(3)).unwrap();
-        eprintln!(
-            "moe {moe}: losses {} {}, clipped norm {norm}",
-            a.lm_loss, b.lm_loss
-        );
+        eprintln!("moe {moe}: losses {} {}, clipped norm {norm}", a.lm_loss, b.lm_loss);
     }
     let (g, c) = (gpu.evaluate(&batch(4)).unwrap(), cpu.evaluate(&batch(4)).unwrap());
-    assert!(
-        (g.lm_loss - c.lm_loss).abs() <= 1e-5 * c.lm_loss,
-        "{g:?} vs {c:?}"
-    );
+    assert!((g.lm_loss - c.lm_loss).abs() <= 1e-5 * c.lm_loss, "{g:?} vs {c:?}");
     assert_eq!(gpu.steps(), 3);
     // The device is ahead of the host copy: reading the host copy is refused, not stale.
     let dir = std::env::temp_dir().join(format!("rb-gpu-training-{}-{moe}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let e = gpu
-        .save_bin(dir.join("m.rbw"), rusting_brain::Precision::F32)
-        .unwrap_err();
+    let e = gpu.save_bin(dir.join("m.rbw"), rusting_brain::Precision::F32).unwrap_err();
     assert!(e.to_string().contains("sync_from_device"), "{e}");
     assert!(gpu.quantize().is_err());
     // named_parameters reads the device.
@@ -120,8 +90,7 @@ fn same_training(moe: bool) {
     // Back on the CPU with the moments: the next step still agrees.
     gpu.to_cpu().unwrap();
     assert!(gpu.device().is_none());
-    gpu.save_bin(dir.join("m.rbw"), rusting_brain::Precision::F32)
-        .unwrap();
+    gpu.save_bin(dir.join("m.rbw"), rusting_brain::Precision::F32).unwrap();
     for m in [&mut gpu, &mut cpu] {
         m.train_step_batch(&batch(5)).unwrap();
     }
@@ -157,10 +126,7 @@ fn mixed_training(moe: bool) {
     for step in 0..3 {
         f32_run.train_step_batch(&batch(step)).unwrap();
     }
-    let (apart, _) = worst_l2(
-        &f32_run.named_parameters().unwrap(),
-        &cpu.named_parameters().unwrap(),
-    );
+    let (apart, _) = worst_l2(&f32_run.named_parameters().unwrap(), &cpu.named_parameters().unwrap());
     eprintln!(
         "mixed precision, moe {moe}: worst per-tensor relative L2 {w:e} ({name}); bf16 vs f32 run {apart:e}"
     );

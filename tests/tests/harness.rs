@@ -3,10 +3,7 @@
 use rusting_brain_tests::*;
 
 fn t(shape: &[usize], data: &[f64]) -> Tensor {
-    Tensor {
-        shape: shape.to_vec(),
-        data: data.to_vec(),
-    }
+    Tensor { shape: shape.to_vec(), data: data.to_vec() }
 }
 
 #[test]
@@ -17,10 +14,7 @@ fn compare_reports_the_worst_element_with_its_index() {
     assert!(!r.passed());
     assert_eq!((r.failing, r.worst_index), (1, 4));
     let text = r.to_string();
-    assert!(
-        text.contains("worst at [1, 1]") && text.contains("got 5.5e0, expected 5e0"),
-        "{text}"
-    );
+    assert!(text.contains("worst at [1, 1]") && text.contains("got 5.5e0, expected 5e0"), "{text}");
     assert!(compare("x", &a, &e, Tolerance::new(0.2, 0.0)).passed());
 }
 
@@ -33,10 +27,7 @@ fn compare_fails_on_nan_and_on_length_mismatch() {
 
 #[test]
 fn fixture_errors_name_the_file_and_tensor() {
-    let missing = Fixture::open("/nonexistent/x.safetensors")
-        .err()
-        .unwrap()
-        .to_string();
+    let missing = Fixture::open("/nonexistent/x.safetensors").err().unwrap().to_string();
     assert!(missing.contains("/nonexistent/x.safetensors"), "{missing}");
     let dir = std::env::temp_dir().join(format!("rb_harness_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

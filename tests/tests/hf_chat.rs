@@ -26,11 +26,7 @@ fn messages(v: &Value) -> Vec<ChatMessage> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 #[test]
@@ -42,28 +38,16 @@ fn templates_render_as_transformers_renders_them() {
         let template = ChatTemplate::from_pretrained(dir(layout)).unwrap();
         for c in e["conversations"].as_array().unwrap() {
             let text = template
-                .render(
-                    &messages(&c["messages"]),
-                    c["add_generation_prompt"].as_bool().unwrap(),
-                )
+                .render(&messages(&c["messages"]), c["add_generation_prompt"].as_bool().unwrap())
                 .unwrap();
             assert_eq!(text, c["text"].as_str().unwrap(), "{layout}: {}", c["messages"]);
             let got = tokenizer.encode(text.as_str(), false).unwrap().get_ids().to_vec();
             assert_eq!(got, ids(&c["ids"]), "{layout}: ids of {text:?}");
         }
-        let err = template
-            .render(&messages(&e["refused"]["messages"]), true)
-            .unwrap_err()
-            .to_string();
+        let err = template.render(&messages(&e["refused"]["messages"]), true).unwrap_err().to_string();
         let want = e["refused"]["message"].as_str().unwrap();
-        assert!(
-            err.contains(want),
-            "`{err}` does not carry the template's message `{want}`"
-        );
-        assert!(
-            err.contains("chat_template") || err.contains("tokenizer_config.json"),
-            "{err}"
-        );
+        assert!(err.contains(want), "`{err}` does not carry the template's message `{want}`");
+        assert!(err.contains("chat_template") || err.contains("tokenizer_config.json"), "{err}");
     }
 }
 
@@ -79,17 +63,9 @@ fn a_template_with_published_constructs_renders_as_transformers_renders_it() {
     assert_eq!(cases.len(), 4);
     for c in cases {
         // The last case passes enable_thinking=False, as Qwen3's users do.
-        let vars = c
-            .get("extra")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
+        let vars = c.get("extra").and_then(Value::as_object).cloned().unwrap_or_default();
         let text = template
-            .render_with(
-                &messages(&c["messages"]),
-                c["add_generation_prompt"].as_bool().unwrap(),
-                &vars,
-            )
+            .render_with(&messages(&c["messages"]), c["add_generation_prompt"].as_bool().unwrap(), &vars)
             .unwrap();
         assert_eq!(text, c["text"].as_str().unwrap(), "{}", c["messages"]);
     }
@@ -136,11 +112,7 @@ fn bad_templates_and_settings_are_refused_by_file() {
     assert!(err.contains("no chat template"), "{err}");
 
     // A template that does not parse names its file and line.
-    std::fs::write(
-        d.join("chat_template.jinja"),
-        "{% for m in messages %}\n{{ m.content }\n",
-    )
-    .unwrap();
+    std::fs::write(d.join("chat_template.jinja"), "{% for m in messages %}\n{{ m.content }\n").unwrap();
     let err = ChatTemplate::from_pretrained(&d).unwrap_err().to_string();
     assert!(err.contains("chat_template.jinja:2"), "{err}");
     std::fs::remove_file(d.join("chat_template.jinja")).unwrap();
@@ -153,15 +125,8 @@ fn bad_templates_and_settings_are_refused_by_file() {
     assert!(err.contains("tokenizer_config.json"), "{err}");
     std::fs::write(&cfg, r#"{"chat_template": 3}"#).unwrap();
     let err = ChatTemplate::from_pretrained(&d).unwrap_err().to_string();
-    assert!(
-        err.contains("tokenizer_config.json") && err.contains("chat_template"),
-        "{err}"
-    );
-    std::fs::write(
-        &cfg,
-        r#"{"chat_template": [{"name": "tool_use", "template": "x"}]}"#,
-    )
-    .unwrap();
+    assert!(err.contains("tokenizer_config.json") && err.contains("chat_template"), "{err}");
+    std::fs::write(&cfg, r#"{"chat_template": [{"name": "tool_use", "template": "x"}]}"#).unwrap();
     let err = ChatTemplate::from_pretrained(&d).unwrap_err().to_string();
     assert!(err.contains("default"), "{err}");
     // Named templates: `default` is the one taken, and special tokens come along as an
@@ -182,27 +147,17 @@ fn bad_templates_and_settings_are_refused_by_file() {
     let gen = d.join("generation_config.json");
     std::fs::write(&gen, r#"{"eos_token_id": [2, "x"]}"#).unwrap();
     let err = GenerationConfig::from_pretrained(&d).unwrap_err().to_string();
-    assert!(
-        err.contains("generation_config.json") && err.contains("eos_token_id"),
-        "{err}"
-    );
+    assert!(err.contains("generation_config.json") && err.contains("eos_token_id"), "{err}");
     std::fs::write(&gen, r#"{"eos_token_id": 2, "temperature": -1}"#).unwrap();
     let err = GenerationConfig::from_pretrained(&d).unwrap_err().to_string();
     assert!(err.contains("temperature"), "{err}");
     // Ids it lacks come from config.json; several end ids are all ends.
     std::fs::write(&gen, r#"{"do_sample": true, "temperature": 0.6, "top_p": 0.9}"#).unwrap();
-    std::fs::write(
-        d.join("config.json"),
-        r#"{"eos_token_id": [7, 9], "bos_token_id": 1}"#,
-    )
-    .unwrap();
+    std::fs::write(d.join("config.json"), r#"{"eos_token_id": [7, 9], "bos_token_id": 1}"#).unwrap();
     let g = GenerationConfig::from_pretrained(&d).unwrap();
     assert_eq!(g.eos_token_ids, vec![7, 9]);
     assert!(g.is_end(9) && !g.is_end(2));
-    assert_eq!(
-        (g.do_sample, g.temperature, g.top_p),
-        (true, Some(0.6), Some(0.9))
-    );
+    assert_eq!((g.do_sample, g.temperature, g.top_p), (true, Some(0.6), Some(0.9)));
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -215,21 +170,13 @@ fn templates_get_python_methods_tojson_and_the_clock() {
          {{ strftime_now('%Y') | length }}",
     )
     .unwrap();
-    let out = t
-        .render(
-            &[ChatMessage::user("two words"), ChatMessage::assistant("x")],
-            false,
-        )
-        .unwrap();
+    let out = t.render(&[ChatMessage::user("two words"), ChatMessage::assistant("x")], false).unwrap();
     // Python: json.dumps(..., ensure_ascii=False) separators and no HTML escaping.
     assert_eq!(
         out,
         "TWO WORDS|[\"two\", \"words\"]|{\"b\": 1, \"a\": [true, null]}|{\n  \"a\": 1\n}|\"<&>\"|user|4"
     );
-    let err = ChatTemplate::new("{{ strftime_now('%Q') }}")
-        .unwrap()
-        .render(&[], false)
-        .unwrap_err();
+    let err = ChatTemplate::new("{{ strftime_now('%Q') }}").unwrap().render(&[], false).unwrap_err();
     // A template from a string has no file to name: the message says "chat template" once.
     assert!(
         matches!(err, NetworkError::InvalidInput(_))
@@ -240,10 +187,7 @@ fn templates_get_python_methods_tojson_and_the_clock() {
     );
     // A message's keys come in their order (role, then content), as a Python dict's do.
     let t = ChatTemplate::new("{% for k in messages[0] %}{{ k }} {% endfor %}").unwrap();
-    assert_eq!(
-        t.render(&[ChatMessage::user("x")], false).unwrap(),
-        "role content "
-    );
+    assert_eq!(t.render(&[ChatMessage::user("x")], false).unwrap(), "role content ");
 }
 
 /// save_pretrained writes the loaded directory's generation settings back as they were:
@@ -262,10 +206,7 @@ fn generation_settings_survive_load_and_save() {
     .unwrap();
     let out = scratch("gen_out");
     std::fs::remove_dir_all(&out).unwrap();
-    TransformerLm::from_pretrained(&d)
-        .unwrap()
-        .save_pretrained(&out)
-        .unwrap();
+    TransformerLm::from_pretrained(&d).unwrap().save_pretrained(&out).unwrap();
     let g = GenerationConfig::from_pretrained(&out).unwrap();
     assert_eq!(g.eos_token_ids, vec![2, 5]);
     assert_eq!((g.do_sample, g.temperature), (true, Some(0.7)));

@@ -61,9 +61,7 @@ fn check(name: &str, model: &mut TransformerLm) -> f64 {
     let (b, t, v) = (want.shape[0], want.shape[1], want.shape[2]);
     let inputs = Tensor {
         shape: vec![b, t - 1, v],
-        data: (0..b)
-            .flat_map(|i| want.data[i * t * v..(i * t + t - 1) * v].to_vec())
-            .collect(),
+        data: (0..b).flat_map(|i| want.data[i * t * v..(i * t + t - 1) * v].to_vec()).collect(),
     };
     let worst = close(&format!("{name} logits"), &logits, &inputs);
     let prompt = ids(&e.get("prompt").unwrap());
@@ -144,10 +142,7 @@ fn every_architecture_matches_transformers_on_wgpu() {
             return;
         }
         let worst = check(name, &mut model);
-        eprintln!(
-            "{name} on {}: worst logit error {worst:.3} of the allowance",
-            model.device().unwrap()
-        );
+        eprintln!("{name} on {}: worst logit error {worst:.3} of the allowance", model.device().unwrap());
     }
 }
 
@@ -198,11 +193,7 @@ fn checkpoints_keep_biases_norms_and_scaled_rope() {
         m.quantize().unwrap();
         m.save_bin(out.join("q.rbw"), Precision::Q8).unwrap();
         let mut q = TransformerLm::load_bin(out.join("q.rbw")).unwrap();
-        assert_eq!(
-            q.forward_batch(&batch).unwrap(),
-            m.forward_batch(&batch).unwrap(),
-            "{name} int8"
-        );
+        assert_eq!(q.forward_batch(&batch).unwrap(), m.forward_batch(&batch).unwrap(), "{name} int8");
         std::fs::remove_dir_all(&out).unwrap();
     }
 }
@@ -233,16 +224,10 @@ fn int8_models_decode_on_wgpu_as_on_the_cpu() {
         let report = assert_close(
             &format!("{name} int8 logits on wgpu"),
             &got,
-            &Tensor {
-                shape: vec![want.len()],
-                data: want.iter().map(|&v| v as f64).collect(),
-            },
+            &Tensor { shape: vec![want.len()], data: want.iter().map(|&v| v as f64).collect() },
             Tolerance::new(0.0, 2e-3 * range as f64),
         );
-        eprintln!(
-            "{name}: int8 on wgpu, worst logit error {:.2e} of the range",
-            report.worst_ratio * 2e-3
-        );
+        eprintln!("{name}: int8 on wgpu, worst logit error {:.2e} of the range", report.worst_ratio * 2e-3);
     }
 }
 
@@ -280,11 +265,7 @@ fn int8_at_load_is_the_f32_model_quantized() {
         assert!(q.is_quantized());
         let e = expected(name);
         let batch = TokenBatch::new(rows(&e.get("ids").unwrap())).unwrap();
-        assert_eq!(
-            q.forward_batch(&batch).unwrap(),
-            f.forward_batch(&batch).unwrap(),
-            "{name}"
-        );
+        assert_eq!(q.forward_batch(&batch).unwrap(), f.forward_batch(&batch).unwrap(), "{name}");
     }
 }
 
@@ -336,10 +317,7 @@ fn load_save_load_is_bitwise_and_keeps_the_directory() {
         std::fs::write(out.join("tokenizer.json"), "{}").unwrap();
         a.save_pretrained_sharded(&out, 20_000).unwrap();
         assert!(out.join("tokenizer.json").is_file());
-        assert!(
-            !out.join("model.safetensors").exists(),
-            "{name}: stale single file kept"
-        );
+        assert!(!out.join("model.safetensors").exists(), "{name}: stale single file kept");
         assert!(out.join("model.safetensors.index.json").is_file());
         let c = TransformerLm::from_pretrained(&out).unwrap();
         assert_eq!(
@@ -374,23 +352,16 @@ fn a_model_built_here_saves_as_llama_or_mixtral() {
         (true, false, "MixtralForCausalLM"),
     ] {
         let mut m = build(moe, tied);
-        m.train_step(&[vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9, 10]])
-            .unwrap();
+        m.train_step(&[vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9, 10]]).unwrap();
         let out = scratch(arch);
         m.save_pretrained(&out).unwrap();
         let config: serde_json::Value =
             serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
         assert_eq!(config["architectures"][0], arch);
         let mut back = TransformerLm::from_pretrained(&out).unwrap();
-        assert_eq!(
-            named_bits(&m.named_parameters().unwrap()),
-            named_bits(&back.named_parameters().unwrap())
-        );
+        assert_eq!(named_bits(&m.named_parameters().unwrap()), named_bits(&back.named_parameters().unwrap()));
         let batch = TokenBatch::new(&[vec![3, 1, 4, 1, 5]]).unwrap();
-        assert_eq!(
-            m.forward_batch(&batch).unwrap(),
-            back.forward_batch(&batch).unwrap()
-        );
+        assert_eq!(m.forward_batch(&batch).unwrap(), back.forward_batch(&batch).unwrap());
         std::fs::remove_dir_all(&out).unwrap();
     }
     // A shared expert has no class to go to.
@@ -436,10 +407,7 @@ fn assert_names(err: &str, parts: &[&str]) {
 /// F32 and BF16 files alike.
 #[test]
 fn a_nan_in_a_weight_is_refused_at_either_precision() {
-    for (from, nan) in [
-        ("llama", f32::NAN.to_le_bytes().to_vec()),
-        ("llama_bf16", vec![0xc0, 0x7f]),
-    ] {
+    for (from, nan) in [("llama", f32::NAN.to_le_bytes().to_vec()), ("llama_bf16", vec![0xc0, 0x7f])] {
         let d = scratch(&format!("nan_{from}"));
         copy_dir(&dir(from), &d);
         let file = d.join("model.safetensors");
@@ -478,50 +446,31 @@ fn bad_directories_are_refused_by_file_and_key() {
     // Features the model does not compute: an output-projection bias, Qwen2-MoE's gate.
     let d = case("o_bias", "qwen3");
     edit_config(&d, |v| v["attention_bias"] = serde_json::json!(true));
-    assert_names(
-        &refusal(&d),
-        &["config.json", "attention_bias", "output projection"],
-    );
+    assert_names(&refusal(&d), &["config.json", "attention_bias", "output projection"]);
     let d = case("mlp_bias", "llama_tied");
     edit_config(&d, |v| v["mlp_bias"] = serde_json::json!(true));
     assert_names(&refusal(&d), &["config.json", "mlp_bias", "feed-forward biases"]);
     let d = case("qwen2_moe", "qwen3_moe");
-    edit_config(&d, |v| {
-        v["architectures"] = serde_json::json!(["Qwen2MoeForCausalLM"])
-    });
+    edit_config(&d, |v| v["architectures"] = serde_json::json!(["Qwen2MoeForCausalLM"]));
     assert_names(&refusal(&d), &["config.json", "shared_expert", "gate"]);
 
     let d = case("arch", "llama");
-    edit_config(&d, |v| {
-        v["architectures"] = serde_json::json!(["GPT2LMHeadModel"])
-    });
+    edit_config(&d, |v| v["architectures"] = serde_json::json!(["GPT2LMHeadModel"]));
     assert_names(&refusal(&d), &["config.json", "architectures", "GPT2LMHeadModel"]);
 
     let d = case("yarn", "llama");
-    edit_config(
-        &d,
-        |v| {
-            v["rope_parameters"] =
-                serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
-        },
-    );
+    edit_config(&d, |v| {
+        v["rope_parameters"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
+    });
     assert_names(&refusal(&d), &["config.json", "rope_parameters", "yarn"]);
     let d = case("llama3_bands", "llama_rope_llama3");
-    edit_config(&d, |v| {
-        v["rope_parameters"]["high_freq_factor"] = serde_json::json!(0.5)
-    });
-    assert_names(
-        &refusal(&d),
-        &["config.json", "rope_parameters", "high_freq_factor"],
-    );
+    edit_config(&d, |v| v["rope_parameters"]["high_freq_factor"] = serde_json::json!(0.5));
+    assert_names(&refusal(&d), &["config.json", "rope_parameters", "high_freq_factor"]);
     let d = case("linear_factor", "qwen2_rope_linear");
     edit_config(&d, |v| {
         v["rope_parameters"].as_object_mut().unwrap().remove("factor");
     });
-    assert_names(
-        &refusal(&d),
-        &["config.json", "rope_parameters.factor", "missing"],
-    );
+    assert_names(&refusal(&d), &["config.json", "rope_parameters.factor", "missing"]);
     let d = case("partial", "llama");
     edit_config(&d, |v| v["partial_rotary_factor"] = serde_json::json!(0.5));
     assert_names(&refusal(&d), &["config.json", "partial_rotary_factor", "0.5"]);
@@ -534,12 +483,7 @@ fn bad_directories_are_refused_by_file_and_key() {
     edit_config(&d, |v| v["intermediate_size"] = serde_json::json!(40));
     assert_names(
         &refusal(&d),
-        &[
-            "model.safetensors",
-            "model.layers.0.mlp.gate_proj.weight",
-            "[48, 32]",
-            "[40, 32]",
-        ],
+        &["model.safetensors", "model.layers.0.mlp.gate_proj.weight", "[48, 32]", "[40, 32]"],
     );
 
     let d = case("missing_key", "llama");
@@ -550,30 +494,15 @@ fn bad_directories_are_refused_by_file_and_key() {
 
     // A tensor the configuration has no place for is not dropped without a word.
     let d = case("extra", "qwen3");
-    edit_config(&d, |v| {
-        v["architectures"] = serde_json::json!(["LlamaForCausalLM"])
-    });
-    assert_names(
-        &refusal(&d),
-        &[
-            "model.safetensors",
-            "self_attn.",
-            "_norm.weight",
-            "not part of the model",
-        ],
-    );
+    edit_config(&d, |v| v["architectures"] = serde_json::json!(["LlamaForCausalLM"]));
+    assert_names(&refusal(&d), &["model.safetensors", "self_attn.", "_norm.weight", "not part of the model"]);
 
     // Shards: one missing, one truncated, an index that climbs out of the directory.
     let d = case("no_shard", "llama_sharded");
     std::fs::remove_file(d.join("model-00002-of-00002.safetensors")).unwrap();
     assert_names(
         &refusal(&d),
-        &[
-            "model.safetensors.index.json",
-            "weight_map.",
-            "model-00002-of-00002.safetensors",
-            "missing",
-        ],
+        &["model.safetensors.index.json", "weight_map.", "model-00002-of-00002.safetensors", "missing"],
     );
 
     let d = case("truncated", "llama_sharded");
@@ -582,49 +511,24 @@ fn bad_directories_are_refused_by_file_and_key() {
     std::fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();
     assert_names(
         &refusal(&d),
-        &[
-            "model-00001-of-00002.safetensors",
-            "header",
-            "not a valid safetensors file",
-        ],
+        &["model-00001-of-00002.safetensors", "header", "not a valid safetensors file"],
     );
 
     let d = case("outside", "llama_sharded");
     let index = d.join("model.safetensors.index.json");
     let text = std::fs::read_to_string(&index).unwrap();
-    std::fs::write(
-        &index,
-        text.replacen("model-00001-of-00002", "../model-00001-of-00002", 1),
-    )
-    .unwrap();
+    std::fs::write(&index, text.replacen("model-00001-of-00002", "../model-00001-of-00002", 1)).unwrap();
     assert_names(
         &refusal(&d),
-        &[
-            "model.safetensors.index.json",
-            "weight_map.",
-            "../model-00001",
-            "not a file in this directory",
-        ],
+        &["model.safetensors.index.json", "weight_map.", "../model-00001", "not a file in this directory"],
     );
 
     let d = case("empty_map", "llama_sharded");
     std::fs::write(d.join("model.safetensors.index.json"), r#"{"weight_map": {}}"#).unwrap();
-    assert_names(
-        &refusal(&d),
-        &["model.safetensors.index.json", "weight_map", "empty"],
-    );
+    assert_names(&refusal(&d), &["model.safetensors.index.json", "weight_map", "empty"]);
     let d = case("partial_str", "llama_rope_llama3");
-    edit_config(&d, |v| {
-        v["rope_parameters"]["partial_rotary_factor"] = serde_json::json!("half")
-    });
-    assert_names(
-        &refusal(&d),
-        &[
-            "config.json",
-            "rope_parameters.partial_rotary_factor",
-            "not a number",
-        ],
-    );
+    edit_config(&d, |v| v["rope_parameters"]["partial_rotary_factor"] = serde_json::json!("half"));
+    assert_names(&refusal(&d), &["config.json", "rope_parameters.partial_rotary_factor", "not a number"]);
 
     let d = case("empty", "llama");
     std::fs::remove_file(d.join("model.safetensors")).unwrap();

@@ -42,10 +42,7 @@ fn int(v: &Value, key: &str) -> usize {
     v[key].as_u64().unwrap_or_else(|| panic!("{key} in {v}")) as usize
 }
 fn pair(v: &Value, key: &str) -> (usize, usize) {
-    (
-        v[key][0].as_u64().unwrap() as usize,
-        v[key][1].as_u64().unwrap() as usize,
-    )
+    (v[key][0].as_u64().unwrap() as usize, v[key][1].as_u64().unwrap() as usize)
 }
 fn num(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
@@ -105,14 +102,7 @@ fn sdpa_spec(c: &Value) -> SdpaSpec {
 
 fn mask(f: &Fixture, c: &Value) -> Option<Vec<bool>> {
     let name = c["name"].as_str().unwrap();
-    flag(c, "mask").then(|| {
-        f.get(&format!("{name}_mask"))
-            .unwrap()
-            .data
-            .iter()
-            .map(|&v| v != 0.0)
-            .collect()
-    })
+    flag(c, "mask").then(|| f.get(&format!("{name}_mask")).unwrap().data.iter().map(|&v| v != 0.0).collect())
 }
 
 /// Every case through the reference math in `T`.
@@ -124,10 +114,7 @@ fn reference<T: Real>(tol: Tolerance, what: &str) {
         let (_, _, n, _) = spec.check().unwrap();
         let bias = flag(&c, "bias").then(|| f.real::<T>(&format!("{name}_b")));
         let mut y = vec![T::ZERO; n];
-        let (x, w) = (
-            f.real::<T>(&format!("{name}_x")),
-            f.real::<T>(&format!("{name}_w")),
-        );
+        let (x, w) = (f.real::<T>(&format!("{name}_x")), f.real::<T>(&format!("{name}_w")));
         conv::conv2d(&mut y, &x, &w, bias.as_deref(), &spec).unwrap();
         check(&f, &format!("{name}_y"), what, &y, tol);
     }
@@ -150,16 +137,7 @@ fn reference<T: Real>(tol: Tolerance, what: &str) {
         let b = affine.then(|| f.real::<T>(&format!("{name}_b")));
         let mut y = vec![T::ZERO; x.len()];
         let (rows, dim) = (int(&c, "rows"), int(&c, "dim"));
-        norm::layer_norm(
-            &mut y,
-            &x,
-            w.as_deref(),
-            b.as_deref(),
-            rows,
-            dim,
-            num(&c, "eps") as f32,
-        )
-        .unwrap();
+        norm::layer_norm(&mut y, &x, w.as_deref(), b.as_deref(), rows, dim, num(&c, "eps") as f32).unwrap();
         check(&f, &format!("{name}_y"), what, &y, tol);
     }
     let x = f.real::<T>("act_x");
@@ -174,16 +152,7 @@ fn reference<T: Real>(tol: Tolerance, what: &str) {
         let [q, k, v] = ["q", "k", "v"].map(|t| f.real::<T>(&format!("{name}_{t}")));
         let bias = flag(&c, "bias").then(|| f.real::<T>(&format!("{name}_bias")));
         let mut y = vec![T::ZERO; q.len()];
-        sdpa::sdpa(
-            &mut y,
-            &q,
-            &k,
-            &v,
-            mask(&f, &c).as_deref(),
-            bias.as_deref(),
-            &spec,
-        )
-        .unwrap();
+        sdpa::sdpa(&mut y, &q, &k, &v, mask(&f, &c).as_deref(), bias.as_deref(), &spec).unwrap();
         check(&f, &format!("{name}_y"), what, &y, tol);
     }
     for c in cases(&f, "upsample") {
@@ -195,10 +164,8 @@ fn reference<T: Real>(tol: Tolerance, what: &str) {
         check(&f, &format!("{name}_y"), what, &y, tol);
     }
     let x = f.real::<T>("patch_x");
-    for (order, name) in [
-        (PatchOrder::ChannelFirst, "patch_first"),
-        (PatchOrder::ChannelLast, "patch_last"),
-    ] {
+    for (order, name) in [(PatchOrder::ChannelFirst, "patch_first"), (PatchOrder::ChannelLast, "patch_last")]
+    {
         let spec = patch_spec(&f, order);
         let mut tokens = vec![T::ZERO; x.len()];
         spatial::patchify(&mut tokens, &x, &spec).unwrap();
@@ -275,8 +242,7 @@ fn cpu_backend_matches_torch() {
         let b = affine.then(|| up(f.real(&format!("{name}_b"))));
         let mut y = up(vec![f32::NAN; x.len()]);
         let (rows, dim, eps) = (int(&c, "rows"), int(&c, "dim"), num(&c, "eps") as f32);
-        be.layer_norm(&mut y, &x, w.as_ref(), b.as_ref(), rows, dim, eps)
-            .unwrap();
+        be.layer_norm(&mut y, &x, w.as_ref(), b.as_ref(), rows, dim, eps).unwrap();
         check(&f, &format!("{name}_y"), "cpu", &y, F32_TOL);
     }
     let x = up(f.real("act_x"));
@@ -291,8 +257,7 @@ fn cpu_backend_matches_torch() {
         let [q, k, v] = ["q", "k", "v"].map(|t| up(f.real(&format!("{name}_{t}"))));
         let bias = flag(&c, "bias").then(|| up(f.real(&format!("{name}_bias"))));
         let mut y = up(vec![f32::NAN; q.len()]);
-        be.sdpa(&mut y, &q, &k, &v, mask(&f, &c).as_deref(), bias.as_ref(), &spec)
-            .unwrap();
+        be.sdpa(&mut y, &q, &k, &v, mask(&f, &c).as_deref(), bias.as_ref(), &spec).unwrap();
         check(&f, &format!("{name}_y"), "cpu", &y, F32_TOL);
     }
     for c in cases(&f, "upsample") {
@@ -300,15 +265,12 @@ fn cpu_backend_matches_torch() {
         let x = up(f.real(&format!("{name}_x")));
         let s = int(&c, "scale");
         let mut y = up(vec![f32::NAN; x.len() * s * s]);
-        be.upsample_nearest2d(&mut y, &x, int(&c, "planes"), int(&c, "h"), int(&c, "w"), s)
-            .unwrap();
+        be.upsample_nearest2d(&mut y, &x, int(&c, "planes"), int(&c, "h"), int(&c, "w"), s).unwrap();
         check(&f, &format!("{name}_y"), "cpu", &y, F32_TOL);
     }
     let x = up(f.real("patch_x"));
-    for (order, name) in [
-        (PatchOrder::ChannelFirst, "patch_first"),
-        (PatchOrder::ChannelLast, "patch_last"),
-    ] {
+    for (order, name) in [(PatchOrder::ChannelFirst, "patch_first"), (PatchOrder::ChannelLast, "patch_last")]
+    {
         let spec = patch_spec(&f, order);
         let mut tokens = up(vec![f32::NAN; x.len()]);
         be.patchify(&mut tokens, &x, &spec).unwrap();
@@ -345,112 +307,51 @@ fn bad_shapes_are_errors() {
     let be = CpuBackend::new();
     let conv = Conv2dSpec::new(1, 2, 3, 2, 2, 3);
     let mut out = vec![f32::NAN; 3];
-    let e = be
-        .conv2d(&mut out, &vec![0.0; 8], &vec![0.0; 54], None, &conv)
-        .unwrap_err();
+    let e = be.conv2d(&mut out, &vec![0.0; 8], &vec![0.0; 54], None, &conv).unwrap_err();
     assert!(e.to_string().contains("larger than the padded input"), "{e}");
     let e = conv::conv2d(&mut out, &[0.0; 8], &[0.0; 54], None, &conv).unwrap_err();
     assert!(e.to_string().contains("larger than the padded input"), "{e}");
     let grouped = Conv2dSpec::new(1, 3, 4, 4, 4, 1).groups(2);
-    let e = be
-        .conv2d(&mut vec![0.0; 64], &vec![0.0; 48], &vec![0.0; 8], None, &grouped)
-        .unwrap_err();
+    let e = be.conv2d(&mut vec![0.0; 64], &vec![0.0; 48], &vec![0.0; 8], None, &grouped).unwrap_err();
     assert!(e.to_string().contains("multiples of groups"), "{e}");
     let e = be
-        .conv2d(
-            &mut vec![0.0; 48],
-            &vec![0.0; 47],
-            &vec![0.0; 12],
-            None,
-            &Conv2dSpec::new(1, 3, 4, 4, 4, 1),
-        )
+        .conv2d(&mut vec![0.0; 48], &vec![0.0; 47], &vec![0.0; 12], None, &Conv2dSpec::new(1, 3, 4, 4, 4, 1))
         .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("`inp` has 47 elements but the shape needs 48"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("`inp` has 47 elements but the shape needs 48"), "{e}");
     assert!(out.iter().all(|v| v.is_nan()), "a failed call wrote its output");
 
-    let gn = GroupNormSpec {
-        batch: 1,
-        channels: 6,
-        spatial: 4,
-        groups: 4,
-        eps: 1e-6,
-        act: None,
-    };
-    let e = be
-        .group_norm(&mut vec![0.0; 24], &vec![0.0; 24], None, None, &gn)
-        .unwrap_err();
+    let gn = GroupNormSpec { batch: 1, channels: 6, spatial: 4, groups: 4, eps: 1e-6, act: None };
+    let e = be.group_norm(&mut vec![0.0; 24], &vec![0.0; 24], None, None, &gn).unwrap_err();
     assert!(e.to_string().contains("multiple of groups"), "{e}");
-    let e = be
-        .layer_norm(
-            &mut vec![0.0; 6],
-            &vec![0.0; 6],
-            Some(&vec![1.0; 2]),
-            None,
-            2,
-            3,
-            1e-5,
-        )
-        .unwrap_err();
+    let e =
+        be.layer_norm(&mut vec![0.0; 6], &vec![0.0; 6], Some(&vec![1.0; 2]), None, 2, 3, 1e-5).unwrap_err();
     assert!(e.to_string().contains("`weight` has 2 elements"), "{e}");
 
     let s = SdpaSpec::new(1, 4, 3, 8).kv_heads(2);
     let (q, kv) = (vec![0.0; 96], vec![0.0; 64]);
-    let e = be
-        .sdpa(&mut vec![0.0; 96], &q, &kv, &kv, None, None, &s)
-        .unwrap_err();
+    let e = be.sdpa(&mut vec![0.0; 96], &q, &kv, &kv, None, None, &s).unwrap_err();
     assert!(e.to_string().contains("multiple of kv_heads"), "{e}");
     let s = SdpaSpec::new(1, 4, 2, 8);
     let (q, kv) = (vec![0.0; 64], vec![0.0; 64]);
-    let e = be
-        .sdpa(&mut vec![0.0; 64], &q, &kv, &kv, Some(&[true; 3]), None, &s)
-        .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("`key_mask` has 3 elements but the shape needs 4"),
-        "{e}"
-    );
-    let e = be
-        .sdpa(&mut vec![0.0; 64], &q, &kv, &kv, None, None, &s.scale(f32::NAN))
-        .unwrap_err();
+    let e = be.sdpa(&mut vec![0.0; 64], &q, &kv, &kv, Some(&[true; 3]), None, &s).unwrap_err();
+    assert!(e.to_string().contains("`key_mask` has 3 elements but the shape needs 4"), "{e}");
+    let e = be.sdpa(&mut vec![0.0; 64], &q, &kv, &kv, None, None, &s.scale(f32::NAN)).unwrap_err();
     assert!(e.to_string().contains("scale is NaN"), "{e}");
     let e = be
-        .sdpa(
-            &mut vec![0.0; 64],
-            &q,
-            &vec![0.0; 48],
-            &vec![0.0; 48],
-            None,
-            None,
-            &s.kv_len(3).causal(true),
-        )
+        .sdpa(&mut vec![0.0; 64], &q, &vec![0.0; 48], &vec![0.0; 48], None, None, &s.kv_len(3).causal(true))
         .unwrap_err();
     assert!(e.to_string().contains("causal attention needs q_len"), "{e}");
 
-    let p = PatchSpec {
-        batch: 1,
-        channels: 2,
-        height: 5,
-        width: 4,
-        patch: 2,
-        order: PatchOrder::ChannelFirst,
-    };
+    let p =
+        PatchSpec { batch: 1, channels: 2, height: 5, width: 4, patch: 2, order: PatchOrder::ChannelFirst };
     let e = be.patchify(&mut vec![0.0; 40], &vec![0.0; 40], &p).unwrap_err();
     assert!(e.to_string().contains("not a whole number of 2x2 patches"), "{e}");
-    let e = be
-        .upsample_nearest2d(&mut vec![0.0; 4], &vec![0.0; 4], 1, 2, 2, 0)
-        .unwrap_err();
+    let e = be.upsample_nearest2d(&mut vec![0.0; 4], &vec![0.0; 4], 1, 2, 2, 0).unwrap_err();
     assert!(e.to_string().contains("scale must be at least 1"), "{e}");
     let e = timestep_embedding(
         &mut [0.0; 4],
         &[1.0],
-        &TimestepSpec {
-            downscale_freq_shift: 2.0,
-            ..TimestepSpec::new(4)
-        },
+        &TimestepSpec { downscale_freq_shift: 2.0, ..TimestepSpec::new(4) },
     )
     .unwrap_err();
     assert!(e.to_string().contains("must not be zero"), "{e}");

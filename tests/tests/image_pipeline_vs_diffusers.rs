@@ -57,14 +57,7 @@ fn load(name: &str, f: &Fixture) -> ImagePipeline {
 
 /// `generate` with the fixture's prompt and seed, `size` x `size`.
 fn generate_recorded(p: &mut ImagePipeline, f: &Fixture, size: usize) -> Image {
-    p.generate(
-        &meta::<String>(f, "prompt"),
-        size,
-        size,
-        Some(meta(f, "seed")),
-        |_, _| true,
-    )
-    .unwrap()
+    p.generate(&meta::<String>(f, "prompt"), size, size, Some(meta(f, "seed")), |_, _| true).unwrap()
 }
 
 fn txt2img(name: &str) -> ImagePipeline {
@@ -75,12 +68,7 @@ fn txt2img(name: &str) -> ImagePipeline {
     let prompt: String = meta(&f, "prompt");
     // The schedule diffusers' scheduler stepped through (f32 rounding of the shift).
     let sigmas = p.sigmas(size, size).unwrap();
-    assert_close(
-        &format!("{name} sigmas"),
-        &sigmas,
-        &f.get("sigmas").unwrap(),
-        Tolerance::new(0.0, 1e-6),
-    );
+    assert_close(&format!("{name} sigmas"), &sigmas, &f.get("sigmas").unwrap(), Tolerance::new(0.0, 1e-6));
     let mut seen = Vec::new();
     let image = p
         .generate(&prompt, size, size, Some(seed), |step, total| {
@@ -89,11 +77,7 @@ fn txt2img(name: &str) -> ImagePipeline {
         })
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let steps = p.config.steps;
-    assert_eq!(
-        seen,
-        (1..=steps).map(|s| (s, steps)).collect::<Vec<_>>(),
-        "{name}: progress"
-    );
+    assert_eq!(seen, (1..=steps).map(|s| (s, steps)).collect::<Vec<_>>(), "{name}: progress");
     assert_same_picture(&format!("{name} txt2img"), &image, &f.get("image").unwrap());
     p
 }
@@ -126,18 +110,10 @@ fn flux2_base_runs_guidance_against_the_empty_prompt() {
     let index = t.path().join("model_index.json");
     let text = std::fs::read_to_string(&index).unwrap();
     assert!(text.contains("\"is_distilled\": true"));
-    std::fs::write(
-        &index,
-        text.replace("\"is_distilled\": true", "\"is_distilled\": false"),
-    )
-    .unwrap();
+    std::fs::write(&index, text.replace("\"is_distilled\": true", "\"is_distilled\": false")).unwrap();
     let f = expected("klein_tiny");
     let mut p = ImagePipeline::load(t.path()).unwrap();
-    assert_eq!(
-        (p.config.steps, p.config.guidance_scale),
-        (50, 4.0),
-        "base klein defaults"
-    );
+    assert_eq!((p.config.steps, p.config.guidance_scale), (50, 4.0), "base klein defaults");
     assert!(p.uses_cfg());
     p.config.steps = 2;
     p.config.max_sequence_length = meta(&f, "max_sequence_length");
@@ -168,24 +144,12 @@ fn sd3_with_dpm_over_flow_sigmas_gives_diffusers_picture() {
     p.config.steps = 3;
     p.config.solver = rusting_brain::Solver::DpmPlusPlus2M;
     let sigmas = p.sigmas(16, 16).unwrap();
-    assert_close(
-        "sd3 dpm sigmas",
-        &sigmas,
-        &f.get("dpm_sigmas").unwrap(),
-        Tolerance::new(0.0, 1e-6),
-    );
+    assert_close("sd3 dpm sigmas", &sigmas, &f.get("dpm_sigmas").unwrap(), Tolerance::new(0.0, 1e-6));
     let image = generate_recorded(&mut p, &f, 16);
     assert_same_picture("sd3 dpm++ 2m", &image, &f.get("dpm_image").unwrap());
     // FLUX's pipelines take Euler only; img2img too.
-    let img = Image {
-        width: 16,
-        height: 16,
-        channels: 3,
-        data: vec![0.0; 3 * 16 * 16],
-    };
-    assert!(p
-        .generate_from_image(&img, 0.5, "x", Some(0), |_, _| true)
-        .is_err());
+    let img = Image { width: 16, height: 16, channels: 3, data: vec![0.0; 3 * 16 * 16] };
+    assert!(p.generate_from_image(&img, 0.5, "x", Some(0), |_, _| true).is_err());
     let mut flux = load("flux_tiny", &expected("flux_tiny"));
     flux.config.solver = rusting_brain::Solver::DpmPlusPlus2M;
     assert!(flux.generate("x", 16, 16, Some(0), |_, _| true).is_err());
@@ -197,9 +161,7 @@ fn given_noise_gives_the_same_picture_as_diffusers_latents() {
     let mut p = load("flux_tiny", &f);
     let cond = p.condition(&meta::<String>(&f, "prompt")).unwrap();
     let noise = f.get("noise").unwrap().to_f32();
-    let latent = p
-        .sample_latent(&cond, 16, 16, Noise::Given(noise), |_, _| true)
-        .unwrap();
+    let latent = p.sample_latent(&cond, 16, 16, Noise::Given(noise), |_, _| true).unwrap();
     assert_same_picture(
         "flux given noise",
         &p.decode(&latent).unwrap(),
@@ -229,11 +191,7 @@ fn img2img_at_two_strengths_matches_diffusers() {
                 .unwrap_or_else(|e| panic!("{name} {strength}: {e}"));
             // diffusers: int(N - N * strength) steps are skipped.
             let n = p.config.steps;
-            assert_eq!(
-                steps,
-                n - (n as f32 - n as f32 * strength) as usize,
-                "{name} {strength}: steps"
-            );
+            assert_eq!(steps, n - (n as f32 - n as f32 * strength) as usize, "{name} {strength}: steps");
             assert_same_picture(
                 &format!("{name} img2img {strength}"),
                 &out,
@@ -247,10 +205,7 @@ fn img2img_at_two_strengths_matches_diffusers() {
 fn the_progress_callback_can_stop_a_run() {
     let f = expected("flux_tiny");
     let mut p = load("flux_tiny", &f);
-    let e = p
-        .generate("a lighthouse", 16, 16, Some(1), |step, _| step < 2)
-        .err()
-        .unwrap();
+    let e = p.generate("a lighthouse", 16, 16, Some(1), |step, _| step < 2).err().unwrap();
     assert!(e.to_string().contains("after step 2 of 3"), "{e}");
 }
 
@@ -261,13 +216,9 @@ fn parts_run_one_at_a_time_and_can_be_dropped() {
     let cond = p.condition(&meta::<String>(&f, "prompt")).unwrap();
     p.drop_encoders();
     assert!(p.condition("again").is_err());
-    let latent = p
-        .sample_latent(&cond, 16, 16, Noise::Seed(meta(&f, "seed")), |_, _| true)
-        .unwrap();
+    let latent = p.sample_latent(&cond, 16, 16, Noise::Seed(meta(&f, "seed")), |_, _| true).unwrap();
     p.drop_denoiser();
-    assert!(p
-        .sample_latent(&cond, 16, 16, Noise::Seed(1), |_, _| true)
-        .is_err());
+    assert!(p.sample_latent(&cond, 16, 16, Noise::Seed(1), |_, _| true).is_err());
     assert_same_picture("sd3 parts", &p.decode(&latent).unwrap(), &f.get("image").unwrap());
 }
 
@@ -280,17 +231,9 @@ fn bad_sizes_and_strengths_are_errors() {
         let e = p.generate("x", w, h, Some(0), |_, _| true).err().unwrap();
         assert!(e.to_string().contains("multiples"), "{w}x{h}: {e}");
     }
-    let img = Image {
-        width: 16,
-        height: 16,
-        channels: 3,
-        data: vec![0.0; 3 * 16 * 16],
-    };
+    let img = Image { width: 16, height: 16, channels: 3, data: vec![0.0; 3 * 16 * 16] };
     for s in [-0.1, 1.5, f32::NAN] {
-        assert!(
-            p.generate_from_image(&img, s, "x", Some(0), |_, _| true).is_err(),
-            "strength {s}"
-        );
+        assert!(p.generate_from_image(&img, s, "x", Some(0), |_, _| true).is_err(), "strength {s}");
     }
     // The default klein layers (9, 18, 27) do not exist in a 2-layer encoder: said, not a panic.
     p.config.text_encoder_layers = vec![9, 18, 27];
@@ -309,11 +252,7 @@ fn q8_pipeline_stays_close_and_holds_less() {
         // Matrices at a byte a weight plus a scale a row; norms, biases and embedding
         // tables of these tiny models stay f32, so the ratio is above the ideal 0.25.
         let ratio = p.model_bytes() as f64 / f32_bytes as f64;
-        println!(
-            "{name}: int8 holds {} of {} bytes ({ratio:.3})",
-            p.model_bytes(),
-            f32_bytes
-        );
+        println!("{name}: int8 holds {} of {} bytes ({ratio:.3})", p.model_bytes(), f32_bytes);
         assert!(ratio < 0.5, "{name}: int8 holds {ratio} of the f32 bytes");
         as_recorded(&mut p, &f);
         let image = generate_recorded(&mut p, &f, meta(&f, "size"));

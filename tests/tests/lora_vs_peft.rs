@@ -46,9 +46,7 @@ fn input_logits(want: &Tensor) -> Tensor {
     let (b, t, v) = (want.shape[0], want.shape[1], want.shape[2]);
     Tensor {
         shape: vec![b, t - 1, v],
-        data: (0..b)
-            .flat_map(|i| want.data[i * t * v..(i * t + t - 1) * v].to_vec())
-            .collect(),
+        data: (0..b).flat_map(|i| want.data[i * t * v..(i * t + t - 1) * v].to_vec()).collect(),
     }
 }
 
@@ -94,10 +92,7 @@ fn a_fresh_adapter_changes_nothing_and_freezes_the_base() {
         assert!(v.iter().all(|x| x.abs() <= bound), "{n} outside the bound");
         let std = (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt();
         let want = bound / 3f32.sqrt();
-        assert!(
-            (std - want).abs() < 0.25 * want,
-            "{n}: std {std}, uniform's {want}"
-        );
+        assert!((std - want).abs() < 0.25 * want, "{n}: std {std}, uniform's {want}");
     }
     // The base has no gradients left; attaching twice is refused.
     assert!(model.named_gradients().unwrap().iter().all(|(_, g)| g.is_empty()));
@@ -114,60 +109,32 @@ fn peft_adapter_logits_gradients_and_three_adamw_steps_match() {
     assert_eq!(model.lora_config(), Some(&peft_config()));
     let base_before = named_bits(&model.named_parameters().unwrap());
 
-    let worst = close(
-        "logits",
-        &model.forward_batch(&tb).unwrap(),
-        &input_logits(&e.get("logits").unwrap()),
-    );
+    let worst = close("logits", &model.forward_batch(&tb).unwrap(), &input_logits(&e.get("logits").unwrap()));
     eprintln!("logits: worst {worst:.3} of the allowance");
 
     model.zero_grad().unwrap();
     let loss = model.accumulate_step(&tb).unwrap();
     let want = e.get("loss").unwrap().data[0];
-    assert!(
-        ((loss.lm_loss as f64) - want).abs() <= 1e-5 * want,
-        "loss {} vs {want}",
-        loss.lm_loss
-    );
+    assert!(((loss.lm_loss as f64) - want).abs() <= 1e-5 * want, "loss {} vs {want}", loss.lm_loss);
     let grads = model.lora_gradients().unwrap();
     assert_eq!(grads.len(), 28, "an A and a B on 7 projections of 2 layers");
     let mut worst = 0f64;
     for (n, g) in &grads {
-        worst = worst.max(close(
-            &format!("grad {n}"),
-            g,
-            &e.get(&format!("grad.{n}")).unwrap(),
-        ));
+        worst = worst.max(close(&format!("grad {n}"), g, &e.get(&format!("grad.{n}")).unwrap()));
     }
     eprintln!("adapter gradients: worst {worst:.3} of the allowance");
 
-    model.optimizer = Optimizer::adam(1e-2)
-        .betas(0.9, 0.95)
-        .epsilon(1e-8)
-        .weight_decay(0.1);
+    model.optimizer = Optimizer::adam(1e-2).betas(0.9, 0.95).epsilon(1e-8).weight_decay(0.1);
     for i in 0..3 {
         let l = model.train_step_batch(&tb).unwrap();
         let want = e.get(&format!("loss.{i}")).unwrap().data[0];
-        assert!(
-            ((l.lm_loss as f64) - want).abs() <= 1e-5 * want,
-            "step {i}: loss {} vs {want}",
-            l.lm_loss
-        );
+        assert!(((l.lm_loss as f64) - want).abs() <= 1e-5 * want, "step {i}: loss {} vs {want}", l.lm_loss);
     }
     for (n, v) in model.lora_parameters().unwrap() {
         let want = e.get(&format!("after.{n}")).unwrap();
-        assert_close(
-            &format!("after 3 steps {n}"),
-            &v,
-            &want,
-            Tolerance::new(1e-4, 1e-5),
-        );
+        assert_close(&format!("after 3 steps {n}"), &v, &want, Tolerance::new(1e-4, 1e-5));
     }
-    assert_eq!(
-        named_bits(&model.named_parameters().unwrap()),
-        base_before,
-        "the base moved"
-    );
+    assert_eq!(named_bits(&model.named_parameters().unwrap()), base_before, "the base moved");
     assert_eq!(model.steps(), 3);
 }
 
@@ -177,13 +144,8 @@ fn rslora_on_a_subset_of_projections_matches_peft() {
     let e = expected();
     let tb = batch(&e);
     let mut model = TransformerLm::from_pretrained(base_dir()).unwrap();
-    model
-        .load_lora(fixture_path("lora").join("peft_adapter_rslora"))
-        .unwrap();
-    let want = LoraConfig::new(4)
-        .alpha(8.0)
-        .rslora(true)
-        .targets(&["v_proj", "q_proj"]);
+    model.load_lora(fixture_path("lora").join("peft_adapter_rslora")).unwrap();
+    let want = LoraConfig::new(4).alpha(8.0).rslora(true).targets(&["v_proj", "q_proj"]);
     assert_eq!(model.lora_config(), Some(&want));
     assert_eq!(want.scale(), 4.0, "alpha / sqrt(rank)");
     assert_eq!(model.lora_parameters().unwrap().len(), 2 * 2 * 2);
@@ -222,10 +184,7 @@ fn merge_predicts_the_same_and_save_load_is_bitwise() {
     model.save_lora_peft(&peft).unwrap();
     let mut again = TransformerLm::from_pretrained(base_dir()).unwrap();
     again.load_lora(&peft).unwrap();
-    assert_eq!(
-        named_bits(&again.lora_parameters().unwrap()),
-        named_bits(&model.lora_parameters().unwrap())
-    );
+    assert_eq!(named_bits(&again.lora_parameters().unwrap()), named_bits(&model.lora_parameters().unwrap()));
     if let Ok(out) = std::env::var("RB_LORA_PEFT_OUT") {
         // For tests/fixtures/check_lora_peft.py: our adapter directory and our logits.
         let out = Path::new(&out);
@@ -241,24 +200,12 @@ fn merge_predicts_the_same_and_save_load_is_bitwise() {
     let merged = model.forward_batch(&tb).unwrap();
     let scale = adapted.iter().fold(0f32, |m, v| m.max(v.abs()));
     let worst = worst_abs_diff(&merged, &adapted);
-    assert!(
-        worst <= 1e-5 * scale,
-        "merged logits differ by {worst} (scale {scale})"
-    );
-    eprintln!(
-        "merge: worst logit difference {:.2e} of the largest",
-        worst / scale
-    );
+    assert!(worst <= 1e-5 * scale, "merged logits differ by {worst} (scale {scale})");
+    eprintln!("merge: worst logit difference {:.2e} of the largest", worst / scale);
     model.train_step_batch(&tb).unwrap();
-    assert!(model
-        .named_gradients()
-        .unwrap()
-        .iter()
-        .all(|(_, g)| !g.is_empty()));
+    assert!(model.named_gradients().unwrap().iter().all(|(_, g)| !g.is_empty()));
     // A merged model saves as a plain checkpoint.
-    model
-        .save_bin(dir.join("merged.rbw"), rusting_brain::Precision::F32)
-        .unwrap();
+    model.save_bin(dir.join("merged.rbw"), rusting_brain::Precision::F32).unwrap();
     let mut back = TransformerLm::load_bin(dir.join("merged.rbw")).unwrap();
     assert!(back.lora_config().is_none());
     back.forward_batch(&tb).unwrap();
@@ -287,11 +234,8 @@ fn adapter_gradients_follow_from_the_merged_model_on_a_mixture_of_experts() {
             .build()
             .unwrap()
     };
-    let tb = TokenBatch::new(vec![
-        vec![1, 5, 9, 3, 7, 2, 8, 11, 4],
-        vec![6, 2, 30, 31, 12, 0, 1, 19, 25],
-    ])
-    .unwrap();
+    let tb = TokenBatch::new(vec![vec![1, 5, 9, 3, 7, 2, 8, 11, 4], vec![6, 2, 30, 31, 12, 0, 1, 19, 25]])
+        .unwrap();
     let mut adapted = build();
     adapted.add_lora(LoraConfig::new(3).alpha(6.0)).unwrap();
     // Non-zero B everywhere, as after some training.
@@ -309,11 +253,7 @@ fn adapter_gradients_follow_from_the_merged_model_on_a_mixture_of_experts() {
             .into_iter()
             .map(|(n, v)| {
                 let len: usize = v.shape().iter().product();
-                let vals: Vec<u8> = rng
-                    .normal_vec(len, 0.3)
-                    .iter()
-                    .flat_map(|x| x.to_le_bytes())
-                    .collect();
+                let vals: Vec<u8> = rng.normal_vec(len, 0.3).iter().flat_map(|x| x.to_le_bytes()).collect();
                 (n, v.shape().to_vec(), vals)
             })
             .collect();
@@ -342,29 +282,15 @@ fn adapter_gradients_follow_from_the_merged_model_on_a_mixture_of_experts() {
     merged.merge_lora().unwrap();
     merged.zero_grad().unwrap();
     let l2 = merged.accumulate_step(&tb).unwrap();
-    assert!(
-        (l1.lm_loss - l2.lm_loss).abs() <= 1e-5 * l2.lm_loss,
-        "{} vs {}",
-        l1.lm_loss,
-        l2.lm_loss
-    );
+    assert!((l1.lm_loss - l2.lm_loss).abs() <= 1e-5 * l2.lm_loss, "{} vs {}", l1.lm_loss, l2.lm_loss);
     let full: std::collections::HashMap<String, Vec<f32>> =
         merged.named_gradients().unwrap().into_iter().collect();
-    let shapes: std::collections::HashMap<String, usize> = merged
-        .named_parameters()
-        .unwrap()
-        .into_iter()
-        .map(|(n, v)| (n, v.len()))
-        .collect();
+    let shapes: std::collections::HashMap<String, usize> =
+        merged.named_parameters().unwrap().into_iter().map(|(n, v)| (n, v.len())).collect();
     let mut checked = 0;
     for pair in lora.chunks(2).zip(lora_grads.chunks(2)) {
-        let ([(na, a), (_, b)], [(_, ga), (_, gb)]) = (pair.0, pair.1) else {
-            unreachable!()
-        };
-        let weight = na
-            .strip_prefix("base_model.model.")
-            .unwrap()
-            .replace(".lora_A.weight", ".weight");
+        let ([(na, a), (_, b)], [(_, ga), (_, gb)]) = (pair.0, pair.1) else { unreachable!() };
+        let weight = na.strip_prefix("base_model.model.").unwrap().replace(".lora_A.weight", ".weight");
         let gw = &full[&weight];
         let r = 3;
         let (d_in, d_out) = (a.len() / r, b.len() / r);
@@ -374,31 +300,19 @@ fn adapter_gradients_follow_from_the_merged_model_on_a_mixture_of_experts() {
         let mut want_a = vec![0f64; r * d_in];
         for o in 0..d_out {
             for j in 0..r {
-                want_b[o * r + j] = scale
-                    * (0..d_in)
-                        .map(|k| gw[o * d_in + k] as f64 * a[j * d_in + k] as f64)
-                        .sum::<f64>();
+                want_b[o * r + j] =
+                    scale * (0..d_in).map(|k| gw[o * d_in + k] as f64 * a[j * d_in + k] as f64).sum::<f64>();
             }
         }
         for j in 0..r {
             for k in 0..d_in {
-                want_a[j * d_in + k] = scale
-                    * (0..d_out)
-                        .map(|o| b[o * r + j] as f64 * gw[o * d_in + k] as f64)
-                        .sum::<f64>();
+                want_a[j * d_in + k] =
+                    scale * (0..d_out).map(|o| b[o * r + j] as f64 * gw[o * d_in + k] as f64).sum::<f64>();
             }
         }
         for (what, got, want) in [("A", ga, want_a), ("B", gb, want_b)] {
-            let t = Tensor {
-                shape: vec![want.len()],
-                data: want,
-            };
-            assert_close(
-                &format!("{weight} d{what}"),
-                got,
-                &t,
-                Tolerance::new(1e-4, 1e-4 * rms(&t)),
-            );
+            let t = Tensor { shape: vec![want.len()], data: want };
+            assert_close(&format!("{weight} d{what}"), got, &t, Tolerance::new(1e-4, 1e-4 * rms(&t)));
         }
         checked += 1;
     }
@@ -427,12 +341,7 @@ fn adapters_train_on_an_int8_base() {
     // the L2-relative amount below, measured at 0.079, against 1 for an unrelated
     // direction; with the int8 weights left out of the backward pass it is 1.0.
     let (mut diff, mut norm) = (0f64, 0f64);
-    for ((_, g), (_, want)) in q8
-        .lora_gradients()
-        .unwrap()
-        .iter()
-        .zip(f32_base.lora_gradients().unwrap())
-    {
+    for ((_, g), (_, want)) in q8.lora_gradients().unwrap().iter().zip(f32_base.lora_gradients().unwrap()) {
         for (a, b) in g.iter().zip(&want) {
             diff += ((a - b) as f64).powi(2);
             norm += (*b as f64).powi(2);
@@ -440,10 +349,7 @@ fn adapters_train_on_an_int8_base() {
     }
     let rel = (diff / norm).sqrt();
     eprintln!("int8 base: adapter gradients L2-relative {rel:.3} from the f32 base's");
-    assert!(
-        rel < 0.15,
-        "int8 base gradients {rel} (L2-relative) from the f32 base's"
-    );
+    assert!(rel < 0.15, "int8 base gradients {rel} (L2-relative) from the f32 base's");
     q8.optimizer = Optimizer::adam(1e-2);
     let first = q8.evaluate(&tb).unwrap().lm_loss;
     for _ in 0..10 {
@@ -536,30 +442,15 @@ fn mismatched_or_broken_adapters_are_refused_and_change_nothing() {
     let cut = copy_peft("cut");
     std::fs::write(cut.join("adapter_model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
     refuse(&mut model, &cut, &["adapter_model.safetensors"]);
-    refuse(
-        &mut model,
-        &base_dir().join("model.safetensors"),
-        &["not an adapter file"],
-    );
-    refuse(
-        &mut model,
-        Path::new("/no/such/adapter.rbl"),
-        &["/no/such/adapter.rbl"],
-    );
+    refuse(&mut model, &base_dir().join("model.safetensors"), &["not an adapter file"]);
+    refuse(&mut model, Path::new("/no/such/adapter.rbl"), &["/no/such/adapter.rbl"]);
     // None of it changed the model.
     let after = model.forward_batch(&tb).unwrap();
     assert_eq!(before, after);
     // Host operations are refused on a device, never silently done there.
-    let err = TransformerLm::from_pretrained(base_dir())
-        .unwrap()
-        .merge_lora()
-        .unwrap_err()
-        .to_string();
+    let err = TransformerLm::from_pretrained(base_dir()).unwrap().merge_lora().unwrap_err().to_string();
     assert!(err.contains("no adapters"), "{err}");
-    assert!(matches!(
-        model.save_optimizer_state(other.join("o.opt")),
-        Err(NetworkError::InvalidInput(_))
-    ));
+    assert!(matches!(model.save_optimizer_state(other.join("o.opt")), Err(NetworkError::InvalidInput(_))));
 }
 
 /// On wgpu the adapters train with the model (f32) and run in int8 decoding, through the
@@ -582,16 +473,8 @@ fn adapters_train_and_decode_on_wgpu() {
     let err = gpu.add_lora(peft_config()).unwrap_err().to_string();
     assert!(err.contains("to_cpu"), "{err}");
     train_both(&mut cpu, &mut gpu, &tb, 2);
-    for ((n, g), (_, c)) in gpu
-        .lora_parameters()
-        .unwrap()
-        .iter()
-        .zip(cpu.lora_parameters().unwrap())
-    {
-        let t = Tensor {
-            shape: vec![c.len()],
-            data: c.iter().map(|&v| v as f64).collect(),
-        };
+    for ((n, g), (_, c)) in gpu.lora_parameters().unwrap().iter().zip(cpu.lora_parameters().unwrap()) {
+        let t = Tensor { shape: vec![c.len()], data: c.iter().map(|&v| v as f64).collect() };
         assert_close(&format!("wgpu {n}"), g, &t, Tolerance::new(1e-4, 1e-5));
     }
     // Back on the host, saved, then an int8 base with the adapter decodes on wgpu.
@@ -611,10 +494,7 @@ fn adapters_train_and_decode_on_wgpu() {
     let mut s = rusting_brain::Sampler::greedy();
     let a = qc.generate(&prompt, 10, &mut s).unwrap();
     let b = qg.generate(&prompt, 10, &mut s).unwrap();
-    assert_eq!(
-        a, b,
-        "int8 base + adapter: greedy decoding differs between the CPU and wgpu"
-    );
+    assert_eq!(a, b, "int8 base + adapter: greedy decoding differs between the CPU and wgpu");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -645,11 +525,8 @@ fn expert_adapters_train_on_wgpu_as_on_the_cpu() {
     let (mut cpu, mut gpu, mut first) = (build(), build(), build());
     // One step on a third copy so every B is non-zero, then its adapters on both (both at
     // optimizer step 0).
-    let tb = TokenBatch::new(vec![
-        vec![1, 7, 3, 9, 20, 4, 11, 2, 30],
-        vec![5, 5, 40, 2, 8, 13, 1, 0, 6],
-    ])
-    .unwrap();
+    let tb =
+        TokenBatch::new(vec![vec![1, 7, 3, 9, 20, 4, 11, 2, 30], vec![5, 5, 40, 2, 8, 13, 1, 0, 6]]).unwrap();
     first.train_step_batch(&tb).unwrap();
     let dir = scratch("moe-wgpu");
     first.save_lora(dir.join("a.rbl")).unwrap();
@@ -661,27 +538,15 @@ fn expert_adapters_train_on_wgpu_as_on_the_cpu() {
     let l0 = close_logits(&gpu.forward_batch(&tb).unwrap(), &cpu.forward_batch(&tb).unwrap());
     train_both(&mut cpu, &mut gpu, &tb, 2);
     let mut experts = 0;
-    for ((n, g), (_, c)) in gpu
-        .lora_parameters()
-        .unwrap()
-        .iter()
-        .zip(cpu.lora_parameters().unwrap())
-    {
+    for ((n, g), (_, c)) in gpu.lora_parameters().unwrap().iter().zip(cpu.lora_parameters().unwrap()) {
         experts += usize::from(n.contains(".experts."));
-        let t = Tensor {
-            shape: vec![c.len()],
-            data: c.iter().map(|&v| v as f64).collect(),
-        };
+        let t = Tensor { shape: vec![c.len()], data: c.iter().map(|&v| v as f64).collect() };
         // Adam at lr 1e-2 moves an element whose small gradient rounds differently (the
         // GPU sums an expert's few rows in another order) by up to lr x 5e-3: measured
         // 1.7e-5 on one of 96 elements of a weakly routed expert's B.
         assert_close(&format!("wgpu {n}"), g, &t, Tolerance::new(1e-4, 5e-5));
     }
-    assert_eq!(
-        experts,
-        2 * 4 * 3 * 2,
-        "A and B of 3 projections of 4 experts in 2 layers"
-    );
+    assert_eq!(experts, 2 * 4 * 3 * 2, "A and B of 3 projections of 4 experts in 2 layers");
     eprintln!("MoE adapters on wgpu: logits worst {l0:.2e} of the largest");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -689,10 +554,7 @@ fn expert_adapters_train_on_wgpu_as_on_the_cpu() {
 /// `steps` training steps on both copies, their losses within 1e-5 of each other.
 fn train_both(cpu: &mut TransformerLm, gpu: &mut TransformerLm, tb: &TokenBatch, steps: usize) {
     for step in 0..steps {
-        let (lc, lg) = (
-            cpu.train_step_batch(tb).unwrap(),
-            gpu.train_step_batch(tb).unwrap(),
-        );
+        let (lc, lg) = (cpu.train_step_batch(tb).unwrap(), gpu.train_step_batch(tb).unwrap());
         assert!(
             (lc.lm_loss - lg.lm_loss).abs() <= 1e-5 * lc.lm_loss,
             "step {step}: {} vs {}",

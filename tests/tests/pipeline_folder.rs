@@ -18,51 +18,25 @@ fn a_flux_folder_opens_and_its_parts_load() {
     let names: Vec<&str> = p.components().keys().map(String::as_str).collect();
     assert_eq!(
         names,
-        [
-            "scheduler",
-            "text_encoder",
-            "text_encoder_2",
-            "tokenizer",
-            "tokenizer_2",
-            "transformer",
-            "vae"
-        ],
+        ["scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "transformer", "vae"],
         "the [null, null] entries (image_encoder, feature_extractor) are skipped"
     );
-    assert_eq!(
-        p.component("transformer").unwrap().class,
-        "FluxTransformer2DModel"
-    );
+    assert_eq!(p.component("transformer").unwrap().class, "FluxTransformer2DModel");
 
     let vae = p.vae().unwrap();
-    assert_eq!(
-        (vae.config().latent_channels, vae.config().shift_factor),
-        (1, 0.0609)
-    );
+    assert_eq!((vae.config().latent_channels, vae.config().shift_factor), (1, 0.0609));
     let latent = vec![0.25f32; 32 * 32];
     let pixels = vae.decode(&latent, 1, 32, 32).unwrap();
     assert_eq!(pixels.len(), 3 * 32 * 32);
     assert!(pixels.iter().all(|v| v.is_finite()));
 
     // The pooled CLIP vector and the per-token T5 states of one prompt, as FLUX.1 reads them.
-    let (ids, _) = p
-        .clip_tokenizer("tokenizer")
-        .unwrap()
-        .encode("a lighthouse in fog")
-        .unwrap();
+    let (ids, _) = p.clip_tokenizer("tokenizer").unwrap().encode("a lighthouse in fog").unwrap();
     let clip = p.clip("text_encoder").unwrap();
     let out = clip.encode(&ids, 1, None).unwrap();
     assert_eq!(out.pooled.len(), 32);
-    let (ids, mask) = p
-        .prompt_tokenizer("tokenizer_2")
-        .unwrap()
-        .encode("a lighthouse in fog", 16)
-        .unwrap();
-    let states = p
-        .t5("text_encoder_2")
-        .unwrap()
-        .encode(&ids, 1, Some(&mask))
-        .unwrap();
+    let (ids, mask) = p.prompt_tokenizer("tokenizer_2").unwrap().encode("a lighthouse in fog", 16).unwrap();
+    let states = p.t5("text_encoder_2").unwrap().encode(&ids, 1, Some(&mask)).unwrap();
     assert_eq!(states.len(), 16 * 32);
     assert!(states.iter().all(|v| v.is_finite()));
 
@@ -81,10 +55,7 @@ fn broken_indexes_are_refused_by_key() {
     let t = TempDir::new("pipeline");
     let write = |text: &str| std::fs::write(t.join("model_index.json"), text).unwrap();
     let refused = |want: &str| {
-        let e = PipelineFolder::open(t.path())
-            .map(|_| ())
-            .unwrap_err()
-            .to_string();
+        let e = PipelineFolder::open(t.path()).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains(want), "`{e}` does not say `{want}`");
     };
     refused("model_index.json");

@@ -46,15 +46,7 @@ fn published_pipelines_are_sized_from_their_configs() {
             f32_total += s.f32_bytes;
             q8_total += s.q8_bytes;
         }
-        println!(
-            "{:<16} {:<16} {:<30} {:>15} {:>8} {:>8}",
-            name,
-            "all",
-            "",
-            "",
-            gb(f32_total),
-            gb(q8_total)
-        );
+        println!("{:<16} {:<16} {:<30} {:>15} {:>8} {:>8}", name, "all", "", "", gb(f32_total), gb(q8_total));
         // The transformers and encoders are almost all matrices, so int8 is close to a
         // quarter; what stays f32 is the autoencoder, T5's embedding table (0.53 GB) and
         // SD3's 384 x 384 position table (0.91 GB), which puts SD3.5-medium at 0.30. A

@@ -38,12 +38,7 @@ fn check<T: Real>(f: &Fixture, name: &str, actual: &[T], tol: Tolerance) {
 fn run_all<T: Real>(tol: Tolerance) {
     let f = fixture();
     // matmul: C = A B and its gradients dA = dC B^T, dB = A^T dC
-    let (a, b, w, dc) = (
-        f.real::<T>("mm_a"),
-        f.real::<T>("mm_b"),
-        f.real::<T>("mm_w"),
-        f.real::<T>("mm_dc"),
-    );
+    let (a, b, w, dc) = (f.real::<T>("mm_a"), f.real::<T>("mm_b"), f.real::<T>("mm_w"), f.real::<T>("mm_dc"));
     let mut c = vec![T::ZERO; 15];
     matmul(&mut c, &a, &b, &MatmulSpec::new(5, 3, 7)).unwrap();
     check(&f, "mm_c", &c, tol);
@@ -63,11 +58,7 @@ fn run_all<T: Real>(tol: Tolerance) {
     check(&f, "mm_cw_dw", &dw, tol);
 
     // RMSNorm
-    let (x, g, dout) = (
-        f.real::<T>("rms_x"),
-        f.real::<T>("rms_w"),
-        f.real::<T>("rms_dout"),
-    );
+    let (x, g, dout) = (f.real::<T>("rms_x"), f.real::<T>("rms_w"), f.real::<T>("rms_dout"));
     let mut y = vec![T::ZERO; 60];
     let mut rstd = vec![T::ZERO; 6];
     rmsnorm_forward(&mut y, &mut rstd, &x, &g, 6, 10, 1e-5).unwrap();
@@ -97,12 +88,8 @@ fn run_all<T: Real>(tol: Tolerance) {
 
     // Causal GQA attention
     let spec = AttentionSpec::causal(2, 6, 4, 2, 8);
-    let (q, k, v, da) = (
-        f.real::<T>("att_q"),
-        f.real::<T>("att_k"),
-        f.real::<T>("att_v"),
-        f.real::<T>("att_dout"),
-    );
+    let (q, k, v, da) =
+        (f.real::<T>("att_q"), f.real::<T>("att_k"), f.real::<T>("att_v"), f.real::<T>("att_dout"));
     let (nq, nkv, nl) = spec.check("test").unwrap();
     let mut o = vec![T::ZERO; nq];
     let mut lse = vec![T::ZERO; nl];
@@ -115,11 +102,7 @@ fn run_all<T: Real>(tol: Tolerance) {
     check(&f, "att_dv", &dv, tol);
 
     // SwiGLU
-    let (gate, up, ds) = (
-        f.real::<T>("swi_gate"),
-        f.real::<T>("swi_up"),
-        f.real::<T>("swi_dout"),
-    );
+    let (gate, up, ds) = (f.real::<T>("swi_gate"), f.real::<T>("swi_up"), f.real::<T>("swi_dout"));
     let mut ys = vec![T::ZERO; 44];
     swiglu_forward(&mut ys, &gate, &up).unwrap();
     check(&f, "swi_out", &ys, tol);
@@ -144,15 +127,7 @@ fn run_all<T: Real>(tol: Tolerance) {
     let targets: Vec<u32> = raw.iter().map(|&t| t.max(0.0) as u32).collect();
     let count = mask.iter().filter(|&&m| m).count();
     let mut logits = f.real::<T>("ce_logits");
-    let sum = cross_entropy(
-        &mut logits,
-        &targets,
-        Some(&mask),
-        6,
-        13,
-        Some(1.0 / count as f32),
-    )
-    .unwrap();
+    let sum = cross_entropy(&mut logits, &targets, Some(&mask), 6, 13, Some(1.0 / count as f32)).unwrap();
     check(&f, "ce_loss", &[T::from_f64(sum.mean())], tol);
     check(&f, "ce_dlogits", &logits, tol);
 }
@@ -170,10 +145,7 @@ fn reference_primitives_in_f32_match_pytorch_to_f32_rounding() {
 #[test]
 fn fixture_records_its_generator() {
     let f = fixture();
-    assert_eq!(
-        f.metadata("generator").as_deref(),
-        Some("tests/fixtures/gen_reference_primitives.py")
-    );
+    assert_eq!(f.metadata("generator").as_deref(), Some("tests/fixtures/gen_reference_primitives.py"));
     assert!(f.metadata("torch").is_some());
 }
 
@@ -187,40 +159,17 @@ fn cpu_backend_matches_pytorch_to_f32_rounding() {
     let cpu = CpuBackend::new();
     let x = |name: &str| f.real::<f32>(name);
     let mut c = vec![f32::NAN; 15];
-    cpu.matmul(
-        &mut c,
-        &x("mm_a"),
-        &x("mm_w"),
-        &MatmulSpec::new(5, 3, 7).trans_b(true),
-    )
-    .unwrap();
+    cpu.matmul(&mut c, &x("mm_a"), &x("mm_w"), &MatmulSpec::new(5, 3, 7).trans_b(true)).unwrap();
     check(&f, "mm_cw", &c, F32_TOL);
     let mut dw = vec![f32::NAN; 21];
-    cpu.matmul(
-        &mut dw,
-        &x("mm_dc"),
-        &x("mm_a"),
-        &MatmulSpec::new(3, 7, 5).trans_a(true),
-    )
-    .unwrap();
+    cpu.matmul(&mut dw, &x("mm_dc"), &x("mm_a"), &MatmulSpec::new(3, 7, 5).trans_a(true)).unwrap();
     check(&f, "mm_cw_dw", &dw, F32_TOL);
 
     let (mut y, mut rstd) = (vec![f32::NAN; 60], vec![f32::NAN; 6]);
-    cpu.rmsnorm_forward(&mut y, &mut rstd, &x("rms_x"), &x("rms_w"), 6, 10, 1e-5)
-        .unwrap();
+    cpu.rmsnorm_forward(&mut y, &mut rstd, &x("rms_x"), &x("rms_w"), 6, 10, 1e-5).unwrap();
     check(&f, "rms_out", &y, F32_TOL);
     let (mut dx, mut dg) = (vec![f32::NAN; 60], vec![0.0; 10]);
-    cpu.rmsnorm_backward(
-        &mut dx,
-        &mut dg,
-        &x("rms_dout"),
-        &x("rms_x"),
-        &x("rms_w"),
-        &rstd,
-        6,
-        10,
-    )
-    .unwrap();
+    cpu.rmsnorm_backward(&mut dx, &mut dg, &x("rms_dout"), &x("rms_x"), &x("rms_w"), &rstd, 6, 10).unwrap();
     check(&f, "rms_dx", &dx, F32_TOL);
     check(&f, "rms_dw", &dg, F32_TOL);
 
@@ -241,30 +190,16 @@ fn cpu_backend_matches_pytorch_to_f32_rounding() {
     let (nq, nkv, nl) = spec.check("test").unwrap();
     let (q, k, v) = (x("att_q"), x("att_k"), x("att_v"));
     let (mut o, mut lse) = (vec![f32::NAN; nq], vec![f32::NAN; nl]);
-    cpu.attention_forward(&mut o, &mut lse, &q, &k, &v, &spec)
-        .unwrap();
+    cpu.attention_forward(&mut o, &mut lse, &q, &k, &v, &spec).unwrap();
     check(&f, "att_out", &o, F32_TOL);
     let (mut dq, mut dk, mut dv) = (vec![f32::NAN; nq], vec![f32::NAN; nkv], vec![f32::NAN; nkv]);
-    cpu.attention_backward(
-        &mut dq,
-        &mut dk,
-        &mut dv,
-        &x("att_dout"),
-        &q,
-        &k,
-        &v,
-        &o,
-        &lse,
-        &spec,
-    )
-    .unwrap();
+    cpu.attention_backward(&mut dq, &mut dk, &mut dv, &x("att_dout"), &q, &k, &v, &o, &lse, &spec).unwrap();
     check(&f, "att_dq", &dq, F32_TOL);
     check(&f, "att_dk", &dk, F32_TOL);
     check(&f, "att_dv", &dv, F32_TOL);
 
     let (mut dgate, mut dup) = (vec![f32::NAN; 44], vec![f32::NAN; 44]);
-    cpu.swiglu_backward(&mut dgate, &mut dup, &x("swi_dout"), &x("swi_gate"), &x("swi_up"))
-        .unwrap();
+    cpu.swiglu_backward(&mut dgate, &mut dup, &x("swi_dout"), &x("swi_gate"), &x("swi_up")).unwrap();
     check(&f, "swi_dgate", &dgate, F32_TOL);
     check(&f, "swi_dup", &dup, F32_TOL);
 
@@ -272,9 +207,7 @@ fn cpu_backend_matches_pytorch_to_f32_rounding() {
     let mask: Vec<bool> = raw.iter().map(|&t| t >= 0.0).collect();
     let targets: Vec<u32> = raw.iter().map(|&t| t.max(0.0) as u32).collect();
     let mut logits = x("ce_logits");
-    let sum = cpu
-        .cross_entropy(&mut logits, &targets, Some(&mask), 6, 13, Some(0.25))
-        .unwrap();
+    let sum = cpu.cross_entropy(&mut logits, &targets, Some(&mask), 6, 13, Some(0.25)).unwrap();
     check(&f, "ce_loss", &[sum.mean() as f32], F32_TOL);
     check(&f, "ce_dlogits", &logits, F32_TOL);
 }

@@ -24,10 +24,7 @@ fn cases() -> Vec<Value> {
 
 fn tensor(v: &Value) -> Tensor {
     let data = json_floats(v);
-    Tensor {
-        shape: vec![data.len()],
-        data,
-    }
+    Tensor { shape: vec![data.len()], data }
 }
 
 /// The case's scheduler, read through the loader from its config.
@@ -73,16 +70,10 @@ fn schedules_and_loops_match_diffusers() {
         let want_sigmas = json_floats(&case["sigmas"]);
         assert_eq!(s.sigmas.len(), want_sigmas.len(), "{name}: sigmas");
         for (a, b) in s.sigmas.iter().zip(&want_sigmas) {
-            assert!(
-                (a - b).abs() <= 2e-7 * b.abs().max(1e-3),
-                "{name}: sigma {a} vs {b}"
-            );
+            assert!((a - b).abs() <= 2e-7 * b.abs().max(1e-3), "{name}: sigma {a} vs {b}");
         }
         let init = case["init_noise_sigma"].as_f64().unwrap();
-        assert!(
-            (s.init_noise_sigma() - init).abs() <= 1e-6 * init,
-            "{name}: init_noise_sigma"
-        );
+        assert!((s.init_noise_sigma() - init).abs() <= 1e-6 * init, "{name}: init_noise_sigma");
         let sample: Vec<f32> = json_floats(&case["sample"]).iter().map(|&v| v as f32).collect();
         let got = run(&mut s, &sample, false);
         assert_close_rms(&format!("{name} loop"), &got, &tensor(&case["result"]), 1e-5);
@@ -112,15 +103,9 @@ fn diffusers_published_goldens() {
         let (got_sum, got_mean) = stats(&run(&mut s, &sample(c), scaled));
         println!("{name:<16} sum {got_sum:.4} mean {got_mean:.6}");
         if let Some(want) = sum {
-            assert!(
-                (got_sum - want).abs() < 1e-2,
-                "{name}: sum {got_sum}, diffusers' test {want}"
-            );
+            assert!((got_sum - want).abs() < 1e-2, "{name}: sum {got_sum}, diffusers' test {want}");
         }
-        assert!(
-            (got_mean - mean).abs() < 1e-3,
-            "{name}: mean {got_mean}, diffusers' test {mean}"
-        );
+        assert!((got_mean - mean).abs() < 1e-3, "{name}: mean {got_mean}, diffusers' test {mean}");
     }
 }
 
@@ -134,31 +119,17 @@ fn bad_configs_and_steps_are_errors() {
     };
     for (text, key) in [
         (r#"{"_class_name": "LCMScheduler"}"#, "LCMScheduler"),
-        (
-            r#"{"_class_name": "EulerDiscreteScheduler", "use_karras_sigmas": true}"#,
-            "use_karras_sigmas",
-        ),
-        (
-            r#"{"_class_name": "DPMSolverMultistepScheduler", "solver_order": 3}"#,
-            "solver_order",
-        ),
+        (r#"{"_class_name": "EulerDiscreteScheduler", "use_karras_sigmas": true}"#, "use_karras_sigmas"),
+        (r#"{"_class_name": "DPMSolverMultistepScheduler", "solver_order": 3}"#, "solver_order"),
         (
             r#"{"_class_name": "DPMSolverMultistepScheduler", "algorithm_type": "sde-dpmsolver++"}"#,
             "algorithm_type",
         ),
-        (
-            r#"{"_class_name": "DDIMScheduler", "beta_schedule": "sigmoid"}"#,
-            "beta_schedule",
-        ),
+        (r#"{"_class_name": "DDIMScheduler", "beta_schedule": "sigmoid"}"#, "beta_schedule"),
         (r#"{"_class_name": "DDIMScheduler", "beta_start": 2.0}"#, "betas"),
-        (
-            r#"{"_class_name": "DDIMScheduler", "thresholding": true}"#,
-            "thresholding",
-        ),
+        (r#"{"_class_name": "DDIMScheduler", "thresholding": true}"#, "thresholding"),
     ] {
-        let e = scheduler_config(&write(text))
-            .err()
-            .unwrap_or_else(|| panic!("{text}: accepted"));
+        let e = scheduler_config(&write(text)).err().unwrap_or_else(|| panic!("{text}: accepted"));
         assert!(e.to_string().contains(key), "{text}: {e}");
     }
     let SchedulerConfig::Discrete(solver, c) =

@@ -45,9 +45,8 @@ fn sd_every_solver_gives_diffusers_picture() {
         (Solver::DpmPlusPlus2M, "dpm"),
     ] {
         p.config.solver = solver;
-        let image = p
-            .generate(&prompt, size, size, Some(seed), |_, _| true)
-            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        let image =
+            p.generate(&prompt, size, size, Some(seed), |_, _| true).unwrap_or_else(|e| panic!("{key}: {e}"));
         assert_same_picture(&format!("sd {key}"), &image, &f.get(key).unwrap());
     }
 }
@@ -114,20 +113,11 @@ fn solver_and_noise_errors() {
     let cond = p.condition("x").unwrap();
     p.config.solver = Solver::EulerAncestral;
     let e = p
-        .sample_latent(
-            &cond,
-            16,
-            16,
-            rusting_brain::Noise::Given(vec![0.0; 4 * 8 * 8]),
-            |_, _| true,
-        )
+        .sample_latent(&cond, 16, 16, rusting_brain::Noise::Given(vec![0.0; 4 * 8 * 8]), |_, _| true)
         .err()
         .unwrap();
     assert!(e.to_string().contains("Noise::Seed"), "{e}");
-    assert!(
-        p.generate("x", 14, 16, Some(0), |_, _| true).is_err(),
-        "14 is not a multiple of 4"
-    );
+    assert!(p.generate("x", 14, 16, Some(0), |_, _| true).is_err(), "14 is not a multiple of 4");
     // The flow-matching pipelines take Euler only.
     let mut flux = ImagePipeline::load(fixture_path("pipelines").join("flux_tiny")).unwrap();
     flux.config.solver = Solver::Ddim;

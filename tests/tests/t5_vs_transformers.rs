@@ -16,18 +16,11 @@ fn dir() -> std::path::PathBuf {
 #[test]
 fn relative_position_buckets_are_transformers_own() {
     let enc = T5Encoder::load(dir()).unwrap();
-    let want = Fixture::open(fixture_path("t5").join("buckets.safetensors"))
-        .unwrap()
-        .get("buckets")
-        .unwrap();
+    let want = Fixture::open(fixture_path("t5").join("buckets.safetensors")).unwrap().get("buckets").unwrap();
     let n = want.shape[0];
     for q in 0..n {
         for k in 0..n {
-            assert_eq!(
-                enc.config().bucket(q, k) as f64,
-                want.data[q * n + k],
-                "query {q}, key {k}"
-            );
+            assert_eq!(enc.config().bucket(q, k) as f64, want.data[q * n + k], "query {q}, key {k}");
         }
     }
 }
@@ -48,10 +41,7 @@ fn encoder_matches_transformers() {
 fn bad_input_and_folders_are_errors() {
     let enc = T5Encoder::load(dir()).unwrap();
     let e = enc.encode(&[5, 1000], 1, None).unwrap_err().to_string();
-    assert!(
-        e.contains("id 1000 at position 1 is outside the vocabulary (1000)"),
-        "{e}"
-    );
+    assert!(e.contains("id 1000 at position 1 is outside the vocabulary (1000)"), "{e}");
     let e = enc.encode(&[5, 6, 7], 2, None).unwrap_err().to_string();
     assert!(e.contains("3 ids do not make 2 rows"), "{e}");
 
@@ -99,18 +89,12 @@ fn int8_encoder_stays_close() {
         .unwrap()
         .encode(&ids, 2, Some(&mask))
         .unwrap();
-    let exact = T5Encoder::load(dir())
-        .unwrap()
-        .encode(&ids, 2, Some(&mask))
-        .unwrap();
+    let exact = T5Encoder::load(dir()).unwrap().encode(&ids, 2, Some(&mask)).unwrap();
     assert_ne!(got, exact, "int8 gave the f32 result");
     // As for CLIP: judged as a whole (relative L2) with a looser bound per element.
     let want = io.get("last_hidden_state").unwrap();
     let rel = relative_l2(&got, &want);
     let r = assert_close("t5 int8", &got, &want, Tolerance::new(0.0, 0.15 * rms(&want)));
-    println!(
-        "t5 int8: relative L2 {rel:.2e}, worst element {:.3} of 0.15 rms",
-        r.worst_ratio
-    );
+    println!("t5 int8: relative L2 {rel:.2e}, worst element {:.3} of 0.15 rms", r.worst_ratio);
     assert!(rel < 3e-2, "t5 int8: relative L2 error {rel}");
 }

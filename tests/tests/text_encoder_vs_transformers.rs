@@ -79,15 +79,9 @@ fn int8_encoder_stays_close() {
 
 #[test]
 fn bad_layers_and_ids_are_errors() {
-    let e = TextEncoder::load(dir(), &[0])
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+    let e = TextEncoder::load(dir(), &[0]).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("layer 0") && e.contains("layers 1..=3"), "{e}");
-    let e = TextEncoder::load(dir(), &[4])
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
+    let e = TextEncoder::load(dir(), &[4]).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("layer 4"), "{e}");
     let e = TextEncoder::load(dir(), &[]).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("no layers"), "{e}");

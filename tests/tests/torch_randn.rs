@@ -43,10 +43,7 @@ fn successive_draws_continue_the_generator() {
             let got = g.randn(want.len());
             assert_eq!(got.len(), want.len());
             for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g as f64 - w).abs() <= 2e-6,
-                    "call {call}, value {i}: {g}, torch {w}"
-                );
+                assert!((g as f64 - w).abs() <= 2e-6, "call {call}, value {i}: {g}, torch {w}");
             }
         }
     }

@@ -111,28 +111,18 @@ fn compare<B: Backend + Clone>(fixture: &str, backend: B) -> f64 {
     let mut worst: f64 = 0.0;
     for (c, cfg) in cfgs.iter().enumerate() {
         let ids = f.get(&format!("c{c}.ids")).unwrap();
-        let rows: Vec<Vec<u32>> = ids
-            .data
-            .chunks(cfg.seq + 1)
-            .map(|r| r.iter().map(|&v| v as u32).collect())
-            .collect();
+        let rows: Vec<Vec<u32>> =
+            ids.data.chunks(cfg.seq + 1).map(|r| r.iter().map(|&v| v as u32).collect()).collect();
         assert_eq!(rows.len(), cfg.batch);
         let batch = TokenBatch::new(&rows).unwrap();
         let mut model = load(backend.clone(), &f, c, cfg);
         let logits = model.forward_logits(&batch).unwrap();
-        worst = worst.max(close(
-            &format!("c{c} logits"),
-            &logits,
-            &f.get(&format!("c{c}.logits")).unwrap(),
-        ));
+        worst = worst.max(close(&format!("c{c} logits"), &logits, &f.get(&format!("c{c}.logits")).unwrap()));
         model.zero_grad().unwrap();
         let loss = model.accumulate(&batch).unwrap();
         let mean = loss.sum / loss.count as f64;
-        worst = worst.max(close(
-            &format!("c{c} loss"),
-            &[mean as f32],
-            &f.get(&format!("c{c}.loss")).unwrap(),
-        ));
+        worst =
+            worst.max(close(&format!("c{c} loss"), &[mean as f32], &f.get(&format!("c{c}.loss")).unwrap()));
         if cfg.experts.is_some() {
             for (what, got) in [("load_balance", loss.load_balance), ("router_z", loss.router_z)] {
                 let want = f.get(&format!("c{c}.{what}")).unwrap();
@@ -169,10 +159,7 @@ fn compare<B: Backend + Clone>(fixture: &str, backend: B) -> f64 {
 
 /// The software adapter's backend, or None (skip) when this machine has no adapter.
 fn wgpu() -> Option<WgpuBackend> {
-    match Gpu::new_blocking(&GpuOptions {
-        software: true,
-        ..Default::default()
-    }) {
+    match Gpu::new_blocking(&GpuOptions { software: true, ..Default::default() }) {
         Ok(g) => Some(WgpuBackend::new(std::sync::Arc::new(g))),
         Err(e) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
             eprintln!("SKIPPED, no GPU adapter here: {e}");

@@ -38,12 +38,7 @@ fn parity(name: &str) {
     let unet = Unet::load(dir.join("unet")).unwrap_or_else(|e| panic!("{name}: {e}"));
     let want: usize = io.metadata("parameters").unwrap().parse().unwrap();
     assert_eq!(unet.parameter_count(), want, "{name}: parameter count");
-    assert_close_rms(
-        &format!("{name} unet"),
-        &run(&unet, &io),
-        &io.get("out").unwrap(),
-        1e-4,
-    );
+    assert_close_rms(&format!("{name} unet"), &run(&unet, &io), &io.get("out").unwrap(), 1e-4);
 }
 
 #[test]
@@ -95,41 +90,14 @@ fn bad_inputs_are_errors() {
     };
     assert!(unet.forward(&good).is_ok());
     for (what, input) in [
-        (
-            "no time ids",
-            UnetInput {
-                time_ids: None,
-                ..good
-            },
-        ),
-        (
-            "short text embeds",
-            UnetInput {
-                text_embeds: Some(&text[1..]),
-                ..good
-            },
-        ),
+        ("no time ids", UnetInput { time_ids: None, ..good }),
+        ("short text embeds", UnetInput { text_embeds: Some(&text[1..]), ..good }),
         ("odd side", UnetInput { h: 7, ..good }),
-        (
-            "one timestep",
-            UnetInput {
-                timestep: &[1.0],
-                ..good
-            },
-        ),
-        (
-            "short context",
-            UnetInput {
-                context: &context[2..],
-                ..good
-            },
-        ),
+        ("one timestep", UnetInput { timestep: &[1.0], ..good }),
+        ("short context", UnetInput { context: &context[2..], ..good }),
         ("batch 0", UnetInput { batch: 0, ..good }),
     ] {
-        let e = unet
-            .forward(&input)
-            .err()
-            .unwrap_or_else(|| panic!("{what}: accepted"));
+        let e = unet.forward(&input).err().unwrap_or_else(|| panic!("{what}: accepted"));
         println!("{what}: {e}");
     }
 }

@@ -26,27 +26,15 @@ fn parity(name: &str) {
     assert_eq!(vae.parameter_count(), want_params, "{name}: parameter count");
 
     let image = io.get("image").unwrap();
-    let [b, _, h, w] = image.shape[..] else {
-        panic!("image shape")
-    };
+    let [b, _, h, w] = image.shape[..] else { panic!("image shape") };
     let dist = vae.encode(&image.to_f32(), b, h, w).unwrap();
     let mean = io.get("mean").unwrap();
-    assert_eq!(
-        [dist.batch, dist.channels, dist.h, dist.w],
-        mean.shape[..],
-        "{name}: latent shape"
-    );
+    assert_eq!([dist.batch, dist.channels, dist.h, dist.w], mean.shape[..], "{name}: latent shape");
     close(&format!("{name} encode mean"), &dist.mean, &mean);
-    close(
-        &format!("{name} encode logvar"),
-        &dist.logvar,
-        &io.get("logvar").unwrap(),
-    );
+    close(&format!("{name} encode logvar"), &dist.logvar, &io.get("logvar").unwrap());
 
     let latent = io.get("latent").unwrap();
-    let [b, _, h, w] = latent.shape[..] else {
-        panic!("latent shape")
-    };
+    let [b, _, h, w] = latent.shape[..] else { panic!("latent shape") };
     let decoded = vae.decode(&latent.to_f32(), b, h, w).unwrap();
     close(&format!("{name} decode"), &decoded, &io.get("decoded").unwrap());
 }
@@ -110,77 +98,43 @@ fn bad_folders_are_errors_naming_file_and_key() {
     // A tensor the configuration needs is missing (one more layer a block).
     let d = copy("sd", "vae-layers");
     edit_config(d.path(), |v| v["layers_per_block"] = 3.into());
-    says(
-        &refusal(d.path()),
-        &["diffusion_pytorch_model.safetensors", "resnets.2", "missing"],
-    );
+    says(&refusal(d.path()), &["diffusion_pytorch_model.safetensors", "resnets.2", "missing"]);
 
     // The file has a tensor the configuration has no place for.
     let d = copy("sd", "vae-extra");
     edit_config(d.path(), |v| v["mid_block_add_attention"] = false.into());
-    says(
-        &refusal(d.path()),
-        &["attentions.0", "not part of the model config.json describes"],
-    );
+    says(&refusal(d.path()), &["attentions.0", "not part of the model config.json describes"]);
 
     // A shape the configuration does not give.
     let d = copy("sd", "vae-shape");
     edit_config(d.path(), |v| v["latent_channels"] = 8.into());
-    says(
-        &refusal(d.path()),
-        &["encoder.conv_out.weight", "shape [8, 16, 3, 3]", "[16, 16, 3, 3]"],
-    );
+    says(&refusal(d.path()), &["encoder.conv_out.weight", "shape [8, 16, 3, 3]", "[16, 16, 3, 3]"]);
 
     // Another model class, another block type, groups that do not divide the channels.
     let d = copy("sd", "vae-class");
     edit_config(d.path(), |v| v["_class_name"] = "AutoencoderTiny".into());
-    says(
-        &refusal(d.path()),
-        &["config.json", "_class_name", "AutoencoderKLFlux2"],
-    );
+    says(&refusal(d.path()), &["config.json", "_class_name", "AutoencoderKLFlux2"]);
     let d = copy("sd", "vae-block");
-    edit_config(d.path(), |v| {
-        v["down_block_types"][1] = "AttnDownEncoderBlock2D".into()
-    });
-    says(
-        &refusal(d.path()),
-        &["down_block_types", "AttnDownEncoderBlock2D"],
-    );
+    edit_config(d.path(), |v| v["down_block_types"][1] = "AttnDownEncoderBlock2D".into());
+    says(&refusal(d.path()), &["down_block_types", "AttnDownEncoderBlock2D"]);
     let d = copy("sd", "vae-groups");
     edit_config(d.path(), |v| v["norm_num_groups"] = 3.into());
-    says(
-        &refusal(d.path()),
-        &["norm_num_groups", "not a positive multiple"],
-    );
+    says(&refusal(d.path()), &["norm_num_groups", "not a positive multiple"]);
     let d = copy("sd", "vae-count");
-    edit_config(d.path(), |v| {
-        v["block_out_channels"] = serde_json::json!([8, 16, 16])
-    });
-    says(
-        &refusal(d.path()),
-        &["down_block_types", "2 blocks, but block_out_channels has 3"],
-    );
+    edit_config(d.path(), |v| v["block_out_channels"] = serde_json::json!([8, 16, 16]));
+    says(&refusal(d.path()), &["down_block_types", "2 blocks, but block_out_channels has 3"]);
 
     // A truncated weight file, a missing shard, no config at all.
     let d = copy("sd", "vae-cut");
     let w = d.join("diffusion_pytorch_model.safetensors");
     let bytes = std::fs::read(&w).unwrap();
     std::fs::write(&w, &bytes[..bytes.len() - 100]).unwrap();
-    says(
-        &refusal(d.path()),
-        &[
-            "diffusion_pytorch_model.safetensors",
-            "not a valid safetensors file",
-        ],
-    );
+    says(&refusal(d.path()), &["diffusion_pytorch_model.safetensors", "not a valid safetensors file"]);
     let d = copy("sd_bf16", "vae-shard");
     std::fs::remove_file(d.join("diffusion_pytorch_model-00002-of-00003.safetensors")).unwrap();
     says(
         &refusal(d.path()),
-        &[
-            "index.json",
-            "shard diffusion_pytorch_model-00002-of-00003.safetensors is missing",
-        ],
+        &["index.json", "shard diffusion_pytorch_model-00002-of-00003.safetensors is missing"],
     );
     let d = copy("sd", "vae-noconfig");
     std::fs::remove_file(d.join("config.json")).unwrap();
@@ -188,12 +142,7 @@ fn bad_folders_are_errors_naming_file_and_key() {
 
     // Inputs that do not fit: an image side not a multiple of the downscale, a short buffer.
     let vae = Vae::load(folder("sd").join("vae")).unwrap();
-    says(
-        &vae.encode(&vec![0.0; 3 * 31 * 31], 1, 31, 31)
-            .unwrap_err()
-            .to_string(),
-        &["multiples of 2"],
-    );
+    says(&vae.encode(&vec![0.0; 3 * 31 * 31], 1, 31, 31).unwrap_err().to_string(), &["multiples of 2"]);
     says(
         &vae.decode(&[0.0; 10], 1, 4, 4).unwrap_err().to_string(),
         &["`input` has 10 elements but the shape needs 64"],
@@ -233,10 +182,7 @@ fn flux2_autoencoder_and_its_latent_normalization_match_diffusers() {
         &io.get("decoded_from_denoiser").unwrap(),
     );
 
-    let e = vae
-        .to_denoiser(&vec![0.0; 4 * 15 * 16], 1, 15, 16)
-        .unwrap_err()
-        .to_string();
+    let e = vae.to_denoiser(&vec![0.0; 4 * 15 * 16], 1, 15, 16).unwrap_err().to_string();
     assert!(e.contains("multiples of 2"), "{e}");
     let e = vae.from_denoiser(&[0.0; 10], 1, 8, 8).unwrap_err().to_string();
     assert!(e.contains("`z` has 10 elements but the shape needs 1024"), "{e}");

@@ -17,11 +17,7 @@ fn sigmoid(z: f32) -> f32 {
 /// A layer is many neurons reading the same inputs. `weights` has one row per neuron, each
 /// row as long as the input: PyTorch's `nn.Linear` layout, and the library's.
 fn layer(inputs: &[f32], weights: &[Vec<f32>], bias: &[f32], activation: fn(f32) -> f32) -> Vec<f32> {
-    weights
-        .iter()
-        .zip(bias)
-        .map(|(row, b)| neuron(inputs, row, *b, activation))
-        .collect()
+    weights.iter().zip(bias).map(|(row, b)| neuron(inputs, row, *b, activation)).collect()
 }
 // ANCHOR_END: layer
 

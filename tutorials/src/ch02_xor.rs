@@ -36,10 +36,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The slope the formula gives should match the slope measured by nudging w both ways.
     let (w, h) = (1.0, 0.1);
     let measured = (loss(w + h) - loss(w - h)) / (2.0 * h);
-    println!(
-        "gradient at w = 1: formula {:.4}, measured {measured:.4}",
-        gradient(w)
-    );
+    println!("gradient at w = 1: formula {:.4}, measured {measured:.4}", gradient(w));
     // The loss is a parabola in w, so the centered difference is exact but for f32 rounding:
     // losses near 30 are off by a few units of 4e-6, divided by 2h = 0.2 that is about 1e-4
     // at worst. The two agree to 3e-5 here.
@@ -49,17 +46,11 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let best = XS.iter().zip(&YS).map(|(x, y)| x * y).sum::<f32>() / XS.iter().map(|x| x * x).sum::<f32>();
     for learning_rate in [0.002, 0.05, 0.14] {
         let w = descend(learning_rate, 30);
-        println!(
-            "learning rate {learning_rate:<6} w = {w:>10.4}, loss {:>12.4}",
-            loss(w)
-        );
+        println!("learning rate {learning_rate:<6} w = {w:>10.4}, loss {:>12.4}", loss(w));
     }
     println!("closed form          w = {best:>10.4}, loss {:>12.4}", loss(best));
     assert!((descend(0.05, 30) - best).abs() < 1e-4);
-    assert!(
-        loss(descend(0.14, 30)) > loss(0.0),
-        "too large a rate should diverge"
-    );
+    assert!(loss(descend(0.14, 30)) > loss(0.0), "too large a rate should diverge");
     // ANCHOR_END: by_hand_run
 
     // ANCHOR: data
@@ -78,12 +69,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         .optimizer(Optimizer::sgd(0.5))
         .seed(1)
         .try_build()?;
-    let config = TrainConfig {
-        epochs: 2_000,
-        batch_size: 4,
-        shuffle: false,
-        seed: Some(1),
-    };
+    let config = TrainConfig { epochs: 2_000, batch_size: 4, shuffle: false, seed: Some(1) };
     line.fit(&data, config)?;
     let (line_loss, line_accuracy) = (line.evaluate(&data)?, line.accuracy(&data)?);
     println!("one neuron: loss {line_loss:.4}, accuracy {line_accuracy:.2}");
@@ -103,12 +89,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     // ANCHOR_END: model
 
     // ANCHOR: fit
-    let config = TrainConfig {
-        epochs: 10_000,
-        batch_size: 4,
-        shuffle: false,
-        seed: Some(1),
-    };
+    let config = TrainConfig { epochs: 10_000, batch_size: 4, shuffle: false, seed: Some(1) };
     let history = model.fit_with(&data, config, |epoch, loss| {
         if epoch == 1 || epoch % 100 == 0 {
             println!("epoch {epoch:>5}  loss {loss:.4}");
@@ -126,15 +107,9 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let accuracy = model.accuracy(&data)?;
     println!("accuracy {:.0}%", 100.0 * accuracy);
     assert_eq!(accuracy, 1.0);
-    assert!(
-        history.len() < config.epochs,
-        "the callback should have stopped training early"
-    );
+    assert!(history.len() < config.epochs, "the callback should have stopped training early");
     let first = history.first().ok_or("no epochs ran")?;
-    assert!(
-        history.iter().all(|l| l <= first),
-        "full-batch descent with a small rate should not climb"
-    );
+    assert!(history.iter().all(|l| l <= first), "full-batch descent with a small rate should not climb");
     Ok(())
 }
 // ANCHOR_END: check

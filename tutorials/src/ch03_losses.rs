@@ -39,10 +39,7 @@ fn ln(p: f64) -> f64 {
 /// Every (prediction, target) pair of two tables of rows, in f64 so that long sums keep
 /// their precision.
 fn pairs<'a>(pred: &'a [Vec<f32>], target: &'a [Vec<f32>]) -> impl Iterator<Item = (f64, f64)> + 'a {
-    pred.iter()
-        .flatten()
-        .zip(target.iter().flatten())
-        .map(|(&p, &y)| (p as f64, y as f64))
+    pred.iter().flatten().zip(target.iter().flatten()).map(|(&p, &y)| (p as f64, y as f64))
 }
 
 /// Mean squared error: the mean over every element of (p - y)^2.
@@ -54,9 +51,8 @@ fn mse(pred: &[Vec<f32>], target: &[Vec<f32>]) -> f64 {
 /// Binary cross-entropy: each element is a probability p that its target is 1; the cost is
 /// -ln p when the target is 1 and -ln(1 - p) when it is 0. Mean over every element.
 fn bce(pred: &[Vec<f32>], target: &[Vec<f32>]) -> f64 {
-    let (sum, n) = pairs(pred, target).fold((0.0, 0), |(s, n), (p, y)| {
-        (s - (y * ln(p) + (1.0 - y) * ln(1.0 - p)), n + 1)
-    });
+    let (sum, n) = pairs(pred, target)
+        .fold((0.0, 0), |(s, n), (p, y)| (s - (y * ln(p) + (1.0 - y) * ln(1.0 - p)), n + 1));
     sum / n as f64
 }
 
@@ -120,15 +116,9 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 200 rows of 3 random inputs, and three kinds of target: any number (regression), 0 or
     // 1 per column (independent yes/no questions), and one class out of three (one-hot).
     let mut rng = Rng::new(11);
-    let inputs: Vec<Vec<f32>> = (0..200)
-        .map(|_| (0..3).map(|_| rng.normal() as f32).collect())
-        .collect();
-    let numbers: Vec<Vec<f32>> = (0..200)
-        .map(|_| vec![rng.normal() as f32, rng.normal() as f32])
-        .collect();
-    let yes_no: Vec<Vec<f32>> = (0..200)
-        .map(|_| vec![rng.below(2) as f32, rng.below(2) as f32])
-        .collect();
+    let inputs: Vec<Vec<f32>> = (0..200).map(|_| (0..3).map(|_| rng.normal() as f32).collect()).collect();
+    let numbers: Vec<Vec<f32>> = (0..200).map(|_| vec![rng.normal() as f32, rng.normal() as f32]).collect();
+    let yes_no: Vec<Vec<f32>> = (0..200).map(|_| vec![rng.below(2) as f32, rng.below(2) as f32]).collect();
     let one_hot: Vec<Vec<f32>> = (0..200)
         .map(|_| {
             let mut row = vec![0.0; 3];
@@ -137,27 +127,9 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     let cases = [
-        (
-            "identity + MSE",
-            numbers,
-            Activation::Identity,
-            Loss::MeanSquaredError,
-            mse as ByHand,
-        ),
-        (
-            "sigmoid + BCE",
-            yes_no,
-            Activation::Sigmoid,
-            Loss::BinaryCrossEntropy,
-            bce,
-        ),
-        (
-            "softmax + CCE",
-            one_hot,
-            Activation::Softmax,
-            Loss::CategoricalCrossEntropy,
-            cce,
-        ),
+        ("identity + MSE", numbers, Activation::Identity, Loss::MeanSquaredError, mse as ByHand),
+        ("sigmoid + BCE", yes_no, Activation::Sigmoid, Loss::BinaryCrossEntropy, bce),
+        ("softmax + CCE", one_hot, Activation::Softmax, Loss::CategoricalCrossEntropy, cce),
     ];
     for (name, targets, activation, loss, by_hand) in cases {
         let data = Dataset::new(inputs.clone(), targets)?;
@@ -239,12 +211,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // The pair this chapter recommends, on the same network: it learns XOR.
-    let config = TrainConfig {
-        epochs: 300,
-        batch_size: 4,
-        shuffle: false,
-        seed: Some(1),
-    };
+    let config = TrainConfig { epochs: 300, batch_size: 4, shuffle: false, seed: Some(1) };
     let mut sigmoid_bce = xor_network(Activation::Sigmoid, Loss::BinaryCrossEntropy)?;
     let history = sigmoid_bce.fit(&xor, config)?;
     let last = history.last().ok_or("no epochs ran")?;

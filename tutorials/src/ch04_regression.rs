@@ -35,12 +35,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     // ANCHOR_END: baseline
 
     // ANCHOR: train
-    let config = TrainConfig {
-        epochs: 300,
-        batch_size: 32,
-        shuffle: true,
-        seed: Some(4),
-    };
+    let config = TrainConfig { epochs: 300, batch_size: 32, shuffle: true, seed: Some(4) };
     let fit = |train: &Dataset, test: &Dataset| -> Result<(Network, f32, f32), Box<dyn std::error::Error>> {
         let mut network = Network::builder()
             .input_size(1)
@@ -66,10 +61,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut train_std, mut test_std) = (train.clone(), test.clone());
     let stats = train_std.standardize();
     stats.apply(&mut test_std)?;
-    println!(
-        "input mean {:.2}, standard deviation {:.2}",
-        stats.mean[0], stats.std[0]
-    );
+    println!("input mean {:.2}, standard deviation {:.2}", stats.mean[0], stats.std[0]);
     let (mut network, train_mse, test_mse) = fit(&train_std, &test_std)?;
     println!("standardized inputs:    held-out MSE {test_mse:.4} (training {train_mse:.4})");
     println!("the noise's variance:   {:.4}", NOISE * NOISE);
@@ -86,10 +78,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Noise of variance 0.01 is in every held-out target, so no model can score much below
     // it (100 rows leave it uncertain by about 0.0015); a good one comes close.
     assert!(test_mse < 1.5 * NOISE * NOISE, "held-out MSE {test_mse}");
-    assert!(
-        test_mse > 0.5 * NOISE * NOISE,
-        "held-out MSE {test_mse} beats the noise"
-    );
+    assert!(test_mse > 0.5 * NOISE * NOISE, "held-out MSE {test_mse} beats the noise");
     assert!(test_mse < raw_mse && test_mse < baseline / 20.0);
     Ok(())
 }

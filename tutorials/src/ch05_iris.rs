@@ -7,16 +7,8 @@ use rusting_brain::{Activation, Dataset, Loss, Network, Optimizer, TrainConfig};
 pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../native/examples/data/iris.csv");
     let (data, classes) = Dataset::from_csv_labeled(path)?;
-    println!(
-        "{} rows of {} measurements, classes {classes:?}",
-        data.len(),
-        data.input_size()
-    );
-    let (x, y) = data
-        .inputs()
-        .first()
-        .zip(data.targets().first())
-        .ok_or("no rows")?;
+    println!("{} rows of {} measurements, classes {classes:?}", data.len(), data.input_size());
+    let (x, y) = data.inputs().first().zip(data.targets().first()).ok_or("no rows")?;
     println!("first row {x:?}, target {y:?}");
     // ANCHOR_END: load
 
@@ -24,15 +16,9 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut train, mut test) = data.split_stratified(0.8);
     // Rows per class on each side: a one-hot target's 1 sits in its class's column.
     let per_class = |d: &Dataset| -> Vec<usize> {
-        (0..classes.len())
-            .map(|c| d.targets().iter().filter(|t| t[c] == 1.0).count())
-            .collect()
+        (0..classes.len()).map(|c| d.targets().iter().filter(|t| t[c] == 1.0).count()).collect()
     };
-    println!(
-        "training rows per class {:?}, held-out {:?}",
-        per_class(&train),
-        per_class(&test)
-    );
+    println!("training rows per class {:?}, held-out {:?}", per_class(&train), per_class(&test));
     let stats = train.standardize();
     stats.apply(&mut test)?;
     // ANCHOR_END: split
@@ -46,12 +32,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         .optimizer(Optimizer::adam(0.01))
         .seed(7)
         .try_build()?;
-    let config = TrainConfig {
-        epochs: 200,
-        batch_size: 16,
-        shuffle: true,
-        seed: Some(7),
-    };
+    let config = TrainConfig { epochs: 200, batch_size: 16, shuffle: true, seed: Some(7) };
     model.fit_with(&train, config, |epoch, loss| {
         if epoch % 50 == 0 {
             println!("epoch {epoch:>3}  training loss {loss:.4}");
@@ -59,11 +40,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         true
     })?;
     let accuracy = model.accuracy(&test)?;
-    println!(
-        "held-out accuracy {:.1}%, held-out loss {:.4}",
-        100.0 * accuracy,
-        model.evaluate(&test)?
-    );
+    println!("held-out accuracy {:.1}%, held-out loss {:.4}", 100.0 * accuracy, model.evaluate(&test)?);
     // ANCHOR_END: train
 
     // ANCHOR: matrix

@@ -21,12 +21,7 @@ fn load_csv(dir: &Path) -> Result<()> {
         "hours_studied,hours_slept,score\n2.0,7.5,61\n4.5,6.0,78\n8.0,8.0,95\n1.0,5.5,40\n",
     )?;
     let data = Dataset::from_csv(&grades, 1)?;
-    println!(
-        "grades.csv: {} rows, {} inputs, {} target",
-        data.len(),
-        data.input_size(),
-        data.target_size()
-    );
+    println!("grades.csv: {} rows, {} inputs, {} target", data.len(), data.input_size(), data.target_size());
     assert_eq!((data.len(), data.input_size(), data.target_size()), (4, 2, 1));
     assert_eq!(data.inputs()[1], [4.5, 6.0]);
     assert_eq!(data.targets()[1], [78.0]);
@@ -39,10 +34,7 @@ fn load_csv(dir: &Path) -> Result<()> {
         "length,width,species\n5.1,3.5,setosa\n6.3,2.9,virginica\n5.8,2.7,versicolor\n4.9,3.0,setosa\n",
     )?;
     let (data, names) = Dataset::from_csv_labeled(&flowers)?;
-    println!(
-        "flowers.csv: classes {names:?}, row 1's target {:?}",
-        data.targets()[1]
-    );
+    println!("flowers.csv: classes {names:?}, row 1's target {:?}", data.targets()[1]);
     assert_eq!(names, ["setosa", "versicolor", "virginica"]);
     assert_eq!(data.targets()[1], [0.0, 0.0, 1.0]);
     Ok(())
@@ -53,13 +45,8 @@ fn load_csv(dir: &Path) -> Result<()> {
 fn show_a_loader_error(dir: &Path) -> Result<()> {
     // Line 3, column 2 holds a word where a number should be.
     let broken = dir.join("broken.csv");
-    std::fs::write(
-        &broken,
-        "hours_studied,hours_slept,score\n2.0,7.5,61\n4.5,six,78\n",
-    )?;
-    let error = Dataset::from_csv(&broken, 1)
-        .err()
-        .ok_or("a bad cell was accepted")?;
+    std::fs::write(&broken, "hours_studied,hours_slept,score\n2.0,7.5,61\n4.5,six,78\n")?;
+    let error = Dataset::from_csv(&broken, 1).err().ok_or("a bad cell was accepted")?;
     println!("error: {error}");
     let message = error.to_string();
     assert!(message.contains("broken.csv") && message.contains("line 3, column 2"));
@@ -157,11 +144,7 @@ fn augment(images: &mut Dataset) -> Result<()> {
     // Each image is 3 pixels wide: every 3-value line of a row is reversed, and the
     // mirrored copies are appended after the originals, with the same targets.
     images.flip_horizontal(3)?;
-    println!(
-        "after flip_horizontal(3): {} rows, row 2 {:?}",
-        images.len(),
-        images.inputs()[2]
-    );
+    println!("after flip_horizontal(3): {} rows, row 2 {:?}", images.len(), images.inputs()[2]);
     assert_eq!(images.len(), 4);
     assert_eq!(images.inputs()[2][..3], [0.0, 0.0, 1.0]);
     assert_eq!(images.targets()[2], images.targets()[0]);
@@ -177,16 +160,9 @@ fn rings() -> Result<Dataset> {
     let (mut inputs, mut targets) = (Vec::new(), Vec::new());
     for i in 0..300 {
         let class = usize::from(i % 3 == 0);
-        let radius = if class == 1 {
-            rng.uniform(1.2, 2.0)
-        } else {
-            rng.uniform(0.0, 0.8)
-        };
+        let radius = if class == 1 { rng.uniform(1.2, 2.0) } else { rng.uniform(0.0, 0.8) };
         let angle = rng.uniform(0.0, std::f64::consts::TAU);
-        inputs.push(vec![
-            (radius * angle.cos()) as f32,
-            (2_000.0 + 1_000.0 * radius * angle.sin()) as f32,
-        ]);
+        inputs.push(vec![(radius * angle.cos()) as f32, (2_000.0 + 1_000.0 * radius * angle.sin()) as f32]);
         let mut target = vec![0.0; 2];
         target[class] = 1.0;
         targets.push(target);
@@ -214,16 +190,9 @@ fn split(data: &Dataset) -> (Dataset, Dataset) {
         class_counts(&plain_train),
         class_counts(&plain_test)
     );
-    println!(
-        "split_stratified: train {:?}  test {:?}",
-        class_counts(&train),
-        class_counts(&test)
-    );
+    println!("split_stratified: train {:?}  test {:?}", class_counts(&train), class_counts(&test));
     assert_eq!((plain_train.len(), plain_test.len()), (240, 60));
-    assert_eq!(
-        (class_counts(&train), class_counts(&test)),
-        (vec![160, 80], vec![40, 20])
-    );
+    assert_eq!((class_counts(&train), class_counts(&test)), (vec![160, 80], vec![40, 20]));
     (train, test)
 }
 // ANCHOR_END: split
@@ -234,18 +203,12 @@ fn standardize(train: &mut Dataset, test: &mut Dataset) -> Result<()> {
     // the test rows and any row predicted later.
     let stats = train.standardize();
     stats.apply(test)?;
-    println!(
-        "training means {:?}, standard deviations {:?}",
-        stats.mean, stats.std
-    );
+    println!("training means {:?}, standard deviations {:?}", stats.mean, stats.std);
     for column in 0..2 {
         let values: Vec<f32> = train.inputs().iter().map(|r| r[column]).collect();
         let mean = values.iter().sum::<f32>() / values.len() as f32;
         let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / values.len() as f32;
-        assert!(
-            mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4,
-            "column {column}: {mean} {var}"
-        );
+        assert!(mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4, "column {column}: {mean} {var}");
     }
 
     let mut row = vec![0.1, 2_500.0];
@@ -266,15 +229,7 @@ fn train_and_score(train: &Dataset, test: &Dataset) -> Result<f32> {
         .optimizer(Optimizer::adam(0.01))
         .seed(6)
         .try_build()?;
-    network.fit(
-        train,
-        TrainConfig {
-            epochs: 40,
-            batch_size: 16,
-            shuffle: true,
-            seed: Some(6),
-        },
-    )?;
+    network.fit(train, TrainConfig { epochs: 40, batch_size: 16, shuffle: true, seed: Some(6) })?;
     Ok(network.accuracy(test)?)
 }
 // ANCHOR_END: compare
@@ -293,15 +248,8 @@ pub fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let raw = train_and_score(&train, &test)?;
     standardize(&mut train, &mut test)?;
     let standardized = train_and_score(&train, &test)?;
-    println!(
-        "test accuracy: raw inputs {:.1}%, standardized {:.1}%",
-        100.0 * raw,
-        100.0 * standardized
-    );
-    assert!(
-        standardized >= 0.95 && standardized > raw + 0.2,
-        "raw {raw}, standardized {standardized}"
-    );
+    println!("test accuracy: raw inputs {:.1}%, standardized {:.1}%", 100.0 * raw, 100.0 * standardized);
+    assert!(standardized >= 0.95 && standardized > raw + 0.2, "raw {raw}, standardized {standardized}");
     Ok(())
 }
 // ANCHOR_END: main

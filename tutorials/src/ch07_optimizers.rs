@@ -39,12 +39,7 @@ fn network(optimizer: Optimizer, seed: u64) -> Result<Network> {
 const EPOCHS: usize = 60;
 
 fn config(seed: u64) -> TrainConfig {
-    TrainConfig {
-        epochs: EPOCHS,
-        batch_size: 16,
-        shuffle: true,
-        seed: Some(seed),
-    }
+    TrainConfig { epochs: EPOCHS, batch_size: 16, shuffle: true, seed: Some(seed) }
 }
 // ANCHOR_END: problem
 
@@ -55,10 +50,7 @@ fn compare(data: &Dataset) -> Result<Vec<(&'static str, Vec<f32>)>> {
         ("momentum", Optimizer::sgd_momentum(0.05, 0.9)),
         ("nesterov", Optimizer::sgd_momentum(0.05, 0.9).nesterov(true)),
         ("adam", Optimizer::adam(0.01)),
-        (
-            "adam b2=.99",
-            Optimizer::adam(0.01).betas(0.9, 0.99).epsilon(1e-7),
-        ),
+        ("adam b2=.99", Optimizer::adam(0.01).betas(0.9, 0.99).epsilon(1e-7)),
     ];
     let mut curves = Vec::new();
     for (name, optimizer) in optimizers {
@@ -88,11 +80,7 @@ fn schedule(data: &Dataset) -> Result<(f32, f32)> {
     for epoch in 0..EPOCHS {
         // A seed per epoch: each call starts its own shuffle, and the same seed every call
         // would repeat one order.
-        let one = TrainConfig {
-            epochs: 1,
-            seed: Some(100 + epoch as u64),
-            ..config(1)
-        };
+        let one = TrainConfig { epochs: 1, seed: Some(100 + epoch as u64), ..config(1) };
         constant.fit(data, one)?;
         scheduled.optimizer.set_learning_rate(rates.rate(epoch as u64));
         scheduled.fit(data, one)?;
@@ -125,10 +113,8 @@ fn decay(data: &Dataset, dir: &Path) -> Result<(f64, f64)> {
     let mut plain = network(Optimizer::adam(0.01), 1)?;
     let mut decayed = network(Optimizer::adam(0.01).weight_decay(0.2), 1)?;
     let (plain_loss, decayed_loss) = (plain.fit(data, config(1))?, decayed.fit(data, config(1))?);
-    let (a, b) = (
-        weight_norm(&plain, &dir.join("plain.json"))?,
-        weight_norm(&decayed, &dir.join("decayed.json"))?,
-    );
+    let (a, b) =
+        (weight_norm(&plain, &dir.join("plain.json"))?, weight_norm(&decayed, &dir.join("decayed.json"))?);
     println!(
         "weight norm: adam {a:.3} (loss {:.5}), adam + weight_decay(0.2) {b:.3} (loss {:.5})",
         plain_loss[EPOCHS - 1],
@@ -182,10 +168,7 @@ pub fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     }
 
     let (constant, scheduled) = schedule(&data)?;
-    assert!(
-        scheduled < 0.5 * constant,
-        "constant {constant}, scheduled {scheduled}"
-    );
+    assert!(scheduled < 0.5 * constant, "constant {constant}, scheduled {scheduled}");
 
     let (plain, decayed) = decay(&data, &dir)?;
     assert!(decayed < 0.85 * plain, "weight norms {plain} and {decayed}");

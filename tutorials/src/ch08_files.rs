@@ -20,12 +20,7 @@ fn trained() -> Result<(Network, Dataset)> {
     let (mut inputs, mut targets) = (Vec::new(), Vec::new());
     for i in 0..150 {
         let class = i % 3;
-        inputs.push(
-            centers[class]
-                .iter()
-                .map(|c| (c + 0.3 * rng.normal()) as f32)
-                .collect(),
-        );
+        inputs.push(centers[class].iter().map(|c| (c + 0.3 * rng.normal()) as f32).collect());
         let mut target = vec![0.0; 3];
         target[class] = 1.0;
         targets.push(target);
@@ -39,15 +34,7 @@ fn trained() -> Result<(Network, Dataset)> {
         .optimizer(Optimizer::adam(0.02))
         .seed(8)
         .try_build()?;
-    network.fit(
-        &data,
-        TrainConfig {
-            epochs: 30,
-            batch_size: 16,
-            shuffle: true,
-            seed: Some(8),
-        },
-    )?;
+    network.fit(&data, TrainConfig { epochs: 30, batch_size: 16, shuffle: true, seed: Some(8) })?;
     Ok((network, data))
 }
 // ANCHOR_END: train
@@ -63,22 +50,12 @@ fn json_round_trip(network: &mut Network, data: &Dataset, dir: &Path) -> Result<
     // Every output of the loaded network equals the original's to the last bit, and so
     // does the file it writes.
     let mut loaded = Network::load_json(&path)?;
-    let (before, after) = (
-        network.predict_batch(data.inputs())?,
-        loaded.predict_batch(data.inputs())?,
-    );
+    let (before, after) = (network.predict_batch(data.inputs())?, loaded.predict_batch(data.inputs())?);
     let identical = before.len() == after.len()
-        && before
-            .iter()
-            .flatten()
-            .zip(after.iter().flatten())
-            .all(|(a, b)| a.to_bits() == b.to_bits());
+        && before.iter().flatten().zip(after.iter().flatten()).all(|(a, b)| a.to_bits() == b.to_bits());
     loaded.save_json(dir.join("again.json"))?;
     let same_file = std::fs::read(&path)? == std::fs::read(dir.join("again.json"))?;
-    println!(
-        "loaded: {} predictions bit-identical {identical}, file identical {same_file}",
-        before.len()
-    );
+    println!("loaded: {} predictions bit-identical {identical}, file identical {same_file}", before.len());
     assert!(identical && same_file);
     assert_eq!(loaded.accuracy(data)?, network.accuracy(data)?);
     Ok(())
@@ -90,12 +67,7 @@ fn json_round_trip(network: &mut Network, data: &Dataset, dir: &Path) -> Result<
 /// Adam's moving averages from zero, so one more epoch moves it differently.
 fn one_more_epoch(network: &mut Network, data: &Dataset, dir: &Path) -> Result<bool> {
     let mut loaded = Network::load_json(dir.join("network.json"))?;
-    let epoch = TrainConfig {
-        epochs: 1,
-        batch_size: 16,
-        shuffle: true,
-        seed: Some(9),
-    };
+    let epoch = TrainConfig { epochs: 1, batch_size: 16, shuffle: true, seed: Some(9) };
     network.fit(data, epoch)?;
     loaded.fit(data, epoch)?;
     network.save_json(dir.join("continued.json"))?;
@@ -112,27 +84,20 @@ fn bad_files(dir: &Path) -> Result<Vec<String>> {
     let cases = [
         ("truncated.json", good[..good.len() / 2].to_string()),
         ("newer.json", good.replacen("\"version\": 1", "\"version\": 2", 1)),
-        (
-            "no_format.json",
-            good.replacen("rusting_brain.network", "something.else", 1),
-        ),
+        ("no_format.json", good.replacen("rusting_brain.network", "something.else", 1)),
     ];
     let mut messages = Vec::new();
     for (name, text) in cases {
         std::fs::write(dir.join(name), text)?;
-        let error = Network::load_json(dir.join(name))
-            .err()
-            .ok_or("a damaged file loaded")?;
+        let error = Network::load_json(dir.join(name)).err().ok_or("a damaged file loaded")?;
         println!("{name}: {error}");
         messages.push(error.to_string());
     }
     // Saving into a folder that does not exist: the error names the path, and nothing
     // half-written is left behind.
     let nowhere = dir.join("missing").join("network.json");
-    let error = Network::load_json(dir.join("network.json"))?
-        .save_json(&nowhere)
-        .err()
-        .ok_or("saved nowhere")?;
+    let error =
+        Network::load_json(dir.join("network.json"))?.save_json(&nowhere).err().ok_or("saved nowhere")?;
     println!("save into a missing folder: {error}");
     messages.push(error.to_string());
     Ok(messages)
@@ -177,10 +142,7 @@ fn fields(bytes: &[u8]) -> Result<Vec<(u64, Field<'_>)>> {
             5 => 4,
             other => return Err(format!("wire type {other} is not used by ONNX").into()),
         };
-        let end = at
-            .checked_add(len)
-            .filter(|&end| end <= bytes.len())
-            .ok_or("a field runs past the end")?;
+        let end = at.checked_add(len).filter(|&end| end <= bytes.len()).ok_or("a field runs past the end")?;
         out.push((key >> 3, Field::Bytes(&bytes[at..end])));
         at = end;
     }
@@ -250,30 +212,20 @@ fn read_onnx(network: &Network, dir: &Path) -> Result<()> {
     let graph = first_bytes(&bytes, 7)?;
     // GraphProto: field 1 the nodes (op_type in field 4), 11 the inputs, 12 the outputs,
     // 5 the initializers (name in field 8, dims in 1, little-endian floats in 9).
-    let ops: Vec<String> = all_bytes(graph, 1)?
-        .into_iter()
-        .map(|node| text(node, 4))
-        .collect::<Result<_>>()?;
+    let ops: Vec<String> =
+        all_bytes(graph, 1)?.into_iter().map(|node| text(node, 4)).collect::<Result<_>>()?;
     let (input, output) = (shape(first_bytes(graph, 11)?)?, shape(first_bytes(graph, 12)?)?);
-    println!(
-        "network.onnx: {} bytes, opset {opset:?}, nodes {ops:?}",
-        bytes.len()
-    );
+    println!("network.onnx: {} bytes, opset {opset:?}, nodes {ops:?}", bytes.len());
     println!("input {input:?} -> output {output:?}");
     assert_eq!(opset, [13]);
     assert_eq!(ops, ["Gemm", "Relu", "Gemm", "Softmax"]);
     assert_eq!(
         (input, output),
-        (
-            vec!["batch".to_string(), "3".into()],
-            vec!["batch".to_string(), "3".into()]
-        )
+        (vec!["batch".to_string(), "3".into()], vec!["batch".to_string(), "3".into()])
     );
 
     // The first layer's weights, as the ONNX file stores them and as the JSON file does.
-    let weights = all_bytes(graph, 5)?
-        .into_iter()
-        .find(|t| text(t, 8).is_ok_and(|n| n == "layer0.weight"));
+    let weights = all_bytes(graph, 5)?.into_iter().find(|t| text(t, 8).is_ok_and(|n| n == "layer0.weight"));
     let weights = weights.ok_or("no layer0.weight initializer")?;
     let onnx_values: Vec<f32> = first_bytes(weights, 9)?
         .chunks_exact(4)
@@ -318,10 +270,7 @@ pub fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         .count();
     assert_eq!(leftovers, 0);
 
-    assert!(
-        !one_more_epoch(&mut network, &data, &dir)?,
-        "Adam's state is not in the file"
-    );
+    assert!(!one_more_epoch(&mut network, &data, &dir)?, "Adam's state is not in the file");
     Ok(())
 }
 // ANCHOR_END: main

@@ -26,15 +26,7 @@ fn layout(dir: &Path) -> Result<()> {
             data[channel * 16 + y * 4 + x] = 1.0;
         }
     }
-    save_png(
-        &Image {
-            width: 4,
-            height: 4,
-            channels: 3,
-            data,
-        },
-        class.join("0.png"),
-    )?;
+    save_png(&Image { width: 4, height: 4, channels: 3, data }, class.join("0.png"))?;
 
     let (colour, names) = Dataset::from_image_folder(dir.join("palette"), 4, 4, false)?;
     let row = &colour.inputs()[0];
@@ -44,11 +36,7 @@ fn layout(dir: &Path) -> Result<()> {
     assert_eq!(row.len(), 3 * 16);
     assert_eq!(
         (&row[0..4], &row[16..20], &row[32..36]),
-        (
-            &[1.0, 1.0, 0.0, 0.0][..],
-            &[0.0, 0.0, 1.0, 1.0][..],
-            &[0.0; 4][..]
-        )
+        (&[1.0, 1.0, 0.0, 0.0][..], &[0.0, 0.0, 1.0, 1.0][..], &[0.0; 4][..])
     );
 
     let (gray, _) = Dataset::from_image_folder(dir.join("palette"), 4, 4, true)?;
@@ -68,21 +56,14 @@ const CLASSES: [&str; 3] = ["horizontal", "square", "vertical"];
 fn draw(class: usize, rng: &mut Rng) -> Image {
     // Each shape's width and height; its top-left corner anywhere it fits.
     let (w, h) = [(10, 3), (8, 8), (3, 10)][class];
-    let (x0, y0) = (
-        rng.below(17 - w as u64) as usize,
-        rng.below(17 - h as u64) as usize,
-    );
+    let (x0, y0) = (rng.below(17 - w as u64) as usize, rng.below(17 - h as u64) as usize);
     let inside = |x: usize, y: usize| {
         let (dx, dy) = (x.wrapping_sub(x0), y.wrapping_sub(y0));
         let within = dx < w && dy < h;
         // The square is hollow: only its border is drawn.
         within && (class != 1 || dx == 0 || dy == 0 || dx == w - 1 || dy == h - 1)
     };
-    let colour = [
-        rng.uniform(0.3, 1.0),
-        rng.uniform(0.3, 1.0),
-        rng.uniform(0.3, 1.0),
-    ];
+    let colour = [rng.uniform(0.3, 1.0), rng.uniform(0.3, 1.0), rng.uniform(0.3, 1.0)];
     let mut data = vec![0.0; 3 * 256];
     for (c, level) in colour.iter().enumerate() {
         for y in 0..16 {
@@ -92,12 +73,7 @@ fn draw(class: usize, rng: &mut Rng) -> Image {
             }
         }
     }
-    Image {
-        width: 16,
-        height: 16,
-        channels: 3,
-        data,
-    }
+    Image { width: 16, height: 16, channels: 3, data }
 }
 
 /// `dir/<class>/<n>.png`, `per_class` pictures of each class.
@@ -129,15 +105,7 @@ fn train_and_score(train: &Dataset, test: &Dataset, epochs: usize) -> Result<(f3
         .optimizer(Optimizer::adam(0.003))
         .seed(9)
         .try_build()?;
-    network.fit(
-        train,
-        TrainConfig {
-            epochs,
-            batch_size: 16,
-            shuffle: true,
-            seed: Some(9),
-        },
-    )?;
+    network.fit(train, TrainConfig { epochs, batch_size: 16, shuffle: true, seed: Some(9) })?;
     Ok((network.accuracy(test)?, network))
 }
 // ANCHOR_END: train
@@ -151,11 +119,7 @@ pub fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     write_folder(&shapes, 100)?;
     // 16x16 colour files, read as 12x12 grayscale: 144 values a row, each in 0..=1.
     let (data, names) = Dataset::from_image_folder(&shapes, 12, 12, true)?;
-    println!(
-        "{} pictures, {} values each, classes {names:?}",
-        data.len(),
-        data.input_size()
-    );
+    println!("{} pictures, {} values each, classes {names:?}", data.len(), data.input_size());
     assert_eq!((data.len(), data.input_size(), data.target_size()), (300, 144, 3));
     assert_eq!(names, CLASSES);
     assert!(data.inputs().iter().flatten().all(|v| (0.0..=1.0).contains(v)));
@@ -168,16 +132,8 @@ pub fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     // so both take the same number of steps.
     let (plain, _) = train_and_score(&train, &test, 80)?;
     let (augmented, mut network) = train_and_score(&flipped, &test, 40)?;
-    println!(
-        "{} training pictures: test accuracy {:.1}%",
-        train.len(),
-        100.0 * plain
-    );
-    println!(
-        "{} with mirrored copies: test accuracy {:.1}%",
-        flipped.len(),
-        100.0 * augmented
-    );
+    println!("{} training pictures: test accuracy {:.1}%", train.len(), 100.0 * plain);
+    println!("{} with mirrored copies: test accuracy {:.1}%", flipped.len(), 100.0 * augmented);
     for (name, row) in names.iter().zip(network.confusion_matrix(&test)?) {
         println!("  {name:<10} {row:?}");
     }

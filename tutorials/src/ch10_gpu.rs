@@ -21,20 +21,9 @@ fn moons() -> Result<Dataset> {
     for i in 0..512 {
         let class = i % 2;
         let t = rng.uniform(0.0, std::f64::consts::PI);
-        let (x, y) = if class == 0 {
-            (t.cos(), t.sin())
-        } else {
-            (1.0 - t.cos(), 0.5 - t.sin())
-        };
-        inputs.push(vec![
-            (x + 0.1 * rng.normal()) as f32,
-            (y + 0.1 * rng.normal()) as f32,
-        ]);
-        targets.push(if class == 0 {
-            vec![1.0, 0.0]
-        } else {
-            vec![0.0, 1.0]
-        });
+        let (x, y) = if class == 0 { (t.cos(), t.sin()) } else { (1.0 - t.cos(), 0.5 - t.sin()) };
+        inputs.push(vec![(x + 0.1 * rng.normal()) as f32, (y + 0.1 * rng.normal()) as f32]);
+        targets.push(if class == 0 { vec![1.0, 0.0] } else { vec![0.0, 1.0] });
     }
     Ok(Dataset::new(inputs, targets)?)
 }
@@ -52,12 +41,7 @@ fn network() -> Result<Network> {
 }
 
 fn epochs(epochs: usize, seed: u64) -> TrainConfig {
-    TrainConfig {
-        epochs,
-        batch_size: 64,
-        shuffle: true,
-        seed: Some(seed),
-    }
+    TrainConfig { epochs, batch_size: 64, shuffle: true, seed: Some(seed) }
 }
 
 /// Every weight and bias, layer by layer, read from a saved file.
@@ -93,10 +77,7 @@ fn to_some_gpu(network: &mut Network) -> Option<String> {
         Ok(()) => return Some(network.device()),
         Err(error) => println!("to_gpu: {error}"),
     }
-    match network.to_gpu_with(&GpuOptions {
-        software: true,
-        ..Default::default()
-    }) {
+    match network.to_gpu_with(&GpuOptions { software: true, ..Default::default() }) {
         Ok(()) => Some(network.device()),
         Err(error) => {
             println!("to_gpu_with(software): {error}");
@@ -118,15 +99,9 @@ fn try_cuda(data: &Dataset) -> Result<()> {
     }
     cpu.fit(data, epochs(5, 1))?;
     cuda.fit(data, epochs(5, 1))?;
-    let (a, b) = (
-        cpu.predict_batch(data.inputs())?,
-        cuda.predict_batch(data.inputs())?,
-    );
+    let (a, b) = (cpu.predict_batch(data.inputs())?, cuda.predict_batch(data.inputs())?);
     let difference = max_difference(&a.concat(), &b.concat());
-    println!(
-        "on {}: 5 epochs, outputs within {difference:.1e} of the CPU's",
-        cuda.device()
-    );
+    println!("on {}: 5 epochs, outputs within {difference:.1e} of the CPU's", cuda.device());
     assert!(difference < 1e-4, "CUDA outputs {difference} from the CPU's");
     cuda.to_cpu()?;
     Ok(())
@@ -171,42 +146,29 @@ pub fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     println!("10 epochs: CPU {cpu_time:.2?}, GPU {gpu_time:.2?}");
     println!("last loss: CPU {:.6}, GPU {:.6}", cpu_losses[9], gpu_losses[9]);
 
-    let (cpu_out, gpu_out) = (
-        cpu.predict_batch(data.inputs())?,
-        gpu.predict_batch(data.inputs())?,
-    );
+    let (cpu_out, gpu_out) = (cpu.predict_batch(data.inputs())?, gpu.predict_batch(data.inputs())?);
     let outputs = max_difference(&cpu_out.concat(), &gpu_out.concat());
     let accuracy = gpu.accuracy(&data)?;
 
     // Back to the CPU: weights, gradients and Adam's moments all come home.
     gpu.to_cpu()?;
     println!("after to_cpu: {}", gpu.device());
-    let weights = max_difference(
-        &parameters(&cpu, &dir.join("cpu.json"))?,
-        &parameters(&gpu, &dir.join("gpu.json"))?,
-    );
+    let weights =
+        max_difference(&parameters(&cpu, &dir.join("cpu.json"))?, &parameters(&gpu, &dir.join("gpu.json"))?);
     println!(
         "largest difference: outputs {outputs:.1e}, weights {weights:.1e}; GPU accuracy {:.1}%",
         100.0 * accuracy
     );
     assert!(accuracy > 0.95, "GPU accuracy {accuracy}");
-    assert!(
-        outputs < 1e-5 && weights < 1e-4,
-        "outputs {outputs}, weights {weights}"
-    );
+    assert!(outputs < 1e-5 && weights < 1e-4, "outputs {outputs}, weights {weights}");
 
     // Had the moments stayed behind, the next epoch would jump away from the CPU's.
     cpu.fit(&data, epochs(1, 3))?;
     gpu.fit(&data, epochs(1, 3))?;
-    let after = max_difference(
-        &parameters(&cpu, &dir.join("cpu.json"))?,
-        &parameters(&gpu, &dir.join("gpu.json"))?,
-    );
+    let after =
+        max_difference(&parameters(&cpu, &dir.join("cpu.json"))?, &parameters(&gpu, &dir.join("gpu.json"))?);
     println!("one more epoch, both on the CPU: weights differ by {after:.1e}");
-    assert!(
-        after < 2.0 * weights + 1e-5,
-        "{after} after one epoch, {weights} before"
-    );
+    assert!(after < 2.0 * weights + 1e-5, "{after} after one epoch, {weights} before");
 
     try_cuda(&data)
 }

@@ -37,15 +37,8 @@ fn causal_attention(q: &[Vec<f32>], k: &[Vec<f32>], v: &[Vec<f32>]) -> (Vec<Vec<
     let mut outputs = Vec::new();
     for (t, q_t) in q.iter().enumerate() {
         // The mask: position t may read positions 0..=t, never the future.
-        let scores: Vec<f32> = (0..k.len())
-            .map(|j| {
-                if j <= t {
-                    scale * dot(q_t, &k[j])
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-            .collect();
+        let scores: Vec<f32> =
+            (0..k.len()).map(|j| if j <= t { scale * dot(q_t, &k[j]) } else { f32::NEG_INFINITY }).collect();
         let w = softmax(&scores);
         let mut out = vec![0.0; head_dim];
         for (w_j, v_j) in w.iter().zip(v) {
@@ -107,19 +100,14 @@ fn forward_by_hand(
     let group = c.q_heads / c.kv_heads;
     let embed = w("model.embed_tokens.weight".into())?;
     // The residual stream: one d_model vector per position, which every block adds to.
-    let mut x: Vec<Vec<f32>> = ids
-        .iter()
-        .map(|&id| embed[id as usize * d..(id as usize + 1) * d].to_vec())
-        .collect();
+    let mut x: Vec<Vec<f32>> =
+        ids.iter().map(|&id| embed[id as usize * d..(id as usize + 1) * d].to_vec()).collect();
     for l in 0..c.n_layers {
         let at = |name: &str| w(format!("model.layers.{l}.{name}.weight"));
         let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
         for (t, x_t) in x.iter().enumerate() {
             let h = rms_norm(x_t, at("input_layernorm")?, c.norm_eps);
-            let (mut q, mut k) = (
-                linear(at("self_attn.q_proj")?, &h),
-                linear(at("self_attn.k_proj")?, &h),
-            );
+            let (mut q, mut k) = (linear(at("self_attn.q_proj")?, &h), linear(at("self_attn.k_proj")?, &h));
             q.chunks_mut(hd).for_each(|head| rope(head, t, c.rope_theta));
             k.chunks_mut(hd).for_each(|head| rope(head, t, c.rope_theta));
             qs.push(q);
@@ -151,9 +139,7 @@ fn forward_by_hand(
     }
     let final_norm = w("model.norm.weight".into())?;
     // The head is tied: the logit of token i is the dot product with embedding row i.
-    Ok(x.iter()
-        .map(|x_t| linear(embed, &rms_norm(x_t, final_norm, c.norm_eps)))
-        .collect())
+    Ok(x.iter().map(|x_t| linear(embed, &rms_norm(x_t, final_norm, c.norm_eps))).collect())
 }
 // ANCHOR_END: by_hand
 
@@ -169,10 +155,7 @@ fn attention_by_hand() {
     }
     for (t, w) in weights.iter().enumerate() {
         assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        assert!(
-            w[t + 1..].iter().all(|&x| x == 0.0),
-            "position {t} reads the future"
-        );
+        assert!(w[t + 1..].iter().all(|&x| x == 0.0), "position {t} reads the future");
     }
     // Position 0 can only read itself, so its output is its own value.
     assert_eq!(outputs[0], v[0]);
@@ -230,10 +213,7 @@ fn count_parameters(model: &TransformerLm) -> Result<(), Box<dyn Error>> {
     let per_layer = attention + feed_forward + norms;
     let total = embedding + c.n_layers * per_layer + d; // + the final norm
     let counts = model.parameter_counts();
-    println!(
-        "{counts}: embedding {}, per layer {}",
-        counts.embedding, counts.per_layer
-    );
+    println!("{counts}: embedding {}, per layer {}", counts.embedding, counts.per_layer);
     assert_eq!(counts.embedding, embedding);
     assert_eq!(counts.per_layer, per_layer);
     assert_eq!((counts.total, counts.active), (total, total));
@@ -268,9 +248,8 @@ fn logits(model: &mut TransformerLm, ids: &[u32]) -> Result<Vec<f32>, Box<dyn Er
 fn check_by_hand(model: &mut TransformerLm, ids: &[u32]) -> Result<(), Box<dyn Error>> {
     // A few steps move every weight off its initial value (norm weights start at one), so
     // a misplaced tensor in the hand-written pass would show.
-    let pattern: Vec<Vec<u32>> = (0..4u32)
-        .map(|r| (0..12u32).map(|t| (r * 5 + t * 3) % 32).collect())
-        .collect();
+    let pattern: Vec<Vec<u32>> =
+        (0..4u32).map(|r| (0..12u32).map(|t| (r * 5 + t * 3) % 32).collect()).collect();
     for _ in 0..5 {
         model.train_step(&pattern)?;
     }
@@ -300,10 +279,7 @@ fn check_causal(model: &mut TransformerLm, ids: &[u32]) -> Result<(), Box<dyn Er
         before[..last * v] == after[..last * v],
         "an earlier position saw a later token: its logits moved by {earlier}"
     );
-    println!(
-        "positions 0-{} unchanged; position {last}'s logits moved by up to {moved:.3}",
-        last - 1
-    );
+    println!("positions 0-{} unchanged; position {last}'s logits moved by up to {moved:.3}", last - 1);
     assert!(moved > 1e-3);
 
     // Causality is what lets generation cache keys and values: feeding one token at a

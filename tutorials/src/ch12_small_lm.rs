@@ -13,11 +13,7 @@ use rusting_brain::{Optimizer, Sampler, Schedule, TokenBatch, TokenFile, Transfo
 // ANCHOR: corpus
 /// A gzipped text file of the repository's corpus (the Rust book and Rust by Example).
 fn read_corpus(name: &str) -> Result<String, Box<dyn Error>> {
-    let path = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../native/examples/data/corpus"
-    ))
-    .join(name);
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../native/examples/data/corpus")).join(name);
     let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut text = String::new();
     flate2::read::GzDecoder::new(file).read_to_string(&mut text)?;
@@ -41,12 +37,7 @@ fn unigram_entropy(ids: &[u32]) -> f32 {
     let mut counts = [0usize; 256];
     ids.iter().for_each(|&id| counts[id as usize] += 1);
     let n = ids.len() as f32;
-    counts
-        .iter()
-        .filter(|&&c| c > 0)
-        .map(|&c| c as f32 / n)
-        .map(|p| -p * p.ln())
-        .sum()
+    counts.iter().filter(|&&c| c > 0).map(|&c| c as f32 / n).map(|p| -p * p.ln()).sum()
 }
 // ANCHOR_END: corpus
 
@@ -128,10 +119,8 @@ fn generate(model: &mut TransformerLm) -> Result<(), Box<dyn Error>> {
 
 // ANCHOR: main
 pub fn main() -> Result<(), Box<dyn Error>> {
-    let (train_ids, held_ids) = (
-        encode(&read_corpus("train.txt.gz")?),
-        encode(&read_corpus("heldout.txt.gz")?),
-    );
+    let (train_ids, held_ids) =
+        (encode(&read_corpus("train.txt.gz")?), encode(&read_corpus("heldout.txt.gz")?));
     let entropy = unigram_entropy(&train_ids);
     println!(
         "{} training and {} held-out tokens; unigram entropy {entropy:.3} nats",
@@ -141,11 +130,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
 
     // A row of n ids is n - 1 predictions: each input position's target is the next id.
     let example = TokenBatch::new([encode("fn main")])?;
-    println!(
-        "inputs  {:?}\ntargets {:?}",
-        decode(&example.inputs),
-        decode(&example.targets)
-    );
+    println!("inputs  {:?}\ntargets {:?}", decode(&example.inputs), decode(&example.targets));
 
     let dir = std::env::temp_dir().join("rusting_brain_tutorial_12");
     std::fs::create_dir_all(&dir)?;
@@ -174,18 +159,11 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     );
     train(&mut model, &mut data, &mut held)?;
     let end = held_out_loss(&mut model, &mut held)?;
-    println!(
-        "held-out loss {start:.3} -> {end:.3}, perplexity {:.1} -> {:.1}",
-        start.exp(),
-        end.exp()
-    );
+    println!("held-out loss {start:.3} -> {end:.3}, perplexity {:.1} -> {:.1}", start.exp(), end.exp());
     // A fresh model predicts every byte about equally: ln 256. Frequencies alone would reach
     // the unigram entropy; the model must do better than that, so it reads its context.
     assert!((start - (VOCAB as f32).ln()).abs() < 0.1);
-    assert!(
-        end < entropy - 0.3,
-        "held-out loss {end:.3} is not clearly under {entropy:.3}"
-    );
+    assert!(end < entropy - 0.3, "held-out loss {end:.3} is not clearly under {entropy:.3}");
 
     generate(&mut model)
 }

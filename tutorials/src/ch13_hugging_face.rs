@@ -105,10 +105,7 @@ fn chat_template(dir: &Path) -> Result<(), Box<dyn Error>> {
     let inline = ChatTemplate::new(TEMPLATE)?.special_token("eos_token", "<|im_end|>");
     assert_eq!(inline.render(&conversation, true)?, prompt);
     let refused = template.render(&[ChatMessage::assistant("Hello.")], true);
-    println!(
-        "a conversation the template refuses: {}",
-        refused.as_ref().err().ok_or("accepted")?
-    );
+    println!("a conversation the template refuses: {}", refused.as_ref().err().ok_or("accepted")?);
     Ok(())
 }
 // ANCHOR_END: chat
@@ -125,15 +122,9 @@ fn save(model: &TransformerLm, out: &Path) -> Result<(), Box<dyn Error>> {
     println!("{}: {}", out.display(), files.join(", "));
 
     let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json"))?)?;
-    println!(
-        "config.json: {} {}",
-        config["architectures"], config["model_type"]
-    );
+    println!("config.json: {} {}", config["architectures"], config["model_type"]);
     let header = read_header(&out.join("model.safetensors"))?;
-    for name in [
-        "model.embed_tokens.weight",
-        "model.layers.0.self_attn.k_proj.weight",
-    ] {
+    for name in ["model.embed_tokens.weight", "model.layers.0.self_attn.k_proj.weight"] {
         println!("  {name} {:?} {}", shape(&header, name)?, header[name]["dtype"]);
     }
     let c = model.config();
@@ -145,10 +136,7 @@ fn save(model: &TransformerLm, out: &Path) -> Result<(), Box<dyn Error>> {
         shape(&header, "model.layers.0.self_attn.k_proj.weight")?,
         [c.kv_heads * c.head_dim, c.d_model]
     );
-    assert!(
-        !header.contains_key("lm_head.weight"),
-        "a tied head is not stored twice"
-    );
+    assert!(!header.contains_key("lm_head.weight"), "a tied head is not stored twice");
     Ok(())
 }
 // ANCHOR_END: save
@@ -158,18 +146,13 @@ fn load(model: &mut TransformerLm, out: &Path, again: &Path) -> Result<(), Box<d
     // Loaded back: the same function, bit for bit.
     let mut loaded = TransformerLm::from_pretrained(out)?;
     let probe = TokenBatch::new([vec![5, 6, 7, 8, 9, 10]])?;
-    assert!(
-        model.forward_batch(&probe)? == loaded.forward_batch(&probe)?,
-        "the logits changed"
-    );
+    assert!(model.forward_batch(&probe)? == loaded.forward_batch(&probe)?, "the logits changed");
 
     // Generation as the directory describes it: its sampler, stopping at its end id.
     let generation = GenerationConfig::from_pretrained(out)?;
     let prompt = [5, 6, 7];
     let reply = |m: &mut TransformerLm| {
-        m.generate_with(&prompt, 32, &mut generation.sampler(None), |id| {
-            !generation.is_end(id)
-        })
+        m.generate_with(&prompt, 32, &mut generation.sampler(None), |id| !generation.is_end(id))
     };
     let ours = reply(model)?;
     println!("reply to {prompt:?}: {ours:?}");

@@ -20,10 +20,7 @@ fn tk<T>(result: tokenizers::Result<T>) -> Result<T, Error> {
 // ANCHOR_END: header
 
 // ANCHOR: corpus
-const CORPUS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../native/examples/data/corpus/train.txt.gz"
-);
+const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../native/examples/data/corpus/train.txt.gz");
 
 /// The corpus's first `train_bytes` to learn the vocabulary from, and the `test_bytes` after
 /// them to measure it on; each piece ends at a line break, so no character is cut in two.
@@ -103,9 +100,7 @@ pub fn main() -> Result<(), Error> {
     // ANCHOR_END: save
 
     // ANCHOR: special
-    let end = tokenizer
-        .token_to_id(END)
-        .ok_or("the vocabulary has no <|end|>")?;
+    let end = tokenizer.token_to_id(END).ok_or("the vocabulary has no <|end|>")?;
     let two = format!("the first document.{END}The second");
     let ids = tk(tokenizer.encode(two.as_str(), false))?.get_ids().to_vec();
     println!("{END} is id {end}: {ids:?}");
@@ -115,25 +110,14 @@ pub fn main() -> Result<(), Error> {
     // ANCHOR_END: special
 
     // ANCHOR: sizes
-    println!(
-        "{:>6} {:>12} {:>16} {:>20}",
-        "vocab", "tokens/byte", "bytes/128 tokens", "embedding (d 192)"
-    );
+    println!("{:>6} {:>12} {:>16} {:>20}", "vocab", "tokens/byte", "bytes/128 tokens", "embedding (d 192)");
     let mut previous = f64::INFINITY;
     for vocab_size in [257, 512, 1024, 2048] {
-        let t = if vocab_size == 1024 {
-            tokenizer.clone()
-        } else {
-            train_bpe(&train_text, vocab_size)?
-        };
+        let t = if vocab_size == 1024 { tokenizer.clone() } else { train_bpe(&train_text, vocab_size)? };
         let tokens = tk(t.encode(test_text.as_str(), false))?.len();
         let per_byte = tokens as f64 / test_text.len() as f64;
         let vocab = t.get_vocab_size(true);
-        println!(
-            "{vocab:>6} {per_byte:>12.3} {:>16.0} {:>20}",
-            128.0 / per_byte,
-            vocab * 192
-        );
+        println!("{vocab:>6} {per_byte:>12.3} {:>16.0} {:>20}", 128.0 / per_byte, vocab * 192);
         if vocab_size == 257 {
             // 256 bytes and <|end|>: no merges, one token a byte.
             assert_eq!(tokens, test_text.len());
@@ -175,16 +159,10 @@ pub fn main() -> Result<(), Error> {
     // The loss of a model that knows only how often each token occurs: the first thing
     // training picks up, and the bar that context-aware predictions have to get under.
     let mut counts = vec![0usize; vocab];
-    train_rows
-        .iter()
-        .flatten()
-        .for_each(|&id| counts[id as usize] += 1);
+    train_rows.iter().flatten().for_each(|&id| counts[id as usize] += 1);
     let total = counts.iter().sum::<usize>() as f64;
-    let unigram: f64 = counts
-        .iter()
-        .filter(|&&c| c > 0)
-        .map(|&c| -(c as f64 / total) * (c as f64 / total).ln())
-        .sum();
+    let unigram: f64 =
+        counts.iter().filter(|&&c| c > 0).map(|&c| -(c as f64 / total) * (c as f64 / total).ln()).sum();
     println!(
         "held-out loss {before:.3} -> {after:.3}; ln {vocab} = {:.3}, unigram entropy {unigram:.3}",
         (vocab as f32).ln()
@@ -197,10 +175,7 @@ pub fn main() -> Result<(), Error> {
     // ANCHOR: generate
     let prompt = tk(tokenizer.encode("fn main() {", false))?.get_ids().to_vec();
     let new_ids = model.generate(&prompt, 16, &mut Sampler::greedy())?;
-    println!(
-        "greedy continuation: {:?}",
-        tk(tokenizer.decode(&new_ids, false))?
-    );
+    println!("greedy continuation: {:?}", tk(tokenizer.decode(&new_ids, false))?);
     // ANCHOR_END: generate
 
     // ANCHOR: mismatch

@@ -11,10 +11,7 @@ use rusting_brain::{NetworkError, Optimizer, Precision, Sampler, Schedule, Token
 
 type Error = Box<dyn std::error::Error>;
 
-const CORPUS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../native/examples/data/corpus/train.txt.gz"
-);
+const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../native/examples/data/corpus/train.txt.gz");
 const SEQ: usize = 32;
 const BATCH: usize = 8;
 const STEPS: u64 = 40;
@@ -23,9 +20,7 @@ const STEPS: u64 = 40;
 fn byte_ids(n: usize) -> Result<Vec<u32>, Error> {
     let file = std::fs::File::open(CORPUS).map_err(|e| format!("{CORPUS}: {e}"))?;
     let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(file)
-        .take(n as u64)
-        .read_to_end(&mut bytes)?;
+    flate2::read::GzDecoder::new(file).take(n as u64).read_to_end(&mut bytes)?;
     Ok(bytes.into_iter().map(u32::from).collect())
 }
 
@@ -114,17 +109,10 @@ fn describe(path: &Path) -> Result<(), Error> {
         };
         let shape: Vec<usize> = serde_json::from_value(t["shape"].clone())?;
         counted += size * shape.iter().product::<usize>();
-        let shown = [
-            "model.embed_tokens.weight",
-            "model.layers.0.self_attn.q_proj.weight",
-            "model.norm.weight",
-        ];
+        let shown =
+            ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight"];
         if shown.iter().any(|s| name.starts_with(s)) {
-            println!(
-                "  {name:<44} {dtype:<4} {:<10} at {}",
-                format!("{shape:?}"),
-                t["data_offsets"]
-            );
+            println!("  {name:<44} {dtype:<4} {:<10} at {}", format!("{shape:?}"), t["data_offsets"]);
         }
     }
     println!("  {} tensors, {data_bytes} bytes of data", entries.len() - 1);
@@ -158,16 +146,8 @@ pub fn main() -> Result<(), Error> {
         losses[0], losses[19], losses[20], losses[39]
     );
     let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    assert_eq!(
-        bits(&losses),
-        bits(&straight_losses),
-        "the same losses, bit for bit"
-    );
-    assert_eq!(
-        weight_bits(&resumed)?,
-        weight_bits(&straight)?,
-        "the same weights"
-    );
+    assert_eq!(bits(&losses), bits(&straight_losses), "the same losses, bit for bit");
+    assert_eq!(weight_bits(&resumed)?, weight_bits(&straight)?, "the same weights");
     println!("resumed at step 20: every loss and weight equals the uninterrupted run's");
     // ANCHOR_END: resume
 
@@ -215,20 +195,14 @@ pub fn main() -> Result<(), Error> {
         total += want.len();
     }
     println!("greedy ids, int8 against f32: {same} of {total} the same");
-    assert!(
-        same * 10 >= total * 8,
-        "int8 decoding should mostly agree with f32"
-    );
+    assert!(same * 10 >= total * 8, "int8 decoding should mostly agree with f32");
     // ANCHOR_END: quantize
 
     // ANCHOR: refused
     let rows = vec![ids[..SEQ + 1].to_vec()];
     let refused = int8.train_step(&rows).err().ok_or("an int8 model trained")?;
     println!("train_step on int8: {refused}");
-    let no_f32 = int8
-        .save_bin(dir.join("again.rbw"), Precision::F32)
-        .err()
-        .ok_or("int8 saved as F32")?;
+    let no_f32 = int8.save_bin(dir.join("again.rbw"), Precision::F32).err().ok_or("int8 saved as F32")?;
     println!("save_bin(F32) on int8: {no_f32}");
     assert!(refused.to_string().contains("quantized") && no_f32.to_string().contains("quantized"));
     // ANCHOR_END: refused

@@ -19,10 +19,7 @@ fn tk<T>(result: tokenizers::Result<T>) -> Result<T, Error> {
     result.map_err(|e| e as Error)
 }
 
-const CORPUS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../native/examples/data/corpus/train.txt.gz"
-);
+const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../native/examples/data/corpus/train.txt.gz");
 /// The browser package stops a reply when the model draws this token.
 const END: &str = "<|end|>";
 
@@ -77,9 +74,7 @@ fn pretrain(text: &str, tokenizer: &Tokenizer) -> Result<TransformerLm, Error> {
         .build()?;
     // Eight rows a step, round and round the text.
     for step in 0..150 {
-        let batch: Vec<Vec<u32>> = (0..8)
-            .map(|r| rows[(step * 8 + r) % rows.len()].clone())
-            .collect();
+        let batch: Vec<Vec<u32>> = (0..8).map(|r| rows[(step * 8 + r) % rows.len()].clone()).collect();
         model.train_step(&batch)?;
     }
     Ok(model)
@@ -94,9 +89,7 @@ type Pair = (Vec<u32>, Vec<u32>);
 /// and answers. An answer starts with a space, as the definition does after "fn:", and ends
 /// with <|end|>.
 fn glossary(text: &str, tokenizer: &Tokenizer) -> Result<Vec<Pair>, Error> {
-    let end = tokenizer
-        .token_to_id(END)
-        .ok_or("the vocabulary has no <|end|>")?;
+    let end = tokenizer.token_to_id(END).ok_or("the vocabulary has no <|end|>")?;
     let table = text
         .split("Keywords Currently in Use")
         .nth(1)
@@ -112,9 +105,7 @@ fn glossary(text: &str, tokenizer: &Tokenizer) -> Result<Vec<Pair>, Error> {
         }
         let prompt = format!("Q: What does {keyword} do?\nA:");
         let prompt = tk(tokenizer.encode(prompt.as_str(), false))?.get_ids().to_vec();
-        let mut answer = tk(tokenizer.encode(format!(" {meaning}").as_str(), false))?
-            .get_ids()
-            .to_vec();
+        let mut answer = tk(tokenizer.encode(format!(" {meaning}").as_str(), false))?.get_ids().to_vec();
         answer.push(end);
         pairs.push((prompt, answer));
     }
@@ -141,9 +132,7 @@ pub fn main() -> Result<(), Error> {
 
     let text = corpus(256 << 10)?;
     let tokenizer = train_bpe(&text, 512)?;
-    let end = tokenizer
-        .token_to_id(END)
-        .ok_or("the vocabulary has no <|end|>")?;
+    let end = tokenizer.token_to_id(END).ok_or("the vocabulary has no <|end|>")?;
     // The base reads the corpus's first 4 KiB, the keyword appendix, thirty times over.
     let base_path = dir.join("base.rbw");
     pretrain(&corpus(4 << 10)?, &tokenizer)?.save_bin(&base_path, Precision::F32)?;
@@ -215,22 +204,13 @@ pub fn main() -> Result<(), Error> {
         train.len(),
         held.len()
     );
-    assert!(
-        model.named_parameters()? == frozen,
-        "the base weights did not move"
-    );
-    assert!(
-        tuned_loss < base_loss / 4.0 && tuned_exact >= 25,
-        "the adapters learned the answers"
-    );
+    assert!(model.named_parameters()? == frozen, "the base weights did not move");
+    assert!(tuned_loss < base_loss / 4.0 && tuned_exact >= 25, "the adapters learned the answers");
     assert!(held_ended > base_ended, "and the form of an answer");
 
     for (prompt, _) in [&train[7], &held[4]] {
         let reply = model.generate_with(prompt, 40, &mut Sampler::greedy(), |id| id != end)?;
-        let (q, a) = (
-            tk(tokenizer.decode(prompt, false))?,
-            tk(tokenizer.decode(&reply, false))?,
-        );
+        let (q, a) = (tk(tokenizer.decode(prompt, false))?, tk(tokenizer.decode(&reply, false))?);
         println!("{q}{a}");
     }
     // ANCHOR_END: finetune
@@ -290,11 +270,13 @@ pub fn main() -> Result<(), Error> {
     // A NaN difference fails the check below (NaN <= x is false); a length that differs
     // is a failure of its own.
     assert_eq!(merged.len(), adapted.len());
-    let worst = merged
-        .iter()
-        .zip(&adapted)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, |w, d| if d > w || d.is_nan() { d } else { w });
+    let worst = merged.iter().zip(&adapted).map(|(a, b)| (a - b).abs()).fold(0f32, |w, d| {
+        if d > w || d.is_nan() {
+            d
+        } else {
+            w
+        }
+    });
     println!("merged: logits within {:.1e} of the largest", worst / largest);
     assert!(merged.iter().all(|v| v.is_finite()) && worst <= 1e-4 * largest);
     // ANCHOR_END: merge

@@ -40,10 +40,7 @@ const CHAPTERS: [(&str, Chapter); 16] = [
     ("Hugging Face models in and out", ch13_hugging_face::main),
     ("tokenizers", ch14_tokenizers::main),
     ("checkpoints, resuming and int8", ch15_checkpoints::main),
-    (
-        "fine-tuning with LoRA, and shipping to the browser",
-        ch16_lora_browser::main,
-    ),
+    ("fine-tuning with LoRA, and shipping to the browser", ch16_lora_browser::main),
 ];
 
 fn main() {

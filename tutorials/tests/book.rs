@@ -58,23 +58,15 @@ fn include(line: &str) -> Option<(String, Option<String>)> {
 /// The line range inside `// ANCHOR: name` … `// ANCHOR_END: name`.
 fn anchor_range(source: &str, name: &str) -> Option<(usize, usize)> {
     let lines: Vec<&str> = source.lines().collect();
-    let start = lines
-        .iter()
-        .position(|l| l.trim() == format!("// ANCHOR: {name}"))?;
-    let end = lines
-        .iter()
-        .position(|l| l.trim() == format!("// ANCHOR_END: {name}"))?;
+    let start = lines.iter().position(|l| l.trim() == format!("// ANCHOR: {name}"))?;
+    let end = lines.iter().position(|l| l.trim() == format!("// ANCHOR_END: {name}"))?;
     (start < end).then_some((start, end))
 }
 
 #[test]
 fn every_rust_listing_is_an_include_of_a_tested_program() {
     let pages = pages();
-    assert_eq!(
-        pages.len(),
-        17,
-        "the introduction and sixteen chapters: {pages:?}"
-    );
+    assert_eq!(pages.len(), 17, "the introduction and sixteen chapters: {pages:?}");
     let mut programs_shown = BTreeSet::new();
     for page_name in &pages {
         let path = root().join("book").join(page_name);
@@ -109,17 +101,11 @@ fn every_rust_listing_is_an_include_of_a_tested_program() {
     let mut chapters: Vec<PathBuf> = fs::read_dir(root().join("src"))
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
         .unwrap_or_default();
-    chapters.retain(|p| {
-        p.file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("ch"))
-    });
+    chapters.retain(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("ch")));
     chapters.sort();
     assert_eq!(chapters.len(), 16);
     for chapter in chapters {
-        let name = chapter
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = chapter.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let source = read(&chapter);
         assert!(!source.contains("PLACEHOLDER"), "{name} is not written");
         let main = source
@@ -137,10 +123,7 @@ fn every_rust_listing_is_an_include_of_a_tested_program() {
         // Every anchor opened is closed, so no include silently shows the rest of a file.
         for line in source.lines() {
             if let Some(a) = line.trim().strip_prefix("// ANCHOR: ") {
-                assert!(
-                    anchor_range(&source, a).is_some(),
-                    "{name}: anchor {a} is not closed"
-                );
+                assert!(anchor_range(&source, a).is_some(), "{name}: anchor {a} is not closed");
             }
         }
     }

@@ -44,13 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ))?;
         let first = first.unwrap_or(0.0);
         let rate = (g.ids.len().saturating_sub(1)) as f64 / (t0.elapsed().as_secs_f64() - first);
-        println!(
-            "| {} | {} | {:.1} | {:.1} |",
-            e.device(),
-            g.ids.len(),
-            first * 1e3,
-            rate
-        );
+        println!("| {} | {} | {:.1} | {:.1} |", e.device(), g.ids.len(), first * 1e3, rate);
     }
     Ok(())
 }

@@ -41,15 +41,8 @@ impl DeviceChoice {
 }
 
 enum Device {
-    Cpu {
-        model: Box<TransformerModel<PortableBackend>>,
-        cache: KvCache<PortableBackend>,
-    },
-    Gpu {
-        model: Box<TransformerModel<WgpuBackend>>,
-        cache: KvCache<WgpuBackend>,
-        draw: Box<DeviceSampler>,
-    },
+    Cpu { model: Box<TransformerModel<PortableBackend>>, cache: KvCache<PortableBackend> },
+    Gpu { model: Box<TransformerModel<WgpuBackend>>, cache: KvCache<WgpuBackend>, draw: Box<DeviceSampler> },
 }
 
 /// A loaded model and the state of one conversation.
@@ -80,10 +73,7 @@ enum Pending {
 fn cpu_bytes(file_len: usize, c: &TransformerConfig) -> usize {
     let cache = 2 * c.n_layers * c.max_seq_len * c.kv_dim() * 4;
     let scratch = 4 * c.max_seq_len * (c.q_heads * c.max_seq_len + 8 * c.d_model.max(c.d_ff));
-    file_len
-        .saturating_mul(2)
-        .saturating_add(cache)
-        .saturating_add(scratch)
+    file_len.saturating_mul(2).saturating_add(cache).saturating_add(scratch)
 }
 
 impl Engine {
@@ -121,33 +111,14 @@ impl Engine {
                 } else {
                     format!("WebGPU adapter {name}")
                 };
-                (
-                    Device::Gpu {
-                        model: Box::new(gpu_model),
-                        cache,
-                        draw: Box::new(draw),
-                    },
-                    reason,
-                )
+                (Device::Gpu { model: Box::new(gpu_model), cache, draw: Box::new(draw) }, reason)
             }
             Err(reason) => {
                 let cache = model.new_kv_caches()?;
-                (
-                    Device::Cpu {
-                        model: Box::new(model),
-                        cache,
-                    },
-                    reason,
-                )
+                (Device::Cpu { model: Box::new(model), cache }, reason)
             }
         };
-        Ok(Engine {
-            device,
-            conversation: Conversation::new(&config),
-            config,
-            reason,
-            pending: None,
-        })
+        Ok(Engine { device, conversation: Conversation::new(&config), config, reason, pending: None })
     }
 
     /// "webgpu" or "cpu".
@@ -212,8 +183,7 @@ impl Engine {
             (Some(Pending::Host(logits)), _) => sampler.sample(&logits, self.conversation.context())?,
             (Some(Pending::Device), Device::Gpu { model, draw, .. }) => {
                 let logits = model.cached_logits().ok_or_else(no_logits)?;
-                draw.draw(&model.backend, logits, sampler, self.conversation.context())
-                    .await?
+                draw.draw(&model.backend, logits, sampler, self.conversation.context()).await?
             }
             _ => return Err(no_logits()),
         };
@@ -253,10 +223,7 @@ impl Engine {
             }
             pause().await;
         };
-        Ok(Generated {
-            ids: reply.into_ids(),
-            finish: finish.as_str(),
-        })
+        Ok(Generated { ids: reply.into_ids(), finish: finish.as_str() })
     }
 
     /// Frees the model's memory (GPU buffers included) now; the engine answers every

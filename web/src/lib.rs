@@ -159,19 +159,13 @@ impl Clock {
     fn new() -> Clock {
         let perf = Reflect::get(&js_sys::global(), &"performance".into()).ok();
         Clock(perf.and_then(|p| {
-            let now = Reflect::get(&p, &"now".into())
-                .ok()?
-                .dyn_into::<Function>()
-                .ok()?;
+            let now = Reflect::get(&p, &"now".into()).ok()?.dyn_into::<Function>().ok()?;
             Some((p, now))
         }))
     }
 
     fn ms(&self) -> f64 {
-        self.0
-            .as_ref()
-            .and_then(|(p, now)| now.call0(p).ok()?.as_f64())
-            .unwrap_or_else(js_sys::Date::now)
+        self.0.as_ref().and_then(|(p, now)| now.call0(p).ok()?.as_f64()).unwrap_or_else(js_sys::Date::now)
     }
 }
 
@@ -354,9 +348,7 @@ impl Model {
         let clock = Clock::new();
         let t0 = clock.ms();
         let opts = GenerateOptions::from_js(&options).map_err(js_err)?;
-        let seed = opts
-            .seed
-            .unwrap_or_else(|| (js_sys::Math::random() * 9007199254740991.0) as u64);
+        let seed = opts.seed.unwrap_or_else(|| (js_sys::Math::random() * 9007199254740991.0) as u64);
         let mut sampler = opts.sampler(seed).map_err(js_err)?;
         let (mut engine, ids, tokenizer, end) = {
             let mut s = self.state.borrow_mut();
@@ -377,9 +369,7 @@ impl Model {
         }
         let state = self.state.clone();
         // An AbortSignal in options.signal stops the generation like stop().
-        let signal = Reflect::get(&options, &"signal".into())
-            .ok()
-            .filter(|s| s.is_object());
+        let signal = Reflect::get(&options, &"signal".into()).ok().filter(|s| s.is_object());
         let aborted = |signal: &Option<JsValue>| {
             signal
                 .as_ref()

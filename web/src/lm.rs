@@ -33,9 +33,7 @@ pub fn train_tokenizer(text: &str, vocab_size: usize) -> Result<Tokenizer, WebEr
         )));
     }
     if text.trim().is_empty() {
-        return Err(WebError::Invalid(
-            "the text to train the tokenizer on is empty".into(),
-        ));
+        return Err(WebError::Invalid("the text to train the tokenizer on is empty".into()));
     }
     let tok_err = |e: tokenizers::Error| WebError::Tokenizer(e.to_string());
     let mut trainer = BpeTrainer::builder()
@@ -53,16 +51,12 @@ pub fn train_tokenizer(text: &str, vocab_size: usize) -> Result<Tokenizer, WebEr
         DecoderWrapper,
     >::default()
     .with_model(BPE::default())
-    .with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(
-        ByteLevel::default().add_prefix_space(false),
-    )))
+    .with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::default().add_prefix_space(false))))
     .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())))
     .build()
     .map_err(tok_err)?;
     // Line by line with their breaks, as training from a file reads it.
-    tokenizer
-        .train(&mut trainer, text.split_inclusive('\n'))
-        .map_err(tok_err)?;
+    tokenizer.train(&mut trainer, text.split_inclusive('\n')).map_err(tok_err)?;
     Ok(tokenizer.into())
 }
 
@@ -106,29 +100,17 @@ fn finish<B: Backend>(
 ) -> Result<Step, WebError> {
     let loss = sum / count.max(1) as f64;
     if !loss.is_finite() {
-        return Err(CoreError::NonFinite {
-            op: "training loss",
-            value: loss,
-        }
-        .into());
+        return Err(CoreError::NonFinite { op: "training loss", value: loss }.into());
     }
     if !norm.is_finite() {
-        return Err(CoreError::NonFinite {
-            op: "gradient norm",
-            value: norm,
-        }
-        .into());
+        return Err(CoreError::NonFinite { op: "gradient norm", value: norm }.into());
     }
     let scale = match clip {
         Some(c) if norm > c as f64 => (c as f64 / norm) as f32,
         _ => 1.0,
     };
     m.step(optimizer, scale)?;
-    Ok(Step {
-        loss,
-        tokens: count,
-        grad_norm: norm,
-    })
+    Ok(Step { loss, tokens: count, grad_norm: norm })
 }
 
 /// The last deferred cross-entropy's (sum, count), read back without blocking.
@@ -151,22 +133,13 @@ impl LmTrainer {
         let (device, reason) = match webgpu_for(choice).await? {
             Ok((backend, reason)) => {
                 backend.defer_losses(true);
-                (
-                    Device::Gpu(Box::new(TransformerModel::new(backend, config, seed)?)),
-                    reason,
-                )
+                (Device::Gpu(Box::new(TransformerModel::new(backend, config, seed)?)), reason)
             }
-            Err(reason) => (
-                Device::Cpu(Box::new(TransformerModel::new(PortableBackend, config, seed)?)),
-                reason,
-            ),
+            Err(reason) => {
+                (Device::Cpu(Box::new(TransformerModel::new(PortableBackend, config, seed)?)), reason)
+            }
         };
-        Ok(LmTrainer {
-            device,
-            optimizer,
-            steps: 0,
-            reason,
-        })
+        Ok(LmTrainer { device, optimizer, steps: 0, reason })
     }
 
     /// The model's architecture.
@@ -202,9 +175,7 @@ impl LmTrainer {
         let tb = batch_of(seqs, self.config().vocab_size)?;
         if let Some(c) = clip {
             if !(c.is_finite() && c > 0.0) {
-                return Err(WebError::Invalid(format!(
-                    "clip is {c}; it must be finite and above 0"
-                )));
+                return Err(WebError::Invalid(format!("clip is {c}; it must be finite and above 0")));
             }
         }
         let optimizer = self.optimizer;

@@ -43,9 +43,8 @@ impl JsTokenizer {
     /// A vocabulary of `options.vocabSize` (default 512) entries trained on `text`: the 256
     /// byte symbols, `<|end|>` and the most frequent merges.
     pub fn train(text: &str, options: JsValue) -> Result<JsTokenizer, JsError> {
-        let vocab = count(&options, "vocabSize", "options", 65_536.0)
-            .map_err(js_err)?
-            .unwrap_or(512) as usize;
+        let vocab =
+            count(&options, "vocabSize", "options", 65_536.0).map_err(js_err)?.unwrap_or(512) as usize;
         Ok(JsTokenizer::new(train_tokenizer(text, vocab).map_err(js_err)?))
     }
 
@@ -63,30 +62,22 @@ impl JsTokenizer {
                 ))
             }
         };
-        let inner = text
-            .parse::<tokenizers::Tokenizer>()
-            .map_err(|e| js_err(WebError::Tokenizer(e.to_string())))?;
+        let inner =
+            text.parse::<tokenizers::Tokenizer>().map_err(|e| js_err(WebError::Tokenizer(e.to_string())))?;
         Ok(JsTokenizer::new(inner))
     }
 
     pub fn encode(&self, text: &str) -> Result<Uint32Array, JsError> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| js_err(WebError::Tokenizer(e.to_string())))?;
+        let enc = self.inner.encode(text, false).map_err(|e| js_err(WebError::Tokenizer(e.to_string())))?;
         Ok(Uint32Array::from(enc.get_ids()))
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String, JsError> {
         let n = self.vocab_size();
         if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= n) {
-            return Err(invalid(format!(
-                "id {id} at position {i} is outside the vocabulary ({n})"
-            )));
+            return Err(invalid(format!("id {id} at position {i} is outside the vocabulary ({n})")));
         }
-        self.inner
-            .decode(ids, false)
-            .map_err(|e| js_err(WebError::Tokenizer(e.to_string())))
+        self.inner.decode(ids, false).map_err(|e| js_err(WebError::Tokenizer(e.to_string())))
     }
 
     /// Entries, added tokens included.
@@ -104,10 +95,7 @@ impl JsTokenizer {
     /// The `tokenizer.json` file as an object: `JSON.stringify(tokenizer)` writes it.
     #[wasm_bindgen(js_name = toJSON)]
     pub fn to_json(&self) -> Result<JsValue, JsError> {
-        let text = self
-            .inner
-            .to_string(false)
-            .map_err(|e| js_err(WebError::Tokenizer(e.to_string())))?;
+        let text = self.inner.to_string(false).map_err(|e| js_err(WebError::Tokenizer(e.to_string())))?;
         js_sys::JSON::parse(&text).map_err(|_| invalid("the tokenizer file did not parse"))
     }
 }
@@ -115,9 +103,7 @@ impl JsTokenizer {
 /// Equal-length id sequences from JS: an array of arrays or `Uint32Array`s.
 fn sequences(batch: &JsValue) -> Result<Vec<Vec<u32>>, JsError> {
     if !Array::is_array(batch) {
-        return Err(invalid(
-            "a batch is an array of id sequences (arrays or Uint32Arrays)",
-        ));
+        return Err(invalid("a batch is an array of id sequences (arrays or Uint32Arrays)"));
     }
     Array::from(batch)
         .iter()
@@ -134,9 +120,7 @@ fn sequences(batch: &JsValue) -> Result<Vec<Vec<u32>>, JsError> {
                 .enumerate()
                 .map(|(i, v)| match v.as_f64() {
                     Some(x) if x >= 0.0 && x.fract() == 0.0 && x <= u32::MAX as f64 => Ok(x as u32),
-                    _ => Err(invalid(format!(
-                        "batch[{r}][{i}] is not a token id (a whole number)"
-                    ))),
+                    _ => Err(invalid(format!("batch[{r}][{i}] is not a token id (a whole number)"))),
                 })
                 .collect()
         })
@@ -170,9 +154,7 @@ impl JsTransformerLm {
                 "another call (trainStep, evaluate, toBytes) is running on this model; await it first",
             ));
         }
-        let lm =
-            s.lm.take()
-                .ok_or_else(|| invalid("this model was disposed; create it again"))?;
+        let lm = s.lm.take().ok_or_else(|| invalid("this model was disposed; create it again"))?;
         s.busy = true;
         Ok(lm)
     }
@@ -214,9 +196,7 @@ impl JsTransformerLm {
             d_model: n("dModel")?,
             n_layers: n("nLayers")?,
             q_heads: heads,
-            kv_heads: count(&config, "kvHeads", what, 1e9)
-                .map_err(js_err)?
-                .map_or(heads, |v| v as usize),
+            kv_heads: count(&config, "kvHeads", what, 1e9).map_err(js_err)?.map_or(heads, |v| v as usize),
             head_dim: n("headDim")?,
             d_ff: n("dFF")?,
             max_seq_len: n("maxSeqLen")?,
@@ -228,18 +208,12 @@ impl JsTransformerLm {
             rope_scaling: Default::default(),
             moe: None,
         };
-        let seed = count(&config, "seed", what, 9_007_199_254_740_991.0)
-            .map_err(js_err)?
-            .unwrap_or(0);
+        let seed = count(&config, "seed", what, 9_007_199_254_740_991.0).map_err(js_err)?.unwrap_or(0);
         let optimizer = match field(&config, "optimizer").map_err(js_err)? {
             None => Optimizer::adam(1e-3),
             Some(o) => {
-                let lr = number(&o, "learningRate", "optimizer")
-                    .map_err(js_err)?
-                    .unwrap_or(1e-3) as f32;
-                let wd = number(&o, "weightDecay", "optimizer")
-                    .map_err(js_err)?
-                    .unwrap_or(0.0) as f32;
+                let lr = number(&o, "learningRate", "optimizer").map_err(js_err)?.unwrap_or(1e-3) as f32;
+                let wd = number(&o, "weightDecay", "optimizer").map_err(js_err)?.unwrap_or(0.0) as f32;
                 let mut opt = Optimizer::adam(lr).weight_decay(wd);
                 if let (Some(b1), Some(b2)) = (
                     number(&o, "beta1", "optimizer").map_err(js_err)?,
@@ -258,11 +232,7 @@ impl JsTransformerLm {
         Ok(JsTransformerLm {
             device: lm.device(),
             reason: lm.reason().to_string(),
-            state: Rc::new(RefCell::new(LmState {
-                lm: Some(lm),
-                busy: false,
-                disposed: false,
-            })),
+            state: Rc::new(RefCell::new(LmState { lm: Some(lm), busy: false, disposed: false })),
         })
     }
 
@@ -272,9 +242,7 @@ impl JsTransformerLm {
     #[wasm_bindgen(js_name = trainStep)]
     pub async fn train_step(&self, batch: JsValue, options: JsValue) -> Result<Object, JsError> {
         let seqs = sequences(&batch)?;
-        let clip = number(&options, "clip", "options")
-            .map_err(js_err)?
-            .map(|c| c as f32);
+        let clip = number(&options, "clip", "options").map_err(js_err)?.map(|c| c as f32);
         let mut lm = self.take()?;
         let t0 = crate::now_ms();
         let r = lm.train_step(&seqs, clip).await;

@@ -56,14 +56,8 @@ async fn place(
         match parameters {
             None => DenseModel::new(backend, config, seed),
             Some(p) => {
-                let weights = p
-                    .iter()
-                    .map(|(w, _)| backend.upload(w))
-                    .collect::<Result<_, _>>()?;
-                let biases = p
-                    .iter()
-                    .map(|(_, b)| backend.upload(b))
-                    .collect::<Result<_, _>>()?;
+                let weights = p.iter().map(|(w, _)| backend.upload(w)).collect::<Result<_, _>>()?;
+                let biases = p.iter().map(|(_, b)| backend.upload(b)).collect::<Result<_, _>>()?;
                 DenseModel::from_parameters(backend, config, weights, biases)
             }
         }
@@ -72,10 +66,7 @@ async fn place(
     config.validate()?;
     Ok(match webgpu_for(choice).await? {
         Ok((backend, reason)) => (Device::Gpu(build(backend, config, parameters, seed)?), reason),
-        Err(reason) => (
-            Device::Cpu(build(PortableBackend, config, parameters, seed)?),
-            reason,
-        ),
+        Err(reason) => (Device::Cpu(build(PortableBackend, config, parameters, seed)?), reason),
     })
 }
 
@@ -87,12 +78,7 @@ impl DenseNet {
     ) -> Result<DenseNet, WebError> {
         optimizer.validate()?;
         let (device, reason) = place(config, None, seed, choice).await?;
-        Ok(DenseNet {
-            device,
-            optimizer,
-            seed,
-            reason,
-        })
+        Ok(DenseNet { device, optimizer, seed, reason })
     }
 
     /// A network from the text of a JSON file (native `save_json`'s format).
@@ -104,12 +90,7 @@ impl DenseNet {
             other => other.into(),
         })?;
         let (device, reason) = place(file.config, Some(&file.parameters), file.seed, choice).await?;
-        Ok(DenseNet {
-            device,
-            optimizer: file.optimizer,
-            seed: file.seed,
-            reason,
-        })
+        Ok(DenseNet { device, optimizer: file.optimizer, seed: file.seed, reason })
     }
 
     /// The network's architecture.
@@ -176,12 +157,7 @@ impl DenseNet {
             return Err(invalid("fit: batchSize must be at least 1".into()));
         }
         let (n_in, n_out) = (self.config().input_size, self.config().output_size());
-        let row = |r: usize| {
-            (
-                &data.x[r * n_in..(r + 1) * n_in],
-                &data.y[r * n_out..(r + 1) * n_out],
-            )
-        };
+        let row = |r: usize| (&data.x[r * n_in..(r + 1) * n_in], &data.y[r * n_out..(r + 1) * n_out]);
         let at = |batch: usize, e: CoreError| invalid(format!("fit: batch {batch}: {e}"));
         let optimizer = self.optimizer;
         match &mut self.device {
@@ -215,10 +191,7 @@ impl DenseNet {
     pub async fn predict(&mut self, x: &[f32], rows: usize) -> Result<Vec<f32>, WebError> {
         let n_in = self.config().input_size;
         if x.len() != rows * n_in {
-            return Err(invalid(format!(
-                "predict: {} values for {rows} rows of {n_in}",
-                x.len()
-            )));
+            return Err(invalid(format!("predict: {} values for {rows} rows of {n_in}", x.len())));
         }
         if let Some(i) = x.iter().position(|v| !v.is_finite()) {
             return Err(invalid(format!(
@@ -250,10 +223,7 @@ impl DenseNet {
         let out = self.predict(data.x, data.rows).await?;
         // Per block of EVAL_ROWS, as native `evaluate` sums it.
         let mut total = 0.0f64;
-        for (o, y) in out
-            .chunks(EVAL_ROWS * n_out)
-            .zip(data.y.chunks(EVAL_ROWS * n_out))
-        {
+        for (o, y) in out.chunks(EVAL_ROWS * n_out).zip(data.y.chunks(EVAL_ROWS * n_out)) {
             let n = o.len() / n_out;
             total += loss_forward(kind, o, y, n, n_out)? * n as f64;
         }
@@ -270,9 +240,7 @@ impl DenseNet {
             if v.len() == 1 {
                 (v[0] >= 0.5) as usize
             } else {
-                v.iter()
-                    .enumerate()
-                    .fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
+                v.iter().enumerate().fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
             }
         };
         let right = out

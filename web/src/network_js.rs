@@ -28,11 +28,7 @@ pub(crate) fn field(obj: &JsValue, key: &str) -> Result<Option<JsValue>, WebErro
         return Err(invalid(format!("expected an object holding `{key}`")));
     }
     let v = Reflect::get(obj, &key.into()).map_err(|_| invalid(format!("`{key}` cannot be read")))?;
-    Ok(if v.is_undefined() || v.is_null() {
-        None
-    } else {
-        Some(v)
-    })
+    Ok(if v.is_undefined() || v.is_null() { None } else { Some(v) })
 }
 
 pub(crate) fn number(obj: &JsValue, key: &str, what: &str) -> Result<Option<f64>, WebError> {
@@ -50,19 +46,14 @@ pub(crate) fn count(obj: &JsValue, key: &str, what: &str, max: f64) -> Result<Op
     match number(obj, key, what)? {
         None => Ok(None),
         Some(x) if x >= 0.0 && x <= max && x.fract() == 0.0 => Ok(Some(x as u64)),
-        Some(x) => Err(invalid(format!(
-            "{what}.{key} is {x}; expected a whole number from 0 to {max}"
-        ))),
+        Some(x) => Err(invalid(format!("{what}.{key} is {x}; expected a whole number from 0 to {max}"))),
     }
 }
 
 pub(crate) fn text(obj: &JsValue, key: &str, what: &str) -> Result<Option<String>, WebError> {
     match field(obj, key)? {
         None => Ok(None),
-        Some(v) => v
-            .as_string()
-            .map(Some)
-            .ok_or_else(|| invalid(format!("{what}.{key} must be a string"))),
+        Some(v) => v.as_string().map(Some).ok_or_else(|| invalid(format!("{what}.{key} must be a string"))),
     }
 }
 
@@ -95,17 +86,11 @@ fn optimizer_of(spec: &JsValue) -> Result<Optimizer, WebError> {
             let momentum = number(&o, "momentum", what)?.unwrap_or(0.0) as f32;
             let nesterov = match field(&o, "nesterov")? {
                 None => false,
-                Some(v) => v
-                    .as_bool()
-                    .ok_or_else(|| invalid("optimizer.nesterov must be true or false"))?,
+                Some(v) => v.as_bool().ok_or_else(|| invalid("optimizer.nesterov must be true or false"))?,
             };
             Optimizer::sgd_momentum(lr, momentum).nesterov(nesterov)
         }
-        other => {
-            return Err(invalid(format!(
-                "optimizer.kind is \"{other}\"; expected \"adam\" or \"sgd\""
-            )))
-        }
+        other => return Err(invalid(format!("optimizer.kind is \"{other}\"; expected \"adam\" or \"sgd\""))),
     };
     let opt = opt.weight_decay(number(&o, "weightDecay", what)?.unwrap_or(0.0) as f32);
     opt.validate()?;
@@ -119,9 +104,7 @@ fn config_of(spec: &JsValue) -> Result<DenseConfig, WebError> {
         as usize;
     let layers_js = field(spec, "layers")?.unwrap_or_else(|| Array::new().into());
     if !Array::is_array(&layers_js) {
-        return Err(invalid(
-            "network.layers must be an array of { units, activation }",
-        ));
+        return Err(invalid("network.layers must be an array of { units, activation }"));
     }
     let mut layers = Vec::new();
     for (i, l) in Array::from(&layers_js).iter().enumerate() {
@@ -144,11 +127,7 @@ fn config_of(spec: &JsValue) -> Result<DenseConfig, WebError> {
             "unknown loss \"{loss_name}\"; expected mean_squared_error, binary_cross_entropy or categorical_cross_entropy"
         ))
     })?;
-    let config = DenseConfig {
-        input_size,
-        layers,
-        loss,
-    };
+    let config = DenseConfig { input_size, layers, loss };
     config.validate()?;
     Ok(config)
 }
@@ -169,11 +148,7 @@ fn rows_of(value: &JsValue, width: usize, name: &str) -> Result<(Vec<f32>, usize
         }
         if js_sys::ArrayBuffer::is_view(v) {
             // Any other typed array: converted element by element, as JS would.
-            return Ok(Float64Array::new(v)
-                .to_vec()
-                .into_iter()
-                .map(|x| x as f32)
-                .collect());
+            return Ok(Float64Array::new(v).to_vec().into_iter().map(|x| x as f32).collect());
         }
         if !Array::is_array(v) {
             return Err(invalid(format!("{} must be an array of numbers", at(usize::MAX))));
@@ -182,9 +157,7 @@ fn rows_of(value: &JsValue, width: usize, name: &str) -> Result<(Vec<f32>, usize
             .iter()
             .enumerate()
             .map(|(i, x)| {
-                x.as_f64()
-                    .map(|x| x as f32)
-                    .ok_or_else(|| invalid(format!("{} is not a number", at(i))))
+                x.as_f64().map(|x| x as f32).ok_or_else(|| invalid(format!("{} is not a number", at(i))))
             })
             .collect()
     };
@@ -330,9 +303,7 @@ impl Network {
         }
         let shuffle = match field(&options, "shuffle")? {
             None => true,
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| invalid("fit options.shuffle must be true or false"))?,
+            Some(v) => v.as_bool().ok_or_else(|| invalid("fit options.shuffle must be true or false"))?,
         };
         let seed = match count(&options, "seed", what, MAX_SAFE)? {
             Some(s) => s,
@@ -445,10 +416,7 @@ impl Network {
             let r = net.predict(&xs, rows).await;
             self.give_back(net, None);
             let out = r?;
-            Ok(out
-                .chunks_exact(n_out)
-                .map(|r| JsValue::from(Float32Array::from(r)))
-                .collect::<Array>())
+            Ok(out.chunks_exact(n_out).map(|r| JsValue::from(Float32Array::from(r))).collect::<Array>())
         }
         .await
         .map_err(js_err)
@@ -456,16 +424,12 @@ impl Network {
 
     /// The mean loss over the rows, forward only.
     pub async fn evaluate(&self, x: JsValue, y: JsValue) -> Result<f64, JsError> {
-        self.with_data(&x, &y, async |net, data| net.loss(data).await)
-            .await
-            .map_err(js_err)
+        self.with_data(&x, &y, async |net, data| net.loss(data).await).await.map_err(js_err)
     }
 
     /// Share of rows classified correctly (argmax; a 0.5 threshold for one output).
     pub async fn accuracy(&self, x: JsValue, y: JsValue) -> Result<f64, JsError> {
-        self.with_data(&x, &y, async |net, data| net.accuracy(data).await)
-            .await
-            .map_err(js_err)
+        self.with_data(&x, &y, async |net, data| net.accuracy(data).await).await.map_err(js_err)
     }
 
     /// The network as native `save_json` writes it, parsed: `JSON.stringify(network)`
@@ -490,13 +454,10 @@ impl Network {
     pub fn set_learning_rate(&self, learning_rate: f64) -> Result<(), JsError> {
         let mut s = self.state.borrow_mut();
         let busy = s.busy;
-        let net = s.net.as_mut().ok_or_else(|| {
-            js_err(if busy {
-                WebError::NetworkBusy
-            } else {
-                WebError::NetworkDisposed
-            })
-        })?;
+        let net = s
+            .net
+            .as_mut()
+            .ok_or_else(|| js_err(if busy { WebError::NetworkBusy } else { WebError::NetworkDisposed }))?;
         let mut opt = net.optimizer;
         opt.set_learning_rate(learning_rate as f32);
         opt.validate().map_err(|e| js_err(e.into()))?;

@@ -14,11 +14,7 @@ pub fn tokenizer(json: &str) -> Result<Tokenizer, WebError> {
 }
 
 pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, WebError> {
-    Ok(tokenizer
-        .encode(text, false)
-        .map_err(|e| WebError::Tokenizer(e.to_string()))?
-        .get_ids()
-        .to_vec())
+    Ok(tokenizer.encode(text, false).map_err(|e| WebError::Tokenizer(e.to_string()))?.get_ids().to_vec())
 }
 
 /// The text of `ids`, each checked against `vocab` (the tokenizer's size, added tokens
@@ -29,9 +25,7 @@ pub fn decode(tokenizer: &Tokenizer, vocab: usize, ids: &[u32]) -> Result<String
             "token id {id} is outside the tokenizer's vocabulary of {vocab}"
         )));
     }
-    tokenizer
-        .decode(ids, false)
-        .map_err(|e| WebError::Tokenizer(e.to_string()))
+    tokenizer.decode(ids, false).map_err(|e| WebError::Tokenizer(e.to_string()))
 }
 
 /// Generated ids as text, a token at a time. Byte-level BPE splits characters across
@@ -62,14 +56,7 @@ pub struct Stream<'t> {
 impl<'t> Stream<'t> {
     /// A stream that decodes with `tokenizer`, starting empty.
     pub fn new(tokenizer: &'t Tokenizer) -> Stream<'t> {
-        Stream {
-            tokenizer,
-            ids: Vec::new(),
-            prefix: 0,
-            read: 0,
-            before: 0,
-            text: String::new(),
-        }
+        Stream { tokenizer, ids: Vec::new(), prefix: 0, read: 0, before: 0, text: String::new() }
     }
 
     /// Adds `id` and returns the text it completes (often empty mid-character).
@@ -141,10 +128,7 @@ mod tests {
             assert_eq!(joined, whole);
             assert_eq!(stream.text(), whole);
             // Multi-byte characters were split across tokens, so some pushes waited.
-            assert!(
-                empty > 0 || text.is_ascii(),
-                "{text:?}: no push waited for a character"
-            );
+            assert!(empty > 0 || text.is_ascii(), "{text:?}: no push waited for a character");
         }
         // An unfinished character at the end (one the training text never had, so its four
         // bytes are four tokens): held back from the pieces, U+FFFD in text().
@@ -208,9 +192,7 @@ fn get_number(options: &JsValue, key: &str) -> Result<Option<f64>, WebError> {
     match field(options, key)?.map(|v| v.as_f64()) {
         None => Ok(None),
         Some(Some(x)) if x.is_finite() => Ok(Some(x)),
-        Some(_) => Err(WebError::Invalid(format!(
-            "options.{key} must be a finite number"
-        ))),
+        Some(_) => Err(WebError::Invalid(format!("options.{key} must be a finite number"))),
     }
 }
 
@@ -218,28 +200,22 @@ fn get_number(options: &JsValue, key: &str) -> Result<Option<f64>, WebError> {
 fn get_count(options: &JsValue, key: &str, max: f64) -> Result<Option<u64>, WebError> {
     match get_number(options, key)? {
         Some(x) if x >= 0.0 && x <= max && x.fract() == 0.0 => Ok(Some(x as u64)),
-        Some(x) => Err(WebError::Invalid(format!(
-            "options.{key} is {x}; it must be a whole number from 0 to {max}"
-        ))),
+        Some(x) => {
+            Err(WebError::Invalid(format!("options.{key} is {x}; it must be a whole number from 0 to {max}")))
+        }
         None => Ok(None),
     }
 }
 
 pub fn get_string(options: &JsValue, key: &str) -> Result<Option<String>, WebError> {
     field(options, key)?
-        .map(|v| {
-            v.as_string()
-                .ok_or_else(|| WebError::Invalid(format!("options.{key} must be a string")))
-        })
+        .map(|v| v.as_string().ok_or_else(|| WebError::Invalid(format!("options.{key} must be a string"))))
         .transpose()
 }
 
 fn get_bool(options: &JsValue, key: &str) -> Result<Option<bool>, WebError> {
     field(options, key)?
-        .map(|v| {
-            v.as_bool()
-                .ok_or_else(|| WebError::Invalid(format!("options.{key} must be true or false")))
-        })
+        .map(|v| v.as_bool().ok_or_else(|| WebError::Invalid(format!("options.{key} must be true or false"))))
         .transpose()
 }
 
@@ -277,9 +253,7 @@ impl GenerateOptions {
             )));
         }
         if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
-            return Err(WebError::Invalid(format!(
-                "options.topP is {p}; it must be in (0, 1]"
-            )));
+            return Err(WebError::Invalid(format!("options.topP is {p}; it must be in (0, 1]")));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return Err(WebError::Invalid(format!(

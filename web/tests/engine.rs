@@ -56,9 +56,7 @@ fn file_bytes(m: &TransformerLm, precision: Precision, name: &str) -> Vec<u8> {
 }
 
 fn generate(e: &mut Engine, prompt: &[u32], n: usize, sampler: &mut Sampler) -> Vec<u32> {
-    block_on(e.generate(prompt, n, sampler, None, |_| true, || async {}))
-        .unwrap()
-        .ids
+    block_on(e.generate(prompt, n, sampler, None, |_| true, || async {})).unwrap().ids
 }
 
 /// The engine on the GPU, or None (skip, with the reason) where there is no adapter and
@@ -89,18 +87,11 @@ fn cpu_path_gives_the_native_int8_ids_from_q8_and_f32_files() {
         let prompt = [3u32, 18, 29];
         let want = native.generate(&prompt, 32, &mut Sampler::greedy()).unwrap();
         let right = want.windows(2).filter(|w| w[1] == (5 * w[0] + 3) % 64).count();
-        assert!(
-            right >= 25,
-            "the trained model follows its rule ({right}/31): the ids are not ties"
-        );
+        assert!(right >= 25, "the trained model follows its rule ({right}/31): the ids are not ties");
         for (what, bytes) in [("Q8 file", &q8_file), ("F32 file, quantized on load", &f32_file)] {
             let mut e = block_on(Engine::load(bytes, DeviceChoice::Cpu)).unwrap();
             assert_eq!(e.device(), "cpu");
-            assert_eq!(
-                generate(&mut e, &prompt, 32, &mut Sampler::greedy()),
-                want,
-                "{what}, moe {moe}"
-            );
+            assert_eq!(generate(&mut e, &prompt, 32, &mut Sampler::greedy()), want, "{what}, moe {moe}");
         }
         // A seeded sampled run draws the native ids too (same core sampler, same logits).
         let opts = GenerateOptions {
@@ -110,15 +101,9 @@ fn cpu_path_gives_the_native_int8_ids_from_q8_and_f32_files() {
             repetition_penalty: 1.1,
             ..Default::default()
         };
-        let want = native
-            .generate(&prompt, 32, &mut opts.sampler(42).unwrap())
-            .unwrap();
+        let want = native.generate(&prompt, 32, &mut opts.sampler(42).unwrap()).unwrap();
         let mut e = block_on(Engine::load(&q8_file, DeviceChoice::Cpu)).unwrap();
-        assert_eq!(
-            generate(&mut e, &prompt, 32, &mut opts.sampler(42).unwrap()),
-            want,
-            "sampled, moe {moe}"
-        );
+        assert_eq!(generate(&mut e, &prompt, 32, &mut opts.sampler(42).unwrap()), want, "sampled, moe {moe}");
     }
 }
 
@@ -132,23 +117,11 @@ fn gpu_path_gives_the_native_int8_ids() {
         assert_eq!(e.device(), "webgpu");
         let prompt = [3u32, 18, 29];
         let want = native.generate(&prompt, 32, &mut Sampler::greedy()).unwrap();
-        assert_eq!(
-            generate(&mut e, &prompt, 32, &mut Sampler::greedy()),
-            want,
-            "greedy, moe {moe}"
-        );
-        let s = || {
-            Sampler::temperature(0.8, Some(7))
-                .top_k(16)
-                .repetition_penalty(1.2)
-        };
+        assert_eq!(generate(&mut e, &prompt, 32, &mut Sampler::greedy()), want, "greedy, moe {moe}");
+        let s = || Sampler::temperature(0.8, Some(7)).top_k(16).repetition_penalty(1.2);
         let want = native.generate(&prompt, 32, &mut s()).unwrap();
         e.reset();
-        assert_eq!(
-            generate(&mut e, &prompt, 32, &mut s()),
-            want,
-            "sampled, moe {moe}"
-        );
+        assert_eq!(generate(&mut e, &prompt, 32, &mut s()), want, "sampled, moe {moe}");
     }
 }
 
@@ -174,12 +147,7 @@ fn turns_keep_the_conversation_like_the_native_decoder() {
     engines.extend(on_gpu(&bytes));
     for e in &mut engines {
         for (turn, want) in [&[3u32, 18][..], &[7], &[40, 9]].into_iter().zip(&want) {
-            assert_eq!(
-                &generate(e, turn, 10, &mut Sampler::greedy()),
-                want,
-                "{}",
-                e.device()
-            );
+            assert_eq!(&generate(e, turn, 10, &mut Sampler::greedy()), want, "{}", e.device());
         }
         assert_eq!(e.context().len(), 2 + 10 + 1 + 10 + 2 + 10);
     }
@@ -208,15 +176,8 @@ fn stopping_early_and_the_end_id() {
     .unwrap();
     assert_eq!((g.ids.as_slice(), g.finish), (&all[..5], "stopped"));
     e.reset();
-    let g = block_on(e.generate(
-        &[3],
-        20,
-        &mut Sampler::greedy(),
-        Some(all[7]),
-        |_| true,
-        || async {},
-    ))
-    .unwrap();
+    let g =
+        block_on(e.generate(&[3], 20, &mut Sampler::greedy(), Some(all[7]), |_| true, || async {})).unwrap();
     let first = all.iter().position(|&id| id == all[7]).unwrap();
     assert_eq!((g.ids.as_slice(), g.finish), (&all[..first], "end"));
     // The cache fills: generation ends there, and the next turn asks for a reset.
@@ -234,11 +195,7 @@ fn bad_files_and_ids_are_errors() {
     let mut native = trained(false);
     native.quantize().unwrap();
     let bytes = file_bytes(&native, Precision::Q8, "bad");
-    let load = |b: &[u8]| {
-        block_on(Engine::load(b, DeviceChoice::Cpu))
-            .err()
-            .map(|e| e.to_string())
-    };
+    let load = |b: &[u8]| block_on(Engine::load(b, DeviceChoice::Cpu)).err().map(|e| e.to_string());
     for (what, b) in [
         ("empty", Vec::new()),
         ("truncated", bytes[..bytes.len() / 2].to_vec()),

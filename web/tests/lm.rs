@@ -83,9 +83,7 @@ fn page_steps_track_native_steps_and_the_file_loads_natively() {
         for step in 0..6 {
             let b = batch(&mut rng);
             native.zero_grad().unwrap();
-            let want = native
-                .accumulate_step(&rusting_brain::TokenBatch::new(&b).unwrap())
-                .unwrap();
+            let want = native.accumulate_step(&rusting_brain::TokenBatch::new(&b).unwrap()).unwrap();
             let want_norm = native.step_clipped(1.0, 1.0).unwrap();
             let got = block_on(page.train_step(&b, Some(1.0))).unwrap();
             let l = rel_to_scale("loss", &[got.loss as f32], &[want.lm_loss]);
@@ -94,10 +92,7 @@ fn page_steps_track_native_steps_and_the_file_loads_natively() {
                 "{what} step {step}: loss {:.5} (native {:.5}, {l:.1e}), norm {n:.1e}",
                 got.loss, want.lm_loss
             );
-            assert!(
-                l <= 1e-4 && n <= 1e-4,
-                "{what} step {step}: loss {l:e}, norm {n:e}"
-            );
+            assert!(l <= 1e-4 && n <= 1e-4, "{what} step {step}: loss {l:e}, norm {n:e}");
             assert_eq!(got.tokens, 6 * 24);
         }
         let dir = TempDir::new("web_lm");
@@ -106,11 +101,8 @@ fn page_steps_track_native_steps_and_the_file_loads_natively() {
         std::fs::write(&path, &bytes).unwrap();
         let loaded = TransformerLm::load_bin(&path).unwrap();
         let mut worst = 0.0f32;
-        for ((name, got), (_, want)) in loaded
-            .named_parameters()
-            .unwrap()
-            .iter()
-            .zip(native.named_parameters().unwrap())
+        for ((name, got), (_, want)) in
+            loaded.named_parameters().unwrap().iter().zip(native.named_parameters().unwrap())
         {
             worst = worst.max(rel_to_scale(name, got, &want));
         }
@@ -120,10 +112,7 @@ fn page_steps_track_native_steps_and_the_file_loads_natively() {
         // a function of its tensors and configuration).
         let again = dir.join("again.rbw");
         loaded.save_bin(&again, rusting_brain::Precision::F32).unwrap();
-        assert!(
-            std::fs::read(&again).unwrap() == bytes,
-            "native save_bin writes the page's bytes"
-        );
+        assert!(std::fs::read(&again).unwrap() == bytes, "native save_bin writes the page's bytes");
 
         // Greedy decoding of the exported file: the page's engine (int8, the CPU path) and
         // native int8 give the same ids.
@@ -186,10 +175,7 @@ fn the_tokenizer_trains_and_bad_input_is_an_error() {
         assert!(m.contains("max_seq_len 24"), "{m}");
         assert!(e(block_on(page.train_step(&[], None))).contains("no sequences"));
         assert!(e(block_on(page.train_step(&batch(&mut rng), Some(0.0)))).contains("clip"));
-        assert!(
-            block_on(page.to_bytes()).unwrap() == before,
-            "refused batches left the weights alone"
-        );
+        assert!(block_on(page.to_bytes()).unwrap() == before, "refused batches left the weights alone");
         assert_eq!(page.steps(), 0);
         // After the refusals the model still trains.
         block_on(page.train_step(&batch(&mut rng), None)).unwrap();

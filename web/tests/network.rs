@@ -33,11 +33,8 @@ fn data() -> (Vec<f32>, Vec<f32>) {
 }
 
 fn dataset(x: &[f32], y: &[f32]) -> Dataset {
-    Dataset::new(
-        x.chunks(4).map(<[f32]>::to_vec).collect(),
-        y.chunks(3).map(<[f32]>::to_vec).collect(),
-    )
-    .unwrap()
+    Dataset::new(x.chunks(4).map(<[f32]>::to_vec).collect(), y.chunks(3).map(<[f32]>::to_vec).collect())
+        .unwrap()
 }
 
 fn native(seed: u64) -> Network {
@@ -56,9 +53,7 @@ fn native(seed: u64) -> Network {
 fn native_parameters(n: &Network, dir: &TempDir) -> Vec<(Vec<f32>, Vec<f32>)> {
     let path = dir.join("native.json");
     n.save_json(&path).unwrap();
-    dense_file::from_json(&std::fs::read(&path).unwrap())
-        .unwrap()
-        .parameters
+    dense_file::from_json(&std::fs::read(&path).unwrap()).unwrap().parameters
 }
 
 /// The page's network on `choice`, or None (skip, with the reason) for the GPU where there
@@ -85,10 +80,7 @@ fn assert_same_parameters(what: &str, got: &[(Vec<f32>, Vec<f32>)], want: &[(Vec
         let w = rel_to_scale(&format!("{what} layer {l} weights"), gw, ww);
         let b = rel_to_scale(&format!("{what} layer {l} bias"), gb, wb);
         eprintln!("{what} layer {l}: weights {w:.1e}, bias {b:.1e} of the scale");
-        assert!(
-            w <= 1e-6 && b <= 1e-6,
-            "{what} layer {l}: weights {w:e}, bias {b:e} > 1e-6"
-        );
+        assert!(w <= 1e-6 && b <= 1e-6, "{what} layer {l}: weights {w:e}, bias {b:e} > 1e-6");
     }
 }
 
@@ -99,17 +91,8 @@ fn training_reaches_the_native_weights_on_each_device() {
     // (epochs, batch size, shuffle): three full-batch steps, then shuffled minibatches.
     for (epochs, batch_size, shuffle) in [(3, ROWS, false), (2, 7, true)] {
         let mut want = native(11);
-        let history = want
-            .fit(
-                &dataset(&x, &y),
-                TrainConfig {
-                    epochs,
-                    batch_size,
-                    shuffle,
-                    seed: Some(5),
-                },
-            )
-            .unwrap();
+        let history =
+            want.fit(&dataset(&x, &y), TrainConfig { epochs, batch_size, shuffle, seed: Some(5) }).unwrap();
         let want_params = native_parameters(&want, &dir);
         let config = want.config().unwrap().clone();
         for choice in [DeviceChoice::Cpu, DeviceChoice::WebGpu] {
@@ -117,19 +100,12 @@ fn training_reaches_the_native_weights_on_each_device() {
                 continue;
             };
             let what = format!("{} after {epochs} epochs of {batch_size}", net.device());
-            let data = Rows {
-                x: &x,
-                y: &y,
-                rows: ROWS,
-            };
+            let data = Rows { x: &x, y: &y, rows: ROWS };
             let mut order = EpochOrder::new(ROWS, shuffle, 5);
             for (epoch, want_loss) in history.iter().enumerate() {
                 let got = block_on(net.train_epoch(&data, order.next_epoch(), batch_size)).unwrap() as f32;
                 let rel = rel_to_scale(&format!("{what}: epoch {epoch} loss"), &[got], &[*want_loss]);
-                assert!(
-                    rel <= 1e-6,
-                    "{what}: epoch {epoch} loss {got} against native {want_loss}"
-                );
+                assert!(rel <= 1e-6, "{what}: epoch {epoch} loss {got} against native {want_loss}");
             }
             assert_same_parameters(&what, &block_on(net.parameters()).unwrap(), &want_params);
         }
@@ -141,12 +117,7 @@ fn the_json_file_moves_between_native_and_the_page_both_ways() {
     let (x, y) = data();
     let dir = TempDir::new("web_network_json");
     let mut trained = native(2);
-    let cfg = TrainConfig {
-        epochs: 20,
-        batch_size: 8,
-        shuffle: true,
-        seed: Some(1),
-    };
+    let cfg = TrainConfig { epochs: 20, batch_size: 8, shuffle: true, seed: Some(1) };
     trained.fit(&dataset(&x, &y), cfg).unwrap();
     let path = dir.join("trained.json");
     trained.save_json(&path).unwrap();
@@ -160,37 +131,22 @@ fn the_json_file_moves_between_native_and_the_page_both_ways() {
     let rel = rel_to_scale("page predictions of the native file", &got, &want);
     assert!(rel <= 1e-6, "{rel:e}");
     let written = dense_file::to_json(&block_on(page.snapshot()).unwrap()).unwrap();
-    assert_eq!(
-        written.as_bytes(),
-        text.as_slice(),
-        "the page writes native's file byte for byte"
-    );
+    assert_eq!(written.as_bytes(), text.as_slice(), "the page writes native's file byte for byte");
 
     // The page to native: trained further in the page, loaded natively, the same outputs.
-    let data = Rows {
-        x: &x,
-        y: &y,
-        rows: ROWS,
-    };
+    let data = Rows { x: &x, y: &y, rows: ROWS };
     let mut order = EpochOrder::new(ROWS, true, 9);
     for _ in 0..5 {
         block_on(page.train_epoch(&data, order.next_epoch(), 8)).unwrap();
     }
     let from_page = dir.join("from_page.json");
-    std::fs::write(
-        &from_page,
-        dense_file::to_json(&block_on(page.snapshot()).unwrap()).unwrap(),
-    )
-    .unwrap();
+    std::fs::write(&from_page, dense_file::to_json(&block_on(page.snapshot()).unwrap()).unwrap()).unwrap();
     let mut loaded = Network::load_json(&from_page).unwrap();
     let native_out = loaded.predict_batch(&rows).unwrap().concat();
     let page_out = block_on(page.predict(&x, ROWS)).unwrap();
     let rel = rel_to_scale("native predictions of the page's file", &native_out, &page_out);
     assert!(rel <= 1e-6, "{rel:e}");
-    assert!(
-        rel_to_scale("moved on", &page_out, &want) > 1e-4,
-        "the page's five epochs changed the outputs"
-    );
+    assert!(rel_to_scale("moved on", &page_out, &want) > 1e-4, "the page's five epochs changed the outputs");
 }
 
 #[test]
@@ -202,61 +158,28 @@ fn bad_data_and_files_are_errors_naming_the_place() {
     let before = block_on(net.parameters()).unwrap();
     let err = |r: Result<f64, WebError>| r.unwrap_err().to_string();
 
-    let short = Rows {
-        x: &x[..10],
-        y: &y,
-        rows: ROWS,
-    };
+    let short = Rows { x: &x[..10], y: &y, rows: ROWS };
     assert!(err(block_on(net.train_epoch(&short, &order, 8))).contains("x has 10 values for 40 rows of 4"));
     x[4 * 7 + 2] = f32::NAN;
-    let nan = Rows {
-        x: &x,
-        y: &y,
-        rows: ROWS,
-    };
+    let nan = Rows { x: &x, y: &y, rows: ROWS };
     let m = err(block_on(net.train_epoch(&nan, &order, 8)));
     assert!(m.contains("x row 7, column 2 is NaN"), "{m}");
-    let empty = Rows {
-        x: &[],
-        y: &[],
-        rows: 0,
-    };
+    let empty = Rows { x: &[], y: &[], rows: 0 };
     assert!(err(block_on(net.loss(&empty))).contains("empty"));
     x[4 * 7 + 2] = 0.5;
-    let ok = Rows {
-        x: &x,
-        y: &y,
-        rows: ROWS,
-    };
+    let ok = Rows { x: &x, y: &y, rows: ROWS };
     assert!(err(block_on(net.train_epoch(&ok, &order, 0))).contains("batchSize"));
     assert!(block_on(net.predict(&x[..7], 2)).is_err());
-    assert_eq!(
-        block_on(net.parameters()).unwrap(),
-        before,
-        "failed calls left the weights alone"
-    );
+    assert_eq!(block_on(net.parameters()).unwrap(), before, "failed calls left the weights alone");
 
     // A file cut short, one that lies about a layer's width, and one from a newer version.
     let text = dense_file::to_json(&block_on(net.snapshot()).unwrap()).unwrap();
-    let cut = block_on(DenseNet::from_json(
-        &text.as_bytes()[..text.len() / 2],
-        DeviceChoice::Cpu,
-    ));
-    assert!(
-        matches!(cut, Err(WebError::File(ref m)) if m.contains("line")),
-        "{:?}",
-        cut.err()
-    );
+    let cut = block_on(DenseNet::from_json(&text.as_bytes()[..text.len() / 2], DeviceChoice::Cpu));
+    assert!(matches!(cut, Err(WebError::File(ref m)) if m.contains("line")), "{:?}", cut.err());
     let lying = text.replacen("\"units\": 16", "\"units\": 15", 1);
-    let m = block_on(DenseNet::from_json(lying.as_bytes(), DeviceChoice::Cpu))
-        .err()
-        .unwrap()
-        .to_string();
+    let m = block_on(DenseNet::from_json(lying.as_bytes(), DeviceChoice::Cpu)).err().unwrap().to_string();
     assert!(m.contains("layers[0].weights"), "{m}");
     let newer = text.replacen("\"version\": 1", "\"version\": 9", 1);
-    let m = block_on(DenseNet::from_json(newer.as_bytes(), DeviceChoice::Cpu))
-        .err()
-        .unwrap()
-        .to_string();
+    let m = block_on(DenseNet::from_json(newer.as_bytes(), DeviceChoice::Cpu)).err().unwrap().to_string();
     assert!(m.contains("newer"), "{m}");
 }

@@ -120,10 +120,7 @@ impl Default for DiscreteConfig {
 }
 
 fn invalid(message: String) -> CoreError {
-    CoreError::InvalidArgument {
-        op: "discrete scheduler",
-        message,
-    }
+    CoreError::InvalidArgument { op: "discrete scheduler", message }
 }
 
 /// `torch.linspace(a, b, n)` in f32: the first half from `a`, the second from `b`.
@@ -132,30 +129,16 @@ fn linspace_f32(a: f32, b: f32, n: usize) -> Vec<f32> {
         return vec![a];
     }
     let step = (b - a) / (n - 1) as f32;
-    (0..n)
-        .map(|i| {
-            if i < n / 2 {
-                a + step * i as f32
-            } else {
-                b - step * (n - 1 - i) as f32
-            }
-        })
-        .collect()
+    (0..n).map(|i| if i < n / 2 { a + step * i as f32 } else { b - step * (n - 1 - i) as f32 }).collect()
 }
 
 impl DiscreteConfig {
     /// Checks the settings, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         if self.num_train_timesteps < 2 {
-            return Err(invalid(format!(
-                "num_train_timesteps is {}",
-                self.num_train_timesteps
-            )));
+            return Err(invalid(format!("num_train_timesteps is {}", self.num_train_timesteps)));
         }
-        if ![self.beta_start, self.beta_end]
-            .iter()
-            .all(|b| b.is_finite() && *b > 0.0 && *b < 1.0)
-        {
+        if ![self.beta_start, self.beta_end].iter().all(|b| b.is_finite() && *b > 0.0 && *b < 1.0) {
             return Err(invalid(format!(
                 "betas {} .. {} must lie in (0, 1)",
                 self.beta_start, self.beta_end
@@ -173,10 +156,7 @@ impl DiscreteConfig {
         let betas: Vec<f32> = match self.beta_schedule {
             BetaSchedule::Linear => linspace_f32(self.beta_start as f32, self.beta_end as f32, n),
             BetaSchedule::ScaledLinear => {
-                let (a, b) = (
-                    libm::sqrt(self.beta_start) as f32,
-                    libm::sqrt(self.beta_end) as f32,
-                );
+                let (a, b) = (libm::sqrt(self.beta_start) as f32, libm::sqrt(self.beta_end) as f32);
                 linspace_f32(a, b, n).into_iter().map(|x| x * x).collect()
             }
             BetaSchedule::SquaredCosCapV2 => {
@@ -378,10 +358,7 @@ impl DiscreteSampler {
             Solver::Ddim | Solver::DpmPlusPlus2M => 1.0,
             Solver::Euler | Solver::EulerAncestral => {
                 // NaN-propagating: a NaN sigma must not vanish into the starting scale.
-                let max = self
-                    .sigmas
-                    .iter()
-                    .fold(0.0, |m: f64, &s| if s > m || s.is_nan() { s } else { m });
+                let max = self.sigmas.iter().fold(0.0, |m: f64, &s| if s > m || s.is_nan() { s } else { m });
                 match self.config.spacing {
                     Spacing::Linspace | Spacing::Trailing => max,
                     Spacing::Leading => libm::sqrt(max * max + 1.0),
@@ -448,10 +425,9 @@ impl DiscreteSampler {
                     let (mut x0, eps) = match pred {
                         Prediction::Epsilon => ((s - libm::sqrt(b) * m) / libm::sqrt(a), m),
                         Prediction::Sample => (m, (s - libm::sqrt(a) * m) / libm::sqrt(b)),
-                        Prediction::VPrediction => (
-                            libm::sqrt(a) * s - libm::sqrt(b) * m,
-                            libm::sqrt(a) * m + libm::sqrt(b) * s,
-                        ),
+                        Prediction::VPrediction => {
+                            (libm::sqrt(a) * s - libm::sqrt(b) * m, libm::sqrt(a) * m + libm::sqrt(b) * s)
+                        }
                         Prediction::Flow => return Err(invalid("DDIM does not step a flow velocity".into())),
                     };
                     if self.config.clip_sample {
@@ -566,18 +542,12 @@ impl DiscreteSampler {
         Ok(match self.solver {
             Solver::Euler | Solver::EulerAncestral => {
                 let s = self.sigmas[i];
-                x0.iter()
-                    .zip(noise)
-                    .map(|(&x, &n)| (x as f64 + s * n as f64) as f32)
-                    .collect()
+                x0.iter().zip(noise).map(|(&x, &n)| (x as f64 + s * n as f64) as f32).collect()
             }
             _ => {
                 let a = self.alphas_cumprod[self.timesteps[i] as usize] as f64;
                 let (sa, sb) = (libm::sqrt(a), libm::sqrt(1.0 - a));
-                x0.iter()
-                    .zip(noise)
-                    .map(|(&x, &n)| (sa * x as f64 + sb * n as f64) as f32)
-                    .collect()
+                x0.iter().zip(noise).map(|(&x, &n)| (sa * x as f64 + sb * n as f64) as f32).collect()
             }
         })
     }

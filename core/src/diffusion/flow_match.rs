@@ -64,20 +64,14 @@ impl Default for FlowMatchConfig {
 }
 
 fn invalid(message: alloc::string::String) -> CoreError {
-    CoreError::InvalidArgument {
-        op: "flow-match schedule",
-        message,
-    }
+    CoreError::InvalidArgument { op: "flow-match schedule", message }
 }
 
 impl FlowMatchConfig {
     /// Checks the settings, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         if self.num_train_timesteps < 2 {
-            return Err(invalid(format!(
-                "num_train_timesteps is {}",
-                self.num_train_timesteps
-            )));
+            return Err(invalid(format!("num_train_timesteps is {}", self.num_train_timesteps)));
         }
         if !(self.shift.is_finite() && self.shift > 0.0) {
             return Err(invalid(format!("shift is {}", self.shift)));
@@ -135,21 +129,13 @@ impl FlowMatchConfig {
                 // ends as f32 values (diffusers takes them from an f32 tensor).
                 let at = |s: f64| {
                     let s = s as f32 as f64;
-                    let v = if self.use_dynamic_shifting {
-                        s
-                    } else {
-                        self.shifted(s)
-                    };
+                    let v = if self.use_dynamic_shifting { s } else { self.shifted(s) };
                     v as f32 as f64
                 };
                 let (hi, lo) = (at(1.0) * n_train, at(1.0 / n_train) * n_train);
                 (0..steps)
                     .map(|i| {
-                        let t = if steps == 1 {
-                            hi
-                        } else {
-                            hi + (lo - hi) * i as f64 / (steps - 1) as f64
-                        };
+                        let t = if steps == 1 { hi } else { hi + (lo - hi) * i as f64 / (steps - 1) as f64 };
                         t / n_train
                     })
                     .collect()
@@ -212,10 +198,7 @@ impl FlowMatchEuler {
     ) -> Result<Self> {
         let mut s = config.sigmas(steps, sigmas, mu)?;
         s.push(0.0);
-        Ok(FlowMatchEuler {
-            sigmas: s,
-            num_train_timesteps: config.num_train_timesteps,
-        })
+        Ok(FlowMatchEuler { sigmas: s, num_train_timesteps: config.num_train_timesteps })
     }
 
     /// Steps to run.
@@ -259,10 +242,6 @@ impl FlowMatchEuler {
             .sigmas
             .get(i)
             .ok_or_else(|| invalid(format!("step {i} of a {}-step schedule", self.steps())))?;
-        Ok(x0
-            .iter()
-            .zip(noise)
-            .map(|(&x, &n)| s * n + (1.0 - s) * x)
-            .collect())
+        Ok(x0.iter().zip(noise).map(|(&x, &n)| s * n + (1.0 - s) * x).collect())
     }
 }

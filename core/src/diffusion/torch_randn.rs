@@ -31,9 +31,7 @@ impl Mt19937 {
         state[0] = seed as u32;
         for j in 1..624 {
             let prev = state[j - 1];
-            state[j] = 1_812_433_253u32
-                .wrapping_mul(prev ^ (prev >> 30))
-                .wrapping_add(j as u32);
+            state[j] = 1_812_433_253u32.wrapping_mul(prev ^ (prev >> 30)).wrapping_add(j as u32);
         }
         Mt19937 { state, index: 624 }
     }
@@ -112,10 +110,7 @@ pub struct TorchGenerator {
 impl TorchGenerator {
     /// A generator in the state `torch.Generator().manual_seed(seed)` leaves.
     pub fn new(seed: u64) -> Self {
-        TorchGenerator {
-            mt: Mt19937::new(seed),
-            cached: None,
-        }
+        TorchGenerator { mt: Mt19937::new(seed), cached: None }
     }
 
     /// `n` standard normal values, as `torch.randn(n)` draws them: from 16 values on, f32

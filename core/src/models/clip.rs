@@ -48,12 +48,7 @@ pub struct ClipTextConfig {
 impl ClipTextConfig {
     /// Checks the shapes, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
-        let bad = |message: String| {
-            Err(CoreError::InvalidArgument {
-                op: "clip config",
-                message,
-            })
-        };
+        let bad = |message: String| Err(CoreError::InvalidArgument { op: "clip config", message });
         for (what, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -84,10 +79,7 @@ impl ClipTextConfig {
     pub fn layout(&self) -> Layout {
         let (h, i) = (self.hidden_size, self.intermediate_size);
         let mut l = Layout::default();
-        l.push(
-            "text_model.embeddings.token_embedding.weight".into(),
-            vec![self.vocab_size, h],
-        );
+        l.push("text_model.embeddings.token_embedding.weight".into(), vec![self.vocab_size, h]);
         l.push(
             "text_model.embeddings.position_embedding.weight".into(),
             vec![self.max_position_embeddings, h],
@@ -150,11 +142,7 @@ impl<B: Backend> ClipText<B> {
     ) -> Result<Self> {
         config.validate()?;
         let weights = Weights::with_q8(&backend, &config.layout(), weights, q8)?;
-        Ok(ClipText {
-            backend,
-            config,
-            weights,
-        })
+        Ok(ClipText { backend, config, weights })
     }
 
     /// The architecture.
@@ -165,10 +153,8 @@ impl<B: Backend> ClipText<B> {
     fn layer_norm(&self, prefix: &str, x: &B::Buffer, rows: usize) -> Result<B::Buffer> {
         let (be, h) = (&self.backend, self.config.hidden_size);
         let mut y = be.zeros(rows * h)?;
-        let (w, b) = (
-            self.weights.get(&format!("{prefix}.weight"))?,
-            self.weights.get(&format!("{prefix}.bias"))?,
-        );
+        let (w, b) =
+            (self.weights.get(&format!("{prefix}.weight"))?, self.weights.get(&format!("{prefix}.bias"))?);
         be.layer_norm(&mut y, x, Some(w), Some(b), rows, h, self.config.layer_norm_eps)?;
         Ok(y)
     }
@@ -277,11 +263,6 @@ impl<B: Backend> ClipText<B> {
             }
             None => None,
         };
-        Ok(ClipTextOutput {
-            last_hidden_state,
-            hidden_states,
-            pooled,
-            text_embeds,
-        })
+        Ok(ClipTextOutput { last_hidden_state, hidden_states, pooled, text_embeds })
     }
 }

@@ -30,24 +30,17 @@ pub struct DenseConfig {
 }
 
 fn invalid(message: alloc::string::String) -> CoreError {
-    CoreError::InvalidArgument {
-        op: "dense network",
-        message,
-    }
+    CoreError::InvalidArgument { op: "dense network", message }
 }
 
 impl DenseConfig {
     /// Checks the sizes and settings, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         if self.input_size == 0 {
-            return Err(invalid(
-                "the input size must be at least 1 (call .input_size(n))".into(),
-            ));
+            return Err(invalid("the input size must be at least 1 (call .input_size(n))".into()));
         }
         if self.layers.is_empty() {
-            return Err(invalid(
-                "the network has no layers (add one with .dense(units, activation))".into(),
-            ));
+            return Err(invalid("the network has no layers (add one with .dense(units, activation))".into()));
         }
         for (i, l) in self.layers.iter().enumerate() {
             if l.units == 0 {
@@ -55,9 +48,7 @@ impl DenseConfig {
             }
             if let Activation::LeakyRelu(a) = l.activation {
                 if !a.is_finite() {
-                    return Err(invalid(alloc::format!(
-                        "layer {i}: leaky ReLU slope {a} is not finite"
-                    )));
+                    return Err(invalid(alloc::format!("layer {i}: leaky ReLU slope {a} is not finite")));
                 }
             }
             if l.activation == Activation::Softmax && l.units == 1 {
@@ -72,12 +63,7 @@ impl DenseConfig {
         // training, long after the mistake was made here.
         let last = self.layers[self.layers.len() - 1].activation;
         let probabilities = matches!(last, Activation::Sigmoid | Activation::Softmax);
-        if !probabilities
-            && matches!(
-                self.loss,
-                Loss::BinaryCrossEntropy | Loss::CategoricalCrossEntropy
-            )
-        {
+        if !probabilities && matches!(self.loss, Loss::BinaryCrossEntropy | Loss::CategoricalCrossEntropy) {
             let (loss, fix) = if self.loss == Loss::BinaryCrossEntropy {
                 ("binary cross-entropy", "a sigmoid")
             } else {
@@ -92,11 +78,7 @@ impl DenseConfig {
     }
     /// (inputs, outputs) of layer `l`.
     pub fn fan(&self, l: usize) -> (usize, usize) {
-        let fan_in = if l == 0 {
-            self.input_size
-        } else {
-            self.layers[l - 1].units
-        };
+        let fan_in = if l == 0 { self.input_size } else { self.layers[l - 1].units };
         (fan_in, self.layers[l].units)
     }
     /// Width of an output row (the last layer's units).
@@ -114,9 +96,7 @@ impl DenseConfig {
     }
     /// Multiply-adds of one sample's forward pass.
     pub fn forward_macs(&self) -> usize {
-        (0..self.layers.len())
-            .map(|l| self.fan(l).0 * self.fan(l).1)
-            .sum()
+        (0..self.layers.len()).map(|l| self.fan(l).0 * self.fan(l).1).sum()
     }
 }
 
@@ -174,9 +154,7 @@ impl<B: Backend> DenseModel<B> {
                 Activation::Relu | Activation::LeakyRelu(_) => libm::sqrt(6.0 / fan_in as f64),
                 _ => libm::sqrt(6.0 / (fan_in + fan_out) as f64),
             };
-            let w: Vec<f32> = (0..fan_in * fan_out)
-                .map(|_| rng.uniform(-limit, limit) as f32)
-                .collect();
+            let w: Vec<f32> = (0..fan_in * fan_out).map(|_| rng.uniform(-limit, limit) as f32).collect();
             weights.push(backend.upload(&w)?);
             biases.push(backend.zeros(fan_out)?);
         }
@@ -252,12 +230,7 @@ impl<B: Backend> DenseModel<B> {
     /// Forward pass of `rows` samples (`inputs`: rows x input_size, row-major). Returns the
     /// arena holding the activations; the output is `arena.a.last()`.
     fn forward_into(&mut self, inputs: &[f32], rows: usize) -> Result<usize> {
-        crate::error::check_len(
-            "dense forward",
-            "inputs",
-            inputs.len(),
-            rows * self.config.input_size,
-        )?;
+        crate::error::check_len("dense forward", "inputs", inputs.len(), rows * self.config.input_size)?;
         let ai = self.arena_index(rows)?;
         let (b, cfg, arena) = (&self.backend, &self.config, &mut self.arenas[ai]);
         b.write(&mut arena.input, inputs)?;
@@ -272,13 +245,7 @@ impl<B: Backend> DenseModel<B> {
                 &MatmulSpec::new(rows, fan_out, fan_in).trans_b(true),
             )?;
             b.add_bias(&mut arena.z[l], &self.biases[l], rows, fan_out)?;
-            b.activation_forward(
-                cfg.layers[l].activation,
-                &mut arena.a[l],
-                &arena.z[l],
-                rows,
-                fan_out,
-            )?;
+            b.activation_forward(cfg.layers[l].activation, &mut arena.a[l], &arena.z[l], rows, fan_out)?;
         }
         Ok(ai)
     }
@@ -324,8 +291,7 @@ impl<B: Backend> DenseModel<B> {
         let ai = self.arena_index(rows)?;
         let arena = &self.arenas[ai];
         let out = arena.a.last().expect("validated: at least one layer");
-        self.backend
-            .loss_forward(self.config.loss, out, &arena.target, rows, n_out)
+        self.backend.loss_forward(self.config.loss, out, &arena.target, rows, n_out)
     }
 
     /// Forward and backward of one batch: accumulates the gradients of the batch's mean loss
@@ -356,14 +322,7 @@ impl<B: Backend> DenseModel<B> {
                 n_out,
             )?;
         } else {
-            b.loss_backward(
-                cfg.loss,
-                &mut arena.da[last],
-                &arena.a[last],
-                &arena.target,
-                rows,
-                n_out,
-            )?;
+            b.loss_backward(cfg.loss, &mut arena.da[last], &arena.a[last], &arena.target, rows, n_out)?;
             b.activation_backward(
                 out_act,
                 &mut arena.dz[last],
@@ -449,9 +408,7 @@ impl<B: Backend> DenseModel<B> {
         let one = |x: &B::Buffer| backend.upload(&self.backend.download(x)?);
         let all = |xs: &[B::Buffer]| xs.iter().map(one).collect::<Result<Vec<_>>>();
         let pairs = |xs: &[(B::Buffer, B::Buffer)]| {
-            xs.iter()
-                .map(|(a, b)| Ok((one(a)?, one(b)?)))
-                .collect::<Result<Vec<_>>>()
+            xs.iter().map(|(a, b)| Ok((one(a)?, one(b)?))).collect::<Result<Vec<_>>>()
         };
         let (weights, biases) = (all(&self.weights)?, all(&self.biases)?);
         let (grad_weights, grad_biases) = (all(&self.grad_weights)?, all(&self.grad_biases)?);
@@ -536,11 +493,7 @@ pub struct EpochOrder {
 impl EpochOrder {
     /// The order of `rows` rows, reshuffled each epoch (when `shuffle`) from `seed`.
     pub fn new(rows: usize, shuffle: bool, seed: u64) -> EpochOrder {
-        EpochOrder {
-            rng: Rng::new(seed),
-            order: (0..rows).collect(),
-            shuffle,
-        }
+        EpochOrder { rng: Rng::new(seed), order: (0..rows).collect(), shuffle }
     }
 
     /// The next epoch's row order.

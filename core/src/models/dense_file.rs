@@ -119,10 +119,7 @@ pub fn parse_loss(name: &str) -> Option<Loss> {
 }
 
 fn bad(location: impl Into<String>, message: impl Into<String>) -> CoreError {
-    CoreError::Checkpoint {
-        location: location.into(),
-        message: message.into(),
-    }
+    CoreError::Checkpoint { location: location.into(), message: message.into() }
 }
 
 /// The file's text (pretty-printed JSON). Fails only if the parameters do not match the
@@ -133,11 +130,7 @@ pub fn to_json(file: &DenseFile) -> Result<String> {
     if file.parameters.len() != config.layers.len() {
         return Err(bad(
             "layers",
-            format!(
-                "{} layers but {} parameter pairs",
-                config.layers.len(),
-                file.parameters.len()
-            ),
+            format!("{} layers but {} parameter pairs", config.layers.len(), file.parameters.len()),
         ));
     }
     let opt = &file.optimizer;
@@ -151,11 +144,7 @@ pub fn to_json(file: &DenseFile) -> Result<String> {
             betas: None,
             epsilon: None,
         },
-        OptimizerKind::Adam {
-            beta1,
-            beta2,
-            epsilon,
-        } => OptimizerFile {
+        OptimizerKind::Adam { beta1, beta2, epsilon } => OptimizerFile {
             kind: "adam".into(),
             learning_rate: opt.learning_rate(),
             weight_decay: opt.decay(),
@@ -232,27 +221,19 @@ pub fn from_json(bytes: &[u8]) -> Result<DenseFile> {
             .nesterov(o.nesterov.unwrap_or(false)),
         "adam" => {
             let [b1, b2] = o.betas.unwrap_or([0.9, 0.999]);
-            Optimizer::adam(o.learning_rate)
-                .betas(b1, b2)
-                .epsilon(o.epsilon.unwrap_or(1e-8))
+            Optimizer::adam(o.learning_rate).betas(b1, b2).epsilon(o.epsilon.unwrap_or(1e-8))
         }
         other => return Err(bad("optimizer", format!("unknown optimizer \"{other}\""))),
     }
     .weight_decay(o.weight_decay);
-    optimizer
-        .validate()
-        .map_err(|e| bad("optimizer", e.to_string()))?;
+    optimizer.validate().map_err(|e| bad("optimizer", e.to_string()))?;
     let mut layers = Vec::new();
     let mut parameters = Vec::new();
     let mut fan_in = file.input_size;
     for (l, layer) in file.layers.iter().enumerate() {
         let at = |field: &str| format!("layers[{l}].{field}");
-        let activation = parse_activation(&layer.activation, layer.leaky_slope).ok_or_else(|| {
-            bad(
-                at("activation"),
-                format!("unknown activation \"{}\"", layer.activation),
-            )
-        })?;
+        let activation = parse_activation(&layer.activation, layer.leaky_slope)
+            .ok_or_else(|| bad(at("activation"), format!("unknown activation \"{}\"", layer.activation)))?;
         if layer.weights.len() != layer.units {
             return Err(bad(
                 at("weights"),
@@ -266,32 +247,17 @@ pub fn from_json(bytes: &[u8]) -> Result<DenseFile> {
             ));
         }
         if layer.bias.len() != layer.units {
-            return Err(bad(
-                at("bias"),
-                format!("{} values for {} units", layer.bias.len(), layer.units),
-            ));
+            return Err(bad(at("bias"), format!("{} values for {} units", layer.bias.len(), layer.units)));
         }
         let flat: Vec<f32> = layer.weights.concat();
         if flat.iter().chain(&layer.bias).any(|v| !v.is_finite()) {
             return Err(bad(at("weights"), "a weight or bias is not finite"));
         }
         parameters.push((flat, layer.bias.clone()));
-        layers.push(DenseLayer {
-            units: layer.units,
-            activation,
-        });
+        layers.push(DenseLayer { units: layer.units, activation });
         fan_in = layer.units;
     }
-    let config = DenseConfig {
-        input_size: file.input_size,
-        layers,
-        loss,
-    };
+    let config = DenseConfig { input_size: file.input_size, layers, loss };
     config.validate().map_err(|e| bad("layers", e.to_string()))?;
-    Ok(DenseFile {
-        config,
-        optimizer,
-        seed: file.seed,
-        parameters,
-    })
+    Ok(DenseFile { config, optimizer, seed: file.seed, parameters })
 }

@@ -104,12 +104,7 @@ impl DitConfig {
 
     /// Checks the shapes against each other, naming the first that does not fit.
     pub fn validate(&self) -> Result<()> {
-        let bad = |message: String| {
-            Err(CoreError::InvalidArgument {
-                op: "dit config",
-                message,
-            })
-        };
+        let bad = |message: String| Err(CoreError::InvalidArgument { op: "dit config", message });
         for (what, v) in [
             ("patch_size", self.patch_size),
             ("in_channels", self.in_channels),
@@ -225,18 +220,8 @@ impl DitConfig {
             let last = self.kind == DitKind::Sd3 && n + 1 == self.num_layers;
             let dual = self.kind == DitKind::Sd3 && self.dual_attention_layers.contains(&n);
             if self.kind != DitKind::Flux2 {
-                lin(
-                    &mut l,
-                    &format!("{p}.norm1.linear"),
-                    d,
-                    if dual { 9 * d } else { 6 * d },
-                );
-                lin(
-                    &mut l,
-                    &format!("{p}.norm1_context.linear"),
-                    d,
-                    if last { 2 * d } else { 6 * d },
-                );
+                lin(&mut l, &format!("{p}.norm1.linear"), d, if dual { 9 * d } else { 6 * d });
+                lin(&mut l, &format!("{p}.norm1_context.linear"), d, if last { 2 * d } else { 6 * d });
             }
             for proj in ["to_q", "to_k", "to_v"] {
                 lin(&mut l, &format!("{p}.attn.{proj}"), d, d);
@@ -383,11 +368,7 @@ impl<B: Backend> Dit<B> {
     ) -> Result<Self> {
         config.validate()?;
         let weights = Weights::with_q8(&backend, &config.layout(), weights, q8)?;
-        Ok(Dit {
-            backend,
-            config,
-            weights,
-        })
+        Ok(Dit { backend, config, weights })
     }
 
     /// The architecture.
@@ -406,8 +387,7 @@ impl<B: Backend> Dit<B> {
     fn linear(&self, prefix: &str, x: &B::Buffer, rows: usize, din: usize, dout: usize) -> Result<B::Buffer> {
         let be = &self.backend;
         let mut y = be.zeros(rows * dout)?;
-        self.weights
-            .project(be, &format!("{prefix}.weight"), &mut y, x, rows, din, dout)?;
+        self.weights.project(be, &format!("{prefix}.weight"), &mut y, x, rows, din, dout)?;
         if self.config.bias() {
             be.add_bias(&mut y, self.weights.get(&format!("{prefix}.bias"))?, rows, dout)?;
         }
@@ -456,14 +436,7 @@ impl<B: Backend> Dit<B> {
     /// `(rows, width)` columns `at..at + width` of `x (rows, cols)`.
     fn columns(&self, x: &B::Buffer, rows: usize, cols: usize, at: usize, width: usize) -> Result<B::Buffer> {
         let mut out = self.backend.zeros(rows * width)?;
-        let spec = ColumnCopy {
-            rows,
-            width,
-            src_cols: cols,
-            src_at: at,
-            dst_cols: width,
-            dst_at: 0,
-        };
+        let spec = ColumnCopy { rows, width, src_cols: cols, src_at: at, dst_cols: width, dst_at: 0 };
         self.backend.copy_cols(&mut out, x, &spec)?;
         Ok(out)
     }
@@ -473,14 +446,8 @@ impl<B: Backend> Dit<B> {
         let be = &self.backend;
         let mut out = be.zeros(rows * (ca + cb))?;
         for (src, cols, at) in [(a, ca, 0), (b, cb, ca)] {
-            let spec = ColumnCopy {
-                rows,
-                width: cols,
-                src_cols: cols,
-                src_at: 0,
-                dst_cols: ca + cb,
-                dst_at: at,
-            };
+            let spec =
+                ColumnCopy { rows, width: cols, src_cols: cols, src_at: 0, dst_cols: ca + cb, dst_at: at };
             be.copy_cols(&mut out, src, &spec)?;
         }
         Ok(out)
@@ -519,10 +486,10 @@ impl<B: Backend> Dit<B> {
         let lens: Vec<usize> = streams.iter().map(|s| s.tokens).collect();
         let total: usize = lens.iter().sum();
         let (mut q, mut k, v) = if let [_] = lens[..] {
-            let s = streams.into_iter().next().ok_or(CoreError::InvalidArgument {
-                op: "dit attention",
-                message: "no stream".into(),
-            })?;
+            let s = streams
+                .into_iter()
+                .next()
+                .ok_or(CoreError::InvalidArgument { op: "dit attention", message: "no stream".into() })?;
             (s.q, s.k, s.v)
         } else {
             let n = batch * total * d;
@@ -547,25 +514,12 @@ impl<B: Backend> Dit<B> {
         };
         let (heads, hd) = (self.config.num_attention_heads, self.config.attention_head_dim);
         if let Some((cos, sin)) = rope {
-            let spec = RopePairsSpec {
-                batch,
-                seq: total,
-                heads,
-                head_dim: hd,
-            };
+            let spec = RopePairsSpec { batch, seq: total, heads, head_dim: hd };
             be.rope_pairs(&mut q, cos, sin, &spec)?;
             be.rope_pairs(&mut k, cos, sin, &spec)?;
         }
         let mut out = be.zeros(batch * total * d)?;
-        be.sdpa(
-            &mut out,
-            &q,
-            &k,
-            &v,
-            None,
-            None,
-            &SdpaSpec::new(batch, total, heads, hd),
-        )?;
+        be.sdpa(&mut out, &q, &k, &v, None, None, &SdpaSpec::new(batch, total, heads, hd))?;
         if lens.len() == 1 {
             return Ok(vec![out]);
         }
@@ -596,11 +550,7 @@ impl<B: Backend> Dit<B> {
         let (cfg, be) = (&self.config, &self.backend);
         // FLUX's pipelines pass t / 1000 and the model multiplies back (in f32, as here).
         let scale = if cfg.kind == DitKind::Sd3 { 1.0 } else { 1000.0 };
-        let root = if cfg.kind == DitKind::Flux2 {
-            "time_guidance_embed"
-        } else {
-            "time_text_embed"
-        };
+        let root = if cfg.kind == DitKind::Flux2 { "time_guidance_embed" } else { "time_text_embed" };
         let t: Vec<f32> = input.timestep.iter().map(|t| t * scale).collect();
         let mut temb = self.embed_scalars(&format!("{root}.timestep_embedder"), &t)?;
         if cfg.guidance_embeds {
@@ -664,11 +614,7 @@ impl<B: Backend> Dit<B> {
         } else {
             self.norm_modulate(txt, batch, nt, m_txt, 0, 1)?
         };
-        let n_img2 = if dual {
-            Some(self.norm_modulate(img, batch, ni, m_img, 6, 7)?)
-        } else {
-            None
-        };
+        let n_img2 = if dual { Some(self.norm_modulate(img, batch, ni, m_img, 6, 7)?) } else { None };
         let a = self.stream_qkv(
             &p,
             ["attn.to_q", "attn.to_k", "attn.to_v"],
@@ -738,21 +684,13 @@ impl<B: Backend> Dit<B> {
             // One fused projection: [q | k | v | gate | up].
             let cols = 3 * d + 2 * m;
             let f = self.linear(&format!("{p}.attn.to_qkv_mlp_proj"), &h, rows, d, cols)?;
-            let q = self.head_norm(
-                &format!("{p}.attn.norm_q"),
-                &self.columns(&f, rows, cols, 0, d)?,
-                rows,
-            )?;
-            let k = self.head_norm(
-                &format!("{p}.attn.norm_k"),
-                &self.columns(&f, rows, cols, d, d)?,
-                rows,
-            )?;
+            let q =
+                self.head_norm(&format!("{p}.attn.norm_q"), &self.columns(&f, rows, cols, 0, d)?, rows)?;
+            let k =
+                self.head_norm(&format!("{p}.attn.norm_k"), &self.columns(&f, rows, cols, d, d)?, rows)?;
             let v = self.columns(&f, rows, cols, 2 * d, d)?;
             let mlp = self.swiglu(&f, rows, cols, 3 * d)?;
-            let a = self
-                .attention(vec![Qkv { q, k, v, tokens: s }], batch, rope)?
-                .remove(0);
+            let a = self.attention(vec![Qkv { q, k, v, tokens: s }], batch, rope)?.remove(0);
             let cat = self.concat(&a, &mlp, rows, d, m)?;
             self.linear(&format!("{p}.attn.to_out"), &cat, rows, d + m, d)?
         } else {
@@ -791,10 +729,8 @@ impl<B: Backend> Dit<B> {
         let spec = Conv2dSpec::new(batch, cfg.in_channels, d, h, w, p).stride(p);
         let (_, _, n, (gh, gw)) = spec.check()?;
         let mut grid = be.zeros(n)?;
-        let (weight, bias) = (
-            self.weights.get("pos_embed.proj.weight")?,
-            self.weights.get("pos_embed.proj.bias")?,
-        );
+        let (weight, bias) =
+            (self.weights.get("pos_embed.proj.weight")?, self.weights.get("pos_embed.proj.bias")?);
         be.conv2d(&mut grid, &x, weight, Some(bias), &spec)?;
         let to_tokens = PatchSpec {
             batch,
@@ -821,12 +757,7 @@ impl<B: Backend> Dit<B> {
     pub fn forward(&self, input: &DitInput<'_>) -> Result<Vec<f32>> {
         let (cfg, be) = (&self.config, &self.backend);
         let (d, batch) = (cfg.dim(), input.batch);
-        let bad = |message: String| {
-            Err(CoreError::InvalidDimension {
-                op: "dit forward",
-                message,
-            })
-        };
+        let bad = |message: String| Err(CoreError::InvalidDimension { op: "dit forward", message });
         if batch == 0 {
             return bad("the batch is empty".into());
         }

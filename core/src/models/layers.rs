@@ -26,10 +26,7 @@ impl Layout {
     }
     /// Total number of values.
     pub fn parameter_count(&self) -> usize {
-        self.tensors
-            .iter()
-            .map(|(_, s)| s.iter().product::<usize>())
-            .sum()
+        self.tensors.iter().map(|(_, s)| s.iter().product::<usize>()).sum()
     }
     /// Bytes the tensors take with the matrices `int8` picks held as int8 (a byte a
     /// weight, rows padded to whole f32 words, and an f32 scale a row) and the rest as f32.
@@ -99,10 +96,7 @@ impl<B: Backend> Weights<B> {
             let want: usize = shape.iter().product();
             if let Some((packed, scales)) = q8.get(name) {
                 let [rows, cols] = shape[..] else {
-                    return Err(checkpoint(
-                        name,
-                        format!("int8 needs a matrix; the layout gives {shape:?}"),
-                    ));
+                    return Err(checkpoint(name, format!("int8 needs a matrix; the layout gives {shape:?}")));
                 };
                 let want = (rows * crate::ops::q8::packed_cols(cols), rows);
                 if (backend.len(packed), backend.len(scales)) != want {
@@ -130,15 +124,10 @@ impl<B: Backend> Weights<B> {
                 Some(_) => {}
             }
         }
-        if let Some(extra) = map
-            .keys()
-            .chain(q8.keys())
-            .find(|k| !layout.tensors.iter().any(|(n, _)| n == *k))
+        if let Some(extra) =
+            map.keys().chain(q8.keys()).find(|k| !layout.tensors.iter().any(|(n, _)| n == *k))
         {
-            return Err(checkpoint(
-                extra,
-                "not part of the model the configuration describes",
-            ));
+            return Err(checkpoint(extra, "not part of the model the configuration describes"));
         }
         Ok(Weights { map, q8 })
     }
@@ -146,19 +135,13 @@ impl<B: Backend> Weights<B> {
     /// scales for int8 matrices.
     pub fn bytes(&self, backend: &B) -> usize {
         let f32s: usize = self.map.values().map(|b| backend.len(b)).sum();
-        let q8: usize = self
-            .q8
-            .values()
-            .map(|(p, s)| backend.len(p) + backend.len(s))
-            .sum();
+        let q8: usize = self.q8.values().map(|(p, s)| backend.len(p) + backend.len(s)).sum();
         4 * (f32s + q8)
     }
 
     /// An f32 tensor.
     pub fn get(&self, name: &str) -> Result<&B::Buffer> {
-        self.map
-            .get(name)
-            .ok_or_else(|| checkpoint(name, "missing (or held as int8 where f32 is needed)"))
+        self.map.get(name).ok_or_else(|| checkpoint(name, "missing (or held as int8 where f32 is needed)"))
     }
 
     /// `out = x W^T` for the matrix `name` (a `Linear` weight `(dout, din)`), f32 or int8.
@@ -175,10 +158,7 @@ impl<B: Backend> Weights<B> {
 }
 
 fn checkpoint(name: &str, message: impl Into<String>) -> CoreError {
-    CoreError::Checkpoint {
-        location: String::from(name),
-        message: message.into(),
-    }
+    CoreError::Checkpoint { location: String::from(name), message: message.into() }
 }
 
 /// An activation `(batch, channels, h, w)` on the backend.
@@ -206,13 +186,7 @@ impl<B: Backend> Image<B> {
     }
     /// `data` as an image of this batch, `channels` channels, `h x w`.
     fn with(&self, data: B::Buffer, channels: usize, h: usize, w: usize) -> Image<B> {
-        Image {
-            data,
-            batch: self.batch,
-            channels,
-            h,
-            w,
-        }
+        Image { data, batch: self.batch, channels, h, w }
     }
 }
 
@@ -229,10 +203,7 @@ pub fn conv<B: Backend>(
         .pad_end(pad_end);
     let (_, _, n, (h, wd)) = spec.check()?;
     let mut out = be.zeros(n)?;
-    let (weight, bias) = (
-        w.get(&format!("{prefix}.weight"))?,
-        w.get(&format!("{prefix}.bias"))?,
-    );
+    let (weight, bias) = (w.get(&format!("{prefix}.weight"))?, w.get(&format!("{prefix}.bias"))?);
     be.conv2d(&mut out, &x.data, weight, Some(bias), &spec)?;
     Ok(x.with(out, cout, h, wd))
 }
@@ -241,19 +212,9 @@ pub fn conv<B: Backend>(
 pub fn group_norm<B: Backend>(
     be: &B, w: &Weights<B>, prefix: &str, x: &Image<B>, groups: usize, eps: f32, act: Option<Unary>,
 ) -> Result<Image<B>> {
-    let spec = GroupNormSpec {
-        batch: x.batch,
-        channels: x.channels,
-        spatial: x.h * x.w,
-        groups,
-        eps,
-        act,
-    };
+    let spec = GroupNormSpec { batch: x.batch, channels: x.channels, spatial: x.h * x.w, groups, eps, act };
     let mut out = be.zeros(x.len())?;
-    let (weight, bias) = (
-        w.get(&format!("{prefix}.weight"))?,
-        w.get(&format!("{prefix}.bias"))?,
-    );
+    let (weight, bias) = (w.get(&format!("{prefix}.weight"))?, w.get(&format!("{prefix}.bias"))?);
     be.group_norm(&mut out, &x.data, Some(weight), Some(bias), &spec)?;
     Ok(x.with(out, x.channels, x.h, x.w))
 }
@@ -312,15 +273,7 @@ pub fn spatial_attention<B: Backend>(
     let k = linear(be, w, &format!("{prefix}.to_k"), &tokens, rows, c, c)?;
     let v = linear(be, w, &format!("{prefix}.to_v"), &tokens, rows, c, c)?;
     let mut att = be.zeros(rows * c)?;
-    be.sdpa(
-        &mut att,
-        &q,
-        &k,
-        &v,
-        None,
-        None,
-        &SdpaSpec::new(x.batch, hw, 1, c),
-    )?;
+    be.sdpa(&mut att, &q, &k, &v, None, None, &SdpaSpec::new(x.batch, hw, 1, c))?;
     let o = linear(be, w, &format!("{prefix}.to_out.0"), &att, rows, c, c)?;
     let mut out = be.zeros(x.len())?;
     be.unpatchify(&mut out, &o, &to_tokens)?;

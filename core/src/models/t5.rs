@@ -45,22 +45,14 @@ pub struct T5Config {
 impl T5Config {
     /// Checks the shapes, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
-        let bad = |message: String| {
-            Err(CoreError::InvalidArgument {
-                op: "t5 config",
-                message,
-            })
-        };
+        let bad = |message: String| Err(CoreError::InvalidArgument { op: "t5 config", message });
         for (what, v) in [
             ("vocab_size", self.vocab_size),
             ("d_model", self.d_model),
             ("d_kv", self.d_kv),
             ("d_ff", self.d_ff),
             ("num_heads", self.num_heads),
-            (
-                "relative_attention_max_distance",
-                self.relative_attention_max_distance,
-            ),
+            ("relative_attention_max_distance", self.relative_attention_max_distance),
         ] {
             if v == 0 {
                 return bad(format!("{what} must be at least 1"));
@@ -154,11 +146,7 @@ impl<B: Backend> T5Encoder<B> {
     ) -> Result<Self> {
         config.validate()?;
         let weights = Weights::with_q8(&backend, &config.layout(), weights, q8)?;
-        Ok(T5Encoder {
-            backend,
-            config,
-            weights,
-        })
+        Ok(T5Encoder { backend, config, weights })
     }
 
     /// The architecture.
@@ -169,8 +157,7 @@ impl<B: Backend> T5Encoder<B> {
     /// `x W^T` for the bias-free projection `name`, weight `(dout, din)`.
     fn project(&self, name: &str, x: &B::Buffer, rows: usize, din: usize, dout: usize) -> Result<B::Buffer> {
         let mut y = self.backend.zeros(rows * dout)?;
-        self.weights
-            .project(&self.backend, name, &mut y, x, rows, din, dout)?;
+        self.weights.project(&self.backend, name, &mut y, x, rows, din, dout)?;
         Ok(y)
     }
 
@@ -193,8 +180,7 @@ impl<B: Backend> T5Encoder<B> {
     fn position_bias(&self, seq: usize) -> Result<B::Buffer> {
         let cfg = &self.config;
         let table = self.backend.download(
-            self.weights
-                .get("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")?,
+            self.weights.get("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")?,
         )?;
         let mut bias = vec![0.0f32; cfg.num_heads * seq * seq];
         for q in 0..seq {

@@ -79,12 +79,7 @@ impl UnetConfig {
 
     /// Checks the shapes against each other, naming the first that does not fit.
     pub fn validate(&self) -> Result<()> {
-        let bad = |message: String| {
-            Err(CoreError::InvalidArgument {
-                op: "unet config",
-                message,
-            })
-        };
+        let bad = |message: String| Err(CoreError::InvalidArgument { op: "unet config", message });
         let n = self.block_out_channels.len();
         if n == 0 {
             return bad("block_out_channels is empty".into());
@@ -93,10 +88,7 @@ impl UnetConfig {
             ("down_block_types", self.down_cross.len()),
             ("up_block_types", self.up_cross.len()),
             ("layers_per_block", self.layers_per_block.len()),
-            (
-                "transformer_layers_per_block",
-                self.transformer_layers_per_block.len(),
-            ),
+            ("transformer_layers_per_block", self.transformer_layers_per_block.len()),
             ("attention_head_dim", self.heads.len()),
         ] {
             if len != n {
@@ -108,10 +100,7 @@ impl UnetConfig {
         }
         for (i, (&c, &h)) in self.block_out_channels.iter().zip(&self.heads).enumerate() {
             if c == 0 || !c.is_multiple_of(self.norm_num_groups) {
-                return bad(format!(
-                    "block {i}: {c} channels are not groups of {}",
-                    self.norm_num_groups
-                ));
+                return bad(format!("block {i}: {c} channels are not groups of {}", self.norm_num_groups));
             }
             let cross = self.down_cross[i] || self.up_cross[n - 1 - i] || (self.mid_block && i == n - 1);
             if cross && (h == 0 || !c.is_multiple_of(h)) {
@@ -156,11 +145,7 @@ impl UnetConfig {
         l.linear("time_embedding.linear_1", c0, te);
         l.linear("time_embedding.linear_2", te, te);
         if self.addition_time_embed_dim.is_some() {
-            l.linear(
-                "add_embedding.linear_1",
-                self.projection_class_embeddings_input_dim,
-                te,
-            );
+            l.linear("add_embedding.linear_1", self.projection_class_embeddings_input_dim, te);
             l.linear("add_embedding.linear_2", te, te);
         }
         let n = self.block_out_channels.len();
@@ -170,12 +155,7 @@ impl UnetConfig {
             out = self.block_out_channels[i];
             for j in 0..self.layers_per_block[i] {
                 let p = format!("down_blocks.{i}");
-                self.resnet_layout(
-                    &mut l,
-                    &format!("{p}.resnets.{j}"),
-                    if j == 0 { cin } else { out },
-                    out,
-                );
+                self.resnet_layout(&mut l, &format!("{p}.resnets.{j}"), if j == 0 { cin } else { out }, out);
                 if self.down_cross[i] {
                     self.transformer_layout(
                         &mut l,
@@ -205,11 +185,7 @@ impl UnetConfig {
             let (out, skip_in) = self.up_channels(i);
             let b = n - 1 - i;
             for j in 0..self.layers_per_block[b] + 1 {
-                let skip = if j == self.layers_per_block[b] {
-                    skip_in
-                } else {
-                    out
-                };
+                let skip = if j == self.layers_per_block[b] { skip_in } else { out };
                 let rin = if j == 0 { prev } else { out };
                 let p = format!("up_blocks.{i}");
                 self.resnet_layout(&mut l, &format!("{p}.resnets.{j}"), rin + skip, out);
@@ -262,10 +238,7 @@ impl UnetConfig {
             l.norm(&format!("{b}.norm2"), c);
             l.push(format!("{b}.attn2.to_q.weight"), vec![c, c]);
             for proj in ["to_k", "to_v"] {
-                l.push(
-                    format!("{b}.attn2.{proj}.weight"),
-                    vec![c, self.cross_attention_dim],
-                );
+                l.push(format!("{b}.attn2.{proj}.weight"), vec![c, self.cross_attention_dim]);
             }
             l.linear(&format!("{b}.attn2.to_out.0"), c, c);
             l.norm(&format!("{b}.norm3"), c);
@@ -321,11 +294,7 @@ impl<B: Backend> Unet<B> {
     ) -> Result<Self> {
         config.validate()?;
         let weights = Weights::with_q8(&backend, &config.layout(), weights, q8)?;
-        Ok(Unet {
-            backend,
-            config,
-            weights,
-        })
+        Ok(Unet { backend, config, weights })
     }
 
     /// The architecture.
@@ -346,15 +315,7 @@ impl<B: Backend> Unet<B> {
     /// `x W^T` without a bias.
     fn project(&self, name: &str, x: &B::Buffer, rows: usize, din: usize, dout: usize) -> Result<B::Buffer> {
         let mut y = self.backend.zeros(rows * dout)?;
-        self.weights.project(
-            &self.backend,
-            &format!("{name}.weight"),
-            &mut y,
-            x,
-            rows,
-            din,
-            dout,
-        )?;
+        self.weights.project(&self.backend, &format!("{name}.weight"), &mut y, x, rows, din, dout)?;
         Ok(y)
     }
 
@@ -368,15 +329,7 @@ impl<B: Backend> Unet<B> {
     fn embed(&self, prefix: &str, feats: &[f32], rows: usize, din: usize) -> Result<B::Buffer> {
         let (be, te) = (&self.backend, self.config.time_embed_dim());
         let x = be.upload(feats)?;
-        let h = linear(
-            be,
-            &self.weights,
-            &format!("{prefix}.linear_1"),
-            &x,
-            rows,
-            din,
-            te,
-        )?;
+        let h = linear(be, &self.weights, &format!("{prefix}.linear_1"), &x, rows, din, te)?;
         let h = self.act(Unary::Silu, &h)?;
         linear(be, &self.weights, &format!("{prefix}.linear_2"), &h, rows, te, te)
     }
@@ -402,23 +355,10 @@ impl<B: Backend> Unet<B> {
         let h = group_norm(be, w, &format!("{p}.norm1"), x, g, eps, Some(Unary::Silu))?;
         let mut h = conv(be, w, &format!("{p}.conv1"), &h, cout, 3, 1, 1, 0)?;
         // + time_emb_proj(temb) on every pixel: (batch * cout, 1) x ones(1, hw), added.
-        let t = linear(
-            be,
-            w,
-            &format!("{p}.time_emb_proj"),
-            temb,
-            x.batch,
-            cfg.time_embed_dim(),
-            cout,
-        )?;
+        let t = linear(be, w, &format!("{p}.time_emb_proj"), temb, x.batch, cfg.time_embed_dim(), cout)?;
         let hw = h.h * h.w;
         let ones = be.upload(&vec![1.0; hw])?;
-        be.matmul(
-            &mut h.data,
-            &t,
-            &ones,
-            &MatmulSpec::new(x.batch * cout, hw, 1).accumulate(),
-        )?;
+        be.matmul(&mut h.data, &t, &ones, &MatmulSpec::new(x.batch * cout, hw, 1).accumulate())?;
         let h = group_norm(be, w, &format!("{p}.norm2"), &h, g, eps, Some(Unary::Silu))?;
         let mut h = conv(be, w, &format!("{p}.conv2"), &h, cout, 3, 1, 1, 0)?;
         if x.channels != cout {
@@ -453,24 +393,13 @@ impl<B: Backend> Unet<B> {
         let mut att = be.zeros(batch * nq * c)?;
         let spec = SdpaSpec::new(batch, nq, heads, c / heads).kv_len(nk);
         be.sdpa(&mut att, q, k, v, None, None, &spec)?;
-        linear(
-            be,
-            &self.weights,
-            &format!("{p}.to_out.0"),
-            &att,
-            batch * nq,
-            c,
-            c,
-        )
+        linear(be, &self.weights, &format!("{p}.to_out.0"), &att, batch * nq, c, c)
     }
 
     fn layer_norm(&self, p: &str, x: &B::Buffer, rows: usize, c: usize) -> Result<B::Buffer> {
         let be = &self.backend;
         let mut y = be.zeros(rows * c)?;
-        let (w, b) = (
-            self.weights.get(&format!("{p}.weight"))?,
-            self.weights.get(&format!("{p}.bias"))?,
-        );
+        let (w, b) = (self.weights.get(&format!("{p}.weight"))?, self.weights.get(&format!("{p}.bias"))?);
         // BasicTransformerBlock's norms: LayerNorm with the default eps.
         be.layer_norm(&mut y, x, Some(w), Some(b), rows, c, 1e-5)?;
         Ok(y)
@@ -537,23 +466,11 @@ impl<B: Backend> Unet<B> {
         } else {
             let mut img = be.zeros(x.len())?;
             be.unpatchify(&mut img, &tokens, &spec)?;
-            let img = Image {
-                data: img,
-                batch: x.batch,
-                channels: c,
-                h: x.h,
-                w: x.w,
-            };
+            let img = Image { data: img, batch: x.batch, channels: c, h: x.h, w: x.w };
             out = conv(be, w, &format!("{p}.proj_out"), &img, c, 1, 1, 0, 0)?.data;
         }
         be.axpy(&mut out, 1.0, &x.data)?;
-        Ok(Image {
-            data: out,
-            batch: x.batch,
-            channels: c,
-            h: x.h,
-            w: x.w,
-        })
+        Ok(Image { data: out, batch: x.batch, channels: c, h: x.h, w: x.w })
     }
 
     /// `[a | b]` along the channels.
@@ -573,25 +490,14 @@ impl<B: Backend> Unet<B> {
             };
             be.copy_cols(&mut out, &src.data, &spec)?;
         }
-        Ok(Image {
-            data: out,
-            batch: a.batch,
-            channels: c,
-            h: a.h,
-            w: a.w,
-        })
+        Ok(Image { data: out, batch: a.batch, channels: c, h: a.h, w: a.w })
     }
 
     /// The predicted noise (or velocity), `(batch, out_channels, h, w)`.
     pub fn forward(&self, input: &UnetInput<'_>) -> Result<Vec<f32>> {
         let (be, w, cfg) = (&self.backend, &self.weights, &self.config);
         let batch = input.batch;
-        let bad = |message: String| {
-            Err(CoreError::InvalidDimension {
-                op: "unet forward",
-                message,
-            })
-        };
+        let bad = |message: String| Err(CoreError::InvalidDimension { op: "unet forward", message });
         if batch == 0 {
             return bad("the batch is empty".into());
         }
@@ -638,12 +544,8 @@ impl<B: Backend> Unet<B> {
                 feats.extend_from_slice(&text[b * pd..(b + 1) * pd]);
                 feats.extend_from_slice(&ids[b * 6 * d..(b + 1) * 6 * d]);
             }
-            let aug = self.embed(
-                "add_embedding",
-                &feats,
-                batch,
-                cfg.projection_class_embeddings_input_dim,
-            )?;
+            let aug =
+                self.embed("add_embedding", &feats, batch, cfg.projection_class_embeddings_input_dim)?;
             be.axpy(&mut temb, 1.0, &aug)?;
         }
         let temb = self.act(Unary::Silu, &temb)?;
@@ -729,28 +631,10 @@ impl<B: Backend> Unet<B> {
             }
             if i + 1 < n {
                 let up = upsample2x(be, &x)?;
-                x = conv(
-                    be,
-                    w,
-                    &format!("up_blocks.{i}.upsamplers.0.conv"),
-                    &up,
-                    out,
-                    3,
-                    1,
-                    1,
-                    0,
-                )?;
+                x = conv(be, w, &format!("up_blocks.{i}.upsamplers.0.conv"), &up, out, 3, 1, 1, 0)?;
             }
         }
-        let h = group_norm(
-            be,
-            w,
-            "conv_norm_out",
-            &x,
-            cfg.norm_num_groups,
-            cfg.norm_eps,
-            Some(Unary::Silu),
-        )?;
+        let h = group_norm(be, w, "conv_norm_out", &x, cfg.norm_num_groups, cfg.norm_eps, Some(Unary::Silu))?;
         let out = conv(be, w, "conv_out", &h, cfg.out_channels, 3, 1, 1, 0)?;
         be.download(&out.data)
     }
@@ -759,11 +643,5 @@ impl<B: Backend> Unet<B> {
 fn copy_image<B: Backend>(be: &B, x: &Image<B>) -> Result<Image<B>> {
     let mut data = be.zeros(x.len())?;
     be.copy(&mut data, &x.data)?;
-    Ok(Image {
-        data,
-        batch: x.batch,
-        channels: x.channels,
-        h: x.h,
-        w: x.w,
-    })
+    Ok(Image { data, batch: x.batch, channels: x.channels, h: x.h, w: x.w })
 }

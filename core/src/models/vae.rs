@@ -73,12 +73,7 @@ pub struct LatentBatchNorm {
 impl VaeConfig {
     /// Checks the shapes, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
-        let bad = |message: String| {
-            Err(CoreError::InvalidArgument {
-                op: "vae config",
-                message,
-            })
-        };
+        let bad = |message: String| Err(CoreError::InvalidArgument { op: "vae config", message });
         if self.block_out_channels.is_empty() {
             return bad("block_out_channels is empty".into());
         }
@@ -91,10 +86,7 @@ impl VaeConfig {
         }
         if let Some(bn) = self.latent_bn {
             if bn.patch == 0 || !(bn.eps.is_finite() && bn.eps >= 0.0) {
-                return bad(format!(
-                    "latent batch norm: patch {} and eps {}",
-                    bn.patch, bn.eps
-                ));
+                return bad(format!("latent batch norm: patch {} and eps {}", bn.patch, bn.eps));
             }
         }
         for (what, v) in [
@@ -141,13 +133,11 @@ impl VaeConfig {
 
     /// `(z - shift) * scaling`: the autoencoder's latents as the denoiser sees them.
     pub fn to_denoiser(&self, z: &mut [f32]) {
-        z.iter_mut()
-            .for_each(|v| *v = (*v - self.shift_factor) * self.scaling_factor);
+        z.iter_mut().for_each(|v| *v = (*v - self.shift_factor) * self.scaling_factor);
     }
     /// `z / scaling + shift`: a denoiser's latents back for [`AutoencoderKl::decode`].
     pub fn from_denoiser(&self, z: &mut [f32]) {
-        z.iter_mut()
-            .for_each(|v| *v = *v / self.scaling_factor + self.shift_factor);
+        z.iter_mut().for_each(|v| *v = *v / self.scaling_factor + self.shift_factor);
     }
 
     /// Every tensor, under diffusers' names, in definition order.
@@ -171,12 +161,7 @@ impl VaeConfig {
         l.norm("encoder.conv_norm_out", top);
         l.conv("encoder.conv_out", top, 2 * self.latent_channels, 3);
         if self.use_quant_conv {
-            l.conv(
-                "quant_conv",
-                2 * self.latent_channels,
-                2 * self.latent_channels,
-                1,
-            );
+            l.conv("quant_conv", 2 * self.latent_channels, 2 * self.latent_channels, 1);
         }
         // Decoder
         if self.use_post_quant_conv {
@@ -264,11 +249,7 @@ impl<B: Backend> AutoencoderKl<B> {
     pub fn new(backend: B, config: VaeConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         config.validate()?;
         let weights = Weights::new(&backend, &config.layout(), weights)?;
-        Ok(AutoencoderKl {
-            backend,
-            config,
-            weights,
-        })
+        Ok(AutoencoderKl { backend, config, weights })
     }
 
     /// The architecture.
@@ -283,22 +264,11 @@ impl<B: Backend> AutoencoderKl<B> {
     fn image_in(&self, data: &[f32], batch: usize, channels: usize, h: usize, w: usize) -> Result<Image<B>> {
         let want = crate::error::product("vae", &[batch, channels, h, w])?;
         crate::error::check_len("vae", "input", data.len(), want)?;
-        Ok(Image {
-            data: self.backend.upload(data)?,
-            batch,
-            channels,
-            h,
-            w,
-        })
+        Ok(Image { data: self.backend.upload(data)?, batch, channels, h, w })
     }
 
     fn mid(&self, part: &str, x: &Image<B>) -> Result<Image<B>> {
-        let (be, w, g, act) = (
-            &self.backend,
-            &self.weights,
-            self.config.norm_num_groups,
-            self.config.act,
-        );
+        let (be, w, g, act) = (&self.backend, &self.weights, self.config.norm_num_groups, self.config.act);
         let c = x.channels;
         let mut x = resnet(be, w, &format!("{part}.mid_block.resnets.0"), x, c, g, EPS, act)?;
         if self.config.mid_block_add_attention {
@@ -324,69 +294,30 @@ impl<B: Backend> AutoencoderKl<B> {
         let mut x = conv(be, wt, "encoder.conv_in", &x, bo[0], 3, 1, 1, 0)?;
         for (i, &out) in bo.iter().enumerate() {
             for j in 0..cfg.layers_per_block {
-                x = resnet(
-                    be,
-                    wt,
-                    &format!("encoder.down_blocks.{i}.resnets.{j}"),
-                    &x,
-                    out,
-                    g,
-                    EPS,
-                    act,
-                )?;
+                x = resnet(be, wt, &format!("encoder.down_blocks.{i}.resnets.{j}"), &x, out, g, EPS, act)?;
             }
             if i + 1 < bo.len() {
                 // F.pad(x, (0, 1, 0, 1)), then 3x3 with stride 2: exactly half the size.
                 let c = x.channels;
-                x = conv(
-                    be,
-                    wt,
-                    &format!("encoder.down_blocks.{i}.downsamplers.0.conv"),
-                    &x,
-                    c,
-                    3,
-                    2,
-                    0,
-                    1,
-                )?;
+                x = conv(be, wt, &format!("encoder.down_blocks.{i}.downsamplers.0.conv"), &x, c, 3, 2, 0, 1)?;
             }
         }
         let x = self.mid("encoder", &x)?;
         let x = group_norm(be, wt, "encoder.conv_norm_out", &x, g, EPS, Some(act))?;
-        let mut x = conv(
-            be,
-            wt,
-            "encoder.conv_out",
-            &x,
-            2 * cfg.latent_channels,
-            3,
-            1,
-            1,
-            0,
-        )?;
+        let mut x = conv(be, wt, "encoder.conv_out", &x, 2 * cfg.latent_channels, 3, 1, 1, 0)?;
         if cfg.use_quant_conv {
             x = conv(be, wt, "quant_conv", &x, 2 * cfg.latent_channels, 1, 1, 0, 0)?;
         }
         // Channels [0, L) are the mean, [L, 2L) the log-variance, per image.
         let moments = be.download(&x.data)?;
         let (l, hw) = (cfg.latent_channels, x.h * x.w);
-        let (mut mean, mut logvar) = (
-            Vec::with_capacity(batch * l * hw),
-            Vec::with_capacity(batch * l * hw),
-        );
+        let (mut mean, mut logvar) = (Vec::with_capacity(batch * l * hw), Vec::with_capacity(batch * l * hw));
         for b in 0..batch {
             let m = &moments[b * 2 * l * hw..(b + 1) * 2 * l * hw];
             mean.extend_from_slice(&m[..l * hw]);
             logvar.extend(m[l * hw..].iter().map(|v| v.clamp(-30.0, 20.0)));
         }
-        Ok(LatentDist {
-            mean,
-            logvar,
-            batch,
-            channels: l,
-            h: x.h,
-            w: x.w,
-        })
+        Ok(LatentDist { mean, logvar, batch, channels: l, h: x.h, w: x.w })
     }
 
     /// Decodes `latent (batch, latent_channels, h, w)` to `(batch, out_channels, h * f, w * f)`,
@@ -409,30 +340,11 @@ impl<B: Backend> AutoencoderKl<B> {
         let mut x = self.mid("decoder", &x)?;
         for (i, &out) in bo.iter().rev().enumerate() {
             for j in 0..=cfg.layers_per_block {
-                x = resnet(
-                    be,
-                    wt,
-                    &format!("decoder.up_blocks.{i}.resnets.{j}"),
-                    &x,
-                    out,
-                    g,
-                    EPS,
-                    act,
-                )?;
+                x = resnet(be, wt, &format!("decoder.up_blocks.{i}.resnets.{j}"), &x, out, g, EPS, act)?;
             }
             if i + 1 < bo.len() {
                 let up = upsample2x(be, &x)?;
-                x = conv(
-                    be,
-                    wt,
-                    &format!("decoder.up_blocks.{i}.upsamplers.0.conv"),
-                    &up,
-                    out,
-                    3,
-                    1,
-                    1,
-                    0,
-                )?;
+                x = conv(be, wt, &format!("decoder.up_blocks.{i}.upsamplers.0.conv"), &up, out, 3, 1, 1, 0)?;
             }
         }
         let x = group_norm(be, wt, "decoder.conv_norm_out", &x, g, EPS, Some(act))?;

@@ -135,8 +135,6 @@ impl ActivationOps for ReferenceBackend {
         &self, act: Activation, dinp: &mut Vec<f32>, dout: &Vec<f32>, inp: &Vec<f32>, out: &Vec<f32>,
         rows: usize, cols: usize,
     ) -> Result<()> {
-        in_f64([dinp], |[d]| {
-            activation_backward(act, d, &wide(dout), &wide(inp), &wide(out), rows, cols)
-        })
+        in_f64([dinp], |[d]| activation_backward(act, d, &wide(dout), &wide(inp), &wide(out), rows, cols))
     }
 }

@@ -41,15 +41,7 @@ pub struct AttentionSpec {
 impl AttentionSpec {
     /// Self-attention over a full sequence (training): `kv_len == kv_capacity == q_len`.
     pub fn causal(batch: usize, seq: usize, q_heads: usize, kv_heads: usize, head_dim: usize) -> Self {
-        AttentionSpec {
-            batch,
-            q_len: seq,
-            kv_len: seq,
-            kv_capacity: seq,
-            q_heads,
-            kv_heads,
-            head_dim,
-        }
+        AttentionSpec { batch, q_len: seq, kv_len: seq, kv_capacity: seq, q_heads, kv_heads, head_dim }
     }
 
     /// Validates the spec; returns `(len of q/out, len of k/v, len of lse)`.
@@ -252,9 +244,7 @@ impl AttentionOps for ReferenceBackend {
         &self, out: &mut Vec<f32>, lse: &mut Vec<f32>, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>,
         spec: &AttentionSpec,
     ) -> Result<()> {
-        in_f64([out, lse], |[o, l]| {
-            attention_forward(o, l, &wide(q), &wide(k), &wide(v), spec)
-        })
+        in_f64([out, lse], |[o, l]| attention_forward(o, l, &wide(q), &wide(k), &wide(v), spec))
     }
     fn attention_backward(
         &self, dq: &mut Vec<f32>, dk: &mut Vec<f32>, dv: &mut Vec<f32>, dout: &Vec<f32>, q: &Vec<f32>,

@@ -154,15 +154,8 @@ impl Conv2dSpec {
         }
         let (oh, ow) = self.out_size()?;
         let inp = product(OP, &[self.batch, self.in_channels, self.height, self.width])?;
-        let weight = product(
-            OP,
-            &[
-                self.out_channels,
-                self.in_channels / self.groups,
-                self.kernel.0,
-                self.kernel.1,
-            ],
-        )?;
+        let weight =
+            product(OP, &[self.out_channels, self.in_channels / self.groups, self.kernel.0, self.kernel.1])?;
         let out = product(OP, &[self.batch, self.out_channels, oh, ow])?;
         Ok((inp, weight, out, (oh, ow)))
     }
@@ -191,10 +184,7 @@ impl Conv2dSpec {
 }
 
 fn invalid(message: alloc::string::String) -> CoreError {
-    CoreError::InvalidDimension {
-        op: "conv2d",
-        message,
-    }
+    CoreError::InvalidDimension { op: "conv2d", message }
 }
 
 /// `out = conv(inp, weight) + bias`; see the module docs for layouts.

@@ -43,12 +43,7 @@ pub fn check_cross_entropy(
     }
     let counted = |r: usize| mask.is_none_or(|m| m[r]);
     match (0..rows).find(|&r| counted(r) && targets[r] as usize >= vocab) {
-        Some(r) => Err(CoreError::IdOutOfRange {
-            op: OP,
-            id: targets[r],
-            index: r,
-            vocab,
-        }),
+        Some(r) => Err(CoreError::IdOutOfRange { op: OP, id: targets[r], index: r, vocab }),
         None => Ok(()),
     }
 }
@@ -121,8 +116,6 @@ impl CrossEntropyOps for ReferenceBackend {
         &self, logits: &mut Vec<f32>, targets: &[u32], mask: Option<&[bool]>, rows: usize, vocab: usize,
         grad_scale: Option<f32>,
     ) -> Result<CrossEntropySum> {
-        in_f64([logits], |[l]| {
-            cross_entropy(l, targets, mask, rows, vocab, grad_scale)
-        })
+        in_f64([logits], |[l]| cross_entropy(l, targets, mask, rows, vocab, grad_scale))
     }
 }

@@ -48,14 +48,7 @@ pub fn add_bias<T: Real>(out: &mut [T], bias: &[T], rows: usize, cols: usize) ->
 
 /// dbias += sum over rows of dout (accumulated); dout: (rows, cols).
 pub fn bias_backward<T: Real>(dbias: &mut [T], dout: &[T], rows: usize, cols: usize) -> Result<()> {
-    check_bias(
-        "bias_backward",
-        ["dout", "dbias"],
-        dout.len(),
-        dbias.len(),
-        rows,
-        cols,
-    )?;
+    check_bias("bias_backward", ["dout", "dbias"], dout.len(), dbias.len(), rows, cols)?;
     for row in dout.chunks_exact(cols) {
         for (d, &g) in dbias.iter_mut().zip(row) {
             *d += g;

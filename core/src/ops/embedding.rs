@@ -11,12 +11,7 @@ use alloc::vec::Vec;
 /// Checks every id against the table size, naming the first bad one.
 pub fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
     match ids.iter().position(|&id| id as usize >= vocab) {
-        Some(index) => Err(CoreError::IdOutOfRange {
-            op,
-            id: ids[index],
-            index,
-            vocab,
-        }),
+        Some(index) => Err(CoreError::IdOutOfRange { op, id: ids[index], index, vocab }),
         None => Ok(()),
     }
 }
@@ -38,15 +33,7 @@ pub fn check_embedding(
 pub fn embedding_forward<T: Real>(
     out: &mut [T], table: &[T], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
-    check_embedding(
-        "embedding_forward",
-        ["table", "out"],
-        table.len(),
-        out.len(),
-        ids,
-        vocab,
-        dim,
-    )?;
+    check_embedding("embedding_forward", ["table", "out"], table.len(), out.len(), ids, vocab, dim)?;
     for (r, &id) in ids.iter().enumerate() {
         let id = id as usize;
         out[r * dim..(r + 1) * dim].copy_from_slice(&table[id * dim..(id + 1) * dim]);
@@ -58,15 +45,7 @@ pub fn embedding_forward<T: Real>(
 pub fn embedding_backward<T: Real>(
     dtable: &mut [T], dout: &[T], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
-    check_embedding(
-        "embedding_backward",
-        ["dtable", "dout"],
-        dtable.len(),
-        dout.len(),
-        ids,
-        vocab,
-        dim,
-    )?;
+    check_embedding("embedding_backward", ["dtable", "dout"], dtable.len(), dout.len(), ids, vocab, dim)?;
     for (r, &id) in ids.iter().enumerate() {
         let id = id as usize;
         for i in 0..dim {
@@ -97,8 +76,6 @@ impl EmbeddingOps for ReferenceBackend {
     fn embedding_backward(
         &self, dtable: &mut Vec<f32>, dout: &Vec<f32>, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
-        in_f64([dtable], |[d]| {
-            embedding_backward(d, &wide(dout), ids, vocab, dim)
-        })
+        in_f64([dtable], |[d]| embedding_backward(d, &wide(dout), ids, vocab, dim))
     }
 }

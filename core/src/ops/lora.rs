@@ -97,12 +97,7 @@ impl LoraSpec {
         ] {
             let end = offset + self.rows * width;
             if len < end {
-                return Err(CoreError::ShapeMismatch {
-                    op,
-                    what,
-                    expected: end,
-                    actual: len,
-                });
+                return Err(CoreError::ShapeMismatch { op, what, expected: end, actual: len });
             }
         }
         Ok(())
@@ -120,14 +115,7 @@ pub fn lora_forward<T: Real>(
 
 /// The first half of [`lora_forward`]: `t = x A^T`.
 pub fn lora_down<T: Real>(t: &mut [T], x: &[T], a: &[T], s: &LoraSpec) -> Result<()> {
-    s.check(
-        "lora_down",
-        x.len(),
-        s.y_offset + s.rows * s.d_out,
-        t.len(),
-        a.len(),
-        s.d_out * s.rank,
-    )?;
+    s.check("lora_down", x.len(), s.y_offset + s.rows * s.d_out, t.len(), a.len(), s.d_out * s.rank)?;
     let (r, di) = (s.rank, s.d_in);
     for i in 0..s.rows {
         let xi = &x[s.x_offset + i * di..][..di];
@@ -144,14 +132,7 @@ pub fn lora_down<T: Real>(t: &mut [T], x: &[T], a: &[T], s: &LoraSpec) -> Result
 
 /// The second half of [`lora_forward`]: `y += scale * t B^T`.
 pub fn lora_up<T: Real>(y: &mut [T], t: &[T], b: &[T], s: &LoraSpec) -> Result<()> {
-    s.check(
-        "lora_up",
-        s.x_offset + s.rows * s.d_in,
-        y.len(),
-        t.len(),
-        s.rank * s.d_in,
-        b.len(),
-    )?;
+    s.check("lora_up", s.x_offset + s.rows * s.d_in, y.len(), t.len(), s.rank * s.d_in, b.len())?;
     let (r, dout) = (s.rank, s.d_out);
     let scale = T::from_f32(s.scale);
     for i in 0..s.rows {
@@ -247,31 +228,10 @@ pub trait LoraOps: MatmulOps {
         b: &Self::Buffer, s: &LoraSpec,
     ) -> Result<()> {
         let op = "lora_backward";
-        s.check(
-            op,
-            self.len(x),
-            self.len(dy),
-            self.len(t),
-            self.len(a),
-            self.len(b),
-        )?;
-        s.check(
-            op,
-            self.len(x),
-            self.len(dy),
-            self.len(dt),
-            self.len(da),
-            self.len(db),
-        )?;
+        s.check(op, self.len(x), self.len(dy), self.len(t), self.len(a), self.len(b))?;
+        s.check(op, self.len(x), self.len(dy), self.len(dt), self.len(da), self.len(db))?;
         if let Some(dx) = &dx {
-            s.check(
-                op,
-                self.len(dx),
-                self.len(dy),
-                self.len(t),
-                self.len(a),
-                self.len(b),
-            )?;
+            s.check(op, self.len(dx), self.len(dy), self.len(t), self.len(a), self.len(b))?;
         }
         if s.rows == 0 {
             return Ok(());
@@ -283,19 +243,10 @@ pub trait LoraOps: MatmulOps {
             db,
             dy,
             t,
-            &mm(dout, r, rows)
-                .trans_a(true)
-                .alpha(s.scale)
-                .accumulate()
-                .window(yo, to, 0),
+            &mm(dout, r, rows).trans_a(true).alpha(s.scale).accumulate().window(yo, to, 0),
         )?;
         self.matmul(dt, dy, b, &mm(rows, r, dout).alpha(s.scale).window(yo, 0, to))?;
-        self.matmul(
-            da,
-            dt,
-            x,
-            &mm(r, di, rows).trans_a(true).accumulate().window(to, xo, 0),
-        )?;
+        self.matmul(da, dt, x, &mm(r, di, rows).trans_a(true).accumulate().window(to, xo, 0))?;
         if let Some(dx) = dx {
             self.matmul(dx, dt, a, &mm(rows, di, r).accumulate().window(to, 0, xo))?;
         }
@@ -326,18 +277,7 @@ impl LoraOps for ReferenceBackend {
             }
         };
         in_f64([dx, da, db, dt], |[dx, da, db, dt]| {
-            lora_backward(
-                dx,
-                da,
-                db,
-                dt,
-                &wide(dy),
-                &wide(x),
-                &wide(t),
-                &wide(a),
-                &wide(b),
-                s,
-            )
+            lora_backward(dx, da, db, dt, &wide(dy), &wide(x), &wide(t), &wide(a), &wide(b), s)
         })
     }
 }
@@ -355,14 +295,7 @@ pub fn lora_forward_by_gemm<B: MatmulOps + ?Sized>(
         return Ok(());
     }
     let mm = |m, n, k| MatmulSpec::new(m, n, k).precision(s.precision);
-    backend.matmul(
-        t,
-        x,
-        a,
-        &mm(s.rows, s.rank, s.d_in)
-            .trans_b(true)
-            .window(s.x_offset, 0, s.t_offset),
-    )?;
+    backend.matmul(t, x, a, &mm(s.rows, s.rank, s.d_in).trans_b(true).window(s.x_offset, 0, s.t_offset))?;
     backend.matmul(
         y,
         t,
@@ -397,12 +330,8 @@ mod tests {
     fn backward_matches_finite_differences() {
         let mut rng = crate::Rng::new(7);
         let s = LoraSpec::new(3, 5, 4, 2, 1.5);
-        let (x, a, b, g) = (
-            randn(&mut rng, 15),
-            randn(&mut rng, 10),
-            randn(&mut rng, 8),
-            randn(&mut rng, 12),
-        );
+        let (x, a, b, g) =
+            (randn(&mut rng, 15), randn(&mut rng, 10), randn(&mut rng, 8), randn(&mut rng, 12));
         let mut t = vec![0.0; 6];
         let mut y = vec![0.0; 12];
         lora_forward(&mut y, &mut t, &x, &a, &b, &s).unwrap();
@@ -417,11 +346,7 @@ mod tests {
                 p[which][i] -= 2.0 * h;
                 let down = loss(&p[0], &p[1], &p[2], &g, &s);
                 let fd = (up - down) / (2.0 * h);
-                assert!(
-                    (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
-                    "{which}[{i}]: {fd} vs {}",
-                    grad[i]
-                );
+                assert!((fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()), "{which}[{i}]: {fd} vs {}", grad[i]);
             }
         }
     }

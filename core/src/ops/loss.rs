@@ -151,15 +151,11 @@ impl LossOps for ReferenceBackend {
     fn loss_backward(
         &self, l: Loss, dpred: &mut Vec<f32>, pred: &Vec<f32>, target: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
-        in_f64([dpred], |[d]| {
-            loss_backward(l, d, &wide(pred), &wide(target), rows, cols)
-        })
+        in_f64([dpred], |[d]| loss_backward(l, d, &wide(pred), &wide(target), rows, cols))
     }
     fn fused_output_backward(
         &self, l: Loss, dlogits: &mut Vec<f32>, pred: &Vec<f32>, target: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
-        in_f64([dlogits], |[d]| {
-            fused_output_backward(l, d, &wide(pred), &wide(target), rows, cols)
-        })
+        in_f64([dlogits], |[d]| fused_output_backward(l, d, &wide(pred), &wide(target), rows, cols))
     }
 }

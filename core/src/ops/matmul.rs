@@ -175,10 +175,7 @@ impl MatmulSpec {
                 &a[w.a..w.a + la],
                 &b[w.b..w.b + lb],
                 &mut c[w.c..w.c + lc],
-                MatmulSpec {
-                    window: None,
-                    ..*self
-                },
+                MatmulSpec { window: None, ..*self },
             )),
         }
     }
@@ -220,11 +217,7 @@ pub fn matmul<T: Real>(c: &mut [T], a: &[T], b: &[T], spec: &MatmulSpec) -> Resu
                     let bv = if spec.trans_b { b[j * k + p] } else { b[p * n + j] };
                     acc += operand(av, spec.precision) * operand(bv, spec.precision);
                 }
-                let old = if spec.beta == 0.0 {
-                    T::ZERO
-                } else {
-                    beta * c[i * n + j]
-                };
+                let old = if spec.beta == 0.0 { T::ZERO } else { beta * c[i * n + j] };
                 c[i * n + j] = alpha * acc + old;
             }
         }

@@ -26,12 +26,7 @@ pub struct ModulationSpec {
 impl ModulationSpec {
     /// A spec of `batch x tokens x dim` with `stride` columns of modulation a row.
     pub fn new(batch: usize, tokens: usize, dim: usize, stride: usize) -> Self {
-        ModulationSpec {
-            batch,
-            tokens,
-            dim,
-            stride,
-        }
+        ModulationSpec { batch, tokens, dim, stride }
     }
 
     /// Checks `x`'s and `mods`' lengths and that each chunk offset fits in a row.
@@ -166,12 +161,7 @@ pub fn rope_pairs<T: Real>(x: &mut [T], cos: &[T], sin: &[T], spec: &RopePairsSp
         });
     }
     let half = spec.head_dim / 2;
-    check_len(
-        OP,
-        "x",
-        x.len(),
-        product(OP, &[spec.batch, spec.seq, spec.heads, spec.head_dim])?,
-    )?;
+    check_len(OP, "x", x.len(), product(OP, &[spec.batch, spec.seq, spec.heads, spec.head_dim])?)?;
     check_len(OP, "cos", cos.len(), product(OP, &[spec.seq, half])?)?;
     check_len(OP, "sin", sin.len(), spec.seq * half)?;
     let token = spec.heads * spec.head_dim;

@@ -73,9 +73,7 @@ impl Routing {
     /// Fraction of the routed slots each expert received.
     pub fn usage(&self) -> Vec<f64> {
         let slots = (self.tokens * self.top_k).max(1) as f64;
-        (0..self.n_experts)
-            .map(|e| self.rows(e).1 as f64 / slots)
-            .collect()
+        (0..self.n_experts).map(|e| self.rows(e).1 as f64 / slots).collect()
     }
 
     /// Routes `n` tokens from their router `logits` `(n, n_experts)`, reusing this value's
@@ -93,10 +91,7 @@ impl Routing {
         }
         check_len(OP, "logits", logits.len(), product(OP, &[n, n_experts])?)?;
         if let Some(&v) = logits.iter().find(|v| !v.is_finite()) {
-            return Err(CoreError::NonFinite {
-                op: OP,
-                value: v as f64,
-            });
+            return Err(CoreError::NonFinite { op: OP, value: v as f64 });
         }
         self.tokens = n;
         self.n_experts = n_experts;
@@ -139,11 +134,7 @@ impl Routing {
                 }
                 chosen.push(best);
             }
-            let norm: f64 = if renormalize {
-                chosen.iter().map(|&i| p[i]).sum()
-            } else {
-                1.0
-            };
+            let norm: f64 = if renormalize { chosen.iter().map(|&i| p[i]).sum() } else { 1.0 };
             for &i in &chosen {
                 counts[i] += 1;
                 self.expert.push(i as u32);
@@ -170,10 +161,8 @@ impl Routing {
         }
         let slots = (n * k).max(1) as f64;
         let tokens = n.max(1) as f64;
-        self.load_balance = e_n as f64
-            * (0..e_n)
-                .map(|i| counts[i] as f64 / slots * prob_sum[i] / tokens)
-                .sum::<f64>();
+        self.load_balance =
+            e_n as f64 * (0..e_n).map(|i| counts[i] as f64 / slots * prob_sum[i] / tokens).sum::<f64>();
         self.z_loss = z / tokens;
         Ok(())
     }
@@ -189,19 +178,15 @@ impl Routing {
         let slots = (n * k).max(1) as f64;
         let tokens = n.max(1) as f64;
         // d(load balance)/dP_i = n_experts * f_i, and P_i is a mean over tokens.
-        let dlb: Vec<f64> = (0..e_n)
-            .map(|i| lb_scale as f64 * e_n as f64 * self.rows(i).1 as f64 / slots / tokens)
-            .collect();
+        let dlb: Vec<f64> =
+            (0..e_n).map(|i| lb_scale as f64 * e_n as f64 * self.rows(i).1 as f64 / slots / tokens).collect();
         let mut dp = alloc::vec![0.0f64; e_n];
         for t in 0..n {
             let p = &self.probs[t * e_n..(t + 1) * e_n];
             dp.copy_from_slice(&dlb);
             let slots_t = t * k..(t + 1) * k;
-            let (experts, weights, dw) = (
-                &self.expert[slots_t.clone()],
-                &self.weight[slots_t.clone()],
-                &dweight[slots_t],
-            );
+            let (experts, weights, dw) =
+                (&self.expert[slots_t.clone()], &self.weight[slots_t.clone()], &dweight[slots_t]);
             if self.renormalize {
                 // w_j = p_j / S over the chosen: dp_j = (dw_j - sum_i dw_i w_i) / S.
                 let s: f64 = experts.iter().map(|&e| p[e as usize] as f64).sum();
@@ -437,10 +422,8 @@ pub trait MoeOps: Memory {
         &self, out: &mut Self::Buffer, x: &Self::Buffer, experts: &[(&Self::Buffer, &Self::Buffer)],
         expert: &Self::Buffer, spec: &RoutedSpec,
     ) -> Result<()> {
-        let host: Vec<(Vec<f32>, Vec<f32>)> = experts
-            .iter()
-            .map(|(p, s)| Ok((self.download(p)?, self.download(s)?)))
-            .collect::<Result<_>>()?;
+        let host: Vec<(Vec<f32>, Vec<f32>)> =
+            experts.iter().map(|(p, s)| Ok((self.download(p)?, self.download(s)?))).collect::<Result<_>>()?;
         let views: Vec<(&[f32], &[f32])> = host.iter().map(|(p, s)| (&p[..], &s[..])).collect();
         let mut o = alloc::vec![0.0; self.len(out)];
         let (x, expert) = (self.download(x)?, self.download(expert)?);
@@ -463,16 +446,12 @@ impl MoeOps for ReferenceBackend {
         &self, out: &mut Vec<f32>, y: &Vec<f32>, row_of_slot: &[u32], weight: &[f32], top_k: usize,
         dim: usize,
     ) -> Result<()> {
-        in_f64([out], |[o]| {
-            moe_combine(o, &wide(y), row_of_slot, weight, top_k, dim)
-        })
+        in_f64([out], |[o]| moe_combine(o, &wide(y), row_of_slot, weight, top_k, dim))
     }
     fn moe_combine_backward(
         &self, dy: &mut Vec<f32>, dout: &Vec<f32>, y: &Vec<f32>, row_of_slot: &[u32], weight: &[f32],
         top_k: usize, dim: usize,
     ) -> Result<Vec<f32>> {
-        in_f64([dy], |[d]| {
-            moe_combine_backward(d, &wide(dout), &wide(y), row_of_slot, weight, top_k, dim)
-        })
+        in_f64([dy], |[d]| moe_combine_backward(d, &wide(dout), &wide(y), row_of_slot, weight, top_k, dim))
     }
 }

@@ -49,14 +49,7 @@ pub fn check_layer_norm(
 pub fn layer_norm<T: Real>(
     out: &mut [T], inp: &[T], weight: Option<&[T]>, bias: Option<&[T]>, rows: usize, dim: usize, eps: f32,
 ) -> Result<()> {
-    check_layer_norm(
-        out.len(),
-        inp.len(),
-        weight.map(|w| w.len()),
-        bias.map(|b| b.len()),
-        rows,
-        dim,
-    )?;
+    check_layer_norm(out.len(), inp.len(), weight.map(|w| w.len()), bias.map(|b| b.len()), rows, dim)?;
     for r in 0..rows {
         let x = &inp[r * dim..(r + 1) * dim];
         let (mean, rstd) = mean_rstd(x, eps);
@@ -133,12 +126,7 @@ impl GroupNormSpec {
 pub fn group_norm<T: Real>(
     out: &mut [T], inp: &[T], weight: Option<&[T]>, bias: Option<&[T]>, spec: &GroupNormSpec,
 ) -> Result<()> {
-    spec.check(
-        out.len(),
-        inp.len(),
-        weight.map(|w| w.len()),
-        bias.map(|b| b.len()),
-    )?;
+    spec.check(out.len(), inp.len(), weight.map(|w| w.len()), bias.map(|b| b.len()))?;
     let (per, len) = (spec.channels / spec.groups, spec.group_len());
     for bg in 0..spec.batch * spec.groups {
         let x = &inp[bg * len..(bg + 1) * len];
@@ -172,13 +160,7 @@ pub trait NormOps: Memory {
         let weight = weight.map(|w| self.download(w)).transpose()?;
         let bias = bias.map(|b| self.download(b)).transpose()?;
         let mut o = alloc::vec![0.0; self.len(out)];
-        crate::ops::norm::group_norm(
-            &mut o,
-            &self.download(inp)?,
-            weight.as_deref(),
-            bias.as_deref(),
-            spec,
-        )?;
+        crate::ops::norm::group_norm(&mut o, &self.download(inp)?, weight.as_deref(), bias.as_deref(), spec)?;
         self.write(out, &o)
     }
     /// See [`crate::ops::norm::layer_norm`].

@@ -64,10 +64,7 @@ impl AdamParams {
             }
         }
         if !(self.eps.is_finite() && self.eps > 0.0) {
-            return Err(invalid(
-                op,
-                alloc::format!("eps must be finite and > 0, got {}", self.eps),
-            ));
+            return Err(invalid(op, alloc::format!("eps must be finite and > 0, got {}", self.eps)));
         }
         if !ok(self.weight_decay) {
             return Err(invalid(
@@ -207,13 +204,7 @@ pub struct SgdParams {
 impl SgdParams {
     /// Plain SGD at `lr`.
     pub fn new(lr: f32) -> Self {
-        SgdParams {
-            lr,
-            momentum: 0.0,
-            nesterov: false,
-            weight_decay: 0.0,
-            grad_scale: 1.0,
-        }
+        SgdParams { lr, momentum: 0.0, nesterov: false, weight_decay: 0.0, grad_scale: 1.0 }
     }
     /// Checks the settings (finite, non-negative), naming the bad one.
     pub fn validate(&self, op: &'static str) -> Result<()> {

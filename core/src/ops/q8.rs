@@ -30,10 +30,7 @@ pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, V
     const OP: &str = "quantize_rows";
     check_len(OP, "w", w.len(), product(OP, &[rows, cols])?)?;
     if let Some(i) = w.iter().position(|v| !v.is_finite()) {
-        return Err(CoreError::NonFinite {
-            op: OP,
-            value: w[i] as f64,
-        });
+        return Err(CoreError::NonFinite { op: OP, value: w[i] as f64 });
     }
     let pc = packed_cols(cols);
     let mut packed = alloc::vec![0.0f32; rows * pc];
@@ -125,12 +122,7 @@ pub fn quantize_activations(x: &[f32]) -> (Vec<i8>, f32) {
     let absmax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let scale = absmax / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-    (
-        x.iter()
-            .map(|&v| libm::roundf(v * inv).clamp(-127.0, 127.0) as i8)
-            .collect(),
-        scale,
-    )
+    (x.iter().map(|&v| libm::roundf(v * inv).clamp(-127.0, 127.0) as i8).collect(), scale)
 }
 
 /// `out (m x n) = x (m x k) W^T + beta * out`, W the (n x k) int8 weight: the `Linear`
@@ -146,12 +138,7 @@ pub fn q8_matmul(
     // word's byte t meets xt[t][s], so the inner loop is the same shifts on every word, a
     // loop the compiler vectorizes (SIMD128 in the browser's CPU path). The sum is the
     // same exact integer in any order.
-    let mut xt = [
-        alloc::vec![0i16; pc],
-        alloc::vec![0i16; pc],
-        alloc::vec![0i16; pc],
-        alloc::vec![0i16; pc],
-    ];
+    let mut xt = [alloc::vec![0i16; pc], alloc::vec![0i16; pc], alloc::vec![0i16; pc], alloc::vec![0i16; pc]];
     for i in 0..m {
         let (q, sx) = quantize_activations(&x[i * k..(i + 1) * k]);
         for (c, &v) in q.iter().enumerate() {
@@ -164,11 +151,7 @@ pub fn q8_matmul(
             for (word, (((x0, x1), x2), x3)) in row.iter().zip(lanes) {
                 // Byte t of the word is bits 8t.. on a little-endian machine (to_ne_bytes).
                 let bits = word.to_bits();
-                let w = if cfg!(target_endian = "big") {
-                    bits.swap_bytes()
-                } else {
-                    bits
-                } as i32;
+                let w = if cfg!(target_endian = "big") { bits.swap_bytes() } else { bits } as i32;
                 let b = |shift: u32| ((w << shift) >> 24) as i16 as i32;
                 acc += b(24) * *x0 as i32 + b(16) * *x1 as i32 + b(8) * *x2 as i32 + b(0) * *x3 as i32;
             }
@@ -353,24 +336,9 @@ pub fn q8_attention_unfused<B: Q8Ops + ?Sized>(backend: &B, a: Q8Attention<'_, B
     backend.q8_matmul_many(
         a.h,
         &mut [
-            Q8Product {
-                out: &mut *a.q,
-                packed: wq.0,
-                scales: wq.1,
-                spec: t(n, q_dim, d),
-            },
-            Q8Product {
-                out: &mut *a.k,
-                packed: wk.0,
-                scales: wk.1,
-                spec: t(n, kv_dim, d),
-            },
-            Q8Product {
-                out: &mut *a.v,
-                packed: wv.0,
-                scales: wv.1,
-                spec: t(n, kv_dim, d),
-            },
+            Q8Product { out: &mut *a.q, packed: wq.0, scales: wq.1, spec: t(n, q_dim, d) },
+            Q8Product { out: &mut *a.k, packed: wk.0, scales: wk.1, spec: t(n, kv_dim, d) },
+            Q8Product { out: &mut *a.v, packed: wv.0, scales: wv.1, spec: t(n, kv_dim, d) },
         ],
     )?;
     backend.rope_forward(a.q, a.rope_q)?;
@@ -391,9 +359,6 @@ pub fn q8_mlp_unfused<B: Q8Ops + ?Sized>(
     spec: &MatmulSpec,
 ) -> Result<()> {
     backend.q8_swiglu(s, gate, up, x, gate_w, up_w, spec)?;
-    let down = MatmulSpec::new(spec.m, spec.k, spec.n)
-        .precision(spec.precision)
-        .trans_b(true)
-        .beta(1.0);
+    let down = MatmulSpec::new(spec.m, spec.k, spec.n).precision(spec.precision).trans_b(true).beta(1.0);
     backend.q8_matmul(out, s, down_w.0, down_w.1, &down)
 }

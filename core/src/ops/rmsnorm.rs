@@ -118,25 +118,14 @@ impl RmsnormOps for ReferenceBackend {
         &self, out: &mut Vec<f32>, rstd: &mut Vec<f32>, inp: &Vec<f32>, weight: &Vec<f32>, rows: usize,
         dim: usize, eps: f32,
     ) -> Result<()> {
-        in_f64([out, rstd], |[o, r]| {
-            rmsnorm_forward(o, r, &wide(inp), &wide(weight), rows, dim, eps)
-        })
+        in_f64([out, rstd], |[o, r]| rmsnorm_forward(o, r, &wide(inp), &wide(weight), rows, dim, eps))
     }
     fn rmsnorm_backward(
         &self, dinp: &mut Vec<f32>, dweight: &mut Vec<f32>, dout: &Vec<f32>, inp: &Vec<f32>,
         weight: &Vec<f32>, rstd: &Vec<f32>, rows: usize, dim: usize,
     ) -> Result<()> {
         in_f64([dinp, dweight], |[dx, dw]| {
-            rmsnorm_backward(
-                dx,
-                dw,
-                &wide(dout),
-                &wide(inp),
-                &wide(weight),
-                &wide(rstd),
-                rows,
-                dim,
-            )
+            rmsnorm_backward(dx, dw, &wide(dout), &wide(inp), &wide(weight), &wide(rstd), rows, dim)
         })
     }
 }

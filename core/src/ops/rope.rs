@@ -71,20 +71,13 @@ impl RopeScaling {
             if v.is_finite() && v > 0.0 {
                 Ok(())
             } else {
-                Err(alloc::format!(
-                    "rope scaling {name} must be a finite number above 0, got {v}"
-                ))
+                Err(alloc::format!("rope scaling {name} must be a finite number above 0, got {v}"))
             }
         };
         match *self {
             RopeScaling::None => Ok(()),
             RopeScaling::Linear { factor } => positive("factor", factor),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position,
-            } => {
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
                 positive("factor", factor)?;
                 positive("low_freq_factor", low_freq_factor)?;
                 positive("high_freq_factor", high_freq_factor)?;
@@ -109,12 +102,7 @@ impl RopeScaling {
         match *self {
             RopeScaling::None => (0, [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]),
             RopeScaling::Linear { factor } => (1, [factor, 0.0, 0.0, 0.0, 0.0, 1.0]),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position,
-            } => {
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
                 let old = original_max_position as f64;
                 let (low, high) = (low_freq_factor as f64, high_freq_factor as f64);
                 (
@@ -170,15 +158,8 @@ impl RopeSpec {
                 message: alloc::format!("rope theta must be a finite number above 1, got {}", self.theta),
             });
         }
-        self.scaling
-            .check()
-            .map_err(|message| CoreError::InvalidArgument { op, message })?;
-        check_len(
-            op,
-            "x",
-            len,
-            product(op, &[self.batch, self.seq, self.heads, self.head_dim])?,
-        )
+        self.scaling.check().map_err(|message| CoreError::InvalidArgument { op, message })?;
+        check_len(op, "x", len, product(op, &[self.batch, self.seq, self.heads, self.head_dim])?)
     }
 }
 
@@ -192,9 +173,7 @@ fn rotate<T: Real>(x: &mut [T], spec: &RopeSpec, sign: T) {
     let half = d / 2;
     // The angles of one position serve every head: computed once per position (the same
     // values as per element, at a fraction of the sin/cos calls).
-    let inv: alloc::vec::Vec<f32> = (0..half)
-        .map(|i| spec.scaling.inv_freq(i, d, spec.theta))
-        .collect();
+    let inv: alloc::vec::Vec<f32> = (0..half).map(|i| spec.scaling.inv_freq(i, d, spec.theta)).collect();
     let mut sin_cos = alloc::vec![(T::ZERO, T::ZERO); half];
     for b in 0..spec.batch {
         for t in 0..spec.seq {

@@ -121,12 +121,7 @@ impl SdpaSpec {
             check_len(OP, "key_mask", m, product(OP, &[self.batch, self.kv_len])?)?;
         }
         if let Some(b) = bias {
-            check_len(
-                OP,
-                "bias",
-                b,
-                product(OP, &[self.heads, self.q_len, self.kv_len])?,
-            )?;
+            check_len(OP, "bias", b, product(OP, &[self.heads, self.q_len, self.kv_len])?)?;
         }
         Ok((nq, nkv))
     }
@@ -161,14 +156,7 @@ impl SdpaSpec {
 pub fn sdpa<T: Real>(
     out: &mut [T], q: &[T], k: &[T], v: &[T], key_mask: Option<&[bool]>, bias: Option<&[T]>, spec: &SdpaSpec,
 ) -> Result<()> {
-    spec.check(
-        out.len(),
-        q.len(),
-        k.len(),
-        v.len(),
-        key_mask.map(|m| m.len()),
-        bias.map(|b| b.len()),
-    )?;
+    spec.check(out.len(), q.len(), k.len(), v.len(), key_mask.map(|m| m.len()), bias.map(|b| b.len()))?;
     let d = spec.head_dim;
     let scale = T::from_f32(spec.scale);
     let mut p = alloc::vec![T::ZERO; spec.kv_len];
@@ -206,11 +194,7 @@ pub fn sdpa<T: Real>(
                 }
                 let mut sum = T::ZERO;
                 for pj in p.iter_mut() {
-                    *pj = if *pj == T::NEG_INFINITY {
-                        T::ZERO
-                    } else {
-                        (*pj - max).exp()
-                    };
+                    *pj = if *pj == T::NEG_INFINITY { T::ZERO } else { (*pj - max).exp() };
                     sum += *pj;
                 }
                 for (j, &pj) in p.iter().enumerate() {

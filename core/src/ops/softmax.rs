@@ -10,12 +10,7 @@ use alloc::vec::Vec;
 
 /// out, inp: (rows, cols). A row of all `-inf` gives NaN (0/0), as in PyTorch.
 pub fn softmax_forward<T: Real>(out: &mut [T], inp: &[T], rows: usize, cols: usize) -> Result<()> {
-    check_rows(
-        "softmax_forward",
-        rows,
-        cols,
-        &[("inp", inp.len()), ("out", out.len())],
-    )?;
+    check_rows("softmax_forward", rows, cols, &[("inp", inp.len()), ("out", out.len())])?;
     for r in 0..rows {
         softmax_row(&mut out[r * cols..(r + 1) * cols], &inp[r * cols..(r + 1) * cols]);
     }
@@ -86,8 +81,6 @@ impl SoftmaxOps for ReferenceBackend {
     fn softmax_backward(
         &self, dinp: &mut Vec<f32>, dout: &Vec<f32>, out: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
-        in_f64([dinp], |[d]| {
-            softmax_backward(d, &wide(dout), &wide(out), rows, cols)
-        })
+        in_f64([dinp], |[d]| softmax_backward(d, &wide(dout), &wide(out), rows, cols))
     }
 }

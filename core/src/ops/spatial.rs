@@ -186,11 +186,7 @@ pub fn timestep_embedding(out: &mut [f32], timesteps: &[f32], spec: &TimestepSpe
             let freq = libm::expf(-log_period * i as f32 / denom);
             let angle = spec.scale * (t * freq);
             let (sin, cos) = (libm::sinf(angle), libm::cosf(angle));
-            let (first, second) = if spec.flip_sin_to_cos {
-                (cos, sin)
-            } else {
-                (sin, cos)
-            };
+            let (first, second) = if spec.flip_sin_to_cos { (cos, sin) } else { (sin, cos) };
             row[i] = first;
             row[half + i] = second;
         }

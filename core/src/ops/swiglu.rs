@@ -102,8 +102,6 @@ impl SwigluOps for ReferenceBackend {
     fn swiglu_backward(
         &self, dgate: &mut Vec<f32>, dup: &mut Vec<f32>, dout: &Vec<f32>, gate: &Vec<f32>, up: &Vec<f32>,
     ) -> Result<()> {
-        in_f64([dgate, dup], |[dg, du]| {
-            swiglu_backward(dg, du, &wide(dout), &wide(gate), &wide(up))
-        })
+        in_f64([dgate, dup], |[dg, du]| swiglu_backward(dg, du, &wide(dout), &wide(gate), &wide(up)))
     }
 }

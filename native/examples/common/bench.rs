@@ -100,9 +100,7 @@ pub fn python_json(python: &str, script: &str, args: &[String]) -> Option<serde_
 pub fn print_torch_line(torch: Option<&serde_json::Value>, python: &str, script: &str) {
     match torch {
         Some(t) => {
-            let diffusers = t["diffusers"]
-                .as_str()
-                .map_or(String::new(), |v| format!(", diffusers {v}"));
+            let diffusers = t["diffusers"].as_str().map_or(String::new(), |v| format!(", diffusers {v}"));
             println!(
                 "PyTorch {}{diffusers} (float32, {} threads)",
                 t["version"].as_str().unwrap_or("?"),

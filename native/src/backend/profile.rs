@@ -18,10 +18,7 @@ pub struct Profiled<B: Backend> {
 impl<B: Backend> Profiled<B> {
     /// Profiles `inner`.
     pub fn new(inner: B) -> Self {
-        Profiled {
-            inner,
-            times: RefCell::new(BTreeMap::new()),
-        }
+        Profiled { inner, times: RefCell::new(BTreeMap::new()) }
     }
     fn time<R>(&self, op: &'static str, f: impl FnOnce() -> R) -> R {
         let t = Instant::now();
@@ -68,12 +65,7 @@ impl<B: Backend> Profiled<B> {
     }
     /// (primitive, calls, total time), largest total first.
     pub fn report(&self) -> Vec<(&'static str, usize, Duration)> {
-        let mut v: Vec<_> = self
-            .times
-            .borrow()
-            .iter()
-            .map(|(k, (n, d))| (*k, *n, *d))
-            .collect();
+        let mut v: Vec<_> = self.times.borrow().iter().map(|(k, (n, d))| (*k, *n, *d)).collect();
         v.sort_by_key(|e| std::cmp::Reverse(e.2));
         v
     }

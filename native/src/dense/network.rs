@@ -26,12 +26,7 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        TrainConfig {
-            epochs: 10,
-            batch_size: 32,
-            shuffle: true,
-            seed: None,
-        }
+        TrainConfig { epochs: 10, batch_size: 32, shuffle: true, seed: None }
     }
 }
 
@@ -118,24 +113,13 @@ impl NetworkBuilder {
 
     /// Builds the network, or says why not.
     pub fn try_build(self) -> Result<Network> {
-        let loss = self
-            .loss
-            .ok_or_else(|| NetworkError::InvalidConfig("no loss: call .loss(Loss::...)".into()))?;
-        let config = DenseConfig {
-            input_size: self.input_size,
-            layers: self.layers,
-            loss,
-        };
-        self.optimizer
-            .validate()
-            .map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
+        let loss =
+            self.loss.ok_or_else(|| NetworkError::InvalidConfig("no loss: call .loss(Loss::...)".into()))?;
+        let config = DenseConfig { input_size: self.input_size, layers: self.layers, loss };
+        self.optimizer.validate().map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
         let model = DenseModel::new(CpuBackend::new(), config, self.seed)
             .map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
-        Ok(Network {
-            engine: Ok(Engine::Cpu(model)),
-            optimizer: self.optimizer,
-            seed: self.seed,
-        })
+        Ok(Network { engine: Ok(Engine::Cpu(model)), optimizer: self.optimizer, seed: self.seed })
     }
 
     /// Builds the network. An invalid configuration does not panic: the network it returns
@@ -145,11 +129,7 @@ impl NetworkBuilder {
         let (optimizer, seed) = (self.optimizer, self.seed);
         match self.try_build() {
             Ok(n) => n,
-            Err(e) => Network {
-                engine: Err(e.to_string()),
-                optimizer,
-                seed,
-            },
+            Err(e) => Network { engine: Err(e.to_string()), optimizer, seed },
         }
     }
 }
@@ -161,17 +141,13 @@ fn os_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
     );
     h.finish()
 }
 
 fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
+    v.iter().enumerate().fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
 }
 
 impl Network {
@@ -187,11 +163,7 @@ impl Network {
     }
 
     pub(crate) fn from_model(model: DenseModel<CpuBackend>, optimizer: Optimizer, seed: u64) -> Network {
-        Network {
-            engine: Ok(Engine::Cpu(model)),
-            optimizer,
-            seed,
-        }
+        Network { engine: Ok(Engine::Cpu(model)), optimizer, seed }
     }
 
     pub(crate) fn model(&self) -> Result<&dyn DenseOps> {
@@ -249,10 +221,7 @@ impl Network {
     /// No adapter is an error, never a silent CPU run.
     #[cfg(feature = "gpu")]
     pub fn to_gpu(&mut self) -> Result<()> {
-        self.to_gpu_with(&crate::GpuOptions {
-            high_performance: true,
-            ..Default::default()
-        })
+        self.to_gpu_with(&crate::GpuOptions { high_performance: true, ..Default::default() })
     }
 
     /// [`Network::to_gpu`] with adapter options (`software`: the fallback adapter, Mesa's
@@ -317,9 +286,7 @@ impl Network {
     fn check_data(&self, data: &Dataset, what: &str) -> Result<()> {
         let c = self.config()?;
         if data.is_empty() {
-            return Err(NetworkError::InvalidInput(format!(
-                "{what}: the data set is empty"
-            )));
+            return Err(NetworkError::InvalidInput(format!("{what}: the data set is empty")));
         }
         if data.input_size() != c.input_size || data.target_size() != c.output_size() {
             return Err(NetworkError::InvalidInput(format!(
@@ -345,9 +312,7 @@ impl Network {
     ) -> Result<Vec<f32>> {
         self.check_data(data, "fit")?;
         if config.batch_size == 0 {
-            return Err(NetworkError::InvalidInput(
-                "fit: batch_size must be at least 1".into(),
-            ));
+            return Err(NetworkError::InvalidInput("fit: batch_size must be at least 1".into()));
         }
         let optimizer = self.optimizer;
         optimizer.validate()?;
@@ -408,11 +373,7 @@ impl Network {
         self.check_data(data, "evaluate")?;
         let model = self.model_mut()?;
         let (mut x, mut y, mut total) = (Vec::new(), Vec::new(), 0.0f64);
-        for (xs, ys) in data
-            .inputs()
-            .chunks(EVAL_ROWS)
-            .zip(data.targets().chunks(EVAL_ROWS))
-        {
+        for (xs, ys) in data.inputs().chunks(EVAL_ROWS).zip(data.targets().chunks(EVAL_ROWS)) {
             x.clear();
             y.clear();
             xs.iter().for_each(|r| x.extend_from_slice(r));

@@ -113,11 +113,7 @@ fn check_names(bytes: &[u8], path: &Path) -> Result<()> {
     defined.extend(g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)));
     let bad = |what: String| Err(NetworkError::parse(path, "graph", what));
     for n in &g.node {
-        if let Some(missing) = n
-            .input
-            .iter()
-            .find(|i| !i.is_empty() && !defined.contains(i.as_str()))
-        {
+        if let Some(missing) = n.input.iter().find(|i| !i.is_empty() && !defined.contains(i.as_str())) {
             return bad(format!(
                 "node `{}` reads `{missing}`, which no input, initializer or node of the graph defines",
                 n.name.as_deref().unwrap_or("")
@@ -159,24 +155,16 @@ impl OnnxModel {
     pub fn load(path: impl AsRef<Path>) -> Result<OnnxModel> {
         let path = path.as_ref();
         if !path.is_file() {
-            return Err(NetworkError::InvalidInput(format!(
-                "{}: no such ONNX file",
-                path.display()
-            )));
+            return Err(NetworkError::InvalidInput(format!("{}: no such ONNX file", path.display())));
         }
         let bytes = crate::io::files::read(path)?;
         check_names(&bytes, path)?;
-        let parsed = guarded(path, "reading the graph", || {
-            tract_onnx::onnx().model_for_read(&mut &bytes[..])
-        })?;
+        let parsed =
+            guarded(path, "reading the graph", || tract_onnx::onnx().model_for_read(&mut &bytes[..]))?;
         let model = parsed.map_err(|e| err(path, "not an ONNX model tract can read", e))?;
         // tract stands an operator it lacks in as a placeholder that fails only when run:
         // say so now, naming the node and the operator.
-        if let Some(node) = model
-            .nodes
-            .iter()
-            .find(|n| n.op.name().starts_with("Unimplemented("))
-        {
+        if let Some(node) = model.nodes.iter().find(|n| n.op.name().starts_with("Unimplemented(")) {
             let op = node.op.name();
             let op = op.trim_start_matches("Unimplemented(").trim_end_matches(')');
             return Err(NetworkError::InvalidInput(format!(
@@ -204,25 +192,18 @@ impl OnnxModel {
                 })
                 .collect::<TractResult<Vec<_>>>()
         };
-        let inputs = io(model.input_outlets().map_err(|e| err(path, "inputs", e))?, &|i| {
-            model.input_fact(i).cloned()
+        let inputs =
+            io(model.input_outlets().map_err(|e| err(path, "inputs", e))?, &|i| model.input_fact(i).cloned())
+                .map_err(|e| err(path, "inputs", e))?;
+        let outputs = io(model.output_outlets().map_err(|e| err(path, "outputs", e))?, &|i| match typed
+            .as_ref()
+            .and_then(|t| t.output_fact(i).ok())
+        {
+            Some(f) => Ok(InferenceFact::from(f.clone())),
+            None => model.output_fact(i).cloned(),
         })
-        .map_err(|e| err(path, "inputs", e))?;
-        let outputs = io(
-            model.output_outlets().map_err(|e| err(path, "outputs", e))?,
-            &|i| match typed.as_ref().and_then(|t| t.output_fact(i).ok()) {
-                Some(f) => Ok(InferenceFact::from(f.clone())),
-                None => model.output_fact(i).cloned(),
-            },
-        )
         .map_err(|e| err(path, "outputs", e))?;
-        Ok(OnnxModel {
-            path: path.to_path_buf(),
-            model,
-            inputs,
-            outputs,
-            plans: HashMap::new(),
-        })
+        Ok(OnnxModel { path: path.to_path_buf(), model, inputs, outputs, plans: HashMap::new() })
     }
 
     /// The inputs, in order, with the shapes the file gives (symbolic dimensions by name).
@@ -263,11 +244,7 @@ impl OnnxModel {
             return Err(bad(format!(
                 "the model takes {} inputs ({}); {} given",
                 self.inputs.len(),
-                self.inputs
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                self.inputs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
                 inputs.len()
             )));
         }
@@ -282,10 +259,7 @@ impl OnnxModel {
             }
             if let Some(dims) = &io.shape {
                 if dims.len() != shape.len() {
-                    return Err(bad(format!(
-                        "input {io} has rank {}; shape {shape:?} given",
-                        dims.len()
-                    )));
+                    return Err(bad(format!("input {io} has rank {}; shape {shape:?} given", dims.len())));
                 }
                 for (d, &s) in dims.iter().zip(shape.iter()) {
                     if let OnnxDim::Fixed(want) = d {
@@ -317,16 +291,10 @@ impl OnnxModel {
                         .map_err(|e| err(&self.path, "fixing the input shapes", e))?;
                 }
                 let what = format!("preparing the model for input shapes {key:?}");
-                let plan = guarded(&self.path, &what, || {
-                    m.into_optimized().and_then(|m| m.into_runnable())
-                })?
-                .map_err(|e| {
-                    err(
-                        &self.path,
-                        &format!("preparing the model for input shapes {key:?}"),
-                        e,
-                    )
-                })?;
+                let plan = guarded(&self.path, &what, || m.into_optimized().and_then(|m| m.into_runnable()))?
+                    .map_err(|e| {
+                        err(&self.path, &format!("preparing the model for input shapes {key:?}"), e)
+                    })?;
                 self.plans.insert(key.clone(), plan.clone());
                 plan
             }
@@ -341,20 +309,14 @@ impl OnnxModel {
         out.iter()
             .zip(&self.outputs)
             .map(|(t, io)| {
-                let t = t
-                    .cast_to::<f32>()
-                    .map_err(|e| err(&self.path, &format!("output {}", io.name), e))?;
+                let t = t.cast_to::<f32>().map_err(|e| err(&self.path, &format!("output {}", io.name), e))?;
                 let values: Vec<f32> = t
                     .to_plain_array_view::<f32>()
                     .map_err(|e| err(&self.path, &format!("output {}", io.name), e))?
                     .iter()
                     .copied()
                     .collect();
-                Ok(OnnxOutput {
-                    name: io.name.clone(),
-                    shape: t.shape().to_vec(),
-                    values,
-                })
+                Ok(OnnxOutput { name: io.name.clone(), shape: t.shape().to_vec(), values })
             })
             .collect()
     }

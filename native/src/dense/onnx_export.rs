@@ -184,31 +184,15 @@ fn tensor(name: String, dims: &[usize], values: &[f32]) -> TensorProto {
 fn node(
     op: &str, name: String, input: Vec<String>, output: String, attribute: Vec<AttributeProto>,
 ) -> NodeProto {
-    NodeProto {
-        input,
-        output: vec![output],
-        name: Some(name),
-        op_type: Some(op.into()),
-        attribute,
-    }
+    NodeProto { input, output: vec![output], name: Some(name), op_type: Some(op.into()), attribute }
 }
 
 fn int_attr(name: &str, i: i64) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(2),
-        i: Some(i),
-        ..Default::default()
-    }
+    AttributeProto { name: Some(name.into()), r#type: Some(2), i: Some(i), ..Default::default() }
 }
 
 fn float_attr(name: &str, f: f32) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(1),
-        f: Some(f),
-        ..Default::default()
-    }
+    AttributeProto { name: Some(name.into()), r#type: Some(1), f: Some(f), ..Default::default() }
 }
 
 /// The model's bytes: `input (batch, inputs)` through every layer to `output (batch, units)`.
@@ -241,11 +225,7 @@ pub(crate) fn encode(network: &Network) -> Result<Vec<u8>> {
             }
         };
         // z = x W^T + b
-        let z = if activation.is_some() {
-            format!("layer{l}.z")
-        } else {
-            out("y")
-        };
+        let z = if activation.is_some() { format!("layer{l}.z") } else { out("y") };
         nodes.push(node(
             "Gemm",
             format!("layer{l}.gemm"),
@@ -256,13 +236,7 @@ pub(crate) fn encode(network: &Network) -> Result<Vec<u8>> {
         x = match activation {
             Some((op, attrs)) => {
                 let y = out("y");
-                nodes.push(node(
-                    op,
-                    format!("layer{l}.{}", op.to_lowercase()),
-                    vec![z],
-                    y.clone(),
-                    attrs,
-                ));
+                nodes.push(node(op, format!("layer{l}.{}", op.to_lowercase()), vec![z], y.clone(), attrs));
                 y
             }
             None => z,
@@ -271,10 +245,7 @@ pub(crate) fn encode(network: &Network) -> Result<Vec<u8>> {
     let (inputs, outputs) = (config.input_size, config.layers[last].units);
     let m = ModelProto {
         ir_version: Some(IR_VERSION),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(OPSET),
-        }],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(OPSET) }],
         producer_name: Some("rusting_brain".into()),
         producer_version: Some(env!("CARGO_PKG_VERSION").into()),
         doc_string: Some(format!(
@@ -326,10 +297,7 @@ mod tests {
         assert_eq!(g.node[4].input, ["layer2.z"]);
         assert_eq!(g.node.last().unwrap().output, ["output"]);
         let dims: Vec<Vec<i64>> = g.initializer.iter().map(|t| t.dims.clone()).collect();
-        assert_eq!(
-            dims,
-            [vec![5, 3], vec![5], vec![4, 5], vec![4], vec![2, 4], vec![2]]
-        );
+        assert_eq!(dims, [vec![5, 3], vec![5], vec![4, 5], vec![4], vec![2, 4], vec![2]]);
         let first = &net.model().unwrap().parameters().unwrap()[0].0;
         let raw: Vec<u8> = first.iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(g.initializer[0].raw_data.as_deref(), Some(&raw[..]));

@@ -143,9 +143,7 @@ pub fn dit_config(path: &Path) -> Result<DitConfig> {
             }
         }
     };
-    config
-        .validate()
-        .map_err(|e| c.err("config", format!("describes no valid transformer: {e}")))?;
+    config.validate().map_err(|e| c.err("config", format!("describes no valid transformer: {e}")))?;
     Ok(config)
 }
 
@@ -174,18 +172,10 @@ struct Source {
 
 impl Source {
     fn whole(name: String) -> Source {
-        Source {
-            name,
-            rows: None,
-            swap_halves: false,
-        }
+        Source { name, rows: None, swap_halves: false }
     }
     fn part(name: String, rows: Range<usize>, of: usize) -> Source {
-        Source {
-            name,
-            rows: Some((rows, of)),
-            swap_halves: false,
-        }
+        Source { name, rows: Some((rows, of)), swap_halves: false }
     }
 }
 
@@ -209,12 +199,8 @@ pub fn detect_spelling<'a>(names: impl IntoIterator<Item = &'a str>) -> Spelling
         if original.iter().any(|o| rest.starts_with(o)) {
             return Spelling::Original { prefix };
         }
-        let diffusers = [
-            "transformer_blocks.",
-            "single_transformer_blocks.",
-            "x_embedder.weight",
-            "proj_out.",
-        ];
+        let diffusers =
+            ["transformer_blocks.", "single_transformer_blocks.", "x_embedder.weight", "proj_out."];
         if diffusers.iter().any(|d| rest.starts_with(d)) {
             return Spelling::Diffusers;
         }
@@ -261,11 +247,7 @@ fn bfl_source(kind: DitKind, name: &str, d: usize, m: usize) -> Option<Source> {
         let (n, part) = rest.split_once('.')?;
         let b = format!("double_blocks.{n}");
         let qkv = |stream: &str, i: usize| {
-            Some(Source::part(
-                format!("{b}.{stream}_attn.qkv.{param}"),
-                i * d..(i + 1) * d,
-                3 * d,
-            ))
+            Some(Source::part(format!("{b}.{stream}_attn.qkv.{param}"), i * d..(i + 1) * d, 3 * d))
         };
         return match part {
             "norm1.linear" => whole(&format!("{b}.img_mod.lin")),
@@ -321,12 +303,7 @@ fn sai_source(name: &str, d: usize, last: usize) -> Option<Source> {
     }
     let (stem, param) = name.rsplit_once('.')?;
     let whole = |s: &str| Some(Source::whole(format!("{s}.{param}")));
-    let swapped = |s: &str| {
-        Some(Source {
-            swap_halves: true,
-            ..Source::whole(format!("{s}.{param}"))
-        })
-    };
+    let swapped = |s: &str| Some(Source { swap_halves: true, ..Source::whole(format!("{s}.{param}")) });
     match stem {
         "pos_embed.proj" => return whole("x_embedder.proj"),
         "time_text_embed.timestep_embedder.linear_1" => return whole("t_embedder.mlp.0"),
@@ -341,13 +318,8 @@ fn sai_source(name: &str, d: usize, last: usize) -> Option<Source> {
     let rest = stem.strip_prefix("transformer_blocks.")?;
     let (n, part) = rest.split_once('.')?;
     let b = format!("joint_blocks.{n}");
-    let qkv = |at: &str, i: usize| {
-        Some(Source::part(
-            format!("{b}.{at}.qkv.{param}"),
-            i * d..(i + 1) * d,
-            3 * d,
-        ))
-    };
+    let qkv =
+        |at: &str, i: usize| Some(Source::part(format!("{b}.{at}.qkv.{param}"), i * d..(i + 1) * d, 3 * d));
     match part {
         "attn.to_q" => qkv("x_block.attn", 0),
         "attn.to_k" => qkv("x_block.attn", 1),
@@ -425,15 +397,8 @@ impl Dit {
                 || rest.starts_with("first_stage_model.")
                 || n.starts_with("text_encoders.")
         };
-        if let Some(extra) = names
-            .iter()
-            .find(|n| !used.contains(n.as_str()) && !other_part(n))
-        {
-            let i = tensors
-                .names()
-                .find(|(_, n)| n == extra)
-                .map(|(i, _)| i)
-                .unwrap_or(0);
+        if let Some(extra) = names.iter().find(|n| !used.contains(n.as_str()) && !other_part(n)) {
+            let i = tensors.names().find(|(_, n)| n == extra).map(|(i, _)| i).unwrap_or(0);
             return Err(NetworkError::parse(
                 &files.paths[i],
                 extra,
@@ -471,10 +436,7 @@ impl Dit {
                 weights.insert(name.clone(), data);
             }
         }
-        Ok(Dit {
-            model: CoreDit::with_q8(CpuBackend::new(), config, weights, q8)?,
-            spelling,
-        })
+        Ok(Dit { model: CoreDit::with_q8(CpuBackend::new(), config, weights, q8)?, spelling })
     }
 
     /// The architecture read from the folder.
@@ -507,11 +469,7 @@ impl Dit {
 fn sources(config: &DitConfig, layout: &Layout, spelling: &Spelling) -> Result<Vec<Source>> {
     let prefix = match spelling {
         Spelling::Diffusers => {
-            return Ok(layout
-                .tensors
-                .iter()
-                .map(|(n, _)| Source::whole(n.clone()))
-                .collect())
+            return Ok(layout.tensors.iter().map(|(n, _)| Source::whole(n.clone())).collect())
         }
         Spelling::Original { prefix } => prefix,
     };

@@ -64,10 +64,9 @@ impl<'a> Config<'a> {
     pub(crate) fn float(&self, key: &str, default: f32) -> Result<f32> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(default),
-            Some(x) => x
-                .as_f64()
-                .map(|f| f as f32)
-                .ok_or_else(|| self.err(key, format!("{x} is not a number"))),
+            Some(x) => {
+                x.as_f64().map(|f| f as f32).ok_or_else(|| self.err(key, format!("{x} is not a number")))
+            }
         }
     }
     pub(crate) fn str(&self, key: &str) -> Option<&str> {
@@ -95,9 +94,7 @@ impl<'a> Config<'a> {
     pub(crate) fn flag(&self, key: &str, default: bool) -> Result<bool> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(default),
-            Some(x) => x
-                .as_bool()
-                .ok_or_else(|| self.err(key, format!("{x} is not true or false"))),
+            Some(x) => x.as_bool().ok_or_else(|| self.err(key, format!("{x} is not true or false"))),
         }
     }
     /// A list of counts, `default` when absent or null.
@@ -137,10 +134,7 @@ pub(crate) fn read_weights(
     let tensors = Tensors::new(&files)?;
     let stored: std::collections::HashSet<String> =
         layout.tensors.iter().map(|(n, _)| file_name(n)).collect();
-    if let Some((i, extra)) = tensors
-        .names()
-        .find(|(_, n)| !ignorable(n) && !stored.contains(n))
-    {
+    if let Some((i, extra)) = tensors.names().find(|(_, n)| !ignorable(n) && !stored.contains(n)) {
         return Err(NetworkError::parse(
             &files.paths[i],
             extra,
@@ -209,15 +203,9 @@ pub fn clip_config(path: &Path) -> Result<ClipTextConfig> {
         hidden_act,
         layer_norm_eps: c.float("layer_norm_eps", 1e-5)?,
         eos_token_id: u32::try_from(eos).map_err(|_| c.err("eos_token_id", "too large"))?,
-        projection_dim: if projection {
-            Some(c.count("projection_dim", Some(512))?)
-        } else {
-            None
-        },
+        projection_dim: if projection { Some(c.count("projection_dim", Some(512))?) } else { None },
     };
-    config
-        .validate()
-        .map_err(|e| c.err("config", format!("describes no valid CLIP tower: {e}")))?;
+    config.validate().map_err(|e| c.err("config", format!("describes no valid CLIP tower: {e}")))?;
     Ok(config)
 }
 
@@ -236,10 +224,7 @@ pub fn t5_config(path: &Path) -> Result<T5Config> {
     }
     let proj = c.str("feed_forward_proj").unwrap_or("gated-gelu");
     if proj != "gated-gelu" {
-        return Err(c.err(
-            "feed_forward_proj",
-            format!("{proj}: only T5 v1.1's gated-gelu is supported"),
-        ));
+        return Err(c.err("feed_forward_proj", format!("{proj}: only T5 v1.1's gated-gelu is supported")));
     }
     let act_name = c.str("dense_act_fn").unwrap_or("gelu_new");
     let act = Unary::from_hf(act_name)
@@ -257,9 +242,7 @@ pub fn t5_config(path: &Path) -> Result<T5Config> {
         layer_norm_epsilon: c.float("layer_norm_epsilon", 1e-6)?,
         act,
     };
-    config
-        .validate()
-        .map_err(|e| c.err("config", format!("describes no valid T5 encoder: {e}")))?;
+    config.validate().map_err(|e| c.err("config", format!("describes no valid T5 encoder: {e}")))?;
     Ok(config)
 }
 
@@ -297,9 +280,7 @@ impl ClipTextEncoder {
             |n| n.ends_with("embeddings.position_ids"),
             |n, _| linear_matrix(n, precision),
         )?;
-        Ok(ClipTextEncoder {
-            model: ClipText::with_q8(CpuBackend::new(), config, weights, q8)?,
-        })
+        Ok(ClipTextEncoder { model: ClipText::with_q8(CpuBackend::new(), config, weights, q8)? })
     }
 
     /// Bytes the weights hold.
@@ -359,9 +340,7 @@ impl T5Encoder {
             |n| n == "encoder.embed_tokens.weight",
             |n, _| linear_matrix(n, precision),
         )?;
-        Ok(T5Encoder {
-            model: T5Model::with_q8(CpuBackend::new(), config, weights, q8)?,
-        })
+        Ok(T5Encoder { model: T5Model::with_q8(CpuBackend::new(), config, weights, q8)? })
     }
 
     /// Bytes the weights hold.
@@ -400,10 +379,7 @@ impl TextEncoder {
     /// [`TextEncoder::load`] at `precision` (int8 weights at [`Precision::Q8`]).
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision, layers: &[usize]) -> Result<TextEncoder> {
         let (model, _) = crate::io::hf::load(dir.as_ref(), precision)?;
-        let mut encoder = TextEncoder {
-            model,
-            layers: Vec::new(),
-        };
+        let mut encoder = TextEncoder { model, layers: Vec::new() };
         encoder.set_layers(layers)?;
         Ok(encoder)
     }
@@ -413,9 +389,7 @@ impl TextEncoder {
     pub fn set_layers(&mut self, layers: &[usize]) -> Result<()> {
         let n = self.model.config.n_layers;
         if layers.is_empty() {
-            return Err(NetworkError::InvalidInput(
-                "no layers to read the states of".into(),
-            ));
+            return Err(NetworkError::InvalidInput("no layers to read the states of".into()));
         }
         if let Some(bad) = layers.iter().find(|&&l| l == 0 || l > n) {
             return Err(NetworkError::InvalidInput(format!(

@@ -40,9 +40,7 @@ impl PipelineFolder {
         let bytes = crate::io::files::read(&path)?;
         let v: Value =
             serde_json::from_slice(&bytes).map_err(|e| NetworkError::parse(&path, "json", e.to_string()))?;
-        let obj = v
-            .as_object()
-            .ok_or_else(|| NetworkError::parse(&path, "json", "not an object"))?;
+        let obj = v.as_object().ok_or_else(|| NetworkError::parse(&path, "json", "not an object"))?;
         let class_name = obj
             .get("_class_name")
             .and_then(Value::as_str)
@@ -81,27 +79,15 @@ impl PipelineFolder {
                     }
                     components.insert(
                         name.clone(),
-                        Component {
-                            library: library.clone(),
-                            class: class.clone(),
-                            dir,
-                        },
+                        Component { library: library.clone(), class: class.clone(), dir },
                     );
                 }
                 _ => {
-                    return Err(NetworkError::parse(
-                        &path,
-                        name,
-                        format!("{entry} is not [library, class]"),
-                    ))
+                    return Err(NetworkError::parse(&path, name, format!("{entry} is not [library, class]")))
                 }
             }
         }
-        Ok(PipelineFolder {
-            root,
-            class_name,
-            components,
-        })
+        Ok(PipelineFolder { root, class_name, components })
     }
 
     /// The folder.
@@ -123,10 +109,7 @@ impl PipelineFolder {
 
     pub(crate) fn require(&self, name: &str, classes: &[&str]) -> Result<&Component> {
         let c = self.components.get(name).ok_or_else(|| {
-            NetworkError::InvalidInput(format!(
-                "{}: model_index.json names no {name}",
-                self.root.display()
-            ))
+            NetworkError::InvalidInput(format!("{}: model_index.json names no {name}", self.root.display()))
         })?;
         if !classes.contains(&c.class.as_str()) {
             return Err(NetworkError::InvalidInput(format!(
@@ -146,11 +129,7 @@ impl PipelineFolder {
     }
     /// A CLIP text tower (`text_encoder`, `text_encoder_2`).
     pub fn clip(&self, name: &str) -> Result<ClipTextEncoder> {
-        ClipTextEncoder::load(
-            &self
-                .require(name, &["CLIPTextModel", "CLIPTextModelWithProjection"])?
-                .dir,
-        )
+        ClipTextEncoder::load(&self.require(name, &["CLIPTextModel", "CLIPTextModelWithProjection"])?.dir)
     }
     /// A T5 encoder (FLUX.1's `text_encoder_2`, SD3's `text_encoder_3`).
     pub fn t5(&self, name: &str) -> Result<T5Encoder> {
@@ -158,12 +137,7 @@ impl PipelineFolder {
     }
     /// A LLaMA-family decoder read at `layers` (FLUX.2-klein's Qwen3 `text_encoder`).
     pub fn text_encoder(&self, name: &str, layers: &[usize]) -> Result<TextEncoder> {
-        let classes = [
-            "Qwen3ForCausalLM",
-            "Qwen2ForCausalLM",
-            "LlamaForCausalLM",
-            "MistralForCausalLM",
-        ];
+        let classes = ["Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"];
         TextEncoder::load(&self.require(name, &classes)?.dir, layers)
     }
     /// A CLIP tokenizer (`tokenizer`, `tokenizer_2`).
@@ -172,12 +146,7 @@ impl PipelineFolder {
     }
     /// A T5 or Qwen tokenizer read from its `tokenizer.json`.
     pub fn prompt_tokenizer(&self, name: &str) -> Result<PromptTokenizer> {
-        let classes = [
-            "T5Tokenizer",
-            "T5TokenizerFast",
-            "Qwen2Tokenizer",
-            "Qwen2TokenizerFast",
-        ];
+        let classes = ["T5Tokenizer", "T5TokenizerFast", "Qwen2Tokenizer", "Qwen2TokenizerFast"];
         PromptTokenizer::load(&self.require(name, &classes)?.dir)
     }
 }

@@ -241,11 +241,7 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
                     .filter(|(n, _)| n == "pos_embed.pos_embed")
                     .map(|(_, s)| s.iter().product::<usize>())
                     .sum();
-                (
-                    l.parameter_count() - table,
-                    4 * l.parameter_count(),
-                    l.q8_bytes(linear),
-                )
+                (l.parameter_count() - table, 4 * l.parameter_count(), l.q8_bytes(linear))
             }
             "UNet2DConditionModel" => {
                 let l = crate::image::unet::unet_config(&config)?.layout();
@@ -357,43 +353,35 @@ impl ImagePipeline {
         ];
         let scheduler_dir = &folder.require("scheduler", &scheduler_classes)?.dir;
         let scheduler_path = scheduler_dir.join("scheduler_config.json");
-        let (scheduler, solver) = match (
-            crate::image::scheduler::scheduler_config(&scheduler_path)?,
-            unet_family,
-        ) {
-            (SchedulerConfig::FlowMatch(c), false) => (Schedule::Flow(c), Solver::Euler),
-            (SchedulerConfig::Discrete(solver, _), true) => {
-                (Schedule::Discrete(scheduler_path.clone()), solver)
-            }
-            _ => {
-                return Err(NetworkError::parse(
-                    &scheduler_path,
-                    "_class_name",
-                    format!(
-                        "a {} samples with {}",
-                        folder.class_name(),
-                        if unet_family {
-                            "DDIM, Euler, Euler ancestral or DPM-Solver multistep"
-                        } else {
-                            "FlowMatchEulerDiscreteScheduler"
-                        }
-                    ),
-                ))
-            }
-        };
+        let (scheduler, solver) =
+            match (crate::image::scheduler::scheduler_config(&scheduler_path)?, unet_family) {
+                (SchedulerConfig::FlowMatch(c), false) => (Schedule::Flow(c), Solver::Euler),
+                (SchedulerConfig::Discrete(solver, _), true) => {
+                    (Schedule::Discrete(scheduler_path.clone()), solver)
+                }
+                _ => {
+                    return Err(NetworkError::parse(
+                        &scheduler_path,
+                        "_class_name",
+                        format!(
+                            "a {} samples with {}",
+                            folder.class_name(),
+                            if unet_family {
+                                "DDIM, Euler, Euler ancestral or DPM-Solver multistep"
+                            } else {
+                                "FlowMatchEulerDiscreteScheduler"
+                            }
+                        ),
+                    ))
+                }
+            };
         let (dit, unet) = if unet_family {
             let dir = &folder.require("unet", &["UNet2DConditionModel"])?.dir;
             (None, Some(Unet::load_at(dir, precision)?))
         } else {
-            let transformer_classes = [
-                "FluxTransformer2DModel",
-                "Flux2Transformer2DModel",
-                "SD3Transformer2DModel",
-            ];
-            let dit = Dit::load_at(
-                &folder.require("transformer", &transformer_classes)?.dir,
-                precision,
-            )?;
+            let transformer_classes =
+                ["FluxTransformer2DModel", "Flux2Transformer2DModel", "SD3Transformer2DModel"];
+            let dit = Dit::load_at(&folder.require("transformer", &transformer_classes)?.dir, precision)?;
             let want_kind = match family {
                 Family::Flux => DitKind::Flux,
                 Family::Flux2 => DitKind::Flux2,
@@ -487,10 +475,9 @@ impl ImagePipeline {
                     t5,
                 }
             }
-            Family::Sd => Encoders::Sd {
-                clip: clip("text_encoder")?,
-                tokenizer: folder.clip_tokenizer("tokenizer")?,
-            },
+            Family::Sd => {
+                Encoders::Sd { clip: clip("text_encoder")?, tokenizer: folder.clip_tokenizer("tokenizer")? }
+            }
             Family::Sdxl => Encoders::Sdxl {
                 clip_l: clip("text_encoder")?,
                 clip_g: clip("text_encoder_2")?,
@@ -534,9 +521,7 @@ impl ImagePipeline {
             Some(Encoders::Flux2 { qwen, .. }) => qwen.weight_bytes(),
             Some(Encoders::Sd { clip, .. }) => clip.weight_bytes(),
             Some(Encoders::Sdxl { clip_l, clip_g, .. }) => clip_l.weight_bytes() + clip_g.weight_bytes(),
-            Some(Encoders::Sd3 {
-                clip_l, clip_g, t5, ..
-            }) => {
+            Some(Encoders::Sd3 { clip_l, clip_g, t5, .. }) => {
                 clip_l.weight_bytes()
                     + clip_g.weight_bytes()
                     + t5.as_ref().map_or(0, |(t, _)| t.weight_bytes())
@@ -609,40 +594,21 @@ impl ImagePipeline {
             NetworkError::InvalidInput("the prompt encoders were dropped (drop_encoders)".into())
         })?;
         match encoders {
-            Encoders::Flux {
-                clip,
-                clip_tokenizer,
-                t5,
-                t5_tokenizer,
-            } => {
+            Encoders::Flux { clip, clip_tokenizer, t5, t5_tokenizer } => {
                 // FluxPipeline passes neither tower a mask.
                 let (ids, _) = clip_tokenizer.encode(prompt)?;
                 let pooled = clip.encode(&ids, 1, None)?.pooled;
                 let (ids, _) = t5_tokenizer.encode(prompt, max_len)?;
                 let states = t5.encode(&ids, 1, None)?;
-                Ok(PromptEmbedding {
-                    states,
-                    tokens: ids.len(),
-                    pooled: Some(pooled),
-                })
+                Ok(PromptEmbedding { states, tokens: ids.len(), pooled: Some(pooled) })
             }
             Encoders::Flux2 { qwen, tokenizer } => {
                 qwen.set_layers(&self.config.text_encoder_layers)?;
                 let (ids, mask) = tokenizer.encode(&crate::klein_prompt(prompt), max_len)?;
                 let states = qwen.encode(&ids, 1, Some(&mask))?;
-                Ok(PromptEmbedding {
-                    states,
-                    tokens: ids.len(),
-                    pooled: None,
-                })
+                Ok(PromptEmbedding { states, tokens: ids.len(), pooled: None })
             }
-            Encoders::Sd3 {
-                clip_l,
-                clip_g,
-                tokenizer_l,
-                tokenizer_g,
-                t5,
-            } => {
+            Encoders::Sd3 { clip_l, clip_g, tokenizer_l, tokenizer_g, t5 } => {
                 // Each tower's second-to-last hidden states, side by side, zero-padded to
                 // T5's width; the two projections side by side as the pooled vector.
                 let (clip_tokens, [l, g]) =
@@ -682,28 +648,15 @@ impl ImagePipeline {
                         "SD3's text_encoder_2 must be a CLIPTextModelWithProjection".into(),
                     )
                 })?);
-                Ok(PromptEmbedding {
-                    states,
-                    tokens: clip_tokens + t5_tokens,
-                    pooled: Some(pooled),
-                })
+                Ok(PromptEmbedding { states, tokens: clip_tokens + t5_tokens, pooled: Some(pooled) })
             }
             Encoders::Sd { clip, tokenizer } => {
                 // The last layer's states after the final LayerNorm, no mask.
                 let (ids, _) = tokenizer.encode(prompt)?;
                 let out = clip.encode(&ids, 1, None)?;
-                Ok(PromptEmbedding {
-                    states: out.last_hidden_state,
-                    tokens: ids.len(),
-                    pooled: None,
-                })
+                Ok(PromptEmbedding { states: out.last_hidden_state, tokens: ids.len(), pooled: None })
             }
-            Encoders::Sdxl {
-                clip_l,
-                clip_g,
-                tokenizer_l,
-                tokenizer_g,
-            } => {
+            Encoders::Sdxl { clip_l, clip_g, tokenizer_l, tokenizer_g } => {
                 // Each tower's second-to-last states side by side; the pooled vector is
                 // the second tower's projection.
                 let (tokens, [l, g]) =
@@ -719,11 +672,7 @@ impl ImagePipeline {
                         "SD-XL's text_encoder_2 must be a CLIPTextModelWithProjection".into(),
                     )
                 })?;
-                Ok(PromptEmbedding {
-                    states,
-                    tokens,
-                    pooled: Some(pooled),
-                })
+                Ok(PromptEmbedding { states, tokens, pooled: Some(pooled) })
             }
         }
     }
@@ -773,9 +722,7 @@ impl ImagePipeline {
             return Err(NetworkError::InvalidInput("0 steps".into()));
         }
         let Schedule::Flow(flow) = &self.scheduler else {
-            return Err(NetworkError::InvalidInput(
-                "a UNet pipeline has no flow-matching schedule".into(),
-            ));
+            return Err(NetworkError::InvalidInput("a UNet pipeline has no flow-matching schedule".into()));
         };
         match (self.config.solver, self.family) {
             (Solver::Euler, _) => {}
@@ -788,11 +735,7 @@ impl ImagePipeline {
                 } else {
                     flow.shift
                 };
-                return Ok(FlowStepper::Dpm(DiscreteSampler::flow_dpm(
-                    n,
-                    shift,
-                    flow.num_train_timesteps,
-                )?));
+                return Ok(FlowStepper::Dpm(DiscreteSampler::flow_dpm(n, shift, flow.num_train_timesteps)?));
             }
             (solver, family) => {
                 return Err(NetworkError::InvalidInput(format!(
@@ -801,13 +744,7 @@ impl ImagePipeline {
             }
         }
         let linspace: Vec<f64> = (0..n)
-            .map(|i| {
-                if n == 1 {
-                    1.0
-                } else {
-                    1.0 + (1.0 / n as f64 - 1.0) * i as f64 / (n - 1) as f64
-                }
-            })
+            .map(|i| if n == 1 { 1.0 } else { 1.0 + (1.0 / n as f64 - 1.0) * i as f64 / (n - 1) as f64 })
             .collect();
         Ok(match self.family {
             Family::Flux => {
@@ -842,11 +779,7 @@ impl ImagePipeline {
             ));
         };
         let config = crate::image::scheduler::discrete_config_for(path, self.config.solver)?;
-        Ok(DiscreteSampler::new(
-            self.config.solver,
-            config,
-            self.config.steps,
-        )?)
+        Ok(DiscreteSampler::new(self.config.solver, config, self.config.steps)?)
     }
 
     /// The `steps + 1` sigmas (the last 0) a `width x height` run steps through, as the
@@ -854,12 +787,7 @@ impl ImagePipeline {
     pub fn sigmas(&self, width: usize, height: usize) -> Result<Vec<f32>> {
         let (_, h, w) = self.latent_shape(width, height)?;
         if self.is_unet() {
-            return Ok(self
-                .discrete_sampler()?
-                .sigmas
-                .iter()
-                .map(|&s| s as f32)
-                .collect());
+            return Ok(self.discrete_sampler()?.sigmas.iter().map(|&s| s as f32).collect());
         }
         Ok(self.schedule(h, w)?.sigmas())
     }
@@ -882,12 +810,7 @@ impl ImagePipeline {
             }
             Noise::Given(v) => check_noise(v, n)?,
         };
-        let mut start = Latent {
-            data: noise,
-            channels: c,
-            height: h,
-            width: w,
-        };
+        let mut start = Latent { data: noise, channels: c, height: h, width: w };
         if self.is_unet() {
             let sampler = self.discrete_sampler()?;
             let k = sampler.init_noise_sigma() as f32;
@@ -905,9 +828,7 @@ impl ImagePipeline {
         progress: impl FnMut(usize, usize) -> bool,
     ) -> Result<Latent> {
         if !(0.0..=1.0).contains(&strength) {
-            return Err(NetworkError::InvalidInput(format!(
-                "strength {strength} is outside [0, 1]"
-            )));
+            return Err(NetworkError::InvalidInput(format!("strength {strength} is outside [0, 1]")));
         }
         let (c, h, w) = self.latent_shape(image.width, image.height)?;
         if image.data.len() != image.channels * image.height * image.width {
@@ -956,12 +877,7 @@ impl ImagePipeline {
                 )));
             }
             let data = sampler.add_noise(first, &x0, &noise)?;
-            let start = Latent {
-                data,
-                channels: c,
-                height: h,
-                width: w,
-            };
+            let start = Latent { data, channels: c, height: h, width: w };
             return self.denoise_unet(cond, start, sampler, first, generator, progress);
         }
         // diffusers' img2img pipelines noise the start with the Euler scheduler's
@@ -980,12 +896,7 @@ impl ImagePipeline {
             )));
         }
         let data = schedule.scale_noise(first, &x0, &noise)?;
-        let start = Latent {
-            data,
-            channels: c,
-            height: h,
-            width: w,
-        };
+        let start = Latent { data, channels: c, height: h, width: w };
         self.denoise(cond, start, &mut FlowStepper::Euler(schedule), first, progress)
     }
 
@@ -1066,9 +977,7 @@ impl ImagePipeline {
             }
             None => (Vec::new(), Vec::new()),
         };
-        let guidance = cfg
-            .guidance_embeds
-            .then(|| vec![self.config.guidance_scale; batch]);
+        let guidance = cfg.guidance_embeds.then(|| vec![self.config.guidance_scale; batch]);
         let total = schedule.steps() - first;
         let n = c * h * w;
         for i in first..schedule.steps() {
@@ -1096,16 +1005,9 @@ impl ImagePipeline {
             let input = DitInput {
                 batch,
                 latent: if packed {
-                    DitLatent::Tokens {
-                        data: &input_latent,
-                        ids: &img_ids,
-                    }
+                    DitLatent::Tokens { data: &input_latent, ids: &img_ids }
                 } else {
-                    DitLatent::Image {
-                        data: &input_latent,
-                        height: h,
-                        width: w,
-                    }
+                    DitLatent::Image { data: &input_latent, height: h, width: w }
                 },
                 context: &context,
                 context_ids: &txt_ids,
@@ -1224,9 +1126,7 @@ impl ImagePipeline {
 
     /// The picture of a denoised latent, in [-1, 1].
     pub fn decode(&self, latent: &Latent) -> Result<Image> {
-        let (z, h, w) = self
-            .vae
-            .from_denoiser(&latent.data, 1, latent.height, latent.width)?;
+        let (z, h, w) = self.vae.from_denoiser(&latent.data, 1, latent.height, latent.width)?;
         self.vae.decode_image(&z, h, w)
     }
 
@@ -1238,13 +1138,8 @@ impl ImagePipeline {
     ) -> Result<Image> {
         self.latent_shape(width, height)?;
         let cond = self.condition(prompt)?;
-        let latent = self.sample_latent(
-            &cond,
-            width,
-            height,
-            Noise::Seed(seed.unwrap_or_else(clock_seed)),
-            progress,
-        )?;
+        let latent =
+            self.sample_latent(&cond, width, height, Noise::Seed(seed.unwrap_or_else(clock_seed)), progress)?;
         self.decode(&latent)
     }
 
@@ -1270,9 +1165,7 @@ fn check_noise(v: Vec<f32>, n: usize) -> Result<Vec<f32>> {
         )));
     }
     if v.iter().any(|x| !x.is_finite()) {
-        return Err(NetworkError::InvalidInput(
-            "the noise holds NaN or infinite values".into(),
-        ));
+        return Err(NetworkError::InvalidInput("the noise holds NaN or infinite values".into()));
     }
     Ok(v)
 }
@@ -1305,11 +1198,7 @@ fn two_towers(
         let states = out.hidden_states.get_mut(at).map(std::mem::take).ok_or_else(|| {
             NetworkError::InvalidInput(format!("{family}'s CLIP tower returned no hidden states"))
         })?;
-        let tower = Tower {
-            states,
-            width: clip.config().hidden_size,
-            projection: out.text_embeds,
-        };
+        let tower = Tower { states, width: clip.config().hidden_size, projection: out.text_embeds };
         Ok((ids.len(), tower))
     });
     let ((na, a), (nb, b)) = (a?, b?);

@@ -88,10 +88,7 @@ fn discrete(c: &Config<'_>, solver: Solver) -> Result<DiscreteConfig> {
         "v_prediction" => Prediction::VPrediction,
         "sample" | "original_sample" => Prediction::Sample,
         other => {
-            return Err(c.err(
-                "prediction_type",
-                format!("{other:?} is not epsilon, v_prediction or sample"),
-            ))
+            return Err(c.err("prediction_type", format!("{other:?} is not epsilon, v_prediction or sample")))
         }
     };
     let default_spacing = match solver {
@@ -103,10 +100,7 @@ fn discrete(c: &Config<'_>, solver: Solver) -> Result<DiscreteConfig> {
         "trailing" => Spacing::Trailing,
         "linspace" => Spacing::Linspace,
         other => {
-            return Err(c.err(
-                "timestep_spacing",
-                format!("{other:?} is not leading, trailing or linspace"),
-            ))
+            return Err(c.err("timestep_spacing", format!("{other:?} is not leading, trailing or linspace")))
         }
     };
     match solver {
@@ -169,14 +163,8 @@ fn discrete(c: &Config<'_>, solver: Solver) -> Result<DiscreteConfig> {
     // The f32 values of the file are what diffusers reads too (as Python floats: the
     // JSON's own digits), so the betas are re-read at full precision.
     let config = DiscreteConfig {
-        beta_start: c
-            .get("beta_start")
-            .and_then(|v| v.as_f64())
-            .unwrap_or(config.beta_start),
-        beta_end: c
-            .get("beta_end")
-            .and_then(|v| v.as_f64())
-            .unwrap_or(config.beta_end),
+        beta_start: c.get("beta_start").and_then(|v| v.as_f64()).unwrap_or(config.beta_start),
+        beta_end: c.get("beta_end").and_then(|v| v.as_f64()).unwrap_or(config.beta_end),
         ..config
     };
     config.validate().map_err(|e| c.err("config", e.to_string()))?;
@@ -203,12 +191,7 @@ fn flow_match(c: &Config<'_>) -> Result<FlowMatchConfig> {
     let time_shift = match c.str("time_shift_type").unwrap_or("exponential") {
         "exponential" => TimeShift::Exponential,
         "linear" => TimeShift::Linear,
-        other => {
-            return Err(c.err(
-                "time_shift_type",
-                format!("{other:?} is not exponential or linear"),
-            ))
-        }
+        other => return Err(c.err("time_shift_type", format!("{other:?} is not exponential or linear"))),
     };
     let config = FlowMatchConfig {
         num_train_timesteps: c.count("num_train_timesteps", Some(d.num_train_timesteps))?,

@@ -52,9 +52,7 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
         return Ok(None);
     }
     let bytes = crate::io::files::read(path)?;
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| NetworkError::parse(path, "json", e.to_string()))
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| NetworkError::parse(path, "json", e.to_string()))
 }
 
 /// A special token's text from `special_tokens_map.json` / `tokenizer_config.json`: a
@@ -98,17 +96,10 @@ impl ClipTokenizer {
             let mut t = Tokenizer::new(bpe);
             let collapse = Replace::new(ReplacePattern::Regex(r"\s+".into()), " ")
                 .map_err(|e| tok_err(&vocab, "normalizer", e))?;
-            t.with_normalizer(Some(Normalizers::new(vec![
-                NFC.into(),
-                collapse.into(),
-                Lowercase.into(),
-            ])));
-            let words = Split::new(
-                SplitPattern::Regex(CLIP_PATTERN.into()),
-                SplitDelimiterBehavior::Removed,
-                true,
-            )
-            .map_err(|e| tok_err(&vocab, "pre-tokenizer", e))?;
+            t.with_normalizer(Some(Normalizers::new(vec![NFC.into(), collapse.into(), Lowercase.into()])));
+            let words =
+                Split::new(SplitPattern::Regex(CLIP_PATTERN.into()), SplitDelimiterBehavior::Removed, true)
+                    .map_err(|e| tok_err(&vocab, "pre-tokenizer", e))?;
             t.with_pre_tokenizer(Some(PreTokenizers::new(vec![
                 words.into(),
                 ByteLevel::new(false, true, false).into(),
@@ -144,10 +135,7 @@ impl ClipTokenizer {
                 ))
             })
         };
-        let (bos, eos) = (
-            lookup("bos_token", "<|startoftext|>")?,
-            lookup("eos_token", "<|endoftext|>")?,
-        );
+        let (bos, eos) = (lookup("bos_token", "<|startoftext|>")?, lookup("eos_token", "<|endoftext|>")?);
         let pad = lookup("pad_token", "<|endoftext|>")?;
         let max_length = config
             .as_ref()
@@ -155,13 +143,7 @@ impl ClipTokenizer {
             .and_then(Value::as_u64)
             .filter(|&n| (2..=4096).contains(&n))
             .unwrap_or(77) as usize;
-        Ok(ClipTokenizer {
-            tokenizer,
-            bos,
-            eos,
-            pad,
-            max_length,
-        })
+        Ok(ClipTokenizer { tokenizer, bos, eos, pad, max_length })
     }
 
     /// The ids of `prompt` between the start and end tokens, unpadded and untruncated.
@@ -225,10 +207,7 @@ impl PromptTokenizer {
             } else {
                 ""
             };
-            return Err(NetworkError::InvalidInput(format!(
-                "{}: no tokenizer.json{hint}",
-                dir.display()
-            )));
+            return Err(NetworkError::InvalidInput(format!("{}: no tokenizer.json{hint}", dir.display())));
         }
         let tokenizer = Tokenizer::from_file(&json).map_err(|e| tok_err(&json, "tokenizer", e))?;
         let config = read_json(&dir.join("tokenizer_config.json"))?;
@@ -247,11 +226,7 @@ impl PromptTokenizer {
                 dir.display()
             ))
         })?;
-        if let Some(side) = config
-            .as_ref()
-            .and_then(|c| c.get("padding_side"))
-            .and_then(Value::as_str)
-        {
+        if let Some(side) = config.as_ref().and_then(|c| c.get("padding_side")).and_then(Value::as_str) {
             if side != "right" {
                 return Err(NetworkError::InvalidInput(format!(
                     "{}: padding_side {side:?}; the pipelines here pad on the right",

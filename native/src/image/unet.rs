@@ -19,10 +19,7 @@ pub fn unet_config(path: &Path) -> Result<UnetConfig> {
     match c.str("_class_name") {
         Some("UNet2DConditionModel") | None => {}
         Some(other) => {
-            return Err(c.err(
-                "_class_name",
-                format!("{other:?}: this loader reads UNet2DConditionModel"),
-            ))
+            return Err(c.err("_class_name", format!("{other:?}: this loader reads UNet2DConditionModel")))
         }
     }
     let names = |key: &str, default: &[&str]| -> Result<Vec<String>> {
@@ -41,21 +38,11 @@ pub fn unet_config(path: &Path) -> Result<UnetConfig> {
     };
     let down = names(
         "down_block_types",
-        &[
-            "CrossAttnDownBlock2D",
-            "CrossAttnDownBlock2D",
-            "CrossAttnDownBlock2D",
-            "DownBlock2D",
-        ],
+        &["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
     )?;
     let up = names(
         "up_block_types",
-        &[
-            "UpBlock2D",
-            "CrossAttnUpBlock2D",
-            "CrossAttnUpBlock2D",
-            "CrossAttnUpBlock2D",
-        ],
+        &["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
     )?;
     let kinds = |key: &str, list: &[String], cross: &str, plain: &str| -> Result<Vec<bool>> {
         list.iter()
@@ -73,20 +60,16 @@ pub fn unet_config(path: &Path) -> Result<UnetConfig> {
         Some(v) => match v.as_str() {
             Some("UNetMidBlock2DCrossAttn") => true,
             _ => {
-                return Err(c.err(
-                    "mid_block_type",
-                    format!("{v}: only UNetMidBlock2DCrossAttn is computed"),
-                ))
+                return Err(c.err("mid_block_type", format!("{v}: only UNetMidBlock2DCrossAttn is computed")))
             }
         },
     };
     let block_out_channels = c.counts("block_out_channels", &[320, 640, 1280, 1280])?;
     let n = block_out_channels.len();
     if c.get("num_attention_heads").is_some() {
-        return Err(c.err(
-            "num_attention_heads",
-            "diffusers refuses it too: the heads are attention_head_dim",
-        ));
+        return Err(
+            c.err("num_attention_heads", "diffusers refuses it too: the heads are attention_head_dim")
+        );
     }
     let cross_attention_dim = {
         let v = c.per_block("cross_attention_dim", 1280, n)?;
@@ -119,18 +102,12 @@ pub fn unet_config(path: &Path) -> Result<UnetConfig> {
             return Err(c.err(key, format!("{v:?}: only {want:?} is computed")));
         }
     }
-    for key in [
-        "dual_cross_attention",
-        "center_input_sample",
-        "resnet_skip_time_act",
-    ] {
+    for key in ["dual_cross_attention", "center_input_sample", "resnet_skip_time_act"] {
         if c.flag(key, false)? {
             return Err(c.err(key, "true: not computed"));
         }
     }
-    if c.get("only_cross_attention")
-        .is_some_and(|v| v != &serde_json::Value::Bool(false))
-    {
+    if c.get("only_cross_attention").is_some_and(|v| v != &serde_json::Value::Bool(false)) {
         return Err(c.err("only_cross_attention", "only false is computed"));
     }
     for key in ["conv_in_kernel", "conv_out_kernel"] {
@@ -147,10 +124,7 @@ pub fn unet_config(path: &Path) -> Result<UnetConfig> {
         None => None,
         Some("text_time") => Some(c.count("addition_time_embed_dim", None)?),
         Some(other) => {
-            return Err(c.err(
-                "addition_embed_type",
-                format!("{other:?}: only \"text_time\" is computed"),
-            ))
+            return Err(c.err("addition_embed_type", format!("{other:?}: only \"text_time\" is computed")))
         }
     };
     let config = UnetConfig {
@@ -176,9 +150,7 @@ pub fn unet_config(path: &Path) -> Result<UnetConfig> {
         downsample_padding: c.count("downsample_padding", Some(1))?,
         block_out_channels,
     };
-    config
-        .validate()
-        .map_err(|e| c.err("config", format!("describes no valid UNet: {e}")))?;
+    config.validate().map_err(|e| c.err("config", format!("describes no valid UNet: {e}")))?;
     Ok(config)
 }
 
@@ -206,9 +178,7 @@ impl Unet {
             |_| false,
             |n, s| precision == Precision::Q8 && s.len() == 2 && n.ends_with(".weight"),
         )?;
-        Ok(Unet {
-            model: CoreUnet::with_q8(CpuBackend::new(), config, weights, q8)?,
-        })
+        Ok(Unet { model: CoreUnet::with_q8(CpuBackend::new(), config, weights, q8)? })
     }
 
     /// The architecture read from the folder.

@@ -55,9 +55,7 @@ impl Vae {
             |n| n == "bn.num_batches_tracked",
             |_, _| false,
         )?;
-        Ok(Vae {
-            model: AutoencoderKl::new(CpuBackend::new(), config, weights)?,
-        })
+        Ok(Vae { model: AutoencoderKl::new(CpuBackend::new(), config, weights)? })
     }
 
     /// Bytes the weights hold.
@@ -129,12 +127,7 @@ impl Vae {
         let f = self.config().downscale();
         let mut data = self.decode(latent, 1, h, w)?;
         data.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
-        Ok(Image {
-            width: w * f,
-            height: h * f,
-            channels: self.config().out_channels,
-            data,
-        })
+        Ok(Image { width: w * f, height: h * f, channels: self.config().out_channels, data })
     }
 }
 
@@ -142,10 +135,7 @@ impl Vae {
 /// anything the definition does not compute is refused by name.
 fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
     let err = |key: &str, msg: String| NetworkError::parse(path, key, msg);
-    let class = v
-        .get("_class_name")
-        .and_then(Value::as_str)
-        .unwrap_or("AutoencoderKL");
+    let class = v.get("_class_name").and_then(Value::as_str).unwrap_or("AutoencoderKL");
     let flux2 = match class {
         "AutoencoderKL" => false,
         "AutoencoderKLFlux2" => true,
@@ -169,18 +159,15 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
     let float = |key: &str, default: Option<f32>| -> Result<Option<f32>> {
         match v.get(key) {
             None | Some(Value::Null) => Ok(default),
-            Some(x) => x
-                .as_f64()
-                .map(|f| Some(f as f32))
-                .ok_or_else(|| err(key, format!("{x} is not a number"))),
+            Some(x) => {
+                x.as_f64().map(|f| Some(f as f32)).ok_or_else(|| err(key, format!("{x} is not a number")))
+            }
         }
     };
     let flag = |key: &str, default: bool| -> Result<bool> {
         match v.get(key) {
             None | Some(Value::Null) => Ok(default),
-            Some(x) => x
-                .as_bool()
-                .ok_or_else(|| err(key, format!("{x} is not true or false"))),
+            Some(x) => x.as_bool().ok_or_else(|| err(key, format!("{x} is not true or false"))),
         }
     };
     let channels = |key: &str| -> Result<Option<Vec<usize>>> {
@@ -211,11 +198,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
         if types.len() != block_out_channels.len() {
             return Err(err(
                 key,
-                format!(
-                    "{} blocks, but block_out_channels has {}",
-                    types.len(),
-                    block_out_channels.len()
-                ),
+                format!("{} blocks, but block_out_channels has {}", types.len(), block_out_channels.len()),
             ));
         }
         if let Some(t) = types.iter().find(|t| **t != want) {
@@ -241,10 +224,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
             }
             Some(x) => return Err(err("patch_size", format!("{x}: square patches only"))),
         };
-        Some(LatentBatchNorm {
-            patch,
-            eps: float("batch_norm_eps", Some(1e-4))?.unwrap_or(1e-4),
-        })
+        Some(LatentBatchNorm { patch, eps: float("batch_norm_eps", Some(1e-4))?.unwrap_or(1e-4) })
     } else {
         None
     };
@@ -264,9 +244,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
         mid_block_add_attention: flag("mid_block_add_attention", true)?,
         latent_bn,
     };
-    config
-        .validate()
-        .map_err(|e| err("config", format!("describes no valid autoencoder: {e}")))?;
+    config.validate().map_err(|e| err("config", format!("describes no valid autoencoder: {e}")))?;
     Ok(config)
 }
 
@@ -340,12 +318,7 @@ pub fn load_image(path: impl AsRef<Path>) -> Result<Image> {
             data[c * n + p] = px.0[c] as f32 / 127.5 - 1.0;
         }
     }
-    Ok(Image {
-        width,
-        height,
-        channels: 3,
-        data,
-    })
+    Ok(Image { width, height, channels: 3, data })
 }
 
 #[cfg(feature = "images")]

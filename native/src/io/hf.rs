@@ -137,24 +137,18 @@ impl Keys<'_> {
         }
     }
     fn usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?
-            .ok_or_else(|| self.err(key, "missing; the model's shape needs it"))
+        self.opt_usize(key)?.ok_or_else(|| self.err(key, "missing; the model's shape needs it"))
     }
     fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(x) => x
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("{x} is not a number"))),
+            Some(x) => x.as_f64().map(Some).ok_or_else(|| self.err(key, format!("{x} is not a number"))),
         }
     }
     fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
         match self.get(key) {
             None => Ok(default),
-            Some(x) => x
-                .as_bool()
-                .ok_or_else(|| self.err(key, format!("{x} is not true or false"))),
+            Some(x) => x.as_bool().ok_or_else(|| self.err(key, format!("{x} is not true or false"))),
         }
     }
     fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
@@ -175,9 +169,7 @@ impl Keys<'_> {
 
 /// The family and the model configuration `config.json` describes.
 fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
-    let v = v
-        .as_object()
-        .ok_or_else(|| NetworkError::parse(path, "config", "not a JSON object"))?;
+    let v = v.as_object().ok_or_else(|| NetworkError::parse(path, "config", "not a JSON object"))?;
     let k = Keys { path, v };
     let arch = k
         .get("architectures")
@@ -189,18 +181,12 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
         let known: Vec<&str> = FAMILIES.iter().map(|f| f.1).collect();
         k.err(
             "architectures",
-            format!(
-                "{arch} is not an architecture this build reads ({})",
-                known.join(", ")
-            ),
+            format!("{arch} is not an architecture this build reads ({})", known.join(", ")),
         )
     })?;
     if let Some(act) = k.get("hidden_act") {
         if act.as_str() != Some("silu") {
-            return Err(k.err(
-                "hidden_act",
-                format!("{act}: the feed-forward is SwiGLU (silu) only"),
-            ));
+            return Err(k.err("hidden_act", format!("{act}: the feed-forward is SwiGLU (silu) only")));
         }
     }
     let d_model = k.usize("hidden_size")?;
@@ -218,9 +204,9 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
     let params = k.get("rope_parameters").and_then(Value::as_object);
     let theta = match (k.opt_f64("rope_theta")?, params.and_then(|p| p.get("rope_theta"))) {
         (Some(t), _) => t,
-        (None, Some(t)) => t
-            .as_f64()
-            .ok_or_else(|| k.err("rope_parameters.rope_theta", format!("{t} is not a number")))?,
+        (None, Some(t)) => {
+            t.as_f64().ok_or_else(|| k.err("rope_parameters.rope_theta", format!("{t} is not a number")))?
+        }
         (None, None) => 10_000.0,
     };
     let (scaling_key, scaling) = match k.get("rope_scaling").and_then(Value::as_object) {
@@ -244,9 +230,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
     };
     let rope_scaling = match rope_type {
         "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear {
-            factor: num("factor")? as f32,
-        },
+        "linear" => RopeScaling::Linear { factor: num("factor")? as f32 },
         "llama3" => {
             let old = num("original_max_position_embeddings")?;
             if old < 1.0 || old.fract() != 0.0 {
@@ -274,10 +258,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
     rope_scaling.check().map_err(|m| k.err(scaling_key, m))?;
     let partial = match scaling.and_then(|s| s.get("partial_rotary_factor")) {
         Some(v) => Some(v.as_f64().ok_or_else(|| {
-            k.err(
-                &format!("{scaling_key}.partial_rotary_factor"),
-                format!("{v} is not a number"),
-            )
+            k.err(&format!("{scaling_key}.partial_rotary_factor"), format!("{v} is not a number"))
         })?),
         None => k.opt_f64("partial_rotary_factor")?,
     };
@@ -319,10 +300,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
         ));
     }
     if k.bool_or("mlp_bias", false)? {
-        return Err(k.err(
-            "mlp_bias",
-            "feed-forward biases are not part of the model definition",
-        ));
+        return Err(k.err("mlp_bias", "feed-forward biases are not part of the model definition"));
     }
     if family == Family::Qwen2Moe {
         return Err(k.err(
@@ -397,9 +375,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
         rope_scaling,
         moe,
     };
-    config
-        .validate()
-        .map_err(|e| k.err("config", format!("describes no valid model: {e}")))?;
+    config.validate().map_err(|e| k.err("config", format!("describes no valid model: {e}")))?;
     Ok((family, config))
 }
 
@@ -432,15 +408,10 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
 
     // Every tensor in the files must be one the configuration has: an extra one is a
     // feature (a bias, a norm) that would otherwise be dropped without a word.
-    let wanted: HashSet<String> = layout
-        .as_ref()
-        .into_named()
-        .into_iter()
-        .map(|(n, _)| family.file_name(&n))
-        .collect();
-    if let Some((i, extra)) = tensors
-        .names()
-        .find(|(_, n)| !wanted.contains(n) && !ignorable(n, config.tie_embeddings))
+    let wanted: HashSet<String> =
+        layout.as_ref().into_named().into_iter().map(|(n, _)| family.file_name(&n)).collect();
+    if let Some((i, extra)) =
+        tensors.names().find(|(_, n)| !wanted.contains(n) && !ignorable(n, config.tie_embeddings))
     {
         return Err(NetworkError::parse(
             &files.paths[i],
@@ -469,9 +440,8 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
                 Ok(Vec::new())
             })?;
             let mut q = quantized.into_iter();
-            let quantized: QuantParams<CpuBackend> = config
-                .layout()
-                .try_map(|_, _| -> Result<_> { Ok(q.next().flatten()) })?;
+            let quantized: QuantParams<CpuBackend> =
+                config.layout().try_map(|_, _| -> Result<_> { Ok(q.next().flatten()) })?;
             TransformerModel::from_quantized(b, config, params, quantized)?
         }
     };
@@ -503,9 +473,7 @@ fn family_for(config: &TransformerConfig, origin: Option<&Origin>) -> Result<Fam
         return Ok(o.family);
     }
     let refuse = |what: &str| {
-        Err(NetworkError::InvalidInput(format!(
-            "save_pretrained: no Hugging Face class computes {what}"
-        )))
+        Err(NetworkError::InvalidInput(format!("save_pretrained: no Hugging Face class computes {what}")))
     };
     match (&config.moe, config.qkv_bias, config.qk_norm) {
         (_, true, true) => refuse("both q/k/v biases and per-head q/k norms"),
@@ -525,23 +493,16 @@ fn family_for(config: &TransformerConfig, origin: Option<&Origin>) -> Result<Fam
 /// An f32 as the shortest decimal that reads back as it (`1e-5`, not the f64 widening
 /// `9.999999747378752e-6`), so the file says what the model was given.
 fn short(x: f32) -> Value {
-    x.to_string()
-        .parse::<f64>()
-        .map_or_else(|_| json!(x), |v| json!(v))
+    x.to_string().parse::<f64>().map_or_else(|_| json!(x), |v| json!(v))
 }
 
 /// `config.json` for `config` as `family`, over the keys `origin` kept.
 fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin>) -> Value {
     let mut out = origin.map(|o| o.config.clone()).unwrap_or_default();
     // Keys this writer sets in another spelling or that would contradict the model.
-    for key in [
-        "rope_scaling",
-        "rope_parameters",
-        "partial_rotary_factor",
-        "torch_dtype",
-        "dtype",
-        "head_dim",
-    ] {
+    for key in
+        ["rope_scaling", "rope_parameters", "partial_rotary_factor", "torch_dtype", "dtype", "head_dim"]
+    {
         out.remove(key);
     }
     let c = config;
@@ -568,16 +529,10 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
     // transformers 4 reads `rope_scaling`; 5 takes it as `rope_parameters` when given.
     match c.rope_scaling {
         RopeScaling::None => {}
-        RopeScaling::Linear { factor } => set(
-            "rope_scaling",
-            json!({"rope_type": "linear", "factor": short(factor)}),
-        ),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position,
-        } => set(
+        RopeScaling::Linear { factor } => {
+            set("rope_scaling", json!({"rope_type": "linear", "factor": short(factor)}))
+        }
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => set(
             "rope_scaling",
             json!({
                 "rope_type": "llama3",
@@ -615,10 +570,7 @@ fn config_for(config: &TransformerConfig, family: Family, origin: Option<&Origin
         let on = m.load_balance_coef > 0.0;
         set("output_router_logits", json!(on));
         if on {
-            set(
-                "router_aux_loss_coef",
-                short(m.load_balance_coef / m.top_k as f32),
-            );
+            set("router_aux_loss_coef", short(m.load_balance_coef / m.top_k as f32));
         }
     }
     if matches!(family, Family::Mistral | Family::Mixtral) {
@@ -667,15 +619,7 @@ fn write_files(
         .into_named()
         .into_iter()
         .zip(model.params.as_ref().into_leaves())
-        .map(|((name, t), buf)| {
-            (
-                family.file_name(&name),
-                F32View {
-                    shape: t.shape,
-                    data: buf.as_slice(),
-                },
-            )
-        })
+        .map(|((name, t), buf)| (family.file_name(&name), F32View { shape: t.shape, data: buf.as_slice() }))
         .collect();
     // Shards in layout order, a new one when the next tensor would pass the limit (a
     // tensor larger than the limit gets a shard of its own), as transformers splits.
@@ -697,11 +641,7 @@ fn write_files(
     let mut written = Vec::new();
     let mut weight_map = BTreeMap::new();
     for (s, members) in shards.iter().enumerate() {
-        let file = if n == 1 {
-            "model.safetensors".to_string()
-        } else {
-            shard_name(s, n)
-        };
+        let file = if n == 1 { "model.safetensors".to_string() } else { shard_name(s, n) };
         let path = tmp.join(&file);
         let views = members.iter().map(|&i| (tensors[i].0.as_str(), &tensors[i].1));
         safetensors::tensor::serialize_to_file(views, Some(meta.clone()), &path)
@@ -740,9 +680,8 @@ fn write_files(
     // weights the permissions a file created here gets (the umask's), as the JSON files have,
     // so a directory saved for others to read is readable by them.
     let config_path = tmp.join("config.json");
-    let permissions = std::fs::metadata(&config_path)
-        .map_err(|e| NetworkError::io(&config_path, e))?
-        .permissions();
+    let permissions =
+        std::fs::metadata(&config_path).map_err(|e| NetworkError::io(&config_path, e))?.permissions();
     for file in written.iter().filter(|f| f.ends_with(".safetensors")) {
         let path = tmp.join(file);
         std::fs::set_permissions(&path, permissions.clone()).map_err(|e| NetworkError::io(&path, e))?;
@@ -759,9 +698,7 @@ pub(crate) fn save(
     model: &TransformerModel<CpuBackend>, origin: Option<&Origin>, dir: &Path, max_shard_bytes: usize,
 ) -> Result<()> {
     if max_shard_bytes == 0 {
-        return Err(NetworkError::InvalidInput(
-            "save_pretrained: max_shard_bytes must be at least 1".into(),
-        ));
+        return Err(NetworkError::InvalidInput("save_pretrained: max_shard_bytes must be at least 1".into()));
     }
     let name = dir
         .file_name()
@@ -795,10 +732,7 @@ pub(crate) fn save(
                 || (f.starts_with("model-") && f.ends_with(".safetensors")))
                 && !written.iter().any(|w| w == f)
         };
-        for entry in std::fs::read_dir(dir)
-            .map_err(|e| NetworkError::io(dir, e))?
-            .flatten()
-        {
+        for entry in std::fs::read_dir(dir).map_err(|e| NetworkError::io(dir, e))?.flatten() {
             if let Some(f) = entry.file_name().to_str() {
                 if stale(f) {
                     let _ = std::fs::remove_file(entry.path());

@@ -73,10 +73,7 @@ impl Prefetch {
                 while !flag.load(Ordering::Relaxed) && matches!(f.read(&mut buf), Ok(n) if n > 0) {}
             }
         });
-        Prefetch {
-            stop,
-            thread: Some(thread),
-        }
+        Prefetch { stop, thread: Some(thread) }
     }
 }
 
@@ -109,11 +106,7 @@ impl Files {
         match found.as_slice() {
             [one] => {
                 let maps = vec![map_file(one)?];
-                Ok(Files {
-                    paths: vec![one.clone()],
-                    maps,
-                    index: None,
-                })
+                Ok(Files { paths: vec![one.clone()], maps, index: None })
             }
             [] => Files::open(dir, stems),
             many => Err(NetworkError::InvalidInput(format!(
@@ -139,15 +132,9 @@ impl Files {
             (index.is_file() || single.is_file()).then_some((index, single))
         });
         let Some((index_path, single)) = found else {
-            let names: Vec<String> = stems
-                .iter()
-                .map(|s| format!("no {s}.safetensors or {s}.safetensors.index.json"))
-                .collect();
-            return Err(NetworkError::InvalidInput(format!(
-                "{}: {}",
-                dir.display(),
-                names.join(", ")
-            )));
+            let names: Vec<String> =
+                stems.iter().map(|s| format!("no {s}.safetensors or {s}.safetensors.index.json")).collect();
+            return Err(NetworkError::InvalidInput(format!("{}: {}", dir.display(), names.join(", "))));
         };
         if index_path.is_file() {
             let text = crate::io::files::read(&index_path)?;
@@ -181,25 +168,13 @@ impl Files {
                 index.insert(key.clone(), i);
             }
             if paths.is_empty() {
-                return Err(NetworkError::parse(
-                    &index_path,
-                    "weight_map",
-                    "empty: it names no tensor",
-                ));
+                return Err(NetworkError::parse(&index_path, "weight_map", "empty: it names no tensor"));
             }
             let maps = paths.iter().map(|p| map_file(p)).collect::<Result<_>>()?;
-            Ok(Files {
-                paths,
-                maps,
-                index: Some(index),
-            })
+            Ok(Files { paths, maps, index: Some(index) })
         } else {
             let maps = vec![map_file(&single)?];
-            Ok(Files {
-                paths: vec![single],
-                maps,
-                index: None,
-            })
+            Ok(Files { paths: vec![single], maps, index: None })
         }
     }
 }
@@ -284,11 +259,7 @@ impl<'a> Tensors<'a> {
             widen(&view, from + c * per, out);
         });
         if data.par_iter().any(|v| !v.is_finite()) {
-            return Err(NetworkError::parse(
-                &self.files.paths[i],
-                name,
-                "holds NaN or infinite values",
-            ));
+            return Err(NetworkError::parse(&self.files.paths[i], name, "holds NaN or infinite values"));
         }
         if rows.end == total {
             self.release(i, &view);
@@ -330,10 +301,7 @@ impl<'a> Tensors<'a> {
             })
             .collect();
         let pc = q8::packed_cols(cols);
-        let (mut packed, mut scales) = (
-            Vec::with_capacity(rows.len() * pc),
-            Vec::with_capacity(rows.len()),
-        );
+        let (mut packed, mut scales) = (Vec::with_capacity(rows.len() * pc), Vec::with_capacity(rows.len()));
         for part in parts {
             let (p, sc) = part?;
             packed.extend_from_slice(&p);

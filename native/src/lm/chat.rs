@@ -28,10 +28,7 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with any role.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
     /// The system prompt.
     pub fn system(content: impl Into<String>) -> Self {
@@ -78,11 +75,7 @@ impl ChatTemplate {
     pub fn from_pretrained(dir: impl AsRef<Path>) -> Result<ChatTemplate> {
         let dir = dir.as_ref();
         let config_path = dir.join("tokenizer_config.json");
-        let config = if config_path.is_file() {
-            Some(read_json(&config_path)?)
-        } else {
-            None
-        };
+        let config = if config_path.is_file() { Some(read_json(&config_path)?) } else { None };
         let mut specials = Map::new();
         if let Some(c) = &config {
             for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
@@ -143,23 +136,16 @@ impl ChatTemplate {
     }
 
     fn checked(source: String, specials: Map<String, Value>, origin: PathBuf) -> Result<ChatTemplate> {
-        let name = origin
-            .file_name()
-            .map_or_else(|| "chat template".into(), |n| n.to_string_lossy().into_owned());
-        let t = ChatTemplate {
-            source,
-            specials,
-            origin,
-            name,
-        };
+        let name =
+            origin.file_name().map_or_else(|| "chat template".into(), |n| n.to_string_lossy().into_owned());
+        let t = ChatTemplate { source, specials, origin, name };
         t.compile(&environment())?;
         Ok(t)
     }
 
     /// The parsed template, named after its file so errors say `(in FILE:LINE)`.
     fn compile<'e>(&'e self, env: &'e Environment<'e>) -> Result<minijinja::Template<'e, 'e>> {
-        env.template_from_named_str(&self.name, &self.source)
-            .map_err(|e| self.error(e))
+        env.template_from_named_str(&self.name, &self.source).map_err(|e| self.error(e))
     }
 
     /// Sets a special token the template may name (`bos_token`, `eos_token`, ...).
@@ -214,15 +200,8 @@ impl ChatTemplate {
             messages: &'a [ChatMessage],
             add_generation_prompt: bool,
         }
-        let ctx = Context {
-            specials: &self.specials,
-            vars,
-            messages,
-            add_generation_prompt,
-        };
-        template
-            .render(JValue::from(minijinja::value::Serde(&ctx)))
-            .map_err(|e| self.error(e))
+        let ctx = Context { specials: &self.specials, vars, messages, add_generation_prompt };
+        template.render(JValue::from(minijinja::value::Serde(&ctx))).map_err(|e| self.error(e))
     }
 }
 
@@ -240,12 +219,9 @@ fn environment<'s>() -> Environment<'s> {
     // JSON when the template's name ends in .json).
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function(
-        "raise_exception",
-        |message: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-        },
-    );
+    env.add_function("raise_exception", |message: String| -> std::result::Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+    });
     env.add_function("strftime_now", |format: String| {
         strftime(&format, now_utc()).map_err(|m| minijinja::Error::new(ErrorKind::InvalidOperation, m))
     });
@@ -312,9 +288,7 @@ fn item_separator<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io
 
 /// Seconds since the Unix epoch, UTC.
 fn now_utc() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
 /// `time.strftime(format)` for the specifiers chat templates use (`%d %b %Y`, `%B %d, %Y`,
@@ -334,15 +308,7 @@ pub(crate) fn strftime(format: &str, unix: i64) -> std::result::Result<String, S
         "November",
         "December",
     ];
-    const DAYS: [&str; 7] = [
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-    ];
+    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
     let days = unix.div_euclid(86_400);
     let secs = unix.rem_euclid(86_400);
     // Civil date from days since 1970-01-01 (proleptic Gregorian).
@@ -387,11 +353,7 @@ pub(crate) fn strftime(format: &str, unix: i64) -> std::result::Result<String, S
             'S' => format!("{s:02}"),
             'F' => format!("{year}-{month:02}-{day:02}"),
             '%' => "%".to_string(),
-            other => {
-                return Err(format!(
-                    "strftime_now: %{other} is not a specifier this build formats"
-                ))
-            }
+            other => return Err(format!("strftime_now: %{other} is not a specifier this build formats")),
         };
         out.push_str(&piece);
     }
@@ -429,16 +391,8 @@ impl GenerationConfig {
         let dir = dir.as_ref();
         let gen_path = dir.join("generation_config.json");
         let cfg_path = dir.join("config.json");
-        let gen = if gen_path.is_file() {
-            Some(read_json(&gen_path)?)
-        } else {
-            None
-        };
-        let cfg = if cfg_path.is_file() {
-            Some(read_json(&cfg_path)?)
-        } else {
-            None
-        };
+        let gen = if gen_path.is_file() { Some(read_json(&gen_path)?) } else { None };
+        let cfg = if cfg_path.is_file() { Some(read_json(&cfg_path)?) } else { None };
         if gen.is_none() && cfg.is_none() {
             return Err(NetworkError::InvalidInput(format!(
                 "{}: neither generation_config.json nor config.json is there",
@@ -447,16 +401,9 @@ impl GenerationConfig {
         }
         // The first file that has the key, with the path for errors.
         let find = |key: &str| -> Option<(&Path, &Value)> {
-            [
-                (gen_path.as_path(), gen.as_ref()),
-                (cfg_path.as_path(), cfg.as_ref()),
-            ]
-            .into_iter()
-            .find_map(|(p, v)| {
-                v.and_then(|v| v.get(key))
-                    .filter(|v| !v.is_null())
-                    .map(|v| (p, v))
-            })
+            [(gen_path.as_path(), gen.as_ref()), (cfg_path.as_path(), cfg.as_ref())]
+                .into_iter()
+                .find_map(|(p, v)| v.and_then(|v| v.get(key)).filter(|v| !v.is_null()).map(|v| (p, v)))
         };
         let id = |path: &Path, key: &str, v: &Value| -> Result<u32> {
             v.as_u64()
@@ -466,22 +413,20 @@ impl GenerationConfig {
         let one_id = |key: &str| -> Result<Option<u32>> { find(key).map(|(p, v)| id(p, key, v)).transpose() };
         let eos_token_ids = match find("eos_token_id") {
             None => Vec::new(),
-            Some((p, Value::Array(ids))) => ids
-                .iter()
-                .map(|v| id(p, "eos_token_id", v))
-                .collect::<Result<_>>()?,
+            Some((p, Value::Array(ids))) => {
+                ids.iter().map(|v| id(p, "eos_token_id", v)).collect::<Result<_>>()?
+            }
             Some((p, v)) => vec![id(p, "eos_token_id", v)?],
         };
-        let sampling = |key: &str| -> Result<Option<f64>> {
-            match gen.as_ref().and_then(|g| g.get(key)) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .filter(|x| x.is_finite() && *x >= 0.0)
-                    .map(Some)
-                    .ok_or_else(|| NetworkError::parse(&gen_path, key, format!("{v} is not a number >= 0"))),
-            }
-        };
+        let sampling =
+            |key: &str| -> Result<Option<f64>> {
+                match gen.as_ref().and_then(|g| g.get(key)) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(v) => v.as_f64().filter(|x| x.is_finite() && *x >= 0.0).map(Some).ok_or_else(|| {
+                        NetworkError::parse(&gen_path, key, format!("{v} is not a number >= 0"))
+                    }),
+                }
+            };
         let do_sample = match gen.as_ref().and_then(|g| g.get("do_sample")) {
             None | Some(Value::Null) => false,
             Some(v) => v.as_bool().ok_or_else(|| {

@@ -21,11 +21,7 @@ use rusting_brain_core::backend::Memory;
 
 fn optimizer_json(o: &Optimizer) -> Value {
     match o.kind {
-        OptimizerKind::Adam {
-            beta1,
-            beta2,
-            epsilon,
-        } => json!({
+        OptimizerKind::Adam { beta1, beta2, epsilon } => json!({
             "kind": "adam", "learning_rate": o.learning_rate(), "weight_decay": o.decay(),
             "betas": [beta1, beta2], "epsilon": epsilon,
         }),
@@ -38,27 +34,13 @@ fn optimizer_json(o: &Optimizer) -> Value {
 
 fn optimizer_from_json(v: &Value) -> std::result::Result<Optimizer, String> {
     let f = |k: &str| {
-        v.get(k)
-            .and_then(Value::as_f64)
-            .map(|x| x as f32)
-            .ok_or(format!("optimizer has no number `{k}`"))
+        v.get(k).and_then(Value::as_f64).map(|x| x as f32).ok_or(format!("optimizer has no number `{k}`"))
     };
     let o = match v.get("kind").and_then(Value::as_str) {
         Some("adam") => {
-            let betas = v
-                .get("betas")
-                .and_then(Value::as_array)
-                .ok_or("optimizer has no betas")?;
-            let b = |i: usize| {
-                betas
-                    .get(i)
-                    .and_then(Value::as_f64)
-                    .map(|x| x as f32)
-                    .ok_or("bad betas")
-            };
-            Optimizer::adam(f("learning_rate")?)
-                .betas(b(0)?, b(1)?)
-                .epsilon(f("epsilon")?)
+            let betas = v.get("betas").and_then(Value::as_array).ok_or("optimizer has no betas")?;
+            let b = |i: usize| betas.get(i).and_then(Value::as_f64).map(|x| x as f32).ok_or("bad betas");
+            Optimizer::adam(f("learning_rate")?).betas(b(0)?, b(1)?).epsilon(f("epsilon")?)
         }
         Some("sgd") => Optimizer::sgd_momentum(f("learning_rate")?, f("momentum")?)
             .nesterov(v.get("nesterov").and_then(Value::as_bool).unwrap_or(false)),
@@ -76,14 +58,7 @@ pub(crate) fn le_bytes(x: &[f32]) -> Vec<u8> {
 
 /// Serializes named f32 tensors with their shapes and metadata, then writes atomically.
 pub(crate) fn write(path: &Path, tensors: Vec<HostTensor>, meta: HashMap<String, String>) -> Result<()> {
-    write_raw(
-        path,
-        tensors
-            .into_iter()
-            .map(|(n, s, d)| (n, Dtype::F32, s, le_bytes(&d)))
-            .collect(),
-        meta,
-    )
+    write_raw(path, tensors.into_iter().map(|(n, s, d)| (n, Dtype::F32, s, le_bytes(&d))).collect(), meta)
 }
 
 /// A tensor as stored: name, dtype, shape, little-endian bytes.
@@ -121,12 +96,7 @@ fn save_q8(model: &TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
         ("config".to_string(), config_json(c).to_string()),
     ]);
     let quantized: Vec<Option<&(Vec<f32>, Vec<f32>)>> = match &model.quantized {
-        Some(qp) => qp
-            .as_ref()
-            .into_leaves()
-            .into_iter()
-            .map(Option::as_ref)
-            .collect(),
+        Some(qp) => qp.as_ref().into_leaves().into_iter().map(Option::as_ref).collect(),
         None => Vec::new(),
     };
     let mut out: Vec<RawTensor> = Vec::new();
@@ -206,12 +176,8 @@ pub fn load_optimizer(model: &mut TransformerModel<CpuBackend>, path: &Path) -> 
         .map_err(|e| NetworkError::parse(path, "metadata.optimizer", e.to_string()))?;
     let optimizer =
         optimizer_from_json(&opt_v).map_err(|e| NetworkError::parse(path, "metadata.optimizer", e))?;
-    let m = file
-        .params(&config, "m.", &model.backend)
-        .map_err(in_file(path))?;
-    let v = file
-        .params(&config, "v.", &model.backend)
-        .map_err(in_file(path))?;
+    let m = file.params(&config, "m.", &model.backend).map_err(in_file(path))?;
+    let v = file.params(&config, "v.", &model.backend).map_err(in_file(path))?;
     model.m = m;
     model.v = v;
     model.step = step;

@@ -33,20 +33,9 @@ pub(crate) fn device_copy(
         // Frozen under adapters: the weights once (int8 ones a quarter), the adapters four
         // times (weights, gradients, two moments).
         Some(st) => {
-            let base: usize = host
-                .params
-                .as_ref()
-                .into_leaves()
-                .iter()
-                .map(|p| p.len() * 4)
-                .sum::<usize>()
+            let base: usize = host.params.as_ref().into_leaves().iter().map(|p| p.len() * 4).sum::<usize>()
                 + host.quantized.as_ref().map_or(0, |q| {
-                    q.as_ref()
-                        .into_leaves()
-                        .into_iter()
-                        .flatten()
-                        .map(|(p, s)| (p.len() + s.len()) * 4)
-                        .sum()
+                    q.as_ref().into_leaves().into_iter().flatten().map(|(p, s)| (p.len() + s.len()) * 4).sum()
                 });
             let adapters = st.parameter_count(&host.backend);
             cuda.check_room(

@@ -39,12 +39,7 @@ pub(crate) fn check_trainable(host: &TransformerModel<CpuBackend>, kind: &str) -
 }
 
 fn download_tree<B: Backend>(b: &B, to: &mut Params<CpuBackend>, from: &Params<B>) -> Result<()> {
-    for (h, d) in to
-        .as_mut()
-        .into_leaves()
-        .into_iter()
-        .zip(from.as_ref().into_leaves())
-    {
+    for (h, d) in to.as_mut().into_leaves().into_iter().zip(from.as_ref().into_leaves()) {
         let values = b.download(d)?;
         if values.len() != h.len() {
             return Err(NetworkError::InvalidInput(format!(
@@ -76,12 +71,9 @@ impl<B: DeviceBackend> DeviceLm<B> {
         download_tree(&b, &mut self.host.m, &self.device.m)?;
         download_tree(&b, &mut self.host.v, &self.device.v)?;
         if let (Some(h), Some(d)) = (self.host.lora.as_mut(), self.device.lora.as_ref()) {
-            for (to, from) in [
-                (&mut h.weights, &d.weights),
-                (&mut h.grads, &d.grads),
-                (&mut h.m, &d.m),
-                (&mut h.v, &d.v),
-            ] {
+            for (to, from) in
+                [(&mut h.weights, &d.weights), (&mut h.grads, &d.grads), (&mut h.m, &d.m), (&mut h.v, &d.v)]
+            {
                 for (t, f) in rusting_brain_core::models::transformer::adapter_buffers_mut(to)
                     .into_iter()
                     .zip(rusting_brain_core::models::transformer::adapter_buffers(from))

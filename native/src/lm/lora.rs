@@ -99,10 +99,7 @@ fn parse_config(v: &Value, path: &Path) -> Result<LoraConfig> {
     let key = |k: &str| v.get(k).filter(|x| !x.is_null());
     if let Some(t) = key("peft_type").and_then(Value::as_str) {
         if t != "LORA" {
-            return Err(bad(
-                path,
-                format!("peft_type is {t}; only LORA adapters load here"),
-            ));
+            return Err(bad(path, format!("peft_type is {t}; only LORA adapters load here")));
         }
     }
     let rank = key("r")
@@ -117,9 +114,7 @@ fn parse_config(v: &Value, path: &Path) -> Result<LoraConfig> {
         Some(Value::Array(a)) => a
             .iter()
             .map(|t| {
-                t.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| bad(path, "target_modules holds a non-string"))
+                t.as_str().map(str::to_string).ok_or_else(|| bad(path, "target_modules holds a non-string"))
             })
             .collect::<Result<_>>()?,
         Some(Value::String(s)) if s == "all-linear" => LORA_TARGETS.iter().map(|s| s.to_string()).collect(),
@@ -139,37 +134,13 @@ fn parse_config(v: &Value, path: &Path) -> Result<LoraConfig> {
     type Refusal = (&'static str, fn(&Value) -> bool, &'static str);
     let refusals: [Refusal; 8] = [
         ("lora_bias", |x| x.as_bool() == Some(true), "a bias on lora_B"),
-        (
-            "target_parameters",
-            |x| x.as_array().is_some_and(|a| !a.is_empty()),
-            "adapters on raw parameters",
-        ),
-        (
-            "bias",
-            |x| x.as_str().is_some_and(|s| s != "none"),
-            "trained biases",
-        ),
-        (
-            "fan_in_fan_out",
-            |x| x.as_bool() == Some(true),
-            "transposed (Conv1D) weights",
-        ),
+        ("target_parameters", |x| x.as_array().is_some_and(|a| !a.is_empty()), "adapters on raw parameters"),
+        ("bias", |x| x.as_str().is_some_and(|s| s != "none"), "trained biases"),
+        ("fan_in_fan_out", |x| x.as_bool() == Some(true), "transposed (Conv1D) weights"),
         ("use_dora", |x| x.as_bool() == Some(true), "DoRA"),
-        (
-            "modules_to_save",
-            |x| x.as_array().is_some_and(|a| !a.is_empty()),
-            "fully trained extra modules",
-        ),
-        (
-            "rank_pattern",
-            |x| x.as_object().is_some_and(|o| !o.is_empty()),
-            "per-module ranks",
-        ),
-        (
-            "alpha_pattern",
-            |x| x.as_object().is_some_and(|o| !o.is_empty()),
-            "per-module alphas",
-        ),
+        ("modules_to_save", |x| x.as_array().is_some_and(|a| !a.is_empty()), "fully trained extra modules"),
+        ("rank_pattern", |x| x.as_object().is_some_and(|o| !o.is_empty()), "per-module ranks"),
+        ("alpha_pattern", |x| x.as_object().is_some_and(|o| !o.is_empty()), "per-module alphas"),
     ];
     for (k, refused, what) in refusals {
         if let Some(x) = key(k) {
@@ -187,10 +158,7 @@ fn parse_config(v: &Value, path: &Path) -> Result<LoraConfig> {
             "`layers_to_transform` adapts some layers only; this library adapts every layer",
         ));
     }
-    let c = LoraConfig::new(rank)
-        .alpha(alpha)
-        .rslora(rslora)
-        .targets(&targets);
+    let c = LoraConfig::new(rank).alpha(alpha).rslora(rslora).targets(&targets);
     c.validate().map_err(|e| bad(path, e))?;
     Ok(c)
 }
@@ -217,46 +185,26 @@ pub(crate) fn load(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Res
         let v: Value = meta
             .get("adapter_config")
             .and_then(|s| serde_json::from_str(s).ok())
-            .ok_or_else(|| {
-                bad(
-                    path,
-                    "the adapter settings in the metadata are missing or not JSON",
-                )
-            })?;
+            .ok_or_else(|| bad(path, "the adapter settings in the metadata are missing or not JSON"))?;
         let config = parse_config(&v, path)?;
         (bytes, config, path.to_path_buf())
     };
     if let Some(st) = &model.lora {
         let have = &st.config;
         let mismatch = |what: &str, file: String, model: String| {
-            bad(
-                &file_of(path),
-                format!("the file's adapters have {what} {file}, the model's {model}"),
-            )
+            bad(&file_of(path), format!("the file's adapters have {what} {file}, the model's {model}"))
         };
         if have.rank != config.rank {
             return Err(mismatch("rank", config.rank.to_string(), have.rank.to_string()));
         }
         if have.alpha != config.alpha {
-            return Err(mismatch(
-                "alpha",
-                config.alpha.to_string(),
-                have.alpha.to_string(),
-            ));
+            return Err(mismatch("alpha", config.alpha.to_string(), have.alpha.to_string()));
         }
         if have.rslora != config.rslora {
-            return Err(mismatch(
-                "use_rslora",
-                config.rslora.to_string(),
-                have.rslora.to_string(),
-            ));
+            return Err(mismatch("use_rslora", config.rslora.to_string(), have.rslora.to_string()));
         }
         if have.targets != config.targets {
-            return Err(mismatch(
-                "targets",
-                config.targets.join(","),
-                have.targets.join(","),
-            ));
+            return Err(mismatch("targets", config.targets.join(","), have.targets.join(",")));
         }
     }
     let st =
@@ -278,17 +226,12 @@ pub(crate) fn load(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Res
     if let Some(extra) = names.into_iter().find(|n| !known.contains(*n)) {
         return Err(bad(
             &file,
-            format!(
-                "{extra} adapts nothing in this model with targets {}",
-                config.targets.join(",")
-            ),
+            format!("{extra} adapts nothing in this model with targets {}", config.targets.join(",")),
         ));
     }
     let mut values: HashMap<&str, Vec<f32>> = HashMap::new();
     for (name, shape) in &expected {
-        let view = st
-            .tensor(name)
-            .map_err(|_| bad(&file, format!("{name} is missing")))?;
+        let view = st.tensor(name).map_err(|_| bad(&file, format!("{name} is missing")))?;
         if view.shape() != shape.as_slice() {
             return Err(bad(
                 &file,
@@ -296,10 +239,7 @@ pub(crate) fn load(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Res
             ));
         }
         if !matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
-            return Err(bad(
-                &file,
-                format!("{name} is {:?}; adapters are F32, BF16 or F16", view.dtype()),
-            ));
+            return Err(bad(&file, format!("{name} is {:?}; adapters are F32, BF16 or F16", view.dtype())));
         }
         let mut out = vec![0.0f32; shape.iter().product()];
         crate::io::weights::widen(&view, 0, &mut out);

@@ -60,14 +60,11 @@ impl TokenFile {
                     .and_then(serde_json::Value::as_str)
                     .ok_or_else(|| NetworkError::parse(jsonl, &at, format!("no string field \"{field}\"")))?;
                 for id in tokenize(text).into_iter().chain(eos) {
-                    w.write_all(&id.to_le_bytes())
-                        .map_err(|e| NetworkError::io(&tmp, e))?;
+                    w.write_all(&id.to_le_bytes()).map_err(|e| NetworkError::io(&tmp, e))?;
                     count += 1;
                 }
             }
-            let f = w
-                .into_inner()
-                .map_err(|e| NetworkError::io(&tmp, e.into_error()))?;
+            let f = w.into_inner().map_err(|e| NetworkError::io(&tmp, e.into_error()))?;
             f.sync_all().map_err(|e| NetworkError::io(&tmp, e))?;
             Ok(count)
         })();
@@ -103,12 +100,7 @@ impl TokenFile {
                 format!("{len} tokens; a corpus needs at least 2"),
             ));
         }
-        Ok(TokenFile {
-            path,
-            file,
-            len,
-            seed,
-        })
+        Ok(TokenFile { path, file, len, seed })
     }
 
     /// Tokens in the file.
@@ -122,16 +114,9 @@ impl TokenFile {
 
     fn read(&mut self, start: usize, count: usize, out: &mut Vec<u32>) -> Result<()> {
         let mut buf = vec![0u8; count * 4];
-        self.file
-            .seek(SeekFrom::Start(start as u64 * 4))
-            .map_err(|e| NetworkError::io(&self.path, e))?;
-        self.file
-            .read_exact(&mut buf)
-            .map_err(|e| NetworkError::io(&self.path, e))?;
-        out.extend(
-            buf.chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
+        self.file.seek(SeekFrom::Start(start as u64 * 4)).map_err(|e| NetworkError::io(&self.path, e))?;
+        self.file.read_exact(&mut buf).map_err(|e| NetworkError::io(&self.path, e))?;
+        out.extend(buf.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
         Ok(())
     }
 

@@ -113,10 +113,7 @@ impl MoeOptions {
             }
             return Ok(None);
         };
-        let mut layers = self
-            .layers
-            .clone()
-            .unwrap_or_else(|| (0..config.n_layers).collect());
+        let mut layers = self.layers.clone().unwrap_or_else(|| (0..config.n_layers).collect());
         layers.sort_unstable();
         layers.dedup();
         Ok(Some(MoeConfig {
@@ -252,12 +249,8 @@ impl TransformerLmBuilder {
     /// Builds the model with weights drawn from the seed, or says why the configuration is invalid.
     pub fn build(mut self) -> Result<TransformerLm> {
         self.config.moe = self.moe.resolve(&self.config)?;
-        self.config
-            .validate()
-            .map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
-        self.optimizer
-            .validate()
-            .map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
+        self.config.validate().map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
+        self.optimizer.validate().map_err(|e| NetworkError::InvalidConfig(e.to_string()))?;
         let model = TransformerModel::new(CpuBackend::new(), self.config, self.seed)?;
         Ok(TransformerLm {
             engine: LmEngine::Cpu(model),
@@ -303,11 +296,7 @@ fn placeholder() -> Result<LmEngine> {
         rope_scaling: Default::default(),
         moe: None,
     };
-    Ok(LmEngine::Cpu(TransformerModel::new(
-        CpuBackend::new(),
-        config,
-        0,
-    )?))
+    Ok(LmEngine::Cpu(TransformerModel::new(CpuBackend::new(), config, 0)?))
 }
 
 /// A decoder-only transformer language model. Build one with [`TransformerLm::builder`].
@@ -478,11 +467,7 @@ impl TransformerLm {
         let LmEngine::Cpu(host) = std::mem::replace(&mut self.engine, placeholder()?) else {
             unreachable!("checked above")
         };
-        self.engine = LmEngine::Cuda(Box::new(DeviceLm {
-            host,
-            device,
-            synced: true,
-        }));
+        self.engine = LmEngine::Cuda(Box::new(DeviceLm { host, device, synced: true }));
         Ok(())
     }
 
@@ -538,10 +523,7 @@ impl TransformerLm {
     /// error naming it before anything is copied, and the model stays usable on the CPU.
     #[cfg(feature = "gpu")]
     pub fn to_gpu(&mut self) -> Result<()> {
-        self.to_gpu_with(&crate::GpuOptions {
-            high_performance: true,
-            ..Default::default()
-        })
+        self.to_gpu_with(&crate::GpuOptions { high_performance: true, ..Default::default() })
     }
 
     /// [`TransformerLm::to_gpu`] with adapter options: `software` asks for the fallback
@@ -565,11 +547,7 @@ impl TransformerLm {
         let LmEngine::Cpu(host) = std::mem::replace(&mut self.engine, placeholder()?) else {
             unreachable!("checked above")
         };
-        self.engine = LmEngine::Wgpu(Box::new(DeviceLm {
-            host,
-            device,
-            synced: true,
-        }));
+        self.engine = LmEngine::Wgpu(Box::new(DeviceLm { host, device, synced: true }));
         Ok(())
     }
 
@@ -638,15 +616,8 @@ impl TransformerLm {
     /// Parameters in all, and those a token uses (they differ with experts).
     pub fn parameter_counts(&self) -> ParameterCounts {
         let c = self.config();
-        let dense = TransformerConfig {
-            moe: None,
-            ..c.clone()
-        };
-        let sparse = c
-            .moe
-            .as_ref()
-            .and_then(|m| m.layers.first())
-            .map_or((0, 0), |&l| c.layer_parameters(l));
+        let dense = TransformerConfig { moe: None, ..c.clone() };
+        let sparse = c.moe.as_ref().and_then(|m| m.layers.first()).map_or((0, 0), |&l| c.layer_parameters(l));
         ParameterCounts {
             total: c.parameter_count(),
             active: c.active_parameter_count(),
@@ -685,10 +656,7 @@ impl TransformerLm {
     }
 
     fn step_error(&self, source: CoreError) -> NetworkError {
-        NetworkError::Step {
-            step: self.steps() + 1,
-            source,
-        }
+        NetworkError::Step { step: self.steps() + 1, source }
     }
 
     /// One step on equal-length sequences: zero the gradients, forward, backward, update.
@@ -739,10 +707,7 @@ impl TransformerLm {
     pub fn step(&mut self, scale: f32) -> Result<()> {
         let norm = self.grad_norm(scale)?;
         if !norm.is_finite() {
-            return Err(self.step_error(CoreError::NonFinite {
-                op: "gradient norm",
-                value: norm,
-            }));
+            return Err(self.step_error(CoreError::NonFinite { op: "gradient norm", value: norm }));
         }
         self.apply_step(scale)
     }
@@ -791,16 +756,9 @@ impl TransformerLm {
         }
         let norm = self.grad_norm(scale)?;
         if !norm.is_finite() {
-            return Err(self.step_error(CoreError::NonFinite {
-                op: "gradient norm",
-                value: norm,
-            }));
+            return Err(self.step_error(CoreError::NonFinite { op: "gradient norm", value: norm }));
         }
-        let clip = if norm > max_norm as f64 {
-            (max_norm as f64 / norm) as f32
-        } else {
-            1.0
-        };
+        let clip = if norm > max_norm as f64 { (max_norm as f64 / norm) as f32 } else { 1.0 };
         self.apply_step(scale * clip)?;
         Ok(norm as f32)
     }
@@ -941,12 +899,7 @@ impl TransformerLm {
     /// feed the next turn, and only the new tokens are read.
     pub fn decoder(&mut self) -> Decoder<'_> {
         let caches = self.new_kv_caches();
-        Decoder {
-            conversation: Conversation::new(self.config()),
-            model: self,
-            caches,
-            pending: None,
-        }
+        Decoder { conversation: Conversation::new(self.config()), model: self, caches, pending: None }
     }
 
     /// Rounds the weights to int8 (per-row absmax scales; norms stay f32): a quarter of the
@@ -1171,10 +1124,7 @@ impl TransformerLm {
 
     /// Restores what [`TransformerLm::save_optimizer_state`] wrote, settings included.
     pub fn load_optimizer_state(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        self.refuse_on_device(
-            "load_optimizer_state",
-            "load it before moving the model, or after to_cpu()",
-        )?;
+        self.refuse_on_device("load_optimizer_state", "load it before moving the model, or after to_cpu()")?;
         if self.lora_config().is_some() {
             return Err(NetworkError::InvalidInput(
                 "load_optimizer_state: adapters are attached and the base is frozen; the state belongs to the model before add_lora".into(),
@@ -1230,10 +1180,7 @@ enum CacheEngine {
     Cuda(KvCache<crate::backend::cuda::CudaBackend>),
     /// With the draw's buffers, which live beside the logits.
     #[cfg(feature = "gpu")]
-    Wgpu(
-        KvCache<rusting_brain_shaders::WgpuBackend>,
-        Box<rusting_brain_shaders::DeviceSampler>,
-    ),
+    Wgpu(KvCache<rusting_brain_shaders::WgpuBackend>, Box<rusting_brain_shaders::DeviceSampler>),
 }
 
 /// The error for logits that are gone: the model moved while a decoder waited.
@@ -1312,9 +1259,7 @@ impl Decoder<'_> {
             .pending
             .as_ref()
             .ok_or_else(|| NetworkError::InvalidInput("Decoder::next before any feed".into()))?;
-        let id = self
-            .model
-            .draw(pending, sampler, self.conversation.context(), &mut self.caches)?;
+        let id = self.model.draw(pending, sampler, self.conversation.context(), &mut self.caches)?;
         self.pending = None;
         Ok(id)
     }

@@ -13,20 +13,9 @@ impl ActivationOps for WgpuBackend {
     fn activation_forward(
         &self, act: Activation, out: &mut GpuBuffer, inp: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
-        rows_check(
-            "activation_forward",
-            rows,
-            cols,
-            &[("inp", inp.len()), ("out", out.len())],
-        )?;
+        rows_check("activation_forward", rows, cols, &[("inp", inp.len()), ("out", out.len())])?;
         let (code, slope) = act_code(act);
-        self.dense(
-            DenseOp::ActivationForward(code, slope),
-            [Some(inp), None, None],
-            out,
-            rows,
-            cols,
-        )
+        self.dense(DenseOp::ActivationForward(code, slope), [Some(inp), None, None], out, rows, cols)
     }
     fn activation_backward(
         &self, act: Activation, dinp: &mut GpuBuffer, dout: &GpuBuffer, inp: &GpuBuffer, out: &GpuBuffer,
@@ -36,12 +25,7 @@ impl ActivationOps for WgpuBackend {
             "activation_backward",
             rows,
             cols,
-            &[
-                ("dinp", dinp.len()),
-                ("dout", dout.len()),
-                ("inp", inp.len()),
-                ("out", out.len()),
-            ],
+            &[("dinp", dinp.len()), ("dout", dout.len()), ("inp", inp.len()), ("out", out.len())],
         )?;
         let (code, slope) = act_code(act);
         self.dense(

@@ -60,12 +60,7 @@ impl Batch<'_> {
         }
         let p = attention_params(spec)?;
         if nl > 0 {
-            self.dispatch(
-                Kernel::AttentionBackwardQ,
-                &p,
-                &[q, k, v, out, dout, lse, dq, delta],
-                grid(nl),
-            )?;
+            self.dispatch(Kernel::AttentionBackwardQ, &p, &[q, k, v, out, dout, lse, dq, delta], grid(nl))?;
         }
         let kv_rows = spec.batch * spec.kv_capacity * spec.kv_heads;
         if kv_rows > 0 {

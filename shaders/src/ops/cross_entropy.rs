@@ -49,9 +49,7 @@ impl CrossEntropyOps for WgpuBackend {
             vocab,
         )?;
         let counted = |r: usize| mask.is_none_or(|m| m[r]);
-        let words: Vec<u32> = (0..rows)
-            .map(|r| if counted(r) { targets[r] } else { NOT_COUNTED })
-            .collect();
+        let words: Vec<u32> = (0..rows).map(|r| if counted(r) { targets[r] } else { NOT_COUNTED }).collect();
         self.record(|b, pools| {
             let targets = pools.stage(&words)?;
             let loss = pools.scratch("cross-entropy losses", rows)?;

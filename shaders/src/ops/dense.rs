@@ -24,20 +24,8 @@ impl Batch<'_> {
         }
         let spare = &self.gpu.spare[0];
         let [x0, x1, x2] = x.map(|b| b.unwrap_or(spare));
-        let p = [
-            op.index(),
-            u(rows, "rows")?,
-            u(cols, "cols")?,
-            code,
-            alpha.to_bits(),
-            inv.to_bits(),
-        ];
-        self.dispatch(
-            Kernel::Dense,
-            &p,
-            &[x0, x1, x2, y],
-            grid(invocations.div_ceil(WG)),
-        )?;
+        let p = [op.index(), u(rows, "rows")?, u(cols, "cols")?, code, alpha.to_bits(), inv.to_bits()];
+        self.dispatch(Kernel::Dense, &p, &[x0, x1, x2, y], grid(invocations.div_ceil(WG)))?;
         Ok(())
     }
 
@@ -107,12 +95,7 @@ impl Batch<'_> {
                 (n.div_ceil(32) as u32, m.div_ceil(32) as u32, batch as u32),
             )?;
         } else {
-            self.dispatch3(
-                Kernel::Matmul,
-                &p,
-                &[a, b, c],
-                (gx as u32, gy as u32, batch as u32),
-            )?;
+            self.dispatch3(Kernel::Matmul, &p, &[a, b, c], (gx as u32, gy as u32, batch as u32))?;
         }
         Ok(())
     }

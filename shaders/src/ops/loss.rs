@@ -32,11 +32,7 @@ impl LossOps for WgpuBackend {
             "loss_backward",
             rows,
             cols,
-            &[
-                ("dpred", dpred.len()),
-                ("pred", pred.len()),
-                ("target", target.len()),
-            ],
+            &[("dpred", dpred.len()), ("pred", pred.len()), ("target", target.len())],
         )?;
         if rows == 0 {
             return Ok(());
@@ -58,22 +54,12 @@ impl LossOps for WgpuBackend {
             "fused_output_backward",
             rows,
             cols,
-            &[
-                ("dlogits", dlogits.len()),
-                ("pred", pred.len()),
-                ("target", target.len()),
-            ],
+            &[("dlogits", dlogits.len()), ("pred", pred.len()), ("target", target.len())],
         )?;
         if rows == 0 {
             return Ok(());
         }
         let inv = 1.0 / loss.divisor(rows, cols) as f32;
-        self.dense(
-            DenseOp::FusedOutputBackward(inv),
-            [Some(pred), Some(target), None],
-            dlogits,
-            rows,
-            cols,
-        )
+        self.dense(DenseOp::FusedOutputBackward(inv), [Some(pred), Some(target), None], dlogits, rows, cols)
     }
 }

@@ -17,11 +17,7 @@ impl MatmulOps for WgpuBackend {
             // No products: C = beta * C, as the reference.
             let n = spec.batch * spec.m * spec.n;
             if at.2 == 0 && n == c.len() {
-                return if spec.beta == 0.0 {
-                    self.fill(c, 0.0)
-                } else {
-                    self.scale(c, spec.beta)
-                };
+                return if spec.beta == 0.0 { self.fill(c, 0.0) } else { self.scale(c, spec.beta) };
             }
         }
         self.record(|g, _| {

@@ -192,11 +192,7 @@ impl Gpu {
     /// Goes on recording into `encoder` with bind groups from `cache`; [`Batch::finish`]
     /// hands the encoder back unsubmitted.
     pub fn batch_keyed<'g>(&'g self, encoder: wgpu::CommandEncoder, cache: &'g mut KeyedCache) -> Batch<'g> {
-        Batch {
-            gpu: self,
-            encoder,
-            cache: CacheMode::Keyed(cache),
-        }
+        Batch { gpu: self, encoder, cache: CacheMode::Keyed(cache) }
     }
 }
 
@@ -233,15 +229,10 @@ impl Batch<'_> {
         padded.resize(params.len().div_ceil(4).max(1) * 4, 0);
         let make = |gpu: &Gpu| {
             let uniform = gpu.params(&padded);
-            let mut entries = vec![wgpu::BindGroupEntry {
-                binding: 0,
-                resource: uniform.as_entire_binding(),
-            }];
+            let mut entries =
+                vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
             for (i, b) in buffers.iter().enumerate() {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: i as u32 + 1,
-                    resource: b.binding(),
-                });
+                entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.binding() });
             }
             let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(kernel.name()),

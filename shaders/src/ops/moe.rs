@@ -60,18 +60,8 @@ impl Batch<'_> {
         if rows == 0 {
             return Ok(());
         }
-        let p = [
-            u(rows, "rows")?,
-            u(n_experts, "experts")?,
-            u(top_k, "top_k")?,
-            renormalize as u32,
-        ];
-        self.dispatch(
-            Kernel::MoeRoute,
-            &p,
-            &[logits, expert, weight],
-            grid(rows.div_ceil(WG)),
-        )?;
+        let p = [u(rows, "rows")?, u(n_experts, "experts")?, u(top_k, "top_k")?, renormalize as u32];
+        self.dispatch(Kernel::MoeRoute, &p, &[logits, expert, weight], grid(rows.div_ceil(WG)))?;
         Ok(())
     }
 
@@ -86,11 +76,7 @@ impl Batch<'_> {
     ) -> Result<(), ShaderError> {
         const OP: &str = "q8_expert";
         let pc = packed_cols(k);
-        let x_rows = if x_per_token {
-            slots.div_ceil(top_k.max(1))
-        } else {
-            slots
-        };
+        let x_rows = if x_per_token { slots.div_ceil(top_k.max(1)) } else { slots };
         need(OP, "xq", xq, x_rows * pc)?;
         need(OP, "xs", xs, x_rows)?;
         need(OP, "expert", expert, slots)?;
@@ -137,12 +123,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(rows, "rows")?, u(dim, "dim")?, u(top_k, "top_k")?];
-        self.dispatch(
-            Kernel::MoeCombine,
-            &p,
-            &[row_of_slot, weight, y, x],
-            grid((rows * dim).div_ceil(WG)),
-        )?;
+        self.dispatch(Kernel::MoeCombine, &p, &[row_of_slot, weight, y, x], grid((rows * dim).div_ceil(WG)))?;
         Ok(())
     }
 }

@@ -53,10 +53,7 @@ impl Batch<'_> {
         need(OP, "w", w, n * pc)?;
         need(OP, "ws", ws, n)?;
         if j0 + n > out_n {
-            return Err(ShaderError::Invalid(format!(
-                "{OP}: columns {j0}..{} of rows of {out_n}",
-                j0 + n
-            )));
+            return Err(ShaderError::Invalid(format!("{OP}: columns {j0}..{} of rows of {out_n}", j0 + n)));
         }
         need(OP, "out", out, m * out_n)?;
         if n > 0 && self.over_binding(&[w, ws]) {
@@ -79,25 +76,14 @@ impl Batch<'_> {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let p = [
-            u(m, "m")?,
-            u(n, "n")?,
-            u(pc, "packed cols")?,
-            beta.to_bits(),
-            u(out_n, "out_n")?,
-            u(j0, "j0")?,
-        ];
+        let p =
+            [u(m, "m")?, u(n, "n")?, u(pc, "packed cols")?, beta.to_bits(), u(out_n, "out_n")?, u(j0, "j0")?];
         if m >= TILED_ROWS {
             // Prefill: 32 x 32 register tiles, each loaded word used 32 times.
             let groups = grid2(n.div_ceil(32), m.div_ceil(32))?;
             self.dispatch(Kernel::Q8MatmulTiled, &p, &[xq, xs, w, ws, out], groups)?;
         } else {
-            self.dispatch(
-                Kernel::Q8Matmul,
-                &p,
-                &[xq, xs, w, ws, out],
-                (n.div_ceil(WG) as u32, m as u32),
-            )?;
+            self.dispatch(Kernel::Q8Matmul, &p, &[xq, xs, w, ws, out], (n.div_ceil(WG) as u32, m as u32))?;
         }
         Ok(())
     }
@@ -149,12 +135,7 @@ impl Batch<'_> {
             u(id0, "id0")?,
             u(slab_rows, "slab rows")?,
         ];
-        self.dispatch(
-            Kernel::Q8Embedding,
-            &p,
-            &[ids, table, scales, out],
-            grid((rows * dim).div_ceil(WG)),
-        )?;
+        self.dispatch(Kernel::Q8Embedding, &p, &[ids, table, scales, out], grid((rows * dim).div_ceil(WG)))?;
         Ok(())
     }
 
@@ -166,13 +147,11 @@ impl Batch<'_> {
 
     /// Rows per slab of a weight with rows of `row_words`, or the error saying none fits.
     fn slab_rows(&self, op: &str, row_words: usize) -> Result<usize, ShaderError> {
-        self.gpu
-            .slab_rows(row_words)
-            .ok_or_else(|| ShaderError::TooLarge {
-                what: format!("{op}: a slab of {} weight rows", self.gpu.slab_align()),
-                bytes: (self.gpu.slab_align() * row_words * 4) as u64,
-                limit: self.gpu.max_binding(),
-            })
+        self.gpu.slab_rows(row_words).ok_or_else(|| ShaderError::TooLarge {
+            what: format!("{op}: a slab of {} weight rows", self.gpu.slab_align()),
+            bytes: (self.gpu.slab_align() * row_words * 4) as u64,
+            limit: self.gpu.max_binding(),
+        })
     }
 }
 

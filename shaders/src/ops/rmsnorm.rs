@@ -16,9 +16,7 @@ impl Batch<'_> {
         weight: &GpuBuffer, rstd: &GpuBuffer, rows: usize, dim: usize,
     ) -> Result<(), ShaderError> {
         const OP: &str = "rmsnorm_backward";
-        let n = rows
-            .checked_mul(dim)
-            .ok_or_else(|| ShaderError::Invalid(format!("{OP}: size overflows")))?;
+        let n = rows.checked_mul(dim).ok_or_else(|| ShaderError::Invalid(format!("{OP}: size overflows")))?;
         for (name, b, len) in [
             ("dinp", dinp, n),
             ("dout", dout, n),
@@ -46,9 +44,7 @@ impl Batch<'_> {
         dim: usize, eps: f32,
     ) -> Result<(), ShaderError> {
         const OP: &str = "rmsnorm";
-        let n = rows
-            .checked_mul(dim)
-            .ok_or_else(|| ShaderError::Invalid(format!("{OP}: size overflows")))?;
+        let n = rows.checked_mul(dim).ok_or_else(|| ShaderError::Invalid(format!("{OP}: size overflows")))?;
         need(OP, "inp", inp, n)?;
         need(OP, "out", out, n)?;
         need(OP, "weight", weight, dim)?;

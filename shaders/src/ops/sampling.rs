@@ -11,9 +11,7 @@ impl Batch<'_> {
         need("argmax", "logits", logits, rows * cols)?;
         need("argmax", "ids", ids, rows)?;
         if rows > MAX_GROUPS {
-            return Err(ShaderError::Invalid(format!(
-                "argmax: {rows} rows, over {MAX_GROUPS}"
-            )));
+            return Err(ShaderError::Invalid(format!("argmax: {rows} rows, over {MAX_GROUPS}")));
         }
         if rows == 0 || cols == 0 {
             return Ok(());
@@ -76,10 +74,7 @@ pub fn context_ids(context: &[u32], vocab: usize) -> Vec<u32> {
     context
         .iter()
         .copied()
-        .filter(|&id| {
-            seen.get_mut(id as usize)
-                .is_some_and(|s| !std::mem::replace(s, true))
-        })
+        .filter(|&id| seen.get_mut(id as usize).is_some_and(|s| !std::mem::replace(s, true)))
         .collect()
 }
 

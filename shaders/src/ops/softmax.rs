@@ -22,12 +22,6 @@ impl SoftmaxOps for WgpuBackend {
             cols,
             &[("dinp", dinp.len()), ("dout", dout.len()), ("out", out.len())],
         )?;
-        self.dense(
-            DenseOp::ActivationBackward(5, 0.0),
-            [Some(dout), Some(out), Some(out)],
-            dinp,
-            rows,
-            cols,
-        )
+        self.dense(DenseOp::ActivationBackward(5, 0.0), [Some(dout), Some(out), Some(out)], dinp, rows, cols)
     }
 }

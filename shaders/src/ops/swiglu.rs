@@ -12,13 +12,7 @@ impl Batch<'_> {
         &mut self, dgate: &GpuBuffer, dup: &GpuBuffer, dout: &GpuBuffer, gate: &GpuBuffer, up: &GpuBuffer,
         len: usize,
     ) -> Result<(), ShaderError> {
-        for (name, b) in [
-            ("dgate", dgate),
-            ("dup", dup),
-            ("dout", dout),
-            ("gate", gate),
-            ("up", up),
-        ] {
+        for (name, b) in [("dgate", dgate), ("dup", dup), ("dout", dout), ("gate", gate), ("up", up)] {
             need("swiglu_backward", name, b, len)?;
         }
         if len == 0 {
@@ -43,12 +37,7 @@ impl Batch<'_> {
         if len == 0 {
             return Ok(());
         }
-        self.dispatch(
-            Kernel::Swiglu,
-            &[u(len, "len")?],
-            &[gate, up, out],
-            grid(len.div_ceil(WG)),
-        )?;
+        self.dispatch(Kernel::Swiglu, &[u(len, "len")?], &[gate, up, out], grid(len.div_ceil(WG)))?;
         Ok(())
     }
 }

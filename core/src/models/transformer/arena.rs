@@ -106,11 +106,7 @@ impl<B: Backend> LayerActs<B> {
             rstd2: &mut self.rstd2,
             ffn: Some([&mut self.gate, &mut self.up, &mut self.s]),
             moe: self.moe.as_mut(),
-            saved: if save {
-                Some((&mut self.x_in, &mut self.x_mid))
-            } else {
-                None
-            },
+            saved: if save { Some((&mut self.x_in, &mut self.x_mid)) } else { None },
         }
     }
 }
@@ -168,11 +164,7 @@ pub(super) fn lora_t_for<B: Backend>(
     let Some(cfg) = lora else { return Ok(Vec::new()) };
     let shapes = adapted_shapes(cfg, &c.layout());
     let top_k = c.moe.as_ref().map_or(1, |m| m.top_k);
-    shapes
-        .layers
-        .iter()
-        .map(|s| lora_acts(b, s, n, top_k, cfg.rank))
-        .collect()
+    shapes.layers.iter().map(|s| lora_acts(b, s, n, top_k, cfg.rank)).collect()
 }
 
 impl<B: Backend> Arena<B> {

@@ -25,9 +25,7 @@ impl TokenBatch {
     /// borrowed: `TokenBatch::new(rows)`, `TokenBatch::new(&rows)`, `TokenBatch::new(&rows[1..])`.
     pub fn new(seqs: impl AsRef<[Vec<u32>]>) -> Result<TokenBatch> {
         let seqs = seqs.as_ref();
-        let first = seqs
-            .first()
-            .ok_or_else(|| batch_err("the batch holds no sequences".into()))?;
+        let first = seqs.first().ok_or_else(|| batch_err("the batch holds no sequences".into()))?;
         let n = first.len();
         if n < 2 {
             return Err(batch_err(format!(
@@ -47,13 +45,7 @@ impl TokenBatch {
             inputs.extend_from_slice(&s[..seq]);
             targets.extend_from_slice(&s[1..]);
         }
-        Ok(TokenBatch {
-            batch: seqs.len(),
-            seq,
-            mask: alloc::vec![true; inputs.len()],
-            inputs,
-            targets,
-        })
+        Ok(TokenBatch { batch: seqs.len(), seq, mask: alloc::vec![true; inputs.len()], inputs, targets })
     }
 
     /// Supervised fine-tuning rows: each pair is concatenated, right-padded (id 0) to the
@@ -105,11 +97,9 @@ impl TokenBatch {
     /// positions (padding may hold anything).
     pub fn check(&self, vocab: usize) -> Result<()> {
         let n = self.batch * self.seq;
-        for (what, len) in [
-            ("inputs", self.inputs.len()),
-            ("targets", self.targets.len()),
-            ("mask", self.mask.len()),
-        ] {
+        for (what, len) in
+            [("inputs", self.inputs.len()), ("targets", self.targets.len()), ("mask", self.mask.len())]
+        {
             crate::error::check_len("token batch", what, len, n)?;
         }
         let bad = |what, i: usize, id: u32| CoreError::TokenOutOfRange {
@@ -135,8 +125,5 @@ impl TokenBatch {
 }
 
 pub(super) fn batch_err(message: String) -> CoreError {
-    CoreError::InvalidArgument {
-        op: "token batch",
-        message,
-    }
+    CoreError::InvalidArgument { op: "token batch", message }
 }

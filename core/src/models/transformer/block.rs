@@ -11,11 +11,7 @@ pub(super) enum Keys<'a, B: Backend> {
     /// the real tokens only, as transformers computes them under an attention mask.
     Masked(&'a [bool]),
     /// A KV cache, after this pass's keys and values are appended at position `pos`.
-    Cache {
-        k: &'a mut B::Buffer,
-        v: &'a mut B::Buffer,
-        pos: usize,
-    },
+    Cache { k: &'a mut B::Buffer, v: &'a mut B::Buffer, pos: usize },
 }
 
 /// A block's activations: kept for the backward pass by the batch forward pass, scratch
@@ -53,21 +49,7 @@ pub(super) fn block_forward<B: Backend>(
 ) -> Result<()> {
     let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
-    let BlockActs {
-        h,
-        rstd1,
-        q: qb,
-        k: kb,
-        v: vb,
-        qk,
-        att,
-        lse,
-        h2,
-        rstd2,
-        ffn,
-        moe,
-        mut saved,
-    } = a;
+    let BlockActs { h, rstd1, q: qb, k: kb, v: vb, qk, att, lse, h2, rstd2, ffn, moe, mut saved } = a;
     if let Some((x_in, _)) = saved.as_mut() {
         b.copy(x_in, x)?;
     }
@@ -85,24 +67,9 @@ pub(super) fn block_forward<B: Backend>(
                 b.q8_matmul_many(
                     h,
                     &mut [
-                        Q8Product {
-                            out: &mut *qp,
-                            packed: pq,
-                            scales: sq,
-                            spec: t(mm(n, q, d)),
-                        },
-                        Q8Product {
-                            out: &mut *kp,
-                            packed: pk,
-                            scales: sk,
-                            spec: t(mm(n, kv, d)),
-                        },
-                        Q8Product {
-                            out: &mut *vb,
-                            packed: pv,
-                            scales: sv,
-                            spec: t(mm(n, kv, d)),
-                        },
+                        Q8Product { out: &mut *qp, packed: pq, scales: sq, spec: t(mm(n, q, d)) },
+                        Q8Product { out: &mut *kp, packed: pk, scales: sk, spec: t(mm(n, kv, d)) },
+                        Q8Product { out: &mut *vb, packed: pv, scales: sv, spec: t(mm(n, kv, d)) },
                     ],
                 )?;
             }
@@ -128,10 +95,8 @@ pub(super) fn block_forward<B: Backend>(
     // An int8 block decoding from its cache with nothing in between (no adapters, biases
     // or per-head norms): the projections through Wo's product in one call, which a
     // backend may run as one job.
-    let plain = lw.is_none()
-        && [&p.q_bias, &p.k_bias, &p.v_bias, &p.q_norm, &p.k_norm]
-            .iter()
-            .all(|o| o.is_none());
+    let plain =
+        lw.is_none() && [&p.q_bias, &p.k_bias, &p.v_bias, &p.q_norm, &p.k_norm].iter().all(|o| o.is_none());
     match (keys, &w.wq, &w.wk, &w.wv, &w.wo) {
         (Keys::Cache { k, v, pos }, Mat::Q8(pq, sq), Mat::Q8(pk, sk), Mat::Q8(pv, sv), Mat::Q8(po, so))
             if plain =>
@@ -234,11 +199,7 @@ pub(super) fn block_backward<B: Backend>(
     let w = block_view(params, quantized, l)?;
     // The adapters of this block: weights, gradients (split by part), kept x A^T.
     let (lw, mut lg, lt) = match lora.as_deref_mut() {
-        Some(st) => (
-            Some(&st.weights.layers[l]),
-            Some(st.grads.layers[l].as_mut()),
-            Some(&arena.lora_t[l]),
-        ),
+        Some(st) => (Some(&st.weights.layers[l]), Some(st.grads.layers[l].as_mut()), Some(&arena.lora_t[l])),
         None => (None, None, None),
     };
     let (lg_mlp, lg_moe) = match lg.as_mut() {
@@ -252,15 +213,11 @@ pub(super) fn block_backward<B: Backend>(
                 Some(g) => Some(g.mlp.as_mut().ok_or_else(layout_err)?),
                 None => None,
             };
-            let ml = match (
-                lw.and_then(|w| w.mlp.as_ref()),
-                lg_mlp,
-                lt.and_then(|t| t.mlp.as_ref()),
-                lora_ctx,
-            ) {
-                (Some(w), Some(g), Some(t), Some(ctx)) => Some((w, g, t, &mut arena.lora_dt, ctx)),
-                _ => None,
-            };
+            let ml =
+                match (lw.and_then(|w| w.mlp.as_ref()), lg_mlp, lt.and_then(|t| t.mlp.as_ref()), lora_ctx) {
+                    (Some(w), Some(g), Some(t), Some(ctx)) => Some((w, g, t, &mut arena.lora_dt, ctx)),
+                    _ => None,
+                };
             mlp_backward(
                 b,
                 pm,
@@ -284,15 +241,11 @@ pub(super) fn block_backward<B: Backend>(
                 Some(g) => Some(g.moe.as_mut().ok_or_else(layout_err)?),
                 None => None,
             };
-            let ml = match (
-                lw.and_then(|w| w.moe.as_ref()),
-                lg_moe,
-                lt.and_then(|t| t.moe.as_ref()),
-                lora_ctx,
-            ) {
-                (Some(w), Some(g), Some(t), Some(ctx)) => Some((w, g, t, &mut arena.lora_dt, ctx)),
-                _ => None,
-            };
+            let ml =
+                match (lw.and_then(|w| w.moe.as_ref()), lg_moe, lt.and_then(|t| t.moe.as_ref()), lora_ctx) {
+                    (Some(w), Some(g), Some(t), Some(ctx)) => Some((w, g, t, &mut arena.lora_dt, ctx)),
+                    _ => None,
+                };
             moe_backward(
                 b,
                 pe,
@@ -332,12 +285,7 @@ pub(super) fn block_backward<B: Backend>(
     b.axpy(&mut arena.dx2, 1.0, &arena.dx)?;
     // --- attention: x_mid = x_in + att Wo^T; dx2 holds d x_mid.
     if let Some(g) = g.as_deref_mut() {
-        b.matmul(
-            &mut g.wo,
-            &arena.dx2,
-            &a.att,
-            &mm(d, q, n).trans_a(true).accumulate(),
-        )?;
+        b.matmul(&mut g.wo, &arena.dx2, &a.att, &mm(d, q, n).trans_a(true).accumulate())?;
     }
     w.wo.grad_input(b, &mut arena.datt, &arena.dx2, mm(n, q, d), &mut arena.deq)?;
     if let (Some(lw), Some(lg), Some(lt), Some(ctx)) = (lw, lg.as_mut(), lt, lora_ctx) {
@@ -378,12 +326,9 @@ pub(super) fn block_backward<B: Backend>(
         for (i, (dst, dy)) in outs.iter_mut().enumerate() {
             let (x, wn, rstd) = ins[i];
             let dweight = match g.as_deref_mut() {
-                Some(g) => if i == 0 {
-                    g.q_norm.as_mut()
-                } else {
-                    g.k_norm.as_mut()
+                Some(g) => {
+                    if i == 0 { g.q_norm.as_mut() } else { g.k_norm.as_mut() }.ok_or_else(layout_err)?
                 }
-                .ok_or_else(layout_err)?,
                 None => &mut arena.sink_hd,
             };
             b.rmsnorm_backward(dst, dweight, dy, x, wn, rstd, rows[i], hd)?;
@@ -401,40 +346,13 @@ pub(super) fn block_backward<B: Backend>(
                 b.bias_backward(gb, dout, n, cols)?;
             }
         }
-        b.matmul(
-            &mut g.wq,
-            &arena.dq,
-            &a.h,
-            &mm(q, d, n).trans_a(true).accumulate(),
-        )?;
-        b.matmul(
-            &mut g.wk,
-            &arena.dk,
-            &a.h,
-            &mm(kv, d, n).trans_a(true).accumulate(),
-        )?;
-        b.matmul(
-            &mut g.wv,
-            &arena.dv,
-            &a.h,
-            &mm(kv, d, n).trans_a(true).accumulate(),
-        )?;
+        b.matmul(&mut g.wq, &arena.dq, &a.h, &mm(q, d, n).trans_a(true).accumulate())?;
+        b.matmul(&mut g.wk, &arena.dk, &a.h, &mm(kv, d, n).trans_a(true).accumulate())?;
+        b.matmul(&mut g.wv, &arena.dv, &a.h, &mm(kv, d, n).trans_a(true).accumulate())?;
     }
     w.wq.grad_input(b, &mut arena.dh, &arena.dq, mm(n, d, q), &mut arena.deq)?;
-    w.wk.grad_input(
-        b,
-        &mut arena.dh,
-        &arena.dk,
-        mm(n, d, kv).accumulate(),
-        &mut arena.deq,
-    )?;
-    w.wv.grad_input(
-        b,
-        &mut arena.dh,
-        &arena.dv,
-        mm(n, d, kv).accumulate(),
-        &mut arena.deq,
-    )?;
+    w.wk.grad_input(b, &mut arena.dh, &arena.dk, mm(n, d, kv).accumulate(), &mut arena.deq)?;
+    w.wv.grad_input(b, &mut arena.dh, &arena.dv, mm(n, d, kv).accumulate(), &mut arena.deq)?;
     if let (Some(lw), Some(lg), Some(lt), Some(ctx)) = (lw, lg, lt, lora_ctx) {
         let dt = &mut arena.lora_dt;
         for (pair, grad, t, dy, cols) in [
@@ -442,17 +360,7 @@ pub(super) fn block_backward<B: Backend>(
             (&lw.wk, lg.wk, &lt.wk, &arena.dk, kv),
             (&lw.wv, lg.wv, &lt.wv, &arena.dv, kv),
         ] {
-            adapt_backward(
-                b,
-                pair,
-                grad,
-                t,
-                dt,
-                Some(&mut arena.dh),
-                dy,
-                &a.h,
-                ctx.spec(n, d, cols),
-            )?;
+            adapt_backward(b, pair, grad, t, dt, Some(&mut arena.dh), dy, &a.h, ctx.spec(n, d, cols))?;
         }
     }
     // d x_in = dx2 (residual) + rmsnorm backward of dh, into dx for the block below.

@@ -64,10 +64,7 @@ pub struct MoeConfig {
 }
 
 pub(super) fn invalid(message: String) -> CoreError {
-    CoreError::InvalidArgument {
-        op: "transformer config",
-        message,
-    }
+    CoreError::InvalidArgument { op: "transformer config", message }
 }
 
 impl MoeConfig {
@@ -85,9 +82,7 @@ impl MoeConfig {
             return Err(invalid("expert_d_ff must be at least 1".into()));
         }
         if self.layers.is_empty() {
-            return Err(invalid(
-                "experts are set but no layer is sparse (moe_layers is empty)".into(),
-            ));
+            return Err(invalid("experts are set but no layer is sparse (moe_layers is empty)".into()));
         }
         if let Some(&l) = self.layers.iter().find(|&&l| l >= n_layers) {
             return Err(invalid(format!(
@@ -95,15 +90,11 @@ impl MoeConfig {
             )));
         }
         if self.layers.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(invalid(format!(
-                "moe layers {:?} must be ascending without repeats",
-                self.layers
-            )));
+            return Err(invalid(format!("moe layers {:?} must be ascending without repeats", self.layers)));
         }
-        for (name, v) in [
-            ("load_balance_coef", self.load_balance_coef),
-            ("router_z_coef", self.router_z_coef),
-        ] {
+        for (name, v) in
+            [("load_balance_coef", self.load_balance_coef), ("router_z_coef", self.router_z_coef)]
+        {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(format!("{name} {v} must be finite and >= 0")));
             }
@@ -142,23 +133,14 @@ impl TransformerConfig {
             )));
         }
         if self.vocab_size > u32::MAX as usize {
-            return Err(invalid(format!(
-                "vocab_size {} does not fit u32 token ids",
-                self.vocab_size
-            )));
+            return Err(invalid(format!("vocab_size {} does not fit u32 token ids", self.vocab_size)));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
-            return Err(invalid(format!(
-                "rope_theta {} must be a finite number above 1",
-                self.rope_theta
-            )));
+            return Err(invalid(format!("rope_theta {} must be a finite number above 1", self.rope_theta)));
         }
         self.rope_scaling.check().map_err(invalid)?;
         if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
-            return Err(invalid(format!(
-                "norm_eps {} must be finite and >= 0",
-                self.norm_eps
-            )));
+            return Err(invalid(format!("norm_eps {} must be finite and >= 0", self.norm_eps)));
         }
         if let Some(moe) = &self.moe {
             moe.validate(self.n_layers)?;
@@ -176,13 +158,7 @@ impl TransformerConfig {
             theta: self.rope_theta,
             scaling: self.rope_scaling,
         };
-        (
-            q,
-            RopeSpec {
-                heads: self.kv_heads,
-                ..q
-            },
-        )
+        (q, RopeSpec { heads: self.kv_heads, ..q })
     }
     /// Width of all query heads together.
     pub fn q_dim(&self) -> usize {
@@ -225,10 +201,7 @@ impl TransformerConfig {
             Some(m) => {
                 let expert = 3 * d * m.expert_d_ff;
                 let router = m.n_experts * d;
-                (
-                    attn + mlp + router + m.n_experts * expert,
-                    attn + mlp + router + m.top_k * expert,
-                )
+                (attn + mlp + router + m.n_experts * expert, attn + mlp + router + m.top_k * expert)
             }
         }
     }
@@ -243,9 +216,7 @@ impl TransformerConfig {
     /// Every parameter, the tied embedding counted once, norms and routers included.
     pub fn parameter_count(&self) -> usize {
         self.vocab_size * self.d_model
-            + (0..self.n_layers)
-                .map(|l| self.layer_parameters(l).0)
-                .sum::<usize>()
+            + (0..self.n_layers).map(|l| self.layer_parameters(l).0).sum::<usize>()
             + self.d_model
             + self.head_parameters()
     }
@@ -253,9 +224,7 @@ impl TransformerConfig {
     /// router, `top_k` experts and the shared expert.
     pub fn active_parameter_count(&self) -> usize {
         self.vocab_size * self.d_model
-            + (0..self.n_layers)
-                .map(|l| self.layer_parameters(l).1)
-                .sum::<usize>()
+            + (0..self.n_layers).map(|l| self.layer_parameters(l).1).sum::<usize>()
             + self.d_model
             + self.head_parameters()
     }
@@ -301,9 +270,7 @@ impl TransformerConfig {
         let (d, q) = (self.d_model as f64, self.q_dim() as f64);
         let attn = 2.0 * q * (seq as f64 + 1.0) / 2.0;
         let norms = 2.0 * d;
-        (0..self.n_layers)
-            .map(|l| self.layer_parameters(l).1 as f64 - norms + attn)
-            .sum::<f64>()
+        (0..self.n_layers).map(|l| self.layer_parameters(l).1 as f64 - norms + attn).sum::<f64>()
             + d * self.vocab_size as f64
     }
 }

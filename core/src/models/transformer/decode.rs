@@ -68,12 +68,8 @@ impl<B: Backend> TransformerModel<B> {
         let n = self.config.max_seq_len * self.config.kv_dim();
         let b = &self.backend;
         Ok(KvCache {
-            k: (0..self.config.n_layers)
-                .map(|_| b.zeros(n))
-                .collect::<Result<_>>()?,
-            v: (0..self.config.n_layers)
-                .map(|_| b.zeros(n))
-                .collect::<Result<_>>()?,
+            k: (0..self.config.n_layers).map(|_| b.zeros(n)).collect::<Result<_>>()?,
+            v: (0..self.config.n_layers).map(|_| b.zeros(n)).collect::<Result<_>>()?,
             len: 0,
         })
     }
@@ -127,15 +123,9 @@ impl<B: Backend> TransformerModel<B> {
         }
         let want = c.max_seq_len * c.kv_dim();
         if cache.k.len() != c.n_layers
-            || cache
-                .k
-                .iter()
-                .chain(&cache.v)
-                .any(|buf| self.backend.len(buf) != want)
+            || cache.k.iter().chain(&cache.v).any(|buf| self.backend.len(buf) != want)
         {
-            return Err(invalid(
-                "this KV cache was made for a model of another shape".into(),
-            ));
+            return Err(invalid("this KV cache was made for a model of another shape".into()));
         }
         if cache.len + r > c.max_seq_len {
             return Err(CoreError::InvalidDimension {
@@ -157,10 +147,8 @@ impl<B: Backend> TransformerModel<B> {
         let b = &self.backend;
         if self.decode.as_ref().is_none_or(|a| a.rows != r) {
             self.decode = None;
-            let mut lens: Vec<usize> = (0..c.n_layers)
-                .filter_map(|l| c.mlp_width(l))
-                .map(|f| r * f)
-                .collect();
+            let mut lens: Vec<usize> =
+                (0..c.n_layers).filter_map(|l| c.mlp_width(l)).map(|f| r * f).collect();
             lens.dedup();
             self.decode = Some(DecodeArena {
                 rows: r,
@@ -201,10 +189,7 @@ impl<B: Backend> TransformerModel<B> {
         };
         let quantized = self.quantized.as_ref();
         let experts_adapted = self.lora.as_ref().is_some_and(|l| {
-            l.config
-                .targets
-                .iter()
-                .any(|t| ["gate_proj", "up_proj", "down_proj"].contains(&t.as_str()))
+            l.config.targets.iter().any(|t| ["gate_proj", "up_proj", "down_proj"].contains(&t.as_str()))
         });
         let routed_here = quantized.is_some() && b.routes_on_device() && !experts_adapted;
         match quantized.map(|q| &q.embed) {
@@ -212,19 +197,14 @@ impl<B: Backend> TransformerModel<B> {
             _ => b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?,
         }
         self.expert_usage.clear();
-        let lora_ctx = self.lora.as_ref().map(|st| LoraCtx {
-            rank: st.config.rank,
-            scale: st.config.scale(),
-            prec,
-        });
+        let lora_ctx =
+            self.lora.as_ref().map(|st| LoraCtx { rank: st.config.rank, scale: st.config.scale(), prec });
         for l in 0..c.n_layers {
             let w = block_view(&self.params, quantized, l)?;
             let lora = match (&self.lora, lora_ctx) {
-                (Some(st), Some(ctx)) => Some(BlockLora {
-                    w: &st.weights.layers[l],
-                    t: &mut a.lora_t[l],
-                    ctx,
-                }),
+                (Some(st), Some(ctx)) => {
+                    Some(BlockLora { w: &st.weights.layers[l], t: &mut a.lora_t[l], ctx })
+                }
                 _ => None,
             };
             let ffn = match c.mlp_width(l) {
@@ -249,40 +229,15 @@ impl<B: Backend> TransformerModel<B> {
                 moe: a.moe.as_mut(),
                 saved: None,
             };
-            let keys = Keys::Cache {
-                k: &mut cache.k[l],
-                v: &mut cache.v[l],
-                pos,
-            };
+            let keys = Keys::Cache { k: &mut cache.k[l], v: &mut cache.v[l], pos };
             let p = &self.params.layers[l];
-            block_forward(
-                b,
-                c,
-                l,
-                p,
-                &w,
-                &mut a.x,
-                acts,
-                keys,
-                (&rope_q, &rope_k, &spec),
-                r,
-                prec,
-                lora,
-            )?;
+            block_forward(b, c, l, p, &w, &mut a.x, acts, keys, (&rope_q, &rope_k, &spec), r, prec, lora)?;
             // Routed on the device, the counts stay there: no usage is reported.
             if let (Some(_), Some(acts), false) = (c.sparse(l), &a.moe, routed_here) {
                 self.expert_usage.push(acts.routing.usage());
             }
         }
-        b.rmsnorm_forward(
-            &mut a.h,
-            &mut a.rstd,
-            &a.x,
-            &self.params.final_norm,
-            r,
-            d,
-            c.norm_eps,
-        )?;
+        b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &self.params.final_norm, r, d, c.norm_eps)?;
         b.copy_range(&mut a.last, 0, &a.h, (r - 1) * d, d)?;
         // Only the last position's logits: one (1, d) x (d, vocab) product.
         let head = match quantized.map(|q| q.head()) {

@@ -47,10 +47,7 @@ pub(super) struct Dequant<B: Backend> {
 
 impl<B: Backend> Dequant<B> {
     pub(super) fn new() -> Self {
-        Dequant {
-            by_len: Vec::new(),
-            ids: Vec::new(),
-        }
+        Dequant { by_len: Vec::new(), ids: Vec::new() }
     }
     pub(super) fn get(
         &mut self, b: &B, packed: &B::Buffer, scales: &B::Buffer, rows: usize, cols: usize,

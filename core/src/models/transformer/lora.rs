@@ -17,15 +17,8 @@ use crate::{Backend, CoreError, Result, Rng};
 /// The projections an adapter can attach to, by module name (as PEFT's `target_modules`
 /// names them): the attention projections and the SwiGLU ones, which in a sparse block
 /// are every expert's and the shared expert's.
-pub const LORA_TARGETS: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+pub const LORA_TARGETS: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
 
 /// How adapters are attached: `LoraConfig::new(16).alpha(32.0)`.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,10 +72,7 @@ impl LoraConfig {
     }
     /// Checks the rank, alpha and targets, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
-        let bad = |message: String| CoreError::InvalidArgument {
-            op: "LoraConfig",
-            message,
-        };
+        let bad = |message: String| CoreError::InvalidArgument { op: "LoraConfig", message };
         if self.rank == 0 {
             return Err(bad("rank must be at least 1".into()));
         }
@@ -117,10 +107,7 @@ fn module_of(name: &str) -> Option<&str> {
 /// `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight` and `...lora_B.weight`.
 pub fn peft_names(name: &str) -> (String, String) {
     let stem = name.strip_suffix(".weight").unwrap_or(name);
-    (
-        format!("base_model.model.{stem}.lora_A.weight"),
-        format!("base_model.model.{stem}.lora_B.weight"),
-    )
+    (format!("base_model.model.{stem}.lora_A.weight"), format!("base_model.model.{stem}.lora_B.weight"))
 }
 
 /// An adapter's two tensors: `A (rank, d_in)`, `B (d_out, rank)`.
@@ -178,22 +165,14 @@ impl<B: Backend> LoraState<B> {
         let weights = shapes.as_ref().try_map(|_, s| match s {
             Some((d_out, d_in)) => {
                 let bound = 1.0 / libm::sqrt(*d_in as f64);
-                let a: Vec<f32> = (0..r * *d_in)
-                    .map(|_| rng.uniform(-bound, bound) as f32)
-                    .collect();
-                Ok(Some(LoraPair {
-                    a: b.upload(&a)?,
-                    b: b.zeros(d_out * r)?,
-                }))
+                let a: Vec<f32> = (0..r * *d_in).map(|_| rng.uniform(-bound, bound) as f32).collect();
+                Ok(Some(LoraPair { a: b.upload(&a)?, b: b.zeros(d_out * r)? }))
             }
             None => Ok(None),
         })?;
         let zeros = |_: &str, s: &Option<(usize, usize)>| -> Result<_> {
             Ok(match s {
-                Some((d_out, d_in)) => Some(LoraPair {
-                    a: b.zeros(r * d_in)?,
-                    b: b.zeros(d_out * r)?,
-                }),
+                Some((d_out, d_in)) => Some(LoraPair { a: b.zeros(r * d_in)?, b: b.zeros(d_out * r)? }),
                 None => None,
             })
         };
@@ -248,22 +227,12 @@ impl<B: Backend> LoraState<B> {
 
 /// Flat list of the `Some` leaves' buffers, `A` then `B`, in [`Tree::into_leaves`] order.
 pub fn adapter_buffers<T>(tree: &Tree<Option<LoraPair<T>>>) -> Vec<&T> {
-    tree.as_ref()
-        .into_leaves()
-        .into_iter()
-        .flatten()
-        .flat_map(|p| [&p.a, &p.b])
-        .collect()
+    tree.as_ref().into_leaves().into_iter().flatten().flat_map(|p| [&p.a, &p.b]).collect()
 }
 
 /// [`adapter_buffers`], mutable.
 pub fn adapter_buffers_mut<T>(tree: &mut Tree<Option<LoraPair<T>>>) -> Vec<&mut T> {
-    tree.as_mut()
-        .into_leaves()
-        .into_iter()
-        .flatten()
-        .flat_map(|p| [&mut p.a, &mut p.b])
-        .collect()
+    tree.as_mut().into_leaves().into_iter().flatten().flat_map(|p| [&mut p.a, &mut p.b]).collect()
 }
 
 /// The parameter tree's matrices with the adapters folded in (`W += scale * B A`), on the
@@ -271,13 +240,10 @@ pub fn adapter_buffers_mut<T>(tree: &mut Tree<Option<LoraPair<T>>>) -> Vec<&mut 
 pub fn merge_into<B: Backend>(b: &B, params: &mut Params<B>, lora: &LoraState<B>) -> Result<()> {
     let r = lora.config.rank;
     let scale = lora.config.scale();
-    let pairs = params
-        .as_mut()
-        .zip(lora.weights.as_ref())
-        .ok_or_else(|| CoreError::InvalidArgument {
-            op: "merge_lora",
-            message: "the adapters are laid out differently from the parameters".into(),
-        })?;
+    let pairs = params.as_mut().zip(lora.weights.as_ref()).ok_or_else(|| CoreError::InvalidArgument {
+        op: "merge_lora",
+        message: "the adapters are laid out differently from the parameters".into(),
+    })?;
     for (w, pair) in pairs.into_leaves() {
         if let Some(p) = pair {
             let (a, bm) = (b.download(&p.a)?, b.download(&p.b)?);

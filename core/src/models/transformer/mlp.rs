@@ -76,17 +76,7 @@ pub(super) fn mlp_backward<B: Backend>(
     }
     p.down.grad_input(b, ds, dout, mm(n, f, d), deq)?;
     if let Some((lw, lg, lt, dt, ctx)) = lora.as_mut() {
-        adapt_backward(
-            b,
-            &lw.down,
-            lg.down,
-            &lt.down,
-            dt,
-            Some(ds),
-            dout,
-            s,
-            ctx.spec(n, f, d),
-        )?;
+        adapt_backward(b, &lw.down, lg.down, &lt.down, dt, Some(ds), dout, s, ctx.spec(n, f, d))?;
     }
     b.swiglu_backward(dgate, dup, ds, gate, up)?;
     if let Some(g) = g {
@@ -96,17 +86,7 @@ pub(super) fn mlp_backward<B: Backend>(
     p.gate.grad_input(b, dx, dgate, mm(n, d, f), deq)?;
     p.up.grad_input(b, dx, dup, mm(n, d, f).accumulate(), deq)?;
     if let Some((lw, lg, lt, dt, ctx)) = lora {
-        adapt_backward(
-            b,
-            &lw.gate,
-            lg.gate,
-            &lt.gate,
-            dt,
-            Some(&mut *dx),
-            dgate,
-            x,
-            ctx.spec(n, d, f),
-        )?;
+        adapt_backward(b, &lw.gate, lg.gate, &lt.gate, dt, Some(&mut *dx), dgate, x, ctx.spec(n, d, f))?;
         adapt_backward(b, &lw.up, lg.up, &lt.up, dt, Some(dx), dup, x, ctx.spec(n, d, f))?;
     }
     Ok(())

@@ -128,10 +128,7 @@ impl<B: Backend> TransformerModel<B> {
         let layout = config.layout();
         let b = &backend;
         let pc = crate::ops::q8::packed_cols;
-        let bad = |message: String| CoreError::InvalidArgument {
-            op: "transformer parameters",
-            message,
-        };
+        let bad = |message: String| CoreError::InvalidArgument { op: "transformer parameters", message };
         let mismatch = || bad("the tensors are laid out differently from the configuration".into());
         let pairs = params
             .as_ref()
@@ -157,12 +154,7 @@ impl<B: Backend> TransformerModel<B> {
         }
         // The f32 matrices an int8 model does not keep.
         let mut params = params;
-        for (buf, t) in params
-            .as_mut()
-            .into_leaves()
-            .into_iter()
-            .zip(layout.as_ref().into_leaves())
-        {
+        for (buf, t) in params.as_mut().into_leaves().into_iter().zip(layout.as_ref().into_leaves()) {
             if t.kind == TensorKind::Matrix {
                 *buf = b.zeros(0)?;
             }
@@ -189,11 +181,8 @@ impl<B: Backend> TransformerModel<B> {
                 TransformerModel::from_quantized(backend, config, params, quantized)?
             }
             None => {
-                let state = [
-                    tree(&backend, &self.grads)?,
-                    tree(&backend, &self.m)?,
-                    tree(&backend, &self.v)?,
-                ];
+                let state =
+                    [tree(&backend, &self.grads)?, tree(&backend, &self.m)?, tree(&backend, &self.v)?];
                 let mut to =
                     TransformerModel::from_params_with(backend, config, params, self.lora.is_some())?;
                 [to.grads, to.m, to.v] = state;
@@ -219,10 +208,7 @@ impl<B: Backend> TransformerModel<B> {
         let mut needs: Vec<(String, usize)> = alloc::vec![
             ("the logits of one position".into(), c.vocab_size),
             ("one layer's KV cache".into(), c.max_seq_len * c.kv_dim()),
-            (
-                "one position's attention scores".into(),
-                c.q_heads * c.max_seq_len
-            ),
+            ("one position's attention scores".into(), c.q_heads * c.max_seq_len),
             ("the RoPE table".into(), c.max_seq_len * c.head_dim),
         ];
         if let Some(f) = (0..c.n_layers).filter_map(|l| c.mlp_width(l)).max() {
@@ -267,17 +253,10 @@ impl<B: Backend> TransformerModel<B> {
         if seq > self.config.max_seq_len {
             return Err(CoreError::InvalidDimension {
                 op: "transformer forward",
-                message: format!(
-                    "sequence length {seq} is over max_seq_len {}",
-                    self.config.max_seq_len
-                ),
+                message: format!("sequence length {seq} is over max_seq_len {}", self.config.max_seq_len),
             });
         }
-        if self
-            .arena
-            .as_ref()
-            .is_none_or(|a| a.batch != batch || a.seq != seq)
-        {
+        if self.arena.as_ref().is_none_or(|a| a.batch != batch || a.seq != seq) {
             // Drop the old arena first so peak memory holds one, not two.
             self.arena = None;
             let lora = self.lora.as_ref().map(|l| &l.config);
@@ -309,39 +288,21 @@ impl<B: Backend> TransformerModel<B> {
         arena.embed(b, c, &self.params, quantized, &tb.inputs)?;
         let mut aux = AuxLoss::default();
         self.expert_usage.clear();
-        let lora_ctx = self.lora.as_ref().map(|st| LoraCtx {
-            rank: st.config.rank,
-            scale: st.config.scale(),
-            prec,
-        });
+        let lora_ctx =
+            self.lora.as_ref().map(|st| LoraCtx { rank: st.config.rank, scale: st.config.scale(), prec });
         for l in 0..c.n_layers {
             let w = block_view(&self.params, quantized, l)?;
             let lora = match (&self.lora, lora_ctx) {
-                (Some(st), Some(ctx)) => Some(BlockLora {
-                    w: &st.weights.layers[l],
-                    t: &mut arena.lora_t[l],
-                    ctx,
-                }),
+                (Some(st), Some(ctx)) => {
+                    Some(BlockLora { w: &st.weights.layers[l], t: &mut arena.lora_t[l], ctx })
+                }
                 _ => None,
             };
             let a = &mut arena.layers[l];
             let acts = a.acts(true);
             let specs = (&rope_q, &rope_k, &att_spec);
             let p = &self.params.layers[l];
-            block_forward(
-                b,
-                c,
-                l,
-                p,
-                &w,
-                &mut arena.x_out,
-                acts,
-                Keys::Fresh,
-                specs,
-                n,
-                prec,
-                lora,
-            )?;
+            block_forward(b, c, l, p, &w, &mut arena.x_out, acts, Keys::Fresh, specs, n, prec, lora)?;
             if let Some(acts) = &a.moe {
                 aux.load_balance += acts.routing.load_balance;
                 aux.router_z += acts.routing.z_loss;
@@ -370,18 +331,12 @@ impl<B: Backend> TransformerModel<B> {
         &mut self, ids: &[u32], batch: usize, mask: Option<&[bool]>, layers: &[usize],
     ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
-        let err = |message: String| CoreError::InvalidDimension {
-            op: "hidden_states",
-            message,
-        };
+        let err = |message: String| CoreError::InvalidDimension { op: "hidden_states", message };
         if batch == 0 || ids.is_empty() || !ids.len().is_multiple_of(batch) {
             return Err(err(format!("{} ids do not make {batch} rows", ids.len())));
         }
         if let Some(&bad) = layers.iter().find(|&&l| l == 0 || l > c.n_layers) {
-            return Err(err(format!(
-                "layer {bad}: the model's layers are 1..={}",
-                c.n_layers
-            )));
+            return Err(err(format!("layer {bad}: the model's layers are 1..={}", c.n_layers)));
         }
         let seq = ids.len() / batch;
         let tb = TokenBatch {
@@ -452,13 +407,7 @@ impl<B: Backend> TransformerModel<B> {
         let b = &self.backend;
         let tree = |t: &Params<B>| -> usize { t.as_ref().into_leaves().into_iter().map(|x| b.len(x)).sum() };
         let q8: usize = match &self.quantized {
-            Some(q) => q
-                .as_ref()
-                .into_leaves()
-                .into_iter()
-                .flatten()
-                .map(|(p, s)| b.len(p) + b.len(s))
-                .sum(),
+            Some(q) => q.as_ref().into_leaves().into_iter().flatten().map(|(p, s)| b.len(p) + b.len(s)).sum(),
             None => 0,
         };
         4 * (tree(&self.params) + tree(&self.grads) + tree(&self.m) + tree(&self.v) + q8)
@@ -466,8 +415,7 @@ impl<B: Backend> TransformerModel<B> {
     /// Logits of the last forward pass, on the host, `(batch * seq, vocab)`.
     pub fn forward_logits(&mut self, tb: &TokenBatch) -> Result<Vec<f32>> {
         self.forward(tb)?;
-        self.backend
-            .download(&self.arena.as_ref().expect("forward made it").logits)
+        self.backend.download(&self.arena.as_ref().expect("forward made it").logits)
     }
     /// Forward and loss, no gradients.
     pub fn evaluate(&mut self, tb: &TokenBatch) -> Result<LossSum> {
@@ -514,13 +462,7 @@ impl<B: Backend> TransformerModel<B> {
         })?;
         self.quantized = Some(quantized);
         // Free what an int8 model no longer has: f32 matrices, gradients, moments, arenas.
-        for (buf, t) in self
-            .params
-            .as_mut()
-            .into_leaves()
-            .into_iter()
-            .zip(layout.as_ref().into_leaves())
-        {
+        for (buf, t) in self.params.as_mut().into_leaves().into_iter().zip(layout.as_ref().into_leaves()) {
             if t.kind == TensorKind::Matrix {
                 *buf = b.zeros(0)?;
             }
@@ -598,10 +540,7 @@ impl<B: Backend> TransformerModel<B> {
     /// number of elements, all finite. On an int8 model only the f32 tensors (norms,
     /// routers) can be set.
     pub fn set_parameter(&mut self, name: &str, values: &[f32]) -> Result<()> {
-        let bad = |message: String| CoreError::InvalidArgument {
-            op: "set_parameter",
-            message,
-        };
+        let bad = |message: String| CoreError::InvalidArgument { op: "set_parameter", message };
         let layout = self.config.layout();
         let pairs = self
             .params
@@ -615,9 +554,7 @@ impl<B: Backend> TransformerModel<B> {
             .map(|(_, pair)| pair)
             .ok_or_else(|| bad(format!("the model has no parameter named `{name}`")))?;
         if self.quantized.is_some() && spec.kind == TensorKind::Matrix {
-            return Err(bad(format!(
-                "{name} is int8 in a quantized model; set it before quantize()"
-            )));
+            return Err(bad(format!("{name} is int8 in a quantized model; set it before quantize()")));
         }
         if values.len() != spec.len() {
             return Err(bad(format!(

@@ -25,29 +25,13 @@ pub(super) fn moe_forward<B: Backend>(
     w.router.apply(b, &mut a.logits, x, MatmulSpec::new(n, e_n, d))?;
     // Adapted experts need their rows grouped (an adapter's product runs on a window).
     let adapted = lora.as_ref().is_some_and(|(lw, _, _)| {
-        lw.experts
-            .iter()
-            .any(|e| e.gate.is_some() || e.up.is_some() || e.down.is_some())
+        lw.experts.iter().any(|e| e.gate.is_some() || e.up.is_some() || e.down.is_some())
     });
     if let (true, false, Some(experts)) = (inference, adapted, routed_on_device(b, w)) {
         // Slot order throughout: nothing is counted, so nothing is read back.
         let slots = n * k;
-        b.moe_route(
-            &mut a.slot_expert,
-            &mut a.slot_weight,
-            &a.logits,
-            n,
-            e_n,
-            k,
-            m.renormalize,
-        )?;
-        let spec = |nn, kk, x_per_token| RoutedSpec {
-            slots,
-            n: nn,
-            k: kk,
-            top_k: k,
-            x_per_token,
-        };
+        b.moe_route(&mut a.slot_expert, &mut a.slot_weight, &a.logits, n, e_n, k, m.renormalize)?;
+        let spec = |nn, kk, x_per_token| RoutedSpec { slots, n: nn, k: kk, top_k: k, x_per_token };
         b.q8_matmul_routed(&mut a.gate, x, &experts[0], &a.slot_expert, &spec(fe, d, true))?;
         b.q8_matmul_routed(&mut a.up, x, &experts[1], &a.slot_expert, &spec(fe, d, true))?;
         b.swiglu_forward(&mut a.s, &a.gate, &a.up)?;
@@ -62,20 +46,11 @@ pub(super) fn moe_forward<B: Backend>(
     for (e, ex) in w.experts.iter().enumerate() {
         let (o, c) = r.rows(e);
         if c > 0 {
-            ex.gate
-                .apply(b, &mut a.gate, &a.xe, mm(c, fe, d).window(o * d, 0, o * fe))?;
-            ex.up
-                .apply(b, &mut a.up, &a.xe, mm(c, fe, d).window(o * d, 0, o * fe))?;
+            ex.gate.apply(b, &mut a.gate, &a.xe, mm(c, fe, d).window(o * d, 0, o * fe))?;
+            ex.up.apply(b, &mut a.up, &a.xe, mm(c, fe, d).window(o * d, 0, o * fe))?;
             if let Some((lw, lt, ctx)) = &mut lora {
                 let spec = ctx.spec(c, d, fe).offsets(o * d, o * fe, o * ctx.rank);
-                adapt(
-                    b,
-                    &lw.experts[e].gate,
-                    lt.experts[e].gate,
-                    &mut a.gate,
-                    &a.xe,
-                    spec,
-                )?;
+                adapt(b, &lw.experts[e].gate, lt.experts[e].gate, &mut a.gate, &a.xe, spec)?;
                 adapt(b, &lw.experts[e].up, lt.experts[e].up, &mut a.up, &a.xe, spec)?;
             }
         }
@@ -84,8 +59,7 @@ pub(super) fn moe_forward<B: Backend>(
     for (e, ex) in w.experts.iter().enumerate() {
         let (o, c) = r.rows(e);
         if c > 0 {
-            ex.down
-                .apply(b, &mut a.y, &a.s, mm(c, d, fe).window(o * fe, 0, o * d))?;
+            ex.down.apply(b, &mut a.y, &a.s, mm(c, d, fe).window(o * fe, 0, o * d))?;
             if let Some((lw, lt, ctx)) = &mut lora {
                 let spec = ctx.spec(c, fe, d).offsets(o * fe, o * d, o * ctx.rank);
                 adapt(b, &lw.experts[e].down, lt.experts[e].down, &mut a.y, &a.s, spec)?;
@@ -210,13 +184,7 @@ pub(super) fn moe_backward<B: Backend>(
     r.backward(&mut dl, &dweight, lb_scale, z_scale)?;
     b.write(dlogits, &dl)?;
     if let Some(g) = g {
-        b.matmul(
-            &mut g.router,
-            dlogits,
-            x,
-            &MatmulSpec::new(e_n, d, n).trans_a(true).accumulate(),
-        )?;
+        b.matmul(&mut g.router, dlogits, x, &MatmulSpec::new(e_n, d, n).trans_a(true).accumulate())?;
     }
-    p.router
-        .grad_input(b, dx, dlogits, MatmulSpec::new(n, d, e_n).accumulate(), deq)
+    p.router.grad_input(b, dx, dlogits, MatmulSpec::new(n, d, e_n).accumulate(), deq)
 }

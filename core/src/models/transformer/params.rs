@@ -125,27 +125,15 @@ pub struct Tree<T> {
 impl<T> Swiglu<T> {
     /// Borrows each tensor.
     pub fn as_ref(&self) -> Swiglu<&T> {
-        Swiglu {
-            gate: &self.gate,
-            up: &self.up,
-            down: &self.down,
-        }
+        Swiglu { gate: &self.gate, up: &self.up, down: &self.down }
     }
     /// Borrows each tensor mutably.
     pub fn as_mut(&mut self) -> Swiglu<&mut T> {
-        Swiglu {
-            gate: &mut self.gate,
-            up: &mut self.up,
-            down: &mut self.down,
-        }
+        Swiglu { gate: &mut self.gate, up: &mut self.up, down: &mut self.down }
     }
     /// Each tensor through `f`.
     pub fn map<U>(self, f: &mut impl FnMut(T) -> U) -> Swiglu<U> {
-        Swiglu {
-            gate: f(self.gate),
-            up: f(self.up),
-            down: f(self.down),
-        }
+        Swiglu { gate: f(self.gate), up: f(self.up), down: f(self.down) }
     }
     fn try_map<U, E>(
         self, prefix: &str, f: &mut impl FnMut(&str, T) -> Result<U, E>,
@@ -157,11 +145,7 @@ impl<T> Swiglu<T> {
         })
     }
     fn zip<U>(self, o: Swiglu<U>) -> Swiglu<(T, U)> {
-        Swiglu {
-            gate: (self.gate, o.gate),
-            up: (self.up, o.up),
-            down: (self.down, o.down),
-        }
+        Swiglu { gate: (self.gate, o.gate), up: (self.up, o.up), down: (self.down, o.down) }
     }
 }
 
@@ -261,30 +245,12 @@ impl<T> Block<T> {
                 Some(Experts { router, experts })
             }
         };
-        let mlp_prefix = if sparse {
-            format!("{prefix}mlp.shared_expert.")
-        } else {
-            format!("{prefix}mlp.")
-        };
+        let mlp_prefix = if sparse { format!("{prefix}mlp.shared_expert.") } else { format!("{prefix}mlp.") };
         let mlp = match self.mlp {
             None => None,
             Some(m) => Some(m.try_map(&mlp_prefix, f)?),
         };
-        Ok(Block {
-            attn_norm,
-            wq,
-            wk,
-            wv,
-            wo,
-            q_bias,
-            k_bias,
-            v_bias,
-            q_norm,
-            k_norm,
-            ffn_norm,
-            mlp,
-            moe,
-        })
+        Ok(Block { attn_norm, wq, wk, wv, wo, q_bias, k_bias, v_bias, q_norm, k_norm, ffn_norm, mlp, moe })
     }
     /// Pairs the leaves of two blocks of the same layout; `None` when the layouts differ.
     pub fn zip<U>(self, o: Block<U>) -> Option<Block<(T, U)>> {
@@ -297,12 +263,7 @@ impl<T> Block<T> {
             (None, None) => None,
             (Some(a), Some(b)) if a.experts.len() == b.experts.len() => Some(Experts {
                 router: (a.router, b.router),
-                experts: a
-                    .experts
-                    .into_iter()
-                    .zip(b.experts)
-                    .map(|(x, y)| x.zip(y))
-                    .collect(),
+                experts: a.experts.into_iter().zip(b.experts).map(|(x, y)| x.zip(y)).collect(),
             }),
             _ => return None,
         };
@@ -390,24 +351,14 @@ impl<T> Tree<T> {
             Some(h) => Some(f("lm_head.weight", h)?),
             None => None,
         };
-        Ok(Tree {
-            embed,
-            layers,
-            final_norm,
-            lm_head,
-        })
+        Ok(Tree { embed, layers, final_norm, lm_head })
     }
     /// Pairs the leaves of two trees of the same layout; `None` when the layouts differ.
     pub fn zip<U>(self, o: Tree<U>) -> Option<Tree<(T, U)>> {
         if self.layers.len() != o.layers.len() {
             return None;
         }
-        let layers = self
-            .layers
-            .into_iter()
-            .zip(o.layers)
-            .map(|(a, b)| a.zip(b))
-            .collect::<Option<_>>()?;
+        let layers = self.layers.into_iter().zip(o.layers).map(|(a, b)| a.zip(b)).collect::<Option<_>>()?;
         let lm_head = match (self.lm_head, o.lm_head) {
             (None, None) => None,
             (Some(a), Some(b)) => Some((a, b)),
@@ -455,17 +406,10 @@ impl TransformerConfig {
     /// The shape and kind of every tensor.
     pub fn layout(&self) -> Tree<TensorSpec> {
         let (d, q, kv) = (self.d_model, self.q_dim(), self.kv_dim());
-        let t = |shape: &[usize], kind| TensorSpec {
-            shape: shape.to_vec(),
-            kind,
-        };
+        let t = |shape: &[usize], kind| TensorSpec { shape: shape.to_vec(), kind };
         let norm = || t(&[d], TensorKind::Norm);
         let mat = |r: usize, c: usize| t(&[r, c], TensorKind::Matrix);
-        let swiglu = |f: usize| Swiglu {
-            gate: mat(f, d),
-            up: mat(f, d),
-            down: mat(d, f),
-        };
+        let swiglu = |f: usize| Swiglu { gate: mat(f, d), up: mat(f, d), down: mat(d, f) };
         let layers = (0..self.n_layers)
             .map(|l| Block {
                 attn_norm: norm(),

@@ -32,11 +32,8 @@ impl<B: Backend> TransformerModel<B> {
         // Frozen under adapters: `grads` is empty, and the adapters' gradients are formed.
         let mut lora = self.lora.as_mut();
         let frozen = lora.is_some();
-        let lora_ctx = lora.as_ref().map(|st| LoraCtx {
-            rank: st.config.rank,
-            scale: st.config.scale(),
-            prec,
-        });
+        let lora_ctx =
+            lora.as_ref().map(|st| LoraCtx { rank: st.config.rank, scale: st.config.scale(), prec });
         let grads = &mut self.grads;
         // Each sparse block's share of the auxiliary losses' weights.
         let aux_scales = match &c.moe {
@@ -72,20 +69,10 @@ impl<B: Backend> TransformerModel<B> {
             Some(Some((packed, scales))) => Mat::Q8(packed, scales),
             _ => Mat::F32(params.head()),
         };
-        head.grad_input(
-            b,
-            &mut arena.dh,
-            &arena.logits,
-            mm(n, d, c.vocab_size),
-            &mut arena.deq,
-        )?;
+        head.grad_input(b, &mut arena.dh, &arena.logits, mm(n, d, c.vocab_size), &mut arena.deq)?;
         b.rmsnorm_backward(
             &mut arena.dx,
-            if frozen {
-                &mut arena.sink_d
-            } else {
-                &mut grads.final_norm
-            },
+            if frozen { &mut arena.sink_d } else { &mut grads.final_norm },
             &arena.dh,
             &arena.x_out,
             &params.final_norm,
@@ -141,9 +128,7 @@ impl<B: Backend> TransformerModel<B> {
     pub fn grad_norm(&self, scale: f32) -> Result<f64> {
         let total = match &self.lora {
             Some(st) => self.backend.sum_of_squares_many(&adapter_buffers(&st.grads))?,
-            None => self
-                .backend
-                .sum_of_squares_many(&self.grads.as_ref().into_leaves())?,
+            None => self.backend.sum_of_squares_many(&self.grads.as_ref().into_leaves())?,
         };
         Ok(libm::sqrt(total) * scale.abs() as f64)
     }
@@ -186,11 +171,7 @@ impl<B: Backend> TransformerModel<B> {
         let ms = self.m.as_mut().into_leaves();
         let vs = self.v.as_mut().into_leaves();
         for ((((p, g), m), v), decay) in params.into_iter().zip(grads).zip(ms).zip(vs).zip(decays) {
-            let opt = if decay {
-                *optimizer
-            } else {
-                optimizer.weight_decay(0.0)
-            };
+            let opt = if decay { *optimizer } else { optimizer.weight_decay(0.0) };
             if let Some(hp) = opt.adam_params(grad_scale) {
                 b.adam_update(p, g, m, v, &hp, self.step)?;
             } else if let Some(hp) = opt.sgd_params(grad_scale) {

@@ -21,11 +21,7 @@ pub struct Conversation {
 impl Conversation {
     /// An empty conversation within `config`'s vocabulary and context.
     pub fn new(config: &TransformerConfig) -> Self {
-        Conversation {
-            context: Vec::new(),
-            vocab: config.vocab_size,
-            max_seq_len: config.max_seq_len,
-        }
+        Conversation { context: Vec::new(), vocab: config.vocab_size, max_seq_len: config.max_seq_len }
     }
 
     /// Every id fed or drawn so far.
@@ -156,11 +152,7 @@ pub struct Reply {
 impl Reply {
     /// A reply of at most `max_new` ids, ending early at `end` when given.
     pub fn new(max_new: usize, end: Option<u32>) -> Self {
-        Reply {
-            ids: Vec::new(),
-            max_new,
-            end,
-        }
+        Reply { ids: Vec::new(), max_new, end }
     }
 
     /// `Some` when no more ids may be drawn.

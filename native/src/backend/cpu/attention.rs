@@ -53,13 +53,10 @@ pub fn attention_forward(
             with_scores(|scores| row_heads(spec, q, k, v, 0, p * per, o, l, scores))
         });
     } else {
-        out.par_chunks_mut(hq * d)
-            .zip(lse.par_chunks_mut(hq))
-            .enumerate()
-            .for_each_init(
-                || Vec::with_capacity(spec.kv_len),
-                |scores, (row, (o, l))| row_heads(spec, q, k, v, row, 0, o, l, scores),
-            );
+        out.par_chunks_mut(hq * d).zip(lse.par_chunks_mut(hq)).enumerate().for_each_init(
+            || Vec::with_capacity(spec.kv_len),
+            |scores, (row, (o, l))| row_heads(spec, q, k, v, row, 0, o, l, scores),
+        );
     }
     Ok(())
 }
@@ -97,15 +94,7 @@ pub(crate) fn row_heads(
         // Key/value rows of this group are `stride` apart in the cache.
         let (first, stride) = (spec.kv_index(b, 0, kvh), spec.kv_heads * d);
         let span = (n - 1) * stride + d;
-        simd::dot_rows_heads(
-            s,
-            n,
-            &q[qi..qi + run * d],
-            run,
-            &k[first..first + span],
-            stride,
-            scale,
-        );
+        simd::dot_rows_heads(s, n, &q[qi..qi + run * d], run, &k[first..first + span], stride, scale);
         let mut inv = [0.0f32; 4];
         for (i, si) in s.chunks_exact_mut(n).enumerate() {
             let max = simd::max(si);
@@ -178,10 +167,8 @@ pub fn attention_backward(
     // Pass 2: dk and dv, one task per key row (b, j); rows past kv_len stay zero.
     if nkv > 0 {
         let offset = spec.kv_len - spec.q_len; // absolute position of query row 0
-        dk.par_chunks_mut(hkv * d)
-            .zip(dv.par_chunks_mut(hkv * d))
-            .enumerate()
-            .for_each(|(row, (dkr, dvr))| {
+        dk.par_chunks_mut(hkv * d).zip(dv.par_chunks_mut(hkv * d)).enumerate().for_each(
+            |(row, (dkr, dvr))| {
                 let (b, j) = (row / spec.kv_capacity, row % spec.kv_capacity);
                 dkr.fill(0.0);
                 dvr.fill(0.0);
@@ -205,7 +192,8 @@ pub fn attention_backward(
                         }
                     }
                 }
-            });
+            },
+        );
     }
     Ok(())
 }
@@ -242,14 +230,8 @@ pub(crate) fn gemm_views(dst: &mut [f32], m: usize, n: usize, k: usize, lhs: Vie
         return;
     }
     // The largest index each view reads must be inside its slice.
-    assert!(
-        (m - 1) * lhs.rs + (k - 1) * lhs.cs < lhs.data.len(),
-        "gemm_views: lhs view out of bounds"
-    );
-    assert!(
-        (k - 1) * rhs.rs + (n - 1) * rhs.cs < rhs.data.len(),
-        "gemm_views: rhs view out of bounds"
-    );
+    assert!((m - 1) * lhs.rs + (k - 1) * lhs.cs < lhs.data.len(), "gemm_views: lhs view out of bounds");
+    assert!((k - 1) * rhs.rs + (n - 1) * rhs.cs < rhs.data.len(), "gemm_views: rhs view out of bounds");
     #[cfg(target_arch = "x86_64")]
     if simd::isa() == simd::Isa::Avx512 && m * n * k <= SMALL_GEMM_MACS {
         small_gemm(dst, m, n, k, lhs, rhs, beta);
@@ -420,20 +402,12 @@ pub(crate) fn use_blocked(spec: &AttentionSpec) -> bool {
 /// `kv_heads * d`.
 fn q_view<'a>(x: &'a [f32], spec: &AttentionSpec, b: usize, h: usize) -> View<'a> {
     let start = spec.q_index(b, 0, h);
-    View {
-        data: &x[start..],
-        rs: spec.q_heads * spec.head_dim,
-        cs: 1,
-    }
+    View { data: &x[start..], rs: spec.q_heads * spec.head_dim, cs: 1 }
 }
 
 fn kv_view<'a>(x: &'a [f32], spec: &AttentionSpec, b: usize, kvh: usize) -> View<'a> {
     let start = spec.kv_index(b, 0, kvh);
-    View {
-        data: &x[start..],
-        rs: spec.kv_heads * spec.head_dim,
-        cs: 1,
-    }
+    View { data: &x[start..], rs: spec.kv_heads * spec.head_dim, cs: 1 }
 }
 
 /// `f` of every tile, in order, the tiles split in contiguous bands over the thread team
@@ -447,9 +421,7 @@ fn on_team<T: Sync, R: Send>(tiles: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> 
             *r = Some(f(&tiles[first + i]));
         }
     });
-    out.into_iter()
-        .map(|r| r.expect("team::bands runs every band"))
-        .collect()
+    out.into_iter().map(|r| r.expect("team::bands runs every band")).collect()
 }
 
 /// `dst` (cols x rows, contiguous) = the transpose of the first `rows` x `cols` of `v`.
@@ -487,11 +459,7 @@ fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 fn transpose(v: View) -> View {
-    View {
-        data: v.data,
-        rs: v.cs,
-        cs: v.rs,
-    }
+    View { data: v.data, rs: v.cs, cs: v.rs }
 }
 
 /// `dot(a, b)` for one head's row: sixteen lanes of partial sums. `simd::dot` steps 64
@@ -500,12 +468,7 @@ fn transpose(v: View) -> View {
 fn short_dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
     for (x, y) in ca.zip(cb) {
         for l in 0..16 {
             acc[l] += x[l] * y[l];
@@ -524,27 +487,17 @@ pub(crate) fn attention_forward_blocked(
 ) {
     let (d, hq, tq, tk) = (spec.head_dim, spec.q_heads, spec.q_len, spec.kv_len);
     let scale = 1.0 / (d as f32).sqrt();
-    let tiles: Vec<(usize, usize)> = (0..spec.batch)
-        .flat_map(|b| (0..hq).map(move |h| (b, h)))
-        .collect();
+    let tiles: Vec<(usize, usize)> = (0..spec.batch).flat_map(|b| (0..hq).map(move |h| (b, h))).collect();
     let (out_w, lse_w) = (SharedBuf::new(out), SharedBuf::new(lse));
     on_team(&tiles, |&(b, h)| {
         let kvh = h / spec.group();
-        let (qh, kh, vh) = (
-            q_view(q, spec, b, h),
-            kv_view(k, spec, b, kvh),
-            kv_view(v, spec, b, kvh),
-        );
+        let (qh, kh, vh) = (q_view(q, spec, b, h), kv_view(k, spec, b, kvh), kv_view(v, spec, b, kvh));
         SCRATCH.with(|cell| {
             let sc = &mut *cell.borrow_mut();
             // K^T (d x tk) once for every query block.
             let kt = sized(&mut sc.kt, d * tk);
             transpose_into(kt, kh, tk, d);
-            let kt = View {
-                data: kt,
-                rs: tk,
-                cs: 1,
-            };
+            let kt = View { data: kt, rs: tk, cs: 1 };
             let blk = QUERY_BLOCK.min(tq);
             let scores = sized(&mut sc.p, blk * tk);
             let o = sized(&mut sc.rows, blk * d);
@@ -552,10 +505,7 @@ pub(crate) fn attention_forward_blocked(
                 let rows = blk.min(tq - t0);
                 let width = spec.visible(t0 + rows - 1);
                 let s = &mut scores[..rows * width];
-                let q_rows = View {
-                    data: &qh.data[t0 * qh.rs..],
-                    ..qh
-                };
+                let q_rows = View { data: &qh.data[t0 * qh.rs..], ..qh };
                 gemm_views(s, rows, width, d, q_rows, kt, 0.0);
                 // Each row's exps unnormalized; the weighted sum is divided by the row's sum
                 // afterwards (d values a row instead of `width`).
@@ -572,11 +522,7 @@ pub(crate) fn attention_forward_blocked(
                     // SAFETY: lse element (b, t, h) is written by this (b, h) task alone.
                     unsafe { lse_w.put((b * tq + t) * hq + h, &[max + sum.ln()], 1.0) };
                 }
-                let p = View {
-                    data: s,
-                    rs: width,
-                    cs: 1,
-                };
+                let p = View { data: s, rs: width, cs: 1 };
                 gemm_views(&mut o[..rows * d], rows, d, width, p, vh, 0.0);
                 for (r, row) in o[..rows * d].chunks_exact(d).enumerate() {
                     // SAFETY: output row (b, t0 + r, head h) is written by this task alone.
@@ -592,19 +538,11 @@ pub(crate) fn attention_backward_blocked(
     dq: &mut [f32], dk: &mut [f32], dv: &mut [f32], dout: &[f32], q: &[f32], k: &[f32], v: &[f32],
     out: &[f32], lse: &[f32], spec: &AttentionSpec,
 ) {
-    let (d, hq, hkv, tq, tk) = (
-        spec.head_dim,
-        spec.q_heads,
-        spec.kv_heads,
-        spec.q_len,
-        spec.kv_len,
-    );
+    let (d, hq, hkv, tq, tk) = (spec.head_dim, spec.q_heads, spec.kv_heads, spec.q_len, spec.kv_len);
     let scale = 1.0 / (d as f32).sqrt();
     // One task per (b, kv head): it owns that head's dK and dV and the dQ rows of every
     // query head of its group, so no two tasks write the same gradient element.
-    let tiles: Vec<(usize, usize)> = (0..spec.batch)
-        .flat_map(|b| (0..hkv).map(move |g| (b, g)))
-        .collect();
+    let tiles: Vec<(usize, usize)> = (0..spec.batch).flat_map(|b| (0..hkv).map(move |g| (b, g))).collect();
     let (dq_w, dk_w, dv_w) = (SharedBuf::new(dq), SharedBuf::new(dk), SharedBuf::new(dv));
     on_team(&tiles, |&(b, kvh)| {
         let (kv_k, kv_v) = (kv_view(k, spec, b, kvh), kv_view(v, spec, b, kvh));
@@ -615,18 +553,7 @@ pub(crate) fn attention_backward_blocked(
             transpose_into(kt, kv_k, tk, d);
             let vt = sized(&mut sc.vt, d * tk);
             transpose_into(vt, kv_v, tk, d);
-            let (kt, vt) = (
-                View {
-                    data: kt,
-                    rs: tk,
-                    cs: 1,
-                },
-                View {
-                    data: vt,
-                    rs: tk,
-                    cs: 1,
-                },
-            );
+            let (kt, vt) = (View { data: kt, rs: tk, cs: 1 }, View { data: vt, rs: tk, cs: 1 });
             let dk_t = sized(&mut sc.dk, tk * d);
             dk_t.fill(0.0);
             let dv_t = sized(&mut sc.dv, tk * d);
@@ -642,14 +569,8 @@ pub(crate) fn attention_backward_blocked(
                     let rows = blk.min(tq - t0);
                     let width = spec.visible(t0 + rows - 1);
                     let (p, dp) = (&mut p_all[..rows * width], &mut dp_all[..rows * width]);
-                    let qv = View {
-                        data: &qh.data[t0 * qh.rs..],
-                        ..qh
-                    };
-                    let dov = View {
-                        data: &doh.data[t0 * doh.rs..],
-                        ..doh
-                    };
+                    let qv = View { data: &qh.data[t0 * qh.rs..], ..qh };
+                    let dov = View { data: &doh.data[t0 * doh.rs..], ..doh };
                     // P = exp(scale * Q K^T - lse), causal
                     gemm_views(p, rows, width, d, qv, kt, 0.0);
                     for (r, row) in p.chunks_exact_mut(width).enumerate() {
@@ -658,11 +579,7 @@ pub(crate) fn attention_backward_blocked(
                         simd::exp_affine(&mut row[..vis], scale, lse[(b * tq + t) * hq + h]);
                         row[vis..].fill(0.0);
                     }
-                    let pv = View {
-                        data: p,
-                        rs: width,
-                        cs: 1,
-                    };
+                    let pv = View { data: p, rs: width, cs: 1 };
                     // dV += P^T dO
                     gemm_views(&mut dv_t[..width * d], width, d, rows, transpose(pv), dov, 1.0);
                     // dP = dO V^T; dS = P * (dP - delta) * scale, delta_t = dot(dO_t, O_t)
@@ -673,11 +590,7 @@ pub(crate) fn attention_backward_blocked(
                         simd::softmax_grad(dr, pr, delta, scale);
                     }
                     // dQ rows = dS K; dK += dS^T Q
-                    let ds = View {
-                        data: dp,
-                        rs: width,
-                        cs: 1,
-                    };
+                    let ds = View { data: dp, rs: width, cs: 1 };
                     let dq_blk = &mut dq_rows[..rows * d];
                     gemm_views(dq_blk, rows, d, width, ds, kv_k, 0.0);
                     for (r, row) in dq_blk.chunks_exact(d).enumerate() {

@@ -134,11 +134,7 @@ pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
                     let cols = NR.min(n - q * NR);
                     for p0 in (0..kp).step_by(KC) {
                         let steps = KC.min(kp - p0);
-                        let (beta, read) = if p0 == 0 {
-                            (spec.beta, spec.beta != 0.0)
-                        } else {
-                            (1.0, true)
-                        };
+                        let (beta, read) = if p0 == 0 { (spec.beta, spec.beta != 0.0) } else { (1.0, true) };
                         for r0 in (0..task_rows).step_by(MR) {
                             let t = (first + r0) / MR;
                             let slice = &panel[p0 * NR..(p0 + steps) * NR];
@@ -207,10 +203,7 @@ fn with_buffers<R>(a_len: usize, b_len: usize, f: impl FnOnce(&mut [u32], &mut [
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn words_of_run(x: *const f32) -> std::arch::x86_64::__m512i {
     use std::arch::x86_64::*;
-    std::mem::transmute(_mm512_cvtne2ps_pbh(
-        _mm512_loadu_ps(x.add(16)),
-        _mm512_loadu_ps(x),
-    ))
+    std::mem::transmute(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x.add(16)), _mm512_loadu_ps(x)))
 }
 
 /// Sixteen words from two rows of 16 floats (lanes outside `mask` read as zero): word j is
@@ -273,10 +266,7 @@ unsafe fn pack_a_rows(tile: &mut [u32], t: usize, a: &[f32], spec: &MatmulSpec) 
         let row = &a[(t * MR + r) * k..(t * MR + r + 1) * k];
         let mut p = 0;
         while p + 16 <= k / 2 {
-            _mm512_storeu_si512(
-                out.as_mut_ptr().add(p).cast(),
-                words_of_run(row.as_ptr().add(2 * p)),
-            );
+            _mm512_storeu_si512(out.as_mut_ptr().add(p).cast(), words_of_run(row.as_ptr().add(2 * p)));
             p += 16;
         }
         for p in p..kp {
@@ -393,11 +383,7 @@ unsafe fn tile<const ROW_MAJOR: bool>(
 ) {
     use std::arch::x86_64::*;
     debug_assert!(panel.len() >= steps * NR);
-    debug_assert!(if ROW_MAJOR {
-        a.len() >= (MR - 1) * lda + steps
-    } else {
-        a.len() >= steps * MR
-    });
+    debug_assert!(if ROW_MAJOR { a.len() >= (MR - 1) * lda + steps } else { a.len() >= steps * MR });
     debug_assert!(rows >= 1 && out.len() >= (rows - 1) * ldc + cols);
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     let (ap, bp) = (a.as_ptr(), panel.as_ptr());
@@ -462,10 +448,7 @@ mod tests {
                     }
                 });
                 let (a, b) = (rng.normal_vec(m * k, 1.0), rng.normal_vec(k * n, 1.0));
-                let spec = MatmulSpec::new(m, n, k)
-                    .trans_a(ta)
-                    .trans_b(tb)
-                    .precision(Precision::Bf16);
+                let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).precision(Precision::Bf16);
                 let mut got = vec![f32::NAN; m * n];
                 gemm(&mut got, &a, &b, &spec);
                 let mut want = vec![0.0; m * n];
@@ -484,15 +467,8 @@ mod tests {
     /// subnormals, zeros of both signs and NaNs with payloads.
     #[test]
     fn packing_rounds_as_the_reference() {
-        let mut values = vec![
-            0.0f32,
-            -0.0,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::MAX,
-            f32::MIN,
-            f32::MIN_POSITIVE,
-        ];
+        let mut values =
+            vec![0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN, f32::MIN_POSITIVE];
         values.extend([
             1e-40f32,
             -3e-39,

@@ -35,11 +35,7 @@ pub fn conv2d(
     let pointwise = spec.kernel == (1, 1) && spec.stride == (1, 1) && spec.padding == (0, 0);
     // Output rows per band: the columns of a band are (K, rows * ow).
     let band_rows = (BAND_VALUES / (k * ow).max(1)).clamp(1, oh);
-    let mut cols = if pointwise {
-        Vec::new()
-    } else {
-        vec![0.0f32; k * band_rows * ow]
-    };
+    let mut cols = if pointwise { Vec::new() } else { vec![0.0f32; k * band_rows * ow] };
     for b in 0..spec.batch {
         for g in 0..spec.groups {
             let o0 = (b * spec.out_channels + g * cout_g) * n;
@@ -123,10 +119,7 @@ fn gemm_into(
         "conv2d: output view out of bounds"
     );
     assert!(m * k <= a.len(), "conv2d: weight view out of bounds");
-    assert!(
-        n <= b_rs && (k - 1) * b_rs + n <= b.len(),
-        "conv2d: column view out of bounds"
-    );
+    assert!(n <= b_rs && (k - 1) * b_rs + n <= b.len(), "conv2d: column view out of bounds");
     let parallelism = if m * n * k >= PARALLEL_MACS && rayon::current_num_threads() > 1 {
         gemm::Parallelism::Rayon(rayon::current_num_threads())
     } else {

@@ -18,12 +18,7 @@ fn lens(op: &'static str, rows: usize, cols: usize, bufs: &[(&'static str, usize
 pub fn activation_forward(
     act: Activation, out: &mut [f32], inp: &[f32], rows: usize, cols: usize,
 ) -> Result<()> {
-    let per = lens(
-        "activation_forward",
-        rows,
-        cols,
-        &[("inp", inp.len()), ("out", out.len())],
-    )?;
+    let per = lens("activation_forward", rows, cols, &[("inp", inp.len()), ("out", out.len())])?;
     out.par_chunks_mut(per)
         .zip(inp.par_chunks(per))
         .try_for_each(|(o, x)| act_ref::activation_forward(act, o, x, x.len() / cols, cols))
@@ -37,12 +32,7 @@ pub fn activation_backward(
         "activation_backward",
         rows,
         cols,
-        &[
-            ("dinp", dinp.len()),
-            ("dout", dout.len()),
-            ("inp", inp.len()),
-            ("out", out.len()),
-        ],
+        &[("dinp", dinp.len()), ("dout", dout.len()), ("inp", inp.len()), ("out", out.len())],
     )?;
     dinp.par_chunks_mut(per)
         .zip(dout.par_chunks(per))
@@ -53,12 +43,7 @@ pub fn activation_backward(
 }
 
 pub fn loss_forward(loss: Loss, pred: &[f32], target: &[f32], rows: usize, cols: usize) -> Result<f64> {
-    let per = lens(
-        "loss_forward",
-        rows,
-        cols,
-        &[("pred", pred.len()), ("target", target.len())],
-    )?;
+    let per = lens("loss_forward", rows, cols, &[("pred", pred.len()), ("target", target.len())])?;
     if rows == 0 {
         return Ok(0.0);
     }
@@ -84,16 +69,15 @@ fn scaled_blocks(
     f: impl Fn(&mut [f32], &[f32], &[f32], usize) -> Result<()> + Sync,
 ) -> Result<()> {
     // The reference divides by the block's own row count; rescale to the whole batch.
-    dpred
-        .par_chunks_mut(per)
-        .zip(pred.par_chunks(per).zip(target.par_chunks(per)))
-        .try_for_each(|(d, (p, y))| {
+    dpred.par_chunks_mut(per).zip(pred.par_chunks(per).zip(target.par_chunks(per))).try_for_each(
+        |(d, (p, y))| {
             let r = p.len() / cols;
             f(d, p, y, r)?;
             let s = r as f32 / rows as f32;
             d.iter_mut().for_each(|v| *v *= s);
             Ok(())
-        })
+        },
+    )
 }
 
 pub fn loss_backward(
@@ -103,11 +87,7 @@ pub fn loss_backward(
         "loss_backward",
         rows,
         cols,
-        &[
-            ("dpred", dpred.len()),
-            ("pred", pred.len()),
-            ("target", target.len()),
-        ],
+        &[("dpred", dpred.len()), ("pred", pred.len()), ("target", target.len())],
     )?;
     if rows == 0 {
         return Ok(());
@@ -124,11 +104,7 @@ pub fn fused_output_backward(
         "fused_output_backward",
         rows,
         cols,
-        &[
-            ("dlogits", dlogits.len()),
-            ("pred", pred.len()),
-            ("target", target.len()),
-        ],
+        &[("dlogits", dlogits.len()), ("pred", pred.len()), ("target", target.len())],
     )?;
     if rows == 0 {
         return Ok(());

@@ -20,17 +20,13 @@ pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) -> Result<()> {
 }
 
 pub fn scale(x: &mut [f32], alpha: f32) {
-    x.par_chunks_mut(ELEMENTS_PER_TASK)
-        .for_each(|x| simd::scale(x, alpha));
+    x.par_chunks_mut(ELEMENTS_PER_TASK).for_each(|x| simd::scale(x, alpha));
 }
 
 /// Per-chunk f32 SIMD sums promoted to f64 and added in chunk order: deterministic, and
 /// the f32 part only ever sums `ELEMENTS_PER_TASK` terms.
 pub fn sum_of_squares(x: &[f32]) -> f64 {
-    let partials: Vec<f64> = x
-        .par_chunks(ELEMENTS_PER_TASK)
-        .map(|c| simd::sum_sq(c) as f64)
-        .collect();
+    let partials: Vec<f64> = x.par_chunks(ELEMENTS_PER_TASK).map(|c| simd::sum_sq(c) as f64).collect();
     partials.iter().sum()
 }
 
@@ -45,14 +41,7 @@ pub fn add_bias(out: &mut [f32], bias: &[f32], rows: usize, cols: usize) -> Resu
 }
 
 pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) -> Result<()> {
-    check_bias(
-        "bias_backward",
-        ["dout", "dbias"],
-        dout.len(),
-        dbias.len(),
-        rows,
-        cols,
-    )?;
+    check_bias("bias_backward", ["dout", "dbias"], dout.len(), dbias.len(), rows, cols)?;
     let partials: Vec<Vec<f32>> = dout
         .par_chunks(rows_per_task(cols) * cols)
         .map(|block| {

@@ -14,37 +14,18 @@ use rusting_brain_core::backend::EmbeddingOps;
 pub fn embedding_forward(
     out: &mut [f32], table: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
-    check_embedding(
-        "embedding_forward",
-        ["table", "out"],
-        table.len(),
-        out.len(),
-        ids,
-        vocab,
-        dim,
-    )?;
-    out.par_chunks_mut(dim)
-        .zip(ids.par_iter())
-        .with_min_len(64)
-        .for_each(|(o, &id)| {
-            let id = id as usize;
-            o.copy_from_slice(&table[id * dim..(id + 1) * dim]);
-        });
+    check_embedding("embedding_forward", ["table", "out"], table.len(), out.len(), ids, vocab, dim)?;
+    out.par_chunks_mut(dim).zip(ids.par_iter()).with_min_len(64).for_each(|(o, &id)| {
+        let id = id as usize;
+        o.copy_from_slice(&table[id * dim..(id + 1) * dim]);
+    });
     Ok(())
 }
 
 pub fn embedding_backward(
     dtable: &mut [f32], dout: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
-    check_embedding(
-        "embedding_backward",
-        ["dtable", "dout"],
-        dtable.len(),
-        dout.len(),
-        ids,
-        vocab,
-        dim,
-    )?;
+    check_embedding("embedding_backward", ["dtable", "dout"], dtable.len(), dout.len(), ids, vocab, dim)?;
     // CSR layout: positions of id v are order[start[v]..start[v + 1]], in position order.
     let mut start = vec![0usize; vocab + 1];
     for &id in ids {
@@ -59,15 +40,11 @@ pub fn embedding_backward(
         order[fill[id as usize]] = pos;
         fill[id as usize] += 1;
     }
-    dtable
-        .par_chunks_mut(dim)
-        .enumerate()
-        .with_min_len(256)
-        .for_each(|(v, row)| {
-            for &pos in &order[start[v]..start[v + 1]] {
-                simd::axpy(row, 1.0, &dout[pos * dim..(pos + 1) * dim]);
-            }
-        });
+    dtable.par_chunks_mut(dim).enumerate().with_min_len(256).for_each(|(v, row)| {
+        for &pos in &order[start[v]..start[v + 1]] {
+            simd::axpy(row, 1.0, &dout[pos * dim..(pos + 1) * dim]);
+        }
+    });
     Ok(())
 }
 

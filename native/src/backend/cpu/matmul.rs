@@ -89,16 +89,8 @@ fn epilogue_only(c: &mut [f32], beta: f32) {
 fn gemm_crate(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
     let (m, n, k) = (spec.m, spec.n, spec.k);
     // Row-major strides of op(A) (m x k) and op(B) (k x n) as stored.
-    let (a_cs, a_rs) = if spec.trans_a {
-        (m as isize, 1)
-    } else {
-        (1, k as isize)
-    };
-    let (b_cs, b_rs) = if spec.trans_b {
-        (k as isize, 1)
-    } else {
-        (1, n as isize)
-    };
+    let (a_cs, a_rs) = if spec.trans_a { (m as isize, 1) } else { (1, k as isize) };
+    let (b_cs, b_rs) = if spec.trans_b { (k as isize, 1) } else { (1, n as isize) };
     let parallelism = if (m * n * k) as f64 >= PARALLEL_MACS && rayon::current_num_threads() > 1 {
         gemm::Parallelism::Rayon(rayon::current_num_threads())
     } else {
@@ -154,11 +146,7 @@ fn gemv(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
 
 #[inline]
 fn store(out: &mut f32, value: f32, alpha: f32, beta: f32) {
-    *out = if beta == 0.0 {
-        alpha * value
-    } else {
-        alpha * value + beta * *out
-    };
+    *out = if beta == 0.0 { alpha * value } else { alpha * value + beta * *out };
 }
 
 /// out[i] = alpha * dot(mat[i, :], vec) + beta * out[i]; mat: (out.len(), cols).

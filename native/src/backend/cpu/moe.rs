@@ -18,15 +18,12 @@ pub fn moe_combine(
     out: &mut [f32], y: &[f32], row_of_slot: &[u32], weight: &[f32], top_k: usize, dim: usize,
 ) -> Result<()> {
     check_combine("moe_combine", out.len(), y.len(), row_of_slot, weight, top_k, dim)?;
-    out.par_chunks_mut(dim)
-        .enumerate()
-        .with_min_len(16)
-        .for_each(|(t, o)| {
-            for slot in t * top_k..(t + 1) * top_k {
-                let r = row_of_slot[slot] as usize;
-                simd::axpy(o, weight[slot], &y[r * dim..(r + 1) * dim]);
-            }
-        });
+    out.par_chunks_mut(dim).enumerate().with_min_len(16).for_each(|(t, o)| {
+        for slot in t * top_k..(t + 1) * top_k {
+            let r = row_of_slot[slot] as usize;
+            simd::axpy(o, weight[slot], &y[r * dim..(r + 1) * dim]);
+        }
+    });
     Ok(())
 }
 

@@ -57,55 +57,39 @@ pub fn layer_norm(
     out: &mut [f32], inp: &[f32], weight: Option<&[f32]>, bias: Option<&[f32]>, rows: usize, dim: usize,
     eps: f32,
 ) -> Result<()> {
-    check_layer_norm(
-        out.len(),
-        inp.len(),
-        weight.map(|w| w.len()),
-        bias.map(|b| b.len()),
-        rows,
-        dim,
-    )?;
-    out.par_chunks_mut(dim)
-        .zip(inp.par_chunks(dim))
-        .with_min_len(super::rows_per_task(dim))
-        .for_each(|(o, x)| {
+    check_layer_norm(out.len(), inp.len(), weight.map(|w| w.len()), bias.map(|b| b.len()), rows, dim)?;
+    out.par_chunks_mut(dim).zip(inp.par_chunks(dim)).with_min_len(super::rows_per_task(dim)).for_each(
+        |(o, x)| {
             let (hi, lo, rstd) = mean_rstd(x, eps);
             normalize(o, x, (hi, lo), rstd, weight.map(|w| (w, 1)), bias.map(|b| (b, 1)));
-        });
+        },
+    );
     Ok(())
 }
 
 pub fn group_norm(
     out: &mut [f32], inp: &[f32], weight: Option<&[f32]>, bias: Option<&[f32]>, spec: &GroupNormSpec,
 ) -> Result<()> {
-    spec.check(
-        out.len(),
-        inp.len(),
-        weight.map(|w| w.len()),
-        bias.map(|b| b.len()),
-    )?;
+    spec.check(out.len(), inp.len(), weight.map(|w| w.len()), bias.map(|b| b.len()))?;
     let (len, per, hw) = (spec.group_len(), spec.channels / spec.groups, spec.spatial);
     if len == 0 {
         return Ok(());
     }
-    out.par_chunks_mut(len)
-        .zip(inp.par_chunks(len))
-        .enumerate()
-        .for_each(|(bg, (o, x))| {
-            let (hi, lo, rstd) = mean_rstd(x, spec.eps);
-            let c0 = (bg % spec.groups) * per;
-            // One channel's plane at a time: its weight and bias are one value each.
-            for (c, (op, xp)) in o.chunks_mut(hw).zip(x.chunks(hw)).enumerate() {
-                let w = weight.map(|v| (&v[c0 + c..c0 + c + 1], 0));
-                let b = bias.map(|v| (&v[c0 + c..c0 + c + 1], 0));
-                normalize(op, xp, (hi, lo), rstd, w, b);
-                if let Some(act) = spec.act {
-                    // While the plane is still in cache.
-                    let normed = &mut *op;
-                    simd::unary_in_place(normed, act);
-                }
+    out.par_chunks_mut(len).zip(inp.par_chunks(len)).enumerate().for_each(|(bg, (o, x))| {
+        let (hi, lo, rstd) = mean_rstd(x, spec.eps);
+        let c0 = (bg % spec.groups) * per;
+        // One channel's plane at a time: its weight and bias are one value each.
+        for (c, (op, xp)) in o.chunks_mut(hw).zip(x.chunks(hw)).enumerate() {
+            let w = weight.map(|v| (&v[c0 + c..c0 + c + 1], 0));
+            let b = bias.map(|v| (&v[c0 + c..c0 + c + 1], 0));
+            normalize(op, xp, (hi, lo), rstd, w, b);
+            if let Some(act) = spec.act {
+                // While the plane is still in cache.
+                let normed = &mut *op;
+                simd::unary_in_place(normed, act);
             }
-        });
+        }
+    });
     Ok(())
 }
 
@@ -139,14 +123,6 @@ impl NormOps for CpuBackend {
         &self, out: &mut Vec<f32>, inp: &Vec<f32>, weight: Option<&Vec<f32>>, bias: Option<&Vec<f32>>,
         rows: usize, dim: usize, eps: f32,
     ) -> Result<()> {
-        layer_norm(
-            out,
-            inp,
-            weight.map(|w| &w[..]),
-            bias.map(|b| &b[..]),
-            rows,
-            dim,
-            eps,
-        )
+        layer_norm(out, inp, weight.map(|w| &w[..]), bias.map(|b| &b[..]), rows, dim, eps)
     }
 }

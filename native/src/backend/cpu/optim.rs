@@ -33,30 +33,25 @@ pub fn sgd_update(
     let e = ELEMENTS_PER_TASK;
     match velocity {
         None => {
-            param
-                .par_chunks_mut(e)
-                .zip(grad.par_chunks(e))
-                .for_each(|(p, g)| {
-                    for i in 0..p.len() {
-                        let gi = g[i] * s + wd * p[i];
-                        p[i] -= lr * gi;
-                    }
-                });
+            param.par_chunks_mut(e).zip(grad.par_chunks(e)).for_each(|(p, g)| {
+                for i in 0..p.len() {
+                    let gi = g[i] * s + wd * p[i];
+                    p[i] -= lr * gi;
+                }
+            });
             Ok(())
         }
         Some(buf) => {
-            param
-                .par_chunks_mut(e)
-                .zip(grad.par_chunks(e))
-                .zip(buf.par_chunks_mut(e))
-                .for_each(|((p, g), b)| {
+            param.par_chunks_mut(e).zip(grad.par_chunks(e)).zip(buf.par_chunks_mut(e)).for_each(
+                |((p, g), b)| {
                     for i in 0..p.len() {
                         let gi = g[i] * s + wd * p[i];
                         b[i] = mu * b[i] + gi;
                         let d = if hp.nesterov { gi + mu * b[i] } else { b[i] };
                         p[i] -= lr * d;
                     }
-                });
+                },
+            );
             Ok(())
         }
     }

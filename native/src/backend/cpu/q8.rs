@@ -40,10 +40,7 @@ pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, V
     const OP: &str = "quantize_rows";
     check_len(OP, "w", w.len(), product(OP, &[rows, cols])?)?;
     if let Some(v) = w.iter().find(|v| !v.is_finite()) {
-        return Err(rusting_brain_core::CoreError::NonFinite {
-            op: OP,
-            value: *v as f64,
-        });
+        return Err(rusting_brain_core::CoreError::NonFinite { op: OP, value: *v as f64 });
     }
     let pc = packed_cols(cols);
     let mut packed = vec![0.0f32; rows * pc];
@@ -51,10 +48,7 @@ pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, V
     if cols == 0 {
         return Ok((packed, scales));
     }
-    for ((row, slots), scale) in w
-        .chunks_exact(cols)
-        .zip(packed.chunks_exact_mut(pc))
-        .zip(scales.iter_mut())
+    for ((row, slots), scale) in w.chunks_exact(cols).zip(packed.chunks_exact_mut(pc)).zip(scales.iter_mut())
     {
         let (q, s) = simd::quantize_i8(row);
         *scale = s;
@@ -85,11 +79,7 @@ struct RowBuf {
 impl RowBuf {
     /// `x` rounded as `simd::quantize_i8` rounds it.
     fn of(x: &[f32]) -> Self {
-        let mut q = ROW_BUFS
-            .try_with(|b| b.try_borrow_mut().ok()?.pop())
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let mut q = ROW_BUFS.try_with(|b| b.try_borrow_mut().ok()?.pop()).ok().flatten().unwrap_or_default();
         let scale = simd::quantize_i8_into(x, &mut q);
         RowBuf { q, scale }
     }
@@ -226,11 +216,7 @@ pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]
     let act = xq.row();
     let bytes: usize = products.iter().flatten().map(|p| p.out.len() * k).sum();
     let parts = team::parts();
-    let split = if parts > 1 && bytes >= TEAM_MIN_BYTES {
-        parts
-    } else {
-        1
-    };
+    let split = if parts > 1 && bytes >= TEAM_MIN_BYTES { parts } else { 1 };
     // Every matrix split the same way, part p taking its share of each one's rows (whole
     // sixteen-row passes): the rows of the part's outputs, their weights and scales.
     let mut pieces = products.map(|p| {
@@ -296,10 +282,7 @@ pub fn q8_swiglu(
     let parts = team::parts();
     if parts > 1 && 2 * f * d >= TEAM_MIN_BYTES && f >= 16 * parts {
         let per = f.div_ceil(parts).div_ceil(16) * 16;
-        let blocks = out
-            .chunks_mut(per)
-            .zip(gate.chunks_mut(per))
-            .zip(up.chunks_mut(per));
+        let blocks = out.chunks_mut(per).zip(gate.chunks_mut(per)).zip(up.chunks_mut(per));
         team::run_blocks(blocks, |p, ((o, g), u)| rows(p * per, o, g, u));
     } else {
         rows(0, out, gate, up);
@@ -333,16 +316,9 @@ pub fn q8_mlp(
     let xq = RowBuf::of(x);
     let act = xq.row();
     // Whole sixteen-row passes a part, as the unfused calls split them.
-    let (per_f, per_d) = (
-        f.div_ceil(parts).div_ceil(16) * 16,
-        d.div_ceil(parts).div_ceil(16) * 16,
-    );
-    let (gate, up, s, out) = (
-        SharedBuf::new(gate),
-        SharedBuf::new(up),
-        SharedBuf::new(s),
-        SharedBuf::new(out),
-    );
+    let (per_f, per_d) = (f.div_ceil(parts).div_ceil(16) * 16, d.div_ceil(parts).div_ceil(16) * 16);
+    let (gate, up, s, out) =
+        (SharedBuf::new(gate), SharedBuf::new(up), SharedBuf::new(s), SharedBuf::new(out));
     team::run_phased(2, &|p, phase| {
         if phase == 0 {
             let (first, end) = ((p * per_f).min(f), ((p + 1) * per_f).min(f));
@@ -360,14 +336,7 @@ pub fn q8_mlp(
             // SAFETY: in phase 1 every part only reads s (written in phase 0, before the
             // barrier) and part p alone writes rows first..end of out.
             let (sq, o) = unsafe { (RowBuf::of(s.all()), out.band(first, end)) };
-            simd::q8_rows(
-                o,
-                &sq.row(),
-                &wd[first * stride_f..],
-                stride_f,
-                &down_w.1[first..],
-                1.0,
-            );
+            simd::q8_rows(o, &sq.row(), &wd[first * stride_f..], stride_f, &down_w.1[first..], 1.0);
         }
     });
     Ok(())
@@ -419,23 +388,14 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
     check_q8_matmul(a.v.len(), d, wv.0.len(), wv.1.len(), 1, kv_dim, d)?;
     a.rope_q.check("rope_forward", a.q.len())?;
     a.rope_k.check("rope_forward", a.k.len())?;
-    let at = a
-        .pos
-        .checked_mul(kv_dim)
-        .ok_or_else(|| rusting_brain_core::CoreError::InvalidArgument {
-            op: OP,
-            message: format!("position {} is past any cache", a.pos),
-        })?;
+    let at = a.pos.checked_mul(kv_dim).ok_or_else(|| rusting_brain_core::CoreError::InvalidArgument {
+        op: OP,
+        message: format!("position {} is past any cache", a.pos),
+    })?;
     check_range("copy_range", "dst", a.cache_k.len(), at, kv_dim)?;
     check_range("copy_range", "dst", a.cache_v.len(), at, kv_dim)?;
     spec.check("attention_forward")?;
-    spec.check_forward(
-        a.att.len(),
-        a.lse.len(),
-        a.q.len(),
-        a.cache_k.len(),
-        a.cache_v.len(),
-    )?;
+    spec.check_forward(a.att.len(), a.lse.len(), a.q.len(), a.cache_k.len(), a.cache_v.len())?;
     check_q8_matmul(a.x.len(), q_dim, wo.0.len(), wo.1.len(), 1, d, q_dim)?;
     if !attention_row_fits(spec, a.rope_q, a.rope_k) {
         return Err(rusting_brain_core::CoreError::InvalidArgument {
@@ -464,41 +424,27 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
                 if first < end {
                     // SAFETY: in phase 0 part p alone writes these rows of q, k and v.
                     let o = unsafe { out.band(first, end) };
-                    simd::q8_rows(
-                        o,
-                        &act,
-                        &as_i8(w.0)[first * stride_d..],
-                        stride_d,
-                        &w.1[first..],
-                        0.0,
-                    );
+                    simd::q8_rows(o, &act, &as_i8(w.0)[first * stride_d..], stride_d, &w.1[first..], 0.0);
                 }
             }
         }
         1 => {
             let (h0, h1) = band(hq, 1, p);
             if h0 < h1 {
-                let heads = RopeSpec {
-                    heads: h1 - h0,
-                    ..*a.rope_q
-                };
+                let heads = RopeSpec { heads: h1 - h0, ..*a.rope_q };
                 // SAFETY: in phase 1 part p alone touches its query heads.
                 super::rope::rotate_with(unsafe { q.band(h0 * hd, h1 * hd) }, &heads, table_q, 1.0);
             }
             let (g0, g1) = band(hkv, 1, p);
             if g0 < g1 {
-                let heads = RopeSpec {
-                    heads: g1 - g0,
-                    ..*a.rope_k
-                };
+                let heads = RopeSpec { heads: g1 - g0, ..*a.rope_k };
                 // SAFETY: in phase 1 part p alone touches its key/value heads, in the new
                 // rows and in the cache's row at `pos`.
                 unsafe {
                     let kh = k.band(g0 * hd, g1 * hd);
                     super::rope::rotate_with(kh, &heads, table_k, 1.0);
                     kc.band(at + g0 * hd, at + g1 * hd).copy_from_slice(kh);
-                    vc.band(at + g0 * hd, at + g1 * hd)
-                        .copy_from_slice(v.band(g0 * hd, g1 * hd));
+                    vc.band(at + g0 * hd, at + g1 * hd).copy_from_slice(v.band(g0 * hd, g1 * hd));
                 }
             }
         }
@@ -507,15 +453,8 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
             if h0 < h1 {
                 // SAFETY: in phase 2 every part reads q and the caches (written before the
                 // barrier) and part p alone writes its heads' outputs.
-                let (qa, ka, va, o, l) = unsafe {
-                    (
-                        q.all(),
-                        kc.all(),
-                        vc.all(),
-                        att.band(h0 * hd, h1 * hd),
-                        lse.band(h0, h1),
-                    )
-                };
+                let (qa, ka, va, o, l) =
+                    unsafe { (q.all(), kc.all(), vc.all(), att.band(h0 * hd, h1 * hd), lse.band(h0, h1)) };
                 super::attention::with_scores(|s| {
                     super::attention::row_heads(spec, qa, ka, va, 0, h0, o, l, s)
                 });
@@ -527,14 +466,7 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
                 // SAFETY: in phase 3 every part reads att (written before the barrier) and
                 // part p alone writes these rows of x.
                 let (aq, o) = unsafe { (RowBuf::of(att.all()), x.band(first, end)) };
-                simd::q8_rows(
-                    o,
-                    &aq.row(),
-                    &as_i8(wo.0)[first * stride_q..],
-                    stride_q,
-                    &wo.1[first..],
-                    1.0,
-                );
+                simd::q8_rows(o, &aq.row(), &as_i8(wo.0)[first * stride_q..], stride_q, &wo.1[first..], 1.0);
             }
         }
     });
@@ -578,12 +510,7 @@ impl Q8Ops for CpuBackend {
             // The checks q8_matmul makes of the spec (trans_b, alpha, batch).
             let (_, out) = rusting_brain_core::ops::q8::q8_operands(&p.spec, x, p.out)?;
             check_len("q8_matmul_many", "out", out.len(), p.spec.n)?;
-            *row = Some(DecodeProduct {
-                out,
-                packed: p.packed,
-                scales: p.scales,
-                beta: p.spec.beta,
-            });
+            *row = Some(DecodeProduct { out, packed: p.packed, scales: p.scales, beta: p.spec.beta });
         }
         q8_matmul_many(x, rows)
     }
@@ -602,9 +529,8 @@ impl Q8Ops for CpuBackend {
         // One position of one sequence, over the team: one phased job. Anything else (a
         // prompt, one thread, a model too small to split) as the calls one by one.
         let s = a.spec;
-        let bytes = (s.q_heads.saturating_add(s.kv_heads))
-            .saturating_mul(s.head_dim)
-            .saturating_mul(2 * a.h.len());
+        let bytes =
+            (s.q_heads.saturating_add(s.kv_heads)).saturating_mul(s.head_dim).saturating_mul(2 * a.h.len());
         if !attention_row_fits(s, a.rope_q, a.rope_k) || team::parts() < 2 || bytes < TEAM_MIN_BYTES {
             return rusting_brain_core::backend::q8_attention_unfused(self, a);
         }
@@ -646,16 +572,7 @@ impl Q8Ops for CpuBackend {
             );
         }
         check_len("q8_mlp", "out", out.len(), spec.k)?;
-        q8_mlp(
-            out,
-            gate,
-            up,
-            s,
-            x,
-            (gate_w.0, gate_w.1),
-            (up_w.0, up_w.1),
-            (down_w.0, down_w.1),
-        )
+        q8_mlp(out, gate, up, s, x, (gate_w.0, gate_w.1), (up_w.0, up_w.1), (down_w.0, down_w.1))
     }
     fn q8_embedding(
         &self, out: &mut Vec<f32>, packed: &Vec<f32>, scales: &Vec<f32>, ids: &[u32], vocab: usize,
@@ -676,16 +593,7 @@ mod tests {
     #[test]
     fn quantize_rows_matches_the_reference_bit_for_bit() {
         let mut rng = Rng::new(17);
-        for (rows, cols) in [
-            (1, 1),
-            (3, 3),
-            (2, 5),
-            (7, 16),
-            (5, 17),
-            (4, 33),
-            (3, 127),
-            (2, 1000),
-        ] {
+        for (rows, cols) in [(1, 1), (3, 3), (2, 5), (7, 16), (5, 17), (4, 33), (3, 127), (2, 1000)] {
             let mut w = rng.normal_vec(rows * cols, 2.0);
             // Row 0 ties: absmax 127 makes the scale 1, so v * inv is v itself.
             if cols >= 3 {

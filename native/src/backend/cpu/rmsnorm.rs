@@ -65,11 +65,8 @@ pub fn rmsnorm_backward(
         .map(|(((dx, dy), x), r)| {
             let mut dw = vec![0.0f32; dim];
             let mut g = vec![0.0f32; dim];
-            for (((dx, dy), x), &s) in dx
-                .chunks_exact_mut(dim)
-                .zip(dy.chunks_exact(dim))
-                .zip(x.chunks_exact(dim))
-                .zip(r)
+            for (((dx, dy), x), &s) in
+                dx.chunks_exact_mut(dim).zip(dy.chunks_exact(dim)).zip(x.chunks_exact(dim)).zip(r)
             {
                 for i in 0..dim {
                     g[i] = weight[i] * dy[i];

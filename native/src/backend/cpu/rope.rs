@@ -56,12 +56,7 @@ fn cached_rows(d: usize, theta: f32, scaling: RopeScaling, end: usize) -> Option
     {
         Some(i) => i,
         None => {
-            tables.push(Table {
-                head_dim: d,
-                theta: theta.to_bits(),
-                scaling,
-                rows: Arc::new(Vec::new()),
-            });
+            tables.push(Table { head_dim: d, theta: theta.to_bits(), scaling, rows: Arc::new(Vec::new()) });
             tables.len() - 1
         }
     };
@@ -89,10 +84,7 @@ pub(crate) fn table(spec: &RopeSpec) -> (Arc<Vec<f32>>, usize) {
     let (d, end) = (spec.head_dim, spec.pos_offset + spec.seq);
     match cached_rows(d, spec.theta, spec.scaling, end) {
         Some(rows) => (rows, spec.pos_offset),
-        None => (
-            Arc::new(build_rows(d, spec.theta, spec.scaling, spec.pos_offset, end)),
-            0,
-        ),
+        None => (Arc::new(build_rows(d, spec.theta, spec.scaling, spec.pos_offset, end)), 0),
     }
 }
 
@@ -125,9 +117,7 @@ pub(crate) fn rotate_with(x: &mut [f32], spec: &RopeSpec, rows: &[f32], sign: f3
     if x.len() <= row_len * per_task {
         block(0, x);
     } else {
-        x.par_chunks_mut(row_len * per_task)
-            .enumerate()
-            .for_each(|(chunk, b)| block(chunk, b));
+        x.par_chunks_mut(row_len * per_task).enumerate().for_each(|(chunk, b)| block(chunk, b));
     }
 }
 

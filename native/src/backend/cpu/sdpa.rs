@@ -33,14 +33,7 @@ pub fn sdpa(
     out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], key_mask: Option<&[bool]>, bias: Option<&[f32]>,
     spec: &SdpaSpec,
 ) -> Result<()> {
-    spec.check(
-        out.len(),
-        q.len(),
-        k.len(),
-        v.len(),
-        key_mask.map(|m| m.len()),
-        bias.map(|b| b.len()),
-    )?;
+    spec.check(out.len(), q.len(), k.len(), v.len(), key_mask.map(|m| m.len()), bias.map(|b| b.len()))?;
     let (d, hq, tk) = (spec.head_dim, spec.heads, spec.kv_len);
     if out.is_empty() {
         return Ok(());
@@ -61,19 +54,11 @@ pub fn sdpa(
             if tk == 0 {
                 return o;
             }
-            let qv = View {
-                data: &q[spec.q_index(b, t0, h)..],
-                rs: hq * d,
-                cs: 1,
-            };
+            let qv = View { data: &q[spec.q_index(b, t0, h)..], rs: hq * d, cs: 1 };
             let kv0 = spec.kv_index(b, 0, kvh);
             let stride = spec.kv_heads * d;
             // K^T: (d, kv_len) read from the (kv_len, d) rows.
-            let kt = View {
-                data: &k[kv0..],
-                rs: 1,
-                cs: stride,
-            };
+            let kt = View { data: &k[kv0..], rs: 1, cs: stride };
             with_tiles(rows * tk, |s, _| {
                 gemm_views(s, rows, tk, d, qv, kt, 0.0);
                 for (r, row) in s.chunks_mut(tk).enumerate() {
@@ -100,24 +85,8 @@ pub fn sdpa(
                     let sum = simd::exp_sub_sum(row, max);
                     simd::scale(row, 1.0 / sum);
                 }
-                let vv = View {
-                    data: &v[kv0..],
-                    rs: stride,
-                    cs: 1,
-                };
-                gemm_views(
-                    &mut o,
-                    rows,
-                    d,
-                    tk,
-                    View {
-                        data: s,
-                        rs: tk,
-                        cs: 1,
-                    },
-                    vv,
-                    0.0,
-                );
+                let vv = View { data: &v[kv0..], rs: stride, cs: 1 };
+                gemm_views(&mut o, rows, d, tk, View { data: s, rs: tk, cs: 1 }, vv, 0.0);
             });
             o
         })

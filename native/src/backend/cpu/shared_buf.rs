@@ -19,11 +19,7 @@ unsafe impl Sync for SharedBuf<'_> {}
 
 impl<'a> SharedBuf<'a> {
     pub(crate) fn new(buf: &'a mut [f32]) -> Self {
-        SharedBuf {
-            ptr: buf.as_mut_ptr(),
-            len: buf.len(),
-            _buf: std::marker::PhantomData,
-        }
+        SharedBuf { ptr: buf.as_mut_ptr(), len: buf.len(), _buf: std::marker::PhantomData }
     }
 
     /// Elements `start..end`, to write.

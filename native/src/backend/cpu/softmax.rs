@@ -18,20 +18,13 @@ pub fn softmax_row(out: &mut [f32], x: &[f32]) {
 }
 
 pub fn softmax_forward(out: &mut [f32], inp: &[f32], rows: usize, cols: usize) -> Result<()> {
-    check_rows(
-        "softmax_forward",
-        rows,
-        cols,
-        &[("inp", inp.len()), ("out", out.len())],
-    )?;
+    check_rows("softmax_forward", rows, cols, &[("inp", inp.len()), ("out", out.len())])?;
     let per = rows_per_task(cols) * cols;
-    out.par_chunks_mut(per)
-        .zip(inp.par_chunks(per))
-        .for_each(|(o, x)| {
-            for (o, x) in o.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
-                softmax_row(o, x);
-            }
-        });
+    out.par_chunks_mut(per).zip(inp.par_chunks(per)).for_each(|(o, x)| {
+        for (o, x) in o.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
+            softmax_row(o, x);
+        }
+    });
     Ok(())
 }
 
@@ -43,21 +36,14 @@ pub fn softmax_backward(dinp: &mut [f32], dout: &[f32], out: &[f32], rows: usize
         &[("dinp", dinp.len()), ("dout", dout.len()), ("out", out.len())],
     )?;
     let per = rows_per_task(cols) * cols;
-    dinp.par_chunks_mut(per)
-        .zip(dout.par_chunks(per))
-        .zip(out.par_chunks(per))
-        .for_each(|((dx, dy), y)| {
-            for ((dx, dy), y) in dx
-                .chunks_exact_mut(cols)
-                .zip(dy.chunks_exact(cols))
-                .zip(y.chunks_exact(cols))
-            {
-                let dot = simd::dot(dy, y);
-                for i in 0..cols {
-                    dx[i] = y[i] * (dy[i] - dot);
-                }
+    dinp.par_chunks_mut(per).zip(dout.par_chunks(per)).zip(out.par_chunks(per)).for_each(|((dx, dy), y)| {
+        for ((dx, dy), y) in dx.chunks_exact_mut(cols).zip(dy.chunks_exact(cols)).zip(y.chunks_exact(cols)) {
+            let dot = simd::dot(dy, y);
+            for i in 0..cols {
+                dx[i] = y[i] * (dy[i] - dot);
             }
-        });
+        }
+    });
     Ok(())
 }
 

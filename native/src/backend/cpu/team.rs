@@ -226,11 +226,7 @@ impl Drop for Step {
 impl DecodeSteps {
     /// Nothing measured.
     pub const fn new() -> DecodeSteps {
-        DecodeSteps {
-            split_ns: AtomicU64::new(0),
-            solo_ns: AtomicU64::new(0),
-            steps: AtomicU64::new(0),
-        }
+        DecodeSteps { split_ns: AtomicU64::new(0), solo_ns: AtomicU64::new(0), steps: AtomicU64::new(0) }
     }
 
     /// Starts a step on this thread: its jobs run on this thread alone when that is the
@@ -242,10 +238,7 @@ impl DecodeSteps {
         let trying = steps % TRY_EVERY == TRY_EVERY / 4;
         let solo = self.solo_best() != trying;
         SOLO.with(|f| f.set(solo));
-        Step {
-            solo,
-            start: Instant::now(),
-        }
+        Step { solo, start: Instant::now() }
     }
 
     /// Ends the step begun on this thread and records its time (dropping the step, which
@@ -257,10 +250,7 @@ impl DecodeSteps {
 
     /// Whether steps on one thread have lately been a tenth faster than split ones.
     fn solo_best(&self) -> bool {
-        let (split, solo) = (
-            self.split_ns.load(Ordering::Relaxed),
-            self.solo_ns.load(Ordering::Relaxed),
-        );
+        let (split, solo) = (self.split_ns.load(Ordering::Relaxed), self.solo_ns.load(Ordering::Relaxed));
         split != 0 && solo != 0 && solo.saturating_mul(10) < split.saturating_mul(9)
     }
 
@@ -270,11 +260,7 @@ impl DecodeSteps {
     fn note(&self, solo: bool, ns: u64) {
         let mean = if solo { &self.solo_ns } else { &self.split_ns };
         let old = mean.load(Ordering::Relaxed);
-        let new = if old == 0 {
-            ns
-        } else {
-            (old * 3 + ns.min(old.saturating_mul(2))) / 4
-        };
+        let new = if old == 0 { ns } else { (old * 3 + ns.min(old.saturating_mul(2))) / 4 };
         mean.store(new, Ordering::Relaxed);
     }
 }
@@ -405,11 +391,7 @@ pub fn run_blocks<B: Send>(blocks: impl IntoIterator<Item = B>, job: impl Fn(usi
     let rest: Vec<Mutex<Option<B>>> = blocks.map(|b| Mutex::new(Some(b))).collect();
     let count = count + rest.len();
     let one = |p: usize| {
-        let slot = if p < INLINE {
-            inline.get(p)
-        } else {
-            rest.get(p - INLINE)
-        };
+        let slot = if p < INLINE { inline.get(p) } else { rest.get(p - INLINE) };
         if let Some(Ok(mut b)) = slot.map(|b| b.lock()) {
             if let Some(b) = b.as_mut() {
                 job(p, b);
@@ -454,10 +436,7 @@ mod tests {
                     assert!(inner.iter().all(|h| h.load(Ordering::SeqCst) == 1));
                 }
             });
-            assert!(
-                hits.iter().all(|h| h.load(Ordering::SeqCst) == 1),
-                "round {round}: {hits:?}"
-            );
+            assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 1), "round {round}: {hits:?}");
         }
         // Several threads at once: each job still runs every part exactly once.
         std::thread::scope(|s| {
@@ -516,10 +495,7 @@ mod tests {
                 // Relaxed on purpose: the barrier must order it for the next phase.
                 slots[k * parts + p].fetch_add(1, Ordering::Relaxed);
             });
-            assert!(
-                slots.iter().all(|h| h.load(Ordering::SeqCst) == 1),
-                "{phases} phases: {slots:?}"
-            );
+            assert!(slots.iter().all(|h| h.load(Ordering::SeqCst) == 1), "{phases} phases: {slots:?}");
         };
         for round in 0..3000 {
             let slow = [usize::MAX, 0, parts - 1][round % 3];
@@ -551,10 +527,7 @@ mod tests {
                         }
                     })
                 });
-                assert!(
-                    r.is_err(),
-                    "part {failing}'s panic in phase {phase} reaches the caller"
-                );
+                assert!(r.is_err(), "part {failing}'s panic in phase {phase} reaches the caller");
             }
         }
         let hits: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
@@ -594,18 +567,10 @@ mod tests {
                 .collect()
         };
         let first = ways(&d, 2 * TRY_EVERY);
-        assert_eq!(
-            first.iter().filter(|&&s| s).count(),
-            2,
-            "only the tries alone while nothing is timed"
-        );
+        assert_eq!(first.iter().filter(|&&s| s).count(), 2, "only the tries alone while nothing is timed");
         d.split_ns.store(1000, Ordering::Relaxed);
         d.solo_ns.store(920, Ordering::Relaxed);
-        assert_eq!(
-            ways(&d, 2 * TRY_EVERY).iter().filter(|&&s| s).count(),
-            2,
-            "8% faster is not enough"
-        );
+        assert_eq!(ways(&d, 2 * TRY_EVERY).iter().filter(|&&s| s).count(), 2, "8% faster is not enough");
         d.solo_ns.store(880, Ordering::Relaxed);
         assert_eq!(
             ways(&d, 2 * TRY_EVERY).iter().filter(|&&s| !s).count(),
@@ -613,11 +578,7 @@ mod tests {
             "12% faster: alone but for the tries"
         );
         d.note(false, 1_000_000);
-        assert_eq!(
-            d.split_ns.load(Ordering::Relaxed),
-            1250,
-            "an outlier counts as twice the mean"
-        );
+        assert_eq!(d.split_ns.load(Ordering::Relaxed), 1250, "an outlier counts as twice the mean");
         d.note(true, 0);
         assert_eq!(d.solo_ns.load(Ordering::Relaxed), 660);
         // A solo step's jobs run on the calling thread, parts in order.
@@ -648,10 +609,7 @@ mod tests {
         };
         assert!(SOLO.with(|f| f.get()));
         drop(step);
-        assert!(
-            !SOLO.with(|f| f.get()),
-            "so does dropping it (a step that panicked)"
-        );
+        assert!(!SOLO.with(|f| f.get()), "so does dropping it (a step that panicked)");
     }
 
     #[test]

@@ -10,14 +10,8 @@ use rusting_brain_core::Result;
 
 /// The kernels of `kernels/cu/attention.cu` this family launches, loaded when the backend starts
 /// (a missing one is an error then, not at the first step).
-pub(super) const KERNELS: (&str, &[&str]) = (
-    "attention",
-    &[
-        "attention_forward",
-        "attention_backward_dq",
-        "attention_backward_dkv",
-    ],
-);
+pub(super) const KERNELS: (&str, &[&str]) =
+    ("attention", &["attention_forward", "attention_backward_dq", "attention_backward_dkv"]);
 
 /// The kernels of `kernels/cu/flash_attention.cu` this family launches, loaded when the backend starts
 /// (a missing one is an error then, not at the first step).
@@ -160,9 +154,7 @@ pub(super) fn attention_backward(
     be: &CudaBackend, dq: &mut CudaBuffer, dk: &mut CudaBuffer, dv: &mut CudaBuffer, dout: &CudaBuffer,
     q: &CudaBuffer, k: &CudaBuffer, v: &CudaBuffer, out: &CudaBuffer, lse: &CudaBuffer, spec: &AttentionSpec,
 ) -> Result<()> {
-    spec.check_backward([
-        dq.len, dk.len, dv.len, dout.len, q.len, k.len, v.len, out.len, lse.len,
-    ])?;
+    spec.check_backward([dq.len, dk.len, dv.len, dout.len, q.len, k.len, v.len, out.len, lse.len])?;
     if spec.batch == 0 || spec.q_heads == 0 {
         // No query sees a key: their gradients are zero, as the reference writes them.
         be.fill(dk, 0.0)?;

@@ -35,15 +35,9 @@ pub(super) fn cross_entropy(
     // The per-row losses, added on the host in f64 in row order.
     let host = be.download(&losses)?;
     let loss_sum: f64 = host.iter().map(|&l| l as f64).sum();
-    let sum = CrossEntropySum {
-        loss_sum,
-        count: counted,
-    };
+    let sum = CrossEntropySum { loss_sum, count: counted };
     if !loss_sum.is_finite() {
-        return Err(CoreError::NonFinite {
-            op: "cross_entropy",
-            value: loss_sum,
-        });
+        return Err(CoreError::NonFinite { op: "cross_entropy", value: loss_sum });
     }
     Ok(sum)
 }

@@ -60,14 +60,7 @@ pub(super) fn add_bias(
 pub(super) fn bias_backward(
     be: &CudaBackend, dbias: &mut CudaBuffer, dout: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
-    ops::elementwise::check_bias(
-        "bias_backward",
-        ["dout", "dbias"],
-        dout.len,
-        dbias.len,
-        rows,
-        cols,
-    )?;
+    ops::elementwise::check_bias("bias_backward", ["dout", "dbias"], dout.len, dbias.len, rows, cols)?;
     if cols == 0 {
         return Ok(());
     }
@@ -77,12 +70,7 @@ pub(super) fn bias_backward(
 pub(super) fn activation_forward(
     be: &CudaBackend, act: Activation, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
-    let n = check_rows(
-        "activation_forward",
-        rows,
-        cols,
-        &[("inp", inp.len), ("out", out.len)],
-    )?;
+    let n = check_rows("activation_forward", rows, cols, &[("inp", inp.len), ("out", out.len)])?;
     if n == 0 {
         return Ok(());
     }
@@ -124,11 +112,7 @@ pub(super) fn loss_forward(
     let mut terms = be.alloc(n)?;
     launch!(be, "loss_terms", grid(n);
         &mut terms.data, &pred.data, &target.data, &(n as i64), &loss_code(loss))?;
-    let mut guard = be
-        .dev
-        .partials
-        .lock()
-        .map_err(|_| dev_err("scratch lock poisoned"))?;
+    let mut guard = be.dev.partials.lock().map_err(|_| dev_err("scratch lock poisoned"))?;
     let partials = be.scratch(&mut guard, REDUCE_BLOCKS, "reduction scratch")?;
     let cfg = CudaBackend::reduce_cfg(n);
     let blocks = cfg.grid_dim.0 as usize;
@@ -145,17 +129,7 @@ pub(super) fn loss_backward(
     rows: usize, cols: usize,
 ) -> Result<()> {
     let code = loss_code(loss);
-    be.loss_gradient(
-        "loss_backward",
-        "dpred",
-        code,
-        loss,
-        dpred,
-        pred,
-        target,
-        rows,
-        cols,
-    )
+    be.loss_gradient("loss_backward", "dpred", code, loss, dpred, pred, target, rows, cols)
 }
 
 pub(super) fn fused_output_backward(

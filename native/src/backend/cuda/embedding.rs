@@ -59,11 +59,7 @@ pub(super) fn embedding_backward(
         }
     }
     offsets.push(order.len() as u32);
-    let (ug, og, pg) = (
-        be.upload_u32(&uniq)?,
-        be.upload_u32(&offsets)?,
-        be.upload_u32(&order)?,
-    );
+    let (ug, og, pg) = (be.upload_u32(&uniq)?, be.upload_u32(&offsets)?, be.upload_u32(&order)?);
     let (nu, d) = (i32_of("ids", uniq.len())?, i32_of("dim", dim)?);
     launch!(be, "embedding_backward", grid(uniq.len() * dim);
         &mut dtable.data, &dout.data, &ug, &og, &pg, &nu, &d)

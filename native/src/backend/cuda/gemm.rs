@@ -135,11 +135,7 @@ impl Lt {
             ));
         }
         let handle = lt::create_handle().map_err(|e| err("handle", e))?;
-        Ok(Lt {
-            handle,
-            workspace,
-            plans: HashMap::new(),
-        })
+        Ok(Lt { handle, workspace, plans: HashMap::new() })
     }
 
     fn plan(&mut self, key: GemmKey) -> Result<&Plan, String> {
@@ -152,19 +148,13 @@ impl Lt {
             let plan = self.make_plan(&key)?;
             self.plans.insert(key, plan);
         }
-        self.plans
-            .get(&key)
-            .ok_or_else(|| "cuBLASLt plan vanished".to_string())
+        self.plans.get(&key).ok_or_else(|| "cuBLASLt plan vanished".to_string())
     }
 
     fn make_plan(&self, key: &GemmKey) -> Result<Plan, String> {
         let GemmKey { m, n, k, .. } = *key;
         let f32_ty = sys::cudaDataType_t::CUDA_R_32F;
-        let in_ty = if key.bf16 {
-            sys::cudaDataType_t::CUDA_R_16BF
-        } else {
-            f32_ty
-        };
+        let in_ty = if key.bf16 { sys::cudaDataType_t::CUDA_R_16BF } else { f32_ty };
         let compute = if !key.bf16 && key.tf32 {
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
         } else {

@@ -27,18 +27,11 @@ pub(super) fn sum_of_squares(be: &CudaBackend, x: &CudaBuffer) -> Result<f64> {
 pub(super) fn sum_of_squares_many(be: &CudaBackend, xs: &[&CudaBuffer]) -> Result<f64> {
     // One partials slot range per tensor, one download for all: the global norm costs
     // one host round trip, not one per parameter.
-    let mut guard = be
-        .dev
-        .partials
-        .lock()
-        .map_err(|_| dev_err("scratch lock poisoned"))?;
+    let mut guard = be.dev.partials.lock().map_err(|_| dev_err("scratch lock poisoned"))?;
     let slots = xs.len().max(1) * REDUCE_BLOCKS;
     let partials = be.scratch(&mut guard, slots, "reduction scratch")?;
     let mut zero = partials.slice_mut(0..slots);
-    be.dev
-        .stream
-        .memset_zeros(&mut zero)
-        .map_err(drv("clearing partial sums"))?;
+    be.dev.stream.memset_zeros(&mut zero).map_err(drv("clearing partial sums"))?;
     for (i, x) in xs.iter().enumerate() {
         if x.len > 0 {
             be.sum_of_squares_into(partials, i, x)?;

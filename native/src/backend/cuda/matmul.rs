@@ -39,23 +39,12 @@ impl CudaBackend {
         let bf16 = spec.precision == Precision::Bf16;
         // cuBLASLt runs in whatever context is current on this thread; cudarc's own calls
         // bind it, raw ones do not.
-        self.dev
-            .ctx
-            .bind_to_thread()
-            .map_err(drv("binding the CUDA context"))?;
+        self.dev.ctx.bind_to_thread().map_err(drv("binding the CUDA context"))?;
         let stream = &self.dev.stream;
         let (c_ptr, _gc) = c.data.device_ptr_mut(stream);
         let c_ptr = c_ptr + (wc * 4) as u64;
-        let mut a_guard = self
-            .dev
-            .bf16_a
-            .lock()
-            .map_err(|_| dev_err("scratch lock poisoned"))?;
-        let mut b_guard = self
-            .dev
-            .bf16_b
-            .lock()
-            .map_err(|_| dev_err("scratch lock poisoned"))?;
+        let mut a_guard = self.dev.bf16_a.lock().map_err(|_| dev_err("scratch lock poisoned"))?;
+        let mut b_guard = self.dev.bf16_b.lock().map_err(|_| dev_err("scratch lock poisoned"))?;
         let (a_ptr, b_ptr) = if bf16 {
             let sa = self.scratch(&mut a_guard, la * batch, "BF16 operand scratch")?;
             self.to_bf16(sa, a, wa, la * batch)?;
@@ -79,28 +68,13 @@ impl CudaBackend {
             tf32: self.tf32(),
             align: [alignment(a_ptr), alignment(b_ptr), alignment(c_ptr)],
         };
-        let mut lt = self
-            .dev
-            .lt
-            .lock()
-            .map_err(|_| dev_err("cuBLASLt lock poisoned"))?;
+        let mut lt = self.dev.lt.lock().map_err(|_| dev_err("cuBLASLt lock poisoned"))?;
         let ws = lt.workspace.device_ptr(stream).0;
         // SAFETY: the pointers address the operands `spec.check` validated (offset by the
         // window), in bf16 scratch of la*batch / lb*batch elements when bf16; all on this
         // backend's device and stream.
-        unsafe {
-            lt.run(
-                key,
-                a_ptr,
-                b_ptr,
-                c_ptr,
-                spec.alpha,
-                spec.beta,
-                ws,
-                stream.cu_stream(),
-            )
-        }
-        .map_err(dev_err)
+        unsafe { lt.run(key, a_ptr, b_ptr, c_ptr, spec.alpha, spec.beta, ws, stream.cu_stream()) }
+            .map_err(dev_err)
     }
 }
 

@@ -25,10 +25,7 @@ impl Memory for CudaBackend {
     fn upload(&self, data: &[f32]) -> Result<CudaBuffer> {
         let mut b = self.alloc(data.len())?;
         if !data.is_empty() {
-            self.dev
-                .stream
-                .memcpy_htod(data, &mut b.data)
-                .map_err(drv("copying to the device"))?;
+            self.dev.stream.memcpy_htod(data, &mut b.data).map_err(drv("copying to the device"))?;
         }
         Ok(b)
     }
@@ -46,10 +43,7 @@ impl Memory for CudaBackend {
         if data.is_empty() {
             return Ok(());
         }
-        self.dev
-            .stream
-            .memcpy_htod(data, &mut dst.data)
-            .map_err(drv("copying to the device"))
+        self.dev.stream.memcpy_htod(data, &mut dst.data).map_err(drv("copying to the device"))
     }
     fn len(&self, buf: &CudaBuffer) -> usize {
         buf.len
@@ -75,9 +69,6 @@ impl Memory for CudaBackend {
         }
         let from = src.data.slice(src_offset..src_offset + len);
         let mut to = dst.data.slice_mut(dst_offset..dst_offset + len);
-        self.dev
-            .stream
-            .memcpy_dtod(&from, &mut to)
-            .map_err(drv("device copy"))
+        self.dev.stream.memcpy_dtod(&from, &mut to).map_err(drv("device copy"))
     }
 }

@@ -43,10 +43,7 @@ const REDUCE_BLOCKS: usize = 1024;
 const THREADS: u32 = 256;
 
 fn dev_err(message: impl Into<String>) -> CoreError {
-    CoreError::Device {
-        backend: "cuda",
-        message: message.into(),
-    }
+    CoreError::Device { backend: "cuda", message: message.into() }
 }
 
 pub(crate) fn drv(what: &str) -> impl Fn(cudarc::driver::DriverError) -> CoreError + '_ {
@@ -200,22 +197,14 @@ mod swiglu;
 pub(crate) fn grid(n: usize) -> LaunchConfig {
     // Grid-stride kernels: a bounded grid covers any n.
     let blocks = n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32;
-    LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
 fn rows_grid(rows: usize, threads: u32) -> Result<LaunchConfig> {
     if rows > i32::MAX as usize {
         return Err(dev_err(format!("{rows} rows is more than one launch takes")));
     }
-    Ok(LaunchConfig {
-        grid_dim: (rows.max(1) as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    })
+    Ok(LaunchConfig { grid_dim: (rows.max(1) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
 }
 
 fn i32_of(what: &str, v: usize) -> Result<i32> {
@@ -233,9 +222,7 @@ impl CudaBackend {
         probe(Library::CublasLt).map_err(|e| dev_err(e.to_string()))?;
         let count = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))?;
         if ordinal >= count.max(0) as usize {
-            return Err(dev_err(format!(
-                "there is no CUDA device {ordinal}: the driver sees {count}"
-            )));
+            return Err(dev_err(format!("there is no CUDA device {ordinal}: the driver sees {count}")));
         }
         let ctx = CudaContext::new(ordinal).map_err(drv("creating the context"))?;
         // One stream, buffers owned by the backend: the per-use event tracking cudarc does
@@ -251,10 +238,8 @@ impl CudaBackend {
                 arch.0, arch.1
             )));
         }
-        let budget = Arc::new(Budget {
-            limit: budget_mib.saturating_mul(1024 * 1024),
-            used: AtomicUsize::new(0),
-        });
+        let budget =
+            Arc::new(Budget { limit: budget_mib.saturating_mul(1024 * 1024), used: AtomicUsize::new(0) });
         let compiler = Compiler::new(&format!("sm_{}{}", arch.0, arch.1), Compiler::default_cache())
             .map_err(|e| dev_err(e.to_string()))?;
         let mut funcs = HashMap::new();
@@ -268,18 +253,15 @@ impl CudaBackend {
                 "loading {file}.cu (a driver older than the NVRTC that compiled it?)"
             )))?;
             for n in *names {
-                let f = module
-                    .load_function(n)
-                    .map_err(drv(&format!("kernel {n} of {file}.cu")))?;
+                let f = module.load_function(n).map_err(drv(&format!("kernel {n} of {file}.cu")))?;
                 funcs.insert(*n, f);
             }
         }
         // cuBLASLt's workspace: 32 MiB on Hopper, 4 MiB before (NVIDIA's guidance).
         let ws_bytes = if arch.0 >= 9 { 32 << 20 } else { 4 << 20 };
         budget.take(ws_bytes, "the cuBLASLt workspace")?;
-        let workspace = stream
-            .alloc_zeros::<u8>(ws_bytes)
-            .map_err(drv("allocating the cuBLASLt workspace"))?;
+        let workspace =
+            stream.alloc_zeros::<u8>(ws_bytes).map_err(drv("allocating the cuBLASLt workspace"))?;
         let lt = Lt::new(workspace).map_err(dev_err)?;
         Ok(CudaBackend {
             dev: Arc::new(Device {
@@ -339,33 +321,20 @@ impl CudaBackend {
     }
     /// Waits for every queued kernel; surfaces an asynchronous fault of any of them.
     pub fn synchronize(&self) -> Result<()> {
-        self.dev
-            .stream
-            .synchronize()
-            .map_err(drv("synchronize (a kernel failed)"))
+        self.dev.stream.synchronize().map_err(drv("synchronize (a kernel failed)"))
     }
 
     fn func(&self, name: &str) -> Result<&CudaFunction> {
-        self.dev
-            .funcs
-            .get(name)
-            .ok_or_else(|| dev_err(format!("kernel {name} was not loaded")))
+        self.dev.funcs.get(name).ok_or_else(|| dev_err(format!("kernel {name} was not loaded")))
     }
 
     fn alloc(&self, len: usize) -> Result<CudaBuffer> {
         // Zero-length buffers (an int8 model's missing gradients) hold one element: the
         // driver has no empty allocation.
-        let bytes = len
-            .max(1)
-            .checked_mul(4)
-            .ok_or_else(|| dev_err("buffer size overflows"))?;
+        let bytes = len.max(1).checked_mul(4).ok_or_else(|| dev_err("buffer size overflows"))?;
         self.dev.budget.take(bytes, &format!("a buffer of {len} f32"))?;
         match self.dev.stream.alloc_zeros::<f32>(len.max(1)) {
-            Ok(data) => Ok(CudaBuffer {
-                data,
-                len,
-                budget: self.dev.budget.clone(),
-            }),
+            Ok(data) => Ok(CudaBuffer { data, len, budget: self.dev.budget.clone() }),
             Err(e) => {
                 self.dev.budget.give(bytes);
                 Err(dev_err(format!("allocating {bytes} bytes: {e:?}")))
@@ -432,21 +401,14 @@ impl CudaBackend {
     /// The first `slots` partial sums of a reduction, added on the host in f64 in slot
     /// order (so the total does not depend on scheduling).
     fn reduce_host(&self, partials: &CudaSlice<f32>, slots: usize) -> Result<f64> {
-        let host = self
-            .dev
-            .stream
-            .clone_dtoh(&partials.slice(0..slots))
-            .map_err(drv("reading partial sums"))?;
+        let host =
+            self.dev.stream.clone_dtoh(&partials.slice(0..slots)).map_err(drv("reading partial sums"))?;
         Ok(host.iter().map(|&v| v as f64).sum())
     }
 
     fn reduce_cfg(n: usize) -> LaunchConfig {
         let blocks = n.div_ceil(THREADS as usize).clamp(1, REDUCE_BLOCKS) as u32;
-        LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
     }
 }
 

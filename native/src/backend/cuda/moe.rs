@@ -40,11 +40,7 @@ pub(super) fn moe_combine_backward(
     let rows = be.upload_u32(row_of_slot)?;
     let w = be.upload_any(weight)?;
     let mut dweight = be.alloc(slots)?;
-    let (s, kk, d) = (
-        i32_of("slots", slots)?,
-        i32_of("top_k", top_k)?,
-        i32_of("dim", dim)?,
-    );
+    let (s, kk, d) = (i32_of("slots", slots)?, i32_of("top_k", top_k)?, i32_of("dim", dim)?);
     launch!(be, "moe_combine_backward", rows_grid(slots, 128)?;
         &mut dy.data, &mut dweight.data, &dout.data, &y.data, &rows, &w, &s, &kk, &d)?;
     be.download(&dweight)

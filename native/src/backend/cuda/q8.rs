@@ -76,11 +76,8 @@ pub(super) fn q8_embedding(
         return Ok(());
     }
     let idg = be.upload_u32(ids)?;
-    let (r, d, w) = (
-        i32_of("rows", ids.len())?,
-        i32_of("dim", dim)?,
-        i32_of("dim", ops::q8::packed_cols(dim))?,
-    );
+    let (r, d, w) =
+        (i32_of("rows", ids.len())?, i32_of("dim", dim)?, i32_of("dim", ops::q8::packed_cols(dim))?);
     launch!(be, "q8_embedding", grid(ids.len() * dim); &mut out.data, &packed.data, &scales.data, &idg, &r, &d, &w)
 }
 

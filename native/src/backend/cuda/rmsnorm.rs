@@ -9,15 +9,8 @@ use rusting_brain_core::Result;
 
 /// The kernels of `kernels/cu/rmsnorm.cu` this family launches, loaded when the backend starts
 /// (a missing one is an error then, not at the first step).
-pub(super) const KERNELS: (&str, &[&str]) = (
-    "rmsnorm",
-    &[
-        "rmsnorm_forward",
-        "rmsnorm_backward",
-        "column_sum",
-        "column_sum_chunks",
-    ],
-);
+pub(super) const KERNELS: (&str, &[&str]) =
+    ("rmsnorm", &["rmsnorm_forward", "rmsnorm_backward", "column_sum", "column_sum_chunks"]);
 
 impl CudaBackend {
     /// `acc[c] += sum over rows of m[r][c]` for an (rows, cols) matrix, in two fixed stages
@@ -30,17 +23,11 @@ impl CudaBackend {
         }
         let col_blocks = cols.div_ceil(THREADS as usize);
         if col_blocks > 65_535 {
-            return Err(dev_err(format!(
-                "{cols} columns is more than the column-sum kernels take"
-            )));
+            return Err(dev_err(format!("{cols} columns is more than the column-sum kernels take")));
         }
         let chunk_rows = rows.div_ceil(65_535).max(256);
         let chunks = rows.div_ceil(chunk_rows);
-        let mut guard = self
-            .dev
-            .col_partials
-            .lock()
-            .map_err(|_| dev_err("scratch lock poisoned"))?;
+        let mut guard = self.dev.col_partials.lock().map_err(|_| dev_err("scratch lock poisoned"))?;
         let partial = self.scratch(&mut guard, chunks * cols, "column-sum scratch")?;
         let (r, c, cr, ch) = (
             i32_of("rows", rows)?,
@@ -98,11 +85,7 @@ pub(super) fn rmsnorm_backward(
     let (r, d) = (i32_of("rows", rows)?, i32_of("dim", dim)?);
     // Per-row weight gradients (scratch kept between calls), then a column sum in row
     // order: no atomics.
-    let mut guard = be
-        .dev
-        .rows_dw
-        .lock()
-        .map_err(|_| dev_err("scratch lock poisoned"))?;
+    let mut guard = be.dev.rows_dw.lock().map_err(|_| dev_err("scratch lock poisoned"))?;
     let rows_dw = be.scratch(&mut guard, rows * dim, "RMSNorm weight-gradient scratch")?;
     launch!(be, "rmsnorm_backward", rows_grid(rows, 256)?;
         &mut dinp.data, &mut *rows_dw, &dout.data, &inp.data, &weight.data, &rstd.data, &r, &d)?;

@@ -14,12 +14,7 @@ pub(super) const KERNELS: (&str, &[&str]) = ("softmax", &["softmax_forward", "so
 pub(super) fn softmax_forward(
     be: &CudaBackend, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
-    check_rows(
-        "softmax_forward",
-        rows,
-        cols,
-        &[("inp", inp.len), ("out", out.len)],
-    )?;
+    check_rows("softmax_forward", rows, cols, &[("inp", inp.len), ("out", out.len)])?;
     if rows == 0 || cols == 0 {
         return Ok(());
     }
@@ -30,12 +25,7 @@ pub(super) fn softmax_forward(
 pub(super) fn softmax_backward(
     be: &CudaBackend, dinp: &mut CudaBuffer, dout: &CudaBuffer, out: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
-    check_rows(
-        "softmax_backward",
-        rows,
-        cols,
-        &[("dinp", dinp.len), ("dout", dout.len), ("out", out.len)],
-    )?;
+    check_rows("softmax_backward", rows, cols, &[("dinp", dinp.len), ("dout", dout.len), ("out", out.len)])?;
     if rows == 0 || cols == 0 {
         return Ok(());
     }

@@ -15,10 +15,7 @@ pub struct Record {
 pub fn read_records(path: &Path) -> Result<Vec<Record>> {
     let bytes = crate::io::files::read(path)?;
     let text = String::from_utf8(bytes).map_err(|e| {
-        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()]
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count();
+        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()].iter().filter(|&&b| b == b'\n').count();
         NetworkError::parse(path, format!("line {line}"), "the file is not valid UTF-8 text")
     })?;
     parse(&text).map_err(|(line, message)| NetworkError::parse(path, format!("line {line}"), message))
@@ -72,10 +69,7 @@ fn parse(text: &str) -> std::result::Result<Vec<Record>, (usize, String)> {
             '\n' | '\r' => {
                 if record_has_content || !field.trim().is_empty() {
                     fields.push(std::mem::take(&mut field));
-                    records.push(Record {
-                        line: start_line,
-                        fields: std::mem::take(&mut fields),
-                    });
+                    records.push(Record { line: start_line, fields: std::mem::take(&mut fields) });
                 }
                 field.clear();
                 quoted_field = false;
@@ -96,10 +90,7 @@ fn parse(text: &str) -> std::result::Result<Vec<Record>, (usize, String)> {
     }
     if record_has_content || !field.trim().is_empty() {
         fields.push(field);
-        records.push(Record {
-            line: start_line,
-            fields,
-        });
+        records.push(Record { line: start_line, fields });
     }
     Ok(records)
 }

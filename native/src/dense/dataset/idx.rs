@@ -10,9 +10,7 @@ pub fn read(path: &Path, want_dims: usize) -> Result<(Vec<usize>, Vec<u8>)> {
     let bytes = crate::io::files::read(path)?;
     let err = |message: String| NetworkError::parse(path, "header", message);
     if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 {
-        return Err(err(
-            "wrong magic number: not an IDX file (gunzip the .gz archives first)".into(),
-        ));
+        return Err(err("wrong magic number: not an IDX file (gunzip the .gz archives first)".into()));
     }
     if bytes[2] != 0x08 {
         return Err(err(format!(

@@ -11,10 +11,7 @@ fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
         .map_err(|e| NetworkError::io(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         // Hidden files (.DS_Store, editor swap files) are not data.
-        .filter(|p| {
-            !p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-        })
+        .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
         .collect();
     entries.sort();
     Ok(entries)
@@ -36,23 +33,13 @@ pub fn read_folder(dir: &Path, width: u32, height: u32, grayscale: bool) -> Resu
     }
     let names: Vec<String> = classes
         .iter()
-        .map(|p| {
-            p.file_name()
-                .map_or(String::new(), |n| n.to_string_lossy().into_owned())
-        })
+        .map(|p| p.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned()))
         .collect();
     let (mut inputs, mut targets) = (Vec::new(), Vec::new());
     for (c, class_dir) in classes.iter().enumerate() {
-        let files: Vec<PathBuf> = sorted_entries(class_dir)?
-            .into_iter()
-            .filter(|p| p.is_file())
-            .collect();
+        let files: Vec<PathBuf> = sorted_entries(class_dir)?.into_iter().filter(|p| p.is_file()).collect();
         if files.is_empty() {
-            return Err(NetworkError::parse(
-                class_dir,
-                "folder",
-                "this class folder holds no images",
-            ));
+            return Err(NetworkError::parse(class_dir, "folder", "this class folder holds no images"));
         }
         for file in files {
             let img = image::open(&file).map_err(|e| NetworkError::parse(&file, "image", e.to_string()))?;

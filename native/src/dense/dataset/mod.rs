@@ -84,10 +84,7 @@ impl Dataset {
         let path = path.as_ref();
         let records = csv::read_records(path)?;
         let body = skip_header(&records, |fields| fields.iter().all(|f| csv::number(f).is_none()));
-        let width = body
-            .first()
-            .map(|r| r.fields.len())
-            .ok_or_else(|| no_rows(path))?;
+        let width = body.first().map(|r| r.fields.len()).ok_or_else(|| no_rows(path))?;
         if target_columns == 0 || target_columns >= width {
             return Err(NetworkError::InvalidInput(format!(
                 "{}: {target_columns} target columns asked for, but the rows have {width} columns (need 1..={})",
@@ -113,14 +110,9 @@ impl Dataset {
         let path = path.as_ref();
         let records = csv::read_records(path)?;
         let body = skip_header(&records, |fields| {
-            fields[..fields.len().saturating_sub(1)]
-                .iter()
-                .all(|f| csv::number(f).is_none())
+            fields[..fields.len().saturating_sub(1)].iter().all(|f| csv::number(f).is_none())
         });
-        let width = body
-            .first()
-            .map(|r| r.fields.len())
-            .ok_or_else(|| no_rows(path))?;
+        let width = body.first().map(|r| r.fields.len()).ok_or_else(|| no_rows(path))?;
         if width < 2 {
             return Err(NetworkError::parse(
                 path,
@@ -177,10 +169,7 @@ impl Dataset {
                 a.data.chunks_exact(a.cols).map(<[f32]>::to_vec).collect()
             }
         };
-        Ok(Dataset {
-            inputs: split(xa),
-            targets: split(ya),
-        })
+        Ok(Dataset { inputs: split(xa), targets: split(ya) })
     }
 
     /// Reads an IDX image file and its label file (MNIST layout, gunzipped): each image
@@ -203,15 +192,9 @@ impl Dataset {
         let inputs = if per == 0 {
             vec![Vec::new(); idims[0]]
         } else {
-            pixels
-                .chunks_exact(per)
-                .map(|img| img.iter().map(|&p| p as f32 / 255.0).collect())
-                .collect()
+            pixels.chunks_exact(per).map(|img| img.iter().map(|&p| p as f32 / 255.0).collect()).collect()
         };
-        Ok(Dataset {
-            inputs,
-            targets: labs.iter().map(|&l| vec![l as f32]).collect(),
-        })
+        Ok(Dataset { inputs, targets: labs.iter().map(|&l| vec![l as f32]).collect() })
     }
 
     /// Loads an image folder (one subfolder per class, sorted by name), resized to
@@ -228,9 +211,7 @@ impl Dataset {
     /// Turns one-column class indices into one-hot rows of width `classes`.
     pub fn one_hot_targets(&mut self, classes: usize) -> Result<()> {
         if classes == 0 {
-            return Err(NetworkError::InvalidInput(
-                "one_hot_targets needs at least one class".into(),
-            ));
+            return Err(NetworkError::InvalidInput("one_hot_targets needs at least one class".into()));
         }
         if self.target_size() != 1 && !self.is_empty() {
             return Err(NetworkError::InvalidInput(format!(
@@ -398,21 +379,14 @@ impl Statistics {
 }
 
 fn cut_point(fraction: f32, len: usize) -> usize {
-    let f = if fraction.is_nan() {
-        0.0
-    } else {
-        fraction.clamp(0.0, 1.0)
-    };
+    let f = if fraction.is_nan() { 0.0 } else { fraction.clamp(0.0, 1.0) };
     ((f as f64 * len as f64).round() as usize).min(len)
 }
 
 /// The class of a target row: its argmax when one-hot, else its bits.
 fn class_key(t: &[f32]) -> Vec<u32> {
     if t.len() > 1 {
-        let arg = t
-            .iter()
-            .enumerate()
-            .fold(0, |best, (i, &v)| if v > t[best] { i } else { best });
+        let arg = t.iter().enumerate().fold(0, |best, (i, &v)| if v > t[best] { i } else { best });
         vec![arg as u32]
     } else {
         t.iter().map(|v| v.to_bits()).collect()

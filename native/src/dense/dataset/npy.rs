@@ -17,32 +17,19 @@ pub fn read(path: &Path) -> Result<Array> {
     let bytes = crate::io::files::read(path)?;
     let err = |location: &str, message: String| NetworkError::parse(path, location, message);
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        return Err(err(
-            "header",
-            "not a .npy file (missing the \\x93NUMPY magic)".into(),
-        ));
+        return Err(err("header", "not a .npy file (missing the \\x93NUMPY magic)".into()));
     }
     let major = bytes[6];
     let (header_len, start): (usize, usize) = match major {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (
-            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-            12,
-        ),
+        2 | 3 if bytes.len() >= 12 => {
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+        }
         _ => return Err(err("header", format!("unsupported .npy format version {major}"))),
     };
-    let end = start
-        .checked_add(header_len)
-        .filter(|&e| e <= bytes.len())
-        .ok_or_else(|| {
-            err(
-                "header",
-                format!(
-                    "the header claims {header_len} bytes but the file has {}",
-                    bytes.len()
-                ),
-            )
-        })?;
+    let end = start.checked_add(header_len).filter(|&e| e <= bytes.len()).ok_or_else(|| {
+        err("header", format!("the header claims {header_len} bytes but the file has {}", bytes.len()))
+    })?;
     let header = std::str::from_utf8(&bytes[start..end])
         .map_err(|_| err("header", "the header is not text".into()))?;
     let descr = dict_value(header, "descr").ok_or_else(|| err("header", "no 'descr' entry".into()))?;
@@ -77,10 +64,7 @@ pub fn read(path: &Path) -> Result<Array> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse::<usize>()
-                .map_err(|_| err("header", format!("shape entry '{s}' is not a size")))
-        })
+        .map(|s| s.parse::<usize>().map_err(|_| err("header", format!("shape entry '{s}' is not a size"))))
         .collect::<Result<_>>()?;
     let (rows, cols) = match dims[..] {
         [n] => (n, 1),
@@ -99,18 +83,12 @@ pub fn read(path: &Path) -> Result<Array> {
             ),
         ));
     }
-    Ok(Array {
-        rows,
-        cols,
-        data: data.chunks_exact(size).map(kind).collect(),
-    })
+    Ok(Array { rows, cols, data: data.chunks_exact(size).map(kind).collect() })
 }
 
 /// The text of `'key': value` in the header dict, up to the next top-level comma.
 fn dict_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
-    let pos = header
-        .find(&format!("'{key}'"))
-        .or_else(|| header.find(&format!("\"{key}\"")))?;
+    let pos = header.find(&format!("'{key}'")).or_else(|| header.find(&format!("\"{key}\"")))?;
     let rest = &header[pos + key.len() + 2..];
     let rest = rest.trim_start().strip_prefix(':')?;
     let mut depth = 0;

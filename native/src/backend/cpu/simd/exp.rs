@@ -14,10 +14,7 @@ pub fn exp(x: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     // `max`/`min` rather than `clamp`: they send NaN to a bound (its result is replaced
     // below), so `xc` is always finite and in range.
-    #[allow(
-        clippy::manual_clamp,
-        reason = "clamp keeps NaN, which the conversion below must not see"
-    )]
+    #[allow(clippy::manual_clamp, reason = "clamp keeps NaN, which the conversion below must not see")]
     let xc = x.max(-87.33).min(88.72);
     let k = (xc * LOG2E).round();
     let r = (xc - k * LN2_HI) - k * LN2_LO;
@@ -106,13 +103,7 @@ pub(super) fn swiglu_body<const FMA: bool>(out: &mut [f32], gate: &[f32], up: &[
 pub(super) fn swiglu_backward_body<const FMA: bool>(
     dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &[f32], up: &[f32],
 ) {
-    for i in 0..dgate
-        .len()
-        .min(dup.len())
-        .min(dout.len())
-        .min(gate.len())
-        .min(up.len())
-    {
+    for i in 0..dgate.len().min(dup.len()).min(dout.len()).min(gate.len()).min(up.len()) {
         let g = gate[i];
         let s = 1.0 / (1.0 + exp(-g));
         dgate[i] = dout[i] * up[i] * (s * (1.0 + g * (1.0 - s)));

@@ -89,9 +89,7 @@ pub(super) unsafe fn dot4_i8_vnni(x: &[i8], xsum: i32, rows: [&[i8]; 4]) -> [i32
     // quad further on: ask for them now. Rows of ~0.5-1.5 KB are too short for the
     // hardware prefetcher to lock on, and without this a core streamed int8 weights at a
     // third of its read bandwidth. A prefetch of an address past the matrix is harmless.
-    let quad = (rows[1].as_ptr() as usize)
-        .wrapping_sub(rows[0].as_ptr() as usize)
-        .wrapping_mul(4);
+    let quad = (rows[1].as_ptr() as usize).wrapping_sub(rows[0].as_ptr() as usize).wrapping_mul(4);
     for c in 0..chunks {
         for r in &rows {
             let ahead = r.as_ptr().wrapping_add(c * 64).wrapping_add(quad);
@@ -107,11 +105,8 @@ pub(super) unsafe fn dot4_i8_vnni(x: &[i8], xsum: i32, rows: [&[i8]; 4]) -> [i32
         }
     }
     // Only the bytes the chunks covered carry the bias.
-    let covered: i32 = if chunks * 64 == x.len() {
-        xsum
-    } else {
-        x[..chunks * 64].iter().map(|&v| v as i32).sum()
-    };
+    let covered: i32 =
+        if chunks * 64 == x.len() { xsum } else { x[..chunks * 64].iter().map(|&v| v as i32).sum() };
     let mut out = [0i32; 4];
     for (o, (a, r)) in out.iter_mut().zip(acc.iter().zip(&rows)) {
         let mut total = _mm512_reduce_add_epi32(*a) - 128 * covered;
@@ -155,20 +150,10 @@ impl<'a> Int8Row<'a> {
 pub fn q8_rows(out: &mut [f32], a: &Int8Row, w: &[i8], stride: usize, scales: &[f32], beta: f32) {
     let (x, xsum, sx) = (a.q, a.sum, a.scale);
     let (n, k) = (out.len(), x.len());
-    assert!(
-        stride >= k && scales.len() >= n,
-        "q8_rows: a row or a scale short"
-    );
-    assert!(
-        n == 0 || w.len() >= (n - 1) * stride + k,
-        "q8_rows: the weights end early"
-    );
+    assert!(stride >= k && scales.len() >= n, "q8_rows: a row or a scale short");
+    assert!(n == 0 || w.len() >= (n - 1) * stride + k, "q8_rows: the weights end early");
     // Rows in whole sixteen-row passes on VNNI; the rest (all of them elsewhere) below.
-    let done = if cfg!(target_arch = "x86_64") && has_vnni() {
-        n / 16 * 16
-    } else {
-        0
-    };
+    let done = if cfg!(target_arch = "x86_64") && has_vnni() { n / 16 * 16 } else { 0 };
     #[cfg(target_arch = "x86_64")]
     if done > 0 {
         // SAFETY: has_vnni() checked avx512f, avx512bw and avx512vnni; the asserts above
@@ -280,17 +265,11 @@ pub(super) unsafe fn fold16_i32(acc: &[[std::arch::x86_64::__m512i; 4]; 4]) -> s
         _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23))
     };
     let halves = |a: __m512i, b: __m512i| {
-        _mm512_add_epi32(
-            _mm512_shuffle_i32x4::<0x44>(a, b),
-            _mm512_shuffle_i32x4::<0xEE>(a, b),
-        )
+        _mm512_add_epi32(_mm512_shuffle_i32x4::<0x44>(a, b), _mm512_shuffle_i32x4::<0xEE>(a, b))
     };
     let u = acc.each_ref().map(group);
     let (v01, v23) = (halves(u[0], u[1]), halves(u[2], u[3]));
-    _mm512_add_epi32(
-        _mm512_shuffle_i32x4::<0x88>(v01, v23),
-        _mm512_shuffle_i32x4::<0xDD>(v01, v23),
-    )
+    _mm512_add_epi32(_mm512_shuffle_i32x4::<0x88>(v01, v23), _mm512_shuffle_i32x4::<0xDD>(v01, v23))
 }
 
 /// `out[i][j] = xs[i] . rows[j]` over int8 for four activation rows and four weight rows,
@@ -407,10 +386,7 @@ pub(super) unsafe fn tile4x4_i8_vnni(
     );
     // SAFETY: `scales` is four floats.
     let scv = _mm512_broadcast_f32x4(unsafe { _mm_loadu_ps(scales.as_ptr()) });
-    let y = _mm512_mul_ps(
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(all, bias)), sxv),
-        scv,
-    );
+    let y = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(all, bias)), sxv), scv);
     let rows4 = [
         _mm512_extractf32x4_ps::<0>(y),
         _mm512_extractf32x4_ps::<1>(y),
@@ -422,11 +398,7 @@ pub(super) unsafe fn tile4x4_i8_vnni(
         // SAFETY: u * stride + 4 <= 3 * stride + 4 <= out.len() (the contract).
         unsafe {
             let p = out.as_mut_ptr().add(u * stride);
-            let v = if beta == 0.0 {
-                yu
-            } else {
-                _mm_add_ps(yu, _mm_mul_ps(betav, _mm_loadu_ps(p)))
-            };
+            let v = if beta == 0.0 { yu } else { _mm_add_ps(yu, _mm_mul_ps(betav, _mm_loadu_ps(p))) };
             _mm_storeu_ps(p, v);
         }
     }
@@ -451,11 +423,8 @@ pub(super) unsafe fn dot4x4_i8_vnni(xs: [&[i8]; 4], xsums: [i32; 4], rows: [&[i8
     for (i, (o, sums)) in out.iter_mut().zip(totals).enumerate() {
         let x = xs[i];
         // Only the bytes the chunks covered carry the bias.
-        let covered: i32 = if chunks * 64 == x.len() {
-            xsums[i]
-        } else {
-            x[..chunks * 64].iter().map(|&v| v as i32).sum()
-        };
+        let covered: i32 =
+            if chunks * 64 == x.len() { xsums[i] } else { x[..chunks * 64].iter().map(|&v| v as i32).sum() };
         for (j, (oj, s)) in o.iter_mut().zip(sums).enumerate() {
             let r = rows[j];
             let mut total = s - 128 * covered;
@@ -508,23 +477,14 @@ pub(super) unsafe fn quantize_i8_avx512(x: &[f32], out: &mut Vec<i8>) -> f32 {
     for c in 0..chunks {
         m = _mm512_max_ps(_mm512_abs_ps(load(c)), m);
     }
-    let absmax = x[chunks * 16..]
-        .iter()
-        .fold(_mm512_reduce_max_ps(m), |m, v| m.max(v.abs()));
+    let absmax = x[chunks * 16..].iter().fold(_mm512_reduce_max_ps(m), |m, v| m.max(v.abs()));
     let scale = absmax / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
     // Every byte is written below.
     out.resize(x.len(), 0);
-    let (vinv, half, lo, hi) = (
-        _mm512_set1_ps(inv),
-        _mm512_set1_ps(0.5),
-        _mm512_set1_ps(-127.0),
-        _mm512_set1_ps(127.0),
-    );
-    let (sign, one) = (
-        _mm512_set1_epi32(i32::MIN),
-        _mm512_castps_si512(_mm512_set1_ps(1.0)),
-    );
+    let (vinv, half, lo, hi) =
+        (_mm512_set1_ps(inv), _mm512_set1_ps(0.5), _mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    let (sign, one) = (_mm512_set1_epi32(i32::MIN), _mm512_castps_si512(_mm512_set1_ps(1.0)));
     for c in 0..chunks {
         let y = _mm512_mul_ps(load(c), vinv);
         // roundf (half away from zero) exactly: truncate, then step away from zero when the
@@ -532,10 +492,7 @@ pub(super) unsafe fn quantize_i8_avx512(x: &[f32], out: &mut Vec<i8>) -> f32 {
         // above it y is already an integer.
         let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
         let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(y, t)), half);
-        let step = _mm512_castsi512_ps(_mm512_or_si512(
-            _mm512_and_si512(_mm512_castps_si512(y), sign),
-            one,
-        ));
+        let step = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign), one));
         let r = _mm512_mask_add_ps(t, away, t, step);
         // NaN stays NaN through the clamp (max and min return their second operand on
         // NaN), converts to 0x8000_0000 and truncates to the byte 0, as `NaN as i8` does.

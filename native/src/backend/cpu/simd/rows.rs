@@ -42,12 +42,7 @@ pub(super) fn axpy_rows_body<const FMA: bool>(
     let mut j = 0;
     for g in groups.by_ref() {
         let a = [g[0] * inv, g[1] * inv, g[2] * inv, g[3] * inv];
-        let terms = out
-            .iter_mut()
-            .zip(row(j))
-            .zip(row(j + 1))
-            .zip(row(j + 2))
-            .zip(row(j + 3));
+        let terms = out.iter_mut().zip(row(j)).zip(row(j + 1)).zip(row(j + 2)).zip(row(j + 3));
         for ((((o, &r0), &r1), &r2), &r3) in terms {
             let t = madd::<FMA>(a[0], r0, *o);
             let t = madd::<FMA>(a[1], r1, t);
@@ -118,12 +113,7 @@ pub(super) unsafe fn dot_rows_avx512(out: &mut [f32], q: &[f32], rows: &[f32], s
         let mut acc = zero;
         for c in (0..d).step_by(LANES) {
             // SAFETY: c + 16 <= d elements are in `q` and `r` (d is a multiple of 16).
-            let (x, y) = unsafe {
-                (
-                    _mm512_loadu_ps(q.as_ptr().add(c)),
-                    _mm512_loadu_ps(r.as_ptr().add(c)),
-                )
-            };
+            let (x, y) = unsafe { (_mm512_loadu_ps(q.as_ptr().add(c)), _mm512_loadu_ps(r.as_ptr().add(c))) };
             acc = _mm512_fmadd_ps(x, y, acc);
         }
         let hi8 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
@@ -150,32 +140,20 @@ pub(super) unsafe fn fold16(acc: &[std::arch::x86_64::__m512; 16]) -> std::arch:
     // Lanes 8 apart (128-bit blocks 0 + 2, 1 + 3), two sums a vector.
     let s8: [__m512; 8] = std::array::from_fn(|p| {
         let (a, b) = (acc[2 * p], acc[2 * p + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x44>(a, b),
-            _mm512_shuffle_f32x4::<0xEE>(a, b),
-        )
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xEE>(a, b))
     });
     // Lanes 4 apart (blocks 0 + 1 of each sum's half), four sums a vector, one a block.
     let s4: [__m512; 4] = std::array::from_fn(|p| {
         let (a, b) = (s8[2 * p], s8[2 * p + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x88>(a, b),
-            _mm512_shuffle_f32x4::<0xDD>(a, b),
-        )
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(a, b), _mm512_shuffle_f32x4::<0xDD>(a, b))
     });
     // Lanes 2 apart, then 1 apart: block k of the result holds sums k, 4 + k, 8 + k,
     // 12 + k.
     let s2: [__m512; 2] = std::array::from_fn(|p| {
         let (a, b) = (_mm512_castps_pd(s4[2 * p]), _mm512_castps_pd(s4[2 * p + 1]));
-        _mm512_add_ps(
-            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-        )
+        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)))
     });
-    let s1 = _mm512_add_ps(
-        _mm512_shuffle_ps::<0x88>(s2[0], s2[1]),
-        _mm512_shuffle_ps::<0xDD>(s2[0], s2[1]),
-    );
+    let s1 = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(s2[0], s2[1]), _mm512_shuffle_ps::<0xDD>(s2[0], s2[1]));
     // Sum i sits in lane 4 (i % 4) + i / 4.
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_permutexvar_ps(order, s1)
@@ -191,10 +169,7 @@ pub fn dot_rows_heads(
     out: &mut [f32], n: usize, q: &[f32], h: usize, rows: &[f32], stride: usize, scale: f32,
 ) {
     let d = q.len().checked_div(h).unwrap_or(0);
-    assert!(
-        out.len() >= h * n && q.len() == h * d,
-        "dot_rows_heads: {h} heads of {d} against {n} keys"
-    );
+    assert!(out.len() >= h * n && q.len() == h * d, "dot_rows_heads: {h} heads of {d} against {n} keys");
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512 && d > 0 && d.is_multiple_of(LANES) && n > 0 {
         let mut i = 0;
@@ -215,13 +190,7 @@ pub fn dot_rows_heads(
         return;
     }
     for i in 0..h {
-        dot_rows(
-            &mut out[i * n..(i + 1) * n],
-            &q[i * d..(i + 1) * d],
-            rows,
-            stride,
-            scale,
-        );
+        dot_rows(&mut out[i * n..(i + 1) * n], &q[i * d..(i + 1) * d], rows, stride, scale);
     }
 }
 
@@ -282,10 +251,7 @@ pub(super) unsafe fn dot_rows_heads_avx512<const H: usize>(
 pub fn axpy_rows_heads(out: &mut [f32], p: &[f32], n: usize, inv: &[f32], rows: &[f32], stride: usize) {
     let h = inv.len();
     let d = out.len().checked_div(h).unwrap_or(0);
-    assert!(
-        p.len() >= h * n && out.len() == h * d,
-        "axpy_rows_heads: {h} heads of {d} over {n} rows"
-    );
+    assert!(p.len() >= h * n && out.len() == h * d, "axpy_rows_heads: {h} heads of {d} over {n} rows");
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512 && d > 0 && d.is_multiple_of(LANES) && d <= 4 * LANES {
         let per = 16 / (d / LANES); // heads whose accumulators fit in 16 registers
@@ -308,13 +274,7 @@ pub fn axpy_rows_heads(out: &mut [f32], p: &[f32], n: usize, inv: &[f32], rows: 
         return;
     }
     for i in 0..h {
-        axpy_rows(
-            &mut out[i * d..(i + 1) * d],
-            &p[i * n..(i + 1) * n],
-            inv[i],
-            rows,
-            stride,
-        );
+        axpy_rows(&mut out[i * d..(i + 1) * d], &p[i * n..(i + 1) * n], inv[i], rows, stride);
     }
 }
 

@@ -50,23 +50,10 @@ fn fast_exp_is_within_two_ulp_of_libm_over_the_range() {
     assert_eq!(exp(0.0), 1.0);
     // The same edge values through the vectorized loops (a NaN lane must not disturb
     // its neighbours, and the range bounds hold per lane).
-    let edges = [
-        f32::NAN,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        100.0,
-        -100.0,
-        88.72,
-        88.73,
-        -87.33,
-        -87.34,
-        0.5,
-        -0.0,
-    ];
+    let edges =
+        [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 100.0, -100.0, 88.72, 88.73, -87.33, -87.34, 0.5, -0.0];
     for n in [11, 16, 40, 64, 100] {
-        let v: Vec<f32> = (0..n)
-            .map(|i| edges[i % edges.len()] + (i / edges.len()) as f32 * 0.25)
-            .collect();
+        let v: Vec<f32> = (0..n).map(|i| edges[i % edges.len()] + (i / edges.len()) as f32 * 0.25).collect();
         // Through each of the three exp loops.
         let (mut a, mut b, mut c) = (v.clone(), v.clone(), v.clone());
         exp_affine(&mut a, 1.0, 0.0);
@@ -100,9 +87,7 @@ fn max_is_the_largest_at_every_length() {
     let mut rng = rusting_brain_core::Rng::new(12);
     for n in (1..=140).chain([257, 1000]) {
         let v: Vec<f32> = (0..n).map(|_| rng.normal() as f32).collect();
-        let want = v
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        let want = v.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
         assert_eq!(max(&v), want, "n = {n}");
         for at in [0, n / 2, n - 1] {
             let mut w = v.clone();
@@ -134,15 +119,8 @@ fn attention_row_helpers_match_their_definitions_bit_for_bit() {
             }
             assert_eq!(bits(&got), bits(&want), "scores, d {d}, {keys} keys");
             for (j, w) in want.iter().enumerate() {
-                let plain: f64 = q
-                    .iter()
-                    .zip(&rows[j * stride..])
-                    .map(|(&a, &b)| a as f64 * b as f64)
-                    .sum();
-                assert!(
-                    (*w as f64 - 0.17 * plain).abs() < 1e-5 * (1.0 + plain.abs()),
-                    "score {j}"
-                );
+                let plain: f64 = q.iter().zip(&rows[j * stride..]).map(|(&a, &b)| a as f64 * b as f64).sum();
+                assert!((*w as f64 - 0.17 * plain).abs() < 1e-5 * (1.0 + plain.abs()), "score {j}");
             }
 
             let p: Vec<f32> = (0..keys).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
@@ -207,9 +185,7 @@ fn grouped_attention_rows_equal_the_one_head_calls_bit_for_bit() {
             for keys in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 80, 131] {
                 let stride = 2 * d + 3;
                 let q: Vec<f32> = (0..h * d).map(|_| rng.normal() as f32).collect();
-                let rows: Vec<f32> = (0..(keys - 1) * stride + d)
-                    .map(|_| rng.normal() as f32)
-                    .collect();
+                let rows: Vec<f32> = (0..(keys - 1) * stride + d).map(|_| rng.normal() as f32).collect();
                 let mut got = vec![f32::NAN; h * keys];
                 dot_rows_heads(&mut got, keys, &q, h, &rows, stride, 0.21);
                 let mut want = vec![0.0f32; h * keys];
@@ -238,11 +214,7 @@ fn grouped_attention_rows_equal_the_one_head_calls_bit_for_bit() {
                         stride,
                     );
                 }
-                assert_eq!(
-                    bits(&got),
-                    bits(&want),
-                    "weighted sums, {h} heads of {d}, {keys} keys"
-                );
+                assert_eq!(bits(&got), bits(&want), "weighted sums, {h} heads of {d}, {keys} keys");
             }
         }
     }
@@ -271,13 +243,9 @@ fn decode_rows_match_the_plain_formula_bit_for_bit() {
     for k in [1usize, 5, 63, 64, 65, 130, 256, 704] {
         let stride = k.div_ceil(4) * 4 + 4;
         for n in [0usize, 1, 4, 15, 16, 17, 33, 48, 70] {
-            let w: Vec<i8> = (0..n * stride)
-                .map(|i| ((i * 91 + 13) % 255) as i32 - 127)
-                .map(|v| v as i8)
-                .collect();
-            let mut x: Vec<i8> = (0..k)
-                .map(|i| (((i * 37 + 5) % 255) as i32 - 127) as i8)
-                .collect();
+            let w: Vec<i8> =
+                (0..n * stride).map(|i| ((i * 91 + 13) % 255) as i32 - 127).map(|v| v as i8).collect();
+            let mut x: Vec<i8> = (0..k).map(|i| (((i * 37 + 5) % 255) as i32 - 127) as i8).collect();
             if k > 2 {
                 x[k - 1] = -127;
             }
@@ -285,15 +253,8 @@ fn decode_rows_match_the_plain_formula_bit_for_bit() {
             let scales: Vec<f32> = (0..n).map(|j| 1e-3 * (j as f32 + 0.37)).collect();
             let sx = 0.013f32;
             for beta in [0.0f32, 1.0] {
-                let init: Vec<f32> = (0..n)
-                    .map(|j| {
-                        if beta == 0.0 {
-                            f32::NAN
-                        } else {
-                            j as f32 * 0.1 - 2.0
-                        }
-                    })
-                    .collect();
+                let init: Vec<f32> =
+                    (0..n).map(|j| if beta == 0.0 { f32::NAN } else { j as f32 * 0.1 - 2.0 }).collect();
                 let mut got = init.clone();
                 let row = Int8Row::new(&x, sx);
                 assert_eq!(row.sum, xsum);
@@ -319,10 +280,7 @@ fn decode_rows_match_the_plain_formula_bit_for_bit() {
 /// `extreme` all -127) and the activation rows' sums.
 fn tile_operands(n: usize, extreme: usize) -> (Vec<Vec<i8>>, Vec<Vec<i8>>, [i32; 4]) {
     let row = |seed: usize| -> Vec<i8> {
-        (0..n)
-            .map(|i| ((i * seed + seed * 7) % 255) as i32 - 127)
-            .map(|v| v as i8)
-            .collect()
+        (0..n).map(|i| ((i * seed + seed * 7) % 255) as i32 - 127).map(|v| v as i8).collect()
     };
     let xs: Vec<Vec<i8>> = (0..4).map(|i| row(37 + 2 * i)).collect();
     let mut ws: Vec<Vec<i8>> = (0..4).map(|j| row(91 + 4 * j)).collect();
@@ -337,11 +295,7 @@ fn tile_operands(n: usize, extreme: usize) -> (Vec<Vec<i8>>, Vec<Vec<i8>>, [i32;
 fn int8_tile_agrees_with_the_plain_sums() {
     for n in [1usize, 63, 64, 65, 130, 512, 1408] {
         let (xs, ws, xsums) = tile_operands(n, 3);
-        let got = dot4x4_i8(
-            [&xs[0], &xs[1], &xs[2], &xs[3]],
-            xsums,
-            [&ws[0], &ws[1], &ws[2], &ws[3]],
-        );
+        let got = dot4x4_i8([&xs[0], &xs[1], &xs[2], &xs[3]], xsums, [&ws[0], &ws[1], &ws[2], &ws[3]]);
         for i in 0..4 {
             for j in 0..4 {
                 let want: i32 = xs[i].iter().zip(&ws[j]).map(|(&a, &b)| a as i32 * b as i32).sum();
@@ -364,13 +318,7 @@ fn int8_tile_outputs_match_the_plain_formula_bit_for_bit() {
         let stride = 7;
         for beta in [0.0f32, 1.0, -0.5] {
             let init: Vec<f32> = (0..3 * stride + 4)
-                .map(|e| {
-                    if beta == 0.0 && e % stride < 4 {
-                        f32::NAN
-                    } else {
-                        e as f32 * 0.1 - 2.0
-                    }
-                })
+                .map(|e| if beta == 0.0 && e % stride < 4 { f32::NAN } else { e as f32 * 0.1 - 2.0 })
                 .collect();
             let mut got = init.clone();
             tile4x4_i8(
