@@ -28,6 +28,14 @@ use crate::{
 };
 use rusting_brain_core::diffusion::discrete::DiscreteSampler;
 
+// The pipeline's parts by job: what a folder holds, and the denoising loop.
+mod denoise;
+mod sizes;
+
+pub use sizes::*;
+
+use denoise::clock_seed;
+
 /// How a sampling step is taken: DDIM, Euler, Euler ancestral or DPM++ 2M for the UNets;
 /// the flow-matching transformers step with Euler (`FlowMatchEulerDiscreteScheduler`).
 pub use rusting_brain_core::diffusion::discrete::Solver;
@@ -146,42 +154,6 @@ enum Encoders {
     },
 }
 
-/// A flow-matching run's sampler: diffusers' Euler, or (SD3) DPM-Solver++ 2M over flow
-/// sigmas.
-enum FlowStepper {
-    Euler(FlowMatchEuler),
-    Dpm(DiscreteSampler),
-}
-
-impl FlowStepper {
-    fn steps(&self) -> usize {
-        match self {
-            FlowStepper::Euler(s) => s.steps(),
-            FlowStepper::Dpm(s) => s.steps(),
-        }
-    }
-    /// The model's timestep, in training units (0..1000).
-    fn timestep(&self, i: usize) -> f32 {
-        match self {
-            FlowStepper::Euler(s) => s.timestep(i),
-            FlowStepper::Dpm(s) => s.timesteps[i] as f32,
-        }
-    }
-    fn step(&mut self, i: usize, x: &mut [f32], v: &[f32]) -> Result<()> {
-        match self {
-            FlowStepper::Euler(s) => s.step(i, x, v)?,
-            FlowStepper::Dpm(s) => s.step(i, x, v, None)?,
-        }
-        Ok(())
-    }
-    fn sigmas(&self) -> Vec<f32> {
-        match self {
-            FlowStepper::Euler(s) => s.sigmas.clone(),
-            FlowStepper::Dpm(s) => s.sigmas.iter().map(|&x| x as f32).collect(),
-        }
-    }
-}
-
 /// The training schedule the folder's scheduler describes.
 #[derive(Debug, Clone)]
 enum Schedule {
@@ -205,120 +177,11 @@ pub struct ImagePipeline {
     vae: Vae,
 }
 
-/// The size of one component, from its configuration alone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ComponentSize {
-    /// The folder (`transformer`, `text_encoder`, ...).
-    pub name: String,
-    /// The class `model_index.json` gives it.
-    pub class: String,
-    /// Parameters, as PyTorch counts them (buffers such as batch-norm statistics excluded).
-    pub parameters: usize,
-    /// Bytes its weights take in f32.
-    pub f32_bytes: usize,
-    /// Bytes at [`Precision::Q8`] as [`ImagePipeline::load_at`] holds it (the autoencoder
-    /// stays f32).
-    pub q8_bytes: usize,
-}
-
-/// The size of every component of the pipeline in `dir` this library computes, read from
-/// the `config.json` files alone: no weight file is opened, so a published pipeline's
-/// folder with only its configurations is enough.
-pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
-    let folder = PipelineFolder::open(dir)?;
-    let mut out = Vec::new();
-    // Linear weights go int8; embedding tables and T5's bias table stay f32, as loaded.
-    let linear = |n: &str, shape: &[usize]| shape.len() == 2 && n.ends_with(".weight");
-    for (name, c) in folder.components() {
-        let config = c.dir.join("config.json");
-        let (parameters, f32_bytes, q8_bytes) = match c.class.as_str() {
-            "FluxTransformer2DModel" | "Flux2Transformer2DModel" | "SD3Transformer2DModel" => {
-                let l = crate::image::dit::dit_config(&config)?.layout();
-                // SD3's position table is a stored buffer, not a parameter.
-                let table: usize = l
-                    .tensors
-                    .iter()
-                    .filter(|(n, _)| n == "pos_embed.pos_embed")
-                    .map(|(_, s)| s.iter().product::<usize>())
-                    .sum();
-                (l.parameter_count() - table, 4 * l.parameter_count(), l.q8_bytes(linear))
-            }
-            "UNet2DConditionModel" => {
-                let l = crate::image::unet::unet_config(&config)?.layout();
-                (l.parameter_count(), 4 * l.parameter_count(), l.q8_bytes(linear))
-            }
-            "CLIPTextModel" | "CLIPTextModelWithProjection" => {
-                let l = crate::image::encoders::clip_config(&config)?.layout();
-                let q = l.q8_bytes(|n, s| linear(n, s) && !n.contains("embedding"));
-                (l.parameter_count(), 4 * l.parameter_count(), q)
-            }
-            "T5EncoderModel" => {
-                let l = crate::image::encoders::t5_config(&config)?.layout();
-                let q = l.q8_bytes(|n, s| {
-                    linear(n, s) && n != "shared.weight" && !n.contains("relative_attention_bias")
-                });
-                (l.parameter_count(), 4 * l.parameter_count(), q)
-            }
-            "Qwen3ForCausalLM" | "Qwen2ForCausalLM" | "LlamaForCausalLM" => {
-                let cfg = crate::io::hf::read_config(&c.dir)?;
-                let specs = cfg.layout().into_leaves();
-                let count: usize = specs.iter().map(|t| t.len()).sum();
-                let q8: usize = specs
-                    .iter()
-                    .map(|t| match (t.kind, t.shape.len()) {
-                        (rusting_brain_core::models::transformer::TensorKind::Matrix, 2) => {
-                            let (rows, cols) = t.rows_cols();
-                            4 * rows * (rusting_brain_core::ops::q8::packed_cols(cols) + 1)
-                        }
-                        _ => 4 * t.len(),
-                    })
-                    .sum();
-                (count, 4 * count, q8)
-            }
-            "AutoencoderKL" | "AutoencoderKLFlux2" => {
-                let l = crate::image::vae::vae_config(&config)?.layout();
-                // Batch-norm statistics are buffers, not parameters.
-                let stats: usize = l
-                    .tensors
-                    .iter()
-                    .filter(|(n, _)| n.starts_with("bn.running_"))
-                    .map(|(_, s)| s.iter().product::<usize>())
-                    .sum();
-                let all = l.parameter_count();
-                (all - stats, 4 * all, 4 * all)
-            }
-            _ => continue,
-        };
-        out.push(ComponentSize {
-            name: name.clone(),
-            class: c.class.clone(),
-            parameters,
-            f32_bytes,
-            q8_bytes,
-        });
-    }
-    Ok(out)
-}
-
-/// Reads a `FlowMatchEulerDiscreteScheduler`'s `scheduler_config.json`, refusing the
-/// options this sampler does not compute.
-pub fn flow_match_config(path: &Path) -> Result<FlowMatchConfig> {
-    match crate::image::scheduler::scheduler_config(path)? {
-        crate::image::scheduler::SchedulerConfig::FlowMatch(c) => Ok(c),
-        crate::image::scheduler::SchedulerConfig::Discrete(..) => Err(NetworkError::parse(
-            path,
-            "_class_name",
-            "the transformer pipelines sample with FlowMatchEulerDiscreteScheduler",
-        )),
-    }
-}
-
 impl ImagePipeline {
     /// The pipeline in `dir` (with `model_index.json`), every part in f32.
     pub fn load(dir: impl AsRef<Path>) -> Result<ImagePipeline> {
         ImagePipeline::load_at(dir, Precision::F32)
     }
-
     /// [`ImagePipeline::load`] with the denoiser and the prompt encoders at `precision`
     /// ([`Precision::Q8`]: one byte a weight for every matrix, a quarter of the memory).
     /// The autoencoder stays f32: it is small, and its convolutions are sensitive.
@@ -497,22 +360,18 @@ impl ImagePipeline {
             vae,
         })
     }
-
     /// Which model family the folder holds.
     pub fn family(&self) -> Family {
         self.family
     }
-
     /// The denoiser, while it is held.
     pub fn dit(&self) -> Option<&Dit> {
         self.dit.as_ref()
     }
-
     /// The autoencoder.
     pub fn vae(&self) -> &Vae {
         &self.vae
     }
-
     /// Bytes the weights of the parts still held take: the denoiser, the prompt encoders
     /// and the autoencoder.
     pub fn weight_bytes(&self) -> usize {
@@ -533,28 +392,23 @@ impl ImagePipeline {
             + self.unet.as_ref().map_or(0, Unet::weight_bytes)
             + self.vae.weight_bytes()
     }
-
     /// Bytes of the denoiser and the prompt encoders alone (what [`Precision::Q8`] shrinks).
     pub fn model_bytes(&self) -> usize {
         self.weight_bytes() - self.vae.weight_bytes()
     }
-
     /// Drops the prompt encoders (after [`ImagePipeline::condition`], when memory is short).
     pub fn drop_encoders(&mut self) {
         self.encoders = None;
     }
-
     /// Drops the denoiser (after [`ImagePipeline::sample_latent`]).
     pub fn drop_denoiser(&mut self) {
         self.dit = None;
         self.unet = None;
     }
-
     /// The UNet, while it is held (Stable Diffusion 1.x, 2.x, XL).
     pub fn unet(&self) -> Option<&Unet> {
         self.unet.as_ref()
     }
-
     /// Whether a run takes classifier-free guidance (two denoiser passes a step).
     pub fn uses_cfg(&self) -> bool {
         match self.family {
@@ -563,7 +417,6 @@ impl ImagePipeline {
             Family::Sd3 | Family::Sd | Family::Sdxl => self.config.guidance_scale > 1.0,
         }
     }
-
     /// Encodes `prompt` (and the negative prompt when the run uses classifier-free
     /// guidance) as the family's pipeline does.
     pub fn condition(&mut self, prompt: &str) -> Result<Conditioning> {
@@ -583,7 +436,6 @@ impl ImagePipeline {
         };
         Ok(Conditioning { prompt, negative })
     }
-
     fn encode_prompt(&mut self, prompt: &str) -> Result<PromptEmbedding> {
         let max_len = self.config.max_sequence_length;
         let joint = match &self.dit {
@@ -676,460 +528,11 @@ impl ImagePipeline {
             }
         }
     }
-
-    /// The latent shape a `width x height` picture has, checking the sides.
-    pub fn latent_shape(&self, width: usize, height: usize) -> Result<(usize, usize, usize)> {
-        let f = self.vae.config().downscale();
-        let (multiple, channels) = match self.family {
-            Family::Sd | Family::Sdxl => {
-                let unet = self.unet_ref()?;
-                (f * unet.config().downscale(), unet.config().in_channels)
-            }
-            Family::Flux => (2 * f, self.denoiser()?.config().in_channels / 4),
-            Family::Flux2 => (2 * f, self.denoiser()?.config().in_channels),
-            Family::Sd3 => {
-                let dit = self.denoiser()?;
-                (f * dit.config().patch_size, dit.config().in_channels)
-            }
-        };
-        if width == 0 || height == 0 || !width.is_multiple_of(multiple) || !height.is_multiple_of(multiple) {
-            return Err(NetworkError::InvalidInput(format!(
-                "{width}x{height}: both sides must be positive multiples of {multiple} for this model"
-            )));
-        }
-        Ok(match self.family {
-            Family::Flux2 => (channels, height / multiple, width / multiple),
-            _ => (channels, height / f, width / f),
-        })
-    }
-
-    fn unet_ref(&self) -> Result<&Unet> {
-        self.unet
-            .as_ref()
-            .ok_or_else(|| NetworkError::InvalidInput("the denoiser was dropped (drop_denoiser)".into()))
-    }
-
-    fn denoiser(&self) -> Result<&Dit> {
-        self.dit
-            .as_ref()
-            .ok_or_else(|| NetworkError::InvalidInput("the denoiser was dropped (drop_denoiser)".into()))
-    }
-
-    /// The schedule for `steps` steps at a latent of `(h, w)`.
-    fn schedule(&self, h: usize, w: usize) -> Result<FlowStepper> {
-        let n = self.config.steps;
-        if n == 0 {
-            return Err(NetworkError::InvalidInput("0 steps".into()));
-        }
-        let Schedule::Flow(flow) = &self.scheduler else {
-            return Err(NetworkError::InvalidInput("a UNet pipeline has no flow-matching schedule".into()));
-        };
-        match (self.config.solver, self.family) {
-            (Solver::Euler, _) => {}
-            // diffusers' SD3 pipeline takes DPM-Solver++ over flow sigmas; its FLUX
-            // pipelines pass sigmas of their own, which only the Euler scheduler takes.
-            (Solver::DpmPlusPlus2M, Family::Sd3) => {
-                let shift = if flow.use_dynamic_shifting {
-                    let p = self.dit.as_ref().map(|d| d.config().patch_size).unwrap_or(2);
-                    flow.flux1_mu((h / p) * (w / p)).exp()
-                } else {
-                    flow.shift
-                };
-                return Ok(FlowStepper::Dpm(DiscreteSampler::flow_dpm(n, shift, flow.num_train_timesteps)?));
-            }
-            (solver, family) => {
-                return Err(NetworkError::InvalidInput(format!(
-                    "{solver:?}: {family:?} steps with Euler (SD3 also with DPM++ 2M)"
-                )))
-            }
-        }
-        let linspace: Vec<f64> = (0..n)
-            .map(|i| if n == 1 { 1.0 } else { 1.0 + (1.0 / n as f64 - 1.0) * i as f64 / (n - 1) as f64 })
-            .collect();
-        Ok(match self.family {
-            Family::Flux => {
-                let tokens = (h / 2) * (w / 2);
-                let mu = flow.use_dynamic_shifting.then(|| flow.flux1_mu(tokens));
-                FlowStepper::Euler(FlowMatchEuler::new(flow, n, Some(&linspace), mu)?)
-            }
-            Family::Flux2 => {
-                let mu = flux2_empirical_mu(h * w, n);
-                FlowStepper::Euler(FlowMatchEuler::new(flow, n, Some(&linspace), Some(mu))?)
-            }
-            _ => {
-                let mu = flow.use_dynamic_shifting.then(|| {
-                    let p = self.dit.as_ref().map(|d| d.config().patch_size).unwrap_or(2);
-                    flow.flux1_mu((h / p) * (w / p))
-                });
-                FlowStepper::Euler(FlowMatchEuler::new(flow, n, None, mu)?)
-            }
-        })
-    }
-
-    fn is_unet(&self) -> bool {
-        matches!(self.family, Family::Sd | Family::Sdxl)
-    }
-
-    /// A fresh run of the UNet pipelines' sampler (`config.solver` over the folder's
-    /// training schedule).
-    fn discrete_sampler(&self) -> Result<DiscreteSampler> {
-        let Schedule::Discrete(path) = &self.scheduler else {
-            return Err(NetworkError::InvalidInput(
-                "a flow-matching pipeline has no discrete schedule".into(),
-            ));
-        };
-        let config = crate::image::scheduler::discrete_config_for(path, self.config.solver)?;
-        Ok(DiscreteSampler::new(self.config.solver, config, self.config.steps)?)
-    }
-
-    /// The `steps + 1` sigmas (the last 0) a `width x height` run steps through, as the
-    /// family's pipeline sets its scheduler.
-    pub fn sigmas(&self, width: usize, height: usize) -> Result<Vec<f32>> {
-        let (_, h, w) = self.latent_shape(width, height)?;
-        if self.is_unet() {
-            return Ok(self.discrete_sampler()?.sigmas.iter().map(|&s| s as f32).collect());
-        }
-        Ok(self.schedule(h, w)?.sigmas())
-    }
-
-    /// Denoises from noise to a `width x height` picture's latent, calling
-    /// `progress(step, total)` after each step (`false` stops the run with an error).
-    pub fn sample_latent(
-        &self, cond: &Conditioning, width: usize, height: usize, noise: Noise,
-        progress: impl FnMut(usize, usize) -> bool,
-    ) -> Result<Latent> {
-        let (c, h, w) = self.latent_shape(width, height)?;
-        let n = c * h * w;
-        let mut generator = None;
-        let noise = match noise {
-            Noise::Seed(seed) => {
-                let mut g = TorchGenerator::new(seed);
-                let v = g.randn(n);
-                generator = Some(g);
-                v
-            }
-            Noise::Given(v) => check_noise(v, n)?,
-        };
-        let mut start = Latent { data: noise, channels: c, height: h, width: w };
-        if self.is_unet() {
-            let sampler = self.discrete_sampler()?;
-            let k = sampler.init_noise_sigma() as f32;
-            start.data.iter_mut().for_each(|v| *v *= k);
-            return self.denoise_unet(cond, start, sampler, 0, generator, progress);
-        }
-        let mut schedule = self.schedule(h, w)?;
-        self.denoise(cond, start, &mut schedule, 0, progress)
-    }
-
-    /// img2img: `image` (in [-1, 1], sides multiples of the model's) encoded, pushed
-    /// `strength` of the way back up the schedule and denoised from there.
-    pub fn sample_latent_from_image(
-        &self, cond: &Conditioning, image: &Image, strength: f32, noise: Noise,
-        progress: impl FnMut(usize, usize) -> bool,
-    ) -> Result<Latent> {
-        if !(0.0..=1.0).contains(&strength) {
-            return Err(NetworkError::InvalidInput(format!("strength {strength} is outside [0, 1]")));
-        }
-        let (c, h, w) = self.latent_shape(image.width, image.height)?;
-        if image.data.len() != image.channels * image.height * image.width {
-            return Err(NetworkError::InvalidInput(format!(
-                "the image holds {} values; {} channels of {}x{} need {}",
-                image.data.len(),
-                image.channels,
-                image.width,
-                image.height,
-                image.channels * image.height * image.width
-            )));
-        }
-        let dist = self.vae.encode_image(image)?;
-        let n = c * h * w;
-        // diffusers' img2img pipelines sample the latent (FLUX.1, SD3) with the same
-        // generator as the noise, first; FLUX.2 encodes to the mean.
-        let mut generator = None;
-        let (z, noise) = match noise {
-            Noise::Seed(seed) => {
-                let mut g = TorchGenerator::new(seed);
-                let z = if self.family == Family::Flux2 {
-                    dist.mean.clone()
-                } else {
-                    dist.sample(&g.randn(dist.mean.len()))?
-                };
-                let noise = g.randn(n);
-                generator = Some(g);
-                (z, noise)
-            }
-            Noise::Given(v) => (dist.mean.clone(), check_noise(v, n)?),
-        };
-        let (x0, dc, dh, dw) = self.vae.to_denoiser(&z, 1, dist.h, dist.w)?;
-        if (dc, dh, dw) != (c, h, w) {
-            return Err(NetworkError::InvalidInput(format!(
-                "the autoencoder gives a ({dc}, {dh}, {dw}) latent; the denoiser takes ({c}, {h}, {w})"
-            )));
-        }
-        if self.is_unet() {
-            // Stable Diffusion's rule: int(N * strength) steps run.
-            let sampler = self.discrete_sampler()?;
-            let steps = sampler.steps();
-            let first = steps - ((steps as f64 * strength as f64) as usize).min(steps);
-            if first >= steps {
-                return Err(NetworkError::InvalidInput(format!(
-                    "strength {strength} over {steps} steps leaves no step to run"
-                )));
-            }
-            let data = sampler.add_noise(first, &x0, &noise)?;
-            let start = Latent { data, channels: c, height: h, width: w };
-            return self.denoise_unet(cond, start, sampler, first, generator, progress);
-        }
-        // diffusers' img2img pipelines noise the start with the Euler scheduler's
-        // scale_noise, which only it has.
-        let FlowStepper::Euler(schedule) = self.schedule(h, w)? else {
-            return Err(NetworkError::InvalidInput(format!(
-                "img2img of a flow model steps with Euler, not {:?}",
-                self.config.solver
-            )));
-        };
-        let first = schedule.start_for_strength(strength as f64)?;
-        if first >= schedule.steps() {
-            return Err(NetworkError::InvalidInput(format!(
-                "strength {strength} over {} steps leaves no step to run",
-                schedule.steps()
-            )));
-        }
-        let data = schedule.scale_noise(first, &x0, &noise)?;
-        let start = Latent { data, channels: c, height: h, width: w };
-        self.denoise(cond, start, &mut FlowStepper::Euler(schedule), first, progress)
-    }
-
-    /// The flow-matching loop from step `first`.
-    fn denoise(
-        &self, cond: &Conditioning, mut latent: Latent, schedule: &mut FlowStepper, first: usize,
-        mut progress: impl FnMut(usize, usize) -> bool,
-    ) -> Result<Latent> {
-        let dit = self.denoiser()?;
-        let cfg = dit.config();
-        let (c, h, w) = (latent.channels, latent.height, latent.width);
-        let embeddings: Vec<&PromptEmbedding> = match &cond.negative {
-            Some(neg) if self.uses_cfg() => vec![neg, &cond.prompt],
-            _ => vec![&cond.prompt],
-        };
-        let batch = embeddings.len();
-        let tokens = cond.prompt.tokens;
-        if embeddings.iter().any(|e| e.tokens != tokens) {
-            return Err(NetworkError::InvalidInput(
-                "the prompt and the negative prompt have different token counts".into(),
-            ));
-        }
-        let mut context = Vec::with_capacity(batch * tokens * cfg.joint_attention_dim);
-        let mut pooled = Vec::new();
-        for e in &embeddings {
-            if e.states.len() != tokens * cfg.joint_attention_dim {
-                return Err(NetworkError::InvalidInput(format!(
-                    "the prompt states are {} values; {tokens} tokens of {} are {}",
-                    e.states.len(),
-                    cfg.joint_attention_dim,
-                    tokens * cfg.joint_attention_dim
-                )));
-            }
-            context.extend_from_slice(&e.states);
-            if let Some(p) = &e.pooled {
-                pooled.extend_from_slice(p);
-            }
-        }
-        let pooled = (cfg.kind != DitKind::Flux2).then_some(pooled);
-        // Token packing and positions.
-        let pack = match self.family {
-            Family::Flux => Some(PatchSpec {
-                batch: 1,
-                channels: c,
-                height: h,
-                width: w,
-                patch: 2,
-                order: PatchOrder::ChannelFirst,
-            }),
-            Family::Flux2 => Some(PatchSpec {
-                batch: 1,
-                channels: c,
-                height: h,
-                width: w,
-                patch: 1,
-                order: PatchOrder::ChannelFirst,
-            }),
-            Family::Sd3 | Family::Sd | Family::Sdxl => None,
-        };
-        let axes = cfg.axes_dims_rope.len();
-        let (img_ids, txt_ids) = match pack {
-            Some(p) => {
-                let (gh, gw) = (h / p.patch, w / p.patch);
-                let mut img = vec![0f32; gh * gw * axes];
-                for r in 0..gh {
-                    for col in 0..gw {
-                        img[(r * gw + col) * axes + 1] = r as f32;
-                        img[(r * gw + col) * axes + 2] = col as f32;
-                    }
-                }
-                let mut txt = vec![0f32; tokens * axes];
-                if self.family == Family::Flux2 {
-                    for l in 0..tokens {
-                        txt[l * axes + 3] = l as f32;
-                    }
-                }
-                (img, txt)
-            }
-            None => (Vec::new(), Vec::new()),
-        };
-        let guidance = cfg.guidance_embeds.then(|| vec![self.config.guidance_scale; batch]);
-        let total = schedule.steps() - first;
-        let n = c * h * w;
-        for i in first..schedule.steps() {
-            let t = schedule.timestep(i);
-            // FLUX's pipelines pass t / 1000 (the model scales back); SD3 passes t.
-            let timestep = if self.family == Family::Sd3 { t } else { t / 1000.0 };
-            let timesteps = vec![timestep; batch];
-            let mut input_latent = Vec::with_capacity(batch * n);
-            let packed = match pack {
-                Some(p) => {
-                    let mut tok = vec![0f32; n];
-                    patchify(&mut tok, &latent.data, &p)?;
-                    for _ in 0..batch {
-                        input_latent.extend_from_slice(&tok);
-                    }
-                    true
-                }
-                None => {
-                    for _ in 0..batch {
-                        input_latent.extend_from_slice(&latent.data);
-                    }
-                    false
-                }
-            };
-            let input = DitInput {
-                batch,
-                latent: if packed {
-                    DitLatent::Tokens { data: &input_latent, ids: &img_ids }
-                } else {
-                    DitLatent::Image { data: &input_latent, height: h, width: w }
-                },
-                context: &context,
-                context_ids: &txt_ids,
-                pooled: pooled.as_deref(),
-                timestep: &timesteps,
-                guidance: guidance.as_deref(),
-            };
-            let out = dit.forward(&input)?;
-            let mut v = if batch == 2 {
-                // uncond + scale * (cond - uncond)
-                let g = self.config.guidance_scale;
-                let (un, co) = out.split_at(n);
-                un.iter().zip(co).map(|(&u, &c)| u + g * (c - u)).collect()
-            } else {
-                out
-            };
-            if let Some(p) = pack {
-                let mut img = vec![0f32; n];
-                unpatchify(&mut img, &v, &p)?;
-                v = img;
-            }
-            schedule.step(i, &mut latent.data, &v)?;
-            let done = i + 1 - first;
-            if !progress(done, total) {
-                return Err(NetworkError::InvalidInput(format!(
-                    "stopped by the progress callback after step {done} of {total}"
-                )));
-            }
-        }
-        Ok(latent)
-    }
-
-    /// The UNet loop from step `first`: classifier-free guidance as one batch of two
-    /// (negative first), as diffusers runs it; the ancestral samplers' noise continues the
-    /// seed's generator.
-    fn denoise_unet(
-        &self, cond: &Conditioning, mut latent: Latent, mut sampler: DiscreteSampler, first: usize,
-        mut generator: Option<TorchGenerator>, mut progress: impl FnMut(usize, usize) -> bool,
-    ) -> Result<Latent> {
-        let unet = self.unet_ref()?;
-        let cfg = unet.config();
-        if sampler.needs_noise() && generator.is_none() {
-            return Err(NetworkError::InvalidInput(format!(
-                "{:?} draws noise at every step: start it from Noise::Seed",
-                self.config.solver
-            )));
-        }
-        let embeddings: Vec<&PromptEmbedding> = match &cond.negative {
-            Some(neg) if self.uses_cfg() => vec![neg, &cond.prompt],
-            _ => vec![&cond.prompt],
-        };
-        let batch = embeddings.len();
-        let tokens = cond.prompt.tokens;
-        let width = cfg.cross_attention_dim;
-        let mut context = Vec::with_capacity(batch * tokens * width);
-        let mut pooled = Vec::new();
-        for e in &embeddings {
-            if e.tokens != tokens || e.states.len() != tokens * width {
-                return Err(NetworkError::InvalidInput(format!(
-                    "prompt states of {} values; the UNet takes {tokens} tokens of {width}",
-                    e.states.len()
-                )));
-            }
-            context.extend_from_slice(&e.states);
-            if let Some(p) = &e.pooled {
-                pooled.extend_from_slice(p);
-            }
-        }
-        let (c, h, w) = (latent.channels, latent.height, latent.width);
-        let f = self.vae.config().downscale() as f32;
-        // SD-XL's size conditioning: original size, crop corner (0, 0), target size.
-        let time_ids: Vec<f32> = (0..batch)
-            .flat_map(|_| [h as f32 * f, w as f32 * f, 0.0, 0.0, h as f32 * f, w as f32 * f])
-            .collect();
-        let xl = cfg.addition_time_embed_dim.is_some();
-        let n = c * h * w;
-        let total = sampler.steps() - first;
-        for i in first..sampler.steps() {
-            let scaled = sampler.scale_model_input(i, &latent.data);
-            let mut input = Vec::with_capacity(batch * n);
-            for _ in 0..batch {
-                input.extend_from_slice(&scaled);
-            }
-            let t = vec![sampler.timesteps[i] as f32; batch];
-            let out = unet.forward(&rusting_brain_core::models::unet::UnetInput {
-                sample: &input,
-                batch,
-                h,
-                w,
-                timestep: &t,
-                context: &context,
-                text_embeds: xl.then_some(&pooled[..]),
-                time_ids: xl.then_some(&time_ids[..]),
-            })?;
-            let v: Vec<f32> = if batch == 2 {
-                let g = self.config.guidance_scale;
-                let (un, co) = out.split_at(n);
-                un.iter().zip(co).map(|(&u, &c)| u + g * (c - u)).collect()
-            } else {
-                out
-            };
-            let noise = match (&mut generator, sampler.needs_noise()) {
-                (Some(g), true) => Some(g.randn(n)),
-                _ => None,
-            };
-            sampler.step(i, &mut latent.data, &v, noise.as_deref())?;
-            let done = i + 1 - first;
-            if !progress(done, total) {
-                return Err(NetworkError::InvalidInput(format!(
-                    "stopped by the progress callback after step {done} of {total}"
-                )));
-            }
-        }
-        Ok(latent)
-    }
-
     /// The picture of a denoised latent, in [-1, 1].
     pub fn decode(&self, latent: &Latent) -> Result<Image> {
         let (z, h, w) = self.vae.from_denoiser(&latent.data, 1, latent.height, latent.width)?;
         self.vae.decode_image(&z, h, w)
     }
-
     /// `prompt` to a `width x height` picture in [-1, 1]: condition, sample, decode.
     /// `seed` `None` draws one from the clock.
     pub fn generate(
@@ -1142,7 +545,6 @@ impl ImagePipeline {
             self.sample_latent(&cond, width, height, Noise::Seed(seed.unwrap_or_else(clock_seed)), progress)?;
         self.decode(&latent)
     }
-
     /// img2img: `image` (in [-1, 1]) repainted towards `prompt`; `strength` in [0, 1] is
     /// how far back up the schedule it starts (low keeps the composition).
     pub fn generate_from_image(
@@ -1155,26 +557,6 @@ impl ImagePipeline {
         let latent = self.sample_latent_from_image(&cond, image, strength, noise, progress)?;
         self.decode(&latent)
     }
-}
-
-fn check_noise(v: Vec<f32>, n: usize) -> Result<Vec<f32>> {
-    if v.len() != n {
-        return Err(NetworkError::InvalidInput(format!(
-            "the noise holds {} values; the latent has {n}",
-            v.len()
-        )));
-    }
-    if v.iter().any(|x| !x.is_finite()) {
-        return Err(NetworkError::InvalidInput("the noise holds NaN or infinite values".into()));
-    }
-    Ok(v)
-}
-
-fn clock_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 /// One CLIP tower's part of SD3's and SD-XL's prompt embedding.
