@@ -186,9 +186,8 @@ pub(super) fn block_forward<B: Backend>(
 #[allow(clippy::too_many_arguments)]
 pub(super) fn block_backward<B: Backend>(
     b: &B, c: &TransformerConfig, prec: Precision, l: usize, params: &Params<B>,
-    quantized: Option<&QuantParams<B>>, mut g: Option<&mut LayerParams<B>>,
-    mut lora: Option<&mut LoraState<B>>, lora_ctx: Option<LoraCtx>, arena: &mut Arena<B>,
-    (batch, seq): (usize, usize), aux_scales: (f32, f32),
+    quantized: Option<&QuantParams<B>>, mut g: Option<&mut LayerParams<B>>, lora: Option<&mut LoraState<B>>,
+    lora_ctx: Option<LoraCtx>, arena: &mut Arena<B>, (batch, seq): (usize, usize), aux_scales: (f32, f32),
 ) -> Result<()> {
     let (n, d, q, kv) = (batch * seq, c.d_model, c.q_dim(), c.kv_dim());
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
@@ -198,7 +197,7 @@ pub(super) fn block_backward<B: Backend>(
     let (p, a) = (&params.layers[l], &arena.layers[l]);
     let w = block_view(params, quantized, l)?;
     // The adapters of this block: weights, gradients (split by part), kept x A^T.
-    let (lw, mut lg, lt) = match lora.as_deref_mut() {
+    let (lw, mut lg, lt) = match lora {
         Some(st) => (Some(&st.weights.layers[l]), Some(st.grads.layers[l].as_mut()), Some(&arena.lora_t[l])),
         None => (None, None, None),
     };
