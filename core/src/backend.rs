@@ -97,64 +97,25 @@ pub trait Memory {
     }
 }
 
-/// Every primitive a model is written against: the sum of the op families, one trait each
-/// beside its reference math in [`crate::ops`]. Implemented for every type that implements
-/// all of them.
-pub trait Backend:
-    Memory
-    + ElementwiseOps
-    + L2normOps
-    + MatmulOps
-    + ActivationOps
-    + LossOps
-    + RmsnormOps
-    + RopeOps
-    + SoftmaxOps
-    + SwigluOps
-    + AttentionOps
-    + EmbeddingOps
-    + CrossEntropyOps
-    + MoeOps
-    + Q8Ops
-    + LoraOps
-    + ConvOps
-    + NormOps
-    + UnaryOps
-    + SdpaOps
-    + SpatialOps
-    + ModulationOps
-    + OptimOps
-{
+/// `Backend` and its blanket impl from one list of the families, so the two cannot drift.
+macro_rules! backend_of {
+    ($(#[$doc:meta])* $($family:ident),+ $(,)?) => {
+        $(#[$doc])*
+        pub trait Backend: $($family +)+ {}
+
+        impl<T: ?Sized $(+ $family)+> Backend for T {}
+    };
 }
 
-impl<
-        T: ?Sized
-            + Memory
-            + ElementwiseOps
-            + L2normOps
-            + MatmulOps
-            + ActivationOps
-            + LossOps
-            + RmsnormOps
-            + RopeOps
-            + SoftmaxOps
-            + SwigluOps
-            + AttentionOps
-            + EmbeddingOps
-            + CrossEntropyOps
-            + MoeOps
-            + Q8Ops
-            + LoraOps
-            + ConvOps
-            + NormOps
-            + UnaryOps
-            + SdpaOps
-            + SpatialOps
-            + ModulationOps
-            + OptimOps,
-    > Backend for T
-{
+backend_of! {
+    /// Every primitive a model is written against: the sum of the op families, one trait each
+    /// beside its reference math in [`crate::ops`]. Implemented for every type that implements
+    /// all of them.
+    Memory, ElementwiseOps, L2normOps, MatmulOps, ActivationOps, LossOps, RmsnormOps, RopeOps,
+    SoftmaxOps, SwigluOps, AttentionOps, EmbeddingOps, CrossEntropyOps, MoeOps, Q8Ops, LoraOps,
+    ConvOps, NormOps, UnaryOps, SdpaOps, SpatialOps, ModulationOps, OptimOps,
 }
+
 /// The global L2 norm over several buffers (gradient clipping): `sqrt(sum of sum(x^2))`.
 /// NaN/Inf anywhere gives a NaN/Inf norm, which the caller reports.
 pub fn global_l2_norm<B: Backend + ?Sized>(backend: &B, buffers: &[&B::Buffer]) -> Result<f64> {
