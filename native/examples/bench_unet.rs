@@ -96,7 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let profiled = Unet::new(Profiled::new(be), config.clone(), weights)?;
             let t = Instant::now();
             profiled.forward(&input)?;
-            breakdown = profiled.backend_ref().breakdown(1, t.elapsed().as_secs_f64(), false);
+            breakdown = profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false);
         }
     }
 

@@ -19,7 +19,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use rusting_brain_core::models::dit::{Dit as CoreDit, DitConfig, DitInput, DitKind};
-use rusting_brain_core::models::layers::Layout;
+use rusting_brain_core::models::image::blocks::Layout;
 
 use crate::backend::cpu::CpuBackend;
 use crate::image::encoders::Config;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use rusting_brain_core::backend::Unary;
 use rusting_brain_core::models::clip::{ClipText, ClipTextConfig, ClipTextOutput};
-use rusting_brain_core::models::layers::Layout;
+use rusting_brain_core::models::image::blocks::Layout;
 use rusting_brain_core::models::t5::{T5Config, T5Encoder as T5Model};
 use rusting_brain_core::models::transformer::TransformerModel;
 use serde_json::Value;

@@ -19,9 +19,11 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::backend::Unary;
-use crate::models::layers::{
-    conv, group_norm, resnet, spatial_attention, upsample2x, Image, Layout, Weights,
+use crate::models::image::blocks::{
+    layout_of, optional, upsample2x, Conv2d, FeatureMap, Layout, Loader, Norm, Resnet, Source,
+    SpatialAttention,
 };
+use crate::reference::ReferenceBackend;
 use crate::{Backend, CoreError, Result};
 
 /// The ResNets', attention's and output norms' epsilon: diffusers builds every VAE with 1e-6.
@@ -142,61 +144,7 @@ impl VaeConfig {
 
     /// Every tensor, under diffusers' names, in definition order.
     pub fn layout(&self) -> Layout {
-        let mut l = Layout::default();
-        let bo = &self.block_out_channels;
-        let (n, top) = (bo.len(), bo[bo.len() - 1]);
-        // Encoder
-        l.conv("encoder.conv_in", self.in_channels, bo[0], 3);
-        let mut c = bo[0];
-        for (i, &out) in bo.iter().enumerate() {
-            for j in 0..self.layers_per_block {
-                l.resnet(&format!("encoder.down_blocks.{i}.resnets.{j}"), c, out);
-                c = out;
-            }
-            if i + 1 < n {
-                l.conv(&format!("encoder.down_blocks.{i}.downsamplers.0.conv"), c, c, 3);
-            }
-        }
-        self.mid_layout(&mut l, "encoder", top);
-        l.norm("encoder.conv_norm_out", top);
-        l.conv("encoder.conv_out", top, 2 * self.latent_channels, 3);
-        if self.use_quant_conv {
-            l.conv("quant_conv", 2 * self.latent_channels, 2 * self.latent_channels, 1);
-        }
-        // Decoder
-        if self.use_post_quant_conv {
-            l.conv("post_quant_conv", self.latent_channels, self.latent_channels, 1);
-        }
-        let bo = &self.decoder_block_out_channels;
-        let top = bo[n - 1];
-        l.conv("decoder.conv_in", self.latent_channels, top, 3);
-        self.mid_layout(&mut l, "decoder", top);
-        let mut c = top;
-        for (i, &out) in bo.iter().rev().enumerate() {
-            for j in 0..=self.layers_per_block {
-                l.resnet(&format!("decoder.up_blocks.{i}.resnets.{j}"), c, out);
-                c = out;
-            }
-            if i + 1 < n {
-                l.conv(&format!("decoder.up_blocks.{i}.upsamplers.0.conv"), c, c, 3);
-            }
-        }
-        l.norm("decoder.conv_norm_out", bo[0]);
-        l.conv("decoder.conv_out", bo[0], self.out_channels, 3);
-        if let Some(bn) = self.latent_bn {
-            let c = self.latent_channels * bn.patch * bn.patch;
-            l.push("bn.running_mean".into(), alloc::vec![c]);
-            l.push("bn.running_var".into(), alloc::vec![c]);
-        }
-        l
-    }
-
-    fn mid_layout(&self, l: &mut Layout, part: &str, c: usize) {
-        l.resnet(&format!("{part}.mid_block.resnets.0"), c, c);
-        if self.mid_block_add_attention {
-            l.spatial_attention(&format!("{part}.mid_block.attentions.0"), c);
-        }
-        l.resnet(&format!("{part}.mid_block.resnets.1"), c, c);
+        layout_of(|l| Layers::<ReferenceBackend>::load(self, l))
     }
 }
 
@@ -232,24 +180,165 @@ impl LatentDist {
     }
 }
 
+/// The encoder's and decoder's mid block: two ResNets around a self-attention.
+struct MidBlock<B: Backend> {
+    resnet_0: Resnet<B>,
+    attention: Option<SpatialAttention<B>>,
+    resnet_1: Resnet<B>,
+}
+
+impl<B: Backend> MidBlock<B> {
+    fn load(s: &mut impl Source<B>, cfg: &VaeConfig, part: &str, c: usize) -> Result<Self> {
+        let p = format!("{part}.mid_block");
+        Ok(MidBlock {
+            resnet_0: Resnet::load(s, &format!("{p}.resnets.0"), c, c, None)?,
+            attention: optional(cfg.mid_block_add_attention, || {
+                SpatialAttention::load(s, &format!("{p}.attentions.0"), c)
+            })?,
+            resnet_1: Resnet::load(s, &format!("{p}.resnets.1"), c, c, None)?,
+        })
+    }
+
+    fn forward(&self, be: &B, cfg: &VaeConfig, x: &FeatureMap<B>) -> Result<FeatureMap<B>> {
+        let g = cfg.norm_num_groups;
+        let mut x = self.resnet_0.forward(be, x, None, g, EPS, cfg.act)?;
+        if let Some(a) = &self.attention {
+            x = a.forward(be, &x, g, EPS)?;
+        }
+        self.resnet_1.forward(be, &x, None, g, EPS, cfg.act)
+    }
+}
+
+/// A resolution of the encoder (`DownEncoderBlock2D`) or decoder (`UpDecoderBlock2D`):
+/// ResNets, then the change of size (a strided convolution down, nearest 2x and a
+/// convolution up) except at the last.
+struct Stage<B: Backend> {
+    resnets: Vec<Resnet<B>>,
+    resample: Option<Conv2d<B>>,
+}
+
+impl<B: Backend> Stage<B> {
+    fn forward(&self, be: &B, cfg: &VaeConfig, mut x: FeatureMap<B>, up: bool) -> Result<FeatureMap<B>> {
+        for r in &self.resnets {
+            x = r.forward(be, &x, None, cfg.norm_num_groups, EPS, cfg.act)?;
+        }
+        match (&self.resample, up) {
+            (Some(c), true) => c.forward(be, &upsample2x(be, &x)?),
+            (Some(c), false) => c.forward(be, &x),
+            (None, _) => Ok(x),
+        }
+    }
+}
+
+/// Every layer of an autoencoder.
+struct Layers<B: Backend> {
+    encoder_conv_in: Conv2d<B>,
+    down: Vec<Stage<B>>,
+    encoder_mid: MidBlock<B>,
+    encoder_norm_out: Norm<B>,
+    encoder_conv_out: Conv2d<B>,
+    quant_conv: Option<Conv2d<B>>,
+    post_quant_conv: Option<Conv2d<B>>,
+    decoder_conv_in: Conv2d<B>,
+    decoder_mid: MidBlock<B>,
+    up: Vec<Stage<B>>,
+    decoder_norm_out: Norm<B>,
+    decoder_conv_out: Conv2d<B>,
+    /// FLUX.2's `bn.running_mean` and `bn.running_var`.
+    latent_stats: Option<(B::Buffer, B::Buffer)>,
+}
+
+impl<B: Backend> Layers<B> {
+    fn load(cfg: &VaeConfig, s: &mut impl Source<B>) -> Result<Self> {
+        let (bo, n, l) = (&cfg.block_out_channels, cfg.block_out_channels.len(), cfg.latent_channels);
+        let encoder_conv_in = Conv2d::load(s, "encoder.conv_in", cfg.in_channels, bo[0], 3)?;
+        let mut down = Vec::with_capacity(n);
+        let mut c = bo[0];
+        for (i, &out) in bo.iter().enumerate() {
+            let p = format!("encoder.down_blocks.{i}");
+            let mut resnets = Vec::with_capacity(cfg.layers_per_block);
+            for j in 0..cfg.layers_per_block {
+                resnets.push(Resnet::load(s, &format!("{p}.resnets.{j}"), c, out, None)?);
+                c = out;
+            }
+            // F.pad(x, (0, 1, 0, 1)), then 3x3 with stride 2: exactly half the size.
+            let resample = optional(i + 1 < n, || {
+                Ok(Conv2d::load(s, &format!("{p}.downsamplers.0.conv"), c, c, 3)?.strided(2, 0, 1))
+            })?;
+            down.push(Stage { resnets, resample });
+        }
+        let top = bo[n - 1];
+        let encoder_mid = MidBlock::load(s, cfg, "encoder", top)?;
+        let encoder_norm_out = Norm::load(s, "encoder.conv_norm_out", top)?;
+        let encoder_conv_out = Conv2d::load(s, "encoder.conv_out", top, 2 * l, 3)?;
+        let quant_conv = optional(cfg.use_quant_conv, || Conv2d::load(s, "quant_conv", 2 * l, 2 * l, 1))?;
+        let post_quant_conv =
+            optional(cfg.use_post_quant_conv, || Conv2d::load(s, "post_quant_conv", l, l, 1))?;
+        let bo = &cfg.decoder_block_out_channels;
+        let top = bo[n - 1];
+        let decoder_conv_in = Conv2d::load(s, "decoder.conv_in", l, top, 3)?;
+        let decoder_mid = MidBlock::load(s, cfg, "decoder", top)?;
+        let mut up = Vec::with_capacity(n);
+        let mut c = top;
+        for (i, &out) in bo.iter().rev().enumerate() {
+            let p = format!("decoder.up_blocks.{i}");
+            let mut resnets = Vec::with_capacity(cfg.layers_per_block + 1);
+            for j in 0..=cfg.layers_per_block {
+                resnets.push(Resnet::load(s, &format!("{p}.resnets.{j}"), c, out, None)?);
+                c = out;
+            }
+            let resample =
+                optional(i + 1 < n, || Conv2d::load(s, &format!("{p}.upsamplers.0.conv"), c, c, 3))?;
+            up.push(Stage { resnets, resample });
+        }
+        let decoder_norm_out = Norm::load(s, "decoder.conv_norm_out", bo[0])?;
+        let decoder_conv_out = Conv2d::load(s, "decoder.conv_out", bo[0], cfg.out_channels, 3)?;
+        let latent_stats = match cfg.latent_bn {
+            Some(bn) => {
+                let c = l * bn.patch * bn.patch;
+                Some((s.f32("bn.running_mean".into(), &[c])?, s.f32("bn.running_var".into(), &[c])?))
+            }
+            None => None,
+        };
+        Ok(Layers {
+            encoder_conv_in,
+            down,
+            encoder_mid,
+            encoder_norm_out,
+            encoder_conv_out,
+            quant_conv,
+            post_quant_conv,
+            decoder_conv_in,
+            decoder_mid,
+            up,
+            decoder_norm_out,
+            decoder_conv_out,
+            latent_stats,
+        })
+    }
+}
+
 /// A variational autoencoder (diffusers' `AutoencoderKL`, and FLUX.2's) over backend `B`, with its weights.
 pub struct AutoencoderKl<B: Backend> {
     backend: B,
     config: VaeConfig,
-    weights: Weights<B>,
+    layers: Layers<B>,
+    weight_bytes: usize,
 }
 
 impl<B: Backend> AutoencoderKl<B> {
-    /// Bytes the weights hold (see [`Weights::bytes`]).
+    /// Bytes the weights hold: 4 a value.
     pub fn weight_bytes(&self) -> usize {
-        self.weights.bytes(&self.backend)
+        self.weight_bytes
     }
 
     /// The model over `weights` (every tensor of [`VaeConfig::layout`], nothing else).
     pub fn new(backend: B, config: VaeConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
         config.validate()?;
-        let weights = Weights::new(&backend, &config.layout(), weights)?;
-        Ok(AutoencoderKl { backend, config, weights })
+        let mut s = Loader::new(&backend, weights, BTreeMap::new());
+        let layers = Layers::load(&config, &mut s)?;
+        let weight_bytes = s.finish()?;
+        Ok(AutoencoderKl { backend, config, layers, weight_bytes })
     }
 
     /// The architecture.
@@ -261,26 +350,18 @@ impl<B: Backend> AutoencoderKl<B> {
         &self.backend
     }
 
-    fn image_in(&self, data: &[f32], batch: usize, channels: usize, h: usize, w: usize) -> Result<Image<B>> {
+    fn image_in(
+        &self, data: &[f32], batch: usize, channels: usize, h: usize, w: usize,
+    ) -> Result<FeatureMap<B>> {
         let want = crate::error::product("vae", &[batch, channels, h, w])?;
         crate::error::check_len("vae", "input", data.len(), want)?;
-        Ok(Image { data: self.backend.upload(data)?, batch, channels, h, w })
-    }
-
-    fn mid(&self, part: &str, x: &Image<B>) -> Result<Image<B>> {
-        let (be, w, g, act) = (&self.backend, &self.weights, self.config.norm_num_groups, self.config.act);
-        let c = x.channels;
-        let mut x = resnet(be, w, &format!("{part}.mid_block.resnets.0"), x, c, g, EPS, act)?;
-        if self.config.mid_block_add_attention {
-            x = spatial_attention(be, w, &format!("{part}.mid_block.attentions.0"), &x, g, EPS)?;
-        }
-        resnet(be, w, &format!("{part}.mid_block.resnets.1"), &x, c, g, EPS, act)
+        Ok(FeatureMap { data: self.backend.upload(data)?, batch, channels, h, w })
     }
 
     /// Encodes `image (batch, in_channels, h, w)`; `h` and `w` multiples of
     /// [`VaeConfig::downscale`].
     pub fn encode(&self, image: &[f32], batch: usize, h: usize, w: usize) -> Result<LatentDist> {
-        let cfg = &self.config;
+        let (cfg, be, m) = (&self.config, &self.backend, &self.layers);
         let f = cfg.downscale();
         if h == 0 || w == 0 || !h.is_multiple_of(f) || !w.is_multiple_of(f) {
             return Err(CoreError::InvalidDimension {
@@ -288,25 +369,16 @@ impl<B: Backend> AutoencoderKl<B> {
                 message: format!("the image is {h} x {w}; both sides must be positive multiples of {f}"),
             });
         }
-        let (be, wt, g, act) = (&self.backend, &self.weights, cfg.norm_num_groups, cfg.act);
-        let bo = &cfg.block_out_channels;
         let x = self.image_in(image, batch, cfg.in_channels, h, w)?;
-        let mut x = conv(be, wt, "encoder.conv_in", &x, bo[0], 3, 1, 1, 0)?;
-        for (i, &out) in bo.iter().enumerate() {
-            for j in 0..cfg.layers_per_block {
-                x = resnet(be, wt, &format!("encoder.down_blocks.{i}.resnets.{j}"), &x, out, g, EPS, act)?;
-            }
-            if i + 1 < bo.len() {
-                // F.pad(x, (0, 1, 0, 1)), then 3x3 with stride 2: exactly half the size.
-                let c = x.channels;
-                x = conv(be, wt, &format!("encoder.down_blocks.{i}.downsamplers.0.conv"), &x, c, 3, 2, 0, 1)?;
-            }
+        let mut x = m.encoder_conv_in.forward(be, &x)?;
+        for stage in &m.down {
+            x = stage.forward(be, cfg, x, false)?;
         }
-        let x = self.mid("encoder", &x)?;
-        let x = group_norm(be, wt, "encoder.conv_norm_out", &x, g, EPS, Some(act))?;
-        let mut x = conv(be, wt, "encoder.conv_out", &x, 2 * cfg.latent_channels, 3, 1, 1, 0)?;
-        if cfg.use_quant_conv {
-            x = conv(be, wt, "quant_conv", &x, 2 * cfg.latent_channels, 1, 1, 0, 0)?;
+        let x = m.encoder_mid.forward(be, cfg, &x)?;
+        let x = m.encoder_norm_out.group(be, &x, cfg.norm_num_groups, EPS, Some(cfg.act))?;
+        let mut x = m.encoder_conv_out.forward(be, &x)?;
+        if let Some(q) = &m.quant_conv {
+            x = q.forward(be, &x)?;
         }
         // Channels [0, L) are the mean, [L, 2L) the log-variance, per image.
         let moments = be.download(&x.data)?;
@@ -323,32 +395,24 @@ impl<B: Backend> AutoencoderKl<B> {
     /// Decodes `latent (batch, latent_channels, h, w)` to `(batch, out_channels, h * f, w * f)`,
     /// unclamped (a pipeline clamps to [-1, 1] when it writes pixels).
     pub fn decode(&self, latent: &[f32], batch: usize, h: usize, w: usize) -> Result<Vec<f32>> {
-        let cfg = &self.config;
+        let (cfg, be, m) = (&self.config, &self.backend, &self.layers);
         if h == 0 || w == 0 {
             return Err(CoreError::InvalidDimension {
                 op: "vae decode",
                 message: format!("the latent is {h} x {w}"),
             });
         }
-        let (be, wt, g, act) = (&self.backend, &self.weights, cfg.norm_num_groups, cfg.act);
-        let bo = &cfg.decoder_block_out_channels;
         let mut x = self.image_in(latent, batch, cfg.latent_channels, h, w)?;
-        if cfg.use_post_quant_conv {
-            x = conv(be, wt, "post_quant_conv", &x, cfg.latent_channels, 1, 1, 0, 0)?;
+        if let Some(q) = &m.post_quant_conv {
+            x = q.forward(be, &x)?;
         }
-        let x = conv(be, wt, "decoder.conv_in", &x, bo[bo.len() - 1], 3, 1, 1, 0)?;
-        let mut x = self.mid("decoder", &x)?;
-        for (i, &out) in bo.iter().rev().enumerate() {
-            for j in 0..=cfg.layers_per_block {
-                x = resnet(be, wt, &format!("decoder.up_blocks.{i}.resnets.{j}"), &x, out, g, EPS, act)?;
-            }
-            if i + 1 < bo.len() {
-                let up = upsample2x(be, &x)?;
-                x = conv(be, wt, &format!("decoder.up_blocks.{i}.upsamplers.0.conv"), &up, out, 3, 1, 1, 0)?;
-            }
+        let x = m.decoder_conv_in.forward(be, &x)?;
+        let mut x = m.decoder_mid.forward(be, cfg, &x)?;
+        for stage in &m.up {
+            x = stage.forward(be, cfg, x, true)?;
         }
-        let x = group_norm(be, wt, "decoder.conv_norm_out", &x, g, EPS, Some(act))?;
-        let x = conv(be, wt, "decoder.conv_out", &x, cfg.out_channels, 3, 1, 1, 0)?;
+        let x = m.decoder_norm_out.group(be, &x, cfg.norm_num_groups, EPS, Some(cfg.act))?;
+        let x = m.decoder_conv_out.forward(be, &x)?;
         be.download(&x.data)
     }
 }
@@ -356,8 +420,11 @@ impl<B: Backend> AutoencoderKl<B> {
 impl<B: Backend> AutoencoderKl<B> {
     /// The statistics of FLUX.2's patchified latents: `(mean, sqrt(var + eps))` per channel.
     fn latent_stats(&self, bn: LatentBatchNorm) -> Result<(Vec<f32>, Vec<f32>)> {
-        let mean = self.backend.download(self.weights.get("bn.running_mean")?)?;
-        let var = self.backend.download(self.weights.get("bn.running_var")?)?;
+        let (mean, var) = self.layers.latent_stats.as_ref().ok_or(CoreError::InvalidArgument {
+            op: "vae latents",
+            message: "this autoencoder has no latent statistics".into(),
+        })?;
+        let (mean, var) = (self.backend.download(mean)?, self.backend.download(var)?);
         let std = var.iter().map(|v| libm::sqrtf(v + bn.eps)).collect();
         Ok((mean, std))
     }

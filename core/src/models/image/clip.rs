@@ -17,7 +17,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::backend::{SdpaSpec, Unary};
-use crate::models::layers::{linear, Layout, Weights};
+use crate::models::image::blocks::{layout_of, unary, Layout, Linear, Loader, Norm, Source};
+use crate::reference::ReferenceBackend;
 use crate::{Backend, CoreError, Result};
 
 /// A CLIP text tower's shapes, from its `config.json`.
@@ -77,28 +78,7 @@ impl ClipTextConfig {
 
     /// Every tensor, under transformers' names.
     pub fn layout(&self) -> Layout {
-        let (h, i) = (self.hidden_size, self.intermediate_size);
-        let mut l = Layout::default();
-        l.push("text_model.embeddings.token_embedding.weight".into(), vec![self.vocab_size, h]);
-        l.push(
-            "text_model.embeddings.position_embedding.weight".into(),
-            vec![self.max_position_embeddings, h],
-        );
-        for n in 0..self.num_hidden_layers {
-            let p = format!("text_model.encoder.layers.{n}");
-            for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-                l.linear(&format!("{p}.self_attn.{proj}"), h, h);
-            }
-            l.norm(&format!("{p}.layer_norm1"), h);
-            l.linear(&format!("{p}.mlp.fc1"), h, i);
-            l.linear(&format!("{p}.mlp.fc2"), i, h);
-            l.norm(&format!("{p}.layer_norm2"), h);
-        }
-        l.norm("text_model.final_layer_norm", h);
-        if let Some(p) = self.projection_dim {
-            l.push("text_projection.weight".into(), vec![p, h]);
-        }
-        l
+        layout_of(|l| Layers::<ReferenceBackend>::load(self, l))
     }
 }
 
@@ -117,17 +97,70 @@ pub struct ClipTextOutput {
     pub text_embeds: Option<Vec<f32>>,
 }
 
+/// One encoder layer: pre-norm self-attention and MLP, each residual.
+struct EncoderLayer<B: Backend> {
+    q_proj: Linear<B>,
+    k_proj: Linear<B>,
+    v_proj: Linear<B>,
+    out_proj: Linear<B>,
+    layer_norm1: Norm<B>,
+    fc1: Linear<B>,
+    fc2: Linear<B>,
+    layer_norm2: Norm<B>,
+}
+
+/// Every layer of a CLIP text tower.
+struct Layers<B: Backend> {
+    token_embedding: B::Buffer,
+    position_embedding: B::Buffer,
+    layers: Vec<EncoderLayer<B>>,
+    final_layer_norm: Norm<B>,
+    text_projection: Option<Linear<B>>,
+}
+
+impl<B: Backend> Layers<B> {
+    fn load(cfg: &ClipTextConfig, s: &mut impl Source<B>) -> Result<Self> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let e = "text_model.embeddings";
+        let token_embedding = s.f32(format!("{e}.token_embedding.weight"), &[cfg.vocab_size, h])?;
+        let position_embedding =
+            s.f32(format!("{e}.position_embedding.weight"), &[cfg.max_position_embeddings, h])?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for n in 0..cfg.num_hidden_layers {
+            let p = format!("text_model.encoder.layers.{n}");
+            layers.push(EncoderLayer {
+                q_proj: Linear::load(s, &format!("{p}.self_attn.q_proj"), h, h, true)?,
+                k_proj: Linear::load(s, &format!("{p}.self_attn.k_proj"), h, h, true)?,
+                v_proj: Linear::load(s, &format!("{p}.self_attn.v_proj"), h, h, true)?,
+                out_proj: Linear::load(s, &format!("{p}.self_attn.out_proj"), h, h, true)?,
+                layer_norm1: Norm::load(s, &format!("{p}.layer_norm1"), h)?,
+                fc1: Linear::load(s, &format!("{p}.mlp.fc1"), h, i, true)?,
+                fc2: Linear::load(s, &format!("{p}.mlp.fc2"), i, h, true)?,
+                layer_norm2: Norm::load(s, &format!("{p}.layer_norm2"), h)?,
+            });
+        }
+        let final_layer_norm = Norm::load(s, "text_model.final_layer_norm", h)?;
+        let text_projection = match cfg.projection_dim {
+            Some(p) => Some(Linear::load(s, "text_projection", h, p, false)?),
+            None => None,
+        };
+        Ok(Layers { token_embedding, position_embedding, layers, final_layer_norm, text_projection })
+    }
+}
+
 /// A CLIP text encoder over backend `B`, with its weights.
 pub struct ClipText<B: Backend> {
     backend: B,
     config: ClipTextConfig,
-    weights: Weights<B>,
+    layers: Layers<B>,
+    weight_bytes: usize,
 }
 
 impl<B: Backend> ClipText<B> {
-    /// Bytes the weights hold (see [`Weights::bytes`]).
+    /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the scales
+    /// for int8 matrices.
     pub fn weight_bytes(&self) -> usize {
-        self.weights.bytes(&self.backend)
+        self.weight_bytes
     }
 
     /// The encoder from its weights by transformers' names, each checked against the configuration.
@@ -141,22 +174,15 @@ impl<B: Backend> ClipText<B> {
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
     ) -> Result<Self> {
         config.validate()?;
-        let weights = Weights::with_q8(&backend, &config.layout(), weights, q8)?;
-        Ok(ClipText { backend, config, weights })
+        let mut s = Loader::new(&backend, weights, q8);
+        let layers = Layers::load(&config, &mut s)?;
+        let weight_bytes = s.finish()?;
+        Ok(ClipText { backend, config, layers, weight_bytes })
     }
 
     /// The architecture.
     pub fn config(&self) -> &ClipTextConfig {
         &self.config
-    }
-
-    fn layer_norm(&self, prefix: &str, x: &B::Buffer, rows: usize) -> Result<B::Buffer> {
-        let (be, h) = (&self.backend, self.config.hidden_size);
-        let mut y = be.zeros(rows * h)?;
-        let (w, b) =
-            (self.weights.get(&format!("{prefix}.weight"))?, self.weights.get(&format!("{prefix}.bias"))?);
-        be.layer_norm(&mut y, x, Some(w), Some(b), rows, h, self.config.layer_norm_eps)?;
-        Ok(y)
     }
 
     /// The final LayerNorm over `(rows, hidden)` states (SD 2.x's penultimate-layer prompts).
@@ -168,16 +194,16 @@ impl<B: Backend> ClipText<B> {
                 message: format!("{} values are not rows of {h}", states.len()),
             });
         }
-        let x = self.backend.upload(states)?;
-        let y = self.layer_norm("text_model.final_layer_norm", &x, states.len() / h)?;
-        self.backend.download(&y)
+        let (be, eps) = (&self.backend, self.config.layer_norm_eps);
+        let y = self.layers.final_layer_norm.layer(be, &be.upload(states)?, states.len() / h, eps)?;
+        be.download(&y)
     }
 
     /// Encodes `ids (batch, seq)`; `mask (batch, seq)`, when given, hides padding keys (the
     /// causal mask applies either way). `seq` is at most `max_position_embeddings`.
     pub fn forward(&self, ids: &[u32], batch: usize, mask: Option<&[bool]>) -> Result<ClipTextOutput> {
         let cfg = &self.config;
-        let (be, w) = (&self.backend, &self.weights);
+        let (be, m, eps) = (&self.backend, &self.layers, cfg.layer_norm_eps);
         let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
         if batch == 0 || ids.is_empty() || !ids.len().is_multiple_of(batch) {
             return Err(CoreError::InvalidDimension {
@@ -201,38 +227,30 @@ impl<B: Backend> ClipText<B> {
         let rows = batch * seq;
         // Embeddings: token rows plus position rows 0..seq.
         let mut x = be.zeros(rows * h)?;
-        let tok = w.get("text_model.embeddings.token_embedding.weight")?;
-        be.embedding_forward(&mut x, tok, ids, cfg.vocab_size, h)?;
+        be.embedding_forward(&mut x, &m.token_embedding, ids, cfg.vocab_size, h)?;
         let positions: Vec<u32> = (0..rows).map(|r| (r % seq) as u32).collect();
         let mut pos = be.zeros(rows * h)?;
-        let pos_table = w.get("text_model.embeddings.position_embedding.weight")?;
-        be.embedding_forward(&mut pos, pos_table, &positions, cfg.max_position_embeddings, h)?;
+        be.embedding_forward(&mut pos, &m.position_embedding, &positions, cfg.max_position_embeddings, h)?;
         be.axpy(&mut x, 1.0, &pos)?;
 
         let mut hidden_states = vec![be.download(&x)?];
         let spec = SdpaSpec::new(batch, seq, heads, h / heads).causal(true);
-        for n in 0..cfg.num_hidden_layers {
-            let p = format!("text_model.encoder.layers.{n}");
+        for layer in &m.layers {
             // x += out_proj(attention(ln1(x)))
-            let normed = self.layer_norm(&format!("{p}.layer_norm1"), &x, rows)?;
-            let q = linear(be, w, &format!("{p}.self_attn.q_proj"), &normed, rows, h, h)?;
-            let k = linear(be, w, &format!("{p}.self_attn.k_proj"), &normed, rows, h, h)?;
-            let v = linear(be, w, &format!("{p}.self_attn.v_proj"), &normed, rows, h, h)?;
+            let normed = layer.layer_norm1.layer(be, &x, rows, eps)?;
+            let q = layer.q_proj.forward(be, &normed, rows)?;
+            let k = layer.k_proj.forward(be, &normed, rows)?;
+            let v = layer.v_proj.forward(be, &normed, rows)?;
             let mut att = be.zeros(rows * h)?;
             be.sdpa(&mut att, &q, &k, &v, mask, None, &spec)?;
-            let o = linear(be, w, &format!("{p}.self_attn.out_proj"), &att, rows, h, h)?;
-            be.axpy(&mut x, 1.0, &o)?;
+            be.axpy(&mut x, 1.0, &layer.out_proj.forward(be, &att, rows)?)?;
             // x += fc2(act(fc1(ln2(x))))
-            let normed = self.layer_norm(&format!("{p}.layer_norm2"), &x, rows)?;
-            let i = cfg.intermediate_size;
-            let up = linear(be, w, &format!("{p}.mlp.fc1"), &normed, rows, h, i)?;
-            let mut act = be.zeros(rows * i)?;
-            be.unary(cfg.hidden_act, &mut act, &up)?;
-            let down = linear(be, w, &format!("{p}.mlp.fc2"), &act, rows, i, h)?;
-            be.axpy(&mut x, 1.0, &down)?;
+            let normed = layer.layer_norm2.layer(be, &x, rows, eps)?;
+            let act = unary(be, cfg.hidden_act, &layer.fc1.forward(be, &normed, rows)?)?;
+            be.axpy(&mut x, 1.0, &layer.fc2.forward(be, &act, rows)?)?;
             hidden_states.push(be.download(&x)?);
         }
-        let last = self.layer_norm("text_model.final_layer_norm", &x, rows)?;
+        let last = m.final_layer_norm.layer(be, &x, rows, eps)?;
         let last_hidden_state = be.download(&last)?;
 
         // The end-of-text position of each row.
@@ -254,13 +272,8 @@ impl<B: Backend> ClipText<B> {
             let r = b * seq + at;
             pooled.extend_from_slice(&last_hidden_state[r * h..(r + 1) * h]);
         }
-        let text_embeds = match cfg.projection_dim {
-            Some(p) => {
-                let mut y = be.zeros(batch * p)?;
-                let x = be.upload(&pooled)?;
-                w.project(be, "text_projection.weight", &mut y, &x, batch, h, p)?;
-                Some(be.download(&y)?)
-            }
+        let text_embeds = match &m.text_projection {
+            Some(proj) => Some(be.download(&proj.forward(be, &be.upload(&pooled)?, batch)?)?),
             None => None,
         };
         Ok(ClipTextOutput { last_hidden_state, hidden_states, pooled, text_embeds })

@@ -14,7 +14,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::backend::{SdpaSpec, Unary};
-use crate::models::layers::{Layout, Weights};
+use crate::models::image::blocks::{layout_of, Layout, Linear, Loader, Norm, Source};
+use crate::reference::ReferenceBackend;
 use crate::{Backend, CoreError, Result};
 
 /// A T5 encoder's shapes (v1.1: gated GELU), from its `config.json`.
@@ -77,29 +78,7 @@ impl T5Config {
 
     /// Every tensor, under transformers' names (`shared.weight` is the embedding).
     pub fn layout(&self) -> Layout {
-        let (d, inner, ff) = (self.d_model, self.inner(), self.d_ff);
-        let mut l = Layout::default();
-        l.push("shared.weight".into(), vec![self.vocab_size, d]);
-        for n in 0..self.num_layers {
-            let p = format!("encoder.block.{n}.layer");
-            for proj in ["q", "k", "v"] {
-                l.push(format!("{p}.0.SelfAttention.{proj}.weight"), vec![inner, d]);
-            }
-            l.push(format!("{p}.0.SelfAttention.o.weight"), vec![d, inner]);
-            if n == 0 {
-                l.push(
-                    format!("{p}.0.SelfAttention.relative_attention_bias.weight"),
-                    vec![self.relative_attention_num_buckets, self.num_heads],
-                );
-            }
-            l.push(format!("{p}.0.layer_norm.weight"), vec![d]);
-            l.push(format!("{p}.1.DenseReluDense.wi_0.weight"), vec![ff, d]);
-            l.push(format!("{p}.1.DenseReluDense.wi_1.weight"), vec![ff, d]);
-            l.push(format!("{p}.1.DenseReluDense.wo.weight"), vec![d, ff]);
-            l.push(format!("{p}.1.layer_norm.weight"), vec![d]);
-        }
-        l.push("encoder.final_layer_norm.weight".into(), vec![d]);
-        l
+        layout_of(|l| Layers::<ReferenceBackend>::load(self, l))
     }
 
     /// The bucket of key `k` seen from query `q` (transformers' bidirectional
@@ -121,17 +100,76 @@ impl T5Config {
     }
 }
 
+/// One encoder block: pre-norm self-attention and gated-GELU feed-forward, each residual.
+struct Block<B: Backend> {
+    q: Linear<B>,
+    k: Linear<B>,
+    v: Linear<B>,
+    o: Linear<B>,
+    attention_norm: Norm<B>,
+    wi_0: Linear<B>,
+    wi_1: Linear<B>,
+    wo: Linear<B>,
+    ff_norm: Norm<B>,
+}
+
+/// Every layer of a T5 encoder.
+struct Layers<B: Backend> {
+    shared: B::Buffer,
+    /// Block 0's relative-position bias table `(buckets, heads)`, shared by every block
+    /// (absent without blocks).
+    relative_attention_bias: Option<B::Buffer>,
+    blocks: Vec<Block<B>>,
+    final_layer_norm: Norm<B>,
+}
+
+impl<B: Backend> Layers<B> {
+    fn load(cfg: &T5Config, s: &mut impl Source<B>) -> Result<Self> {
+        let (d, inner, ff) = (cfg.d_model, cfg.inner(), cfg.d_ff);
+        let shared = s.f32("shared.weight".into(), &[cfg.vocab_size, d])?;
+        let mut relative_attention_bias = None;
+        let mut blocks = Vec::with_capacity(cfg.num_layers);
+        for n in 0..cfg.num_layers {
+            let (a, f) = (format!("encoder.block.{n}.layer.0"), format!("encoder.block.{n}.layer.1"));
+            let q = Linear::load(s, &format!("{a}.SelfAttention.q"), d, inner, false)?;
+            let k = Linear::load(s, &format!("{a}.SelfAttention.k"), d, inner, false)?;
+            let v = Linear::load(s, &format!("{a}.SelfAttention.v"), d, inner, false)?;
+            let o = Linear::load(s, &format!("{a}.SelfAttention.o"), inner, d, false)?;
+            if n == 0 {
+                let shape = [cfg.relative_attention_num_buckets, cfg.num_heads];
+                relative_attention_bias =
+                    Some(s.f32(format!("{a}.SelfAttention.relative_attention_bias.weight"), &shape)?);
+            }
+            blocks.push(Block {
+                q,
+                k,
+                v,
+                o,
+                attention_norm: Norm::load_weight(s, &format!("{a}.layer_norm"), d)?,
+                wi_0: Linear::load(s, &format!("{f}.DenseReluDense.wi_0"), d, ff, false)?,
+                wi_1: Linear::load(s, &format!("{f}.DenseReluDense.wi_1"), d, ff, false)?,
+                wo: Linear::load(s, &format!("{f}.DenseReluDense.wo"), ff, d, false)?,
+                ff_norm: Norm::load_weight(s, &format!("{f}.layer_norm"), d)?,
+            });
+        }
+        let final_layer_norm = Norm::load_weight(s, "encoder.final_layer_norm", d)?;
+        Ok(Layers { shared, relative_attention_bias, blocks, final_layer_norm })
+    }
+}
+
 /// A T5 encoder over backend `B`, with its weights.
 pub struct T5Encoder<B: Backend> {
     backend: B,
     config: T5Config,
-    weights: Weights<B>,
+    layers: Layers<B>,
+    weight_bytes: usize,
 }
 
 impl<B: Backend> T5Encoder<B> {
-    /// Bytes the weights hold (see [`Weights::bytes`]).
+    /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the scales
+    /// for int8 matrices.
     pub fn weight_bytes(&self) -> usize {
-        self.weights.bytes(&self.backend)
+        self.weight_bytes
     }
 
     /// The encoder from its weights by transformers' names, each checked against the configuration.
@@ -139,14 +177,16 @@ impl<B: Backend> T5Encoder<B> {
         T5Encoder::with_q8(backend, config, weights, BTreeMap::new())
     }
 
-    /// [`T5Encoder::new`] with the projection matrices in `q8` as int8.
+    /// [`T5Encoder::new`] with the matrices in `q8` held as int8.
     pub fn with_q8(
         backend: B, config: T5Config, weights: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
     ) -> Result<Self> {
         config.validate()?;
-        let weights = Weights::with_q8(&backend, &config.layout(), weights, q8)?;
-        Ok(T5Encoder { backend, config, weights })
+        let mut s = Loader::new(&backend, weights, q8);
+        let layers = Layers::load(&config, &mut s)?;
+        let weight_bytes = s.finish()?;
+        Ok(T5Encoder { backend, config, layers, weight_bytes })
     }
 
     /// The architecture.
@@ -154,34 +194,10 @@ impl<B: Backend> T5Encoder<B> {
         &self.config
     }
 
-    /// `x W^T` for the bias-free projection `name`, weight `(dout, din)`.
-    fn project(&self, name: &str, x: &B::Buffer, rows: usize, din: usize, dout: usize) -> Result<B::Buffer> {
-        let mut y = self.backend.zeros(rows * dout)?;
-        self.weights.project(&self.backend, name, &mut y, x, rows, din, dout)?;
-        Ok(y)
-    }
-
-    fn norm(&self, name: &str, x: &B::Buffer, rows: usize) -> Result<B::Buffer> {
-        let (be, d) = (&self.backend, self.config.d_model);
-        let (mut y, mut rstd) = (be.zeros(rows * d)?, be.zeros(rows)?);
-        be.rmsnorm_forward(
-            &mut y,
-            &mut rstd,
-            x,
-            self.weights.get(name)?,
-            rows,
-            d,
-            self.config.layer_norm_epsilon,
-        )?;
-        Ok(y)
-    }
-
-    /// The `(heads, seq, seq)` position bias of block 0's table.
-    fn position_bias(&self, seq: usize) -> Result<B::Buffer> {
+    /// The attention bias `(heads, seq, seq)` every block adds, from block 0's table.
+    fn position_bias(&self, table: &B::Buffer, seq: usize) -> Result<B::Buffer> {
         let cfg = &self.config;
-        let table = self.backend.download(
-            self.weights.get("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")?,
-        )?;
+        let table = self.backend.download(table)?;
         let mut bias = vec![0.0f32; cfg.num_heads * seq * seq];
         for q in 0..seq {
             for k in 0..seq {
@@ -210,29 +226,27 @@ impl<B: Backend> T5Encoder<B> {
         }
         let (seq, d, inner, ff) = (ids.len() / batch, cfg.d_model, cfg.inner(), cfg.d_ff);
         let rows = batch * seq;
+        let (m, eps) = (&self.layers, cfg.layer_norm_epsilon);
         let mut x = be.zeros(rows * d)?;
-        be.embedding_forward(&mut x, self.weights.get("shared.weight")?, ids, cfg.vocab_size, d)?;
-        let bias = self.position_bias(seq)?;
+        be.embedding_forward(&mut x, &m.shared, ids, cfg.vocab_size, d)?;
         let spec = SdpaSpec::new(batch, seq, cfg.num_heads, cfg.d_kv).scale(1.0);
-        for n in 0..cfg.num_layers {
-            let p = format!("encoder.block.{n}.layer");
-            let h = self.norm(&format!("{p}.0.layer_norm.weight"), &x, rows)?;
-            let q = self.project(&format!("{p}.0.SelfAttention.q.weight"), &h, rows, d, inner)?;
-            let k = self.project(&format!("{p}.0.SelfAttention.k.weight"), &h, rows, d, inner)?;
-            let v = self.project(&format!("{p}.0.SelfAttention.v.weight"), &h, rows, d, inner)?;
-            let mut att = be.zeros(rows * inner)?;
-            be.sdpa(&mut att, &q, &k, &v, mask, Some(&bias), &spec)?;
-            let o = self.project(&format!("{p}.0.SelfAttention.o.weight"), &att, rows, inner, d)?;
-            be.axpy(&mut x, 1.0, &o)?;
-            let h = self.norm(&format!("{p}.1.layer_norm.weight"), &x, rows)?;
-            let gate = self.project(&format!("{p}.1.DenseReluDense.wi_0.weight"), &h, rows, d, ff)?;
-            let up = self.project(&format!("{p}.1.DenseReluDense.wi_1.weight"), &h, rows, d, ff)?;
-            let mut act = be.zeros(rows * ff)?;
-            be.gated(cfg.act, &mut act, &gate, &up)?;
-            let down = self.project(&format!("{p}.1.DenseReluDense.wo.weight"), &act, rows, ff, d)?;
-            be.axpy(&mut x, 1.0, &down)?;
+        if let Some(table) = &m.relative_attention_bias {
+            let bias = self.position_bias(table, seq)?;
+            for b in &m.blocks {
+                let h = b.attention_norm.rms(be, &x, rows, eps)?;
+                let (q, k, v) =
+                    (b.q.forward(be, &h, rows)?, b.k.forward(be, &h, rows)?, b.v.forward(be, &h, rows)?);
+                let mut att = be.zeros(rows * inner)?;
+                be.sdpa(&mut att, &q, &k, &v, mask, Some(&bias), &spec)?;
+                be.axpy(&mut x, 1.0, &b.o.forward(be, &att, rows)?)?;
+                let h = b.ff_norm.rms(be, &x, rows, eps)?;
+                let (gate, up) = (b.wi_0.forward(be, &h, rows)?, b.wi_1.forward(be, &h, rows)?);
+                let mut act = be.zeros(rows * ff)?;
+                be.gated(cfg.act, &mut act, &gate, &up)?;
+                be.axpy(&mut x, 1.0, &b.wo.forward(be, &act, rows)?)?;
+            }
         }
-        let out = self.norm("encoder.final_layer_norm.weight", &x, rows)?;
+        let out = m.final_layer_norm.rms(be, &x, rows, eps)?;
         be.download(&out)
     }
 }
