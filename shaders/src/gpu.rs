@@ -1,5 +1,6 @@
 //! The device, its buffers and the compiled kernels: everything created once.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 
 use wgpu::util::DeviceExt;
 
-use crate::{Kernel, ShaderError};
+use crate::ShaderError;
 
 /// Which adapter to ask for.
 #[derive(Debug, Clone, Default)]
@@ -97,8 +98,8 @@ pub struct Gpu {
     pub(crate) queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
-    /// One per kernel; `None` for subgroup kernels on adapters without subgroups.
-    pub(crate) pipelines: Vec<Option<wgpu::ComputePipeline>>,
+    /// Every kernel's, by name; none for the subgroup kernels where subgroups are not used.
+    pub(crate) pipelines: HashMap<&'static str, wgpu::ComputePipeline>,
     /// Whether the subgroup variants are in use.
     pub(crate) subgroups: bool,
     /// Errors the device reported outside any scope (validation, out of memory, lost).
@@ -210,24 +211,22 @@ impl Gpu {
             sink.lock().unwrap_or_else(|p| p.into_inner()).push(describe(&e));
         }));
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let pipelines = Kernel::ALL
-            .iter()
+        let pipelines = crate::ops::kernels()
+            .filter(|k| subgroups || !k.needs_subgroups)
             .map(|k| {
-                if k.needs_subgroups() && !subgroups {
-                    return None;
-                }
                 let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(k.name()),
-                    source: wgpu::ShaderSource::Wgsl(k.source().into()),
+                    label: Some(k.name),
+                    source: wgpu::ShaderSource::Wgsl(k.source.into()),
                 });
-                Some(device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(k.name()),
+                let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(k.name),
                     layout: None,
                     module: &module,
                     entry_point: Some("main"),
                     compilation_options: Default::default(),
                     cache: None,
-                }))
+                });
+                (k.name, pipeline)
             })
             .collect();
         if let Some(e) = scope.pop().await {

@@ -8,6 +8,13 @@ use rusting_brain_core::backend::AttentionOps;
 use rusting_brain_core::backend::AttentionSpec;
 use rusting_brain_core::Result;
 
+const ATTENTION: Kernel = kernel!("attention", prelude "attention", "reduce");
+const ATTENTION_BACKWARD_Q: Kernel = kernel!("attention_backward_q", prelude "attention");
+const ATTENTION_BACKWARD_KV: Kernel = kernel!("attention_backward_kv", prelude "attention");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[ATTENTION, ATTENTION_BACKWARD_Q, ATTENTION_BACKWARD_KV];
+
 /// The largest head size the backward kernels hold in registers (four values a thread).
 pub const MAX_HEAD_DIM: usize = 4 * WG;
 
@@ -60,16 +67,11 @@ impl Batch<'_> {
         }
         let p = attention_params(spec)?;
         if nl > 0 {
-            self.dispatch(Kernel::AttentionBackwardQ, &p, &[q, k, v, out, dout, lse, dq, delta], grid(nl))?;
+            self.dispatch(&ATTENTION_BACKWARD_Q, &p, &[q, k, v, out, dout, lse, dq, delta], grid(nl))?;
         }
         let kv_rows = spec.batch * spec.kv_capacity * spec.kv_heads;
         if kv_rows > 0 {
-            self.dispatch(
-                Kernel::AttentionBackwardKv,
-                &p,
-                &[q, k, v, dout, lse, delta, dk, dv],
-                grid(kv_rows),
-            )?;
+            self.dispatch(&ATTENTION_BACKWARD_KV, &p, &[q, k, v, dout, lse, delta, dk, dv], grid(kv_rows))?;
         }
         Ok(())
     }
@@ -93,7 +95,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = attention_params(spec)?;
-        self.dispatch(Kernel::Attention, &p, &[q, k, v, out, lse, scratch], grid(nl))?;
+        self.dispatch(&ATTENTION, &p, &[q, k, v, out, lse, scratch], grid(nl))?;
         Ok(())
     }
 }

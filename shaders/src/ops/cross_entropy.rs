@@ -9,6 +9,11 @@ use rusting_brain_core::backend::CrossEntropyOps;
 use rusting_brain_core::backend::CrossEntropySum;
 use rusting_brain_core::Result;
 
+const CROSS_ENTROPY: Kernel = kernel!("cross_entropy", prelude "reduce");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[CROSS_ENTROPY];
+
 /// The target word of a row that is not counted (masked out).
 pub const NOT_COUNTED: u32 = u32::MAX;
 
@@ -31,7 +36,7 @@ impl Batch<'_> {
             grad_scale.is_some() as u32,
             grad_scale.unwrap_or(0.0).to_bits(),
         ];
-        self.dispatch(Kernel::CrossEntropy, &p, &[targets, logits, loss], grid(rows))?;
+        self.dispatch(&CROSS_ENTROPY, &p, &[targets, logits, loss], grid(rows))?;
         Ok(())
     }
 }

@@ -4,6 +4,14 @@
 
 use super::*;
 
+const DENSE: Kernel = kernel!("dense");
+const OPTIM: Kernel = kernel!("optim");
+const MATMUL: Kernel = kernel!("matmul");
+const MATMUL_TILED: Kernel = kernel!("matmul_tiled");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[DENSE, OPTIM, MATMUL, MATMUL_TILED];
+
 /// Output columns from which the f32 product takes the register-tiled kernel.
 pub const TILED_MATMUL: usize = 16;
 
@@ -25,7 +33,7 @@ impl Batch<'_> {
         let spare = &self.gpu.spare[0];
         let [x0, x1, x2] = x.map(|b| b.unwrap_or(spare));
         let p = [op.index(), u(rows, "rows")?, u(cols, "cols")?, code, alpha.to_bits(), inv.to_bits()];
-        self.dispatch(Kernel::Dense, &p, &[x0, x1, x2, y], grid(invocations.div_ceil(WG)))?;
+        self.dispatch(&DENSE, &p, &[x0, x1, x2, y], grid(invocations.div_ceil(WG)))?;
         Ok(())
     }
 
@@ -43,7 +51,7 @@ impl Batch<'_> {
         }
         let m = m.unwrap_or(&self.gpu.spare[0]);
         let v = v.unwrap_or(&self.gpu.spare[1]);
-        self.dispatch(Kernel::Optim, words, &[param, grad, m, v], grid(len.div_ceil(WG)))?;
+        self.dispatch(&OPTIM, words, &[param, grad, m, v], grid(len.div_ceil(WG)))?;
         Ok(())
     }
 
@@ -89,13 +97,13 @@ impl Batch<'_> {
         if n >= TILED_MATMUL {
             // 4 x 4 outputs an invocation, 32 x 32 a workgroup.
             self.dispatch3(
-                Kernel::MatmulTiled,
+                &MATMUL_TILED,
                 &p,
                 &[a, b, c],
                 (n.div_ceil(32) as u32, m.div_ceil(32) as u32, batch as u32),
             )?;
         } else {
-            self.dispatch3(Kernel::Matmul, &p, &[a, b, c], (gx as u32, gy as u32, batch as u32))?;
+            self.dispatch3(&MATMUL, &p, &[a, b, c], (gx as u32, gy as u32, batch as u32))?;
         }
         Ok(())
     }

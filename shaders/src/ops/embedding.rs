@@ -8,6 +8,12 @@ use crate::GpuBuffer;
 use rusting_brain_core::backend::EmbeddingOps;
 use rusting_brain_core::Result;
 
+const EMBEDDING: Kernel = kernel!("embedding");
+const EMBEDDING_BACKWARD: Kernel = kernel!("embedding_backward");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[EMBEDDING, EMBEDDING_BACKWARD];
+
 impl Batch<'_> {
     /// `out[r] = table[ids[r]]`, rows of `dim`; ids must be in range (checked by the caller).
     pub fn embedding(
@@ -19,7 +25,7 @@ impl Batch<'_> {
             return Ok(());
         }
         self.dispatch(
-            Kernel::Embedding,
+            &EMBEDDING,
             &[u(rows, "rows")?, u(dim, "dim")?],
             &[ids, table, out],
             grid((rows * dim).div_ceil(WG)),
@@ -37,7 +43,7 @@ impl Batch<'_> {
             return Ok(());
         }
         self.dispatch(
-            Kernel::EmbeddingBackward,
+            &EMBEDDING_BACKWARD,
             &[u(n_ids, "ids")?, u(dim, "dim")?],
             &[groups, dout, dtable],
             grid((n_ids * dim).div_ceil(WG)),

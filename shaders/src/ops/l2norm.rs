@@ -7,6 +7,11 @@ use crate::GpuBuffer;
 use rusting_brain_core::backend::L2normOps;
 use rusting_brain_core::Result;
 
+const SUM_OF_SQUARES: Kernel = kernel!("sum_of_squares");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[SUM_OF_SQUARES];
+
 /// Values each workgroup of `sum_of_squares.wgsl` sums.
 pub const SUM_OF_SQUARES_CHUNK: usize = 4096;
 
@@ -21,7 +26,7 @@ impl Batch<'_> {
         need("sum_of_squares", "partials", partials, offset + groups)?;
         if groups > 0 {
             self.dispatch(
-                Kernel::SumOfSquares,
+                &SUM_OF_SQUARES,
                 &[u(len, "len")?, u(offset, "offset")?],
                 &[x, partials],
                 grid(groups),

@@ -9,6 +9,11 @@ use rusting_brain_core::backend::LoraOps;
 use rusting_brain_core::backend::Precision;
 use rusting_brain_core::Result;
 
+const LORA: Kernel = kernel!("lora");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[LORA];
+
 /// The largest rank `lora.wgsl` holds in its workgroup memory.
 pub const LORA_MAX_RANK: usize = 32;
 
@@ -33,7 +38,7 @@ impl Batch<'_> {
             return Ok(());
         }
         self.dispatch(
-            Kernel::Lora,
+            &LORA,
             &[
                 u(s.rows, "rows")?,
                 u(s.d_in, "d_in")?,

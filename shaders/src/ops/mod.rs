@@ -7,7 +7,56 @@ use std::sync::atomic::Ordering;
 
 use rusting_brain_core::ops::q8::packed_cols;
 
-use crate::{Gpu, GpuBuffer, Kernel, ShaderError};
+use crate::{Gpu, GpuBuffer, ShaderError};
+
+/// One WGSL kernel: defined as a constant in the family file that dispatches it, listed in
+/// that file's `KERNELS`, gathered here in [`KERNELS`]. Its pipeline is built when the
+/// [`Gpu`] opens and found by name.
+#[derive(Clone, Copy)]
+pub(crate) struct Kernel {
+    /// The file's stem under `wgsl/`: the pipeline's key and the label in GPU tools.
+    pub(crate) name: &'static str,
+    /// The WGSL source, preludes included.
+    pub(crate) source: &'static str,
+    /// Uses subgroup operations: built only on adapters that have them.
+    pub(crate) needs_subgroups: bool,
+    /// The variant with subgroup operations, dispatched in this one's place where the
+    /// device uses subgroups.
+    pub(crate) subgroup_twin: Option<&'static Kernel>,
+}
+
+impl Kernel {
+    /// A kernel without subgroups or a twin (see [`kernel!`]).
+    pub(crate) const fn new(name: &'static str, source: &'static str) -> Kernel {
+        Kernel { name, source, needs_subgroups: false, subgroup_twin: None }
+    }
+
+    /// This kernel, marked as using subgroup operations.
+    pub(crate) const fn with_subgroups(self) -> Kernel {
+        Kernel { needs_subgroups: true, ..self }
+    }
+
+    /// This kernel, dispatched as `twin` (a subgroup kernel) where the device has subgroups.
+    pub(crate) const fn with_subgroup_twin(self, twin: &'static Kernel) -> Kernel {
+        assert!(twin.needs_subgroups, "a subgroup twin uses subgroups");
+        Kernel { subgroup_twin: Some(twin), ..self }
+    }
+}
+
+/// The [`Kernel`] of `wgsl/<name>.wgsl`, after the named files of `wgsl/prelude/` if any:
+/// `kernel!("cross_entropy", prelude "reduce")`. The name is written once: it finds the file
+/// and names the pipeline.
+macro_rules! kernel {
+    ($name:literal $(, prelude $($prelude:literal),+)?) => {
+        $crate::ops::Kernel::new(
+            $name,
+            concat!(
+                $($(include_str!(concat!("../wgsl/prelude/", $prelude, ".wgsl")),)+)?
+                include_str!(concat!("../wgsl/", $name, ".wgsl"))
+            ),
+        )
+    };
+}
 
 mod activation;
 mod attention;
@@ -34,6 +83,27 @@ pub use l2norm::SUM_OF_SQUARES_CHUNK;
 pub use lora::LORA_MAX_RANK;
 pub use rope::rope_table;
 pub use sampling::{check_ids, context_ids, NAN_ROW, NO_ID};
+
+/// Every family's kernels (the families that dispatch none have no list).
+const KERNELS: &[&[Kernel]] = &[
+    attention::KERNELS,
+    cross_entropy::KERNELS,
+    dense::KERNELS,
+    embedding::KERNELS,
+    l2norm::KERNELS,
+    lora::KERNELS,
+    moe::KERNELS,
+    q8::KERNELS,
+    rmsnorm::KERNELS,
+    rope::KERNELS,
+    sampling::KERNELS,
+    swiglu::KERNELS,
+];
+
+/// Every kernel, in the order their pipelines are built.
+pub(crate) fn kernels() -> impl Iterator<Item = &'static Kernel> {
+    KERNELS.iter().flat_map(|family| family.iter())
+}
 
 /// Rows from which the int8 product takes the register-tiled kernel (a prefill); below,
 /// one invocation per output reads each weight once, which is all a decode step needs.
@@ -78,7 +148,8 @@ pub struct DispatchCache {
 pub(crate) type BindingKey = (wgpu::Buffer, usize, usize);
 
 struct CacheEntry {
-    kernel: Kernel,
+    /// The kernel's name.
+    kernel: &'static str,
     /// Each binding's [`GpuBuffer::key`].
     buffers: Vec<BindingKey>,
     params: Vec<u32>,
@@ -105,7 +176,8 @@ impl DispatchCache {
 /// dropped (their buffers with them: an arena that was replaced).
 #[derive(Default)]
 pub struct KeyedCache {
-    entries: HashMap<(Kernel, Vec<BindingKey>), Keyed>,
+    /// By kernel name and bindings.
+    entries: HashMap<(&'static str, Vec<BindingKey>), Keyed>,
     submission: u64,
 }
 
@@ -198,31 +270,30 @@ impl Gpu {
 
 impl Batch<'_> {
     fn dispatch(
-        &mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32),
+        &mut self, kernel: &'static Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32),
     ) -> Result<(), ShaderError> {
         self.dispatch3(kernel, params, buffers, (groups.0, groups.1, 1))
     }
 
     fn dispatch3(
-        &mut self, kernel: Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32, u32),
+        &mut self, kernel: &'static Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32, u32),
     ) -> Result<(), ShaderError> {
         // A buffer over one binding is bound only through a slab view (the int8 products
         // and lookups make them); anything else would be a validation error on the device.
         let limit = self.gpu.max_binding();
         if let Some(b) = buffers.iter().find(|b| b.bound_bytes() > limit) {
             return Err(ShaderError::TooLarge {
-                what: format!("{}'s operand of {} words", kernel.name(), b.len),
+                what: format!("{}'s operand of {} words", kernel.name, b.len),
                 bytes: b.bound_bytes(),
                 limit,
             });
         }
         // The subgroup twin where the device has subgroups.
-        let kernel = match kernel {
-            Kernel::RmsNorm if self.gpu.subgroups => Kernel::RmsNormSg,
-            Kernel::QuantizeActivations if self.gpu.subgroups => Kernel::QuantizeActivationsSg,
-            k => k,
+        let kernel = match kernel.subgroup_twin {
+            Some(twin) if self.gpu.subgroups => twin,
+            _ => kernel,
         };
-        let Some(pipeline) = &self.gpu.pipelines[kernel as usize] else {
+        let Some(pipeline) = self.gpu.pipelines.get(kernel.name) else {
             unreachable!("only subgroup kernels are missing, and only where they are not picked")
         };
         let mut padded = params.to_vec();
@@ -235,7 +306,7 @@ impl Batch<'_> {
                 entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.binding() });
             }
             let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(kernel.name()),
+                label: Some(kernel.name),
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
@@ -249,7 +320,7 @@ impl Batch<'_> {
                 let i = *at;
                 *at += 1;
                 let same = cache.entries.get(i).is_some_and(|e| {
-                    e.kernel == kernel
+                    e.kernel == kernel.name
                         && e.buffers.len() == buffers.len()
                         && e.buffers.iter().zip(buffers).all(|(a, b)| *a == b.key())
                 });
@@ -264,7 +335,7 @@ impl Batch<'_> {
                 } else {
                     let (uniform, group) = make(gpu);
                     let entry = CacheEntry {
-                        kernel,
+                        kernel: kernel.name,
                         buffers: buffers.iter().map(|b| b.key()).collect(),
                         params: padded.clone(),
                         uniform,
@@ -280,7 +351,7 @@ impl Batch<'_> {
             }
             CacheMode::Keyed(cache) => {
                 let now = cache.submission;
-                let key = (kernel, buffers.iter().map(|b| b.key()).collect());
+                let key = (kernel.name, buffers.iter().map(|b| b.key()).collect());
                 let k = cache.entries.entry(key).or_insert_with(|| Keyed {
                     list: Vec::new(),
                     used: 0,
@@ -307,7 +378,7 @@ impl Batch<'_> {
         };
         gpu.count_dispatch();
         let mut pass = self.encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(kernel.name()),
+            label: Some(kernel.name),
             timestamp_writes: None,
         });
         pass.set_pipeline(pipeline);
@@ -342,5 +413,29 @@ impl Batch<'_> {
     /// The encoder with everything recorded, not yet submitted.
     pub fn finish(self) -> wgpu::CommandEncoder {
         self.encoder
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_has_its_own_name_and_every_twin_is_listed() {
+        let mut names = std::collections::HashSet::new();
+        for k in kernels() {
+            assert!(names.insert(k.name), "two kernels named {}", k.name);
+            assert!(k.source.contains("fn main"), "{}: no entry point", k.name);
+        }
+        for k in kernels() {
+            if let Some(twin) = k.subgroup_twin {
+                assert!(
+                    kernels().any(|l| l.name == twin.name && l.needs_subgroups),
+                    "{}'s subgroup twin {} is in no family's KERNELS",
+                    k.name,
+                    twin.name
+                );
+            }
+        }
     }
 }

@@ -11,6 +11,14 @@ use rusting_brain_core::error::check_len;
 use rusting_brain_core::CoreError;
 use rusting_brain_core::Result;
 
+const MOE_ROUTE: Kernel = kernel!("moe_route");
+const Q8_EXPERT: Kernel = kernel!("q8_expert");
+const MOE_COMBINE: Kernel = kernel!("moe_combine");
+const MOE_COMBINE_BACKWARD: Kernel = kernel!("moe_combine_backward");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[MOE_ROUTE, Q8_EXPERT, MOE_COMBINE, MOE_COMBINE_BACKWARD];
+
 impl Batch<'_> {
     /// Backward of [`Batch::moe_combine`] over `slots = rows * top_k`: `dy[row] = weight *
     /// dout[token]` (overwritten) and each slot's weight gradient into `dweight`.
@@ -31,12 +39,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(slots, "slots")?, u(dim, "dim")?, u(top_k, "top_k")?];
-        self.dispatch(
-            Kernel::MoeCombineBackward,
-            &p,
-            &[row_of_slot, weight, dout, y, dy, dweight],
-            grid(slots),
-        )?;
+        self.dispatch(&MOE_COMBINE_BACKWARD, &p, &[row_of_slot, weight, dout, y, dy, dweight], grid(slots))?;
         Ok(())
     }
 
@@ -61,7 +64,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(rows, "rows")?, u(n_experts, "experts")?, u(top_k, "top_k")?, renormalize as u32];
-        self.dispatch(Kernel::MoeRoute, &p, &[logits, expert, weight], grid(rows.div_ceil(WG)))?;
+        self.dispatch(&MOE_ROUTE, &p, &[logits, expert, weight], grid(rows.div_ceil(WG)))?;
         Ok(())
     }
 
@@ -99,12 +102,7 @@ impl Batch<'_> {
             x_per_token as u32,
             u(only, "expert")?,
         ];
-        self.dispatch(
-            Kernel::Q8Expert,
-            &p,
-            &[xq, xs, w, ws, expert, out],
-            (n.div_ceil(WG) as u32, slots as u32),
-        )?;
+        self.dispatch(&Q8_EXPERT, &p, &[xq, xs, w, ws, expert, out], (n.div_ceil(WG) as u32, slots as u32))?;
         Ok(())
     }
 
@@ -123,7 +121,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(rows, "rows")?, u(dim, "dim")?, u(top_k, "top_k")?];
-        self.dispatch(Kernel::MoeCombine, &p, &[row_of_slot, weight, y, x], grid((rows * dim).div_ceil(WG)))?;
+        self.dispatch(&MOE_COMBINE, &p, &[row_of_slot, weight, y, x], grid((rows * dim).div_ceil(WG)))?;
         Ok(())
     }
 }

@@ -10,6 +10,19 @@ use rusting_brain_core::backend::Q8Ops;
 use rusting_brain_core::CoreError;
 use rusting_brain_core::Result;
 
+/// Workgroup reductions; [`QUANTIZE_ACTIVATIONS_SG`] where the device has subgroups.
+const QUANTIZE_ACTIVATIONS: Kernel =
+    kernel!("quantize_activations").with_subgroup_twin(&QUANTIZE_ACTIVATIONS_SG);
+/// The row maxima with subgroup reductions.
+const QUANTIZE_ACTIVATIONS_SG: Kernel = kernel!("quantize_activations_sg").with_subgroups();
+const Q8_MATMUL: Kernel = kernel!("q8_matmul");
+const Q8_MATMUL_TILED: Kernel = kernel!("q8_matmul_tiled");
+const Q8_EMBEDDING: Kernel = kernel!("q8_embedding");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] =
+    &[QUANTIZE_ACTIVATIONS, QUANTIZE_ACTIVATIONS_SG, Q8_MATMUL, Q8_MATMUL_TILED, Q8_EMBEDDING];
+
 impl Batch<'_> {
     /// Each row of `x` (rows x cols) to int8 with its own scale: `xq` gets
     /// `rows * packed_cols(cols)` packed words, `xs` the scales.
@@ -25,7 +38,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(rows, "rows")?, u(cols, "cols")?, u(pc, "packed cols")?];
-        self.dispatch(Kernel::QuantizeActivations, &p, &[x, xq, xs], grid(rows))?;
+        self.dispatch(&QUANTIZE_ACTIVATIONS, &p, &[x, xq, xs], grid(rows))?;
         Ok(())
     }
 
@@ -81,9 +94,9 @@ impl Batch<'_> {
         if m >= TILED_ROWS {
             // Prefill: 32 x 32 register tiles, each loaded word used 32 times.
             let groups = grid2(n.div_ceil(32), m.div_ceil(32))?;
-            self.dispatch(Kernel::Q8MatmulTiled, &p, &[xq, xs, w, ws, out], groups)?;
+            self.dispatch(&Q8_MATMUL_TILED, &p, &[xq, xs, w, ws, out], groups)?;
         } else {
-            self.dispatch(Kernel::Q8Matmul, &p, &[xq, xs, w, ws, out], (n.div_ceil(WG) as u32, m as u32))?;
+            self.dispatch(&Q8_MATMUL, &p, &[xq, xs, w, ws, out], (n.div_ceil(WG) as u32, m as u32))?;
         }
         Ok(())
     }
@@ -135,7 +148,7 @@ impl Batch<'_> {
             u(id0, "id0")?,
             u(slab_rows, "slab rows")?,
         ];
-        self.dispatch(Kernel::Q8Embedding, &p, &[ids, table, scales, out], grid((rows * dim).div_ceil(WG)))?;
+        self.dispatch(&Q8_EMBEDDING, &p, &[ids, table, scales, out], grid((rows * dim).div_ceil(WG)))?;
         Ok(())
     }
 

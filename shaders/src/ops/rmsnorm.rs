@@ -7,6 +7,15 @@ use crate::GpuBuffer;
 use rusting_brain_core::backend::RmsnormOps;
 use rusting_brain_core::Result;
 
+/// Workgroup reductions; [`RMSNORM_SG`] where the device has subgroups.
+const RMSNORM: Kernel = kernel!("rmsnorm").with_subgroup_twin(&RMSNORM_SG);
+/// RMSNorm with subgroup reductions.
+const RMSNORM_SG: Kernel = kernel!("rmsnorm_sg").with_subgroups();
+const RMSNORM_BACKWARD: Kernel = kernel!("rmsnorm_backward");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[RMSNORM, RMSNORM_SG, RMSNORM_BACKWARD];
+
 impl Batch<'_> {
     /// Backward of [`Batch::rmsnorm`]: `dinp` overwritten, `dweight` accumulated (a pass
     /// over rows, then one over columns that adds the rows in order).
@@ -32,8 +41,8 @@ impl Batch<'_> {
         }
         let bufs = [dout, inp, weight, rstd, dinp, dweight];
         let (r, d) = (u(rows, "rows")?, u(dim, "dim")?);
-        self.dispatch(Kernel::RmsNormBackward, &[r, d, 0], &bufs, grid(rows))?;
-        self.dispatch(Kernel::RmsNormBackward, &[r, d, 1], &bufs, grid(dim.div_ceil(WG)))?;
+        self.dispatch(&RMSNORM_BACKWARD, &[r, d, 0], &bufs, grid(rows))?;
+        self.dispatch(&RMSNORM_BACKWARD, &[r, d, 1], &bufs, grid(dim.div_ceil(WG)))?;
         Ok(())
     }
 
@@ -53,7 +62,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let p = [u(rows, "rows")?, u(dim, "dim")?, eps.to_bits()];
-        self.dispatch(Kernel::RmsNorm, &p, &[inp, weight, out, rstd], grid(rows))?;
+        self.dispatch(&RMSNORM, &p, &[inp, weight, out, rstd], grid(rows))?;
         Ok(())
     }
 }

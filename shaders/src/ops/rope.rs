@@ -8,6 +8,11 @@ use rusting_brain_core::backend::RopeSpec;
 use rusting_brain_core::Result;
 use rusting_brain_core::RopeScaling;
 
+const ROPE: Kernel = kernel!("rope");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[ROPE];
+
 impl Batch<'_> {
     /// Rotates `x` (batch, seq, heads, head_dim) in place; `table` holds cos/sin per
     /// position (see [`rope_table`]) up to at least `pos_offset + seq`. `inverse` rotates
@@ -33,7 +38,7 @@ impl Batch<'_> {
             u(spec.pos_offset, "pos_offset")?,
             sign.to_bits(),
         ];
-        self.dispatch(Kernel::Rope, &p, &[table, x], grid(pairs.div_ceil(WG)))?;
+        self.dispatch(&ROPE, &p, &[table, x], grid(pairs.div_ceil(WG)))?;
         Ok(())
     }
 }

@@ -3,6 +3,13 @@
 
 use super::*;
 
+const ARGMAX: Kernel = kernel!("argmax");
+const PENALIZE: Kernel = kernel!("penalize");
+const TOPK: Kernel = kernel!("topk");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[ARGMAX, PENALIZE, TOPK];
+
 impl Batch<'_> {
     /// `ids[r]` = the index of row r's largest value (ties: the lower index).
     pub fn argmax(
@@ -16,12 +23,7 @@ impl Batch<'_> {
         if rows == 0 || cols == 0 {
             return Ok(());
         }
-        self.dispatch(
-            Kernel::Argmax,
-            &[u(rows, "rows")?, u(cols, "cols")?],
-            &[logits, ids],
-            (rows as u32, 1),
-        )?;
+        self.dispatch(&ARGMAX, &[u(rows, "rows")?, u(cols, "cols")?], &[logits, ids], (rows as u32, 1))?;
         Ok(())
     }
 
@@ -35,7 +37,7 @@ impl Batch<'_> {
             return Ok(());
         }
         self.dispatch(
-            Kernel::Penalize,
+            &PENALIZE,
             &[u(n_ids, "ids")?, penalty.to_bits()],
             &[ids, logits],
             grid(n_ids.div_ceil(WG)),
@@ -56,12 +58,7 @@ impl Batch<'_> {
         if k == 0 || cols == 0 {
             return Ok(());
         }
-        self.dispatch(
-            Kernel::TopK,
-            &[u(cols, "cols")?, u(k, "k")?],
-            &[logits, scratch, top_ids, top_vals],
-            (1, 1),
-        )?;
+        self.dispatch(&TOPK, &[u(cols, "cols")?, u(k, "k")?], &[logits, scratch, top_ids, top_vals], (1, 1))?;
         Ok(())
     }
 }

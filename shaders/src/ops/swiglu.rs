@@ -6,6 +6,12 @@ use crate::GpuBuffer;
 use rusting_brain_core::backend::SwigluOps;
 use rusting_brain_core::Result;
 
+const SWIGLU: Kernel = kernel!("swiglu");
+const SWIGLU_BACKWARD: Kernel = kernel!("swiglu_backward");
+
+/// The kernels this family dispatches (gathered in `ops::KERNELS`).
+pub(super) const KERNELS: &[Kernel] = &[SWIGLU, SWIGLU_BACKWARD];
+
 impl Batch<'_> {
     /// Backward of [`Batch::swiglu`] over `len` values: `dgate`, `dup` overwritten.
     pub fn swiglu_backward(
@@ -19,7 +25,7 @@ impl Batch<'_> {
             return Ok(());
         }
         self.dispatch(
-            Kernel::SwigluBackward,
+            &SWIGLU_BACKWARD,
             &[u(len, "len")?],
             &[dout, gate, up, dgate, dup],
             grid(len.div_ceil(WG)),
@@ -37,7 +43,7 @@ impl Batch<'_> {
         if len == 0 {
             return Ok(());
         }
-        self.dispatch(Kernel::Swiglu, &[u(len, "len")?], &[gate, up, out], grid(len.div_ceil(WG)))?;
+        self.dispatch(&SWIGLU, &[u(len, "len")?], &[gate, up, out], grid(len.div_ceil(WG)))?;
         Ok(())
     }
 }
