@@ -83,6 +83,7 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
         if (lane + 32 * e < s.head_dim) o[lane + 32 * e] = acc[e] / l;
     if (lane == 0) lse[((long long)b * s.q_len + t) * s.q_heads + h] = m + logf(l);
 }
+RB_EXPORT(attention_forward)
 
 // Backward, query side: dq = scale * sum_j dS_j k_j with p_j = exp(s_j - lse),
 // dS_j = p_j (dout . v_j - dout . out). One warp per query row; writes dq (overwrites).
@@ -122,6 +123,7 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, c
     for (int e = 0; e < per; e++)
         if (lane + 32 * e < s.head_dim) dq[qi + lane + 32 * e] = acc[e] * scale;
 }
+RB_EXPORT(attention_backward_dq)
 
 // Backward, key side: for key row (b, j, kvh), over every query head of its group and every
 // query row that sees it: dv_j = sum p dout, dk_j = scale * sum dS q. One warp per key row,
@@ -178,3 +180,4 @@ extern "C" __global__ void attention_backward_dkv(float* dk, float* dv, const fl
         dv[ki + lane + 32 * e] = dvacc[e];
     }
 }
+RB_EXPORT(attention_backward_dkv)

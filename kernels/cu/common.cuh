@@ -1,6 +1,15 @@
-// Shared by every kernel: warp and block reductions. Blocks are a multiple of 32 threads
-// and at most 1024 (32 warps), so one shared slot per warp suffices.
+// Included by every kernel file: RB_EXPORT, and the warp and block reductions. Blocks are a
+// multiple of 32 threads and at most 1024 (32 warps), so one shared slot per warp suffices.
 #pragma once
+
+// Written after every `extern "C" __global__` kernel: `RB_EXPORT(name)`. Under NVRTC it is
+// nothing (the backend finds kernels in the PTX by name); the CPU emulator's registry.h
+// defines it to register the kernel with its driver, so a new kernel needs no table there.
+#ifndef RB_HOST_EMULATION
+#define RB_EXPORT(name)
+#elif !defined(RB_EXPORT)
+#error "the emulator includes emulate/registry.h before any kernel file"
+#endif
 
 // NVRTC has no <math.h>: -infinity by its bits.
 #define RB_NEG_INF __int_as_float(0xff800000)

@@ -35,3 +35,4 @@ extern "C" __global__ void cross_entropy(float* logits, float* losses, const uns
         }
     }
 }
+RB_EXPORT(cross_entropy)

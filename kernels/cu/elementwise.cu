@@ -10,19 +10,23 @@
 extern "C" __global__ void fill(float* x, float value, long long n) {
     FOR_EACH(i, n) x[i] = value;
 }
+RB_EXPORT(fill)
 
 extern "C" __global__ void axpy(float* y, float alpha, const float* x, long long n) {
     FOR_EACH(i, n) y[i] += alpha * x[i];
 }
+RB_EXPORT(axpy)
 
 extern "C" __global__ void scale(float* x, float alpha, long long n) {
     FOR_EACH(i, n) x[i] *= alpha;
 }
+RB_EXPORT(scale)
 
 // out (rows, cols) += bias (cols) on every row.
 extern "C" __global__ void add_bias(float* out, const float* bias, long long n, int cols) {
     FOR_EACH(i, n) out[i] += bias[i % cols];
 }
+RB_EXPORT(add_bias)
 
 // One partial sum per block into partials[blockIdx.x] (overwritten): the host adds the
 // grid's partials in f64, in block order, so the total does not depend on scheduling.
@@ -33,6 +37,7 @@ extern "C" __global__ void partial_sums(float* partials, const float* x, long lo
     s = block_sum(s, scratch);
     if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
+RB_EXPORT(partial_sums)
 
 // Activation codes, as the backend passes them: 0 identity, 1 ReLU, 2 leaky ReLU (alpha),
 // 3 sigmoid, 4 tanh. Softmax is row-wise and lives in softmax.cu.
@@ -56,6 +61,7 @@ extern "C" __global__ void activation_forward(float* out, const float* inp, long
         out[i] = y;
     }
 }
+RB_EXPORT(activation_forward)
 
 // dinp = f'(inp) * dout; sigmoid and tanh read the forward output.
 extern "C" __global__ void activation_backward(float* dinp, const float* dout, const float* inp,
@@ -74,6 +80,7 @@ extern "C" __global__ void activation_backward(float* dinp, const float* dout, c
         dinp[i] = d;
     }
 }
+RB_EXPORT(activation_backward)
 
 // Loss codes: 0 mean squared error, 1 binary cross-entropy, 2 categorical cross-entropy.
 // Logarithms clamped at -100 and gradient denominators at 1e-12, as torch.nn.BCELoss.
@@ -93,6 +100,7 @@ extern "C" __global__ void loss_terms(float* terms, const float* pred, const flo
         terms[i] = t;
     }
 }
+RB_EXPORT(loss_terms)
 
 // dpred = d(mean loss)/dpred with inv = 1 / divisor. Code 3 is the fused gradient of
 // softmax + categorical or sigmoid + binary cross-entropy with respect to the logits,
@@ -111,6 +119,7 @@ extern "C" __global__ void loss_backward(float* dpred, const float* pred, const 
         dpred[i] = inv * d;
     }
 }
+RB_EXPORT(loss_backward)
 
 // f32 -> bfloat16, round to nearest even, NaN kept NaN: the operands of a mixed-precision
 // GEMM, rounded exactly as core's round_bf16 rounds them.
@@ -124,3 +133,4 @@ __device__ __forceinline__ unsigned short bf16_bits(float f) {
 extern "C" __global__ void to_bf16(unsigned short* out, const float* x, long long n) {
     FOR_EACH(i, n) out[i] = bf16_bits(x[i]);
 }
+RB_EXPORT(to_bf16)

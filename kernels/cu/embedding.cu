@@ -1,5 +1,6 @@
 // Token embedding: the gather and its deterministic gradient. Twin of
 // rusting_brain_core::ops::embedding. Ids are checked on the host before launch.
+#include "common.cuh"
 
 // out[r] = table[ids[r]]: one thread per output element, grid-stride.
 extern "C" __global__ void embedding_forward(float* out, const float* table, const unsigned int* ids,
@@ -12,6 +13,7 @@ extern "C" __global__ void embedding_forward(float* out, const float* table, con
         out[i] = table[(long long)ids[r] * dim + c];
     }
 }
+RB_EXPORT(embedding_forward)
 
 // dtable[ids[r]] += dout[r] for every position r, with the rows grouped by id on the
 // host: uniq[u] is an id, its rows are
@@ -34,3 +36,4 @@ extern "C" __global__ void embedding_backward(float* dtable, const float* dout,
         dtable[(long long)uniq[u] * dim + c] += s;
     }
 }
+RB_EXPORT(embedding_backward)

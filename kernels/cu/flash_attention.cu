@@ -242,6 +242,7 @@ extern "C" __global__ void flash_delta(float* delta, const float* dout, const fl
     acc = warp_sum(acc);
     if (lane == 0) delta[r] = acc;
 }
+RB_EXPORT(flash_delta)
 
 // ---------------------------------------------------------------------------------------
 // Backward, key side. Block (key block of 64, kv head, batch); 4 warps of 16 keys. For every
@@ -442,17 +443,20 @@ __device__ void flash_backward_q(float* dq, const float* dout, const float* q, c
                           const float* v, Shape s) {                                         \
         flash_forward<D>(out, lse, q, k, v, s);                                              \
     }                                                                                        \
+    RB_EXPORT(flash_forward_##D)                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                        \
         flash_backward_kv_##D(float* dk, float* dv, const float* dout, const float* q,       \
                               const float* k, const float* v, const float* lse,              \
                               const float* delta, Shape s) {                                 \
         flash_backward_kv<D>(dk, dv, dout, q, k, v, lse, delta, s);                          \
     }                                                                                        \
+    RB_EXPORT(flash_backward_kv_##D)                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                        \
         flash_backward_q_##D(float* dq, const float* dout, const float* q, const float* k,   \
                              const float* v, const float* lse, const float* delta, Shape s) { \
         flash_backward_q<D>(dq, dout, q, k, v, lse, delta, s);                               \
-    }
+    }                                                                                        \
+    RB_EXPORT(flash_backward_q_##D)
 
 RB_FLASH(64)
 RB_FLASH(128)

@@ -12,3 +12,4 @@ extern "C" __global__ void sum_of_squares(float* partials, const float* x, long 
     s = block_sum(s, scratch);
     if (threadIdx.x == 0) partials[blockIdx.x] += s;
 }
+RB_EXPORT(sum_of_squares)

@@ -20,6 +20,7 @@ extern "C" __global__ void moe_combine(float* out, const float* y, const unsigne
         out[i] = acc;
     }
 }
+RB_EXPORT(moe_combine)
 
 // One block per slot: dy[row] = weight * dout[token] (overwritten) and
 // dweight[slot] = dout[token] . y[row].
@@ -44,3 +45,4 @@ extern "C" __global__ void moe_combine_backward(float* dy, float* dweight, const
     dot = block_sum(dot, scratch);
     if (threadIdx.x == 0) dweight[slot] = dot;
 }
+RB_EXPORT(moe_combine_backward)

@@ -1,5 +1,6 @@
 // The optimizers' updates, element-wise, twins of rusting_brain_core::ops::optim.
-//
+#include "common.cuh"
+
 // adam_update: fused Adam/AdamW over f32 master weights. Twin of
 // rusting_brain_core::ops::optim::adam_element, term by term (so results match the CPU
 // to rounding): the per-step constants (step_size = lr / (1 - beta1^t), bc2_sqrt =
@@ -28,6 +29,7 @@ extern "C" __global__ void adam_update(float* param, const float* grad, float* m
         param[i] = p - step_size * mi / denom;
     }
 }
+RB_EXPORT(adam_update)
 
 // SGD with optional momentum (velocity != nullptr) and Nesterov, as core's sgd_update.
 extern "C" __global__ void sgd_update(float* param, const float* grad, float* velocity, long long n,
@@ -45,3 +47,4 @@ extern "C" __global__ void sgd_update(float* param, const float* grad, float* ve
         }
     }
 }
+RB_EXPORT(sgd_update)

@@ -22,6 +22,7 @@ extern "C" __global__ void quantize_activations(signed char* xq, float* xscale, 
         q[i] = i < k ? (signed char)fminf(fmaxf(roundf(row[i] * inv), -127.0f), 127.0f) : 0;
     }
 }
+RB_EXPORT(quantize_activations)
 
 // out (m, n) = acc * xscale * wscale (+ beta * out): one warp per output element.
 extern "C" __global__ void q8_matmul(float* out, const signed char* xq, const float* xscale,
@@ -42,6 +43,7 @@ extern "C" __global__ void q8_matmul(float* out, const signed char* xq, const fl
         out[o] = beta == 0.0f ? v : __fadd_rn(v, __fmul_rn(beta, out[o]));
     }
 }
+RB_EXPORT(q8_matmul)
 
 // out[r] = dequantized table[ids[r]]: one thread per output element.
 extern "C" __global__ void q8_embedding(float* out, const float* packed, const float* scales,
@@ -56,3 +58,4 @@ extern "C" __global__ void q8_embedding(float* out, const float* packed, const f
         out[i] = (float)row[c] * scales[id];
     }
 }
+RB_EXPORT(q8_embedding)

@@ -19,6 +19,7 @@ extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float*
     float* o = out + (size_t)r * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = x[i] * s * weight[i];
 }
+RB_EXPORT(rmsnorm_forward)
 
 extern "C" __global__ void rmsnorm_backward(float* dinp, float* dweight_rows, const float* dout,
                                             const float* inp, const float* weight,
@@ -40,6 +41,7 @@ extern "C" __global__ void rmsnorm_backward(float* dinp, float* dweight_rows, co
         dw[i] = dy[i] * xhat;
     }
 }
+RB_EXPORT(rmsnorm_backward)
 
 // Stage one of a column sum over many rows: partial[chunk][c] = sum of rows
 // chunk * chunk_rows .. (chunk + 1) * chunk_rows of m[r][c], in row order. Grid
@@ -55,6 +57,7 @@ extern "C" __global__ void column_sum_chunks(float* partial, const float* m, int
     for (int r = r0; r < r1; r++) s += m[(size_t)r * cols + c];
     partial[(size_t)blockIdx.y * cols + c] = s;
 }
+RB_EXPORT(column_sum_chunks)
 
 // acc[c] += sum over rows of m[r][c], in row order (deterministic): one thread per column.
 extern "C" __global__ void column_sum(float* acc, const float* m, int rows, int cols) {
@@ -64,3 +67,4 @@ extern "C" __global__ void column_sum(float* acc, const float* m, int rows, int 
     for (int r = 0; r < rows; r++) s += m[(size_t)r * cols + c];
     acc[c] += s;
 }
+RB_EXPORT(column_sum)

@@ -8,6 +8,8 @@
 // host (RopeScaling::kernel_constants): factor, the two wavelength bounds, the original
 // context, low_freq_factor and the band width, so no f64 is needed here. Products go
 // through __fmul_rn so no FMA contraction changes the blend's rounding.
+#include "common.cuh"
+
 __device__ __forceinline__ float rope_inv_freq(int i, int head_dim, float theta, int kind,
                                                float factor, float low_wavelen,
                                                float high_wavelen, float old_ctx, float low,
@@ -55,6 +57,7 @@ extern "C" __global__ void rope_forward(float* x, int batch, int seq, int heads,
     rope(x, batch, seq, heads, head_dim, pos_offset, theta, kind, factor, low_wavelen,
          high_wavelen, old_ctx, low, band, 1.0f);
 }
+RB_EXPORT(rope_forward)
 
 extern "C" __global__ void rope_backward(float* x, int batch, int seq, int heads, int head_dim,
                                          int pos_offset, float theta, int kind, float factor,
@@ -63,3 +66,4 @@ extern "C" __global__ void rope_backward(float* x, int batch, int seq, int heads
     rope(x, batch, seq, heads, head_dim, pos_offset, theta, kind, factor, low_wavelen,
          high_wavelen, old_ctx, low, band, -1.0f);
 }
+RB_EXPORT(rope_backward)

@@ -20,6 +20,7 @@ extern "C" __global__ void softmax_forward(float* out, const float* inp, int row
     const float inv = 1.0f / block_sum(s, scratch);
     for (int i = threadIdx.x; i < cols; i += blockDim.x) y[i] *= inv;
 }
+RB_EXPORT(softmax_forward)
 
 // dinp = out * (dout - sum(dout * out)).
 extern "C" __global__ void softmax_backward(float* dinp, const float* dout, const float* out,
@@ -35,3 +36,4 @@ extern "C" __global__ void softmax_backward(float* dinp, const float* dout, cons
     float* dx = dinp + (size_t)r * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) dx[i] = y[i] * (dy[i] - dot);
 }
+RB_EXPORT(softmax_backward)

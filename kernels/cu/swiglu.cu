@@ -1,5 +1,6 @@
 // SwiGLU: out = silu(gate) * up, silu(g) = g * sigmoid(g). Twin of
 // rusting_brain_core::ops::swiglu. Element-wise, grid-stride.
+#include "common.cuh"
 
 // Both branches as core's sigmoid: no exp of a large positive number, and no flush to 0
 // below -88 (e / (1 + e) stays a denormal-free tiny value there).
@@ -16,6 +17,7 @@ extern "C" __global__ void swiglu_forward(float* out, const float* gate, const f
         out[i] = g * sigmoid(g) * up[i];
     }
 }
+RB_EXPORT(swiglu_forward)
 
 // dgate = dout * up * silu'(gate), dup = dout * silu(gate);
 // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
@@ -28,3 +30,4 @@ extern "C" __global__ void swiglu_backward(float* dgate, float* dup, const float
         dup[i] = dout[i] * g * s;
     }
 }
+RB_EXPORT(swiglu_backward)

@@ -39,8 +39,8 @@ pub struct Source {
     pub code: &'static str,
 }
 
-/// Reductions shared by the kernels, pasted in for `#include "common.cuh"` (the sources
-/// are strings, not files NVRTC could find).
+/// What every kernel file shares (`RB_EXPORT`, the reductions), pasted in for
+/// `#include "common.cuh"` (the sources are strings, not files NVRTC could find).
 const COMMON: &str = include_str!("../cu/common.cuh");
 
 /// A kernel file of `cu/` by its op name.
