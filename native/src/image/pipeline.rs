@@ -23,14 +23,16 @@ use crate::image::folder::PipelineFolder;
 use crate::image::scheduler::SchedulerConfig;
 use crate::image::unet::Unet;
 use crate::image::vae::{Image, Vae};
-use crate::{
-    ClipTextEncoder, ClipTokenizer, NetworkError, Precision, PromptTokenizer, Result, T5Encoder, TextEncoder,
-};
+use crate::{NetworkError, Precision, Result};
 use rusting_brain_core::diffusion::discrete::DiscreteSampler;
 
-// The pipeline's parts by job: what a folder holds, and the denoising loop.
+// The pipeline's parts by job: what a folder holds, the prompt encoders of each family,
+// and the denoising loop.
 mod denoise;
+mod prompts;
 mod sizes;
+
+use prompts::PromptEncoder;
 
 pub use sizes::*;
 
@@ -73,6 +75,62 @@ pub enum Family {
     Sd,
     /// Stable Diffusion XL (`StableDiffusionXLPipeline`).
     Sdxl,
+}
+
+impl Family {
+    /// The family of a pipeline class (`model_index.json`'s `_class_name`).
+    pub fn of_class(class_name: &str) -> Option<Family> {
+        Some(match class_name {
+            "FluxPipeline" | "FluxImg2ImgPipeline" => Family::Flux,
+            "Flux2KleinPipeline" => Family::Flux2,
+            "StableDiffusion3Pipeline" | "StableDiffusion3Img2ImgPipeline" => Family::Sd3,
+            "StableDiffusionPipeline" | "StableDiffusionImg2ImgPipeline" => Family::Sd,
+            "StableDiffusionXLPipeline" | "StableDiffusionXLImg2ImgPipeline" => Family::Sdxl,
+            _ => return None,
+        })
+    }
+
+    /// The transformer a flow-matching family denoises with; `None` for the UNet families.
+    pub fn dit_kind(self) -> Option<DitKind> {
+        match self {
+            Family::Flux => Some(DitKind::Flux),
+            Family::Flux2 => Some(DitKind::Flux2),
+            Family::Sd3 => Some(DitKind::Sd3),
+            Family::Sd | Family::Sdxl => None,
+        }
+    }
+
+    /// FLUX: the side of the latent squares packed into one token (FLUX.1 2x2; FLUX.2's
+    /// latents arrive patchified, one pixel a token); `None` where the denoiser takes the
+    /// latent image.
+    pub fn token_patch(self) -> Option<usize> {
+        match self {
+            Family::Flux => Some(2),
+            Family::Flux2 => Some(1),
+            Family::Sd3 | Family::Sd | Family::Sdxl => None,
+        }
+    }
+
+    /// diffusers' call defaults for the family (`distilled`: FLUX.2-klein's
+    /// `is_distilled`; `solver`: the folder's scheduler).
+    fn defaults(self, distilled: bool, solver: Solver) -> PipelineConfig {
+        let (steps, guidance_scale, max_sequence_length) = match self {
+            Family::Flux => (28, 3.5, 512),
+            Family::Flux2 if distilled => (4, 1.0, 512),
+            Family::Flux2 => (50, 4.0, 512),
+            Family::Sd3 => (28, 7.0, 256),
+            Family::Sd => (50, 7.5, 77),
+            Family::Sdxl => (50, 5.0, 77),
+        };
+        PipelineConfig {
+            steps,
+            guidance_scale,
+            max_sequence_length,
+            text_encoder_layers: if self == Family::Flux2 { vec![9, 18, 27] } else { Vec::new() },
+            negative_prompt: String::new(),
+            solver: if self.dit_kind().is_some() { Solver::Euler } else { solver },
+        }
+    }
 }
 
 /// One prompt, encoded for the denoiser.
@@ -122,38 +180,6 @@ pub enum Noise {
     Given(Vec<f32>),
 }
 
-// One value a pipeline, held for its whole life: the size difference costs nothing.
-#[allow(clippy::large_enum_variant)]
-enum Encoders {
-    Flux {
-        clip: ClipTextEncoder,
-        clip_tokenizer: ClipTokenizer,
-        t5: T5Encoder,
-        t5_tokenizer: PromptTokenizer,
-    },
-    Flux2 {
-        qwen: TextEncoder,
-        tokenizer: PromptTokenizer,
-    },
-    Sd3 {
-        clip_l: ClipTextEncoder,
-        clip_g: ClipTextEncoder,
-        tokenizer_l: ClipTokenizer,
-        tokenizer_g: ClipTokenizer,
-        t5: Option<(T5Encoder, PromptTokenizer)>,
-    },
-    Sd {
-        clip: ClipTextEncoder,
-        tokenizer: ClipTokenizer,
-    },
-    Sdxl {
-        clip_l: ClipTextEncoder,
-        clip_g: ClipTextEncoder,
-        tokenizer_l: ClipTokenizer,
-        tokenizer_g: ClipTokenizer,
-    },
-}
-
 /// The training schedule the folder's scheduler describes.
 #[derive(Debug, Clone)]
 enum Schedule {
@@ -171,7 +197,7 @@ pub struct ImagePipeline {
     distilled: bool,
     /// SD-XL: the negative prompt is zeros when it is empty.
     force_zeros_for_empty_prompt: bool,
-    encoders: Option<Encoders>,
+    encoders: Option<Box<dyn PromptEncoder>>,
     dit: Option<Dit>,
     unet: Option<Unet>,
     vae: Vae,
@@ -187,21 +213,15 @@ impl ImagePipeline {
     /// The autoencoder stays f32: it is small, and its convolutions are sensitive.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<ImagePipeline> {
         let folder = PipelineFolder::open(dir)?;
-        let family = match folder.class_name() {
-            "FluxPipeline" | "FluxImg2ImgPipeline" => Family::Flux,
-            "Flux2KleinPipeline" => Family::Flux2,
-            "StableDiffusion3Pipeline" | "StableDiffusion3Img2ImgPipeline" => Family::Sd3,
-            "StableDiffusionPipeline" | "StableDiffusionImg2ImgPipeline" => Family::Sd,
-            "StableDiffusionXLPipeline" | "StableDiffusionXLImg2ImgPipeline" => Family::Sdxl,
-            other => {
-                return Err(NetworkError::InvalidInput(format!(
-                    "{}: a {other}; this loader reads FluxPipeline, Flux2KleinPipeline, StableDiffusion3Pipeline, \
-                     StableDiffusionPipeline and StableDiffusionXLPipeline",
-                    folder.root().display()
-                )))
-            }
-        };
-        let unet_family = matches!(family, Family::Sd | Family::Sdxl);
+        let family = Family::of_class(folder.class_name()).ok_or_else(|| {
+            NetworkError::InvalidInput(format!(
+                "{}: a {}; this loader reads FluxPipeline, Flux2KleinPipeline, StableDiffusion3Pipeline, \
+                 StableDiffusionPipeline and StableDiffusionXLPipeline",
+                folder.root().display(),
+                folder.class_name()
+            ))
+        })?;
+        let unet_family = family.dit_kind().is_none();
         let index_path = folder.root().join("model_index.json");
         let index = Config::read(&index_path)?;
         let distilled = index.flag("is_distilled", false)?;
@@ -245,12 +265,7 @@ impl ImagePipeline {
             let transformer_classes =
                 ["FluxTransformer2DModel", "Flux2Transformer2DModel", "SD3Transformer2DModel"];
             let dit = Dit::load_at(&folder.require("transformer", &transformer_classes)?.dir, precision)?;
-            let want_kind = match family {
-                Family::Flux => DitKind::Flux,
-                Family::Flux2 => DitKind::Flux2,
-                _ => DitKind::Sd3,
-            };
-            if dit.config().kind != want_kind {
+            if Some(dit.config().kind) != family.dit_kind() {
                 return Err(NetworkError::InvalidInput(format!(
                     "{}: the transformer is a {:?} model in a {} folder",
                     folder.root().display(),
@@ -261,93 +276,8 @@ impl ImagePipeline {
             (Some(dit), None)
         };
         let vae = folder.vae()?;
-        let config = match family {
-            Family::Flux => PipelineConfig {
-                steps: 28,
-                guidance_scale: 3.5,
-                max_sequence_length: 512,
-                text_encoder_layers: Vec::new(),
-                negative_prompt: String::new(),
-                solver: Solver::Euler,
-            },
-            Family::Flux2 => PipelineConfig {
-                steps: if distilled { 4 } else { 50 },
-                guidance_scale: if distilled { 1.0 } else { 4.0 },
-                max_sequence_length: 512,
-                text_encoder_layers: vec![9, 18, 27],
-                negative_prompt: String::new(),
-                solver: Solver::Euler,
-            },
-            Family::Sd3 => PipelineConfig {
-                steps: 28,
-                guidance_scale: 7.0,
-                max_sequence_length: 256,
-                text_encoder_layers: Vec::new(),
-                negative_prompt: String::new(),
-                solver: Solver::Euler,
-            },
-            Family::Sd | Family::Sdxl => PipelineConfig {
-                steps: 50,
-                guidance_scale: if family == Family::Sd { 7.5 } else { 5.0 },
-                max_sequence_length: 77,
-                text_encoder_layers: Vec::new(),
-                negative_prompt: String::new(),
-                solver,
-            },
-        };
-        let clip_classes = ["CLIPTextModel", "CLIPTextModelWithProjection"];
-        let clip = |name: &str| -> Result<ClipTextEncoder> {
-            ClipTextEncoder::load_at(&folder.require(name, &clip_classes)?.dir, precision)
-        };
-        let encoders = match family {
-            Family::Flux => Encoders::Flux {
-                clip: clip("text_encoder")?,
-                clip_tokenizer: folder.clip_tokenizer("tokenizer")?,
-                t5: T5Encoder::load_at(
-                    &folder.require("text_encoder_2", &["T5EncoderModel"])?.dir,
-                    precision,
-                )?,
-                t5_tokenizer: folder.prompt_tokenizer("tokenizer_2")?,
-            },
-            Family::Flux2 => {
-                let classes = ["Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"];
-                let dir = &folder.require("text_encoder", &classes)?.dir;
-                // Which layers are read is a call argument (config.text_encoder_layers),
-                // set on the encoder at each condition().
-                Encoders::Flux2 {
-                    qwen: TextEncoder::load_at(dir, precision, &[1])?,
-                    tokenizer: folder.prompt_tokenizer("tokenizer")?,
-                }
-            }
-            Family::Sd3 => {
-                let t5 = match folder.component("text_encoder_3") {
-                    Some(_) => Some((
-                        T5Encoder::load_at(
-                            &folder.require("text_encoder_3", &["T5EncoderModel"])?.dir,
-                            precision,
-                        )?,
-                        folder.prompt_tokenizer("tokenizer_3")?,
-                    )),
-                    None => None,
-                };
-                Encoders::Sd3 {
-                    clip_l: clip("text_encoder")?,
-                    clip_g: clip("text_encoder_2")?,
-                    tokenizer_l: folder.clip_tokenizer("tokenizer")?,
-                    tokenizer_g: folder.clip_tokenizer("tokenizer_2")?,
-                    t5,
-                }
-            }
-            Family::Sd => {
-                Encoders::Sd { clip: clip("text_encoder")?, tokenizer: folder.clip_tokenizer("tokenizer")? }
-            }
-            Family::Sdxl => Encoders::Sdxl {
-                clip_l: clip("text_encoder")?,
-                clip_g: clip("text_encoder_2")?,
-                tokenizer_l: folder.clip_tokenizer("tokenizer")?,
-                tokenizer_g: folder.clip_tokenizer("tokenizer_2")?,
-            },
-        };
+        let config = family.defaults(distilled, solver);
+        let encoders = prompts::load(family, &folder, precision)?;
         Ok(ImagePipeline {
             family,
             config,
@@ -375,18 +305,7 @@ impl ImagePipeline {
     /// Bytes the weights of the parts still held take: the denoiser, the prompt encoders
     /// and the autoencoder.
     pub fn weight_bytes(&self) -> usize {
-        let encoders = match &self.encoders {
-            Some(Encoders::Flux { clip, t5, .. }) => clip.weight_bytes() + t5.weight_bytes(),
-            Some(Encoders::Flux2 { qwen, .. }) => qwen.weight_bytes(),
-            Some(Encoders::Sd { clip, .. }) => clip.weight_bytes(),
-            Some(Encoders::Sdxl { clip_l, clip_g, .. }) => clip_l.weight_bytes() + clip_g.weight_bytes(),
-            Some(Encoders::Sd3 { clip_l, clip_g, t5, .. }) => {
-                clip_l.weight_bytes()
-                    + clip_g.weight_bytes()
-                    + t5.as_ref().map_or(0, |(t, _)| t.weight_bytes())
-            }
-            None => 0,
-        };
+        let encoders = self.encoders.as_ref().map_or(0, |e| e.weight_bytes());
         encoders
             + self.dit.as_ref().map_or(0, Dit::weight_bytes)
             + self.unet.as_ref().map_or(0, Unet::weight_bytes)
@@ -437,96 +356,11 @@ impl ImagePipeline {
         Ok(Conditioning { prompt, negative })
     }
     fn encode_prompt(&mut self, prompt: &str) -> Result<PromptEmbedding> {
-        let max_len = self.config.max_sequence_length;
-        let joint = match &self.dit {
-            Some(d) => d.config().joint_attention_dim,
-            None => 0,
-        };
+        let joint = self.dit.as_ref().map_or(0, |d| d.config().joint_attention_dim);
         let encoders = self.encoders.as_mut().ok_or_else(|| {
             NetworkError::InvalidInput("the prompt encoders were dropped (drop_encoders)".into())
         })?;
-        match encoders {
-            Encoders::Flux { clip, clip_tokenizer, t5, t5_tokenizer } => {
-                // FluxPipeline passes neither tower a mask.
-                let (ids, _) = clip_tokenizer.encode(prompt)?;
-                let pooled = clip.encode(&ids, 1, None)?.pooled;
-                let (ids, _) = t5_tokenizer.encode(prompt, max_len)?;
-                let states = t5.encode(&ids, 1, None)?;
-                Ok(PromptEmbedding { states, tokens: ids.len(), pooled: Some(pooled) })
-            }
-            Encoders::Flux2 { qwen, tokenizer } => {
-                qwen.set_layers(&self.config.text_encoder_layers)?;
-                let (ids, mask) = tokenizer.encode(&crate::klein_prompt(prompt), max_len)?;
-                let states = qwen.encode(&ids, 1, Some(&mask))?;
-                Ok(PromptEmbedding { states, tokens: ids.len(), pooled: None })
-            }
-            Encoders::Sd3 { clip_l, clip_g, tokenizer_l, tokenizer_g, t5 } => {
-                // Each tower's second-to-last hidden states, side by side, zero-padded to
-                // T5's width; the two projections side by side as the pooled vector.
-                let (clip_tokens, [l, g]) =
-                    two_towers(prompt, [(clip_l, tokenizer_l), (clip_g, tokenizer_g)], "SD3")?;
-                let (hl, hg, wl, wg) = (&l.states, &g.states, l.width, g.width);
-                let (t5_states, t5_tokens) = match t5 {
-                    Some((model, tok)) => {
-                        let (ids, _) = tok.encode(prompt, max_len)?;
-                        (model.encode(&ids, 1, None)?, ids.len())
-                    }
-                    // Without T5 the pipeline stacks zeros in its place.
-                    None => (vec![0.0; max_len * joint], max_len),
-                };
-                // diffusers pads the CLIP features to T5's width with `F.pad`, which crops
-                // when they are wider (only in test-sized models; 768 + 1280 < 4096).
-                if t5_states.len() != t5_tokens * joint {
-                    return Err(NetworkError::InvalidInput(format!(
-                        "T5's states are {} wide; the transformer takes {joint}",
-                        t5_states.len() / t5_tokens.max(1)
-                    )));
-                }
-                let mut states = vec![0f32; (clip_tokens + t5_tokens) * joint];
-                for t in 0..clip_tokens {
-                    let mut feats = hl[t * wl..(t + 1) * wl].to_vec();
-                    feats.extend_from_slice(&hg[t * wg..(t + 1) * wg]);
-                    feats.resize(joint, 0.0);
-                    states[t * joint..(t + 1) * joint].copy_from_slice(&feats);
-                }
-                states[clip_tokens * joint..].copy_from_slice(&t5_states);
-                let mut pooled = l.projection.ok_or_else(|| {
-                    NetworkError::InvalidInput(
-                        "SD3's text_encoder must be a CLIPTextModelWithProjection".into(),
-                    )
-                })?;
-                pooled.extend(g.projection.ok_or_else(|| {
-                    NetworkError::InvalidInput(
-                        "SD3's text_encoder_2 must be a CLIPTextModelWithProjection".into(),
-                    )
-                })?);
-                Ok(PromptEmbedding { states, tokens: clip_tokens + t5_tokens, pooled: Some(pooled) })
-            }
-            Encoders::Sd { clip, tokenizer } => {
-                // The last layer's states after the final LayerNorm, no mask.
-                let (ids, _) = tokenizer.encode(prompt)?;
-                let out = clip.encode(&ids, 1, None)?;
-                Ok(PromptEmbedding { states: out.last_hidden_state, tokens: ids.len(), pooled: None })
-            }
-            Encoders::Sdxl { clip_l, clip_g, tokenizer_l, tokenizer_g } => {
-                // Each tower's second-to-last states side by side; the pooled vector is
-                // the second tower's projection.
-                let (tokens, [l, g]) =
-                    two_towers(prompt, [(clip_l, tokenizer_l), (clip_g, tokenizer_g)], "SD-XL")?;
-                let (wl, wg) = (l.width, g.width);
-                let mut states = Vec::with_capacity(tokens * (wl + wg));
-                for t in 0..tokens {
-                    states.extend_from_slice(&l.states[t * wl..(t + 1) * wl]);
-                    states.extend_from_slice(&g.states[t * wg..(t + 1) * wg]);
-                }
-                let pooled = g.projection.ok_or_else(|| {
-                    NetworkError::InvalidInput(
-                        "SD-XL's text_encoder_2 must be a CLIPTextModelWithProjection".into(),
-                    )
-                })?;
-                Ok(PromptEmbedding { states, tokens, pooled: Some(pooled) })
-            }
-        }
+        encoders.encode(prompt, &self.config, joint)
     }
     /// The picture of a denoised latent, in [-1, 1].
     pub fn decode(&self, latent: &Latent) -> Result<Image> {
@@ -557,37 +391,4 @@ impl ImagePipeline {
         let latent = self.sample_latent_from_image(&cond, image, strength, noise, progress)?;
         self.decode(&latent)
     }
-}
-
-/// One CLIP tower's part of SD3's and SD-XL's prompt embedding.
-struct Tower {
-    /// Second-to-last hidden states, (tokens, width).
-    states: Vec<f32>,
-    width: usize,
-    /// The projected pooled vector (`CLIPTextModelWithProjection` only).
-    projection: Option<Vec<f32>>,
-}
-
-/// Both CLIP towers on `prompt`: their tokens (which must pad to the same length, as the
-/// towers' states are laid side by side) and each one's [`Tower`].
-fn two_towers(
-    prompt: &str, towers: [(&ClipTextEncoder, &ClipTokenizer); 2], family: &str,
-) -> Result<(usize, [Tower; 2])> {
-    let [a, b] = towers.map(|(clip, tokenizer)| -> Result<(usize, Tower)> {
-        let (ids, _) = tokenizer.encode(prompt)?;
-        let mut out = clip.encode(&ids, 1, None)?;
-        let at = out.hidden_states.len().saturating_sub(2);
-        let states = out.hidden_states.get_mut(at).map(std::mem::take).ok_or_else(|| {
-            NetworkError::InvalidInput(format!("{family}'s CLIP tower returned no hidden states"))
-        })?;
-        let tower = Tower { states, width: clip.config().hidden_size, projection: out.text_embeds };
-        Ok((ids.len(), tower))
-    });
-    let ((na, a), (nb, b)) = (a?, b?);
-    if na != nb {
-        return Err(NetworkError::InvalidInput(format!(
-            "the CLIP tokenizers pad to {na} and {nb} tokens; {family} lays the towers side by side"
-        )));
-    }
-    Ok((na, [a, b]))
 }

@@ -126,7 +126,7 @@ impl ImagePipeline {
         })
     }
     pub(super) fn is_unet(&self) -> bool {
-        matches!(self.family, Family::Sd | Family::Sdxl)
+        self.family.dit_kind().is_none()
     }
     /// A fresh run of the UNet pipelines' sampler (`config.solver` over the folder's
     /// training schedule).
@@ -291,25 +291,14 @@ impl ImagePipeline {
         }
         let pooled = (cfg.kind != DitKind::Flux2).then_some(pooled);
         // Token packing and positions.
-        let pack = match self.family {
-            Family::Flux => Some(PatchSpec {
-                batch: 1,
-                channels: c,
-                height: h,
-                width: w,
-                patch: 2,
-                order: PatchOrder::ChannelFirst,
-            }),
-            Family::Flux2 => Some(PatchSpec {
-                batch: 1,
-                channels: c,
-                height: h,
-                width: w,
-                patch: 1,
-                order: PatchOrder::ChannelFirst,
-            }),
-            Family::Sd3 | Family::Sd | Family::Sdxl => None,
-        };
+        let pack = self.family.token_patch().map(|patch| PatchSpec {
+            batch: 1,
+            channels: c,
+            height: h,
+            width: w,
+            patch,
+            order: PatchOrder::ChannelFirst,
+        });
         let axes = cfg.axes_dims_rope.len();
         let (img_ids, txt_ids) = match pack {
             Some(p) => {
