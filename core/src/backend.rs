@@ -33,7 +33,7 @@ pub use crate::ops::lora::LoraOps;
 pub use crate::ops::lora::LoraSpec;
 pub use crate::ops::loss::LossOps;
 pub use crate::ops::matmul::MatmulOps;
-pub use crate::ops::matmul::{MatmulSpec, Precision};
+pub use crate::ops::matmul::{MatmulSpec, OperandPrecision};
 pub use crate::ops::modulation::ModulationOps;
 pub use crate::ops::modulation::{ColumnCopy, ModulationSpec, RopePairsSpec};
 pub use crate::ops::moe::MoeOps;

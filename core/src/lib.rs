@@ -65,8 +65,8 @@ pub mod sampler;
 pub mod schedule;
 
 pub use backend::{
-    global_l2_norm, AdamParams, AttentionSpec, Backend, CrossEntropySum, MatmulSpec, Precision, RopeSpec,
-    RoutedSpec, SgdParams,
+    global_l2_norm, AdamParams, AttentionSpec, Backend, CrossEntropySum, MatmulSpec, OperandPrecision,
+    RopeSpec, RoutedSpec, SgdParams,
 };
 pub use error::CoreError;
 pub use ops::activation::Activation;

@@ -21,7 +21,7 @@ use bench::{best, commit, cpu_model};
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain::dit::dit_config;
 use rusting_brain::profile::Profiled;
-use rusting_brain_core::models::dit::{Dit, DitConfig, DitInput, DitKind, DitLatent};
+use rusting_brain_core::models::dit::{DitConfig, DitInput, DitKind, DitLatent, DitModel};
 use rusting_brain_core::{Backend, Rng};
 use serde_json::{json, Value};
 
@@ -49,14 +49,14 @@ fn parse(class: &str, config: &Value) -> Result<DitConfig, Box<dyn std::error::E
 
 fn model<B: Backend<Buffer = Vec<f32>>>(
     be: B, config: &DitConfig, rng: &mut Rng,
-) -> Result<Dit<B>, Box<dyn std::error::Error>> {
+) -> Result<DitModel<B>, Box<dyn std::error::Error>> {
     let weights: BTreeMap<String, Vec<f32>> = config
         .layout()
         .tensors
         .iter()
         .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
         .collect();
-    Ok(Dit::new(be, config.clone(), weights)?)
+    Ok(DitModel::new(be, config.clone(), weights)?)
 }
 
 /// The inputs of one step at batch 1.
@@ -94,7 +94,7 @@ fn inputs(config: &DitConfig, case: &Case, rng: &mut Rng) -> Inputs {
     }
 }
 
-fn step<B: Backend<Buffer = Vec<f32>>>(dit: &Dit<B>, x: &Inputs, case: &Case) -> Vec<f32> {
+fn step<B: Backend<Buffer = Vec<f32>>>(dit: &DitModel<B>, x: &Inputs, case: &Case) -> Vec<f32> {
     let config = dit.config();
     let (gh, gw) = case.grid;
     let p = config.patch_size;

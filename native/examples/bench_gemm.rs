@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain_core::backend::MatmulOps;
-use rusting_brain_core::backend::{MatmulSpec, Precision};
+use rusting_brain_core::backend::{MatmulSpec, OperandPrecision};
 use rusting_brain_core::{ReferenceBackend, Rng};
 
 /// Best times of several contenders measured in rotating turns (a b c, b c a, ...), so a slow
@@ -158,7 +158,7 @@ fn main() {
         let b = rng.normal_vec(k * n, 1.0);
         let (mut c1, mut c2) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
         let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb);
-        let spec16 = spec.precision(Precision::Bf16);
+        let spec16 = spec.precision(OperandPrecision::Bf16);
         let flops = 2.0 * (m * n * k) as f64;
         let reps = ((8e9 / flops) as usize).clamp(5, 300);
         let t = best_in_turns(

@@ -31,7 +31,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use rusting_brain::core::backend::Precision;
+use rusting_brain::core::backend::OperandPrecision;
 use rusting_brain::core::models::transformer::{TokenBatch, TransformerConfig, TransformerModel};
 use rusting_brain::core::Rng;
 use rusting_brain::cpu::CpuBackend;
@@ -81,7 +81,7 @@ fn measure(model: &mut TransformerLm, seqs: &[Vec<u32>]) -> Result<f64, Box<dyn 
 /// The step's time by primitive: the same step on `backend` wrapped in `Profiled` (which
 /// fences each primitive with `synchronize`, so on a device the times are the kernels').
 fn print_breakdown<B: Backend>(
-    backend: B, config: &TransformerConfig, seqs: &[Vec<u32>], precision: Precision,
+    backend: B, config: &TransformerConfig, seqs: &[Vec<u32>], precision: OperandPrecision,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut pm = TransformerModel::new(Profiled::new(backend), config.clone(), 0)?;
     pm.precision = precision;
@@ -234,7 +234,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Where the time goes: the same step through a timing wrapper around the CPU backend.
-    print_breakdown(CpuBackend::new(), &config, &seqs, Precision::F32)?;
+    print_breakdown(CpuBackend::new(), &config, &seqs, OperandPrecision::F32)?;
     Ok(())
 }
 
@@ -307,7 +307,7 @@ mod gpu {
                 c.dispatches, c.submits, c.buffers, c.bind_groups
             );
         }
-        print_breakdown(backend, &config, &seqs, Precision::F32)
+        print_breakdown(backend, &config, &seqs, OperandPrecision::F32)
     }
 }
 
@@ -316,7 +316,7 @@ mod gpu {
 mod cuda {
     use std::time::Instant;
 
-    use rusting_brain::core::backend::{MatmulOps, MatmulSpec, Memory, Precision};
+    use rusting_brain::core::backend::{MatmulOps, MatmulSpec, Memory, OperandPrecision};
     use rusting_brain::core::Rng;
     use rusting_brain::cuda::CudaBackend;
     use rusting_brain::{Optimizer, TransformerLm};
@@ -324,7 +324,7 @@ mod cuda {
     /// The largest square BF16 GEMM's TFLOP/s on this device: the peak MFU is measured
     /// against (8192^3, best of 10 after a warm-up).
     pub fn gemm_peak(
-        b: &CudaBackend, n: usize, precision: Precision,
+        b: &CudaBackend, n: usize, precision: OperandPrecision,
     ) -> Result<f64, Box<dyn std::error::Error>> {
         let x = b.upload(&vec![0.01f32; n * n])?;
         let w = b.upload(&vec![0.01f32; n * n])?;
@@ -381,7 +381,7 @@ mod cuda {
         let flops_per_token = 6.0 * model.config().forward_macs_per_token(seq);
 
         let probe = CudaBackend::new(0, 4096)?;
-        let peak = gemm_peak(&probe, 8192, Precision::Bf16)?;
+        let peak = gemm_peak(&probe, 8192, OperandPrecision::Bf16)?;
         let mfu = ours * flops_per_token / (peak * 1e12);
 
         let python = std::env::var("RB_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -444,7 +444,7 @@ mod cuda {
         // fencing adds the launch gaps a queued step hides.
         let fenced = CudaBackend::new(0, budget)?;
         fenced.set_bf16_attention(true);
-        super::print_breakdown(fenced, model.config(), &seqs, Precision::Bf16)?;
+        super::print_breakdown(fenced, model.config(), &seqs, OperandPrecision::Bf16)?;
         Ok(())
     }
 }

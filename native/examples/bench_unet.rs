@@ -19,7 +19,7 @@ use bench::{best, commit, cpu_model};
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain::profile::Profiled;
 use rusting_brain::unet::unet_config;
-use rusting_brain_core::models::unet::{Unet, UnetInput};
+use rusting_brain_core::models::unet::{UnetInput, UnetModel};
 use rusting_brain_core::Rng;
 use serde_json::{json, Value};
 
@@ -72,7 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
             .collect();
-        let unet = Unet::new(be, config.clone(), weights.clone())?;
+        let unet = UnetModel::new(be, config.clone(), weights.clone())?;
         let n = case.latent;
         let sample = rng.normal_vec(2 * config.in_channels * n * n, 1.0);
         let context = rng.normal_vec(2 * case.tokens * config.cross_attention_dim, 1.0);
@@ -93,7 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
         ours.push((config.layout().parameter_count(), t, extra));
         if ci == 1 {
-            let profiled = Unet::new(Profiled::new(be), config.clone(), weights)?;
+            let profiled = UnetModel::new(Profiled::new(be), config.clone(), weights)?;
             let t = Instant::now();
             profiled.forward(&input)?;
             breakdown = profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false);

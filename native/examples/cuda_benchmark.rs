@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use rusting_brain::core::backend::{MatmulSpec, Precision};
+use rusting_brain::core::backend::{MatmulSpec, OperandPrecision};
 use rusting_brain::cuda::CudaBackend;
 use rusting_brain_core::backend::MatmulOps;
 use rusting_brain_core::backend::Memory;
@@ -55,11 +55,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("lm head dW", vocab, d, tokens, true, false),
     ];
     println!("{:<16} {:>24} {:>10} {:>10} {:>9}", "product", "m x n x k", "BF16", "FP32", "of peak");
-    let peak = time(&b, &MatmulSpec::new(8192, 8192, 8192).trans_b(true).precision(Precision::Bf16))?;
+    let peak = time(&b, &MatmulSpec::new(8192, 8192, 8192).trans_b(true).precision(OperandPrecision::Bf16))?;
     let peak32 = time(&b, &MatmulSpec::new(8192, 8192, 8192).trans_b(true))?;
     for (name, m, n, k, ta, tb) in shapes {
         let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb);
-        let bf = time(&b, &spec.precision(Precision::Bf16))?;
+        let bf = time(&b, &spec.precision(OperandPrecision::Bf16))?;
         let f = time(&b, &spec)?;
         println!(
             "{name:<16} {:>24} {bf:>10.1} {f:>10.1} {:>8.0}%",

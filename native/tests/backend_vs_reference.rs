@@ -117,7 +117,7 @@ fn bf16_products_match_reference_on_the_tiles_edges() {
                     .alpha(alpha)
                     .beta(beta)
                     .batch(batch)
-                    .precision(Precision::Bf16);
+                    .precision(OperandPrecision::Bf16);
                 let init = if beta == 0.0 { nan(batch * m * n) } else { randn(&mut rng, batch * m * n) };
                 let (mut c1, mut c2) = (init.clone(), init);
                 cpu.matmul(&mut c1, &a, &b, &spec).unwrap();
@@ -140,7 +140,7 @@ fn bf16_products_are_the_same_bits_on_one_thread_and_on_three() {
     let (m, n, k) = (200, 150, 300);
     let a = randn(&mut rng, m * k);
     let b = randn(&mut rng, k * n);
-    let spec = MatmulSpec::new(m, n, k).trans_b(true).precision(Precision::Bf16);
+    let spec = MatmulSpec::new(m, n, k).trans_b(true).precision(OperandPrecision::Bf16);
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         let mut c = nan(m * n);
@@ -155,7 +155,7 @@ fn batched_and_bf16_matmul_match_reference() {
     let (cpu, rf) = backends();
     let mut rng = Rng::new(101);
     for &(m, n, k, batch) in &[(7, 33, 3, 3), (1, 127, 33, 2), (33, 33, 33, 2)] {
-        for precision in [Precision::F32, Precision::Bf16] {
+        for precision in [OperandPrecision::F32, OperandPrecision::Bf16] {
             let a = randn(&mut rng, batch * m * k);
             let b = randn(&mut rng, batch * k * n);
             let spec = MatmulSpec::new(m, n, k).trans_b(true).batch(batch).precision(precision);

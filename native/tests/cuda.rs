@@ -136,7 +136,7 @@ fn primitives_matmul(c: &CudaBackend) -> R {
     let mut p = Pair { cuda: c, rng: Rng::new(2) };
     for (m, n, k) in [(1, 1, 1), (3, 7, 33), (127, 33, 1000), (64, 768, 256), (33, 1000, 7)] {
         for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-            for prec in [Precision::F32, Precision::Bf16] {
+            for prec in [OperandPrecision::F32, OperandPrecision::Bf16] {
                 for beta in [0.0f32, 1.0] {
                     let (a, b, c0) = (p.randn(m * k), p.randn(k * n), p.randn(m * n));
                     let spec = MatmulSpec::new(m, n, k)
@@ -169,7 +169,7 @@ fn primitives_matmul(c: &CudaBackend) -> R {
     c.matmul(&mut got, &p.up(&a)?, &p.up(&b)?, &spec)?;
     close("batched matmul", &p.down(&got)?, &want, 1e-5)?;
     let (big_a, big_b, big_c) = (p.randn(300), p.randn(400), p.randn(200));
-    for prec in [Precision::F32, Precision::Bf16] {
+    for prec in [OperandPrecision::F32, OperandPrecision::Bf16] {
         let spec = MatmulSpec::new(4, 6, 10).trans_b(true).window(37, 11, 101).precision(prec).accumulate();
         let mut want = big_c.clone();
         REF.matmul(&mut want, &big_a, &big_b, &spec)?;

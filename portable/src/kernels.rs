@@ -6,7 +6,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use rusting_brain_core::backend::{AttentionSpec, MatmulSpec, Precision, Q8Product};
+use rusting_brain_core::backend::{AttentionSpec, MatmulSpec, OperandPrecision, Q8Product};
 use rusting_brain_core::ops::matmul::round_bf16;
 use rusting_brain_core::ops::{q8, swiglu};
 use rusting_brain_core::Result;
@@ -21,7 +21,7 @@ pub(crate) fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> 
     let (a, b, c, spec) = spec.operands("matmul", a, b, c)?;
     let (la, lb, lc) = spec.check("matmul", a.len(), b.len(), c.len())?;
     let MatmulSpec { m, n, k, .. } = spec;
-    let bf16 = spec.precision == Precision::Bf16;
+    let bf16 = spec.precision == OperandPrecision::Bf16;
     let round = |v: f32| if bf16 { round_bf16(v) } else { v };
     let mut a_rows: Vec<f32> = Vec::new();
     let mut b_cols: Vec<f32> = Vec::new();

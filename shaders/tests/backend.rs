@@ -633,7 +633,7 @@ fn tiled_matmul_matches_the_reference_on_ragged_edges() {
 
 #[test]
 fn bf16_matmul_rounds_its_operands_as_the_reference() {
-    use rusting_brain_core::backend::Precision;
+    use rusting_brain_core::backend::OperandPrecision;
     let Some(g) = gpu() else { return };
     let r = ReferenceBackend;
     let mut rng = Rng::new(23);
@@ -644,7 +644,7 @@ fn bf16_matmul_rounds_its_operands_as_the_reference() {
         (9, 200, 64, false, false, 1.0),
     ] {
         let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).beta(beta);
-        let bf = spec.precision(Precision::Bf16);
+        let bf = spec.precision(OperandPrecision::Bf16);
         let (a, b, c) = (rng.normal_vec(m * k, 1.0), rng.normal_vec(k * n, 1.0), rng.normal_vec(m * n, 1.0));
         let out = on_both!(
             g,

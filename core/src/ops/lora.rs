@@ -13,7 +13,7 @@
 //! the first row starts. `A`, `B`, `dA`, `dB` are whole.
 
 use crate::backend::MatmulOps;
-use crate::backend::Precision;
+use crate::backend::OperandPrecision;
 use crate::error::check_len;
 use crate::ops::matmul::MatmulSpec;
 use crate::reference::in_f64;
@@ -42,7 +42,7 @@ pub struct LoraSpec {
     /// See `x_offset`.
     pub t_offset: usize,
     /// Operand precision of a backend's products (the reference computes in f64).
-    pub precision: Precision,
+    pub precision: OperandPrecision,
 }
 
 impl LoraSpec {
@@ -57,7 +57,7 @@ impl LoraSpec {
             x_offset: 0,
             y_offset: 0,
             t_offset: 0,
-            precision: Precision::F32,
+            precision: OperandPrecision::F32,
         }
     }
     /// The same product on a run of rows starting at these element offsets.
@@ -68,7 +68,7 @@ impl LoraSpec {
         self
     }
     /// Sets the products' operand precision.
-    pub fn precision(mut self, p: Precision) -> Self {
+    pub fn precision(mut self, p: OperandPrecision) -> Self {
         self.precision = p;
         self
     }

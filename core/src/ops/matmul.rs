@@ -11,7 +11,7 @@ use alloc::vec::Vec;
 /// The element type GEMM operands are rounded to before multiplying. Accumulation is always
 /// in the caller's type (f32 on backends), like cuBLAS's BF16 GEMM with FP32 compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Precision {
+pub enum OperandPrecision {
     /// Operands used as they are.
     #[default]
     F32,
@@ -49,7 +49,7 @@ pub struct MatmulSpec {
     /// Multiplies the old `C` (0: overwrite, never read).
     pub beta: f32,
     /// The products' precision (F32, or BF16 operands with f32 sums).
-    pub precision: Precision,
+    pub precision: OperandPrecision,
     /// Independent products, each operand's blocks one after another.
     pub batch: usize,
     /// Where the operands start inside larger buffers.
@@ -82,7 +82,7 @@ impl MatmulSpec {
             trans_b: false,
             alpha: 1.0,
             beta: 0.0,
-            precision: Precision::F32,
+            precision: OperandPrecision::F32,
             batch: 1,
             window: None,
         }
@@ -118,7 +118,7 @@ impl MatmulSpec {
         self.beta(1.0)
     }
     /// Sets the products' precision.
-    pub fn precision(mut self, p: Precision) -> Self {
+    pub fn precision(mut self, p: OperandPrecision) -> Self {
         self.precision = p;
         self
     }
@@ -190,10 +190,10 @@ pub fn round_bf16(x: f32) -> f32 {
     half::bf16::from_f32(x).to_f32()
 }
 
-fn operand<T: Real>(x: T, p: Precision) -> T {
+fn operand<T: Real>(x: T, p: OperandPrecision) -> T {
     match p {
-        Precision::F32 => x,
-        Precision::Bf16 => T::from_f32(round_bf16(x.to_f32())),
+        OperandPrecision::F32 => x,
+        OperandPrecision::Bf16 => T::from_f32(round_bf16(x.to_f32())),
     }
 }
 

@@ -1,4 +1,4 @@
-//! The diffusion transformers of the image pipelines (core's [`Dit`](CoreDit) on the CPU),
+//! The diffusion transformers of the image pipelines (core's [`Dit`](DitModel) on the CPU),
 //! loaded from a pipeline's `transformer/` folder: `config.json` for every shape, and the
 //! weights in either published spelling, told apart by the tensor names alone:
 //!
@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
-use rusting_brain_core::models::dit::{Dit as CoreDit, DitConfig, DitInput, DitKind};
+use rusting_brain_core::models::dit::{DitConfig, DitInput, DitKind, DitModel};
 use rusting_brain_core::models::image::blocks::Layout;
 
 use crate::backend::cpu::CpuBackend;
@@ -365,7 +365,7 @@ fn stored_shape(source: &Source, shape: &[usize]) -> Vec<usize> {
 
 /// A diffusion transformer on the CPU, as a pipeline folder stores it.
 pub struct Dit {
-    model: CoreDit<CpuBackend>,
+    model: DitModel<CpuBackend>,
     spelling: Spelling,
 }
 
@@ -436,7 +436,7 @@ impl Dit {
                 weights.insert(name.clone(), data);
             }
         }
-        Ok(Dit { model: CoreDit::with_q8(CpuBackend::new(), config, weights, q8)?, spelling })
+        Ok(Dit { model: DitModel::with_q8(CpuBackend::new(), config, weights, q8)?, spelling })
     }
 
     /// The architecture read from the folder.

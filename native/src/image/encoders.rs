@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use rusting_brain_core::backend::Unary;
-use rusting_brain_core::models::clip::{ClipText, ClipTextConfig, ClipTextOutput};
+use rusting_brain_core::models::clip::{ClipTextConfig, ClipTextModel, ClipTextOutput};
 use rusting_brain_core::models::image::blocks::Layout;
-use rusting_brain_core::models::t5::{T5Config, T5Encoder as T5Model};
+use rusting_brain_core::models::t5::{T5Config, T5Model};
 use rusting_brain_core::models::transformer::TransformerModel;
 use serde_json::Value;
 
@@ -248,7 +248,7 @@ pub fn t5_config(path: &Path) -> Result<T5Config> {
 
 /// A CLIP text tower (`CLIPTextModel` or `CLIPTextModelWithProjection`) on the CPU.
 pub struct ClipTextEncoder {
-    model: ClipText<CpuBackend>,
+    model: ClipTextModel<CpuBackend>,
 }
 
 impl ClipTextEncoder {
@@ -280,7 +280,7 @@ impl ClipTextEncoder {
             |n| n.ends_with("embeddings.position_ids"),
             |n, _| linear_matrix(n, precision),
         )?;
-        Ok(ClipTextEncoder { model: ClipText::with_q8(CpuBackend::new(), config, weights, q8)? })
+        Ok(ClipTextEncoder { model: ClipTextModel::with_q8(CpuBackend::new(), config, weights, q8)? })
     }
 
     /// Bytes the weights hold.

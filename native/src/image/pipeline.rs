@@ -182,7 +182,7 @@ pub enum Noise {
 
 /// The training schedule the folder's scheduler describes.
 #[derive(Debug, Clone)]
-enum Schedule {
+enum NoiseSchedule {
     Flow(FlowMatchConfig),
     /// The scheduler's file, read for whichever solver runs (as diffusers' `from_config`).
     Discrete(std::path::PathBuf),
@@ -193,7 +193,7 @@ pub struct ImagePipeline {
     family: Family,
     /// The call-time settings; change them between runs.
     pub config: PipelineConfig,
-    scheduler: Schedule,
+    scheduler: NoiseSchedule,
     distilled: bool,
     /// SD-XL: the negative prompt is zeros when it is empty.
     force_zeros_for_empty_prompt: bool,
@@ -238,9 +238,9 @@ impl ImagePipeline {
         let scheduler_path = scheduler_dir.join("scheduler_config.json");
         let (scheduler, solver) =
             match (crate::image::scheduler::scheduler_config(&scheduler_path)?, unet_family) {
-                (SchedulerConfig::FlowMatch(c), false) => (Schedule::Flow(c), Solver::Euler),
+                (SchedulerConfig::FlowMatch(c), false) => (NoiseSchedule::Flow(c), Solver::Euler),
                 (SchedulerConfig::Discrete(solver, _), true) => {
-                    (Schedule::Discrete(scheduler_path.clone()), solver)
+                    (NoiseSchedule::Discrete(scheduler_path.clone()), solver)
                 }
                 _ => {
                     return Err(NetworkError::parse(

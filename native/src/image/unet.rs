@@ -1,4 +1,4 @@
-//! The UNet of Stable Diffusion 1.x, 2.x and XL (core's [`Unet`](CoreUnet) on the CPU),
+//! The UNet of Stable Diffusion 1.x, 2.x and XL (core's [`Unet`](UnetModel) on the CPU),
 //! loaded from a pipeline's `unet/` folder: `config.json` for every shape and diffusers'
 //! `diffusion_pytorch_model.safetensors` (single or sharded, F32/BF16/F16). The options
 //! of `UNet2DConditionModel` no Stable Diffusion release uses (class embeddings, LCM's
@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use rusting_brain_core::models::unet::{Unet as CoreUnet, UnetConfig, UnetInput};
+use rusting_brain_core::models::unet::{UnetConfig, UnetInput, UnetModel};
 
 use crate::backend::cpu::CpuBackend;
 use crate::image::encoders::Config;
@@ -156,7 +156,7 @@ pub fn unet_config(path: &Path) -> Result<UnetConfig> {
 
 /// A Stable Diffusion UNet on the CPU.
 pub struct Unet {
-    model: CoreUnet<CpuBackend>,
+    model: UnetModel<CpuBackend>,
 }
 
 impl Unet {
@@ -178,7 +178,7 @@ impl Unet {
             |_| false,
             |n, s| precision == Precision::Q8 && s.len() == 2 && n.ends_with(".weight"),
         )?;
-        Ok(Unet { model: CoreUnet::with_q8(CpuBackend::new(), config, weights, q8)? })
+        Ok(Unet { model: UnetModel::with_q8(CpuBackend::new(), config, weights, q8)? })
     }
 
     /// The architecture read from the folder.

@@ -2,7 +2,7 @@
 //! model (`crate::lm::device::DeviceLm`): the memory budget checked before the copy, and the
 //! attention kernels following the GEMM precision.
 
-use rusting_brain_core::backend::Precision;
+use rusting_brain_core::backend::OperandPrecision;
 use rusting_brain_core::models::transformer::TransformerModel;
 
 use crate::backend::cpu::CpuBackend;
@@ -15,8 +15,8 @@ impl DeviceBackend for CudaBackend {
     fn device_name(&self) -> String {
         format!("{} (CUDA)", CudaBackend::device_name(self))
     }
-    fn precision_changed(&self, p: Precision) {
-        self.set_bf16_attention(p == Precision::Bf16);
+    fn precision_changed(&self, p: OperandPrecision) {
+        self.set_bf16_attention(p == OperandPrecision::Bf16);
     }
 }
 

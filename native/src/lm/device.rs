@@ -3,7 +3,7 @@
 //! once `sync_from_device` has brought the weights back. Both devices run the one model
 //! definition in core; what differs per device is only how it opens and what it is called.
 
-use rusting_brain_core::backend::Precision;
+use rusting_brain_core::backend::OperandPrecision;
 use rusting_brain_core::models::transformer::{LossSum, Params, TokenBatch, TransformerModel};
 use rusting_brain_core::{Backend, CoreError, Optimizer};
 
@@ -17,7 +17,7 @@ pub(crate) trait DeviceBackend: Backend + Clone + 'static {
     /// The adapter or card, for [`crate::TransformerLm::device`].
     fn device_name(&self) -> String;
     /// The model's GEMM precision changed (CUDA switches its attention kernels with it).
-    fn precision_changed(&self, _: Precision) {}
+    fn precision_changed(&self, _: OperandPrecision) {}
 }
 
 pub(crate) struct DeviceLm<B: DeviceBackend> {
@@ -107,7 +107,7 @@ pub(crate) trait OnDevice {
     fn device_name(&self) -> String;
     fn steps(&self) -> u64;
     fn expert_usage(&self) -> Vec<Vec<f64>>;
-    fn set_precision(&mut self, p: Precision);
+    fn set_precision(&mut self, p: OperandPrecision);
     fn zero_grad(&mut self) -> Result<(), CoreError>;
     fn accumulate(&mut self, tb: &TokenBatch) -> Result<LossSum, CoreError>;
     fn step(&mut self, opt: &Optimizer, scale: f32) -> Result<(), CoreError>;
@@ -151,7 +151,7 @@ impl<B: DeviceBackend> OnDevice for DeviceLm<B> {
     fn expert_usage(&self) -> Vec<Vec<f64>> {
         self.device.expert_usage().to_vec()
     }
-    fn set_precision(&mut self, p: Precision) {
+    fn set_precision(&mut self, p: OperandPrecision) {
         self.device.precision = p;
         self.host.precision = p;
         self.device.backend.precision_changed(p);

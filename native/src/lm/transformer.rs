@@ -6,7 +6,7 @@ use rusting_brain_core::models::transformer::{
     Conversation, KvCache, LoraConfig, LossSum, MoeConfig, Reply, TokenBatch, TransformerConfig,
     TransformerModel, Turn,
 };
-use rusting_brain_core::{CoreError, Optimizer, Precision, RopeScaling, Sampler};
+use rusting_brain_core::{CoreError, OperandPrecision, Optimizer, RopeScaling, Sampler};
 
 use crate::backend::cpu::CpuBackend;
 #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
@@ -389,7 +389,7 @@ impl TransformerLm {
     /// the numerics to match a BF16 GPU run but not the speed. On CUDA the GEMMs run on BF16
     /// tensor cores and attention takes the BF16 flash kernels (head size 64 or 128).
     pub fn set_mixed_precision(&mut self, on: bool) {
-        let p = if on { Precision::Bf16 } else { Precision::F32 };
+        let p = if on { OperandPrecision::Bf16 } else { OperandPrecision::F32 };
         #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
         if let Some(d) = self.on_device_mut() {
             d.set_precision(p);
@@ -502,7 +502,7 @@ impl TransformerLm {
         Ok(self.model_mut().forward_logits(batch)?)
     }
     /// Rounds the weights to int8 (per-row absmax scales; norms stay f32): a quarter of the
-    /// memory traffic per decoded token. One-way: training, `save_bin(Precision::F32)` and
+    /// memory traffic per decoded token. One-way: training, `save_bin(OperandPrecision::F32)` and
     /// device moves return an error afterwards.
     pub fn quantize(&mut self) -> Result<()> {
         self.refuse_on_device("quantize", "call to_cpu() first")?;

@@ -6,7 +6,7 @@ use super::*;
 use crate::backend::WgpuBackend;
 use crate::GpuBuffer;
 use rusting_brain_core::backend::LoraOps;
-use rusting_brain_core::backend::Precision;
+use rusting_brain_core::backend::OperandPrecision;
 use rusting_brain_core::Result;
 
 const LORA: Kernel = kernel!("lora");
@@ -64,7 +64,7 @@ impl LoraOps for WgpuBackend {
         s.check("lora_forward", x.len(), y.len(), t.len(), a.len(), b.len())?;
         // One pass for f32 adapters of the usual ranks (a decode step's one dispatch per
         // projection instead of two); bf16 operands and larger ranks take the two GEMMs.
-        if s.rank > crate::ops::LORA_MAX_RANK || s.precision != Precision::F32 {
+        if s.rank > crate::ops::LORA_MAX_RANK || s.precision != OperandPrecision::F32 {
             return rusting_brain_core::backend::lora_forward_by_gemm(self, y, t, x, a, b, s);
         }
         self.record(|batch, _| batch.lora_forward(y, t, x, a, b, s))

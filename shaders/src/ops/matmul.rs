@@ -6,7 +6,7 @@ use rusting_brain_core::backend::ElementwiseOps;
 use rusting_brain_core::backend::MatmulOps;
 use rusting_brain_core::backend::MatmulSpec;
 use rusting_brain_core::backend::Memory;
-use rusting_brain_core::backend::Precision;
+use rusting_brain_core::backend::OperandPrecision;
 use rusting_brain_core::Result;
 
 impl MatmulOps for WgpuBackend {
@@ -29,7 +29,7 @@ impl MatmulOps for WgpuBackend {
                 (spec.trans_a, spec.trans_b),
                 (spec.alpha, spec.beta),
                 at,
-                spec.precision == Precision::Bf16,
+                spec.precision == OperandPrecision::Bf16,
             )
         })
     }

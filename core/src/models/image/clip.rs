@@ -89,7 +89,7 @@ pub struct ClipTextOutput {
     pub last_hidden_state: Vec<f32>,
     /// The residual stream after the embeddings and after each layer (transformers'
     /// `hidden_states`: `num_hidden_layers + 1` entries, none normed). Stable Diffusion XL
-    /// reads the second to last, SD 2.x normalizes it with [`ClipText::final_norm`].
+    /// reads the second to last, SD 2.x normalizes it with [`ClipTextModel::final_norm`].
     pub hidden_states: Vec<Vec<f32>>,
     /// `(batch, hidden)`: the final-normed state at each row's end-of-text token.
     pub pooled: Vec<f32>,
@@ -149,14 +149,14 @@ impl<B: Backend> Layers<B> {
 }
 
 /// A CLIP text encoder over backend `B`, with its weights.
-pub struct ClipText<B: Backend> {
+pub struct ClipTextModel<B: Backend> {
     backend: B,
     config: ClipTextConfig,
     layers: Layers<B>,
     weight_bytes: usize,
 }
 
-impl<B: Backend> ClipText<B> {
+impl<B: Backend> ClipTextModel<B> {
     /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the scales
     /// for int8 matrices.
     pub fn weight_bytes(&self) -> usize {
@@ -165,10 +165,10 @@ impl<B: Backend> ClipText<B> {
 
     /// The encoder from its weights by transformers' names, each checked against the configuration.
     pub fn new(backend: B, config: ClipTextConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
-        ClipText::with_q8(backend, config, weights, BTreeMap::new())
+        ClipTextModel::with_q8(backend, config, weights, BTreeMap::new())
     }
 
-    /// [`ClipText::new`] with the projection matrices in `q8` as int8.
+    /// [`ClipTextModel::new`] with the projection matrices in `q8` as int8.
     pub fn with_q8(
         backend: B, config: ClipTextConfig, weights: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
@@ -177,7 +177,7 @@ impl<B: Backend> ClipText<B> {
         let mut s = Loader::new(&backend, weights, q8);
         let layers = Layers::load(&config, &mut s)?;
         let weight_bytes = s.finish()?;
-        Ok(ClipText { backend, config, layers, weight_bytes })
+        Ok(ClipTextModel { backend, config, layers, weight_bytes })
     }
 
     /// The architecture.

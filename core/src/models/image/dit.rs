@@ -474,7 +474,7 @@ impl<B: Backend> Layers<B> {
 }
 
 /// A diffusion transformer (FLUX.1, FLUX.2 or SD3) over backend `B`, with its weights.
-pub struct Dit<B: Backend> {
+pub struct DitModel<B: Backend> {
     backend: B,
     config: DitConfig,
     layers: Layers<B>,
@@ -489,7 +489,7 @@ struct Qkv<B: Backend> {
     tokens: usize,
 }
 
-impl<B: Backend> Dit<B> {
+impl<B: Backend> DitModel<B> {
     /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the scales
     /// for int8 matrices.
     pub fn weight_bytes(&self) -> usize {
@@ -498,10 +498,10 @@ impl<B: Backend> Dit<B> {
 
     /// The model from its weights by diffusers' names (every tensor checked against the configuration).
     pub fn new(backend: B, config: DitConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
-        Dit::with_q8(backend, config, weights, BTreeMap::new())
+        DitModel::with_q8(backend, config, weights, BTreeMap::new())
     }
 
-    /// [`Dit::new`] with the matrices in `q8` held as int8.
+    /// [`DitModel::new`] with the matrices in `q8` held as int8.
     pub fn with_q8(
         backend: B, config: DitConfig, weights: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
@@ -510,7 +510,7 @@ impl<B: Backend> Dit<B> {
         let mut s = Loader::new(&backend, weights, q8);
         let layers = Layers::load(&config, &mut s)?;
         let weight_bytes = s.finish()?;
-        Ok(Dit { backend, config, layers, weight_bytes })
+        Ok(DitModel { backend, config, layers, weight_bytes })
     }
 
     /// The architecture.

@@ -158,14 +158,14 @@ impl<B: Backend> Layers<B> {
 }
 
 /// A T5 encoder over backend `B`, with its weights.
-pub struct T5Encoder<B: Backend> {
+pub struct T5Model<B: Backend> {
     backend: B,
     config: T5Config,
     layers: Layers<B>,
     weight_bytes: usize,
 }
 
-impl<B: Backend> T5Encoder<B> {
+impl<B: Backend> T5Model<B> {
     /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the scales
     /// for int8 matrices.
     pub fn weight_bytes(&self) -> usize {
@@ -174,10 +174,10 @@ impl<B: Backend> T5Encoder<B> {
 
     /// The encoder from its weights by transformers' names, each checked against the configuration.
     pub fn new(backend: B, config: T5Config, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
-        T5Encoder::with_q8(backend, config, weights, BTreeMap::new())
+        T5Model::with_q8(backend, config, weights, BTreeMap::new())
     }
 
-    /// [`T5Encoder::new`] with the matrices in `q8` held as int8.
+    /// [`T5Model::new`] with the matrices in `q8` held as int8.
     pub fn with_q8(
         backend: B, config: T5Config, weights: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
@@ -186,7 +186,7 @@ impl<B: Backend> T5Encoder<B> {
         let mut s = Loader::new(&backend, weights, q8);
         let layers = Layers::load(&config, &mut s)?;
         let weight_bytes = s.finish()?;
-        Ok(T5Encoder { backend, config, layers, weight_bytes })
+        Ok(T5Model { backend, config, layers, weight_bytes })
     }
 
     /// The architecture.

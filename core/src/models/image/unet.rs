@@ -402,20 +402,20 @@ impl<B: Backend> Layers<B> {
 }
 
 /// A Stable Diffusion UNet (1.x, 2.x, XL) over backend `B`, with its weights.
-pub struct Unet<B: Backend> {
+pub struct UnetModel<B: Backend> {
     backend: B,
     config: UnetConfig,
     layers: Layers<B>,
     weight_bytes: usize,
 }
 
-impl<B: Backend> Unet<B> {
+impl<B: Backend> UnetModel<B> {
     /// The UNet from its weights by diffusers' names, each checked against the configuration.
     pub fn new(backend: B, config: UnetConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
-        Unet::with_q8(backend, config, weights, BTreeMap::new())
+        UnetModel::with_q8(backend, config, weights, BTreeMap::new())
     }
 
-    /// [`Unet::new`] with the matrices in `q8` held as int8.
+    /// [`UnetModel::new`] with the matrices in `q8` held as int8.
     pub fn with_q8(
         backend: B, config: UnetConfig, weights: BTreeMap<String, B::Buffer>,
         q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
@@ -424,7 +424,7 @@ impl<B: Backend> Unet<B> {
         let mut s = Loader::new(&backend, weights, q8);
         let layers = Layers::load(&config, &mut s)?;
         let weight_bytes = s.finish()?;
-        Ok(Unet { backend, config, layers, weight_bytes })
+        Ok(UnetModel { backend, config, layers, weight_bytes })
     }
 
     /// The architecture.

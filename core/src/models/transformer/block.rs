@@ -45,7 +45,7 @@ pub(super) struct BlockActs<'a, B: Backend> {
 pub(super) fn block_forward<B: Backend>(
     b: &B, c: &TransformerConfig, l: usize, p: &LayerParams<B>, w: &Block<Mat<'_, B>>, x: &mut B::Buffer,
     a: BlockActs<'_, B>, keys: Keys<'_, B>, (rope_q, rope_k, spec): (&RopeSpec, &RopeSpec, &AttentionSpec),
-    n: usize, prec: Precision, lora: Option<BlockLora<'_, B>>,
+    n: usize, prec: OperandPrecision, lora: Option<BlockLora<'_, B>>,
 ) -> Result<()> {
     let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
@@ -185,7 +185,7 @@ pub(super) fn block_forward<B: Backend>(
 /// into `lora`; `aux_scales` are this block's shares of the auxiliary losses' weights.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn block_backward<B: Backend>(
-    b: &B, c: &TransformerConfig, prec: Precision, l: usize, params: &Params<B>,
+    b: &B, c: &TransformerConfig, prec: OperandPrecision, l: usize, params: &Params<B>,
     quantized: Option<&QuantParams<B>>, mut g: Option<&mut LayerParams<B>>, lora: Option<&mut LoraState<B>>,
     lora_ctx: Option<LoraCtx>, arena: &mut Arena<B>, (batch, seq): (usize, usize), aux_scales: (f32, f32),
 ) -> Result<()> {

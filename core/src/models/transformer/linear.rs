@@ -74,7 +74,7 @@ impl<B: Backend> Dequant<B> {
 pub(super) struct LoraCtx {
     pub(super) rank: usize,
     pub(super) scale: f32,
-    pub(super) prec: Precision,
+    pub(super) prec: OperandPrecision,
 }
 
 impl LoraCtx {

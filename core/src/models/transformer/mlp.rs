@@ -15,7 +15,7 @@ pub(super) type MlpLoraFwd<'a, B> = (
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mlp_forward<B: Backend>(
     b: &B, w: &Swiglu<Mat<'_, B>>, x: &B::Buffer, out: &mut B::Buffer, [gate, up, s]: [&mut B::Buffer; 3],
-    n: usize, d: usize, f: usize, prec: Precision, mut lora: Option<MlpLoraFwd<'_, B>>,
+    n: usize, d: usize, f: usize, prec: OperandPrecision, mut lora: Option<MlpLoraFwd<'_, B>>,
 ) -> Result<()> {
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
     if let (Mat::Q8(pg, sg), Mat::Q8(pu, su), Mat::Q8(pd, sd), None) = (&w.gate, &w.up, &w.down, &lora) {
@@ -64,7 +64,7 @@ pub(super) type MlpLora<'a, B> = (
 pub(super) fn mlp_backward<B: Backend>(
     b: &B, p: &Swiglu<Mat<'_, B>>, g: Option<&mut Swiglu<B::Buffer>>, a: [&B::Buffer; 4], dout: &B::Buffer,
     dx: &mut B::Buffer, [ds, dgate, dup]: &mut [B::Buffer; 3], (n, d, f): (usize, usize, usize),
-    prec: Precision, deq: &mut Dequant<B>, lora: Option<MlpLora<'_, B>>,
+    prec: OperandPrecision, deq: &mut Dequant<B>, lora: Option<MlpLora<'_, B>>,
 ) -> Result<()> {
     let [x, gate, up, s] = a;
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);

@@ -13,7 +13,8 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::backend::{
-    AttentionSpec, LoraSpec, MatmulSpec, Precision, Q8Attention, Q8Product, RopeSpec, RoutedSpec, SdpaSpec,
+    AttentionSpec, LoraSpec, MatmulSpec, OperandPrecision, Q8Attention, Q8Product, RopeSpec, RoutedSpec,
+    SdpaSpec,
 };
 use crate::{Backend, CoreError, Optimizer, Result, Rng, RopeScaling};
 

@@ -41,7 +41,7 @@ pub struct TransformerModel<B: Backend> {
     /// Optimizer steps taken.
     pub step: u64,
     /// Operand precision of every GEMM (BF16 operands, f32 accumulation, when mixed).
-    pub precision: Precision,
+    pub precision: OperandPrecision,
     pub(super) arena: Option<Arena<B>>,
     pub(super) decode: Option<DecodeArena<B>>,
     /// Set by [`TransformerModel::quantize`]: the int8 matrices. The f32 matrices, the
@@ -241,7 +241,7 @@ impl<B: Backend> TransformerModel<B> {
             m,
             v,
             step: 0,
-            precision: Precision::F32,
+            precision: OperandPrecision::F32,
             arena: None,
             decode: None,
             quantized,

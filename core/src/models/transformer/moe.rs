@@ -18,7 +18,7 @@ pub(super) type MoeLoraFwd<'a, B> = (
 #[allow(clippy::too_many_arguments)]
 pub(super) fn moe_forward<B: Backend>(
     b: &B, w: &Experts<Mat<'_, B>>, m: &MoeConfig, a: &mut MoeActs<B>, x: &B::Buffer, out: &mut B::Buffer,
-    n: usize, d: usize, prec: Precision, inference: bool, mut lora: Option<MoeLoraFwd<'_, B>>,
+    n: usize, d: usize, prec: OperandPrecision, inference: bool, mut lora: Option<MoeLoraFwd<'_, B>>,
 ) -> Result<()> {
     let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);
     let mm = |rows, nn, kk| MatmulSpec::new(rows, nn, kk).precision(prec);
@@ -110,7 +110,7 @@ pub(super) type MoeLora<'a, B> = (
 pub(super) fn moe_backward<B: Backend>(
     b: &B, p: &Experts<Mat<'_, B>>, g: Option<&mut Experts<B::Buffer>>, m: &MoeConfig, a: &MoeActs<B>,
     x: &B::Buffer, dout: &B::Buffer, dx: &mut B::Buffer, dxe: &mut B::Buffer, dlogits: &mut B::Buffer,
-    [ds, dgate, dup]: &mut [B::Buffer; 3], (n, d): (usize, usize), prec: Precision,
+    [ds, dgate, dup]: &mut [B::Buffer; 3], (n, d): (usize, usize), prec: OperandPrecision,
     (lb_scale, z_scale): (f32, f32), deq: &mut Dequant<B>, lora: Option<MoeLora<'_, B>>,
 ) -> Result<()> {
     let (e_n, k, fe) = (m.n_experts, m.top_k, m.expert_d_ff);

@@ -23,7 +23,7 @@
 //! columns of B past n only reach outputs that are not stored, and every other word is
 //! written.
 //!
-//! Reference twin: `rusting_brain_core::ops::matmul::matmul` with `Precision::Bf16`;
+//! Reference twin: `rusting_brain_core::ops::matmul::matmul` with `OperandPrecision::Bf16`;
 //! `tests/backend_vs_reference.rs`.
 
 // Off x86-64 `available()` is false and nothing else here runs.
@@ -430,7 +430,7 @@ mod tests {
     #[test]
     fn stale_packing_buffers_never_reach_the_outputs() {
         use rusting_brain_core::backend::MatmulOps;
-        use rusting_brain_core::backend::Precision;
+        use rusting_brain_core::backend::OperandPrecision;
         use rusting_brain_core::{ReferenceBackend, Rng};
         if !available() {
             println!("no AVX512_BF16 here: nothing to check");
@@ -448,7 +448,7 @@ mod tests {
                     }
                 });
                 let (a, b) = (rng.normal_vec(m * k, 1.0), rng.normal_vec(k * n, 1.0));
-                let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).precision(Precision::Bf16);
+                let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).precision(OperandPrecision::Bf16);
                 let mut got = vec![f32::NAN; m * n];
                 gemm(&mut got, &a, &b, &spec);
                 let mut want = vec![0.0; m * n];

@@ -6,7 +6,7 @@
 //! Reference twin: `rusting_brain_core::ops::matmul::matmul`; tests/backend_vs_reference.rs.
 
 use rayon::prelude::*;
-use rusting_brain_core::ops::matmul::{round_bf16, MatmulSpec, Precision};
+use rusting_brain_core::ops::matmul::{round_bf16, MatmulSpec, OperandPrecision};
 use rusting_brain_core::Result;
 
 use super::{bf16, simd, team};
@@ -29,7 +29,8 @@ pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<
     if lc == 0 {
         return Ok(());
     }
-    if spec.precision == Precision::Bf16 && spec.k > 0 && spec.m > 1 && spec.n > 1 && bf16::available() {
+    if spec.precision == OperandPrecision::Bf16 && spec.k > 0 && spec.m > 1 && spec.n > 1 && bf16::available()
+    {
         // AVX512_BF16: the operands are rounded while packing, and the products run at
         // twice the f32 FMA's multiply-adds an instruction.
         for batch in 0..spec.batch {
@@ -44,8 +45,8 @@ pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<
     }
     let rounded;
     let (a, b) = match spec.precision {
-        Precision::F32 => (a, b),
-        Precision::Bf16 => {
+        OperandPrecision::F32 => (a, b),
+        OperandPrecision::Bf16 => {
             // BF16 operands with f32 accumulation: products of two bf16 values are exact in
             // f32, so rounding the operands and running the f32 kernel is numerically the
             // same as a bf16 GEMM with f32 compute. Where the CPU has no AVX512_BF16 (and

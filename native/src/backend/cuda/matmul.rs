@@ -36,7 +36,7 @@ impl CudaBackend {
                 launch!(self, "scale", grid(total); &mut view, &spec.beta, &(total as i64))
             };
         }
-        let bf16 = spec.precision == Precision::Bf16;
+        let bf16 = spec.precision == OperandPrecision::Bf16;
         // cuBLASLt runs in whatever context is current on this thread; cudarc's own calls
         // bind it, raw ones do not.
         self.dev.ctx.bind_to_thread().map_err(drv("binding the CUDA context"))?;

@@ -3,7 +3,7 @@
 //!
 //! - GEMMs go to cuBLASLt ([`gemm`]): FP32 operands with FP32 compute (TF32 off unless
 //!   [`CudaBackend::set_tf32`] turns it on), or BF16 operands with FP32 accumulation and an
-//!   FP32 result when the model asks for [`Precision::Bf16`] (mixed precision).
+//!   FP32 result when the model asks for [`OperandPrecision::Bf16`] (mixed precision).
 //! - Everything else is a kernel of `rusting_brain_kernels` (the `.cu` files of `kernels/`),
 //!   compiled by NVRTC for this device's architecture at first use and cached on disk.
 //! - Attention: the BF16 tensor-core flash kernels (head size 64 or 128) under mixed

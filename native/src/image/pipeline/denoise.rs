@@ -81,7 +81,7 @@ impl ImagePipeline {
         if n == 0 {
             return Err(NetworkError::InvalidInput("0 steps".into()));
         }
-        let Schedule::Flow(flow) = &self.scheduler else {
+        let NoiseSchedule::Flow(flow) = &self.scheduler else {
             return Err(NetworkError::InvalidInput("a UNet pipeline has no flow-matching schedule".into()));
         };
         match (self.config.solver, self.family) {
@@ -131,7 +131,7 @@ impl ImagePipeline {
     /// A fresh run of the UNet pipelines' sampler (`config.solver` over the folder's
     /// training schedule).
     pub(super) fn discrete_sampler(&self) -> Result<DiscreteSampler> {
-        let Schedule::Discrete(path) = &self.scheduler else {
+        let NoiseSchedule::Discrete(path) = &self.scheduler else {
             return Err(NetworkError::InvalidInput(
                 "a flow-matching pipeline has no discrete schedule".into(),
             ));
