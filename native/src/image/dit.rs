@@ -22,7 +22,7 @@ use rusting_brain_core::models::dit::{DitConfig, DitInput, DitKind, DitModel};
 use rusting_brain_core::models::image::blocks::Layout;
 
 use crate::backend::cpu::CpuBackend;
-use crate::image::encoders::Config;
+use crate::io::config::Config;
 use crate::io::weights::{Files, Prefetch, Tensors};
 use crate::{NetworkError, Precision, Result};
 

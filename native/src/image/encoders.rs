@@ -11,112 +11,11 @@ use rusting_brain_core::models::clip::{ClipTextConfig, ClipTextModel, ClipTextOu
 use rusting_brain_core::models::image::blocks::Layout;
 use rusting_brain_core::models::t5::{T5Config, T5Model};
 use rusting_brain_core::models::transformer::TransformerModel;
-use serde_json::Value;
 
 use crate::backend::cpu::CpuBackend;
+use crate::io::config::Config;
 use crate::io::weights::{Files, Prefetch, Tensors};
 use crate::{NetworkError, Precision, Result};
-
-/// `config.json` as read, with typed lookups that name the file and key on failure.
-pub(crate) struct Config<'a> {
-    path: &'a Path,
-    v: Value,
-}
-
-impl<'a> Config<'a> {
-    pub(crate) fn read(path: &'a Path) -> Result<Config<'a>> {
-        let text = crate::io::files::read(path)?;
-        Config::parse(path, text)
-    }
-
-    /// [`Config::read`] for files Python's `json` wrote with its non-standard values
-    /// (`-Infinity`, `Infinity`, `NaN`, as diffusers saves `lambda_min_clipped`), which are
-    /// read as null.
-    pub(crate) fn read_python(path: &'a Path) -> Result<Config<'a>> {
-        let text = String::from_utf8_lossy(&crate::io::files::read(path)?)
-            .replace(": -Infinity", ": null")
-            .replace(": Infinity", ": null")
-            .replace(": NaN", ": null");
-        Config::parse(path, text.into_bytes())
-    }
-
-    fn parse(path: &'a Path, text: Vec<u8>) -> Result<Config<'a>> {
-        let v: Value =
-            serde_json::from_slice(&text).map_err(|e| NetworkError::parse(path, "json", e.to_string()))?;
-        if !v.is_object() {
-            return Err(NetworkError::parse(path, "json", "not an object"));
-        }
-        Ok(Config { path, v })
-    }
-    pub(crate) fn err(&self, key: &str, message: impl Into<String>) -> NetworkError {
-        NetworkError::parse(self.path, key, message)
-    }
-    pub(crate) fn count(&self, key: &str, default: Option<usize>) -> Result<usize> {
-        match self.v.get(key) {
-            None | Some(Value::Null) => default.ok_or_else(|| self.err(key, "missing")),
-            Some(x) => x
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|&n| n <= 1 << 24)
-                .ok_or_else(|| self.err(key, format!("{x} is not a count"))),
-        }
-    }
-    pub(crate) fn float(&self, key: &str, default: f32) -> Result<f32> {
-        match self.v.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(x) => {
-                x.as_f64().map(|f| f as f32).ok_or_else(|| self.err(key, format!("{x} is not a number")))
-            }
-        }
-    }
-    pub(crate) fn str(&self, key: &str) -> Option<&str> {
-        self.v.get(key).and_then(Value::as_str)
-    }
-    /// The raw value of `key`, if present and not null.
-    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
-        self.v.get(key).filter(|v| !v.is_null())
-    }
-    /// A count or a list of `n` counts (one a block), `default` when absent.
-    pub(crate) fn per_block(&self, key: &str, default: usize, n: usize) -> Result<Vec<usize>> {
-        match self.get(key) {
-            None => Ok(vec![default; n]),
-            Some(Value::Array(_)) => {
-                let v = self.counts(key, &[])?;
-                if v.len() != n {
-                    return Err(self.err(key, format!("{} entries for {n} blocks", v.len())));
-                }
-                Ok(v)
-            }
-            Some(_) => Ok(vec![self.count(key, Some(default))?; n]),
-        }
-    }
-    /// A boolean key, `default` when absent or null.
-    pub(crate) fn flag(&self, key: &str, default: bool) -> Result<bool> {
-        match self.v.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(x) => x.as_bool().ok_or_else(|| self.err(key, format!("{x} is not true or false"))),
-        }
-    }
-    /// A list of counts, `default` when absent or null.
-    pub(crate) fn counts(&self, key: &str, default: &[usize]) -> Result<Vec<usize>> {
-        match self.v.get(key) {
-            None | Some(Value::Null) => Ok(default.to_vec()),
-            Some(Value::Array(items)) if items.len() <= 1 << 12 => items
-                .iter()
-                .map(|x| {
-                    x.as_u64()
-                        .and_then(|n| usize::try_from(n).ok())
-                        .filter(|&n| n <= 1 << 24)
-                        .ok_or_else(|| self.err(key, format!("{x} is not a count")))
-                })
-                .collect(),
-            Some(x) => Err(self.err(key, format!("{x} is not a list of counts"))),
-        }
-    }
-    fn architecture(&self) -> Option<&str> {
-        self.v.get("architectures")?.as_array()?.first()?.as_str()
-    }
-}
 
 /// Weights read from a folder: f32 tensors, and the matrices read as int8.
 pub(crate) type ReadWeights = (BTreeMap<String, Vec<f32>>, BTreeMap<String, (Vec<f32>, Vec<f32>)>);

@@ -18,11 +18,11 @@ use rusting_brain_core::models::dit::{DitInput, DitKind, DitLatent};
 use rusting_brain_core::ops::spatial::{patchify, unpatchify, PatchOrder, PatchSpec};
 
 use crate::image::dit::Dit;
-use crate::image::encoders::Config;
 use crate::image::folder::PipelineFolder;
 use crate::image::scheduler::SchedulerConfig;
 use crate::image::unet::Unet;
 use crate::image::vae::{Image, Vae};
+use crate::io::config::Config;
 use crate::{NetworkError, Precision, Result};
 use rusting_brain_core::diffusion::discrete::DiscreteSampler;
 

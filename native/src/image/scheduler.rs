@@ -11,7 +11,7 @@ use std::path::Path;
 use rusting_brain_core::diffusion::discrete::{BetaSchedule, DiscreteConfig, Prediction, Solver, Spacing};
 use rusting_brain_core::diffusion::flow_match::{FlowMatchConfig, TimeShift};
 
-use crate::image::encoders::Config;
+use crate::io::config::Config;
 use crate::Result;
 
 /// The sampler a scheduler configuration describes.

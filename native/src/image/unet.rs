@@ -9,7 +9,7 @@ use std::path::Path;
 use rusting_brain_core::models::unet::{UnetConfig, UnetInput, UnetModel};
 
 use crate::backend::cpu::CpuBackend;
-use crate::image::encoders::Config;
+use crate::io::config::Config;
 use crate::{Precision, Result};
 
 /// Reads a `UNet2DConditionModel`'s `config.json`, with diffusers' defaults for absent

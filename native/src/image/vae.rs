@@ -16,6 +16,8 @@ use rusting_brain_core::backend::Unary;
 use rusting_brain_core::models::vae::{AutoencoderKl, LatentBatchNorm, LatentDist, VaeConfig};
 use serde_json::Value;
 
+use crate::io::config::Config;
+
 use crate::backend::cpu::CpuBackend;
 use crate::{NetworkError, Result};
 
@@ -25,10 +27,7 @@ const UP: &str = "UpDecoderBlock2D";
 
 /// An autoencoder's `config.json` (`AutoencoderKL`, `AutoencoderKLFlux2`); no weights read.
 pub fn vae_config(path: &Path) -> Result<VaeConfig> {
-    let text = crate::io::files::read(path)?;
-    let v: Value =
-        serde_json::from_slice(&text).map_err(|e| NetworkError::parse(path, "json", e.to_string()))?;
-    parse_config(path, &v)
+    parse_config(&Config::read(path)?)
 }
 
 /// An image autoencoder (`AutoencoderKL`) on the CPU.
@@ -41,10 +40,7 @@ impl Vae {
     pub fn load(dir: impl AsRef<Path>) -> Result<Vae> {
         let dir = dir.as_ref();
         let config_path = dir.join("config.json");
-        let text = crate::io::files::read(&config_path)?;
-        let v: Value = serde_json::from_slice(&text)
-            .map_err(|e| NetworkError::parse(&config_path, "json", e.to_string()))?;
-        let config = parse_config(&config_path, &v)?;
+        let config = parse_config(&Config::read(&config_path)?)?;
         let layout = config.layout();
         let (weights, _) = crate::image::encoders::read_weights(
             dir,
@@ -133,9 +129,9 @@ impl Vae {
 
 /// `AutoencoderKL`'s `config.json`: every key that decides a shape, read and checked;
 /// anything the definition does not compute is refused by name.
-fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
-    let err = |key: &str, msg: String| NetworkError::parse(path, key, msg);
-    let class = v.get("_class_name").and_then(Value::as_str).unwrap_or("AutoencoderKL");
+fn parse_config(c: &Config<'_>) -> Result<VaeConfig> {
+    let err = |key: &str, msg: String| c.err(key, msg);
+    let class = c.str("_class_name").unwrap_or("AutoencoderKL");
     let flux2 = match class {
         "AutoencoderKL" => false,
         "AutoencoderKLFlux2" => true,
@@ -146,51 +142,11 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
             ))
         }
     };
-    let int = |key: &str, default: Option<usize>| -> Result<usize> {
-        match v.get(key) {
-            None | Some(Value::Null) => default.ok_or_else(|| err(key, "missing".into())),
-            Some(x) => x
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|&n| n <= 1 << 20)
-                .ok_or_else(|| err(key, format!("{x} is not a count"))),
-        }
-    };
-    let float = |key: &str, default: Option<f32>| -> Result<Option<f32>> {
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(x) => {
-                x.as_f64().map(|f| Some(f as f32)).ok_or_else(|| err(key, format!("{x} is not a number")))
-            }
-        }
-    };
-    let flag = |key: &str, default: bool| -> Result<bool> {
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(x) => x.as_bool().ok_or_else(|| err(key, format!("{x} is not true or false"))),
-        }
-    };
-    let channels = |key: &str| -> Result<Option<Vec<usize>>> {
-        match v.get(key) {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|x| {
-                    x.as_u64()
-                        .and_then(|n| usize::try_from(n).ok())
-                        .filter(|&n| n <= 1 << 20)
-                        .ok_or_else(|| err(key, format!("{x} is not a channel count")))
-                })
-                .collect::<Result<Vec<_>>>()
-                .map(Some),
-            None | Some(Value::Null) => Ok(None),
-            Some(x) => Err(err(key, format!("{x} is not a list"))),
-        }
-    };
-    let block_out_channels = channels("block_out_channels")?.unwrap_or_else(|| vec![64]);
-    let decoder_block_out_channels =
-        channels("decoder_block_out_channels")?.unwrap_or_else(|| block_out_channels.clone());
+    let int = |key: &str, default: usize| c.count(key, Some(default));
+    let block_out_channels = c.counts("block_out_channels", &[64])?;
+    let decoder_block_out_channels = c.counts("decoder_block_out_channels", &block_out_channels)?;
     for (key, want) in [("down_block_types", DOWN), ("up_block_types", UP)] {
-        let types: Vec<&str> = match v.get(key) {
+        let types: Vec<&str> = match c.get(key) {
             Some(Value::Array(a)) => a.iter().map(|t| t.as_str().unwrap_or("?")).collect(),
             None => vec![want; block_out_channels.len()],
             Some(x) => return Err(err(key, format!("{x} is not a list"))),
@@ -205,11 +161,11 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
             return Err(err(key, format!("{t}: an AutoencoderKL is built of {want}s")));
         }
     }
-    let act_name = v.get("act_fn").and_then(Value::as_str).unwrap_or("silu");
+    let act_name = c.str("act_fn").unwrap_or("silu");
     let act =
         Unary::from_hf(act_name).ok_or_else(|| err("act_fn", format!("{act_name} is not supported")))?;
     for key in ["latents_mean", "latents_std"] {
-        if !matches!(v.get(key), None | Some(Value::Null)) {
+        if c.get(key).is_some() {
             return Err(err(
                 key,
                 "per-channel latent statistics are not supported by this loader yet".into(),
@@ -217,31 +173,31 @@ fn parse_config(path: &Path, v: &Value) -> Result<VaeConfig> {
         }
     }
     let latent_bn = if flux2 {
-        let patch = match v.get("patch_size") {
-            None | Some(Value::Null) => 2,
+        let patch = match c.get("patch_size") {
+            None => 2,
             Some(Value::Array(a)) if a.len() == 2 && a[0] == a[1] => {
                 a[0].as_u64().and_then(|n| usize::try_from(n).ok()).unwrap_or(0)
             }
             Some(x) => return Err(err("patch_size", format!("{x}: square patches only"))),
         };
-        Some(LatentBatchNorm { patch, eps: float("batch_norm_eps", Some(1e-4))?.unwrap_or(1e-4) })
+        Some(LatentBatchNorm { patch, eps: c.float("batch_norm_eps", 1e-4)? })
     } else {
         None
     };
     let config = VaeConfig {
-        in_channels: int("in_channels", Some(3))?,
-        out_channels: int("out_channels", Some(3))?,
-        latent_channels: int("latent_channels", Some(4))?,
+        in_channels: int("in_channels", 3)?,
+        out_channels: int("out_channels", 3)?,
+        latent_channels: int("latent_channels", 4)?,
         block_out_channels,
         decoder_block_out_channels,
-        layers_per_block: int("layers_per_block", Some(1))?,
-        norm_num_groups: int("norm_num_groups", Some(32))?,
+        layers_per_block: int("layers_per_block", 1)?,
+        norm_num_groups: int("norm_num_groups", 32)?,
         act,
-        scaling_factor: float("scaling_factor", Some(0.18215))?.unwrap_or(0.18215),
-        shift_factor: float("shift_factor", None)?.unwrap_or(0.0),
-        use_quant_conv: flag("use_quant_conv", true)?,
-        use_post_quant_conv: flag("use_post_quant_conv", true)?,
-        mid_block_add_attention: flag("mid_block_add_attention", true)?,
+        scaling_factor: c.float("scaling_factor", 0.18215)?,
+        shift_factor: c.float("shift_factor", 0.0)?,
+        use_quant_conv: c.flag("use_quant_conv", true)?,
+        use_post_quant_conv: c.flag("use_post_quant_conv", true)?,
+        mid_block_add_attention: c.flag("mid_block_add_attention", true)?,
         latent_bn,
     };
     config.validate().map_err(|e| err("config", format!("describes no valid autoencoder: {e}")))?;

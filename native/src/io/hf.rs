@@ -26,6 +26,7 @@ use safetensors::tensor::{Dtype, View};
 use serde_json::{json, Map, Value};
 
 use crate::backend::cpu::CpuBackend;
+use crate::io::config::Config;
 use crate::io::weights::{Files, Prefetch, Tensors};
 use crate::{NetworkError, Precision, Result};
 
@@ -113,64 +114,9 @@ impl Origin {
     }
 }
 
-/// Reads `config.json`'s keys, each error naming the file and the key.
-struct Keys<'a> {
-    path: &'a Path,
-    v: &'a Map<String, Value>,
-}
-
-impl Keys<'_> {
-    fn err(&self, key: &str, message: impl Into<String>) -> NetworkError {
-        NetworkError::parse(self.path, key, message)
-    }
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.v.get(key).filter(|x| !x.is_null())
-    }
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(x) => x
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("{x} is not a non-negative integer"))),
-        }
-    }
-    fn usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?.ok_or_else(|| self.err(key, "missing; the model's shape needs it"))
-    }
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(x) => x.as_f64().map(Some).ok_or_else(|| self.err(key, format!("{x} is not a number"))),
-        }
-    }
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(x) => x.as_bool().ok_or_else(|| self.err(key, format!("{x} is not true or false"))),
-        }
-    }
-    fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
-        match self.get(key) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|x| {
-                    x.as_u64()
-                        .and_then(|n| usize::try_from(n).ok())
-                        .ok_or_else(|| self.err(key, format!("{x} is not a layer index")))
-                })
-                .collect(),
-            Some(x) => Err(self.err(key, format!("{x} is not a list of layer indices"))),
-        }
-    }
-}
-
 /// The family and the model configuration `config.json` describes.
 fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
-    let v = v.as_object().ok_or_else(|| NetworkError::parse(path, "config", "not a JSON object"))?;
-    let k = Keys { path, v };
+    let k = Config::view(path, v)?;
     let arch = k
         .get("architectures")
         .and_then(Value::as_array)
@@ -189,20 +135,20 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
             return Err(k.err("hidden_act", format!("{act}: the feed-forward is SwiGLU (silu) only")));
         }
     }
-    let d_model = k.usize("hidden_size")?;
-    let q_heads = k.usize("num_attention_heads")?;
-    let kv_heads = k.opt_usize("num_key_value_heads")?.unwrap_or(q_heads);
+    let d_model = k.count("hidden_size", None)?;
+    let q_heads = k.count("num_attention_heads", None)?;
+    let kv_heads = k.opt_count("num_key_value_heads")?.unwrap_or(q_heads);
     if q_heads == 0 {
         return Err(k.err("num_attention_heads", "must be at least 1"));
     }
-    let head_dim = k.opt_usize("head_dim")?.unwrap_or(d_model / q_heads);
-    let max_seq_len = k.usize("max_position_embeddings")?;
-    let norm_eps = k.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
+    let head_dim = k.opt_count("head_dim")?.unwrap_or(d_model / q_heads);
+    let max_seq_len = k.count("max_position_embeddings", None)?;
+    let norm_eps = k.opt_number("rms_norm_eps")?.unwrap_or(1e-6) as f32;
 
     // Rotary embeddings: transformers 4 keeps `rope_theta` at the top level and scaling in
     // `rope_scaling`; transformers 5 puts both in `rope_parameters`.
     let params = k.get("rope_parameters").and_then(Value::as_object);
-    let theta = match (k.opt_f64("rope_theta")?, params.and_then(|p| p.get("rope_theta"))) {
+    let theta = match (k.opt_number("rope_theta")?, params.and_then(|p| p.get("rope_theta"))) {
         (Some(t), _) => t,
         (None, Some(t)) => {
             t.as_f64().ok_or_else(|| k.err("rope_parameters.rope_theta", format!("{t} is not a number")))?
@@ -260,7 +206,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
         Some(v) => Some(v.as_f64().ok_or_else(|| {
             k.err(&format!("{scaling_key}.partial_rotary_factor"), format!("{v} is not a number"))
         })?),
-        None => k.opt_f64("partial_rotary_factor")?,
+        None => k.opt_number("partial_rotary_factor")?,
     };
     if let Some(p) = partial.filter(|&p| p != 1.0) {
         return Err(k.err(
@@ -270,10 +216,10 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
     }
 
     // Sliding-window attention: the model attends over the whole context.
-    let window = k.opt_usize("sliding_window")?;
+    let window = k.opt_count("sliding_window")?;
     let window_on = match family {
         Family::Mistral | Family::Mixtral => window.is_some(),
-        _ => k.bool_or("use_sliding_window", false)?,
+        _ => k.flag("use_sliding_window", false)?,
     };
     if let (true, Some(w)) = (window_on, window) {
         if w < max_seq_len {
@@ -293,13 +239,13 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
     }
     // Qwen2's query, key and value projections always have biases; `attention_bias`
     // (Llama, Qwen3) puts one on the output projection too, which the model does not have.
-    if k.bool_or("attention_bias", false)? {
+    if k.flag("attention_bias", false)? {
         return Err(k.err(
             "attention_bias",
             "true: a bias on the output projection is not part of the model definition (q/k/v biases are, as Qwen2 has them)",
         ));
     }
-    if k.bool_or("mlp_bias", false)? {
+    if k.flag("mlp_bias", false)? {
         return Err(k.err("mlp_bias", "feed-forward biases are not part of the model definition"));
     }
     if family == Family::Qwen2Moe {
@@ -309,15 +255,15 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
         ));
     }
 
-    let n_layers = k.usize("num_hidden_layers")?;
-    let intermediate = k.usize("intermediate_size")?;
-    let aux_on = k.bool_or("output_router_logits", false)?;
-    let aux_coef = k.opt_f64("router_aux_loss_coef")?.unwrap_or(0.001) as f32;
+    let n_layers = k.count("num_hidden_layers", None)?;
+    let intermediate = k.count("intermediate_size", None)?;
+    let aux_on = k.flag("output_router_logits", false)?;
+    let aux_coef = k.opt_number("router_aux_loss_coef")?.unwrap_or(0.001) as f32;
     let moe = match family {
         Family::Mixtral => {
-            let top_k = k.usize("num_experts_per_tok")?;
+            let top_k = k.count("num_experts_per_tok", None)?;
             Some(MoeConfig {
-                n_experts: k.usize("num_local_experts")?,
+                n_experts: k.count("num_local_experts", None)?,
                 top_k,
                 layers: (0..n_layers).collect(),
                 shared_expert: false,
@@ -334,31 +280,31 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
         }
         Family::Qwen3Moe | Family::Qwen2Moe => {
             // transformers 5 spells it as Mixtral does.
-            let n_experts = match k.opt_usize("num_local_experts")? {
+            let n_experts = match k.opt_count("num_local_experts")? {
                 Some(n) => n,
-                None => k.usize("num_experts")?,
+                None => k.count("num_experts", None)?,
             };
-            let step = k.opt_usize("decoder_sparse_step")?.unwrap_or(1).max(1);
-            let dense = k.usize_list("mlp_only_layers")?;
+            let step = k.opt_count("decoder_sparse_step")?.unwrap_or(1).max(1);
+            let dense = k.counts("mlp_only_layers", &[])?;
             let layers: Vec<usize> = (0..n_layers)
                 .filter(|l| !dense.contains(l) && n_experts > 0 && (l + 1) % step == 0)
                 .collect();
-            let top_k = k.usize("num_experts_per_tok")?;
+            let top_k = k.count("num_experts_per_tok", None)?;
             (!layers.is_empty()).then_some(MoeConfig {
                 n_experts,
                 top_k,
                 layers,
                 shared_expert: false,
-                expert_d_ff: k.usize("moe_intermediate_size")?,
+                expert_d_ff: k.count("moe_intermediate_size", None)?,
                 load_balance_coef: if aux_on { aux_coef * top_k as f32 } else { 0.0 },
                 router_z_coef: 0.0,
-                renormalize: k.bool_or("norm_topk_prob", false)?,
+                renormalize: k.flag("norm_topk_prob", false)?,
             })
         }
         _ => None,
     };
     let config = TransformerConfig {
-        vocab_size: k.usize("vocab_size")?,
+        vocab_size: k.count("vocab_size", None)?,
         d_model,
         n_layers,
         q_heads,
@@ -369,7 +315,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
         rope_theta: theta as f32,
         norm_eps,
         // Every family read here defaults to a head of its own.
-        tie_embeddings: k.bool_or("tie_word_embeddings", false)?,
+        tie_embeddings: k.flag("tie_word_embeddings", false)?,
         qkv_bias: family == Family::Qwen2,
         qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
         rope_scaling,
