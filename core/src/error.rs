@@ -144,3 +144,16 @@ pub fn nonzero(op: &'static str, what: &str, value: usize) -> Result<(), CoreErr
         Ok(())
     }
 }
+
+/// The first of the named fields of a configuration that is zero, as "`field` must be at
+/// least 1" (each field named once: the message is its name).
+macro_rules! first_zero {
+    ($config:expr; $($field:ident),+ $(,)?) => {{
+        let c = &$config;
+        [$((stringify!($field), c.$field)),+]
+            .into_iter()
+            .find(|&(_, v)| v == 0)
+            .map(|(name, _)| alloc::format!("{name} must be at least 1"))
+    }};
+}
+pub(crate) use first_zero;

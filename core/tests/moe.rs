@@ -199,20 +199,6 @@ fn combine_and_its_backward_in_f64() {
 fn leaves_and_named_leaves_come_in_one_order() {
     use rusting_brain_core::models::transformer::{MoeConfig, TransformerConfig};
     let c = TransformerConfig {
-        vocab_size: 11,
-        d_model: 4,
-        n_layers: 3,
-        q_heads: 2,
-        kv_heads: 1,
-        head_dim: 2,
-        d_ff: 6,
-        max_seq_len: 8,
-        rope_theta: 10_000.0,
-        norm_eps: 1e-5,
-        tie_embeddings: true,
-        qkv_bias: false,
-        qk_norm: false,
-        rope_scaling: Default::default(),
         moe: Some(MoeConfig {
             n_experts: 3,
             top_k: 2,
@@ -223,6 +209,7 @@ fn leaves_and_named_leaves_come_in_one_order() {
             router_z_coef: 0.001,
             renormalize: true,
         }),
+        ..TransformerConfig::llama(11, 4, 3, (2, 1, 2), 6, 8)
     };
     // Checkpoints pair names with leaves by position, and the optimizer pairs leaves of
     // four trees by position: both walks must agree.

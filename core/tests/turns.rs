@@ -4,23 +4,7 @@
 use rusting_brain_core::models::transformer::{Conversation, Finish, Reply, TransformerConfig, Turn};
 
 fn config(max_seq_len: usize) -> TransformerConfig {
-    TransformerConfig {
-        vocab_size: 10,
-        d_model: 4,
-        n_layers: 1,
-        q_heads: 2,
-        kv_heads: 1,
-        head_dim: 2,
-        d_ff: 6,
-        max_seq_len,
-        rope_theta: 10_000.0,
-        norm_eps: 1e-5,
-        tie_embeddings: true,
-        qkv_bias: false,
-        qk_norm: false,
-        rope_scaling: Default::default(),
-        moe: None,
-    }
+    TransformerConfig::llama(10, 4, 1, (2, 1, 2), 6, max_seq_len)
 }
 
 /// Runs the engines' loop over `draws` (what a sampler would give), feeding as told.

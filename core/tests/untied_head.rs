@@ -7,23 +7,7 @@ use rusting_brain_core::models::transformer::{TokenBatch, TransformerConfig, Tra
 use rusting_brain_core::reference::ReferenceBackend;
 
 fn config(tied: bool) -> TransformerConfig {
-    TransformerConfig {
-        vocab_size: 13,
-        d_model: 8,
-        n_layers: 2,
-        q_heads: 2,
-        kv_heads: 1,
-        head_dim: 4,
-        d_ff: 12,
-        max_seq_len: 8,
-        rope_theta: 10_000.0,
-        norm_eps: 1e-5,
-        tie_embeddings: tied,
-        qkv_bias: false,
-        qk_norm: false,
-        rope_scaling: Default::default(),
-        moe: None,
-    }
+    TransformerConfig { tie_embeddings: tied, ..TransformerConfig::llama(13, 8, 2, (2, 1, 4), 12, 8) }
 }
 
 fn named<'a>(list: &'a [(String, Vec<f32>)], name: &str) -> &'a [f32] {

@@ -28,20 +28,6 @@ fn gpu() -> Option<WgpuBackend> {
 
 fn config(moe: bool) -> TransformerConfig {
     TransformerConfig {
-        vocab_size: 67,
-        d_model: 24,
-        n_layers: 3,
-        q_heads: 4,
-        kv_heads: 2,
-        head_dim: 6,
-        d_ff: 40,
-        max_seq_len: 32,
-        rope_theta: 10_000.0,
-        norm_eps: 1e-5,
-        tie_embeddings: true,
-        qkv_bias: false,
-        qk_norm: false,
-        rope_scaling: Default::default(),
         moe: moe.then(|| MoeConfig {
             n_experts: 4,
             top_k: 2,
@@ -52,6 +38,7 @@ fn config(moe: bool) -> TransformerConfig {
             router_z_coef: 0.001,
             renormalize: true,
         }),
+        ..TransformerConfig::llama(67, 24, 3, (4, 2, 6), 40, 32)
     }
 }
 

@@ -68,21 +68,17 @@ impl Cfg {
             renormalize: self.renormalize.unwrap(),
         });
         TransformerConfig {
-            vocab_size: self.vocab,
-            d_model: self.d,
-            n_layers: self.layers,
-            q_heads: self.hq,
-            kv_heads: self.hkv,
-            head_dim: self.hd,
-            d_ff: self.ff,
-            max_seq_len: self.seq,
             rope_theta: self.theta,
             norm_eps: self.eps,
-            tie_embeddings: true,
-            qkv_bias: false,
-            qk_norm: false,
-            rope_scaling: Default::default(),
             moe,
+            ..TransformerConfig::llama(
+                self.vocab,
+                self.d,
+                self.layers,
+                (self.hq, self.hkv, self.hd),
+                self.ff,
+                self.seq,
+            )
         }
     }
 }

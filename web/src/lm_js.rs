@@ -191,23 +191,18 @@ impl JsTransformerLm {
                 .ok_or_else(|| invalid(format!("config.{key} is missing")))
         };
         let heads = n("heads")?;
-        let c = TransformerConfig {
-            vocab_size: n("vocabSize")?,
-            d_model: n("dModel")?,
-            n_layers: n("nLayers")?,
-            q_heads: heads,
-            kv_heads: count(&config, "kvHeads", what, 1e9).map_err(js_err)?.map_or(heads, |v| v as usize),
-            head_dim: n("headDim")?,
-            d_ff: n("dFF")?,
-            max_seq_len: n("maxSeqLen")?,
-            rope_theta: 10_000.0,
-            norm_eps: 1e-5,
-            tie_embeddings: true,
-            qkv_bias: false,
-            qk_norm: false,
-            rope_scaling: Default::default(),
-            moe: None,
-        };
+        let c = TransformerConfig::llama(
+            n("vocabSize")?,
+            n("dModel")?,
+            n("nLayers")?,
+            (
+                heads,
+                count(&config, "kvHeads", what, 1e9).map_err(js_err)?.map_or(heads, |v| v as usize),
+                n("headDim")?,
+            ),
+            n("dFF")?,
+            n("maxSeqLen")?,
+        );
         let seed = count(&config, "seed", what, 9_007_199_254_740_991.0).map_err(js_err)?.unwrap_or(0);
         let optimizer = match field(&config, "optimizer").map_err(js_err)? {
             None => Optimizer::adam(1e-3),

@@ -40,23 +40,7 @@ enum LmEngine {
 /// devices (nothing can observe it: the move replaces it before returning).
 #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
 fn placeholder() -> Result<LmEngine> {
-    let config = TransformerConfig {
-        vocab_size: 1,
-        d_model: 2,
-        n_layers: 1,
-        q_heads: 1,
-        kv_heads: 1,
-        head_dim: 2,
-        d_ff: 1,
-        max_seq_len: 1,
-        rope_theta: 10_000.0,
-        norm_eps: 1e-5,
-        tie_embeddings: true,
-        qkv_bias: false,
-        qk_norm: false,
-        rope_scaling: Default::default(),
-        moe: None,
-    };
+    let config = TransformerConfig::llama(1, 2, 1, (1, 1, 2), 1, 1);
     Ok(LmEngine::Cpu(TransformerModel::new(CpuBackend::new(), config, 0)?))
 }
 
@@ -110,23 +94,7 @@ impl TransformerLm {
     /// A builder: the sizes (`vocab_size`, `d_model`, `n_layers`, `heads`, `d_ff`, `max_seq_len`), then `build()`.
     pub fn builder() -> TransformerLmBuilder {
         TransformerLmBuilder {
-            config: TransformerConfig {
-                vocab_size: 0,
-                d_model: 0,
-                n_layers: 0,
-                q_heads: 0,
-                kv_heads: 0,
-                head_dim: 0,
-                d_ff: 0,
-                max_seq_len: 0,
-                rope_theta: 10_000.0,
-                norm_eps: 1e-5,
-                tie_embeddings: true,
-                qkv_bias: false,
-                qk_norm: false,
-                rope_scaling: Default::default(),
-                moe: None,
-            },
+            config: TransformerConfig::llama(0, 0, 0, (0, 0, 0), 0, 0),
             optimizer: Optimizer::adam(3e-4),
             seed: 0,
             moe: MoeOptions::default(),

@@ -166,6 +166,64 @@ pub fn layout_of<T>(load: impl FnOnce(&mut Layout) -> Result<T>) -> Layout {
     l
 }
 
+/// An image model over a backend: its configuration and the tree of its layers (`Layers`,
+/// loaded by `Layers::load(&config, source)` in the model's file), with the constructors
+/// and accessors every model has. `$names` says whose tensor names the weights carry.
+macro_rules! image_model {
+    ($(#[$doc:meta])* $model:ident, $config:ty, $names:literal) => {
+        $(#[$doc])*
+        pub struct $model<B: Backend> {
+            backend: B,
+            config: $config,
+            layers: Layers<B>,
+            weight_bytes: usize,
+        }
+
+        impl<B: Backend> $model<B> {
+            #[doc = concat!("The model from its weights by ", $names, "' names, each checked against the configuration.")]
+            pub fn new(backend: B, config: $config, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
+                Self::with_q8(backend, config, weights, BTreeMap::new())
+            }
+
+            #[doc = concat!("[`", stringify!($model), "::new`] with the matrices in `q8` held as int8.")]
+            pub fn with_q8(
+                backend: B, config: $config, weights: BTreeMap<String, B::Buffer>,
+                q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
+            ) -> Result<Self> {
+                config.validate()?;
+                let mut s = $crate::models::image::blocks::Loader::new(&backend, weights, q8);
+                let layers = Layers::load(&config, &mut s)?;
+                let weight_bytes = s.finish()?;
+                Ok($model { backend, config, layers, weight_bytes })
+            }
+
+            /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the
+            /// scales for int8 matrices.
+            pub fn weight_bytes(&self) -> usize {
+                self.weight_bytes
+            }
+
+            /// The architecture.
+            pub fn config(&self) -> &$config {
+                &self.config
+            }
+
+            /// The backend it runs on.
+            pub fn backend(&self) -> &B {
+                &self.backend
+            }
+        }
+
+        impl $config {
+            /// Every tensor under its published name, in the order the layers load them.
+            pub fn layout(&self) -> Layout {
+                layout_of(|l| Layers::<$crate::reference::ReferenceBackend>::load(self, l))
+            }
+        }
+    };
+}
+pub(crate) use image_model;
+
 /// A feature map `(batch, channels, h, w)` on the backend.
 pub struct FeatureMap<B: Backend> {
     /// The values, `batch x channels x h x w`.

@@ -17,8 +17,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::backend::{SdpaSpec, Unary};
-use crate::models::image::blocks::{layout_of, unary, Layout, Linear, Loader, Norm, Source};
-use crate::reference::ReferenceBackend;
+use crate::error::first_zero;
+use crate::models::image::blocks::{image_model, layout_of, unary, Layout, Linear, Norm, Source};
 use crate::{Backend, CoreError, Result};
 
 /// A CLIP text tower's shapes, from its `config.json`.
@@ -50,16 +50,9 @@ impl ClipTextConfig {
     /// Checks the shapes, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| Err(CoreError::InvalidArgument { op: "clip config", message });
-        for (what, v) in [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_attention_heads", self.num_attention_heads),
-            ("max_position_embeddings", self.max_position_embeddings),
-        ] {
-            if v == 0 {
-                return bad(format!("{what} must be at least 1"));
-            }
+        if let Some(m) = first_zero!(self; vocab_size, hidden_size, intermediate_size, num_attention_heads, max_position_embeddings)
+        {
+            return bad(m);
         }
         if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return bad(format!(
@@ -74,11 +67,6 @@ impl ClipTextConfig {
             return bad(format!("layer_norm_eps is {}", self.layer_norm_eps));
         }
         Ok(())
-    }
-
-    /// Every tensor, under transformers' names.
-    pub fn layout(&self) -> Layout {
-        layout_of(|l| Layers::<ReferenceBackend>::load(self, l))
     }
 }
 
@@ -148,43 +136,14 @@ impl<B: Backend> Layers<B> {
     }
 }
 
-/// A CLIP text encoder over backend `B`, with its weights.
-pub struct ClipTextModel<B: Backend> {
-    backend: B,
-    config: ClipTextConfig,
-    layers: Layers<B>,
-    weight_bytes: usize,
-}
+image_model!(
+    /// A CLIP text encoder over backend `B`, with its weights.
+    ClipTextModel,
+    ClipTextConfig,
+    "transformers"
+);
 
 impl<B: Backend> ClipTextModel<B> {
-    /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the scales
-    /// for int8 matrices.
-    pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
-    }
-
-    /// The encoder from its weights by transformers' names, each checked against the configuration.
-    pub fn new(backend: B, config: ClipTextConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
-        ClipTextModel::with_q8(backend, config, weights, BTreeMap::new())
-    }
-
-    /// [`ClipTextModel::new`] with the projection matrices in `q8` as int8.
-    pub fn with_q8(
-        backend: B, config: ClipTextConfig, weights: BTreeMap<String, B::Buffer>,
-        q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
-    ) -> Result<Self> {
-        config.validate()?;
-        let mut s = Loader::new(&backend, weights, q8);
-        let layers = Layers::load(&config, &mut s)?;
-        let weight_bytes = s.finish()?;
-        Ok(ClipTextModel { backend, config, layers, weight_bytes })
-    }
-
-    /// The architecture.
-    pub fn config(&self) -> &ClipTextConfig {
-        &self.config
-    }
-
     /// The final LayerNorm over `(rows, hidden)` states (SD 2.x's penultimate-layer prompts).
     pub fn final_norm(&self, states: &[f32]) -> Result<Vec<f32>> {
         let h = self.config.hidden_size;

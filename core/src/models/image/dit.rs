@@ -27,12 +27,12 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::backend::{ModulationSpec, PatchSpec, RopePairsSpec, SdpaSpec, Unary};
+use crate::error::first_zero;
 use crate::models::image::blocks::{
-    columns, concat, layout_of, optional, unary, Conv2d, FeatureMap, Layout, Linear, Loader, Norm, Source,
-    TimestepMlp,
+    columns, concat, image_model, layout_of, optional, unary, Conv2d, FeatureMap, Layout, Linear, Norm,
+    Source, TimestepMlp,
 };
 use crate::ops::spatial::{timestep_embedding, PatchOrder, TimestepSpec};
-use crate::reference::ReferenceBackend;
 use crate::{Backend, CoreError, Result};
 
 /// Which diffusion transformer family.
@@ -109,18 +109,9 @@ impl DitConfig {
     /// Checks the shapes against each other, naming the first that does not fit.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| Err(CoreError::InvalidArgument { op: "dit config", message });
-        for (what, v) in [
-            ("patch_size", self.patch_size),
-            ("in_channels", self.in_channels),
-            ("out_channels", self.out_channels),
-            ("attention_head_dim", self.attention_head_dim),
-            ("num_attention_heads", self.num_attention_heads),
-            ("joint_attention_dim", self.joint_attention_dim),
-            ("timestep_channels", self.timestep_channels),
-        ] {
-            if v == 0 {
-                return bad(format!("{what} must be at least 1"));
-            }
+        if let Some(m) = first_zero!(self; patch_size, in_channels, out_channels, attention_head_dim, num_attention_heads, joint_attention_dim, timestep_channels)
+        {
+            return bad(m);
         }
         if !(self.mlp_ratio.is_finite() && self.mlp_ratio > 0.0) || self.mlp_dim() == 0 {
             return bad(format!("mlp_ratio is {}", self.mlp_ratio));
@@ -164,11 +155,6 @@ impl DitConfig {
             return bad("pooled_projection_dim must be at least 1".into());
         }
         Ok(())
-    }
-
-    /// Every tensor under diffusers' names, in the order the modules are defined.
-    pub fn layout(&self) -> Layout {
-        layout_of(|l| Layers::<ReferenceBackend>::load(self, l))
     }
 }
 
@@ -473,13 +459,12 @@ impl<B: Backend> Layers<B> {
     }
 }
 
-/// A diffusion transformer (FLUX.1, FLUX.2 or SD3) over backend `B`, with its weights.
-pub struct DitModel<B: Backend> {
-    backend: B,
-    config: DitConfig,
-    layers: Layers<B>,
-    weight_bytes: usize,
-}
+image_model!(
+    /// A diffusion transformer (FLUX.1, FLUX.2 or SD3) over backend `B`, with its weights.
+    DitModel,
+    DitConfig,
+    "diffusers"
+);
 
 /// One stream's queries, keys and values `(batch, tokens, dim)`.
 struct Qkv<B: Backend> {
@@ -490,39 +475,6 @@ struct Qkv<B: Backend> {
 }
 
 impl<B: Backend> DitModel<B> {
-    /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the scales
-    /// for int8 matrices.
-    pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
-    }
-
-    /// The model from its weights by diffusers' names (every tensor checked against the configuration).
-    pub fn new(backend: B, config: DitConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
-        DitModel::with_q8(backend, config, weights, BTreeMap::new())
-    }
-
-    /// [`DitModel::new`] with the matrices in `q8` held as int8.
-    pub fn with_q8(
-        backend: B, config: DitConfig, weights: BTreeMap<String, B::Buffer>,
-        q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
-    ) -> Result<Self> {
-        config.validate()?;
-        let mut s = Loader::new(&backend, weights, q8);
-        let layers = Layers::load(&config, &mut s)?;
-        let weight_bytes = s.finish()?;
-        Ok(DitModel { backend, config, layers, weight_bytes })
-    }
-
-    /// The architecture.
-    pub fn config(&self) -> &DitConfig {
-        &self.config
-    }
-
-    /// The backend it runs on.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
     // ----- small pieces -----
 
     /// LayerNorm without affine, then `* (1 + scale) + shift` from `mods` at the chunks

@@ -14,8 +14,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::backend::{SdpaSpec, Unary};
-use crate::models::image::blocks::{layout_of, Layout, Linear, Loader, Norm, Source};
-use crate::reference::ReferenceBackend;
+use crate::error::first_zero;
+use crate::models::image::blocks::{image_model, layout_of, Layout, Linear, Norm, Source};
 use crate::{Backend, CoreError, Result};
 
 /// A T5 encoder's shapes (v1.1: gated GELU), from its `config.json`.
@@ -47,17 +47,10 @@ impl T5Config {
     /// Checks the shapes, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| Err(CoreError::InvalidArgument { op: "t5 config", message });
-        for (what, v) in [
-            ("vocab_size", self.vocab_size),
-            ("d_model", self.d_model),
-            ("d_kv", self.d_kv),
-            ("d_ff", self.d_ff),
-            ("num_heads", self.num_heads),
-            ("relative_attention_max_distance", self.relative_attention_max_distance),
-        ] {
-            if v == 0 {
-                return bad(format!("{what} must be at least 1"));
-            }
+        if let Some(m) =
+            first_zero!(self; vocab_size, d_model, d_kv, d_ff, num_heads, relative_attention_max_distance)
+        {
+            return bad(m);
         }
         // Bidirectional buckets: half for each direction, half of those exact.
         if self.relative_attention_num_buckets < 4 {
@@ -74,11 +67,6 @@ impl T5Config {
 
     fn inner(&self) -> usize {
         self.num_heads * self.d_kv
-    }
-
-    /// Every tensor, under transformers' names (`shared.weight` is the embedding).
-    pub fn layout(&self) -> Layout {
-        layout_of(|l| Layers::<ReferenceBackend>::load(self, l))
     }
 
     /// The bucket of key `k` seen from query `q` (transformers' bidirectional
@@ -157,43 +145,14 @@ impl<B: Backend> Layers<B> {
     }
 }
 
-/// A T5 encoder over backend `B`, with its weights.
-pub struct T5Model<B: Backend> {
-    backend: B,
-    config: T5Config,
-    layers: Layers<B>,
-    weight_bytes: usize,
-}
+image_model!(
+    /// A T5 encoder over backend `B`, with its weights.
+    T5Model,
+    T5Config,
+    "transformers"
+);
 
 impl<B: Backend> T5Model<B> {
-    /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the scales
-    /// for int8 matrices.
-    pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
-    }
-
-    /// The encoder from its weights by transformers' names, each checked against the configuration.
-    pub fn new(backend: B, config: T5Config, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
-        T5Model::with_q8(backend, config, weights, BTreeMap::new())
-    }
-
-    /// [`T5Model::new`] with the matrices in `q8` held as int8.
-    pub fn with_q8(
-        backend: B, config: T5Config, weights: BTreeMap<String, B::Buffer>,
-        q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
-    ) -> Result<Self> {
-        config.validate()?;
-        let mut s = Loader::new(&backend, weights, q8);
-        let layers = Layers::load(&config, &mut s)?;
-        let weight_bytes = s.finish()?;
-        Ok(T5Model { backend, config, layers, weight_bytes })
-    }
-
-    /// The architecture.
-    pub fn config(&self) -> &T5Config {
-        &self.config
-    }
-
     /// The attention bias `(heads, seq, seq)` every block adds, from block 0's table.
     fn position_bias(&self, table: &B::Buffer, seq: usize) -> Result<B::Buffer> {
         let cfg = &self.config;

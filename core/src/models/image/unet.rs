@@ -20,11 +20,10 @@ use alloc::vec::Vec;
 
 use crate::backend::{SdpaSpec, Unary};
 use crate::models::image::blocks::{
-    columns, concat, layout_of, optional, unary, upsample2x, Conv2d, FeatureMap, Layout, Linear, Loader,
+    columns, concat, image_model, layout_of, optional, unary, upsample2x, Conv2d, FeatureMap, Layout, Linear,
     Norm, Resnet, Source, TimestepMlp,
 };
 use crate::ops::spatial::{timestep_embedding, TimestepSpec};
-use crate::reference::ReferenceBackend;
 use crate::{Backend, CoreError, Result};
 
 /// Every shape of a `UNet2DConditionModel`, from its `config.json`.
@@ -138,11 +137,6 @@ impl UnetConfig {
             Some(d) => self.projection_class_embeddings_input_dim - 6 * d,
             None => 0,
         }
-    }
-
-    /// Every tensor under diffusers' names.
-    pub fn layout(&self) -> Layout {
-        layout_of(|l| Layers::<ReferenceBackend>::load(self, l))
     }
 
     /// Up block `i`'s output channels and the channels of the skip its last ResNet takes.
@@ -401,48 +395,14 @@ impl<B: Backend> Layers<B> {
     }
 }
 
-/// A Stable Diffusion UNet (1.x, 2.x, XL) over backend `B`, with its weights.
-pub struct UnetModel<B: Backend> {
-    backend: B,
-    config: UnetConfig,
-    layers: Layers<B>,
-    weight_bytes: usize,
-}
+image_model!(
+    /// A Stable Diffusion UNet (1.x, 2.x, XL) over backend `B`, with its weights.
+    UnetModel,
+    UnetConfig,
+    "diffusers"
+);
 
 impl<B: Backend> UnetModel<B> {
-    /// The UNet from its weights by diffusers' names, each checked against the configuration.
-    pub fn new(backend: B, config: UnetConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
-        UnetModel::with_q8(backend, config, weights, BTreeMap::new())
-    }
-
-    /// [`UnetModel::new`] with the matrices in `q8` held as int8.
-    pub fn with_q8(
-        backend: B, config: UnetConfig, weights: BTreeMap<String, B::Buffer>,
-        q8: BTreeMap<String, (B::Buffer, B::Buffer)>,
-    ) -> Result<Self> {
-        config.validate()?;
-        let mut s = Loader::new(&backend, weights, q8);
-        let layers = Layers::load(&config, &mut s)?;
-        let weight_bytes = s.finish()?;
-        Ok(UnetModel { backend, config, layers, weight_bytes })
-    }
-
-    /// The architecture.
-    pub fn config(&self) -> &UnetConfig {
-        &self.config
-    }
-
-    /// The backend it runs on.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
-    /// Bytes the weights hold: 4 a value for f32 tensors, the packed bytes and the scales
-    /// for int8 matrices.
-    pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
-    }
-
     fn sinusoids(&self, values: &[f32], dim: usize) -> Result<Vec<f32>> {
         let spec = TimestepSpec {
             dim,

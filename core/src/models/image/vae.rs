@@ -19,11 +19,11 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::backend::Unary;
+use crate::error::first_zero;
 use crate::models::image::blocks::{
-    layout_of, optional, upsample2x, Conv2d, FeatureMap, Layout, Loader, Norm, Resnet, Source,
+    image_model, layout_of, optional, upsample2x, Conv2d, FeatureMap, Layout, Norm, Resnet, Source,
     SpatialAttention,
 };
-use crate::reference::ReferenceBackend;
 use crate::{Backend, CoreError, Result};
 
 /// The ResNets', attention's and output norms' epsilon: diffusers builds every VAE with 1e-6.
@@ -91,16 +91,10 @@ impl VaeConfig {
                 return bad(format!("latent batch norm: patch {} and eps {}", bn.patch, bn.eps));
             }
         }
-        for (what, v) in [
-            ("in_channels", self.in_channels),
-            ("out_channels", self.out_channels),
-            ("latent_channels", self.latent_channels),
-            ("layers_per_block", self.layers_per_block),
-            ("norm_num_groups", self.norm_num_groups),
-        ] {
-            if v == 0 {
-                return bad(format!("{what} must be at least 1"));
-            }
+        if let Some(m) =
+            first_zero!(self; in_channels, out_channels, latent_channels, layers_per_block, norm_num_groups)
+        {
+            return bad(m);
         }
         if let Some(c) = self
             .block_out_channels
@@ -140,11 +134,6 @@ impl VaeConfig {
     /// `z / scaling + shift`: a denoiser's latents back for [`AutoencoderKl::decode`].
     pub fn from_denoiser(&self, z: &mut [f32]) {
         z.iter_mut().for_each(|v| *v = *v / self.scaling_factor + self.shift_factor);
-    }
-
-    /// Every tensor, under diffusers' names, in definition order.
-    pub fn layout(&self) -> Layout {
-        layout_of(|l| Layers::<ReferenceBackend>::load(self, l))
     }
 }
 
@@ -318,38 +307,14 @@ impl<B: Backend> Layers<B> {
     }
 }
 
-/// A variational autoencoder (diffusers' `AutoencoderKL`, and FLUX.2's) over backend `B`, with its weights.
-pub struct AutoencoderKl<B: Backend> {
-    backend: B,
-    config: VaeConfig,
-    layers: Layers<B>,
-    weight_bytes: usize,
-}
+image_model!(
+    /// A variational autoencoder (diffusers' `AutoencoderKL`, and FLUX.2's) over backend `B`, with its weights.
+    AutoencoderKl,
+    VaeConfig,
+    "diffusers"
+);
 
 impl<B: Backend> AutoencoderKl<B> {
-    /// Bytes the weights hold: 4 a value.
-    pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
-    }
-
-    /// The model over `weights` (every tensor of [`VaeConfig::layout`], nothing else).
-    pub fn new(backend: B, config: VaeConfig, weights: BTreeMap<String, B::Buffer>) -> Result<Self> {
-        config.validate()?;
-        let mut s = Loader::new(&backend, weights, BTreeMap::new());
-        let layers = Layers::load(&config, &mut s)?;
-        let weight_bytes = s.finish()?;
-        Ok(AutoencoderKl { backend, config, layers, weight_bytes })
-    }
-
-    /// The architecture.
-    pub fn config(&self) -> &VaeConfig {
-        &self.config
-    }
-    /// The backend it runs on.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
     fn image_in(
         &self, data: &[f32], batch: usize, channels: usize, h: usize, w: usize,
     ) -> Result<FeatureMap<B>> {

@@ -1,6 +1,7 @@
 //! The architecture: [`TransformerConfig`] and [`MoeConfig`], their checks and the sizes they imply.
 
 use super::*;
+use crate::error::first_zero;
 
 /// The architecture of a [`TransformerModel`].
 #[derive(Debug, Clone, PartialEq)]
@@ -104,21 +105,39 @@ impl MoeConfig {
 }
 
 impl TransformerConfig {
+    /// A LLaMA-style decoder of these shapes, `heads` as `(query heads, key/value heads,
+    /// head width)`: RoPE base 10,000 unscaled, RMSNorm's epsilon 1e-5, the head tied to the
+    /// embedding, no biases, no q/k norms, dense feed-forwards. Change the rest with struct
+    /// update syntax: `TransformerConfig { qk_norm: true, ..TransformerConfig::llama(..) }`.
+    pub fn llama(
+        vocab_size: usize, d_model: usize, n_layers: usize,
+        (q_heads, kv_heads, head_dim): (usize, usize, usize), d_ff: usize, max_seq_len: usize,
+    ) -> TransformerConfig {
+        TransformerConfig {
+            vocab_size,
+            d_model,
+            n_layers,
+            q_heads,
+            kv_heads,
+            head_dim,
+            d_ff,
+            max_seq_len,
+            rope_theta: 10_000.0,
+            rope_scaling: RopeScaling::None,
+            norm_eps: 1e-5,
+            tie_embeddings: true,
+            qkv_bias: false,
+            qk_norm: false,
+            moe: None,
+        }
+    }
+
     /// Checks the sizes and settings, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
-        for (name, v) in [
-            ("vocab_size", self.vocab_size),
-            ("d_model", self.d_model),
-            ("n_layers", self.n_layers),
-            ("q_heads", self.q_heads),
-            ("kv_heads", self.kv_heads),
-            ("head_dim", self.head_dim),
-            ("d_ff", self.d_ff),
-            ("max_seq_len", self.max_seq_len),
-        ] {
-            if v == 0 {
-                return Err(invalid(format!("{name} must be at least 1")));
-            }
+        if let Some(m) =
+            first_zero!(self; vocab_size, d_model, n_layers, q_heads, kv_heads, head_dim, d_ff, max_seq_len)
+        {
+            return Err(invalid(m));
         }
         if !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(invalid(format!(
