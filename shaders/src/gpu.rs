@@ -216,7 +216,7 @@ impl Gpu {
             .map(|k| {
                 let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(k.name),
-                    source: wgpu::ShaderSource::Wgsl(k.source.into()),
+                    source: wgpu::ShaderSource::Wgsl(k.source().into()),
                 });
                 let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(k.name),

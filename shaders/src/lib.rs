@@ -84,6 +84,6 @@ pub enum ShaderError {
 }
 
 /// Every kernel's name, WGSL source, and whether it needs the adapter's subgroups.
-pub fn sources() -> impl Iterator<Item = (&'static str, &'static str, bool)> {
-    ops::kernels().map(|k| (k.name, k.source, k.needs_subgroups))
+pub fn sources() -> impl Iterator<Item = (&'static str, String, bool)> {
+    ops::kernels().map(|k| (k.name, k.source(), k.needs_subgroups))
 }

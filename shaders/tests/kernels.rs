@@ -68,8 +68,8 @@ const ROWS: [usize; 6] = [1, 3, 7, 33, 127, 1000];
 #[test]
 fn every_kernel_passes_naga_validation() {
     for (name, source, subgroups) in rusting_brain_shaders::sources() {
-        let module = naga::front::wgsl::parse_str(source)
-            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+        let module = naga::front::wgsl::parse_str(&source)
+            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&source)));
         // Only the subgroup variants may use subgroups: the rest must pass without.
         let caps =
             if subgroups { naga::valid::Capabilities::SUBGROUP } else { naga::valid::Capabilities::empty() };

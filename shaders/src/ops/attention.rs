@@ -8,9 +8,26 @@ use rusting_brain_core::backend::AttentionOps;
 use rusting_brain_core::backend::AttentionSpec;
 use rusting_brain_core::Result;
 
-const ATTENTION: Kernel = kernel!("attention", prelude "attention", "reduce");
-const ATTENTION_BACKWARD_Q: Kernel = kernel!("attention_backward_q", prelude "attention");
-const ATTENTION_BACKWARD_KV: Kernel = kernel!("attention_backward_kv", prelude "attention");
+/// The shape every attention kernel takes (`AttentionSpec`).
+const ATTENTION_PARAMS: &str = "batch: u32, q_len: u32, kv_len: u32, kv_capacity: u32, q_heads: u32, kv_heads: u32, head_dim: u32, scale: f32";
+const ATTENTION: Kernel = kernel!(
+    "attention",
+    ATTENTION_PARAMS,
+    [read q: f32, read k: f32, read v: f32, read_write out: f32, read_write lse: f32,
+         read_write scores: f32], prelude "attention", "reduce"
+);
+const ATTENTION_BACKWARD_Q: Kernel = kernel!(
+    "attention_backward_q",
+    ATTENTION_PARAMS,
+    [read q: f32, read k: f32, read v: f32, read out: f32, read dout: f32, read lse: f32,
+         read_write dq: f32, read_write delta: f32], prelude "attention"
+);
+const ATTENTION_BACKWARD_KV: Kernel = kernel!(
+    "attention_backward_kv",
+    ATTENTION_PARAMS,
+    [read q: f32, read k: f32, read v: f32, read dout: f32, read lse: f32, read delta: f32,
+         read_write dk: f32, read_write dv: f32], prelude "attention"
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[ATTENTION, ATTENTION_BACKWARD_Q, ATTENTION_BACKWARD_KV];

@@ -9,7 +9,11 @@ use rusting_brain_core::backend::CrossEntropyOps;
 use rusting_brain_core::backend::CrossEntropySum;
 use rusting_brain_core::Result;
 
-const CROSS_ENTROPY: Kernel = kernel!("cross_entropy", prelude "reduce");
+const CROSS_ENTROPY: Kernel = kernel!(
+    "cross_entropy",
+    { rows: u32, vocab: u32, grad: u32, scale: f32 },
+    [read targets: u32, read_write logits: f32, read_write loss: f32], prelude "reduce"
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[CROSS_ENTROPY];

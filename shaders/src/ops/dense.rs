@@ -4,10 +4,26 @@
 
 use super::*;
 
-const DENSE: Kernel = kernel!("dense");
-const OPTIM: Kernel = kernel!("optim");
-const MATMUL: Kernel = kernel!("matmul");
-const MATMUL_TILED: Kernel = kernel!("matmul_tiled");
+const DENSE: Kernel = kernel!(
+    "dense",
+    { op: u32, rows: u32, cols: u32, code: u32, alpha: f32, inv: f32, pad0: u32, pad1: u32 },
+    [read x0: f32, read x1: f32, read x2: f32, read_write y: f32]
+);
+const OPTIM: Kernel = kernel!(
+    "optim",
+    { op: u32, len: u32, decoupled: u32, nesterov: u32, lr: f32, beta1: f32, beta2: f32, one_minus_beta1: f32, one_minus_beta2: f32, eps: f32, weight_decay: f32, grad_scale: f32, step_size: f32, bc2_sqrt: f32, momentum: f32, pad: u32 },
+    [read_write param: f32, read grad: f32, read_write m: f32, read_write v: f32]
+);
+const MATMUL: Kernel = kernel!(
+    "matmul",
+    { m: u32, n: u32, k: u32, batch: u32, trans_a: u32, trans_b: u32, alpha: f32, beta: f32, a0: u32, b0: u32, c0: u32, bf16: u32 },
+    [read a: f32, read b: f32, read_write c: f32]
+);
+const MATMUL_TILED: Kernel = kernel!(
+    "matmul_tiled",
+    { m: u32, n: u32, k: u32, batch: u32, trans_a: u32, trans_b: u32, alpha: f32, beta: f32, a0: u32, b0: u32, c0: u32, bf16: u32 },
+    [read a: f32, read b: f32, read_write c: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[DENSE, OPTIM, MATMUL, MATMUL_TILED];

@@ -8,8 +8,16 @@ use crate::GpuBuffer;
 use rusting_brain_core::backend::EmbeddingOps;
 use rusting_brain_core::Result;
 
-const EMBEDDING: Kernel = kernel!("embedding");
-const EMBEDDING_BACKWARD: Kernel = kernel!("embedding_backward");
+const EMBEDDING: Kernel = kernel!(
+    "embedding",
+    { rows: u32, dim: u32, pad0: u32, pad1: u32 },
+    [read ids: u32, read table: f32, read_write out: f32]
+);
+const EMBEDDING_BACKWARD: Kernel = kernel!(
+    "embedding_backward",
+    { n_ids: u32, dim: u32, pad0: u32, pad1: u32 },
+    [read groups: u32, read dout: f32, read_write dtable: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[EMBEDDING, EMBEDDING_BACKWARD];

@@ -7,7 +7,11 @@ use crate::GpuBuffer;
 use rusting_brain_core::backend::L2normOps;
 use rusting_brain_core::Result;
 
-const SUM_OF_SQUARES: Kernel = kernel!("sum_of_squares");
+const SUM_OF_SQUARES: Kernel = kernel!(
+    "sum_of_squares",
+    { len: u32, offset: u32, pad0: u32, pad1: u32 },
+    [read x: f32, read_write partials: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[SUM_OF_SQUARES];

@@ -9,7 +9,11 @@ use rusting_brain_core::backend::LoraOps;
 use rusting_brain_core::backend::OperandPrecision;
 use rusting_brain_core::Result;
 
-const LORA: Kernel = kernel!("lora");
+const LORA: Kernel = kernel!(
+    "lora",
+    { rows: u32, d_in: u32, d_out: u32, rank: u32, x_off: u32, y_off: u32, t_off: u32, scale_bits: u32 },
+    [read x: f32, read a: f32, read b: f32, read_write t: f32, read_write y: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[LORA];

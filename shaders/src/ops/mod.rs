@@ -11,13 +11,19 @@ use crate::{Gpu, GpuBuffer, ShaderError};
 
 /// One WGSL kernel: defined as a constant in the family file that dispatches it, listed in
 /// that file's `KERNELS`, gathered here in [`KERNELS`]. Its pipeline is built when the
-/// [`Gpu`] opens and found by name.
+/// [`Gpu`] opens and found by name. Its interface (the `Params` uniform at binding 0 and
+/// the storage buffers from binding 1, in the order the dispatch passes them) is declared
+/// with it, beside that dispatch, and written ahead of the body as WGSL.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
     /// The file's stem under `wgsl/`: the pipeline's key and the label in GPU tools.
     pub(crate) name: &'static str,
-    /// The WGSL source, preludes included.
-    pub(crate) source: &'static str,
+    /// The fields of `Params`, WGSL syntax (`rows: u32, eps: f32`).
+    params: &'static str,
+    /// The storage buffers in binding order.
+    buffers: &'static [Binding],
+    /// The WGSL body, preludes included.
+    body: &'static str,
     /// Uses subgroup operations: built only on adapters that have them.
     pub(crate) needs_subgroups: bool,
     /// The variant with subgroup operations, dispatched in this one's place where the
@@ -25,10 +31,21 @@ pub(crate) struct Kernel {
     pub(crate) subgroup_twin: Option<&'static Kernel>,
 }
 
+/// A storage buffer of a [`Kernel`]: `read` or `read_write`, its name in the WGSL body,
+/// its element type.
+#[derive(Clone, Copy)]
+pub(crate) struct Binding {
+    pub(crate) access: &'static str,
+    pub(crate) name: &'static str,
+    pub(crate) ty: &'static str,
+}
+
 impl Kernel {
     /// A kernel without subgroups or a twin (see [`kernel!`]).
-    pub(crate) const fn new(name: &'static str, source: &'static str) -> Kernel {
-        Kernel { name, source, needs_subgroups: false, subgroup_twin: None }
+    pub(crate) const fn new(
+        name: &'static str, params: &'static str, buffers: &'static [Binding], body: &'static str,
+    ) -> Kernel {
+        Kernel { name, params, buffers, body, needs_subgroups: false, subgroup_twin: None }
     }
 
     /// This kernel, marked as using subgroup operations.
@@ -41,15 +58,56 @@ impl Kernel {
         assert!(twin.needs_subgroups, "a subgroup twin uses subgroups");
         Kernel { subgroup_twin: Some(twin), ..self }
     }
+
+    /// The storage buffers a dispatch binds.
+    pub(crate) fn buffer_count(&self) -> usize {
+        self.buffers.len()
+    }
+
+    /// The whole WGSL module: `Params`, the bindings, then the body.
+    pub(crate) fn source(&self) -> String {
+        let mut s =
+            format!("struct Params {{ {} }}\n@group(0) @binding(0) var<uniform> p: Params;\n", self.params);
+        for (i, b) in self.buffers.iter().enumerate() {
+            s += &format!(
+                "@group(0) @binding({}) var<storage, {}> {}: array<{}>;\n",
+                i + 1,
+                b.access,
+                b.name,
+                b.ty
+            );
+        }
+        s + self.body
+    }
 }
 
-/// The [`Kernel`] of `wgsl/<name>.wgsl`, after the named files of `wgsl/prelude/` if any:
-/// `kernel!("cross_entropy", prelude "reduce")`. The name is written once: it finds the file
-/// and names the pipeline.
+/// The [`Kernel`] of `wgsl/<name>.wgsl`, after the named files of `wgsl/prelude/` if any,
+/// with its `Params` fields (or a constant holding them) and its storage buffers in binding
+/// order:
+///
+/// ```text
+/// kernel!("rmsnorm", { rows: u32, dim: u32, eps: f32, pad: u32 },
+///     [read inp: f32, read weight: f32, read_write out: f32, read_write rstd: f32])
+/// ```
+///
+/// The name is written once: it finds the file and names the pipeline.
 macro_rules! kernel {
-    ($name:literal $(, prelude $($prelude:literal),+)?) => {
+    ($name:literal, { $($field:ident: $fty:ident),* $(,)? }, $($rest:tt)*) => {
+        kernel!(@ $name, stringify!($($field: $fty),*), $($rest)*)
+    };
+    ($name:literal, $params:ident, $($rest:tt)*) => {
+        kernel!(@ $name, $params, $($rest)*)
+    };
+    (@ $name:literal, $params:expr, [$($access:ident $buf:ident: $bty:ident),* $(,)?]
+        $(, prelude $($prelude:literal),+)?) => {
         $crate::ops::Kernel::new(
             $name,
+            $params,
+            &[$($crate::ops::Binding {
+                access: stringify!($access),
+                name: stringify!($buf),
+                ty: stringify!($bty),
+            }),*],
             concat!(
                 $($(include_str!(concat!("../wgsl/prelude/", $prelude, ".wgsl")),)+)?
                 include_str!(concat!("../wgsl/", $name, ".wgsl"))
@@ -278,6 +336,14 @@ impl Batch<'_> {
     fn dispatch3(
         &mut self, kernel: &'static Kernel, params: &[u32], buffers: &[&GpuBuffer], groups: (u32, u32, u32),
     ) -> Result<(), ShaderError> {
+        if buffers.len() != kernel.buffer_count() {
+            return Err(ShaderError::Invalid(format!(
+                "{} binds {} buffers; the dispatch passed {}",
+                kernel.name,
+                kernel.buffer_count(),
+                buffers.len()
+            )));
+        }
         // A buffer over one binding is bound only through a slab view (the int8 products
         // and lookups make them); anything else would be a validation error on the device.
         let limit = self.gpu.max_binding();
@@ -425,7 +491,7 @@ mod tests {
         let mut names = std::collections::HashSet::new();
         for k in kernels() {
             assert!(names.insert(k.name), "two kernels named {}", k.name);
-            assert!(k.source.contains("fn main"), "{}: no entry point", k.name);
+            assert!(k.source().contains("fn main"), "{}: no entry point", k.name);
         }
         for k in kernels() {
             if let Some(twin) = k.subgroup_twin {

@@ -11,10 +11,28 @@ use rusting_brain_core::error::check_len;
 use rusting_brain_core::CoreError;
 use rusting_brain_core::Result;
 
-const MOE_ROUTE: Kernel = kernel!("moe_route");
-const Q8_EXPERT: Kernel = kernel!("q8_expert");
-const MOE_COMBINE: Kernel = kernel!("moe_combine");
-const MOE_COMBINE_BACKWARD: Kernel = kernel!("moe_combine_backward");
+const MOE_ROUTE: Kernel = kernel!(
+    "moe_route",
+    { rows: u32, n_experts: u32, top_k: u32, renormalize: u32 },
+    [read logits: f32, read_write expert: u32, read_write weight: f32]
+);
+const Q8_EXPERT: Kernel = kernel!(
+    "q8_expert",
+    { slots: u32, n: u32, packed_cols: u32, top_k: u32, x_per_token: u32, only: u32, pad1: u32, pad2: u32 },
+    [read xq: u32, read xs: f32, read w: u32, read ws: f32, read expert: u32,
+         read_write out: f32]
+);
+const MOE_COMBINE: Kernel = kernel!(
+    "moe_combine",
+    { rows: u32, dim: u32, top_k: u32, pad: u32 },
+    [read row_of_slot: u32, read weight: f32, read y: f32, read_write x: f32]
+);
+const MOE_COMBINE_BACKWARD: Kernel = kernel!(
+    "moe_combine_backward",
+    { slots: u32, dim: u32, top_k: u32, pad: u32 },
+    [read row_of_slot: u32, read weight: f32, read dout: f32, read y: f32, read_write dy: f32,
+         read_write dweight: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[MOE_ROUTE, Q8_EXPERT, MOE_COMBINE, MOE_COMBINE_BACKWARD];

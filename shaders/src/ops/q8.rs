@@ -11,13 +11,34 @@ use rusting_brain_core::CoreError;
 use rusting_brain_core::Result;
 
 /// Workgroup reductions; [`QUANTIZE_ACTIVATIONS_SG`] where the device has subgroups.
-const QUANTIZE_ACTIVATIONS: Kernel =
-    kernel!("quantize_activations").with_subgroup_twin(&QUANTIZE_ACTIVATIONS_SG);
+const QUANTIZE_ACTIVATIONS: Kernel = kernel!(
+    "quantize_activations",
+    { rows: u32, cols: u32, packed_cols: u32, pad: u32 },
+    [read x: f32, read_write xq: u32, read_write xs: f32]
+)
+.with_subgroup_twin(&QUANTIZE_ACTIVATIONS_SG);
 /// The row maxima with subgroup reductions.
-const QUANTIZE_ACTIVATIONS_SG: Kernel = kernel!("quantize_activations_sg").with_subgroups();
-const Q8_MATMUL: Kernel = kernel!("q8_matmul");
-const Q8_MATMUL_TILED: Kernel = kernel!("q8_matmul_tiled");
-const Q8_EMBEDDING: Kernel = kernel!("q8_embedding");
+const QUANTIZE_ACTIVATIONS_SG: Kernel = kernel!(
+    "quantize_activations_sg",
+    { rows: u32, cols: u32, packed_cols: u32, pad: u32 },
+    [read x: f32, read_write xq: u32, read_write xs: f32]
+)
+.with_subgroups();
+const Q8_MATMUL: Kernel = kernel!(
+    "q8_matmul",
+    { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, pad0: u32, pad1: u32 },
+    [read xq: u32, read xs: f32, read w: u32, read ws: f32, read_write out: f32]
+);
+const Q8_MATMUL_TILED: Kernel = kernel!(
+    "q8_matmul_tiled",
+    { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, pad0: u32, pad1: u32 },
+    [read xq: u32, read xs: f32, read w: u32, read ws: f32, read_write out: f32]
+);
+const Q8_EMBEDDING: Kernel = kernel!(
+    "q8_embedding",
+    { rows: u32, dim: u32, packed_cols: u32, vocab: u32, id0: u32, slab_rows: u32, pad0: u32, pad1: u32 },
+    [read ids: u32, read table: u32, read scales: f32, read_write out: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] =

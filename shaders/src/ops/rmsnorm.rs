@@ -8,10 +8,25 @@ use rusting_brain_core::backend::RmsnormOps;
 use rusting_brain_core::Result;
 
 /// Workgroup reductions; [`RMSNORM_SG`] where the device has subgroups.
-const RMSNORM: Kernel = kernel!("rmsnorm").with_subgroup_twin(&RMSNORM_SG);
+const RMSNORM: Kernel = kernel!(
+    "rmsnorm",
+    { rows: u32, dim: u32, eps: f32, pad: u32 },
+    [read inp: f32, read weight: f32, read_write out: f32, read_write rstd: f32]
+)
+.with_subgroup_twin(&RMSNORM_SG);
 /// RMSNorm with subgroup reductions.
-const RMSNORM_SG: Kernel = kernel!("rmsnorm_sg").with_subgroups();
-const RMSNORM_BACKWARD: Kernel = kernel!("rmsnorm_backward");
+const RMSNORM_SG: Kernel = kernel!(
+    "rmsnorm_sg",
+    { rows: u32, dim: u32, eps: f32, pad: u32 },
+    [read inp: f32, read weight: f32, read_write out: f32, read_write rstd: f32]
+)
+.with_subgroups();
+const RMSNORM_BACKWARD: Kernel = kernel!(
+    "rmsnorm_backward",
+    { rows: u32, dim: u32, mode: u32, pad: u32 },
+    [read dout: f32, read inp: f32, read weight: f32, read rstd: f32, read_write dinp: f32,
+         read_write dweight: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[RMSNORM, RMSNORM_SG, RMSNORM_BACKWARD];

@@ -8,7 +8,11 @@ use rusting_brain_core::backend::RopeSpec;
 use rusting_brain_core::Result;
 use rusting_brain_core::RopeScaling;
 
-const ROPE: Kernel = kernel!("rope");
+const ROPE: Kernel = kernel!(
+    "rope",
+    { rows: u32, seq: u32, heads: u32, head_dim: u32, pos_offset: u32, sign: f32, pad0: u32, pad1: u32 },
+    [read table: f32, read_write x: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[ROPE];

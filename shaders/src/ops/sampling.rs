@@ -3,9 +3,22 @@
 
 use super::*;
 
-const ARGMAX: Kernel = kernel!("argmax");
-const PENALIZE: Kernel = kernel!("penalize");
-const TOPK: Kernel = kernel!("topk");
+const ARGMAX: Kernel = kernel!(
+    "argmax",
+    { rows: u32, cols: u32, pad0: u32, pad1: u32 },
+    [read logits: f32, read_write ids: u32]
+);
+const PENALIZE: Kernel = kernel!(
+    "penalize",
+    { n_ids: u32, penalty: f32, pad0: u32, pad1: u32 },
+    [read ids: u32, read_write logits: f32]
+);
+const TOPK: Kernel = kernel!(
+    "topk",
+    { cols: u32, k: u32, pad0: u32, pad1: u32 },
+    [read logits: f32, read_write scratch: f32, read_write top_ids: u32,
+         read_write top_vals: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[ARGMAX, PENALIZE, TOPK];

@@ -6,8 +6,16 @@ use crate::GpuBuffer;
 use rusting_brain_core::backend::SwigluOps;
 use rusting_brain_core::Result;
 
-const SWIGLU: Kernel = kernel!("swiglu");
-const SWIGLU_BACKWARD: Kernel = kernel!("swiglu_backward");
+const SWIGLU: Kernel = kernel!(
+    "swiglu",
+    { len: u32, pad0: u32, pad1: u32, pad2: u32 },
+    [read gate: f32, read up: f32, read_write out: f32]
+);
+const SWIGLU_BACKWARD: Kernel = kernel!(
+    "swiglu_backward",
+    { len: u32, pad0: u32, pad1: u32, pad2: u32 },
+    [read dout: f32, read gate: f32, read up: f32, read_write dgate: f32, read_write dup: f32]
+);
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
 pub(super) const KERNELS: &[Kernel] = &[SWIGLU, SWIGLU_BACKWARD];

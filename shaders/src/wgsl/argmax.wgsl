@@ -1,11 +1,6 @@
 // The index of the largest logit of each row (ties go to the lower index, as the core
 // sampler's greedy draw), so a decode step reads back 4 bytes. A row with a NaN gets
 // 0xfffffffe, which the host reports as the error the core sampler gives.
-struct Params { rows: u32, cols: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
 
 const WG: u32 = 64u;
 var<workgroup> best_v: array<f32, WG>;

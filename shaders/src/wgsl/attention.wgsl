@@ -5,9 +5,6 @@
 // k/v (batch, kv_capacity, kv_heads, d), lse (batch, q_len, q_heads).
 // Joined after prelude/attention.wgsl (Params, p, q, k, v) and prelude/reduce.wgsl (WG,
 // part, reduce_max, reduce_sum).
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
-@group(0) @binding(6) var<storage, read_write> scores: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -5,11 +5,6 @@
 // p dout to dv and ds q to dk. Rows past kv_len get zeros. Twin of
 // rusting_brain_core::ops::attention::attention_backward.
 // Joined after prelude/attention.wgsl (Params, p, q, k, v).
-@group(0) @binding(4) var<storage, read> dout: array<f32>;
-@group(0) @binding(5) var<storage, read> lse: array<f32>;
-@group(0) @binding(6) var<storage, read> delta: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dk: array<f32>;
-@group(0) @binding(8) var<storage, read_write> dv: array<f32>;
 
 const WG: u32 = 64u;
 const PER: u32 = 4u;

@@ -5,11 +5,6 @@
 // Nothing T x T is stored: the key-side pass recomputes p and ds from q, k, v, lse and the
 // delta written here. Twin of rusting_brain_core::ops::attention::attention_backward.
 // Joined after prelude/attention.wgsl (Params, p, q, k, v).
-@group(0) @binding(4) var<storage, read> out: array<f32>;
-@group(0) @binding(5) var<storage, read> dout: array<f32>;
-@group(0) @binding(6) var<storage, read> lse: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dq: array<f32>;
-@group(0) @binding(8) var<storage, read_write> delta: array<f32>;
 
 const WG: u32 = 64u;
 // Head sizes up to 4 * WG: each thread keeps up to four of the row's dimensions.

@@ -4,12 +4,6 @@
 // `grad`, a zero gradient. The host sums the losses in f64.
 // Twin of rusting_brain_core::ops::cross_entropy::cross_entropy.
 // Joined after prelude/reduce.wgsl (WG, part, reduce_max, reduce_sum).
-struct Params { rows: u32, vocab: u32, grad: u32, scale: f32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> targets: array<u32>;
-@group(0) @binding(2) var<storage, read_write> logits: array<f32>;
-@group(0) @binding(3) var<storage, read_write> loss: array<f32>;
 
 const NOT_COUNTED: u32 = 0xffffffffu;
 

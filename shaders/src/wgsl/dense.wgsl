@@ -9,20 +9,11 @@
 // Activation codes: 0 identity, 1 relu, 2 leaky relu (slope alpha), 3 sigmoid, 4 tanh,
 // 5 softmax. Loss codes: 0 MSE, 1 binary cross-entropy, 2 categorical cross-entropy.
 // Twins: rusting_brain_core::ops::{activation, loss, softmax, elementwise}.
-struct Params {
-    op: u32, rows: u32, cols: u32, code: u32,
-    alpha: f32, inv: f32, pad0: u32, pad1: u32,
-}
 
-@group(0) @binding(0) var<uniform> p: Params;
 // Roles by op: (x0, x1, x2, y) =
 //   add_bias (bias, -, -, out); bias_backward (dout, -, -, dbias);
 //   act fwd (inp, -, -, out); act bwd (dout, inp, out, dinp);
 //   loss/fused (pred, target, -, dpred); fill/scale (-, -, -, x); axpy (x, -, -, y).
-@group(0) @binding(1) var<storage, read> x0: array<f32>;
-@group(0) @binding(2) var<storage, read> x1: array<f32>;
-@group(0) @binding(3) var<storage, read> x2: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
 fn sigmoid(v: f32) -> f32 {
     // Both branches stay in range, as the reference's sigmoid.

@@ -3,12 +3,6 @@
 // column) adds that id's rows of dout in position order, the reference's order.
 // `groups` holds [ids (n_ids)] [offsets (n_ids + 1)] [positions (rows)].
 // Twin of rusting_brain_core::ops::embedding::embedding_backward.
-struct Params { n_ids: u32, dim: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> groups: array<u32>;
-@group(0) @binding(2) var<storage, read> dout: array<f32>;
-@group(0) @binding(3) var<storage, read_write> dtable: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

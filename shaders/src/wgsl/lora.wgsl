@@ -2,17 +2,6 @@
 // pass, one workgroup per row. Twin of rusting_brain_core::ops::lora::lora_forward, for
 // ranks up to RMAX (larger ones take the backend's two GEMMs). x, y and t are read and
 // written from their row offsets, so an expert's run of grouped rows is a window.
-struct Params {
-    rows: u32, d_in: u32, d_out: u32, rank: u32,
-    x_off: u32, y_off: u32, t_off: u32, scale_bits: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> a: array<f32>;
-@group(0) @binding(3) var<storage, read> b: array<f32>;
-@group(0) @binding(4) var<storage, read_write> t: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
 const WG: u32 = 64u;
 const RMAX: u32 = 32u;

@@ -5,11 +5,6 @@
 // order, exactly as matmul.wgsl and the reference do. Taken for products of at least
 // 16 output columns; twin of rusting_brain_core::ops::matmul::matmul (f32 and bf16
 // precision).
-struct Params {
-    m: u32, n: u32, k: u32, batch: u32,
-    trans_a: u32, trans_b: u32, alpha: f32, beta: f32,
-    a0: u32, b0: u32, c0: u32, bf16: u32,
-}
 
 // f32 rounded to bfloat16 and back, to nearest even, NaN kept NaN: core's round_bf16, the
 // operands of a mixed-precision product (Precision::Bf16; accumulation stays f32).
@@ -18,11 +13,6 @@ fn bf16(x: f32) -> f32 {
     if ((u & 0x7fffffffu) > 0x7f800000u) { return bitcast<f32>((u | 0x00400000u) & 0xffff0000u); }
     return bitcast<f32>((u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u);
 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> c: array<f32>;
 
 @compute @workgroup_size(8, 8)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -1,13 +1,6 @@
 // x[t] += sum over t's slots, in rank order, of weight[slot] * y[row_of_slot[slot]]: one
 // invocation per output element, so no two write one place, and the adds run in the
 // reference's order. Twin of rusting_brain_core::ops::moe::moe_combine.
-struct Params { rows: u32, dim: u32, top_k: u32, pad: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> row_of_slot: array<u32>;
-@group(0) @binding(2) var<storage, read> weight: array<f32>;
-@group(0) @binding(3) var<storage, read> y: array<f32>;
-@group(0) @binding(4) var<storage, read_write> x: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

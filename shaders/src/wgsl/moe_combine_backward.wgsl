@@ -1,15 +1,6 @@
 // Backward of moe_combine, one workgroup per slot: dy[row] = weight * dout[token]
 // (overwritten) and the slot's weight gradient dout[token] . y[row].
 // Twin of rusting_brain_core::ops::moe::moe_combine_backward.
-struct Params { slots: u32, dim: u32, top_k: u32, pad: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> row_of_slot: array<u32>;
-@group(0) @binding(2) var<storage, read> weight: array<f32>;
-@group(0) @binding(3) var<storage, read> dout: array<f32>;
-@group(0) @binding(4) var<storage, read> y: array<f32>;
-@group(0) @binding(5) var<storage, read_write> dy: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dweight: array<f32>;
 
 const WG: u32 = 64u;
 var<workgroup> part: array<f32, WG>;

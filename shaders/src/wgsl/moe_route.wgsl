@@ -3,12 +3,6 @@
 // over the chosen k when asked. Writes each slot's expert and weight in rank order.
 // Twin of rusting_brain_core::ops::moe::Routing::route (which works in f64; here f32, so
 // weights agree to ~1e-7 and the choice only differs on near-ties).
-struct Params { rows: u32, n_experts: u32, top_k: u32, renormalize: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> expert: array<u32>;
-@group(0) @binding(3) var<storage, read_write> weight: array<f32>;
 
 const MAX_EXPERTS: u32 = 256u;
 

@@ -1,18 +1,6 @@
 // One optimizer step per element. op 0: Adam/AdamW (constants formed on the host, as
 // core's AdamConstants); op 1: SGD, with momentum when `momentum` > 0 (PyTorch semantics,
 // no dampening), Nesterov when `nesterov` is 1. Twin of rusting_brain_core::ops::optim.
-struct Params {
-    op: u32, len: u32, decoupled: u32, nesterov: u32,
-    lr: f32, beta1: f32, beta2: f32, one_minus_beta1: f32,
-    one_minus_beta2: f32, eps: f32, weight_decay: f32, grad_scale: f32,
-    step_size: f32, bc2_sqrt: f32, momentum: f32, pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> param: array<f32>;
-@group(0) @binding(2) var<storage, read> grad: array<f32>;
-@group(0) @binding(3) var<storage, read_write> m: array<f32>;
-@group(0) @binding(4) var<storage, read_write> v: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -2,11 +2,6 @@
 // the context (the host passes each once, and only ids inside the vocabulary) has its
 // logit divided by the penalty when positive, multiplied when not.
 // Twin of rusting_brain_core::Sampler::penalized.
-struct Params { n_ids: u32, penalty: f32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> ids: array<u32>;
-@group(0) @binding(2) var<storage, read_write> logits: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -2,13 +2,6 @@
 // Twin of rusting_brain_core::ops::q8::q8_embedding.
 // A table split into row slabs is gathered one slab per call: ids in [id0, id0 + slab_rows)
 // are this call's, the rest are left to the others (vocab is the whole table's).
-struct Params { rows: u32, dim: u32, packed_cols: u32, vocab: u32, id0: u32, slab_rows: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> ids: array<u32>;
-@group(0) @binding(2) var<storage, read> table: array<u32>;
-@group(0) @binding(3) var<storage, read> scales: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
 // NaN's bits, read at run time: Tint (the browser's compiler) refuses a constant
 // expression that evaluates to NaN or infinity.

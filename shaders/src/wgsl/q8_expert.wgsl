@@ -4,15 +4,6 @@
 // as they are (one dispatch per expert fills every slot). Otherwise as q8_matmul.wgsl
 // (exact i32 sums, then f32(acc) * xs * ws).
 // Twin of rusting_brain_core::ops::moe::q8_matmul_routed.
-struct Params { slots: u32, n: u32, packed_cols: u32, top_k: u32, x_per_token: u32, only: u32, pad1: u32, pad2: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> xq: array<u32>;
-@group(0) @binding(2) var<storage, read> xs: array<f32>;
-@group(0) @binding(3) var<storage, read> w: array<u32>;
-@group(0) @binding(4) var<storage, read> ws: array<f32>;
-@group(0) @binding(5) var<storage, read> expert: array<u32>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

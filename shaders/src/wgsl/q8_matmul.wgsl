@@ -8,14 +8,6 @@
 // Twin of rusting_brain_core::ops::q8::q8_matmul.
 // out_n / j0: the output's row length and this call's first column, so a weight split
 // into row slabs (one binding each, under maxStorageBufferBindingSize) fills its columns.
-struct Params { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> xq: array<u32>;
-@group(0) @binding(2) var<storage, read> xs: array<f32>;
-@group(0) @binding(3) var<storage, read> w: array<u32>;
-@group(0) @binding(4) var<storage, read> ws: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

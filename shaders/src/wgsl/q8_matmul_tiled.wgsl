@@ -5,14 +5,6 @@
 // The i32 sums are exact whatever the order, so the result is bit-identical to
 // q8_matmul.wgsl and to the CPU. Columns j0.. of rows of out_n, as q8_matmul.wgsl.
 // Twin of rusting_brain_core::ops::q8::q8_matmul.
-struct Params { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> xq: array<u32>;
-@group(0) @binding(2) var<storage, read> xs: array<f32>;
-@group(0) @binding(3) var<storage, read> w: array<u32>;
-@group(0) @binding(4) var<storage, read> ws: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 const TILE: u32 = 32u;
 const TK: u32 = 8u;

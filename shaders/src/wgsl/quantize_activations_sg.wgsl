@@ -5,12 +5,6 @@
 // to a u32 (memory order, as the CPU packs them), padding bytes 0. Rounding is half away
 // from zero (WGSL's round() goes to even), so the integers equal the CPU's.
 // Twin of rusting_brain_core::ops::q8::quantize_activations.
-struct Params { rows: u32, cols: u32, packed_cols: u32, pad: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> xq: array<u32>;
-@group(0) @binding(3) var<storage, read_write> xs: array<f32>;
 
 const WG: u32 = 64u;
 var<workgroup> part: array<f32, WG>;

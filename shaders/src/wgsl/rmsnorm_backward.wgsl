@@ -2,15 +2,6 @@
 //   mode 0, one workgroup per row:   dinp = rstd * (w * dout - xhat * mean(w * dout * xhat))
 //   mode 1, one invocation a column: dweight[i] += sum_r dout[r, i] * xhat[r, i], rows in
 //           order, so the sum runs as the reference's does and needs no atomics.
-struct Params { rows: u32, dim: u32, mode: u32, pad: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> dout: array<f32>;
-@group(0) @binding(2) var<storage, read> inp: array<f32>;
-@group(0) @binding(3) var<storage, read> weight: array<f32>;
-@group(0) @binding(4) var<storage, read> rstd: array<f32>;
-@group(0) @binding(5) var<storage, read_write> dinp: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dweight: array<f32>;
 
 const WG: u32 = 64u;
 var<workgroup> part: array<f32, WG>;

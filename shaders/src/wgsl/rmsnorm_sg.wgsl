@@ -4,13 +4,6 @@
 // 64-slot array (the others leave 0), and one barrier later every invocation adds the 64
 // slots in order. One barrier instead of seven.
 // Twin of rusting_brain_core::ops::rmsnorm.
-struct Params { rows: u32, dim: u32, eps: f32, pad: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> inp: array<f32>;
-@group(0) @binding(2) var<storage, read> weight: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<storage, read_write> rstd: array<f32>;
 
 const WG: u32 = 64u;
 var<workgroup> part: array<f32, WG>;

@@ -2,11 +2,6 @@
 // cos/sin come from a table built on the host per position (cos[half] then sin[half]), the
 // same f32 values the CPU uses: a GPU's cos of a large angle is only specified to ~2^-11.
 // Twin of rusting_brain_core::ops::rope.
-struct Params { rows: u32, seq: u32, heads: u32, head_dim: u32, pos_offset: u32, sign: f32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> table: array<f32>;
-@group(0) @binding(2) var<storage, read_write> x: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

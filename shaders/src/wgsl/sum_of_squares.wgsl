@@ -1,11 +1,6 @@
 // Partial sums of squares: workgroup g sums x[g * CHUNK ..][..CHUNK]^2 into
 // partials[offset + g]; the host adds the partials in f64 (one read-back for every
 // tensor of a global gradient norm). Twin of rusting_brain_core::ops::l2norm.
-struct Params { len: u32, offset: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> partials: array<f32>;
 
 const WG: u32 = 64u;
 const CHUNK: u32 = 4096u;

@@ -1,14 +1,6 @@
 // SwiGLU backward: dgate = dout * up * silu'(gate), dup = dout * silu(gate), with
 // silu'(g) = s (1 + g (1 - s)) and s the two-branch sigmoid. Twin of
 // rusting_brain_core::ops::swiglu::swiglu_backward.
-struct Params { len: u32, pad0: u32, pad1: u32, pad2: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> dout: array<f32>;
-@group(0) @binding(2) var<storage, read> gate: array<f32>;
-@group(0) @binding(3) var<storage, read> up: array<f32>;
-@group(0) @binding(4) var<storage, read_write> dgate: array<f32>;
-@group(0) @binding(5) var<storage, read_write> dup: array<f32>;
 
 fn sigmoid(v: f32) -> f32 {
     if (v >= 0.0) { return 1.0 / (1.0 + exp(-v)); }

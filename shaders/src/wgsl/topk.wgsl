@@ -3,13 +3,6 @@
 // winner is then struck out (set to -inf). -inf values are never chosen: a round that finds nothing
 // writes id 0xffffffff. A NaN anywhere makes every id 0xfffffffe (the host reports it).
 // The host draws from these k with the sampler's f64 arithmetic (Sampler::sample_ranked).
-struct Params { cols: u32, k: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> scratch: array<f32>;
-@group(0) @binding(3) var<storage, read_write> top_ids: array<u32>;
-@group(0) @binding(4) var<storage, read_write> top_vals: array<f32>;
 
 const WG: u32 = 64u;
 const NONE: u32 = 0xffffffffu;
