@@ -179,16 +179,29 @@ pub(super) fn block_forward<B: Backend>(
     Ok(())
 }
 
-/// One block's backward pass, [`block_forward`] in reverse: on entry `arena.dx` holds the
+/// What every block's backward pass reads, the same for all of a step's blocks: the
+/// backend, the model and its weights as the products see them, the adapters' shape, and
+/// the batch's.
+pub(super) struct BackwardCtx<'a, B: Backend> {
+    pub(super) b: &'a B,
+    pub(super) c: &'a TransformerConfig,
+    pub(super) prec: OperandPrecision,
+    pub(super) params: &'a Params<B>,
+    pub(super) quantized: Option<&'a QuantParams<B>>,
+    pub(super) lora_ctx: Option<LoraCtx>,
+    pub(super) batch: usize,
+    pub(super) seq: usize,
+}
+
+/// Block `l`'s backward pass, [`block_forward`] in reverse: on entry `arena.dx` holds the
 /// gradient of the block's output, on return the gradient of its input. Parameter
 /// gradients accumulate into `g` (none while adapters freeze the base) and the adapters'
 /// into `lora`; `aux_scales` are this block's shares of the auxiliary losses' weights.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn block_backward<B: Backend>(
-    b: &B, c: &TransformerConfig, prec: OperandPrecision, l: usize, params: &Params<B>,
-    quantized: Option<&QuantParams<B>>, mut g: Option<&mut LayerParams<B>>, lora: Option<&mut LoraState<B>>,
-    lora_ctx: Option<LoraCtx>, arena: &mut Arena<B>, (batch, seq): (usize, usize), aux_scales: (f32, f32),
+    ctx: &BackwardCtx<'_, B>, l: usize, mut g: Option<&mut LayerParams<B>>, lora: Option<&mut LoraState<B>>,
+    arena: &mut Arena<B>, aux_scales: (f32, f32),
 ) -> Result<()> {
+    let &BackwardCtx { b, c, prec, params, quantized, lora_ctx, batch, seq } = ctx;
     let (n, d, q, kv) = (batch * seq, c.d_model, c.q_dim(), c.kv_dim());
     let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
     let (rope_q, rope_k) = c.rope_specs(batch, seq, 0);

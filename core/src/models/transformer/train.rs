@@ -81,23 +81,10 @@ impl<B: Backend> TransformerModel<B> {
             d,
         )?;
         // The blocks in reverse, each one's backward beside its forward in block.rs.
+        let ctx = BackwardCtx { b, c, prec, params, quantized, lora_ctx, batch: tb.batch, seq: tb.seq };
         for l in (0..c.n_layers).rev() {
             let g = (!frozen).then(|| &mut grads.layers[l]);
-            let shape = (tb.batch, tb.seq);
-            block_backward(
-                b,
-                c,
-                prec,
-                l,
-                params,
-                quantized,
-                g,
-                lora.as_deref_mut(),
-                lora_ctx,
-                arena,
-                shape,
-                aux_scales,
-            )?;
+            block_backward(&ctx, l, g, lora.as_deref_mut(), arena, aux_scales)?;
         }
         if !frozen {
             b.embedding_backward(&mut grads.embed, &arena.dx, &tb.inputs, c.vocab_size, d)?;
