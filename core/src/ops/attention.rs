@@ -182,17 +182,7 @@ pub fn attention_backward<T: Real>(
     dq: &mut [T], dk: &mut [T], dv: &mut [T], dout: &[T], q: &[T], k: &[T], v: &[T], out: &[T], lse: &[T],
     spec: &AttentionSpec,
 ) -> Result<()> {
-    spec.check_backward([
-        dq.len(),
-        dk.len(),
-        dv.len(),
-        dout.len(),
-        q.len(),
-        k.len(),
-        v.len(),
-        out.len(),
-        lse.len(),
-    ])?;
+    spec.check_backward([&*dq, &*dk, &*dv, dout, q, k, v, out, lse].map(|b| b.len()))?;
     let d = spec.head_dim;
     let scale = T::ONE / T::from_usize(d).sqrt();
     dq.iter_mut().for_each(|x| *x = T::ZERO);

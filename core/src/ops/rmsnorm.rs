@@ -21,14 +21,13 @@ pub fn check_rmsnorm_forward(
     check_len(OP, "rstd", rstd, rows)
 }
 
-/// The shape contract of `rmsnorm_backward` (buffer lengths).
-#[allow(clippy::too_many_arguments)]
-pub fn check_rmsnorm_backward(
-    dinp: usize, dweight: usize, dout: usize, inp: usize, weight: usize, rstd: usize, rows: usize, dim: usize,
-) -> Result<()> {
+/// The shape contract of `rmsnorm_backward`: the lengths of `[dinp, dweight, dout, inp,
+/// weight, rstd]`.
+pub fn check_rmsnorm_backward(lens: [usize; 6], rows: usize, dim: usize) -> Result<()> {
     const OP: &str = "rmsnorm_backward";
     nonzero(OP, "dim", dim)?;
     let n = product(OP, &[rows, dim])?;
+    let [dinp, dweight, dout, inp, weight, rstd] = lens;
     check_len(OP, "dinp", dinp, n)?;
     check_len(OP, "dout", dout, n)?;
     check_len(OP, "inp", inp, n)?;
@@ -68,16 +67,7 @@ pub fn rmsnorm_backward<T: Real>(
     dinp: &mut [T], dweight: &mut [T], dout: &[T], inp: &[T], weight: &[T], rstd: &[T], rows: usize,
     dim: usize,
 ) -> Result<()> {
-    check_rmsnorm_backward(
-        dinp.len(),
-        dweight.len(),
-        dout.len(),
-        inp.len(),
-        weight.len(),
-        rstd.len(),
-        rows,
-        dim,
-    )?;
+    check_rmsnorm_backward([&*dinp, &*dweight, dout, inp, weight, rstd].map(|b| b.len()), rows, dim)?;
     for r in 0..rows {
         let x = &inp[r * dim..(r + 1) * dim];
         let dy = &dout[r * dim..(r + 1) * dim];

@@ -133,17 +133,7 @@ impl AttentionOps for WgpuBackend {
         &self, dq: &mut GpuBuffer, dk: &mut GpuBuffer, dv: &mut GpuBuffer, dout: &GpuBuffer, q: &GpuBuffer,
         k: &GpuBuffer, v: &GpuBuffer, out: &GpuBuffer, lse: &GpuBuffer, spec: &AttentionSpec,
     ) -> Result<()> {
-        spec.check_backward([
-            dq.len(),
-            dk.len(),
-            dv.len(),
-            dout.len(),
-            q.len(),
-            k.len(),
-            v.len(),
-            out.len(),
-            lse.len(),
-        ])?;
+        spec.check_backward([&*dq, &*dk, &*dv, dout, q, k, v, out, lse].map(|b| b.len()))?;
         let (_, _, nl) = spec.check("attention_backward")?;
         self.record(|b, pools| {
             let delta = pools.scratch("attention delta", nl)?;

@@ -102,12 +102,7 @@ impl RmsnormOps for WgpuBackend {
         weight: &GpuBuffer, rstd: &GpuBuffer, rows: usize, dim: usize,
     ) -> Result<()> {
         rusting_brain_core::ops::rmsnorm::check_rmsnorm_backward(
-            dinp.len(),
-            dweight.len(),
-            dout.len(),
-            inp.len(),
-            weight.len(),
-            rstd.len(),
+            [&*dinp, &*dweight, dout, inp, weight, rstd].map(|b| b.len()),
             rows,
             dim,
         )?;

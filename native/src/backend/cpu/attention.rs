@@ -115,17 +115,7 @@ pub fn attention_backward(
     out: &[f32], lse: &[f32], spec: &AttentionSpec,
 ) -> Result<()> {
     let (nq, nkv, nl) = spec.check("attention_backward")?;
-    spec.check_backward([
-        dq.len(),
-        dk.len(),
-        dv.len(),
-        dout.len(),
-        q.len(),
-        k.len(),
-        v.len(),
-        out.len(),
-        lse.len(),
-    ])?;
+    spec.check_backward([&*dq, &*dk, &*dv, dout, q, k, v, out, lse].map(|b| b.len()))?;
     if use_blocked(spec) && nq > 0 {
         attention_backward_blocked(dq, dk, dv, dout, q, k, v, out, lse, spec);
         return Ok(());

@@ -46,16 +46,7 @@ pub fn rmsnorm_backward(
     dinp: &mut [f32], dweight: &mut [f32], dout: &[f32], inp: &[f32], weight: &[f32], rstd: &[f32],
     rows: usize, dim: usize,
 ) -> Result<()> {
-    check_rmsnorm_backward(
-        dinp.len(),
-        dweight.len(),
-        dout.len(),
-        inp.len(),
-        weight.len(),
-        rstd.len(),
-        rows,
-        dim,
-    )?;
+    check_rmsnorm_backward([&*dinp, &*dweight, dout, inp, weight, rstd].map(|b| b.len()), rows, dim)?;
     let per = rows_per_task(dim);
     let partials: Vec<Vec<f32>> = dinp
         .par_chunks_mut(per * dim)

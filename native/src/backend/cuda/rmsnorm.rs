@@ -70,12 +70,7 @@ pub(super) fn rmsnorm_backward(
     weight: &CudaBuffer, rstd: &CudaBuffer, rows: usize, dim: usize,
 ) -> Result<()> {
     ops::rmsnorm::check_rmsnorm_backward(
-        dinp.len,
-        dweight.len,
-        dout.len,
-        inp.len,
-        weight.len,
-        rstd.len,
+        [&*dinp, &*dweight, dout, inp, weight, rstd].map(|b| b.len),
         rows,
         dim,
     )?;
