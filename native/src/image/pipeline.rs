@@ -111,6 +111,27 @@ impl Family {
         }
     }
 
+    /// img2img: the autoencoder's latent mean is the start (FLUX.2), not a sample drawn from
+    /// the seed's generator before the noise (FLUX.1, SD3, SD).
+    pub fn img2img_from_mean(self) -> bool {
+        self == Family::Flux2
+    }
+
+    /// FLUX.2: the prompt tokens' positions count along the last rotary axis (FLUX.1's are
+    /// all zero).
+    pub fn numbers_prompt_tokens(self) -> bool {
+        self == Family::Flux2
+    }
+
+    /// What the sampler's timestep (0..1000) is divided by before the denoiser sees it:
+    /// FLUX's pipelines pass t / 1000 (the model scales back), SD3's and the UNets' t.
+    pub fn timestep_divisor(self) -> f32 {
+        match self {
+            Family::Flux | Family::Flux2 => 1000.0,
+            Family::Sd3 | Family::Sd | Family::Sdxl => 1.0,
+        }
+    }
+
     /// diffusers' call defaults for the family (`distilled`: FLUX.2-klein's
     /// `is_distilled`; `solver`: the folder's scheduler).
     fn defaults(self, distilled: bool, solver: Solver) -> PipelineConfig {

@@ -198,13 +198,13 @@ impl ImagePipeline {
         }
         let dist = self.vae.encode_image(image)?;
         let n = c * h * w;
-        // diffusers' img2img pipelines sample the latent (FLUX.1, SD3) with the same
-        // generator as the noise, first; FLUX.2 encodes to the mean.
+        // diffusers' img2img pipelines sample the latent with the same generator as the
+        // noise, first, or take the mean (see Family::img2img_from_mean).
         let mut generator = None;
         let (z, noise) = match noise {
             Noise::Seed(seed) => {
                 let mut g = TorchGenerator::new(seed);
-                let z = if self.family == Family::Flux2 {
+                let z = if self.family.img2img_from_mean() {
                     dist.mean.clone()
                 } else {
                     dist.sample(&g.randn(dist.mean.len()))?
@@ -311,7 +311,7 @@ impl ImagePipeline {
                     }
                 }
                 let mut txt = vec![0f32; tokens * axes];
-                if self.family == Family::Flux2 {
+                if self.family.numbers_prompt_tokens() {
                     for l in 0..tokens {
                         txt[l * axes + 3] = l as f32;
                     }
@@ -325,8 +325,7 @@ impl ImagePipeline {
         let n = c * h * w;
         for i in first..schedule.steps() {
             let t = schedule.timestep(i);
-            // FLUX's pipelines pass t / 1000 (the model scales back); SD3 passes t.
-            let timestep = if self.family == Family::Sd3 { t } else { t / 1000.0 };
+            let timestep = t / self.family.timestep_divisor();
             let timesteps = vec![timestep; batch];
             let mut input_latent = Vec::with_capacity(batch * n);
             let packed = match pack {
