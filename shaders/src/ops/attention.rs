@@ -14,19 +14,19 @@ const ATTENTION: Kernel = kernel!(
     "attention",
     ATTENTION_PARAMS,
     [read q: f32, read k: f32, read v: f32, read_write out: f32, read_write lse: f32,
-         read_write scores: f32], prelude "attention", "reduce"
+         read_write scores: f32], prelude "reduce"
 );
 const ATTENTION_BACKWARD_Q: Kernel = kernel!(
     "attention_backward_q",
     ATTENTION_PARAMS,
     [read q: f32, read k: f32, read v: f32, read out: f32, read dout: f32, read lse: f32,
-         read_write dq: f32, read_write delta: f32], prelude "attention"
+         read_write dq: f32, read_write delta: f32]
 );
 const ATTENTION_BACKWARD_KV: Kernel = kernel!(
     "attention_backward_kv",
     ATTENTION_PARAMS,
     [read q: f32, read k: f32, read v: f32, read dout: f32, read lse: f32, read delta: f32,
-         read_write dk: f32, read_write dv: f32], prelude "attention"
+         read_write dk: f32, read_write dv: f32]
 );
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).

@@ -3,7 +3,7 @@
 // head's dimensions spread over the threads; writes the log-sum-exp like the CPU.
 // Layouts as rusting_brain_core::ops::attention (its twin): q/out (batch, q_len, q_heads, d),
 // k/v (batch, kv_capacity, kv_heads, d), lse (batch, q_len, q_heads).
-// Joined after prelude/attention.wgsl (Params, p, q, k, v) and prelude/reduce.wgsl (WG,
+// Params and the bindings come from kernel! in ops/attention.rs; joined after prelude/reduce.wgsl (WG,
 // part, reduce_max, reduce_sum).
 
 @compute @workgroup_size(64)

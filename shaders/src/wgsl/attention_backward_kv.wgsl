@@ -4,7 +4,7 @@
 // query-side pass did (same sums, same order), then the threads (over the dimensions) add
 // p dout to dv and ds q to dk. Rows past kv_len get zeros. Twin of
 // rusting_brain_core::ops::attention::attention_backward.
-// Joined after prelude/attention.wgsl (Params, p, q, k, v).
+// Params, p, q, k, v and the rest of the bindings: ATTENTION_PARAMS and kernel! in ops/attention.rs.
 
 const WG: u32 = 64u;
 const PER: u32 = 4u;

@@ -4,7 +4,7 @@
 // memory, then the threads (over the head's dimensions) add ds k to dq, keys in order.
 // Nothing T x T is stored: the key-side pass recomputes p and ds from q, k, v, lse and the
 // delta written here. Twin of rusting_brain_core::ops::attention::attention_backward.
-// Joined after prelude/attention.wgsl (Params, p, q, k, v).
+// Params, p, q, k, v and the rest of the bindings: ATTENTION_PARAMS and kernel! in ops/attention.rs.
 
 const WG: u32 = 64u;
 // Head sizes up to 4 * WG: each thread keeps up to four of the row's dimensions.
