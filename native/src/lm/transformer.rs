@@ -470,7 +470,7 @@ impl TransformerLm {
         Ok(self.model_mut().forward_logits(batch)?)
     }
     /// Rounds the weights to int8 (per-row absmax scales; norms stay f32): a quarter of the
-    /// memory traffic per decoded token. One-way: training, `save_bin(OperandPrecision::F32)` and
+    /// memory traffic per decoded token. One-way: training, `save_bin(Precision::F32)` and
     /// device moves return an error afterwards.
     pub fn quantize(&mut self) -> Result<()> {
         self.refuse_on_device("quantize", "call to_cpu() first")?;

@@ -1,0 +1,129 @@
+//! How far a quantized model is from its f32 self on real text, measured as the field
+//! measures it (llama.cpp's `llama-perplexity --kl-divergence`): the text cut into windows
+//! of `--window` tokens, each window's second half scored (so every scored token has at
+//! least half a window of context), and per scored position the f32 model's and the
+//! quantized model's next-token distributions compared.
+//!
+//! ```text
+//! python3 bench/smollm2_folder.py /var/tmp/smollm2      # the real model, f32, no torch
+//! cargo run --release -p rusting_brain --example quant_quality -- /var/tmp/smollm2 TEXT_FILE \
+//!     [--window 512] [--max-tokens N]
+//! ```
+//!
+//! Prints, per precision: perplexity and its change from f32, mean KL divergence to f32 in
+//! nats a token (and its 99th percentile), and how often the top token agrees with f32's.
+
+#[path = "common/bench.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rusting_brain::cpu::CpuBackend;
+use rusting_brain::{Precision, TokenBatch, TransformerLm};
+use tokenizers::Tokenizer;
+
+type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Natural-log softmax of one row of logits, in f64.
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    row.iter().map(|&v| v as f64 - lse).collect()
+}
+
+fn argmax(row: &[f64]) -> usize {
+    row.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
+}
+
+/// What one precision scores against f32 over the text.
+#[derive(Default)]
+struct Score {
+    nll: f64,
+    kl: Vec<f64>,
+    same_top: usize,
+    scored: usize,
+}
+
+fn main() -> R<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let positional: Vec<&String> = args
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| !a.starts_with("--") && (*i == 0 || !args[i - 1].starts_with("--")))
+        .map(|(_, a)| a)
+        .collect();
+    let (Some(dir), Some(text)) = (positional.first(), positional.get(1)) else {
+        return Err("usage: quant_quality MODEL_DIR TEXT_FILE [--window 512] [--max-tokens N]".into());
+    };
+    let dir = PathBuf::from(dir);
+    let window: usize = flag("--window").map_or(Ok(512), |v| v.parse())?;
+    if window < 4 {
+        return Err("--window must be at least 4 tokens".into());
+    }
+    let tokenizer =
+        Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| format!("tokenizer.json: {e}"))?;
+    let text = std::fs::read_to_string(text).map_err(|e| format!("{text}: {e}"))?;
+    let mut ids =
+        tokenizer.encode(text.as_str(), false).map_err(|e| format!("tokenizing: {e}"))?.get_ids().to_vec();
+    if let Some(n) = flag("--max-tokens") {
+        ids.truncate(n.parse()?);
+    }
+    // Windows of `window + 1` tokens give `window` positions that predict the next one.
+    let windows: Vec<&[u32]> = ids.chunks_exact(window + 1).collect();
+    if windows.is_empty() {
+        return Err(format!("{} tokens: shorter than one window of {}", ids.len(), window + 1).into());
+    }
+
+    println!(
+        "quant_quality: {} on {} tokens, {} windows of {window}, the second half of each scored; {} ({}) at commit {}",
+        dir.display(),
+        ids.len(),
+        windows.len(),
+        common::cpu_model(),
+        CpuBackend::new().isa(),
+        common::commit()
+    );
+    let t = Instant::now();
+    let mut f32_model = TransformerLm::from_pretrained(&dir)?;
+    let mut q8 = TransformerLm::from_pretrained_at(&dir, Precision::Q8)?;
+    println!("loaded f32 and int8 in {:.1} s", t.elapsed().as_secs_f64());
+
+    let (mut base, mut quant) = (Score::default(), Score::default());
+    let t = Instant::now();
+    for w in &windows {
+        let batch = TokenBatch::new([w.to_vec()])?;
+        let (p, q) = (f32_model.forward_batch(&batch)?, q8.forward_batch(&batch)?);
+        let vocab = p.len() / window;
+        for pos in window / 2..window {
+            let row = pos * vocab..(pos + 1) * vocab;
+            let (lp, lq) = (log_softmax(&p[row.clone()]), log_softmax(&q[row]));
+            let target = w[pos + 1] as usize;
+            base.nll -= lp[target];
+            quant.nll -= lq[target];
+            quant.kl.push(lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum());
+            quant.same_top += usize::from(argmax(&lp) == argmax(&lq));
+            base.scored += 1;
+            quant.scored += 1;
+        }
+    }
+    println!("scored {} positions in {:.1} s", base.scored, t.elapsed().as_secs_f64());
+
+    let ppl = |s: &Score| (s.nll / s.scored as f64).exp();
+    let (p0, p1) = (ppl(&base), ppl(&quant));
+    let mut kl = quant.kl.clone();
+    kl.sort_by(f64::total_cmp);
+    let mean_kl = kl.iter().sum::<f64>() / kl.len() as f64;
+    let p99 = kl[((kl.len() as f64 * 0.99) as usize).min(kl.len() - 1)];
+    println!();
+    println!("precision    perplexity   vs f32   mean KL (nats)   KL p99   same top token");
+    println!("f32          {p0:>10.4}        -                -        -                -");
+    println!(
+        "q8           {p1:>10.4}  {:>+6.2}%   {mean_kl:>14.5}  {p99:>7.4}   {:>13.1}%",
+        100.0 * (p1 / p0 - 1.0),
+        100.0 * quant.same_top as f64 / quant.scored as f64
+    );
+    Ok(())
+}
