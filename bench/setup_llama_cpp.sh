@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# llama.cpp beside `bench_decode`: fetches llama.cpp's source as the llama-cpp-python sdist
-# on PyPI carries it (vendor/llama.cpp), builds `llama-bench` for this CPU's instruction sets,
-# and writes Q8_0 GGUFs of random Llamas at both bench_decode shapes. Nothing of
+# llama.cpp beside `bench_decode` and `quant_quality`: fetches llama.cpp's source as the
+# llama-cpp-python sdist on PyPI carries it (vendor/llama.cpp), builds `llama-bench`,
+# `llama-quantize` and `llama-perplexity` for this CPU's instruction sets, and (where torch
+# is installed) writes Q8_0 GGUFs of random Llamas at both bench_decode shapes. Nothing of
 # llama.cpp enters the repository; everything goes under $RB_LLAMA_DIR.
 #
 #   bash bench/setup_llama_cpp.sh            # then, as it prints:
@@ -76,14 +77,20 @@ if [ -z "$cmake_bin" ]; then
     cmake_bin="$dir/cmake-py/bin/cmake"
     export PYTHONPATH="$dir/cmake-py${PYTHONPATH:+:$PYTHONPATH}"
 fi
-if [ ! -x "$dir/build/bin/llama-bench" ]; then
-    echo "== building llama-bench"
+# llama-bench for bench_decode; llama-quantize and llama-perplexity for quant_quality.
+tools=(llama-bench llama-quantize llama-perplexity)
+if ! (for t in "${tools[@]}"; do [ -x "$dir/build/bin/$t" ] || exit 1; done); then
+    echo "== building ${tools[*]}"
     "$cmake_bin" -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF
-    "$cmake_bin" --build "$dir/build" --target llama-bench -j"$(nproc)"
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
+    "$cmake_bin" --build "$dir/build" --target "${tools[@]}" -j"$(nproc)"
 fi
 
+if ! "$python" -c "import torch, transformers, sentencepiece" 2>/dev/null; then
+    echo "ready for quant_quality: RB_LLAMA_DIR=$dir (no torch here, so no random GGUFs for bench_decode)"
+    exit 0
+fi
 echo "== Q8_0 GGUFs of random Llamas at bench_decode's shapes"
 [ -e "$dir/readme-q8_0.gguf" ] || "$python" "$here/llama_gguf.py" --llama-cpp "$src" \
     --out "$dir/readme-q8_0.gguf" --vocab 32000 --d-model 512 --layers 8 --heads 8 \

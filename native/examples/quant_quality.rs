@@ -5,13 +5,18 @@
 //! quantized model's next-token distributions compared.
 //!
 //! ```text
-//! python3 bench/smollm2_folder.py /var/tmp/smollm2      # the real model, f32, no torch
-//! cargo run --release -p rusting_brain --example quant_quality -- /var/tmp/smollm2 TEXT_FILE \
-//!     [--window 512] [--max-tokens N]
+//! python3 bench/smollm2_folder.py /var/tmp/smollm2 --f32-gguf /var/tmp/smollm2-f32.gguf
+//! bash bench/setup_llama_cpp.sh                          # llama.cpp beside, optional
+//! RB_LLAMA_DIR=/var/tmp/rb-llama cargo run --release -p rusting_brain --example quant_quality -- \
+//!     /var/tmp/smollm2 TEXT_FILE [--f32-gguf /var/tmp/smollm2-f32.gguf] [--window 512] [--max-tokens N]
 //! ```
 //!
 //! Prints, per precision: perplexity and its change from f32, mean KL divergence to f32 in
 //! nats a token (and its 99th percentile), and how often the top token agrees with f32's.
+//! With `--f32-gguf` (the same weights in llama.cpp's layout) and a built llama.cpp under
+//! `$RB_LLAMA_DIR`, the same figures from `llama-perplexity --kl-divergence` for llama.cpp's
+//! Q8_0, Q4_0 and Q4_K_M made by `llama-quantize` from that file, on the same text and
+//! window: both sides start from the very same f32 values.
 
 #[path = "common/bench.rs"]
 mod common;
@@ -71,10 +76,11 @@ fn main() -> R<()> {
     if let Some(n) = flag("--max-tokens") {
         ids.truncate(n.parse()?);
     }
-    // Windows of `window + 1` tokens give `window` positions that predict the next one.
-    let windows: Vec<&[u32]> = ids.chunks_exact(window + 1).collect();
+    // As llama-perplexity: windows of `window` tokens; in each, the positions from the
+    // middle to the second-to-last predict the next token and are scored.
+    let windows: Vec<&[u32]> = ids.chunks_exact(window).collect();
     if windows.is_empty() {
-        return Err(format!("{} tokens: shorter than one window of {}", ids.len(), window + 1).into());
+        return Err(format!("{} tokens: shorter than one window of {window}", ids.len()).into());
     }
 
     println!(
@@ -96,8 +102,8 @@ fn main() -> R<()> {
     for w in &windows {
         let batch = TokenBatch::new([w.to_vec()])?;
         let (p, q) = (f32_model.forward_batch(&batch)?, q8.forward_batch(&batch)?);
-        let vocab = p.len() / window;
-        for pos in window / 2..window {
+        let vocab = p.len() / (window - 1);
+        for pos in window / 2..window - 1 {
             let row = pos * vocab..(pos + 1) * vocab;
             let (lp, lq) = (log_softmax(&p[row.clone()]), log_softmax(&q[row]));
             let target = w[pos + 1] as usize;
@@ -125,5 +131,84 @@ fn main() -> R<()> {
         100.0 * (p1 / p0 - 1.0),
         100.0 * quant.same_top as f64 / quant.scored as f64
     );
+    match (flag("--f32-gguf"), std::env::var("RB_LLAMA_DIR")) {
+        (Some(gguf), Ok(llama)) => llama_cpp(&PathBuf::from(llama), &gguf, positional[1], window)?,
+        (None, _) => println!("llama.cpp: not run (pass --f32-gguf, from bench/smollm2_folder.py)"),
+        (_, Err(_)) => println!("llama.cpp: not run (set RB_LLAMA_DIR; bench/setup_llama_cpp.sh builds it)"),
+    }
+    Ok(())
+}
+
+/// llama.cpp's figures on the same weights and text: `llama-quantize` from the F32 GGUF,
+/// then `llama-perplexity` with the F32 file's logits as the base.
+fn llama_cpp(dir: &std::path::Path, f32_gguf: &str, text: &str, window: usize) -> R<()> {
+    use std::process::Command;
+    let bin = dir.join("build/bin");
+    for tool in ["llama-quantize", "llama-perplexity"] {
+        if !bin.join(tool).exists() {
+            println!(
+                "llama.cpp: not run ({} is missing; run bench/setup_llama_cpp.sh)",
+                bin.join(tool).display()
+            );
+            return Ok(());
+        }
+    }
+    let run = |cmd: &mut Command| -> R<String> {
+        let out = cmd.output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            return Err(format!("{cmd:?} failed:\n{}", &text[text.len().saturating_sub(2000)..]).into());
+        }
+        Ok(text)
+    };
+    let ctx = window.to_string();
+    let base = dir.join("smollm2-f32.kld");
+    let perplexity = |model: &std::path::Path, kl_base: bool| -> R<String> {
+        let mut cmd = Command::new(bin.join("llama-perplexity"));
+        cmd.arg("-m").arg(model).args(["-f", text, "-c", &ctx, "-b", &ctx]);
+        if kl_base {
+            cmd.arg("--kl-divergence-base").arg(&base);
+        } else {
+            cmd.args(["--kl-divergence", "--kl-divergence-base"]).arg(&base);
+        }
+        run(&mut cmd)
+    };
+    let base_out = perplexity(std::path::Path::new(f32_gguf), true)?;
+    let number = |text: &str, key: &str| -> Option<f64> {
+        let at = text.find(key)? + key.len();
+        text[at..]
+            .trim_start_matches([' ', ':'])
+            .split_whitespace()
+            .next()?
+            .trim_end_matches('%')
+            .parse()
+            .ok()
+    };
+    println!();
+    println!(
+        "llama.cpp (llama-perplexity -c {window}, {}): f32 perplexity {}",
+        dir.display(),
+        number(&base_out, "Final estimate: PPL =").map_or("?".into(), |p| format!("{p:.4}"))
+    );
+    println!("type         perplexity   vs f32   mean KL (nats)   KL p99   same top token");
+    for kind in ["Q8_0", "Q4_K_M", "Q4_0"] {
+        let q = dir.join(format!("smollm2-{}.gguf", kind.to_lowercase()));
+        if !q.exists() {
+            run(Command::new(bin.join("llama-quantize")).arg(f32_gguf).arg(&q).arg(kind))?;
+        }
+        let out = perplexity(&q, false)?;
+        let (pq, pb) = (number(&out, "Mean PPL(Q)"), number(&out, "Mean PPL(base)"));
+        let delta = match (pq, pb) {
+            (Some(q), Some(b)) => format!("{:>+6.2}%", 100.0 * (q / b - 1.0)),
+            _ => "?".into(),
+        };
+        println!(
+            "{kind:<12} {:>10}  {delta}   {:>14}  {:>7}   {:>13}%",
+            pq.map_or("?".into(), |v| format!("{v:.4}")),
+            number(&out, "Mean    KLD:").map_or("?".into(), |v| format!("{v:.5}")),
+            number(&out, "99.0%   KLD:").map_or("?".into(), |v| format!("{v:.4}")),
+            number(&out, "Same top p:").map_or("?".into(), |v| format!("{v:.1}")),
+        );
+    }
     Ok(())
 }
