@@ -197,16 +197,10 @@ impl<B: Backend> TransformerModel<B> {
             _ => b.embedding_forward(&mut a.x, &self.params.embed, ids, c.vocab_size, d)?,
         }
         self.expert_usage.clear();
-        let lora_ctx =
-            self.lora.as_ref().map(|st| LoraCtx { rank: st.config.rank, scale: st.config.scale(), prec });
+        let lora_ctx = LoraCtx::of(self.lora.as_ref(), prec);
         for l in 0..c.n_layers {
             let w = block_view(&self.params, quantized, l)?;
-            let lora = match (&self.lora, lora_ctx) {
-                (Some(st), Some(ctx)) => {
-                    Some(BlockLora { w: &st.weights.layers[l], t: &mut a.lora_t[l], ctx })
-                }
-                _ => None,
-            };
+            let lora = block_lora(self.lora.as_ref(), lora_ctx, l, &mut a.lora_t);
             let ffn = match c.mlp_width(l) {
                 Some(f) => {
                     let [gate, up, s] = a.ffn.get(r * f)?;

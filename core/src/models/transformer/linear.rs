@@ -78,6 +78,11 @@ pub(super) struct LoraCtx {
 }
 
 impl LoraCtx {
+    /// The adapters' settings for a pass at GEMM precision `prec`; `None` without adapters.
+    pub(super) fn of<B: Backend>(lora: Option<&LoraState<B>>, prec: OperandPrecision) -> Option<LoraCtx> {
+        lora.map(|st| LoraCtx { rank: st.config.rank, scale: st.config.scale(), prec })
+    }
+
     pub(super) fn spec(&self, rows: usize, d_in: usize, d_out: usize) -> LoraSpec {
         LoraSpec::new(rows, d_in, d_out, self.rank, self.scale).precision(self.prec)
     }
@@ -111,6 +116,17 @@ pub(super) struct BlockLora<'a, B: Backend> {
     pub(super) w: &'a Block<Option<LoraPair<B::Buffer>>>,
     pub(super) t: &'a mut Block<Option<B::Buffer>>,
     pub(super) ctx: LoraCtx,
+}
+
+/// Block `l`'s adapters in a pass, keeping their `x A^T` in `t[l]`; `None` without adapters
+/// (then `t` is empty).
+pub(super) fn block_lora<'a, B: Backend>(
+    lora: Option<&'a LoraState<B>>, ctx: Option<LoraCtx>, l: usize, t: &'a mut [Block<Option<B::Buffer>>],
+) -> Option<BlockLora<'a, B>> {
+    match (lora, ctx) {
+        (Some(st), Some(ctx)) => Some(BlockLora { w: &st.weights.layers[l], t: &mut t[l], ctx }),
+        _ => None,
+    }
 }
 
 /// Buffers of `x A^T` for one block's adapted projections over `n` rows (`n * top_k` for

@@ -288,16 +288,10 @@ impl<B: Backend> TransformerModel<B> {
         arena.embed(b, c, &self.params, quantized, &tb.inputs)?;
         let mut aux = AuxLoss::default();
         self.expert_usage.clear();
-        let lora_ctx =
-            self.lora.as_ref().map(|st| LoraCtx { rank: st.config.rank, scale: st.config.scale(), prec });
+        let lora_ctx = LoraCtx::of(self.lora.as_ref(), prec);
         for l in 0..c.n_layers {
             let w = block_view(&self.params, quantized, l)?;
-            let lora = match (&self.lora, lora_ctx) {
-                (Some(st), Some(ctx)) => {
-                    Some(BlockLora { w: &st.weights.layers[l], t: &mut arena.lora_t[l], ctx })
-                }
-                _ => None,
-            };
+            let lora = block_lora(self.lora.as_ref(), lora_ctx, l, &mut arena.lora_t);
             let a = &mut arena.layers[l];
             let acts = a.acts(true);
             let specs = (&rope_q, &rope_k, &att_spec);

@@ -32,8 +32,7 @@ impl<B: Backend> TransformerModel<B> {
         // Frozen under adapters: `grads` is empty, and the adapters' gradients are formed.
         let mut lora = self.lora.as_mut();
         let frozen = lora.is_some();
-        let lora_ctx =
-            lora.as_ref().map(|st| LoraCtx { rank: st.config.rank, scale: st.config.scale(), prec });
+        let lora_ctx = LoraCtx::of(lora.as_deref(), prec);
         let grads = &mut self.grads;
         // Each sparse block's share of the auxiliary losses' weights.
         let aux_scales = match &c.moe {

@@ -141,7 +141,7 @@ pub(super) fn left() -> NetworkError {
     NetworkError::InvalidInput("the model left the GPU during decoding".into())
 }
 
-/// Logits a decoder has computed and not drawn from: on the host, or on the device.
+/// The logits of a decoder's last position, not yet sampled: on the host, or on the device.
 pub(super) enum Pending {
     Host(Vec<f32>),
     #[cfg(feature = "gpu")]
