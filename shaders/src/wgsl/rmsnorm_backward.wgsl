@@ -1,4 +1,4 @@
-// RMSNorm backward. Twin of rusting_brain_core::ops::rmsnorm::rmsnorm_backward.
+// RMSNorm backward. Twin of the reference backward in core/src/ops/rmsnorm.rs.
 //   mode 0, one workgroup per row:   dinp = rstd * (w * dout - xhat * mean(w * dout * xhat))
 //   mode 1, one invocation a column: dweight[i] += sum_r dout[r, i] * xhat[r, i], rows in
 //           order, so the sum runs as the reference's does and needs no atomics.

@@ -281,20 +281,19 @@ pub(super) fn block_backward<B: Backend>(
         _ => return Err(layout_err()),
     }
     // d x_mid = dx (residual) + rmsnorm backward of dh
-    b.rmsnorm_backward(
+    let dw = match g.as_deref_mut() {
+        Some(g) => &mut g.ffn_norm,
+        None => &mut arena.sink_d,
+    };
+    norm_backward(
+        b,
         &mut arena.dx2,
-        match g.as_deref_mut() {
-            Some(g) => &mut g.ffn_norm,
-            None => &mut arena.sink_d,
-        },
+        dw,
         &arena.dh,
-        &a.x_mid,
-        &p.ffn_norm,
-        &a.rstd2,
-        n,
-        d,
+        (&a.x_mid, &p.ffn_norm, &a.rstd2),
+        (n, d),
+        Some(&arena.dx),
     )?;
-    b.axpy(&mut arena.dx2, 1.0, &arena.dx)?;
     // --- attention: x_mid = x_in + att Wo^T; dx2 holds d x_mid.
     if let Some(g) = g.as_deref_mut() {
         b.matmul(&mut g.wo, &arena.dx2, &a.att, &mm(d, q, n).trans_a(true).accumulate())?;
@@ -343,7 +342,7 @@ pub(super) fn block_backward<B: Backend>(
                 }
                 None => &mut arena.sink_hd,
             };
-            b.rmsnorm_backward(dst, dweight, dy, x, wn, rstd, rows[i], hd)?;
+            norm_backward(b, dst, dweight, dy, (x, wn, rstd), (rows[i], hd), None)?;
         }
         core::mem::swap(&mut arena.dq, &mut arena.dq_raw);
         core::mem::swap(&mut arena.dk, &mut arena.dk_raw);
@@ -376,19 +375,33 @@ pub(super) fn block_backward<B: Backend>(
         }
     }
     // d x_in = dx2 (residual) + rmsnorm backward of dh, into dx for the block below.
-    b.rmsnorm_backward(
+    let dw = match g {
+        Some(g) => &mut g.attn_norm,
+        None => &mut arena.sink_d,
+    };
+    norm_backward(
+        b,
         &mut arena.dx,
-        match g {
-            Some(g) => &mut g.attn_norm,
-            None => &mut arena.sink_d,
-        },
+        dw,
         &arena.dh,
-        &a.x_in,
-        &p.attn_norm,
-        &a.rstd1,
-        n,
-        d,
-    )?;
-    b.axpy(&mut arena.dx, 1.0, &arena.dx2)?;
-    Ok(())
+        (&a.x_in, &p.attn_norm, &a.rstd1),
+        (n, d),
+        Some(&arena.dx2),
+    )
+}
+
+/// The backward of `y = rmsnorm(x) * w` over `(rows, dim)`: `dx = d/dx (+ residual)`, the
+/// weight's gradient accumulated into `dw`. The block's two norms, its q/k norms and the
+/// model's final norm all come through here; `residual` is the stream's gradient that
+/// skips the norm (a pre-norm block's `x + f(norm(x))`), `None` for the q/k and final norms.
+pub(super) fn norm_backward<B: Backend>(
+    b: &B, dx: &mut B::Buffer, dw: &mut B::Buffer, dy: &B::Buffer,
+    (x, w, rstd): (&B::Buffer, &B::Buffer, &B::Buffer), (rows, dim): (usize, usize),
+    residual: Option<&B::Buffer>,
+) -> Result<()> {
+    b.rmsnorm_backward(dx, dw, dy, x, w, rstd, rows, dim)?;
+    match residual {
+        Some(r) => b.axpy(dx, 1.0, r),
+        None => Ok(()),
+    }
 }

@@ -69,16 +69,9 @@ impl<B: Backend> TransformerModel<B> {
             _ => Mat::F32(params.head()),
         };
         head.grad_input(b, &mut arena.dh, &arena.logits, mm(n, d, c.vocab_size), &mut arena.deq)?;
-        b.rmsnorm_backward(
-            &mut arena.dx,
-            if frozen { &mut arena.sink_d } else { &mut grads.final_norm },
-            &arena.dh,
-            &arena.x_out,
-            &params.final_norm,
-            &arena.rstd_f,
-            n,
-            d,
-        )?;
+        let dw = if frozen { &mut arena.sink_d } else { &mut grads.final_norm };
+        let saved = (&arena.x_out, &params.final_norm, &arena.rstd_f);
+        norm_backward(b, &mut arena.dx, dw, &arena.dh, saved, (n, d), None)?;
         // The blocks in reverse, each one's backward beside its forward in block.rs.
         let ctx = BackwardCtx { b, c, prec, params, quantized, lora_ctx, batch: tb.batch, seq: tb.seq };
         for l in (0..c.n_layers).rev() {
