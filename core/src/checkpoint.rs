@@ -27,8 +27,10 @@ use crate::{Backend, CoreError, Result, RopeScaling};
 pub const WEIGHTS_FORMAT: &str = "rusting_brain.transformer";
 /// `format` in the metadata of an optimizer-state file.
 pub const OPTIMIZER_FORMAT: &str = "rusting_brain.optimizer";
-/// The file-format version this build writes and reads.
-pub const VERSION: u64 = 1;
+/// The file-format version this build writes. Version 2 stores an int8 matrix's scales
+/// per block of [`q8::Q8_BLOCK`] values (`name.scale` is `(rows, blocks)`); version 1
+/// stored one per row (`(rows)`), and those files still load, as they were written.
+pub const VERSION: u64 = 2;
 
 fn bad(location: &str, message: impl Into<String>) -> CoreError {
     CoreError::Checkpoint { location: location.to_string(), message: message.into() }
@@ -285,7 +287,7 @@ impl<'a> Checkpoint<'a> {
             other => return Err(bad("metadata", format!("format {other:?}, expected \"{format}\""))),
         }
         match meta.get("version").and_then(|v| v.parse::<u64>().ok()) {
-            Some(VERSION) => {}
+            Some(1..=VERSION) => {}
             Some(v) if v > VERSION => {
                 return Err(bad(
                     "metadata",
@@ -337,7 +339,9 @@ impl<'a> Checkpoint<'a> {
         })
     }
 
-    /// The int8 matrix `name` (I8, `t`'s shape) and its `name.scale` row scales, packed.
+    /// The int8 matrix `name` (I8, `t`'s shape) and its `name.scale` scales, packed: one
+    /// per block of [`q8::Q8_BLOCK`] values, `(rows, blocks)`, or one per row, `(rows)`, as
+    /// version 1 wrote them.
     fn read_q8(&self, name: &str, t: &TensorSpec) -> Result<(Vec<f32>, Vec<f32>)> {
         let (rows, cols) = t.rows_cols();
         let tensor = self.tensors.tensor(name).map_err(|_| bad(name, "missing tensor"))?;
@@ -347,8 +351,11 @@ impl<'a> Checkpoint<'a> {
                 format!("{:?} {:?}, expected I8 {:?}", tensor.dtype(), tensor.shape(), t.shape),
             ));
         }
-        let scale = TensorSpec { shape: vec![rows], kind: TensorKind::Norm };
         let scale_name = format!("{name}.scale");
+        let blocks = q8::blocks_of(cols, q8::Q8_BLOCK);
+        let per_row = self.tensors.tensor(&scale_name).is_ok_and(|s| s.shape() == [rows].as_slice());
+        let shape = if per_row { vec![rows] } else { vec![rows, blocks] };
+        let scale = TensorSpec { shape, kind: TensorKind::Norm };
         let s = self.read_f32(&scale_name, &scale)?;
         if s.iter().any(|x| *x < 0.0) {
             return Err(bad(&scale_name, "scales must be >= 0"));

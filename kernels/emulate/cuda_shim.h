@@ -62,6 +62,20 @@ inline T __shfl_xor_sync(unsigned, T v, int off) {
     return r;
 }
 
+// Lane src's value, to every lane.
+template <typename T>
+inline T __shfl_sync(unsigned, T v, int src) {
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
+    RbWarp& w = *rb_block->warps[threadIdx.x >> 5];
+    const int lane = threadIdx.x & 31;
+    std::memcpy(&w.i[lane], &v, 4);
+    w.bar.arrive_and_wait();
+    T r;
+    std::memcpy(&r, &w.i[src & 31], 4);
+    w.bar.arrive_and_wait();
+    return r;
+}
+
 // Four signed bytes of a and b, multiplied and added to c (exact, like the instruction).
 inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));

@@ -816,32 +816,41 @@ fn embedding_and_moe_kernels_match_core() {
 #[test]
 fn int8_kernels_match_core_to_the_bit() {
     let mut rng = Rng::new(7);
-    for (m, n, k) in [(1usize, 1usize, 1usize), (3, 5, 7), (2, 40, 67), (9, 3, 300)] {
+    // Per-row weights (int8 checkpoints before blocks) and blocks of 32 (a partial last one
+    // at k = 67 and 300, more than 32 blocks a row at k = 1100).
+    let shapes = [(1usize, 1usize, 1usize), (3, 5, 7), (2, 40, 67), (9, 3, 300), (2, 3, 1100)];
+    for ((m, n, k), blocked) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
         let w = randn(&mut rng, n * k, 1.0);
-        let (packed, scales) = q8::quantize_rows(&w, n, k).unwrap();
+        let (packed, scales) =
+            if blocked { q8::quantize_blocks(&w, n, k) } else { q8::quantize_rows(&w, n, k) }.unwrap();
+        let block = q8::q8_block("test", n, k, scales.len()).unwrap();
+        let nb = k.div_ceil(block);
         let mut x = randn(&mut rng, m * k, 2.0);
         x[0] = 0.5 * 2.0 / 127.0; // a tie for the rounding
         let words = q8::packed_cols(k);
         let b = run!(launch(
             1,
             "quantize_activations",
-            (m as u32, 1, 1),
+            ((m * nb) as u32, 1, 1),
             256,
             &[
-                Arg::I8(vec![0; m * words * 4]),
-                Arg::F32(vec![f32::NAN; m]),
+                Arg::I8(vec![7; m * words * 4]),
+                Arg::F32(vec![f32::NAN; m * nb]),
                 Arg::F32(x.clone()),
                 Arg::I32(m as i32),
                 Arg::I32(k as i32),
-                Arg::I32((words * 4) as i32)
+                Arg::I32((words * 4) as i32),
+                Arg::I32(block as i32)
             ]
         ));
         let (xq, xs) = (b[0].clone(), f32s(&b[1]));
         for r in 0..m {
-            let (want_q, want_s) = q8::quantize_activations(&x[r * k..(r + 1) * k]);
-            let got: Vec<i8> = xq[r * words * 4..r * words * 4 + k].iter().map(|&b| b as i8).collect();
-            assert_eq!(got, want_q, "quantize_activations row {r} of {m}x{k}");
-            assert_eq!(xs[r].to_bits(), want_s.to_bits(), "activation scale row {r}");
+            let (want_q, want_s) = q8::quantize_activation_blocks(&x[r * k..(r + 1) * k], block);
+            let got: Vec<i8> = xq[r * words * 4..(r + 1) * words * 4].iter().map(|&b| b as i8).collect();
+            assert_eq!(&got[..k], want_q, "quantize_activations row {r} of {m}x{k}, blocks of {block}");
+            assert!(got[k..].iter().all(|&b| b == 0), "padding of row {r} of {m}x{k}");
+            let got_s: Vec<u32> = xs[r * nb..(r + 1) * nb].iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got_s, want_s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "scales row {r}");
         }
         // beta 0 overwrites (a NaN already there must not leak), beta 0.5 accumulates.
         for (beta, out0) in [(0.0f32, vec![f32::NAN; m * n]), (0.5, randn(&mut rng, m * n, 1.0))] {
@@ -859,12 +868,14 @@ fn int8_kernels_match_core_to_the_bit() {
                     Arg::I32(m as i32),
                     Arg::I32(n as i32),
                     Arg::I32(words as i32),
-                    Arg::Float(beta)
+                    Arg::Float(beta),
+                    Arg::I32(nb as i32),
+                    Arg::I32(block as i32)
                 ]
             ));
             let mut want = out0.clone();
             q8::q8_matmul(&mut want, &x, &packed, &scales, m, n, k, beta).unwrap();
-            exact(&format!("q8_matmul {m}x{n}x{k} beta {beta}"), &f32s(&b[0]), &want);
+            exact(&format!("q8_matmul {m}x{n}x{k} blocks of {block} beta {beta}"), &f32s(&b[0]), &want);
         }
         // int8 embedding rows
         let ids: Vec<u32> = (0..m).map(|i| (i * 3 % n) as u32).collect();
@@ -880,7 +891,9 @@ fn int8_kernels_match_core_to_the_bit() {
                 Arg::U32(ids.clone()),
                 Arg::I32(m as i32),
                 Arg::I32(k as i32),
-                Arg::I32(words as i32)
+                Arg::I32(words as i32),
+                Arg::I32(nb as i32),
+                Arg::I32(block as i32)
             ]
         ));
         let mut want = vec![0.0; m * k];

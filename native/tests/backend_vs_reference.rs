@@ -532,52 +532,70 @@ fn dense_activations_and_losses_match_reference() {
 
 #[test]
 fn q8_products_and_lookups_match_reference() {
-    use rusting_brain_core::ops::q8::{dequantize_row, quantize_rows};
+    use rusting_brain_core::ops::q8::{dequantize_row, q8_block, quantize_blocks, quantize_rows};
     let (cpu, rf) = backends();
     let mut rng = Rng::new(112);
-    for &(m, n, k) in &[
-        (1, 1, 1),
-        (1, 33, 7),
-        (3, 7, 127),
-        (1, 1000, 33),
-        (7, 127, 1000),
-        (1, 64, 256),
-        // Decode: sixteen rows a pass, whole and short 64-byte steps, rows left over,
-        // and products big enough to split over the team.
-        (1, 48, 130),
-        (1, 35, 704),
-        (1, 4096, 256),
-        (1, 1000, 200),
-        // The int8 GEMM's tiles: rows and weight rows that are not multiples of four,
-        // lengths that are and are not whole 64-byte chunks, bands split over the team.
-        (13, 130, 200),
-        (16, 64, 512),
-        (9, 67, 64),
-        (21, 1000, 130),
-    ] {
-        let w = randn(&mut rng, n * k);
-        let (packed, scales) = quantize_rows(&w, n, k).unwrap();
-        // |w - q * scale| <= scale / 2 for every weight
-        for r in 0..n {
-            let d = dequantize_row(&packed, &scales, r, k);
-            for c in 0..k {
-                assert!((d[c] - w[r * k + c]).abs() <= scales[r] * 0.5 + 1e-6, "rounding of ({r}, {c})");
+    for quantize in [quantize_rows, quantize_blocks] {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (1, 33, 7),
+            (3, 7, 127),
+            (1, 1000, 33),
+            (7, 127, 1000),
+            (1, 64, 256),
+            // Decode: sixteen rows a pass, whole and short 64-byte steps, rows left over,
+            // and products big enough to split over the team.
+            (1, 48, 130),
+            (1, 35, 704),
+            (1, 4096, 256),
+            (1, 1000, 200),
+            // The int8 GEMM's tiles: rows and weight rows that are not multiples of four,
+            // lengths that are and are not whole 64-byte chunks, bands split over the team.
+            (13, 130, 200),
+            (16, 64, 512),
+            (9, 67, 64),
+            (21, 1000, 130),
+            // SmolLM2's widths (576, 1536, 192) in blocks of 32: odd block counts per 64-byte step.
+            (1, 192, 576),
+            (1, 576, 1536),
+            (6, 64, 96),
+            (5, 33, 32),
+        ] {
+            let w = randn(&mut rng, n * k);
+            let (packed, scales) = quantize(&w, n, k).unwrap();
+            // |w - q * scale| <= scale / 2 for every weight (its row's or its block's scale)
+            let block = q8_block("test", n, k, scales.len()).unwrap();
+            let nb = k.div_ceil(block);
+            for r in 0..n {
+                let d = dequantize_row(&packed, &scales, r, k);
+                for c in 0..k {
+                    let s = scales[r * nb + c / block];
+                    assert!((d[c] - w[r * k + c]).abs() <= s * 0.5 + 1e-6, "rounding of ({r}, {c})");
+                }
             }
+            let x = randn(&mut rng, m * k);
+            for beta in [0.0, 1.0] {
+                let init = if beta == 0.0 { nan(m * n) } else { randn(&mut rng, m * n) };
+                let (mut a, mut b) = (init.clone(), init);
+                let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
+                cpu.q8_matmul(&mut a, &x, &packed, &scales, &spec).unwrap();
+                rf.q8_matmul(&mut b, &x, &packed, &scales, &spec).unwrap();
+                close(&format!("q8_matmul {m}x{n}x{k} beta={beta}"), &a, &b);
+                // Exact integer sums, the same float steps: the same bits.
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&a),
+                    bits(&b),
+                    "q8_matmul {m}x{n}x{k} beta={beta}, {} scales: not core's bits",
+                    scales.len()
+                );
+            }
+            let ids: Vec<u32> = (0..5).map(|_| rng.below(n as u64) as u32).collect();
+            let (mut a, mut b) = (nan(5 * k), nan(5 * k));
+            cpu.q8_embedding(&mut a, &packed, &scales, &ids, n, k).unwrap();
+            rf.q8_embedding(&mut b, &packed, &scales, &ids, n, k).unwrap();
+            assert_eq!(a, b, "q8_embedding {n}x{k}");
         }
-        let x = randn(&mut rng, m * k);
-        for beta in [0.0, 1.0] {
-            let init = if beta == 0.0 { nan(m * n) } else { randn(&mut rng, m * n) };
-            let (mut a, mut b) = (init.clone(), init);
-            let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
-            cpu.q8_matmul(&mut a, &x, &packed, &scales, &spec).unwrap();
-            rf.q8_matmul(&mut b, &x, &packed, &scales, &spec).unwrap();
-            close(&format!("q8_matmul {m}x{n}x{k} beta={beta}"), &a, &b);
-        }
-        let ids: Vec<u32> = (0..5).map(|_| rng.below(n as u64) as u32).collect();
-        let (mut a, mut b) = (nan(5 * k), nan(5 * k));
-        cpu.q8_embedding(&mut a, &packed, &scales, &ids, n, k).unwrap();
-        rf.q8_embedding(&mut b, &packed, &scales, &ids, n, k).unwrap();
-        assert_eq!(a, b, "q8_embedding {n}x{k}");
     }
     assert!(quantize_rows(&[1.0, f32::NAN], 1, 2).is_err());
 }
@@ -589,67 +607,73 @@ fn q8_products_and_lookups_match_reference() {
 /// other specs (several rows, a window) go the default way. Bad lengths are errors.
 #[test]
 fn fused_q8_calls_match_their_definitions() {
-    use rusting_brain_core::ops::q8::quantize_rows;
+    use rusting_brain_core::ops::q8::{quantize_blocks, quantize_rows};
     let (cpu, rf) = backends();
     let mut rng = Rng::new(113);
     // (rows, input width, the products' widths): q, k, v at the 5.3M and README shapes,
     // odd widths and rows left over after the sixteen-row passes, a batch of rows, one
     // product alone, and more products than one job takes.
-    for &(m, k, ns) in &[
-        (1, 256, &[256, 64, 64][..]),
-        (1, 512, &[512, 128, 128]),
-        (1, 33, &[7, 1, 40]),
-        (1, 130, &[1000, 17, 48]),
-        (3, 70, &[33, 16, 5]),
-        (1, 300, &[700]),
-        (1, 64, &[16, 300, 48, 7, 100]),
-        // Four products, the most one job takes, split over the team with three too small
-        // to give every part rows.
-        (1, 512, &[1024, 5, 7, 16]),
-    ] {
-        let x = randn(&mut rng, m * k);
-        let weights: Vec<(Vec<f32>, Vec<f32>)> =
-            ns.iter().map(|&n| quantize_rows(&randn(&mut rng, n * k), n, k).unwrap()).collect();
-        for beta in [0.0, 1.0] {
-            let init: Vec<Vec<f32>> =
-                ns.iter().map(|&n| if beta == 0.0 { nan(m * n) } else { randn(&mut rng, m * n) }).collect();
+    for quantize in [quantize_rows, quantize_blocks] {
+        for &(m, k, ns) in &[
+            (1, 256, &[256, 64, 64][..]),
+            (1, 512, &[512, 128, 128]),
+            (1, 33, &[7, 1, 40]),
+            (1, 130, &[1000, 17, 48]),
+            (3, 70, &[33, 16, 5]),
+            (1, 300, &[700]),
+            (1, 64, &[16, 300, 48, 7, 100]),
+            // Four products, the most one job takes, split over the team with three too small
+            // to give every part rows.
+            (1, 512, &[1024, 5, 7, 16]),
+        ] {
+            let x = randn(&mut rng, m * k);
+            let weights: Vec<(Vec<f32>, Vec<f32>)> =
+                ns.iter().map(|&n| quantize(&randn(&mut rng, n * k), n, k).unwrap()).collect();
+            for beta in [0.0, 1.0] {
+                let init: Vec<Vec<f32>> = ns
+                    .iter()
+                    .map(|&n| if beta == 0.0 { nan(m * n) } else { randn(&mut rng, m * n) })
+                    .collect();
+                let run = |be: &Dyn| {
+                    let mut outs = init.clone();
+                    let mut products =
+                        rusting_brain_test_support::q8_products(&mut outs, &weights, (m, k, beta));
+                    be.q8_matmul_many(&x, &mut products).unwrap();
+                    outs
+                };
+                let (got, want) = (run(cpu), run(rf));
+                for (i, n) in ns.iter().enumerate() {
+                    close(&format!("q8_matmul_many {m}x{n}x{k} beta {beta}"), &got[i], &want[i]);
+                    let mut one = init[i].clone();
+                    let spec = MatmulSpec::new(m, *n, k).trans_b(true).beta(beta);
+                    cpu.q8_matmul(&mut one, &x, &weights[i].0, &weights[i].1, &spec).unwrap();
+                    assert_eq!(got[i], one, "q8_matmul_many {m}x{n}x{k}: not the single product's numbers");
+                }
+            }
+            // SwiGLU: gate and up of the first width.
+            let f = ns[0];
+            let spec = MatmulSpec::new(m, f, k).trans_b(true);
+            let (wg, wu) = (&weights[0], quantize(&randn(&mut rng, f * k), f, k).unwrap());
             let run = |be: &Dyn| {
-                let mut outs = init.clone();
-                let mut products = rusting_brain_test_support::q8_products(&mut outs, &weights, (m, k, beta));
-                be.q8_matmul_many(&x, &mut products).unwrap();
-                outs
+                let (mut out, mut gate, mut up) = (nan(m * f), nan(m * f), nan(m * f));
+                be.q8_swiglu(&mut out, &mut gate, &mut up, &x, (&wg.0, &wg.1), (&wu.0, &wu.1), &spec)
+                    .unwrap();
+                (out, gate, up)
             };
             let (got, want) = (run(cpu), run(rf));
-            for (i, n) in ns.iter().enumerate() {
-                close(&format!("q8_matmul_many {m}x{n}x{k} beta {beta}"), &got[i], &want[i]);
-                let mut one = init[i].clone();
-                let spec = MatmulSpec::new(m, *n, k).trans_b(true).beta(beta);
-                cpu.q8_matmul(&mut one, &x, &weights[i].0, &weights[i].1, &spec).unwrap();
-                assert_eq!(got[i], one, "q8_matmul_many {m}x{n}x{k}: not the single product's numbers");
-            }
+            close(&format!("q8_swiglu {m}x{f}x{k} gate"), &got.1, &want.1);
+            close(&format!("q8_swiglu {m}x{f}x{k} up"), &got.2, &want.2);
+            close(&format!("q8_swiglu {m}x{f}x{k}"), &got.0, &want.0);
+            let (mut gate, mut up, mut out) = (nan(m * f), nan(m * f), nan(m * f));
+            cpu.q8_matmul(&mut gate, &x, &wg.0, &wg.1, &spec).unwrap();
+            cpu.q8_matmul(&mut up, &x, &wu.0, &wu.1, &spec).unwrap();
+            cpu.swiglu_forward(&mut out, &gate, &up).unwrap();
+            assert_eq!(
+                (&got.0, &got.1, &got.2),
+                (&out, &gate, &up),
+                "q8_swiglu {m}x{f}x{k}: not the unfused numbers"
+            );
         }
-        // SwiGLU: gate and up of the first width.
-        let f = ns[0];
-        let spec = MatmulSpec::new(m, f, k).trans_b(true);
-        let (wg, wu) = (&weights[0], quantize_rows(&randn(&mut rng, f * k), f, k).unwrap());
-        let run = |be: &Dyn| {
-            let (mut out, mut gate, mut up) = (nan(m * f), nan(m * f), nan(m * f));
-            be.q8_swiglu(&mut out, &mut gate, &mut up, &x, (&wg.0, &wg.1), (&wu.0, &wu.1), &spec).unwrap();
-            (out, gate, up)
-        };
-        let (got, want) = (run(cpu), run(rf));
-        close(&format!("q8_swiglu {m}x{f}x{k} gate"), &got.1, &want.1);
-        close(&format!("q8_swiglu {m}x{f}x{k} up"), &got.2, &want.2);
-        close(&format!("q8_swiglu {m}x{f}x{k}"), &got.0, &want.0);
-        let (mut gate, mut up, mut out) = (nan(m * f), nan(m * f), nan(m * f));
-        cpu.q8_matmul(&mut gate, &x, &wg.0, &wg.1, &spec).unwrap();
-        cpu.q8_matmul(&mut up, &x, &wu.0, &wu.1, &spec).unwrap();
-        cpu.swiglu_forward(&mut out, &gate, &up).unwrap();
-        assert_eq!(
-            (&got.0, &got.1, &got.2),
-            (&out, &gate, &up),
-            "q8_swiglu {m}x{f}x{k}: not the unfused numbers"
-        );
     }
     // Lengths that do not fit the spec are errors on both, fused or not.
     let (packed, scales) = quantize_rows(&randn(&mut rng, 32 * 64), 32, 64).unwrap();
@@ -689,45 +713,47 @@ fn fused_q8_calls_match_their_definitions() {
 #[test]
 fn fused_q8_feed_forward_matches_its_definition() {
     use rusting_brain_core::backend::q8_mlp_unfused;
-    use rusting_brain_core::ops::q8::quantize_rows;
+    use rusting_brain_core::ops::q8::{quantize_blocks, quantize_rows};
     let (cpu, rf) = backends();
     let mut rng = Rng::new(114);
     // (rows, d, f): the 5.3M and README shapes; widths that leave rows over after the
     // sixteen-row passes or give a part no rows; too small to split; several rows.
-    for &(m, d, f) in &[
-        (1, 256, 704),
-        (1, 512, 1408),
-        (1, 130, 1000),
-        (1, 40, 2000),
-        (1, 300, 33),
-        (1, 64, 300),
-        (1, 33, 40),
-        (1, 16, 4096),
-        (3, 70, 33),
-    ] {
-        let x = randn(&mut rng, m * d);
-        let residual = randn(&mut rng, m * d);
-        let wg = quantize_rows(&randn(&mut rng, f * d), f, d).unwrap();
-        let wu = quantize_rows(&randn(&mut rng, f * d), f, d).unwrap();
-        let wd = quantize_rows(&randn(&mut rng, d * f), d, f).unwrap();
-        let spec = MatmulSpec::new(m, f, d).trans_b(true);
-        let run = |be: &Dyn, fused: bool| {
-            let mut out = residual.clone();
-            let (mut gate, mut up, mut s) = (nan(m * f), nan(m * f), nan(m * f));
-            let (g, u, w) = ((&wg.0, &wg.1), (&wu.0, &wu.1), (&wd.0, &wd.1));
-            if fused {
-                be.q8_mlp(&mut out, [&mut gate, &mut up, &mut s], &x, g, u, w, &spec)
-            } else {
-                q8_mlp_unfused(be, &mut out, [&mut gate, &mut up, &mut s], &x, g, u, w, &spec)
-            }
-            .unwrap();
-            (out, gate, up, s)
-        };
-        let (got, want) = (run(cpu, true), run(rf, true));
-        close(&format!("q8_mlp {m}x{d}x{f} gate"), &got.1, &want.1);
-        close(&format!("q8_mlp {m}x{d}x{f} s"), &got.3, &want.3);
-        close(&format!("q8_mlp {m}x{d}x{f}"), &got.0, &want.0);
-        assert_eq!(got, run(cpu, false), "q8_mlp {m}x{d}x{f}: not the unfused numbers");
+    for quantize in [quantize_rows, quantize_blocks] {
+        for &(m, d, f) in &[
+            (1, 256, 704),
+            (1, 512, 1408),
+            (1, 130, 1000),
+            (1, 40, 2000),
+            (1, 300, 33),
+            (1, 64, 300),
+            (1, 33, 40),
+            (1, 16, 4096),
+            (3, 70, 33),
+        ] {
+            let x = randn(&mut rng, m * d);
+            let residual = randn(&mut rng, m * d);
+            let wg = quantize(&randn(&mut rng, f * d), f, d).unwrap();
+            let wu = quantize(&randn(&mut rng, f * d), f, d).unwrap();
+            let wd = quantize(&randn(&mut rng, d * f), d, f).unwrap();
+            let spec = MatmulSpec::new(m, f, d).trans_b(true);
+            let run = |be: &Dyn, fused: bool| {
+                let mut out = residual.clone();
+                let (mut gate, mut up, mut s) = (nan(m * f), nan(m * f), nan(m * f));
+                let (g, u, w) = ((&wg.0, &wg.1), (&wu.0, &wu.1), (&wd.0, &wd.1));
+                if fused {
+                    be.q8_mlp(&mut out, [&mut gate, &mut up, &mut s], &x, g, u, w, &spec)
+                } else {
+                    q8_mlp_unfused(be, &mut out, [&mut gate, &mut up, &mut s], &x, g, u, w, &spec)
+                }
+                .unwrap();
+                (out, gate, up, s)
+            };
+            let (got, want) = (run(cpu, true), run(rf, true));
+            close(&format!("q8_mlp {m}x{d}x{f} gate"), &got.1, &want.1);
+            close(&format!("q8_mlp {m}x{d}x{f} s"), &got.3, &want.3);
+            close(&format!("q8_mlp {m}x{d}x{f}"), &got.0, &want.0);
+            assert_eq!(got, run(cpu, false), "q8_mlp {m}x{d}x{f}: not the unfused numbers");
+        }
     }
     // Lengths that do not fit the spec are errors on both, fused or not.
     let (d, f) = (64, 48);
@@ -826,7 +852,7 @@ fn run_q8_attention(
 /// to split. Bad operands are errors on both ways.
 #[test]
 fn fused_q8_attention_matches_its_definition() {
-    use rusting_brain_core::ops::q8::quantize_rows;
+    use rusting_brain_core::ops::q8::{dequantize_row, quantize_blocks, quantize_rows};
     let (cpu, rf) = backends();
     let mut rng = Rng::new(115);
     let weights = |rng: &mut Rng, d: usize, q_dim: usize, kv_dim: usize| -> Vec<(Vec<f32>, Vec<f32>)> {
@@ -858,18 +884,31 @@ fn fused_q8_attention_matches_its_definition() {
             nan(q_dim),
             nan(hq),
         ];
-        let w = weights(&mut rng, d, q_dim, kv_dim);
-        let specs = decode_specs(hq, hkv, hd, pos, cap);
-        let run = |be: &Dyn, fused: bool| {
-            let mut bufs = start.clone();
-            run_q8_attention(be, fused, &mut bufs, &h, &w, pos, &specs).unwrap();
-            bufs
-        };
-        let what = format!("q8_attention d {d}, heads {hq}/{hkv} of {hd}, position {pos} of {cap}");
-        let (got, want) = (run(cpu, true), run(rf, true));
-        close(&format!("{what}: att"), &got[6], &want[6]);
-        close(&format!("{what}: x"), &got[0], &want[0]);
-        assert_eq!(got, run(cpu, false), "{what}: not the numbers of the calls one by one");
+        // Per-row weights, then blocked ones.
+        let blocked = weights(&mut rng, d, q_dim, kv_dim)
+            .iter()
+            .zip([(q_dim, d), (kv_dim, d), (kv_dim, d), (d, q_dim)])
+            .map(|((p, s), (n, k))| {
+                let w: Vec<f32> = (0..n).flat_map(|r| dequantize_row(p, s, r, k)).collect();
+                quantize_blocks(&w, n, k).unwrap()
+            })
+            .collect::<Vec<_>>();
+        for w in [weights(&mut rng, d, q_dim, kv_dim), blocked] {
+            let specs = decode_specs(hq, hkv, hd, pos, cap);
+            let run = |be: &Dyn, fused: bool| {
+                let mut bufs = start.clone();
+                run_q8_attention(be, fused, &mut bufs, &h, &w, pos, &specs).unwrap();
+                bufs
+            };
+            let what = format!(
+                "q8_attention d {d}, heads {hq}/{hkv} of {hd}, position {pos} of {cap}, {} scales",
+                w[0].1.len()
+            );
+            let (got, want) = (run(cpu, true), run(rf, true));
+            close(&format!("{what}: att"), &got[6], &want[6]);
+            close(&format!("{what}: x"), &got[0], &want[0]);
+            assert_eq!(got, run(cpu, false), "{what}: not the numbers of the calls one by one");
+        }
     }
     // Rotations laid out otherwise than the attention's heads (each pair of heads rotated
     // as one head twice as wide): the calls one by one take them, and so does the fused

@@ -11,7 +11,7 @@ use rusting_brain_core::ops::matmul::round_bf16;
 use rusting_brain_core::ops::{q8, swiglu};
 use rusting_brain_core::Result;
 
-use crate::dot::{as_i8, dot4_f32, dot_f32, dot_row_block_i8, max_f32, weighted_rows};
+use crate::dot::{as_i8, dot4_f32, dot_f32, dot_i8, dot_row_block_i8, max_f32, weighted_rows};
 use crate::exp::exp_f32;
 
 /// Twin of `ops::matmul::matmul`. Each problem's A is laid out as rows of k and B as
@@ -156,33 +156,67 @@ mod simd128 {
     }
 }
 
+/// An activation row rounded block by block ([`quantize_row`] on each block of `block`
+/// values, so core's `quantize_activation_blocks` to the bit): the values and the scales.
+pub(crate) struct Rounded {
+    q: Vec<i8>,
+    scales: Vec<f32>,
+    block: usize,
+}
+
+impl Rounded {
+    pub(crate) fn of(x: &[f32], block: usize) -> Self {
+        let block = block.max(1);
+        let mut r = Rounded { q: Vec::with_capacity(x.len()), scales: Vec::new(), block };
+        let mut tmp = Vec::with_capacity(block.min(x.len()));
+        for chunk in x.chunks(block) {
+            r.scales.push(quantize_row(chunk, &mut tmp));
+            r.q.extend_from_slice(&tmp);
+        }
+        r
+    }
+}
+
 /// Twin of `ops::q8::q8_matmul` (the spec already cut to its operands): each activation
-/// row quantized once (bit-identical to core's quantizer), then one exact int8 dot per
-/// weight row, a block of rows a call, scaled as core scales it, so the result is
-/// bit-identical to core's.
+/// row rounded once in the weight's blocks (bit-identical to core's quantizer), then exact
+/// int8 dots, added up and scaled as core does, so the result is bit-identical to core's.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn q8_matmul(
     out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
-    q8::check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
-    let mut q = Vec::with_capacity(k);
+    let block = q8::check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     for i in 0..m {
-        let sx = quantize_row(&x[i * k..(i + 1) * k], &mut q);
-        q8_row(&mut out[i * n..(i + 1) * n], &q, sx, packed, scales, beta);
+        let q = Rounded::of(&x[i * k..(i + 1) * k], block);
+        q8_row(&mut out[i * n..(i + 1) * n], &q, packed, scales, beta);
     }
     Ok(())
 }
 
-/// One rounded activation row `q` (scale `sx`) against every weight row:
-/// `out[j] = (q . w_j) * sx * scales[j]` (`+ beta * out[j]`), as core scales it.
-fn q8_row(out: &mut [f32], q: &[i8], sx: f32, packed: &[f32], scales: &[f32], beta: f32) {
-    let row_bytes = 4 * q8::packed_cols(q.len());
+/// One rounded activation row `q` against every weight row: per-row weights as
+/// `out[j] = (q . w_j) * sx * scales[j]`, blocked ones as core's block-ordered sum
+/// (`+ beta * out[j]`).
+fn q8_row(out: &mut [f32], q: &Rounded, packed: &[f32], scales: &[f32], beta: f32) {
+    let row_bytes = 4 * q8::packed_cols(q.q.len());
     let weights = as_i8(packed);
+    let nb = q.scales.len();
+    if nb > 1 {
+        for (j, o) in out.iter_mut().enumerate() {
+            let row = &weights[j * row_bytes..j * row_bytes + q.q.len()];
+            let ws = &scales[j * nb..(j + 1) * nb];
+            let mut acc = 0.0f32;
+            for (b, (wb, xb)) in row.chunks(q.block).zip(q.q.chunks(q.block)).enumerate() {
+                acc += dot_i8(wb, xb) as f32 * q.scales[b] * ws[b];
+            }
+            *o = if beta == 0.0 { acc } else { acc + beta * *o };
+        }
+        return;
+    }
+    let sx = q.scales.first().copied().unwrap_or(0.0);
     // The rows' integer sums, a block of output columns at a time (on the stack).
     let mut acc = [0i32; BLOCK];
     for (b, (out, scales)) in out.chunks_mut(BLOCK).zip(scales.chunks(BLOCK)).enumerate() {
         let acc = &mut acc[..out.len()];
-        dot_row_block_i8(acc, &weights[b * BLOCK * row_bytes..], row_bytes, q);
+        dot_row_block_i8(acc, &weights[b * BLOCK * row_bytes..], row_bytes, &q.q);
         // out[j] = acc * x_scale * w_scale (+ beta * out[j]), the branch on beta
         // outside the loop so the common case vectorizes.
         let values = out.iter_mut().zip(acc.iter()).zip(scales);
@@ -195,19 +229,25 @@ fn q8_row(out: &mut [f32], q: &[i8], sx: f32, packed: &[f32], scales: &[f32], be
 }
 
 /// Several int8 products of one activation row `x` (every spec `m = 1`, no window,
-/// `k = x.len()`: the caller's condition): `x` rounded once for all of them, each product
-/// then as [`q8_matmul`] computes it, so the same bits as one call each. At decode,
-/// attention's q, k and v round their shared input once instead of three times.
+/// `k = x.len()`: the caller's condition): `x` rounded once for all of them (once per
+/// block size among them), each product then as [`q8_matmul`] computes it, so the same
+/// bits as one call each. At decode, attention's q, k and v round their shared input once
+/// instead of three times.
 pub(crate) fn q8_matmul_many(x: &[f32], products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
+    let mut blocks = Vec::with_capacity(products.len());
     for p in products.iter_mut() {
         let s = &p.spec;
         let (_, out) = q8::q8_operands(s, x, p.out)?;
-        q8::check_q8_matmul(out.len(), x.len(), p.packed.len(), p.scales.len(), 1, s.n, s.k)?;
+        blocks.push(q8::check_q8_matmul(out.len(), x.len(), p.packed.len(), p.scales.len(), 1, s.n, s.k)?);
     }
-    let mut q = Vec::with_capacity(x.len());
-    let sx = quantize_row(x, &mut q);
-    for p in products.iter_mut() {
-        q8_row(p.out, &q, sx, p.packed, p.scales, p.spec.beta);
+    let mut q: Option<Rounded> = None;
+    for (p, &block) in products.iter_mut().zip(&blocks) {
+        if q.as_ref().is_none_or(|q| q.block != block) {
+            q = Some(Rounded::of(x, block));
+        }
+        if let Some(q) = &q {
+            q8_row(p.out, q, p.packed, p.scales, p.spec.beta);
+        }
     }
     Ok(())
 }
@@ -221,17 +261,17 @@ pub(crate) fn q8_swiglu(
     up_w: (&[f32], &[f32]), spec: &MatmulSpec,
 ) -> Result<()> {
     let (n, k) = (spec.n, spec.k);
-    {
+    let (block_g, block_u) = {
         let (_, g) = q8::q8_operands(spec, x, gate)?;
-        q8::check_q8_matmul(g.len(), x.len(), gate_w.0.len(), gate_w.1.len(), 1, n, k)?;
+        let bg = q8::check_q8_matmul(g.len(), x.len(), gate_w.0.len(), gate_w.1.len(), 1, n, k)?;
         let (_, u) = q8::q8_operands(spec, x, up)?;
-        q8::check_q8_matmul(u.len(), x.len(), up_w.0.len(), up_w.1.len(), 1, n, k)?;
-    }
+        (bg, q8::check_q8_matmul(u.len(), x.len(), up_w.0.len(), up_w.1.len(), 1, n, k)?)
+    };
     swiglu::check_swiglu_forward(out.len(), gate.len(), up.len())?;
-    let mut q = Vec::with_capacity(x.len());
-    let sx = quantize_row(x, &mut q);
-    q8_row(gate, &q, sx, gate_w.0, gate_w.1, spec.beta);
-    q8_row(up, &q, sx, up_w.0, up_w.1, spec.beta);
+    let q = Rounded::of(x, block_g);
+    q8_row(gate, &q, gate_w.0, gate_w.1, spec.beta);
+    let q = if block_u == block_g { q } else { Rounded::of(x, block_u) };
+    q8_row(up, &q, up_w.0, up_w.1, spec.beta);
     swiglu_forward(out, gate, up)
 }
 

@@ -29,16 +29,18 @@ fn int8_products_equal_the_reference_bit_for_bit() {
         (1, 256, 64),
     ] {
         let w = rng.normal_vec(n * k, 0.05);
-        let (packed, scales) = q8::quantize_rows(&w, n, k).unwrap();
         let x = rng.normal_vec(m * k, 1.0);
-        for beta in [0.0, 0.5] {
+        // Per-row weights (int8 files before blocks) and blocks of 32.
+        for (blocked, beta) in [(false, 0.0), (false, 0.5), (true, 0.0), (true, 0.5)] {
+            let (packed, scales) =
+                if blocked { q8::quantize_blocks(&w, n, k) } else { q8::quantize_rows(&w, n, k) }.unwrap();
             let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
             let init = if beta == 0.0 { vec![f32::NAN; m * n] } else { rng.normal_vec(m * n, 1.0) };
             let (mut got, mut want) = (init.clone(), init);
             PortableBackend.q8_matmul(&mut got, &x, &packed, &scales, &spec).unwrap();
             ReferenceBackend.q8_matmul(&mut want, &x, &packed, &scales, &spec).unwrap();
             assert!(got.iter().all(|v| v.is_finite()), "{m}x{n}x{k}: an output was not written");
-            assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k} beta {beta}");
+            assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k} beta {beta} blocked {blocked}");
         }
     }
 }
@@ -82,11 +84,14 @@ fn bad_int8_operands_are_errors() {
 fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
     let be = PortableBackend;
     let mut rng = Rng::new(23);
-    for &(m, k, ns) in &[(1, 256, &[256, 64, 64][..]), (1, 33, &[7, 1, 300]), (1, 17, &[5]), (3, 20, &[9, 4])]
-    {
+    let shapes = [(1, 256, &[256, 64, 64][..]), (1, 33, &[7, 1, 300]), (1, 17, &[5]), (3, 20, &[9, 4])];
+    // Per-row weights (int8 files before blocks) and blocks of 32.
+    let quantizers: [fn(&[f32], usize, usize) -> rusting_brain_core::Result<(Vec<f32>, Vec<f32>)>; 2] =
+        [q8::quantize_rows, q8::quantize_blocks];
+    for (&(m, k, ns), quantize) in shapes.iter().flat_map(|s| quantizers.iter().map(move |q| (s, q))) {
         let x = rng.normal_vec(m * k, 1.0);
         let weights: Vec<(Vec<f32>, Vec<f32>)> =
-            ns.iter().map(|&n| q8::quantize_rows(&rng.normal_vec(n * k, 0.1), n, k).unwrap()).collect();
+            ns.iter().map(|&n| quantize(&rng.normal_vec(n * k, 0.1), n, k).unwrap()).collect();
         for beta in [0.0, 0.5] {
             let init: Vec<Vec<f32>> = ns.iter().map(|&n| rng.normal_vec(m * n, 1.0)).collect();
             let run = |fused: bool| {
@@ -105,7 +110,7 @@ fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
             }
             // The SwiGLU at the first width: its gate weight and a fresh up weight.
             let n = ns[0];
-            let (wg, wu) = (&weights[0], &q8::quantize_rows(&rng.normal_vec(n * k, 0.1), n, k).unwrap());
+            let (wg, wu) = (&weights[0], &quantize(&rng.normal_vec(n * k, 0.1), n, k).unwrap());
             let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
             let swiglu = |fused: bool| {
                 let (mut out, mut gate, mut up) = (vec![f32::NAN; m * n], init[0].clone(), init[0].clone());

@@ -15,7 +15,8 @@
 
 use rusting_brain_core::ops::attention::{attention_forward, AttentionSpec};
 use rusting_brain_core::ops::q8::{
-    packed_cols, q8_embedding, q8_matmul, quantize_activations, quantize_rows,
+    packed_cols, q8_block, q8_embedding, q8_matmul, quantize_activation_blocks, quantize_blocks,
+    quantize_rows,
 };
 use rusting_brain_core::ops::rope::{rope_forward, RopeSpec};
 use rusting_brain_core::ops::{rmsnorm, swiglu};
@@ -131,44 +132,51 @@ fn q8_on(no_subgroups: bool) {
             x[..6].copy_from_slice(&[127.0, 2.5, -2.5, 0.5, -1.5, 0.49999997]);
         }
         let w = randn(&mut rng, n * k, 0.3);
-        let (packed, scales) = quantize_rows(&w, n, k).unwrap();
-        let mut out = vec![0.0; m * n];
-        q8_matmul(&mut out, &x, &packed, &scales, m, n, k, 0.0).unwrap();
-        let pc = packed_cols(k);
-        let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), poisoned(&g, m));
-        let gx = g.upload("x", &x).unwrap();
-        let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
-        let go = poisoned(&g, m * n);
-        let mut b = g.batch();
-        b.quantize_activations(&gxq, &gxs, &gx, m, k).unwrap();
-        b.q8_matmul(&go, &gxq, &gxs, &gw, &gws, m, n, k, 0.0).unwrap();
-        b.submit().unwrap();
-        // The int8 activations and their scales equal the CPU's, byte for byte.
-        let xq = g.read_blocking(&gxq).unwrap();
-        let xs = g.read_blocking(&gxs).unwrap();
-        for i in 0..m {
-            let (q, s) = quantize_activations(&x[i * k..(i + 1) * k]);
-            let bytes: Vec<i8> = xq[i * pc..(i + 1) * pc]
-                .iter()
-                .flat_map(|v| v.to_ne_bytes())
-                .map(|b| b as i8)
-                .take(k)
-                .collect();
-            assert_eq!(bytes, q, "row {i} of ({m}, {k})");
-            assert_eq!(xs[i].to_bits(), s.to_bits(), "scale of row {i}");
-        }
-        // Exact i32 sums and the same two f32 multiplies: the same bits.
-        let got = g.read_blocking(&go).unwrap();
-        for (i, (a, e)) in got.iter().zip(&out).enumerate() {
-            assert_eq!(a.to_bits(), e.to_bits(), "({m}, {n}, {k}) element {i}: {a} vs {e}");
-        }
-        // beta accumulates into what is there.
-        let mut b = g.batch();
-        b.q8_matmul(&go, &gxq, &gxs, &gw, &gws, m, n, k, 1.0).unwrap();
-        b.submit().unwrap();
-        let twice = g.read_blocking(&go).unwrap();
-        for (a, e) in twice.iter().zip(&out) {
-            assert_eq!(*a, e + e);
+        // Per-row weights (int8 files before blocks), then blocks of 32.
+        for blocked in [false, true] {
+            let (packed, scales) =
+                if blocked { quantize_blocks(&w, n, k) } else { quantize_rows(&w, n, k) }.unwrap();
+            let block = q8_block("test", n, k, scales.len()).unwrap();
+            let nb = k.div_ceil(block);
+            let mut out = vec![0.0; m * n];
+            q8_matmul(&mut out, &x, &packed, &scales, m, n, k, 0.0).unwrap();
+            let pc = packed_cols(k);
+            let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), poisoned(&g, m * nb));
+            let gx = g.upload("x", &x).unwrap();
+            let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
+            let go = poisoned(&g, m * n);
+            let mut b = g.batch();
+            b.quantize_activation_blocks(&gxq, &gxs, &gx, m, k, block).unwrap();
+            b.q8_matmul(&go, &gxq, &gxs, &gw, &gws, m, n, k, 0.0).unwrap();
+            b.submit().unwrap();
+            // The int8 activations and their scales equal the CPU's, byte for byte.
+            let xq = g.read_blocking(&gxq).unwrap();
+            let xs = g.read_blocking(&gxs).unwrap();
+            for i in 0..m {
+                let (q, s) = quantize_activation_blocks(&x[i * k..(i + 1) * k], block);
+                let bytes: Vec<i8> = xq[i * pc..(i + 1) * pc]
+                    .iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .map(|b| b as i8)
+                    .take(k)
+                    .collect();
+                assert_eq!(bytes, q, "row {i} of ({m}, {k}), blocks of {block}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&xs[i * nb..(i + 1) * nb]), bits(&s), "scales of row {i}");
+            }
+            // Exact i32 sums and the same two f32 multiplies: the same bits.
+            let got = g.read_blocking(&go).unwrap();
+            for (i, (a, e)) in got.iter().zip(&out).enumerate() {
+                assert_eq!(a.to_bits(), e.to_bits(), "({m}, {n}, {k}) element {i}: {a} vs {e}");
+            }
+            // beta accumulates into what is there.
+            let mut b = g.batch();
+            b.q8_matmul(&go, &gxq, &gxs, &gw, &gws, m, n, k, 1.0).unwrap();
+            b.submit().unwrap();
+            let twice = g.read_blocking(&go).unwrap();
+            for (a, e) in twice.iter().zip(&out) {
+                assert_eq!(*a, e + e);
+            }
         }
     }
 }
@@ -314,6 +322,18 @@ fn q8_embedding_and_argmax_match_reference_exactly() {
         b.q8_embedding(&go, &gids, &gt, &gs, *rows, vocab, dim).unwrap();
         b.submit().unwrap();
         assert_eq!(g.read_blocking(&go).unwrap(), out, "embedding rows {rows} vocab {vocab} dim {dim}");
+        // The same table in blocks of 32.
+        let (packed, scales) = quantize_blocks(&table, vocab, dim).unwrap();
+        q8_embedding(&mut out, &packed, &scales, &ids, vocab, dim).unwrap();
+        let (gt, gs) = (g.upload("table", &packed).unwrap(), g.upload("scales", &scales).unwrap());
+        let mut b = g.batch();
+        b.q8_embedding(&go, &gids, &gt, &gs, *rows, vocab, dim).unwrap();
+        b.submit().unwrap();
+        assert_eq!(
+            g.read_blocking(&go).unwrap(),
+            out,
+            "blocked embedding rows {rows} vocab {vocab} dim {dim}"
+        );
         assert!(rusting_brain_shaders::check_ids(&[vocab as u32], vocab).is_err());
 
         // argmax over rows of `dim` values, with a tie planted: the lower index wins.
@@ -373,12 +393,15 @@ fn int8_weights_over_a_binding_go_in_row_slabs_with_the_same_bits() {
     // short; both product kernels and the lookup, into columns of a wider output.
     let Some(g) = capped_gpu(4 << 10) else { return };
     let mut rng = Rng::new(12);
-    for (m, n, k) in [(1usize, 300usize, 37usize), (8, 100, 64), (1, 700, 5)] {
+    let shapes = [(1usize, 300usize, 37usize), (8, 100, 64), (1, 700, 5)];
+    for ((m, n, k), blocked) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
         let pc = packed_cols(k);
         assert!(n * pc * 4 > 4 << 10, "({n}, {k}) must be over one binding");
         let x = randn(&mut rng, m * k, 1.5);
         let w = randn(&mut rng, n * k, 0.3);
-        let (packed, scales) = quantize_rows(&w, n, k).unwrap();
+        let (packed, scales) =
+            if blocked { quantize_blocks(&w, n, k) } else { quantize_rows(&w, n, k) }.unwrap();
+        let block = q8_block("test", n, k, scales.len()).unwrap();
         let mut part = vec![0.0; m * n];
         q8_matmul(&mut part, &x, &packed, &scales, m, n, k, 0.0).unwrap();
         let base = randn(&mut rng, m * (n + 3), 1.0);
@@ -389,12 +412,12 @@ fn int8_weights_over_a_binding_go_in_row_slabs_with_the_same_bits() {
                 want[o] = part[i * n + j] + 0.5 * base[o];
             }
         }
-        let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), g.zeros("xs", m).unwrap());
+        let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), g.zeros("xs", m * k.div_ceil(block)).unwrap());
         let gx = g.upload("x", &x).unwrap();
         let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
         let go = g.upload("out", &base).unwrap();
         let mut b = g.batch();
-        b.quantize_activations(&gxq, &gxs, &gx, m, k).unwrap();
+        b.quantize_activation_blocks(&gxq, &gxs, &gx, m, k, block).unwrap();
         b.q8_matmul_cols(&go, (n + 3, 1), &gxq, &gxs, &gw, &gws, m, n, k, 0.5).unwrap();
         b.submit().unwrap();
         let got = g.read_blocking(&go).unwrap();
@@ -592,30 +615,38 @@ fn tiled_q8_matmul_matches_reference_exactly() {
     ] {
         let x = randn(&mut rng, m * k, 1.5);
         let w = randn(&mut rng, n * k, 0.3);
-        let (packed, scales) = quantize_rows(&w, n, k).unwrap();
-        let base = randn(&mut rng, m * (n + 5), 1.0);
-        // Columns 2..2 + n of rows of n + 5, beta 0.5.
-        let mut want = base.clone();
-        let mut part = vec![0.0; m * n];
-        q8_matmul(&mut part, &x, &packed, &scales, m, n, k, 0.0).unwrap();
-        for i in 0..m {
-            for j in 0..n {
-                let o = i * (n + 5) + 2 + j;
-                want[o] = part[i * n + j] + 0.5 * base[o];
+        for blocked in [false, true] {
+            let (packed, scales) =
+                if blocked { quantize_blocks(&w, n, k) } else { quantize_rows(&w, n, k) }.unwrap();
+            let block = q8_block("test", n, k, scales.len()).unwrap();
+            let base = randn(&mut rng, m * (n + 5), 1.0);
+            // Columns 2..2 + n of rows of n + 5, beta 0.5.
+            let mut want = base.clone();
+            let mut part = vec![0.0; m * n];
+            q8_matmul(&mut part, &x, &packed, &scales, m, n, k, 0.0).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let o = i * (n + 5) + 2 + j;
+                    want[o] = part[i * n + j] + 0.5 * base[o];
+                }
             }
-        }
-        let pc = packed_cols(k);
-        let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), g.zeros("xs", m).unwrap());
-        let gx = g.upload("x", &x).unwrap();
-        let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
-        let go = g.upload("out", &base).unwrap();
-        let mut b = g.batch();
-        b.quantize_activations(&gxq, &gxs, &gx, m, k).unwrap();
-        b.q8_matmul_cols(&go, (n + 5, 2), &gxq, &gxs, &gw, &gws, m, n, k, 0.5).unwrap();
-        b.submit().unwrap();
-        let got = g.read_blocking(&go).unwrap();
-        for (i, (a, e)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(a.to_bits(), e.to_bits(), "({m}, {n}, {k}) element {i}: {a} vs {e}");
+            let pc = packed_cols(k);
+            let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), g.zeros("xs", m * k.div_ceil(block)).unwrap());
+            let gx = g.upload("x", &x).unwrap();
+            let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
+            let go = g.upload("out", &base).unwrap();
+            let mut b = g.batch();
+            b.quantize_activation_blocks(&gxq, &gxs, &gx, m, k, block).unwrap();
+            b.q8_matmul_cols(&go, (n + 5, 2), &gxq, &gxs, &gw, &gws, m, n, k, 0.5).unwrap();
+            b.submit().unwrap();
+            let got = g.read_blocking(&go).unwrap();
+            for (i, (a, e)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    e.to_bits(),
+                    "({m}, {n}, {k}) blocks of {block} element {i}: {a} vs {e}"
+                );
+            }
         }
     }
 }

@@ -116,7 +116,10 @@ pub fn q8_products<'a>(
     outs.iter_mut()
         .zip(weights)
         .map(|(out, (packed, scales))| Q8Product {
-            spec: MatmulSpec::new(m, scales.len(), k).trans_b(true).beta(beta),
+            // n rows of packed_cols(k) words, whatever the scales' layout.
+            spec: MatmulSpec::new(m, packed.len() / rusting_brain_core::ops::q8::packed_cols(k), k)
+                .trans_b(true)
+                .beta(beta),
             out,
             packed,
             scales,

@@ -324,8 +324,14 @@ pub fn lookups_and_losses<B: Backend>(be: &B, tol: f64) {
 
 pub fn int8<B: Backend>(be: &B, tol: f64) {
     let mut rng = Rng::new(205);
-    for (m, n, k) in [(1usize, 1usize, 1usize), (3, 5, 7), (9, 40, 67)] {
-        let (packed, scales) = q8::quantize_rows(&rng.normal_vec(n * k, 1.0), n, k).unwrap();
+    // Per-row weights (int8 files before blocks) and blocks of 32: a partial last block
+    // (k = 67), whole 64-byte steps (k = 128), a step and a half (k = 96), decode and
+    // batches, sixteen-row passes and their tails.
+    let shapes = [(1usize, 1usize, 1usize), (3, 5, 7), (9, 40, 67), (1, 33, 96), (6, 17, 128)];
+    for ((m, n, k), blocked) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+        let w = rng.normal_vec(n * k, 1.0);
+        let (packed, scales) =
+            if blocked { q8::quantize_blocks(&w, n, k) } else { q8::quantize_rows(&w, n, k) }.unwrap();
         let spec = MatmulSpec::new(m, n, k).trans_b(true);
         let (got, want) = both!(
             be,

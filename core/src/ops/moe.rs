@@ -305,7 +305,7 @@ impl RoutedSpec {
     }
 
     /// Checks the operands' lengths: `out (slots, n)`, `x (x_rows, k)`, `expert (slots)`
-    /// and every expert's `(n, k)` packed weight and `n` scales.
+    /// and every expert's `(n, k)` packed weight and its scales (per row or per block).
     pub fn check(&self, out: usize, x: usize, expert: usize, weights: &[(usize, usize)]) -> Result<()> {
         const OP: &str = "q8_matmul_routed";
         nonzero(OP, "top_k", self.top_k)?;
@@ -322,7 +322,7 @@ impl RoutedSpec {
         let pc = crate::ops::q8::packed_cols(self.k);
         for &(packed, scales) in weights {
             check_len(OP, "packed weight", packed, product(OP, &[self.n, pc])?)?;
-            check_len(OP, "scales", scales, self.n)?;
+            crate::ops::q8::q8_block(OP, self.n, self.k, scales)?;
         }
         Ok(())
     }

@@ -1,10 +1,21 @@
-//! Int8 weights with one f32 scale per output row (absmax / 127), and the products that
-//! read them. The product quantizes each activation row the same way (absmax / 127, so
-//! a row is int8 with its own scale) and sums int8 x int8 in i32, exactly: every backend
-//! gets the same integer, and the result `acc * x_scale * w_scale` is bit-identical
-//! across backends — which is also what lets the CPU use VNNI's int8 dot products. Four int8 values are packed into each f32 slot of an ordinary buffer, in
-//! memory order (`f32::from_ne_bytes`), so every backend stores them without a new buffer
-//! type and a kernel can read the slot's bytes as `i8`s directly.
+//! Int8 weights in blocks of [`Q8_BLOCK`] values along each row, one f32 scale a block
+//! (absmax / 127: GGUF's Q8_0 layout, with f32 scales), and the products that read them.
+//! A product rounds each activation row the same way, block by block, sums each block's
+//! int8 x int8 products in i32, exactly (every backend gets the same integer), and adds
+//! the blocks up in order, `acc = acc + (d as f32 * x_scale) * w_scale`: two products and
+//! one add, none fused, so the result is bit-identical across backends — which is also
+//! what lets the CPU use VNNI's int8 dot products. One scale for a whole activation row
+//! is what a real model's outlier channels ruin (a residual stream reaching ~25,000 next
+//! to values of 0.1): blocks keep the rounding local.
+//!
+//! The block size is read from the number of scales: `n * k.div_ceil(Q8_BLOCK)` is
+//! blocked, `n` is one scale a row (the layout of int8 checkpoints before blocks, which
+//! still load and run as they were written: a row is then one block of `k`). The two
+//! agree when `k <= Q8_BLOCK`.
+//!
+//! Four int8 values are packed into each f32 slot of an ordinary buffer, in memory order
+//! (`f32::from_ne_bytes`), so every backend stores them without a new buffer type and a
+//! kernel can read the slot's bytes as `i8`s directly.
 
 use alloc::vec::Vec;
 
@@ -23,32 +34,74 @@ pub fn packed_cols(cols: usize) -> usize {
     cols.div_ceil(4)
 }
 
-/// Rounds each row of `w` (rows x cols) to int8 with its own scale: returns the packed
-/// values (rows x packed_cols(cols) slots; padding bytes are 0) and the scales (rows).
-/// A row of zeros gets scale 0. Per value, |w - q * scale| <= scale / 2.
+/// Values per scale of a blocked int8 weight (and of the activations it meets).
+pub const Q8_BLOCK: usize = 32;
+
+/// Blocks in a row of `k` values for a block size of `block`.
+pub fn blocks_of(k: usize, block: usize) -> usize {
+    k.div_ceil(block.max(1))
+}
+
+/// The block size of an int8 weight of `n` rows of `k` values with `scales` scales:
+/// [`Q8_BLOCK`] for `n * k.div_ceil(Q8_BLOCK)` scales, `k` (one block a row) for `n`.
+pub fn q8_block(op: &'static str, n: usize, k: usize, scales: usize) -> Result<usize> {
+    nonzero(op, "k", k)?;
+    let blocked = product(op, &[n, blocks_of(k, Q8_BLOCK)])?;
+    if scales == blocked {
+        Ok(Q8_BLOCK.min(k))
+    } else if scales == n {
+        Ok(k)
+    } else {
+        Err(CoreError::InvalidArgument {
+            op,
+            message: alloc::format!(
+                "an int8 weight of {n} rows of {k} has {blocked} scales (one per {Q8_BLOCK} values) \
+                 or {n} (one per row), not {scales}"
+            ),
+        })
+    }
+}
+
+/// Bytes of a `(rows, cols)` matrix held as blocked int8: a byte a weight (rows padded to
+/// whole f32 words) and an f32 scale a block.
+pub fn q8_bytes(rows: usize, cols: usize) -> usize {
+    4 * rows * (packed_cols(cols) + blocks_of(cols, Q8_BLOCK))
+}
+
+/// Rounds `w` (rows x cols) to int8 in blocks of [`Q8_BLOCK`] along each row, one scale a
+/// block: the packed values (rows x packed_cols(cols) slots; padding bytes are 0) and the
+/// scales (rows x cols.div_ceil(Q8_BLOCK)). A block of zeros gets scale 0. Per value,
+/// |w - q * scale| <= scale / 2.
+pub fn quantize_blocks(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    quantize_with_block(w, rows, cols, Q8_BLOCK)
+}
+
+/// Rounds each row of `w` (rows x cols) to int8 with one scale for the whole row: the
+/// layout of int8 checkpoints before blocks (see the module docs). Kept for what reads
+/// and writes those files and for the tests that pin their values.
 pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-    const OP: &str = "quantize_rows";
+    quantize_with_block(w, rows, cols, cols.max(1))
+}
+
+fn quantize_with_block(w: &[f32], rows: usize, cols: usize, block: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    const OP: &str = "quantize";
     check_len(OP, "w", w.len(), product(OP, &[rows, cols])?)?;
     if let Some(i) = w.iter().position(|v| !v.is_finite()) {
         return Err(CoreError::NonFinite { op: OP, value: w[i] as f64 });
     }
-    let pc = packed_cols(cols);
+    let (pc, nb) = (packed_cols(cols), blocks_of(cols, block));
     let mut packed = alloc::vec![0.0f32; rows * pc];
-    let mut scales = alloc::vec![0.0f32; rows];
+    let mut scales = alloc::vec![0.0f32; rows * nb];
     for r in 0..rows {
         let row = &w[r * cols..(r + 1) * cols];
-        let absmax = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let scale = absmax / 127.0;
-        scales[r] = scale;
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        for s in 0..pc {
+        let (q, s) = quantize_activation_blocks(row, block);
+        scales[r * nb..(r + 1) * nb].copy_from_slice(&s);
+        for (slot, four) in packed[r * pc..(r + 1) * pc].iter_mut().zip(q.chunks(4)) {
             let mut bytes = [0u8; 4];
-            for (b, byte) in bytes.iter_mut().enumerate() {
-                if let Some(&v) = row.get(4 * s + b) {
-                    *byte = (libm::roundf(v * inv).clamp(-127.0, 127.0) as i8) as u8;
-                }
+            for (b, &v) in bytes.iter_mut().zip(four) {
+                *b = v as u8;
             }
-            packed[r * pc + s] = f32::from_ne_bytes(bytes);
+            *slot = f32::from_ne_bytes(bytes);
         }
     }
     Ok((packed, scales))
@@ -59,28 +112,34 @@ pub fn q8_at(row: &[f32], c: usize) -> i8 {
     row[c / 4].to_ne_bytes()[c % 4] as i8
 }
 
-/// Unpacks row `r` to f32: `q * scale`.
+/// Unpacks row `r` of an int8 weight of `cols` columns to f32: `q * scale` (per-row or
+/// blocked scales, as the scale count says).
 pub fn dequantize_row(packed: &[f32], scales: &[f32], r: usize, cols: usize) -> Vec<f32> {
     let pc = packed_cols(cols);
+    let rows = packed.len() / pc.max(1);
+    let block = q8_block("dequantize_row", rows, cols, scales.len()).unwrap_or(cols.max(1));
+    let nb = blocks_of(cols, block);
     let row = &packed[r * pc..(r + 1) * pc];
-    (0..cols).map(|c| q8_at(row, c) as f32 * scales[r]).collect()
+    (0..cols).map(|c| q8_at(row, c) as f32 * scales[r * nb + c / block]).collect()
 }
 
-/// Checks a packed weight of `n` rows of `k` columns.
-pub fn check_q8(op: &'static str, packed: usize, scales: usize, n: usize, k: usize) -> Result<()> {
+/// Checks a packed weight of `n` rows of `k` columns and returns its block size.
+pub fn check_q8(op: &'static str, packed: usize, scales: usize, n: usize, k: usize) -> Result<usize> {
     nonzero(op, "k", k)?;
     check_len(op, "packed weights", packed, product(op, &[n, packed_cols(k)])?)?;
-    check_len(op, "scales", scales, n)
+    q8_block(op, n, k, scales)
 }
 
-/// The contract of `q8_matmul`, shared by every backend (buffer lengths).
+/// The contract of `q8_matmul`, shared by every backend (buffer lengths); returns the
+/// weight's block size.
 pub fn check_q8_matmul(
     out: usize, x: usize, packed: usize, scales: usize, m: usize, n: usize, k: usize,
-) -> Result<()> {
+) -> Result<usize> {
     const OP: &str = "q8_matmul";
-    check_q8(OP, packed, scales, n, k)?;
+    let block = check_q8(OP, packed, scales, n, k)?;
     check_len(OP, "x", x, product(OP, &[m, k])?)?;
-    check_len(OP, "out", out, product(OP, &[m, n])?)
+    check_len(OP, "out", out, product(OP, &[m, n])?)?;
+    Ok(block)
 }
 
 /// The `MatmulSpec` form of `q8_matmul` on backends: `out = x W^T + beta * out`, so the
@@ -117,7 +176,8 @@ pub fn q8_operands<'a>(
     }
 }
 
-/// An activation row rounded to int8: the values and the row's scale (absmax / 127).
+/// An activation row rounded to int8 with one scale (absmax / 127): the values and the
+/// scale. A block of [`quantize_activation_blocks`].
 pub fn quantize_activations(x: &[f32]) -> (Vec<i8>, f32) {
     let absmax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let scale = absmax / 127.0;
@@ -125,38 +185,40 @@ pub fn quantize_activations(x: &[f32]) -> (Vec<i8>, f32) {
     (x.iter().map(|&v| libm::roundf(v * inv).clamp(-127.0, 127.0) as i8).collect(), scale)
 }
 
+/// An activation row rounded to int8 in blocks of `block` values, each with its own
+/// scale (absmax / 127): the values and the `x.len().div_ceil(block)` scales.
+pub fn quantize_activation_blocks(x: &[f32], block: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut q = Vec::with_capacity(x.len());
+    let mut scales = Vec::with_capacity(blocks_of(x.len(), block));
+    for chunk in x.chunks(block.max(1)) {
+        let (qb, s) = quantize_activations(chunk);
+        q.extend_from_slice(&qb);
+        scales.push(s);
+    }
+    (q, scales)
+}
+
 /// `out (m x n) = x (m x k) W^T + beta * out`, W the (n x k) int8 weight: the `Linear`
-/// product at one byte per weight. Each row of `x` is quantized to int8 first (see the
-/// module docs); the i32 sum is exact, then scaled by `x_scale * w_scale`.
+/// product at one byte per weight. Each row of `x` is rounded to int8 in the weight's
+/// blocks; each block's i32 sum is exact, and the blocks are added in order as
+/// `acc = acc + (d as f32 * x_scale) * w_scale` (see the module docs).
 #[allow(clippy::too_many_arguments)]
 pub fn q8_matmul(
     out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
-    check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
-    let pc = packed_cols(k);
-    // The activations split by byte lane (xt[t][s] = x[4s + t], zero past k): a packed
-    // word's byte t meets xt[t][s], so the inner loop is the same shifts on every word, a
-    // loop the compiler vectorizes (SIMD128 in the browser's CPU path). The sum is the
-    // same exact integer in any order.
-    let mut xt = [alloc::vec![0i16; pc], alloc::vec![0i16; pc], alloc::vec![0i16; pc], alloc::vec![0i16; pc]];
+    let block = check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
+    let (pc, nb) = (packed_cols(k), blocks_of(k, block));
     for i in 0..m {
-        let (q, sx) = quantize_activations(&x[i * k..(i + 1) * k]);
-        for (c, &v) in q.iter().enumerate() {
-            xt[c % 4][c / 4] = v as i16;
-        }
+        let (xq, sx) = quantize_activation_blocks(&x[i * k..(i + 1) * k], block);
         for j in 0..n {
             let row = &packed[j * pc..(j + 1) * pc];
-            let mut acc = 0i32;
-            let lanes = xt[0].iter().zip(&xt[1]).zip(&xt[2]).zip(&xt[3]);
-            for (word, (((x0, x1), x2), x3)) in row.iter().zip(lanes) {
-                // Byte t of the word is bits 8t.. on a little-endian machine (to_ne_bytes).
-                let bits = word.to_bits();
-                let w = if cfg!(target_endian = "big") { bits.swap_bytes() } else { bits } as i32;
-                let b = |shift: u32| ((w << shift) >> 24) as i16 as i32;
-                acc += b(24) * *x0 as i32 + b(16) * *x1 as i32 + b(8) * *x2 as i32 + b(0) * *x3 as i32;
+            let mut acc = 0.0f32;
+            for (b, (xb, &sxb)) in xq.chunks(block).zip(&sx).enumerate() {
+                let d: i32 =
+                    xb.iter().enumerate().map(|(t, &v)| v as i32 * q8_at(row, b * block + t) as i32).sum();
+                acc += d as f32 * sxb * scales[j * nb + b];
             }
-            let v = acc as f32 * sx * scales[j];
-            out[i * n + j] = if beta == 0.0 { v } else { v + beta * out[i * n + j] };
+            out[i * n + j] = if beta == 0.0 { acc } else { acc + beta * out[i * n + j] };
         }
     }
     Ok(())
@@ -167,14 +229,15 @@ pub fn q8_embedding<T: Real>(
     out: &mut [T], packed: &[f32], scales: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "q8_embedding";
-    check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
+    let block = check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
     check_len(OP, "out", out.len(), product(OP, &[ids.len(), dim])?)?;
     crate::ops::embedding::check_ids(OP, ids, vocab)?;
-    let pc = packed_cols(dim);
+    let (pc, nb) = (packed_cols(dim), blocks_of(dim, block));
     for (r, &id) in ids.iter().enumerate() {
-        let row = &packed[id as usize * pc..(id as usize + 1) * pc];
+        let id = id as usize;
+        let row = &packed[id * pc..(id + 1) * pc];
         for c in 0..dim {
-            out[r * dim + c] = T::from_f32(q8_at(row, c) as f32 * scales[id as usize]);
+            out[r * dim + c] = T::from_f32(q8_at(row, c) as f32 * scales[id * nb + c / block]);
         }
     }
     Ok(())

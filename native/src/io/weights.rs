@@ -267,7 +267,7 @@ impl<'a> Tensors<'a> {
         Ok(data)
     }
 
-    /// The matrix `name` rounded to int8 row by row (core's `q8::quantize_rows`, through its
+    /// The matrix `name` rounded to int8 in blocks (core's `q8::quantize_blocks`, through its
     /// CPU twin), converted and
     /// rounded in slabs of rows in parallel, so the whole f32 matrix never exists.
     pub(crate) fn read_q8(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, Vec<f32>)> {
@@ -292,7 +292,7 @@ impl<'a> Tensors<'a> {
                 widen(&view, r0 * cols, &mut w);
                 // The rounding refuses a non-finite value itself; said here by file and
                 // tensor rather than scanned for twice.
-                crate::backend::cpu::q8::quantize_rows(&w, r1 - r0, cols).map_err(|e| match e {
+                crate::backend::cpu::q8::quantize_blocks(&w, r1 - r0, cols).map_err(|e| match e {
                     CoreError::NonFinite { .. } => {
                         NetworkError::parse(&self.files.paths[i], name, "holds NaN or infinite values")
                     }
@@ -301,7 +301,10 @@ impl<'a> Tensors<'a> {
             })
             .collect();
         let pc = q8::packed_cols(cols);
-        let (mut packed, mut scales) = (Vec::with_capacity(rows.len() * pc), Vec::with_capacity(rows.len()));
+        let (mut packed, mut scales) = (
+            Vec::with_capacity(rows.len() * pc),
+            Vec::with_capacity(rows.len() * q8::blocks_of(cols, q8::Q8_BLOCK)),
+        );
         for part in parts {
             let (p, sc) = part?;
             packed.extend_from_slice(&p);

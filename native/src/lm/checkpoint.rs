@@ -109,9 +109,11 @@ fn save_q8(model: &TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
         let (rows, cols) = t.rows_cols();
         let (packed, scales) = match quantized.get(i) {
             Some(Some((p, s))) => (b.download(p)?, b.download(s)?),
-            _ => q8::quantize_rows(&b.download(leaves[i])?, rows, cols)?,
+            _ => q8::quantize_blocks(&b.download(leaves[i])?, rows, cols)?,
         };
-        out.push((format!("{name}.scale"), Dtype::F32, vec![rows], le_bytes(&scales)));
+        // One scale a block; a model read from a version-1 file keeps its one a row.
+        let shape = if scales.len() == rows { vec![rows] } else { vec![rows, scales.len() / rows.max(1)] };
+        out.push((format!("{name}.scale"), Dtype::F32, shape, le_bytes(&scales)));
         out.push((name, Dtype::I8, t.shape, packed_to_i8(&packed, rows, cols)));
     }
     write_raw(path, out, meta)

@@ -18,7 +18,7 @@ const MOE_ROUTE: Kernel = kernel!(
 );
 const Q8_EXPERT: Kernel = kernel!(
     "q8_expert",
-    { slots: u32, n: u32, packed_cols: u32, top_k: u32, x_per_token: u32, only: u32, pad1: u32, pad2: u32 },
+    { slots: u32, n: u32, packed_cols: u32, top_k: u32, x_per_token: u32, only: u32, blocks: u32, block: u32 },
     [read xq: u32, read xs: f32, read w: u32, read ws: f32, read expert: u32,
          read_write out: f32]
 );
@@ -97,13 +97,15 @@ impl Batch<'_> {
     ) -> Result<(), ShaderError> {
         const OP: &str = "q8_expert";
         let pc = packed_cols(k);
+        let block = rusting_brain_core::ops::q8::q8_block(OP, n, k, ws.len())
+            .map_err(|e| ShaderError::Invalid(e.to_string()))?;
+        let nb = k.div_ceil(block);
         let x_rows = if x_per_token { slots.div_ceil(top_k.max(1)) } else { slots };
         need(OP, "xq", xq, x_rows * pc)?;
-        need(OP, "xs", xs, x_rows)?;
+        need(OP, "xs", xs, x_rows * nb)?;
         need(OP, "expert", expert, slots)?;
         need(OP, "out", out, slots * n)?;
         need(OP, "w", w, n * pc)?;
-        need(OP, "ws", ws, n)?;
         if slots > MAX_GROUPS || n.div_ceil(WG) > MAX_GROUPS {
             return Err(ShaderError::Invalid(format!(
                 "{OP}: {slots} slots x {n} outputs is over the grid's limits"
@@ -119,6 +121,8 @@ impl Batch<'_> {
             u(top_k, "top_k")?,
             x_per_token as u32,
             u(only, "expert")?,
+            u(nb, "blocks")?,
+            u(block, "block")?,
         ];
         self.dispatch(&Q8_EXPERT, &p, &[xq, xs, w, ws, expert, out], (n.div_ceil(WG) as u32, slots as u32))?;
         Ok(())
@@ -211,11 +215,22 @@ impl MoeOps for WgpuBackend {
         spec.check(out.len(), x.len(), expert.len(), &lens)?;
         let (rows, k) = (spec.x_rows(), spec.k);
         let pc = rusting_brain_core::ops::q8::packed_cols(k);
+        // Every expert's weight rounded alike (one activation rounding serves them all).
+        let mut blocks = lens
+            .iter()
+            .map(|&(_, s)| rusting_brain_core::ops::q8::q8_block("q8_matmul_routed", spec.n, k, s));
+        let block = blocks.next().transpose()?.unwrap_or(k);
+        if blocks.any(|b| b.ok() != Some(block)) {
+            return Err(CoreError::InvalidArgument {
+                op: "q8_matmul_routed",
+                message: "the experts' int8 weights are rounded differently (per row and per block)".into(),
+            });
+        }
         self.record(|b, pools| {
             // The activations are rounded once; each expert's dispatch fills its slots.
             let xq = pools.scratch("int8 activations", rows * pc)?;
-            let xs = pools.scratch("int8 activation scales", rows)?;
-            b.quantize_activations(&xq, &xs, x, rows, k)?;
+            let xs = pools.scratch("int8 activation scales", rows * k.div_ceil(block))?;
+            b.quantize_activation_blocks(&xq, &xs, x, rows, k, block)?;
             for (e, (w, ws)) in experts.iter().enumerate() {
                 b.q8_expert(
                     out,

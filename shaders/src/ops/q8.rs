@@ -13,30 +13,30 @@ use rusting_brain_core::Result;
 /// Workgroup reductions; [`QUANTIZE_ACTIVATIONS_SG`] where the device has subgroups.
 const QUANTIZE_ACTIVATIONS: Kernel = kernel!(
     "quantize_activations",
-    { rows: u32, cols: u32, packed_cols: u32, pad: u32 },
+    { rows: u32, cols: u32, packed_cols: u32, block: u32 },
     [read x: f32, read_write xq: u32, read_write xs: f32]
 )
 .with_subgroup_twin(&QUANTIZE_ACTIVATIONS_SG);
 /// The row maxima with subgroup reductions.
 const QUANTIZE_ACTIVATIONS_SG: Kernel = kernel!(
     "quantize_activations_sg",
-    { rows: u32, cols: u32, packed_cols: u32, pad: u32 },
+    { rows: u32, cols: u32, packed_cols: u32, block: u32 },
     [read x: f32, read_write xq: u32, read_write xs: f32]
 )
 .with_subgroups();
 const Q8_MATMUL: Kernel = kernel!(
     "q8_matmul",
-    { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, pad0: u32, pad1: u32 },
+    { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, blocks: u32, block: u32 },
     [read xq: u32, read xs: f32, read w: u32, read ws: f32, read_write out: f32]
 );
 const Q8_MATMUL_TILED: Kernel = kernel!(
     "q8_matmul_tiled",
-    { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, pad0: u32, pad1: u32 },
+    { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, blocks: u32, block: u32 },
     [read xq: u32, read xs: f32, read w: u32, read ws: f32, read_write out: f32]
 );
 const Q8_EMBEDDING: Kernel = kernel!(
     "q8_embedding",
-    { rows: u32, dim: u32, packed_cols: u32, vocab: u32, id0: u32, slab_rows: u32, pad0: u32, pad1: u32 },
+    { rows: u32, dim: u32, packed_cols: u32, vocab: u32, id0: u32, slab_rows: u32, blocks: u32, block: u32 },
     [read ids: u32, read table: u32, read scales: f32, read_write out: f32]
 );
 
@@ -50,21 +50,35 @@ impl Batch<'_> {
     pub fn quantize_activations(
         &mut self, xq: &GpuBuffer, xs: &GpuBuffer, x: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<(), ShaderError> {
+        self.quantize_activation_blocks(xq, xs, x, rows, cols, cols)
+    }
+
+    /// Each row of `x` (rows x cols) to int8 in blocks of `block` values (a multiple of 4,
+    /// or `cols`), each with its own scale: `xq` gets `rows * packed_cols(cols)` packed
+    /// words, `xs` the `rows * cols.div_ceil(block)` scales, row after row.
+    pub fn quantize_activation_blocks(
+        &mut self, xq: &GpuBuffer, xs: &GpuBuffer, x: &GpuBuffer, rows: usize, cols: usize, block: usize,
+    ) -> Result<(), ShaderError> {
         const OP: &str = "quantize_activations";
-        let pc = packed_cols(cols);
+        let (pc, nb) = (packed_cols(cols), cols.div_ceil(block.max(1)));
+        if block == 0 || (block != cols && !block.is_multiple_of(4)) {
+            return Err(ShaderError::Invalid(format!("{OP}: blocks of {block} values split packed words")));
+        }
         need(OP, "x", x, rows * cols)?;
         need(OP, "xq", xq, rows * pc)?;
-        need(OP, "xs", xs, rows)?;
-        if rows == 0 {
+        need(OP, "xs", xs, rows * nb)?;
+        if rows == 0 || cols == 0 {
             return Ok(());
         }
-        let p = [u(rows, "rows")?, u(cols, "cols")?, u(pc, "packed cols")?];
-        self.dispatch(&QUANTIZE_ACTIVATIONS, &p, &[x, xq, xs], grid(rows))?;
+        let p = [u(rows, "rows")?, u(cols, "cols")?, u(pc, "packed cols")?, u(block, "block")?];
+        self.dispatch(&QUANTIZE_ACTIVATIONS, &p, &[x, xq, xs], grid(rows * nb))?;
         Ok(())
     }
 
     /// `out (m x n) = xq . W^T + beta * out` with int8 activations (from
-    /// [`Batch::quantize_activations`]) and int8 weights `w` (n x packed_cols(k)) with scales `ws`.
+    /// [`Batch::quantize_activation_blocks`] in the weight's blocks) and int8 weights `w`
+    /// (n x packed_cols(k)) with scales `ws`, one a row or one a block of 32 (core's
+    /// `q8::q8_block` reads which from their count).
     #[allow(clippy::too_many_arguments)]
     pub fn q8_matmul(
         &mut self, out: &GpuBuffer, xq: &GpuBuffer, xs: &GpuBuffer, w: &GpuBuffer, ws: &GpuBuffer, m: usize,
@@ -82,10 +96,11 @@ impl Batch<'_> {
     ) -> Result<(), ShaderError> {
         const OP: &str = "q8_matmul";
         let pc = packed_cols(k);
+        let block = weight_block(OP, n, k, ws)?;
+        let nb = k.div_ceil(block);
         need(OP, "xq", xq, m * pc)?;
-        need(OP, "xs", xs, m)?;
+        need(OP, "xs", xs, m * nb)?;
         need(OP, "w", w, n * pc)?;
-        need(OP, "ws", ws, n)?;
         if j0 + n > out_n {
             return Err(ShaderError::Invalid(format!("{OP}: columns {j0}..{} of rows of {out_n}", j0 + n)));
         }
@@ -96,7 +111,7 @@ impl Batch<'_> {
             let mut r0 = 0;
             while r0 < n {
                 let r = rows.min(n - r0);
-                let (w, ws) = (w.slab(r0 * pc, r * pc), ws.slab(r0, r));
+                let (w, ws) = (w.slab(r0 * pc, r * pc), ws.slab(r0 * nb, r * nb));
                 self.q8_matmul_cols(out, (out_n, j0 + r0), xq, xs, &w, &ws, m, r, k, beta)?;
                 r0 += r;
             }
@@ -110,8 +125,16 @@ impl Batch<'_> {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let p =
-            [u(m, "m")?, u(n, "n")?, u(pc, "packed cols")?, beta.to_bits(), u(out_n, "out_n")?, u(j0, "j0")?];
+        let p = [
+            u(m, "m")?,
+            u(n, "n")?,
+            u(pc, "packed cols")?,
+            beta.to_bits(),
+            u(out_n, "out_n")?,
+            u(j0, "j0")?,
+            u(nb, "blocks")?,
+            u(block, "block")?,
+        ];
         if m >= TILED_ROWS {
             // Prefill: 32 x 32 register tiles, each loaded word used 32 times.
             let groups = grid2(n.div_ceil(32), m.div_ceil(32))?;
@@ -142,9 +165,10 @@ impl Batch<'_> {
     ) -> Result<(), ShaderError> {
         const OP: &str = "q8_embedding";
         let pc = packed_cols(dim);
+        let block = weight_block(OP, slab_rows, dim, scales)?;
+        let nb = dim.div_ceil(block);
         need(OP, "ids", ids, rows)?;
         need(OP, "table", table, slab_rows * pc)?;
-        need(OP, "scales", scales, slab_rows)?;
         need(OP, "out", out, rows * dim)?;
         if rows * dim == 0 {
             return Ok(());
@@ -155,7 +179,7 @@ impl Batch<'_> {
             let mut r0 = 0;
             while r0 < slab_rows {
                 let r = step.min(slab_rows - r0);
-                let (t, s) = (table.slab(r0 * pc, r * pc), scales.slab(r0, r));
+                let (t, s) = (table.slab(r0 * pc, r * pc), scales.slab(r0 * nb, r * nb));
                 self.q8_embedding_slab(out, ids, &t, &s, rows, vocab, dim, (id0 + r0, r))?;
                 r0 += r;
             }
@@ -168,6 +192,8 @@ impl Batch<'_> {
             u(vocab, "vocab")?,
             u(id0, "id0")?,
             u(slab_rows, "slab rows")?,
+            u(nb, "blocks")?,
+            u(block, "block")?,
         ];
         self.dispatch(&Q8_EMBEDDING, &p, &[ids, table, scales, out], grid((rows * dim).div_ceil(WG)))?;
         Ok(())
@@ -224,17 +250,18 @@ impl Q8Ops for WgpuBackend {
                 ),
             });
         }
-        rusting_brain_core::ops::q8::check_q8_matmul(lo, lx, packed.len(), scales.len(), m, n, k)?;
+        let block =
+            rusting_brain_core::ops::q8::check_q8_matmul(lo, lx, packed.len(), scales.len(), m, n, k)?;
         let pc = rusting_brain_core::ops::q8::packed_cols(k);
         self.record(|b, pools| {
             let xq = pools.scratch("int8 activations", m * pc)?;
-            let xs = pools.scratch("int8 activation scales", m)?;
+            let xs = pools.scratch("int8 activation scales", m * k.div_ceil(block))?;
             if xa == 0 {
-                b.quantize_activations(&xq, &xs, x, m, k)?;
+                b.quantize_activation_blocks(&xq, &xs, x, m, k, block)?;
             } else {
                 let xin = pools.scratch("int8 window input", lx)?;
                 b.copy(&xin, 0, x, xa, lx)?;
-                b.quantize_activations(&xq, &xs, &xin, m, k)?;
+                b.quantize_activation_blocks(&xq, &xs, &xin, m, k, block)?;
             }
             if oc == 0 {
                 return b.q8_matmul(out, &xq, &xs, packed, scales, m, n, k, spec.beta);
@@ -259,4 +286,10 @@ impl Q8Ops for WgpuBackend {
             b.q8_embedding(out, &gids, packed, scales, ids.len(), vocab, dim)
         })
     }
+}
+
+/// The block size of an int8 weight of `n` rows of `k` whose scales are `ws` (core's
+/// `q8::q8_block`: one scale a row, or one per 32 values).
+fn weight_block(op: &'static str, n: usize, k: usize, ws: &GpuBuffer) -> Result<usize, ShaderError> {
+    rusting_brain_core::ops::q8::q8_block(op, n, k, ws.len()).map_err(|e| ShaderError::Invalid(e.to_string()))
 }

@@ -1,4 +1,5 @@
-// out[r] = int8 row ids[r] of the table times its scale. Ids are checked on the host.
+// out[r] = int8 row ids[r] of the table times its scales (p.blocks a row of p.block
+// values; one a row for per-row tables). Ids are checked on the host.
 // Twin of rusting_brain_core::ops::q8::q8_embedding.
 // A table split into row slabs is gathered one slab per call: ids in [id0, id0 + slab_rows)
 // are this call's, the rest are left to the others (vocab is the whole table's).
@@ -21,5 +22,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (id < p.id0 || id >= p.id0 + p.slab_rows) { return; }
     let local = id - p.id0;
     let word = unpack4xI8(table[local * p.packed_cols + c / 4u]);
-    out[idx] = f32(word[c % 4u]) * scales[local];
+    out[idx] = f32(word[c % 4u]) * scales[local * p.blocks + c / p.block];
 }

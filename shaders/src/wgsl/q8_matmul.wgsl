@@ -1,7 +1,8 @@
 // out (m x n) = xq (m x k, int8 rows with scales xs) . W^T (n x k, int8 rows with scales
-// ws) + beta * out. One invocation per output element, no barriers: it walks its weight
-// row a packed word (four int8) at a time, dot4I8Packed sums exactly in i32, then
-// f32(acc) * xs * ws as the CPU does, so the result is bit-identical to it.
+// ws, p.blocks a row of p.block values) + beta * out. One invocation per output element,
+// no barriers: it walks its weight row a packed word (four int8) at a time, dot4I8Packed
+// sums each block exactly in i32, and the blocks are added in order as
+// total + (f32(acc) * xs) * ws, as the CPU does, so the result is bit-identical to it.
 // (A workgroup per output with a tree reduction ran at 8 tokens/s on lavapipe, where
 // every barrier is a coroutine switch per invocation; this layout runs at several times
 // that, and on GPUs neighbouring invocations still share the activation row in cache.)
@@ -16,11 +17,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (j >= p.n || i >= p.m) { return; }
     let xb = i * p.packed_cols;
     let wb = j * p.packed_cols;
-    var acc = 0;
-    for (var s = 0u; s < p.packed_cols; s++) {
-        acc += dot4I8Packed(xq[xb + s], w[wb + s]);
+    var v = 0.0;
+    for (var b = 0u; b < p.blocks; b++) {
+        var end = p.packed_cols;
+        if (b + 1u < p.blocks) { end = (b + 1u) * p.block / 4u; }
+        var acc = 0;
+        for (var s = b * p.block / 4u; s < end; s++) {
+            acc += dot4I8Packed(xq[xb + s], w[wb + s]);
+        }
+        v += f32(acc) * xs[i * p.blocks + b] * ws[j * p.blocks + b];
     }
-    let v = f32(acc) * xs[i] * ws[j];
     let o = i * p.out_n + p.j0 + j;
     if (p.beta == 0.0) { out[o] = v; } else { out[o] = v + p.beta * out[o]; }
 }

@@ -2,8 +2,9 @@
 // 32 x 32 outputs a workgroup, 4 x 4 in each invocation's registers. The packed int8 words
 // of a 32-row strip of activations and of weights go through workgroup memory 8 words (32
 // values) at a time, so each word read from memory feeds 32 dot4I8Packed instead of one.
-// The i32 sums are exact whatever the order, so the result is bit-identical to
-// q8_matmul.wgsl and to the CPU. Columns j0.. of rows of out_n, as q8_matmul.wgsl.
+// The i32 sums are exact whatever the order; with blocked weights a step of 8 words is
+// one block of 32 values, whose sums are scaled and added to the f32 totals in block
+// order, so the result is bit-identical to q8_matmul.wgsl and to the CPU. Columns j0.. of rows of out_n, as q8_matmul.wgsl.
 // Twin of rusting_brain_core::ops::q8::q8_matmul.
 
 const TILE: u32 = 32u;
@@ -17,7 +18,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let i0 = wid.y * TILE;
     let j0 = wid.x * TILE;
     var acc: array<array<i32, 4>, 4>;
-    for (var a = 0u; a < 4u; a++) { for (var b = 0u; b < 4u; b++) { acc[a][b] = 0; } }
+    var total: array<array<f32, 4>, 4>;
+    for (var a = 0u; a < 4u; a++) { for (var b = 0u; b < 4u; b++) { acc[a][b] = 0; total[a][b] = 0.0; } }
     for (var s0 = 0u; s0 < p.packed_cols; s0 += TK) {
         // 64 invocations load the two 256-word tiles, four words each; words past the
         // matrix (rows or packed columns) read as 0, which adds nothing.
@@ -46,6 +48,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             }
         }
         workgroupBarrier();
+        // The end of a block (each step, blocks of 32 values) or of the row (one block).
+        if (p.blocks > 1u || s0 + TK >= p.packed_cols) {
+            let blk = min(s0 / TK, p.blocks - 1u);
+            for (var a = 0u; a < 4u; a++) {
+                let i = min(i0 + lid.y * 4u + a, p.m - 1u);
+                for (var b = 0u; b < 4u; b++) {
+                    let j = min(j0 + lid.x * 4u + b, p.n - 1u);
+                    total[a][b] += f32(acc[a][b]) * xs[i * p.blocks + blk] * ws[j * p.blocks + blk];
+                    acc[a][b] = 0;
+                }
+            }
+        }
     }
     for (var a = 0u; a < 4u; a++) {
         let i = i0 + lid.y * 4u + a;
@@ -53,7 +67,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var b = 0u; b < 4u; b++) {
             let j = j0 + lid.x * 4u + b;
             if (j >= p.n) { continue; }
-            let v = f32(acc[a][b]) * xs[i] * ws[j];
+            let v = total[a][b];
             let o = i * p.out_n + p.j0 + j;
             if (p.beta == 0.0) { out[o] = v; } else { out[o] = v + p.beta * out[o]; }
         }

@@ -36,12 +36,12 @@ impl Layout {
         self.tensors.iter().map(|(_, s)| s.iter().product::<usize>()).sum()
     }
     /// Bytes the tensors take with the matrices `int8` picks held as int8 (a byte a
-    /// weight, rows padded to whole f32 words, and an f32 scale a row) and the rest as f32.
+    /// weight, rows padded to whole f32 words, and an f32 scale a block) and the rest as f32.
     pub fn q8_bytes(&self, int8: impl Fn(&str, &[usize]) -> bool) -> usize {
         self.tensors
             .iter()
             .map(|(name, shape)| match shape[..] {
-                [rows, cols] if int8(name, shape) => 4 * rows * (crate::ops::q8::packed_cols(cols) + 1),
+                [rows, cols] if int8(name, shape) => crate::ops::q8::q8_bytes(rows, cols),
                 _ => 4 * shape.iter().product::<usize>(),
             })
             .sum()
@@ -133,8 +133,9 @@ impl<B: Backend> Source<B> for Loader<'_, B> {
         let Some((packed, scales)) = self.q8.remove(&name) else {
             return Ok(Tensor::F32(self.f32(name, &[rows, cols])?));
         };
-        let want = (rows * crate::ops::q8::packed_cols(cols), rows);
+        let blocked = rows * crate::ops::q8::blocks_of(cols, crate::ops::q8::Q8_BLOCK);
         let got = (self.backend.len(&packed), self.backend.len(&scales));
+        let want = (rows * crate::ops::q8::packed_cols(cols), if got.1 == rows { rows } else { blocked });
         if got != want {
             return Err(checkpoint(
                 &name,

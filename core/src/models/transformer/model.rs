@@ -139,9 +139,10 @@ impl<B: Backend> TransformerModel<B> {
             let (rows, cols) = t.rows_cols();
             match (t.kind, q) {
                 (TensorKind::Matrix, Some((p, s))) => {
-                    if b.len(p) != rows * pc(cols) || b.len(s) != rows {
+                    if b.len(p) != rows * pc(cols) {
                         return Err(bad(format!("int8 {name} does not have {rows} rows of {cols}")));
                     }
+                    crate::ops::q8::q8_block("transformer parameters", rows, cols, b.len(s))?;
                 }
                 (TensorKind::Matrix, None) => return Err(bad(format!("{name} has no int8 weights"))),
                 (_, Some(_)) => return Err(bad(format!("{name} stays f32 in an int8 model"))),
@@ -449,7 +450,7 @@ impl<B: Backend> TransformerModel<B> {
             TensorKind::Matrix => {
                 let (rows, cols) = t.rows_cols();
                 let host = b.download(buf)?;
-                let (packed, scales) = crate::ops::q8::quantize_rows(&host, rows, cols)?;
+                let (packed, scales) = crate::ops::q8::quantize_blocks(&host, rows, cols)?;
                 Ok(Some((b.upload(&packed)?, b.upload(&scales)?)))
             }
             TensorKind::Norm | TensorKind::Bias | TensorKind::Router => Ok(None),

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use rusting_brain_core::error::{check_len, check_range, product};
 use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::ops::embedding::check_ids;
-use rusting_brain_core::ops::q8::{check_q8, check_q8_matmul, packed_cols};
+use rusting_brain_core::ops::q8::{blocks_of, check_q8, check_q8_matmul, packed_cols, Q8_BLOCK};
 use rusting_brain_core::ops::rope::RopeSpec;
 use rusting_brain_core::Result;
 
@@ -32,27 +32,34 @@ fn as_i8(x: &[f32]) -> &[i8] {
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const i8, x.len() * 4) }
 }
 
-/// Rounds each row of `w` (rows x cols) to int8 with its own scale, to the bit what core's
-/// `q8::quantize_rows` gives: the packed values (four a slot, padding bytes 0) and the
-/// scales. Each row goes through [`simd::quantize_i8`] (AVX-512 where the CPU has it), so
-/// rounding a 494M-parameter checkpoint at load is not bound by a scalar `roundf`.
-pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-    const OP: &str = "quantize_rows";
+/// Rounds `w` (rows x cols) to int8 in blocks of `Q8_BLOCK` along each row, to the bit
+/// what core's `q8::quantize_blocks` gives: the packed values (four a slot, padding bytes
+/// 0) and the scales (rows x blocks). Each block goes through [`simd::quantize_i8_into`]
+/// (AVX-512 where the CPU has it), so rounding a 494M-parameter checkpoint at load is not
+/// bound by a scalar `roundf`.
+pub fn quantize_blocks(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    quantize(w, rows, cols, Q8_BLOCK)
+}
+
+fn quantize(w: &[f32], rows: usize, cols: usize, block: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    const OP: &str = "quantize";
     check_len(OP, "w", w.len(), product(OP, &[rows, cols])?)?;
     if let Some(v) = w.iter().find(|v| !v.is_finite()) {
         return Err(rusting_brain_core::CoreError::NonFinite { op: OP, value: *v as f64 });
     }
-    let pc = packed_cols(cols);
+    let (pc, nb) = (packed_cols(cols), blocks_of(cols, block));
     let mut packed = vec![0.0f32; rows * pc];
-    let mut scales = vec![0.0f32; rows];
+    let mut scales = vec![0.0f32; rows * nb];
     if cols == 0 {
         return Ok((packed, scales));
     }
-    for ((row, slots), scale) in w.chunks_exact(cols).zip(packed.chunks_exact_mut(pc)).zip(scales.iter_mut())
+    let mut q = simd::QuantRow::default();
+    for ((row, slots), sc) in
+        w.chunks_exact(cols).zip(packed.chunks_exact_mut(pc)).zip(scales.chunks_exact_mut(nb))
     {
-        let (q, s) = simd::quantize_i8(row);
-        *scale = s;
-        for (slot, four) in slots.iter_mut().zip(q.chunks(4)) {
+        q.fill(row, block);
+        sc.copy_from_slice(&q.scales);
+        for (slot, four) in slots.iter_mut().zip(q.q.chunks(4)) {
             let mut bytes = [0u8; 4];
             for (b, &v) in bytes.iter_mut().zip(four) {
                 *b = v as u8;
@@ -66,32 +73,29 @@ pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, V
 thread_local! {
     /// Kept row buffers: one a row lent at once (the fused feed-forward rounds its second
     /// row while the first is still lent).
-    static ROW_BUFS: std::cell::RefCell<Vec<Vec<i8>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ROW_BUFS: std::cell::RefCell<Vec<simd::QuantRow>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// An activation row rounded to int8 in one of this thread's buffers, lent for one call
-/// and returned on drop (a decode step rounds ~25 rows).
-struct RowBuf {
-    q: Vec<i8>,
-    scale: f32,
-}
+/// An activation row rounded to int8 in blocks of `block` in one of this thread's
+/// buffers, lent for one call and returned on drop (a decode step rounds ~25 rows).
+struct RowBuf(simd::QuantRow);
 
 impl RowBuf {
-    /// `x` rounded as `simd::quantize_i8` rounds it.
-    fn of(x: &[f32]) -> Self {
+    /// `x` rounded as `simd::QuantRow::of` rounds it.
+    fn of(x: &[f32], block: usize) -> Self {
         let mut q = ROW_BUFS.try_with(|b| b.try_borrow_mut().ok()?.pop()).ok().flatten().unwrap_or_default();
-        let scale = simd::quantize_i8_into(x, &mut q);
-        RowBuf { q, scale }
+        q.fill(x, block);
+        RowBuf(q)
     }
 
     fn row(&self) -> simd::Int8Row<'_> {
-        simd::Int8Row::new(&self.q, self.scale)
+        self.0.row()
     }
 }
 
 impl Drop for RowBuf {
     fn drop(&mut self) {
-        let kept = std::mem::take(&mut self.q);
+        let kept = std::mem::take(&mut self.0);
         let _ = ROW_BUFS.try_with(|b| {
             if let Ok(mut b) = b.try_borrow_mut() {
                 if b.len() < 4 {
@@ -106,8 +110,8 @@ impl Drop for RowBuf {
 pub fn q8_matmul(
     out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
-    check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
-    let pc = packed_cols(k);
+    let block = check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
+    let (pc, nb) = (packed_cols(k), blocks_of(k, block));
     let w = as_i8(packed);
     let row = |j: usize| &w[j * pc * 4..j * pc * 4 + k];
     let store = |o: &mut f32, acc: i32, sx: f32, j: usize| {
@@ -117,11 +121,11 @@ pub fn q8_matmul(
     if m == 1 {
         // Decode: each part of the team (both cores here) streams a contiguous block of
         // weight rows once, sixteen rows a pass; small matrices stay on the calling thread.
-        let xq = RowBuf::of(x);
+        let xq = RowBuf::of(x, block);
         let act = xq.row();
         let rows = |o: &mut [f32], first: usize| {
             let w = &w[first * pc * 4..];
-            simd::q8_rows(o, &act, w, pc * 4, &scales[first..], beta)
+            simd::q8_rows(o, &act, w, pc * 4, &scales[first * nb..], beta)
         };
         let parts = team::parts();
         if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 16 * parts {
@@ -130,6 +134,8 @@ pub fn q8_matmul(
         } else {
             rows(out, 0);
         }
+    } else if nb > 1 {
+        q8_gemm_blocked(out, x, w, scales, (m, n, k), beta);
     } else {
         // Prompt processing and batches: an int8 GEMM. Each part of the team takes a band
         // of activation rows, rounds them to int8 once, then runs 4 x 4 tiles (four
@@ -187,6 +193,51 @@ pub fn q8_matmul(
     Ok(())
 }
 
+/// [`q8_matmul`]'s GEMM on blocked weights (`m > 1`): each part of the team takes a band of
+/// activation rows and rounds them block by block once, then runs 4 x 4 tiles
+/// ([`simd::tile4x4_blocked`]); the four weight rows stay in L1 while the band's rows
+/// stream past them.
+fn q8_gemm_blocked(
+    out: &mut [f32], x: &[f32], w: &[i8], scales: &[f32], (m, n, k): (usize, usize, usize), beta: f32,
+) {
+    let (stride, nb) = (packed_cols(k) * 4, blocks_of(k, Q8_BLOCK));
+    let row = |j: usize| &w[j * stride..j * stride + k];
+    let band = |o: &mut [f32], first: usize| {
+        let rows = o.len() / n;
+        let quantized: Vec<simd::QuantRow> = x[first * k..(first + rows) * k]
+            .chunks_exact(k)
+            .map(|xi| simd::QuantRow::of(xi, Q8_BLOCK))
+            .collect();
+        let acts: Vec<simd::Int8Row<'_>> = quantized.iter().map(|q| q.row()).collect();
+        let quads = rows / 4;
+        for jq in 0..n / 4 {
+            let j = 4 * jq;
+            let w4 = [row(j), row(j + 1), row(j + 2), row(j + 3)];
+            let ws = &scales[j * nb..(j + 4) * nb];
+            for iq in 0..quads {
+                let i = 4 * iq;
+                let a4 = [&acts[i], &acts[i + 1], &acts[i + 2], &acts[i + 3]];
+                simd::tile4x4_blocked(&mut o[i * n + j..], n, a4, w4, ws, beta);
+            }
+            for (i, a) in acts.iter().enumerate().skip(4 * quads) {
+                simd::q8_rows(&mut o[i * n + j..i * n + j + 4], a, &w[j * stride..], stride, ws, beta);
+            }
+        }
+        for j in n / 4 * 4..n {
+            for (i, a) in acts.iter().enumerate() {
+                simd::q8_rows(&mut o[i * n + j..i * n + j + 1], a, row(j), stride, &scales[j * nb..], beta);
+            }
+        }
+    };
+    let parts = team::parts();
+    if parts > 1 && m >= 8 && n * k >= TEAM_MIN_BYTES {
+        let per = m.div_ceil(parts).div_ceil(4) * 4;
+        team::run_blocks(out.chunks_mut(per * n), |p, o| band(o, p * per));
+    } else {
+        band(out, 0);
+    }
+}
+
 /// One int8 product of [`q8_matmul_many`] at one activation row: its output `(n)`,
 /// weight `(n, k)` (packed values and row scales) and beta.
 pub struct DecodeProduct<'a> {
@@ -207,12 +258,23 @@ pub const MANY_MAX: usize = 4;
 /// call.
 pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]) -> Result<()> {
     let k = x.len();
+    let mut block = None;
     for p in products.iter().flatten() {
         let n = p.out.len();
-        check_q8_matmul(n, k, p.packed.len(), p.scales.len(), 1, n, k)?;
+        let b = check_q8_matmul(n, k, p.packed.len(), p.scales.len(), 1, n, k)?;
+        if block.is_some_and(|a| a != b) {
+            // Per-row and blocked weights in one list: one rounding cannot serve both.
+            for p in products.into_iter().flatten() {
+                let n = p.out.len();
+                q8_matmul(p.out, x, p.packed, p.scales, 1, n, k, p.beta)?;
+            }
+            return Ok(());
+        }
+        block = Some(b);
     }
-    let stride = packed_cols(k) * 4;
-    let xq = RowBuf::of(x);
+    let block = block.unwrap_or(k);
+    let (stride, nb) = (packed_cols(k) * 4, blocks_of(k, block));
+    let xq = RowBuf::of(x, block);
     let act = xq.row();
     let bytes: usize = products.iter().flatten().map(|p| p.out.len() * k).sum();
     let parts = team::parts();
@@ -232,7 +294,7 @@ pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]
             chunks.next().map(|out| DecodeProduct {
                 out,
                 packed: &packed[first * stride / 4..],
-                scales: &scales[first..],
+                scales: &scales[first * nb..],
                 beta: *beta,
             })
         })
@@ -257,9 +319,9 @@ fn swiglu_rows(
     act: &simd::Int8Row<'_>, first: usize, [o, g, u]: [&mut [f32]; 3], gate_w: (&[f32], &[f32]),
     up_w: (&[f32], &[f32]), stride: usize,
 ) {
-    let at = first * stride;
-    simd::q8_rows(g, act, &as_i8(gate_w.0)[at..], stride, &gate_w.1[first..], 0.0);
-    simd::q8_rows(u, act, &as_i8(up_w.0)[at..], stride, &up_w.1[first..], 0.0);
+    let (at, sc) = (first * stride, first * act.scales.len());
+    simd::q8_rows(g, act, &as_i8(gate_w.0)[at..], stride, &gate_w.1[sc..], 0.0);
+    simd::q8_rows(u, act, &as_i8(up_w.0)[at..], stride, &up_w.1[sc..], 0.0);
     simd::swiglu(o, g, u);
 }
 
@@ -271,10 +333,15 @@ pub fn q8_swiglu(
     up_w: (&[f32], &[f32]),
 ) -> Result<()> {
     let (f, d) = (out.len(), x.len());
-    check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
-    check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
+    let block = check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
+    if check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)? != block {
+        q8_matmul(gate, x, gate_w.0, gate_w.1, 1, f, d, 0.0)?;
+        q8_matmul(up, x, up_w.0, up_w.1, 1, f, d, 0.0)?;
+        simd::swiglu(out, gate, up);
+        return Ok(());
+    }
     let stride = packed_cols(d) * 4;
-    let xq = RowBuf::of(x);
+    let xq = RowBuf::of(x, block);
     let act = xq.row();
     let rows = |first: usize, o: &mut [f32], g: &mut [f32], u: &mut [f32]| {
         swiglu_rows(&act, first, [o, g, u], gate_w, up_w, stride)
@@ -303,17 +370,17 @@ pub fn q8_mlp(
     up_w: (&[f32], &[f32]), down_w: (&[f32], &[f32]),
 ) -> Result<()> {
     let (f, d) = (s.len(), x.len());
-    check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
-    check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)?;
-    check_q8_matmul(out.len(), f, down_w.0.len(), down_w.1.len(), 1, d, f)?;
+    let block = check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
+    let same = check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)? == block;
+    let block_f = check_q8_matmul(out.len(), f, down_w.0.len(), down_w.1.len(), 1, d, f)?;
     let parts = team::parts();
-    if parts < 2 || 3 * f * d < TEAM_MIN_BYTES || f < 16 * parts || d < 16 * parts {
+    if !same || parts < 2 || 3 * f * d < TEAM_MIN_BYTES || f < 16 * parts || d < 16 * parts {
         q8_swiglu(s, gate, up, x, gate_w, up_w)?;
         return q8_matmul(out, s, down_w.0, down_w.1, 1, d, f, 1.0);
     }
     let (stride_d, stride_f) = (packed_cols(d) * 4, packed_cols(f) * 4);
-    let wd = as_i8(down_w.0);
-    let xq = RowBuf::of(x);
+    let (wd, nb_f) = (as_i8(down_w.0), blocks_of(f, block_f));
+    let xq = RowBuf::of(x, block);
     let act = xq.row();
     // Whole sixteen-row passes a part, as the unfused calls split them.
     let (per_f, per_d) = (f.div_ceil(parts).div_ceil(16) * 16, d.div_ceil(parts).div_ceil(16) * 16);
@@ -335,8 +402,8 @@ pub fn q8_mlp(
             }
             // SAFETY: in phase 1 every part only reads s (written in phase 0, before the
             // barrier) and part p alone writes rows first..end of out.
-            let (sq, o) = unsafe { (RowBuf::of(s.all()), out.band(first, end)) };
-            simd::q8_rows(o, &sq.row(), &wd[first * stride_f..], stride_f, &down_w.1[first..], 1.0);
+            let (sq, o) = unsafe { (RowBuf::of(s.all(), block_f), out.band(first, end)) };
+            simd::q8_rows(o, &sq.row(), &wd[first * stride_f..], stride_f, &down_w.1[first * nb_f..], 1.0);
         }
     });
     Ok(())
@@ -383,9 +450,9 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
     let (hd, hq, hkv) = (spec.head_dim, spec.q_heads, spec.kv_heads);
     let (d, q_dim, kv_dim) = (a.h.len(), hq * hd, hkv * hd);
     let [wq, wk, wv, wo] = a.weights;
-    check_q8_matmul(a.q.len(), d, wq.0.len(), wq.1.len(), 1, q_dim, d)?;
-    check_q8_matmul(a.k.len(), d, wk.0.len(), wk.1.len(), 1, kv_dim, d)?;
-    check_q8_matmul(a.v.len(), d, wv.0.len(), wv.1.len(), 1, kv_dim, d)?;
+    let block = check_q8_matmul(a.q.len(), d, wq.0.len(), wq.1.len(), 1, q_dim, d)?;
+    let same = check_q8_matmul(a.k.len(), d, wk.0.len(), wk.1.len(), 1, kv_dim, d)? == block
+        && check_q8_matmul(a.v.len(), d, wv.0.len(), wv.1.len(), 1, kv_dim, d)? == block;
     a.rope_q.check("rope_forward", a.q.len())?;
     a.rope_k.check("rope_forward", a.k.len())?;
     let at = a.pos.checked_mul(kv_dim).ok_or_else(|| rusting_brain_core::CoreError::InvalidArgument {
@@ -396,16 +463,19 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
     check_range("copy_range", "dst", a.cache_v.len(), at, kv_dim)?;
     spec.check("attention_forward")?;
     spec.check_forward(a.att.len(), a.lse.len(), a.q.len(), a.cache_k.len(), a.cache_v.len())?;
-    check_q8_matmul(a.x.len(), q_dim, wo.0.len(), wo.1.len(), 1, d, q_dim)?;
-    if !attention_row_fits(spec, a.rope_q, a.rope_k) {
+    let block_o = check_q8_matmul(a.x.len(), q_dim, wo.0.len(), wo.1.len(), 1, d, q_dim)?;
+    if !same || !attention_row_fits(spec, a.rope_q, a.rope_k) {
         return Err(rusting_brain_core::CoreError::InvalidArgument {
             op: OP,
-            message: "one position of one sequence, rotated with the attention's heads".into(),
+            message: "one position of one sequence, rotated with the attention's heads, and q, k and v \
+                      rounded alike"
+                .into(),
         });
     }
     let parts = team::parts();
     let (stride_d, stride_q) = (packed_cols(d) * 4, packed_cols(q_dim) * 4);
-    let xq = RowBuf::of(a.h);
+    let (nb, nb_o) = (blocks_of(d, block), blocks_of(q_dim, block_o));
+    let xq = RowBuf::of(a.h, block);
     let act = xq.row();
     let (rows_q, first_q) = super::rope::table(a.rope_q);
     let (rows_k, first_k) = super::rope::table(a.rope_k);
@@ -424,7 +494,14 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
                 if first < end {
                     // SAFETY: in phase 0 part p alone writes these rows of q, k and v.
                     let o = unsafe { out.band(first, end) };
-                    simd::q8_rows(o, &act, &as_i8(w.0)[first * stride_d..], stride_d, &w.1[first..], 0.0);
+                    simd::q8_rows(
+                        o,
+                        &act,
+                        &as_i8(w.0)[first * stride_d..],
+                        stride_d,
+                        &w.1[first * nb..],
+                        0.0,
+                    );
                 }
             }
         }
@@ -465,8 +542,15 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
             if first < end {
                 // SAFETY: in phase 3 every part reads att (written before the barrier) and
                 // part p alone writes these rows of x.
-                let (aq, o) = unsafe { (RowBuf::of(att.all()), x.band(first, end)) };
-                simd::q8_rows(o, &aq.row(), &as_i8(wo.0)[first * stride_q..], stride_q, &wo.1[first..], 1.0);
+                let (aq, o) = unsafe { (RowBuf::of(att.all(), block_o), x.band(first, end)) };
+                simd::q8_rows(
+                    o,
+                    &aq.row(),
+                    &as_i8(wo.0)[first * stride_q..],
+                    stride_q,
+                    &wo.1[first * nb_o..],
+                    1.0,
+                );
             }
         }
     });
@@ -477,16 +561,19 @@ pub fn q8_embedding(
     out: &mut [f32], packed: &[f32], scales: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "q8_embedding";
-    check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
+    let block = check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
     check_len(OP, "out", out.len(), product(OP, &[ids.len(), dim])?)?;
     check_ids(OP, ids, vocab)?;
-    let pc = packed_cols(dim);
+    let (pc, nb) = (packed_cols(dim), blocks_of(dim, block));
     let w = as_i8(packed);
     out.par_chunks_mut(dim).zip(ids.par_iter()).for_each(|(o, &id)| {
         let id = id as usize;
         let q = &w[id * pc * 4..id * pc * 4 + dim];
-        for (v, &b) in o.iter_mut().zip(q) {
-            *v = b as f32 * scales[id];
+        let sc = &scales[id * nb..(id + 1) * nb];
+        for ((ob, qb), &s) in o.chunks_mut(block).zip(q.chunks(block)).zip(sc) {
+            for (v, &b) in ob.iter_mut().zip(qb) {
+                *v = b as f32 * s;
+            }
         }
     });
     Ok(())
@@ -591,7 +678,7 @@ mod tests {
     /// under and over one AVX-512 vector), zero and subnormal rows, and values that land
     /// on ties after scaling; a non-finite value is refused by both.
     #[test]
-    fn quantize_rows_matches_the_reference_bit_for_bit() {
+    fn quantizing_matches_the_reference_bit_for_bit() {
         let mut rng = Rng::new(17);
         for (rows, cols) in [(1, 1), (3, 3), (2, 5), (7, 16), (5, 17), (4, 33), (3, 127), (2, 1000)] {
             let mut w = rng.normal_vec(rows * cols, 2.0);
@@ -605,16 +692,21 @@ mod tests {
                 w[cols..2 * cols].fill(0.0);
                 w[2 * cols..3 * cols].iter_mut().for_each(|v| *v *= 1e-40);
             }
-            let (p, s) = quantize_rows(&w, rows, cols).unwrap();
-            let (rp, rs) = rusting_brain_core::ops::q8::quantize_rows(&w, rows, cols).unwrap();
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            // One scale a row (the block is the row), and blocks of 32.
+            let (p, s) = quantize(&w, rows, cols, cols).unwrap();
+            let (rp, rs) = rusting_brain_core::ops::q8::quantize_rows(&w, rows, cols).unwrap();
             assert_eq!(bits(&p), bits(&rp), "{rows} x {cols} packed");
             assert_eq!(bits(&s), bits(&rs), "{rows} x {cols} scales");
+            let (p, s) = quantize_blocks(&w, rows, cols).unwrap();
+            let (rp, rs) = rusting_brain_core::ops::q8::quantize_blocks(&w, rows, cols).unwrap();
+            assert_eq!(bits(&p), bits(&rp), "{rows} x {cols} packed in blocks");
+            assert_eq!(bits(&s), bits(&rs), "{rows} x {cols} block scales");
         }
         let mut w = vec![1.0f32; 6];
         w[4] = f32::NAN;
-        assert!(quantize_rows(&w, 2, 3).is_err());
-        assert!(rusting_brain_core::ops::q8::quantize_rows(&w, 2, 3).is_err());
-        assert!(quantize_rows(&w, 2, 4).is_err());
+        assert!(quantize_blocks(&w, 2, 3).is_err());
+        assert!(rusting_brain_core::ops::q8::quantize_blocks(&w, 2, 3).is_err());
+        assert!(quantize_blocks(&w, 2, 4).is_err());
     }
 }

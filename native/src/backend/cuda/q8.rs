@@ -19,7 +19,8 @@ pub(super) fn q8_matmul(
     const OP: &str = "q8_matmul";
     let (m, n, k) = (spec.m, spec.n, spec.k);
     // The same contract as the host backends: check it on lengths, then on the window.
-    ops::q8::check_q8(OP, packed.len, scales.len, n, k)?;
+    let block = ops::q8::check_q8(OP, packed.len, scales.len, n, k)?;
+    let blocks = k.div_ceil(block);
     let (wx, wo) = match spec.window {
         None => {
             ops::q8::check_q8_matmul(out.len, x.len, packed.len, scales.len, m, n, k)?;
@@ -54,14 +55,15 @@ pub(super) fn q8_matmul(
         .stream
         .alloc_zeros::<i8>(xq_bytes.max(1))
         .map_err(drv("allocating int8 activation scratch"))?;
-    let mut xs = be.alloc(m)?;
+    let mut xs = be.alloc(m * blocks)?;
     let xv = x.data.slice(wx..wx + m * k);
     let (mi, ki, kp) = (i32_of("m", m)?, i32_of("k", k)?, i32_of("k", words * 4)?);
-    launch!(be, "quantize_activations", rows_grid(m, 256)?; &mut xq, &mut xs.data, &xv, &mi, &ki, &kp)?;
+    let (bi, bs) = (i32_of("blocks", blocks)?, i32_of("block", block)?);
+    launch!(be, "quantize_activations", rows_grid(m * blocks, 256)?; &mut xq, &mut xs.data, &xv, &mi, &ki, &kp, &bs)?;
     let mut ov = out.data.slice_mut(wo..wo + m * n);
     let (ni, wi) = (i32_of("n", n)?, i32_of("k", words)?);
     launch!(be, "q8_matmul", CudaBackend::warps_cfg(m * n)?;
-        &mut ov, &xq, &xs.data, &packed.data, &scales.data, &mi, &ni, &wi, &spec.beta)
+        &mut ov, &xq, &xs.data, &packed.data, &scales.data, &mi, &ni, &wi, &spec.beta, &bi, &bs)
 }
 
 pub(super) fn q8_embedding(
@@ -69,7 +71,7 @@ pub(super) fn q8_embedding(
     vocab: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "q8_embedding";
-    ops::q8::check_q8(OP, packed.len, scales.len, vocab, dim)?;
+    let block = ops::q8::check_q8(OP, packed.len, scales.len, vocab, dim)?;
     check_len(OP, "out", out.len, ids.len() * dim)?;
     ops::embedding::check_ids(OP, ids, vocab)?;
     if ids.is_empty() {
@@ -78,7 +80,8 @@ pub(super) fn q8_embedding(
     let idg = be.upload_u32(ids)?;
     let (r, d, w) =
         (i32_of("rows", ids.len())?, i32_of("dim", dim)?, i32_of("dim", ops::q8::packed_cols(dim))?);
-    launch!(be, "q8_embedding", grid(ids.len() * dim); &mut out.data, &packed.data, &scales.data, &idg, &r, &d, &w)
+    let (bi, bs) = (i32_of("blocks", dim.div_ceil(block))?, i32_of("block", block)?);
+    launch!(be, "q8_embedding", grid(ids.len() * dim); &mut out.data, &packed.data, &scales.data, &idg, &r, &d, &w, &bi, &bs)
 }
 
 impl Q8Ops for CudaBackend {

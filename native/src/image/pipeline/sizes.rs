@@ -66,7 +66,7 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
                     .map(|t| match (t.kind, t.shape.len()) {
                         (rusting_brain_core::models::transformer::TensorKind::Matrix, 2) => {
                             let (rows, cols) = t.rows_cols();
-                            4 * rows * (rusting_brain_core::ops::q8::packed_cols(cols) + 1)
+                            rusting_brain_core::ops::q8::q8_bytes(rows, cols)
                         }
                         _ => 4 * t.len(),
                     })

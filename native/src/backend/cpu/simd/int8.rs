@@ -118,26 +118,22 @@ pub(super) unsafe fn dot4_i8_vnni(x: &[i8], xsum: i32, rows: [&[i8]; 4]) -> [i32
     out
 }
 
-/// An activation row rounded to int8 ([`quantize_i8`]): the values, their sum and the
-/// row's scale, what every int8 product of the row needs.
+/// An activation row rounded to int8 ([`QuantRow`]): the values and, per block of
+/// `block` values, their sum and scale — what every int8 product of the row needs. Under
+/// per-row weights the row is one block.
 pub struct Int8Row<'a> {
     /// The rounded values.
     pub q: &'a [i8],
-    /// Their sum (the bias of VNNI's unsigned operand comes off with it).
-    pub sum: i32,
-    /// What one unit of `q` is worth.
-    pub scale: f32,
+    /// Values per block (the row's length when it is one block).
+    pub block: usize,
+    /// Each block's sum (the bias of VNNI's unsigned operand comes off with it).
+    pub sums: &'a [i32],
+    /// What one unit of `q` is worth, block by block.
+    pub scales: &'a [f32],
 }
 
-impl<'a> Int8Row<'a> {
-    /// The row `q` with scale `scale`, its sum taken here.
-    pub fn new(q: &'a [i8], scale: f32) -> Self {
-        let sum = q.iter().map(|&v| v as i32).sum();
-        Int8Row { q, sum, scale }
-    }
-}
-
-/// A decode product's rows: `out[r] = (x . w_r) * sx * scales[r]`, plus `beta * out[r]`
+/// A decode product's rows (per-row weights; blocked ones go to [`q8_rows_blocked`]):
+/// `out[r] = (x . w_r) * sx * scales[r]`, plus `beta * out[r]`
 /// when `beta` is not zero, for the weight rows `w_r = w[r * stride..r * stride + k]`,
 /// `r < out.len()`, with `x`, `sx` and `k` from the rounded row `a`: to the bit what
 /// core's `q8_matmul` stores (the integer sums are exact, the scaling is the same two
@@ -148,10 +144,14 @@ impl<'a> Int8Row<'a> {
 /// vector op per step. Row at a time, the folds and the scalar scaling cost as much as the
 /// products at the widths of a small model (k = 256: four 64-byte steps a row).
 pub fn q8_rows(out: &mut [f32], a: &Int8Row, w: &[i8], stride: usize, scales: &[f32], beta: f32) {
-    let (x, xsum, sx) = (a.q, a.sum, a.scale);
-    let (n, k) = (out.len(), x.len());
+    let (n, k) = (out.len(), a.q.len());
     assert!(stride >= k && scales.len() >= n, "q8_rows: a row or a scale short");
     assert!(n == 0 || w.len() >= (n - 1) * stride + k, "q8_rows: the weights end early");
+    if a.scales.len() > 1 {
+        // Blocked weights: `scales` holds each row's block scales, row after row.
+        return q8_rows_blocked(out, a, w, stride, scales, beta);
+    }
+    let (x, xsum, sx) = (a.q, a.sums[0], a.scales[0]);
     // Rows in whole sixteen-row passes on VNNI; the rest (all of them elsewhere) below.
     let done = if cfg!(target_arch = "x86_64") && has_vnni() { n / 16 * 16 } else { 0 };
     #[cfg(target_arch = "x86_64")]
@@ -191,7 +191,7 @@ pub(super) unsafe fn q8_rows16_vnni(
     out: &mut [f32], a: &Int8Row, w: &[i8], stride: usize, scales: &[f32], beta: f32,
 ) {
     use std::arch::x86_64::*;
-    let (x, xsum, sx) = (a.q, a.sum, a.scale);
+    let (x, xsum, sx) = (a.q, a.sums[0], a.scales[0]);
     let k = x.len();
     let (full, tail) = (k / 64, k % 64);
     // A short last step reads only its bytes; the zeroed rest adds 128 * 0 to every sum.

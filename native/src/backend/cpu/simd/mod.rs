@@ -138,6 +138,7 @@ macro_rules! dispatch {
 mod exp;
 mod float;
 mod int8;
+mod int8_blocks;
 mod rows;
 #[cfg(test)]
 mod tests;
@@ -145,6 +146,7 @@ mod tests;
 pub use exp::*;
 pub use float::*;
 pub use int8::*;
+pub use int8_blocks::*;
 pub use rows::*;
 
 /// Elements per step of the reductions: four vectors of 16, so four independent FMA
