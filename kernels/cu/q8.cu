@@ -1,41 +1,56 @@
 // Int8 products. Twin of rusting_brain_core::ops::q8: weights (n, k) packed four int8 to a
 // 32-bit slot in memory order with one f32 scale per block of `block` values (32, or the
-// whole row for per-row weights); each activation row is rounded to int8 in the same
-// blocks with absmax / 127 scales, each block's dot product is an exact i32 sum (__dp4a),
-// and the blocks are added in order as total + (acc * xscale) * wscale with no fused
-// steps, so the result is bit-identical to the CPU's.
+// whole row for per-row weights). Per-row weights: each activation row rounded to int8
+// with one absmax / 127 scale, __dp4a sums. Blocked weights: each activation row rounded
+// in the same blocks to 13-bit integers (absmax / 4095, held in shorts), __dp2a sums; each
+// block's sum is exact in i32 and the blocks are added in order as
+// total + (acc * xscale) * wscale with no fused steps. Bit-identical to the CPU's.
 #include "common.cuh"
 
-// One block of threads per (row, block) of x (m, k): xq (m, padded k, bytes, zero past k)
-// and xscale (m, blocks).
-extern "C" __global__ void quantize_activations(signed char* xq, float* xscale, const float* x,
-                                                int m, int k, int k_padded, int block) {
+// One block of threads per (row, block) of x (m, k): each value rounded to an integer in
+// [-limit, limit] with the block's absmax / limit scale, rows of k_padded values (zero past
+// k; the row's last block writes them), scales (m, blocks).
+template <typename T>
+__device__ void quantize_blocks(T* xq, float* xscale, const float* x, int m, int k, int k_padded,
+                                int block, float limit) {
     __shared__ float scratch[32];
     const int blocks = (k + block - 1) / block;
     const int g = blockIdx.x;
     if (g >= m * blocks) return;
     const int r = g / blocks, b = g % blocks;
     const int c0 = b * block, c1 = min(k, c0 + block);
-    // The row's last block also zeroes the padding past k.
     const int end = b == blocks - 1 ? k_padded : c1;
     const float* row = x + (size_t)r * k;
     float a = 0.0f;
     for (int i = c0 + threadIdx.x; i < c1; i += blockDim.x) a = fmaxf(a, fabsf(row[i]));
     a = block_max(a, scratch);
-    const float s = a / 127.0f;
+    const float s = a / limit;
     const float inv = s > 0.0f ? 1.0f / s : 0.0f;
     if (threadIdx.x == 0) xscale[g] = s;
-    signed char* q = xq + (size_t)r * k_padded;
+    T* q = xq + (size_t)r * k_padded;
     for (int i = c0 + threadIdx.x; i < end; i += blockDim.x) {
-        q[i] = i < k ? (signed char)fminf(fmaxf(roundf(__fmul_rn(row[i], inv)), -127.0f), 127.0f) : 0;
+        q[i] = i < k ? (T)fminf(fmaxf(roundf(__fmul_rn(row[i], inv)), -limit), limit) : (T)0;
     }
+}
+
+// Per-row weights (block = k): int8 activations, absmax / 127.
+extern "C" __global__ void quantize_activations(signed char* xq, float* xscale, const float* x,
+                                                int m, int k, int k_padded, int block) {
+    quantize_blocks(xq, xscale, x, m, k, k_padded, block, 127.0f);
 }
 RB_EXPORT(quantize_activations)
 
+// Blocked weights: 13-bit activations as shorts, absmax / 4095.
+extern "C" __global__ void quantize_activations_wide(short* xq, float* xscale, const float* x,
+                                                     int m, int k, int k_padded, int block) {
+    quantize_blocks(xq, xscale, x, m, k, k_padded, block, 4095.0f);
+}
+RB_EXPORT(quantize_activations_wide)
+
 // out (m, n) = the blocks' sums (+ beta * out): one warp per output element. One block a
-// row: the warp's lanes split the row's words and the i32 sums meet in a butterfly. Blocks
-// of 32 values (8 words): each lane takes whole blocks, 32 at a time, and lane 0 adds
-// their scaled sums in block order.
+// row (xq int8): the warp's lanes split the row's words and the i32 sums meet in a
+// butterfly. Blocks of 32 values (xq 13-bit shorts): each lane takes whole blocks, 32 at a
+// time, and lane 0 adds their scaled sums in block order.
 extern "C" __global__ void q8_matmul(float* out, const signed char* xq, const float* xscale,
                                      const float* packed, const float* wscale, int m, int n,
                                      int words, float beta, int blocks, int block) {
@@ -54,6 +69,8 @@ extern "C" __global__ void q8_matmul(float* out, const signed char* xq, const fl
         for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
         v = __fmul_rn(__fmul_rn((float)acc, xs[0]), ws[0]);
     } else {
+        // 13-bit activations, two shorts to an int: word s of weights meets ints 2s, 2s + 1.
+        const int* xw = (const int*)((const short*)xq + (size_t)i * words * 4);
         const int bw = block / 4;
         for (int b0 = 0; b0 < blocks; b0 += 32) {
             const int b = b0 + lane;
@@ -61,7 +78,10 @@ extern "C" __global__ void q8_matmul(float* out, const signed char* xq, const fl
             if (b < blocks) {
                 const int s1 = b == blocks - 1 ? words : (b + 1) * bw;
                 int acc = 0;
-                for (int s = b * bw; s < s1; s++) acc = __dp4a(w[s], x[s], acc);
+                for (int s = b * bw; s < s1; s++) {
+                    acc = __dp2a_lo(xw[2 * s], w[s], acc);
+                    acc = __dp2a_hi(xw[2 * s + 1], w[s], acc);
+                }
                 p = __fmul_rn(__fmul_rn((float)acc, xs[b]), ws[b]);
             }
             const int here = min(32, blocks - b0);

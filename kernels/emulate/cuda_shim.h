@@ -81,6 +81,13 @@ inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
     return c;
 }
+// The two signed shorts of a times bytes 0, 1 (lo) or 2, 3 (hi) of b, added to c (exact).
+inline int __dp2a_lo(int a, int b, int c) {
+    return c + (int)(short)a * (int)(signed char)b + (a >> 16) * (int)(signed char)(b >> 8);
+}
+inline int __dp2a_hi(int a, int b, int c) {
+    return c + (int)(short)a * (int)(signed char)(b >> 16) + (a >> 16) * (int)(signed char)(b >> 24);
+}
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 

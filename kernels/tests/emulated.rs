@@ -828,13 +828,15 @@ fn int8_kernels_match_core_to_the_bit() {
         let mut x = randn(&mut rng, m * k, 2.0);
         x[0] = 0.5 * 2.0 / 127.0; // a tie for the rounding
         let words = q8::packed_cols(k);
+        // Blocked weights: 13-bit activations as shorts (two bytes each).
+        let width = if nb > 1 { 2 } else { 1 };
         let b = run!(launch(
             1,
-            "quantize_activations",
+            if nb > 1 { "quantize_activations_wide" } else { "quantize_activations" },
             ((m * nb) as u32, 1, 1),
             256,
             &[
-                Arg::I8(vec![7; m * words * 4]),
+                Arg::I8(vec![7; m * words * 4 * width]),
                 Arg::F32(vec![f32::NAN; m * nb]),
                 Arg::F32(x.clone()),
                 Arg::I32(m as i32),
@@ -845,8 +847,19 @@ fn int8_kernels_match_core_to_the_bit() {
         ));
         let (xq, xs) = (b[0].clone(), f32s(&b[1]));
         for r in 0..m {
-            let (want_q, want_s) = q8::quantize_activation_blocks(&x[r * k..(r + 1) * k], block);
-            let got: Vec<i8> = xq[r * words * 4..(r + 1) * words * 4].iter().map(|&b| b as i8).collect();
+            let row = &xq[r * words * 4 * width..(r + 1) * words * 4 * width];
+            let (got, want_q, want_s): (Vec<i32>, Vec<i32>, Vec<f32>) = if nb > 1 {
+                let (q, s) = q8::quantize_activations_wide(&x[r * k..(r + 1) * k], block);
+                let got = row.chunks(2).map(|b| i16::from_le_bytes([b[0], b[1]]) as i32).collect();
+                (got, q.iter().map(|&v| v as i32).collect(), s)
+            } else {
+                let (q, s) = q8::quantize_activations(&x[r * k..(r + 1) * k]);
+                (
+                    row.iter().map(|&b| b as i8 as i32).collect(),
+                    q.iter().map(|&v| v as i32).collect(),
+                    vec![s],
+                )
+            };
             assert_eq!(&got[..k], want_q, "quantize_activations row {r} of {m}x{k}, blocks of {block}");
             assert!(got[k..].iter().all(|&b| b == 0), "padding of row {r} of {m}x{k}");
             let got_s: Vec<u32> = xs[r * nb..(r + 1) * nb].iter().map(|v| v.to_bits()).collect();

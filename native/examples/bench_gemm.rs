@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use rusting_brain::cpu::CpuBackend;
 use rusting_brain_core::backend::MatmulOps;
+use rusting_brain_core::backend::Q8Ops;
 use rusting_brain_core::backend::{MatmulSpec, OperandPrecision};
 use rusting_brain_core::{ReferenceBackend, Rng};
 
@@ -78,6 +79,9 @@ fn main() {
         std::env::consts::ARCH
     );
     println!();
+    if std::env::args().any(|a| a == "int8") {
+        return int8(&cpu);
+    }
     println!(
         "{:<26} {:>12} {:>14} {:>14} {:>12} {:>10}",
         "shape (m x n x k)", "backend", "gemm crate", "gemm 1 thread", "reference", "ratio"
@@ -173,6 +177,57 @@ fn main() {
             flops / t[0] / 1e9,
             flops / t[1] / 1e9,
             t[0] / t[1]
+        );
+    }
+}
+
+/// The int8 products at SmolLM2-135M's shapes (d_model 576, d_ff 1536, vocabulary 49152):
+/// decode (one row; the weights' bytes per second is what bounds it) and prompt processing
+/// (512 rows), blocked weights (one scale per 32 values, 13-bit activations) beside
+/// per-row weights (int8 activations, one scale a row: int8 files before blocks) and f32,
+/// in the same turns. `bench_gemm int8` runs this table alone.
+fn int8(cpu: &CpuBackend) {
+    use rusting_brain::core::ops::q8;
+    println!("int8 products, blocked (32 a scale, 13-bit activations) against per-row int8 and f32:");
+    println!(
+        "{:<30} {:>10} {:>10} {:>10} {:>10} {:>12}",
+        "shape (m x n x k)", "f32 us", "per-row us", "blocked us", "blk/row", "blocked GB/s"
+    );
+    let mut rng = Rng::new(8);
+    let shapes: &[(usize, usize, usize, &str)] = &[
+        (1, 49152, 576, " head"),
+        (1, 1536, 576, " gate/up"),
+        (1, 576, 1536, " down"),
+        (1, 576, 576, " q/o"),
+        (128, 1536, 576, " gate/up"),
+        (512, 1536, 576, " gate/up"),
+        (512, 576, 1536, " down"),
+    ];
+    for &(m, n, k, label) in shapes {
+        let w = rng.normal_vec(n * k, 0.05);
+        let x = rng.normal_vec(m * k, 1.0);
+        let (pr, sr) = q8::quantize_rows(&w, n, k).unwrap();
+        let (pb, sb) = q8::quantize_blocks(&w, n, k).unwrap();
+        let spec = MatmulSpec::new(m, n, k).trans_b(true);
+        let (mut c1, mut c2, mut c3) = (vec![0.0f32; m * n], vec![0.0f32; m * n], vec![0.0f32; m * n]);
+        let reps = ((4e9 / (2.0 * (m * n * k) as f64)) as usize).clamp(5, 400);
+        let t = best_in_turns(
+            reps,
+            &mut [
+                &mut || cpu.matmul(&mut c1, &x, &w, &spec).unwrap(),
+                &mut || cpu.q8_matmul(&mut c2, &x, &pr, &sr, &spec).unwrap(),
+                &mut || cpu.q8_matmul(&mut c3, &x, &pb, &sb, &spec).unwrap(),
+            ],
+        );
+        let bytes = (n * k + 4 * sb.len()) as f64;
+        println!(
+            "{:<30} {:>10.1} {:>10.1} {:>10.1} {:>9.2}x {:>12.1}",
+            format!("{m}x{n}x{k}{label}"),
+            t[0] * 1e6,
+            t[1] * 1e6,
+            t[2] * 1e6,
+            t[2] / t[1],
+            bytes / t[2] / 1e9
         );
     }
 }

@@ -80,14 +80,26 @@ fn at_f32_the_real_model_answers_the_france_question_with_paris() {
     assert!(reply.contains("Paris"), "the f32 answer is {reply:?}");
 }
 
+/// The same at int8. The answer's first token is a near-tie at f32 ("The" 25.33 against
+/// "L" 25.24): int8 activations in blocks of 32 (llama.cpp's Q8_0 scheme) tipped it to
+/// "L'Étoile, la Cité, ..."; the 13-bit activations keep "The capital of France is Paris."
+#[test]
+fn at_int8_the_real_model_answers_the_france_question_with_paris() {
+    let Some(dir) = model_dir() else { return };
+    let reply = answer(&mut load(dir, Precision::Q8), dir, "What is the capital of France?");
+    assert!(reply.contains("Paris"), "the int8 answer is {reply:?}");
+}
+
 /// Mean KL divergence of int8's next-token distributions to f32's over the second half of
 /// a 256-token window of English prose (the start of `LICENSE-APACHE`, a text that does not
-/// change), and how often their top tokens agree. Measured at commit d25eb1a on "AMD EPYC"
-/// (Zen 4): KL 0.0399 nats, top token 92.1% with AVX-512 and VNNI, 0.0366 and 90.6% with AVX2
-/// (one scale a weight row and an activation row; llama.cpp's Q8_0 measures 0.0036 on the
-/// Rust book, `docs/baseline.md`). The bounds are
-/// those figures with a fifth of margin for other instruction sets' f32 sums, so an int8
-/// change that loses quality fails here; the block-wise int8 work tightens them.
+/// change), and how often their top tokens agree. With int8 weights in blocks of 32 and
+/// 13-bit activations, measured on "AMD EPYC" (Zen 4): KL 0.0012 nats with AVX-512 and
+/// VNNI, with AVX2 and with the baseline loops alike (the int8 products are the same bits
+/// everywhere; the f32 model's sums are not), top token 97.6%, 97.6% and 98.4%. One scale a
+/// weight row and an activation row measured 0.0399 and 92.1% here (commit d25eb1a), int8
+/// activations in blocks of 32 0.0036 on the Rust book, as llama.cpp's Q8_0 does
+/// (`docs/baseline.md`). The bounds leave a quarter of margin on the KL and two points on
+/// the agreement, so any change that loses quality fails here.
 #[test]
 fn int8_stays_within_its_measured_distance_of_f32_on_the_real_model() {
     let Some(dir) = model_dir() else { return };
@@ -116,9 +128,9 @@ fn int8_stays_within_its_measured_distance_of_f32_on_the_real_model() {
     }
     let (kl, same) = (kl / n as f64, same as f64 / n as f64);
     eprintln!(
-        "int8 against f32 on the real model: mean KL {kl:.4} nats, same top token {:.1}%",
+        "int8 against f32 on the real model: mean KL {kl:.5} nats, same top token {:.1}%",
         100.0 * same
     );
-    assert!(kl.is_finite() && kl < 0.0399 * 1.2, "mean KL {kl}");
-    assert!(same > 0.921 - 0.05, "same top token {same}");
+    assert!(kl.is_finite() && kl < 0.0012 * 1.25, "mean KL {kl}");
+    assert!(same > 0.976 - 0.02, "same top token {same}");
 }

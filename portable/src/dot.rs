@@ -194,6 +194,21 @@ pub(crate) fn dot_row_block_i8(acc: &mut [i32], w: &[i8], stride: usize, x: &[i8
     }
 }
 
+/// sum(w * x) of int8 weights and 13-bit activations (core's `q8::quantize_activations_wide`),
+/// exact in i32: a block's worth. On wasm32 with SIMD128, eight pairs a step through
+/// `i32x4.dot_i16x8_s` after widening the weights.
+pub(crate) fn dot_i8_i16(w: &[i8], x: &[i16]) -> i32 {
+    let n = w.len().min(x.len());
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        simd128::dot_i8_i16(&w[..n], &x[..n])
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        w[..n].iter().zip(&x[..n]).map(|(&a, &b)| a as i32 * b as i32).sum()
+    }
+}
+
 /// The scalar form (integer sums in any order are the same number; LLVM vectorizes it
 /// where the target has integer SIMD).
 #[cfg_attr(all(target_arch = "wasm32", target_feature = "simd128"), allow(dead_code))]
@@ -337,6 +352,31 @@ mod simd128 {
             // SAFETY: as above, in `o`.
             unsafe { v128_store(o.as_mut_ptr().add(4 * i).cast(), *acc) };
         }
+    }
+
+    /// Eight weight/activation pairs a step: the weights widened to i16, then
+    /// `i32x4.dot_i16x8_s` (each lane two products, exact). Equal lengths.
+    pub(crate) fn dot_i8_i16(w: &[i8], x: &[i16]) -> i32 {
+        let n = w.len();
+        let steps = n / 8;
+        let mut acc = i32x4_splat(0);
+        for s in 0..steps {
+            // SAFETY: 8 * s + 8 <= n values are in both slices (8 bytes of w, 16 of x);
+            // the loads have no alignment requirement.
+            let (a, b) = unsafe {
+                (
+                    i16x8_extend_low_i8x16(v128_load64_zero(w.as_ptr().add(8 * s).cast::<u64>())),
+                    v128_load(x.as_ptr().add(8 * s).cast::<v128>()),
+                )
+            };
+            acc = i32x4_add(acc, i32x4_dot_i16x8(a, b));
+        }
+        let lanes = i32x4_extract_lane::<0>(acc)
+            + i32x4_extract_lane::<1>(acc)
+            + i32x4_extract_lane::<2>(acc)
+            + i32x4_extract_lane::<3>(acc);
+        let tail: i32 = w[8 * steps..].iter().zip(&x[8 * steps..]).map(|(&a, &b)| a as i32 * b as i32).sum();
+        lanes + tail
     }
 
     /// Sixteen int8 pairs a step (`mac`). Equal lengths.

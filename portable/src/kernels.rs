@@ -11,7 +11,7 @@ use rusting_brain_core::ops::matmul::round_bf16;
 use rusting_brain_core::ops::{q8, swiglu};
 use rusting_brain_core::Result;
 
-use crate::dot::{as_i8, dot4_f32, dot_f32, dot_i8, dot_row_block_i8, max_f32, weighted_rows};
+use crate::dot::{as_i8, dot4_f32, dot_f32, dot_i8_i16, dot_row_block_i8, max_f32, weighted_rows};
 use crate::exp::exp_f32;
 
 /// Twin of `ops::matmul::matmul`. Each problem's A is laid out as rows of k and B as
@@ -156,24 +156,30 @@ mod simd128 {
     }
 }
 
-/// An activation row rounded block by block ([`quantize_row`] on each block of `block`
-/// values, so core's `quantize_activation_blocks` to the bit): the values and the scales.
+/// An activation row rounded for an int8 weight: one block a row, int8 with one scale
+/// ([`quantize_row`], core's `quantize_activations` to the bit); several blocks, 13-bit
+/// values a scale a block (core's `quantize_activations_wide` itself).
 pub(crate) struct Rounded {
     q: Vec<i8>,
+    wide: Vec<i16>,
     scales: Vec<f32>,
     block: usize,
 }
 
 impl Rounded {
     pub(crate) fn of(x: &[f32], block: usize) -> Self {
-        let block = block.max(1);
-        let mut r = Rounded { q: Vec::with_capacity(x.len()), scales: Vec::new(), block };
-        let mut tmp = Vec::with_capacity(block.min(x.len()));
-        for chunk in x.chunks(block) {
-            r.scales.push(quantize_row(chunk, &mut tmp));
-            r.q.extend_from_slice(&tmp);
+        let block = block.clamp(1, x.len().max(1));
+        if x.len().div_ceil(block) > 1 {
+            let (wide, scales) = q8::quantize_activations_wide(x, block);
+            return Rounded { q: Vec::new(), wide, scales, block };
         }
-        r
+        let mut q = Vec::with_capacity(x.len());
+        let scale = quantize_row(x, &mut q);
+        Rounded { q, wide: Vec::new(), scales: vec![scale], block }
+    }
+
+    fn len(&self) -> usize {
+        self.q.len().max(self.wide.len())
     }
 }
 
@@ -193,19 +199,19 @@ pub(crate) fn q8_matmul(
 }
 
 /// One rounded activation row `q` against every weight row: per-row weights as
-/// `out[j] = (q . w_j) * sx * scales[j]`, blocked ones as core's block-ordered sum
-/// (`+ beta * out[j]`).
+/// `out[j] = (q . w_j) * sx * scales[j]`, blocked ones as core's block-ordered sum of
+/// 13-bit activations against int8 weights (`+ beta * out[j]`).
 fn q8_row(out: &mut [f32], q: &Rounded, packed: &[f32], scales: &[f32], beta: f32) {
-    let row_bytes = 4 * q8::packed_cols(q.q.len());
+    let row_bytes = 4 * q8::packed_cols(q.len());
     let weights = as_i8(packed);
     let nb = q.scales.len();
     if nb > 1 {
         for (j, o) in out.iter_mut().enumerate() {
-            let row = &weights[j * row_bytes..j * row_bytes + q.q.len()];
+            let row = &weights[j * row_bytes..j * row_bytes + q.len()];
             let ws = &scales[j * nb..(j + 1) * nb];
             let mut acc = 0.0f32;
-            for (b, (wb, xb)) in row.chunks(q.block).zip(q.q.chunks(q.block)).enumerate() {
-                acc += dot_i8(wb, xb) as f32 * q.scales[b] * ws[b];
+            for (b, (wb, xb)) in row.chunks(q.block).zip(q.wide.chunks(q.block)).enumerate() {
+                acc += dot_i8_i16(wb, xb) as f32 * q.scales[b] * ws[b];
             }
             *o = if beta == 0.0 { acc } else { acc + beta * *o };
         }

@@ -10,6 +10,9 @@ use rusting_brain_core::ops::q8;
 use rusting_brain_core::{ReferenceBackend, Rng};
 use rusting_brain_portable::PortableBackend;
 
+/// A weight rounding: per row or in blocks.
+type Quantizer = fn(&[f32], usize, usize) -> rusting_brain_core::Result<(Vec<f32>, Vec<f32>)>;
+
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
@@ -86,8 +89,7 @@ fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
     let mut rng = Rng::new(23);
     let shapes = [(1, 256, &[256, 64, 64][..]), (1, 33, &[7, 1, 300]), (1, 17, &[5]), (3, 20, &[9, 4])];
     // Per-row weights (int8 files before blocks) and blocks of 32.
-    let quantizers: [fn(&[f32], usize, usize) -> rusting_brain_core::Result<(Vec<f32>, Vec<f32>)>; 2] =
-        [q8::quantize_rows, q8::quantize_blocks];
+    let quantizers: [Quantizer; 2] = [q8::quantize_rows, q8::quantize_blocks];
     for (&(m, k, ns), quantize) in shapes.iter().flat_map(|s| quantizers.iter().map(move |q| (s, q))) {
         let x = rng.normal_vec(m * k, 1.0);
         let weights: Vec<(Vec<f32>, Vec<f32>)> =

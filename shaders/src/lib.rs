@@ -44,8 +44,8 @@ pub use backend::WgpuBackend;
 pub use gpu::block_on;
 pub use gpu::{Gpu, GpuBuffer, GpuCounters, GpuOptions};
 pub use ops::{
-    check_ids, context_ids, rope_table, AttentionScratch, Batch, DenseOp, DispatchCache, KeyedCache, NAN_ROW,
-    NO_ID, SUM_OF_SQUARES_CHUNK, TILED_ROWS,
+    activation_words, check_ids, context_ids, rope_table, AttentionScratch, Batch, DenseOp, DispatchCache,
+    KeyedCache, NAN_ROW, NO_ID, SUM_OF_SQUARES_CHUNK, TILED_ROWS,
 };
 pub use sampler::DeviceSampler;
 pub use wgpu;

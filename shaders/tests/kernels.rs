@@ -15,8 +15,8 @@
 
 use rusting_brain_core::ops::attention::{attention_forward, AttentionSpec};
 use rusting_brain_core::ops::q8::{
-    packed_cols, q8_block, q8_embedding, q8_matmul, quantize_activation_blocks, quantize_blocks,
-    quantize_rows,
+    packed_cols, q8_block, q8_embedding, q8_matmul, quantize_activations, quantize_activations_wide,
+    quantize_blocks, quantize_rows,
 };
 use rusting_brain_core::ops::rope::{rope_forward, RopeSpec};
 use rusting_brain_core::ops::{rmsnorm, swiglu};
@@ -140,8 +140,8 @@ fn q8_on(no_subgroups: bool) {
             let nb = k.div_ceil(block);
             let mut out = vec![0.0; m * n];
             q8_matmul(&mut out, &x, &packed, &scales, m, n, k, 0.0).unwrap();
-            let pc = packed_cols(k);
-            let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), poisoned(&g, m * nb));
+            let words = rusting_brain_shaders::activation_words(k, nb);
+            let (gxq, gxs) = (g.zeros("xq", m * words).unwrap(), poisoned(&g, m * nb));
             let gx = g.upload("x", &x).unwrap();
             let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
             let go = poisoned(&g, m * n);
@@ -149,19 +149,26 @@ fn q8_on(no_subgroups: bool) {
             b.quantize_activation_blocks(&gxq, &gxs, &gx, m, k, block).unwrap();
             b.q8_matmul(&go, &gxq, &gxs, &gw, &gws, m, n, k, 0.0).unwrap();
             b.submit().unwrap();
-            // The int8 activations and their scales equal the CPU's, byte for byte.
+            // The rounded activations and their scales equal the CPU's, byte for byte: int8
+            // for one block a row, 13-bit two to a word (i16 pairs in memory order) for blocks.
             let xq = g.read_blocking(&gxq).unwrap();
             let xs = g.read_blocking(&gxs).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for i in 0..m {
-                let (q, s) = quantize_activation_blocks(&x[i * k..(i + 1) * k], block);
-                let bytes: Vec<i8> = xq[i * pc..(i + 1) * pc]
-                    .iter()
-                    .flat_map(|v| v.to_ne_bytes())
-                    .map(|b| b as i8)
-                    .take(k)
-                    .collect();
-                assert_eq!(bytes, q, "row {i} of ({m}, {k}), blocks of {block}");
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let row: Vec<u8> =
+                    xq[i * words..(i + 1) * words].iter().flat_map(|v| v.to_ne_bytes()).collect();
+                let s = if nb > 1 {
+                    let (q, s) = quantize_activations_wide(&x[i * k..(i + 1) * k], block);
+                    let got: Vec<i16> = row.chunks(2).map(|b| i16::from_ne_bytes([b[0], b[1]])).collect();
+                    assert!(got[k..].iter().all(|&v| v == 0), "padding of row {i}");
+                    assert_eq!(&got[..k], &q[..], "row {i} of ({m}, {k}), blocks of {block}");
+                    s
+                } else {
+                    let (q, s) = quantize_activations(&x[i * k..(i + 1) * k]);
+                    let got: Vec<i8> = row.iter().map(|&b| b as i8).take(k).collect();
+                    assert_eq!(got, q, "row {i} of ({m}, {k})");
+                    vec![s]
+                };
                 assert_eq!(bits(&xs[i * nb..(i + 1) * nb]), bits(&s), "scales of row {i}");
             }
             // Exact i32 sums and the same two f32 multiplies: the same bits.
@@ -412,7 +419,8 @@ fn int8_weights_over_a_binding_go_in_row_slabs_with_the_same_bits() {
                 want[o] = part[i * n + j] + 0.5 * base[o];
             }
         }
-        let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), g.zeros("xs", m * k.div_ceil(block)).unwrap());
+        let words = rusting_brain_shaders::activation_words(k, k.div_ceil(block));
+        let (gxq, gxs) = (g.zeros("xq", m * words).unwrap(), g.zeros("xs", m * k.div_ceil(block)).unwrap());
         let gx = g.upload("x", &x).unwrap();
         let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
         let go = g.upload("out", &base).unwrap();
@@ -473,40 +481,52 @@ fn moe_routing_expert_products_and_combine_match_reference() {
 
         // Each slot through its own expert's gate weights (f rows of d), one dispatch per
         // expert, each filling only the slots routed to it.
+        // Per-row weights, then blocked ones (13-bit activations).
         let x = randn(&mut rng, n * d, 1.0);
-        let experts: Vec<(Vec<f32>, Vec<f32>)> =
-            (0..e_n).map(|_| quantize_rows(&randn(&mut rng, f * d, 0.5), f, d).unwrap()).collect();
-        let pc = packed_cols(d);
-        let mut want = vec![0.0; n * k * f];
-        for slot in 0..n * k {
-            let (t, ex) = (slot / k, routing.expert[slot] as usize);
-            let (packed, scales) = &experts[ex];
-            q8_matmul(
-                &mut want[slot * f..(slot + 1) * f],
-                &x[t * d..(t + 1) * d],
-                packed,
-                scales,
-                1,
-                f,
-                d,
-                0.0,
-            )
-            .unwrap();
-        }
-        let (gxq, gxs) = (g.zeros("xq", n * pc).unwrap(), g.zeros("xs", n).unwrap());
-        let gx = g.upload("x", &x).unwrap();
-        let gexperts: Vec<_> =
-            experts.iter().map(|(p, s)| (g.upload("w", p).unwrap(), g.upload("ws", s).unwrap())).collect();
-        let gy = poisoned(&g, n * k * f);
-        let mut b = g.batch();
-        b.quantize_activations(&gxq, &gxs, &gx, n, d).unwrap();
-        for (ex, (gwp, gws)) in gexperts.iter().enumerate() {
-            b.q8_expert(&gy, &gxq, &gxs, gwp, gws, &ge, (n * k, f, d, k), true, ex).unwrap();
-        }
-        b.submit().unwrap();
-        let got = g.read_blocking(&gy).unwrap();
-        for (i, (a, e)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(a.to_bits(), e.to_bits(), "expert product ({n}, {e_n}, {k}) element {i}");
+        for blocked in [false, true] {
+            let quantize = if blocked { quantize_blocks } else { quantize_rows };
+            let experts: Vec<(Vec<f32>, Vec<f32>)> =
+                (0..e_n).map(|_| quantize(&randn(&mut rng, f * d, 0.5), f, d).unwrap()).collect();
+            let block = q8_block("test", f, d, experts[0].1.len()).unwrap();
+            let nb = d.div_ceil(block);
+            let mut want = vec![0.0; n * k * f];
+            for slot in 0..n * k {
+                let (t, ex) = (slot / k, routing.expert[slot] as usize);
+                let (packed, scales) = &experts[ex];
+                q8_matmul(
+                    &mut want[slot * f..(slot + 1) * f],
+                    &x[t * d..(t + 1) * d],
+                    packed,
+                    scales,
+                    1,
+                    f,
+                    d,
+                    0.0,
+                )
+                .unwrap();
+            }
+            let words = rusting_brain_shaders::activation_words(d, nb);
+            let (gxq, gxs) = (g.zeros("xq", n * words).unwrap(), g.zeros("xs", n * nb).unwrap());
+            let gx = g.upload("x", &x).unwrap();
+            let gexperts: Vec<_> = experts
+                .iter()
+                .map(|(p, s)| (g.upload("w", p).unwrap(), g.upload("ws", s).unwrap()))
+                .collect();
+            let gy = poisoned(&g, n * k * f);
+            let mut b = g.batch();
+            b.quantize_activation_blocks(&gxq, &gxs, &gx, n, d, block).unwrap();
+            for (ex, (gwp, gws)) in gexperts.iter().enumerate() {
+                b.q8_expert(&gy, &gxq, &gxs, gwp, gws, &ge, (n * k, f, d, k), true, ex).unwrap();
+            }
+            b.submit().unwrap();
+            let got = g.read_blocking(&gy).unwrap();
+            for (i, (a, e)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    e.to_bits(),
+                    "expert product ({n}, {e_n}, {k}) blocked {blocked} element {i}"
+                );
+            }
         }
 
         // Combine: x += sum_s w_s y_s, the reference indexing slots by row_of_slot.
@@ -630,8 +650,9 @@ fn tiled_q8_matmul_matches_reference_exactly() {
                     want[o] = part[i * n + j] + 0.5 * base[o];
                 }
             }
-            let pc = packed_cols(k);
-            let (gxq, gxs) = (g.zeros("xq", m * pc).unwrap(), g.zeros("xs", m * k.div_ceil(block)).unwrap());
+            let words = rusting_brain_shaders::activation_words(k, k.div_ceil(block));
+            let (gxq, gxs) =
+                (g.zeros("xq", m * words).unwrap(), g.zeros("xs", m * k.div_ceil(block)).unwrap());
             let gx = g.upload("x", &x).unwrap();
             let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
             let go = g.upload("out", &base).unwrap();

@@ -47,15 +47,16 @@ fn published_pipelines_are_sized_from_their_configs() {
             q8_total += s.q8_bytes;
         }
         println!("{:<16} {:<16} {:<30} {:>15} {:>8} {:>8}", name, "all", "", "", gb(f32_total), gb(q8_total));
-        // The transformers and encoders are almost all matrices, so int8 is close to a
-        // quarter; what stays f32 is the autoencoder, T5's embedding table (0.53 GB) and
-        // SD3's 384 x 384 position table (0.91 GB), which puts SD3.5-medium at 0.30. A
+        // The transformers and encoders are almost all matrices, so int8 is close to
+        // 0.28 of f32 (a byte a weight and a 4-byte scale per 32: 1.125 bytes against 4);
+        // what stays f32 is the autoencoder, T5's embedding table (0.53 GB) and SD3's
+        // 384 x 384 position table (0.91 GB), which puts SD3.5-medium at 0.33. A
         // UNet's weights are mostly convolutions, which stay f32 (only its Linear
         // matrices go int8), so the SD pipelines keep about three quarters.
         let ratio = q8_total as f64 / f32_total as f64;
         println!("{name}: int8 holds {ratio:.3} of the f32 bytes");
         let unet = sizes.iter().any(|s| s.class == "UNet2DConditionModel");
-        let bound = if unet { 0.8 } else { 0.31 };
+        let bound = if unet { 0.8 } else { 0.34 };
         assert!(ratio < bound, "{name}: int8 holds {ratio} of f32");
     }
 }

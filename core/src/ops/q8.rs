@@ -1,17 +1,23 @@
 //! Int8 weights in blocks of [`Q8_BLOCK`] values along each row, one f32 scale a block
 //! (absmax / 127: GGUF's Q8_0 layout, with f32 scales), and the products that read them.
-//! A product rounds each activation row the same way, block by block, sums each block's
-//! int8 x int8 products in i32, exactly (every backend gets the same integer), and adds
-//! the blocks up in order, `acc = acc + (d as f32 * x_scale) * w_scale`: two products and
-//! one add, none fused, so the result is bit-identical across backends — which is also
-//! what lets the CPU use VNNI's int8 dot products. One scale for a whole activation row
-//! is what a real model's outlier channels ruin (a residual stream reaching ~25,000 next
-//! to values of 0.1): blocks keep the rounding local.
+//! A product rounds each activation row in the same blocks to 13-bit integers (absmax /
+//! [`ACT_MAX`], held in `i16`), sums each block's products in i32, exactly (every backend
+//! gets the same integer), and adds the blocks up in order,
+//! `acc = acc + (d as f32 * x_scale) * w_scale`: two products and one add, none fused, so
+//! the result is bit-identical across backends.
+//!
+//! Why 13 bits for the activations: on SmolLM2-135M (whose residual stream reaches
+//! ~25,000 beside values of 0.1) int8 activations in blocks of 32 move the next-token
+//! distribution as far as llama.cpp's Q8_0 does (mean KL 0.0036 nats) and flip the chat
+//! answer to "What is the capital of France?"; rounding the weights alone keeps it. 4095
+//! is the most that keeps a block's sum (32 x 4095 x 127 < 2^24) exact in an f32, so no
+//! backend's integer-to-float conversion can round it differently.
 //!
 //! The block size is read from the number of scales: `n * k.div_ceil(Q8_BLOCK)` is
 //! blocked, `n` is one scale a row (the layout of int8 checkpoints before blocks, which
-//! still load and run as they were written: a row is then one block of `k`). The two
-//! agree when `k <= Q8_BLOCK`.
+//! still load and run as they were written: the row is one block and the activations are
+//! int8 with one scale a row, absmax / 127). The two agree when `k <= Q8_BLOCK`; a row that
+//! short is one block either way and keeps the per-row rounding.
 //!
 //! Four int8 values are packed into each f32 slot of an ordinary buffer, in memory order
 //! (`f32::from_ne_bytes`), so every backend stores them without a new buffer type and a
@@ -186,7 +192,8 @@ pub fn quantize_activations(x: &[f32]) -> (Vec<i8>, f32) {
 }
 
 /// An activation row rounded to int8 in blocks of `block` values, each with its own
-/// scale (absmax / 127): the values and the `x.len().div_ceil(block)` scales.
+/// scale (absmax / 127): the values and the `x.len().div_ceil(block)` scales. Weights are
+/// rounded this way ([`quantize_blocks`]).
 pub fn quantize_activation_blocks(x: &[f32], block: usize) -> (Vec<i8>, Vec<f32>) {
     let mut q = Vec::with_capacity(x.len());
     let mut scales = Vec::with_capacity(blocks_of(x.len(), block));
@@ -198,10 +205,32 @@ pub fn quantize_activation_blocks(x: &[f32], block: usize) -> (Vec<i8>, Vec<f32>
     (q, scales)
 }
 
+/// The largest magnitude of an activation rounded for blocked weights (13-bit integers; see
+/// the module docs).
+pub const ACT_MAX: f32 = 4095.0;
+
+/// An activation row rounded for blocked weights: in blocks of `block` values, each to
+/// integers in `[-ACT_MAX, ACT_MAX]` with its own scale (absmax / ACT_MAX), rounding half
+/// away from zero; a NaN becomes 0. The values and the `x.len().div_ceil(block)` scales.
+pub fn quantize_activations_wide(x: &[f32], block: usize) -> (Vec<i16>, Vec<f32>) {
+    let mut q = Vec::with_capacity(x.len());
+    let mut scales = Vec::with_capacity(blocks_of(x.len(), block));
+    for chunk in x.chunks(block.max(1)) {
+        let absmax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let scale = absmax / ACT_MAX;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        q.extend(chunk.iter().map(|&v| libm::roundf(v * inv).clamp(-ACT_MAX, ACT_MAX) as i16));
+        scales.push(scale);
+    }
+    (q, scales)
+}
+
 /// `out (m x n) = x (m x k) W^T + beta * out`, W the (n x k) int8 weight: the `Linear`
-/// product at one byte per weight. Each row of `x` is rounded to int8 in the weight's
-/// blocks; each block's i32 sum is exact, and the blocks are added in order as
-/// `acc = acc + (d as f32 * x_scale) * w_scale` (see the module docs).
+/// product at one byte per weight. Blocked weights: each row of `x` rounded in the
+/// weight's blocks ([`quantize_activations_wide`]), each block's i32 sum exact, the blocks
+/// added in order as `acc = acc + (d as f32 * x_scale) * w_scale`. One block a row: the row
+/// of `x` rounded to int8 ([`quantize_activations`]) and `out = d as f32 * x_scale *
+/// w_scale`, as before blocks (see the module docs).
 #[allow(clippy::too_many_arguments)]
 pub fn q8_matmul(
     out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
@@ -209,13 +238,19 @@ pub fn q8_matmul(
     let block = check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let (pc, nb) = (packed_cols(k), blocks_of(k, block));
     for i in 0..m {
-        let (xq, sx) = quantize_activation_blocks(&x[i * k..(i + 1) * k], block);
+        let xi = &x[i * k..(i + 1) * k];
+        let (xq, sx): (Vec<i32>, Vec<f32>) = if nb == 1 {
+            let (q, s) = quantize_activations(xi);
+            (q.into_iter().map(i32::from).collect(), alloc::vec![s])
+        } else {
+            let (q, s) = quantize_activations_wide(xi, block);
+            (q.into_iter().map(i32::from).collect(), s)
+        };
         for j in 0..n {
             let row = &packed[j * pc..(j + 1) * pc];
             let mut acc = 0.0f32;
             for (b, (xb, &sxb)) in xq.chunks(block).zip(&sx).enumerate() {
-                let d: i32 =
-                    xb.iter().enumerate().map(|(t, &v)| v as i32 * q8_at(row, b * block + t) as i32).sum();
+                let d: i32 = xb.iter().enumerate().map(|(t, &v)| v * q8_at(row, b * block + t) as i32).sum();
                 acc += d as f32 * sxb * scales[j * nb + b];
             }
             out[i * n + j] = if beta == 0.0 { acc } else { acc + beta * out[i * n + j] };

@@ -139,6 +139,7 @@ mod swiglu;
 pub use dense::DenseOp;
 pub use l2norm::SUM_OF_SQUARES_CHUNK;
 pub use lora::LORA_MAX_RANK;
+pub use q8::activation_words;
 pub use rope::rope_table;
 pub use sampling::{check_ids, context_ids, NAN_ROW, NO_ID};
 

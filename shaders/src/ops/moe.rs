@@ -20,7 +20,7 @@ const Q8_EXPERT: Kernel = kernel!(
     "q8_expert",
     { slots: u32, n: u32, packed_cols: u32, top_k: u32, x_per_token: u32, only: u32, blocks: u32, block: u32 },
     [read xq: u32, read xs: f32, read w: u32, read ws: f32, read expert: u32,
-         read_write out: f32]
+         read_write out: f32], prelude "int8"
 );
 const MOE_COMBINE: Kernel = kernel!(
     "moe_combine",
@@ -101,7 +101,7 @@ impl Batch<'_> {
             .map_err(|e| ShaderError::Invalid(e.to_string()))?;
         let nb = k.div_ceil(block);
         let x_rows = if x_per_token { slots.div_ceil(top_k.max(1)) } else { slots };
-        need(OP, "xq", xq, x_rows * pc)?;
+        need(OP, "xq", xq, x_rows * super::q8::activation_words(k, nb))?;
         need(OP, "xs", xs, x_rows * nb)?;
         need(OP, "expert", expert, slots)?;
         need(OP, "out", out, slots * n)?;
@@ -214,7 +214,6 @@ impl MoeOps for WgpuBackend {
         let lens: Vec<(usize, usize)> = experts.iter().map(|(p, s)| (p.len(), s.len())).collect();
         spec.check(out.len(), x.len(), expert.len(), &lens)?;
         let (rows, k) = (spec.x_rows(), spec.k);
-        let pc = rusting_brain_core::ops::q8::packed_cols(k);
         // Every expert's weight rounded alike (one activation rounding serves them all).
         let mut blocks = lens
             .iter()
@@ -228,8 +227,9 @@ impl MoeOps for WgpuBackend {
         }
         self.record(|b, pools| {
             // The activations are rounded once; each expert's dispatch fills its slots.
-            let xq = pools.scratch("int8 activations", rows * pc)?;
-            let xs = pools.scratch("int8 activation scales", rows * k.div_ceil(block))?;
+            let nb = k.div_ceil(block);
+            let xq = pools.scratch("int8 activations", rows * super::q8::activation_words(k, nb))?;
+            let xs = pools.scratch("int8 activation scales", rows * nb)?;
             b.quantize_activation_blocks(&xq, &xs, x, rows, k, block)?;
             for (e, (w, ws)) in experts.iter().enumerate() {
                 b.q8_expert(

@@ -10,29 +10,31 @@ use rusting_brain_core::backend::Q8Ops;
 use rusting_brain_core::CoreError;
 use rusting_brain_core::Result;
 
-/// Workgroup reductions; [`QUANTIZE_ACTIVATIONS_SG`] where the device has subgroups.
+/// int8 for one block a row, 13-bit in blocks for blocked weights; workgroup reductions,
+/// [`QUANTIZE_ACTIVATIONS_SG`] where the device has subgroups.
 const QUANTIZE_ACTIVATIONS: Kernel = kernel!(
     "quantize_activations",
     { rows: u32, cols: u32, packed_cols: u32, block: u32 },
-    [read x: f32, read_write xq: u32, read_write xs: f32]
+    [read x: f32, read_write xq: u32, read_write xs: f32], prelude "int8"
 )
 .with_subgroup_twin(&QUANTIZE_ACTIVATIONS_SG);
 /// The row maxima with subgroup reductions.
 const QUANTIZE_ACTIVATIONS_SG: Kernel = kernel!(
     "quantize_activations_sg",
     { rows: u32, cols: u32, packed_cols: u32, block: u32 },
-    [read x: f32, read_write xq: u32, read_write xs: f32]
+    [read x: f32, read_write xq: u32, read_write xs: f32], prelude "int8"
 )
 .with_subgroups();
+
 const Q8_MATMUL: Kernel = kernel!(
     "q8_matmul",
     { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, blocks: u32, block: u32 },
-    [read xq: u32, read xs: f32, read w: u32, read ws: f32, read_write out: f32]
+    [read xq: u32, read xs: f32, read w: u32, read ws: f32, read_write out: f32], prelude "int8"
 );
 const Q8_MATMUL_TILED: Kernel = kernel!(
     "q8_matmul_tiled",
     { m: u32, n: u32, packed_cols: u32, beta: f32, out_n: u32, j0: u32, blocks: u32, block: u32 },
-    [read xq: u32, read xs: f32, read w: u32, read ws: f32, read_write out: f32]
+    [read xq: u32, read xs: f32, read w: u32, read ws: f32, read_write out: f32], prelude "int8"
 );
 const Q8_EMBEDDING: Kernel = kernel!(
     "q8_embedding",
@@ -41,8 +43,19 @@ const Q8_EMBEDDING: Kernel = kernel!(
 );
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
-pub(super) const KERNELS: &[Kernel] =
-    &[QUANTIZE_ACTIVATIONS, QUANTIZE_ACTIVATIONS_SG, Q8_MATMUL, Q8_MATMUL_TILED, Q8_EMBEDDING];
+pub(super) const KERNELS: &[Kernel] = &[
+    QUANTIZE_ACTIVATIONS,
+    QUANTIZE_ACTIVATIONS_SG,
+    Q8_MATMUL,
+    Q8_MATMUL_TILED,
+    Q8_EMBEDDING,
+];
+
+/// Words a row of activations takes when rounded for a weight of `blocks` blocks a row of
+/// `k` values: int8 four to a word for one block, 13-bit two to a word for several.
+pub fn activation_words(k: usize, blocks: usize) -> usize {
+    packed_cols(k) * if blocks > 1 { 2 } else { 1 }
+}
 
 impl Batch<'_> {
     /// Each row of `x` (rows x cols) to int8 with its own scale: `xq` gets
@@ -53,9 +66,10 @@ impl Batch<'_> {
         self.quantize_activation_blocks(xq, xs, x, rows, cols, cols)
     }
 
-    /// Each row of `x` (rows x cols) to int8 in blocks of `block` values (a multiple of 4,
-    /// or `cols`), each with its own scale: `xq` gets `rows * packed_cols(cols)` packed
-    /// words, `xs` the `rows * cols.div_ceil(block)` scales, row after row.
+    /// Each row of `x` (rows x cols) rounded for a weight with blocks of `block` values (a
+    /// multiple of 4, or `cols`): one block, int8 with the row's scale; several, 13-bit in
+    /// blocks, each with its own scale (core's `quantize_activations_wide`). `xq` gets
+    /// `rows * activation_words(cols, blocks)` words, `xs` the `rows * blocks` scales.
     pub fn quantize_activation_blocks(
         &mut self, xq: &GpuBuffer, xs: &GpuBuffer, x: &GpuBuffer, rows: usize, cols: usize, block: usize,
     ) -> Result<(), ShaderError> {
@@ -65,7 +79,7 @@ impl Batch<'_> {
             return Err(ShaderError::Invalid(format!("{OP}: blocks of {block} values split packed words")));
         }
         need(OP, "x", x, rows * cols)?;
-        need(OP, "xq", xq, rows * pc)?;
+        need(OP, "xq", xq, rows * activation_words(cols, nb))?;
         need(OP, "xs", xs, rows * nb)?;
         if rows == 0 || cols == 0 {
             return Ok(());
@@ -98,7 +112,7 @@ impl Batch<'_> {
         let pc = packed_cols(k);
         let block = weight_block(OP, n, k, ws)?;
         let nb = k.div_ceil(block);
-        need(OP, "xq", xq, m * pc)?;
+        need(OP, "xq", xq, m * activation_words(k, nb))?;
         need(OP, "xs", xs, m * nb)?;
         need(OP, "w", w, n * pc)?;
         if j0 + n > out_n {
@@ -252,10 +266,10 @@ impl Q8Ops for WgpuBackend {
         }
         let block =
             rusting_brain_core::ops::q8::check_q8_matmul(lo, lx, packed.len(), scales.len(), m, n, k)?;
-        let pc = rusting_brain_core::ops::q8::packed_cols(k);
         self.record(|b, pools| {
-            let xq = pools.scratch("int8 activations", m * pc)?;
-            let xs = pools.scratch("int8 activation scales", m * k.div_ceil(block))?;
+            let nb = k.div_ceil(block);
+            let xq = pools.scratch("int8 activations", m * activation_words(k, nb))?;
+            let xs = pools.scratch("int8 activation scales", m * nb)?;
             if xa == 0 {
                 b.quantize_activation_blocks(&xq, &xs, x, m, k, block)?;
             } else {

@@ -2,14 +2,15 @@
 // 32 x 32 outputs a workgroup, 4 x 4 in each invocation's registers. The packed int8 words
 // of a 32-row strip of activations and of weights go through workgroup memory 8 words (32
 // values) at a time, so each word read from memory feeds 32 dot4I8Packed instead of one.
-// The i32 sums are exact whatever the order; with blocked weights a step of 8 words is
-// one block of 32 values, whose sums are scaled and added to the f32 totals in block
-// order, so the result is bit-identical to q8_matmul.wgsl and to the CPU. Columns j0.. of rows of out_n, as q8_matmul.wgsl.
+// The i32 sums are exact whatever the order; with blocked weights (13-bit activations, two
+// words a weight word) a step of 8 weight words is one block of 32 values, whose sums are
+// scaled and added to the f32 totals in block order, so the result is bit-identical to
+// q8_matmul.wgsl and to the CPU. Columns j0.. of rows of out_n, as q8_matmul.wgsl.
 // Twin of rusting_brain_core::ops::q8::q8_matmul.
 
 const TILE: u32 = 32u;
 const TK: u32 = 8u;
-var<workgroup> xt: array<u32, 256>; // TILE rows x TK words
+var<workgroup> xt: array<u32, 512>; // TILE rows x TK words, twice that for 13-bit activations
 var<workgroup> wt: array<u32, 256>;
 
 @compute @workgroup_size(8, 8)
@@ -26,24 +27,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var e = t; e < TILE * TK; e += 64u) {
             let r = e / TK;
             let c = s0 + e % TK;
-            var xv = 0u;
-            if (i0 + r < p.m && c < p.packed_cols) { xv = xq[(i0 + r) * p.packed_cols + c]; }
-            xt[e] = xv;
             var wv = 0u;
             if (j0 + r < p.n && c < p.packed_cols) { wv = w[(j0 + r) * p.packed_cols + c]; }
             wt[e] = wv;
         }
+        // The activations: a word per weight word (int8), or two (13-bit, blocked weights).
+        let xw = select(1u, 2u, p.blocks > 1u);
+        for (var e = t; e < TILE * TK * xw; e += 64u) {
+            let r = e / (TK * xw);
+            let c = xw * s0 + e % (TK * xw);
+            var xv = 0u;
+            if (i0 + r < p.m && c < xw * p.packed_cols) { xv = xq[(i0 + r) * xw * p.packed_cols + c]; }
+            xt[e] = xv;
+        }
         workgroupBarrier();
         for (var c = 0u; c < TK; c++) {
-            var xr: array<u32, 4>;
             var wr: array<u32, 4>;
-            for (var a = 0u; a < 4u; a++) {
-                xr[a] = xt[(lid.y * 4u + a) * TK + c];
-                wr[a] = wt[(lid.x * 4u + a) * TK + c];
-            }
-            for (var a = 0u; a < 4u; a++) {
-                for (var b = 0u; b < 4u; b++) {
-                    acc[a][b] += dot4I8Packed(xr[a], wr[b]);
+            for (var a = 0u; a < 4u; a++) { wr[a] = wt[(lid.x * 4u + a) * TK + c]; }
+            if (p.blocks == 1u) {
+                for (var a = 0u; a < 4u; a++) {
+                    let xr = xt[(lid.y * 4u + a) * TK + c];
+                    for (var b = 0u; b < 4u; b++) { acc[a][b] += dot4I8Packed(xr, wr[b]); }
+                }
+            } else {
+                for (var a = 0u; a < 4u; a++) {
+                    let at = (lid.y * 4u + a) * 2u * TK + 2u * c;
+                    let x0 = xt[at];
+                    let x1 = xt[at + 1u];
+                    for (var b = 0u; b < 4u; b++) { acc[a][b] += dot_wide(wr[b], x0, x1); }
                 }
             }
         }

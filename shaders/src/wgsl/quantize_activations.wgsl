@@ -1,23 +1,23 @@
-// Rounds each activation row to int8 in blocks of p.block values (the whole row for
-// per-row weights), each block with its own scale (absmax / 127), one workgroup a block;
-// four values packed to a u32 (memory order, as the CPU packs them), padding bytes 0. A
-// block of 32 starts on a word, so blocks never share one. Rounding is half away
-// from zero (WGSL's round() goes to even), so the integers equal the CPU's.
-// Twin of rusting_brain_core::ops::q8::quantize_activation_blocks.
+// Rounds each activation row for an int8 weight, one workgroup a block of p.block values.
+// One block a row (p.block == p.cols): int8 with the row's scale (absmax / 127), four to a
+// u32 (memory order, as the CPU packs them). Several blocks (of 32, blocked weights):
+// integers in [-4095, 4095] with a scale a block (absmax / 4095), two to a u32 (low half
+// first: the CPU's i16 pairs in memory order), rows of 2 * packed_cols words. Padding is 0
+// (the row's last block writes it). Rounding is half away from zero (WGSL's round() goes
+// to even), so the integers equal the CPU's.
+// Twin of rusting_brain_core::ops::q8::quantize_activations and quantize_activations_wide.
 
 const WG: u32 = 64u;
 var<workgroup> part: array<f32, WG>;
 
-fn q(v: f32, inv: f32) -> i32 {
-    let y = v * inv;
-    var t = trunc(y);
-    if (abs(y - t) >= 0.5) { t += sign(y); }
-    return i32(clamp(t, -127.0, 127.0));
-}
-
 fn at(base: u32, c: u32, inv: f32) -> i32 {
     if (c >= p.cols) { return 0; }
-    return q(x[base + c], inv);
+    return round_away(x[base + c], inv, 127.0);
+}
+
+fn wide_at(base: u32, c: u32, inv: f32) -> u32 {
+    if (c >= p.cols) { return 0u; }
+    return bitcast<u32>(round_away(x[base + c], inv, 4095.0)) & 0xffffu;
 }
 
 @compute @workgroup_size(64)
@@ -38,13 +38,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (t < s) { part[t] = max(part[t], part[t + s]); }
         workgroupBarrier();
     }
-    let scale = part[0] / 127.0;
+    if (blocks == 1u) {
+        let scale = part[0] / 127.0;
+        var inv = 0.0;
+        if (scale > 0.0) { inv = 1.0 / scale; }
+        for (var s = t; s < p.packed_cols; s += WG) {
+            let c = 4u * s;
+            let v = vec4<i32>(at(base, c, inv), at(base, c + 1u, inv), at(base, c + 2u, inv), at(base, c + 3u, inv));
+            xq[r * p.packed_cols + s] = pack4xI8(v);
+        }
+        if (t == 0u) { xs[g] = scale; }
+        return;
+    }
+    let scale = part[0] / 4095.0;
     var inv = 0.0;
     if (scale > 0.0) { inv = 1.0 / scale; }
-    for (var s = c0 / 4u + t; s < (c1 + 3u) / 4u; s += WG) {
-        let c = 4u * s;
-        let v = vec4<i32>(at(base, c, inv), at(base, c + 1u, inv), at(base, c + 2u, inv), at(base, c + 3u, inv));
-        xq[r * p.packed_cols + s] = pack4xI8(v);
+    var end = (c1 + 1u) / 2u;
+    if (g % blocks + 1u == blocks) { end = 2u * p.packed_cols; }
+    for (var s = c0 / 2u + t; s < end; s += WG) {
+        xq[r * 2u * p.packed_cols + s] = wide_at(base, 2u * s, inv) | (wide_at(base, 2u * s + 1u, inv) << 16u);
     }
     if (t == 0u) { xs[g] = scale; }
 }

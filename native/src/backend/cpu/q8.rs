@@ -53,13 +53,16 @@ fn quantize(w: &[f32], rows: usize, cols: usize, block: usize) -> Result<(Vec<f3
     if cols == 0 {
         return Ok((packed, scales));
     }
-    let mut q = simd::QuantRow::default();
+    let (mut q, mut part) = (Vec::with_capacity(cols), Vec::with_capacity(block.min(cols)));
     for ((row, slots), sc) in
         w.chunks_exact(cols).zip(packed.chunks_exact_mut(pc)).zip(scales.chunks_exact_mut(nb))
     {
-        q.fill(row, block);
-        sc.copy_from_slice(&q.scales);
-        for (slot, four) in slots.iter_mut().zip(q.q.chunks(4)) {
+        q.clear();
+        for (chunk, s) in row.chunks(block).zip(sc.iter_mut()) {
+            *s = simd::quantize_i8_into(chunk, &mut part);
+            q.extend_from_slice(&part);
+        }
+        for (slot, four) in slots.iter_mut().zip(q.chunks(4)) {
             let mut bytes = [0u8; 4];
             for (b, &v) in bytes.iter_mut().zip(four) {
                 *b = v as u8;

@@ -10,7 +10,8 @@ use rusting_brain_core::Result;
 
 /// The kernels of `kernels/cu/q8.cu` this family launches, loaded when the backend starts
 /// (a missing one is an error then, not at the first step).
-pub(super) const KERNELS: (&str, &[&str]) = ("q8", &["quantize_activations", "q8_matmul", "q8_embedding"]);
+pub(super) const KERNELS: (&str, &[&str]) =
+    ("q8", &["quantize_activations", "quantize_activations_wide", "q8_matmul", "q8_embedding"]);
 
 pub(super) fn q8_matmul(
     be: &CudaBackend, out: &mut CudaBuffer, x: &CudaBuffer, packed: &CudaBuffer, scales: &CudaBuffer,
@@ -48,7 +49,9 @@ pub(super) fn q8_matmul(
         return Ok(());
     }
     let words = ops::q8::packed_cols(k);
-    let xq_bytes = m * words * 4;
+    // int8 activations for one block a row, 13-bit shorts for blocks.
+    let wide = blocks > 1;
+    let xq_bytes = m * words * 4 * if wide { 2 } else { 1 };
     be.check_room(xq_bytes, "int8 activation scratch")?;
     let mut xq = be
         .dev
@@ -59,7 +62,12 @@ pub(super) fn q8_matmul(
     let xv = x.data.slice(wx..wx + m * k);
     let (mi, ki, kp) = (i32_of("m", m)?, i32_of("k", k)?, i32_of("k", words * 4)?);
     let (bi, bs) = (i32_of("blocks", blocks)?, i32_of("block", block)?);
-    launch!(be, "quantize_activations", rows_grid(m * blocks, 256)?; &mut xq, &mut xs.data, &xv, &mi, &ki, &kp, &bs)?;
+    let grid = rows_grid(m * blocks, 256)?;
+    if wide {
+        launch!(be, "quantize_activations_wide", grid; &mut xq, &mut xs.data, &xv, &mi, &ki, &kp, &bs)?;
+    } else {
+        launch!(be, "quantize_activations", grid; &mut xq, &mut xs.data, &xv, &mi, &ki, &kp, &bs)?;
+    }
     let mut ov = out.data.slice_mut(wo..wo + m * n);
     let (ni, wi) = (i32_of("n", n)?, i32_of("k", words)?);
     launch!(be, "q8_matmul", CudaBackend::warps_cfg(m * n)?;

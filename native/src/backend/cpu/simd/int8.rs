@@ -118,15 +118,17 @@ pub(super) unsafe fn dot4_i8_vnni(x: &[i8], xsum: i32, rows: [&[i8]; 4]) -> [i32
     out
 }
 
-/// An activation row rounded to int8 ([`QuantRow`]): the values and, per block of
-/// `block` values, their sum and scale — what every int8 product of the row needs. Under
-/// per-row weights the row is one block.
+/// An activation row rounded for an int8 product ([`QuantRow`]): under per-row weights
+/// the int8 values, their sum and the row's scale; under blocked weights the 13-bit values
+/// and a scale a block.
 pub struct Int8Row<'a> {
-    /// The rounded values.
+    /// The int8 values (one block a row).
     pub q: &'a [i8],
+    /// The 13-bit values (several blocks).
+    pub wide: &'a [i16],
     /// Values per block (the row's length when it is one block).
     pub block: usize,
-    /// Each block's sum (the bias of VNNI's unsigned operand comes off with it).
+    /// The int8 values' sum (the bias of VNNI's unsigned operand comes off with it).
     pub sums: &'a [i32],
     /// What one unit of `q` is worth, block by block.
     pub scales: &'a [f32],
@@ -144,7 +146,7 @@ pub struct Int8Row<'a> {
 /// vector op per step. Row at a time, the folds and the scalar scaling cost as much as the
 /// products at the widths of a small model (k = 256: four 64-byte steps a row).
 pub fn q8_rows(out: &mut [f32], a: &Int8Row, w: &[i8], stride: usize, scales: &[f32], beta: f32) {
-    let (n, k) = (out.len(), a.q.len());
+    let (n, k) = (out.len(), a.q.len().max(a.wide.len()));
     assert!(stride >= k && scales.len() >= n, "q8_rows: a row or a scale short");
     assert!(n == 0 || w.len() >= (n - 1) * stride + k, "q8_rows: the weights end early");
     if a.scales.len() > 1 {
@@ -387,21 +389,8 @@ pub(super) unsafe fn tile4x4_i8_vnni(
     // SAFETY: `scales` is four floats.
     let scv = _mm512_broadcast_f32x4(unsafe { _mm_loadu_ps(scales.as_ptr()) });
     let y = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(all, bias)), sxv), scv);
-    let rows4 = [
-        _mm512_extractf32x4_ps::<0>(y),
-        _mm512_extractf32x4_ps::<1>(y),
-        _mm512_extractf32x4_ps::<2>(y),
-        _mm512_extractf32x4_ps::<3>(y),
-    ];
-    let betav = _mm_set1_ps(beta);
-    for (u, yu) in rows4.into_iter().enumerate() {
-        // SAFETY: u * stride + 4 <= 3 * stride + 4 <= out.len() (the contract).
-        unsafe {
-            let p = out.as_mut_ptr().add(u * stride);
-            let v = if beta == 0.0 { yu } else { _mm_add_ps(yu, _mm_mul_ps(betav, _mm_loadu_ps(p))) };
-            _mm_storeu_ps(p, v);
-        }
-    }
+    // SAFETY: the contract: `out` holds 3 * stride + 4 elements.
+    unsafe { store4x4(out, stride, y, beta) };
 }
 
 /// `dot4x4_i8` with VNNI, the weights as the unsigned side as in `dot4_i8_vnni`.
