@@ -89,8 +89,14 @@ fn prefill_rate(
 /// `pp16`, `pp128`, `pp512` and `tgN`, or why it did not run.
 fn llama_cpp(large: bool, threads: usize, new: usize) -> Result<Vec<(String, f64, f64)>, String> {
     let dir = std::env::var("RB_LLAMA_DIR").unwrap_or_else(|_| "/var/tmp/rb-llama".into());
+    llama_bench(&format!("{dir}/{}-q8_0.gguf", if large { "readme" } else { "small" }), threads, new)
+}
+
+/// `llama-bench` on `gguf` (pp16, pp128, pp512 and tgN at `threads`), as [`llama_cpp`].
+fn llama_bench(gguf: &str, threads: usize, new: usize) -> Result<Vec<(String, f64, f64)>, String> {
+    let dir = std::env::var("RB_LLAMA_DIR").unwrap_or_else(|_| "/var/tmp/rb-llama".into());
     let bin = format!("{dir}/build/bin/llama-bench");
-    let gguf = format!("{dir}/{}-q8_0.gguf", if large { "readme" } else { "small" });
+    let gguf = gguf.to_string();
     for f in [&bin, &gguf] {
         if !std::path::Path::new(f).exists() {
             return Err(format!("{f} is missing; run bench/setup_llama_cpp.sh"));
@@ -133,6 +139,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<usize> = words.iter().filter_map(|a| a.parse().ok()).collect();
     let prompt_len = args.first().copied().unwrap_or(16).max(1);
     let new_tokens = args.get(1).copied().unwrap_or(128).max(1);
+    if let Some(at) = words.iter().position(|w| w == "--from-pretrained") {
+        let dir = words.get(at + 1).ok_or("--from-pretrained needs a model folder")?;
+        let gguf = words.iter().position(|w| w == "--gguf").and_then(|i| words.get(i + 1));
+        return real_model(dir, gguf.map(String::as_str), prompt_len, new_tokens);
+    }
     // `readme`: the README's 38.9M configuration, where the bytes outweigh the ~90 calls
     // of a step; by default the training benchmark's 5.3M one.
     let large = words.iter().any(|w| w == "readme");
@@ -485,5 +496,51 @@ fn gpu_row(
         per.buffers as f64 / steps,
         per.bind_groups as f64 / steps,
     );
+    Ok(())
+}
+
+/// A published model's folder at int8 (`from_pretrained_at(DIR, Q8)`) beside llama.cpp's
+/// Q8_0 of the same weights (`--gguf`, e.g. `llama-quantize` of `bench/smollm2_folder.py
+/// --f32-gguf`): prompt processing at 16, 128 and 512 tokens and the decode of
+/// `new` tokens after a `prompt_len`-token prompt, every row from this run, same threads.
+fn real_model(
+    dir: &str, gguf: Option<&str>, prompt_len: usize, new: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut model = TransformerLm::from_pretrained_at(dir, rusting_brain::Precision::Q8)?;
+    model.set_max_seq_len(prompt_len.max(PREFILL[PREFILL.len() - 1]) + new + 1)?;
+    let vocab = model.config().vocab_size;
+    let threads = rayon::current_num_threads();
+    println!("bench_decode: {dir} at int8, {threads} threads, prompt {prompt_len}, {new} new tokens");
+    println!("{} at commit {}", common::cpu_model(), common::commit());
+    let mut rng = Rng::new(3);
+    let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab as u64) as u32).collect();
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        runs.push(decode_run(&mut model, &prompt, new)?.1);
+    }
+    runs.sort_by(f64::total_cmp);
+    let mut ours: Vec<(String, f64)> = Vec::new();
+    for &len in PREFILL {
+        ours.push((format!("pp{len}"), prefill_rate(&mut model, len, vocab)?));
+    }
+    ours.push((format!("tg{new}"), runs[2]));
+    let llama = match gguf {
+        Some(g) => llama_bench(g, threads, new),
+        None => Err("no --gguf given".to_string()),
+    };
+    println!("\n{:<8} {:>12} {:>16} {:>12}", "test", "ours q8", "llama.cpp Q8_0", "ours/llama");
+    for (test, t) in &ours {
+        let theirs = llama.as_ref().ok().and_then(|rows| rows.iter().find(|r| &r.0 == test));
+        match theirs {
+            Some((_, l, sd)) => {
+                println!("{test:<8} {t:>12.1} {:>16} {:>11.2}x", format!("{l:.1} ± {sd:.1}"), t / l)
+            }
+            None => println!("{test:<8} {t:>12.1} {:>16} {:>12}", "-", "-"),
+        }
+    }
+    if let Err(why) = llama {
+        println!("llama.cpp: not run ({why})");
+    }
+    println!("(tg: ours the median of 5 runs, llama.cpp's the mean of its 5)");
     Ok(())
 }

@@ -43,13 +43,8 @@ const Q8_EMBEDDING: Kernel = kernel!(
 );
 
 /// The kernels this family dispatches (gathered in `ops::KERNELS`).
-pub(super) const KERNELS: &[Kernel] = &[
-    QUANTIZE_ACTIVATIONS,
-    QUANTIZE_ACTIVATIONS_SG,
-    Q8_MATMUL,
-    Q8_MATMUL_TILED,
-    Q8_EMBEDDING,
-];
+pub(super) const KERNELS: &[Kernel] =
+    &[QUANTIZE_ACTIVATIONS, QUANTIZE_ACTIVATIONS_SG, Q8_MATMUL, Q8_MATMUL_TILED, Q8_EMBEDDING];
 
 /// Words a row of activations takes when rounded for a weight of `blocks` blocks a row of
 /// `k` values: int8 four to a word for one block, 13-bit two to a word for several.

@@ -132,6 +132,13 @@ pub struct Int8Row<'a> {
     pub sums: &'a [i32],
     /// What one unit of `q` is worth, block by block.
     pub scales: &'a [f32],
+    /// The 13-bit values split into bytes, `64 hi + lo`, padded to whole 64-byte steps
+    /// ([`QuantRow::lo`]).
+    pub lo: &'a [u8],
+    /// See `lo`.
+    pub hi: &'a [i8],
+    /// Each block's sum of `hi`.
+    pub hi_sums: &'a [i32],
 }
 
 /// A decode product's rows (per-row weights; blocked ones go to [`q8_rows_blocked`]):

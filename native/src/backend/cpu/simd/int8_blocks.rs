@@ -29,6 +29,13 @@ pub struct QuantRow {
     pub sums: Vec<i32>,
     /// Each block's scale.
     pub scales: Vec<f32>,
+    /// The 13-bit values split for VNNI's byte products, `x = 64 hi + lo`: `lo` in 0..64
+    /// and `hi` in -64..64, padded with zeros to whole 64-byte steps.
+    pub lo: Vec<u8>,
+    /// See `lo`.
+    pub hi: Vec<i8>,
+    /// Each block's sum of `hi`.
+    pub hi_sums: Vec<i32>,
 }
 
 impl QuantRow {
@@ -51,6 +58,19 @@ impl QuantRow {
             self.q.clear();
             let (wide, scales) = quantize_activations_wide(x, block);
             (self.wide, self.scales) = (wide, scales);
+            let padded = x.len().div_ceil(64) * 64;
+            self.lo.clear();
+            self.hi.clear();
+            self.lo.extend(self.wide.iter().map(|&v| (v & 63) as u8));
+            self.hi.extend(self.wide.iter().map(|&v| (v >> 6) as i8));
+            self.lo.resize(padded, 0);
+            self.hi.resize(padded, 0);
+            self.hi_sums = self
+                .hi
+                .chunks(block)
+                .take(self.scales.len())
+                .map(|c| c.iter().map(|&v| v as i32).sum())
+                .collect();
         } else {
             self.wide.clear();
             let scale = quantize_i8_into(x, &mut self.q);
@@ -61,7 +81,16 @@ impl QuantRow {
 
     /// The borrowed form the kernels read.
     pub fn row(&self) -> Int8Row<'_> {
-        Int8Row { q: &self.q, wide: &self.wide, block: self.block, sums: &self.sums, scales: &self.scales }
+        Int8Row {
+            q: &self.q,
+            wide: &self.wide,
+            block: self.block,
+            sums: &self.sums,
+            scales: &self.scales,
+            lo: &self.lo,
+            hi: &self.hi,
+            hi_sums: &self.hi_sums,
+        }
     }
 }
 
@@ -106,76 +135,76 @@ fn dot_i16_i8(x: &[i16], w: &[i8]) -> i32 {
     x.iter().zip(w).map(|(&a, &b)| a as i32 * b as i32).sum()
 }
 
-/// Block `b` of sixteen rows against `x` with VNNI: `acc[g][u]`, sixteen lanes of pair
-/// sums each, for row `4 g + u` at `group[g] + u * stride`. Short last blocks read only
-/// their values (masked; the rest count as 0).
-///
-/// # Safety
-/// avx512f, avx512bw and avx512vnni; `xv` holds block `b` of the activations; every row
-/// holds the block's values from `c0`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-#[inline]
-unsafe fn widen_block(
-    acc: &mut [[std::arch::x86_64::__m512i; 4]; 4], xv: std::arch::x86_64::__m512i, rows: [*const i8; 4],
-    stride: usize, c0: usize, mask: u64,
-) {
-    use std::arch::x86_64::*;
-    for (g, a4) in acc.iter_mut().enumerate() {
-        for (u, a) in a4.iter_mut().enumerate() {
-            // SAFETY: the contract: the masked bytes c0.. of row 4 g + u are inside it.
-            let w8 = unsafe { _mm512_maskz_loadu_epi8(mask, rows[g].wrapping_add(u * stride + c0)) };
-            let w16 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w8));
-            *a = _mm512_dpwssd_epi32(_mm512_setzero_si512(), xv, w16);
-        }
-    }
-}
-
-/// [`q8_rows_blocked`] on VNNI for `out.len()` a multiple of 16.
+/// [`q8_rows_blocked`] on VNNI for `out.len()` a multiple of 16. The 13-bit activations go
+/// in as two byte vectors, `x = 64 hi + lo` (`a.lo`, `a.hi`), so each 64-byte step of a
+/// weight row is one load and two `vpdpbusd` (`lo` unsigned against the weights; the
+/// weights made unsigned, `w + 128`, against `hi`), with no widening: per lane
+/// `lo . w + 64 (hi . (w + 128))`, and `64 * 128 * sum(hi)` comes off each block after the
+/// fold. The step's two blocks are folded together ([`fold16x2_i32`]). Integer sums, so
+/// the same block sums as core's; the same float steps after.
 ///
 /// # Safety
 /// The CPU must have avx512f, avx512bw and avx512vnni; rows `0..out.len()` of
 /// `a.wide.len()` bytes at `stride` must lie inside `w`; `scales` holds `out.len() * nb`
-/// values.
+/// values; `a.lo` and `a.hi` hold whole 64-byte steps.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn q8_rows16_blocked_vnni(
     out: &mut [f32], a: &Int8Row, w: &[i8], stride: usize, scales: &[f32], beta: f32,
 ) {
     use std::arch::x86_64::*;
-    let (x, k, nb) = (a.wide, a.wide.len(), a.scales.len());
+    let (k, nb) = (a.wide.len(), a.scales.len());
+    let steps = k.div_ceil(64);
+    assert!(a.lo.len() >= steps * 64 && a.hi.len() >= steps * 64, "q8_rows: split activations");
     // Row r's scale of block b is at (16 pass + r) * nb + b: sixteen rows nb apart.
     let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let index = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(nb as i32));
-    let vbeta = _mm512_set1_ps(beta);
+    let (flip, vbeta) = (_mm512_set1_epi8(i8::MIN), _mm512_set1_ps(beta));
     for (p, o16) in out.chunks_exact_mut(16).enumerate() {
         let base = w.as_ptr().wrapping_add(p * 16 * stride);
         let group = [0, 1, 2, 3].map(|g| base.wrapping_add(4 * g * stride));
-        // The next pass's rows (contiguous after these), a line a row every other block:
-        // rows of a few hundred bytes are too short for the hardware prefetcher to lock on.
+        // The next pass's rows (contiguous after these), a line a row a step: rows of a few
+        // hundred bytes are too short for the hardware prefetcher to lock on.
         let next = base.wrapping_add(16 * stride);
         let sc = scales.as_ptr().wrapping_add(p * 16 * nb);
         let mut total = _mm512_setzero_ps();
-        for b in 0..nb {
-            let c0 = b * Q8_BLOCK;
-            let len = (k - c0).min(Q8_BLOCK);
-            let mask = (1u64 << len) - 1;
-            if b % 2 == 0 {
-                for r in 0..16 {
-                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * stride + c0));
-                }
-            }
-            // SAFETY: the block's `len` values lie inside x (k values from c0).
-            let xv = unsafe { _mm512_maskz_loadu_epi16(mask as __mmask32, x.as_ptr().add(c0)) };
-            let mut acc = [[_mm512_setzero_si512(); 4]; 4];
-            // SAFETY: the contract puts every row's k bytes inside `w`.
-            unsafe { widen_block(&mut acc, xv, group, stride, c0, mask) };
-            // SAFETY: avx512f; rows 16 p.. 16 p + 15 have nb scales each (the contract).
-            let (d, ws) = unsafe {
-                (fold16_i32(&acc), _mm512_i32gather_ps::<4>(index, sc.wrapping_add(b) as *const f32))
-            };
+        // Block b's sixteen sums (less the bias), scaled and added in block order.
+        let mut add_block = |d: __m512i, b: usize| {
+            let d = _mm512_sub_epi32(d, _mm512_set1_epi32(8192 * a.hi_sums[b]));
+            // SAFETY: rows 16 p.. 16 p + 15 have nb scales each (the contract), b < nb.
+            let ws = unsafe { _mm512_i32gather_ps::<4>(index, sc.wrapping_add(b)) };
             let v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(a.scales[b])), ws);
             total = _mm512_add_ps(total, v);
+        };
+        for c in 0..steps {
+            let left = k - c * 64;
+            let mask: __mmask64 = if left >= 64 { !0 } else { (1u64 << left) - 1 };
+            // SAFETY: a.lo and a.hi hold whole steps (asserted above).
+            let (lv, hv) = unsafe {
+                (
+                    _mm512_loadu_si512(a.lo.as_ptr().add(c * 64) as *const __m512i),
+                    _mm512_loadu_si512(a.hi.as_ptr().add(c * 64) as *const __m512i),
+                )
+            };
+            let ahead = next.wrapping_add(c * 64);
+            let mut acc = [[_mm512_setzero_si512(); 4]; 4];
+            for (g, a4) in acc.iter_mut().enumerate() {
+                for (u, acc) in a4.iter_mut().enumerate() {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add((4 * g + u) * stride));
+                    // SAFETY: the masked bytes of row 16 p + 4 g + u lie inside it.
+                    let wv =
+                        unsafe { _mm512_maskz_loadu_epi8(mask, group[g].wrapping_add(u * stride + c * 64)) };
+                    let low = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lv, wv);
+                    let high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(wv, flip), hv);
+                    *acc = _mm512_add_epi32(low, _mm512_slli_epi32::<6>(high));
+                }
+            }
+            // SAFETY: avx512f (the contract).
+            let (lo, hi) = unsafe { fold16x2_i32(&acc) };
+            add_block(lo, 2 * c);
+            if 2 * c + 1 < nb {
+                add_block(hi, 2 * c + 1);
+            }
         }
         // SAFETY: o16 is 16 writable floats.
         unsafe {
@@ -187,6 +216,36 @@ unsafe fn q8_rows16_blocked_vnni(
             _mm512_storeu_ps(o16.as_mut_ptr(), v);
         }
     }
+}
+
+/// Sixteen i32 accumulators (`acc[g][u]`, four groups of four) to two vectors: the sums of
+/// each one's lanes 0..8 (the first 32 bytes of a 64-byte step, one block) and of its
+/// lanes 8..16 (the second block), `acc[g][u]`'s in lane `4 g + u` of each, as
+/// [`fold16_i32`] orders them. Within a group, interleave-and-add leaves each 128-bit lane
+/// with its four rows' partial sums; 128-bit lane shuffles then pair lanes 0+1 and 2+3.
+///
+/// # Safety
+/// The CPU must have avx512f (checked by the callers).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fold16x2_i32(
+    acc: &[[std::arch::x86_64::__m512i; 4]; 4],
+) -> (std::arch::x86_64::__m512i, std::arch::x86_64::__m512i) {
+    use std::arch::x86_64::*;
+    let pair =
+        |a: __m512i, b: __m512i| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    let group = |a: &[__m512i; 4]| {
+        let (t01, t23) = (pair(a[0], a[1]), pair(a[2], a[3]));
+        _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23))
+    };
+    // (a.L0 + a.L1, a.L2 + a.L3, b.L0 + b.L1, b.L2 + b.L3): each group's two blocks.
+    let halves = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_shuffle_i32x4::<0x88>(a, b), _mm512_shuffle_i32x4::<0xDD>(a, b))
+    };
+    let u = acc.each_ref().map(group);
+    let (v01, v23) = (halves(u[0], u[1]), halves(u[2], u[3]));
+    (_mm512_shuffle_i32x4::<0x88>(v01, v23), _mm512_shuffle_i32x4::<0xDD>(v01, v23))
 }
 
 /// The blocked int8 GEMM's 4 x 4 tile: `out[u * stride + v] = blocked_dot(xs[u], rows[v])`
@@ -294,4 +353,151 @@ pub(super) unsafe fn store4x4(out: &mut [f32], stride: usize, y: std::arch::x86_
             _mm_storeu_ps(p, v);
         }
     }
+}
+
+/// Sixteen weight rows of a blocked int8 matrix laid out for prompt processing
+/// ([`panel16_rows`]): for block `b` and pair `p` (the block's values `2 p`, `2 p + 1`),
+/// the sixteen rows' two values widened to i16 and packed in one i32, row `r` in lane `r`
+/// of a 64-byte vector; and for block `b` the sixteen rows' scales. With the rows across
+/// the lanes a `vpdpwssd` of a pair broadcast from one activation row leaves each row's
+/// block sum in its own lane: no fold. Filled once per sixteen rows and band of
+/// activation rows, it costs a move per value against a product per value per row of the
+/// band.
+#[derive(Default)]
+pub struct Panel16 {
+    pairs: Vec<i32>,
+    scales: Vec<f32>,
+    blocks: usize,
+}
+
+impl Panel16 {
+    /// Rows `0..16` of `w` (`k` bytes each, `stride` apart) and their scales (`16 * nb`,
+    /// row after row), `nb = k.div_ceil(32)`; values past `k` are 0.
+    pub fn fill(&mut self, w: &[i8], stride: usize, k: usize, scales: &[f32]) {
+        let nb = blocks_of(k, Q8_BLOCK);
+        assert!(w.len() >= 15 * stride + k && scales.len() >= 16 * nb, "Panel16: sixteen rows");
+        self.blocks = nb;
+        self.pairs.resize(nb * 256, 0);
+        self.scales.resize(nb * 16, 0.0);
+        let at = |r: usize, c: usize| if c < k { w[r * stride + c] as i16 as u16 as u32 } else { 0 };
+        for b in 0..nb {
+            for p in 0..16 {
+                let c = b * Q8_BLOCK + 2 * p;
+                for r in 0..16 {
+                    self.pairs[(b * 16 + p) * 16 + r] = (at(r, c) | (at(r, c + 1) << 16)) as i32;
+                }
+            }
+            for r in 0..16 {
+                self.scales[b * 16 + r] = scales[r * nb + b];
+            }
+        }
+    }
+}
+
+/// Sixteen outputs of each activation row `xs[u]` against a [`Panel16`]:
+/// `out[u * ldo + r] = blocked_dot(xs[u], row r)` (plus `beta * out[..]` when `beta` is
+/// not 0), the same operations in the same order, so the same bits. `padded[u]` is
+/// `xs[u].wide` with zeros to a whole number of blocks. Returns false (writing nothing)
+/// where the CPU has no VNNI; the caller takes the tile path then.
+pub fn panel16_rows(
+    out: &mut [f32], ldo: usize, xs: &[Int8Row], padded: &[&[i16]], panel: &Panel16, beta: f32,
+) -> bool {
+    let nb = panel.blocks;
+    assert!(xs.len() == padded.len() && xs.iter().all(|x| x.scales.len() == nb), "panel16_rows: blocks");
+    assert!(padded.iter().all(|p| p.len() >= nb * Q8_BLOCK), "panel16_rows: padded rows");
+    assert!(xs.is_empty() || out.len() >= (xs.len() - 1) * ldo + 16, "panel16_rows: out");
+    #[cfg(target_arch = "x86_64")]
+    if has_vnni() {
+        let mut u = 0;
+        // Eight rows a pass: eight independent chains of vpdpwssd hide its latency.
+        while u < xs.len() {
+            let (o, x, p) = (&mut out[u * ldo..], &xs[u..], &padded[u..]);
+            // SAFETY: has_vnni() checked the features; the asserts above put every row's
+            // nb * 32 values, its nb scales and its 16 outputs in bounds.
+            u += unsafe {
+                match xs.len() - u {
+                    8.. => panel16_vnni::<8>(o, ldo, x, p, panel, beta),
+                    4.. => panel16_vnni::<4>(o, ldo, x, p, panel, beta),
+                    _ => panel16_vnni::<1>(o, ldo, x, p, panel, beta),
+                }
+            };
+        }
+        return true;
+    }
+    let _ = (out, ldo, beta);
+    false
+}
+
+/// [`panel16_rows`] for `U` activation rows with VNNI.
+///
+/// Returns `U`, the rows done.
+///
+/// # Safety
+/// avx512f, avx512bw and avx512vnni; `xs` and `padded` hold at least `U` rows of
+/// `panel.blocks` blocks (padded to whole blocks); `out` holds `(U - 1) * ldo + 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn panel16_vnni<const U: usize>(
+    out: &mut [f32], ldo: usize, xs: &[Int8Row], padded: &[&[i16]], panel: &Panel16, beta: f32,
+) -> usize {
+    use std::arch::x86_64::*;
+    let mut total = [_mm512_setzero_ps(); U];
+    for b in 0..panel.blocks {
+        let mut acc = [_mm512_setzero_si512(); U];
+        // SAFETY: the panel holds nb * 256 pairs and nb * 16 scales.
+        let wp = unsafe { panel.pairs.as_ptr().add(b * 256) };
+        for p in 0..16 {
+            // SAFETY: as above; unaligned loads need no alignment.
+            let wv = unsafe { _mm512_loadu_si512(wp.add(p * 16) as *const __m512i) };
+            for (u, a) in acc.iter_mut().enumerate() {
+                // SAFETY: the pair at b * 32 + 2 p is inside the padded row (the contract).
+                let pair = unsafe { padded[u].as_ptr().add(b * Q8_BLOCK + 2 * p) };
+                // SAFETY: avx512f and avx512vnni (the contract); the asm reads the four
+                // bytes at `pair`, inside the row, and writes only `a`.
+                unsafe { dpwssd_bcst(a, wv, pair as *const i32) };
+            }
+        }
+        // SAFETY: as above.
+        let ws = unsafe { _mm512_loadu_ps(panel.scales.as_ptr().add(b * 16)) };
+        for (u, t) in total.iter_mut().enumerate() {
+            let v =
+                _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[u]), _mm512_set1_ps(xs[u].scales[b])), ws);
+            *t = _mm512_add_ps(*t, v);
+        }
+    }
+    for (u, t) in total.iter().enumerate() {
+        // SAFETY: u * ldo + 16 <= out.len() (the contract).
+        unsafe {
+            let o = out.as_mut_ptr().add(u * ldo);
+            let v = if beta == 0.0 {
+                *t
+            } else {
+                _mm512_add_ps(*t, _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(o)))
+            };
+            _mm512_storeu_ps(o, v);
+        }
+    }
+    U
+}
+
+/// `acc += pairs of wv . the pair at p, broadcast`: one `vpdpwssd` with an embedded
+/// broadcast. Written as asm because LLVM's generic tuning splits the intrinsic into
+/// `vpmaddwd` + `vpaddd`, twice the instructions of the prompt's hottest loop.
+///
+/// # Safety
+/// avx512f and avx512vnni; `p` points at four readable bytes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn dpwssd_bcst(acc: &mut std::arch::x86_64::__m512i, wv: std::arch::x86_64::__m512i, p: *const i32) {
+    // SAFETY: the contract.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {w}, dword ptr [{p}]{{1to16}}",
+            acc = inout(zmm_reg) *acc,
+            w = in(zmm_reg) wv,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags),
+        )
+    };
 }

@@ -257,7 +257,16 @@ fn decode_rows_match_the_plain_formula_bit_for_bit() {
                     (0..n).map(|j| if beta == 0.0 { f32::NAN } else { j as f32 * 0.1 - 2.0 }).collect();
                 let mut got = init.clone();
                 let (sums, scales_x) = ([xsum], [sx]);
-                let row = Int8Row { q: &x, wide: &[], block: k, sums: &sums, scales: &scales_x };
+                let row = Int8Row {
+                    q: &x,
+                    wide: &[],
+                    block: k,
+                    sums: &sums,
+                    scales: &scales_x,
+                    lo: &[],
+                    hi: &[],
+                    hi_sums: &[],
+                };
                 q8_rows(&mut got, &row, &w, stride, &scales, beta);
                 for j in 0..n {
                     let row = &w[j * stride..j * stride + k];
