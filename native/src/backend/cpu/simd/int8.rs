@@ -266,19 +266,10 @@ pub(super) unsafe fn q8_rows16_vnni(
 #[target_feature(enable = "avx512f")]
 #[inline]
 pub(super) unsafe fn fold16_i32(acc: &[[std::arch::x86_64::__m512i; 4]; 4]) -> std::arch::x86_64::__m512i {
-    use std::arch::x86_64::*;
-    let pair =
-        |a: __m512i, b: __m512i| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-    let group = |a: &[__m512i; 4]| {
-        let (t01, t23) = (pair(a[0], a[1]), pair(a[2], a[3]));
-        _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23))
-    };
-    let halves = |a: __m512i, b: __m512i| {
-        _mm512_add_epi32(_mm512_shuffle_i32x4::<0x44>(a, b), _mm512_shuffle_i32x4::<0xEE>(a, b))
-    };
-    let u = acc.each_ref().map(group);
-    let (v01, v23) = (halves(u[0], u[1]), halves(u[2], u[3]));
-    _mm512_add_epi32(_mm512_shuffle_i32x4::<0x88>(v01, v23), _mm512_shuffle_i32x4::<0xDD>(v01, v23))
+    // Lanes 0..8 and 8..16 folded apart, then added: the same shuffles and adds.
+    // SAFETY: avx512f (the contract).
+    let (lo, hi) = unsafe { super::int8_blocks::fold16x2_i32(acc) };
+    std::arch::x86_64::_mm512_add_epi32(lo, hi)
 }
 
 /// `out[i][j] = xs[i] . rows[j]` over int8 for four activation rows and four weight rows,

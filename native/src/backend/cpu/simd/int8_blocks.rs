@@ -229,7 +229,7 @@ unsafe fn q8_rows16_blocked_vnni(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn fold16x2_i32(
+pub(super) unsafe fn fold16x2_i32(
     acc: &[[std::arch::x86_64::__m512i; 4]; 4],
 ) -> (std::arch::x86_64::__m512i, std::arch::x86_64::__m512i) {
     use std::arch::x86_64::*;
