@@ -141,7 +141,7 @@ pub struct Int8Row<'a> {
     pub hi_sums: &'a [i32],
 }
 
-/// A decode product's rows (per-row weights; blocked ones go to [`q8_rows_blocked`]):
+/// A decode product's rows (per-row weights; blocked ones go to `q8_rows_blocked`):
 /// `out[r] = (x . w_r) * sx * scales[r]`, plus `beta * out[r]`
 /// when `beta` is not zero, for the weight rows `w_r = w[r * stride..r * stride + k]`,
 /// `r < out.len()`, with `x`, `sx` and `k` from the rounded row `a`: to the bit what
