@@ -214,11 +214,10 @@ fn q8_gemm_blocked(
         let acts: Vec<simd::Int8Row<'_>> = quantized.iter().map(|q| q.row()).collect();
         // Sixteen weight rows at a time laid out across the vector lanes (VNNI): each
         // activation row meets them with broadcast pairs and no fold. The layout costs a
-        // move per weight, worth it from 16 rows of activations a band on (a 16-token
-        // prompt's bands of 8 ran at 0.6x the tiles; 64 at 1.5x); fewer rows, and CPUs
-        // without VNNI, take 4 x 4 tiles.
+        // widening and a transpose per block of sixteen rows; fewer rows than
+        // PANEL_MIN_ROWS, and CPUs without VNNI, take 4 x 4 tiles.
         let mut done = 0;
-        if rows >= 16 && simd::has_vnni() {
+        if rows >= PANEL_MIN_ROWS && simd::has_vnni() {
             let padded: Vec<Vec<i16>> = quantized
                 .iter()
                 .map(|q| {
@@ -263,6 +262,11 @@ fn q8_gemm_blocked(
         band(out, 0);
     }
 }
+
+/// Activation rows a band from which the blocked GEMM lays its weights across the lanes
+/// ([`simd::Panel16`]) instead of running 4 x 4 tiles: a 16-token prompt's bands of 8 ran
+/// at 1.2x the tiles with the transposing fill (SmolLM2-135M, AVX-512 VNNI).
+const PANEL_MIN_ROWS: usize = 4;
 
 /// One int8 product of [`q8_matmul_many`] at one activation row: its output `(n)`,
 /// weight `(n, k)` (packed values and row scales) and beta.

@@ -361,8 +361,8 @@ pub(super) unsafe fn store4x4(out: &mut [f32], stride: usize, y: std::arch::x86_
 /// of a 64-byte vector; and for block `b` the sixteen rows' scales. With the rows across
 /// the lanes a `vpdpwssd` of a pair broadcast from one activation row leaves each row's
 /// block sum in its own lane: no fold. Filled once per sixteen rows and band of
-/// activation rows, it costs a move per value against a product per value per row of the
-/// band.
+/// activation rows (a widening and a 16 x 16 transpose a block), it costs a fraction of a
+/// product per value against one per value per row of the band.
 #[derive(Default)]
 pub struct Panel16 {
     pairs: Vec<i32>,
@@ -372,13 +372,26 @@ pub struct Panel16 {
 
 impl Panel16 {
     /// Rows `0..16` of `w` (`k` bytes each, `stride` apart) and their scales (`16 * nb`,
-    /// row after row), `nb = k.div_ceil(32)`; values past `k` are 0.
+    /// row after row), `nb = k.div_ceil(32)`; values past `k` are 0. With AVX-512 each
+    /// block's sixteen rows are widened to i16 and transposed as sixteen vectors of sixteen
+    /// pairs (four rounds of interleaves and lane shuffles); elsewhere value by value.
     pub fn fill(&mut self, w: &[i8], stride: usize, k: usize, scales: &[f32]) {
         let nb = blocks_of(k, Q8_BLOCK);
         assert!(w.len() >= 15 * stride + k && scales.len() >= 16 * nb, "Panel16: sixteen rows");
         self.blocks = nb;
         self.pairs.resize(nb * 256, 0);
         self.scales.resize(nb * 16, 0.0);
+        for b in 0..nb {
+            for r in 0..16 {
+                self.scales[b * 16 + r] = scales[r * nb + b];
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if matches!(isa(), Isa::Avx512) && is_x86_feature_detected!("avx512bw") {
+            // SAFETY: avx512f and avx512bw checked; the assert above puts every row's k
+            // bytes inside `w`, and `pairs` holds nb * 256 values.
+            return unsafe { self.fill_avx512(w, stride, k) };
+        }
         let at = |r: usize, c: usize| if c < k { w[r * stride + c] as i16 as u16 as u32 } else { 0 };
         for b in 0..nb {
             for p in 0..16 {
@@ -387,8 +400,32 @@ impl Panel16 {
                     self.pairs[(b * 16 + p) * 16 + r] = (at(r, c) | (at(r, c + 1) << 16)) as i32;
                 }
             }
-            for r in 0..16 {
-                self.scales[b * 16 + r] = scales[r * nb + b];
+        }
+    }
+
+    /// [`Panel16::fill`]'s pairs with AVX-512.
+    ///
+    /// # Safety
+    /// avx512f and avx512bw; rows `0..16` of `k` bytes at `stride` lie inside `w`;
+    /// `self.pairs` holds `blocks * 256` values.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn fill_avx512(&mut self, w: &[i8], stride: usize, k: usize) {
+        use std::arch::x86_64::*;
+        for b in 0..self.blocks {
+            let c0 = b * Q8_BLOCK;
+            let mask = (1u64 << (k - c0).min(Q8_BLOCK)) - 1;
+            let rows: [__m512i; 16] = std::array::from_fn(|r| {
+                // SAFETY: the masked bytes of row r from c0 lie inside it (the contract).
+                let w8 = unsafe { _mm512_maskz_loadu_epi8(mask, w.as_ptr().add(r * stride + c0)) };
+                _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w8))
+            });
+            let cols = transpose16x16_epi32(rows);
+            for (p, v) in cols.iter().enumerate() {
+                // SAFETY: (b * 16 + p) * 16 + 16 <= blocks * 256 (the contract).
+                unsafe {
+                    _mm512_storeu_si512(self.pairs.as_mut_ptr().add((b * 16 + p) * 16) as *mut __m512i, *v)
+                };
             }
         }
     }
@@ -500,4 +537,86 @@ unsafe fn dpwssd_bcst(acc: &mut std::arch::x86_64::__m512i, wv: std::arch::x86_6
             options(pure, readonly, nostack, preserves_flags),
         )
     };
+}
+
+/// Sixteen vectors of sixteen 32-bit values transposed: lane `r` of output `c` is lane `c`
+/// of input `r`. Interleaves of 32 and 64 bits within 128-bit lanes, then two rounds of
+/// 128-bit lane shuffles (64 instructions).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16x16_epi32(r: [std::arch::x86_64::__m512i; 16]) -> [std::arch::x86_64::__m512i; 16] {
+    use std::arch::x86_64::*;
+    let t: [__m512i; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    let u: [__m512i; 16] = std::array::from_fn(|i| {
+        // u[4g + {0, 1, 2, 3}] from t[4g] with t[4g + 2] (lo, hi), then t[4g + 1] with t[4g + 3].
+        let (g, j) = (i / 4, i % 4);
+        let (a, b) = (t[4 * g + j / 2], t[4 * g + j / 2 + 2]);
+        if j % 2 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    let v: [__m512i; 16] = std::array::from_fn(|i| {
+        let (h, j) = (i / 8, i % 8);
+        let (a, b) = (u[8 * h + j % 4], u[8 * h + j % 4 + 4]);
+        if j < 4 {
+            _mm512_shuffle_i32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_i32x4::<0xDD>(a, b)
+        }
+    });
+    std::array::from_fn(|j| {
+        let (a, b) = (v[j % 8], v[j % 8 + 8]);
+        if j < 8 {
+            _mm512_shuffle_i32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_i32x4::<0xDD>(a, b)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The panel's pairs, value by value: rows across lanes, zeros past `k` (a short last
+    /// block, rows longer than `k`), whichever path `fill` takes on this CPU.
+    #[test]
+    fn a_panel_holds_each_rows_pairs_in_its_lane() {
+        for k in [1usize, 31, 32, 33, 96, 100] {
+            let stride = k.div_ceil(4) * 4 + 8;
+            let w: Vec<i8> =
+                (0..16 * stride).map(|i| ((i * 37 + 11) % 255) as i32 - 127).map(|v| v as i8).collect();
+            let nb = blocks_of(k, Q8_BLOCK);
+            let scales: Vec<f32> = (0..16 * nb).map(|i| i as f32).collect();
+            let mut panel = Panel16::default();
+            panel.fill(&w, stride, k, &scales);
+            for b in 0..nb {
+                for p in 0..16 {
+                    for r in 0..16 {
+                        let at = |c: usize| if c < k { w[r * stride + c] as i16 as u16 as u32 } else { 0 };
+                        let c = b * Q8_BLOCK + 2 * p;
+                        let want = (at(c) | (at(c + 1) << 16)) as i32;
+                        assert_eq!(
+                            panel.pairs[(b * 16 + p) * 16 + r],
+                            want,
+                            "k {k}, block {b}, pair {p}, row {r}"
+                        );
+                    }
+                }
+                for r in 0..16 {
+                    assert_eq!(panel.scales[b * 16 + r], scales[r * nb + b]);
+                }
+            }
+        }
+    }
 }
