@@ -502,7 +502,8 @@ fn gpu_row(
 /// A published model's folder at int8 (`from_pretrained_at(DIR, Q8)`) beside llama.cpp's
 /// Q8_0 of the same weights (`--gguf`, e.g. `llama-quantize` of `bench/smollm2_folder.py
 /// --f32-gguf`): prompt processing at 16, 128 and 512 tokens and the decode of
-/// `new` tokens after a `prompt_len`-token prompt, every row from this run, same threads.
+/// `new` tokens after a `prompt_len`-token prompt, every row from this run, same threads;
+/// then where a decode step's and a 128-token prompt's time goes, by primitive.
 fn real_model(
     dir: &str, gguf: Option<&str>, prompt_len: usize, new: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -542,5 +543,6 @@ fn real_model(
         println!("llama.cpp: not run ({why})");
     }
     println!("(tg: ours the median of 5 runs, llama.cpp's the mean of its 5)");
-    Ok(())
+    // Where a step's time goes, on a model of this shape (random weights: the same calls).
+    breakdown(model.config(), &prompt, new, true)
 }
