@@ -48,32 +48,28 @@ inline RbBlock* rb_block = nullptr;
 inline void __syncthreads() { rb_block->bar->arrive_and_wait(); }
 
 
-// A shuffle moves 4 bytes; floats and ints go through the same exchange slots.
-template <typename T>
-inline T __shfl_xor_sync(unsigned, T v, int off) {
+// A shuffle moves 4 bytes; floats and ints go through the same exchange slots. Every lane
+// puts its value in, then takes lane `from(lane)`'s.
+template <typename T, typename F>
+inline T rb_shuffle(T v, F from) {
     static_assert(sizeof(T) == 4, "32-bit shuffles only");
     RbWarp& w = *rb_block->warps[threadIdx.x >> 5];
     const int lane = threadIdx.x & 31;
     std::memcpy(&w.i[lane], &v, 4);
     w.bar.arrive_and_wait();
     T r;
-    std::memcpy(&r, &w.i[(lane ^ off) & 31], 4);
+    std::memcpy(&r, &w.i[from(lane) & 31], 4);
     w.bar.arrive_and_wait();
     return r;
 }
-
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int off) {
+    return rb_shuffle(v, [off](int lane) { return lane ^ off; });
+}
 // Lane src's value, to every lane.
 template <typename T>
 inline T __shfl_sync(unsigned, T v, int src) {
-    static_assert(sizeof(T) == 4, "32-bit shuffles only");
-    RbWarp& w = *rb_block->warps[threadIdx.x >> 5];
-    const int lane = threadIdx.x & 31;
-    std::memcpy(&w.i[lane], &v, 4);
-    w.bar.arrive_and_wait();
-    T r;
-    std::memcpy(&r, &w.i[src & 31], 4);
-    w.bar.arrive_and_wait();
-    return r;
+    return rb_shuffle(v, [src](int) { return src; });
 }
 
 // Four signed bytes of a and b, multiplied and added to c (exact, like the instruction).

@@ -213,8 +213,16 @@ pub const ACT_MAX: f32 = 4095.0;
 /// integers in `[-ACT_MAX, ACT_MAX]` with its own scale (absmax / ACT_MAX), rounding half
 /// away from zero; a NaN becomes 0. The values and the `x.len().div_ceil(block)` scales.
 pub fn quantize_activations_wide(x: &[f32], block: usize) -> (Vec<i16>, Vec<f32>) {
-    let mut q = Vec::with_capacity(x.len());
-    let mut scales = Vec::with_capacity(blocks_of(x.len(), block));
+    let (mut q, mut scales) = (Vec::new(), Vec::new());
+    quantize_activations_wide_into(x, block, &mut q, &mut scales);
+    (q, scales)
+}
+
+/// [`quantize_activations_wide`] into kept buffers (cleared first): a decode step rounds
+/// ~25 rows, and the CPU backend lends the same buffers to each.
+pub fn quantize_activations_wide_into(x: &[f32], block: usize, q: &mut Vec<i16>, scales: &mut Vec<f32>) {
+    q.clear();
+    scales.clear();
     for chunk in x.chunks(block.max(1)) {
         let absmax = chunk.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let scale = absmax / ACT_MAX;
@@ -222,7 +230,6 @@ pub fn quantize_activations_wide(x: &[f32], block: usize) -> (Vec<i16>, Vec<f32>
         q.extend(chunk.iter().map(|&v| libm::roundf(v * inv).clamp(-ACT_MAX, ACT_MAX) as i16));
         scales.push(scale);
     }
-    (q, scales)
 }
 
 /// `out (m x n) = x (m x k) W^T + beta * out`, W the (n x k) int8 weight: the `Linear`

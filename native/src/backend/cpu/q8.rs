@@ -185,15 +185,21 @@ pub fn q8_matmul(
                 }
             }
         };
-        let parts = team::parts();
-        if parts > 1 && m >= 8 && n * k >= TEAM_MIN_BYTES {
-            let per = m.div_ceil(parts).div_ceil(4) * 4;
-            team::run_blocks(out.chunks_mut(per * n), |p, o| band(o, p * per));
-        } else {
-            band(out, 0);
-        }
+        run_bands(out, (m, n, k), band);
     }
     Ok(())
+}
+
+/// An int8 GEMM's bands of activation rows over the team: each part a band of whole
+/// quads of rows (`band(out_rows, first_row)`); small products stay on the calling thread.
+fn run_bands(out: &mut [f32], (m, n, k): (usize, usize, usize), band: impl Fn(&mut [f32], usize) + Sync) {
+    let parts = team::parts();
+    if parts > 1 && m >= 8 && n * k >= TEAM_MIN_BYTES {
+        let per = m.div_ceil(parts).div_ceil(4) * 4;
+        team::run_blocks(out.chunks_mut(per * n), |p, o| band(o, p * per));
+    } else {
+        band(out, 0);
+    }
 }
 
 /// [`q8_matmul`]'s GEMM on blocked weights (`m > 1`): each part of the team takes a band of
@@ -254,13 +260,7 @@ fn q8_gemm_blocked(
             }
         }
     };
-    let parts = team::parts();
-    if parts > 1 && m >= 8 && n * k >= TEAM_MIN_BYTES {
-        let per = m.div_ceil(parts).div_ceil(4) * 4;
-        team::run_blocks(out.chunks_mut(per * n), |p, o| band(o, p * per));
-    } else {
-        band(out, 0);
-    }
+    run_bands(out, (m, n, k), band);
 }
 
 /// Activation rows a band from which the blocked GEMM lays its weights across the lanes

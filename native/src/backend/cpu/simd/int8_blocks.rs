@@ -11,7 +11,7 @@
 //! reading the weights, which this does not change.
 
 use super::*;
-use rusting_brain_core::ops::q8::{blocks_of, quantize_activations_wide, Q8_BLOCK};
+use rusting_brain_core::ops::q8::{blocks_of, quantize_activations_wide_into, Q8_BLOCK};
 
 /// An activation row rounded for one kind of int8 weight: under blocked weights (more
 /// than one block a row) the 13-bit values in `wide` and a scale a block; under per-row
@@ -56,8 +56,7 @@ impl QuantRow {
         self.scales.clear();
         if blocks_of(x.len(), block) > 1 {
             self.q.clear();
-            let (wide, scales) = quantize_activations_wide(x, block);
-            (self.wide, self.scales) = (wide, scales);
+            quantize_activations_wide_into(x, block, &mut self.wide, &mut self.scales);
             let padded = x.len().div_ceil(64) * 64;
             self.lo.clear();
             self.hi.clear();
@@ -65,12 +64,13 @@ impl QuantRow {
             self.hi.extend(self.wide.iter().map(|&v| (v >> 6) as i8));
             self.lo.resize(padded, 0);
             self.hi.resize(padded, 0);
-            self.hi_sums = self
-                .hi
-                .chunks(block)
-                .take(self.scales.len())
-                .map(|c| c.iter().map(|&v| v as i32).sum())
-                .collect();
+            self.hi_sums.clear();
+            self.hi_sums.extend(
+                self.hi
+                    .chunks(block)
+                    .take(self.scales.len())
+                    .map(|c| c.iter().map(|&v| v as i32).sum::<i32>()),
+            );
         } else {
             self.wide.clear();
             let scale = quantize_i8_into(x, &mut self.q);
