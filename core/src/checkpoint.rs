@@ -266,6 +266,17 @@ pub fn i8_to_packed(bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// A 4-bit weight's packed bytes, `rows x 32 * cols.div_ceil(64)` (Q4_K's nibble order,
+/// as held in memory: see [`crate::ops::q4`]).
+pub fn q4_packed_bytes(packed: &[f32]) -> Vec<u8> {
+    packed.iter().flat_map(|v| v.to_ne_bytes()).collect()
+}
+
+/// The inverse of [`q4_packed_bytes`].
+pub fn q4_bytes_to_packed(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
 /// A checked safetensors file of ours: its tensors and its metadata.
 pub struct Checkpoint<'a> {
     tensors: SafeTensors<'a>,
@@ -363,8 +374,38 @@ impl<'a> Checkpoint<'a> {
         Ok((i8_to_packed(tensor.data(), rows, cols), s))
     }
 
-    /// The model in this file on `backend`: an F32 file as it was saved, a Q8 file as a
-    /// quantized model (int8 matrices, f32 norms and routers).
+    /// The 4-bit matrix `name` (U8 `(rows, 32 * cols.div_ceil(64))` packed bytes) with its
+    /// row scales `name.q4_scale` (F32 `(rows, 2)`) and block codes `name.q4_codes` (U8
+    /// `(rows, blocks, 2)`), as held in memory; a code past 63 or a negative or
+    /// non-finite scale is an error.
+    fn read_q4(&self, name: &str, t: &TensorSpec) -> Result<(Vec<f32>, Vec<f32>)> {
+        use crate::ops::q4;
+        let (rows, cols) = t.rows_cols();
+        let u8_tensor = |n: &str, shape: &[usize]| -> Result<&'a [u8]> {
+            let tensor = self.tensors.tensor(n).map_err(|_| bad(n, "missing tensor"))?;
+            if tensor.dtype() != Dtype::U8 || tensor.shape() != shape {
+                return Err(bad(
+                    n,
+                    format!("{:?} {:?}, expected U8 {:?}", tensor.dtype(), tensor.shape(), shape),
+                ));
+            }
+            Ok(tensor.data())
+        };
+        let bytes = u8_tensor(name, &[rows, 4 * q4::q4_packed_cols(cols)])?;
+        let codes_name = format!("{name}.q4_codes");
+        let codes = u8_tensor(&codes_name, &[rows, q8::blocks_of(cols, q4::Q4_BLOCK), 2])?;
+        let scale_name = format!("{name}.q4_scale");
+        let row = self.read_f32(&scale_name, &TensorSpec { shape: vec![rows, 2], kind: TensorKind::Norm })?;
+        let scales = q4::q4_scales_from_codes(&row, codes, rows, cols).map_err(|e| match e {
+            CoreError::InvalidArgument { message, .. } => bad(&codes_name, message),
+            e => e,
+        })?;
+        Ok((q4_bytes_to_packed(bytes), scales))
+    }
+
+    /// The model in this file on `backend`: an F32 file as it was saved, a Q8 or Q4 file
+    /// as a quantized model (int8 or 4-bit matrices, each as its tensor's dtype says; f32
+    /// norms and routers).
     pub fn model<B: Backend>(&self, backend: B) -> Result<TransformerModel<B>> {
         let config = self.config()?;
         match self.meta("precision") {
@@ -372,7 +413,7 @@ impl<'a> Checkpoint<'a> {
                 let params = self.params(&config, "", &backend)?;
                 TransformerModel::from_params(backend, config, params)
             }
-            Some("Q8") => {
+            Some("Q8" | "Q4") => {
                 let layout = config.layout();
                 // Norms and routers in f32; an int8 model keeps no f32 matrices.
                 let params = layout.as_ref().try_map(|name, t| match t.kind {
@@ -383,13 +424,14 @@ impl<'a> Checkpoint<'a> {
                     if t.kind != TensorKind::Matrix {
                         return Ok(None);
                     }
-                    let (w, s) = self.read_q8(name, t)?;
+                    let q4 = self.tensors.tensor(name).is_ok_and(|v| v.dtype() == Dtype::U8);
+                    let (w, s) = if q4 { self.read_q4(name, t)? } else { self.read_q8(name, t)? };
                     Ok(Some((backend.upload(&w)?, backend.upload(&s)?)))
                 })?;
                 TransformerModel::from_quantized(backend, config, params, quantized)
             }
             other => {
-                Err(bad("metadata", format!("precision {other:?} is not one this build reads (F32, Q8)")))
+                Err(bad("metadata", format!("precision {other:?} is not one this build reads (F32, Q8, Q4)")))
             }
         }
     }

@@ -8,10 +8,12 @@
 //! python3 bench/smollm2_folder.py /var/tmp/smollm2 --f32-gguf /var/tmp/smollm2-f32.gguf
 //! bash bench/setup_llama_cpp.sh                          # llama.cpp beside, optional
 //! RB_LLAMA_DIR=/var/tmp/rb-llama cargo run --release -p rusting_brain --example quant_quality -- \
-//!     /var/tmp/smollm2 TEXT_FILE [--f32-gguf /var/tmp/smollm2-f32.gguf] [--window 512] [--max-tokens N]
+//!     /var/tmp/smollm2 TEXT_FILE [--f32-gguf /var/tmp/smollm2-f32.gguf] [--window 512] [--max-tokens N] \
+//!     [--precisions q8,q4]
 //! ```
 //!
-//! Prints, per precision: perplexity and its change from f32, mean KL divergence to f32 in
+//! Prints, per precision (`Precision::Q8` and `Precision::Q4` by default): weight bytes,
+//! perplexity and its change from f32, mean KL divergence to f32 in
 //! nats a token (and its 99th percentile), and how often the top token agrees with f32's.
 //! With `--f32-gguf` (the same weights in llama.cpp's layout) and a built llama.cpp under
 //! `$RB_LLAMA_DIR`, the same figures from `llama-perplexity --kl-divergence` for llama.cpp's
@@ -61,7 +63,10 @@ fn main() -> R<()> {
         .map(|(_, a)| a)
         .collect();
     let (Some(dir), Some(text)) = (positional.first(), positional.get(1)) else {
-        return Err("usage: quant_quality MODEL_DIR TEXT_FILE [--window 512] [--max-tokens N]".into());
+        return Err(
+            "usage: quant_quality MODEL_DIR TEXT_FILE [--window 512] [--max-tokens N] [--precisions q8,q4]"
+                .into(),
+        );
     };
     let dir = PathBuf::from(dir);
     let window: usize = flag("--window").map_or(Ok(512), |v| v.parse())?;
@@ -92,45 +97,69 @@ fn main() -> R<()> {
         CpuBackend::new().isa(),
         common::commit()
     );
+    // The precisions to score: `--precisions q8,q4` (both by default).
+    let wanted = flag("--precisions").unwrap_or_else(|| "q8,q4".into());
+    let mut precisions = Vec::new();
+    for p in wanted.split(',') {
+        precisions.push(match p.trim() {
+            "q8" => ("q8", Precision::Q8),
+            "q4" => ("q4", Precision::Q4),
+            other => return Err(format!("--precisions: {other:?} is not q8 or q4").into()),
+        });
+    }
     let t = Instant::now();
     let mut f32_model = TransformerLm::from_pretrained(&dir)?;
-    let mut q8 = TransformerLm::from_pretrained_at(&dir, Precision::Q8)?;
-    println!("loaded f32 and int8 in {:.1} s", t.elapsed().as_secs_f64());
+    let mut models = Vec::new();
+    for &(name, p) in &precisions {
+        let model = TransformerLm::from_pretrained_at(&dir, p)?;
+        println!("{name}: {:.1} MB of weights", model.weight_bytes() as f64 / 1e6);
+        models.push(model);
+    }
+    println!("loaded f32 and {wanted} in {:.1} s", t.elapsed().as_secs_f64());
 
-    let (mut base, mut quant) = (Score::default(), Score::default());
+    let mut base = Score::default();
+    let mut scores: Vec<Score> = precisions.iter().map(|_| Score::default()).collect();
     let t = Instant::now();
     for w in &windows {
         let batch = TokenBatch::new([w.to_vec()])?;
-        let (p, q) = (f32_model.forward_batch(&batch)?, q8.forward_batch(&batch)?);
+        let p = f32_model.forward_batch(&batch)?;
         let vocab = p.len() / (window - 1);
+        let quantized: Vec<Vec<f32>> =
+            models.iter_mut().map(|m| m.forward_batch(&batch)).collect::<Result<_, _>>()?;
         for pos in window / 2..window - 1 {
             let row = pos * vocab..(pos + 1) * vocab;
-            let (lp, lq) = (log_softmax(&p[row.clone()]), log_softmax(&q[row]));
+            let lp = log_softmax(&p[row.clone()]);
             let target = w[pos + 1] as usize;
             base.nll -= lp[target];
-            quant.nll -= lq[target];
-            quant.kl.push(lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum());
-            quant.same_top += usize::from(argmax(&lp) == argmax(&lq));
             base.scored += 1;
-            quant.scored += 1;
+            for (q, score) in quantized.iter().zip(&mut scores) {
+                let lq = log_softmax(&q[row.clone()]);
+                score.nll -= lq[target];
+                score.kl.push(lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum());
+                score.same_top += usize::from(argmax(&lp) == argmax(&lq));
+                score.scored += 1;
+            }
         }
     }
     println!("scored {} positions in {:.1} s", base.scored, t.elapsed().as_secs_f64());
 
     let ppl = |s: &Score| (s.nll / s.scored as f64).exp();
-    let (p0, p1) = (ppl(&base), ppl(&quant));
-    let mut kl = quant.kl.clone();
-    kl.sort_by(f64::total_cmp);
-    let mean_kl = kl.iter().sum::<f64>() / kl.len() as f64;
-    let p99 = kl[((kl.len() as f64 * 0.99) as usize).min(kl.len() - 1)];
+    let p0 = ppl(&base);
     println!();
     println!("precision    perplexity   vs f32   mean KL (nats)   KL p99   same top token");
     println!("f32          {p0:>10.4}        -                -        -                -");
-    println!(
-        "q8           {p1:>10.4}  {:>+6.2}%   {mean_kl:>14.5}  {p99:>7.4}   {:>13.1}%",
-        100.0 * (p1 / p0 - 1.0),
-        100.0 * quant.same_top as f64 / quant.scored as f64
-    );
+    for (&(name, _), score) in precisions.iter().zip(&scores) {
+        let p1 = ppl(score);
+        let mut kl = score.kl.clone();
+        kl.sort_by(f64::total_cmp);
+        let mean_kl = kl.iter().sum::<f64>() / kl.len() as f64;
+        let p99 = kl[((kl.len() as f64 * 0.99) as usize).min(kl.len() - 1)];
+        println!(
+            "{name:<12} {p1:>10.4}  {:>+6.2}%   {mean_kl:>14.5}  {p99:>7.4}   {:>13.1}%",
+            100.0 * (p1 / p0 - 1.0),
+            100.0 * score.same_top as f64 / score.scored as f64
+        );
+    }
     match (flag("--f32-gguf"), std::env::var("RB_LLAMA_DIR")) {
         (Some(gguf), Ok(llama)) => llama_cpp(&PathBuf::from(llama), &gguf, positional[1], window)?,
         (None, _) => println!("llama.cpp: not run (pass --f32-gguf, from bench/smollm2_folder.py)"),

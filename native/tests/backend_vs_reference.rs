@@ -600,6 +600,68 @@ fn q8_products_and_lookups_match_reference() {
     assert!(quantize_rows(&[1.0, f32::NAN], 1, 2).is_err());
 }
 
+/// 4-bit products and lookups: the CPU's (VNNI sixteen rows a pass where the CPU has it,
+/// the plain loop for the rest) bit for bit the reference's, on widths with a short last
+/// block, an odd block count per 64-value group, SmolLM2's widths, and decode products big
+/// enough to split over the team; and near the f32 product of the dequantized weight (the
+/// activations' 13-bit rounding is the only difference: 1/8190 of a block's largest value
+/// a value, so 1e-3 relative to the output's scale is loose by ~10x).
+#[test]
+fn q4_products_and_lookups_match_reference() {
+    use rusting_brain_core::ops::q4::{q4_dequantize_row, quantize_q4};
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(114);
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (1, 17, 31),
+        (2, 16, 32),
+        (3, 33, 33),
+        (1, 48, 96),
+        (1, 192, 576),
+        (1, 576, 1536),
+        (1, 1000, 200),
+        (5, 70, 130),
+        (13, 130, 576),
+        (21, 64, 64),
+    ] {
+        let w = randn(&mut rng, n * k);
+        let (packed, scales) = quantize_q4(&w, n, k).unwrap();
+        let deq: Vec<f32> = (0..n).flat_map(|r| q4_dequantize_row(&packed, &scales, r, k)).collect();
+        let x = randn(&mut rng, m * k);
+        for beta in [0.0, 1.0] {
+            let init = if beta == 0.0 { nan(m * n) } else { randn(&mut rng, m * n) };
+            let (mut a, mut b) = (init.clone(), init.clone());
+            let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
+            cpu.q8_matmul(&mut a, &x, &packed, &scales, &spec).unwrap();
+            rf.q8_matmul(&mut b, &x, &packed, &scales, &spec).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "q4 product {m}x{n}x{k} beta={beta}: not core's bits");
+            let mut f = init.clone();
+            rf.matmul(&mut f, &x, &deq, &spec).unwrap();
+            let scale = f.iter().fold(1.0f32, |acc, v| acc.max(v.abs()));
+            for (i, (got, want)) in a.iter().zip(&f).enumerate() {
+                assert!(
+                    (got - want).abs() <= 1e-3 * scale,
+                    "q4 product {m}x{n}x{k} [{i}]: {got} vs f32 {want}"
+                );
+            }
+        }
+        let ids: Vec<u32> = (0..5).map(|_| rng.below(n as u64) as u32).collect();
+        let (mut a, mut b) = (nan(5 * k), nan(5 * k));
+        cpu.q8_embedding(&mut a, &packed, &scales, &ids, n, k).unwrap();
+        rf.q8_embedding(&mut b, &packed, &scales, &ids, n, k).unwrap();
+        assert_eq!(a, b, "q4 lookup {n}x{k}");
+        let want: Vec<f32> =
+            ids.iter().flat_map(|&id| deq[id as usize * k..(id as usize + 1) * k].to_vec()).collect();
+        assert_eq!(a, want, "q4 lookup {n}x{k} against the dequantized rows");
+    }
+    // A 4-bit weight one slot short is neither layout: an error, not a guess.
+    let (mut packed, scales) = quantize_q4(&randn(&mut rng, 4 * 64), 4, 64).unwrap();
+    packed.pop();
+    let spec = MatmulSpec::new(1, 4, 64).trans_b(true);
+    assert!(cpu.q8_matmul(&mut nan(4), &randn(&mut rng, 64), &packed, &scales, &spec).is_err());
+}
+
 /// The fused int8 calls against their definitions (the trait's defaults, which the
 /// reference runs): several products of one input, and SwiGLU's two products with the
 /// gating. At one activation row the CPU runs them as one job of the team; those rows must

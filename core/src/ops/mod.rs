@@ -27,6 +27,7 @@ pub mod modulation;
 pub mod moe;
 pub mod norm;
 pub mod optim;
+pub mod q4;
 pub mod q8;
 pub mod rmsnorm;
 pub mod rope;

@@ -129,9 +129,57 @@ pub fn dequantize_row(packed: &[f32], scales: &[f32], r: usize, cols: usize) -> 
     (0..cols).map(|c| q8_at(row, c) as f32 * scales[r * nb + c / block]).collect()
 }
 
-/// Checks a packed weight of `n` rows of `k` columns and returns its block size.
+/// What a model's matrices are rounded to when it is quantized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantFormat {
+    /// Int8 in blocks of [`Q8_BLOCK`].
+    Q8,
+    /// Four bits in blocks of 32 ([`crate::ops::q4`]); a model's embedding and output head
+    /// stay int8.
+    Q4,
+}
+
+/// How a quantized weight is laid out, read from its buffers' lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantLayout {
+    /// Int8 with one scale per `block` values (`block == k`: one a row).
+    Int8 {
+        /// Values per scale.
+        block: usize,
+    },
+    /// Four bits in blocks of 32 ([`crate::ops::q4`]).
+    Q4,
+}
+
+/// The layout of a quantized weight of `n` rows of `k` with `packed` slots and `scales`
+/// scales: 4-bit ([`crate::ops::q4::is_q4`]) or int8 ([`check_q8`]), else an error.
+pub fn quant_layout(
+    op: &'static str, n: usize, k: usize, packed: usize, scales: usize,
+) -> Result<QuantLayout> {
+    if crate::ops::q4::is_q4(n, k, packed, scales) {
+        return Ok(QuantLayout::Q4);
+    }
+    Ok(QuantLayout::Int8 { block: check_q8(op, packed, scales, n, k)? })
+}
+
+/// The bytes a quantized weight's buffers hold.
+pub fn quant_bytes(packed: usize, scales: usize) -> usize {
+    4 * (packed + scales)
+}
+
+/// Checks a packed int8 weight of `n` rows of `k` columns and returns its block size; a
+/// 4-bit weight is refused by name (the kernels that call this read int8 only).
 pub fn check_q8(op: &'static str, packed: usize, scales: usize, n: usize, k: usize) -> Result<usize> {
     nonzero(op, "k", k)?;
+    if crate::ops::q4::is_q4(n, k, packed, scales) {
+        return Err(CoreError::InvalidArgument {
+            op,
+            message: alloc::format!(
+                "this {n} x {k} weight is 4-bit, and this backend's kernel reads int8 weights only; \
+                 run 4-bit models on the CPU, or load the model at Precision::Q8"
+            ),
+        });
+    }
     check_len(op, "packed weights", packed, product(op, &[n, packed_cols(k)])?)?;
     q8_block(op, n, k, scales)
 }
@@ -232,8 +280,8 @@ pub fn quantize_activations_wide_into(x: &[f32], block: usize, q: &mut Vec<i16>,
     }
 }
 
-/// `out (m x n) = x (m x k) W^T + beta * out`, W the (n x k) int8 weight: the `Linear`
-/// product at one byte per weight. Blocked weights: each row of `x` rounded in the
+/// `out (m x n) = x (m x k) W^T + beta * out`, W the (n x k) int8 weight (or a 4-bit one,
+/// by its layout: [`crate::ops::q4::q4_matmul`]): the `Linear` product at one byte per weight. Blocked weights: each row of `x` rounded in the
 /// weight's blocks ([`quantize_activations_wide`]), each block's i32 sum exact, the blocks
 /// added in order as `acc = acc + (d as f32 * x_scale) * w_scale`. One block a row: the row
 /// of `x` rounded to int8 ([`quantize_activations`]) and `out = d as f32 * x_scale *
@@ -242,6 +290,9 @@ pub fn quantize_activations_wide_into(x: &[f32], block: usize, q: &mut Vec<i16>,
 pub fn q8_matmul(
     out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
+    if crate::ops::q4::is_q4(n, k, packed.len(), scales.len()) {
+        return crate::ops::q4::q4_matmul(out, x, packed, scales, m, n, k, beta);
+    }
     let block = check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let (pc, nb) = (packed_cols(k), blocks_of(k, block));
     for i in 0..m {
@@ -266,11 +317,15 @@ pub fn q8_matmul(
     Ok(())
 }
 
-/// Embedding lookup from an int8 table (vocab x dim): `out[r] = dequantize(table[ids[r]])`.
+/// Embedding lookup from an int8 table (vocab x dim): `out[r] = dequantize(table[ids[r]])`
+/// (a 4-bit table by its layout: [`crate::ops::q4::q4_embedding`]).
 pub fn q8_embedding<T: Real>(
     out: &mut [T], packed: &[f32], scales: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "q8_embedding";
+    if crate::ops::q4::is_q4(vocab, dim, packed.len(), scales.len()) {
+        return crate::ops::q4::q4_embedding(out, packed, scales, ids, vocab, dim);
+    }
     let block = check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
     check_len(OP, "out", out.len(), product(OP, &[ids.len(), dim])?)?;
     crate::ops::embedding::check_ids(OP, ids, vocab)?;
@@ -287,8 +342,10 @@ pub fn q8_embedding<T: Real>(
 
 /// Int8 inference: products on int8 weights and the fused decode calls built on them: see [`crate::ops::q8`].
 pub trait Q8Ops: SwigluOps + RopeOps + AttentionOps {
-    /// `out = x W^T + beta * out` with W (n x k) int8, packed four to a slot, one scale a
-    /// row; `spec` as for an f32 `Linear` product (see [`crate::ops::q8::q8_operands`]).
+    /// `out = x W^T + beta * out` with W (n x k) int8, packed four to a slot, with its
+    /// scales (or 4-bit, told by its layout: [`quant_layout`]; a backend without 4-bit
+    /// kernels refuses it through [`check_q8`]); `spec` as for an f32 `Linear` product (see
+    /// [`crate::ops::q8::q8_operands`]).
     fn q8_matmul(
         &self, out: &mut Self::Buffer, x: &Self::Buffer, packed: &Self::Buffer, scales: &Self::Buffer,
         spec: &MatmulSpec,

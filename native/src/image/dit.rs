@@ -379,6 +379,7 @@ impl Dit {
     /// (one scale a row), rounded as it is read; norms, biases, the patch convolution and
     /// SD3's position table stay f32.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<Dit> {
+        crate::io::precision::image_precision("the diffusion transformer", precision)?;
         let dir = dir.as_ref();
         let config = dit_config(&dir.join("config.json"))?;
         let layout = config.layout();

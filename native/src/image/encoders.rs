@@ -159,6 +159,7 @@ impl ClipTextEncoder {
     /// [`ClipTextEncoder::load`] at `precision`: at [`Precision::Q8`] every projection
     /// and feed-forward matrix is int8 (one scale a row), rounded as it is read.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<ClipTextEncoder> {
+        crate::io::precision::image_precision("the CLIP text encoder", precision)?;
         let dir = dir.as_ref();
         let config = clip_config(&dir.join("config.json"))?;
         // transformers 4 wrote the tower's names under `text_model.` (the published
@@ -219,6 +220,7 @@ impl T5Encoder {
     /// feed-forward matrices are int8 (T5-XXL's 4.7 billion weights in a quarter of the
     /// memory); activations stay f32.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<T5Encoder> {
+        crate::io::precision::image_precision("the T5 encoder", precision)?;
         let dir = dir.as_ref();
         let config = t5_config(&dir.join("config.json"))?;
         // The embedding is tied: stored as `shared.weight`, as `encoder.embed_tokens.weight`,
@@ -277,6 +279,7 @@ impl TextEncoder {
 
     /// [`TextEncoder::load`] at `precision` (int8 weights at [`Precision::Q8`]).
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision, layers: &[usize]) -> Result<TextEncoder> {
+        crate::io::precision::image_precision("a prompt's text encoder", precision)?;
         let (model, _) = crate::io::hf::load(dir.as_ref(), precision)?;
         let mut encoder = TextEncoder { model, layers: Vec::new() };
         encoder.set_layers(layers)?;

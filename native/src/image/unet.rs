@@ -168,6 +168,7 @@ impl Unet {
     /// [`Unet::load`] at `precision`: at [`Precision::Q8`] every `Linear` matrix is int8
     /// (one scale a row); the convolutions, norms and biases stay f32.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<Unet> {
+        crate::io::precision::image_precision("UNet", precision)?;
         let dir = dir.as_ref();
         let config = unet_config(&dir.join("config.json"))?;
         let (weights, q8) = crate::image::encoders::read_weights(

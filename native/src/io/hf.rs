@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use rusting_brain_core::models::transformer::{
-    MoeConfig, Params, QuantParams, TensorKind, TransformerConfig, TransformerModel,
+    format_of, MoeConfig, Params, QuantFormat, QuantParams, TensorKind, TransformerConfig, TransformerModel,
 };
 use rusting_brain_core::RopeScaling;
 use safetensors::tensor::{Dtype, View};
@@ -373,16 +373,21 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
                 layout.try_map(|name, t| tensors.read(&family.file_name(name), &t.shape))?;
             TransformerModel::from_params(b, config, params)?
         }
-        Precision::Q8 => {
+        Precision::Q8 | Precision::Q4 => {
             // Norms and routers stay f32; a matrix is rounded as soon as it is read, and its
             // f32 values are dropped before the next one is converted.
+            let format = precision.format().unwrap_or(QuantFormat::Q8);
             let mut quantized = Vec::new();
             let params: Params<CpuBackend> = layout.try_map(|name, t| -> Result<Vec<f32>> {
                 if t.kind != TensorKind::Matrix {
                     quantized.push(None);
                     return tensors.read(&family.file_name(name), &t.shape);
                 }
-                quantized.push(Some(tensors.read_q8(&family.file_name(name), &t.shape)?));
+                let file_name = family.file_name(name);
+                quantized.push(Some(match format_of(format, name) {
+                    QuantFormat::Q4 => tensors.read_q4(&file_name, &t.shape)?,
+                    QuantFormat::Q8 => tensors.read_q8(&file_name, &t.shape)?,
+                }));
                 Ok(Vec::new())
             })?;
             let mut q = quantized.into_iter();

@@ -5,7 +5,34 @@
 pub enum Precision {
     /// 4 bytes per weight, exact: what to resume training from.
     F32,
-    /// 1 byte per weight (int8, one f32 scale per row; norm weights stay f32): for
-    /// shipping a model that will only be run. Loads as a quantized model.
+    /// About 1 byte per weight (int8 in blocks of 32 values, an f32 scale a block; norm
+    /// weights stay f32): for shipping a model that will only be run. Loads as a quantized
+    /// model.
     Q8,
+    /// About half a byte per weight (language models): each block's matrices at 4 bits in
+    /// blocks of 32 with 6-bit coded scales and offsets, the embedding and output head
+    /// int8 (core's `ops::q4` says why). Runs on the CPU backends.
+    Q4,
+}
+
+impl Precision {
+    /// Core's format for a quantized precision; `None` at F32.
+    pub(crate) fn format(self) -> Option<rusting_brain_core::models::transformer::QuantFormat> {
+        use rusting_brain_core::models::transformer::QuantFormat;
+        match self {
+            Precision::F32 => None,
+            Precision::Q8 => Some(QuantFormat::Q8),
+            Precision::Q4 => Some(QuantFormat::Q4),
+        }
+    }
+}
+
+/// Refuses a precision an image model does not load at: `what` names the model.
+pub(crate) fn image_precision(what: &str, precision: Precision) -> crate::Result<()> {
+    if precision == Precision::Q4 {
+        return Err(crate::NetworkError::InvalidInput(format!(
+            "{what} loads at Precision::F32 or Precision::Q8; 4-bit weights are for language models"
+        )));
+    }
+    Ok(())
 }

@@ -316,6 +316,37 @@ impl<'a> Tensors<'a> {
         Ok((packed, scales))
     }
 
+    /// The matrix `name` rounded to 4 bits (core's `q4::quantize_q4`, through its CPU twin),
+    /// converted and rounded in slabs of rows in parallel, so the whole f32 matrix never
+    /// exists.
+    pub(crate) fn read_q4(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (i, view) = self.view(name, shape)?;
+        let (total, cols) = rows_cols(shape);
+        let slab = ((1 << 14) / cols.max(1)).max(1);
+        let parts: Vec<Result<(Vec<f32>, Vec<f32>)>> = (0..total.div_ceil(slab))
+            .into_par_iter()
+            .map(|s| {
+                let (r0, r1) = (s * slab, ((s + 1) * slab).min(total));
+                let mut w = vec![0f32; (r1 - r0) * cols];
+                widen(&view, r0 * cols, &mut w);
+                rusting_brain_core::ops::q4::quantize_q4(&w, r1 - r0, cols).map_err(|e| match e {
+                    CoreError::NonFinite { .. } => {
+                        NetworkError::parse(&self.files.paths[i], name, "holds NaN or infinite values")
+                    }
+                    e => e.into(),
+                })
+            })
+            .collect();
+        let (mut packed, mut scales) = (Vec::new(), Vec::new());
+        for part in parts {
+            let (p, sc) = part?;
+            packed.extend_from_slice(&p);
+            scales.extend_from_slice(&sc);
+        }
+        self.release(i, &view);
+        Ok((packed, scales))
+    }
+
     /// Hands the pages under a tensor that has been read back to the kernel: they stay in
     /// the page cache, but stop counting in this process's memory, so a load's peak is the
     /// model plus one tensor, not the model plus the files.

@@ -6,10 +6,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use rusting_brain_core::checkpoint::{
-    config_json, packed_to_i8, Checkpoint, OPTIMIZER_FORMAT, VERSION, WEIGHTS_FORMAT,
+    config_json, packed_to_i8, q4_packed_bytes, Checkpoint, OPTIMIZER_FORMAT, VERSION, WEIGHTS_FORMAT,
 };
-use rusting_brain_core::models::transformer::{Params, TensorKind, TransformerConfig, TransformerModel};
-use rusting_brain_core::ops::q8;
+use rusting_brain_core::models::transformer::{
+    format_of, Params, QuantFormat, TensorKind, TransformerConfig, TransformerModel,
+};
+use rusting_brain_core::ops::{q4, q8};
 use rusting_brain_core::{CoreError, Optimizer, OptimizerKind};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{json, Value};
@@ -86,13 +88,28 @@ fn host_tensors(
         .collect()
 }
 
-fn save_q8(model: &TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
+/// A Q8 or Q4 checkpoint: an f32 model's matrices rounded now, a quantized model's
+/// written as they are (its precision must be the one asked for: rounding int8 to 4 bits,
+/// or back, would round twice). A 4-bit matrix is its packed bytes (U8), its row scales
+/// (`.q4_scale`) and its blocks' 6-bit codes (`.q4_codes`); an int8 one its values (I8)
+/// and block scales (`.scale`).
+fn save_quantized(model: &TransformerModel<CpuBackend>, path: &Path, format: QuantFormat) -> Result<()> {
     let c = &model.config;
     let b = &model.backend;
+    let (held, name) = match format {
+        QuantFormat::Q4 => (model.has_q4(), "Q4"),
+        QuantFormat::Q8 => (!model.has_q4(), "Q8"),
+    };
+    if model.quantized.is_some() && !held {
+        return Err(NetworkError::InvalidInput(format!(
+            "save_bin({name}): the model is already quantized to another precision; save it at that one, \
+             or load the f32 weights and save those at {name}"
+        )));
+    }
     let meta = HashMap::from([
         ("format".to_string(), WEIGHTS_FORMAT.to_string()),
         ("version".to_string(), VERSION.to_string()),
-        ("precision".to_string(), "Q8".to_string()),
+        ("precision".to_string(), name.to_string()),
         ("config".to_string(), config_json(c).to_string()),
     ]);
     let quantized: Vec<Option<&(Vec<f32>, Vec<f32>)>> = match &model.quantized {
@@ -107,10 +124,20 @@ fn save_q8(model: &TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
             continue;
         }
         let (rows, cols) = t.rows_cols();
-        let (packed, scales) = match quantized.get(i) {
-            Some(Some((p, s))) => (b.download(p)?, b.download(s)?),
-            _ => q8::quantize_blocks(&b.download(leaves[i])?, rows, cols)?,
+        let (packed, scales) = match (quantized.get(i), format_of(format, &name)) {
+            (Some(Some((p, s))), _) => (b.download(p)?, b.download(s)?),
+            (_, QuantFormat::Q4) => q4::quantize_q4(&b.download(leaves[i])?, rows, cols)?,
+            (_, QuantFormat::Q8) => q8::quantize_blocks(&b.download(leaves[i])?, rows, cols)?,
         };
+        if q4::is_q4(rows, cols, packed.len(), scales.len()) {
+            let (row, codes) = q4::q4_codes(&scales, rows, cols)?;
+            let nb = codes.len() / (2 * rows.max(1));
+            out.push((format!("{name}.q4_scale"), Dtype::F32, vec![rows, 2], le_bytes(&row)));
+            out.push((format!("{name}.q4_codes"), Dtype::U8, vec![rows, nb, 2], codes));
+            let width = 4 * q4::q4_packed_cols(cols);
+            out.push((name, Dtype::U8, vec![rows, width], q4_packed_bytes(&packed)));
+            continue;
+        }
         // One scale a block; a model read from a version-1 file keeps its one a row.
         let shape = if scales.len() == rows { vec![rows] } else { vec![rows, scales.len() / rows.max(1)] };
         out.push((format!("{name}.scale"), Dtype::F32, shape, le_bytes(&scales)));
@@ -120,8 +147,8 @@ fn save_q8(model: &TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
 }
 
 pub fn save_weights(model: &TransformerModel<CpuBackend>, path: &Path, precision: Precision) -> Result<()> {
-    if precision == Precision::Q8 {
-        return save_q8(model, path);
+    if let Some(format) = precision.format() {
+        return save_quantized(model, path, format);
     }
     let bytes = rusting_brain_core::checkpoint::f32_file_bytes(model)?;
     crate::io::files::write_atomic(path, &bytes)

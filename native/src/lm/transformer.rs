@@ -187,6 +187,7 @@ impl TransformerLm {
             }
             LmEngine::Cpu(_) => {}
         }
+        self.refuse_q4("to_cuda")?;
         let device = crate::lm::cuda::device_copy(self.model(), ordinal, budget_mib)?;
         let LmEngine::Cpu(host) = std::mem::replace(&mut self.engine, placeholder()?) else {
             unreachable!("checked above")
@@ -261,6 +262,7 @@ impl TransformerLm {
             }
             LmEngine::Cpu(_) => {}
         }
+        self.refuse_q4("to_gpu")?;
         let gpu = rusting_brain_shaders::Gpu::new_blocking(options)?;
         let backend = rusting_brain_shaders::WgpuBackend::new(std::sync::Arc::new(gpu));
         let device = DeviceLm::copy_of(self.model(), backend)?;
@@ -469,12 +471,24 @@ impl TransformerLm {
         }
         Ok(self.model_mut().forward_logits(batch)?)
     }
-    /// Rounds the weights to int8 (per-row absmax scales; norms stay f32): a quarter of the
-    /// memory traffic per decoded token. One-way: training, `save_bin(Precision::F32)` and
+    /// Rounds the weights to int8 (blocks of 32 values, a scale each; norms stay f32): about
+    /// a quarter of the memory traffic per decoded token. One-way: training, `save_bin(Precision::F32)` and
     /// device moves return an error afterwards.
     pub fn quantize(&mut self) -> Result<()> {
+        self.quantize_to(crate::Precision::Q8)
+    }
+    /// [`TransformerLm::quantize`] to a precision: `Precision::Q8` is `quantize()`,
+    /// `Precision::Q4` rounds each block's matrices to 4 bits (the embedding and output head
+    /// stay int8; 4-bit models run on the CPU). `Precision::F32` is an error: rounding is
+    /// one-way. A model already quantized is left as it is.
+    pub fn quantize_to(&mut self, precision: crate::Precision) -> Result<()> {
+        let format = precision.format().ok_or_else(|| {
+            NetworkError::InvalidInput(
+                "quantize_to(F32): an f32 model is not quantized; pass Q8 or Q4".into(),
+            )
+        })?;
         self.refuse_on_device("quantize", "call to_cpu() first")?;
-        self.model_mut().quantize()?;
+        self.model_mut().quantize_as(format)?;
         // An int8 step takes a fraction of an f32 one: time the ways afresh.
         self.decode_steps = Default::default();
         Ok(())
@@ -484,6 +498,16 @@ impl TransformerLm {
     /// [`TransformerLm::quantize`]. KV caches and a forward pass's scratch are not counted.
     pub fn weight_bytes(&self) -> usize {
         self.model().weight_bytes()
+    }
+    /// A 4-bit model stays on the CPU: the device kernels read int8 weights only.
+    #[allow(dead_code)] // without a device feature nothing moves
+    fn refuse_q4(&self, what: &str) -> Result<()> {
+        if self.model().has_q4() {
+            return Err(NetworkError::InvalidInput(format!(
+                "{what}: the model is 4-bit (Precision::Q4), which runs on the CPU only; load it at Precision::Q8 to move it"
+            )));
+        }
+        Ok(())
     }
     /// Whether [`TransformerLm::quantize`] has run.
     pub fn is_quantized(&self) -> bool {

@@ -40,6 +40,7 @@ use linear::*;
 use mlp::*;
 use moe::*;
 
+pub use crate::ops::q8::QuantFormat;
 pub use batch::*;
 pub use config::*;
 pub use decode::*;

@@ -24,6 +24,7 @@ mod modulation;
 mod moe;
 mod norm;
 mod optim;
+pub(crate) mod q4;
 pub(crate) mod q8;
 mod rmsnorm;
 mod rope;

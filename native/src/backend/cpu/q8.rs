@@ -8,6 +8,7 @@ use rayon::prelude::*;
 use rusting_brain_core::error::{check_len, check_range, product};
 use rusting_brain_core::ops::attention::AttentionSpec;
 use rusting_brain_core::ops::embedding::check_ids;
+use rusting_brain_core::ops::q4::is_q4;
 use rusting_brain_core::ops::q8::{blocks_of, check_q8, check_q8_matmul, packed_cols, Q8_BLOCK};
 use rusting_brain_core::ops::rope::RopeSpec;
 use rusting_brain_core::Result;
@@ -113,6 +114,9 @@ impl Drop for RowBuf {
 pub fn q8_matmul(
     out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
+    if is_q4(n, k, packed.len(), scales.len()) {
+        return super::q4::q4_matmul(out, x, packed, scales, m, n, k, beta);
+    }
     let block = check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let (pc, nb) = (packed_cols(k), blocks_of(k, block));
     let w = as_i8(packed);
@@ -192,7 +196,9 @@ pub fn q8_matmul(
 
 /// An int8 GEMM's bands of activation rows over the team: each part a band of whole
 /// quads of rows (`band(out_rows, first_row)`); small products stay on the calling thread.
-fn run_bands(out: &mut [f32], (m, n, k): (usize, usize, usize), band: impl Fn(&mut [f32], usize) + Sync) {
+pub(super) fn run_bands(
+    out: &mut [f32], (m, n, k): (usize, usize, usize), band: impl Fn(&mut [f32], usize) + Sync,
+) {
     let parts = team::parts();
     if parts > 1 && m >= 8 && n * k >= TEAM_MIN_BYTES {
         let per = m.div_ceil(parts).div_ceil(4) * 4;
@@ -591,6 +597,9 @@ pub fn q8_embedding(
     out: &mut [f32], packed: &[f32], scales: &[f32], ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
     const OP: &str = "q8_embedding";
+    if is_q4(vocab, dim, packed.len(), scales.len()) {
+        return super::q4::q4_embedding(out, packed, scales, ids, vocab, dim);
+    }
     let block = check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
     check_len(OP, "out", out.len(), product(OP, &[ids.len(), dim])?)?;
     check_ids(OP, ids, vocab)?;
@@ -619,7 +628,10 @@ impl Q8Ops for CpuBackend {
     fn q8_matmul_many(&self, x: &Vec<f32>, products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
         // One activation row over all of `x` (a decode step's projections): one job.
         // Anything else runs product by product.
-        if products.len() > MANY_MAX || !products.iter().all(|p| p.spec.one_row_of(x.len())) {
+        if products.len() > MANY_MAX
+            || !products.iter().all(|p| p.spec.one_row_of(x.len()))
+            || products.iter().any(|p| is_q4(p.spec.n, p.spec.k, p.packed.len(), p.scales.len()))
+        {
             return rusting_brain_core::backend::q8_matmul_each(self, x, products);
         }
         let mut rows: [Option<DecodeProduct<'_>>; MANY_MAX] = Default::default();
@@ -635,7 +647,8 @@ impl Q8Ops for CpuBackend {
         &self, out: &mut Vec<f32>, gate: &mut Vec<f32>, up: &mut Vec<f32>, x: &Vec<f32>,
         gate_w: (&Vec<f32>, &Vec<f32>), up_w: (&Vec<f32>, &Vec<f32>), spec: &MatmulSpec,
     ) -> Result<()> {
-        if !fused_swiglu_row(("q8_swiglu", "out"), spec, x, out, gate, up)? {
+        let q4 = [gate_w, up_w].iter().any(|w| is_q4(spec.n, spec.k, w.0.len(), w.1.len()));
+        if q4 || !fused_swiglu_row(("q8_swiglu", "out"), spec, x, out, gate, up)? {
             return rusting_brain_core::backend::q8_swiglu_unfused(
                 self, out, gate, up, x, gate_w, up_w, spec,
             );
@@ -644,14 +657,20 @@ impl Q8Ops for CpuBackend {
     }
     fn q8_attention(&self, a: Q8Attention<'_, Vec<f32>>) -> Result<()> {
         // One position of one sequence, over the team: one phased job. Anything else (a
-        // prompt, one thread, a model too small to split) as the calls one by one.
+        // prompt, one thread, a model too small to split, 4-bit weights) as the calls one
+        // by one.
         let s = a.spec;
         let bytes =
             (s.q_heads.saturating_add(s.kv_heads)).saturating_mul(s.head_dim).saturating_mul(2 * a.h.len());
-        if !attention_row_fits(s, a.rope_q, a.rope_k) || team::parts() < 2 || bytes < TEAM_MIN_BYTES {
+        let d = a.h.len() / s.q_len.max(1);
+        let (q_dim, kv_dim) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
+        let [wq, wk, wv, wo] = a.weights;
+        let q4 = [(wq, q_dim, d), (wk, kv_dim, d), (wv, kv_dim, d), (wo, d, q_dim)]
+            .iter()
+            .any(|(w, n, k)| is_q4(*n, *k, w.0.len(), w.1.len()));
+        if q4 || !attention_row_fits(s, a.rope_q, a.rope_k) || team::parts() < 2 || bytes < TEAM_MIN_BYTES {
             return rusting_brain_core::backend::q8_attention_unfused(self, a);
         }
-        let [wq, wk, wv, wo] = a.weights;
         q8_attention_row(DecodeAttention {
             x: a.x,
             h: a.h,
@@ -675,8 +694,11 @@ impl Q8Ops for CpuBackend {
         spec: &MatmulSpec,
     ) -> Result<()> {
         // One activation row (a decode step's feed-forward): one phased job. Anything
-        // else as the two calls.
-        if !fused_swiglu_row(("q8_mlp", "s"), spec, x, s, gate, up)? {
+        // else as the two calls (and 4-bit weights, whose products are not fused yet).
+        let q4 = [(gate_w, spec.n, spec.k), (up_w, spec.n, spec.k), (down_w, spec.k, spec.n)]
+            .iter()
+            .any(|(w, n, k)| is_q4(*n, *k, w.0.len(), w.1.len()));
+        if q4 || !fused_swiglu_row(("q8_mlp", "s"), spec, x, s, gate, up)? {
             return rusting_brain_core::backend::q8_mlp_unfused(
                 self,
                 out,

@@ -139,6 +139,8 @@ pub struct Int8Row<'a> {
     pub hi: &'a [i8],
     /// Each block's sum of `hi`.
     pub hi_sums: &'a [i32],
+    /// Each block's sum of `wide`.
+    pub wide_sums: &'a [i32],
 }
 
 /// A decode product's rows (per-row weights; blocked ones go to `q8_rows_blocked`):

@@ -36,6 +36,8 @@ pub struct QuantRow {
     pub hi: Vec<i8>,
     /// Each block's sum of `hi`.
     pub hi_sums: Vec<i32>,
+    /// Each block's sum of the 13-bit values (the 4-bit products' offset term).
+    pub wide_sums: Vec<i32>,
 }
 
 impl QuantRow {
@@ -55,6 +57,24 @@ impl QuantRow {
         self.sums.clear();
         self.scales.clear();
         if blocks_of(x.len(), block) > 1 {
+            self.fill_wide(x, block);
+        } else {
+            self.wide.clear();
+            let scale = quantize_i8_into(x, &mut self.q);
+            self.sums.push(self.q.iter().map(|&v| v as i32).sum());
+            self.scales.push(scale);
+        }
+    }
+
+    /// `x` rounded to 13-bit values in blocks of `block` (core's
+    /// `quantize_activations_wide`) however many blocks there are: what 4-bit weights
+    /// meet, and [`QuantRow::fill`] over several blocks.
+    pub fn fill_wide(&mut self, x: &[f32], block: usize) {
+        let block = block.max(1);
+        self.block = block;
+        self.sums.clear();
+        self.scales.clear();
+        {
             self.q.clear();
             quantize_activations_wide_into(x, block, &mut self.wide, &mut self.scales);
             let padded = x.len().div_ceil(64) * 64;
@@ -71,11 +91,8 @@ impl QuantRow {
                     .take(self.scales.len())
                     .map(|c| c.iter().map(|&v| v as i32).sum::<i32>()),
             );
-        } else {
-            self.wide.clear();
-            let scale = quantize_i8_into(x, &mut self.q);
-            self.sums.push(self.q.iter().map(|&v| v as i32).sum());
-            self.scales.push(scale);
+            self.wide_sums.clear();
+            self.wide_sums.extend(self.wide.chunks(block).map(|c| c.iter().map(|&v| v as i32).sum::<i32>()));
         }
     }
 
@@ -90,6 +107,7 @@ impl QuantRow {
             lo: &self.lo,
             hi: &self.hi,
             hi_sums: &self.hi_sums,
+            wide_sums: &self.wide_sums,
         }
     }
 }
@@ -159,7 +177,7 @@ unsafe fn q8_rows16_blocked_vnni(
     // Row r's scale of block b is at (16 pass + r) * nb + b: sixteen rows nb apart.
     let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     let index = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(nb as i32));
-    let (flip, vbeta) = (_mm512_set1_epi8(i8::MIN), _mm512_set1_ps(beta));
+    let flip = _mm512_set1_epi8(i8::MIN);
     for (p, o16) in out.chunks_exact_mut(16).enumerate() {
         let base = w.as_ptr().wrapping_add(p * 16 * stride);
         let group = [0, 1, 2, 3].map(|g| base.wrapping_add(4 * g * stride));
@@ -206,15 +224,29 @@ unsafe fn q8_rows16_blocked_vnni(
                 add_block(hi, 2 * c + 1);
             }
         }
-        // SAFETY: o16 is 16 writable floats.
-        unsafe {
-            let v = if beta == 0.0 {
-                total
-            } else {
-                _mm512_add_ps(total, _mm512_mul_ps(vbeta, _mm512_loadu_ps(o16.as_ptr())))
-            };
-            _mm512_storeu_ps(o16.as_mut_ptr(), v);
-        }
+        // SAFETY: avx512f (the contract).
+        unsafe { store16(o16, total, beta) };
+    }
+}
+
+/// `o16 = total` (`beta` 0) or `total + beta * o16`: a sixteen-row pass's outputs.
+///
+/// # Safety
+/// The CPU must have avx512f (checked by the callers).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn store16(o16: &mut [f32], total: std::arch::x86_64::__m512, beta: f32) {
+    use std::arch::x86_64::*;
+    assert!(o16.len() >= 16, "store16: sixteen outputs");
+    // SAFETY: o16 holds at least 16 floats (asserted).
+    unsafe {
+        let v = if beta == 0.0 {
+            total
+        } else {
+            _mm512_add_ps(total, _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(o16.as_ptr())))
+        };
+        _mm512_storeu_ps(o16.as_mut_ptr(), v);
     }
 }
 

@@ -137,6 +137,7 @@ macro_rules! dispatch {
 // The kernels by kind, each file a family of loops; `dispatch!` above compiles them per ISA.
 mod exp;
 mod float;
+mod int4;
 mod int8;
 mod int8_blocks;
 mod rows;
@@ -145,6 +146,7 @@ mod tests;
 
 pub use exp::*;
 pub use float::*;
+pub use int4::*;
 pub use int8::*;
 pub use int8_blocks::*;
 pub use rows::*;

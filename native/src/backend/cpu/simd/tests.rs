@@ -266,6 +266,7 @@ fn decode_rows_match_the_plain_formula_bit_for_bit() {
                     lo: &[],
                     hi: &[],
                     hi_sums: &[],
+                    wide_sums: &[],
                 };
                 q8_rows(&mut got, &row, &w, stride, &scales, beta);
                 for j in 0..n {
