@@ -28,7 +28,7 @@ mod common;
 mod rss;
 
 use rayon::prelude::*;
-use rusting_brain::core::models::transformer::{TransformerConfig, TransformerModel};
+use rusting_brain::core::models::transformer::{QuantFormat, TransformerConfig, TransformerModel};
 use rusting_brain::core::Rng;
 use rusting_brain::cpu::{simd, CpuBackend};
 use rusting_brain::profile::Profiled;
@@ -142,7 +142,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(at) = words.iter().position(|w| w == "--from-pretrained") {
         let dir = words.get(at + 1).ok_or("--from-pretrained needs a model folder")?;
         let gguf = words.iter().position(|w| w == "--gguf").and_then(|i| words.get(i + 1));
-        return real_model(dir, gguf.map(String::as_str), prompt_len, new_tokens);
+        let precision = match words.iter().position(|w| w == "--precision").and_then(|i| words.get(i + 1)) {
+            None => rusting_brain::Precision::Q8,
+            Some(p) if p == "q8" => rusting_brain::Precision::Q8,
+            Some(p) if p == "q4" => rusting_brain::Precision::Q4,
+            Some(p) => return Err(format!("--precision {p}: q8 or q4").into()),
+        };
+        return real_model(dir, gguf.map(String::as_str), precision, prompt_len, new_tokens);
     }
     // `readme`: the README's 38.9M configuration, where the bytes outweigh the ~90 calls
     // of a step; by default the training benchmark's 5.3M one.
@@ -334,8 +340,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("(tg: our q8 is the median of 5 runs, llama.cpp's the mean of its 5; the decode prompt is {prompt_len} tokens, PyTorch's 16)");
 
     // Where a decode step goes, f32 and Q8: the same model through a timing wrapper.
-    for quantized in [false, true] {
-        breakdown(&config, &prompt, new_tokens, quantized)?;
+    for format in [None, Some(QuantFormat::Q8)] {
+        breakdown(&config, &prompt, new_tokens, format)?;
     }
 
     // Memory: the int8 checkpoint decoded by a fresh process, which holds nothing else.
@@ -410,11 +416,17 @@ fn decode_memory(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn breakdown(
-    config: &TransformerConfig, prompt: &[u32], new_tokens: usize, quantized: bool,
+    config: &TransformerConfig, prompt: &[u32], new_tokens: usize, format: Option<QuantFormat>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut pm = TransformerModel::new(Profiled::new(CpuBackend::new()), config.clone(), 0)?;
-    if quantized {
-        pm.quantize()?;
+    let quantized = format.is_some();
+    let name = match format {
+        None => "f32",
+        Some(QuantFormat::Q8) => "Q8",
+        Some(QuantFormat::Q4) => "Q4",
+    };
+    if let Some(f) = format {
+        pm.quantize_as(f)?;
     }
     let mut cache = pm.new_kv_caches()?;
     let mut logits = pm.forward_cached(prompt, &mut cache)?;
@@ -426,11 +438,7 @@ fn breakdown(
         logits = pm.forward_cached(&[next], &mut cache)?;
     }
     let wall = t.elapsed().as_secs_f64() / steps as f64;
-    println!(
-        "\nper {} decode step, by primitive ({steps} steps, {:.1} us a step):",
-        if quantized { "Q8" } else { "f32" },
-        wall * 1e6
-    );
+    println!("\nper {name} decode step, by primitive ({steps} steps, {:.1} us a step):", wall * 1e6);
     print!("{}", pm.backend.breakdown(steps, wall, true));
     if quantized {
         // And a prompt of 128 tokens into an empty cache, after one untimed.
@@ -442,7 +450,7 @@ fn breakdown(
         let t = Instant::now();
         pm.forward_cached(&long, &mut pm.new_kv_caches()?)?;
         let wall = t.elapsed().as_secs_f64();
-        println!("\nQ8 prefill of {} tokens, by primitive ({:.1} ms):", long.len(), wall * 1e3);
+        println!("\n{name} prefill of {} tokens, by primitive ({:.1} ms):", long.len(), wall * 1e3);
         print!("{}", pm.backend.breakdown(1, wall, true));
     }
     Ok(())
@@ -505,13 +513,23 @@ fn gpu_row(
 /// `new` tokens after a `prompt_len`-token prompt, every row from this run, same threads;
 /// then where a decode step's and a 128-token prompt's time goes, by primitive.
 fn real_model(
-    dir: &str, gguf: Option<&str>, prompt_len: usize, new: usize,
+    dir: &str, gguf: Option<&str>, precision: rusting_brain::Precision, prompt_len: usize, new: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let mut model = TransformerLm::from_pretrained_at(dir, rusting_brain::Precision::Q8)?;
+    let mut model = TransformerLm::from_pretrained_at(dir, precision)?;
     model.set_max_seq_len(prompt_len.max(PREFILL[PREFILL.len() - 1]) + new + 1)?;
     let vocab = model.config().vocab_size;
     let threads = rayon::current_num_threads();
-    println!("bench_decode: {dir} at int8, {threads} threads, prompt {prompt_len}, {new} new tokens");
+    let ours_name = format!("ours {precision:?}");
+    let theirs_name = match gguf {
+        Some(g) => {
+            format!("llama.cpp {}", std::path::Path::new(g).file_stem().and_then(|f| f.to_str()).unwrap_or(g))
+        }
+        None => "llama.cpp".to_string(),
+    };
+    println!(
+        "bench_decode: {dir} at {precision:?} ({:.1} MB of weights), {threads} threads, prompt {prompt_len}, {new} new tokens",
+        model.weight_bytes() as f64 / 1e6
+    );
     println!("{} at commit {}", common::cpu_model(), common::commit());
     let mut rng = Rng::new(3);
     let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab as u64) as u32).collect();
@@ -529,14 +547,14 @@ fn real_model(
         Some(g) => llama_bench(g, threads, new),
         None => Err("no --gguf given".to_string()),
     };
-    println!("\n{:<8} {:>12} {:>16} {:>12}", "test", "ours q8", "llama.cpp Q8_0", "ours/llama");
+    println!("\n{:<8} {:>12} {:>24} {:>12}", "test", ours_name, theirs_name, "ours/llama");
     for (test, t) in &ours {
         let theirs = llama.as_ref().ok().and_then(|rows| rows.iter().find(|r| &r.0 == test));
         match theirs {
             Some((_, l, sd)) => {
-                println!("{test:<8} {t:>12.1} {:>16} {:>11.2}x", format!("{l:.1} ± {sd:.1}"), t / l)
+                println!("{test:<8} {t:>12.1} {:>24} {:>11.2}x", format!("{l:.1} ± {sd:.1}"), t / l)
             }
-            None => println!("{test:<8} {t:>12.1} {:>16} {:>12}", "-", "-"),
+            None => println!("{test:<8} {t:>12.1} {:>24} {:>12}", "-", "-"),
         }
     }
     if let Err(why) = llama {
@@ -544,5 +562,5 @@ fn real_model(
     }
     println!("(tg: ours the median of 5 runs, llama.cpp's the mean of its 5)");
     // Where a step's time goes, on a model of this shape (random weights: the same calls).
-    breakdown(model.config(), &prompt, new, true)
+    breakdown(model.config(), &prompt, new, precision.format())
 }

@@ -181,17 +181,16 @@ fn main() {
     }
 }
 
-/// The int8 products at SmolLM2-135M's shapes (d_model 576, d_ff 1536, vocabulary 49152):
-/// decode (one row; the weights' bytes per second is what bounds it) and prompt processing
-/// (512 rows), blocked weights (one scale per 32 values, 13-bit activations) beside
-/// per-row weights (int8 activations, one scale a row: int8 files before blocks) and f32,
-/// in the same turns. `bench_gemm int8` runs this table alone.
+/// The quantized products at SmolLM2-135M's shapes (d_model 576, d_ff 1536, vocabulary
+/// 49152): decode (one row; the weights' bytes per second is what bounds it) and prompt
+/// processing (128 and 512 rows), int8 in blocks of 32 and 4 bits (`Precision::Q4`'s
+/// layout) beside f32, in the same turns. `bench_gemm int8` runs this table alone.
 fn int8(cpu: &CpuBackend) {
-    use rusting_brain::core::ops::q8;
-    println!("int8 products, blocked (32 a scale, 13-bit activations) against per-row int8 and f32:");
+    use rusting_brain::core::ops::{q4, q8};
+    println!("quantized products (13-bit activations): int8 in blocks of 32 and 4 bits, against f32:");
     println!(
-        "{:<30} {:>10} {:>10} {:>10} {:>10} {:>12}",
-        "shape (m x n x k)", "f32 us", "per-row us", "blocked us", "blk/row", "blocked GB/s"
+        "{:<30} {:>10} {:>10} {:>10} {:>9} {:>10} {:>10}",
+        "shape (m x n x k)", "f32 us", "int8 us", "4-bit us", "4b/int8", "int8 GB/s", "4-bit GB/s"
     );
     let mut rng = Rng::new(8);
     let shapes: &[(usize, usize, usize, &str)] = &[
@@ -206,8 +205,8 @@ fn int8(cpu: &CpuBackend) {
     for &(m, n, k, label) in shapes {
         let w = rng.normal_vec(n * k, 0.05);
         let x = rng.normal_vec(m * k, 1.0);
-        let (pr, sr) = q8::quantize_rows(&w, n, k).unwrap();
         let (pb, sb) = q8::quantize_blocks(&w, n, k).unwrap();
+        let (p4, s4) = q4::quantize_q4(&w, n, k).unwrap();
         let spec = MatmulSpec::new(m, n, k).trans_b(true);
         let (mut c1, mut c2, mut c3) = (vec![0.0f32; m * n], vec![0.0f32; m * n], vec![0.0f32; m * n]);
         let reps = ((4e9 / (2.0 * (m * n * k) as f64)) as usize).clamp(5, 400);
@@ -215,19 +214,20 @@ fn int8(cpu: &CpuBackend) {
             reps,
             &mut [
                 &mut || cpu.matmul(&mut c1, &x, &w, &spec).unwrap(),
-                &mut || cpu.q8_matmul(&mut c2, &x, &pr, &sr, &spec).unwrap(),
-                &mut || cpu.q8_matmul(&mut c3, &x, &pb, &sb, &spec).unwrap(),
+                &mut || cpu.q8_matmul(&mut c2, &x, &pb, &sb, &spec).unwrap(),
+                &mut || cpu.q8_matmul(&mut c3, &x, &p4, &s4, &spec).unwrap(),
             ],
         );
-        let bytes = (n * k + 4 * sb.len()) as f64;
+        let (b8, b4) = (4.0 * (pb.len() + sb.len()) as f64, 4.0 * (p4.len() + s4.len()) as f64);
         println!(
-            "{:<30} {:>10.1} {:>10.1} {:>10.1} {:>9.2}x {:>12.1}",
+            "{:<30} {:>10.1} {:>10.1} {:>10.1} {:>8.2}x {:>10.1} {:>10.1}",
             format!("{m}x{n}x{k}{label}"),
             t[0] * 1e6,
             t[1] * 1e6,
             t[2] * 1e6,
             t[2] / t[1],
-            bytes / t[2] / 1e9
+            b8 / t[1] / 1e9,
+            b4 / t[2] / 1e9
         );
     }
 }

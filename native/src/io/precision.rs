@@ -17,7 +17,7 @@ pub enum Precision {
 
 impl Precision {
     /// Core's format for a quantized precision; `None` at F32.
-    pub(crate) fn format(self) -> Option<rusting_brain_core::models::transformer::QuantFormat> {
+    pub fn format(self) -> Option<rusting_brain_core::models::transformer::QuantFormat> {
         use rusting_brain_core::models::transformer::QuantFormat;
         match self {
             Precision::F32 => None,

@@ -56,8 +56,31 @@ pub fn q4_matmul(
                 q
             })
             .collect();
-        let acts: Vec<simd::Int8Row<'_>> = acts.iter().map(|q| q.row()).collect();
-        for j in (0..n).step_by(16) {
+        let rounded = acts;
+        let acts: Vec<simd::Int8Row<'_>> = rounded.iter().map(|q| q.row()).collect();
+        // Sixteen weight rows unpacked and laid across the vector lanes once a band
+        // (VNNI): each activation row meets them with broadcast pairs, as the int8 GEMM's
+        // panels do. The rest (and CPUs without VNNI) run the decode kernel row by row.
+        let mut done = 0;
+        if rows >= super::q8::PANEL_MIN_ROWS && simd::has_vnni() {
+            let nb = k.div_ceil(Q4_BLOCK);
+            let padded: Vec<Vec<i16>> = rounded
+                .iter()
+                .map(|q| {
+                    let mut p = q.wide.clone();
+                    p.resize(nb * Q4_BLOCK, 0);
+                    p
+                })
+                .collect();
+            let padded: Vec<&[i16]> = padded.iter().map(|p| p.as_slice()).collect();
+            let mut panel = simd::Panel16::default();
+            for j in (0..n / 16).map(|p| 16 * p) {
+                panel.fill_q4(&w[j * stride..], stride, k, &scales[j * rs..(j + 16) * rs]);
+                simd::panel16_rows(&mut o[j..], n, &acts, &padded, &panel, beta);
+            }
+            done = n / 16 * 16;
+        }
+        for j in (done..n).step_by(16) {
             let end = (j + 16).min(n);
             for (i, a) in acts.iter().enumerate() {
                 simd::q4_rows(

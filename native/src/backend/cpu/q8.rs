@@ -272,7 +272,7 @@ fn q8_gemm_blocked(
 /// Activation rows a band from which the blocked GEMM lays its weights across the lanes
 /// ([`simd::Panel16`]) instead of running 4 x 4 tiles: a 16-token prompt's bands of 8 ran
 /// at 1.2x the tiles with the transposing fill (SmolLM2-135M, AVX-512 VNNI).
-const PANEL_MIN_ROWS: usize = 4;
+pub(super) const PANEL_MIN_ROWS: usize = 4;
 
 /// One int8 product of [`q8_matmul_many`] at one activation row: its output `(n)`,
 /// weight `(n, k)` (packed values and row scales) and beta.

@@ -395,14 +395,51 @@ pub(super) unsafe fn store4x4(out: &mut [f32], stride: usize, y: std::arch::x86_
 /// block sum in its own lane: no fold. Filled once per sixteen rows and band of
 /// activation rows (a widening and a 16 x 16 transpose a block), it costs a fraction of a
 /// product per value against one per value per row of the band.
+///
+/// A 4-bit panel ([`Panel16::fill_q4`]) holds the values `q` (0..=15) as pairs the same
+/// way, the blocks' scales `d`, and their offsets `m` (empty for int8), which the product
+/// takes off as `(sum(x) * x_scale) * m` after each block, as core's `ops::q4` does.
 #[derive(Default)]
 pub struct Panel16 {
     pairs: Vec<i32>,
     scales: Vec<f32>,
+    offsets: Vec<f32>,
     blocks: usize,
+    /// Rows unpacked from 4 bits, for `fill_q4` (kept to reuse the allocation).
+    unpacked: Vec<i8>,
 }
 
 impl Panel16 {
+    /// Rows `0..16` of a 4-bit weight (`k` values each in Q4_K's nibble order, `stride`
+    /// bytes apart in `w`) with their scales (`q4_row_scales(k)` a row, row after row):
+    /// the values unpacked to bytes, then laid out as [`Panel16::fill`] lays out int8
+    /// rows, with each block's scale and offset.
+    pub fn fill_q4(&mut self, w: &[u8], stride: usize, k: usize, scales: &[f32]) {
+        let (nb, rs) = (blocks_of(k, Q8_BLOCK), rusting_brain_core::ops::q4::q4_row_scales(k));
+        let width = 32 * k.div_ceil(64);
+        assert!(w.len() >= 15 * stride + width && scales.len() >= 16 * rs, "Panel16: sixteen 4-bit rows");
+        let row_len = 64 * k.div_ceil(64);
+        let mut unpacked = std::mem::take(&mut self.unpacked);
+        unpacked.resize(16 * row_len, 0);
+        let mut d = vec![0.0f32; 16 * nb];
+        for r in 0..16 {
+            let (src, dst) =
+                (&w[r * stride..r * stride + width], &mut unpacked[r * row_len..(r + 1) * row_len]);
+            unpack_nibbles(src, dst);
+            for b in 0..nb {
+                d[r * nb + b] = scales[r * rs + 2 + 2 * b];
+            }
+        }
+        self.fill(&unpacked, row_len, k, &d);
+        self.offsets.resize(nb * 16, 0.0);
+        for b in 0..nb {
+            for r in 0..16 {
+                self.offsets[b * 16 + r] = scales[r * rs + 3 + 2 * b];
+            }
+        }
+        self.unpacked = unpacked;
+    }
+
     /// Rows `0..16` of `w` (`k` bytes each, `stride` apart) and their scales (`16 * nb`,
     /// row after row), `nb = k.div_ceil(32)`; values past `k` are 0. With AVX-512 each
     /// block's sixteen rows are widened to i16 and transposed as sixteen vectors of sixteen
@@ -411,6 +448,7 @@ impl Panel16 {
         let nb = blocks_of(k, Q8_BLOCK);
         assert!(w.len() >= 15 * stride + k && scales.len() >= 16 * nb, "Panel16: sixteen rows");
         self.blocks = nb;
+        self.offsets.clear();
         self.pairs.resize(nb * 256, 0);
         self.scales.resize(nb * 16, 0.0);
         for b in 0..nb {
@@ -473,6 +511,7 @@ pub fn panel16_rows(
 ) -> bool {
     let nb = panel.blocks;
     assert!(xs.len() == padded.len() && xs.iter().all(|x| x.scales.len() == nb), "panel16_rows: blocks");
+    assert!(panel.offsets.is_empty() || xs.iter().all(|x| x.wide_sums.len() == nb), "panel16_rows: sums");
     assert!(padded.iter().all(|p| p.len() >= nb * Q8_BLOCK), "panel16_rows: padded rows");
     assert!(xs.is_empty() || out.len() >= (xs.len() - 1) * ldo + 16, "panel16_rows: out");
     #[cfg(target_arch = "x86_64")]
@@ -495,6 +534,45 @@ pub fn panel16_rows(
     }
     let _ = (out, ldo, beta);
     false
+}
+
+/// 4-bit groups (32 bytes: values `l` in the low nibbles, `32 + l` in the high ones) to
+/// one byte a value in order: `dst` holds 64 bytes a group of `src`.
+fn unpack_nibbles(src: &[u8], dst: &mut [i8]) {
+    assert!(src.len().is_multiple_of(32) && dst.len() >= 2 * src.len(), "unpack_nibbles: whole groups");
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa(), Isa::Avx512 | Isa::Avx2Fma) {
+        // SAFETY: avx2 is part of both ISAs (checked when they were chosen); the assert
+        // above bounds every load and store.
+        return unsafe { unpack_nibbles_avx2(src, dst) };
+    }
+    for (g, bytes) in src.chunks_exact(32).enumerate() {
+        for (l, &b) in bytes.iter().enumerate() {
+            dst[64 * g + l] = (b & 15) as i8;
+            dst[64 * g + 32 + l] = (b >> 4) as i8;
+        }
+    }
+}
+
+/// [`unpack_nibbles`] with AVX2: a group is one load, two masks and two stores.
+///
+/// # Safety
+/// avx2; `src` is whole groups and `dst` twice its length.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn unpack_nibbles_avx2(src: &[u8], dst: &mut [i8]) {
+    use std::arch::x86_64::*;
+    let low4 = _mm256_set1_epi8(15);
+    for g in 0..src.len() / 32 {
+        // SAFETY: the contract: group g's 32 bytes in `src`, 64 in `dst`.
+        unsafe {
+            let v = _mm256_loadu_si256(src.as_ptr().add(32 * g) as *const __m256i);
+            let lo = _mm256_and_si256(v, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+            _mm256_storeu_si256(dst.as_mut_ptr().add(64 * g) as *mut __m256i, lo);
+            _mm256_storeu_si256(dst.as_mut_ptr().add(64 * g + 32) as *mut __m256i, hi);
+        }
+    }
 }
 
 /// [`panel16_rows`] for `U` activation rows with VNNI.
@@ -532,6 +610,15 @@ unsafe fn panel16_vnni<const U: usize>(
             let v =
                 _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[u]), _mm512_set1_ps(xs[u].scales[b])), ws);
             *t = _mm512_add_ps(*t, v);
+        }
+        if !panel.offsets.is_empty() {
+            // 4-bit: each block's offset term, after its scaled sum.
+            // SAFETY: a 4-bit panel holds nb * 16 offsets.
+            let ms = unsafe { _mm512_loadu_ps(panel.offsets.as_ptr().add(b * 16)) };
+            for (u, t) in total.iter_mut().enumerate() {
+                let s2 = xs[u].wide_sums[b] as f32 * xs[u].scales[b];
+                *t = _mm512_sub_ps(*t, _mm512_mul_ps(_mm512_set1_ps(s2), ms));
+            }
         }
     }
     for (u, t) in total.iter().enumerate() {
