@@ -669,13 +669,14 @@ fn q4_products_and_lookups_match_reference() {
 /// other specs (several rows, a window) go the default way. Bad lengths are errors.
 #[test]
 fn fused_q8_calls_match_their_definitions() {
+    use rusting_brain_core::ops::q4::quantize_q4;
     use rusting_brain_core::ops::q8::{quantize_blocks, quantize_rows};
     let (cpu, rf) = backends();
     let mut rng = Rng::new(113);
     // (rows, input width, the products' widths): q, k, v at the 5.3M and README shapes,
     // odd widths and rows left over after the sixteen-row passes, a batch of rows, one
     // product alone, and more products than one job takes.
-    for quantize in [quantize_rows, quantize_blocks] {
+    for quantize in [quantize_rows, quantize_blocks, quantize_q4] {
         for &(m, k, ns) in &[
             (1, 256, &[256, 64, 64][..]),
             (1, 512, &[512, 128, 128]),
@@ -775,12 +776,13 @@ fn fused_q8_calls_match_their_definitions() {
 #[test]
 fn fused_q8_feed_forward_matches_its_definition() {
     use rusting_brain_core::backend::q8_mlp_unfused;
+    use rusting_brain_core::ops::q4::quantize_q4;
     use rusting_brain_core::ops::q8::{quantize_blocks, quantize_rows};
     let (cpu, rf) = backends();
     let mut rng = Rng::new(114);
     // (rows, d, f): the 5.3M and README shapes; widths that leave rows over after the
     // sixteen-row passes or give a part no rows; too small to split; several rows.
-    for quantize in [quantize_rows, quantize_blocks] {
+    for quantize in [quantize_rows, quantize_blocks, quantize_q4] {
         for &(m, d, f) in &[
             (1, 256, 704),
             (1, 512, 1408),
@@ -946,7 +948,7 @@ fn fused_q8_attention_matches_its_definition() {
             nan(q_dim),
             nan(hq),
         ];
-        // Per-row weights, then blocked ones.
+        // Per-row weights, then blocked ones, then 4-bit ones.
         let blocked = weights(&mut rng, d, q_dim, kv_dim)
             .iter()
             .zip([(q_dim, d), (kv_dim, d), (kv_dim, d), (d, q_dim)])
@@ -955,7 +957,16 @@ fn fused_q8_attention_matches_its_definition() {
                 quantize_blocks(&w, n, k).unwrap()
             })
             .collect::<Vec<_>>();
-        for w in [weights(&mut rng, d, q_dim, kv_dim), blocked] {
+        // And 4-bit ones (of the same values).
+        let four = blocked
+            .iter()
+            .zip([(q_dim, d), (kv_dim, d), (kv_dim, d), (d, q_dim)])
+            .map(|((p, s), (n, k))| {
+                let w: Vec<f32> = (0..n).flat_map(|r| dequantize_row(p, s, r, k)).collect();
+                rusting_brain_core::ops::q4::quantize_q4(&w, n, k).unwrap()
+            })
+            .collect::<Vec<_>>();
+        for w in [weights(&mut rng, d, q_dim, kv_dim), blocked, four] {
             let specs = decode_specs(hq, hkv, hd, pos, cap);
             let run = |be: &Dyn, fused: bool| {
                 let mut bufs = start.clone();

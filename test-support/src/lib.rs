@@ -116,10 +116,8 @@ pub fn q8_products<'a>(
     outs.iter_mut()
         .zip(weights)
         .map(|(out, (packed, scales))| Q8Product {
-            // n rows of packed_cols(k) words, whatever the scales' layout.
-            spec: MatmulSpec::new(m, packed.len() / rusting_brain_core::ops::q8::packed_cols(k), k)
-                .trans_b(true)
-                .beta(beta),
+            // n from the output (m x n), whatever the weight's layout (int8 or 4-bit).
+            spec: MatmulSpec::new(m, out.len() / m.max(1), k).trans_b(true).beta(beta),
             out,
             packed,
             scales,

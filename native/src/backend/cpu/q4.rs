@@ -14,7 +14,7 @@ use super::q8::TEAM_MIN_BYTES;
 use super::{simd, team};
 
 /// The bytes packed in `x` (four per slot, memory order).
-fn as_u8(x: &[f32]) -> &[u8] {
+pub(super) fn as_u8(x: &[f32]) -> &[u8] {
     // SAFETY: `u8` has alignment 1 and every bit pattern is a valid `u8`; the new slice
     // covers exactly the `4 * x.len()` bytes of `x` and borrows it for the same lifetime.
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }

@@ -87,8 +87,18 @@ struct RowBuf(simd::QuantRow);
 impl RowBuf {
     /// `x` rounded as `simd::QuantRow::of` rounds it.
     fn of(x: &[f32], block: usize) -> Self {
+        Self::rounded(x, Rounding { block, wide: false })
+    }
+
+    /// `x` rounded as `r` says: 13-bit values in blocks where `r.wide` (what 4-bit weights
+    /// meet at any width), else as [`RowBuf::of`].
+    fn rounded(x: &[f32], r: Rounding) -> Self {
         let mut q = ROW_BUFS.try_with(|b| b.try_borrow_mut().ok()?.pop()).ok().flatten().unwrap_or_default();
-        q.fill(x, block);
+        if r.wide {
+            q.fill_wide(x, r.block);
+        } else {
+            q.fill(x, r.block);
+        }
         RowBuf(q)
     }
 
@@ -107,6 +117,56 @@ impl Drop for RowBuf {
                 }
             }
         });
+    }
+}
+
+/// How a decode product's activation row is rounded: in blocks of `block`, as 13-bit
+/// values when `wide` (4-bit weights) and as `QuantRow::fill` decides otherwise. Two
+/// weights can share one rounded row when their roundings are equal (a blocked int8
+/// weight wider than one block rounds to exactly what a 4-bit one of the same width does).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Rounding {
+    block: usize,
+    wide: bool,
+}
+
+/// A quantized weight `(n, k)` as the decode kernels read it, int8 or 4-bit: its packed
+/// rows (`stride` bytes apart) and its scales (`per_row` a row).
+#[derive(Clone, Copy)]
+struct QRows<'a> {
+    packed: &'a [f32],
+    scales: &'a [f32],
+    stride: usize,
+    per_row: usize,
+    q4: bool,
+}
+
+impl<'a> QRows<'a> {
+    /// The weight `w` of a product `out (n) = x (k) W^T`, checked as `q8_matmul` checks
+    /// it, and the rounding its activation row needs.
+    fn of(w: (&'a [f32], &'a [f32]), out: usize, x: usize, n: usize, k: usize) -> Result<(Self, Rounding)> {
+        let (packed, scales) = w;
+        if is_q4(n, k, packed.len(), scales.len()) {
+            rusting_brain_core::ops::q4::check_q4_matmul(out, x, packed.len(), scales.len(), 1, n, k)?;
+            let stride = 4 * rusting_brain_core::ops::q4::q4_packed_cols(k);
+            let per_row = rusting_brain_core::ops::q4::q4_row_scales(k);
+            let block = rusting_brain_core::ops::q4::Q4_BLOCK;
+            return Ok((QRows { packed, scales, stride, per_row, q4: true }, Rounding { block, wide: true }));
+        }
+        let block = check_q8_matmul(out, x, packed.len(), scales.len(), 1, n, k)?;
+        let (stride, per_row) = (packed_cols(k) * 4, blocks_of(k, block));
+        let wide = per_row > 1;
+        Ok((QRows { packed, scales, stride, per_row, q4: false }, Rounding { block, wide }))
+    }
+
+    /// Rows `first..first + out.len()` of the product of `act` (`beta` as `q8_rows`).
+    fn rows(&self, out: &mut [f32], act: &simd::Int8Row<'_>, first: usize, beta: f32) {
+        let (at, sc) = (first * self.stride, &self.scales[first * self.per_row..]);
+        if self.q4 {
+            simd::q4_rows(out, act, &super::q4::as_u8(self.packed)[at..], self.stride, sc, beta)
+        } else {
+            simd::q8_rows(out, act, &as_i8(self.packed)[at..], self.stride, sc, beta)
+        }
     }
 }
 
@@ -294,50 +354,48 @@ pub const MANY_MAX: usize = 4;
 /// call.
 pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]) -> Result<()> {
     let k = x.len();
-    let mut block = None;
-    for p in products.iter().flatten() {
+    let mut rounding = None;
+    let mut weights: [Option<QRows<'_>>; MANY_MAX] = [None; MANY_MAX];
+    for (p, w) in products.iter().zip(&mut weights) {
+        let Some(p) = p else { continue };
         let n = p.out.len();
-        let b = check_q8_matmul(n, k, p.packed.len(), p.scales.len(), 1, n, k)?;
-        if block.is_some_and(|a| a != b) {
-            // Per-row and blocked weights in one list: one rounding cannot serve both.
+        let (q, r) = QRows::of((p.packed, p.scales), n, k, n, k)?;
+        if rounding.is_some_and(|a| a != r) {
+            // Weights whose activations round differently (per-row int8 beside blocked or
+            // 4-bit ones): one rounding cannot serve them all.
             for p in products.into_iter().flatten() {
                 let n = p.out.len();
                 q8_matmul(p.out, x, p.packed, p.scales, 1, n, k, p.beta)?;
             }
             return Ok(());
         }
-        block = Some(b);
+        rounding = Some(r);
+        *w = Some(q);
     }
-    let block = block.unwrap_or(k);
-    let (stride, nb) = (packed_cols(k) * 4, blocks_of(k, block));
-    let xq = RowBuf::of(x, block);
+    let Some(rounding) = rounding else { return Ok(()) };
+    let xq = RowBuf::rounded(x, rounding);
     let act = xq.row();
     let bytes: usize = products.iter().flatten().map(|p| p.out.len() * k).sum();
     let parts = team::parts();
     let split = if parts > 1 && bytes >= TEAM_MIN_BYTES { parts } else { 1 };
     // Every matrix split the same way, part p taking its share of each one's rows (whole
-    // sixteen-row passes): the rows of the part's outputs, their weights and scales.
-    let mut pieces = products.map(|p| {
-        p.map(|p| {
+    // sixteen-row passes): the rows of the part's outputs, from row `first` of its weight.
+    let mut pieces: [Option<_>; MANY_MAX] = std::array::from_fn(|_| None);
+    for ((piece, p), w) in pieces.iter_mut().zip(products).zip(weights) {
+        if let (Some(p), Some(w)) = (p, w) {
             let per = p.out.len().div_ceil(split).div_ceil(16).max(1) * 16;
-            (p.out.chunks_mut(per), p.packed, p.scales, p.beta, per)
-        })
-    });
+            *piece = Some((p.out.chunks_mut(per), w, p.beta, per));
+        }
+    }
     let blocks = (0..split).map(|part| {
         pieces.each_mut().map(|piece| {
-            let (chunks, packed, scales, beta, per) = piece.as_mut()?;
-            let first = part * *per;
-            chunks.next().map(|out| DecodeProduct {
-                out,
-                packed: &packed[first * stride / 4..],
-                scales: &scales[first * nb..],
-                beta: *beta,
-            })
+            let (chunks, w, beta, per) = piece.as_mut()?;
+            chunks.next().map(|out| (out, *w, part * *per, *beta))
         })
     });
-    let job = |_: usize, list: &mut [Option<DecodeProduct<'_>>; MANY_MAX]| {
-        for p in list.iter_mut().flatten() {
-            simd::q8_rows(p.out, &act, as_i8(p.packed), stride, p.scales, p.beta);
+    let job = |_: usize, list: &mut [Option<(&mut [f32], QRows<'_>, usize, f32)>; MANY_MAX]| {
+        for (out, w, first, beta) in list.iter_mut().flatten() {
+            w.rows(out, &act, *first, *beta);
         }
     };
     if split > 1 {
@@ -352,12 +410,10 @@ pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]
 /// up's int8 products (weight rows `stride` bytes apart), then `o = silu(g) * u`. What
 /// each part of [`q8_swiglu`] and of [`q8_mlp`]'s first phase runs.
 fn swiglu_rows(
-    act: &simd::Int8Row<'_>, first: usize, [o, g, u]: [&mut [f32]; 3], gate_w: (&[f32], &[f32]),
-    up_w: (&[f32], &[f32]), stride: usize,
+    act: &simd::Int8Row<'_>, first: usize, [o, g, u]: [&mut [f32]; 3], gate_w: QRows<'_>, up_w: QRows<'_>,
 ) {
-    let (at, sc) = (first * stride, first * act.scales.len());
-    simd::q8_rows(g, act, &as_i8(gate_w.0)[at..], stride, &gate_w.1[sc..], 0.0);
-    simd::q8_rows(u, act, &as_i8(up_w.0)[at..], stride, &up_w.1[sc..], 0.0);
+    gate_w.rows(g, act, first, 0.0);
+    up_w.rows(u, act, first, 0.0);
     simd::swiglu(o, g, u);
 }
 
@@ -369,18 +425,18 @@ pub fn q8_swiglu(
     up_w: (&[f32], &[f32]),
 ) -> Result<()> {
     let (f, d) = (out.len(), x.len());
-    let block = check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
-    if check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)? != block {
+    let (gq, rounding) = QRows::of(gate_w, gate.len(), d, f, d)?;
+    let (uq, r_up) = QRows::of(up_w, up.len(), d, f, d)?;
+    if r_up != rounding {
         q8_matmul(gate, x, gate_w.0, gate_w.1, 1, f, d, 0.0)?;
         q8_matmul(up, x, up_w.0, up_w.1, 1, f, d, 0.0)?;
         simd::swiglu(out, gate, up);
         return Ok(());
     }
-    let stride = packed_cols(d) * 4;
-    let xq = RowBuf::of(x, block);
+    let xq = RowBuf::rounded(x, rounding);
     let act = xq.row();
     let rows = |first: usize, o: &mut [f32], g: &mut [f32], u: &mut [f32]| {
-        swiglu_rows(&act, first, [o, g, u], gate_w, up_w, stride)
+        swiglu_rows(&act, first, [o, g, u], gq, uq)
     };
     let parts = team::parts();
     if parts > 1 && 2 * f * d >= TEAM_MIN_BYTES && f >= 16 * parts {
@@ -406,17 +462,16 @@ pub fn q8_mlp(
     up_w: (&[f32], &[f32]), down_w: (&[f32], &[f32]),
 ) -> Result<()> {
     let (f, d) = (s.len(), x.len());
-    let block = check_q8_matmul(gate.len(), d, gate_w.0.len(), gate_w.1.len(), 1, f, d)?;
-    let same = check_q8_matmul(up.len(), d, up_w.0.len(), up_w.1.len(), 1, f, d)? == block;
-    let block_f = check_q8_matmul(out.len(), f, down_w.0.len(), down_w.1.len(), 1, d, f)?;
+    let (gq, rounding) = QRows::of(gate_w, gate.len(), d, f, d)?;
+    let (uq, r_up) = QRows::of(up_w, up.len(), d, f, d)?;
+    let same = r_up == rounding;
+    let (dq, rounding_f) = QRows::of(down_w, out.len(), f, d, f)?;
     let parts = team::parts();
     if !same || parts < 2 || 3 * f * d < TEAM_MIN_BYTES || f < 16 * parts || d < 16 * parts {
         q8_swiglu(s, gate, up, x, gate_w, up_w)?;
         return q8_matmul(out, s, down_w.0, down_w.1, 1, d, f, 1.0);
     }
-    let (stride_d, stride_f) = (packed_cols(d) * 4, packed_cols(f) * 4);
-    let (wd, nb_f) = (as_i8(down_w.0), blocks_of(f, block_f));
-    let xq = RowBuf::of(x, block);
+    let xq = RowBuf::rounded(x, rounding);
     let act = xq.row();
     // Whole sixteen-row passes a part, as the unfused calls split them.
     let (per_f, per_d) = (f.div_ceil(parts).div_ceil(16) * 16, d.div_ceil(parts).div_ceil(16) * 16);
@@ -430,7 +485,7 @@ pub fn q8_mlp(
             }
             // SAFETY: in phase 0 part p alone touches rows first..end of gate, up and s.
             let (g, u, o) = unsafe { (gate.band(first, end), up.band(first, end), s.band(first, end)) };
-            swiglu_rows(&act, first, [o, g, u], gate_w, up_w, stride_d);
+            swiglu_rows(&act, first, [o, g, u], gq, uq);
         } else {
             let (first, end) = ((p * per_d).min(d), ((p + 1) * per_d).min(d));
             if first == end {
@@ -438,8 +493,8 @@ pub fn q8_mlp(
             }
             // SAFETY: in phase 1 every part only reads s (written in phase 0, before the
             // barrier) and part p alone writes rows first..end of out.
-            let (sq, o) = unsafe { (RowBuf::of(s.all(), block_f), out.band(first, end)) };
-            simd::q8_rows(o, &sq.row(), &wd[first * stride_f..], stride_f, &down_w.1[first * nb_f..], 1.0);
+            let (sq, o) = unsafe { (RowBuf::rounded(s.all(), rounding_f), out.band(first, end)) };
+            dq.rows(o, &sq.row(), first, 1.0);
         }
     });
     Ok(())
@@ -486,9 +541,10 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
     let (hd, hq, hkv) = (spec.head_dim, spec.q_heads, spec.kv_heads);
     let (d, q_dim, kv_dim) = (a.h.len(), hq * hd, hkv * hd);
     let [wq, wk, wv, wo] = a.weights;
-    let block = check_q8_matmul(a.q.len(), d, wq.0.len(), wq.1.len(), 1, q_dim, d)?;
-    let same = check_q8_matmul(a.k.len(), d, wk.0.len(), wk.1.len(), 1, kv_dim, d)? == block
-        && check_q8_matmul(a.v.len(), d, wv.0.len(), wv.1.len(), 1, kv_dim, d)? == block;
+    let (qq, rounding) = QRows::of(wq, a.q.len(), d, q_dim, d)?;
+    let (kq, r_k) = QRows::of(wk, a.k.len(), d, kv_dim, d)?;
+    let (vq, r_v) = QRows::of(wv, a.v.len(), d, kv_dim, d)?;
+    let same = r_k == rounding && r_v == rounding;
     a.rope_q.check("rope_forward", a.q.len())?;
     a.rope_k.check("rope_forward", a.k.len())?;
     let at = a.pos.checked_mul(kv_dim).ok_or_else(|| rusting_brain_core::CoreError::InvalidArgument {
@@ -499,7 +555,7 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
     check_range("copy_range", "dst", a.cache_v.len(), at, kv_dim)?;
     spec.check("attention_forward")?;
     spec.check_forward(a.att.len(), a.lse.len(), a.q.len(), a.cache_k.len(), a.cache_v.len())?;
-    let block_o = check_q8_matmul(a.x.len(), q_dim, wo.0.len(), wo.1.len(), 1, d, q_dim)?;
+    let (oq, rounding_o) = QRows::of(wo, a.x.len(), q_dim, d, q_dim)?;
     if !same || !attention_row_fits(spec, a.rope_q, a.rope_k) {
         return Err(rusting_brain_core::CoreError::InvalidArgument {
             op: OP,
@@ -509,9 +565,7 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
         });
     }
     let parts = team::parts();
-    let (stride_d, stride_q) = (packed_cols(d) * 4, packed_cols(q_dim) * 4);
-    let (nb, nb_o) = (blocks_of(d, block), blocks_of(q_dim, block_o));
-    let xq = RowBuf::of(a.h, block);
+    let xq = RowBuf::rounded(a.h, rounding);
     let act = xq.row();
     let (rows_q, first_q) = super::rope::table(a.rope_q);
     let (rows_k, first_k) = super::rope::table(a.rope_k);
@@ -525,19 +579,11 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
     let (att, lse, x) = (SharedBuf::new(a.att), SharedBuf::new(a.lse), SharedBuf::new(a.x));
     team::run_phased(4, &|p, phase| match phase {
         0 => {
-            for (out, w, n) in [(&q, wq, q_dim), (&k, wk, kv_dim), (&v, wv, kv_dim)] {
+            for (out, w, n) in [(&q, qq, q_dim), (&k, kq, kv_dim), (&v, vq, kv_dim)] {
                 let (first, end) = band(n, 16, p);
                 if first < end {
                     // SAFETY: in phase 0 part p alone writes these rows of q, k and v.
-                    let o = unsafe { out.band(first, end) };
-                    simd::q8_rows(
-                        o,
-                        &act,
-                        &as_i8(w.0)[first * stride_d..],
-                        stride_d,
-                        &w.1[first * nb..],
-                        0.0,
-                    );
+                    w.rows(unsafe { out.band(first, end) }, &act, first, 0.0);
                 }
             }
         }
@@ -578,15 +624,8 @@ pub fn q8_attention_row(a: DecodeAttention<'_>) -> Result<()> {
             if first < end {
                 // SAFETY: in phase 3 every part reads att (written before the barrier) and
                 // part p alone writes these rows of x.
-                let (aq, o) = unsafe { (RowBuf::of(att.all(), block_o), x.band(first, end)) };
-                simd::q8_rows(
-                    o,
-                    &aq.row(),
-                    &as_i8(wo.0)[first * stride_q..],
-                    stride_q,
-                    &wo.1[first * nb_o..],
-                    1.0,
-                );
+                let (aq, o) = unsafe { (RowBuf::rounded(att.all(), rounding_o), x.band(first, end)) };
+                oq.rows(o, &aq.row(), first, 1.0);
             }
         }
     });
@@ -628,10 +667,7 @@ impl Q8Ops for CpuBackend {
     fn q8_matmul_many(&self, x: &Vec<f32>, products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
         // One activation row over all of `x` (a decode step's projections): one job.
         // Anything else runs product by product.
-        if products.len() > MANY_MAX
-            || !products.iter().all(|p| p.spec.one_row_of(x.len()))
-            || products.iter().any(|p| is_q4(p.spec.n, p.spec.k, p.packed.len(), p.scales.len()))
-        {
+        if products.len() > MANY_MAX || !products.iter().all(|p| p.spec.one_row_of(x.len())) {
             return rusting_brain_core::backend::q8_matmul_each(self, x, products);
         }
         let mut rows: [Option<DecodeProduct<'_>>; MANY_MAX] = Default::default();
@@ -647,8 +683,7 @@ impl Q8Ops for CpuBackend {
         &self, out: &mut Vec<f32>, gate: &mut Vec<f32>, up: &mut Vec<f32>, x: &Vec<f32>,
         gate_w: (&Vec<f32>, &Vec<f32>), up_w: (&Vec<f32>, &Vec<f32>), spec: &MatmulSpec,
     ) -> Result<()> {
-        let q4 = [gate_w, up_w].iter().any(|w| is_q4(spec.n, spec.k, w.0.len(), w.1.len()));
-        if q4 || !fused_swiglu_row(("q8_swiglu", "out"), spec, x, out, gate, up)? {
+        if !fused_swiglu_row(("q8_swiglu", "out"), spec, x, out, gate, up)? {
             return rusting_brain_core::backend::q8_swiglu_unfused(
                 self, out, gate, up, x, gate_w, up_w, spec,
             );
@@ -657,20 +692,14 @@ impl Q8Ops for CpuBackend {
     }
     fn q8_attention(&self, a: Q8Attention<'_, Vec<f32>>) -> Result<()> {
         // One position of one sequence, over the team: one phased job. Anything else (a
-        // prompt, one thread, a model too small to split, 4-bit weights) as the calls one
-        // by one.
+        // prompt, one thread, a model too small to split) as the calls one by one.
         let s = a.spec;
         let bytes =
             (s.q_heads.saturating_add(s.kv_heads)).saturating_mul(s.head_dim).saturating_mul(2 * a.h.len());
-        let d = a.h.len() / s.q_len.max(1);
-        let (q_dim, kv_dim) = (s.q_heads * s.head_dim, s.kv_heads * s.head_dim);
-        let [wq, wk, wv, wo] = a.weights;
-        let q4 = [(wq, q_dim, d), (wk, kv_dim, d), (wv, kv_dim, d), (wo, d, q_dim)]
-            .iter()
-            .any(|(w, n, k)| is_q4(*n, *k, w.0.len(), w.1.len()));
-        if q4 || !attention_row_fits(s, a.rope_q, a.rope_k) || team::parts() < 2 || bytes < TEAM_MIN_BYTES {
+        if !attention_row_fits(s, a.rope_q, a.rope_k) || team::parts() < 2 || bytes < TEAM_MIN_BYTES {
             return rusting_brain_core::backend::q8_attention_unfused(self, a);
         }
+        let [wq, wk, wv, wo] = a.weights;
         q8_attention_row(DecodeAttention {
             x: a.x,
             h: a.h,
@@ -694,11 +723,8 @@ impl Q8Ops for CpuBackend {
         spec: &MatmulSpec,
     ) -> Result<()> {
         // One activation row (a decode step's feed-forward): one phased job. Anything
-        // else as the two calls (and 4-bit weights, whose products are not fused yet).
-        let q4 = [(gate_w, spec.n, spec.k), (up_w, spec.n, spec.k), (down_w, spec.k, spec.n)]
-            .iter()
-            .any(|(w, n, k)| is_q4(*n, *k, w.0.len(), w.1.len()));
-        if q4 || !fused_swiglu_row(("q8_mlp", "s"), spec, x, s, gate, up)? {
+        // else as the two calls.
+        if !fused_swiglu_row(("q8_mlp", "s"), spec, x, s, gate, up)? {
             return rusting_brain_core::backend::q8_mlp_unfused(
                 self,
                 out,
