@@ -343,6 +343,10 @@ pub struct DecodeProduct<'a> {
     pub beta: f32,
 }
 
+/// One part's share of a product in [`q8_matmul_many`]: its output rows, the weight, the
+/// weight row they start at, and beta.
+type RowsJob<'a> = (&'a mut [f32], QRows<'a>, usize, f32);
+
 /// The most products [`q8_matmul_many`] takes in one job (attention's q, k and v are
 /// three); the backend runs longer lists product by product.
 pub const MANY_MAX: usize = 4;
@@ -393,7 +397,7 @@ pub fn q8_matmul_many(x: &[f32], products: [Option<DecodeProduct<'_>>; MANY_MAX]
             chunks.next().map(|out| (out, *w, part * *per, *beta))
         })
     });
-    let job = |_: usize, list: &mut [Option<(&mut [f32], QRows<'_>, usize, f32)>; MANY_MAX]| {
+    let job = |_: usize, list: &mut [Option<RowsJob<'_>>; MANY_MAX]| {
         for (out, w, first, beta) in list.iter_mut().flatten() {
             w.rows(out, &act, *first, *beta);
         }
