@@ -137,6 +137,12 @@ pub(crate) fn as_i8(packed: &[f32]) -> &[i8] {
     unsafe { core::slice::from_raw_parts(packed.as_ptr().cast::<i8>(), core::mem::size_of_val(packed)) }
 }
 
+/// The bytes of packed 4-bit weights (two values a byte, `ops::q4`'s order).
+pub(crate) fn as_u8(packed: &[f32]) -> &[u8] {
+    // SAFETY: as `as_i8`: the same bytes, u8 has alignment 1 and takes every bit pattern.
+    unsafe { core::slice::from_raw_parts(packed.as_ptr().cast::<u8>(), core::mem::size_of_val(packed)) }
+}
+
 /// `sum w[i] * x[i]` over the shorter length, exact in i32 for activations `x` within
 /// +-127 (core's quantizer clamps there) and any weight byte (-128 can come from a file),
 /// up to 2^17 terms.

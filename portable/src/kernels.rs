@@ -8,10 +8,10 @@ use alloc::vec::Vec;
 
 use rusting_brain_core::backend::{AttentionSpec, MatmulSpec, OperandPrecision, Q8Product};
 use rusting_brain_core::ops::matmul::round_bf16;
-use rusting_brain_core::ops::{q8, swiglu};
+use rusting_brain_core::ops::{q4, q8, swiglu};
 use rusting_brain_core::Result;
 
-use crate::dot::{as_i8, dot4_f32, dot_f32, dot_i8_i16, dot_row_block_i8, max_f32, weighted_rows};
+use crate::dot::{as_i8, as_u8, dot4_f32, dot_f32, dot_i8_i16, dot_row_block_i8, max_f32, weighted_rows};
 use crate::exp::exp_f32;
 
 /// Twin of `ops::matmul::matmul`. Each problem's A is laid out as rows of k and B as
@@ -190,12 +190,53 @@ impl Rounded {
 pub(crate) fn q8_matmul(
     out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
+    if q4::is_q4(n, k, packed.len(), scales.len()) {
+        q4::check_q4_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
+        for i in 0..m {
+            q4_row(&mut out[i * n..(i + 1) * n], &x[i * k..(i + 1) * k], packed, scales, beta);
+        }
+        return Ok(());
+    }
     let block = q8::check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     for i in 0..m {
         let q = Rounded::of(&x[i * k..(i + 1) * k], block);
         q8_row(&mut out[i * n..(i + 1) * n], &q, packed, scales, beta);
     }
     Ok(())
+}
+
+/// Twin of `ops::q4::q4_matmul` at one activation row `x` against every row of a 4-bit
+/// weight: `x` rounded to 13-bit values in blocks of 32 (core's quantizer), each 64-value
+/// group's nibbles widened to bytes and met with [`dot_i8_i16`] (wasm SIMD where built
+/// with it), each block's scale and offset applied in block order as core does: the same
+/// bits.
+fn q4_row(out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], beta: f32) {
+    let k = x.len();
+    let (wide, sx) = q8::quantize_activations_wide(x, q4::Q4_BLOCK);
+    let sums: Vec<i32> = wide.chunks(q4::Q4_BLOCK).map(|b| b.iter().map(|&v| v as i32).sum()).collect();
+    let (stride, rs) = (4 * q4::q4_packed_cols(k), q4::q4_row_scales(k));
+    let bytes = as_u8(packed);
+    let (mut low, mut high) = ([0i8; 32], [0i8; 32]);
+    for (j, o) in out.iter_mut().enumerate() {
+        let (row, sc) = (&bytes[j * stride..(j + 1) * stride], &scales[j * rs..(j + 1) * rs]);
+        let mut acc = 0.0f32;
+        for (g, group) in row.chunks_exact(32).enumerate() {
+            for (l, &b) in group.iter().enumerate() {
+                low[l] = (b & 15) as i8;
+                high[l] = (b >> 4) as i8;
+            }
+            let xs = &wide[64 * g..k.min(64 * g + 64)];
+            let (x0, x1) = xs.split_at(xs.len().min(32));
+            for (b, (w, xb)) in [(2 * g, (&low, x0)), (2 * g + 1, (&high, x1))] {
+                if b < sx.len() {
+                    let s1 = dot_i8_i16(&w[..xb.len()], xb);
+                    acc += (s1 as f32 * sx[b]) * sc[2 + 2 * b];
+                    acc -= (sums[b] as f32 * sx[b]) * sc[3 + 2 * b];
+                }
+            }
+        }
+        *o = if beta == 0.0 { acc } else { acc + beta * *o };
+    }
 }
 
 /// One rounded activation row `q` against every weight row: per-row weights as
@@ -240,6 +281,15 @@ fn q8_row(out: &mut [f32], q: &Rounded, packed: &[f32], scales: &[f32], beta: f3
 /// bits as one call each. At decode, attention's q, k and v round their shared input once
 /// instead of three times.
 pub(crate) fn q8_matmul_many(x: &[f32], products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
+    if products.iter().any(|p| q4::is_q4(p.spec.n, p.spec.k, p.packed.len(), p.scales.len())) {
+        // 4-bit weights: each product rounds its own row (the same bits either way).
+        for p in products.iter_mut() {
+            let s = &p.spec;
+            let (xs, out) = q8::q8_operands(s, x, p.out)?;
+            q8_matmul(out, xs, p.packed, p.scales, s.m, s.n, s.k, s.beta)?;
+        }
+        return Ok(());
+    }
     let mut blocks = Vec::with_capacity(products.len());
     for p in products.iter_mut() {
         let s = &p.spec;
@@ -267,6 +317,14 @@ pub(crate) fn q8_swiglu(
     up_w: (&[f32], &[f32]), spec: &MatmulSpec,
 ) -> Result<()> {
     let (n, k) = (spec.n, spec.k);
+    if [gate_w, up_w].iter().any(|w| q4::is_q4(n, k, w.0.len(), w.1.len())) {
+        // 4-bit weights: the two products one by one, then the gating.
+        for (o, w) in [(&mut *gate, gate_w), (&mut *up, up_w)] {
+            let (xs, o) = q8::q8_operands(spec, x, o)?;
+            q8_matmul(o, xs, w.0, w.1, spec.m, n, k, spec.beta)?;
+        }
+        return swiglu_forward(out, gate, up);
+    }
     let (block_g, block_u) = {
         let (_, g) = q8::q8_operands(spec, x, gate)?;
         let bg = q8::check_q8_matmul(g.len(), x.len(), gate_w.0.len(), gate_w.1.len(), 1, n, k)?;

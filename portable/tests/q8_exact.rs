@@ -48,6 +48,33 @@ fn int8_products_equal_the_reference_bit_for_bit() {
     }
 }
 
+/// 4-bit weights (`Precision::Q4`'s layout): the page's CPU path gives the reference's
+/// bits on short and odd block counts, a short last 64-value group, several rows,
+/// accumulation, and its lookups the dequantized rows.
+#[test]
+fn four_bit_products_equal_the_reference_bit_for_bit() {
+    let mut rng = Rng::new(23);
+    for &(m, n, k) in &[(1, 1, 1), (1, 3, 31), (2, 5, 33), (3, 7, 96), (1, 9, 576), (4, 17, 100)] {
+        let w = rng.normal_vec(n * k, 0.05);
+        let x = rng.normal_vec(m * k, 1.0);
+        let (packed, scales) = rusting_brain_core::ops::q4::quantize_q4(&w, n, k).unwrap();
+        for beta in [0.0, 0.5] {
+            let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
+            let init = if beta == 0.0 { vec![f32::NAN; m * n] } else { rng.normal_vec(m * n, 1.0) };
+            let (mut got, mut want) = (init.clone(), init);
+            PortableBackend.q8_matmul(&mut got, &x, &packed, &scales, &spec).unwrap();
+            ReferenceBackend.q8_matmul(&mut want, &x, &packed, &scales, &spec).unwrap();
+            assert!(got.iter().all(|v| v.is_finite()), "{m}x{n}x{k}: an output was not written");
+            assert_eq!(bits(&got), bits(&want), "4-bit {m}x{n}x{k} beta {beta}");
+        }
+        let ids = [0u32, (n - 1) as u32];
+        let (mut got, mut want) = (vec![f32::NAN; 2 * k], vec![f32::NAN; 2 * k]);
+        PortableBackend.q8_embedding(&mut got, &packed, &scales, &ids, n, k).unwrap();
+        ReferenceBackend.q8_embedding(&mut want, &packed, &scales, &ids, n, k).unwrap();
+        assert_eq!(bits(&got), bits(&want), "4-bit lookup {n}x{k}");
+    }
+}
+
 #[test]
 fn a_windowed_int8_product_touches_only_its_rows() {
     let mut rng = Rng::new(22);
@@ -89,7 +116,8 @@ fn fused_int8_calls_equal_their_definitions_bit_for_bit() {
     let mut rng = Rng::new(23);
     let shapes = [(1, 256, &[256, 64, 64][..]), (1, 33, &[7, 1, 300]), (1, 17, &[5]), (3, 20, &[9, 4])];
     // Per-row weights (int8 files before blocks) and blocks of 32.
-    let quantizers: [Quantizer; 2] = [q8::quantize_rows, q8::quantize_blocks];
+    let quantizers: [Quantizer; 3] =
+        [q8::quantize_rows, q8::quantize_blocks, rusting_brain_core::ops::q4::quantize_q4];
     for (&(m, k, ns), quantize) in shapes.iter().flat_map(|s| quantizers.iter().map(move |q| (s, q))) {
         let x = rng.normal_vec(m * k, 1.0);
         let weights: Vec<(Vec<f32>, Vec<f32>)> =

@@ -107,6 +107,27 @@ fn cpu_path_gives_the_native_int8_ids_from_q8_and_f32_files() {
     }
 }
 
+/// A Q4 file: the CPU path decodes the native 4-bit model's ids (its products are core's
+/// bits on both), "auto" stays on the CPU and says why, and asking for WebGPU is an error
+/// naming the CPU path. The MoE model's experts stay int8 (`format_of`), the rest 4-bit.
+#[test]
+fn cpu_path_gives_the_native_four_bit_ids_from_a_q4_file() {
+    for moe in [false, true] {
+        let mut native = trained(moe);
+        native.quantize_to(Precision::Q4).unwrap();
+        let q4_file = file_bytes(&native, Precision::Q4, "q4");
+        let prompt = [3u32, 18, 29];
+        let want = native.generate(&prompt, 32, &mut Sampler::greedy()).unwrap();
+        let mut e = block_on(Engine::load(&q4_file, DeviceChoice::Cpu)).unwrap();
+        assert_eq!(generate(&mut e, &prompt, 32, &mut Sampler::greedy()), want, "Q4 file, moe {moe}");
+        let auto = block_on(Engine::load(&q4_file, DeviceChoice::Auto)).unwrap();
+        assert_eq!(auto.device(), "cpu");
+        assert!(auto.reason().contains("4-bit"), "{}", auto.reason());
+        let e = block_on(Engine::load(&q4_file, DeviceChoice::WebGpu)).err().unwrap().to_string();
+        assert!(e.contains("CPU path"), "{e}");
+    }
+}
+
 #[test]
 fn gpu_path_gives_the_native_int8_ids() {
     for moe in [false, true] {

@@ -623,10 +623,13 @@ impl<B: Backend> TransformerModel<B> {
 
 /// The format tensor `name` (a Hugging Face name) takes when a model is quantized to
 /// `format`: at [`QuantFormat::Q4`] the embedding and the output head stay int8, the one
-/// choice that moved SmolLM2-135M's KL to f32 from 0.065 to 0.015 (see [`crate::ops::q4`]).
+/// choice that moved SmolLM2-135M's KL to f32 from 0.065 to 0.015 (see [`crate::ops::q4`]),
+/// and so do routed experts (`mlp.experts.`), whose routed product reads int8 only.
 pub fn format_of(format: QuantFormat, name: &str) -> QuantFormat {
+    let int8 =
+        name == "model.embed_tokens.weight" || name == "lm_head.weight" || name.contains(".mlp.experts.");
     match format {
-        QuantFormat::Q4 if name == "model.embed_tokens.weight" || name == "lm_head.weight" => QuantFormat::Q8,
+        QuantFormat::Q4 if int8 => QuantFormat::Q8,
         f => f,
     }
 }
