@@ -3,7 +3,7 @@
 //!     cargo run --release -p rusting_brain --example language_model               # train, then sample
 //!     cargo run --release -p rusting_brain --example language_model -- train [--moe] [--steps N] [--corpus FILE]
 //!     cargo run --release -p rusting_brain --example language_model -- generate "prompt" \
-//!         [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--q8] \
+//!         [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--q8 | --q4] \
 //!         [--seed S] [--from DIR] [--ids]
 //!     cargo run --release -p rusting_brain --example language_model -- chat
 //!     cargo run --release -p rusting_brain --example language_model -- export-web [--out DIR]
@@ -25,7 +25,8 @@
 //! the dense model's active size instead: layers 1-3 get 8 experts of width 256, top-2
 //! (2 x 256 = the dense d_ff of 512), so each token does the same work with 3.1x the
 //! feed-forward parameters. `export-web` writes what the browser demo loads (`www/models/`:
-//! the model quantized to int8 as `model.rbw`, and `tokenizer.json`). `generate --ids`
+//! the model quantized to int8 as `model.rbw`, to 4 bits as `model.q4.rbw`, and
+//! `tokenizer.json`), printing both downloads' sizes; `generate --q4` reads the 4-bit one. `generate --ids`
 //! prints the generated ids as JSON instead of text (the browser tests compare them);
 //! `--temperature 0` is greedy.
 //!
@@ -319,14 +320,25 @@ struct Gen {
 }
 
 fn load(q8: bool) -> Result<(TransformerLm, Tokenizer), Error> {
-    load_from(out_dir(), q8)
+    load_from(out_dir(), q8, false)
 }
 
-/// `model.rbw` and `tokenizer.json` from `dir` (an int8 file loads quantized already).
-fn load_from(dir: PathBuf, q8: bool) -> Result<(TransformerLm, Tokenizer), Error> {
-    let mut model =
-        TransformerLm::load_bin(dir.join("model.rbw")).map_err(|e| format!("{e} (run `train` first)"))?;
-    if q8 {
+/// `model.rbw` and `tokenizer.json` from `dir` (an int8 file loads quantized already);
+/// with `q4`, `model.q4.rbw` where `export-web` wrote one, else `model.rbw` rounded to 4 bits.
+fn load_from(dir: PathBuf, q8: bool, q4: bool) -> Result<(TransformerLm, Tokenizer), Error> {
+    let q4_file = dir.join("model.q4.rbw");
+    let file = if q4 && q4_file.is_file() { q4_file } else { dir.join("model.rbw") };
+    let mut model = TransformerLm::load_bin(&file).map_err(|e| format!("{e} (run `train` first)"))?;
+    if q4 {
+        model.quantize_to(Precision::Q4)?;
+        if model.precision() != Precision::Q4 {
+            return Err(format!(
+                "{} is int8 and has no 4-bit form: run `export-web` (it writes model.q4.rbw) or point at the f32 model",
+                file.display()
+            )
+            .into());
+        }
+    } else if q8 {
         model.quantize()?;
     }
     Ok((model, Tokenizer::from_file(dir.join("tokenizer.json"))?))
@@ -346,13 +358,24 @@ fn sampler(g: &Gen) -> Sampler {
 fn export_web(out: Option<PathBuf>) -> Result<(), Error> {
     let out = out.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../www/models"));
     std::fs::create_dir_all(&out)?;
+    let (f32_model, _) = load(false)?;
     let (mut model, _) = load(true)?;
     model.quantize()?;
     let path = out.join("model.rbw");
     model.save_bin(&path, Precision::Q8)?;
+    // The same weights at 4 bits (rounded from f32, not from int8), for the page's CPU path.
+    let path4 = out.join("model.q4.rbw");
+    f32_model.save_bin(&path4, Precision::Q4)?;
     std::fs::copy(out_dir().join("tokenizer.json"), out.join("tokenizer.json"))?;
-    let size = std::fs::metadata(&path)?.len();
-    println!("wrote {} ({:.2} MB, int8) and tokenizer.json", path.display(), size as f64 / 1e6);
+    let (size, size4) = (std::fs::metadata(&path)?.len(), std::fs::metadata(&path4)?.len());
+    println!(
+        "wrote {} ({:.2} MB, int8), {} ({:.2} MB, 4-bit: {:.2}x the int8 download) and tokenizer.json",
+        path.display(),
+        size as f64 / 1e6,
+        path4.display(),
+        size4 as f64 / 1e6,
+        size4 as f64 / size as f64
+    );
     Ok(())
 }
 
@@ -695,9 +718,10 @@ fn main() -> Result<(), Error> {
             if let Some(dir) = &pretrained {
                 return generate_pretrained(dir, prompt, &g);
             }
+            let q4 = args.iter().any(|a| a == "--q4");
             let (mut model, tok) = match flag("--from") {
-                Some(dir) => load_from(PathBuf::from(dir), g.q8)?,
-                None => load(g.q8)?,
+                Some(dir) => load_from(PathBuf::from(dir), g.q8, q4)?,
+                None => load_from(out_dir(), g.q8, q4)?,
             };
             generate(&mut model, &tok, prompt, &g)
         }

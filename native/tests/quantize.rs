@@ -107,8 +107,10 @@ fn q4_keeps_the_continuation_and_round_trips_its_file() {
     m.save_bin(tmp("q4src.q8.rbw"), Precision::Q8).unwrap();
     assert!(m.quantize_to(Precision::F32).unwrap_err().to_string().contains("not quantized"));
 
+    assert_eq!(m.precision(), Precision::F32);
     m.quantize_to(Precision::Q4).unwrap();
     assert!(m.is_quantized());
+    assert_eq!(m.precision(), Precision::Q4);
     let got = m.forward_batch(&held).unwrap();
     let scale = want.iter().map(|v| v.abs()).fold(0.0f32, nan_max);
     let worst = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, nan_max);
@@ -139,6 +141,8 @@ fn q4_keeps_the_continuation_and_round_trips_its_file() {
     assert!(!tmp("twice.rbw").exists());
     // An int8 model saved at 4 bits would round twice too.
     let mut q8 = TransformerLm::load_bin(tmp("q4src.q8.rbw")).unwrap();
+    assert_eq!(q8.precision(), Precision::Q8);
+    assert_eq!(loaded.precision(), Precision::Q4);
     assert!(q8.save_bin(tmp("twice.rbw"), Precision::Q4).is_err());
     assert_eq!(q8.generate(&prompt, 3, &mut Sampler::greedy()).unwrap().len(), 3);
     let e = rusting_brain::ImagePipeline::load_at(tmp("nowhere"), Precision::Q4).err().unwrap().to_string();

@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtemp, writeFile, readdir, mkdir } from 'node:fs/promises';
+import { mkdtemp, writeFile, readdir, mkdir, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { repo, out, models, reference, PROMPT, TOKENS } from './common.mjs';
@@ -94,6 +94,32 @@ console.log(JSON.stringify({
   assert.match(got.errors.sampler, /options\.topP/);
   assert.match(got.errors.callback, /boom/);
   assert.match(got.errors.disposed, /disposed/);
+});
+
+// The 4-bit demo file under Node: the native 4-bit model's greedy ids, its download beside
+// int8's (printed), and WebGPU refused by name (the WebGPU kernels read int8).
+test('the packed npm package runs the 4-bit model under Node', async () => {
+  const want = await reference('reference-q4');
+  const app = await packedApp();
+  const [q8, q4] = await Promise.all(['model.rbw', 'model.q4.rbw'].map((f) => stat(join(models, f))));
+  console.log(`demo model downloads: int8 ${(q8.size / 1e6).toFixed(2)} MB, 4-bit ${(q4.size / 1e6).toFixed(2)} MB (${(q4.size / q8.size).toFixed(2)}x)`);
+  await writeFile(join(app, 'q4.mjs'), `
+import { loadModel } from 'rusting-brain';
+import { readFile } from 'node:fs/promises';
+const weights = await readFile(${JSON.stringify(join(models, 'model.q4.rbw'))});
+const tokenizer = await readFile(${JSON.stringify(join(models, 'tokenizer.json'))}, 'utf8');
+const model = await loadModel(weights, tokenizer);
+const greedy = await model.generate(${JSON.stringify(PROMPT)}, { maxTokens: ${TOKENS} });
+let webgpu = 'no error';
+try { await loadModel(weights, tokenizer, { device: 'webgpu' }); } catch (e) { webgpu = e.message; }
+console.log(JSON.stringify({ device: model.device(), ids: Array.from(greedy.ids), rate: greedy.tokensPerSecond, webgpu }));
+`);
+  const got = JSON.parse(execFileSync('node', ['q4.mjs'], { cwd: app, encoding: 'utf8' }).trim().split('\n').pop());
+  console.log(`Node CPU path, 4-bit: ${got.rate.toFixed(1)} tokens/s`);
+  assert.equal(got.device, 'cpu');
+  assert.deepEqual(got.ids, want.ids, 'greedy ids equal the native CPU 4-bit ids');
+  assert.match(got.webgpu, /WebGPU|4-bit/);
+  assert.ok(q4.size < q8.size, `the 4-bit file (${q4.size} bytes) is smaller than int8's (${q8.size})`);
 });
 
 test('the Network API under Node: training, its file, and errors for bad input', async () => {

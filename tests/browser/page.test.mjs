@@ -135,6 +135,24 @@ for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], 
   });
 }
 
+// The 4-bit file (`export-web`'s model.q4.rbw): with WebGPU offered, 'auto' keeps it on
+// the CPU path and says why, and the greedy ids are the native 4-bit model's.
+test('the page decodes the 4-bit model with the native 4-bit ids', { skip }, async () => {
+  const want4 = await reference('reference-q4');
+  const { browser, page, logs } = await openPage(webgpu, '?model=models/model.q4.rbw');
+  try {
+    assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
+    const got = await generate(page, logs, TOKENS);
+    const why = await page.getAttribute('#device', 'title');
+    console.log(`4-bit model: device ${got.device} (${why}), ${got.ids.length} tokens, ${got.rate.toFixed(1)} tokens/s`);
+    assert.equal(got.device, 'cpu');
+    assert.match(why ?? '', /4-bit/);
+    assert.deepEqual(got.ids, want4.ids, 'greedy ids equal the native CPU 4-bit ids');
+  } finally {
+    await browser.close();
+  }
+});
+
 test('Stop stops a generation', { skip }, async () => {
   // The same seeded sampling twice: once to its natural finish, once with Stop pressed
   // at the first token shown. Only a run that would have gone on can show that Stop stopped

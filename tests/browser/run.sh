@@ -20,7 +20,7 @@ fi
 # The `test` profile (optimized, see Cargo.toml) shares its build with `cargo test`.
 example=(cargo run -q --profile test -p rusting_brain --features gpu --example language_model --)
 web/build-npm.sh
-if [ ! -f www/models/model.rbw ] || [ ! -f www/models/tokenizer.json ]; then
+if [ ! -f www/models/model.rbw ] || [ ! -f www/models/model.q4.rbw ] || [ ! -f www/models/tokenizer.json ]; then
     echo "== training the demo model (language_model train --steps ${RB_DEMO_STEPS:-120}), then export-web"
     "${example[@]}" train --steps "${RB_DEMO_STEPS:-120}"
     "${example[@]}" export-web
@@ -28,6 +28,9 @@ fi
 mkdir -p tests/browser/out
 "${example[@]}" generate "fn main() {" --from www/models --temperature 0 --repetition-penalty 1 \
     --tokens 32 --ids > tests/browser/out/reference.json
+# The same greedy run on the 4-bit file (model.q4.rbw), which the page and Node load too.
+"${example[@]}" generate "fn main() {" --from www/models --q4 --temperature 0 --repetition-penalty 1 \
+    --tokens 32 --ids > tests/browser/out/reference-q4.json
 # The page's sampling settings (temperature 0.8, top-k 40, top-p 0.95, penalty 1.1), seed 7.
 "${example[@]}" generate "fn main() {" --from www/models --temperature 0.8 --top-k 40 --top-p 0.95 \
     --repetition-penalty 1.1 --seed 7 --tokens 32 --ids > tests/browser/out/reference-sampled.json
@@ -42,6 +45,7 @@ done
 cargo run -q --profile test -p rusting_brain --example browser_network -- fixtures tests/browser/out
 echo "native CPU int8 reference, greedy: $(cat tests/browser/out/reference.json)"
 echo "and sampled with seed 7: $(cat tests/browser/out/reference-sampled.json)"
+echo "native CPU 4-bit reference, greedy: $(cat tests/browser/out/reference-q4.json)"
 
 # The tutorials rendered as a reader meets them (book.test.mjs opens them in Chromium).
 if command -v mdbook >/dev/null; then

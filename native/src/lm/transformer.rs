@@ -509,6 +509,15 @@ impl TransformerLm {
         }
         Ok(())
     }
+    /// The precision the weights are held at: F32, Q8 after [`TransformerLm::quantize`] or
+    /// an int8 load, Q4 after `quantize_to(Precision::Q4)` or a 4-bit load.
+    pub fn precision(&self) -> crate::Precision {
+        match (self.is_quantized(), self.model().has_q4()) {
+            (false, _) => crate::Precision::F32,
+            (true, false) => crate::Precision::Q8,
+            (true, true) => crate::Precision::Q4,
+        }
+    }
     /// Whether [`TransformerLm::quantize`] has run.
     pub fn is_quantized(&self) -> bool {
         self.model().quantized.is_some()
