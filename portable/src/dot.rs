@@ -215,6 +215,20 @@ pub(crate) fn dot_i8_i16(w: &[i8], x: &[i16]) -> i32 {
     }
 }
 
+/// One 64-value group of a 4-bit weight row (32 bytes: value `l` in byte `l`'s low nibble,
+/// `32 + l` in its high one) against its 13-bit activations: `(sum of low nibbles times
+/// x0, sum of high nibbles times x1)`, exact in i32. `x0` and `x1` hold up to 32 values
+/// (fewer at a row's end, where the bytes past them hold zeros).
+pub(crate) fn dot_nibbles_i16(group: &[u8], x0: &[i16], x1: &[i16]) -> (i32, i32) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if group.len() >= 32 && x0.len() == 32 && x1.len() == 32 {
+        return simd128::dot_nibbles_i16(group, x0, x1);
+    }
+    let low = x0.iter().zip(group).map(|(&v, &b)| v as i32 * (b & 15) as i32).sum();
+    let high = x1.iter().zip(group).map(|(&v, &b)| v as i32 * (b >> 4) as i32).sum();
+    (low, high)
+}
+
 /// The scalar form (integer sums in any order are the same number; LLVM vectorizes it
 /// where the target has integer SIMD).
 #[cfg_attr(all(target_arch = "wasm32", target_feature = "simd128"), allow(dead_code))]
@@ -358,6 +372,37 @@ mod simd128 {
             // SAFETY: as above, in `o`.
             unsafe { v128_store(o.as_mut_ptr().add(4 * i).cast(), *acc) };
         }
+    }
+
+    /// [`super::dot_nibbles_i16`] on a whole group: sixteen bytes a step split into their
+    /// nibbles (a mask and a shift), each half widened to i16 and met with
+    /// `i32x4.dot_i16x8_s` (the nibbles are 0..=15, so as i16 they are themselves).
+    pub(crate) fn dot_nibbles_i16(group: &[u8], x0: &[i16], x1: &[i16]) -> (i32, i32) {
+        let mask = u8x16_splat(15);
+        let (mut low, mut high) = (i32x4_splat(0), i32x4_splat(0));
+        for h in 0..2 {
+            // SAFETY: the caller's condition: 32 bytes in `group`, 32 values in x0 and x1;
+            // the loads have no alignment requirement.
+            let (b, x) = unsafe {
+                let at = |s: &[i16], i: usize| v128_load(s.as_ptr().add(16 * h + 8 * i).cast::<v128>());
+                (
+                    v128_load(group.as_ptr().add(16 * h).cast::<v128>()),
+                    [at(x0, 0), at(x0, 1), at(x1, 0), at(x1, 1)],
+                )
+            };
+            let (lo, hi) = (v128_and(b, mask), u8x16_shr(b, 4));
+            low = i32x4_add(low, i32x4_dot_i16x8(u16x8_extend_low_u8x16(lo), x[0]));
+            low = i32x4_add(low, i32x4_dot_i16x8(u16x8_extend_high_u8x16(lo), x[1]));
+            high = i32x4_add(high, i32x4_dot_i16x8(u16x8_extend_low_u8x16(hi), x[2]));
+            high = i32x4_add(high, i32x4_dot_i16x8(u16x8_extend_high_u8x16(hi), x[3]));
+        }
+        let sum = |v: v128| {
+            i32x4_extract_lane::<0>(v)
+                + i32x4_extract_lane::<1>(v)
+                + i32x4_extract_lane::<2>(v)
+                + i32x4_extract_lane::<3>(v)
+        };
+        (sum(low), sum(high))
     }
 
     /// Eight weight/activation pairs a step: the weights widened to i16, then

@@ -11,7 +11,9 @@ use rusting_brain_core::ops::matmul::round_bf16;
 use rusting_brain_core::ops::{q4, q8, swiglu};
 use rusting_brain_core::Result;
 
-use crate::dot::{as_i8, as_u8, dot4_f32, dot_f32, dot_i8_i16, dot_row_block_i8, max_f32, weighted_rows};
+use crate::dot::{
+    as_i8, as_u8, dot4_f32, dot_f32, dot_i8_i16, dot_nibbles_i16, dot_row_block_i8, max_f32, weighted_rows,
+};
 use crate::exp::exp_f32;
 
 /// Twin of `ops::matmul::matmul`. Each problem's A is laid out as rows of k and B as
@@ -207,7 +209,7 @@ pub(crate) fn q8_matmul(
 
 /// Twin of `ops::q4::q4_matmul` at one activation row `x` against every row of a 4-bit
 /// weight: `x` rounded to 13-bit values in blocks of 32 (core's quantizer), each 64-value
-/// group's nibbles widened to bytes and met with [`dot_i8_i16`] (wasm SIMD where built
+/// group's nibbles met with its activations by [`dot_nibbles_i16`] (wasm SIMD where built
 /// with it), each block's scale and offset applied in block order as core does: the same
 /// bits.
 fn q4_row(out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], beta: f32) {
@@ -216,20 +218,15 @@ fn q4_row(out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], beta: f32)
     let sums: Vec<i32> = wide.chunks(q4::Q4_BLOCK).map(|b| b.iter().map(|&v| v as i32).sum()).collect();
     let (stride, rs) = (4 * q4::q4_packed_cols(k), q4::q4_row_scales(k));
     let bytes = as_u8(packed);
-    let (mut low, mut high) = ([0i8; 32], [0i8; 32]);
     for (j, o) in out.iter_mut().enumerate() {
         let (row, sc) = (&bytes[j * stride..(j + 1) * stride], &scales[j * rs..(j + 1) * rs]);
         let mut acc = 0.0f32;
         for (g, group) in row.chunks_exact(32).enumerate() {
-            for (l, &b) in group.iter().enumerate() {
-                low[l] = (b & 15) as i8;
-                high[l] = (b >> 4) as i8;
-            }
             let xs = &wide[64 * g..k.min(64 * g + 64)];
             let (x0, x1) = xs.split_at(xs.len().min(32));
-            for (b, (w, xb)) in [(2 * g, (&low, x0)), (2 * g + 1, (&high, x1))] {
+            let (s_low, s_high) = dot_nibbles_i16(group, x0, x1);
+            for (b, s1) in [(2 * g, s_low), (2 * g + 1, s_high)] {
                 if b < sx.len() {
-                    let s1 = dot_i8_i16(&w[..xb.len()], xb);
                     acc += (s1 as f32 * sx[b]) * sc[2 + 2 * b];
                     acc -= (sums[b] as f32 * sx[b]) * sc[3 + 2 * b];
                 }
