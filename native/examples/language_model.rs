@@ -4,7 +4,7 @@
 //!     cargo run --release -p rusting_brain --example language_model -- train [--moe] [--steps N] [--corpus FILE]
 //!     cargo run --release -p rusting_brain --example language_model -- generate "prompt" \
 //!         [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--q8 | --q4] \
-//!         [--seed S] [--from DIR] [--ids]
+//!         [--seed S] [--from DIR] [--ids] [--prompts FILE]
 //!     cargo run --release -p rusting_brain --example language_model -- chat
 //!     cargo run --release -p rusting_brain --example language_model -- export-web [--out DIR]
 //!
@@ -711,19 +711,26 @@ fn main() -> Result<(), Error> {
             ),
         },
         Some("generate") => {
-            let prompt = args
-                .get(1)
-                .filter(|p| !p.starts_with("--"))
-                .ok_or("generate needs a prompt: generate \"fn main\"")?;
+            // `--prompts FILE`: a JSON list of prompts, each generated in turn (with `--ids`,
+            // one JSON line each: what the browser tests compare across paths).
+            let prompts: Vec<String> = match flag("--prompts") {
+                Some(file) => serde_json::from_str(&std::fs::read_to_string(&file)?)
+                    .map_err(|e| format!("--prompts {file}: a JSON list of strings: {e}"))?,
+                None => vec![args
+                    .get(1)
+                    .filter(|p| !p.starts_with("--"))
+                    .ok_or("generate needs a prompt: generate \"fn main\"")?
+                    .clone()],
+            };
             if let Some(dir) = &pretrained {
-                return generate_pretrained(dir, prompt, &g);
+                return prompts.iter().try_for_each(|p| generate_pretrained(dir, p, &g));
             }
             let q4 = args.iter().any(|a| a == "--q4");
             let (mut model, tok) = match flag("--from") {
                 Some(dir) => load_from(PathBuf::from(dir), g.q8, q4)?,
                 None => load_from(out_dir(), g.q8, q4)?,
             };
-            generate(&mut model, &tok, prompt, &g)
+            prompts.iter().try_for_each(|p| generate(&mut model, &tok, p, &g))
         }
         Some("chat") => match &pretrained {
             Some(dir) => chat_pretrained(dir, flag("--system"), &g),

@@ -18,6 +18,19 @@ export async function reference(name = 'reference') {
   return JSON.parse(await readFile(file, 'utf8'));
 }
 
+/** The twenty prompts (prompts.json) and, per precision ('q8', 'q4') and SIMD path
+ * ('avx512', 'avx2', 'baseline'), the native greedy ids run.sh wrote for them. */
+export async function promptRuns(precision, isa = 'avx512') {
+  const prompts = JSON.parse(await readFile(join(repo, 'tests', 'browser', 'prompts.json'), 'utf8'));
+  const file = join(out, `prompts-${precision}-${isa}.jsonl`);
+  if (!existsSync(file)) {
+    throw new Error(`${file} is missing: run tests/browser/run.sh`);
+  }
+  const ids = (await readFile(file, 'utf8')).trim().split('\n').map((l) => JSON.parse(l).ids);
+  if (ids.length !== prompts.length) throw new Error(`${file}: ${ids.length} runs for ${prompts.length} prompts`);
+  return { prompts, ids };
+}
+
 export const PROMPT = 'fn main() {';
 export const TOKENS = 32;
 

@@ -9,7 +9,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
 import { serve } from '../../www/serve.mjs';
-import { out, reference, PROMPT, TOKENS, chromiumPath, skip, base, webgpu } from './common.mjs';
+import { out, reference, promptRuns, PROMPT, TOKENS, chromiumPath, skip, base, webgpu } from './common.mjs';
 
 
 let server;
@@ -48,8 +48,8 @@ async function waitState(page, states, logs, timeout = 120_000) {
   return page.evaluate(() => document.getElementById('output').dataset.state);
 }
 
-async function generate(page, logs, maxTokens, temperature = 0) {
-  await page.fill('#prompt', PROMPT);
+async function generate(page, logs, maxTokens, temperature = 0, prompt = PROMPT) {
+  await page.fill('#prompt', prompt);
   await page.$eval('#temperature', (el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }, temperature);
   await page.$eval('#max', (el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }, maxTokens);
   await page.click('#go');
@@ -150,6 +150,34 @@ test('the page decodes the 4-bit model with the native 4-bit ids', { skip }, asy
     assert.deepEqual(got.ids, want4.ids, 'greedy ids equal the native CPU 4-bit ids');
   } finally {
     await browser.close();
+  }
+});
+
+// The twenty prompts on the page's CPU path, int8 and 4-bit: each run's ids (at most the
+// page's 120) are the native AVX-512 run's first ones, or where a near-tie parts them the
+// native baseline loops' (see the Node test of the same prompts).
+test('the page gives the native ids for twenty prompts, int8 and 4-bit', { skip }, async () => {
+  for (const [precision, file] of [['q8', 'model.rbw'], ['q4', 'model.q4.rbw']]) {
+    const want = await promptRuns(precision);
+    const baseline = (await promptRuns(precision, 'baseline')).ids;
+    const { browser, page, logs } = await openPage([], `?device=cpu&model=models/${file}`);
+    try {
+      assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
+      let [tokens, same] = [0, 0];
+      for (let i = 0; i < want.prompts.length; i++) {
+        const got = JSON.stringify((await generate(page, logs, 120, 0, want.prompts[i])).ids);
+        // As under Node: AVX-512's ids, or (a near-tie the f32 parts' summation order
+        // decides) the baseline loops' ids, which sum those parts as this path does.
+        const [avx512, base] = [want.ids[i], baseline[i]].map((ids) => JSON.stringify(ids.slice(0, 120)));
+        assert.ok(got === avx512 || got === base, `${precision}, prompt ${JSON.stringify(want.prompts[i])}: neither native run's ids`);
+        same += got === avx512 ? 1 : 0;
+        tokens += JSON.parse(got).length;
+      }
+      console.log(`page CPU path, ${precision}: 20 prompts (${tokens} tokens), ${same}/20 the native AVX-512 ids, the rest the baseline loops'`);
+      assert.ok(same >= 19, `${precision}: ${same}/20 equal to native AVX-512`);
+    } finally {
+      await browser.close();
+    }
   }
 });
 

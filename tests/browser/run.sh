@@ -31,6 +31,15 @@ mkdir -p tests/browser/out
 # The same greedy run on the 4-bit file (model.q4.rbw), which the page and Node load too.
 "${example[@]}" generate "fn main() {" --from www/models --q4 --temperature 0 --repetition-penalty 1 \
     --tokens 32 --ids > tests/browser/out/reference-q4.json
+# Twenty prompts (prompts.json), greedy to the model's context, int8 and 4-bit, on every
+# SIMD path this CPU has (RB_CPU_ISA only lowers it): the ids the page and Node must give.
+for isa in avx512 avx2 baseline; do
+    for precision in q8 q4; do
+        flag=(); [ "$precision" = q4 ] && flag=(--q4)
+        RB_CPU_ISA=$isa "${example[@]}" generate --prompts tests/browser/prompts.json --from www/models "${flag[@]}" \
+            --temperature 0 --repetition-penalty 1 --tokens 128 --ids > "tests/browser/out/prompts-$precision-$isa.jsonl"
+    done
+done
 # The page's sampling settings (temperature 0.8, top-k 40, top-p 0.95, penalty 1.1), seed 7.
 "${example[@]}" generate "fn main() {" --from www/models --temperature 0.8 --top-k 40 --top-p 0.95 \
     --repetition-penalty 1.1 --seed 7 --tokens 32 --ids > tests/browser/out/reference-sampled.json
