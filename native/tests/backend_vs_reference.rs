@@ -623,6 +623,10 @@ fn q4_products_and_lookups_match_reference() {
         (5, 70, 130),
         (13, 130, 576),
         (21, 64, 64),
+        // Short prompts split by output columns over the team (panels and the row kernel),
+        // and a longer one split by rows.
+        (3, 200, 600),
+        (40, 130, 576),
     ] {
         let w = randn(&mut rng, n * k);
         let (packed, scales) = quantize_q4(&w, n, k).unwrap();
