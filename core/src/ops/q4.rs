@@ -1,9 +1,9 @@
 //! Four-bit weights: blocks of [`Q4_BLOCK`] values along each row, each value an unsigned
 //! 4-bit integer `q` standing for `d q - m`, the block's scale `d` and offset `m` both
 //! 6-bit codes of two scales the row shares (`d = row_d * code_d`, `m = row_m * code_m`):
-//! llama.cpp's Q4_K with the whole row as its super-block, so any row length a multiple
-//! of nothing in particular fits (SmolLM2's 576 is not a multiple of Q4_K's 256, which
-//! is why llama.cpp's Q4_K_M falls back to Q5_0 on most of that model's matrices). Each
+//! llama.cpp's Q4_K with the whole row as its super-block, so a row of any length fits
+//! (SmolLM2's 576 is not a multiple of Q4_K's 256, which is why llama.cpp's Q4_K_M falls
+//! back to Q5_0 on most of that model's matrices; a short last block is padded). Each
 //! block's scale and offset come from llama.cpp's weighted least-squares search
 //! (`make_qkx2_quants`: importance `sqrt(mean x^2) + |x|`, twenty trial scales), then the
 //! row's codes, then the values again against the coded scales.
