@@ -195,7 +195,7 @@ pub(crate) fn q8_matmul(
     if q4::is_q4(n, k, packed.len(), scales.len()) {
         q4::check_q4_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
         for i in 0..m {
-            q4_row(&mut out[i * n..(i + 1) * n], &x[i * k..(i + 1) * k], packed, scales, beta);
+            q4_row(&mut out[i * n..(i + 1) * n], &Wide4::of(&x[i * k..(i + 1) * k]), packed, scales, beta);
         }
         return Ok(());
     }
@@ -207,15 +207,30 @@ pub(crate) fn q8_matmul(
     Ok(())
 }
 
-/// Twin of `ops::q4::q4_matmul` at one activation row `x` against every row of a 4-bit
+/// An activation row rounded for 4-bit weights: 13-bit values in blocks of 32 (core's
+/// `quantize_activations_wide`), a scale and a sum a block.
+struct Wide4 {
+    wide: Vec<i16>,
+    scales: Vec<f32>,
+    sums: Vec<i32>,
+}
+
+impl Wide4 {
+    fn of(x: &[f32]) -> Self {
+        let (wide, scales) = q8::quantize_activations_wide(x, q4::Q4_BLOCK);
+        let sums = wide.chunks(q4::Q4_BLOCK).map(|b| b.iter().map(|&v| v as i32).sum()).collect();
+        Wide4 { wide, scales, sums }
+    }
+}
+
+/// Twin of `ops::q4::q4_matmul` at one rounded activation row `q` against every row of a 4-bit
 /// weight: `x` rounded to 13-bit values in blocks of 32 (core's quantizer), each 64-value
 /// group's nibbles met with its activations by [`dot_nibbles_i16`] (wasm SIMD where built
 /// with it), each block's scale and offset applied in block order as core does: the same
 /// bits.
-fn q4_row(out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], beta: f32) {
-    let k = x.len();
-    let (wide, sx) = q8::quantize_activations_wide(x, q4::Q4_BLOCK);
-    let sums: Vec<i32> = wide.chunks(q4::Q4_BLOCK).map(|b| b.iter().map(|&v| v as i32).sum()).collect();
+fn q4_row(out: &mut [f32], q: &Wide4, packed: &[f32], scales: &[f32], beta: f32) {
+    let (wide, sx, sums) = (&q.wide, &q.scales, &q.sums);
+    let k = wide.len();
     let (stride, rs) = (4 * q4::q4_packed_cols(k), q4::q4_row_scales(k));
     let bytes = as_u8(packed);
     for (j, o) in out.iter_mut().enumerate() {
@@ -278,8 +293,20 @@ fn q8_row(out: &mut [f32], q: &Rounded, packed: &[f32], scales: &[f32], beta: f3
 /// bits as one call each. At decode, attention's q, k and v round their shared input once
 /// instead of three times.
 pub(crate) fn q8_matmul_many(x: &[f32], products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
-    if products.iter().any(|p| q4::is_q4(p.spec.n, p.spec.k, p.packed.len(), p.scales.len())) {
-        // 4-bit weights: each product rounds its own row (the same bits either way).
+    let four = |p: &Q8Product<'_, Vec<f32>>| q4::is_q4(p.spec.n, p.spec.k, p.packed.len(), p.scales.len());
+    if !products.is_empty() && products.iter().all(four) {
+        // 4-bit weights (attention's q, k and v at decode): `x` rounded once for all.
+        let q = Wide4::of(x);
+        for p in products.iter_mut() {
+            let s = &p.spec;
+            let (_, out) = q8::q8_operands(s, x, p.out)?;
+            q4::check_q4_matmul(out.len(), x.len(), p.packed.len(), p.scales.len(), 1, s.n, s.k)?;
+            q4_row(out, &q, p.packed, p.scales, s.beta);
+        }
+        return Ok(());
+    }
+    if products.iter().any(four) {
+        // 4-bit beside int8 weights: each product rounds its own row (the same bits).
         for p in products.iter_mut() {
             let s = &p.spec;
             let (xs, out) = q8::q8_operands(s, x, p.out)?;
@@ -314,7 +341,18 @@ pub(crate) fn q8_swiglu(
     up_w: (&[f32], &[f32]), spec: &MatmulSpec,
 ) -> Result<()> {
     let (n, k) = (spec.n, spec.k);
-    if [gate_w, up_w].iter().any(|w| q4::is_q4(n, k, w.0.len(), w.1.len())) {
+    let four = [gate_w, up_w].map(|w| q4::is_q4(n, k, w.0.len(), w.1.len()));
+    if four == [true, true] && spec.m == 1 && spec.window.is_none() && k == x.len() {
+        // Both 4-bit at one row (a decode step): `x` rounded once for both products.
+        let q = Wide4::of(x);
+        for (o, w) in [(&mut *gate, gate_w), (&mut *up, up_w)] {
+            let (_, o) = q8::q8_operands(spec, x, o)?;
+            q4::check_q4_matmul(o.len(), x.len(), w.0.len(), w.1.len(), 1, n, k)?;
+            q4_row(o, &q, w.0, w.1, spec.beta);
+        }
+        return swiglu_forward(out, gate, up);
+    }
+    if four.contains(&true) {
         // 4-bit weights: the two products one by one, then the gating.
         for (o, w) in [(&mut *gate, gate_w), (&mut *up, up_w)] {
             let (xs, o) = q8::q8_operands(spec, x, o)?;
