@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # llama.cpp beside `bench_decode` and `quant_quality`: fetches llama.cpp's source as the
 # llama-cpp-python sdist on PyPI carries it (vendor/llama.cpp), builds `llama-bench`,
-# `llama-quantize` and `llama-perplexity` for this CPU's instruction sets, and (where torch
-# is installed) writes Q8_0 GGUFs of random Llamas at both bench_decode shapes. Nothing of
+# `llama-quantize` and `llama-perplexity` for this CPU's instruction sets, and writes Q8_0
+# GGUFs of random Llamas at both bench_decode shapes (through llama.cpp's converter where
+# torch is installed, else through the gguf package's writer). Nothing of
 # llama.cpp enters the repository; everything goes under $RB_LLAMA_DIR.
 #
 #   bash bench/setup_llama_cpp.sh            # then, as it prints:
 #   RB_LLAMA_DIR=... cargo run --release -p rusting_brain --example bench_decode -- 16 128 readme
 #
-# Needs: a C++ compiler, Python with torch, transformers and sentencepiece ($RB_PYTHON),
-# and cmake (from PyPI if the machine has none).
+# Needs: a C++ compiler, Python ($RB_PYTHON) with torch, transformers and sentencepiece,
+# or with the gguf package and numpy, and cmake (from PyPI if the machine has none).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 dir="${RB_LLAMA_DIR:-/var/tmp/rb-llama}"
@@ -88,7 +89,20 @@ if ! (for t in "${tools[@]}"; do [ -x "$dir/build/bin/$t" ] || exit 1; done); th
 fi
 
 if ! "$python" -c "import torch, transformers, sentencepiece" 2>/dev/null; then
-    echo "ready for quant_quality: RB_LLAMA_DIR=$dir (no torch here, so no random GGUFs for bench_decode)"
+    # No torch: the same shapes written by the gguf package's writer, F32, then quantized.
+    echo "== Q8_0 GGUFs of random Llamas at bench_decode's shapes (bench/random_gguf.py: no torch here)"
+    if ! "$python" -c "import gguf, numpy" 2>/dev/null; then
+        echo "ready for quant_quality: RB_LLAMA_DIR=$dir (neither torch nor the gguf package here: no random GGUFs for bench_decode)"
+        exit 0
+    fi
+    quantize=(--quantize "$dir/build/bin/llama-quantize" --type Q8_0)
+    [ -e "$dir/readme-q8_0.gguf" ] || "$python" "$here/random_gguf.py" "${quantize[@]}" \
+        --out "$dir/readme-q8_0.gguf" --vocab 32000 --d-model 512 --layers 8 --heads 8 \
+        --kv-heads 2 --head-dim 64 --d-ff 1408
+    [ -e "$dir/small-q8_0.gguf" ] || "$python" "$here/random_gguf.py" "${quantize[@]}" \
+        --out "$dir/small-q8_0.gguf" --vocab 4096 --d-model 256 --layers 6 --heads 8 \
+        --kv-heads 2 --head-dim 32 --d-ff 704
+    echo "ready: RB_LLAMA_DIR=$dir cargo run --release -p rusting_brain --example bench_decode -- 16 128 readme"
     exit 0
 fi
 echo "== Q8_0 GGUFs of random Llamas at bench_decode's shapes"
