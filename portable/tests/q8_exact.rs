@@ -10,68 +10,57 @@ use rusting_brain_core::ops::q8;
 use rusting_brain_core::{ReferenceBackend, Rng};
 use rusting_brain_portable::PortableBackend;
 
-/// A weight rounding: per row or in blocks.
+/// A weight rounding: int8 per row or in blocks, or 4-bit.
 type Quantizer = fn(&[f32], usize, usize) -> rusting_brain_core::Result<(Vec<f32>, Vec<f32>)>;
 
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
 
+/// Per-row int8, blocked int8 and 4-bit (`Precision::Q4`'s layout) weights, and the
+/// lookups of each layout's rows.
 #[test]
-fn int8_products_equal_the_reference_bit_for_bit() {
+fn int8_and_four_bit_products_equal_the_reference_bit_for_bit() {
     let mut rng = Rng::new(21);
+    let quantizers: [(&str, Quantizer); 3] = [
+        ("per-row", q8::quantize_rows),
+        ("blocked", q8::quantize_blocks),
+        ("4-bit", rusting_brain_core::ops::q4::quantize_q4),
+    ];
     for &(m, n, k) in &[
         (1, 1, 1),
         (1, 3, 15),
         (1, 4, 16),
         (1, 5, 17),
+        (1, 3, 31),
         (3, 7, 33),
+        (3, 7, 96),
+        (4, 17, 100),
         (2, 8, 192),
+        (1, 9, 576),
         (1, 9, 1000),
         (5, 33, 127),
         (1, 256, 64),
     ] {
         let w = rng.normal_vec(n * k, 0.05);
         let x = rng.normal_vec(m * k, 1.0);
-        // Per-row weights (int8 files before blocks) and blocks of 32.
-        for (blocked, beta) in [(false, 0.0), (false, 0.5), (true, 0.0), (true, 0.5)] {
-            let (packed, scales) =
-                if blocked { q8::quantize_blocks(&w, n, k) } else { q8::quantize_rows(&w, n, k) }.unwrap();
-            let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
-            let init = if beta == 0.0 { vec![f32::NAN; m * n] } else { rng.normal_vec(m * n, 1.0) };
-            let (mut got, mut want) = (init.clone(), init);
-            PortableBackend.q8_matmul(&mut got, &x, &packed, &scales, &spec).unwrap();
-            ReferenceBackend.q8_matmul(&mut want, &x, &packed, &scales, &spec).unwrap();
-            assert!(got.iter().all(|v| v.is_finite()), "{m}x{n}x{k}: an output was not written");
-            assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k} beta {beta} blocked {blocked}");
+        for (name, quantize) in quantizers {
+            let (packed, scales) = quantize(&w, n, k).unwrap();
+            for beta in [0.0, 0.5] {
+                let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
+                let init = if beta == 0.0 { vec![f32::NAN; m * n] } else { rng.normal_vec(m * n, 1.0) };
+                let (mut got, mut want) = (init.clone(), init);
+                PortableBackend.q8_matmul(&mut got, &x, &packed, &scales, &spec).unwrap();
+                ReferenceBackend.q8_matmul(&mut want, &x, &packed, &scales, &spec).unwrap();
+                assert!(got.iter().all(|v| v.is_finite()), "{m}x{n}x{k}: an output was not written");
+                assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k} beta {beta} {name}");
+            }
+            let ids = [0u32, (n - 1) as u32];
+            let (mut got, mut want) = (vec![f32::NAN; 2 * k], vec![f32::NAN; 2 * k]);
+            PortableBackend.q8_embedding(&mut got, &packed, &scales, &ids, n, k).unwrap();
+            ReferenceBackend.q8_embedding(&mut want, &packed, &scales, &ids, n, k).unwrap();
+            assert_eq!(bits(&got), bits(&want), "{name} lookup {n}x{k}");
         }
-    }
-}
-
-/// 4-bit weights (`Precision::Q4`'s layout): the page's CPU path gives the reference's
-/// bits on short and odd block counts, a short last 64-value group, several rows,
-/// accumulation, and its lookups the dequantized rows.
-#[test]
-fn four_bit_products_equal_the_reference_bit_for_bit() {
-    let mut rng = Rng::new(23);
-    for &(m, n, k) in &[(1, 1, 1), (1, 3, 31), (2, 5, 33), (3, 7, 96), (1, 9, 576), (4, 17, 100)] {
-        let w = rng.normal_vec(n * k, 0.05);
-        let x = rng.normal_vec(m * k, 1.0);
-        let (packed, scales) = rusting_brain_core::ops::q4::quantize_q4(&w, n, k).unwrap();
-        for beta in [0.0, 0.5] {
-            let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
-            let init = if beta == 0.0 { vec![f32::NAN; m * n] } else { rng.normal_vec(m * n, 1.0) };
-            let (mut got, mut want) = (init.clone(), init);
-            PortableBackend.q8_matmul(&mut got, &x, &packed, &scales, &spec).unwrap();
-            ReferenceBackend.q8_matmul(&mut want, &x, &packed, &scales, &spec).unwrap();
-            assert!(got.iter().all(|v| v.is_finite()), "{m}x{n}x{k}: an output was not written");
-            assert_eq!(bits(&got), bits(&want), "4-bit {m}x{n}x{k} beta {beta}");
-        }
-        let ids = [0u32, (n - 1) as u32];
-        let (mut got, mut want) = (vec![f32::NAN; 2 * k], vec![f32::NAN; 2 * k]);
-        PortableBackend.q8_embedding(&mut got, &packed, &scales, &ids, n, k).unwrap();
-        ReferenceBackend.q8_embedding(&mut want, &packed, &scales, &ids, n, k).unwrap();
-        assert_eq!(bits(&got), bits(&want), "4-bit lookup {n}x{k}");
     }
 }
 

@@ -85,13 +85,8 @@ thread_local! {
 struct RowBuf(simd::QuantRow);
 
 impl RowBuf {
-    /// `x` rounded as `simd::QuantRow::of` rounds it.
-    fn of(x: &[f32], block: usize) -> Self {
-        Self::rounded(x, Rounding { block, wide: false })
-    }
-
     /// `x` rounded as `r` says: 13-bit values in blocks where `r.wide` (what 4-bit weights
-    /// meet at any width), else as [`RowBuf::of`].
+    /// meet at any width), else as `simd::QuantRow::of` rounds it.
     fn rounded(x: &[f32], r: Rounding) -> Self {
         let mut q = ROW_BUFS.try_with(|b| b.try_borrow_mut().ok()?.pop()).ok().flatten().unwrap_or_default();
         if r.wide {
@@ -174,8 +169,25 @@ impl<'a> QRows<'a> {
 pub fn q8_matmul(
     out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
 ) -> Result<()> {
+    if m == 1 {
+        // Decode (int8 or 4-bit): each part of the team (both cores here) streams a
+        // contiguous block of weight rows once, sixteen rows a pass; small matrices stay on
+        // the calling thread.
+        let (w, rounding) = QRows::of((packed, scales), out.len(), x.len(), n, k)?;
+        let xq = RowBuf::rounded(x, rounding);
+        let act = xq.row();
+        let bytes = if w.q4 { n * k / 2 } else { n * k };
+        let parts = team::parts();
+        if parts > 1 && bytes >= TEAM_MIN_BYTES && n >= 16 * parts {
+            let per = n.div_ceil(parts).div_ceil(16) * 16;
+            team::run_blocks(out.chunks_mut(per), |p, o| w.rows(o, &act, p * per, beta));
+        } else {
+            w.rows(out, &act, 0, beta);
+        }
+        return Ok(());
+    }
     if is_q4(n, k, packed.len(), scales.len()) {
-        return super::q4::q4_matmul(out, x, packed, scales, m, n, k, beta);
+        return super::q4::q4_gemm(out, x, packed, scales, m, n, k, beta);
     }
     let block = check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let (pc, nb) = (packed_cols(k), blocks_of(k, block));
@@ -185,23 +197,7 @@ pub fn q8_matmul(
         let v = acc as f32 * sx * scales[j];
         *o = if beta == 0.0 { v } else { v + beta * *o };
     };
-    if m == 1 {
-        // Decode: each part of the team (both cores here) streams a contiguous block of
-        // weight rows once, sixteen rows a pass; small matrices stay on the calling thread.
-        let xq = RowBuf::of(x, block);
-        let act = xq.row();
-        let rows = |o: &mut [f32], first: usize| {
-            let w = &w[first * pc * 4..];
-            simd::q8_rows(o, &act, w, pc * 4, &scales[first * nb..], beta)
-        };
-        let parts = team::parts();
-        if parts > 1 && n * k >= TEAM_MIN_BYTES && n >= 16 * parts {
-            let per = n.div_ceil(parts).div_ceil(16) * 16;
-            team::run_blocks(out.chunks_mut(per), |p, o| rows(o, p * per));
-        } else {
-            rows(out, 0);
-        }
-    } else if nb > 1 {
+    if nb > 1 {
         q8_gemm_blocked(out, x, w, scales, (m, n, k), beta);
     } else {
         // Prompt processing and batches: an int8 GEMM. Each part of the team takes a band
@@ -290,14 +286,7 @@ fn q8_gemm_blocked(
         // PANEL_MIN_ROWS, and CPUs without VNNI, take 4 x 4 tiles.
         let mut done = 0;
         if rows >= PANEL_MIN_ROWS && simd::has_vnni() {
-            let padded: Vec<Vec<i16>> = quantized
-                .iter()
-                .map(|q| {
-                    let mut p = q.wide.clone();
-                    p.resize(nb * Q8_BLOCK, 0);
-                    p
-                })
-                .collect();
+            let padded = simd::padded_wide(&quantized, nb * Q8_BLOCK);
             let padded: Vec<&[i16]> = padded.iter().map(|p| p.as_slice()).collect();
             let mut panel = simd::Panel16::default();
             for j in (0..n / 16).map(|p| 16 * p) {
@@ -641,7 +630,8 @@ pub fn q8_embedding(
 ) -> Result<()> {
     const OP: &str = "q8_embedding";
     if is_q4(vocab, dim, packed.len(), scales.len()) {
-        return super::q4::q4_embedding(out, packed, scales, ids, vocab, dim);
+        // A few rows a call (one a decode step): core's lookup as it is.
+        return rusting_brain_core::ops::q4::q4_embedding(out, packed, scales, ids, vocab, dim);
     }
     let block = check_q8(OP, packed.len(), scales.len(), vocab, dim)?;
     check_len(OP, "out", out.len(), product(OP, &[ids.len(), dim])?)?;

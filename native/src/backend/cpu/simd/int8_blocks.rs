@@ -112,6 +112,18 @@ impl QuantRow {
     }
 }
 
+/// Each row's 13-bit values with zeros to `len` (whole blocks): what [`panel16_rows`]
+/// reads, pair by pair.
+pub fn padded_wide(rows: &[QuantRow], len: usize) -> Vec<Vec<i16>> {
+    rows.iter()
+        .map(|q| {
+            let mut p = q.wide.clone();
+            p.resize(len, 0);
+            p
+        })
+        .collect()
+}
+
 /// [`q8_rows`] on blocked weights: `out[r] = sum over blocks b of (d_rb as f32 * sx_b) *
 /// scales[r * nb + b]` in block order, plus `beta * out[r]` when `beta` is not zero, for
 /// `nb = a.scales.len()` blocks of `a.block` (= [`Q8_BLOCK`]) values of `a.wide`.
