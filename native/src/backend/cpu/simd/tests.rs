@@ -374,3 +374,44 @@ fn dot_matches_a_double_precision_sum_on_odd_lengths() {
         assert!((dot(&a, &b) as f64 - want).abs() < 1e-4, "n = {n}");
     }
 }
+
+#[test]
+fn wide_rounding_matches_the_plain_loops_bit_for_bit() {
+    // The 13-bit activation rows blocked int8 and 4-bit weights meet: values, scales, the
+    // byte split and the blocks' sums, on lengths around the 32-value blocks and 64-value
+    // steps, with exact ties, NaN, infinities and a block of zeros.
+    use rusting_brain_core::ops::q8::{quantize_activations_wide, Q8_BLOCK};
+    let mut rng = rusting_brain_core::Rng::new(11);
+    let (mut fast, mut plain) = (QuantRow::default(), QuantRow::default());
+    for n in [0usize, 1, 5, 16, 17, 31, 32, 33, 63, 64, 65, 100, 576, 1536, 7] {
+        let mut x: Vec<f32> = (0..n).map(|_| rng.normal() as f32 * 2.0).collect();
+        if n >= 40 {
+            // Block 0: absmax 4095, so the scale is 1 and these are exact ties.
+            x[0] = 4095.0;
+            x[1] = 2.5;
+            x[2] = -2.5;
+            x[3] = 0.5;
+            x[4] = -0.5;
+            x[5] = 0.49999997;
+            x[6] = f32::NAN;
+            // Block 1: an infinity (its scale infinite, its values 0).
+            x[33] = f32::INFINITY;
+        }
+        if n >= 100 {
+            x[64..96].fill(0.0);
+            x[97] = f32::NEG_INFINITY;
+        }
+        fast.fill_wide(&x, Q8_BLOCK);
+        plain.fill_wide_plain(&x, Q8_BLOCK);
+        let (q, scales) = quantize_activations_wide(&x, Q8_BLOCK);
+        assert_eq!(plain.wide, q, "n = {n}: the plain loops against core");
+        assert_eq!(fast.wide, q, "n = {n}: values");
+        let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast.scales), bits(&scales), "n = {n}: scales");
+        assert_eq!(fast.lo, plain.lo, "n = {n}: low bytes");
+        assert_eq!(fast.hi, plain.hi, "n = {n}: high bytes");
+        assert_eq!(fast.hi_sums, plain.hi_sums, "n = {n}: high sums");
+        assert_eq!(fast.wide_sums, plain.wide_sums, "n = {n}: sums");
+        assert_eq!(fast.block, plain.block, "n = {n}: block");
+    }
+}
