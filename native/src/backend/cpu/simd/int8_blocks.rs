@@ -4,11 +4,12 @@
 //! `acc = acc + (d as f32 * x_scale) * w_scale`, unfused, on every path here — the
 //! reference's operations, so the same bits.
 //!
-//! With VNNI a block is one `vpdpwssd` a weight row (32 activations against 32 weights
-//! widened to i16, pairs summed into sixteen i32 lanes); sixteen rows' (or a 4 x 4 tile's)
-//! accumulators are folded into one vector of block sums by [`fold16_i32`], then scaled
-//! and added as vectors. The fold costs about what the products do; decode is bound by
-//! reading the weights, which this does not change.
+//! With VNNI a decode step of 64 values is one load and two `vpdpbusd` a weight row (the
+//! 13-bit activations split into bytes); sixteen rows' accumulators are folded into
+//! vectors of block sums ([`fold16x2_i32`]), then scaled and added as vectors. The fold
+//! costs about half what the products do, and reading sixteen rows a step at a time
+//! streams slower than one sequential read (`bench/read_bandwidth.c`, docs/baseline.md):
+//! a layout with each pass's rows interleaved would remove both.
 
 use super::*;
 use rusting_brain_core::ops::q8::{blocks_of, quantize_activations_wide_into, Q8_BLOCK};
