@@ -183,7 +183,7 @@ fn main() {
 
 /// The quantized products at SmolLM2-135M's shapes (d_model 576, d_ff 1536, vocabulary
 /// 49152): decode (one row; the weights' bytes per second is what bounds it) and prompt
-/// processing (128 and 512 rows), int8 in blocks of 32 and 4 bits (`Precision::Q4`'s
+/// processing (16, 128 and 512 rows), int8 in blocks of 32 and 4 bits (`Precision::Q4`'s
 /// layout) beside f32, in the same turns. `bench_gemm int8` runs this table alone.
 fn int8(cpu: &CpuBackend) {
     use rusting_brain::core::ops::{q4, q8};
@@ -198,6 +198,8 @@ fn int8(cpu: &CpuBackend) {
         (1, 1536, 576, " gate/up"),
         (1, 576, 1536, " down"),
         (1, 576, 576, " q/o"),
+        (16, 1536, 576, " gate/up"),
+        (16, 576, 1536, " down"),
         (128, 1536, 576, " gate/up"),
         (512, 1536, 576, " gate/up"),
         (512, 576, 1536, " down"),

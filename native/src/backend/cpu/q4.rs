@@ -2,8 +2,8 @@
 //! to 13-bit integers in blocks of 32, then the 4-bit products of `simd::q4_rows` (VNNI
 //! where the CPU has it), exactly the integers and float steps the reference takes.
 //! Decode splits the weight rows over the team; prompts split the activation rows into
-//! bands, each running sixteen weight rows at a time past its rows so the weights (half a
-//! byte a value) stay in L1.
+//! bands (short prompts the weight rows: `q8::run_parts`), each running sixteen weight
+//! rows at a time past its rows so the weights (half a byte a value) stay in L1.
 
 use rusting_brain_core::ops::q4::{check_q4_matmul, q4_packed_cols, q4_row_scales, Q4_BLOCK};
 use rusting_brain_core::Result;
@@ -28,8 +28,10 @@ pub fn q4_gemm(
     let w = as_u8(packed);
     // A prompt: each band of activation rows rounded once, then sixteen weight rows at a
     // time (a few KiB, in L1) against every row of the band.
-    let band = |o: &mut [f32], first: usize| {
-        let rows = o.len() / n;
+    // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
+    let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
+        let (c0, c1) = (cols.start, cols.end);
+        let rows = o.len() / os;
         let rounded: Vec<simd::QuantRow> = x[first * k..(first + rows) * k]
             .chunks_exact(k)
             .map(|xi| {
@@ -42,22 +44,22 @@ pub fn q4_gemm(
         // Sixteen weight rows unpacked and laid across the vector lanes once a band
         // (VNNI): each activation row meets them with broadcast pairs, as the int8 GEMM's
         // panels do. The rest (and CPUs without VNNI) run the decode kernel row by row.
-        let mut done = 0;
+        let mut done = c0;
         if rows >= super::q8::PANEL_MIN_ROWS && simd::has_vnni() {
             let padded = simd::padded_wide(&rounded, k.div_ceil(Q4_BLOCK) * Q4_BLOCK);
             let padded: Vec<&[i16]> = padded.iter().map(|p| p.as_slice()).collect();
             let mut panel = simd::Panel16::default();
-            for j in (0..n / 16).map(|p| 16 * p) {
+            done = c0 + (c1 - c0) / 16 * 16;
+            for j in (c0..done).step_by(16) {
                 panel.fill_q4(&w[j * stride..], stride, k, &scales[j * rs..(j + 16) * rs]);
-                simd::panel16_rows(&mut o[j..], n, &acts, &padded, &panel, beta);
+                simd::panel16_rows(&mut o[j - c0..], os, &acts, &padded, &panel, beta);
             }
-            done = n / 16 * 16;
         }
-        for j in (done..n).step_by(16) {
-            let end = (j + 16).min(n);
+        for j in (done..c1).step_by(16) {
+            let end = (j + 16).min(c1);
             for (i, a) in acts.iter().enumerate() {
                 simd::q4_rows(
-                    &mut o[i * n + j..i * n + end],
+                    &mut o[i * os + j - c0..i * os + end - c0],
                     a,
                     &w[j * stride..],
                     stride,
@@ -67,6 +69,6 @@ pub fn q4_gemm(
             }
         }
     };
-    super::q8::run_bands(out, (m, n, k / 2), band);
+    super::q8::run_parts(out, (m, n, k / 2), beta, part);
     Ok(())
 }

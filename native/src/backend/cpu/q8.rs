@@ -252,7 +252,7 @@ pub fn q8_matmul(
 
 /// An int8 GEMM's bands of activation rows over the team: each part a band of whole
 /// quads of rows (`band(out_rows, first_row)`); small products stay on the calling thread.
-pub(super) fn run_bands(
+fn run_bands(
     out: &mut [f32], (m, n, k): (usize, usize, usize), band: impl Fn(&mut [f32], usize) + Sync,
 ) {
     let parts = team::parts();
@@ -264,17 +264,68 @@ pub(super) fn run_bands(
     }
 }
 
+/// Prompts shorter than this split the weight rows over the team rather than the
+/// activation rows: every part then lays out only its share of the weights
+/// ([`simd::Panel16`]) for all the prompt's rows, where row bands had each part lay out
+/// all of them for half the rows (SmolLM2-135M, 16 tokens, Zen 4: see docs/baseline.md).
+pub(super) const SPLIT_WEIGHTS_BELOW: usize = 64;
+
+/// A blocked or 4-bit GEMM's work over the team: `part(o, stride, first_row, cols)` fills
+/// outputs `(i, j)` for the prompt's rows `first_row..` (as many as `o` holds at `stride`
+/// a row) and weight rows `j` in `cols`, at `o[i * stride + j - cols.start]`. Prompts of at
+/// least [`SPLIT_WEIGHTS_BELOW`] rows split into bands of rows (in place); shorter ones
+/// split the weight rows in runs of sixteen, each part into a buffer of its own that is
+/// copied out after (two parts must not hold the same rows of `out`); small products stay
+/// on the calling thread.
+pub(super) fn run_parts(
+    out: &mut [f32], (m, n, k): (usize, usize, usize), beta: f32,
+    part: impl Fn(&mut [f32], usize, usize, std::ops::Range<usize>) + Sync,
+) {
+    let parts = team::parts();
+    if parts < 2 || m < 2 || n * k < TEAM_MIN_BYTES {
+        return part(out, n, 0, 0..n);
+    }
+    if m >= SPLIT_WEIGHTS_BELOW || n < 32 * parts {
+        let per = m.div_ceil(parts).div_ceil(4) * 4;
+        return team::run_blocks(out.chunks_mut(per * n), |p, o| part(o, n, p * per, 0..n));
+    }
+    let per = n.div_ceil(parts).div_ceil(16) * 16;
+    let mut shares: Vec<(std::ops::Range<usize>, Vec<f32>)> = (0..parts)
+        .map(|p| (p * per).min(n)..((p + 1) * per).min(n))
+        .filter(|cols| !cols.is_empty())
+        .map(|cols| {
+            let w = cols.len();
+            let mut buf = vec![0.0f32; m * w];
+            if beta != 0.0 {
+                for (i, b) in buf.chunks_exact_mut(w).enumerate() {
+                    b.copy_from_slice(&out[i * n + cols.start..i * n + cols.end]);
+                }
+            }
+            (cols, buf)
+        })
+        .collect();
+    team::run_blocks(shares.iter_mut(), |_, (cols, buf)| part(buf, cols.len(), 0, cols.clone()));
+    for (cols, buf) in &shares {
+        for (i, b) in buf.chunks_exact(cols.len()).enumerate() {
+            out[i * n + cols.start..i * n + cols.end].copy_from_slice(b);
+        }
+    }
+}
+
 /// [`q8_matmul`]'s GEMM on blocked weights (`m > 1`): each part of the team takes a band of
-/// activation rows and rounds them block by block once, then runs 4 x 4 tiles
-/// ([`simd::tile4x4_blocked`]); the four weight rows stay in L1 while the band's rows
-/// stream past them.
+/// activation rows (a short prompt's parts a share of the weight rows: [`run_parts`]) and
+/// rounds them block by block once, then runs sixteen weight rows at a time laid across
+/// the lanes ([`simd::Panel16`]) or 4 x 4 tiles ([`simd::tile4x4_blocked`]); the weight
+/// rows stay in L1 while the rows stream past them.
 fn q8_gemm_blocked(
     out: &mut [f32], x: &[f32], w: &[i8], scales: &[f32], (m, n, k): (usize, usize, usize), beta: f32,
 ) {
     let (stride, nb) = (packed_cols(k) * 4, blocks_of(k, Q8_BLOCK));
     let row = |j: usize| &w[j * stride..j * stride + k];
-    let band = |o: &mut [f32], first: usize| {
-        let rows = o.len() / n;
+    // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
+    let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
+        let (c0, c1) = (cols.start, cols.end);
+        let rows = o.len() / os;
         let quantized: Vec<simd::QuantRow> = x[first * k..(first + rows) * k]
             .chunks_exact(k)
             .map(|xi| simd::QuantRow::of(xi, Q8_BLOCK))
@@ -284,38 +335,40 @@ fn q8_gemm_blocked(
         // activation row meets them with broadcast pairs and no fold. The layout costs a
         // widening and a transpose per block of sixteen rows; fewer rows than
         // PANEL_MIN_ROWS, and CPUs without VNNI, take 4 x 4 tiles.
-        let mut done = 0;
+        let mut done = c0;
         if rows >= PANEL_MIN_ROWS && simd::has_vnni() {
             let padded = simd::padded_wide(&quantized, nb * Q8_BLOCK);
             let padded: Vec<&[i16]> = padded.iter().map(|p| p.as_slice()).collect();
             let mut panel = simd::Panel16::default();
-            for j in (0..n / 16).map(|p| 16 * p) {
+            done = c0 + (c1 - c0) / 16 * 16;
+            for j in (c0..done).step_by(16) {
                 panel.fill(&w[j * stride..], stride, k, &scales[j * nb..(j + 16) * nb]);
-                simd::panel16_rows(&mut o[j..], n, &acts, &padded, &panel, beta);
+                simd::panel16_rows(&mut o[j - c0..], os, &acts, &padded, &panel, beta);
             }
-            done = n / 16 * 16;
         }
         let quads = rows / 4;
-        for jq in done / 4..n / 4 {
-            let j = 4 * jq;
+        let four = done + (c1 - done) / 4 * 4;
+        for j in (done..four).step_by(4) {
             let w4 = [row(j), row(j + 1), row(j + 2), row(j + 3)];
             let ws = &scales[j * nb..(j + 4) * nb];
             for iq in 0..quads {
                 let i = 4 * iq;
                 let a4 = [&acts[i], &acts[i + 1], &acts[i + 2], &acts[i + 3]];
-                simd::tile4x4_blocked(&mut o[i * n + j..], n, a4, w4, ws, beta);
+                simd::tile4x4_blocked(&mut o[i * os + j - c0..], os, a4, w4, ws, beta);
             }
             for (i, a) in acts.iter().enumerate().skip(4 * quads) {
-                simd::q8_rows(&mut o[i * n + j..i * n + j + 4], a, &w[j * stride..], stride, ws, beta);
+                let at = i * os + j - c0;
+                simd::q8_rows(&mut o[at..at + 4], a, &w[j * stride..], stride, ws, beta);
             }
         }
-        for j in n / 4 * 4..n {
+        for j in four..c1 {
             for (i, a) in acts.iter().enumerate() {
-                simd::q8_rows(&mut o[i * n + j..i * n + j + 1], a, row(j), stride, &scales[j * nb..], beta);
+                let at = i * os + j - c0;
+                simd::q8_rows(&mut o[at..at + 1], a, row(j), stride, &scales[j * nb..], beta);
             }
         }
     };
-    run_bands(out, (m, n, k), band);
+    run_parts(out, (m, n, k), beta, part);
 }
 
 /// Activation rows a band from which the blocked GEMM lays its weights across the lanes
