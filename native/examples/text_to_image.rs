@@ -3,7 +3,7 @@
 //! ```sh
 //! cargo run --release --features images --example text_to_image -- \
 //!     models/FLUX.2-klein-4B "a lighthouse in fog" out.png [--steps N] [--size WxH] \
-//!     [--seed S] [--q8] [--guidance G] [--layers 9,18,27] [--image in.png --strength S]
+//!     [--seed S] [--q8 | --q4] [--guidance G] [--layers 9,18,27] [--image in.png --strength S]
 //! ```
 //!
 //! A progress bar follows the denoising steps; each part's time and the process's peak
@@ -23,7 +23,7 @@ struct Args {
     steps: Option<usize>,
     size: (usize, usize),
     seed: u64,
-    q8: bool,
+    precision: Precision,
     guidance: Option<f32>,
     layers: Option<Vec<usize>>,
     image: Option<String>,
@@ -31,7 +31,7 @@ struct Args {
 }
 
 fn usage() -> String {
-    "usage: text_to_image <pipeline dir> \"<prompt>\" <out.png> [--steps N] [--size WxH] [--seed S] [--q8] \
+    "usage: text_to_image <pipeline dir> \"<prompt>\" <out.png> [--steps N] [--size WxH] [--seed S] [--q8 | --q4] \
      [--guidance G] [--layers a,b,c] [--image in.png --strength S]"
         .to_string()
 }
@@ -46,7 +46,7 @@ fn parse() -> Result<Args, String> {
         steps: None,
         size: (1024, 1024),
         seed: 0,
-        q8: false,
+        precision: Precision::F32,
         guidance: None,
         layers: None,
         image: None,
@@ -66,7 +66,8 @@ fn parse() -> Result<Args, String> {
                 );
             }
             "--seed" => seed = Some(value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?),
-            "--q8" => args.q8 = true,
+            "--q8" => args.precision = Precision::Q8,
+            "--q4" => args.precision = Precision::Q4,
             "--guidance" => {
                 args.guidance = Some(value("--guidance")?.parse().map_err(|e| format!("--guidance: {e}"))?)
             }
@@ -105,7 +106,7 @@ use rss::peak_rss_mib;
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
-    let precision = if args.q8 { Precision::Q8 } else { Precision::F32 };
+    let precision = args.precision;
     let mut pipeline = ImagePipeline::load_at(&args.dir, precision)?;
     if let Some(s) = args.steps {
         pipeline.config.steps = s;

@@ -145,8 +145,6 @@ fn q4_keeps_the_continuation_and_round_trips_its_file() {
     assert_eq!(loaded.precision(), Precision::Q4);
     assert!(q8.save_bin(tmp("twice.rbw"), Precision::Q4).is_err());
     assert_eq!(q8.generate(&prompt, 3, &mut Sampler::greedy()).unwrap().len(), 3);
-    let e = rusting_brain::ImagePipeline::load_at(tmp("nowhere"), Precision::Q4).err().unwrap().to_string();
-    assert!(e.contains("Precision::Q8"), "{e}");
     for f in ["q4.rbw", "q4src.q8.rbw"] {
         std::fs::remove_dir_all(tmp(f).parent().unwrap()).ok();
     }

@@ -379,7 +379,6 @@ impl Dit {
     /// (one scale a row), rounded as it is read; norms, biases, the patch convolution and
     /// SD3's position table stay f32.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<Dit> {
-        crate::io::precision::image_precision("the diffusion transformer", precision)?;
         let dir = dir.as_ref();
         let config = dit_config(&dir.join("config.json"))?;
         let layout = config.layout();
@@ -420,11 +419,12 @@ impl Dit {
             } else {
                 vec![rows]
             };
-            let int8 = precision == Precision::Q8 && shape.len() == 2 && name.ends_with(".weight");
-            if int8 {
+            let format = crate::io::precision::image_format(precision)
+                .filter(|_| shape.len() == 2 && name.ends_with(".weight"));
+            if let Some(format) = format {
                 let (mut packed, mut scales) = (Vec::new(), Vec::new());
                 for r in ranges {
-                    let (p, s) = tensors.read_q8_rows(&source.name, &stored, r)?;
+                    let (p, s) = tensors.read_quant_rows(&source.name, &stored, r, format)?;
                     packed.extend_from_slice(&p);
                     scales.extend_from_slice(&s);
                 }

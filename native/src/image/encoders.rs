@@ -14,19 +14,22 @@ use rusting_brain_core::models::transformer::TransformerModel;
 
 use crate::backend::cpu::CpuBackend;
 use crate::io::config::Config;
+use crate::io::precision::image_format;
 use crate::io::weights::{Files, Prefetch, Tensors};
 use crate::{NetworkError, Precision, Result};
+use rusting_brain_core::ops::q8::QuantFormat;
 
-/// Weights read from a folder: f32 tensors, and the matrices read as int8.
+/// Weights read from a folder: f32 tensors, and the matrices read quantized (int8 or 4-bit
+/// buffers, core's layouts).
 pub(crate) type ReadWeights = (BTreeMap<String, Vec<f32>>, BTreeMap<String, (Vec<f32>, Vec<f32>)>);
 
 /// Reads every tensor of `layout` from the weight files of `dir`, the layout's name
 /// `n` stored as `file_name(n)`; a tensor in the files that the layout lacks is an error
-/// unless `ignorable` says it may be passed over. The matrices `int8` picks are rounded to
-/// int8 as they are read (the f32 matrix never exists whole).
+/// unless `ignorable` says it may be passed over. The matrices `quantized` gives a format
+/// are rounded to it as they are read (the f32 matrix never exists whole).
 pub(crate) fn read_weights(
     dir: &Path, stems: &[&str], layout: &Layout, file_name: impl Fn(&str) -> String,
-    ignorable: impl Fn(&str) -> bool, int8: impl Fn(&str, &[usize]) -> bool,
+    ignorable: impl Fn(&str) -> bool, quantized: impl Fn(&str, &[usize]) -> Option<QuantFormat>,
 ) -> Result<ReadWeights> {
     let files = Files::open(dir, stems)?;
     let _prefetch = Prefetch::start(&files.paths);
@@ -42,8 +45,8 @@ pub(crate) fn read_weights(
     }
     let (mut weights, mut q8) = (BTreeMap::new(), BTreeMap::new());
     for (name, shape) in &layout.tensors {
-        if shape.len() == 2 && int8(name, shape) {
-            q8.insert(name.clone(), tensors.read_q8(&file_name(name), shape)?);
+        if let Some(format) = quantized(name, shape).filter(|_| shape.len() == 2) {
+            q8.insert(name.clone(), tensors.read_quant(&file_name(name), shape, format)?);
         } else {
             weights.insert(name.clone(), tensors.read(&file_name(name), shape)?);
         }
@@ -53,12 +56,13 @@ pub(crate) fn read_weights(
 
 /// The matrices an int8 encoder holds as int8: every `Linear` weight (the projections and
 /// the feed-forward), not the embedding tables or T5's position-bias table.
-fn linear_matrix(name: &str, precision: Precision) -> bool {
-    precision == Precision::Q8
-        && name.ends_with(".weight")
-        && !name.contains("embedding")
-        && !name.contains("relative_attention_bias")
-        && name != "shared.weight"
+fn linear_matrix(name: &str, precision: Precision) -> Option<QuantFormat> {
+    image_format(precision).filter(|_| {
+        name.ends_with(".weight")
+            && !name.contains("embedding")
+            && !name.contains("relative_attention_bias")
+            && name != "shared.weight"
+    })
 }
 
 /// Whether the weights in `dir` carry `prefix` on their names (the first file's header is
@@ -159,7 +163,6 @@ impl ClipTextEncoder {
     /// [`ClipTextEncoder::load`] at `precision`: at [`Precision::Q8`] every projection
     /// and feed-forward matrix is int8 (one scale a row), rounded as it is read.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<ClipTextEncoder> {
-        crate::io::precision::image_precision("the CLIP text encoder", precision)?;
         let dir = dir.as_ref();
         let config = clip_config(&dir.join("config.json"))?;
         // transformers 4 wrote the tower's names under `text_model.` (the published
@@ -220,7 +223,6 @@ impl T5Encoder {
     /// feed-forward matrices are int8 (T5-XXL's 4.7 billion weights in a quarter of the
     /// memory); activations stay f32.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<T5Encoder> {
-        crate::io::precision::image_precision("the T5 encoder", precision)?;
         let dir = dir.as_ref();
         let config = t5_config(&dir.join("config.json"))?;
         // The embedding is tied: stored as `shared.weight`, as `encoder.embed_tokens.weight`,
@@ -279,7 +281,6 @@ impl TextEncoder {
 
     /// [`TextEncoder::load`] at `precision` (int8 weights at [`Precision::Q8`]).
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision, layers: &[usize]) -> Result<TextEncoder> {
-        crate::io::precision::image_precision("a prompt's text encoder", precision)?;
         let (model, _) = crate::io::hf::load(dir.as_ref(), precision)?;
         let mut encoder = TextEncoder { model, layers: Vec::new() };
         encoder.set_layers(layers)?;

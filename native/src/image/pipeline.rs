@@ -233,7 +233,6 @@ impl ImagePipeline {
     /// ([`Precision::Q8`]: one byte a weight for every matrix, a quarter of the memory).
     /// The autoencoder stays f32: it is small, and its convolutions are sensitive.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<ImagePipeline> {
-        crate::io::precision::image_precision("an image pipeline", precision)?;
         let folder = PipelineFolder::open(dir)?;
         let family = Family::of_class(folder.class_name()).ok_or_else(|| {
             NetworkError::InvalidInput(format!(

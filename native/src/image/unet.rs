@@ -168,7 +168,6 @@ impl Unet {
     /// [`Unet::load`] at `precision`: at [`Precision::Q8`] every `Linear` matrix is int8
     /// (one scale a row); the convolutions, norms and biases stay f32.
     pub fn load_at(dir: impl AsRef<Path>, precision: Precision) -> Result<Unet> {
-        crate::io::precision::image_precision("UNet", precision)?;
         let dir = dir.as_ref();
         let config = unet_config(&dir.join("config.json"))?;
         let (weights, q8) = crate::image::encoders::read_weights(
@@ -177,7 +176,10 @@ impl Unet {
             &config.layout(),
             |n| n.to_string(),
             |_| false,
-            |n, s| precision == Precision::Q8 && s.len() == 2 && n.ends_with(".weight"),
+            |n, s| {
+                crate::io::precision::image_format(precision)
+                    .filter(|_| s.len() == 2 && n.ends_with(".weight"))
+            },
         )?;
         Ok(Unet { model: UnetModel::with_q8(CpuBackend::new(), config, weights, q8)? })
     }

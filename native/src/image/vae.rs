@@ -49,7 +49,7 @@ impl Vae {
             |n| n.to_string(),
             // BatchNorm's step counter (an int64): training state, not a weight.
             |n| n == "bn.num_batches_tracked",
-            |_, _| false,
+            |_, _| None,
         )?;
         Ok(Vae { model: AutoencoderKl::new(CpuBackend::new(), config, weights)? })
     }

@@ -384,10 +384,7 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
                     return tensors.read(&family.file_name(name), &t.shape);
                 }
                 let file_name = family.file_name(name);
-                quantized.push(Some(match format_of(format, name) {
-                    QuantFormat::Q4 => tensors.read_q4(&file_name, &t.shape)?,
-                    QuantFormat::Q8 => tensors.read_q8(&file_name, &t.shape)?,
-                }));
+                quantized.push(Some(tensors.read_quant(&file_name, &t.shape, format_of(format, name))?));
                 Ok(Vec::new())
             })?;
             let mut q = quantized.into_iter();

@@ -9,9 +9,10 @@ pub enum Precision {
     /// weights stay f32): for shipping a model that will only be run. Loads as a quantized
     /// model.
     Q8,
-    /// About half a byte per weight (language models): each block's matrices at 4 bits in
-    /// blocks of 32 with 6-bit coded scales and offsets, the embedding and output head
-    /// int8 (core's `ops::q4` says why). Runs on the CPU backends.
+    /// About half a byte per weight: a language model's block matrices, or an image
+    /// pipeline's denoiser and prompt encoders' `Linear` matrices, at 4 bits in blocks of 32
+    /// with 6-bit coded scales and offsets; a language model's embedding and output head
+    /// stay int8 (core's `ops::q4` says why). Runs on the CPU backends.
     Q4,
 }
 
@@ -27,12 +28,9 @@ impl Precision {
     }
 }
 
-/// Refuses a precision an image model does not load at: `what` names the model.
-pub(crate) fn image_precision(what: &str, precision: Precision) -> crate::Result<()> {
-    if precision == Precision::Q4 {
-        return Err(crate::NetworkError::InvalidInput(format!(
-            "{what} loads at Precision::F32 or Precision::Q8; 4-bit weights are for language models"
-        )));
-    }
-    Ok(())
+/// The format an image model's `Linear` matrices are rounded to at `precision` (`None`:
+/// f32). Every precision loads: the image models run on the CPU backend, whose products
+/// read int8 and 4-bit weights alike.
+pub(crate) fn image_format(precision: Precision) -> Option<rusting_brain_core::ops::q8::QuantFormat> {
+    precision.format()
 }

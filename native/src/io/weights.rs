@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
-use rusting_brain_core::ops::q8;
+use rusting_brain_core::ops::q8::QuantFormat;
 use rusting_brain_core::CoreError;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::Value;
@@ -267,16 +267,20 @@ impl<'a> Tensors<'a> {
         Ok(data)
     }
 
-    /// The matrix `name` rounded to int8 in blocks (core's `q8::quantize_blocks`, through its
-    /// CPU twin), converted and
-    /// rounded in slabs of rows in parallel, so the whole f32 matrix never exists.
-    pub(crate) fn read_q8(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, Vec<f32>)> {
-        self.read_q8_rows(name, shape, 0..shape.first().copied().unwrap_or(1))
+    /// The matrix `name` rounded to `format`: int8 in blocks (core's `q8::quantize_blocks`,
+    /// through its CPU twin) or 4 bits (core's `q4::quantize_q4`), converted and rounded in
+    /// slabs of rows in parallel, so the whole f32 matrix never exists.
+    pub(crate) fn read_quant(
+        &self, name: &str, shape: &[usize], format: QuantFormat,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.read_quant_rows(name, shape, 0..shape.first().copied().unwrap_or(1), format)
     }
 
-    /// [`Tensors::read_q8`] of rows `rows` only (see [`Tensors::read_rows`]).
-    pub(crate) fn read_q8_rows(
-        &self, name: &str, shape: &[usize], rows: Range<usize>,
+    /// [`Tensors::read_quant`] of rows `rows` only (see [`Tensors::read_rows`]): both
+    /// formats round each row on its own, so row ranges read apart and joined are the
+    /// whole matrix's rounding.
+    pub(crate) fn read_quant_rows(
+        &self, name: &str, shape: &[usize], rows: Range<usize>, format: QuantFormat,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let (i, view) = self.view(name, shape)?;
         let (total, cols) = rows_cols(shape);
@@ -292,44 +296,11 @@ impl<'a> Tensors<'a> {
                 widen(&view, r0 * cols, &mut w);
                 // The rounding refuses a non-finite value itself; said here by file and
                 // tensor rather than scanned for twice.
-                crate::backend::cpu::q8::quantize_blocks(&w, r1 - r0, cols).map_err(|e| match e {
-                    CoreError::NonFinite { .. } => {
-                        NetworkError::parse(&self.files.paths[i], name, "holds NaN or infinite values")
-                    }
-                    e => e.into(),
-                })
-            })
-            .collect();
-        let pc = q8::packed_cols(cols);
-        let (mut packed, mut scales) = (
-            Vec::with_capacity(rows.len() * pc),
-            Vec::with_capacity(rows.len() * q8::blocks_of(cols, q8::Q8_BLOCK)),
-        );
-        for part in parts {
-            let (p, sc) = part?;
-            packed.extend_from_slice(&p);
-            scales.extend_from_slice(&sc);
-        }
-        if rows.end == total {
-            self.release(i, &view);
-        }
-        Ok((packed, scales))
-    }
-
-    /// The matrix `name` rounded to 4 bits (core's `q4::quantize_q4`, through its CPU twin),
-    /// converted and rounded in slabs of rows in parallel, so the whole f32 matrix never
-    /// exists.
-    pub(crate) fn read_q4(&self, name: &str, shape: &[usize]) -> Result<(Vec<f32>, Vec<f32>)> {
-        let (i, view) = self.view(name, shape)?;
-        let (total, cols) = rows_cols(shape);
-        let slab = ((1 << 14) / cols.max(1)).max(1);
-        let parts: Vec<Result<(Vec<f32>, Vec<f32>)>> = (0..total.div_ceil(slab))
-            .into_par_iter()
-            .map(|s| {
-                let (r0, r1) = (s * slab, ((s + 1) * slab).min(total));
-                let mut w = vec![0f32; (r1 - r0) * cols];
-                widen(&view, r0 * cols, &mut w);
-                rusting_brain_core::ops::q4::quantize_q4(&w, r1 - r0, cols).map_err(|e| match e {
+                let rounded = match format {
+                    QuantFormat::Q8 => crate::backend::cpu::q8::quantize_blocks(&w, r1 - r0, cols),
+                    QuantFormat::Q4 => rusting_brain_core::ops::q4::quantize_q4(&w, r1 - r0, cols),
+                };
+                rounded.map_err(|e| match e {
                     CoreError::NonFinite { .. } => {
                         NetworkError::parse(&self.files.paths[i], name, "holds NaN or infinite values")
                     }
@@ -343,7 +314,9 @@ impl<'a> Tensors<'a> {
             packed.extend_from_slice(&p);
             scales.extend_from_slice(&sc);
         }
-        self.release(i, &view);
+        if rows.end == total {
+            self.release(i, &view);
+        }
         Ok((packed, scales))
     }
 

@@ -38,10 +38,20 @@ impl Layout {
     /// Bytes the tensors take with the matrices `int8` picks held as int8 (a byte a
     /// weight, rows padded to whole f32 words, and an f32 scale a block) and the rest as f32.
     pub fn q8_bytes(&self, int8: impl Fn(&str, &[usize]) -> bool) -> usize {
+        self.quant_bytes(crate::ops::q8::QuantFormat::Q8, int8)
+    }
+    /// [`Layout::q8_bytes`] with the picked matrices held in `format` (at
+    /// [`crate::ops::q8::QuantFormat::Q4`]: half a byte a weight, rows padded to whole
+    /// 64-value steps, and two f32s a block of 32 plus two a row).
+    pub fn quant_bytes(
+        &self, format: crate::ops::q8::QuantFormat, pick: impl Fn(&str, &[usize]) -> bool,
+    ) -> usize {
+        use crate::ops::q8::QuantFormat;
         self.tensors
             .iter()
-            .map(|(name, shape)| match shape[..] {
-                [rows, cols] if int8(name, shape) => crate::ops::q8::q8_bytes(rows, cols),
+            .map(|(name, shape)| match (&shape[..], format) {
+                (&[rows, cols], QuantFormat::Q8) if pick(name, shape) => crate::ops::q8::q8_bytes(rows, cols),
+                (&[rows, cols], QuantFormat::Q4) if pick(name, shape) => crate::ops::q4::q4_bytes(rows, cols),
                 _ => 4 * shape.iter().product::<usize>(),
             })
             .sum()
@@ -135,12 +145,18 @@ impl<B: Backend> Source<B> for Loader<'_, B> {
         };
         let blocked = rows * crate::ops::q8::blocks_of(cols, crate::ops::q8::Q8_BLOCK);
         let got = (self.backend.len(&packed), self.backend.len(&scales));
-        let want = (rows * crate::ops::q8::packed_cols(cols), if got.1 == rows { rows } else { blocked });
+        // 4-bit buffers (core's `ops::q4`, told apart by their lengths) or int8 ones, in
+        // blocks or one scale a row.
+        let want = if crate::ops::q4::is_q4(rows, cols, got.0, got.1) {
+            got
+        } else {
+            (rows * crate::ops::q8::packed_cols(cols), if got.1 == rows { rows } else { blocked })
+        };
         if got != want {
             return Err(checkpoint(
                 &name,
                 format!(
-                    "int8 buffers of {} and {} values; {:?} needs {} and {}",
+                    "quantized buffers of {} and {} values; {:?} needs {} and {} (int8) or 4-bit ones",
                     got.0,
                     got.1,
                     [rows, cols],
@@ -598,7 +614,7 @@ mod tests {
         let int8_norm = message(load(&[("fc.weight", 15), ("fc.bias", 3)], &[("norm.weight", 1, 3)]));
         assert!(int8_norm.contains("int8 needs a matrix"), "{int8_norm}");
         let bad_q8 = message(load(&[("fc.bias", 3), ("norm.weight", 3)], &[("fc.weight", 1, 3)]));
-        assert!(bad_q8.contains("int8 buffers"), "{bad_q8}");
+        assert!(bad_q8.contains("quantized buffers"), "{bad_q8}");
     }
 
     #[test]

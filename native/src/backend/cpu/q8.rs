@@ -252,9 +252,7 @@ pub fn q8_matmul(
 
 /// An int8 GEMM's bands of activation rows over the team: each part a band of whole
 /// quads of rows (`band(out_rows, first_row)`); small products stay on the calling thread.
-fn run_bands(
-    out: &mut [f32], (m, n, k): (usize, usize, usize), band: impl Fn(&mut [f32], usize) + Sync,
-) {
+fn run_bands(out: &mut [f32], (m, n, k): (usize, usize, usize), band: impl Fn(&mut [f32], usize) + Sync) {
     let parts = team::parts();
     if parts > 1 && m >= 8 && n * k >= TEAM_MIN_BYTES {
         let per = m.div_ceil(parts).div_ceil(4) * 4;

@@ -17,6 +17,9 @@ pub struct ComponentSize {
     /// Bytes at [`Precision::Q8`] as [`ImagePipeline::load_at`] holds it (the autoencoder
     /// stays f32).
     pub q8_bytes: usize,
+    /// Bytes at [`Precision::Q4`] as [`ImagePipeline::load_at`] holds it (the same
+    /// matrices at 4 bits; a language-model encoder's embedding stays int8).
+    pub q4_bytes: usize,
 }
 
 /// The size of every component of the pipeline in `dir` this library computes, read from
@@ -25,11 +28,12 @@ pub struct ComponentSize {
 pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
     let folder = PipelineFolder::open(dir)?;
     let mut out = Vec::new();
-    // Linear weights go int8; embedding tables and T5's bias table stay f32, as loaded.
+    // Linear weights are quantized; embedding tables and T5's bias table stay f32, as loaded.
     let linear = |n: &str, shape: &[usize]| shape.len() == 2 && n.ends_with(".weight");
+    use rusting_brain_core::ops::q8::QuantFormat::{Q4, Q8};
     for (name, c) in folder.components() {
         let config = c.dir.join("config.json");
-        let (parameters, f32_bytes, q8_bytes) = match c.class.as_str() {
+        let (parameters, f32_bytes, q8_bytes, q4_bytes) = match c.class.as_str() {
             "FluxTransformer2DModel" | "Flux2Transformer2DModel" | "SD3Transformer2DModel" => {
                 let l = crate::image::dit::dit_config(&config)?.layout();
                 // SD3's position table is a stored buffer, not a parameter.
@@ -39,39 +43,52 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
                     .filter(|(n, _)| n == "pos_embed.pos_embed")
                     .map(|(_, s)| s.iter().product::<usize>())
                     .sum();
-                (l.parameter_count() - table, 4 * l.parameter_count(), l.q8_bytes(linear))
+                let all = l.parameter_count();
+                (all - table, 4 * all, l.quant_bytes(Q8, linear), l.quant_bytes(Q4, linear))
             }
             "UNet2DConditionModel" => {
                 let l = crate::image::unet::unet_config(&config)?.layout();
-                (l.parameter_count(), 4 * l.parameter_count(), l.q8_bytes(linear))
+                let all = l.parameter_count();
+                (all, 4 * all, l.quant_bytes(Q8, linear), l.quant_bytes(Q4, linear))
             }
             "CLIPTextModel" | "CLIPTextModelWithProjection" => {
                 let l = crate::image::encoders::clip_config(&config)?.layout();
-                let q = l.q8_bytes(|n, s| linear(n, s) && !n.contains("embedding"));
-                (l.parameter_count(), 4 * l.parameter_count(), q)
+                let pick = |n: &str, s: &[usize]| linear(n, s) && !n.contains("embedding");
+                let all = l.parameter_count();
+                (all, 4 * all, l.quant_bytes(Q8, pick), l.quant_bytes(Q4, pick))
             }
             "T5EncoderModel" => {
                 let l = crate::image::encoders::t5_config(&config)?.layout();
-                let q = l.q8_bytes(|n, s| {
+                let pick = |n: &str, s: &[usize]| {
                     linear(n, s) && n != "shared.weight" && !n.contains("relative_attention_bias")
-                });
-                (l.parameter_count(), 4 * l.parameter_count(), q)
+                };
+                let all = l.parameter_count();
+                (all, 4 * all, l.quant_bytes(Q8, pick), l.quant_bytes(Q4, pick))
             }
             "Qwen3ForCausalLM" | "Qwen2ForCausalLM" | "LlamaForCausalLM" => {
+                use rusting_brain_core::models::transformer::{format_of, TensorKind};
                 let cfg = crate::io::hf::read_config(&c.dir)?;
-                let specs = cfg.layout().into_leaves();
-                let count: usize = specs.iter().map(|t| t.len()).sum();
-                let q8: usize = specs
-                    .iter()
-                    .map(|t| match (t.kind, t.shape.len()) {
-                        (rusting_brain_core::models::transformer::TensorKind::Matrix, 2) => {
-                            let (rows, cols) = t.rows_cols();
-                            rusting_brain_core::ops::q8::q8_bytes(rows, cols)
-                        }
-                        _ => 4 * t.len(),
-                    })
-                    .sum();
-                (count, 4 * count, q8)
+                let specs = cfg.layout().into_named();
+                let count: usize = specs.iter().map(|(_, t)| t.len()).sum();
+                // Each matrix in the format `from_pretrained_at` gives it (at Q4 the
+                // embedding and the head stay int8).
+                let bytes = |format| -> usize {
+                    specs
+                        .iter()
+                        .map(|(name, t)| match (t.kind, t.shape.len(), format_of(format, name)) {
+                            (TensorKind::Matrix, 2, Q8) => {
+                                let (rows, cols) = t.rows_cols();
+                                rusting_brain_core::ops::q8::q8_bytes(rows, cols)
+                            }
+                            (TensorKind::Matrix, 2, Q4) => {
+                                let (rows, cols) = t.rows_cols();
+                                rusting_brain_core::ops::q4::q4_bytes(rows, cols)
+                            }
+                            _ => 4 * t.len(),
+                        })
+                        .sum()
+                };
+                (count, 4 * count, bytes(Q8), bytes(Q4))
             }
             "AutoencoderKL" | "AutoencoderKLFlux2" => {
                 let l = crate::image::vae::vae_config(&config)?.layout();
@@ -83,7 +100,7 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
                     .map(|(_, s)| s.iter().product::<usize>())
                     .sum();
                 let all = l.parameter_count();
-                (all - stats, 4 * all, 4 * all)
+                (all - stats, 4 * all, 4 * all, 4 * all)
             }
             _ => continue,
         };
@@ -93,6 +110,7 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
             parameters,
             f32_bytes,
             q8_bytes,
+            q4_bytes,
         });
     }
     Ok(out)

@@ -127,7 +127,8 @@ unsafe fn q4_rows16_vnni(out: &mut [f32], a: &Int8Row, w: &[u8], stride: usize, 
             let (s_low, s_high) = unsafe { fold16x2_i32(&acc) };
             // SAFETY: rows 16 p.. 16 p + 15 have rs scales each (the contract); the step's
             // blocks 2c (and 2c + 1 when there is one) are inside each row's.
-            let [d0, m0, d1, m1] = unsafe { step_scales(sc, rs, 2 + 4 * c, if 2 * c + 1 < nb { 4 } else { 2 }) };
+            let [d0, m0, d1, m1] =
+                unsafe { step_scales(sc, rs, 2 + 4 * c, if 2 * c + 1 < nb { 4 } else { 2 }) };
             add_block(s_low, d0, m0, 2 * c);
             if 2 * c + 1 < nb {
                 add_block(s_high, d1, m1, 2 * c + 1);

@@ -182,7 +182,8 @@ unsafe fn fill_wide_avx512(r: &mut QuantRow, x: &[f32]) {
             // is at least one half (y - trunc(y) is exact).
             let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
             let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(y, t)), half);
-            let step = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign), one));
+            let step =
+                _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign), one));
             let rounded = _mm512_min_ps(lim, _mm512_max_ps(neg, _mm512_mask_add_ps(t, away, t, step)));
             // NaN to 0, as `NaN as i16` gives.
             let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(y, y);
