@@ -7,7 +7,8 @@
 //! 4096), or with `readme` the README's 38.9M model (d_model 512, 8 layers, heads 8/2/64,
 //! d_ff 1408, vocab 32000). Rows: f32, int8, and int8 mixture of experts with the same
 //! active size; the int8 decode repeated five times for its spread; prompt processing
-//! (prefill) at 16, 128 and 512 tokens; then where a Q8 step's time goes; last, the int8
+//! (prefill) at 16, 128 and 512 tokens; then where a Q8 step's time goes and where a
+//! 128-token prefill's does (`RB_PREFILL_TOKENS=16` for another length); last, the int8
 //! checkpoint loaded and decoded by a fresh process, its peak resident memory beside the
 //! bytes the model counts (int8 weights and scales, f32 norms, the KV cache).
 //!
@@ -441,10 +442,13 @@ fn breakdown(
     println!("\nper {name} decode step, by primitive ({steps} steps, {:.1} us a step):", wall * 1e6);
     print!("{}", pm.backend.breakdown(steps, wall, true));
     if quantized {
-        // And a prompt of 128 tokens into an empty cache, after one untimed.
+        // And a prompt of 128 tokens (`RB_PREFILL_TOKENS`) into an empty cache, after one
+        // untimed.
         let mut rng = Rng::new(11);
-        let long: Vec<u32> =
-            (0..128.min(config.max_seq_len)).map(|_| rng.below(config.vocab_size as u64) as u32).collect();
+        let tokens = std::env::var("RB_PREFILL_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(128usize);
+        let long: Vec<u32> = (0..tokens.clamp(1, config.max_seq_len))
+            .map(|_| rng.below(config.vocab_size as u64) as u32)
+            .collect();
         pm.forward_cached(&long, &mut pm.new_kv_caches()?)?;
         pm.backend.reset();
         let t = Instant::now();

@@ -588,7 +588,19 @@ impl Panel16 {
         let mut unpacked = std::mem::take(&mut self.unpacked);
         unpacked.resize(16 * row_len, 0);
         let mut d = vec![0.0f32; 16 * nb];
+        // The next sixteen rows' bytes, row by row as they are read here (see `fill`).
+        let next = w.as_ptr().wrapping_add(16 * stride);
         for r in 0..16 {
+            #[cfg(target_arch = "x86_64")]
+            for l in 0..width.div_ceil(64) {
+                // SAFETY: a prefetch reads nothing and cannot fault, past the matrix too;
+                // sse is part of x86-64.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        next.wrapping_add(r * stride + 64 * l) as *const i8,
+                    )
+                };
+            }
             let (src, dst) =
                 (&w[r * stride..r * stride + width], &mut unpacked[r * row_len..(r + 1) * row_len]);
             unpack_nibbles(src, dst);
@@ -648,7 +660,15 @@ impl Panel16 {
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn fill_avx512(&mut self, w: &[i8], stride: usize, k: usize) {
         use std::arch::x86_64::*;
+        // The next sixteen rows (a prompt's GEMM fills panel after panel down the matrix),
+        // eight lines a block in memory order, as the decode kernels prefetch: the fill
+        // otherwise waits on sixteen rows' misses a block. A prefetch past the matrix is
+        // harmless.
+        let next = w.as_ptr().wrapping_add(16 * stride);
         for b in 0..self.blocks {
+            for j in 0..8 {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((8 * b + j) * 64));
+            }
             let c0 = b * Q8_BLOCK;
             let mask = (1u64 << (k - c0).min(Q8_BLOCK)) - 1;
             let rows: [__m512i; 16] = std::array::from_fn(|r| {
