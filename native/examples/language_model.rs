@@ -4,7 +4,7 @@
 //!     cargo run --release -p rusting_brain --example language_model -- train [--moe] [--steps N] [--corpus FILE]
 //!     cargo run --release -p rusting_brain --example language_model -- generate "prompt" \
 //!         [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--q8 | --q4] \
-//!         [--seed S] [--from DIR] [--ids] [--prompts FILE]
+//!         [--seed S] [--from DIR] [--ids] [--prompts FILE] [--gpu]
 //!     cargo run --release -p rusting_brain --example language_model -- chat
 //!     cargo run --release -p rusting_brain --example language_model -- export-web [--out DIR]
 //!
@@ -28,7 +28,8 @@
 //! the model quantized to int8 as `model.rbw`, to 4 bits as `model.q4.rbw`, and
 //! `tokenizer.json`), printing both downloads' sizes; `generate --q4` reads the 4-bit one. `generate --ids`
 //! prints the generated ids as JSON instead of text (the browser tests compare them);
-//! `--temperature 0` is greedy.
+//! `--temperature 0` is greedy. `generate --gpu` (built with `--features gpu`) moves the
+//! int8 model to wgpu first (a software adapter such as lavapipe where there is no GPU).
 //!
 //! `--from-pretrained` reads the model (int8 at load with `--q8`; its context cut to
 //! `--context N` positions, 4,096 unless given, so KV caches stay small), its `tokenizer.json`,
@@ -380,6 +381,19 @@ fn export_web(out: Option<PathBuf>) -> Result<(), Error> {
 }
 
 /// Streams the continuation of `prompt`, printing text as ids arrive.
+/// Moves `model` to wgpu, a software adapter allowed (the browser tests' CI has no GPU).
+#[cfg(feature = "gpu")]
+fn to_gpu(model: &mut TransformerLm) -> Result<(), Error> {
+    let options = rusting_brain::GpuOptions { software: true, ..Default::default() };
+    model.to_gpu_with(&options)?;
+    Ok(())
+}
+
+#[cfg(not(feature = "gpu"))]
+fn to_gpu(_: &mut TransformerLm) -> Result<(), Error> {
+    Err("--gpu: this build has no GPU support; build with --features gpu".into())
+}
+
 fn generate(model: &mut TransformerLm, tok: &Tokenizer, prompt: &str, g: &Gen) -> Result<(), Error> {
     let ends: Vec<u32> = tok.token_to_id(END).into_iter().collect();
     let ids = tok.encode(prompt, false)?.get_ids().to_vec();
@@ -730,6 +744,9 @@ fn main() -> Result<(), Error> {
                 Some(dir) => load_from(PathBuf::from(dir), g.q8, q4)?,
                 None => load_from(out_dir(), g.q8, q4)?,
             };
+            if args.iter().any(|a| a == "--gpu") {
+                to_gpu(&mut model)?;
+            }
             prompts.iter().try_for_each(|p| generate(&mut model, &tok, p, &g))
         }
         Some("chat") => match &pretrained {

@@ -7,6 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtemp, writeFile, readdir, mkdir, stat } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { repo, out, models, reference, promptRuns, PROMPT, TOKENS } from './common.mjs';
@@ -164,6 +165,17 @@ console.log(JSON.stringify(runs));
     assert.equal(agree.avx2, 20, `${precision}: AVX2 against AVX-512`);
     assert.ok(agree.baseline >= 19, `${precision}: the baseline loops against AVX-512, ${agree.baseline}/20`);
   }
+});
+
+// The same twenty prompts on native wgpu at int8 (run.sh writes them where an adapter,
+// lavapipe included, exists): the WGSL kernels' int8 sums are the same integers, their f32
+// parts sum in the shaders' order; measured 20/20 equal to AVX-512's ids.
+test('twenty prompts: native wgpu gives native AVX-512 int8 ids', { skip: !existsSync(join(out, 'prompts-q8-wgpu.jsonl')) && 'run.sh found no wgpu adapter' }, async () => {
+  const want = await promptRuns('q8');
+  const got = (await promptRuns('q8', 'wgpu')).ids;
+  const same = got.filter((ids, i) => JSON.stringify(ids) === JSON.stringify(want.ids[i])).length;
+  console.log(`q8, 20 prompts: native wgpu ${same}/20 equal to native AVX-512`);
+  assert.ok(same >= 19, `q8: wgpu against AVX-512, ${same}/20`);
 });
 
 test('the Network API under Node: training, its file, and errors for bad input', async () => {
