@@ -289,10 +289,10 @@ unsafe fn q8_rows16_blocked_vnni(
         let group = [0, 1, 2, 3].map(|g| base.wrapping_add(4 * g * stride));
         // The next pass's rows (contiguous after these), sixteen lines a step in memory
         // order, as the per-row kernel does: rows of a few hundred bytes are too short for
-        // the hardware prefetcher to lock on. A line a row a step (the same lines, row by
-        // row) read 22 GB/s of a 150 MB matrix on Zen 4, memory order 34, the machine's
-        // plain streaming read 31; decode went from 97 to 127 tokens/s (SmolLM2). Two
-        // passes ahead measured slower.
+        // the hardware prefetcher to lock on. Prefetching the same lines row by row read a
+        // 150 MiB matrix at 19 GB/s on Zen 4, memory order at 20-26, a plain streaming
+        // read at 26-36 (`bench/read_bandwidth.c`); decode went from 97 to 127 tokens/s
+        // (SmolLM2). Two passes ahead measured slower.
         let next = base.wrapping_add(16 * stride);
         let sc = scales.as_ptr().wrapping_add(p * 16 * nb);
         let mut total = _mm512_setzero_ps();
