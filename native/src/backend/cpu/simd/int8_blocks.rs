@@ -573,6 +573,8 @@ pub struct Panel16 {
     blocks: usize,
     /// Rows unpacked from 4 bits, for `fill_q4` (kept to reuse the allocation).
     unpacked: Vec<i8>,
+    /// The sixteen 4-bit rows' block scales, row after row, for `fill_q4` (kept likewise).
+    row_scales: Vec<f32>,
 }
 
 impl Panel16 {
@@ -587,7 +589,9 @@ impl Panel16 {
         let row_len = 64 * k.div_ceil(64);
         let mut unpacked = std::mem::take(&mut self.unpacked);
         unpacked.resize(16 * row_len, 0);
-        let mut d = vec![0.0f32; 16 * nb];
+        let mut d = std::mem::take(&mut self.row_scales);
+        d.clear();
+        d.resize(16 * nb, 0.0);
         // The next sixteen rows' bytes, row by row as they are read here (see `fill`).
         let next = w.as_ptr().wrapping_add(16 * stride);
         for r in 0..16 {
@@ -616,6 +620,7 @@ impl Panel16 {
             }
         }
         self.unpacked = unpacked;
+        self.row_scales = d;
     }
 
     /// Rows `0..16` of `w` (`k` bytes each, `stride` apart) and their scales (`16 * nb`,
