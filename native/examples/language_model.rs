@@ -29,7 +29,7 @@
 //! `tokenizer.json`), printing both downloads' sizes; `generate --q4` reads the 4-bit one. `generate --ids`
 //! prints the generated ids as JSON instead of text (the browser tests compare them);
 //! `--temperature 0` is greedy. `generate --gpu` (built with `--features gpu`) moves the
-//! int8 model to wgpu first (a software adapter such as lavapipe where there is no GPU).
+//! int8 or 4-bit model to wgpu first (a software adapter such as lavapipe where there is no GPU).
 //!
 //! `--from-pretrained` reads the model (int8 at load with `--q8`; its context cut to
 //! `--context N` positions, 4,096 unless given, so KV caches stay small), its `tokenizer.json`,

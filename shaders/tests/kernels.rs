@@ -671,3 +671,72 @@ fn tiled_q8_matmul_matches_reference_exactly() {
         }
     }
 }
+
+/// The 4-bit products (one invocation an output below `TILED_ROWS` rows, register tiles
+/// from there) against core's `q4_matmul`, bit for bit: rows of one short block (k < 32,
+/// still 13-bit activations), a short last block, an odd block count (a group's high
+/// nibbles unused), into a column window of a wider output with beta; and a weight over
+/// one binding, in row slabs.
+#[test]
+fn q4_matmul_matches_reference_exactly() {
+    use rusting_brain_core::ops::q4::{q4_matmul, quantize_q4};
+    let Some(g) = gpu() else { return };
+    let Some(capped) = capped_gpu(4 << 10) else { return };
+    let mut rng = Rng::new(13);
+    // (m, n, k, whether through 4 KiB bindings: the weight over one, its slabs of 64 rows).
+    let shapes =
+        [(1usize, 5usize, 7usize, false), (3, 70, 33, false), (7, 64, 576, false), (1, 300, 100, true)];
+    let tiled = [
+        (8, 1, 1, false),
+        (33, 127, 130, false),
+        (127, 33, 31, false),
+        (9, 70, 96, false),
+        (8, 70, 100, true),
+    ];
+    for (m, n, k, slabs) in shapes.into_iter().chain(tiled) {
+        let mut x = randn(&mut rng, m * k, 1.5);
+        if k >= 6 {
+            x[..6].copy_from_slice(&[4095.0, 2.5, -2.5, 0.5, -1.5, 0.49999997]);
+        }
+        let w = randn(&mut rng, n * k, 0.3);
+        let (packed, scales) = quantize_q4(&w, n, k).unwrap();
+        let mut part = vec![0.0; m * n];
+        q4_matmul(&mut part, &x, &packed, &scales, m, n, k, 0.0).unwrap();
+        let base = randn(&mut rng, m * (n + 5), 1.0);
+        let mut want = base.clone();
+        for i in 0..m {
+            for j in 0..n {
+                let o = i * (n + 5) + 2 + j;
+                want[o] = part[i * n + j] + 0.5 * base[o];
+            }
+        }
+        let g = if slabs { &capped } else { &g };
+        assert!(!slabs || packed.len() * 4 > 4 << 10, "({n}, {k}) must be over one binding");
+        let nb = k.div_ceil(32);
+        let (gxq, gxs) = (g.zeros("xq", m * 2 * packed_cols(k)).unwrap(), poisoned(g, m * nb));
+        let gx = g.upload("x", &x).unwrap();
+        let (gw, gws) = (g.upload("w", &packed).unwrap(), g.upload("ws", &scales).unwrap());
+        let go = g.upload("out", &base).unwrap();
+        let mut b = g.batch();
+        b.quantize_activations_wide(&gxq, &gxs, &gx, m, k).unwrap();
+        b.q4_matmul_cols(&go, (n + 5, 2), &gxq, &gxs, &gw, &gws, m, n, k, 0.5).unwrap();
+        b.submit().unwrap();
+        // The activations are core's 13-bit rounding in blocks of 32, one block or many.
+        let (xs, xq) = (g.read_blocking(&gxs).unwrap(), g.read_blocking(&gxq).unwrap());
+        let (q, s) = quantize_activations_wide(&x[..k], 32);
+        let got: Vec<i16> = xq[..2 * packed_cols(k)]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect::<Vec<u8>>()
+            .chunks(2)
+            .map(|b| i16::from_ne_bytes([b[0], b[1]]))
+            .collect();
+        assert_eq!(&got[..k], &q[..], "row 0 of ({m}, {k})");
+        assert_eq!(xs[..nb], s[..], "scales of row 0 of ({m}, {k})");
+        let got = g.read_blocking(&go).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (i, (a, e)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), e.to_bits(), "({m}, {n}, {k}) element {i}: {a} vs {e}");
+        }
+    }
+}

@@ -97,8 +97,8 @@ console.log(JSON.stringify({
   assert.match(got.errors.disposed, /disposed/);
 });
 
-// The 4-bit demo file under Node: the native 4-bit model's greedy ids, its download beside
-// int8's (printed), and WebGPU refused by name (the WebGPU kernels read int8).
+// The 4-bit demo file under Node: the native 4-bit model's greedy ids and its download
+// beside int8's (printed).
 test('the packed npm package runs the 4-bit model under Node', async () => {
   const want = await reference('reference-q4');
   const app = await packedApp();
@@ -111,15 +111,12 @@ const weights = await readFile(${JSON.stringify(join(models, 'model.q4.rbw'))});
 const tokenizer = await readFile(${JSON.stringify(join(models, 'tokenizer.json'))}, 'utf8');
 const model = await loadModel(weights, tokenizer);
 const greedy = await model.generate(${JSON.stringify(PROMPT)}, { maxTokens: ${TOKENS} });
-let webgpu = 'no error';
-try { await loadModel(weights, tokenizer, { device: 'webgpu' }); } catch (e) { webgpu = e.message; }
-console.log(JSON.stringify({ device: model.device(), ids: Array.from(greedy.ids), rate: greedy.tokensPerSecond, webgpu }));
+console.log(JSON.stringify({ device: model.device(), ids: Array.from(greedy.ids), rate: greedy.tokensPerSecond }));
 `);
   const got = JSON.parse(execFileSync('node', ['q4.mjs'], { cwd: app, encoding: 'utf8' }).trim().split('\n').pop());
   console.log(`Node CPU path, 4-bit: ${got.rate.toFixed(1)} tokens/s`);
   assert.equal(got.device, 'cpu');
   assert.deepEqual(got.ids, want.ids, 'greedy ids equal the native CPU 4-bit ids');
-  assert.match(got.webgpu, /WebGPU|4-bit/);
   assert.ok(q4.size < q8.size, `the 4-bit file (${q4.size} bytes) is smaller than int8's (${q8.size})`);
 });
 
@@ -167,16 +164,18 @@ console.log(JSON.stringify(runs));
   }
 });
 
-// The same twenty prompts on native wgpu at int8 (run.sh writes them where an adapter,
-// lavapipe included, exists): the WGSL kernels' int8 sums are the same integers, their f32
-// parts sum in the shaders' order; measured 20/20 equal to AVX-512's ids.
-test('twenty prompts: native wgpu gives native AVX-512 int8 ids', { skip: !existsSync(join(out, 'prompts-q8-wgpu.jsonl')) && 'run.sh found no wgpu adapter' }, async () => {
-  const want = await promptRuns('q8');
-  const got = (await promptRuns('q8', 'wgpu')).ids;
-  const same = got.filter((ids, i) => JSON.stringify(ids) === JSON.stringify(want.ids[i])).length;
-  console.log(`q8, 20 prompts: native wgpu ${same}/20 equal to native AVX-512`);
-  assert.ok(same >= 19, `q8: wgpu against AVX-512, ${same}/20`);
-});
+// The same twenty prompts on native wgpu, int8 and 4-bit (run.sh writes them where an
+// adapter, lavapipe included, exists): the WGSL kernels' integer sums are the same
+// integers, their f32 parts sum in the shaders' order.
+for (const precision of ['q8', 'q4']) {
+  test(`twenty prompts: native wgpu gives native AVX-512 ${precision} ids`, { skip: !existsSync(join(out, `prompts-${precision}-wgpu.jsonl`)) && 'run.sh found no wgpu adapter' }, async () => {
+    const want = await promptRuns(precision);
+    const got = (await promptRuns(precision, 'wgpu')).ids;
+    const same = got.filter((ids, i) => JSON.stringify(ids) === JSON.stringify(want.ids[i])).length;
+    console.log(`${precision}, 20 prompts: native wgpu ${same}/20 equal to native AVX-512`);
+    assert.ok(same >= 19, `${precision}: wgpu against AVX-512, ${same}/20`);
+  });
+}
 
 test('the Network API under Node: training, its file, and errors for bad input', async () => {
   const app = await packedApp();

@@ -135,23 +135,24 @@ for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], 
   });
 }
 
-// The 4-bit file (`export-web`'s model.q4.rbw): with WebGPU offered, 'auto' keeps it on
-// the CPU path and says why, and the greedy ids are the native 4-bit model's.
-test('the page decodes the 4-bit model with the native 4-bit ids', { skip }, async () => {
-  const want4 = await reference('reference-q4');
-  const { browser, page, logs } = await openPage(webgpu, '?model=models/model.q4.rbw');
-  try {
-    assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
-    const got = await generate(page, logs, TOKENS);
-    const why = await page.getAttribute('#device', 'title');
-    console.log(`4-bit model: device ${got.device} (${why}), ${got.ids.length} tokens, ${got.rate.toFixed(1)} tokens/s`);
-    assert.equal(got.device, 'cpu');
-    assert.match(why ?? '', /4-bit/);
-    assert.deepEqual(got.ids, want4.ids, 'greedy ids equal the native CPU 4-bit ids');
-  } finally {
-    await browser.close();
-  }
-});
+// The 4-bit file (`export-web`'s model.q4.rbw), with WebGPU offered and without: the
+// greedy ids are the native 4-bit model's on both paths.
+for (const [name, args, device] of [['WebGPU', webgpu, 'webgpu'], ['the CPU path', [], 'cpu']]) {
+  test(`the page decodes the 4-bit model with the native 4-bit ids on ${name}`, { skip }, async () => {
+    const want4 = await reference('reference-q4');
+    const { browser, page, logs } = await openPage(args, '?model=models/model.q4.rbw');
+    try {
+      assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
+      const got = await generate(page, logs, TOKENS);
+      const why = await page.getAttribute('#device', 'title');
+      console.log(`4-bit model: device ${got.device} (${why}), ${got.ids.length} tokens, ${got.rate.toFixed(1)} tokens/s`);
+      assert.equal(got.device, device);
+      assert.deepEqual(got.ids, want4.ids, 'greedy ids equal the native CPU 4-bit ids');
+    } finally {
+      await browser.close();
+    }
+  });
+}
 
 // The twenty prompts on the page's CPU path, int8 and 4-bit: each run's ids (at most the
 // page's 120) are the native AVX-512 run's first ones, or where a near-tie parts them the
@@ -182,38 +183,39 @@ test('the page gives the native ids for twenty prompts, int8 and 4-bit', { skip 
 });
 
 // The same twenty prompts on WebGPU (SwiftShader: the WGSL kernels through wgpu's WebGPU
-// backend), int8: the int8 products are the same integers as native, the f32 parts (norms,
-// attention, SwiGLU) sum in the shaders' order, so a near-tie may part a run from native
-// AVX-512's; counted and printed, each run equal to one of the native paths' ids. The
-// 4-bit file stays on the CPU path with WebGPU offered (the test above).
-test('the page gives the native int8 ids for twenty prompts on WebGPU', { skip }, async () => {
-  const want = await promptRuns('q8');
-  const others = await Promise.all(['avx2', 'baseline'].map(async (isa) => (await promptRuns('q8', isa)).ids));
-  const { browser, page, logs } = await openPage(webgpu, '?model=models/model.rbw');
-  try {
-    assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
-    let [tokens, same, native] = [0, 0, 0];
-    for (let i = 0; i < want.prompts.length; i++) {
-      const run = await generate(page, logs, 120, 0, want.prompts[i]);
-      assert.equal(run.device, 'webgpu');
-      const got = JSON.stringify(run.ids);
-      const runs = [want.ids[i], ...others.map((ids) => ids[i])].map((ids) => JSON.stringify(ids.slice(0, 120)));
-      same += got === runs[0] ? 1 : 0;
-      native += runs.includes(got) ? 1 : 0;
-      if (got !== runs[0]) {
-        const [a, b] = [run.ids, want.ids[i]];
-        let at = 0;
-        while (at < a.length && a[at] === b[at]) at++;
-        console.log(`WebGPU, prompt ${JSON.stringify(want.prompts[i])}: parts from native AVX-512 at new token ${at + 1}${runs.includes(got) ? ' (another native path\'s ids)' : ''}`);
+// backend), int8 and 4-bit: the quantized products are the same integers as native, the f32
+// parts (norms, attention, SwiGLU) sum in the shaders' order, so a near-tie may part a run
+// from native AVX-512's; counted and printed, each run equal to one of the native paths' ids.
+for (const [precision, file] of [['q8', 'model.rbw'], ['q4', 'model.q4.rbw']]) {
+  test(`the page gives the native ${precision} ids for twenty prompts on WebGPU`, { skip }, async () => {
+    const want = await promptRuns(precision);
+    const others = await Promise.all(['avx2', 'baseline'].map(async (isa) => (await promptRuns(precision, isa)).ids));
+    const { browser, page, logs } = await openPage(webgpu, `?model=models/${file}`);
+    try {
+      assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
+      let [tokens, same, native] = [0, 0, 0];
+      for (let i = 0; i < want.prompts.length; i++) {
+        const run = await generate(page, logs, 120, 0, want.prompts[i]);
+        assert.equal(run.device, 'webgpu');
+        const got = JSON.stringify(run.ids);
+        const runs = [want.ids[i], ...others.map((ids) => ids[i])].map((ids) => JSON.stringify(ids.slice(0, 120)));
+        same += got === runs[0] ? 1 : 0;
+        native += runs.includes(got) ? 1 : 0;
+        if (got !== runs[0]) {
+          const [a, b] = [run.ids, want.ids[i]];
+          let at = 0;
+          while (at < a.length && a[at] === b[at]) at++;
+          console.log(`WebGPU ${precision}, prompt ${JSON.stringify(want.prompts[i])}: parts from native AVX-512 at new token ${at + 1}${runs.includes(got) ? ' (another native path\'s ids)' : ''}`);
+        }
+        tokens += run.ids.length;
       }
-      tokens += run.ids.length;
+      console.log(`page WebGPU, ${precision}: 20 prompts (${tokens} tokens), ${same}/20 the native AVX-512 ids, ${native}/20 one native path's`);
+      assert.ok(same >= 19, `${precision} on WebGPU: ${same}/20 equal to native AVX-512`);
+    } finally {
+      await browser.close();
     }
-    console.log(`page WebGPU, q8: 20 prompts (${tokens} tokens), ${same}/20 the native AVX-512 ids, ${native}/20 one native path's`);
-    assert.ok(same >= 19, `q8 on WebGPU: ${same}/20 equal to native AVX-512`);
-  } finally {
-    await browser.close();
-  }
-});
+  });
+}
 
 test('Stop stops a generation', { skip }, async () => {
   // The same seeded sampling twice: once to its natural finish, once with Stop pressed

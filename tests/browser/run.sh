@@ -40,17 +40,20 @@ for isa in avx512 avx2 baseline; do
             --temperature 0 --repetition-penalty 1 --tokens 128 --ids > "tests/browser/out/prompts-$precision-$isa.jsonl"
     done
 done
-# The same twenty on wgpu (int8; lavapipe where there is no GPU): the WGSL kernels natively.
-# Without any adapter the comparison is skipped, saying so, unless RB_REQUIRE_GPU=1.
-if ! "${example[@]}" generate --prompts tests/browser/prompts.json --from www/models --gpu \
-    --temperature 0 --repetition-penalty 1 --tokens 128 --ids > tests/browser/out/prompts-q8-wgpu.jsonl; then
-    rm -f tests/browser/out/prompts-q8-wgpu.jsonl
-    if [ "${RB_REQUIRE_GPU:-}" = 1 ]; then
-        echo "RB_REQUIRE_GPU=1 but the twenty prompts did not run on wgpu" >&2
-        exit 1
+# The same twenty on wgpu (int8 and 4-bit; lavapipe where there is no GPU): the WGSL kernels
+# natively. Without any adapter the comparison is skipped, saying so, unless RB_REQUIRE_GPU=1.
+for precision in q8 q4; do
+    flag=(); [ "$precision" = q4 ] && flag=(--q4)
+    if ! "${example[@]}" generate --prompts tests/browser/prompts.json --from www/models --gpu "${flag[@]}" \
+        --temperature 0 --repetition-penalty 1 --tokens 128 --ids > "tests/browser/out/prompts-$precision-wgpu.jsonl"; then
+        rm -f "tests/browser/out/prompts-$precision-wgpu.jsonl"
+        if [ "${RB_REQUIRE_GPU:-}" = 1 ]; then
+            echo "RB_REQUIRE_GPU=1 but the twenty prompts did not run on wgpu ($precision)" >&2
+            exit 1
+        fi
+        echo "SKIPPED the twenty prompts on wgpu ($precision): no adapter (install mesa's lavapipe)"
     fi
-    echo "SKIPPED the twenty prompts on wgpu: no adapter (install mesa's lavapipe)"
-fi
+done
 # The page's sampling settings (temperature 0.8, top-k 40, top-p 0.95, penalty 1.1), seed 7.
 "${example[@]}" generate "fn main() {" --from www/models --temperature 0.8 --top-k 40 --top-p 0.95 \
     --repetition-penalty 1.1 --seed 7 --tokens 32 --ids > tests/browser/out/reference-sampled.json

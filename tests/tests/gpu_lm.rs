@@ -1,4 +1,4 @@
-//! The int8 language model on a GPU (`to_gpu`) against the same model on the CPU:
+//! The int8 and 4-bit language model on a GPU (`to_gpu`) against the same model on the CPU:
 //! greedy ids for 64 tokens, logits at every step, Decoder turns, a seeded sampled run,
 //! and the errors. Runs on the software adapter (lavapipe in CI, which sets
 //! `RB_REQUIRE_GPU=1`; elsewhere a machine with no adapter prints why and skips).
@@ -10,7 +10,7 @@
 //! 2e-7 on lavapipe; one int8 rounding flipped would show up as ~1e-3).
 
 use rusting_brain::core::Rng;
-use rusting_brain::{GpuOptions, NetworkError, Optimizer, Sampler, TokenBatch, TransformerLm};
+use rusting_brain::{GpuOptions, NetworkError, Optimizer, Precision, Sampler, TokenBatch, TransformerLm};
 use rusting_brain_test_support::rel_to_scale;
 
 /// The rule's batches (`next = (5 * prev + 3) mod 64`), 25 tokens a row: learnable, so
@@ -20,9 +20,13 @@ fn rule_batch(rng: &mut Rng, rows: usize) -> TokenBatch {
 }
 
 fn trained_q8() -> TransformerLm {
+    trained_at(Precision::Q8)
+}
+
+fn trained_at(precision: Precision) -> TransformerLm {
     let mut m = rusting_brain_test_support::rule_model(96, 96).build().unwrap();
     rusting_brain_test_support::train_on_rule(&mut m, 120);
-    m.quantize().unwrap();
+    m.quantize_to(precision).unwrap();
     m
 }
 
@@ -50,8 +54,19 @@ fn on_gpu(m: &mut TransformerLm) -> Option<()> {
 
 #[test]
 fn greedy_ids_and_logits_match_the_cpu_int8_path() {
-    let mut cpu = trained_q8();
-    let mut gpu = trained_q8();
+    greedy_ids_and_logits_match_the_cpu_at(Precision::Q8);
+}
+
+/// The same at 4 bits: the WGSL 4-bit products are core's bits, as the int8 ones are.
+#[test]
+fn greedy_ids_and_logits_match_the_cpu_four_bit_path() {
+    greedy_ids_and_logits_match_the_cpu_at(Precision::Q4);
+}
+
+fn greedy_ids_and_logits_match_the_cpu_at(precision: Precision) {
+    let mut cpu = trained_at(precision);
+    let mut gpu = trained_at(precision);
+    assert_eq!(gpu.precision(), precision);
     if on_gpu(&mut gpu).is_none() {
         return;
     }
@@ -79,7 +94,7 @@ fn greedy_ids_and_logits_match_the_cpu_int8_path() {
         );
         worst = worst.max(rel_to_scale("greedy ids and logits match the cpu int8 path", &g, &c));
     }
-    eprintln!("worst logit difference over {} steps: {worst:e} of the range", seq.len() - 2);
+    eprintln!("{precision:?}: worst logit difference over {} steps: {worst:e} of the range", seq.len() - 2);
     assert!(worst < 2e-3, "{worst}");
 }
 

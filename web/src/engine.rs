@@ -78,7 +78,7 @@ fn cpu_bytes(file_len: usize, c: &TransformerConfig) -> usize {
 
 impl Engine {
     /// Loads `.rbw` bytes (Q8 or Q4, or F32 which is quantized to int8 here) onto the
-    /// chosen device (a Q4 model onto the CPU path).
+    /// chosen device.
     pub async fn load(bytes: &[u8], choice: DeviceChoice) -> Result<Engine, WebError> {
         let mut model = read_model(bytes, PortableBackend)?;
         let config = model.config.clone();
@@ -94,12 +94,8 @@ impl Engine {
         })?;
         drop(probe);
         model.quantize()?;
-        // A 4-bit file runs on the CPU path: the WebGPU kernels read int8 weights only.
-        const Q4_ON_CPU: &str = "4-bit weights (a Q4 file) run on the CPU path; the WebGPU kernels read int8";
         let gpu = match choice {
             DeviceChoice::Cpu => Err("the CPU was asked for".to_string()),
-            DeviceChoice::Auto if model.has_q4() => Err(Q4_ON_CPU.to_string()),
-            _ if model.has_q4() => return Err(WebError::Gpu(Q4_ON_CPU.into())),
             _ => match on_webgpu(&model).await {
                 Ok(on) => Ok(on),
                 Err(e) if choice == DeviceChoice::Auto => Err(format!("no usable WebGPU: {e}")),

@@ -262,7 +262,6 @@ impl TransformerLm {
             }
             LmEngine::Cpu(_) => {}
         }
-        self.refuse_q4("to_gpu")?;
         let gpu = rusting_brain_shaders::Gpu::new_blocking(options)?;
         let backend = rusting_brain_shaders::WgpuBackend::new(std::sync::Arc::new(gpu));
         let device = DeviceLm::copy_of(self.model(), backend)?;
@@ -479,7 +478,7 @@ impl TransformerLm {
     }
     /// [`TransformerLm::quantize`] to a precision: `Precision::Q8` is `quantize()`,
     /// `Precision::Q4` rounds each block's matrices to 4 bits (the embedding and output head
-    /// stay int8; 4-bit models run on the CPU). `Precision::F32` is an error: rounding is
+    /// stay int8; 4-bit models run on the CPU and wgpu). `Precision::F32` is an error: rounding is
     /// one-way. A model already quantized is left as it is.
     pub fn quantize_to(&mut self, precision: crate::Precision) -> Result<()> {
         let format = precision.format().ok_or_else(|| {
@@ -499,12 +498,13 @@ impl TransformerLm {
     pub fn weight_bytes(&self) -> usize {
         self.model().weight_bytes()
     }
-    /// A 4-bit model stays on the CPU: the device kernels read int8 weights only.
-    #[allow(dead_code)] // without a device feature nothing moves
+    /// A 4-bit model stays off CUDA: its kernels read int8 weights only (the CPU and wgpu
+    /// run 4-bit weights).
+    #[allow(dead_code)] // without the CUDA feature nothing moves there
     fn refuse_q4(&self, what: &str) -> Result<()> {
         if self.model().has_q4() {
             return Err(NetworkError::InvalidInput(format!(
-                "{what}: the model is 4-bit (Precision::Q4), which runs on the CPU only; load it at Precision::Q8 to move it"
+                "{what}: the model is 4-bit (Precision::Q4), which runs on the CPU and wgpu; load it at Precision::Q8 to move it to CUDA"
             )));
         }
         Ok(())

@@ -72,15 +72,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             }
         }
     }
-    for (var a = 0u; a < 4u; a++) {
-        let i = i0 + lid.y * 4u + a;
-        if (i >= p.m) { continue; }
-        for (var b = 0u; b < 4u; b++) {
-            let j = j0 + lid.x * 4u + b;
-            if (j >= p.n) { continue; }
-            let v = total[a][b];
-            let o = i * p.out_n + p.j0 + j;
-            if (p.beta == 0.0) { out[o] = v; } else { out[o] = v + p.beta * out[o]; }
-        }
-    }
+    store_tile(total, i0, j0, lid);
 }

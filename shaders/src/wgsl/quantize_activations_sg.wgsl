@@ -1,9 +1,10 @@
 // quantize_activations.wgsl with a subgroup reduction for the absmax (used when the adapter has
 // subgroups): subgroupMax, the subgroup's first invocation keeps it in its own slot, one
 // barrier, then every invocation takes the max of the 64 slots. Same integers.
-// Rounds each activation row for an int8 weight, one workgroup a block of p.block values.
-// One block a row (p.block == p.cols): int8 with the row's scale (absmax / 127), four to a
-// u32 (memory order, as the CPU packs them). Several blocks (of 32, blocked weights):
+// Rounds each activation row for an int8 or 4-bit weight, one workgroup a block of p.block
+// values. p.wide 0 (one block a row, p.block == p.cols): int8 with the row's scale
+// (absmax / 127), four to a u32 (memory order, as the CPU packs them). p.wide 1 (blocks of
+// 32, for blocked int8 or 4-bit weights, one block too where a row is that short):
 // integers in [-4095, 4095] with a scale a block (absmax / 4095), two to a u32 (low half
 // first: the CPU's i16 pairs in memory order), rows of 2 * packed_cols words. Padding is 0
 // (the row's last block writes it). Rounding is half away from zero (WGSL's round() goes
@@ -40,7 +41,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();
     var absmax = 0.0;
     for (var i = 0u; i < WG; i++) { absmax = max(absmax, part[i]); }
-    if (blocks == 1u) {
+    if (p.wide == 0u) {
         let scale = absmax / 127.0;
         var inv = 0.0;
         if (scale > 0.0) { inv = 1.0 / scale; }
