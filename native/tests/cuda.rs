@@ -207,14 +207,7 @@ fn primitives_dense(c: &CudaBackend) -> R {
         let mut got = p.up(&bias)?;
         c.bias_backward(&mut got, &p.up(&dy)?, rows, cols)?;
         close("bias_backward", &p.down(&got)?, &want, 1e-5)?;
-        for act in [
-            Activation::Identity,
-            Activation::Relu,
-            Activation::LeakyRelu(0.01),
-            Activation::Sigmoid,
-            Activation::Tanh,
-            Activation::Softmax,
-        ] {
+        for act in Activation::every(0.01) {
             let mut out = nan(n);
             REF.activation_forward(act, &mut out, &x, rows, cols)?;
             let mut og = p.up(&nan(n))?;

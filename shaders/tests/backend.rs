@@ -28,14 +28,11 @@ use rusting_brain_shaders::{Gpu, GpuOptions, ShaderError, WgpuBackend};
 use rusting_brain_test_support::rel_to_scale;
 
 fn gpu() -> Option<WgpuBackend> {
-    match Gpu::new_blocking(&GpuOptions { software: true, ..Default::default() }) {
-        Ok(g) => Some(WgpuBackend::new(Arc::new(g))),
-        Err(e @ ShaderError::NoAdapter(_)) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
-            eprintln!("SKIPPED, no GPU adapter here: {e}");
-            None
-        }
-        Err(e) => panic!("the GPU did not open: {e}"),
-    }
+    let g = Gpu::new_blocking(&GpuOptions { software: true, ..Default::default() });
+    let g = rusting_brain_test_support::gpu_or_skip("the GPU did not open", g, |e| {
+        matches!(e, ShaderError::NoAdapter(_))
+    })?;
+    Some(WgpuBackend::new(Arc::new(g)))
 }
 
 /// Runs the same calls on the GPU and the reference over the same inputs; gives each
@@ -129,14 +126,7 @@ fn dense_layer_primitives_match_the_reference() {
     let r = ReferenceBackend;
     let mut rng = Rng::new(2);
     let mut worst = 0.0f32;
-    let acts = [
-        Activation::Identity,
-        Activation::Relu,
-        Activation::LeakyRelu(0.1),
-        Activation::Sigmoid,
-        Activation::Tanh,
-        Activation::Softmax,
-    ];
+    let acts = Activation::every(0.1);
     for (&rows, cols) in ROWS.iter().zip([1usize, 7, 33, 5, 65, 3]) {
         let n = rows * cols;
         let x = rng.normal_vec(n, 3.0);

@@ -30,29 +30,24 @@ fn gpu() -> Option<Gpu> {
 
 /// The software adapter; `no_subgroups` forces the workgroup-reduction kernels.
 fn gpu_with(no_subgroups: bool) -> Option<Gpu> {
-    match Gpu::new_blocking(&GpuOptions { software: true, no_subgroups, ..Default::default() }) {
-        Ok(g) => {
-            let info = g.adapter_info();
-            eprintln!(
-                "adapter: {} ({:?}, {}), subgroups {}",
-                info.name,
-                info.backend,
-                info.driver_info,
-                g.uses_subgroups()
-            );
-            // Where the adapter offers subgroups, the default path must use them, so the
-            // subgroup kernels are what the first pass of each test measures.
-            if !no_subgroups && std::env::var("RB_EXPECT_SUBGROUPS").as_deref() == Ok("1") {
-                assert!(g.uses_subgroups(), "RB_EXPECT_SUBGROUPS=1 but the device has none");
-            }
-            Some(g)
-        }
-        Err(e @ ShaderError::NoAdapter(_)) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
-            eprintln!("SKIPPED, no GPU adapter here: {e}");
-            None
-        }
-        Err(e) => panic!("the GPU did not open: {e}"),
+    let g = Gpu::new_blocking(&GpuOptions { software: true, no_subgroups, ..Default::default() });
+    let g = rusting_brain_test_support::gpu_or_skip("the GPU did not open", g, |e| {
+        matches!(e, ShaderError::NoAdapter(_))
+    })?;
+    let info = g.adapter_info();
+    eprintln!(
+        "adapter: {} ({:?}, {}), subgroups {}",
+        info.name,
+        info.backend,
+        info.driver_info,
+        g.uses_subgroups()
+    );
+    // Where the adapter offers subgroups, the default path must use them, so the subgroup
+    // kernels are what the first pass of each test measures.
+    if !no_subgroups && std::env::var("RB_EXPECT_SUBGROUPS").as_deref() == Ok("1") {
+        assert!(g.uses_subgroups(), "RB_EXPECT_SUBGROUPS=1 but the device has none");
     }
+    Some(g)
 }
 
 fn randn(rng: &mut Rng, n: usize, std: f32) -> Vec<f32> {

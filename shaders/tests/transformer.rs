@@ -16,14 +16,11 @@ use rusting_brain_core::{Backend, Optimizer, ReferenceBackend};
 use rusting_brain_shaders::{block_on, DeviceSampler, Gpu, GpuOptions, ShaderError, WgpuBackend};
 
 fn gpu() -> Option<WgpuBackend> {
-    match Gpu::new_blocking(&GpuOptions { software: true, ..Default::default() }) {
-        Ok(g) => Some(WgpuBackend::new(Arc::new(g))),
-        Err(e @ ShaderError::NoAdapter(_)) if std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
-            eprintln!("SKIPPED, no GPU adapter here: {e}");
-            None
-        }
-        Err(e) => panic!("the GPU did not open: {e}"),
-    }
+    let g = Gpu::new_blocking(&GpuOptions { software: true, ..Default::default() });
+    let g = rusting_brain_test_support::gpu_or_skip("the GPU did not open", g, |e| {
+        matches!(e, ShaderError::NoAdapter(_))
+    })?;
+    Some(WgpuBackend::new(Arc::new(g)))
 }
 
 fn config(moe: bool) -> TransformerConfig {

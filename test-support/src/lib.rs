@@ -125,6 +125,23 @@ pub fn q8_products<'a>(
         .collect()
 }
 
+/// A GPU that may be missing, as every GPU test meets it: `Some(value)` where it opened;
+/// `None` (skip, printing why) where `no_adapter` says the error is "no adapter here" and
+/// `RB_REQUIRE_GPU` is not 1 (CI sets it: there, a pass that tested nothing is a failure);
+/// a panic naming `what` on any other error.
+pub fn gpu_or_skip<T, E: core::fmt::Display>(
+    what: &str, r: Result<T, E>, no_adapter: impl Fn(&E) -> bool,
+) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) if no_adapter(&e) && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") => {
+            eprintln!("SKIPPED, no GPU adapter here: {e}");
+            None
+        }
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
 /// An output buffer of `n` NaNs: an element the code under test forgets to write stays
 /// NaN and fails the comparison.
 pub fn poisoned(n: usize) -> Vec<f32> {

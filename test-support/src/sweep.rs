@@ -112,14 +112,7 @@ pub fn dense<B: Backend>(be: &B, tol: f64) {
             both!(be, vec![rng.normal_vec(n, 1.0)], vec![rng.normal_vec(cols, 1.0)], |b, i, o| b
                 .bias_backward(&mut o[0], &i[0], rows, cols));
         close(&format!("{} bias_backward {rows}x{cols}", be.name()), &got.0[0], &want.0[0], tol);
-        for act in [
-            Activation::Identity,
-            Activation::Relu,
-            Activation::LeakyRelu(0.01),
-            Activation::Sigmoid,
-            Activation::Tanh,
-            Activation::Softmax,
-        ] {
+        for act in Activation::every(0.01) {
             let (got, want) = both!(be, vec![x.clone()], vec![poisoned(n)], |b, i, o| b
                 .activation_forward(act, &mut o[0], &i[0], rows, cols));
             close(&format!("{} {act:?} forward {rows}x{cols}", be.name()), &got.0[0], &want.0[0], tol);

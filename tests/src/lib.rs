@@ -286,16 +286,12 @@ pub fn relative_l2(actual: &[f32], expected: &Tensor) -> f64 {
 /// there).
 pub fn to_wgpu(model: &mut rusting_brain::TransformerLm) -> bool {
     let options = rusting_brain::GpuOptions { software: true, ..Default::default() };
-    match model.to_gpu_with(&options) {
-        Ok(()) => true,
-        Err(rusting_brain::NetworkError::Gpu(e))
-            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-        {
-            eprintln!("SKIPPED on wgpu, no GPU adapter here: {e}");
-            false
-        }
-        Err(e) => panic!("to_gpu: {e}"),
-    }
+    rusting_brain_test_support::gpu_or_skip("to_gpu", model.to_gpu_with(&options), no_adapter).is_some()
+}
+
+/// Whether `e` says there is no GPU adapter here (what [`to_wgpu`] and the GPU tests skip on).
+pub fn no_adapter(e: &rusting_brain::NetworkError) -> bool {
+    matches!(e, rusting_brain::NetworkError::Gpu(m) if m.starts_with("no GPU adapter"))
 }
 
 pub use rusting_brain_test_support::worst_abs_diff;

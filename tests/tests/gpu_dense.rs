@@ -9,7 +9,7 @@
 //! few ULP off libm; three Adam steps of lr 0.05 carry those differences (measured worst
 //! printed by the test).
 
-use rusting_brain::{Activation, Dataset, GpuOptions, Loss, Network, NetworkError, Optimizer, TrainConfig};
+use rusting_brain::{Activation, Dataset, GpuOptions, Loss, Network, Optimizer, TrainConfig};
 
 /// The software adapter (lavapipe in CI).
 fn software() -> GpuOptions {
@@ -17,19 +17,13 @@ fn software() -> GpuOptions {
 }
 
 fn on_gpu(n: &mut Network) -> Option<()> {
-    match n.to_gpu_with(&software()) {
-        Ok(()) => {
-            eprintln!("device: {}", n.device());
-            Some(())
-        }
-        Err(NetworkError::Gpu(e))
-            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-        {
-            eprintln!("SKIPPED, no GPU adapter here: {e}");
-            None
-        }
-        Err(e) => panic!("to_gpu failed: {e}"),
-    }
+    rusting_brain_test_support::gpu_or_skip(
+        "to_gpu failed",
+        n.to_gpu_with(&software()),
+        rusting_brain_tests::no_adapter,
+    )?;
+    eprintln!("device: {}", n.device());
+    Some(())
 }
 
 fn xor() -> Dataset {

@@ -10,7 +10,7 @@
 //! 2e-7 on lavapipe; one int8 rounding flipped would show up as ~1e-3).
 
 use rusting_brain::core::Rng;
-use rusting_brain::{GpuOptions, NetworkError, Optimizer, Precision, Sampler, TokenBatch, TransformerLm};
+use rusting_brain::{GpuOptions, Optimizer, Precision, Sampler, TokenBatch, TransformerLm};
 use rusting_brain_test_support::rel_to_scale;
 
 /// The rule's batches (`next = (5 * prev + 3) mod 64`), 25 tokens a row: learnable, so
@@ -37,19 +37,13 @@ fn software() -> GpuOptions {
 }
 
 fn on_gpu(m: &mut TransformerLm) -> Option<()> {
-    match m.to_gpu_with(&software()) {
-        Ok(()) => {
-            eprintln!("device: {}", m.device().unwrap());
-            Some(())
-        }
-        Err(NetworkError::Gpu(e))
-            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-        {
-            eprintln!("SKIPPED, no GPU adapter here: {e}");
-            None
-        }
-        Err(e) => panic!("to_gpu failed: {e}"),
-    }
+    rusting_brain_test_support::gpu_or_skip(
+        "to_gpu failed",
+        m.to_gpu_with(&software()),
+        rusting_brain_tests::no_adapter,
+    )?;
+    eprintln!("device: {}", m.device().unwrap());
+    Some(())
 }
 
 #[test]
@@ -260,15 +254,11 @@ fn weights_over_a_binding_go_in_row_slabs_and_a_model_over_the_limits_is_refused
     // row slabs of 256 rows and one of 160, and a prompt of 20 positions is prefilled as 16 + 4 (the
     // scores of 16 rows over 64 positions and 4 heads fill one binding).
     let capped = GpuOptions { software: true, max_binding: Some(16 << 10), ..Default::default() };
-    match gpu.to_gpu_with(&capped) {
-        Ok(()) => {}
-        Err(NetworkError::Gpu(e))
-            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-        {
-            eprintln!("SKIPPED, no GPU adapter here: {e}");
-            return;
-        }
-        Err(e) => panic!("to_gpu failed: {e}"),
+    let moved = gpu.to_gpu_with(&capped);
+    if rusting_brain_test_support::gpu_or_skip("to_gpu failed", moved, rusting_brain_tests::no_adapter)
+        .is_none()
+    {
+        return;
     }
     let prompt: Vec<u32> = (0..20).map(|i| (i * 197 + 5) % 4000).collect();
     let want = cpu.generate(&prompt, 16, &mut Sampler::greedy()).unwrap();

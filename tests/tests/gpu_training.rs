@@ -7,7 +7,7 @@
 //! Tolerance: per-tensor relative L2 1e-5 after three steps, the same as core's
 //! wgpu-versus-reference test (`shaders/tests/transformer.rs`), whose header says why.
 
-use rusting_brain::{GpuOptions, NetworkError, Optimizer, TokenBatch, TransformerLm};
+use rusting_brain::{GpuOptions, Optimizer, TokenBatch, TransformerLm};
 
 fn model(moe: bool) -> TransformerLm {
     let mut b = TransformerLm::builder()
@@ -33,16 +33,8 @@ fn batch(step: usize) -> TokenBatch {
 
 /// The model on the software adapter, or None (skip) when there is none.
 fn on_gpu(m: &mut TransformerLm) -> Option<()> {
-    match m.to_gpu_with(&GpuOptions { software: true, ..Default::default() }) {
-        Ok(()) => Some(()),
-        Err(NetworkError::Gpu(e))
-            if e.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-        {
-            eprintln!("SKIPPED, no GPU adapter here: {e}");
-            None
-        }
-        Err(e) => panic!("to_gpu failed: {e}"),
-    }
+    let moved = m.to_gpu_with(&GpuOptions { software: true, ..Default::default() });
+    rusting_brain_test_support::gpu_or_skip("to_gpu failed", moved, rusting_brain_tests::no_adapter)
 }
 
 /// The largest per-tensor relative L2 difference.

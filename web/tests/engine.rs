@@ -62,19 +62,14 @@ fn generate(e: &mut Engine, prompt: &[u32], n: usize, sampler: &mut Sampler) -> 
 /// The engine on the GPU, or None (skip, with the reason) where there is no adapter and
 /// CI did not ask for one.
 fn on_gpu(bytes: &[u8]) -> Option<Engine> {
-    match block_on(Engine::load(bytes, DeviceChoice::WebGpu)) {
-        Ok(e) => {
-            eprintln!("device: {}", e.reason());
-            Some(e)
-        }
-        Err(WebError::Gpu(m))
-            if m.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-        {
-            eprintln!("SKIPPED, no GPU adapter here: {m}");
-            None
-        }
-        Err(e) => panic!("loading on the GPU failed: {e}"),
-    }
+    let loaded = block_on(Engine::load(bytes, DeviceChoice::WebGpu));
+    let e = rusting_brain_test_support::gpu_or_skip(
+        "loading on the GPU failed",
+        loaded,
+        |e| matches!(e, WebError::Gpu(m) if m.starts_with("no GPU adapter")),
+    )?;
+    eprintln!("device: {}", e.reason());
+    Some(e)
 }
 
 #[test]

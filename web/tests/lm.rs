@@ -20,19 +20,14 @@ use rusting_brain_web::{train_tokenizer, DeviceChoice, Engine, LmTrainer, WebErr
 /// The page's trainer on `choice`, or None (skip, with the reason) for the GPU where there
 /// is no adapter and CI did not ask for one.
 fn trainer(optimizer: Optimizer, seed: u64, choice: DeviceChoice) -> Option<LmTrainer> {
-    match block_on(LmTrainer::new(config(), optimizer, seed, choice)) {
-        Ok(t) => {
-            eprintln!("{}: {}", t.device(), t.reason());
-            Some(t)
-        }
-        Err(WebError::Gpu(m))
-            if m.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-        {
-            eprintln!("SKIPPED, no GPU adapter here: {m}");
-            None
-        }
-        Err(e) => panic!("building on {choice:?} failed: {e}"),
-    }
+    let built = block_on(LmTrainer::new(config(), optimizer, seed, choice));
+    let t = rusting_brain_test_support::gpu_or_skip(
+        &format!("building on {choice:?} failed"),
+        built,
+        |e| matches!(e, WebError::Gpu(m) if m.starts_with("no GPU adapter")),
+    )?;
+    eprintln!("{}: {}", t.device(), t.reason());
+    Some(t)
 }
 
 const VOCAB: usize = 96;

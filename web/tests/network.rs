@@ -59,19 +59,14 @@ fn native_parameters(n: &Network, dir: &TempDir) -> Vec<(Vec<f32>, Vec<f32>)> {
 /// The page's network on `choice`, or None (skip, with the reason) for the GPU where there
 /// is no adapter and CI did not ask for one.
 fn page_net(config: DenseConfig, seed: u64, choice: DeviceChoice) -> Option<DenseNet> {
-    match block_on(DenseNet::new(config, Optimizer::adam(0.01), seed, choice)) {
-        Ok(n) => {
-            eprintln!("{}: {}", n.device(), n.reason());
-            Some(n)
-        }
-        Err(WebError::Gpu(m))
-            if m.starts_with("no GPU adapter") && std::env::var("RB_REQUIRE_GPU").as_deref() != Ok("1") =>
-        {
-            eprintln!("SKIPPED, no GPU adapter here: {m}");
-            None
-        }
-        Err(e) => panic!("building on {choice:?} failed: {e}"),
-    }
+    let built = block_on(DenseNet::new(config, Optimizer::adam(0.01), seed, choice));
+    let n = rusting_brain_test_support::gpu_or_skip(
+        &format!("building on {choice:?} failed"),
+        built,
+        |e| matches!(e, WebError::Gpu(m) if m.starts_with("no GPU adapter")),
+    )?;
+    eprintln!("{}: {}", n.device(), n.reason());
+    Some(n)
 }
 
 fn assert_same_parameters(what: &str, got: &[(Vec<f32>, Vec<f32>)], want: &[(Vec<f32>, Vec<f32>)]) {

@@ -31,6 +31,13 @@ pub enum Activation {
 impl Activation {
     /// The leaky ReLU slope PyTorch uses by default.
     pub const LEAKY_RELU_DEFAULT: f32 = 0.01;
+
+    /// Every activation, the leaky ReLU with slope `leaky_slope`: what a sweep over the
+    /// activations (a test, an architecture search) walks.
+    pub fn every(leaky_slope: f32) -> [Activation; 6] {
+        use Activation::*;
+        [Identity, Relu, LeakyRelu(leaky_slope), Sigmoid, Tanh, Softmax]
+    }
 }
 
 fn check(op: &'static str, inp: usize, out: usize, rows: usize, cols: usize) -> Result<usize> {
