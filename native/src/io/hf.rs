@@ -102,6 +102,11 @@ pub(crate) struct Origin {
 }
 
 impl Origin {
+    /// Where a model came from other than a folder (a GGUF file): its family, the
+    /// `config.json` that describes it, and the file.
+    pub(crate) fn new(family: Family, config: Map<String, Value>, source: PathBuf) -> Origin {
+        Origin { family, config, generation: None, source }
+    }
     /// What `config.json` says the model is called (`_name_or_path`), else the directory
     /// it was read from: an adapter's `base_model_name_or_path`.
     pub(crate) fn name_or_path(&self) -> String {
@@ -115,7 +120,7 @@ impl Origin {
 }
 
 /// The family and the model configuration `config.json` describes.
-fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
+pub(crate) fn parse_config(path: &Path, v: &Value) -> Result<(Family, TransformerConfig)> {
     let k = Config::view(path, v)?;
     let arch = k
         .get("architectures")
@@ -366,33 +371,12 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
         ));
     }
 
-    let b = CpuBackend::new();
-    let model = match precision {
-        Precision::F32 => {
-            let params: Params<CpuBackend> =
-                layout.try_map(|name, t| tensors.read(&family.file_name(name), &t.shape))?;
-            TransformerModel::from_params(b, config, params)?
-        }
-        Precision::Q8 | Precision::Q4 => {
-            // Norms and routers stay f32; a matrix is rounded as soon as it is read, and its
-            // f32 values are dropped before the next one is converted.
-            let format = precision.format().unwrap_or(QuantFormat::Q8);
-            let mut quantized = Vec::new();
-            let params: Params<CpuBackend> = layout.try_map(|name, t| -> Result<Vec<f32>> {
-                if t.kind != TensorKind::Matrix {
-                    quantized.push(None);
-                    return tensors.read(&family.file_name(name), &t.shape);
-                }
-                let file_name = family.file_name(name);
-                quantized.push(Some(tensors.read_quant(&file_name, &t.shape, format_of(format, name))?));
-                Ok(Vec::new())
-            })?;
-            let mut q = quantized.into_iter();
-            let quantized: QuantParams<CpuBackend> =
-                config.layout().try_map(|_, _| -> Result<_> { Ok(q.next().flatten()) })?;
-            TransformerModel::from_quantized(b, config, params, quantized)?
-        }
-    };
+    let model = build_model(
+        config,
+        precision,
+        |name, shape| tensors.read(&family.file_name(name), shape),
+        |name, shape, format| tensors.read_quant(&family.file_name(name), shape, format),
+    )?;
     // Kept to be written back; a file that is not a JSON object is the generation
     // settings' problem (GenerationConfig reports it), not the weights'.
     let gen_path = dir.join("generation_config.json");
@@ -412,6 +396,39 @@ pub(crate) fn load(dir: &Path, precision: Precision) -> Result<(TransformerModel
         source: dir.to_path_buf(),
     };
     Ok((model, origin))
+}
+
+/// The model `config` describes from its tensors, read by our names (`read` gives a
+/// tensor in f32, `read_quant` a matrix rounded to a format): in f32, or with every
+/// matrix rounded as soon as it is read, its f32 values dropped before the next one is
+/// converted (norms, biases and routers stay f32).
+pub(crate) fn build_model(
+    config: TransformerConfig, precision: Precision, read: impl Fn(&str, &[usize]) -> Result<Vec<f32>>,
+    read_quant: impl Fn(&str, &[usize], QuantFormat) -> Result<(Vec<f32>, Vec<f32>)>,
+) -> Result<TransformerModel<CpuBackend>> {
+    let b = CpuBackend::new();
+    let layout = config.layout();
+    Ok(match precision.format() {
+        None => {
+            let params: Params<CpuBackend> = layout.try_map(|name, t| read(name, &t.shape))?;
+            TransformerModel::from_params(b, config, params)?
+        }
+        Some(format) => {
+            let mut quantized = Vec::new();
+            let params: Params<CpuBackend> = layout.try_map(|name, t| -> Result<Vec<f32>> {
+                if t.kind != TensorKind::Matrix {
+                    quantized.push(None);
+                    return read(name, &t.shape);
+                }
+                quantized.push(Some(read_quant(name, &t.shape, format_of(format, name))?));
+                Ok(Vec::new())
+            })?;
+            let mut q = quantized.into_iter();
+            let quantized: QuantParams<CpuBackend> =
+                config.layout().try_map(|_, _| -> Result<_> { Ok(q.next().flatten()) })?;
+            TransformerModel::from_quantized(b, config, params, quantized)?
+        }
+    })
 }
 
 /// The family a model of ours is written as: the one it came from, else Llama for a dense

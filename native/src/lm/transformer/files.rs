@@ -45,12 +45,33 @@ impl TransformerLm {
         dir: impl AsRef<std::path::Path>, precision: crate::Precision,
     ) -> Result<TransformerLm> {
         let (model, origin) = crate::io::hf::load(dir.as_ref(), precision)?;
-        Ok(TransformerLm {
+        Ok(Self::loaded(model, origin))
+    }
+    /// A model read from a file, on the CPU, with the default optimizer.
+    fn loaded(model: TransformerModel<CpuBackend>, origin: crate::io::hf::Origin) -> TransformerLm {
+        TransformerLm {
             engine: LmEngine::Cpu(model),
             optimizer: Optimizer::adam(3e-4),
             origin: Some(origin),
             decode_steps: Default::default(),
-        })
+        }
+    }
+    /// Reads a GGUF file (llama.cpp's format, version 2 or 3) of architecture `llama`
+    /// (Llama, Mistral, SmolLM), `qwen2` or `qwen3`, dense, in f32: tensors F32, F16, BF16,
+    /// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, decoded as llama.cpp decodes them.
+    /// The metadata becomes the `config.json` a Hugging Face folder of the model would
+    /// have, checked as [`TransformerLm::from_pretrained`] checks it; a tensor, key or type
+    /// this reader does not map is an error naming it.
+    pub fn from_gguf(path: impl AsRef<std::path::Path>) -> Result<TransformerLm> {
+        Self::from_gguf_at(path, crate::Precision::F32)
+    }
+    /// [`TransformerLm::from_gguf`] at a precision: each matrix is decoded and rounded
+    /// (`Precision::Q8`, `Precision::Q4`) before the next, so the f32 model is never held.
+    pub fn from_gguf_at(
+        path: impl AsRef<std::path::Path>, precision: crate::Precision,
+    ) -> Result<TransformerLm> {
+        let (model, origin) = crate::io::gguf::load(path.as_ref(), precision)?;
+        Ok(Self::loaded(model, origin))
     }
     /// Writes a Hugging Face directory that `transformers`' `AutoModelForCausalLM` loads:
     /// F32 `model.safetensors` (sharded past 5 GB), `config.json` and

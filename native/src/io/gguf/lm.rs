@@ -1,0 +1,229 @@
+//! A language model from a GGUF file: llama.cpp's metadata turned into the `config.json`
+//! the Hugging Face loader reads (so one parser checks both), and its tensors, by
+//! llama.cpp's names, decoded into the same model the folder would give. Architectures
+//! `llama` (Llama, Mistral, SmolLM), `qwen2` (q/k/v biases) and `qwen3` (per-head q/k
+//! norms), dense.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use rusting_brain_core::models::transformer::{QuantFormat, TransformerModel};
+use serde_json::{json, Map, Value};
+
+use super::{Gguf, Meta};
+use crate::backend::cpu::CpuBackend;
+use crate::io::hf::{self, Origin};
+use crate::{Precision, Result};
+
+/// The architectures read, each with the Hugging Face class it is loaded as.
+const ARCHITECTURES: [(&str, &str); 3] =
+    [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")];
+
+/// The model in the GGUF file `path`, in f32 or with its matrices rounded to `precision`
+/// one at a time as they are decoded; and where it came from.
+pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerModel<CpuBackend>, Origin)> {
+    let file = Gguf::open(path)?;
+    let config = config_json(&file)?;
+    let (family, parsed) = hf::parse_config(path, &config)?;
+    let arch = file.get("general.architecture").and_then(Meta::as_str).unwrap_or_default().to_string();
+    // llama.cpp's converter interleaves each head's rotary halves of the query and key rows
+    // for Llama-family models (its RoPE turns adjacent pairs); the model here, as
+    // transformers, turns the halves.
+    let permuted = arch == "llama";
+    let (q_heads, kv_heads) = (parsed.q_heads, parsed.kv_heads);
+
+    // Every tensor in the file must be one the configuration has.
+    let layout = parsed.layout();
+    let wanted: HashSet<String> =
+        layout.as_ref().into_named().into_iter().map(|(n, _)| gguf_name(&n)).collect();
+    if let Some(extra) = file.tensors.iter().find(|t| !wanted.contains(&t.name)) {
+        let why = if extra.name == "rope_freqs.weight" {
+            "per-frequency RoPE factors (Llama 3's scaling as llama.cpp stores it) are not read yet"
+                .to_string()
+        } else {
+            "this tensor is not part of the model the metadata describes; the model definition has no place for it"
+                .to_string()
+        };
+        return Err(file.err(&extra.name, why));
+    }
+
+    let read = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+        let g = gguf_name(name);
+        let t =
+            file.tensor(&g).ok_or_else(|| file.err(&g, format!("missing: the model needs it ({name})")))?;
+        if t.shape() != shape {
+            return Err(file.err(&g, format!("shape {:?}, where the metadata makes it {shape:?}", t.shape())));
+        }
+        let w = file.read_f32(&g)?;
+        Ok(match (permuted, name.rsplit('.').nth(1)) {
+            (true, Some("q_proj")) if name.ends_with(".weight") => unpermute(&w, q_heads, shape[1]),
+            (true, Some("k_proj")) if name.ends_with(".weight") => unpermute(&w, kv_heads, shape[1]),
+            _ => w,
+        })
+    };
+    let read_quant = |name: &str, shape: &[usize], format: QuantFormat| -> Result<(Vec<f32>, Vec<f32>)> {
+        let w = read(name, shape)?;
+        let (rows, cols) = (shape[0], shape[1..].iter().product());
+        Ok(match format {
+            QuantFormat::Q8 => crate::backend::cpu::q8::quantize_blocks(&w, rows, cols)?,
+            QuantFormat::Q4 => rusting_brain_core::ops::q4::quantize_q4(&w, rows, cols)?,
+        })
+    };
+    let model = hf::build_model(parsed, precision, read, read_quant)?;
+    let config = config.as_object().cloned().unwrap_or_default();
+    Ok((model, Origin::new(family, config, path.to_path_buf())))
+}
+
+/// The `config.json` a Hugging Face folder of this model would have, from the file's
+/// metadata (`{arch}.*` keys; the vocabulary from the embedding's shape, checked against
+/// the tokenizer's when the file has one).
+fn config_json(file: &Gguf) -> Result<Value> {
+    let arch = file
+        .get("general.architecture")
+        .and_then(Meta::as_str)
+        .ok_or_else(|| file.err("general.architecture", "missing: the file must name its architecture"))?;
+    let class = ARCHITECTURES.iter().find(|(a, _)| *a == arch).map(|(_, c)| *c).ok_or_else(|| {
+        let known: Vec<&str> = ARCHITECTURES.iter().map(|(a, _)| *a).collect();
+        file.err(
+            "general.architecture",
+            format!("{arch} is not an architecture this reader maps ({})", known.join(", ")),
+        )
+    })?;
+    let key = |k: &str| format!("{arch}.{k}");
+    let count = |k: &str| -> Result<Option<u64>> {
+        let k = key(k);
+        match file.get(&k) {
+            None => Ok(None),
+            Some(v) => {
+                v.as_u64().map(Some).ok_or_else(|| file.err(&k, format!("{v:?} is not a whole number")))
+            }
+        }
+    };
+    let need = |k: &str| -> Result<u64> { count(k)?.ok_or_else(|| file.err(&key(k), "missing")) };
+    let number = |k: &str| -> Result<Option<f64>> {
+        let k = key(k);
+        match file.get(&k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| file.err(&k, format!("{v:?} is not a number"))),
+        }
+    };
+    if count("expert_count")?.is_some_and(|n| n > 0) {
+        return Err(file.err(&key("expert_count"), "mixture-of-experts GGUF files are not read yet"));
+    }
+    let d_model = need("embedding_length")?;
+    let heads = need("attention.head_count")?;
+    let kv_heads = count("attention.head_count_kv")?.unwrap_or(heads);
+    let head_dim = match (count("attention.key_length")?, count("attention.value_length")?) {
+        (Some(k), Some(v)) if k != v => {
+            return Err(file.err(&key("attention.value_length"), format!("{v}, where the key length is {k}")))
+        }
+        (Some(k), _) => k,
+        (None, _) => d_model / heads.max(1),
+    };
+    if let Some(r) = count("rope.dimension_count")?.filter(|&r| r != head_dim) {
+        return Err(file.err(
+            &key("rope.dimension_count"),
+            format!("{r}, where heads are {head_dim} wide: a partial rotation is not implemented"),
+        ));
+    }
+    let embed = file
+        .tensor("token_embd.weight")
+        .ok_or_else(|| file.err("token_embd.weight", "missing: the model needs its embedding"))?;
+    let vocab = *embed.dims.get(1).ok_or_else(|| file.err("token_embd.weight", "is not a matrix"))?;
+    if let Some(tokens) = file.get("tokenizer.ggml.tokens").and_then(Meta::as_array) {
+        if tokens.len() != vocab {
+            return Err(file.err(
+                "tokenizer.ggml.tokens",
+                format!("{} tokens, where the embedding has {vocab} rows", tokens.len()),
+            ));
+        }
+    }
+    let mut c = Map::new();
+    c.insert("architectures".into(), json!([class]));
+    c.insert("model_type".into(), json!(arch));
+    c.insert("hidden_act".into(), json!("silu"));
+    c.insert("hidden_size".into(), json!(d_model));
+    c.insert("intermediate_size".into(), json!(need("feed_forward_length")?));
+    c.insert("num_hidden_layers".into(), json!(need("block_count")?));
+    c.insert("num_attention_heads".into(), json!(heads));
+    c.insert("num_key_value_heads".into(), json!(kv_heads));
+    c.insert("head_dim".into(), json!(head_dim));
+    c.insert("max_position_embeddings".into(), json!(need("context_length")?));
+    c.insert("vocab_size".into(), json!(vocab));
+    c.insert("tie_word_embeddings".into(), json!(file.tensor("output.weight").is_none()));
+    if let Some(eps) = number("attention.layer_norm_rms_epsilon")? {
+        c.insert("rms_norm_eps".into(), json!(eps));
+    }
+    if let Some(theta) = number("rope.freq_base")? {
+        c.insert("rope_theta".into(), json!(theta));
+    }
+    match file.get(&key("rope.scaling.type")).map(|v| (v.as_str(), v)) {
+        None | Some((Some("none"), _)) => {}
+        Some((Some("linear"), _)) => {
+            let factor = number("rope.scaling.factor")?
+                .ok_or_else(|| file.err(&key("rope.scaling.factor"), "missing: linear scaling needs it"))?;
+            c.insert("rope_scaling".into(), json!({"type": "linear", "factor": factor}));
+        }
+        Some((_, v)) => {
+            return Err(file.err(
+                &key("rope.scaling.type"),
+                format!("{v:?}: this reader maps no RoPE scaling but none and linear"),
+            ))
+        }
+    }
+    for (k, name) in [("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")] {
+        if let Some(id) = file.get(&format!("tokenizer.ggml.{k}")).and_then(Meta::as_u64) {
+            c.insert(name.into(), json!(id));
+        }
+    }
+    Ok(Value::Object(c))
+}
+
+/// llama.cpp's name of the tensor we call `ours` (transformers' names).
+fn gguf_name(ours: &str) -> String {
+    match ours {
+        "model.embed_tokens.weight" => return "token_embd.weight".into(),
+        "model.norm.weight" => return "output_norm.weight".into(),
+        "lm_head.weight" => return "output.weight".into(),
+        _ => {}
+    }
+    let Some(rest) = ours.strip_prefix("model.layers.") else { return ours.into() };
+    let Some((layer, rest)) = rest.split_once('.') else { return ours.into() };
+    let Some((module, kind)) = rest.rsplit_once('.') else { return ours.into() };
+    let part = match module {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return ours.into(),
+    };
+    format!("blk.{layer}.{part}.{kind}")
+}
+
+/// llama.cpp's `permute` undone on a `(heads * head_dim, cols)` projection: its row
+/// `2 i + j` of a head is transformers' row `j * head_dim / 2 + i`.
+fn unpermute(w: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let rows = w.len() / cols.max(1);
+    let hd = rows / heads.max(1);
+    let mut out = vec![0f32; w.len()];
+    for h in 0..heads {
+        for i in 0..hd / 2 {
+            for j in 0..2 {
+                let (from, to) = (h * hd + 2 * i + j, h * hd + j * (hd / 2) + i);
+                out[to * cols..(to + 1) * cols].copy_from_slice(&w[from * cols..(from + 1) * cols]);
+            }
+        }
+    }
+    out
+}
