@@ -13,6 +13,7 @@
 //!
 //!     ... language_model -- generate "prompt" --from-pretrained DIR [--q8] [--context N] [sampling flags]
 //!     ... language_model -- chat --from-pretrained DIR [--q8] [--context N] [--system TEXT]
+//!     ... language_model -- generate "prompt" | chat --from-gguf FILE [the same flags]
 //!     ... language_model -- train --from-pretrained DIR [--steps N] [--lr R] [--corpus FILE] \
 //!         [--save-pretrained OUT] [--lora RANK]
 //!
@@ -34,7 +35,9 @@
 //! `--from-pretrained` reads the model (int8 at load with `--q8`; its context cut to
 //! `--context N` positions, 4,096 unless given, so KV caches stay small), its `tokenizer.json`,
 //! and `generation_config.json`'s end ids and sampling settings (used unless a sampling
-//! flag is given). `chat` renders the conversation through the directory's chat template
+//! flag is given). `--from-gguf FILE` reads a llama.cpp GGUF file instead: the weights,
+//! the tokenizer and chat template it carries, its end ids (greedy unless a sampling flag
+//! is given). `chat` renders the conversation through the model's chat template
 //! each turn and feeds the decoder only what is new. `train --from-pretrained` fine-tunes
 //! every weight on the corpus (full fine-tuning) and writes a directory transformers loads
 //! (`--save-pretrained`, default `target/language_model/finetuned`), tokenizer files
@@ -500,20 +503,47 @@ fn chat(g: &Gen) -> Result<(), Error> {
     Ok(())
 }
 
-/// A Hugging Face directory's model (int8 at load with `q8`), tokenizer and generation
-/// settings.
+/// A published model: a Hugging Face directory (`--from-pretrained`) or a GGUF file
+/// (`--from-gguf`), which carries its tokenizer and chat template.
+enum Pretrained {
+    Dir(PathBuf),
+    Gguf(PathBuf),
+}
+
+impl Pretrained {
+    fn path(&self) -> &Path {
+        match self {
+            Pretrained::Dir(p) | Pretrained::Gguf(p) => p,
+        }
+    }
+    fn template(&self) -> Result<ChatTemplate, Error> {
+        Ok(match self {
+            Pretrained::Dir(dir) => ChatTemplate::from_pretrained(dir)?,
+            Pretrained::Gguf(file) => ChatTemplate::from_gguf(file)?,
+        })
+    }
+}
+
+/// A published model (int8 at load with `q8`), its tokenizer and generation settings.
 fn load_pretrained(
-    dir: &Path, q8: bool, context: Option<usize>,
+    src: &Pretrained, q8: bool, context: Option<usize>,
 ) -> Result<(TransformerLm, Tokenizer, GenerationConfig), Error> {
     let t0 = Instant::now();
-    let mut model = if q8 {
-        TransformerLm::from_pretrained_at(dir, Precision::Q8)?
-    } else {
-        TransformerLm::from_pretrained(dir)?
+    let precision = if q8 { Precision::Q8 } else { Precision::F32 };
+    let (mut model, tok, gen) = match src {
+        Pretrained::Dir(dir) => {
+            let tok_path = dir.join("tokenizer.json");
+            let tok = Tokenizer::from_file(&tok_path).map_err(|e| format!("{}: {e}", tok_path.display()))?;
+            (TransformerLm::from_pretrained_at(dir, precision)?, tok, GenerationConfig::from_pretrained(dir)?)
+        }
+        Pretrained::Gguf(file) => {
+            let tok: Tokenizer = rusting_brain::gguf::tokenizer_json(file)?
+                .parse()
+                .map_err(|e| format!("{}: its tokenizer: {e}", file.display()))?;
+            (TransformerLm::from_gguf_at(file, precision)?, tok, GenerationConfig::from_gguf(file)?)
+        }
     };
-    let tok_path = dir.join("tokenizer.json");
-    let tok = Tokenizer::from_file(&tok_path).map_err(|e| format!("{}: {e}", tok_path.display()))?;
-    let gen = GenerationConfig::from_pretrained(dir)?;
+    let dir = src.path();
     // A published context (131,072 positions for Llama 3.1) would make KV caches of many
     // gigabytes; 4,096 unless asked.
     let full = model.config().max_seq_len;
@@ -537,8 +567,8 @@ fn load_pretrained(
     Ok((model, tok, gen))
 }
 
-fn generate_pretrained(dir: &Path, prompt: &str, g: &Gen) -> Result<(), Error> {
-    let (mut model, tok, gen) = load_pretrained(dir, g.q8, g.context)?;
+fn generate_pretrained(src: &Pretrained, prompt: &str, g: &Gen) -> Result<(), Error> {
+    let (mut model, tok, gen) = load_pretrained(src, g.q8, g.context)?;
     let sampler = if g.explicit { sampler(g) } else { gen.sampler(g.seed) };
     // With the tokenizer's special tokens (a Llama prompt starts with <|begin_of_text|>),
     // as transformers' tokenizer(prompt) encodes by default.
@@ -549,13 +579,13 @@ fn generate_pretrained(dir: &Path, prompt: &str, g: &Gen) -> Result<(), Error> {
 /// A conversation through the directory's chat template: each turn renders the whole
 /// conversation, and the decoder is fed only what follows what it has already read (or
 /// starts again when the template rewrote earlier turns).
-fn chat_pretrained(dir: &Path, system: Option<String>, g: &Gen) -> Result<(), Error> {
-    let (mut model, tok, gen) = load_pretrained(dir, g.q8, g.context)?;
-    let template = ChatTemplate::from_pretrained(dir)?;
+fn chat_pretrained(src: &Pretrained, system: Option<String>, g: &Gen) -> Result<(), Error> {
+    let (mut model, tok, gen) = load_pretrained(src, g.q8, g.context)?;
+    let template = src.template()?;
     let mut sampler = if g.explicit { sampler(g) } else { gen.sampler(g.seed) };
     let mut messages: Vec<ChatMessage> = system.into_iter().map(ChatMessage::system).collect();
     let mut decoder = model.decoder();
-    println!("chat with {}: empty line quits", dir.display());
+    println!("chat with {}: empty line quits", src.path().display());
     for line in std::io::stdin().lock().lines() {
         let line = line?;
         if line.trim().is_empty() {
@@ -597,7 +627,7 @@ fn finetune_pretrained(
     dir: &Path, steps: u64, lr: f32, corpus: Option<PathBuf>, out: Option<PathBuf>, context: Option<usize>,
     lora: Option<usize>,
 ) -> Result<(), Error> {
-    let (mut model, tok, _) = load_pretrained(dir, false, context)?;
+    let (mut model, tok, _) = load_pretrained(&Pretrained::Dir(dir.to_path_buf()), false, context)?;
     if let Some(r) = lora {
         model.add_lora(LoraConfig::new(r).alpha(2.0 * r as f32))?;
         println!(
@@ -693,7 +723,16 @@ fn main() -> Result<(), Error> {
             .map(|v| v.parse::<usize>().map_err(|_| format!("--context {v}: not a whole number")))
             .transpose()?,
     };
-    let pretrained = flag("--from-pretrained").map(PathBuf::from);
+    let published = match (flag("--from-pretrained"), flag("--from-gguf")) {
+        (Some(_), Some(_)) => return Err("--from-pretrained and --from-gguf: give one".into()),
+        (Some(d), None) => Some(Pretrained::Dir(PathBuf::from(d))),
+        (None, Some(f)) => Some(Pretrained::Gguf(PathBuf::from(f))),
+        (None, None) => None,
+    };
+    let pretrained = match &published {
+        Some(Pretrained::Dir(d)) => Some(d.clone()),
+        _ => None,
+    };
     match args.first().map(String::as_str) {
         None => {
             train(DEFAULT_STEPS, None, false)?;
@@ -736,8 +775,8 @@ fn main() -> Result<(), Error> {
                     .ok_or("generate needs a prompt: generate \"fn main\"")?
                     .clone()],
             };
-            if let Some(dir) = &pretrained {
-                return prompts.iter().try_for_each(|p| generate_pretrained(dir, p, &g));
+            if let Some(src) = &published {
+                return prompts.iter().try_for_each(|p| generate_pretrained(src, p, &g));
             }
             let q4 = args.iter().any(|a| a == "--q4");
             let (mut model, tok) = match flag("--from") {
@@ -749,8 +788,8 @@ fn main() -> Result<(), Error> {
             }
             prompts.iter().try_for_each(|p| generate(&mut model, &tok, p, &g))
         }
-        Some("chat") => match &pretrained {
-            Some(dir) => chat_pretrained(dir, flag("--system"), &g),
+        Some("chat") => match &published {
+            Some(src) => chat_pretrained(src, flag("--system"), &g),
             None => chat(&g),
         },
         Some("export-web") => export_web(flag("--out").map(PathBuf::from)),

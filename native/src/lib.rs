@@ -70,6 +70,11 @@ mod io;
 mod lm;
 
 pub use backend::cpu;
+/// llama.cpp's GGUF files: what they carry beside the weights, which
+/// [`TransformerLm::from_gguf`] reads.
+pub mod gguf {
+    pub use crate::io::gguf::tokenizer_json;
+}
 #[cfg(feature = "cuda-backend")]
 pub use backend::cuda;
 #[cfg(feature = "gpu")]

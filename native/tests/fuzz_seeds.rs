@@ -80,6 +80,10 @@ fn write_seeds(out: &Path) -> rusting_brain::Result<()> {
     // Hugging Face folders: the fuzz model saved, and fixtures of the other families (the
     // executions per second fall with the seed's size, so not all of them).
     let lm = tiny_lm();
+    // GGUF: the block-type fixture and a tiny Llama with its tokenizer, as the `gguf`
+    // package writes them.
+    seed("gguf", "blocks", &read(fixtures().join("gguf_blocks.gguf")));
+    seed("gguf", "tiny_llama", &read(fixtures().join("gguf_tiny_llama.gguf")));
     lm.save_pretrained(tmp.join("hf"))?;
     seed("hf", "tiny", &join(&read(tmp.join("hf/config.json")), &read(tmp.join("hf/model.safetensors"))));
     for dir in fs::read_dir(fixtures().join("hf")).expect("the hf fixtures").flatten() {

@@ -50,8 +50,14 @@ fn model_dir() -> Option<&'static Path> {
 /// The greedy reply to one user turn through the folder's chat template.
 fn answer(model: &mut TransformerLm, dir: &Path, question: &str) -> String {
     let tok = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
-    let prompt =
-        ChatTemplate::from_pretrained(dir).unwrap().render(&[ChatMessage::user(question)], true).unwrap();
+    answer_with(model, &tok, &ChatTemplate::from_pretrained(dir).unwrap(), question)
+}
+
+/// [`answer`] with a tokenizer and a template from anywhere (a GGUF file's).
+fn answer_with(
+    model: &mut TransformerLm, tok: &Tokenizer, template: &ChatTemplate, question: &str,
+) -> String {
+    let prompt = template.render(&[ChatMessage::user(question)], true).unwrap();
     let ids = tok.encode(prompt.as_str(), false).unwrap().get_ids().to_vec();
     let end = tok.token_to_id("<|im_end|>").unwrap();
     let mut decoder = model.decoder();
@@ -205,8 +211,24 @@ fn the_gguf_file_reads_to_the_same_bits_as_its_folder_and_answers_paris() {
         let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         assert_eq!(differ, 0, "{precision:?}: {differ} logits differ from the folder's");
         if precision == Precision::F32 {
-            let reply = answer(&mut from_file, dir, "What is the capital of France?");
+            // Everything from the file: the tokenizer it carries, its chat template.
+            let tok: Tokenizer = rusting_brain::gguf::tokenizer_json(&file).unwrap().parse().unwrap();
+            let template = ChatTemplate::from_gguf(&file).unwrap();
+            let reply = answer_with(&mut from_file, &tok, &template, "What is the capital of France?");
             assert!(reply.contains("Paris"), "the GGUF model's answer is {reply:?}");
+            assert_eq!(reply, answer(&mut folder, dir, "What is the capital of France?"));
+            // The rebuilt tokenizer splits text as the folder's does (digits one by one,
+            // spaces, unicode, the chat's control tokens whole).
+            let folder_tok = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+            for text in [
+                "fn main() { let v = vec![1, 2, 3]; }",
+                "  two  spaces, 12345 digits, and 3.14",
+                "naïve café — 東京 🦀",
+                "<|im_start|>user\nhi<|im_end|>",
+            ] {
+                let ids = |t: &Tokenizer| t.encode(text, false).unwrap().get_ids().to_vec();
+                assert_eq!(ids(&tok), ids(&folder_tok), "{text:?}");
+            }
         }
     }
 }

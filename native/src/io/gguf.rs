@@ -7,6 +7,7 @@
 
 pub(crate) mod blocks;
 mod lm;
+mod tokenizer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,56 @@ use memmap2::Mmap;
 use crate::{NetworkError, Result};
 pub(crate) use blocks::GgmlType;
 pub(crate) use lm::load;
+
+/// The tokenizer a GGUF file carries (`tokenizer.ggml.*`: byte-level BPE with the
+/// pre-tokenizer the file names) as the text of a Hugging Face `tokenizer.json`, which
+/// `tokenizers::Tokenizer::from_str` loads: this crate ships no tokenizer of its own. A
+/// tokenizer this rebuild does not cover (SentencePiece, an unknown pre-tokenizer) is an
+/// error naming the key.
+pub fn tokenizer_json(path: impl AsRef<Path>) -> Result<String> {
+    tokenizer::tokenizer_json(&Gguf::open(path.as_ref())?)
+}
+
+/// A chat template's source, if the file has one, and the texts of its special tokens
+/// (`bos_token`, `eos_token`, `unk_token`, `pad_token`).
+pub(crate) type TemplateParts = (Option<String>, Vec<(&'static str, String)>);
+
+/// The file's chat template and special tokens, what `ChatTemplate::from_gguf` reads.
+pub(crate) fn chat_template(path: &Path) -> Result<TemplateParts> {
+    let file = Gguf::open(path)?;
+    let specials = [
+        ("bos_token", "tokenizer.ggml.bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id"),
+        ("unk_token", "tokenizer.ggml.unknown_token_id"),
+        ("pad_token", "tokenizer.ggml.padding_token_id"),
+    ];
+    let specials =
+        specials.iter().filter_map(|(n, k)| Some((*n, tokenizer::special_text(&file, k)?))).collect();
+    Ok((tokenizer::chat_template(&file)?, specials))
+}
+
+/// The ids that end a reply (`tokenizer.ggml.eos_token_id`, and the end-of-turn and
+/// end-of-message ids where the file names them), the start id and the padding id.
+pub(crate) fn special_ids(path: &Path) -> Result<(Vec<u32>, Option<u32>, Option<u32>)> {
+    let file = Gguf::open(path)?;
+    let id = |key: &str| -> Result<Option<u32>> {
+        match file.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .map(Some)
+                .ok_or_else(|| file.err(key, format!("{v:?} is not a token id"))),
+        }
+    };
+    let mut eos = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        if let Some(i) = id(key)?.filter(|i| !eos.contains(i)) {
+            eos.push(i);
+        }
+    }
+    Ok((eos, id("tokenizer.ggml.bos_token_id")?, id("tokenizer.ggml.padding_token_id")?))
+}
 
 /// The bytes every GGUF file starts with.
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -393,6 +444,95 @@ mod tests {
         b.resize(b.len().div_ceil(32) * 32, 0);
         b.extend(data);
         b
+    }
+
+    /// A string value's bytes.
+    fn text(s: &str) -> Vec<u8> {
+        [&(s.len() as u64).to_le_bytes()[..], s.as_bytes()].concat()
+    }
+
+    /// A whole tiny Llama as a GGUF (one layer, d_model 4, one head of 4, d_ff 8, six
+    /// tokens), F32, its metadata `kv` and its tensors `(name, dims)` with values.
+    fn tiny_llama(kv: &[(&str, u32, Vec<u8>)], extra: &[(&str, &[u64])]) -> Vec<u8> {
+        let mut names: Vec<(&str, Vec<u64>)> = vec![
+            ("token_embd.weight", vec![4, 6]),
+            ("output_norm.weight", vec![4]),
+            ("blk.0.attn_norm.weight", vec![4]),
+            ("blk.0.attn_q.weight", vec![4, 4]),
+            ("blk.0.attn_k.weight", vec![4, 4]),
+            ("blk.0.attn_v.weight", vec![4, 4]),
+            ("blk.0.attn_output.weight", vec![4, 4]),
+            ("blk.0.ffn_norm.weight", vec![4]),
+            ("blk.0.ffn_gate.weight", vec![4, 8]),
+            ("blk.0.ffn_up.weight", vec![4, 8]),
+            ("blk.0.ffn_down.weight", vec![8, 4]),
+        ];
+        names.extend(extra.iter().map(|(n, d)| (*n, d.to_vec())));
+        let (mut infos, mut data) = (Vec::new(), Vec::new());
+        for (i, (name, dims)) in names.iter().enumerate() {
+            let n: u64 = dims.iter().product();
+            infos.push((*name, dims.as_slice(), 0u32, data.len() as u64));
+            data.extend(
+                (0..n).flat_map(|j| (0.1 * ((i as u64 * 7 + j * 3) % 11) as f32 - 0.4).to_le_bytes()),
+            );
+            data.resize(data.len().div_ceil(32) * 32, 0);
+        }
+        let mut meta = vec![
+            ("general.architecture", 8u32, text("llama")),
+            ("llama.embedding_length", 4, 4u32.to_le_bytes().to_vec()),
+            ("llama.feed_forward_length", 4, 8u32.to_le_bytes().to_vec()),
+            ("llama.block_count", 4, 1u32.to_le_bytes().to_vec()),
+            ("llama.attention.head_count", 4, 1u32.to_le_bytes().to_vec()),
+            ("llama.context_length", 4, 16u32.to_le_bytes().to_vec()),
+            ("llama.attention.layer_norm_rms_epsilon", 6, 1e-5f32.to_le_bytes().to_vec()),
+        ];
+        for (k, t, v) in kv {
+            match meta.iter_mut().find(|(key, _, _)| key == k) {
+                Some(m) => *m = (k, *t, v.clone()),
+                None => meta.push((k, *t, v.clone())),
+            }
+        }
+        let infos: Vec<(&str, &[u64], u32, u64)> = infos;
+        file(&meta, &infos, &data)
+    }
+
+    fn load_err(name: &str, bytes: &[u8]) -> String {
+        let path = std::env::temp_dir().join(format!("rb_gguf_{}_{name}.gguf", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        let r = load(&path, crate::Precision::F32);
+        let _ = std::fs::remove_file(&path);
+        match r {
+            Ok(_) => panic!("{name}: loaded"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_tiny_llama_loads_and_what_is_not_mapped_is_refused_by_key() {
+        let path = std::env::temp_dir().join(format!("rb_gguf_{}_tiny.gguf", std::process::id()));
+        std::fs::write(&path, tiny_llama(&[], &[])).unwrap();
+        let (model, _) = load(&path, crate::Precision::Q8).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!((model.config.vocab_size, model.config.d_ff, model.config.n_layers), (6, 8, 1));
+        assert!(model.config.tie_embeddings, "no output.weight: the head is the embedding");
+
+        let e = load_err("arch", &tiny_llama(&[("general.architecture", 8, text("gpt2"))], &[]));
+        assert!(e.contains("general.architecture: gpt2 is not an architecture this reader maps"), "{e}");
+        let e =
+            load_err("experts", &tiny_llama(&[("llama.expert_count", 4, 8u32.to_le_bytes().to_vec())], &[]));
+        assert!(e.contains("llama.expert_count: mixture-of-experts"), "{e}");
+        let e = load_err("heads", &tiny_llama(&[("llama.attention.head_count", 8, text("one"))], &[]));
+        assert!(e.contains("llama.attention.head_count") && e.contains("not a whole number"), "{e}");
+        let tokens =
+            [&8u32.to_le_bytes()[..], &3u64.to_le_bytes(), &text("a"), &text("b"), &text("c")].concat();
+        let e = load_err("vocab", &tiny_llama(&[("tokenizer.ggml.tokens", 9, tokens)], &[]));
+        assert!(e.contains("tokenizer.ggml.tokens: 3 tokens, where the embedding has 6 rows"), "{e}");
+        let e = load_err("yarn", &tiny_llama(&[("llama.rope.scaling.type", 8, text("yarn"))], &[]));
+        assert!(e.contains("llama.rope.scaling.type"), "{e}");
+        let e = load_err("freqs", &tiny_llama(&[], &[("rope_freqs.weight", &[2])]));
+        assert!(e.contains("rope_freqs.weight: per-frequency RoPE factors"), "{e}");
+        let e = load_err("extra", &tiny_llama(&[], &[("blk.0.attn_q.bias", &[4])]));
+        assert!(e.contains("blk.0.attn_q.bias: this tensor is not part of the model"), "{e}");
     }
 
     fn open_bytes(name: &str, bytes: &[u8]) -> Result<Gguf> {

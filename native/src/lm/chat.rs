@@ -130,6 +130,18 @@ impl ChatTemplate {
         ChatTemplate::checked(source, specials, origin)
     }
 
+    /// The chat template a GGUF file carries (`tokenizer.chat_template`), with its
+    /// special tokens' texts; a file without one is an error naming the key.
+    pub fn from_gguf(path: impl AsRef<Path>) -> Result<ChatTemplate> {
+        let path = path.as_ref();
+        let (source, specials) = crate::io::gguf::chat_template(path)?;
+        let source = source.ok_or_else(|| {
+            NetworkError::parse(path, "tokenizer.chat_template", "missing: the file carries no chat template")
+        })?;
+        let specials = specials.into_iter().map(|(k, v)| (k.to_string(), Value::String(v))).collect();
+        Self::checked(source, specials, path.to_path_buf())
+    }
+
     /// A template from its source; a syntax error is reported here, with its line.
     pub fn new(source: impl Into<String>) -> Result<ChatTemplate> {
         Self::checked(source.into(), Map::new(), PathBuf::from("chat template"))
@@ -445,6 +457,13 @@ impl GenerationConfig {
             repetition_penalty: sampling("repetition_penalty")?.map(|x| x as f32),
             max_new_tokens: sampling("max_new_tokens")?.map(|x| x as usize),
         })
+    }
+
+    /// The ids a GGUF file names (end of text, of turn and of message; start; padding),
+    /// with greedy decoding: GGUF files carry no sampling settings.
+    pub fn from_gguf(path: impl AsRef<Path>) -> Result<GenerationConfig> {
+        let (eos_token_ids, bos_token_id, pad_token_id) = crate::io::gguf::special_ids(path.as_ref())?;
+        Ok(GenerationConfig { eos_token_ids, bos_token_id, pad_token_id, ..Default::default() })
     }
 
     /// Whether `id` ends a reply.

@@ -1,0 +1,130 @@
+//! The tokenizer a GGUF file carries (`tokenizer.ggml.*`), rebuilt as the Hugging Face
+//! `tokenizer.json` the `tokenizers` crate loads, and its chat template. Byte-level BPE
+//! (`tokenizer.ggml.model` `gpt2`) with the pre-tokenizer the file names
+//! (`tokenizer.ggml.pre`): GPT-2's split, SmolLM's (single digits first), Llama 3's and
+//! Qwen2's regular expressions, as llama.cpp's `llama-vocab.cpp` splits them.
+
+use serde_json::{json, Map, Value};
+
+use super::{Gguf, Meta};
+use crate::Result;
+
+/// llama.cpp's token type of a control token (`<|im_end|>`, `<|begin_of_text|>`):
+/// matched whole before the text is split, never split itself.
+const CONTROL: u64 = 3;
+/// A user-defined token, matched whole as well.
+const USER_DEFINED: u64 = 4;
+
+/// Llama 3's split (`llama-bpe`): contractions, letters with one leading non-letter,
+/// numbers of up to three digits, punctuation runs, newlines, spaces.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's split: Llama 3's with single digits.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The file's tokenizer as `tokenizer.json` text.
+pub(crate) fn tokenizer_json(file: &Gguf) -> Result<String> {
+    let str_of = |key: &str| -> Result<&str> {
+        file.get(key)
+            .ok_or_else(|| file.err(key, "missing: the file carries no tokenizer"))?
+            .as_str()
+            .ok_or_else(|| file.err(key, "is not a string"))
+    };
+    let model = str_of("tokenizer.ggml.model")?;
+    if model != "gpt2" {
+        return Err(file.err(
+            "tokenizer.ggml.model",
+            format!("{model}: only byte-level BPE (gpt2) tokenizers are rebuilt (SentencePiece's llama is not yet)"),
+        ));
+    }
+    let strings = |key: &str| -> Result<Vec<&str>> {
+        let items = file
+            .get(key)
+            .ok_or_else(|| file.err(key, "missing"))?
+            .as_array()
+            .ok_or_else(|| file.err(key, "is not an array"))?;
+        items
+            .iter()
+            .map(|m| m.as_str().ok_or_else(|| file.err(key, "holds a value that is not a string")))
+            .collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens")?;
+    let merges = strings("tokenizer.ggml.merges")?;
+    let types: Vec<u64> = match file.get("tokenizer.ggml.token_type").and_then(Meta::as_array) {
+        Some(t) => t
+            .iter()
+            .map(|m| m.as_u64().ok_or_else(|| file.err("tokenizer.ggml.token_type", "holds a non-integer")))
+            .collect::<Result<_>>()?,
+        None => vec![1; tokens.len()],
+    };
+    if types.len() != tokens.len() {
+        return Err(file
+            .err("tokenizer.ggml.token_type", format!("{} types for {} tokens", types.len(), tokens.len())));
+    }
+    let pre = file.get("tokenizer.ggml.pre").and_then(Meta::as_str).unwrap_or("default");
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
+    let pre_tokenizer = match pre {
+        "default" | "gpt-2" | "gpt2" => byte_level(true),
+        "smollm" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+        "llama-bpe" | "llama3" => {
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]})
+        }
+        "qwen2" => json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]}),
+        other => {
+            return Err(file.err(
+                "tokenizer.ggml.pre",
+                format!(
+                    "{other}: the pre-tokenizers rebuilt are default, gpt-2, smollm, llama-bpe and qwen2"
+                ),
+            ))
+        }
+    };
+    let mut vocab = Map::new();
+    for (i, t) in tokens.iter().enumerate() {
+        if vocab.insert(t.to_string(), json!(i)).is_some() {
+            return Err(file.err("tokenizer.ggml.tokens", format!("{t:?} is listed twice")));
+        }
+    }
+    let added: Vec<Value> = tokens
+        .iter()
+        .zip(&types)
+        .enumerate()
+        .filter(|(_, (_, &t))| t == CONTROL || t == USER_DEFINED)
+        .map(|(i, (text, &t))| {
+            json!({"id": i, "content": text, "single_word": false, "lstrip": false, "rstrip": false,
+                   "normalized": t == USER_DEFINED, "special": t == CONTROL})
+        })
+        .collect();
+    let json = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": merges,
+        },
+    });
+    Ok(json.to_string())
+}
+
+/// The file's chat template (`tokenizer.chat_template`), if it has one.
+pub(crate) fn chat_template(file: &Gguf) -> Result<Option<String>> {
+    match file.get("tokenizer.chat_template") {
+        None => Ok(None),
+        Some(Meta::Str(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(file.err("tokenizer.chat_template", "is not a string")),
+    }
+}
+
+/// The text of token `key` (`tokenizer.ggml.eos_token_id` and the like), if the file names one.
+pub(crate) fn special_text(file: &Gguf, key: &str) -> Option<String> {
+    let id = usize::try_from(file.get(key)?.as_u64()?).ok()?;
+    file.get("tokenizer.ggml.tokens")?.as_array()?.get(id)?.as_str().map(str::to_string)
+}
