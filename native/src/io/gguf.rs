@@ -367,12 +367,15 @@ impl Gguf {
     }
 
     /// The tensor `name` decoded to f32 in ggml's order (row-major over [`TensorInfo::shape`]);
-    /// a NaN or infinity in it is an error.
+    /// a NaN or infinity in it is an error. Its pages of the file are handed back after
+    /// (they stay in the page cache): a tensor is read once.
     pub(crate) fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
         let t = self.tensor(name).ok_or_else(|| self.err(name, "no tensor of this name"))?;
         let bytes = &self.map[self.data + t.offset..self.data + t.offset + t.bytes];
         let mut out = vec![0f32; t.values];
         t.kind.decode(bytes, &mut out);
+        // Each tensor is read once: its pages leave this process's memory.
+        crate::io::weights::release(&self.map, bytes);
         if out.iter().any(|v| !v.is_finite()) {
             return Err(self.err(name, "holds NaN or infinite values"));
         }

@@ -320,30 +320,10 @@ impl<'a> Tensors<'a> {
         Ok((packed, scales))
     }
 
-    /// Hands the pages under a tensor that has been read back to the kernel: they stay in
-    /// the page cache, but stop counting in this process's memory, so a load's peak is the
-    /// model plus one tensor, not the model plus the files.
+    /// Hands the pages under a tensor that has been read back to the kernel (see
+    /// [`release`]).
     fn release(&self, i: usize, view: &TensorView<'_>) {
-        #[cfg(unix)]
-        {
-            let map = &self.files.maps[i];
-            let data = view.data();
-            let start = data.as_ptr() as usize - map.as_ptr() as usize;
-            // Inward to 64 KiB, a multiple of every page size in use, so no page of a
-            // neighbouring tensor is handed back.
-            let page = 1 << 16;
-            let (from, to) = (start.div_ceil(page) * page, (start + data.len()) / page * page);
-            if to > from {
-                // SAFETY: the map is read only and nothing reads this range again (each
-                // tensor is read once); were it read, the kernel would fault the pages back
-                // in from the file. The advice is a hint: a failure changes nothing.
-                let _ = unsafe {
-                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
-                };
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = (i, view);
+        release(&self.files.maps[i], view.data());
     }
 
     /// Every tensor name in the files.
@@ -396,4 +376,27 @@ pub(crate) fn widen(view: &TensorView<'_>, from: usize, out: &mut [f32]) {
             }
         }
     }
+}
+
+/// Hands the pages under `data` (a tensor inside `map` that has been read) back to the
+/// kernel: they stay in the page cache, but stop counting in this process's memory, so a
+/// load's peak is the model plus one tensor, not the model plus the files.
+pub(crate) fn release(map: &memmap2::Mmap, data: &[u8]) {
+    #[cfg(unix)]
+    {
+        let start = data.as_ptr() as usize - map.as_ptr() as usize;
+        // Inward to 64 KiB, a multiple of every page size in use, so no page of a
+        // neighbouring tensor is handed back.
+        let page = 1 << 16;
+        let (from, to) = (start.div_ceil(page) * page, (start + data.len()) / page * page);
+        if to > from {
+            // SAFETY: the map is read only and nothing reads this range again (each
+            // tensor is read once); were it read, the kernel would fault the pages back
+            // in from the file. The advice is a hint: a failure changes nothing.
+            let _ =
+                unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from) };
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (map, data);
 }
