@@ -220,6 +220,20 @@ fn the_gguf_file_reads_to_the_same_bits_as_its_folder_and_answers_paris() {
             // The rebuilt tokenizer splits text as the folder's does (digits one by one,
             // spaces, unicode, the chat's control tokens whole).
             let folder_tok = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+            // The folder written back as GGUF (its tokenizer.json turned into llama.cpp's
+            // keys): the same logits from the file, and a tokenizer that splits the same.
+            let out = rusting_brain_test_support::TempDir::new("smollm2_gguf");
+            let written = out.path().join("model.gguf");
+            folder.save_gguf(&written, Precision::F32).unwrap();
+            let mut again = TransformerLm::from_gguf(&written).unwrap();
+            again.set_max_seq_len(512).unwrap();
+            let round = again.forward_cached(&ids, &mut again.new_kv_caches()).unwrap();
+            assert!(
+                round.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "folder -> GGUF -> model"
+            );
+            let written_tok: Tokenizer =
+                rusting_brain::gguf::tokenizer_json(&written).unwrap().parse().unwrap();
             for text in [
                 "fn main() { let v = vec![1, 2, 3]; }",
                 "  two  spaces, 12345 digits, and 3.14",
@@ -228,6 +242,7 @@ fn the_gguf_file_reads_to_the_same_bits_as_its_folder_and_answers_paris() {
             ] {
                 let ids = |t: &Tokenizer| t.encode(text, false).unwrap().get_ids().to_vec();
                 assert_eq!(ids(&tok), ids(&folder_tok), "{text:?}");
+                assert_eq!(ids(&written_tok), ids(&folder_tok), "{text:?}, from the written file");
             }
         }
     }

@@ -102,6 +102,14 @@ pub(crate) struct Origin {
 }
 
 impl Origin {
+    /// The class the model was read as.
+    pub(crate) fn family(&self) -> Family {
+        self.family
+    }
+    /// The folder or file it was read from.
+    pub(crate) fn source(&self) -> &Path {
+        &self.source
+    }
     /// Where a model came from other than a folder (a GGUF file): its family, the
     /// `config.json` that describes it, and the file.
     pub(crate) fn new(family: Family, config: Map<String, Value>, source: PathBuf) -> Origin {

@@ -308,16 +308,11 @@ impl<'a> Tensors<'a> {
                 })
             })
             .collect();
-        let (mut packed, mut scales) = (Vec::new(), Vec::new());
-        for part in parts {
-            let (p, sc) = part?;
-            packed.extend_from_slice(&p);
-            scales.extend_from_slice(&sc);
-        }
+        let joined = join_parts(parts)?;
         if rows.end == total {
             self.release(i, &view);
         }
-        Ok((packed, scales))
+        Ok(joined)
     }
 
     /// Hands the pages under a tensor that has been read back to the kernel (see
@@ -399,4 +394,17 @@ pub(crate) fn release(map: &memmap2::Mmap, data: &[u8]) {
     }
     #[cfg(not(unix))]
     let _ = (map, data);
+}
+
+/// Slabs of a matrix's rows rounded apart (packed values and scales each), joined in
+/// order; the first slab's error, if any.
+pub(crate) fn join_parts(parts: Vec<Result<(Vec<f32>, Vec<f32>)>>) -> Result<(Vec<f32>, Vec<f32>)> {
+    let total: usize = parts.iter().flatten().map(|(p, _)| p.len()).sum();
+    let (mut packed, mut scales) = (Vec::with_capacity(total), Vec::new());
+    for part in parts {
+        let (p, sc) = part?;
+        packed.extend_from_slice(&p);
+        scales.extend_from_slice(&sc);
+    }
+    Ok((packed, scales))
 }

@@ -50,6 +50,24 @@ impl GgmlType {
         })
     }
 
+    /// ggml's id of the type.
+    pub(crate) fn id(self) -> u32 {
+        use GgmlType::*;
+        match self {
+            F32 => 0,
+            F16 => 1,
+            Q4_0 => 2,
+            Q4_1 => 3,
+            Q5_0 => 6,
+            Q5_1 => 7,
+            Q8_0 => 8,
+            Q4K => 12,
+            Q5K => 13,
+            Q6K => 14,
+            BF16 => 30,
+        }
+    }
+
     /// The name llama.cpp gives the type.
     pub(crate) fn name(self) -> &'static str {
         use GgmlType::*;

@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use rayon::prelude::*;
 use rusting_brain_core::models::transformer::{QuantFormat, TransformerModel};
 use serde_json::{json, Map, Value};
 
@@ -56,18 +57,28 @@ pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerMode
         }
         let w = file.read_f32(&g)?;
         Ok(match (permuted, name.rsplit('.').nth(1)) {
-            (true, Some("q_proj")) if name.ends_with(".weight") => unpermute(&w, q_heads, shape[1]),
-            (true, Some("k_proj")) if name.ends_with(".weight") => unpermute(&w, kv_heads, shape[1]),
+            (true, Some("q_proj")) if name.ends_with(".weight") => rotary_rows(&w, q_heads, shape[1], false),
+            (true, Some("k_proj")) if name.ends_with(".weight") => rotary_rows(&w, kv_heads, shape[1], false),
             _ => w,
         })
     };
     let read_quant = |name: &str, shape: &[usize], format: QuantFormat| -> Result<(Vec<f32>, Vec<f32>)> {
         let w = read(name, shape)?;
-        let (rows, cols) = (shape[0], shape[1..].iter().product());
-        Ok(match format {
-            QuantFormat::Q8 => crate::backend::cpu::q8::quantize_blocks(&w, rows, cols)?,
-            QuantFormat::Q4 => rusting_brain_core::ops::q4::quantize_q4(&w, rows, cols)?,
-        })
+        let cols: usize = shape[1..].iter().product();
+        // Rows round on their own: slabs of about 64K values in parallel, joined in order
+        // (the 4-bit search is the slow part of a load).
+        let slab = ((1 << 16) / cols.max(1)).max(1);
+        let parts: Vec<Result<(Vec<f32>, Vec<f32>)>> = w
+            .par_chunks(slab * cols)
+            .map(|rows| {
+                let n = rows.len() / cols;
+                Ok(match format {
+                    QuantFormat::Q8 => crate::backend::cpu::q8::quantize_blocks(rows, n, cols)?,
+                    QuantFormat::Q4 => rusting_brain_core::ops::q4::quantize_q4(rows, n, cols)?,
+                })
+            })
+            .collect();
+        crate::io::weights::join_parts(parts)
     };
     let model = hf::build_model(parsed, precision, read, read_quant)?;
     let config = config.as_object().cloned().unwrap_or_default();
@@ -184,7 +195,7 @@ fn config_json(file: &Gguf) -> Result<Value> {
 }
 
 /// llama.cpp's name of the tensor we call `ours` (transformers' names).
-fn gguf_name(ours: &str) -> String {
+pub(super) fn gguf_name(ours: &str) -> String {
     match ours {
         "model.embed_tokens.weight" => return "token_embd.weight".into(),
         "model.norm.weight" => return "output_norm.weight".into(),
@@ -211,16 +222,18 @@ fn gguf_name(ours: &str) -> String {
     format!("blk.{layer}.{part}.{kind}")
 }
 
-/// llama.cpp's `permute` undone on a `(heads * head_dim, cols)` projection: its row
-/// `2 i + j` of a head is transformers' row `j * head_dim / 2 + i`.
-fn unpermute(w: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+/// llama.cpp's `permute` of a `(heads * head_dim, cols)` projection, or (`into_gguf`
+/// false) its inverse: its row `2 i + j` of a head is transformers' row
+/// `j * head_dim / 2 + i`.
+pub(super) fn rotary_rows(w: &[f32], heads: usize, cols: usize, into_gguf: bool) -> Vec<f32> {
     let rows = w.len() / cols.max(1);
     let hd = rows / heads.max(1);
     let mut out = vec![0f32; w.len()];
     for h in 0..heads {
         for i in 0..hd / 2 {
             for j in 0..2 {
-                let (from, to) = (h * hd + 2 * i + j, h * hd + j * (hd / 2) + i);
+                let (gguf, ours) = (h * hd + 2 * i + j, h * hd + j * (hd / 2) + i);
+                let (to, from) = if into_gguf { (gguf, ours) } else { (ours, gguf) };
                 out[to * cols..(to + 1) * cols].copy_from_slice(&w[from * cols..(from + 1) * cols]);
             }
         }

@@ -73,6 +73,24 @@ impl TransformerLm {
         let (model, origin) = crate::io::gguf::load(path.as_ref(), precision)?;
         Ok(Self::loaded(model, origin))
     }
+    /// Writes a GGUF file llama.cpp and ollama run: llama.cpp's names and metadata, the
+    /// tokenizer and chat template of the file or folder the model was read from, F32 or
+    /// (`Precision::Q8`, `Precision::Q4`) every matrix whose rows hold whole blocks of 32
+    /// in Q8_0 or Q4_0, rounded as `llama-quantize` rounds them (norms F32; at Q4 the
+    /// embedding and head Q8_0). The model must hold its f32 weights (a quantized model
+    /// would be rounded twice) and be a dense `llama`, `qwen2` or `qwen3` model; merge
+    /// LoRA adapters first. Written through a temporary file: a failure leaves `path` as
+    /// it was.
+    pub fn save_gguf(&self, path: impl AsRef<std::path::Path>, precision: crate::Precision) -> Result<()> {
+        if self.lora_config().is_some() {
+            return Err(NetworkError::InvalidInput(
+                "save_gguf: the model has LoRA adapters; merge_lora() first (llama.cpp reads whole weights)"
+                    .into(),
+            ));
+        }
+        self.host_current("save_gguf")?;
+        crate::io::gguf::save(self.model(), self.origin.as_ref(), path.as_ref(), precision)
+    }
     /// Writes a Hugging Face directory that `transformers`' `AutoModelForCausalLM` loads:
     /// F32 `model.safetensors` (sharded past 5 GB), `config.json` and
     /// `generation_config.json`. The class is the one the model was loaded as, else the

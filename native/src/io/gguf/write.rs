@@ -1,0 +1,325 @@
+//! A model out as a GGUF file llama.cpp reads: llama.cpp's names, its metadata keys, the
+//! query and key rows interleaved as its converter interleaves them for Llama-family
+//! models, and the tokenizer and chat template the model came with. F32, or every matrix
+//! whose rows hold whole blocks in Q8_0 or Q4_0, rounded as llama.cpp's
+//! `quantize_row_q8_0_ref` and `quantize_row_q4_0_ref` round (f16 scales by round to
+//! nearest even): the bytes `llama-quantize` writes from the same f32 values. Norms (and
+//! rows that are not whole blocks) stay F32; at Q4_0 the embedding and the head are Q8_0,
+//! as llama.cpp's 4-bit files of these models keep them.
+
+use std::io::Write;
+use std::path::Path;
+
+use half::f16;
+use rusting_brain_core::models::transformer::{TransformerConfig, TransformerModel};
+use rusting_brain_core::RopeScaling;
+
+use super::lm::rotary_rows;
+use super::{GgmlType, Gguf, Meta};
+use crate::backend::cpu::CpuBackend;
+use crate::io::hf::{Family, Origin};
+use crate::{NetworkError, Precision, Result};
+
+const ALIGNMENT: usize = 32;
+
+/// The tokenizer metadata to write (`tokenizer.*` keys), from the GGUF file or the folder
+/// the model came from.
+fn tokenizer_keys(origin: Option<&Origin>) -> Result<Vec<(String, Meta)>> {
+    let source = origin.map(|o| o.source());
+    let Some(source) = source else {
+        return Err(NetworkError::InvalidInput(
+            "save_gguf: the model came from no file with a tokenizer (from_gguf or from_pretrained); llama.cpp needs one in the file".into(),
+        ));
+    };
+    if source.is_file() {
+        let file = Gguf::open(source)?;
+        let keys: Vec<(String, Meta)> =
+            file.meta.iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned().collect();
+        if keys.is_empty() {
+            return Err(
+                file.err("tokenizer.ggml.model", "missing: the file the model came from has no tokenizer")
+            );
+        }
+        return Ok(keys);
+    }
+    super::tokenizer::from_folder(source)
+}
+
+/// llama.cpp's architecture name for a model of `family`.
+fn arch_of(family: Family) -> Result<&'static str> {
+    match family {
+        Family::Llama | Family::Mistral => Ok("llama"),
+        Family::Qwen2 => Ok("qwen2"),
+        Family::Qwen3 => Ok("qwen3"),
+        other => Err(NetworkError::InvalidInput(format!(
+            "save_gguf: {other:?} (a mixture of experts) is not written as GGUF yet"
+        ))),
+    }
+}
+
+/// The metadata llama.cpp reads for `arch`.
+fn model_keys(c: &TransformerConfig, arch: &str, file_type: u32) -> Result<Vec<(String, Meta)>> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let u = |v: usize| Meta::U32(v as u32);
+    let mut m = vec![
+        ("general.architecture".to_string(), Meta::Str(arch.into())),
+        ("general.file_type".to_string(), Meta::U32(file_type)),
+        ("general.quantization_version".to_string(), Meta::U32(2)),
+        (k("context_length"), u(c.max_seq_len)),
+        (k("embedding_length"), u(c.d_model)),
+        (k("block_count"), u(c.n_layers)),
+        (k("feed_forward_length"), u(c.d_ff)),
+        (k("attention.head_count"), u(c.q_heads)),
+        (k("attention.head_count_kv"), u(c.kv_heads)),
+        (k("attention.key_length"), u(c.head_dim)),
+        (k("attention.value_length"), u(c.head_dim)),
+        (k("attention.layer_norm_rms_epsilon"), Meta::F32(c.norm_eps)),
+        (k("rope.freq_base"), Meta::F32(c.rope_theta)),
+        (k("rope.dimension_count"), u(c.head_dim)),
+        (k("vocab_size"), u(c.vocab_size)),
+    ];
+    match c.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => {
+            m.push((k("rope.scaling.type"), Meta::Str("linear".into())));
+            m.push((k("rope.scaling.factor"), Meta::F32(factor)));
+        }
+        other => {
+            return Err(NetworkError::InvalidInput(format!(
+                "save_gguf: RoPE scaling {other:?} is not written as GGUF yet (llama.cpp keeps Llama 3's as a rope_freqs tensor)"
+            )))
+        }
+    }
+    Ok(m)
+}
+
+/// How each tensor is stored: norms and biases F32; matrices at the precision's type where
+/// their rows hold whole blocks.
+fn kind_of(name: &str, shape: &[usize], precision: Precision) -> GgmlType {
+    let whole = shape.len() == 2 && shape[1].is_multiple_of(32);
+    let edge = name == "model.embed_tokens.weight" || name == "lm_head.weight";
+    match precision {
+        _ if !whole => GgmlType::F32,
+        Precision::F32 => GgmlType::F32,
+        Precision::Q8 => GgmlType::Q8_0,
+        Precision::Q4 if edge => GgmlType::Q8_0,
+        Precision::Q4 => GgmlType::Q4_0,
+    }
+}
+
+/// `w` (rows of whole 32-blocks) as `kind`'s bytes.
+fn encode(kind: GgmlType, w: &[f32]) -> Vec<u8> {
+    match kind {
+        GgmlType::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::Q8_0 => w.chunks_exact(32).flat_map(q8_0_block).collect(),
+        GgmlType::Q4_0 => w.chunks_exact(32).flat_map(q4_0_block).collect(),
+        _ => unreachable!("the writer picks F32, Q8_0 or Q4_0"),
+    }
+}
+
+/// llama.cpp's `quantize_row_q8_0_ref` on one block: `d = absmax / 127`, each value
+/// `round(x / d)` half away from zero.
+fn q8_0_block(x: &[f32]) -> Vec<u8> {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut b = f16::from_f32(d).to_le_bytes().to_vec();
+    b.extend(x.iter().map(|&v| (v * id).round() as i8 as u8));
+    b
+}
+
+/// llama.cpp's `quantize_row_q4_0_ref` on one block: `d = max / -8` for the value of
+/// largest magnitude, each value `min(15, trunc(x / d + 8.5))`.
+fn q4_0_block(x: &[f32]) -> Vec<u8> {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+    let mut b = f16::from_f32(d).to_le_bytes().to_vec();
+    b.extend((0..16).map(|j| q(x[j]) | (q(x[16 + j]) << 4)));
+    b
+}
+
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+/// A value's type id and bytes.
+fn put_value(b: &mut Vec<u8>, v: &Meta, with_type: bool) {
+    let (t, bytes): (u32, Vec<u8>) = match v {
+        Meta::U8(x) => (0, vec![*x]),
+        Meta::I8(x) => (1, vec![*x as u8]),
+        Meta::U16(x) => (2, x.to_le_bytes().to_vec()),
+        Meta::I16(x) => (3, x.to_le_bytes().to_vec()),
+        Meta::U32(x) => (4, x.to_le_bytes().to_vec()),
+        Meta::I32(x) => (5, x.to_le_bytes().to_vec()),
+        Meta::F32(x) => (6, x.to_le_bytes().to_vec()),
+        Meta::Bool(x) => (7, vec![*x as u8]),
+        Meta::Str(s) => {
+            let mut s_bytes = Vec::new();
+            put_str(&mut s_bytes, s);
+            (8, s_bytes)
+        }
+        Meta::Array(items) => {
+            let mut a = Vec::new();
+            // An empty array is written as strings (llama.cpp's writer does the same).
+            let inner = items.first().map_or(8, meta_type);
+            a.extend(inner.to_le_bytes());
+            a.extend((items.len() as u64).to_le_bytes());
+            for item in items {
+                put_value(&mut a, item, false);
+            }
+            (9, a)
+        }
+        Meta::U64(x) => (10, x.to_le_bytes().to_vec()),
+        Meta::I64(x) => (11, x.to_le_bytes().to_vec()),
+        Meta::F64(x) => (12, x.to_le_bytes().to_vec()),
+    };
+    if with_type {
+        b.extend(t.to_le_bytes());
+    }
+    b.extend(bytes);
+}
+
+fn meta_type(v: &Meta) -> u32 {
+    let mut b = Vec::new();
+    put_value(&mut b, v, true);
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Writes `model` (f32) to `path` as GGUF at `precision`, through a temporary file.
+pub(crate) fn save(
+    model: &TransformerModel<CpuBackend>, origin: Option<&Origin>, path: &Path, precision: Precision,
+) -> Result<()> {
+    if model.quantized.is_some() {
+        return Err(NetworkError::InvalidInput(
+            "save_gguf: the model is quantized and its f32 weights are gone (rounding again would round twice); load it at f32 and save at Q8 or Q4".into(),
+        ));
+    }
+    let c = &model.config;
+    let family = match origin {
+        Some(o) => o.family(),
+        None => match (c.qkv_bias, c.qk_norm, &c.moe) {
+            (false, false, None) => Family::Llama,
+            (true, false, None) => Family::Qwen2,
+            (false, true, None) => Family::Qwen3,
+            _ => {
+                return Err(NetworkError::InvalidInput(
+                    "save_gguf: no GGUF architecture computes this model".into(),
+                ))
+            }
+        },
+    };
+    let arch = arch_of(family)?;
+    let file_type = match precision {
+        Precision::F32 => 0,
+        Precision::Q8 => 7,
+        Precision::Q4 => 2,
+    };
+    let mut meta = model_keys(c, arch, file_type)?;
+    meta.extend(tokenizer_keys(origin)?);
+
+    // The tensors in llama.cpp's order and names, with their stored types and sizes.
+    let named = model.params.as_ref().into_named();
+    let layout = c.layout();
+    let shapes: Vec<Vec<usize>> =
+        layout.as_ref().into_named().into_iter().map(|(_, t)| t.shape.clone()).collect();
+    let mut infos = Vec::new();
+    let mut offset = 0usize;
+    for ((name, _), shape) in named.iter().zip(&shapes) {
+        let kind = kind_of(name, shape, precision);
+        let values: usize = shape.iter().product();
+        let bytes = kind.bytes_of(*shape.last().unwrap_or(&1), values).map_err(NetworkError::InvalidInput)?;
+        infos.push((super::lm::gguf_name(name), shape.clone(), kind, offset, bytes));
+        offset = (offset + bytes).div_ceil(ALIGNMENT) * ALIGNMENT;
+    }
+
+    let mut head = b"GGUF".to_vec();
+    head.extend(3u32.to_le_bytes());
+    head.extend((infos.len() as u64).to_le_bytes());
+    head.extend((meta.len() as u64).to_le_bytes());
+    for (k, v) in &meta {
+        put_str(&mut head, k);
+        put_value(&mut head, v, true);
+    }
+    for (name, shape, kind, offset, _) in &infos {
+        put_str(&mut head, name);
+        head.extend((shape.len() as u32).to_le_bytes());
+        for d in shape.iter().rev() {
+            head.extend((*d as u64).to_le_bytes());
+        }
+        head.extend(kind.id().to_le_bytes());
+        head.extend((*offset as u64).to_le_bytes());
+    }
+    head.resize(head.len().div_ceil(ALIGNMENT) * ALIGNMENT, 0);
+
+    let permuted = arch == "llama";
+    let (dir, tmp) = crate::io::files::temporary_for(path)?;
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        f.write_all(&head)?;
+        let mut at = 0usize;
+        for ((name, buf), (_, shape, kind, offset, _)) in named.iter().zip(&infos) {
+            f.write_all(&vec![0u8; offset - at])?;
+            let cols = shape[1..].iter().product::<usize>().max(1);
+            let w: &[f32] = buf;
+            let w = match (permuted, name.rsplit('.').nth(1)) {
+                (true, Some("q_proj")) if name.ends_with(".weight") => rotary_rows(w, c.q_heads, cols, true),
+                (true, Some("k_proj")) if name.ends_with(".weight") => rotary_rows(w, c.kv_heads, cols, true),
+                _ => w.to_vec(),
+            };
+            let bytes = encode(*kind, &w);
+            f.write_all(&bytes)?;
+            at = offset + bytes.len();
+        }
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(NetworkError::io(path, e));
+    }
+    if let Ok(d) = std::fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Q8_0 and Q4_0 blocks as `gguf.quants.quantize` (ggml's reference rounding) makes
+    /// them from the same f32 rows (`tests/fixtures/gen_gguf_blocks.py`): a block of exact
+    /// ties for each, a block of zeros, random rows.
+    #[test]
+    fn q8_0_and_q4_0_blocks_are_ggml_s_bytes() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf_blocks.gguf");
+        let file = Gguf::open(&path).unwrap();
+        let x = file.read_f32("encode.input").unwrap();
+        for (kind, name) in [(GgmlType::Q8_0, "encode.q8_0"), (GgmlType::Q4_0, "encode.q4_0")] {
+            let want = file.raw(name).unwrap();
+            let got = encode(kind, &x);
+            assert_eq!(got.len(), want.len(), "{name}");
+            let (_, block) = kind.block();
+            for (b, (g, w)) in got.chunks(block).zip(want.chunks(block)).enumerate() {
+                assert_eq!(g, w, "{name} block {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn permute_is_the_reader_s_inverse() {
+        let w: Vec<f32> = (0..2 * 8 * 3).map(|v| v as f32).collect();
+        let p = rotary_rows(&w, 2, 3, true);
+        assert_ne!(p, w);
+        assert_eq!(rotary_rows(&p, 2, 3, false), w);
+    }
+}
