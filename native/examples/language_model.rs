@@ -14,6 +14,7 @@
 //!     ... language_model -- generate "prompt" --from-pretrained DIR [--q8] [--context N] [sampling flags]
 //!     ... language_model -- chat --from-pretrained DIR [--q8] [--context N] [--system TEXT]
 //!     ... language_model -- generate "prompt" | chat --from-gguf FILE [the same flags]
+//!     ... language_model -- export-gguf --from-pretrained DIR | --from-gguf FILE --out FILE [--q8 | --q4]
 //!     ... language_model -- train --from-pretrained DIR [--steps N] [--lr R] [--corpus FILE] \
 //!         [--save-pretrained OUT] [--lora RANK]
 //!
@@ -547,7 +548,7 @@ fn load_pretrained(
     // A published context (131,072 positions for Llama 3.1) would make KV caches of many
     // gigabytes; 4,096 unless asked.
     let full = model.config().max_seq_len;
-    let n = context.unwrap_or(full.min(4096));
+    let n = context.unwrap_or(full.min(4096)).min(full);
     if n != full {
         model.set_max_seq_len(n)?;
         eprintln!("context {n} positions of the model's {full} (--context N to change)");
@@ -793,8 +794,26 @@ fn main() -> Result<(), Error> {
             None => chat(&g),
         },
         Some("export-web") => export_web(flag("--out").map(PathBuf::from)),
+        Some("export-gguf") => {
+            // A published model written as GGUF for llama.cpp and ollama (f32 weights, so
+            // load without --q8; the file's precision from --q8 / --q4).
+            let src = published.as_ref().ok_or("export-gguf needs --from-pretrained DIR or --from-gguf FILE")?;
+            let out = PathBuf::from(flag("--out").ok_or("export-gguf needs --out FILE.gguf")?);
+            let precision = if g.q8 {
+                Precision::Q8
+            } else if args.iter().any(|a| a == "--q4") {
+                Precision::Q4
+            } else {
+                Precision::F32
+            };
+            // The whole context unless --context cuts it: the file says what the model holds.
+            let (model, _, _) = load_pretrained(src, false, g.context.or(Some(usize::MAX)))?;
+            model.save_gguf(&out, precision)?;
+            println!("wrote {} ({:?}, {} bytes)", out.display(), precision, std::fs::metadata(&out)?.len());
+            Ok(())
+        }
         Some(other) => {
-            Err(format!("unknown subcommand `{other}` (train, generate, chat, export-web, or none)").into())
+            Err(format!("unknown subcommand `{other}` (train, generate, chat, export-web, export-gguf, or none)").into())
         }
     }
 }
