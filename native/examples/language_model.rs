@@ -797,7 +797,8 @@ fn main() -> Result<(), Error> {
         Some("export-gguf") => {
             // A published model written as GGUF for llama.cpp and ollama (f32 weights, so
             // load without --q8; the file's precision from --q8 / --q4).
-            let src = published.as_ref().ok_or("export-gguf needs --from-pretrained DIR or --from-gguf FILE")?;
+            let src =
+                published.as_ref().ok_or("export-gguf needs --from-pretrained DIR or --from-gguf FILE")?;
             let out = PathBuf::from(flag("--out").ok_or("export-gguf needs --out FILE.gguf")?);
             let precision = if g.q8 {
                 Precision::Q8
@@ -812,8 +813,9 @@ fn main() -> Result<(), Error> {
             println!("wrote {} ({:?}, {} bytes)", out.display(), precision, std::fs::metadata(&out)?.len());
             Ok(())
         }
-        Some(other) => {
-            Err(format!("unknown subcommand `{other}` (train, generate, chat, export-web, export-gguf, or none)").into())
-        }
+        Some(other) => Err(format!(
+            "unknown subcommand `{other}` (train, generate, chat, export-web, export-gguf, or none)"
+        )
+        .into()),
     }
 }
