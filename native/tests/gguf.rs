@@ -117,15 +117,7 @@ fn save_gguf_writes_what_from_gguf_reads_with_the_tokenizer() {
     assert!(e.contains("merge_lora"), "{e}");
     assert!(!path.exists());
     // A model from no file has no tokenizer to write.
-    let fresh = TransformerLm::builder()
-        .vocab_size(32)
-        .d_model(32)
-        .n_layers(1)
-        .heads(2, 1, 16)
-        .d_ff(64)
-        .max_seq_len(16)
-        .build()
-        .unwrap();
+    let fresh = rusting_brain_test_support::rule_model(32, 16).build().unwrap();
     let e = fresh.save_gguf(&path, Precision::F32).unwrap_err().to_string();
     assert!(e.contains("tokenizer"), "{e}");
     assert!(!path.exists());

@@ -458,6 +458,7 @@ pub fn tile4x4_blocked(
 ) {
     let nb = xs[0].scales.len();
     let _ = (&out[3 * stride..3 * stride + 4], &ws[..4 * nb]);
+    #[cfg(target_arch = "x86_64")]
     let k = xs[0].wide.len();
     #[cfg(target_arch = "x86_64")]
     if has_vnni()
@@ -593,6 +594,7 @@ impl Panel16 {
         d.clear();
         d.resize(16 * nb, 0.0);
         // The next sixteen rows' bytes, row by row as they are read here (see `fill`).
+        #[cfg(target_arch = "x86_64")]
         let next = w.as_ptr().wrapping_add(16 * stride);
         for r in 0..16 {
             #[cfg(target_arch = "x86_64")]
