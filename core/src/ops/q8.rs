@@ -176,7 +176,7 @@ pub fn check_q8(op: &'static str, packed: usize, scales: usize, n: usize, k: usi
             op,
             message: alloc::format!(
                 "this {n} x {k} weight is 4-bit, and this backend's kernel reads int8 weights only; \
-                 run 4-bit models on the CPU, or load the model at Precision::Q8"
+                 run 4-bit models on the CPU or wgpu, or load the model at Precision::Q8"
             ),
         });
     }
