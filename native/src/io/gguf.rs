@@ -533,6 +533,9 @@ mod tests {
         let e =
             load_err("experts", &tiny_llama(&[("llama.expert_count", 4, 8u32.to_le_bytes().to_vec())], &[]));
         assert!(e.contains("llama.expert_count: mixture-of-experts"), "{e}");
+        let count = 11_862_017u32.to_le_bytes().to_vec();
+        let e = load_err("blocks", &tiny_llama(&[("llama.block_count", 4, count)], &[]));
+        assert!(e.contains("llama.block_count: 11862017 blocks need at least"), "{e}");
         let e = load_err("heads", &tiny_llama(&[("llama.attention.head_count", 8, text("one"))], &[]));
         assert!(e.contains("llama.attention.head_count") && e.contains("not a whole number"), "{e}");
         let tokens =

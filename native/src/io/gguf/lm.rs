@@ -25,6 +25,21 @@ const ARCHITECTURES: [(&str, &str); 3] =
 pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerModel<CpuBackend>, Origin)> {
     let file = Gguf::open(path)?;
     let config = config_json(&file)?;
+    // Each block has at least nine tensors (two norms, four attention projections, three
+    // feed-forward ones): a block count the file cannot hold is refused before the layout
+    // of that many blocks is built (a fuzzed count of millions would take gigabytes).
+    let blocks = config.get("num_hidden_layers").and_then(Value::as_u64).unwrap_or(0);
+    if blocks.saturating_mul(9) > file.tensors.len() as u64 {
+        let arch = config.get("model_type").and_then(Value::as_str).unwrap_or("llama");
+        return Err(file.err(
+            &format!("{arch}.block_count"),
+            format!(
+                "{blocks} blocks need at least {} tensors; the file has {}",
+                blocks.saturating_mul(9),
+                file.tensors.len()
+            ),
+        ));
+    }
     let (family, parsed) = hf::parse_config(path, &config)?;
     let arch = file.get("general.architecture").and_then(Meta::as_str).unwrap_or_default().to_string();
     // llama.cpp's converter interleaves each head's rotary halves of the query and key rows
