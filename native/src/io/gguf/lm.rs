@@ -71,10 +71,9 @@ pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerMode
             return Err(file.err(&g, format!("shape {:?}, where the metadata makes it {shape:?}", t.shape())));
         }
         let w = file.read_f32(&g)?;
-        Ok(match (permuted, name.rsplit('.').nth(1)) {
-            (true, Some("q_proj")) if name.ends_with(".weight") => rotary_rows(&w, q_heads, shape[1], false),
-            (true, Some("k_proj")) if name.ends_with(".weight") => rotary_rows(&w, kv_heads, shape[1], false),
-            _ => w,
+        Ok(match rotary_heads(name, q_heads, kv_heads).filter(|_| permuted) {
+            Some(heads) => rotary_rows(&w, heads, shape[1], false),
+            None => w,
         })
     };
     let read_quant = |name: &str, shape: &[usize], format: QuantFormat| -> Result<(Vec<f32>, Vec<f32>)> {
@@ -235,6 +234,16 @@ pub(super) fn gguf_name(ours: &str) -> String {
         _ => return ours.into(),
     };
     format!("blk.{layer}.{part}.{kind}")
+}
+
+/// The heads of `name` when it is a query or key projection's weight, whose rows llama.cpp
+/// interleaves for Llama-family models (see [`rotary_rows`]).
+pub(super) fn rotary_heads(name: &str, q_heads: usize, kv_heads: usize) -> Option<usize> {
+    match name.strip_suffix(".weight")?.rsplit('.').next()? {
+        "q_proj" => Some(q_heads),
+        "k_proj" => Some(kv_heads),
+        _ => None,
+    }
 }
 
 /// llama.cpp's `permute` of a `(heads * head_dim, cols)` projection, or (`into_gguf`

@@ -14,7 +14,7 @@ use half::f16;
 use rusting_brain_core::models::transformer::{TransformerConfig, TransformerModel};
 use rusting_brain_core::RopeScaling;
 
-use super::lm::rotary_rows;
+use super::lm::{rotary_heads, rotary_rows};
 use super::{GgmlType, Gguf, Meta};
 use crate::backend::cpu::CpuBackend;
 use crate::io::hf::{Family, Origin};
@@ -270,10 +270,10 @@ pub(crate) fn save(
             f.write_all(&vec![0u8; offset - at])?;
             let cols = shape[1..].iter().product::<usize>().max(1);
             let w: &[f32] = buf;
-            let w = match (permuted, name.rsplit('.').nth(1)) {
-                (true, Some("q_proj")) if name.ends_with(".weight") => rotary_rows(w, c.q_heads, cols, true),
-                (true, Some("k_proj")) if name.ends_with(".weight") => rotary_rows(w, c.kv_heads, cols, true),
-                _ => w.to_vec(),
+            // Only the interleaved projections are copied; every other tensor is encoded in place.
+            let w = match rotary_heads(name, c.q_heads, c.kv_heads).filter(|_| permuted) {
+                Some(heads) => std::borrow::Cow::Owned(rotary_rows(w, heads, cols, true)),
+                None => std::borrow::Cow::Borrowed(w),
             };
             let bytes = encode(*kind, &w);
             f.write_all(&bytes)?;
