@@ -123,17 +123,20 @@ fn save_gguf_writes_what_from_gguf_reads_with_the_tokenizer() {
     assert!(!path.exists());
 }
 
-/// Every dense family through GGUF and back: each Hugging Face fixture (transformers wrote
+/// Every family through GGUF and back: each Hugging Face fixture (transformers wrote
 /// them; `tests/fixtures/gen_hf.py`) read with `from_pretrained`, written with `save_gguf`
-/// at F32 (llama.cpp's names; Llama's and Mistral's q/k rows interleaved, Qwen2's biases,
-/// Qwen3's q/k norms, linear RoPE scaling in the metadata) and read back with `from_gguf`:
+/// at F32 (llama.cpp's names; Llama's, Mistral's and Mixtral's q/k rows interleaved,
+/// Qwen2's biases, Qwen3's q/k norms, linear RoPE scaling in the metadata, Mixtral's and
+/// Qwen3-MoE's experts stacked per projection) and read back with `from_gguf`:
 /// the same configuration and the same logits to the bit. The fixtures have no tokenizer,
 /// so each gets a stand-in byte-level BPE `tokenizer.json` of its vocabulary's size.
 #[test]
-fn every_dense_family_goes_through_gguf_and_back_to_the_bit() {
+fn every_family_goes_through_gguf_and_back_to_the_bit() {
     let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/hf");
     let tmp = rusting_brain_test_support::TempDir::new("hf_gguf");
-    for name in ["llama", "llama_tied", "mistral", "qwen2", "qwen2_rope_linear", "qwen3"] {
+    for name in
+        ["llama", "llama_tied", "mistral", "qwen2", "qwen2_rope_linear", "qwen3", "mixtral", "qwen3_moe"]
+    {
         let dir = tmp.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
         for f in ["config.json", "model.safetensors", "generation_config.json"] {

@@ -378,9 +378,22 @@ impl Gguf {
     /// a NaN or infinity in it is an error. Its pages of the file are handed back after
     /// (they stay in the page cache): a tensor is read once.
     pub(crate) fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+        self.read_f32_part(name, 0, 1)
+    }
+
+    /// Slab `part` of `parts` equal slabs along the tensor's slowest dimension, decoded to
+    /// f32: one expert's matrix of a stacked `[experts, rows, cols]` tensor. Rows hold
+    /// whole blocks (checked when the file was opened), so a slab is whole rows of bytes.
+    pub(crate) fn read_f32_part(&self, name: &str, part: usize, parts: usize) -> Result<Vec<f32>> {
         let t = self.tensor(name).ok_or_else(|| self.err(name, "no tensor of this name"))?;
-        let bytes = self.raw(name).expect("the tensor is there");
-        let mut out = vec![0f32; t.values];
+        let slowest = t.dims.last().copied().unwrap_or(1);
+        if parts == 0 || part >= parts || !slowest.is_multiple_of(parts) {
+            return Err(self.err(name, format!("its {slowest} outer rows do not split into {parts} parts")));
+        }
+        let all = self.raw(name).expect("the tensor is there");
+        let (values, size) = (t.values / parts, t.bytes / parts);
+        let bytes = &all[part * size..(part + 1) * size];
+        let mut out = vec![0f32; values];
         t.kind.decode(bytes, &mut out);
         // Each tensor is read once: its pages leave this process's memory.
         crate::io::weights::release(&self.map, bytes);
@@ -530,9 +543,18 @@ mod tests {
 
         let e = load_err("arch", &tiny_llama(&[("general.architecture", 8, text("gpt2"))], &[]));
         assert!(e.contains("general.architecture: gpt2 is not an architecture this reader maps"), "{e}");
-        let e =
-            load_err("experts", &tiny_llama(&[("llama.expert_count", 4, 8u32.to_le_bytes().to_vec())], &[]));
-        assert!(e.contains("llama.expert_count: mixture-of-experts"), "{e}");
+        let u32_le = |v: u32| v.to_le_bytes().to_vec();
+        let e = load_err("experts", &tiny_llama(&[("llama.expert_count", 4, u32_le(8))], &[]));
+        assert!(e.contains("llama.expert_used_count: missing, 0 or over the 8 experts"), "{e}");
+        let sigmoid = [
+            ("llama.expert_count", 4, u32_le(8)),
+            ("llama.expert_used_count", 4, u32_le(2)),
+            ("llama.expert_gating_func", 4, u32_le(2)),
+        ];
+        let e = load_err("sigmoid", &tiny_llama(&sigmoid, &[]));
+        assert!(e.contains("llama.expert_gating_func: U32(2): only softmax routing"), "{e}");
+        let e = load_err("qwen3moe", &tiny_llama(&[("general.architecture", 8, text("qwen3moe"))], &[]));
+        assert!(e.contains("qwen3moe.expert_count: missing or 0"), "{e}");
         let count = 11_862_017u32.to_le_bytes().to_vec();
         let e = load_err("blocks", &tiny_llama(&[("llama.block_count", 4, count)], &[]));
         assert!(e.contains("llama.block_count: 11862017 blocks need at least"), "{e}");

@@ -1,8 +1,9 @@
 //! A language model from a GGUF file: llama.cpp's metadata turned into the `config.json`
 //! the Hugging Face loader reads (so one parser checks both), and its tensors, by
 //! llama.cpp's names, decoded into the same model the folder would give. Architectures
-//! `llama` (Llama, Mistral, SmolLM), `qwen2` (q/k/v biases) and `qwen3` (per-head q/k
-//! norms), dense.
+//! `llama` (Llama, Mistral, SmolLM; Mixtral when it has experts), `qwen2` (q/k/v biases),
+//! `qwen3` (per-head q/k norms) and `qwen3moe`. llama.cpp stacks a block's experts into
+//! one `[experts, rows, cols]` tensor per projection; each expert is read as its own slab.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -17,8 +18,13 @@ use crate::io::hf::{self, Origin};
 use crate::{Precision, Result};
 
 /// The architectures read, each with the Hugging Face class it is loaded as.
-const ARCHITECTURES: [(&str, &str); 3] =
-    [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")];
+/// `llama` with experts is Mixtral.
+const ARCHITECTURES: [(&str, &str); 4] = [
+    ("llama", "LlamaForCausalLM"),
+    ("qwen2", "Qwen2ForCausalLM"),
+    ("qwen3", "Qwen3ForCausalLM"),
+    ("qwen3moe", "Qwen3MoeForCausalLM"),
+];
 
 /// The model in the GGUF file `path`, in f32 or with its matrices rounded to `precision`
 /// one at a time as they are decoded; and where it came from.
@@ -26,7 +32,7 @@ pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerMode
     let file = Gguf::open(path)?;
     let config = config_json(&file)?;
     // Each block has at least nine tensors (two norms, four attention projections, three
-    // feed-forward ones): a block count the file cannot hold is refused before the layout
+    // feed-forward ones, stacked or not): a block count the file cannot hold is refused before the layout
     // of that many blocks is built (a fuzzed count of millions would take gigabytes).
     let blocks = config.get("num_hidden_layers").and_then(Value::as_u64).unwrap_or(0);
     if blocks.saturating_mul(9) > file.tensors.len() as u64 {
@@ -47,6 +53,7 @@ pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerMode
     // transformers, turns the halves.
     let permuted = arch == "llama";
     let (q_heads, kv_heads) = (parsed.q_heads, parsed.kv_heads);
+    let experts = parsed.moe.as_ref().map_or(0, |m| m.n_experts);
 
     // Every tensor in the file must be one the configuration has.
     let layout = parsed.layout();
@@ -64,13 +71,20 @@ pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerMode
     }
 
     let read = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let g = gguf_name(name);
+        let (g, expert) = gguf_place(name);
         let t =
             file.tensor(&g).ok_or_else(|| file.err(&g, format!("missing: the model needs it ({name})")))?;
-        if t.shape() != shape {
-            return Err(file.err(&g, format!("shape {:?}, where the metadata makes it {shape:?}", t.shape())));
+        let want: Vec<usize> = match expert {
+            Some(_) => std::iter::once(experts).chain(shape.iter().copied()).collect(),
+            None => shape.to_vec(),
+        };
+        if t.shape() != want {
+            return Err(file.err(&g, format!("shape {:?}, where the metadata makes it {want:?}", t.shape())));
         }
-        let w = file.read_f32(&g)?;
+        let w = match expert {
+            Some(j) => file.read_f32_part(&g, j, experts)?,
+            None => file.read_f32(&g)?,
+        };
         Ok(match rotary_heads(name, q_heads, kv_heads).filter(|_| permuted) {
             Some(heads) => rotary_rows(&w, heads, shape[1], false),
             None => w,
@@ -107,7 +121,7 @@ fn config_json(file: &Gguf) -> Result<Value> {
         .get("general.architecture")
         .and_then(Meta::as_str)
         .ok_or_else(|| file.err("general.architecture", "missing: the file must name its architecture"))?;
-    let class = ARCHITECTURES.iter().find(|(a, _)| *a == arch).map(|(_, c)| *c).ok_or_else(|| {
+    let mut class = ARCHITECTURES.iter().find(|(a, _)| *a == arch).map(|(_, c)| *c).ok_or_else(|| {
         let known: Vec<&str> = ARCHITECTURES.iter().map(|(a, _)| *a).collect();
         file.err(
             "general.architecture",
@@ -136,8 +150,9 @@ fn config_json(file: &Gguf) -> Result<Value> {
                 .ok_or_else(|| file.err(&k, format!("{v:?} is not a number"))),
         }
     };
-    if count("expert_count")?.is_some_and(|n| n > 0) {
-        return Err(file.err(&key("expert_count"), "mixture-of-experts GGUF files are not read yet"));
+    let experts = count("expert_count")?.unwrap_or(0);
+    if experts == 0 && arch == "qwen3moe" {
+        return Err(file.err(&key("expert_count"), "missing or 0: qwen3moe needs experts"));
     }
     let d_model = need("embedding_length")?;
     let heads = need("attention.head_count")?;
@@ -168,11 +183,20 @@ fn config_json(file: &Gguf) -> Result<Value> {
         }
     }
     let mut c = Map::new();
+    let d_ff = need("feed_forward_length")?;
+    c.insert("intermediate_size".into(), json!(d_ff));
+    if experts > 0 {
+        class = moe_keys(file, arch, experts, d_ff, &mut c)?;
+    }
+    let model_type = match class {
+        "MixtralForCausalLM" => "mixtral",
+        "Qwen3MoeForCausalLM" => "qwen3_moe",
+        _ => arch,
+    };
     c.insert("architectures".into(), json!([class]));
-    c.insert("model_type".into(), json!(arch));
+    c.insert("model_type".into(), json!(model_type));
     c.insert("hidden_act".into(), json!("silu"));
     c.insert("hidden_size".into(), json!(d_model));
-    c.insert("intermediate_size".into(), json!(need("feed_forward_length")?));
     c.insert("num_hidden_layers".into(), json!(need("block_count")?));
     c.insert("num_attention_heads".into(), json!(heads));
     c.insert("num_key_value_heads".into(), json!(kv_heads));
@@ -208,8 +232,107 @@ fn config_json(file: &Gguf) -> Result<Value> {
     Ok(Value::Object(c))
 }
 
+/// The `config.json` keys of a mixture of experts (`{arch}.expert_*`), as llama.cpp runs
+/// it: softmax over the router's logits, the top `expert_used_count` renormalized to sum
+/// to one (llama.cpp does so for Mixtral and Qwen3-MoE alike), no shared expert; and the
+/// class that computes it.
+fn moe_keys(
+    file: &Gguf, arch: &str, experts: u64, d_ff: u64, c: &mut Map<String, Value>,
+) -> Result<&'static str> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let get = |k: &str| file.get(&key(k));
+    let used =
+        get("expert_used_count").and_then(Meta::as_u64).filter(|&u| u > 0 && u <= experts).ok_or_else(
+            || file.err(&key("expert_used_count"), format!("missing, 0 or over the {experts} experts")),
+        )?;
+    for k in ["expert_shared_count", "expert_shared_feed_forward_length"] {
+        if get(k).and_then(Meta::as_u64).is_some_and(|n| n > 0) {
+            return Err(file.err(&key(k), "a shared expert is not read: no architecture mapped here has one"));
+        }
+    }
+    // llama.cpp's gating function 1 is softmax; 2 (sigmoid) and others route differently.
+    if let Some(g) = get("expert_gating_func").filter(|g| g.as_u64() != Some(1)) {
+        return Err(file.err(&key("expert_gating_func"), format!("{g:?}: only softmax routing (1) is read")));
+    }
+    if let Some(w) =
+        get("expert_weights_scale").filter(|w| !matches!(w.as_f64(), Some(x) if x == 0.0 || x == 1.0))
+    {
+        return Err(
+            file.err(&key("expert_weights_scale"), format!("{w:?}: routing weights are not scaled here"))
+        );
+    }
+    if get("expert_weights_norm").is_some_and(|n| matches!(n, Meta::Bool(false))) {
+        return Err(
+            file.err(&key("expert_weights_norm"), "false: the top-k weights are always renormalized here")
+        );
+    }
+    let expert_ff = match get("expert_feed_forward_length") {
+        None => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            file.err(&key("expert_feed_forward_length"), format!("{v:?} is not a whole number"))
+        })?),
+    };
+    c.insert("num_experts_per_tok".into(), json!(used));
+    Ok(match arch {
+        "llama" => {
+            // Mixtral's experts are `feed_forward_length` wide.
+            if let Some(f) = expert_ff.filter(|&f| f != d_ff) {
+                return Err(file.err(
+                    &key("expert_feed_forward_length"),
+                    format!("{f}, where the feed-forward length is {d_ff}: Mixtral's experts are as wide"),
+                ));
+            }
+            c.insert("num_local_experts".into(), json!(experts));
+            "MixtralForCausalLM"
+        }
+        "qwen3moe" => {
+            // llama.cpp's default when the file does not say: the dense width over the experts used.
+            let f = expert_ff.unwrap_or(d_ff / used);
+            c.insert("num_experts".into(), json!(experts));
+            c.insert("moe_intermediate_size".into(), json!(f));
+            c.insert("norm_topk_prob".into(), json!(true));
+            c.insert("decoder_sparse_step".into(), json!(1));
+            "Qwen3MoeForCausalLM"
+        }
+        _ => {
+            return Err(file.err(
+                &key("expert_count"),
+                format!(
+                "{arch} with experts is not an architecture this reader maps (llama as Mixtral, qwen3moe)"
+            ),
+            ))
+        }
+    })
+}
+
 /// llama.cpp's name of the tensor we call `ours` (transformers' names).
 pub(super) fn gguf_name(ours: &str) -> String {
+    gguf_place(ours).0
+}
+
+/// llama.cpp's name of the tensor that holds `ours`, and for one expert's projection,
+/// which expert's slab of the stacked tensor it is.
+pub(super) fn gguf_place(ours: &str) -> (String, Option<usize>) {
+    if let Some((head, tail)) = ours.strip_prefix("model.layers.").and_then(|r| r.split_once(".mlp.")) {
+        if tail == "gate.weight" {
+            return (format!("blk.{head}.ffn_gate_inp.weight"), None);
+        }
+        if let Some((j, proj)) = tail.strip_prefix("experts.").and_then(|t| t.split_once('.')) {
+            let part = match proj {
+                "gate_proj.weight" => Some("ffn_gate_exps"),
+                "up_proj.weight" => Some("ffn_up_exps"),
+                "down_proj.weight" => Some("ffn_down_exps"),
+                _ => None,
+            };
+            if let (Some(part), Ok(j)) = (part, j.parse()) {
+                return (format!("blk.{head}.{part}.weight"), Some(j));
+            }
+        }
+    }
+    (dense_name(ours), None)
+}
+
+fn dense_name(ours: &str) -> String {
     match ours {
         "model.embed_tokens.weight" => return "token_embd.weight".into(),
         "model.norm.weight" => return "output_norm.weight".into(),

@@ -80,6 +80,9 @@ pub(crate) fn tokenizer_json(file: &Gguf) -> Result<String> {
             ))
         }
     };
+    // Llama 3's tokenizer takes a piece that is itself a token whole, before any merge
+    // (`ignore_merges`), and llama.cpp does so for `llama-bpe`.
+    let ignore_merges = matches!(pre, "llama-bpe" | "llama3");
     let mut vocab = Map::new();
     for (i, t) in tokens.iter().enumerate() {
         if vocab.insert(t.to_string(), json!(i)).is_some() {
@@ -107,7 +110,7 @@ pub(crate) fn tokenizer_json(file: &Gguf) -> Result<String> {
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
             "vocab": vocab, "merges": merges,
         },
     });

@@ -51,8 +51,10 @@ fn arch_of(family: Family) -> Result<&'static str> {
         Family::Llama | Family::Mistral => Ok("llama"),
         Family::Qwen2 => Ok("qwen2"),
         Family::Qwen3 => Ok("qwen3"),
+        Family::Mixtral => Ok("llama"),
+        Family::Qwen3Moe => Ok("qwen3moe"),
         other => Err(NetworkError::InvalidInput(format!(
-            "save_gguf: {other:?} (a mixture of experts) is not written as GGUF yet"
+            "save_gguf: {other:?} has no GGUF architecture that computes it (a shared expert)"
         ))),
     }
 }
@@ -78,6 +80,26 @@ fn model_keys(c: &TransformerConfig, arch: &str, file_type: u32) -> Result<Vec<(
         (k("rope.dimension_count"), u(c.head_dim)),
         (k("vocab_size"), u(c.vocab_size)),
     ];
+    if let Some(moe) = &c.moe {
+        // llama.cpp routes every block of these architectures, softmax then the top k
+        // renormalized: a model that routes otherwise would compute something else there.
+        if moe.layers.len() != c.n_layers || !moe.renormalize || moe.shared_expert {
+            return Err(NetworkError::InvalidInput(
+                "save_gguf: llama.cpp's mixtures of experts route every block and renormalize the top-k weights, with no shared expert; this model does not".into(),
+            ));
+        }
+        if arch == "llama" && moe.expert_d_ff != c.d_ff {
+            return Err(NetworkError::InvalidInput(format!(
+                "save_gguf: Mixtral's experts are as wide as its feed-forward length ({}), not {}",
+                c.d_ff, moe.expert_d_ff
+            )));
+        }
+        m.push((k("expert_count"), u(moe.n_experts)));
+        m.push((k("expert_used_count"), u(moe.top_k)));
+        if arch != "llama" {
+            m.push((k("expert_feed_forward_length"), u(moe.expert_d_ff)));
+        }
+    }
     match c.rope_scaling {
         RopeScaling::None => {}
         RopeScaling::Linear { factor } => {
@@ -96,7 +118,7 @@ fn model_keys(c: &TransformerConfig, arch: &str, file_type: u32) -> Result<Vec<(
 /// How each tensor is stored: norms and biases F32; matrices at the precision's type where
 /// their rows hold whole blocks.
 fn kind_of(name: &str, shape: &[usize], precision: Precision) -> GgmlType {
-    let whole = shape.len() == 2 && shape[1].is_multiple_of(32);
+    let whole = shape.len() >= 2 && shape[shape.len() - 1].is_multiple_of(32);
     let edge = name == "model.embed_tokens.weight" || name == "lm_head.weight";
     match precision {
         _ if !whole => GgmlType::F32,
@@ -210,6 +232,8 @@ pub(crate) fn save(
             (false, false, None) => Family::Llama,
             (true, false, None) => Family::Qwen2,
             (false, true, None) => Family::Qwen3,
+            (false, false, Some(_)) => Family::Mixtral,
+            (false, true, Some(_)) => Family::Qwen3Moe,
             _ => {
                 return Err(NetworkError::InvalidInput(
                     "save_gguf: no GGUF architecture computes this model".into(),
@@ -226,18 +250,52 @@ pub(crate) fn save(
     let mut meta = model_keys(c, arch, file_type)?;
     meta.extend(tokenizer_keys(origin)?);
 
-    // The tensors in llama.cpp's order and names, with their stored types and sizes.
+    // The tensors in llama.cpp's order and names, with their stored types and sizes: each
+    // of ours, or a block's experts stacked into one `[experts, rows, cols]` tensor.
     let named = model.params.as_ref().into_named();
     let layout = c.layout();
     let shapes: Vec<Vec<usize>> =
         layout.as_ref().into_named().into_iter().map(|(_, t)| t.shape.clone()).collect();
-    let mut infos = Vec::new();
-    let mut offset = 0usize;
-    for ((name, _), shape) in named.iter().zip(&shapes) {
+    struct Out {
+        name: String,
+        shape: Vec<usize>,
+        kind: GgmlType,
+        offset: usize,
+        /// Our tensors stored in it, by expert.
+        members: Vec<(usize, usize)>,
+    }
+    let mut infos: Vec<Out> = Vec::new();
+    let mut stacked = std::collections::HashMap::new();
+    for (i, ((name, _), shape)) in named.iter().zip(&shapes).enumerate() {
+        let (g, expert) = super::lm::gguf_place(name);
         let kind = kind_of(name, shape, precision);
-        let values: usize = shape.iter().product();
-        let bytes = kind.bytes_of(*shape.last().unwrap_or(&1), values).map_err(NetworkError::InvalidInput)?;
-        infos.push((super::lm::gguf_name(name), shape.clone(), kind, offset, bytes));
+        match expert {
+            Some(j) if stacked.contains_key(&g) => {
+                let out: &mut Out = &mut infos[stacked[&g]];
+                out.shape[0] += 1;
+                out.members.push((j, i));
+            }
+            Some(j) => {
+                stacked.insert(g.clone(), infos.len());
+                let shape = std::iter::once(1).chain(shape.iter().copied()).collect();
+                infos.push(Out { name: g, shape, kind, offset: 0, members: vec![(j, i)] });
+            }
+            None => infos.push(Out { name: g, shape: shape.clone(), kind, offset: 0, members: vec![(0, i)] }),
+        }
+    }
+    let mut offset = 0usize;
+    for out in &mut infos {
+        out.members.sort_unstable();
+        if out.members.iter().enumerate().any(|(e, m)| m.0 != e) {
+            return Err(NetworkError::InvalidInput(format!(
+                "save_gguf: {}: its experts are not numbered 0..n",
+                out.name
+            )));
+        }
+        let values: usize = out.shape.iter().product();
+        let bytes =
+            out.kind.bytes_of(*out.shape.last().unwrap_or(&1), values).map_err(NetworkError::InvalidInput)?;
+        out.offset = offset;
         offset = (offset + bytes).div_ceil(ALIGNMENT) * ALIGNMENT;
     }
 
@@ -249,14 +307,14 @@ pub(crate) fn save(
         put_str(&mut head, k);
         put_value(&mut head, v, true);
     }
-    for (name, shape, kind, offset, _) in &infos {
-        put_str(&mut head, name);
-        head.extend((shape.len() as u32).to_le_bytes());
-        for d in shape.iter().rev() {
+    for out in &infos {
+        put_str(&mut head, &out.name);
+        head.extend((out.shape.len() as u32).to_le_bytes());
+        for d in out.shape.iter().rev() {
             head.extend((*d as u64).to_le_bytes());
         }
-        head.extend(kind.id().to_le_bytes());
-        head.extend((*offset as u64).to_le_bytes());
+        head.extend(out.kind.id().to_le_bytes());
+        head.extend((out.offset as u64).to_le_bytes());
     }
     head.resize(head.len().div_ceil(ALIGNMENT) * ALIGNMENT, 0);
 
@@ -266,18 +324,22 @@ pub(crate) fn save(
         let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         f.write_all(&head)?;
         let mut at = 0usize;
-        for ((name, buf), (_, shape, kind, offset, _)) in named.iter().zip(&infos) {
-            f.write_all(&vec![0u8; offset - at])?;
-            let cols = shape[1..].iter().product::<usize>().max(1);
-            let w: &[f32] = buf;
-            // Only the interleaved projections are copied; every other tensor is encoded in place.
-            let w = match rotary_heads(name, c.q_heads, c.kv_heads).filter(|_| permuted) {
-                Some(heads) => std::borrow::Cow::Owned(rotary_rows(w, heads, cols, true)),
-                None => std::borrow::Cow::Borrowed(w),
-            };
-            let bytes = encode(*kind, &w);
-            f.write_all(&bytes)?;
-            at = offset + bytes.len();
+        for out in &infos {
+            f.write_all(&vec![0u8; out.offset - at])?;
+            at = out.offset;
+            for &(_, i) in &out.members {
+                let (name, buf) = &named[i];
+                let cols = *shapes[i].last().unwrap_or(&1);
+                let w: &[f32] = buf;
+                // Only the interleaved projections are copied; every other tensor is encoded in place.
+                let w = match rotary_heads(name, c.q_heads, c.kv_heads).filter(|_| permuted) {
+                    Some(heads) => std::borrow::Cow::Owned(rotary_rows(w, heads, cols, true)),
+                    None => std::borrow::Cow::Borrowed(w),
+                };
+                let bytes = encode(out.kind, &w);
+                f.write_all(&bytes)?;
+                at += bytes.len();
+            }
         }
         f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         std::fs::rename(&tmp, path)
