@@ -32,8 +32,9 @@ pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerMode
     let file = Gguf::open(path)?;
     let config = config_json(&file)?;
     // Each block has at least nine tensors (two norms, four attention projections, three
-    // feed-forward ones, stacked or not): a block count the file cannot hold is refused before the layout
-    // of that many blocks is built (a fuzzed count of millions would take gigabytes).
+    // feed-forward ones, stacked or not): a block count the file cannot hold is refused
+    // before the layout of that many blocks is built (a fuzzed count of millions would take
+    // gigabytes).
     let blocks = config.get("num_hidden_layers").and_then(Value::as_u64).unwrap_or(0);
     if blocks.saturating_mul(9) > file.tensors.len() as u64 {
         let arch = config.get("model_type").and_then(Value::as_str).unwrap_or("llama");
