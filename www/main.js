@@ -15,6 +15,18 @@ for (const [input, shown] of [['temperature', 'temperature-value'], ['topk', 'to
   update();
 }
 
+// What the device badge says; the adapter's description (or why the CPU path runs) is
+// behind it, in its tooltip and the "device details" line.
+const DEVICE_NAMES = { webgpu: 'WebGPU', cpu: 'CPU (WebAssembly)' };
+
+function showDevice(device, reason) {
+  $('device').textContent = DEVICE_NAMES[device] ?? device;
+  $('device').className = `badge ${device}`;
+  $('device').title = reason;
+  $('device-reason').textContent = reason;
+  $('device-details').hidden = false;
+}
+
 function status(text, error = false) {
   $('status').textContent = text;
   $('status').className = error ? 'error' : '';
@@ -62,20 +74,40 @@ go.addEventListener('click', () => {
 
 worker.onmessage = ({ data }) => {
   switch (data.type) {
+    case 'progress': {
+      $('load').max = data.total || 1;
+      $('load').value = data.loaded;
+      const mb = (x) => (x / 1e6).toFixed(1);
+      status(data.total ? `loading the model… ${mb(data.loaded)} of ${mb(data.total)} MB` : `loading the model… ${mb(data.loaded)} MB`);
+      break;
+    }
     case 'loaded': {
-      $('device').textContent = data.device;
-      $('device').className = `badge ${data.device}`;
-      $('device').title = data.reason;
+      showDevice(data.device, data.reason);
       output.dataset.device = data.device;
+      $('load').hidden = true;
+      // A reply cannot outgrow the context: the prompt and the new tokens share it.
+      const context = data.info.maxSeqLen;
+      const cap = Math.max(1, Math.min(Number($('max').max), context - 1));
+      $('max').max = String(cap);
+      if (Number($('max').value) > cap) $('max').value = String(cap);
+      $('max-value').textContent = $('max').value;
+      $('max-note').textContent = `the model's context is ${context} tokens, prompt included`;
       const mb = (data.bytes / 1e6).toFixed(2);
-      status(`model loaded: ${(data.info.parameters / 1e6).toFixed(2)}M parameters, ${mb} MB int8, in ${data.ms.toFixed(0)} ms — ${data.reason}`);
+      status(`model loaded: ${(data.info.parameters / 1e6).toFixed(2)}M parameters, ${mb} MB int8, in ${data.ms.toFixed(0)} ms`);
       setState('idle');
       break;
     }
     case 'tokens': {
       ids.push(...data.ids);
+      // Kept at the bottom while the reader has not scrolled up.
+      const atBottom = output.scrollHeight - output.scrollTop - output.clientHeight < 24;
       output.append(data.text);
+      if (atBottom) output.scrollTop = output.scrollHeight;
       $('count').textContent = String(ids.length);
+      if (data.firstMs !== null) $('first').textContent = `${data.firstMs.toFixed(0)} ms`;
+      if (ids.length > 1 && data.lastMs > data.firstMs) {
+        $('rate').textContent = (((ids.length - 1) * 1000) / (data.lastMs - data.firstMs)).toFixed(1);
+      }
       break;
     }
     case 'done': {
@@ -95,6 +127,7 @@ worker.onmessage = ({ data }) => {
     case 'error': {
       generating = false;
       status(data.message, true);
+      if (data.fatal) $('load').hidden = true;
       setState(data.fatal ? 'error' : 'done');
       break;
     }

@@ -1,5 +1,7 @@
 // The Train page's Text tab (and the switch between the tabs): sends the text and the
 // settings to lm-worker.js and paints the loss curves, the figures and the samples.
+import { plot } from './plot.js';
+
 const $ = (id) => document.getElementById(id);
 const out = $('text-output');
 const worker = new Worker(new URL('./lm-worker.js', import.meta.url), { type: 'module' });
@@ -41,32 +43,10 @@ function setState(state) {
 }
 
 function draw() {
-  const c = $('lm-loss').getContext('2d');
-  const { width, height } = c.canvas;
-  c.clearRect(0, 0, width, height);
-  c.strokeStyle = '#d8d2c8';
-  c.strokeRect(40, 10, width - 50, height - 40);
-  const all = [...trainLoss.map((p) => p[1]), ...heldLoss.map((p) => p[1])];
-  if (all.length === 0) return;
-  const hi = Math.max(...all);
-  const x = (s) => 40 + (s / steps) * (width - 50);
-  const y = (l) => 10 + (1 - l / hi) * (height - 40);
-  c.fillStyle = '#5b6570';
-  c.font = '11px system-ui';
-  c.fillText(hi.toFixed(2), 4, 18);
-  c.fillText('0', 28, height - 30);
-  c.fillText(`${steps} steps`, width - 60, height - 14);
-  c.strokeStyle = '#b7410e';
-  c.lineWidth = 1.5;
-  c.beginPath();
-  trainLoss.forEach(([s, l], i) => (i === 0 ? c.moveTo(x(s), y(l)) : c.lineTo(x(s), y(l))));
-  c.stroke();
-  c.fillStyle = '#1f4e8c';
-  for (const [s, l] of heldLoss) {
-    c.beginPath();
-    c.arc(x(s), y(l), 3.5, 0, 2 * Math.PI);
-    c.fill();
-  }
+  plot($('lm-loss'), [
+    { points: trainLoss, color: '#b7410e' },
+    { points: heldLoss, color: '#1f4e8c', dots: true },
+  ], steps, 'step');
 }
 
 $('lm-train').addEventListener('click', () => {
@@ -117,7 +97,7 @@ function save(name, blob) {
 let painted = 0;
 worker.onmessage = ({ data }) => {
   if (data.type === 'ready') {
-    $('lm-device').textContent = data.device;
+    $('lm-device').textContent = { webgpu: 'WebGPU', cpu: 'CPU (WebAssembly)' }[data.device] ?? data.device;
     $('lm-device').className = `badge ${data.device}`;
     $('lm-device').title = data.reason;
     $('lm-params').textContent = data.info.parameters.toLocaleString('en');

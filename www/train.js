@@ -1,5 +1,7 @@
 // The Train page: builds the data set, sends it to train-worker.js, and paints the loss
 // curve, the decision boundary (2-D data) and the figures the worker sends back.
+import { plot } from './plot.js';
+
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const worker = new Worker(new URL('./train-worker.js', import.meta.url), { type: 'module' });
@@ -168,29 +170,9 @@ function drawBoundary(values) {
 }
 
 function drawLoss() {
-  const c = $('loss').getContext('2d');
-  const { width, height } = c.canvas;
-  c.clearRect(0, 0, width, height);
-  c.strokeStyle = '#d8d2c8';
-  c.strokeRect(40, 10, width - 50, height - 40);
-  if (losses.length === 0) return;
-  const hi = Math.max(...losses);
   const n = Math.max(losses.length, Number($('epochs').value) || losses.length);
-  c.fillStyle = '#5b6570';
-  c.font = '11px system-ui';
-  c.fillText(hi.toPrecision(3), 2, 18);
-  c.fillText('0', 28, height - 30);
-  c.fillText(`${n} epochs`, width - 70, height - 14);
-  c.strokeStyle = '#b7410e';
-  c.lineWidth = 2;
-  c.beginPath();
-  losses.forEach((l, i) => {
-    const px = 40 + (i / Math.max(1, n - 1)) * (width - 50);
-    const py = 10 + (1 - l / hi) * (height - 40);
-    if (i === 0) c.moveTo(px, py);
-    else c.lineTo(px, py);
-  });
-  c.stroke();
+  const points = losses.map((l, i) => [i + 1, l]);
+  plot($('loss'), [{ points, color: '#b7410e', width: 2 }], n, 'epoch');
 }
 
 function status(text, error = false) {
@@ -295,12 +277,14 @@ $('download').addEventListener('click', () => {
   URL.revokeObjectURL(a.href);
 });
 
+// The device badge's words; the adapter's description is its tooltip.
+const DEVICE_NAMES = { webgpu: 'WebGPU', cpu: 'CPU (WebAssembly)' };
 const pct = (v) => `${(100 * v).toFixed(1)}%`;
 let painted = 0;
 
 worker.onmessage = ({ data }) => {
   if (data.type === 'ready') {
-    $('device-badge').textContent = data.device;
+    $('device-badge').textContent = DEVICE_NAMES[data.device] ?? data.device;
     $('device-badge').className = `badge ${data.device}`;
     $('device-badge').title = data.reason;
     out.dataset.device = data.device;
@@ -310,6 +294,8 @@ worker.onmessage = ({ data }) => {
     out.dataset.loss = String(data.loss);
     $('epoch').textContent = data.epoch;
     $('loss-value').textContent = data.loss.toFixed(4);
+    // Live: the rows of an epoch over its time, as the final figure counts them.
+    if (data.ms > 0 && current) $('rate').textContent = Math.round((current.x.length * 1000) / data.ms).toLocaleString('en');
     // The curve at most once a frame.
     const now = performance.now();
     if (now - painted > 16) {

@@ -1,9 +1,38 @@
 // The model, off the page's thread. Messages in: load, generate, stop. Messages out:
-// loaded, tokens (the text and ids of the tokens since the last such message), done, error.
+// progress (bytes of the model read), loaded, tokens (the text and ids of the tokens since
+// the last such message, with the first's and the newest's times), done, error.
 import { loadModel } from './pkg/index.js';
 
 let model = null;
 let stopRequested = false;
+
+// The body of `r` as bytes, with a `progress` message to the page at most every 50 ms
+// (bytes read, and the total where the server says it).
+async function readWithProgress(r) {
+  const total = Number(r.headers.get('content-length')) || 0;
+  const reader = r.body.getReader();
+  const parts = [];
+  let loaded = 0;
+  let posted = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    parts.push(value);
+    loaded += value.length;
+    if (performance.now() - posted > 50) {
+      posted = performance.now();
+      postMessage({ type: 'progress', loaded, total });
+    }
+  }
+  const bytes = new Uint8Array(loaded);
+  let at = 0;
+  for (const p of parts) {
+    bytes.set(p, at);
+    at += p.length;
+  }
+  postMessage({ type: 'progress', loaded, total: total || loaded });
+  return bytes;
+}
 
 async function load({ device, weights, tokenizer }) {
   const t0 = performance.now();
@@ -13,7 +42,7 @@ async function load({ device, weights, tokenizer }) {
     return r;
   };
   const [w, t] = await Promise.all([get(weights), get(tokenizer)]);
-  const bytes = new Uint8Array(await w.arrayBuffer());
+  const bytes = await readWithProgress(w);
   model = await loadModel(bytes, await t.text(), { device });
   postMessage({
     type: 'loaded',
@@ -34,14 +63,22 @@ async function generate({ prompt, options }) {
   stopRequested = false;
   let batch = { text: '', ids: [] };
   let posted = -Infinity;
+  // The live figures: the first token's time from the call, and the time of the newest,
+  // so the page shows tokens/s as `generate` will report it (tokens after the first over
+  // the time after it) while it runs.
+  const t0 = performance.now();
+  let firstMs = null;
+  let lastMs = null;
   const flush = () => {
     if (batch.ids.length === 0) return;
-    postMessage({ type: 'tokens', ...batch });
+    postMessage({ type: 'tokens', ...batch, firstMs, lastMs });
     batch = { text: '', ids: [] };
     posted = performance.now();
   };
   try {
     const result = await model.generate(prompt, options, (text, id) => {
+      lastMs = performance.now() - t0;
+      firstMs ??= lastMs;
       batch.text += text;
       batch.ids.push(id);
       if (performance.now() - posted >= BATCH_MS) flush();

@@ -295,6 +295,15 @@ impl Gpu {
         &self.info
     }
 
+    /// Whether the adapter renders in software on the CPU: lavapipe, WARP, a browser's
+    /// fallback adapter (wgpu reports those as `DeviceType::Cpu`), or SwiftShader by name
+    /// (which a browser may not mark). A page's "auto" leaves such an adapter for its own
+    /// CPU path, which runs the same model many times faster.
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+            || self.info.name.to_lowercase().contains("swiftshader")
+    }
+
     /// Whether reductions use the adapter's subgroup operations.
     pub fn uses_subgroups(&self) -> bool {
         self.subgroups

@@ -48,6 +48,22 @@ async function waitState(page, states, logs, timeout = 120_000) {
   return page.evaluate(() => document.getElementById('output').dataset.state);
 }
 
+// Resolves with the figures the moment each of `ids` ('rate', 'first') shows something
+// other than '–' while the state is still 'generating': the figures are live, not painted
+// at the end. Call before the click that starts the run.
+function watchLive(page, ids = ['rate', 'first']) {
+  return page.evaluate((ids) => new Promise((resolve) => {
+    const text = (id) => document.getElementById(id).textContent;
+    const seen = new MutationObserver(() => {
+      if (document.getElementById('output').dataset.state === 'generating' && ids.every((id) => text(id) !== '–')) {
+        seen.disconnect();
+        resolve(Object.fromEntries(ids.map((id) => [id, text(id)])));
+      }
+    });
+    seen.observe(document.body, { subtree: true, childList: true, characterData: true });
+  }), ids);
+}
+
 async function generate(page, logs, maxTokens, temperature = 0, prompt = PROMPT) {
   await page.fill('#prompt', prompt);
   await page.$eval('#temperature', (el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }, temperature);
@@ -114,17 +130,26 @@ test('the CPU path decodes at a measured fraction of native single-threaded spee
   }
 });
 
-for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], ['no WebGPU: the CPU fallback', [], 'cpu']]) {
+// SwiftShader is asked for by name: "auto" leaves a software adapter for the CPU path
+// (the test after these).
+for (const [name, args, device, query] of [['WebGPU (SwiftShader)', webgpu, 'webgpu', '&device=webgpu'], ['no WebGPU: the CPU fallback', [], 'cpu', '']]) {
   test(`the page generates the native ids on ${name}`, { skip }, async () => {
-    const { browser, page, logs } = await openPage(args, '?seed=7');
+    const { browser, page, logs } = await openPage(args, `?seed=7${query}`);
     try {
       assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
       // Sampled first (temperature 0.8, top-k 40, top-p 0.95, penalty 1.1, seed 7): the
       // native sampler's ids for the same seed.
       const sampled = await generate(page, logs, TOKENS, 0.8);
       assert.deepEqual(sampled.ids, wantSampled.ids, 'seeded sampled ids equal the native ones');
+      const live = watchLive(page);
       const got = await generate(page, logs, TOKENS);
       console.log(`${name}: device ${got.device}, ${got.ids.length} tokens, ${got.rate.toFixed(1)} tokens/s, first token ${got.first.toFixed(0)} ms (${await page.getAttribute('#device', 'title')})`);
+      if (device === 'webgpu') {
+        // SwiftShader decodes at a few hundred tokens/s: many messages, so live figures.
+        const shown = await Promise.race([live, new Promise((r) => setTimeout(() => r(null), 1000))]);
+        assert.ok(shown !== null, 'tokens/s and the first token time were shown before the end');
+        console.log(`  live while generating: ${JSON.stringify(shown)}`);
+      }
       assert.equal(got.device, device);
       assert.deepEqual(got.ids, want.ids, 'greedy ids equal the native CPU int8 ids');
       assert.ok(got.text.startsWith(PROMPT));
@@ -135,12 +160,42 @@ for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], 
   });
 }
 
+// "auto" with only SwiftShader offered: the CPU path, the badge short, the reason (a
+// software renderer) behind it; the load's progress bar gone, max tokens capped at the
+// model's context with the reason shown, and tokens/s and the first token's time shown
+// while the tokens come (before the end).
+test('"auto" leaves a software adapter for the CPU path, and the page shows its figures live', { skip }, async () => {
+  const { browser, page, logs } = await openPage(webgpu, '');
+  try {
+    assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
+    assert.equal(await page.getAttribute('#output', 'data-device'), 'cpu');
+    assert.equal(await page.textContent('#device'), 'CPU (WebAssembly)');
+    const why = await page.getAttribute('#device', 'title');
+    assert.match(why, /renders in software/, why);
+    assert.match(await page.textContent('#device-reason'), /renders in software/);
+    assert.equal(await page.isHidden('#load'), true, 'the progress bar goes once loaded');
+    const context = await page.evaluate(() => Number(document.getElementById('max').max));
+    assert.ok(context >= 1 && context <= 120, `max tokens capped at ${context}`);
+    assert.match(await page.textContent('#max-note'), /context is \d+ tokens/);
+    // The CPU path decodes 120 tokens in some 15 ms, a message or two: the first token's
+    // time shows while it runs (tokens/s live: the SwiftShader runs above).
+    const live = watchLive(page, ['first']);
+    await generate(page, logs, 120);
+    const shown = await Promise.race([live, new Promise((r) => setTimeout(() => r(null), 1000))]);
+    assert.ok(shown !== null, 'the first token time was shown before the end');
+    console.log(`auto with SwiftShader: ${why}; live figures ${JSON.stringify(shown)}`);
+    await page.screenshot({ path: join(out, 'page-auto-swiftshader.png'), fullPage: true });
+  } finally {
+    await browser.close();
+  }
+});
+
 // The 4-bit file (`export-web`'s model.q4.rbw), with WebGPU offered and without: the
 // greedy ids are the native 4-bit model's on both paths.
 for (const [name, args, device] of [['WebGPU', webgpu, 'webgpu'], ['the CPU path', [], 'cpu']]) {
   test(`the page decodes the 4-bit model with the native 4-bit ids on ${name}`, { skip }, async () => {
     const want4 = await reference('reference-q4');
-    const { browser, page, logs } = await openPage(args, '?model=models/model.q4.rbw');
+    const { browser, page, logs } = await openPage(args, `?model=models/model.q4.rbw&device=${device}`);
     try {
       assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
       const got = await generate(page, logs, TOKENS);
@@ -190,7 +245,7 @@ for (const [precision, file] of [['q8', 'model.rbw'], ['q4', 'model.q4.rbw']]) {
   test(`the page gives the native ${precision} ids for twenty prompts on WebGPU`, { skip }, async () => {
     const want = await promptRuns(precision);
     const others = await Promise.all(['avx2', 'baseline'].map(async (isa) => (await promptRuns(precision, isa)).ids));
-    const { browser, page, logs } = await openPage(webgpu, `?model=models/${file}`);
+    const { browser, page, logs } = await openPage(webgpu, `?model=models/${file}&device=webgpu`);
     try {
       assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
       let [tokens, same, native] = [0, 0, 0];

@@ -88,9 +88,10 @@ async function trainOnPage(page, logs, dataset, screenshotMid) {
   return page.evaluate(() => ({ ...document.getElementById('train-output').dataset }));
 }
 
+// SwiftShader by name: "auto" leaves a software adapter for the CPU path.
 for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], ['no WebGPU: the CPU path', [], 'cpu']]) {
   test(`the Train page trains iris and the two spirals on ${name}`, { skip }, async () => {
-    const { browser, page, logs } = await open(args, 'train.html');
+    const { browser, page, logs } = await open(args, `train.html?device=${device}`);
     try {
       const spirals = await trainOnPage(page, logs, 'spirals', `train-${device}-spirals-mid.png`);
       await page.screenshot({ path: join(out, `train-${device}-spirals-done.png`), fullPage: true });
@@ -134,7 +135,7 @@ for (const [name, args, device] of [['WebGPU (SwiftShader)', webgpu, 'webgpu'], 
           devices: [three.device(), loaded.device(), mine.device()], losses, threeFile: three.toJSON(),
           loadedOut, mineFile: JSON.stringify(mine, null, 2), mineOut,
         };
-      }, { native, device: device === 'cpu' ? 'cpu' : 'auto' });
+      }, { native, device });
       assert.deepEqual(got.devices, [device, device, device], logs.join('\n'));
       const lossRel = relToScale('three-step losses', got.losses, native.three_steps.losses);
       assert.ok(lossRel <= 1e-6, `losses ${got.losses} against native ${native.three_steps.losses}`);
@@ -170,7 +171,7 @@ const textRuns = [
 for (const [name, args, device, run] of textRuns) {
   const { steps } = run;
   test(`the Text tab trains a language model on ${name}, and native Rust decodes its file the same`, { skip }, async () => {
-    const { browser, page, logs } = await open(args, 'train.html#text');
+    const { browser, page, logs } = await open(args, `train.html?device=${device}#text`);
     const tag = device;
     try {
       await page.waitForFunction(() => Number(document.getElementById('text-output').dataset.excerpt ?? 0) > 0, null, { timeout: 30_000 });

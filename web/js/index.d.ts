@@ -6,7 +6,7 @@ export type Device = 'webgpu' | 'cpu';
 
 /** Options of `loadModel`, `fetchModel` and `Model.load`. */
 export interface LoadOptions {
-  /** "auto" (default): WebGPU where the browser has an adapter, else the CPU. */
+  /** "auto" (default): WebGPU where the browser has a hardware adapter, else the CPU (a software adapter such as SwiftShader is slower than the CPU path). */
   device?: 'auto' | 'webgpu' | 'cpu';
 }
 
@@ -142,7 +142,7 @@ export interface NetworkSpec {
   optimizer?: OptimizerOptions;
   /** Seed of the weight initialisation (default 0): native's weights for the same seed. */
   seed?: number;
-  /** "auto" (default: WebGPU where there is an adapter), "webgpu" or "cpu". */
+  /** "auto" (default: WebGPU where there is a hardware adapter), "webgpu" or "cpu". */
   device?: 'auto' | 'webgpu' | 'cpu';
 }
 
@@ -291,7 +291,7 @@ export interface LmConfig {
   seed?: number;
   /** Adam: `learningRate` (default 1e-3), `beta1`, `beta2`, `weightDecay`. */
   optimizer?: { learningRate?: number; beta1?: number; beta2?: number; weightDecay?: number };
-  /** "auto" (default: WebGPU where there is an adapter), "webgpu" or "cpu". */
+  /** "auto" (default: WebGPU where there is a hardware adapter), "webgpu" or "cpu". */
   device?: 'auto' | 'webgpu' | 'cpu';
 }
 

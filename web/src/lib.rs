@@ -221,8 +221,9 @@ fn set(obj: &Object, key: &str, value: impl Into<JsValue>) {
 #[wasm_bindgen]
 impl Model {
     /// Loads a model from the bytes of an `.rbw` file and the text of its
-    /// `tokenizer.json`. `options.device`: "auto" (default: WebGPU where there is an
-    /// adapter, else the CPU, with the reason in `deviceReason()`), "webgpu" or "cpu".
+    /// `tokenizer.json`. `options.device`: "auto" (default: WebGPU where there is a
+    /// hardware adapter, else the CPU, with the reason in `deviceReason()`; a software
+    /// adapter such as SwiftShader is slower than the CPU path), "webgpu" or "cpu".
     pub async fn load(weights: Vec<u8>, tokenizer_json: String, options: JsValue) -> Result<Model, JsError> {
         let choice = match text::get_string(&options, "device").map_err(js_err)? {
             Some(s) => DeviceChoice::parse(&s).map_err(js_err)?,

@@ -181,7 +181,8 @@ impl JsTransformerLm {
     /// A new model from `{ vocabSize, dModel, nLayers, heads, kvHeads, headDim, dFF,
     /// maxSeqLen, seed, optimizer, device }`: the native builder's model for the same
     /// settings and seed (RoPE theta 10000, RMSNorm eps 1e-5, tied embeddings), on WebGPU
-    /// where there is an adapter (`device`: "auto", the default) or the CPU.
+    /// where there is a hardware adapter (`device`: "auto", the default; a software one is
+    /// left for the CPU path) or the CPU.
     pub async fn create(config: JsValue) -> Result<JsTransformerLm, JsError> {
         let what = "config";
         let n = |key: &str| -> Result<usize, JsError> {

@@ -143,6 +143,26 @@ fn gpu_path_gives_the_native_int8_and_four_bit_ids() {
     }
 }
 
+/// "auto" takes WebGPU on a hardware adapter only: on a software one (lavapipe here, as
+/// SwiftShader in a browser) it runs the CPU path and says why; "webgpu" takes it anyway.
+#[test]
+fn auto_leaves_a_software_adapter_for_the_cpu_path() {
+    let mut native = trained(false);
+    native.quantize().unwrap();
+    let bytes = file_bytes(&native, Precision::Q8, "auto");
+    let Some(webgpu) = on_gpu(&bytes) else { return };
+    let auto = block_on(Engine::load(&bytes, DeviceChoice::Auto)).unwrap();
+    let software =
+        webgpu.reason().to_lowercase().contains("llvmpipe") || webgpu.reason().contains("SwiftShader");
+    eprintln!("webgpu: {}; auto: {} ({})", webgpu.reason(), auto.device(), auto.reason());
+    if software {
+        assert_eq!(auto.device(), "cpu");
+        assert!(auto.reason().contains("renders in software"), "{}", auto.reason());
+    } else {
+        assert_eq!(auto.device(), "webgpu", "{}", auto.reason());
+    }
+}
+
 #[test]
 fn turns_keep_the_conversation_like_the_native_decoder() {
     let mut native = trained(false);
