@@ -137,7 +137,7 @@ macro_rules! host_memory {
                 $name
             }
             fn zeros(&self, len: usize) -> $crate::Result<Self::Buffer> {
-                Ok($crate::backend::host::zeros(len))
+                $crate::backend::host::zeros(len)
             }
             fn upload(&self, data: &[f32]) -> $crate::Result<Self::Buffer> {
                 Ok(data.to_vec())
@@ -174,11 +174,21 @@ pub mod host {
     use alloc::vec::Vec;
 
     use crate::error::{check_len, check_range};
-    use crate::Result;
+    use crate::{CoreError, Result};
 
-    /// `len` zeros.
-    pub fn zeros(len: usize) -> Vec<f32> {
-        alloc::vec![0.0; len]
+    /// `len` zeros, or an error where the allocator cannot give that many: a failed
+    /// allocation aborts the process, so a large buffer (a KV cache sized by a context a
+    /// file declares) is reserved once first, then allocated zeroed (its pages untouched
+    /// until written).
+    pub fn zeros(len: usize) -> Result<Vec<f32>> {
+        if len > 1 << 24 {
+            let mut probe: Vec<f32> = Vec::new();
+            probe.try_reserve_exact(len).map_err(|_| CoreError::Device {
+                backend: "host",
+                message: alloc::format!("cannot allocate {len} values ({} MiB)", len >> 18),
+            })?;
+        }
+        Ok(alloc::vec![0.0; len])
     }
     /// `dst = src`, lengths checked (`op` and `name` for the message).
     pub fn copy_checked(op: &'static str, name: &'static str, dst: &mut [f32], src: &[f32]) -> Result<()> {

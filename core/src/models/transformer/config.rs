@@ -151,6 +151,21 @@ impl TransformerConfig {
                 self.head_dim
             )));
         }
+        // The buffers a context sizes (KV caches, attention scores, the RoPE table) must be
+        // countable: a context of trillions of positions in a file's metadata is refused
+        // here, not an overflow later.
+        let per_position = self.q_heads.max(self.kv_heads).checked_mul(self.head_dim);
+        if per_position
+            .and_then(|d| d.checked_mul(self.max_seq_len))
+            .is_none_or(|n| n > isize::MAX as usize / 4)
+        {
+            return Err(invalid(format!(
+                "max_seq_len {} x {} heads x head_dim {} values do not fit in memory",
+                self.max_seq_len,
+                self.q_heads.max(self.kv_heads),
+                self.head_dim
+            )));
+        }
         if self.vocab_size > u32::MAX as usize {
             return Err(invalid(format!("vocab_size {} does not fit u32 token ids", self.vocab_size)));
         }
