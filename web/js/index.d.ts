@@ -24,7 +24,7 @@ export interface GenerateOptions {
   repetitionPenalty?: number;
   /** The sampler's seed (an integer up to 2^53 - 1); the same seed gives the same ids on every device. Random when absent. */
   seed?: number;
-  /** Stop at the tokenizer's `<|end|>` token (default true). */
+  /** Stop at the end of a reply: `<|end|>`, `<|im_end|>` or `<|eot_id|>`, the first the vocabulary has (default true). */
   stopAtEnd?: boolean;
   /** Aborting it stops the generation after the current token, like `model.stop()`. */
   signal?: AbortSignal;
@@ -48,7 +48,7 @@ export interface GenerateResult {
   tokensPerSecond: number;
   /** Where it ran. */
   device: Device;
-  /** Why it ended: `maxTokens` reached, `<|end|>` drawn, stopped, or the context full. */
+  /** Why it ended: `maxTokens` reached, the end of a reply drawn, stopped, or the context full. */
   finish: 'length' | 'end' | 'stopped' | 'max_seq_len';
 }
 

@@ -130,7 +130,8 @@ struct State {
     tokenizer: Rc<tokenizers::Tokenizer>,
     /// The tokenizer's size with added tokens, counted once (`decode` checks ids with it).
     vocab: usize,
-    /// The id that ends a reply (`<|end|>` in the language_model example's vocabulary).
+    /// The id that ends a reply ([`text::END_TOKENS`]: `<|end|>` in the language_model
+    /// example's vocabulary, `<|im_end|>` in SmolLM2's and Qwen's, `<|eot_id|>` in Llama 3's).
     end: Option<u32>,
     busy: bool,
     stop: bool,
@@ -239,7 +240,7 @@ impl Model {
                 "the tokenizer has {tokens} tokens but the model's vocabulary is {vocab}: they do not belong together"
             ))));
         }
-        let end = tokenizer.token_to_id("<|end|>");
+        let end = text::END_TOKENS.iter().find_map(|t| tokenizer.token_to_id(t));
         Ok(Model {
             device: engine.device(),
             reason: engine.reason().to_string(),
@@ -297,7 +298,7 @@ impl Model {
     /// Generates a continuation of `prompt` from a fresh conversation. `options`:
     /// `maxTokens` (64), `temperature` (0 = greedy), `topK`, `topP`,
     /// `repetitionPenalty` (1), `seed` (random when absent), `stopAtEnd` (true: stop
-    /// at `<|end|>`), `signal` (an `AbortSignal`: aborting stops like `stop()`). `onToken(text, id)` is called for each new token with the new text
+    /// at the end of a reply: `<|end|>`, `<|im_end|>` or `<|eot_id|>`, the first the vocabulary has), `signal` (an `AbortSignal`: aborting stops like `stop()`). `onToken(text, id)` is called for each new token with the new text
     /// (possibly empty while a character's bytes are incomplete); returning `false` stops.
     /// Resolves to `{text, ids, promptTokens, tokens, firstTokenMs, totalMs,
     /// tokensPerSecond, device, finish}` (`finish`: "length", "end", "stopped",

@@ -8,6 +8,10 @@ use wasm_bindgen::JsValue;
 
 use crate::WebError;
 
+/// The tokens that end a reply, the first the vocabulary has: the `language_model`
+/// example's `<|end|>`, ChatML's `<|im_end|>` (SmolLM2, Qwen), Llama 3's `<|eot_id|>`.
+pub const END_TOKENS: [&str; 3] = ["<|end|>", "<|im_end|>", "<|eot_id|>"];
+
 pub fn tokenizer(json: &str) -> Result<Tokenizer, WebError> {
     json.parse::<Tokenizer>()
         .map_err(|e| WebError::Tokenizer(format!("not a tokenizer.json the tokenizers library reads: {e}")))
@@ -159,7 +163,7 @@ pub struct GenerateOptions {
     pub repetition_penalty: f32,
     /// The sampler's seed; random when absent.
     pub seed: Option<u64>,
-    /// Stop at the tokenizer's `<|end|>`.
+    /// Stop at the token that ends a reply ([`END_TOKENS`]).
     pub stop_at_end: bool,
 }
 
