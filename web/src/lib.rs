@@ -130,7 +130,7 @@ struct State {
     tokenizer: Rc<tokenizers::Tokenizer>,
     /// The tokenizer's size with added tokens, counted once (`decode` checks ids with it).
     vocab: usize,
-    /// The id that ends a reply ([`text::END_TOKENS`]: `<|end|>` in the language_model
+    /// The id that ends a reply (`text::END_TOKENS`: `<|end|>` in the language_model
     /// example's vocabulary, `<|im_end|>` in SmolLM2's and Qwen's, `<|eot_id|>` in Llama 3's).
     end: Option<u32>,
     busy: bool,

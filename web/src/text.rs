@@ -163,7 +163,7 @@ pub struct GenerateOptions {
     pub repetition_penalty: f32,
     /// The sampler's seed; random when absent.
     pub seed: Option<u64>,
-    /// Stop at the token that ends a reply ([`END_TOKENS`]).
+    /// Stop at the token that ends a reply (`END_TOKENS`: `<|end|>`, `<|im_end|>`, `<|eot_id|>`).
     pub stop_at_end: bool,
 }
 
