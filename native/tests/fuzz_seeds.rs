@@ -84,6 +84,8 @@ fn write_seeds(out: &Path) -> rusting_brain::Result<()> {
     // package writes them.
     seed("gguf", "blocks", &read(fixtures().join("gguf_blocks.gguf")));
     seed("gguf", "tiny_llama", &read(fixtures().join("gguf_tiny_llama.gguf")));
+    // And a mixture of experts as llama.cpp's converter and quantizer write it.
+    seed("gguf", "qwen3_moe_q4_0", &read(fixtures().join("gguf_llama_cpp/qwen3_moe.q4_0.gguf")));
     lm.save_pretrained(tmp.join("hf"))?;
     seed("hf", "tiny", &join(&read(tmp.join("hf/config.json")), &read(tmp.join("hf/model.safetensors"))));
     for dir in fs::read_dir(fixtures().join("hf")).expect("the hf fixtures").flatten() {

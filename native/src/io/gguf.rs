@@ -545,13 +545,19 @@ mod tests {
         assert!(e.contains("general.architecture: gpt2 is not an architecture this reader maps"), "{e}");
         let u32_le = |v: u32| v.to_le_bytes().to_vec();
         let e = load_err("experts", &tiny_llama(&[("llama.expert_count", 4, u32_le(8))], &[]));
-        assert!(e.contains("llama.expert_used_count: missing, 0 or over the 8 experts"), "{e}");
+        assert!(e.contains("blk.0.ffn_gate_exps.weight: missing"), "{e}");
+        // Two experts stacked; a count of millions (the layout it would build) is refused.
+        let stacked: &[(&str, &[u64])] = &[("blk.0.ffn_gate_exps.weight", &[4, 8, 2])];
+        let e = load_err("millions", &tiny_llama(&[("llama.expert_count", 4, u32_le(1 << 24))], stacked));
+        assert!(e.contains("llama.expert_count: 16777216, where blk.0.ffn_gate_exps.weight holds 2"), "{e}");
+        let e = load_err("used", &tiny_llama(&[("llama.expert_count", 4, u32_le(2))], stacked));
+        assert!(e.contains("llama.expert_used_count: missing, 0 or over the 2 experts"), "{e}");
         let sigmoid = [
-            ("llama.expert_count", 4, u32_le(8)),
+            ("llama.expert_count", 4, u32_le(2)),
             ("llama.expert_used_count", 4, u32_le(2)),
             ("llama.expert_gating_func", 4, u32_le(2)),
         ];
-        let e = load_err("sigmoid", &tiny_llama(&sigmoid, &[]));
+        let e = load_err("sigmoid", &tiny_llama(&sigmoid, stacked));
         assert!(e.contains("llama.expert_gating_func: U32(2): only softmax routing"), "{e}");
         let e = load_err("qwen3moe", &tiny_llama(&[("general.architecture", 8, text("qwen3moe"))], &[]));
         assert!(e.contains("qwen3moe.expert_count: missing or 0"), "{e}");

@@ -242,6 +242,22 @@ fn moe_keys(
 ) -> Result<&'static str> {
     let key = |k: &str| format!("{arch}.{k}");
     let get = |k: &str| file.get(&key(k));
+    // The count sizes the layout (three matrices an expert a block): it must be the one the
+    // stacked tensors hold, so a fuzzed count of millions is refused before anything is built.
+    let stacked = "blk.0.ffn_gate_exps.weight";
+    match file.tensor(stacked).map(|t| t.dims.get(2).copied()) {
+        Some(Some(n)) if n as u64 == experts => {}
+        Some(held) => {
+            return Err(file.err(
+                &key("expert_count"),
+                format!(
+                    "{experts}, where {stacked} holds {}",
+                    held.map_or("no".to_string(), |n| n.to_string())
+                ),
+            ))
+        }
+        None => return Err(file.err(stacked, "missing: the experts' stacked gate projections")),
+    }
     let used =
         get("expert_used_count").and_then(Meta::as_u64).filter(|&u| u > 0 && u <= experts).ok_or_else(
             || file.err(&key("expert_used_count"), format!("missing, 0 or over the {experts} experts")),
