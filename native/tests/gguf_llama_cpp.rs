@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use rusting_brain::core::Sampler;
-use rusting_brain::{Precision, TokenBatch, TransformerLm};
+use rusting_brain::{Precision, TransformerLm};
 use safetensors::SafeTensors;
 use serde_json::Value;
 use tokenizers::Tokenizer;
@@ -46,9 +46,7 @@ fn ids(v: &Value) -> Vec<u32> {
 
 /// Our logits of `prompt`, every position, and the `n` greedy tokens after it.
 fn run(model: &mut TransformerLm, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
-    // A batch predicts each next token: one more (any) id makes its rows every position's.
-    let batch = TokenBatch::new([prompt.iter().copied().chain([0]).collect::<Vec<u32>>()]).unwrap();
-    let logits = model.forward_batch(&batch).unwrap();
+    let logits = rusting_brain_test_support::every_position_logits(model, prompt);
     let mut decoder = model.decoder();
     decoder.feed(prompt).unwrap();
     let mut sampler = Sampler::greedy();
@@ -111,25 +109,6 @@ fn agrees(
     Ok(ties)
 }
 
-/// Mean KL divergence (nats) of our next-token distributions from `theirs`, over every
-/// position, and how often the top tokens agree.
-fn kl_and_agreement(ours: &[f32], theirs: &[f32], vocab: usize) -> (f64, f64) {
-    let log_softmax = |row: &[f32]| -> Vec<f64> {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-        let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
-        row.iter().map(|&v| v as f64 - lse).collect()
-    };
-    let argmax = |r: &[f64]| r.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i);
-    let (mut kl, mut same, mut n) = (0.0, 0usize, 0usize);
-    for (p, q) in theirs.chunks_exact(vocab).zip(ours.chunks_exact(vocab)) {
-        let (lp, lq) = (log_softmax(p), log_softmax(q));
-        kl += lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
-        same += usize::from(argmax(&lp) == argmax(&lq));
-        n += 1;
-    }
-    (kl / n as f64, same as f64 / n as f64)
-}
-
 /// Every file read with `from_gguf` (its weights decoded to f32) against llama.cpp:
 ///
 /// - on the same weights multiplied in f32 (the F32 file itself; for a quantized file its
@@ -173,7 +152,7 @@ fn llama_cpp_s_files_give_llama_cpp_s_logits_and_greedy_tokens() {
                     }
                 }
                 if kind != "f32" {
-                    let (kl, same) = kl_and_agreement(&got, &theirs, vocab);
+                    let (kl, same) = rusting_brain_test_support::kl_and_agreement(&got, &theirs, vocab);
                     line += &format!(" the file itself KL {kl:.5}, top token {:.0}%;", 100.0 * same);
                     let bound = if name.contains("moe") || name == "mixtral" { 0.07 } else { 0.005 };
                     if kl.is_nan() || kl > bound {

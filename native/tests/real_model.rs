@@ -119,20 +119,8 @@ fn distance_to_f32(dir: &Path, precision: Precision) -> (f64, f64) {
     let q = load(dir, precision).forward_batch(&batch).unwrap();
     assert_eq!(p.len(), q.len());
     let vocab = p.len() / 255;
-    let log_softmax = |row: &[f32]| -> Vec<f64> {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-        let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
-        row.iter().map(|&v| v as f64 - lse).collect()
-    };
-    let argmax = |r: &[f64]| r.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i);
-    let (mut kl, mut same, mut n) = (0.0, 0, 0);
-    for pos in 128..255 {
-        let (lp, lq) = (log_softmax(&p[pos * vocab..][..vocab]), log_softmax(&q[pos * vocab..][..vocab]));
-        kl += lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
-        same += usize::from(argmax(&lp) == argmax(&lq));
-        n += 1;
-    }
-    let (kl, same) = (kl / n as f64, same as f64 / n as f64);
+    let (kl, same) =
+        rusting_brain_test_support::kl_and_agreement(&q[128 * vocab..], &p[128 * vocab..], vocab);
     eprintln!(
         "{precision:?} against f32 on the real model: mean KL {kl:.5} nats, same top token {:.1}%",
         100.0 * same
@@ -284,11 +272,7 @@ fn the_q4_1_file_gives_llama_cpp_s_and_transformers_logits_and_llama_cpp_s_reply
     model.set_max_seq_len(512).unwrap();
     let ids = list(&meta["ids"]);
     let last = meta["last"].as_u64().unwrap() as usize;
-    // A batch predicts each next token: one more (any) id makes its rows every position's.
-    let all = |model: &mut TransformerLm, ids: &[u32]| {
-        let batch = TokenBatch::new([ids.iter().copied().chain([0]).collect::<Vec<u32>>()]).unwrap();
-        model.forward_batch(&batch).unwrap()
-    };
+    let all = rusting_brain_test_support::every_position_logits;
     let logits = all(&mut model, &ids);
     let vocab = logits.len() / ids.len();
     let ours = &logits[(ids.len() - last) * vocab..];
@@ -299,22 +283,7 @@ fn the_q4_1_file_gives_llama_cpp_s_and_transformers_logits_and_llama_cpp_s_reply
     }
     let theirs = expected("llama_cpp");
     let d = rusting_brain_test_support::rel_to_scale("llama_cpp", ours, &theirs);
-    let kl: f64 = ours
-        .chunks_exact(vocab)
-        .zip(theirs.chunks_exact(vocab))
-        .map(|(q, p)| {
-            let lse = |r: &[f32]| {
-                let m = r.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v)) as f64;
-                m + r.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
-            };
-            let (lp, lq) = (lse(p), lse(q));
-            p.iter()
-                .zip(q)
-                .map(|(&a, &b)| (a as f64 - lp).exp() * ((a as f64 - lp) - (b as f64 - lq)))
-                .sum::<f64>()
-        })
-        .sum::<f64>()
-        / last as f64;
+    let (kl, _) = rusting_brain_test_support::kl_and_agreement(ours, &theirs, vocab);
     eprintln!("Q4_1 file: llama.cpp's own logits (8-bit activations) {d:.2e} of the range, mean KL {kl:.5}");
     assert!(kl <= 0.01, "mean KL {kl} from llama.cpp's logits on the file");
 

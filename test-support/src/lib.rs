@@ -107,6 +107,37 @@ pub fn rel_to_scale(name: &str, got: &[f32], want: &[f32]) -> f32 {
     got.iter().zip(want).map(|(g, w)| (g - w).abs() / scale).fold(0.0f32, nan_max)
 }
 
+/// Mean KL divergence (nats) from `theirs`' next-token distributions to `ours`, row by row
+/// (`vocab` logits a row, f64 log-softmax), and how often the two top tokens agree: the
+/// yardstick of a quantized or foreign model against a reference (`llama-perplexity
+/// --kl-divergence` sums it the same way).
+pub fn kl_and_agreement(ours: &[f32], theirs: &[f32], vocab: usize) -> (f64, f64) {
+    assert_eq!(ours.len(), theirs.len(), "kl_and_agreement: {} logits against {}", ours.len(), theirs.len());
+    let log_softmax = |row: &[f32]| -> Vec<f64> {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+        let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+        row.iter().map(|&v| v as f64 - lse).collect()
+    };
+    let argmax = |r: &[f64]| r.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i);
+    let (mut kl, mut same, mut n) = (0.0, 0usize, 0usize);
+    for (p, q) in theirs.chunks_exact(vocab).zip(ours.chunks_exact(vocab)) {
+        let (lp, lq) = (log_softmax(p), log_softmax(q));
+        kl += lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+        same += usize::from(argmax(&lp) == argmax(&lq));
+        n += 1;
+    }
+    (kl / n as f64, same as f64 / n as f64)
+}
+
+/// A model's logits at every position of `ids` (`ids.len() x vocab`): a training batch
+/// predicts each next token, so one more (any) id makes its rows every position's.
+#[cfg(feature = "native")]
+pub fn every_position_logits(model: &mut TransformerLm, ids: &[u32]) -> Vec<f32> {
+    let batch =
+        TokenBatch::new([ids.iter().copied().chain([0]).collect::<Vec<u32>>()]).expect("one sequence");
+    model.forward_batch(&batch).expect("the forward pass")
+}
+
 /// `q8_matmul_many`'s products of one input `(m, k)`: output `i` is `outs[i]` `(m, n_i)`,
 /// its weight `weights[i]` (packed values, row scales), `beta` for all.
 pub fn q8_products<'a>(
