@@ -633,3 +633,37 @@ pub fn format_of(format: QuantFormat, name: &str) -> QuantFormat {
         f => f,
     }
 }
+
+impl<B: Backend + Memory<Buffer = crate::backend::HostBuffer>> TransformerModel<B> {
+    /// The model `config` describes from its tensors read by our (transformers') names, on
+    /// a host backend, the one builder of every loader (a Hugging Face folder, a GGUF file
+    /// natively or in the browser). `read` gives a tensor in f32 in the layout's shape;
+    /// with a `format`, `read_quant` gives each matrix already rounded to the format
+    /// [`format_of`] picks for it (packed values, scales), so the f32 model never exists:
+    /// each matrix's f32 values are dropped before the next is read. Norms, biases and
+    /// routers stay f32.
+    pub fn from_tensors<E: From<CoreError>>(
+        backend: B, config: TransformerConfig, format: Option<QuantFormat>,
+        mut read: impl FnMut(&str, &[usize]) -> core::result::Result<Vec<f32>, E>,
+        mut read_quant: impl FnMut(&str, &[usize], QuantFormat) -> core::result::Result<(Vec<f32>, Vec<f32>), E>,
+    ) -> core::result::Result<Self, E> {
+        let layout = config.layout();
+        let Some(format) = format else {
+            let params: Params<B> = layout.try_map(|name, t| read(name, &t.shape))?;
+            return Ok(TransformerModel::from_params(backend, config, params)?);
+        };
+        let mut quantized = Vec::new();
+        let params: Params<B> = layout.try_map(|name, t| -> core::result::Result<Vec<f32>, E> {
+            if t.kind != TensorKind::Matrix {
+                quantized.push(None);
+                return read(name, &t.shape);
+            }
+            quantized.push(Some(read_quant(name, &t.shape, format_of(format, name))?));
+            Ok(Vec::new())
+        })?;
+        let mut q = quantized.into_iter();
+        let quantized: QuantParams<B> =
+            config.layout().try_map(|_, _| -> core::result::Result<_, E> { Ok(q.next().flatten()) })?;
+        Ok(TransformerModel::from_quantized(backend, config, params, quantized)?)
+    }
+}

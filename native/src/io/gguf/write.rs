@@ -14,11 +14,11 @@ use half::f16;
 use rusting_brain_core::models::transformer::{TransformerConfig, TransformerModel};
 use rusting_brain_core::RopeScaling;
 
-use super::lm::{rotary_heads, rotary_rows};
 use super::{GgmlType, Gguf, Meta};
 use crate::backend::cpu::CpuBackend;
 use crate::io::hf::{Family, Origin};
 use crate::{NetworkError, Precision, Result};
+use rusting_brain_formats::gguf::model::{gguf_place, rotary_heads, rotary_rows};
 
 const ALIGNMENT: usize = 32;
 
@@ -34,7 +34,7 @@ fn tokenizer_keys(origin: Option<&Origin>) -> Result<Vec<(String, Meta)>> {
     if source.is_file() {
         let file = Gguf::open(source)?;
         let keys: Vec<(String, Meta)> =
-            file.meta.iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned().collect();
+            file.meta().iter().filter(|(k, _)| k.starts_with("tokenizer.")).cloned().collect();
         if keys.is_empty() {
             return Err(
                 file.err("tokenizer.ggml.model", "missing: the file the model came from has no tokenizer")
@@ -42,7 +42,7 @@ fn tokenizer_keys(origin: Option<&Origin>) -> Result<Vec<(String, Meta)>> {
         }
         return Ok(keys);
     }
-    super::tokenizer::from_folder(source)
+    super::folder::from_folder(source)
 }
 
 /// llama.cpp's architecture name for a model of `family`.
@@ -267,7 +267,7 @@ pub(crate) fn save(
     let mut infos: Vec<Out> = Vec::new();
     let mut stacked = std::collections::HashMap::new();
     for (i, ((name, _), shape)) in named.iter().zip(&shapes).enumerate() {
-        let (g, expert) = super::lm::gguf_place(name);
+        let (g, expert) = gguf_place(name);
         let kind = kind_of(name, shape, precision);
         match expert {
             Some(j) if stacked.contains_key(&g) => {

@@ -6,9 +6,11 @@
 
 use half::{bf16, f16};
 
-/// The tensor types this reader decodes (ggml's numbering), with their block shapes.
+/// The tensor types this reader decodes (ggml's numbering), with their block shapes; the
+/// variants are ggml's names of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GgmlType {
+#[allow(missing_docs)]
+pub enum GgmlType {
     F32,
     F16,
     BF16,
@@ -27,7 +29,7 @@ const QK_K: usize = 256;
 
 impl GgmlType {
     /// The type of ggml id `id`, or a message naming the id.
-    pub(crate) fn from_id(id: u32) -> Result<GgmlType, String> {
+    pub fn from_id(id: u32) -> Result<GgmlType, String> {
         use GgmlType::*;
         Ok(match id {
             0 => F32,
@@ -51,7 +53,7 @@ impl GgmlType {
     }
 
     /// ggml's id of the type.
-    pub(crate) fn id(self) -> u32 {
+    pub fn id(self) -> u32 {
         use GgmlType::*;
         match self {
             F32 => 0,
@@ -69,7 +71,7 @@ impl GgmlType {
     }
 
     /// The name llama.cpp gives the type.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         use GgmlType::*;
         match self {
             F32 => "F32",
@@ -87,7 +89,7 @@ impl GgmlType {
     }
 
     /// (values, bytes) of one block.
-    pub(crate) fn block(self) -> (usize, usize) {
+    pub fn block(self) -> (usize, usize) {
         use GgmlType::*;
         match self {
             F32 => (1, 4),
@@ -105,7 +107,7 @@ impl GgmlType {
 
     /// The bytes of a tensor of `values` values whose rows are `row` long: rows must hold
     /// whole blocks.
-    pub(crate) fn bytes_of(self, row: usize, values: usize) -> Result<usize, String> {
+    pub fn bytes_of(self, row: usize, values: usize) -> Result<usize, String> {
         let (n, b) = self.block();
         if !row.is_multiple_of(n) {
             return Err(format!("rows of {row} values do not hold whole {} blocks of {n}", self.name()));
@@ -114,7 +116,7 @@ impl GgmlType {
     }
 
     /// Decodes `bytes` (whole blocks) into `out` (their values).
-    pub(crate) fn decode(self, bytes: &[u8], out: &mut [f32]) {
+    pub fn decode(self, bytes: &[u8], out: &mut [f32]) {
         use GgmlType::*;
         let (n, b) = self.block();
         debug_assert_eq!(bytes.len() / b * n, out.len());
