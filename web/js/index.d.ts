@@ -8,6 +8,28 @@ export type Device = 'webgpu' | 'cpu';
 export interface LoadOptions {
   /** "auto" (default): WebGPU where the browser has a hardware adapter, else the CPU (a software adapter such as SwiftShader is slower than the CPU path). */
   device?: 'auto' | 'webgpu' | 'cpu';
+  /** A GGUF file's matrices rounded to int8 ("q8", the default) or four bits ("q4"; the embedding and output head stay int8). */
+  precision?: 'q8' | 'q4';
+  /** A GGUF model's context: the positions a conversation may take (default 2048, at most the file's own). */
+  context?: number;
+}
+
+/** Options of `chatTurn`: `generate`'s, and a system prompt for the first turn. */
+export interface ChatTurnOptions extends GenerateOptions {
+  /** The system message, rendered before the first user message. */
+  system?: string;
+}
+
+/** What `chatTurn` resolves to: `generate`'s result, and the tokens the KV cache already held. */
+export interface ChatTurnResult extends GenerateResult {
+  /** Tokens of the conversation before this turn that were not fed again. */
+  reusedTokens: number;
+}
+
+/** One turn of a conversation, as chat templates read it. */
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant';
+  content: string;
 }
 
 /** Options of `generate` and `chat`; every field may be left out. */
@@ -74,8 +96,8 @@ export type OnToken = (text: string, id: number) => boolean | void;
 /** A loaded language model and its conversation. */
 export class Model {
   private constructor();
-  /** Loads the bytes of an `.rbw` file (Q8, or F32 quantized on load) and the text of its tokenizer.json (`initialize()` first; `loadModel` does both). */
-  static load(weights: Uint8Array, tokenizerJson: string, options?: LoadOptions): Promise<Model>;
+  /** Loads the bytes of an `.rbw` file (Q8, or F32 quantized on load) and the text of its tokenizer.json, or a GGUF file's bytes alone (`tokenizerJson` undefined) (`initialize()` first; `loadModel` does both). */
+  static load(weights: Uint8Array, tokenizerJson: string | undefined, options?: LoadOptions): Promise<Model>;
   /** Where the model runs. */
   device(): Device;
   /** Why that device ("WebGPU adapter ...", or why there is no WebGPU). */
@@ -90,9 +112,15 @@ export class Model {
   generate(prompt: string, options?: GenerateOptions, onToken?: OnToken): Promise<GenerateResult>;
   /** A continuation of the conversation so far (the KV cache keeps earlier turns). */
   chat(text: string, options?: GenerateOptions, onToken?: OnToken): Promise<GenerateResult>;
+  /** The user's next message, answered through the model's chat template (a GGUF file's): the conversation is rendered each turn and only the tokens past what the KV cache holds are fed. */
+  chatTurn(text: string, options?: ChatTurnOptions, onToken?: OnToken): Promise<ChatTurnResult>;
+  /** The conversation `chatTurn` has held. */
+  messages(): ChatMessage[];
+  /** The chat template's Jinja source, where the model came with one (a GGUF file). */
+  chatTemplate(): string | undefined;
   /** Ends a running generation after its current token. */
   stop(): void;
-  /** Forgets the conversation. */
+  /** Forgets the conversation (`chatTurn`'s messages too). */
   reset(): void;
   /** Frees the model's memory, GPU buffers included. */
   dispose(): void;
@@ -102,10 +130,12 @@ export class Model {
 
 /** Instantiates the wasm module once (later calls return the same promise): by default the package's own file, or a URL, Response, bytes or module. */
 export function initialize(wasm?: string | URL | Response | BufferSource | WebAssembly.Module): Promise<void>;
-/** `initialize()`, then `Model.load` from the file's bytes and the tokenizer's text. */
+/** `initialize()`, then `Model.load` from the file's bytes and the tokenizer's text (left out for a GGUF file). */
 export function loadModel(weights: Uint8Array | ArrayBuffer | ArrayBufferView, tokenizerJson: string, options?: LoadOptions): Promise<Model>;
-/** Fetches the `.rbw` file and tokenizer.json, then `loadModel`. */
+export function loadModel(gguf: Uint8Array | ArrayBuffer | ArrayBufferView, options?: LoadOptions): Promise<Model>;
+/** Fetches the `.rbw` file and tokenizer.json (or a GGUF file alone), then `loadModel`. */
 export function fetchModel(weightsUrl: string | URL, tokenizerUrl: string | URL, options?: LoadOptions): Promise<Model>;
+export function fetchModel(ggufUrl: string | URL, options?: LoadOptions): Promise<Model>;
 
 /** What follows a dense layer (`leaky_relu` takes a slope, default 0.01). */
 export type Activation = 'identity' | 'relu' | 'leaky_relu' | 'sigmoid' | 'tanh' | 'softmax';

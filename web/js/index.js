@@ -43,22 +43,37 @@ function bytesOf(weights) {
   throw new TypeError('weights must be a Uint8Array, an ArrayBuffer or a typed array of the .rbw file');
 }
 
-/** Loads a model from the bytes of its .rbw file and the text of its tokenizer.json. */
+/**
+ * Loads a model from the bytes of its .rbw file and the text of its tokenizer.json, or from
+ * the bytes of a GGUF file alone (it carries its tokenizer and chat template):
+ * `loadModel(gguf, options)` or `loadModel(gguf, undefined, options)`.
+ */
 export async function loadModel(weights, tokenizerJson, options = {}) {
-  if (typeof tokenizerJson !== 'string') {
-    throw new TypeError('tokenizerJson must be the text of tokenizer.json');
+  if (tokenizerJson !== undefined && tokenizerJson !== null && typeof tokenizerJson === 'object') {
+    options = tokenizerJson;
+    tokenizerJson = undefined;
+  }
+  if (tokenizerJson !== undefined && tokenizerJson !== null && typeof tokenizerJson !== 'string') {
+    throw new TypeError('tokenizerJson must be the text of tokenizer.json (left out for a GGUF file)');
   }
   await initialize();
-  return Model.load(bytesOf(weights), tokenizerJson, options);
+  return Model.load(bytesOf(weights), tokenizerJson ?? undefined, options);
 }
 
-/** Fetches a model's .rbw file and tokenizer.json, then loads them. */
+/**
+ * Fetches a model's .rbw file and tokenizer.json, or a GGUF file alone
+ * (`fetchModel(ggufUrl, options)`), then loads them.
+ */
 export async function fetchModel(weightsUrl, tokenizerUrl, options = {}) {
   const get = async (url) => {
     const r = await fetch(url);
     if (!r.ok) throw new Error(`fetching ${url}: HTTP ${r.status} ${r.statusText}`);
     return r;
   };
+  if (typeof tokenizerUrl !== 'string' && !(tokenizerUrl instanceof URL)) {
+    const w = await get(weightsUrl);
+    return loadModel(new Uint8Array(await w.arrayBuffer()), undefined, tokenizerUrl ?? options);
+  }
   const [w, t] = await Promise.all([get(weightsUrl), get(tokenizerUrl)]);
   return loadModel(new Uint8Array(await w.arrayBuffer()), await t.text(), options);
 }

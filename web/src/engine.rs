@@ -80,11 +80,19 @@ impl Engine {
     /// Loads `.rbw` bytes (Q8 or Q4, or F32 which is quantized to int8 here) onto the
     /// chosen device.
     pub async fn load(bytes: &[u8], choice: DeviceChoice) -> Result<Engine, WebError> {
-        let mut model = read_model(bytes, PortableBackend)?;
+        let model = read_model(bytes, PortableBackend)?;
+        Engine::from_model(model, bytes.len(), choice).await
+    }
+
+    /// Puts `model` (read from a file of `file_len` bytes) on the chosen device, quantized
+    /// to int8 if it is not already.
+    pub async fn from_model(
+        mut model: TransformerModel<PortableBackend>, file_len: usize, choice: DeviceChoice,
+    ) -> Result<Engine, WebError> {
         let config = model.config.clone();
         // The whole CPU footprint is reserved once before anything large is built, so an
         // allocation the heap cannot make is reported (wasm32's heap stops at 4 GiB).
-        let need = cpu_bytes(bytes.len(), &config);
+        let need = cpu_bytes(file_len, &config);
         let mut probe: Vec<u8> = Vec::new();
         probe.try_reserve_exact(need).map_err(|_| {
             WebError::OutOfMemory(format!(

@@ -1,7 +1,8 @@
 //! `rusting_brain_web`: rusting_brain in the browser, the `rusting-brain` npm package.
 //!
-//! An int8 language model (an `.rbw` checkpoint: Q8, or F32 quantized on load) and its
-//! `tokenizer.json`, generating text through WebGPU compute shaders (the
+//! An int8 language model (an `.rbw` checkpoint: Q8, or F32 quantized on load, with its
+//! `tokenizer.json`; or a GGUF file, llama.cpp's format, with the tokenizer and chat
+//! template it carries), generating text through WebGPU compute shaders (the
 //! `rusting_brain_shaders` runner, the same kernels as the native `to_gpu`) where the
 //! browser has an adapter, and through the portable backend (`rusting_brain_portable`:
 //! core's math in f32 with SIMD128 kernels) compiled to wasm where it has none. Both run core's model definition and core's sampler, so a seed
@@ -42,7 +43,9 @@
 
 #![warn(missing_docs)]
 
+pub mod chat;
 mod engine;
+pub mod gguf;
 mod lm;
 mod lm_js;
 mod network;
@@ -52,8 +55,10 @@ mod text;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use js_sys::{Function, Object, Reflect, Uint32Array};
+use js_sys::{Array, Function, Object, Reflect, Uint32Array};
+use rusting_brain_core::models::transformer::QuantFormat;
 use rusting_brain_core::CoreError;
+use rusting_brain_formats::chat::Template;
 use rusting_brain_shaders::ShaderError;
 use wasm_bindgen::prelude::*;
 
@@ -133,9 +138,22 @@ struct State {
     /// The id that ends a reply (`text::END_TOKENS`: `<|end|>` in the language_model
     /// example's vocabulary, `<|im_end|>` in SmolLM2's and Qwen's, `<|eot_id|>` in Llama 3's).
     end: Option<u32>,
+    /// The chat template a GGUF file carried, which `chatTurn` renders.
+    template: Option<Template>,
+    /// The conversation `chatTurn` has held so far, as the template reads it.
+    messages: Vec<chat::Message>,
     busy: bool,
     stop: bool,
     disposed: bool,
+}
+
+/// What a generation starts from.
+enum Input {
+    /// Text fed as it is: from a fresh conversation (`generate`) or after the last (`chat`).
+    Text { text: String, fresh: bool },
+    /// The user's next message, through the chat template, with a system prompt for the
+    /// first turn.
+    Turn { text: String, system: Option<String> },
 }
 
 /// A loaded language model and its conversation.
@@ -222,17 +240,50 @@ fn set(obj: &Object, key: &str, value: impl Into<JsValue>) {
 #[wasm_bindgen]
 impl Model {
     /// Loads a model from the bytes of an `.rbw` file and the text of its
-    /// `tokenizer.json`. `options.device`: "auto" (default: WebGPU where there is a
-    /// hardware adapter, else the CPU, with the reason in `deviceReason()`; a software
-    /// adapter such as SwiftShader is slower than the CPU path), "webgpu" or "cpu".
-    pub async fn load(weights: Vec<u8>, tokenizer_json: String, options: JsValue) -> Result<Model, JsError> {
+    /// `tokenizer.json`, or from the bytes of a GGUF file alone (its tokenizer and chat
+    /// template are in it; `tokenizerJson` is left out). `options.device`: "auto" (default:
+    /// WebGPU where there is a hardware adapter, else the CPU, with the reason in
+    /// `deviceReason()`; a software adapter such as SwiftShader is slower than the CPU
+    /// path), "webgpu" or "cpu". For a GGUF file, `options.precision` ("q8", the default,
+    /// or "q4") and `options.context` (positions kept for the conversation; default 2048,
+    /// at most the file's own).
+    pub async fn load(
+        weights: Vec<u8>, tokenizer_json: Option<String>, options: JsValue,
+    ) -> Result<Model, JsError> {
         let choice = match text::get_string(&options, "device").map_err(js_err)? {
             Some(s) => DeviceChoice::parse(&s).map_err(js_err)?,
             None => DeviceChoice::Auto,
         };
-        let tokenizer = text::tokenizer(&tokenizer_json).map_err(js_err)?;
-        let engine = Engine::load(&weights, choice).await.map_err(js_err)?;
-        drop(weights);
+        let (engine, tokenizer, template, end) = if rusting_brain_formats::gguf::is_gguf(&weights) {
+            let format = match text::get_string(&options, "precision").map_err(js_err)?.as_deref() {
+                None | Some("q8") => QuantFormat::Q8,
+                Some("q4") => QuantFormat::Q4,
+                Some(other) => {
+                    return Err(js_err(WebError::Invalid(format!(
+                        "options.precision is \"{other}\"; expected \"q8\" or \"q4\""
+                    ))))
+                }
+            };
+            let context = network_js::count(&options, "context", "options", 1e7)
+                .map_err(js_err)?
+                .map_or(gguf::DEFAULT_CONTEXT, |c| c as usize);
+            let file = gguf::read(&weights, format, context).map_err(js_err)?;
+            let len = weights.len();
+            drop(weights);
+            let engine = Engine::from_model(file.model, len, choice).await.map_err(js_err)?;
+            (engine, file.tokenizer, file.template, file.end)
+        } else {
+            let json = tokenizer_json.ok_or_else(|| {
+                js_err(WebError::Invalid(
+                    "an .rbw model needs the text of its tokenizer.json (a GGUF file carries its own)".into(),
+                ))
+            })?;
+            let tokenizer = text::tokenizer(&json).map_err(js_err)?;
+            let engine = Engine::load(&weights, choice).await.map_err(js_err)?;
+            drop(weights);
+            let end = text::END_TOKENS.iter().find_map(|t| tokenizer.token_to_id(t));
+            (engine, tokenizer, None, end)
+        };
         let vocab = engine.config().vocab_size;
         let tokens = tokenizer.get_vocab_size(true);
         if tokens > vocab {
@@ -240,7 +291,6 @@ impl Model {
                 "the tokenizer has {tokens} tokens but the model's vocabulary is {vocab}: they do not belong together"
             ))));
         }
-        let end = text::END_TOKENS.iter().find_map(|t| tokenizer.token_to_id(t));
         Ok(Model {
             device: engine.device(),
             reason: engine.reason().to_string(),
@@ -249,11 +299,20 @@ impl Model {
                 tokenizer: Rc::new(tokenizer),
                 vocab: tokens,
                 end,
+                template,
+                messages: Vec::new(),
                 busy: false,
                 stop: false,
                 disposed: false,
             })),
         })
+    }
+
+    /// The chat template's Jinja source (a GGUF file's `tokenizer.chat_template`), or
+    /// `undefined` where the model came without one.
+    #[wasm_bindgen(js_name = chatTemplate)]
+    pub fn chat_template(&self) -> Option<String> {
+        self.state.borrow().template.as_ref().map(|t| t.source().to_string())
     }
 
     /// "webgpu" or "cpu".
@@ -306,14 +365,41 @@ impl Model {
     pub async fn generate(
         &self, prompt: String, options: JsValue, on_token: Option<Function>,
     ) -> Result<Object, JsError> {
-        self.run(prompt, options, on_token, true).await
+        self.run(Input::Text { text: prompt, fresh: true }, options, on_token).await
     }
 
     /// `generate`, continuing the conversation: the KV cache keeps every earlier turn.
     pub async fn chat(
         &self, text: String, options: JsValue, on_token: Option<Function>,
     ) -> Result<Object, JsError> {
-        self.run(text, options, on_token, false).await
+        self.run(Input::Text { text, fresh: false }, options, on_token).await
+    }
+
+    /// The user's next message, answered through the model's chat template: the whole
+    /// conversation is rendered (`options.system`, a system prompt, on the first turn),
+    /// and only the tokens past what the model has already read are fed (the reply before
+    /// stays in the KV cache; where the rendered text no longer starts with it, the
+    /// conversation is read again). Options and result as `generate`'s, the result with
+    /// `reusedTokens`, the tokens the cache already held. The reply ends at the model's
+    /// end-of-turn token.
+    #[wasm_bindgen(js_name = chatTurn)]
+    pub async fn chat_turn(
+        &self, text: String, options: JsValue, on_token: Option<Function>,
+    ) -> Result<Object, JsError> {
+        let system = text::get_string(&options, "system").map_err(js_err)?;
+        self.run(Input::Turn { text, system }, options, on_token).await
+    }
+
+    /// The conversation `chatTurn` has held: `[{role, content}, ...]`.
+    pub fn messages(&self) -> Array {
+        let out = Array::new();
+        for m in &self.state.borrow().messages {
+            let o = Object::new();
+            set(&o, "role", m.role.clone());
+            set(&o, "content", m.content.clone());
+            out.push(&o);
+        }
+        out
     }
 
     /// Asks a running generation to stop after its current token.
@@ -327,6 +413,7 @@ impl Model {
         match s.engine.as_mut() {
             Some(e) => {
                 e.reset();
+                s.messages.clear();
                 Ok(())
             }
             None => Err(js_err(busy_or_disposed(&s))),
@@ -345,14 +432,14 @@ impl Model {
     }
 
     async fn run(
-        &self, prompt: String, options: JsValue, on_token: Option<Function>, fresh: bool,
+        &self, input: Input, options: JsValue, on_token: Option<Function>,
     ) -> Result<Object, JsError> {
         let clock = Clock::new();
         let t0 = clock.ms();
         let opts = GenerateOptions::from_js(&options).map_err(js_err)?;
         let seed = opts.seed.unwrap_or_else(|| (js_sys::Math::random() * 9007199254740991.0) as u64);
         let mut sampler = opts.sampler(seed).map_err(js_err)?;
-        let (mut engine, ids, tokenizer, end) = {
+        let (mut engine, ids, tokenizer, end, turn, reused) = {
             let mut s = self.state.borrow_mut();
             if s.disposed {
                 return Err(js_err(WebError::Disposed));
@@ -360,15 +447,31 @@ impl Model {
             if s.busy {
                 return Err(js_err(WebError::Busy));
             }
-            let ids = text::encode(&s.tokenizer, &prompt).map_err(js_err)?;
-            let engine = s.engine.take().ok_or_else(|| js_err(WebError::Disposed))?;
+            let context = s.engine.as_ref().map_or(&[][..], |e| e.context());
+            let (ids, fresh, turn, reused) = match input {
+                Input::Text { text, fresh } => {
+                    (text::encode(&s.tokenizer, &text).map_err(js_err)?, fresh, None, 0)
+                }
+                Input::Turn { text, system } => {
+                    let template = s.template.as_ref().ok_or_else(|| {
+                        lm_js::invalid(
+                            "this model came without a chat template (a GGUF file's tokenizer.chat_template); use generate or chat with a prompt of your own",
+                        )
+                    })?;
+                    let now = (js_sys::Date::now() / 1000.0) as i64;
+                    let t = chat::turn(template, &s.tokenizer, &s.messages, context, text, system, now)
+                        .map_err(js_err)?;
+                    (t.ids, t.reused == 0, Some(t.messages), t.reused)
+                }
+            };
+            let mut engine = s.engine.take().ok_or_else(|| js_err(WebError::Disposed))?;
+            if fresh {
+                engine.reset();
+            }
             s.busy = true;
             s.stop = false;
-            (engine, ids, s.tokenizer.clone(), s.end)
+            (engine, ids, s.tokenizer.clone(), s.end, turn, reused)
         };
-        if fresh {
-            engine.reset();
-        }
         let state = self.state.clone();
         // An AbortSignal in options.signal stops the generation like stop().
         let signal = Reflect::get(&options, &"signal".into()).ok().filter(|s| s.is_object());
@@ -434,11 +537,17 @@ impl Model {
             )));
         }
         let out = result.map_err(js_err)?;
+        if let Some(mut messages) = turn {
+            // The reply as the template will render it next turn.
+            messages.push(chat::Message::new("assistant", stream.text()));
+            self.state.borrow_mut().messages = messages;
+        }
         let total = clock.ms() - t0;
         let o = Object::new();
         set(&o, "text", stream.text());
         set(&o, "ids", Uint32Array::from(&out.ids[..]));
         set(&o, "promptTokens", ids.len() as f64);
+        set(&o, "reusedTokens", reused as f64);
         set(&o, "tokens", out.ids.len() as f64);
         set(&o, "firstTokenMs", first_ms.unwrap_or(f64::NAN));
         set(&o, "totalMs", total);

@@ -17,7 +17,7 @@ use crate::lm::{train_tokenizer, LmTrainer, END};
 use crate::network_js::{count, field, number, text};
 use crate::{js_err, set, WebError};
 
-fn invalid(message: impl Into<String>) -> JsError {
+pub(crate) fn invalid(message: impl Into<String>) -> JsError {
     js_err(WebError::Invalid(message.into()))
 }
 
