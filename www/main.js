@@ -8,6 +8,11 @@ const output = $('output');
 const go = $('go');
 let generating = false;
 let ids = [];
+// A model with a chat template (a GGUF file's) is talked to a turn at a time: the prompt
+// box holds the next message, the output the conversation, and the new tokens go to
+// `target`, the reply being written.
+let chatMode = false;
+let target = output;
 
 for (const [input, shown] of [['temperature', 'temperature-value'], ['topk', 'topk-value'], ['topp', 'topp-value'], ['max', 'max-value']]) {
   const update = () => { $(shown).textContent = $(input).value; };
@@ -34,8 +39,18 @@ function status(text, error = false) {
 
 function setState(state) {
   output.dataset.state = state;
-  go.textContent = state === 'generating' ? 'Stop' : 'Generate';
+  go.textContent = state === 'generating' ? 'Stop' : chatMode ? 'Send' : 'Generate';
   go.disabled = state === 'loading' || state === 'error';
+  $('new-chat').disabled = state !== 'idle' && state !== 'done';
+}
+
+function turn(role, text) {
+  const div = document.createElement('div');
+  div.className = `turn ${role}`;
+  div.textContent = text;
+  output.append(div);
+  output.scrollTop = output.scrollHeight;
+  return div;
 }
 
 go.addEventListener('click', () => {
@@ -44,14 +59,23 @@ go.addEventListener('click', () => {
     go.disabled = true;
     return;
   }
+  const text = $('prompt').value;
+  if (chatMode && text.trim() === '') return;
   generating = true;
   ids = [];
   output.dataset.ids = '';
-  output.replaceChildren();
-  const prompt = document.createElement('span');
-  prompt.className = 'prompt';
-  prompt.textContent = $('prompt').value;
-  output.append(prompt);
+  if (chatMode) {
+    turn('user', text);
+    target = turn('assistant', '');
+    $('prompt').value = '';
+  } else {
+    output.replaceChildren();
+    const prompt = document.createElement('span');
+    prompt.className = 'prompt';
+    prompt.textContent = text;
+    output.append(prompt);
+    target = output;
+  }
   $('rate').textContent = '–';
   $('first').textContent = '–';
   $('count').textContent = '0';
@@ -60,7 +84,8 @@ go.addEventListener('click', () => {
   const temperature = Number($('temperature').value);
   worker.postMessage({
     type: 'generate',
-    prompt: $('prompt').value,
+    chat: chatMode,
+    prompt: text,
     options: {
       maxTokens: Number($('max').value),
       temperature,
@@ -82,6 +107,13 @@ worker.onmessage = ({ data }) => {
       break;
     }
     case 'loaded': {
+      chatMode = data.chat;
+      $('new-chat').hidden = !chatMode;
+      if (chatMode) {
+        output.replaceChildren();
+        $('prompt').value = params.get('message') ?? 'What is the capital of France?';
+        $('prompt').rows = 2;
+      }
       showDevice(data.device, data.reason);
       output.dataset.device = data.device;
       $('load').hidden = true;
@@ -93,7 +125,9 @@ worker.onmessage = ({ data }) => {
       $('max-value').textContent = $('max').value;
       $('max-note').textContent = `the model's context is ${context} tokens, prompt included`;
       const mb = (data.bytes / 1e6).toFixed(2);
-      status(`model loaded: ${(data.info.parameters / 1e6).toFixed(2)}M parameters, ${mb} MB int8, in ${data.ms.toFixed(0)} ms`);
+      const what = data.name?.endsWith('.gguf') ? `${data.name} (${mb} MB GGUF, run in int8)` : `${mb} MB int8`;
+      const talk = chatMode ? '; chat template from the file: each turn only the new tokens are fed' : '';
+      status(`model loaded: ${(data.info.parameters / 1e6).toFixed(2)}M parameters, ${what}, in ${data.ms.toFixed(0)} ms${talk}`);
       setState('idle');
       break;
     }
@@ -101,7 +135,7 @@ worker.onmessage = ({ data }) => {
       ids.push(...data.ids);
       // Kept at the bottom while the reader has not scrolled up.
       const atBottom = output.scrollHeight - output.scrollTop - output.clientHeight < 24;
-      output.append(data.text);
+      target.append(data.text);
       if (atBottom) output.scrollTop = output.scrollHeight;
       $('count').textContent = String(ids.length);
       if (data.firstMs !== null) $('first').textContent = `${data.firstMs.toFixed(0)} ms`;
@@ -120,7 +154,11 @@ worker.onmessage = ({ data }) => {
       output.dataset.rate = String(r.tokensPerSecond);
       output.dataset.first = String(r.firstTokenMs);
       output.dataset.finish = r.finish;
-      status(`done (${r.finish}): ${r.tokens} tokens`);
+      output.dataset.reply = r.text;
+      output.dataset.fed = String(r.promptTokens);
+      output.dataset.reused = String(r.reusedTokens ?? 0);
+      const fed = chatMode ? `; ${r.promptTokens} tokens fed, ${r.reusedTokens} kept from earlier turns` : '';
+      status(`done (${r.finish}): ${r.tokens} tokens${fed}`);
       setState('done');
       break;
     }
@@ -134,9 +172,50 @@ worker.onmessage = ({ data }) => {
   }
 };
 
-worker.postMessage({
-  type: 'load',
-  device: params.get('device') ?? 'auto',
-  weights: params.get('model') ?? 'models/model.rbw',
-  tokenizer: params.get('tokenizer') ?? 'models/tokenizer.json',
+// A new model: from a chosen or dropped GGUF file, or by URL.
+function load(source) {
+  if (generating) worker.postMessage({ type: 'stop' });
+  generating = false;
+  chatMode = false;
+  output.replaceChildren();
+  $('load').hidden = false;
+  $('load').value = 0;
+  $('new-chat').hidden = true;
+  setState('loading');
+  status(source.file ? `reading ${source.file.name}…` : 'loading the model…');
+  worker.postMessage({ type: 'load', device: params.get('device') ?? 'auto', ...source });
+}
+
+$('new-chat').addEventListener('click', () => {
+  worker.postMessage({ type: 'reset' });
+  output.replaceChildren();
+  status('a new conversation');
 });
+
+$('file').addEventListener('change', () => {
+  const file = $('file').files[0];
+  if (file) load({ file });
+});
+
+// A file dropped anywhere on the page.
+document.addEventListener('dragover', (e) => {
+  e.preventDefault();
+  document.body.classList.add('dropping');
+});
+document.addEventListener('dragleave', (e) => {
+  if (e.relatedTarget === null) document.body.classList.remove('dropping');
+});
+document.addEventListener('drop', (e) => {
+  e.preventDefault();
+  document.body.classList.remove('dropping');
+  const file = e.dataTransfer?.files?.[0];
+  if (file) load({ file });
+});
+
+if (params.has('gguf')) load({ gguf: params.get('gguf') });
+else {
+  load({
+    weights: params.get('model') ?? 'models/model.rbw',
+    tokenizer: params.get('tokenizer') ?? 'models/tokenizer.json',
+  });
+}

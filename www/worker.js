@@ -1,6 +1,9 @@
-// The model, off the page's thread. Messages in: load, generate, stop. Messages out:
-// progress (bytes of the model read), loaded, tokens (the text and ids of the tokens since
-// the last such message, with the first's and the newest's times), done, error.
+// The model, off the page's thread. Messages in: load (an .rbw model and its tokenizer by
+// URL, or a GGUF file by URL or as a File the page was given), generate (a prompt, or with
+// `chat` the user's next message through the model's chat template), reset, stop.
+// Messages out: progress (bytes of the model read), loaded, tokens (the text and ids of
+// the tokens since the last such message, with the first's and the newest's times), done,
+// error.
 import { loadModel } from './pkg/index.js';
 
 let model = null;
@@ -8,9 +11,8 @@ let stopRequested = false;
 
 // The body of `r` as bytes, with a `progress` message to the page at most every 50 ms
 // (bytes read, and the total where the server says it).
-async function readWithProgress(r) {
-  const total = Number(r.headers.get('content-length')) || 0;
-  const reader = r.body.getReader();
+async function readWithProgress(body, total) {
+  const reader = body.getReader();
   const parts = [];
   let loaded = 0;
   let posted = 0;
@@ -34,21 +36,40 @@ async function readWithProgress(r) {
   return bytes;
 }
 
-async function load({ device, weights, tokenizer }) {
+async function load({ device, weights, tokenizer, gguf, file }) {
   const t0 = performance.now();
   const get = async (url) => {
     const r = await fetch(url);
     if (!r.ok) throw new Error(`fetching ${url}: HTTP ${r.status}`);
     return r;
   };
-  const [w, t] = await Promise.all([get(weights), get(tokenizer)]);
-  const bytes = await readWithProgress(w);
-  model = await loadModel(bytes, await t.text(), { device });
+  // A model loaded before is freed first: two in the wasm heap may not fit.
+  model?.dispose();
+  model = null;
+  let bytes;
+  let json;
+  let name;
+  if (file) {
+    name = file.name;
+    bytes = await readWithProgress(file.stream(), file.size);
+  } else if (gguf) {
+    name = gguf.split('/').pop();
+    const r = await get(gguf);
+    bytes = await readWithProgress(r.body, Number(r.headers.get('content-length')) || 0);
+  } else {
+    name = weights.split('/').pop();
+    const [w, t] = await Promise.all([get(weights), get(tokenizer)]);
+    bytes = await readWithProgress(w.body, Number(w.headers.get('content-length')) || 0);
+    json = await t.text();
+  }
+  model = await loadModel(bytes, json, { device });
   postMessage({
     type: 'loaded',
     device: model.device(),
     reason: model.deviceReason(),
     info: model.info(),
+    chat: model.chatTemplate() !== undefined,
+    name,
     bytes: bytes.length,
     ms: performance.now() - t0,
   });
@@ -59,7 +80,7 @@ async function load({ device, weights, tokenizer }) {
 // screen shows no more than one update a frame anyway.
 const BATCH_MS = 16;
 
-async function generate({ prompt, options }) {
+async function generate({ prompt, options, chat }) {
   stopRequested = false;
   let batch = { text: '', ids: [] };
   let posted = -Infinity;
@@ -76,7 +97,8 @@ async function generate({ prompt, options }) {
     posted = performance.now();
   };
   try {
-    const result = await model.generate(prompt, options, (text, id) => {
+    const run = chat ? model.chatTurn.bind(model) : model.generate.bind(model);
+    const result = await run(prompt, options, (text, id) => {
       lastMs = performance.now() - t0;
       firstMs ??= lastMs;
       batch.text += text;
@@ -99,6 +121,7 @@ onmessage = async ({ data }) => {
   try {
     if (data.type === 'load') await load(data);
     else if (data.type === 'generate') await generate(data);
+    else if (data.type === 'reset') model?.reset();
   } catch (e) {
     postMessage({ type: 'error', message: String(e && e.message ? e.message : e), fatal: data.type === 'load' });
   }

