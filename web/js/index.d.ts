@@ -46,7 +46,7 @@ export interface GenerateOptions {
   repetitionPenalty?: number;
   /** The sampler's seed (an integer up to 2^53 - 1); the same seed gives the same ids on every device. Random when absent. */
   seed?: number;
-  /** Stop at the end of a reply: `<|end|>`, `<|im_end|>` or `<|eot_id|>`, the first the vocabulary has (default true). */
+  /** Stop at the end of a reply: a GGUF file's end-of-sequence token, else `<|end|>`, `<|im_end|>` or `<|eot_id|>`, the first the vocabulary has (default true). */
   stopAtEnd?: boolean;
   /** Aborting it stops the generation after the current token, like `model.stop()`. */
   signal?: AbortSignal;

@@ -135,8 +135,9 @@ struct State {
     tokenizer: Rc<tokenizers::Tokenizer>,
     /// The tokenizer's size with added tokens, counted once (`decode` checks ids with it).
     vocab: usize,
-    /// The id that ends a reply (`text::END_TOKENS`: `<|end|>` in the language_model
-    /// example's vocabulary, `<|im_end|>` in SmolLM2's and Qwen's, `<|eot_id|>` in Llama 3's).
+    /// The id that ends a reply: a GGUF file's end-of-sequence id, else the first of
+    /// `text::END_TOKENS` the vocabulary has (`<|end|>` in the language_model example's,
+    /// `<|im_end|>` in SmolLM2's and Qwen's, `<|eot_id|>` in Llama 3's).
     end: Option<u32>,
     /// The chat template a GGUF file carried, which `chatTurn` renders.
     template: Option<Template>,
@@ -354,10 +355,10 @@ impl Model {
         text::decode(&s.tokenizer, s.vocab, ids).map_err(js_err)
     }
 
-    /// Generates a continuation of `prompt` from a fresh conversation. `options`:
+    /// Generates a continuation of `prompt` from a fresh conversation (`chatTurn`'s turns are forgotten). `options`:
     /// `maxTokens` (64), `temperature` (0 = greedy), `topK`, `topP`,
     /// `repetitionPenalty` (1), `seed` (random when absent), `stopAtEnd` (true: stop
-    /// at the end of a reply: `<|end|>`, `<|im_end|>` or `<|eot_id|>`, the first the vocabulary has), `signal` (an `AbortSignal`: aborting stops like `stop()`). `onToken(text, id)` is called for each new token with the new text
+    /// at the end of a reply: a GGUF file's end-of-sequence token, else `<|end|>`, `<|im_end|>` or `<|eot_id|>`, the first the vocabulary has), `signal` (an `AbortSignal`: aborting stops like `stop()`). `onToken(text, id)` is called for each new token with the new text
     /// (possibly empty while a character's bytes are incomplete); returning `false` stops.
     /// Resolves to `{text, ids, promptTokens, tokens, firstTokenMs, totalMs,
     /// tokensPerSecond, device, finish}` (`finish`: "length", "end", "stopped",
@@ -467,6 +468,10 @@ impl Model {
             let mut engine = s.engine.take().ok_or_else(|| js_err(WebError::Disposed))?;
             if fresh {
                 engine.reset();
+            }
+            // `generate` starts a new conversation: chatTurn's turns go with the old one.
+            if fresh && turn.is_none() {
+                s.messages.clear();
             }
             s.busy = true;
             s.stop = false;
