@@ -133,7 +133,7 @@ test('the packed npm package chats with a GGUF file under Node', async () => {
 import { loadModel } from 'rusting-brain';
 import { readFile } from 'node:fs/promises';
 const bytes = await readFile(${JSON.stringify(join(repo, 'tests', 'fixtures', 'gguf_llama_cpp', 'qwen2.q8_0.gguf'))});
-const model = await loadModel(bytes, { context: 120 });
+const model = await loadModel(new Blob([bytes]), { context: 120 });  // a Blob, as a page's File is
 const template = model.chatTemplate();
 const first = await model.chatTurn('Hello there', { maxTokens: 6, system: 'Be brief.' });
 const second = await model.chatTurn('And again', { maxTokens: 6 });
@@ -421,7 +421,7 @@ async function main(bytes: Uint8Array, tok: string): Promise<void> {
   const d: Device = r.device;
   await model.chat('more', { stopAtEnd: false });
   model.dispose();
-  const gguf: Model = await loadModel(bytes, { context: 512, precision: 'q4' });
+  const gguf: Model = await loadModel(new Blob([bytes]), { context: 512, precision: 'q4' });
   const turn: ChatTurnResult = await gguf.chatTurn('hi', { system: 'Be brief.', maxTokens: 4 });
   const said: ChatMessage[] = gguf.messages();
   console.log(turn.reusedTokens, said.length, gguf.chatTemplate()?.length);

@@ -131,8 +131,9 @@ export class Model {
 /** Instantiates the wasm module once (later calls return the same promise): by default the package's own file, or a URL, Response, bytes or module. */
 export function initialize(wasm?: string | URL | Response | BufferSource | WebAssembly.Module): Promise<void>;
 /** `initialize()`, then `Model.load` from the file's bytes and the tokenizer's text (left out for a GGUF file). */
-export function loadModel(weights: Uint8Array | ArrayBuffer | ArrayBufferView, tokenizerJson: string, options?: LoadOptions): Promise<Model>;
-export function loadModel(gguf: Uint8Array | ArrayBuffer | ArrayBufferView, options?: LoadOptions): Promise<Model>;
+export function loadModel(weights: Uint8Array | ArrayBuffer | ArrayBufferView | Blob, tokenizerJson: string, options?: LoadOptions): Promise<Model>;
+/** A GGUF file (its bytes, or a Blob such as a chosen or dropped File), its tokenizer and chat template from the file. */
+export function loadModel(gguf: Uint8Array | ArrayBuffer | ArrayBufferView | Blob, options?: LoadOptions): Promise<Model>;
 /** Fetches the `.rbw` file and tokenizer.json (or a GGUF file alone), then `loadModel`. */
 export function fetchModel(weightsUrl: string | URL, tokenizerUrl: string | URL, options?: LoadOptions): Promise<Model>;
 export function fetchModel(ggufUrl: string | URL, options?: LoadOptions): Promise<Model>;

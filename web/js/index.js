@@ -36,17 +36,20 @@ export function initialize(wasm) {
   return ready;
 }
 
-function bytesOf(weights) {
+async function bytesOf(weights) {
   if (weights instanceof Uint8Array) return weights;
   if (weights instanceof ArrayBuffer) return new Uint8Array(weights);
   if (ArrayBuffer.isView(weights)) return new Uint8Array(weights.buffer, weights.byteOffset, weights.byteLength);
-  throw new TypeError('weights must be a Uint8Array, an ArrayBuffer or a typed array of the .rbw file');
+  // A File (an <input type="file"> or a drop) or any Blob.
+  if (typeof Blob !== 'undefined' && weights instanceof Blob) return new Uint8Array(await weights.arrayBuffer());
+  throw new TypeError('weights must be a Uint8Array, an ArrayBuffer, a typed array or a Blob/File of the .rbw or GGUF file');
 }
 
 /**
  * Loads a model from the bytes of its .rbw file and the text of its tokenizer.json, or from
- * the bytes of a GGUF file alone (it carries its tokenizer and chat template):
- * `loadModel(gguf, options)` or `loadModel(gguf, undefined, options)`.
+ * a GGUF file alone (it carries its tokenizer and chat template): `loadModel(gguf,
+ * options)` or `loadModel(gguf, undefined, options)`. The file is bytes (a Uint8Array, an
+ * ArrayBuffer, a typed array) or a Blob, such as the File a page was given.
  */
 export async function loadModel(weights, tokenizerJson, options = {}) {
   if (tokenizerJson !== undefined && tokenizerJson !== null && typeof tokenizerJson === 'object') {
@@ -57,7 +60,7 @@ export async function loadModel(weights, tokenizerJson, options = {}) {
     throw new TypeError('tokenizerJson must be the text of tokenizer.json (left out for a GGUF file)');
   }
   await initialize();
-  return Model.load(bytesOf(weights), tokenizerJson ?? undefined, options);
+  return Model.load(await bytesOf(weights), tokenizerJson ?? undefined, options);
 }
 
 /**
