@@ -1,7 +1,8 @@
 // The demo page in headless Chromium (Debian's, driven by playwright-core): it loads,
 // generates 32 greedy tokens with WebGPU (SwiftShader) and again with WebGPU unavailable
 // (the wasm CPU fallback), both equal to the native CPU int8 ids; Stop stops; a corrupt
-// model file puts an error on the page. Screenshots go to tests/browser/out/.
+// model file puts an error on the page; a GGUF file chosen or dropped on the page loads
+// and chats (SmolLM2-135M-Instruct's answering Paris). Screenshots go to tests/browser/out/.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdir } from 'node:fs/promises';
