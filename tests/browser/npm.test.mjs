@@ -414,14 +414,14 @@ test('the package\'s TypeScript types compile for an app, and reject a misuse', 
 import { initialize, loadModel, fetchModel, Model, Network, NetworkBuilder, Tokenizer, TransformerLm,
   type GenerateResult, type FitOptions, type NetworkFile, type LmStep, type Device, type ChatTurnResult,
   type ChatMessage } from 'rusting-brain';
-async function main(bytes: Uint8Array, tok: string, gguf: Blob): Promise<void> {
+async function main(bytes: Uint8Array, tok: string, ggufFile: Blob): Promise<void> {
   await initialize();
   const model: Model = await loadModel(bytes, tok, { device: 'auto' });
   const r: GenerateResult = await model.generate('fn main() {', { maxTokens: 8, temperature: 0.7, topK: 40, topP: 0.9, seed: 1 }, (text, id) => id > 0);
   const d: Device = r.device;
   await model.chat('more', { stopAtEnd: false });
   model.dispose();
-  const gguf: Model = await loadModel(gguf, { context: 512, precision: 'q4' });
+  const gguf: Model = await loadModel(ggufFile, { context: 512, precision: 'q4' });
   const turn: ChatTurnResult = await gguf.chatTurn('hi', { system: 'Be brief.', maxTokens: 4 });
   const said: ChatMessage[] = gguf.messages();
   console.log(turn.reusedTokens, said.length, gguf.chatTemplate()?.length);
