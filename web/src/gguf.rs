@@ -37,20 +37,14 @@ fn file_err(e: FormatError) -> WebError {
 /// Reads a GGUF file: its model rounded to `format`, its context cut to `context` positions
 /// (the file's own when shorter), its tokenizer and chat template.
 pub fn read(bytes: &[u8], format: QuantFormat, context: usize) -> Result<GgufModel, WebError> {
-    let file = Gguf::parse(bytes).map_err(file_err)?;
-    let (_, mut config, _) = model::describe(&file).map_err(file_err)?;
     if context == 0 {
         return Err(WebError::Invalid("options.context is 0; a model needs at least one position".into()));
     }
+    let file = Gguf::parse(bytes).map_err(file_err)?;
+    let (_, mut config, _) = model::describe(&file).map_err(file_err)?;
     config.max_seq_len = config.max_seq_len.min(context);
+    // `describe` has checked the token count against the embedding's rows.
     let tokenizer = text::tokenizer(&file.tokenizer_json().map_err(file_err)?)?;
-    let tokens = tokenizer.get_vocab_size(true);
-    if tokens > config.vocab_size {
-        return Err(WebError::File(format!(
-            "tokenizer.ggml.tokens: {tokens} tokens, where the embedding has {} rows",
-            config.vocab_size
-        )));
-    }
     let template = match file.chat_template().map_err(file_err)? {
         None => None,
         Some(source) => {

@@ -86,11 +86,7 @@ impl Gguf {
     /// Hands `bytes` (a tensor's, read once) back: its pages leave this process's memory
     /// and stay in the page cache.
     pub(crate) fn release(&self, bytes: &[u8]) {
-        crate::io::weights::release(self.file_bytes(), bytes);
-    }
-
-    fn file_bytes(&self) -> &Mmap {
-        self.file.bytes()
+        crate::io::weights::release(self.file.bytes(), bytes);
     }
 }
 
