@@ -53,14 +53,24 @@ impl Loss {
     }
 }
 
-fn check(op: &'static str, pred: usize, target: usize, rows: usize, cols: usize) -> Result<usize> {
-    check_rows(op, rows, cols, &[("pred", pred), ("target", target)])
+/// The losses' shape check, which every backend calls: `pred` and `target` hold
+/// `rows x cols` (`cols` at least 1), and so does the gradient when there is one (its name
+/// and length). Returns `rows * cols`.
+pub fn check_loss(
+    op: &'static str, pred: usize, target: usize, grad: Option<(&'static str, usize)>, rows: usize,
+    cols: usize,
+) -> Result<usize> {
+    let n = check_rows(op, rows, cols, &[("pred", pred), ("target", target)])?;
+    if let Some((name, len)) = grad {
+        check_len(op, name, len, n)?;
+    }
+    Ok(n)
 }
 
 /// The mean loss of `pred` against `target`, both (rows, cols). Zero rows give 0.
 pub fn loss_forward<T: Real>(loss: Loss, pred: &[T], target: &[T], rows: usize, cols: usize) -> Result<f64> {
     const OP: &str = "loss_forward";
-    check(OP, pred.len(), target.len(), rows, cols)?;
+    check_loss(OP, pred.len(), target.len(), None, rows, cols)?;
     if rows == 0 {
         return Ok(0.0);
     }
@@ -86,8 +96,7 @@ pub fn loss_backward<T: Real>(
     loss: Loss, dpred: &mut [T], pred: &[T], target: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
     const OP: &str = "loss_backward";
-    let n = check(OP, pred.len(), target.len(), rows, cols)?;
-    check_len(OP, "dpred", dpred.len(), n)?;
+    let n = check_loss(OP, pred.len(), target.len(), Some(("dpred", dpred.len())), rows, cols)?;
     if rows == 0 {
         return Ok(());
     }
@@ -112,8 +121,7 @@ pub fn fused_output_backward<T: Real>(
     loss: Loss, dlogits: &mut [T], pred: &[T], target: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
     const OP: &str = "fused_output_backward";
-    let n = check(OP, pred.len(), target.len(), rows, cols)?;
-    check_len(OP, "dlogits", dlogits.len(), n)?;
+    let n = check_loss(OP, pred.len(), target.len(), Some(("dlogits", dlogits.len())), rows, cols)?;
     if rows == 0 {
         return Ok(());
     }

@@ -224,27 +224,32 @@ pub fn sgd_update<T: Real>(
     param: &mut [T], grad: &[T], velocity: Option<&mut [T]>, hp: &SgdParams,
 ) -> Result<()> {
     check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
-    let n = param.len();
+    sgd_span(param, grad, velocity, hp);
+    Ok(())
+}
+
+/// The SGD step over one span of elements, lengths already checked by [`check_sgd`]: the
+/// reference runs it over the whole tensor, the CPU backend over each parallel chunk, so
+/// both give the same bits.
+pub fn sgd_span<T: Real>(param: &mut [T], grad: &[T], velocity: Option<&mut [T]>, hp: &SgdParams) {
     let lr = T::from_f32(hp.lr);
     let mu = T::from_f32(hp.momentum);
     let wd = T::from_f32(hp.weight_decay);
     let scale = T::from_f32(hp.grad_scale);
     match velocity {
         None => {
-            for i in 0..n {
-                let g = grad[i] * scale + wd * param[i];
-                param[i] -= lr * g;
+            for (p, &g) in param.iter_mut().zip(grad) {
+                let g = g * scale + wd * *p;
+                *p -= lr * g;
             }
-            Ok(())
         }
         Some(buf) => {
-            for i in 0..n {
-                let g = grad[i] * scale + wd * param[i];
-                buf[i] = mu * buf[i] + g;
-                let d = if hp.nesterov { g + mu * buf[i] } else { buf[i] };
-                param[i] -= lr * d;
+            for ((p, &g), b) in param.iter_mut().zip(grad).zip(buf) {
+                let g = g * scale + wd * *p;
+                *b = mu * *b + g;
+                let d = if hp.nesterov { g + mu * *b } else { *b };
+                *p -= lr * d;
             }
-            Ok(())
         }
     }
 }

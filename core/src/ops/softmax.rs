@@ -8,9 +8,20 @@ use crate::reference::ReferenceBackend;
 use crate::{Real, Result};
 use alloc::vec::Vec;
 
+/// The forward's shape check, which every backend calls: `inp` and `out` hold `rows x cols`.
+pub fn check_softmax_forward(out: usize, inp: usize, rows: usize, cols: usize) -> Result<()> {
+    check_rows("softmax_forward", rows, cols, &[("inp", inp), ("out", out)]).map(drop)
+}
+
+/// The backward's shape check, which every backend calls: `dinp`, `dout` and the forward's
+/// `out` each hold `rows x cols`.
+pub fn check_softmax_backward(dinp: usize, dout: usize, out: usize, rows: usize, cols: usize) -> Result<()> {
+    check_rows("softmax_backward", rows, cols, &[("dinp", dinp), ("dout", dout), ("out", out)]).map(drop)
+}
+
 /// out, inp: (rows, cols). A row of all `-inf` gives NaN (0/0), as in PyTorch.
 pub fn softmax_forward<T: Real>(out: &mut [T], inp: &[T], rows: usize, cols: usize) -> Result<()> {
-    check_rows("softmax_forward", rows, cols, &[("inp", inp.len()), ("out", out.len())])?;
+    check_softmax_forward(out.len(), inp.len(), rows, cols)?;
     for r in 0..rows {
         softmax_row(&mut out[r * cols..(r + 1) * cols], &inp[r * cols..(r + 1) * cols]);
     }
@@ -42,12 +53,7 @@ pub fn softmax_row<T: Real>(out: &mut [T], x: &[T]) {
 pub fn softmax_backward<T: Real>(
     dinp: &mut [T], dout: &[T], out: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
-    check_rows(
-        "softmax_backward",
-        rows,
-        cols,
-        &[("dinp", dinp.len()), ("dout", dout.len()), ("out", out.len())],
-    )?;
+    check_softmax_backward(dinp.len(), dout.len(), out.len(), rows, cols)?;
     for r in 0..rows {
         let y = &out[r * cols..(r + 1) * cols];
         let dy = &dout[r * cols..(r + 1) * cols];

@@ -1,12 +1,12 @@
 //! The loss family on this backend.
 
 use crate::backend::loss_code;
-use crate::backend::rows_check;
 use crate::backend::WgpuBackend;
 use crate::DenseOp;
 use crate::GpuBuffer;
 use rusting_brain_core::backend::LossOps;
 use rusting_brain_core::backend::Memory;
+use rusting_brain_core::ops::loss::check_loss;
 use rusting_brain_core::Loss;
 use rusting_brain_core::Result;
 
@@ -28,12 +28,7 @@ impl LossOps for WgpuBackend {
         &self, loss: Loss, dpred: &mut GpuBuffer, pred: &GpuBuffer, target: &GpuBuffer, rows: usize,
         cols: usize,
     ) -> Result<()> {
-        rows_check(
-            "loss_backward",
-            rows,
-            cols,
-            &[("dpred", dpred.len()), ("pred", pred.len()), ("target", target.len())],
-        )?;
+        check_loss("loss_backward", pred.len(), target.len(), Some(("dpred", dpred.len())), rows, cols)?;
         if rows == 0 {
             return Ok(());
         }
@@ -50,12 +45,8 @@ impl LossOps for WgpuBackend {
         &self, loss: Loss, dlogits: &mut GpuBuffer, pred: &GpuBuffer, target: &GpuBuffer, rows: usize,
         cols: usize,
     ) -> Result<()> {
-        rows_check(
-            "fused_output_backward",
-            rows,
-            cols,
-            &[("dlogits", dlogits.len()), ("pred", pred.len()), ("target", target.len())],
-        )?;
+        let grad = Some(("dlogits", dlogits.len()));
+        check_loss("fused_output_backward", pred.len(), target.len(), grad, rows, cols)?;
         if rows == 0 {
             return Ok(());
         }

@@ -1,11 +1,11 @@
 //! The softmax family on this backend.
 
-use crate::backend::rows_check;
 use crate::backend::WgpuBackend;
 use crate::DenseOp;
 use crate::GpuBuffer;
 use rusting_brain_core::backend::ActivationOps;
 use rusting_brain_core::backend::SoftmaxOps;
+use rusting_brain_core::ops::softmax::check_softmax_backward;
 use rusting_brain_core::Activation;
 use rusting_brain_core::Result;
 
@@ -16,12 +16,7 @@ impl SoftmaxOps for WgpuBackend {
     fn softmax_backward(
         &self, dinp: &mut GpuBuffer, dout: &GpuBuffer, out: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
-        rows_check(
-            "softmax_backward",
-            rows,
-            cols,
-            &[("dinp", dinp.len()), ("dout", dout.len()), ("out", out.len())],
-        )?;
+        check_softmax_backward(dinp.len(), dout.len(), out.len(), rows, cols)?;
         self.dense(DenseOp::ActivationBackward(5, 0.0), [Some(dout), Some(out), Some(out)], dinp, rows, cols)
     }
 }

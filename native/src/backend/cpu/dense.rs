@@ -5,6 +5,7 @@
 
 use rayon::prelude::*;
 use rusting_brain_core::error::check_rows;
+use rusting_brain_core::ops::loss::check_loss;
 use rusting_brain_core::ops::{activation as act_ref, loss as loss_ref};
 use rusting_brain_core::{Activation, Loss, Result};
 
@@ -43,7 +44,8 @@ pub fn activation_backward(
 }
 
 pub fn loss_forward(loss: Loss, pred: &[f32], target: &[f32], rows: usize, cols: usize) -> Result<f64> {
-    let per = lens("loss_forward", rows, cols, &[("pred", pred.len()), ("target", target.len())])?;
+    check_loss("loss_forward", pred.len(), target.len(), None, rows, cols)?;
+    let per = rows_per_task(cols) * cols;
     if rows == 0 {
         return Ok(0.0);
     }
@@ -83,12 +85,8 @@ fn scaled_blocks(
 pub fn loss_backward(
     loss: Loss, dpred: &mut [f32], pred: &[f32], target: &[f32], rows: usize, cols: usize,
 ) -> Result<()> {
-    let per = lens(
-        "loss_backward",
-        rows,
-        cols,
-        &[("dpred", dpred.len()), ("pred", pred.len()), ("target", target.len())],
-    )?;
+    check_loss("loss_backward", pred.len(), target.len(), Some(("dpred", dpred.len())), rows, cols)?;
+    let per = rows_per_task(cols) * cols;
     if rows == 0 {
         return Ok(());
     }
@@ -100,12 +98,9 @@ pub fn loss_backward(
 pub fn fused_output_backward(
     loss: Loss, dlogits: &mut [f32], pred: &[f32], target: &[f32], rows: usize, cols: usize,
 ) -> Result<()> {
-    let per = lens(
-        "fused_output_backward",
-        rows,
-        cols,
-        &[("dlogits", dlogits.len()), ("pred", pred.len()), ("target", target.len())],
-    )?;
+    let grad = Some(("dlogits", dlogits.len()));
+    check_loss("fused_output_backward", pred.len(), target.len(), grad, rows, cols)?;
+    let per = rows_per_task(cols) * cols;
     if rows == 0 {
         return Ok(());
     }

@@ -3,7 +3,7 @@
 //! Twin of `rusting_brain_core::ops::optim`.
 
 use rayon::prelude::*;
-use rusting_brain_core::ops::optim::{check_adam, check_sgd, AdamConstants, AdamParams, SgdParams};
+use rusting_brain_core::ops::optim::{check_adam, check_sgd, sgd_span, AdamConstants, AdamParams, SgdParams};
 use rusting_brain_core::Result;
 
 use super::{simd, ELEMENTS_PER_TASK};
@@ -29,32 +29,16 @@ pub fn sgd_update(
     param: &mut [f32], grad: &[f32], velocity: Option<&mut [f32]>, hp: &SgdParams,
 ) -> Result<()> {
     check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
-    let (lr, mu, wd, s) = (hp.lr, hp.momentum, hp.weight_decay, hp.grad_scale);
     let e = ELEMENTS_PER_TASK;
     match velocity {
-        None => {
-            param.par_chunks_mut(e).zip(grad.par_chunks(e)).for_each(|(p, g)| {
-                for i in 0..p.len() {
-                    let gi = g[i] * s + wd * p[i];
-                    p[i] -= lr * gi;
-                }
-            });
-            Ok(())
-        }
-        Some(buf) => {
-            param.par_chunks_mut(e).zip(grad.par_chunks(e)).zip(buf.par_chunks_mut(e)).for_each(
-                |((p, g), b)| {
-                    for i in 0..p.len() {
-                        let gi = g[i] * s + wd * p[i];
-                        b[i] = mu * b[i] + gi;
-                        let d = if hp.nesterov { gi + mu * b[i] } else { b[i] };
-                        p[i] -= lr * d;
-                    }
-                },
-            );
-            Ok(())
-        }
+        None => param.par_chunks_mut(e).zip(grad.par_chunks(e)).for_each(|(p, g)| sgd_span(p, g, None, hp)),
+        Some(buf) => param
+            .par_chunks_mut(e)
+            .zip(grad.par_chunks(e))
+            .zip(buf.par_chunks_mut(e))
+            .for_each(|((p, g), b)| sgd_span(p, g, Some(b), hp)),
     }
+    Ok(())
 }
 
 impl OptimOps for CpuBackend {

@@ -2,7 +2,7 @@
 //! Twin of `rusting_brain_core::ops::softmax`.
 
 use rayon::prelude::*;
-use rusting_brain_core::error::check_rows;
+use rusting_brain_core::ops::softmax::{check_softmax_backward, check_softmax_forward};
 use rusting_brain_core::Result;
 
 use super::{rows_per_task, simd};
@@ -18,7 +18,7 @@ pub fn softmax_row(out: &mut [f32], x: &[f32]) {
 }
 
 pub fn softmax_forward(out: &mut [f32], inp: &[f32], rows: usize, cols: usize) -> Result<()> {
-    check_rows("softmax_forward", rows, cols, &[("inp", inp.len()), ("out", out.len())])?;
+    check_softmax_forward(out.len(), inp.len(), rows, cols)?;
     let per = rows_per_task(cols) * cols;
     out.par_chunks_mut(per).zip(inp.par_chunks(per)).for_each(|(o, x)| {
         for (o, x) in o.chunks_exact_mut(cols).zip(x.chunks_exact(cols)) {
@@ -29,12 +29,7 @@ pub fn softmax_forward(out: &mut [f32], inp: &[f32], rows: usize, cols: usize) -
 }
 
 pub fn softmax_backward(dinp: &mut [f32], dout: &[f32], out: &[f32], rows: usize, cols: usize) -> Result<()> {
-    check_rows(
-        "softmax_backward",
-        rows,
-        cols,
-        &[("dinp", dinp.len()), ("dout", dout.len()), ("out", out.len())],
-    )?;
+    check_softmax_backward(dinp.len(), dout.len(), out.len(), rows, cols)?;
     let per = rows_per_task(cols) * cols;
     dinp.par_chunks_mut(per).zip(dout.par_chunks(per)).zip(out.par_chunks(per)).for_each(|((dx, dy), y)| {
         for ((dx, dy), y) in dx.chunks_exact_mut(cols).zip(dy.chunks_exact(cols)).zip(y.chunks_exact(cols)) {

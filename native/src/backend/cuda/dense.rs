@@ -35,8 +35,7 @@ impl CudaBackend {
         &self, op: &'static str, grad_name: &'static str, code: i32, loss: Loss, grad: &mut CudaBuffer,
         pred: &CudaBuffer, target: &CudaBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
-        let n = check_rows(op, rows, cols, &[("pred", pred.len), ("target", target.len)])?;
-        check_len(op, grad_name, grad.len, n)?;
+        let n = ops::loss::check_loss(op, pred.len, target.len, Some((grad_name, grad.len)), rows, cols)?;
         if rows == 0 || n == 0 {
             return Ok(());
         }
@@ -105,7 +104,7 @@ pub(super) fn loss_forward(
     be: &CudaBackend, loss: Loss, pred: &CudaBuffer, target: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<f64> {
     const OP: &str = "loss_forward";
-    let n = check_rows(OP, rows, cols, &[("pred", pred.len), ("target", target.len)])?;
+    let n = ops::loss::check_loss(OP, pred.len, target.len, None, rows, cols)?;
     if rows == 0 || n == 0 {
         return Ok(0.0);
     }

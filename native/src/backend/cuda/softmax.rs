@@ -5,6 +5,7 @@ use super::*;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::cuda::CudaBuffer;
 use rusting_brain_core::backend::SoftmaxOps;
+use rusting_brain_core::ops::softmax::{check_softmax_backward, check_softmax_forward};
 use rusting_brain_core::Result;
 
 /// The kernels of `kernels/cu/softmax.cu` this family launches, loaded when the backend starts
@@ -14,7 +15,7 @@ pub(super) const KERNELS: (&str, &[&str]) = ("softmax", &["softmax_forward", "so
 pub(super) fn softmax_forward(
     be: &CudaBackend, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
-    check_rows("softmax_forward", rows, cols, &[("inp", inp.len), ("out", out.len)])?;
+    check_softmax_forward(out.len, inp.len, rows, cols)?;
     if rows == 0 || cols == 0 {
         return Ok(());
     }
@@ -25,7 +26,7 @@ pub(super) fn softmax_forward(
 pub(super) fn softmax_backward(
     be: &CudaBackend, dinp: &mut CudaBuffer, dout: &CudaBuffer, out: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
-    check_rows("softmax_backward", rows, cols, &[("dinp", dinp.len), ("dout", dout.len), ("out", out.len)])?;
+    check_softmax_backward(dinp.len, dout.len, out.len, rows, cols)?;
     if rows == 0 || cols == 0 {
         return Ok(());
     }
