@@ -40,6 +40,23 @@ impl DeviceChoice {
     }
 }
 
+/// Where a trained model computes in the page: the wasm CPU path or WebGPU (the trainers
+/// of `lm.rs` and `network.rs` hold one).
+pub(crate) enum OnDevice<C, G> {
+    Cpu(C),
+    Gpu(G),
+}
+
+impl<C, G> OnDevice<C, G> {
+    /// "webgpu" or "cpu".
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            OnDevice::Cpu(_) => "cpu",
+            OnDevice::Gpu(_) => "webgpu",
+        }
+    }
+}
+
 enum Device {
     Cpu { model: Box<TransformerModel<PortableBackend>>, cache: KvCache<PortableBackend> },
     Gpu { model: Box<TransformerModel<WgpuBackend>>, cache: KvCache<WgpuBackend>, draw: Box<DeviceSampler> },

@@ -56,7 +56,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use js_sys::{Array, Function, Object, Reflect, Uint32Array};
-use rusting_brain_core::models::transformer::QuantFormat;
+use rusting_brain_core::models::transformer::{QuantFormat, TransformerConfig};
 use rusting_brain_core::CoreError;
 use rusting_brain_formats::chat::Template;
 use rusting_brain_shaders::ShaderError;
@@ -155,6 +155,18 @@ enum Input {
     /// The user's next message, through the chat template, with a system prompt for the
     /// first turn.
     Turn { text: String, system: Option<String> },
+}
+
+/// A transformer's shape as `info()` gives it: `{vocabSize, dModel, nLayers, maxSeqLen,
+/// parameters}`.
+fn shape_info(c: &TransformerConfig) -> Object {
+    let o = Object::new();
+    set(&o, "vocabSize", c.vocab_size as f64);
+    set(&o, "dModel", c.d_model as f64);
+    set(&o, "nLayers", c.n_layers as f64);
+    set(&o, "maxSeqLen", c.max_seq_len as f64);
+    set(&o, "parameters", c.parameter_count() as f64);
+    o
 }
 
 /// A loaded language model and its conversation.
@@ -332,12 +344,7 @@ impl Model {
         let s = self.state.borrow();
         let e = s.engine.as_ref().ok_or_else(|| js_err(busy_or_disposed(&s)))?;
         let c = e.config();
-        let o = Object::new();
-        set(&o, "vocabSize", c.vocab_size as f64);
-        set(&o, "dModel", c.d_model as f64);
-        set(&o, "nLayers", c.n_layers as f64);
-        set(&o, "maxSeqLen", c.max_seq_len as f64);
-        set(&o, "parameters", c.parameter_count() as f64);
+        let o = shape_info(c);
         set(&o, "experts", c.moe.as_ref().map_or(0.0, |m| m.n_experts as f64));
         Ok(o)
     }

@@ -18,7 +18,7 @@ use tokenizers::{
     TokenizerBuilder,
 };
 
-use crate::engine::{webgpu_for, DeviceChoice};
+use crate::engine::{webgpu_for, DeviceChoice, OnDevice};
 use crate::WebError;
 
 /// The token that ends a reply, as in the `language_model` example's vocabulary.
@@ -72,10 +72,7 @@ pub struct Step {
 }
 
 /// Boxed: a model's fields are kilobytes, and the two differ in size.
-enum Device {
-    Cpu(Box<TransformerModel<PortableBackend>>),
-    Gpu(Box<TransformerModel<WgpuBackend>>),
-}
+type Device = OnDevice<Box<TransformerModel<PortableBackend>>, Box<TransformerModel<WgpuBackend>>>;
 
 /// A language model being trained.
 pub struct LmTrainer {
@@ -152,10 +149,7 @@ impl LmTrainer {
 
     /// "webgpu" or "cpu".
     pub fn device(&self) -> &'static str {
-        match self.device {
-            Device::Cpu(_) => "cpu",
-            Device::Gpu(_) => "webgpu",
-        }
+        self.device.name()
     }
 
     /// Why the device in use was chosen.

@@ -15,7 +15,7 @@ use wasm_bindgen::prelude::*;
 use crate::engine::DeviceChoice;
 use crate::lm::{train_tokenizer, LmTrainer, END};
 use crate::network_js::{count, field, number, text};
-use crate::{js_err, set, WebError};
+use crate::{js_err, set, shape_info, WebError};
 
 pub(crate) fn invalid(message: impl Into<String>) -> JsError {
     js_err(WebError::Invalid(message.into()))
@@ -289,13 +289,7 @@ impl JsTransformerLm {
     /// `{ vocabSize, dModel, nLayers, maxSeqLen, parameters, steps }`.
     pub fn info(&self) -> Result<Object, JsError> {
         self.with(|t| {
-            let c = t.config();
-            let out = Object::new();
-            set(&out, "vocabSize", c.vocab_size as f64);
-            set(&out, "dModel", c.d_model as f64);
-            set(&out, "nLayers", c.n_layers as f64);
-            set(&out, "maxSeqLen", c.max_seq_len as f64);
-            set(&out, "parameters", c.parameter_count() as f64);
+            let out = shape_info(t.config());
             set(&out, "steps", t.steps() as f64);
             Ok(out)
         })

@@ -11,13 +11,10 @@ use rusting_brain_core::{Backend, CoreError, Optimizer};
 use rusting_brain_portable::PortableBackend;
 use rusting_brain_shaders::WgpuBackend;
 
-use crate::engine::{webgpu_for, DeviceChoice};
+use crate::engine::{webgpu_for, DeviceChoice, OnDevice};
 use crate::WebError;
 
-enum Device {
-    Cpu(DenseModel<PortableBackend>),
-    Gpu(DenseModel<WgpuBackend>),
-}
+type Device = OnDevice<DenseModel<PortableBackend>, DenseModel<WgpuBackend>>;
 
 /// Rows run forward at once by `predict` and `loss`.
 const EVAL_ROWS: usize = 256;
@@ -103,10 +100,7 @@ impl DenseNet {
 
     /// "webgpu" or "cpu".
     pub fn device(&self) -> &'static str {
-        match self.device {
-            Device::Cpu(_) => "cpu",
-            Device::Gpu(_) => "webgpu",
-        }
+        self.device.name()
     }
 
     /// Why the device in use was chosen.
