@@ -1,10 +1,8 @@
 //! `Network` end to end: the tutorial examples' claims as tests, reproducibility, early
 //! stopping, save/load, and configuration errors.
 
-mod common;
-
-use common::{iris, iris_network, regression_data, xor, xor_network};
 use rusting_brain::{Activation, Dataset, Loss, Network, NetworkError, Optimizer, TrainConfig};
+use rusting_brain_test_support::dense::{iris, iris_network, regression_data, xor, xor_network};
 
 const XOR_RUN: TrainConfig = TrainConfig { epochs: 2_000, batch_size: 4, shuffle: true, seed: Some(42) };
 

@@ -10,11 +10,9 @@
 
 use std::path::{Path, PathBuf};
 
-mod common;
-
-use common::{iris, iris_network, regression_data, xor, xor_network};
 use rusting_brain::{Activation, Loss, Network, OnnxDim, OnnxModel, Optimizer, TrainConfig};
 use rusting_brain_core::Rng;
+use rusting_brain_test_support::dense::{iris, iris_network, regression_data, xor, xor_network};
 use safetensors::SafeTensors;
 
 fn fixtures() -> PathBuf {

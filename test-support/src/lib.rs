@@ -4,6 +4,9 @@
 //! learnable rule that the quantization, decoding and GPU tests start from.
 
 pub mod sweep;
+
+#[cfg(feature = "native")]
+pub mod dense;
 pub use sweep::backend_sweep;
 
 use std::path::{Path, PathBuf};

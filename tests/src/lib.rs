@@ -285,8 +285,17 @@ pub fn relative_l2(actual: &[f32], expected: &Tensor) -> f64 {
 /// there is no adapter and RB_REQUIRE_GPU is not 1 (CI sets it, so a missing adapter fails
 /// there).
 pub fn to_wgpu(model: &mut rusting_brain::TransformerLm) -> bool {
-    let options = rusting_brain::GpuOptions { software: true, ..Default::default() };
-    rusting_brain_test_support::gpu_or_skip("to_gpu", model.to_gpu_with(&options), no_adapter).is_some()
+    rusting_brain_test_support::gpu_or_skip("to_gpu", model.to_gpu_with(&software()), no_adapter).is_some()
+}
+
+/// [`to_wgpu`] for a dense network.
+pub fn network_to_wgpu(net: &mut rusting_brain::Network) -> bool {
+    rusting_brain_test_support::gpu_or_skip("to_gpu", net.to_gpu_with(&software()), no_adapter).is_some()
+}
+
+/// The software adapter (lavapipe in CI).
+pub fn software() -> rusting_brain::GpuOptions {
+    rusting_brain::GpuOptions { software: true, ..Default::default() }
 }
 
 /// Whether `e` says there is no GPU adapter here (what [`to_wgpu`] and the GPU tests skip on).

@@ -9,29 +9,11 @@
 //! few ULP off libm; three Adam steps of lr 0.05 carry those differences (measured worst
 //! printed by the test).
 
-use rusting_brain::{Activation, Dataset, GpuOptions, Loss, Network, Optimizer, TrainConfig};
-
-/// The software adapter (lavapipe in CI).
-fn software() -> GpuOptions {
-    GpuOptions { software: true, ..Default::default() }
-}
+use rusting_brain::{Activation, Loss, Network, Optimizer, TrainConfig};
+use rusting_brain_test_support::dense::{iris_network, iris_split, xor};
 
 fn on_gpu(n: &mut Network) -> Option<()> {
-    rusting_brain_test_support::gpu_or_skip(
-        "to_gpu failed",
-        n.to_gpu_with(&software()),
-        rusting_brain_tests::no_adapter,
-    )?;
-    eprintln!("device: {}", n.device());
-    Some(())
-}
-
-fn xor() -> Dataset {
-    Dataset::new(
-        vec![vec![0.0, 0.0], vec![0.0, 1.0], vec![1.0, 0.0], vec![1.0, 1.0]],
-        vec![vec![0.0], vec![1.0], vec![1.0], vec![0.0]],
-    )
-    .unwrap()
+    rusting_brain_tests::network_to_wgpu(n).then(|| eprintln!("device: {}", n.device()))
 }
 
 fn xor_net(optimizer: Optimizer) -> Network {
@@ -105,19 +87,8 @@ fn xor_and_iris_reach_the_cpus_accuracy_on_the_gpu() {
     assert_eq!(n.accuracy(&xor()).unwrap(), 1.0);
 
     // Iris as tests in native/tests/network.rs trains it on the CPU (93% or better there).
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../native/examples/data/iris.csv");
-    let (data, _) = Dataset::from_csv_labeled(path).unwrap();
-    let (mut train, mut test) = data.split_stratified(0.8);
-    let stats = train.standardize();
-    stats.apply(&mut test).unwrap();
-    let mut model = Network::builder()
-        .input_size(4)
-        .dense(16, Activation::Relu)
-        .dense(3, Activation::Softmax)
-        .loss(Loss::CategoricalCrossEntropy)
-        .optimizer(Optimizer::adam(0.01))
-        .seed(7)
-        .build();
+    let (train, test) = iris_split();
+    let mut model = iris_network();
     on_gpu(&mut model).unwrap();
     let config = TrainConfig { epochs: 200, batch_size: 16, shuffle: true, seed: Some(7) };
     model.fit(&train, config).unwrap();

@@ -31,19 +31,8 @@ fn trained_at(precision: Precision) -> TransformerLm {
 }
 
 /// The model moved to the software adapter, or None (skip) when there is none.
-/// The software adapter (lavapipe in CI).
-fn software() -> GpuOptions {
-    GpuOptions { software: true, ..Default::default() }
-}
-
 fn on_gpu(m: &mut TransformerLm) -> Option<()> {
-    rusting_brain_test_support::gpu_or_skip(
-        "to_gpu failed",
-        m.to_gpu_with(&software()),
-        rusting_brain_tests::no_adapter,
-    )?;
-    eprintln!("device: {}", m.device().unwrap());
-    Some(())
+    rusting_brain_tests::to_wgpu(m).then(|| eprintln!("device: {}", m.device().unwrap()))
 }
 
 #[test]
@@ -170,7 +159,7 @@ fn bad_input_on_the_gpu_is_an_error() {
         .max_seq_len(8)
         .build()
         .unwrap();
-    f32_model.to_gpu_with(&software()).unwrap();
+    f32_model.to_gpu_with(&rusting_brain_tests::software()).unwrap();
     let e = f32_model.quantize().unwrap_err().to_string();
     assert!(e.contains("to_cpu"), "{e}");
 }

@@ -1,6 +1,5 @@
 //! The examples' datasets and networks, shared by the test files that train or export them
-//! (each test binary uses the part it needs).
-#![allow(dead_code)]
+//! (native's network and ONNX tests, the GPU dense tests).
 
 use rusting_brain::{Activation, Dataset, Loss, Network, Optimizer};
 use rusting_brain_core::Rng;
@@ -28,7 +27,17 @@ pub fn xor_network() -> Network {
 
 /// The bundled iris table (150 rows, 4 features, 3 one-hot classes) and its class names.
 pub fn iris() -> (Dataset, Vec<String>) {
-    Dataset::from_csv_labeled(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/iris.csv")).unwrap()
+    Dataset::from_csv_labeled(concat!(env!("CARGO_MANIFEST_DIR"), "/../native/examples/data/iris.csv"))
+        .unwrap()
+}
+
+/// Iris split 80/20 by class and standardized by the training part's statistics, as the
+/// classification example does: (train, test).
+pub fn iris_split() -> (Dataset, Dataset) {
+    let (mut train, mut test) = iris().0.split_stratified(0.8);
+    let stats = train.standardize();
+    stats.apply(&mut test).unwrap();
+    (train, test)
 }
 
 /// The classification example's network: 4 -> 16 relu -> 3 softmax.
