@@ -6,7 +6,9 @@
 //! GPU sums in the same order as the reference but may fuse multiply-adds, and its exp,
 //! tanh and sqrt are specified to a few ULP. The worst measured values are printed.
 
-use std::sync::Arc;
+mod common;
+use common::gpu;
+
 
 use rusting_brain_core::backend::ActivationOps;
 use rusting_brain_core::backend::AttentionOps;
@@ -24,16 +26,7 @@ use rusting_brain_core::backend::RmsnormOps;
 use rusting_brain_core::backend::SwigluOps;
 use rusting_brain_core::backend::{AdamParams, MatmulSpec, SgdParams};
 use rusting_brain_core::{Activation, Loss, ReferenceBackend, Rng};
-use rusting_brain_shaders::{Gpu, GpuOptions, ShaderError, WgpuBackend};
 use rusting_brain_test_support::rel_to_scale;
-
-fn gpu() -> Option<WgpuBackend> {
-    let g = Gpu::new_blocking(&GpuOptions { software: true, ..Default::default() });
-    let g = rusting_brain_test_support::gpu_or_skip("the GPU did not open", g, |e| {
-        matches!(e, ShaderError::NoAdapter(_))
-    })?;
-    Some(WgpuBackend::new(Arc::new(g)))
-}
 
 /// Runs the same calls on the GPU and the reference over the same inputs; gives each
 /// output buffer's (gpu, reference) contents. Outputs whose starting value is all zeros

@@ -8,20 +8,14 @@
 //! ULP; Adam turns a few ULP on a near-zero gradient into a visible step, which the L2
 //! measure averages out (the worst measured values are printed).
 
-use std::sync::Arc;
+mod common;
+use common::gpu;
+
 
 use rusting_brain_core::backend::Memory;
 use rusting_brain_core::models::transformer::{MoeConfig, TokenBatch, TransformerConfig, TransformerModel};
 use rusting_brain_core::{Backend, Optimizer, ReferenceBackend};
-use rusting_brain_shaders::{block_on, DeviceSampler, Gpu, GpuOptions, ShaderError, WgpuBackend};
-
-fn gpu() -> Option<WgpuBackend> {
-    let g = Gpu::new_blocking(&GpuOptions { software: true, ..Default::default() });
-    let g = rusting_brain_test_support::gpu_or_skip("the GPU did not open", g, |e| {
-        matches!(e, ShaderError::NoAdapter(_))
-    })?;
-    Some(WgpuBackend::new(Arc::new(g)))
-}
+use rusting_brain_shaders::{block_on, DeviceSampler};
 
 fn config(moe: bool) -> TransformerConfig {
     TransformerConfig {

@@ -315,3 +315,12 @@ pub fn named_bits(tensors: &[(String, Vec<f32>)]) -> Vec<(String, Vec<u32>)> {
 pub fn json_floats(v: &serde_json::Value) -> Vec<f64> {
     v.as_array().expect("a JSON array").iter().map(|x| x.as_f64().expect("a JSON number")).collect()
 }
+
+/// Rewrites `dir/config.json` through `f`: the loaders' refusal tests break one field at a
+/// time.
+pub fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+}

@@ -88,12 +88,7 @@ fn bad_input_and_folders_are_errors() {
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(fixture_path("clip").join("text").join(f), t.join(f)).unwrap();
     }
-    let edit = |f: &dyn Fn(&mut serde_json::Value)| {
-        let p = t.join("config.json");
-        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-        f(&mut v);
-        std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
-    };
+    let edit = |f: &dyn Fn(&mut serde_json::Value)| rusting_brain_tests::edit_config(t.path(), f);
     let refused = |want: &str| {
         let e = ClipTextEncoder::load(t.path()).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains(want), "`{e}` does not say `{want}`");

@@ -390,13 +390,6 @@ fn refusal(dir: &Path) -> String {
     }
 }
 
-fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let p = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    f(&mut v);
-    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
-}
-
 fn assert_names(err: &str, parts: &[&str]) {
     for p in parts {
         assert!(err.contains(p), "`{err}` does not name {p}");

@@ -72,13 +72,6 @@ fn copy(name: &str, tag: &str) -> rusting_brain_test_support::TempDir {
     t
 }
 
-fn edit_config(dir: &std::path::Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let p = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    f(&mut v);
-    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
-}
-
 fn refusal(dir: &std::path::Path) -> String {
     match Vae::load(dir) {
         Ok(_) => panic!("{} loaded", dir.display()),

@@ -11,52 +11,40 @@ use super::simd;
 use crate::backend::cpu::CpuBackend;
 use rusting_brain_core::backend::EmbeddingOps;
 
-pub fn embedding_forward(
-    out: &mut [f32], table: &[f32], ids: &[u32], vocab: usize, dim: usize,
-) -> Result<()> {
-    check_embedding("embedding_forward", ["table", "out"], table.len(), out.len(), ids, vocab, dim)?;
-    out.par_chunks_mut(dim).zip(ids.par_iter()).with_min_len(64).for_each(|(o, &id)| {
-        let id = id as usize;
-        o.copy_from_slice(&table[id * dim..(id + 1) * dim]);
-    });
-    Ok(())
-}
-
-pub fn embedding_backward(
-    dtable: &mut [f32], dout: &[f32], ids: &[u32], vocab: usize, dim: usize,
-) -> Result<()> {
-    check_embedding("embedding_backward", ["dtable", "dout"], dtable.len(), dout.len(), ids, vocab, dim)?;
-    // CSR layout: positions of id v are order[start[v]..start[v + 1]], in position order.
-    let mut start = vec![0usize; vocab + 1];
-    for &id in ids {
-        start[id as usize + 1] += 1;
-    }
-    for v in 0..vocab {
-        start[v + 1] += start[v];
-    }
-    let mut fill = start.clone();
-    let mut order = vec![0usize; ids.len()];
-    for (pos, &id) in ids.iter().enumerate() {
-        order[fill[id as usize]] = pos;
-        fill[id as usize] += 1;
-    }
-    dtable.par_chunks_mut(dim).enumerate().with_min_len(256).for_each(|(v, row)| {
-        for &pos in &order[start[v]..start[v + 1]] {
-            simd::axpy(row, 1.0, &dout[pos * dim..(pos + 1) * dim]);
-        }
-    });
-    Ok(())
-}
-
 impl EmbeddingOps for CpuBackend {
     fn embedding_forward(
         &self, out: &mut Vec<f32>, table: &Vec<f32>, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
-        embedding_forward(out, table, ids, vocab, dim)
+        check_embedding("embedding_forward", ["table", "out"], table.len(), out.len(), ids, vocab, dim)?;
+        out.par_chunks_mut(dim).zip(ids.par_iter()).with_min_len(64).for_each(|(o, &id)| {
+            let id = id as usize;
+            o.copy_from_slice(&table[id * dim..(id + 1) * dim]);
+        });
+        Ok(())
     }
     fn embedding_backward(
         &self, dtable: &mut Vec<f32>, dout: &Vec<f32>, ids: &[u32], vocab: usize, dim: usize,
     ) -> Result<()> {
-        embedding_backward(dtable, dout, ids, vocab, dim)
+        check_embedding("embedding_backward", ["dtable", "dout"], dtable.len(), dout.len(), ids, vocab, dim)?;
+        // CSR layout: positions of id v are order[start[v]..start[v + 1]], in position order.
+        let mut start = vec![0usize; vocab + 1];
+        for &id in ids {
+            start[id as usize + 1] += 1;
+        }
+        for v in 0..vocab {
+            start[v + 1] += start[v];
+        }
+        let mut fill = start.clone();
+        let mut order = vec![0usize; ids.len()];
+        for (pos, &id) in ids.iter().enumerate() {
+            order[fill[id as usize]] = pos;
+            fill[id as usize] += 1;
+        }
+        dtable.par_chunks_mut(dim).enumerate().with_min_len(256).for_each(|(v, row)| {
+            for &pos in &order[start[v]..start[v + 1]] {
+                simd::axpy(row, 1.0, &dout[pos * dim..(pos + 1) * dim]);
+            }
+        });
+        Ok(())
     }
 }

@@ -10,47 +10,38 @@ use super::{simd, ELEMENTS_PER_TASK};
 use crate::backend::cpu::CpuBackend;
 use rusting_brain_core::backend::OptimOps;
 
-pub fn adam_update(
-    param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], hp: &AdamParams, step: u64,
-) -> Result<()> {
-    check_adam(param.len(), grad.len(), m.len(), v.len(), hp, step)?;
-    let c = AdamConstants::<f32>::new(hp, step);
-    let e = ELEMENTS_PER_TASK;
-    param
-        .par_chunks_mut(e)
-        .zip(grad.par_chunks(e))
-        .zip(m.par_chunks_mut(e))
-        .zip(v.par_chunks_mut(e))
-        .for_each(|(((p, g), m), v)| simd::adam(p, g, m, v, &c));
-    Ok(())
-}
-
-pub fn sgd_update(
-    param: &mut [f32], grad: &[f32], velocity: Option<&mut [f32]>, hp: &SgdParams,
-) -> Result<()> {
-    check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
-    let e = ELEMENTS_PER_TASK;
-    match velocity {
-        None => param.par_chunks_mut(e).zip(grad.par_chunks(e)).for_each(|(p, g)| sgd_span(p, g, None, hp)),
-        Some(buf) => param
-            .par_chunks_mut(e)
-            .zip(grad.par_chunks(e))
-            .zip(buf.par_chunks_mut(e))
-            .for_each(|((p, g), b)| sgd_span(p, g, Some(b), hp)),
-    }
-    Ok(())
-}
-
 impl OptimOps for CpuBackend {
     fn adam_update(
         &self, param: &mut Vec<f32>, grad: &Vec<f32>, m: &mut Vec<f32>, v: &mut Vec<f32>, hp: &AdamParams,
         step: u64,
     ) -> Result<()> {
-        adam_update(param, grad, m, v, hp, step)
+        check_adam(param.len(), grad.len(), m.len(), v.len(), hp, step)?;
+        let c = AdamConstants::<f32>::new(hp, step);
+        let e = ELEMENTS_PER_TASK;
+        param
+            .par_chunks_mut(e)
+            .zip(grad.par_chunks(e))
+            .zip(m.par_chunks_mut(e))
+            .zip(v.par_chunks_mut(e))
+            .for_each(|(((p, g), m), v)| simd::adam(p, g, m, v, &c));
+        Ok(())
     }
     fn sgd_update(
         &self, param: &mut Vec<f32>, grad: &Vec<f32>, velocity: Option<&mut Vec<f32>>, hp: &SgdParams,
     ) -> Result<()> {
-        sgd_update(param, grad, velocity.map(|v| v.as_mut_slice()), hp)
+        let velocity = velocity.map(|v| v.as_mut_slice());
+        check_sgd(param.len(), grad.len(), velocity.as_ref().map(|v| v.len()), hp)?;
+        let e = ELEMENTS_PER_TASK;
+        match velocity {
+            None => {
+                param.par_chunks_mut(e).zip(grad.par_chunks(e)).for_each(|(p, g)| sgd_span(p, g, None, hp))
+            }
+            Some(buf) => param
+                .par_chunks_mut(e)
+                .zip(grad.par_chunks(e))
+                .zip(buf.par_chunks_mut(e))
+                .for_each(|((p, g), b)| sgd_span(p, g, Some(b), hp)),
+        }
+        Ok(())
     }
 }
