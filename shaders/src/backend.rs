@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusting_brain_core::backend::{CrossEntropySum, RopeSpec};
 use rusting_brain_core::error::check_rows;
-use rusting_brain_core::{Activation, CoreError, Loss, Result, RopeScaling};
+use rusting_brain_core::{CoreError, Result, RopeScaling};
 
 use crate::{Batch, DenseOp, Gpu, GpuBuffer, GpuCounters, KeyedCache, ShaderError, SUM_OF_SQUARES_CHUNK};
 use rusting_brain_core::backend::ConvOps;
@@ -157,25 +157,6 @@ pub(crate) fn unsupported(op: &str) -> CoreError {
     CoreError::Device {
         backend: "wgpu",
         message: format!("{op} is not on the wgpu backend; use the CPU backend for it"),
-    }
-}
-
-pub(crate) fn act_code(act: Activation) -> (u32, f32) {
-    match act {
-        Activation::Identity => (0, 0.0),
-        Activation::Relu => (1, 0.0),
-        Activation::LeakyRelu(a) => (2, a),
-        Activation::Sigmoid => (3, 0.0),
-        Activation::Tanh => (4, 0.0),
-        Activation::Softmax => (5, 0.0),
-    }
-}
-
-pub(crate) fn loss_code(loss: Loss) -> u32 {
-    match loss {
-        Loss::MeanSquaredError => 0,
-        Loss::BinaryCrossEntropy => 1,
-        Loss::CategoricalCrossEntropy => 2,
     }
 }
 

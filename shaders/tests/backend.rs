@@ -9,7 +9,6 @@
 mod common;
 use common::gpu;
 
-
 use rusting_brain_core::backend::ActivationOps;
 use rusting_brain_core::backend::AttentionOps;
 use rusting_brain_core::backend::CrossEntropyOps;

@@ -11,7 +11,6 @@
 mod common;
 use common::gpu;
 
-
 use rusting_brain_core::backend::Memory;
 use rusting_brain_core::models::transformer::{MoeConfig, TokenBatch, TransformerConfig, TransformerModel};
 use rusting_brain_core::{Backend, Optimizer, ReferenceBackend};

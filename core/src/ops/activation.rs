@@ -29,6 +29,20 @@ pub enum Activation {
 }
 
 impl Activation {
+    /// The code and slope the GPU kernels (WGSL and CUDA) switch on: identity 0, ReLU 1,
+    /// leaky ReLU 2 (with its slope), sigmoid 3, tanh 4, softmax 5 (row-wise: the softmax
+    /// kernels).
+    pub fn kernel_code(self) -> (u32, f32) {
+        match self {
+            Activation::Identity => (0, 0.0),
+            Activation::Relu => (1, 0.0),
+            Activation::LeakyRelu(a) => (2, a),
+            Activation::Sigmoid => (3, 0.0),
+            Activation::Tanh => (4, 0.0),
+            Activation::Softmax => (5, 0.0),
+        }
+    }
+
     /// The leaky ReLU slope PyTorch uses by default.
     pub const LEAKY_RELU_DEFAULT: f32 = 0.01;
 

@@ -33,6 +33,16 @@ fn clamped_ln<T: Real>(x: T) -> T {
 }
 
 impl Loss {
+    /// The code the GPU kernels (WGSL and CUDA) switch on: MSE 0, binary cross-entropy 1,
+    /// categorical cross-entropy 2.
+    pub fn kernel_code(self) -> u32 {
+        match self {
+            Loss::MeanSquaredError => 0,
+            Loss::BinaryCrossEntropy => 1,
+            Loss::CategoricalCrossEntropy => 2,
+        }
+    }
+
     /// The divisor of the mean: element count or row count.
     pub fn divisor(self, rows: usize, cols: usize) -> usize {
         match self {

@@ -1,6 +1,5 @@
 //! The activation family on this backend.
 
-use crate::backend::act_code;
 use crate::backend::rows_check;
 use crate::backend::WgpuBackend;
 use crate::DenseOp;
@@ -14,7 +13,7 @@ impl ActivationOps for WgpuBackend {
         &self, act: Activation, out: &mut GpuBuffer, inp: &GpuBuffer, rows: usize, cols: usize,
     ) -> Result<()> {
         rows_check("activation_forward", rows, cols, &[("inp", inp.len()), ("out", out.len())])?;
-        let (code, slope) = act_code(act);
+        let (code, slope) = act.kernel_code();
         self.dense(DenseOp::ActivationForward(code, slope), [Some(inp), None, None], out, rows, cols)
     }
     fn activation_backward(
@@ -27,7 +26,7 @@ impl ActivationOps for WgpuBackend {
             cols,
             &[("dinp", dinp.len()), ("dout", dout.len()), ("inp", inp.len()), ("out", out.len())],
         )?;
-        let (code, slope) = act_code(act);
+        let (code, slope) = act.kernel_code();
         self.dense(
             DenseOp::ActivationBackward(code, slope),
             [Some(dout), Some(inp), Some(out)],

@@ -1,6 +1,5 @@
 //! The loss family on this backend.
 
-use crate::backend::loss_code;
 use crate::backend::WgpuBackend;
 use crate::DenseOp;
 use crate::GpuBuffer;
@@ -34,7 +33,7 @@ impl LossOps for WgpuBackend {
         }
         let inv = 1.0 / loss.divisor(rows, cols) as f32;
         self.dense(
-            DenseOp::LossBackward(loss_code(loss), inv),
+            DenseOp::LossBackward(loss.kernel_code(), inv),
             [Some(pred), Some(target), None],
             dpred,
             rows,

@@ -3,29 +3,9 @@
 
 use super::*;
 
-fn act_code(act: Activation) -> (i32, f32) {
-    match act {
-        Activation::Identity => (0, 0.0),
-        Activation::Relu => (1, 0.0),
-        Activation::LeakyRelu(a) => (2, a),
-        Activation::Sigmoid => (3, 0.0),
-        Activation::Tanh => (4, 0.0),
-        // Row-wise: handled by the softmax kernels.
-        Activation::Softmax => (5, 0.0),
-    }
-}
-
 /// `loss_backward`'s code for the fused softmax/sigmoid + cross-entropy gradient,
 /// `(pred - target) / divisor`.
 const FUSED_OUTPUT: i32 = 3;
-
-fn loss_code(loss: Loss) -> i32 {
-    match loss {
-        Loss::MeanSquaredError => 0,
-        Loss::BinaryCrossEntropy => 1,
-        Loss::CategoricalCrossEntropy => 2,
-    }
-}
 
 impl CudaBackend {
     /// The gradient of a loss with respect to `pred` (or, fused, to the logits): kernel
@@ -76,7 +56,8 @@ pub(super) fn activation_forward(
     if act == Activation::Softmax {
         return be.softmax_forward(out, inp, rows, cols);
     }
-    let (code, alpha) = act_code(act);
+    let (code, alpha) = act.kernel_code();
+    let code = code as i32;
     launch!(be, "activation_forward", grid(n); &mut out.data, &inp.data, &(n as i64), &code, &alpha)
 }
 
@@ -95,7 +76,8 @@ pub(super) fn activation_backward(
     if act == Activation::Softmax {
         return be.softmax_backward(dinp, dout, out, rows, cols);
     }
-    let (code, alpha) = act_code(act);
+    let (code, alpha) = act.kernel_code();
+    let code = code as i32;
     launch!(be, "activation_backward", grid(n);
         &mut dinp.data, &dout.data, &inp.data, &out.data, &(n as i64), &code, &alpha)
 }
@@ -110,7 +92,7 @@ pub(super) fn loss_forward(
     }
     let mut terms = be.alloc(n)?;
     launch!(be, "loss_terms", grid(n);
-        &mut terms.data, &pred.data, &target.data, &(n as i64), &loss_code(loss))?;
+        &mut terms.data, &pred.data, &target.data, &(n as i64), &(loss.kernel_code() as i32))?;
     let mut guard = be.dev.partials.lock().map_err(|_| dev_err("scratch lock poisoned"))?;
     let partials = be.scratch(&mut guard, REDUCE_BLOCKS, "reduction scratch")?;
     let cfg = CudaBackend::reduce_cfg(n);
@@ -127,7 +109,7 @@ pub(super) fn loss_backward(
     be: &CudaBackend, loss: Loss, dpred: &mut CudaBuffer, pred: &CudaBuffer, target: &CudaBuffer,
     rows: usize, cols: usize,
 ) -> Result<()> {
-    let code = loss_code(loss);
+    let code = loss.kernel_code() as i32;
     be.loss_gradient("loss_backward", "dpred", code, loss, dpred, pred, target, rows, cols)
 }
 

@@ -5,6 +5,7 @@ use super::*;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::cuda::CudaBuffer;
 use rusting_brain_core::backend::EmbeddingOps;
+use rusting_brain_core::ops::embedding::check_embedding;
 use rusting_brain_core::Result;
 
 /// The kernels of `kernels/cu/embedding.cu` this family launches, loaded when the backend starts
@@ -14,15 +15,7 @@ pub(super) const KERNELS: (&str, &[&str]) = ("embedding", &["embedding_forward",
 pub(super) fn embedding_forward(
     be: &CudaBackend, out: &mut CudaBuffer, table: &CudaBuffer, ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
-    ops::embedding::check_embedding(
-        "embedding_forward",
-        ["table", "out"],
-        table.len,
-        out.len,
-        ids,
-        vocab,
-        dim,
-    )?;
+    check_embedding("embedding_forward", ["table", "out"], table.len, out.len, ids, vocab, dim)?;
     if ids.is_empty() || dim == 0 {
         return Ok(());
     }
@@ -34,15 +27,7 @@ pub(super) fn embedding_forward(
 pub(super) fn embedding_backward(
     be: &CudaBackend, dtable: &mut CudaBuffer, dout: &CudaBuffer, ids: &[u32], vocab: usize, dim: usize,
 ) -> Result<()> {
-    ops::embedding::check_embedding(
-        "embedding_backward",
-        ["dtable", "dout"],
-        dtable.len,
-        dout.len,
-        ids,
-        vocab,
-        dim,
-    )?;
+    check_embedding("embedding_backward", ["dtable", "dout"], dtable.len, dout.len, ids, vocab, dim)?;
     if ids.is_empty() || dim == 0 {
         return Ok(());
     }
