@@ -2,22 +2,12 @@
 // generate, files. Messages out: ready, step, held (a held-out loss), done, sampled,
 // files, error.
 import { initialize, Tokenizer, TransformerLm } from './pkg/index.js';
+import { random } from './random.js';
 
 let lm = null;
 let tokenizer = null;
 let model = null; // the trained model loaded for generation
 let stopRequested = false;
-
-/** A small seeded generator (mulberry32): the same batches for the same seed. */
-function random(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) | 0;
-    let t = Math.imul(a ^ (a >>> 15), 1 | a);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** One event-loop turn (a message through a channel: setTimeout(0) is clamped to 4 ms). */
 function nextTurn() {

@@ -1,6 +1,7 @@
 // The Train page: builds the data set, sends it to train-worker.js, and paints the loss
 // curve, the decision boundary (2-D data) and the figures the worker sends back.
 import { plot } from './plot.js';
+import { random } from './random.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -10,17 +11,6 @@ let training = false;
 let losses = [];
 let current = null; // the data set being trained on
 let file = null; // the last trained network's file (an object)
-
-/** A small seeded generator (mulberry32): the same data set for the same seed. */
-function random(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) | 0;
-    let t = Math.imul(a ^ (a >>> 15), 1 | a);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Rows whose index is 4 mod 5 within their class go to the held-out set. */
 function split(points, labels) {
