@@ -14,7 +14,6 @@ mod attention;
 pub mod bf16;
 mod conv;
 mod cross_entropy;
-mod dense;
 mod elementwise;
 mod embedding;
 mod l2norm;
