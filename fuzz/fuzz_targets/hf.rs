@@ -5,12 +5,9 @@ use libfuzzer_sys::fuzz_target;
 use rusting_brain::{Precision, TransformerLm};
 
 fuzz_target!(|data: &[u8]| {
-    let (config, weights) = rusting_brain_fuzz::split(data);
-    rusting_brain_fuzz::put("hf/config.json", config);
-    let path = rusting_brain_fuzz::put("hf/model.safetensors", weights);
-    let dir = path.parent().expect("a folder");
+    let dir = rusting_brain_fuzz::put_folder(data, ["hf/config.json", "hf/model.safetensors"]);
     let precision = if data.len() % 2 == 0 { Precision::F32 } else { Precision::Q8 };
-    if let Ok(mut lm) = TransformerLm::from_pretrained_at(dir, precision) {
+    if let Ok(mut lm) = TransformerLm::from_pretrained_at(&dir, precision) {
         rusting_brain_fuzz::run(&mut lm);
     }
 });

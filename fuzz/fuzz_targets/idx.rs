@@ -3,8 +3,6 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let (images, labels) = rusting_brain_fuzz::split(data);
-    let images = rusting_brain_fuzz::put("images.idx", images);
-    let labels = rusting_brain_fuzz::put("labels.idx", labels);
+    let [images, labels] = rusting_brain_fuzz::put_split(data, ["images.idx", "labels.idx"]);
     let _ = rusting_brain::Dataset::from_idx(&images, &labels);
 });

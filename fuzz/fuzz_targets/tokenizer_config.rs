@@ -6,15 +6,13 @@ use libfuzzer_sys::fuzz_target;
 use rusting_brain::{ChatMessage, ChatTemplate, GenerationConfig};
 
 fuzz_target!(|data: &[u8]| {
-    let (tokenizer, generation) = rusting_brain_fuzz::split(data);
-    rusting_brain_fuzz::put("chat/tokenizer_config.json", tokenizer);
-    let path = rusting_brain_fuzz::put("chat/generation_config.json", generation);
-    let dir = path.parent().expect("a folder");
-    if let Ok(template) = ChatTemplate::from_pretrained(dir) {
+    let dir =
+        rusting_brain_fuzz::put_folder(data, ["chat/tokenizer_config.json", "chat/generation_config.json"]);
+    if let Ok(template) = ChatTemplate::from_pretrained(&dir) {
         let chat = [ChatMessage::system("be brief"), ChatMessage::user("hi")];
         let _ = template.render(&chat, true);
     }
-    if let Ok(g) = GenerationConfig::from_pretrained(dir) {
+    if let Ok(g) = GenerationConfig::from_pretrained(&dir) {
         let _ = g.sampler(Some(1));
     }
 });

@@ -32,6 +32,18 @@ pub fn put(name: &str, bytes: &[u8]) -> PathBuf {
 
 pub use rusting_brain_test_support::fuzz::{split, tiny_lm};
 
+/// The input split in two and written as `names` in the scratch folder: their paths.
+pub fn put_split(data: &[u8], names: [&str; 2]) -> [PathBuf; 2] {
+    let (a, b) = split(data);
+    [put(names[0], a), put(names[1], b)]
+}
+
+/// [`put_split`] for the two files of one folder: the folder.
+pub fn put_folder(data: &[u8], names: [&str; 2]) -> PathBuf {
+    let [_, b] = put_split(data, names);
+    b.parent().expect("a folder").to_path_buf()
+}
+
 /// Runs a model that loaded on two tokens: what loaded must also run (or refuse with an
 /// error), not crash later.
 pub fn run(lm: &mut TransformerLm) {
