@@ -3,6 +3,7 @@ import { readFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { join, resolve } from 'node:path';
+import { chromium } from 'playwright-core';
 
 export const repo = resolve(fileURLToPath(new URL('.', import.meta.url)), '..', '..');
 export const out = join(repo, 'tests', 'browser', 'out');
@@ -46,3 +47,27 @@ export const base = ['--no-sandbox', '--disable-background-networking', '--disab
   '--disable-sync', '--no-first-run', '--disable-quic'];
 // WebGPU on SwiftShader, Chromium's CPU implementation of a GPU.
 export const webgpu = ['--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-webgpu-adapter=swiftshader'];
+
+/** A headless Chromium (`base` flags and `args`) on `url`, its console and page errors
+ * collected in `logs`. */
+export async function launch(url, args, viewport) {
+  const browser = await chromium.launch({ executablePath: chromiumPath, headless: true, args: [...base, ...args] });
+  const page = await browser.newPage({ viewport });
+  const logs = [];
+  page.on('console', (m) => logs.push(`${m.type()}: ${m.text()}`));
+  page.on('pageerror', (e) => logs.push(`pageerror: ${e.message}`));
+  await page.goto(url);
+  return { browser, page, logs };
+}
+
+/** Waits until the `data-state` of element `id` is one of `states` and gives it; past
+ * `timeout` ms, an error with the status line and the console. */
+export async function waitForState(page, id, states, logs, timeout) {
+  try {
+    await page.waitForFunction(([id, s]) => s.includes(document.getElementById(id).dataset.state), [id, states], { timeout });
+  } catch {
+    const status = await page.textContent('#status').catch(() => '?');
+    throw new Error(`the page never reached ${states}: status "${status}"; console:\n${logs.join('\n')}`);
+  }
+  return page.evaluate((id) => document.getElementById(id).dataset.state, id);
+}

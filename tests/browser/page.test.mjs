@@ -8,9 +8,8 @@ import assert from 'node:assert/strict';
 import { mkdir } from 'node:fs/promises';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { chromium } from 'playwright-core';
 import { serve } from '../../www/serve.mjs';
-import { out, reference, promptRuns, PROMPT, TOKENS, chromiumPath, skip, base, webgpu } from './common.mjs';
+import { out, reference, promptRuns, PROMPT, TOKENS, skip, webgpu, launch, waitForState } from './common.mjs';
 
 
 let server;
@@ -29,25 +28,9 @@ before(async () => {
 
 after(() => server?.close());
 
-async function openPage(args, query = '') {
-  const browser = await chromium.launch({ executablePath: chromiumPath, headless: true, args: [...base, ...args] });
-  const page = await browser.newPage({ viewport: { width: 1000, height: 760 } });
-  const logs = [];
-  page.on('console', (m) => logs.push(`${m.type()}: ${m.text()}`));
-  page.on('pageerror', (e) => logs.push(`pageerror: ${e.message}`));
-  await page.goto(`${origin}/${query}`);
-  return { browser, page, logs };
-}
+const openPage = (args, query = '') => launch(`${origin}/${query}`, args, { width: 1000, height: 760 });
 
-async function waitState(page, states, logs, timeout = 120_000) {
-  try {
-    await page.waitForFunction((s) => s.includes(document.getElementById('output').dataset.state), states, { timeout });
-  } catch (e) {
-    const status = await page.textContent('#status').catch(() => '?');
-    throw new Error(`page never reached ${states}: status "${status}"; console:\n${logs.join('\n')}`);
-  }
-  return page.evaluate(() => document.getElementById('output').dataset.state);
-}
+const waitState = (page, states, logs, timeout = 120_000) => waitForState(page, 'output', states, logs, timeout);
 
 // Resolves with the figures the moment each of `ids` ('rate', 'first') shows something
 // other than '–' while the state is still 'generating': the figures are live, not painted

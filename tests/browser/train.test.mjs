@@ -13,9 +13,8 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { chromium } from 'playwright-core';
 import { serve } from '../../www/serve.mjs';
-import { out, repo, chromiumPath, skip, base, webgpu } from './common.mjs';
+import { out, repo, skip, webgpu, launch, waitForState } from './common.mjs';
 
 
 let server;
@@ -57,25 +56,9 @@ function assertSameFile(name, got, want) {
   return worst;
 }
 
-async function open(args, path) {
-  const browser = await chromium.launch({ executablePath: chromiumPath, headless: true, args: [...base, ...args] });
-  const page = await browser.newPage({ viewport: { width: 1040, height: 820 } });
-  const logs = [];
-  page.on('console', (m) => logs.push(`${m.type()}: ${m.text()}`));
-  page.on('pageerror', (e) => logs.push(`pageerror: ${e.message}`));
-  await page.goto(`${origin}/${path}`);
-  return { browser, page, logs };
-}
+const open = (args, path) => launch(`${origin}/${path}`, args, { width: 1040, height: 820 });
 
-async function waitState(page, states, logs, timeout = 180_000) {
-  try {
-    await page.waitForFunction((s) => s.includes(document.getElementById('train-output').dataset.state), states, { timeout });
-  } catch {
-    const status = await page.textContent('#status').catch(() => '?');
-    throw new Error(`the page never reached ${states}: status "${status}"; console:\n${logs.join('\n')}`);
-  }
-  return page.evaluate(() => document.getElementById('train-output').dataset.state);
-}
+const waitState = (page, states, logs, timeout = 180_000) => waitForState(page, 'train-output', states, logs, timeout);
 
 async function trainOnPage(page, logs, dataset, screenshotMid) {
   await page.selectOption('#dataset', dataset);
