@@ -113,6 +113,14 @@ impl From<CoreError> for WebError {
     }
 }
 
+impl WebError {
+    /// Whether this says the machine has no GPU adapter at all (what "auto" falls back to
+    /// the CPU on, and the GPU tests skip on), rather than a device that failed.
+    pub fn is_no_adapter(&self) -> bool {
+        matches!(self, WebError::Gpu(m) if m.starts_with("no GPU adapter"))
+    }
+}
+
 impl From<ShaderError> for WebError {
     fn from(e: ShaderError) -> Self {
         match e {

@@ -9,6 +9,7 @@
 use rusting_brain::core::Rng;
 use rusting_brain::{Optimizer, Precision, Sampler, TokenBatch, TransformerLm};
 use rusting_brain_shaders::block_on;
+use rusting_brain_test_support::gpu_or_skip;
 use rusting_brain_web::{DeviceChoice, Engine, GenerateOptions, WebError};
 
 /// Sequences of `next = (5 * prev + 3) mod 64`.
@@ -63,11 +64,7 @@ fn generate(e: &mut Engine, prompt: &[u32], n: usize, sampler: &mut Sampler) -> 
 /// CI did not ask for one.
 fn on_gpu(bytes: &[u8]) -> Option<Engine> {
     let loaded = block_on(Engine::load(bytes, DeviceChoice::WebGpu));
-    let e = rusting_brain_test_support::gpu_or_skip(
-        "loading on the GPU failed",
-        loaded,
-        |e| matches!(e, WebError::Gpu(m) if m.starts_with("no GPU adapter")),
-    )?;
+    let e = gpu_or_skip("loading on the GPU failed", loaded, WebError::is_no_adapter)?;
     eprintln!("device: {}", e.reason());
     Some(e)
 }

@@ -13,7 +13,7 @@
 use rusting_brain::core::Rng;
 use rusting_brain::{Optimizer, Sampler, TransformerLm};
 use rusting_brain_shaders::block_on;
-use rusting_brain_test_support::{rel_to_scale, TempDir};
+use rusting_brain_test_support::{gpu_or_skip, rel_to_scale, TempDir};
 use rusting_brain_web::core::models::transformer::TransformerConfig;
 use rusting_brain_web::{train_tokenizer, DeviceChoice, Engine, LmTrainer, WebError};
 
@@ -21,11 +21,7 @@ use rusting_brain_web::{train_tokenizer, DeviceChoice, Engine, LmTrainer, WebErr
 /// is no adapter and CI did not ask for one.
 fn trainer(optimizer: Optimizer, seed: u64, choice: DeviceChoice) -> Option<LmTrainer> {
     let built = block_on(LmTrainer::new(config(), optimizer, seed, choice));
-    let t = rusting_brain_test_support::gpu_or_skip(
-        &format!("building on {choice:?} failed"),
-        built,
-        |e| matches!(e, WebError::Gpu(m) if m.starts_with("no GPU adapter")),
-    )?;
+    let t = gpu_or_skip(&format!("building on {choice:?} failed"), built, WebError::is_no_adapter)?;
     eprintln!("{}: {}", t.device(), t.reason());
     Some(t)
 }

@@ -13,7 +13,7 @@ use rusting_brain::core::models::dense_file;
 use rusting_brain::core::Rng;
 use rusting_brain::{Activation, Dataset, Loss, Network, Optimizer, TrainConfig};
 use rusting_brain_shaders::block_on;
-use rusting_brain_test_support::{rel_to_scale, TempDir};
+use rusting_brain_test_support::{gpu_or_skip, rel_to_scale, TempDir};
 use rusting_brain_web::{DenseNet, DeviceChoice, Rows, WebError};
 
 const ROWS: usize = 40;
@@ -60,11 +60,7 @@ fn native_parameters(n: &Network, dir: &TempDir) -> Vec<(Vec<f32>, Vec<f32>)> {
 /// is no adapter and CI did not ask for one.
 fn page_net(config: DenseConfig, seed: u64, choice: DeviceChoice) -> Option<DenseNet> {
     let built = block_on(DenseNet::new(config, Optimizer::adam(0.01), seed, choice));
-    let n = rusting_brain_test_support::gpu_or_skip(
-        &format!("building on {choice:?} failed"),
-        built,
-        |e| matches!(e, WebError::Gpu(m) if m.starts_with("no GPU adapter")),
-    )?;
+    let n = gpu_or_skip(&format!("building on {choice:?} failed"), built, WebError::is_no_adapter)?;
     eprintln!("{}: {}", n.device(), n.reason());
     Some(n)
 }
