@@ -9,12 +9,7 @@ use rusting_brain_test_support::TempDir as Dir;
 
 fn build(vocab: usize, seed: u64) -> TransformerLm {
     TransformerLm::builder()
-        .vocab_size(vocab)
-        .d_model(32)
-        .n_layers(2)
-        .heads(4, 2, 8)
-        .d_ff(48)
-        .max_seq_len(16)
+        .shape(vocab, 32, 2, (4, 2, 8), 48, 16)
         .optimizer(Optimizer::adam(5e-3).betas(0.9, 0.95).weight_decay(0.1))
         .seed(seed)
         .build()

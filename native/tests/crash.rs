@@ -23,12 +23,7 @@ const KILLS: usize = 120;
 fn lm(seed: u64) -> TransformerLm {
     // Big enough (about 0.6 MB of f32 weights) that a kill often lands inside a write.
     TransformerLm::builder()
-        .vocab_size(512)
-        .d_model(64)
-        .n_layers(2)
-        .heads(4, 2, 16)
-        .d_ff(160)
-        .max_seq_len(16)
+        .shape(512, 64, 2, (4, 2, 16), 160, 16)
         .optimizer(Optimizer::adam(1e-3))
         .seed(seed)
         .build()

@@ -480,12 +480,7 @@ fn primitives_moe_q8_optim(c: &CudaBackend) -> R {
 
 fn small_lm(moe: bool) -> R<TransformerLm> {
     let mut b = TransformerLm::builder()
-        .vocab_size(300)
-        .d_model(128)
-        .n_layers(2)
-        .heads(4, 2, 32)
-        .d_ff(200)
-        .max_seq_len(40)
+        .shape(300, 128, 2, (4, 2, 32), 200, 40)
         .optimizer(Optimizer::adam(1e-3).weight_decay(0.1))
         .seed(7);
     if moe {

@@ -8,12 +8,7 @@ use rusting_brain_test_support::nan_max;
 
 fn model(max_seq: usize, seed: u64) -> TransformerLm {
     let mut m = TransformerLm::builder()
-        .vocab_size(48)
-        .d_model(32)
-        .n_layers(2)
-        .heads(4, 2, 8)
-        .d_ff(64)
-        .max_seq_len(max_seq)
+        .shape(48, 32, 2, (4, 2, 8), 64, max_seq)
         .optimizer(Optimizer::adam(1e-2))
         .seed(seed)
         .build()

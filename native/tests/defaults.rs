@@ -21,16 +21,8 @@ fn std_dev(v: &[f32]) -> f64 {
 #[test]
 fn transformer_matrices_are_normal_with_scaled_residual_projections_and_unit_norms() {
     let n_layers = 4;
-    let model = TransformerLm::builder()
-        .vocab_size(512)
-        .d_model(128)
-        .n_layers(n_layers)
-        .heads(4, 2, 32)
-        .d_ff(256)
-        .max_seq_len(32)
-        .seed(11)
-        .build()
-        .unwrap();
+    let model =
+        TransformerLm::builder().shape(512, 128, n_layers, (4, 2, 32), 256, 32).seed(11).build().unwrap();
     let residual = 0.02 / (2.0 * n_layers as f64).sqrt();
     let mut seen = 0;
     for (name, values) in model.named_parameters().unwrap() {
@@ -92,13 +84,7 @@ fn dense_weights_are_he_uniform_before_relu_and_glorot_uniform_otherwise() {
 
 /// A small model's builder: vocabulary 64, width 32, 4 query heads over 2 of size 8.
 fn small(n_layers: usize) -> rusting_brain::TransformerLmBuilder {
-    TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(32)
-        .n_layers(n_layers)
-        .heads(4, 2, 8)
-        .d_ff(64)
-        .max_seq_len(16)
+    TransformerLm::builder().shape(64, 32, n_layers, (4, 2, 8), 64, 16)
 }
 
 #[test]

@@ -10,12 +10,7 @@ use rusting_brain_test_support::nan_max;
 
 fn builder() -> rusting_brain::TransformerLmBuilder {
     TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(32)
-        .n_layers(3)
-        .heads(4, 2, 8)
-        .d_ff(64)
-        .max_seq_len(48)
+        .shape(64, 32, 3, (4, 2, 8), 64, 48)
         .experts(4, 2)
         .moe_layers([1, 2])
         .expert_d_ff(32)
@@ -331,15 +326,7 @@ fn resuming_a_moe_run_is_bitwise_identical_to_not_stopping() {
     };
     assert!(bits(&straight) == bits(&resumed), "weights differ after resuming");
     // An optimizer state of a dense model of the same shape is refused.
-    let mut dense = TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(32)
-        .n_layers(3)
-        .heads(4, 2, 8)
-        .d_ff(64)
-        .max_seq_len(48)
-        .build()
-        .unwrap();
+    let mut dense = TransformerLm::builder().shape(64, 32, 3, (4, 2, 8), 64, 48).build().unwrap();
     let e = dense.load_optimizer_state(dir.join("w.opt")).unwrap_err().to_string();
     assert!(e.contains("another configuration"), "{e}");
 }

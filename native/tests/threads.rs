@@ -25,12 +25,7 @@ fn run(threads: usize, moe: bool, lora: bool) -> Run {
 fn run_here(moe: bool, lora: bool) -> Run {
     {
         let mut b = TransformerLm::builder()
-            .vocab_size(256)
-            .d_model(128)
-            .n_layers(2)
-            .heads(4, 2, 32)
-            .d_ff(256)
-            .max_seq_len(80)
+            .shape(256, 128, 2, (4, 2, 32), 256, 80)
             .optimizer(Optimizer::adam(1e-3).weight_decay(0.1))
             .seed(21);
         if moe {

@@ -14,12 +14,7 @@ fn bits(m: &TransformerLm) -> Vec<Vec<u32>> {
 
 fn tiny(seed: u64) -> TransformerLm {
     TransformerLm::builder()
-        .vocab_size(32)
-        .d_model(32)
-        .n_layers(2)
-        .heads(4, 2, 8)
-        .d_ff(64)
-        .max_seq_len(32)
+        .shape(32, 32, 2, (4, 2, 8), 64, 32)
         .optimizer(Optimizer::adam(3e-3))
         .seed(seed)
         .build()
@@ -28,15 +23,7 @@ fn tiny(seed: u64) -> TransformerLm {
 
 #[test]
 fn invalid_configurations_are_clear_errors() {
-    let base = || {
-        TransformerLm::builder()
-            .vocab_size(100)
-            .d_model(64)
-            .n_layers(2)
-            .heads(4, 2, 16)
-            .d_ff(128)
-            .max_seq_len(16)
-    };
+    let base = || TransformerLm::builder().shape(100, 64, 2, (4, 2, 16), 128, 16);
     assert!(base().build().is_ok());
     let e = base().heads(6, 4, 16).build().err().unwrap().to_string();
     assert!(e.contains("6 query heads are not a multiple of 4"), "{e}");
@@ -53,15 +40,7 @@ fn invalid_configurations_are_clear_errors() {
 fn parameter_counts_match_the_count_by_hand() {
     // The README's configuration without experts: 16,384,000 embedding + 8 x 2,819,072
     // per block + 512 final norm.
-    let model = TransformerLm::builder()
-        .vocab_size(32_000)
-        .d_model(512)
-        .n_layers(8)
-        .heads(8, 2, 64)
-        .d_ff(1408)
-        .max_seq_len(16)
-        .build()
-        .unwrap();
+    let model = TransformerLm::builder().shape(32_000, 512, 8, (8, 2, 64), 1408, 16).build().unwrap();
     let c = model.parameter_counts();
     assert_eq!((c.total, c.embedding, c.per_layer), (38_937_088, 16_384_000, 2_819_072));
     assert_eq!(c.to_string(), "38.9M total, 38.9M active");
@@ -290,4 +269,14 @@ fn an_overflowing_weight_is_an_error_at_every_entry_point() {
     assert!(e.to_lowercase().contains("finite") || e.contains("NaN") || e.contains("inf"), "{e}");
     assert!(bits(&m) == before, "a refused call changed the weights");
     assert_eq!(m.steps(), 0);
+}
+
+#[test]
+fn shape_sets_the_six_sizes_as_their_own_calls_do() {
+    let a = TransformerLm::builder().shape(48, 32, 3, (4, 2, 8), 80, 20).seed(1).build().unwrap();
+    let b = TransformerLm::builder();
+    let b = b.vocab_size(48).d_model(32).n_layers(3).heads(4, 2, 8).d_ff(80).max_seq_len(20);
+    let b = b.seed(1).build().unwrap();
+    assert_eq!(a.config(), b.config());
+    assert_eq!(a.named_parameters().unwrap(), b.named_parameters().unwrap());
 }

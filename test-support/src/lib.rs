@@ -246,12 +246,7 @@ pub fn rule_batch(rng: &mut Rng, rows: usize, len: usize) -> TokenBatch {
 /// seed 5; `d_ff` and `max_seq_len` as the test needs.
 pub fn rule_model(d_ff: usize, max_seq_len: usize) -> TransformerLmBuilder {
     TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(64)
-        .n_layers(2)
-        .heads(4, 2, 16)
-        .d_ff(d_ff)
-        .max_seq_len(max_seq_len)
+        .shape(64, 64, 2, (4, 2, 16), d_ff, max_seq_len)
         .optimizer(Optimizer::adam(3e-3))
         .seed(5)
 }
@@ -294,12 +289,7 @@ pub mod fuzz {
     /// two layers).
     pub fn tiny_lm() -> TransformerLm {
         TransformerLm::builder()
-            .vocab_size(64)
-            .d_model(16)
-            .n_layers(2)
-            .heads(2, 1, 8)
-            .d_ff(24)
-            .max_seq_len(8)
+            .shape(64, 16, 2, (2, 1, 8), 24, 8)
             .optimizer(Optimizer::adam(1e-3))
             .seed(7)
             .build()

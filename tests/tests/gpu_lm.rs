@@ -150,15 +150,7 @@ fn bad_input_on_the_gpu_is_an_error() {
 
     // An f32 model moves to train (tests/gpu_training.rs); while it is there, quantizing
     // it is refused rather than done to a stale host copy.
-    let mut f32_model = TransformerLm::builder()
-        .vocab_size(16)
-        .d_model(8)
-        .n_layers(1)
-        .heads(2, 1, 4)
-        .d_ff(8)
-        .max_seq_len(8)
-        .build()
-        .unwrap();
+    let mut f32_model = TransformerLm::builder().shape(16, 8, 1, (2, 1, 4), 8, 8).build().unwrap();
     f32_model.to_gpu_with(&rusting_brain_tests::software()).unwrap();
     let e = f32_model.quantize().unwrap_err().to_string();
     assert!(e.contains("to_cpu"), "{e}");
@@ -224,16 +216,7 @@ fn mixture_of_experts_matches_the_cpu_int8_path() {
 #[test]
 fn weights_over_a_binding_go_in_row_slabs_and_a_model_over_the_limits_is_refused() {
     let build = || {
-        let mut m = TransformerLm::builder()
-            .vocab_size(4000)
-            .d_model(64)
-            .n_layers(2)
-            .heads(4, 2, 16)
-            .d_ff(96)
-            .max_seq_len(64)
-            .seed(3)
-            .build()
-            .unwrap();
+        let mut m = TransformerLm::builder().shape(4000, 64, 2, (4, 2, 16), 96, 64).seed(3).build().unwrap();
         m.quantize().unwrap();
         m
     };

@@ -11,12 +11,7 @@ use rusting_brain::{GpuOptions, Optimizer, TokenBatch, TransformerLm};
 
 fn model(moe: bool) -> TransformerLm {
     let mut b = TransformerLm::builder()
-        .vocab_size(61)
-        .d_model(32)
-        .n_layers(2)
-        .heads(4, 2, 8)
-        .d_ff(48)
-        .max_seq_len(24)
+        .shape(61, 32, 2, (4, 2, 8), 48, 24)
         .optimizer(Optimizer::adam(3e-3).betas(0.9, 0.95).weight_decay(0.1))
         .seed(21);
     if moe {

@@ -332,15 +332,7 @@ fn load_save_load_is_bitwise_and_keeps_the_directory() {
 #[test]
 fn a_model_built_here_saves_as_llama_or_mixtral() {
     let build = |moe: bool, tied: bool| {
-        let mut b = TransformerLm::builder()
-            .vocab_size(40)
-            .d_model(16)
-            .n_layers(2)
-            .heads(4, 2, 4)
-            .d_ff(24)
-            .max_seq_len(16)
-            .tie_embeddings(tied)
-            .seed(7);
+        let mut b = TransformerLm::builder().shape(40, 16, 2, (4, 2, 4), 24, 16).tie_embeddings(tied).seed(7);
         if moe {
             b = b.experts(4, 2).expert_d_ff(12).renormalize_top_k(true);
         }
@@ -366,12 +358,7 @@ fn a_model_built_here_saves_as_llama_or_mixtral() {
     }
     // A shared expert has no class to go to.
     let m = TransformerLm::builder()
-        .vocab_size(40)
-        .d_model(16)
-        .n_layers(1)
-        .heads(2, 2, 8)
-        .d_ff(24)
-        .max_seq_len(8)
+        .shape(40, 16, 1, (2, 2, 8), 24, 8)
         .experts(2, 1)
         .shared_expert(true)
         .build()

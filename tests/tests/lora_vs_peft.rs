@@ -420,16 +420,8 @@ fn mismatched_or_broken_adapters_are_refused_and_change_nothing() {
     }
     // A tensor of the wrong shape, and a file cut short.
     let other = scratch("shape");
-    let mut wider = TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(32)
-        .n_layers(2)
-        .heads(4, 2, 8)
-        .d_ff(40)
-        .max_seq_len(16)
-        .tie_embeddings(false)
-        .build()
-        .unwrap();
+    let mut wider =
+        TransformerLm::builder().shape(64, 32, 2, (4, 2, 8), 40, 16).tie_embeddings(false).build().unwrap();
     wider.add_lora(peft_config()).unwrap();
     wider.save_lora(other.join("a.rbl")).unwrap();
     refuse(

@@ -31,12 +31,7 @@ fn rule_batch(rng: &mut Rng, rows: usize) -> TokenBatch {
 
 fn trained(moe: bool) -> TransformerLm {
     let b = TransformerLm::builder()
-        .vocab_size(64)
-        .d_model(64)
-        .n_layers(2)
-        .heads(4, 2, 16)
-        .d_ff(96)
-        .max_seq_len(96)
+        .shape(64, 64, 2, (4, 2, 16), 96, 96)
         .optimizer(Optimizer::adam(3e-3))
         .seed(5);
     let b = if moe { b.experts(4, 2).expert_d_ff(48) } else { b };

@@ -30,12 +30,7 @@ const VOCAB: usize = 96;
 
 fn native_model() -> TransformerLm {
     TransformerLm::builder()
-        .vocab_size(VOCAB)
-        .d_model(32)
-        .n_layers(2)
-        .heads(4, 2, 8)
-        .d_ff(64)
-        .max_seq_len(24)
+        .shape(VOCAB, 32, 2, (4, 2, 8), 64, 24)
         .optimizer(Optimizer::adam(3e-3))
         .seed(9)
         .build()

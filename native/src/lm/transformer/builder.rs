@@ -120,6 +120,21 @@ impl MoeOptions {
 }
 
 impl TransformerLmBuilder {
+    /// The six sizes at once, in [`TransformerConfig::llama`]'s order: vocabulary, width,
+    /// blocks, `(query heads, key/value heads, head width)`, feed-forward width, context.
+    /// The same as the six calls below.
+    pub fn shape(
+        self, vocab_size: usize, d_model: usize, n_layers: usize, heads: (usize, usize, usize), d_ff: usize,
+        max_seq_len: usize,
+    ) -> Self {
+        let (q_heads, kv_heads, head_dim) = heads;
+        self.vocab_size(vocab_size)
+            .d_model(d_model)
+            .n_layers(n_layers)
+            .heads(q_heads, kv_heads, head_dim)
+            .d_ff(d_ff)
+            .max_seq_len(max_seq_len)
+    }
     /// Vocabulary size (required).
     pub fn vocab_size(mut self, n: usize) -> Self {
         self.config.vocab_size = n;
