@@ -136,15 +136,7 @@ fn rmsnorm_forward_matches_hand_computed_values() {
 #[test]
 fn rope_backward_matches_finite_differences_and_preserves_norms() {
     let mut rng = Rng::new(3);
-    let spec = RopeSpec {
-        batch: 2,
-        seq: 5,
-        heads: 3,
-        head_dim: 6,
-        pos_offset: 4,
-        theta: 10_000.0,
-        scaling: Default::default(),
-    };
+    let spec = RopeSpec::unscaled(2, 5, 3, 6, 4, 10_000.0);
     let n = 2 * 5 * 3 * 6;
     let x = randn(&mut rng, n);
     let w = randn(&mut rng, n);
@@ -161,15 +153,7 @@ fn rope_backward_matches_finite_differences_and_preserves_norms() {
     let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>();
     assert!((norm(&x) - norm(&y)).abs() < 1e-9 * norm(&x), "a rotation keeps the norm");
     // Position 0 is the identity.
-    let spec0 = RopeSpec {
-        batch: 1,
-        seq: 1,
-        heads: 1,
-        head_dim: 4,
-        pos_offset: 0,
-        theta: 500_000.0,
-        scaling: Default::default(),
-    };
+    let spec0 = RopeSpec::unscaled(1, 1, 1, 4, 0, 500_000.0);
     let mut z = vec![1.0, 2.0, 3.0, 4.0];
     rope_forward(&mut z, &spec0).unwrap();
     assert_eq!(z, vec![1.0, 2.0, 3.0, 4.0]);
@@ -178,15 +162,7 @@ fn rope_backward_matches_finite_differences_and_preserves_norms() {
 #[test]
 fn rope_rejects_odd_head_dim_and_bad_theta() {
     let mut x = vec![0.0f32; 3];
-    let spec = RopeSpec {
-        batch: 1,
-        seq: 1,
-        heads: 1,
-        head_dim: 3,
-        pos_offset: 0,
-        theta: 10_000.0,
-        scaling: Default::default(),
-    };
+    let spec = RopeSpec::unscaled(1, 1, 1, 3, 0, 10_000.0);
     assert!(rope_forward(&mut x, &spec).is_err());
     let mut x = vec![0.0f32; 4];
     let spec = RopeSpec { head_dim: 4, theta: f32::NAN, ..spec };

@@ -36,15 +36,7 @@ fn every_primitive_rejects_a_wrong_length_buffer() {
         "rmsnorm_backward",
         "weight",
     );
-    let rope = RopeSpec {
-        batch: 1,
-        seq: 2,
-        heads: 1,
-        head_dim: 4,
-        pos_offset: 0,
-        theta: 10_000.0,
-        scaling: Default::default(),
-    };
+    let rope = RopeSpec::unscaled(1, 2, 1, 4, 0, 10_000.0);
     shape_err(b.rope_forward(&mut v(7), &rope), "rope_forward", "x");
     shape_err(b.softmax_forward(&mut v(12), &v(13), rows, cols), "softmax_forward", "inp");
     shape_err(b.softmax_backward(&mut v(12), &v(12), &v(1), rows, cols), "softmax_backward", "out");
@@ -153,15 +145,7 @@ fn ids_hyperparameters_and_non_finite_losses_are_reported() {
         b.adam_update(&mut v(1), &v(1), &mut v(1), &mut v(1), &bad, 1),
         Err(CoreError::InvalidArgument { .. })
     ));
-    let rope = RopeSpec {
-        batch: 1,
-        seq: 1,
-        heads: 1,
-        head_dim: 3,
-        pos_offset: 0,
-        theta: 10_000.0,
-        scaling: Default::default(),
-    };
+    let rope = RopeSpec::unscaled(1, 1, 1, 3, 0, 10_000.0);
     assert!(matches!(b.rope_forward(&mut v(3), &rope), Err(CoreError::InvalidDimension { .. })));
     // An overflowing shape is an error, not a wrapped multiplication.
     let huge = MatmulSpec::new(usize::MAX / 2, 4, 4);

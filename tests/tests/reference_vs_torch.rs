@@ -70,15 +70,7 @@ fn run_all<T: Real>(tol: Tolerance) {
     check(&f, "rms_dw", &dg, tol);
 
     // RoPE
-    let spec = RopeSpec {
-        batch: 2,
-        seq: 5,
-        heads: 3,
-        head_dim: 8,
-        pos_offset: 3,
-        theta: 10_000.0,
-        scaling: Default::default(),
-    };
+    let spec = RopeSpec::unscaled(2, 5, 3, 8, 3, 10_000.0);
     let mut xr = f.real::<T>("rope_x");
     rope_forward(&mut xr, &spec).unwrap();
     check(&f, "rope_out", &xr, tol);
@@ -173,15 +165,7 @@ fn cpu_backend_matches_pytorch_to_f32_rounding() {
     check(&f, "rms_dx", &dx, F32_TOL);
     check(&f, "rms_dw", &dg, F32_TOL);
 
-    let spec = RopeSpec {
-        batch: 2,
-        seq: 5,
-        heads: 3,
-        head_dim: 8,
-        pos_offset: 3,
-        theta: 10_000.0,
-        scaling: Default::default(),
-    };
+    let spec = RopeSpec::unscaled(2, 5, 3, 8, 3, 10_000.0);
     let mut r = x("rope_x");
     cpu.rope_forward(&mut r, &spec).unwrap();
     check(&f, "rope_out", &r, F32_TOL);

@@ -143,6 +143,14 @@ impl RopeScaling {
 }
 
 impl RopeSpec {
+    /// `(batch, seq, heads, head_dim)` vectors from position `pos_offset`, base `theta`,
+    /// frequencies not stretched.
+    pub fn unscaled(
+        batch: usize, seq: usize, heads: usize, head_dim: usize, pos_offset: usize, theta: f32,
+    ) -> RopeSpec {
+        RopeSpec { batch, seq, heads, head_dim, pos_offset, theta, scaling: RopeScaling::None }
+    }
+
     /// Checks the shape against a buffer of `len` elements.
     pub fn check(&self, op: &'static str, len: usize) -> Result<()> {
         nonzero(op, "head_dim", self.head_dim)?;
