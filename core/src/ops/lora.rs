@@ -46,6 +46,14 @@ pub struct LoraSpec {
 }
 
 impl LoraSpec {
+    /// `dx`, or `sink` grown to `x`'s extent when the caller wants no input gradient (the
+    /// first adapted layer): the host backends' backward always has somewhere to write it.
+    pub fn dx_or_sink<'a>(&self, dx: Option<&'a mut Vec<f32>>, sink: &'a mut Vec<f32>) -> &'a mut Vec<f32> {
+        dx.unwrap_or_else(|| {
+            sink.resize(self.x_offset + self.rows * self.d_in, 0.0);
+            sink
+        })
+    }
     /// An adapter product over whole buffers at f32.
     pub fn new(rows: usize, d_in: usize, d_out: usize, rank: usize, scale: f32) -> Self {
         LoraSpec {
@@ -268,15 +276,7 @@ impl LoraOps for ReferenceBackend {
         &self, dx: Option<&mut Vec<f32>>, da: &mut Vec<f32>, db: &mut Vec<f32>, dt: &mut Vec<f32>,
         dy: &Vec<f32>, x: &Vec<f32>, t: &Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, s: &LoraSpec,
     ) -> Result<()> {
-        let mut sink;
-        let dx = match dx {
-            Some(dx) => dx,
-            None => {
-                sink = alloc::vec![0.0f32; s.x_offset + s.rows * s.d_in];
-                &mut sink
-            }
-        };
-        in_f64([dx, da, db, dt], |[dx, da, db, dt]| {
+        in_f64([s.dx_or_sink(dx, &mut Vec::new()), da, db, dt], |[dx, da, db, dt]| {
             lora_backward(dx, da, db, dt, &wide(dy), &wide(x), &wide(t), &wide(a), &wide(b), s)
         })
     }

@@ -19,3 +19,8 @@ impl From<ShaderError> for NetworkError {
         }
     }
 }
+
+/// A backend on the adapter `options` pick: what `to_gpu_with` moves a model onto.
+pub(crate) fn open(options: &GpuOptions) -> Result<WgpuBackend, NetworkError> {
+    Ok(WgpuBackend::new(std::sync::Arc::new(Gpu::new_blocking(options)?)))
+}

@@ -239,8 +239,7 @@ impl Network {
             }
             Err(e) => return Err(NetworkError::InvalidConfig(e.clone())),
         };
-        let gpu = rusting_brain_shaders::Gpu::new_blocking(options)?;
-        let moved = model.to_backend(rusting_brain_shaders::WgpuBackend::new(std::sync::Arc::new(gpu)))?;
+        let moved = model.to_backend(crate::backend::gpu::open(options)?)?;
         self.engine = Ok(Engine::Gpu(moved));
         Ok(())
     }

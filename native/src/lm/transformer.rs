@@ -262,9 +262,7 @@ impl TransformerLm {
             }
             LmEngine::Cpu(_) => {}
         }
-        let gpu = rusting_brain_shaders::Gpu::new_blocking(options)?;
-        let backend = rusting_brain_shaders::WgpuBackend::new(std::sync::Arc::new(gpu));
-        let device = DeviceLm::copy_of(self.model(), backend)?;
+        let device = DeviceLm::copy_of(self.model(), crate::backend::gpu::open(options)?)?;
         let LmEngine::Cpu(host) = std::mem::replace(&mut self.engine, placeholder()?) else {
             unreachable!("checked above")
         };

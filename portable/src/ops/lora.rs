@@ -1,7 +1,6 @@
 //! The lora family on this backend.
 
 use crate::PortableBackend;
-use alloc::vec;
 use alloc::vec::Vec;
 use rusting_brain_core::backend::LoraOps;
 use rusting_brain_core::backend::LoraSpec;
@@ -20,14 +19,6 @@ impl LoraOps for PortableBackend {
         &self, dx: Option<&mut Vec<f32>>, da: &mut Vec<f32>, db: &mut Vec<f32>, dt: &mut Vec<f32>,
         dy: &Vec<f32>, x: &Vec<f32>, t: &Vec<f32>, a: &Vec<f32>, b: &Vec<f32>, s: &LoraSpec,
     ) -> Result<()> {
-        let mut sink;
-        let dx = match dx {
-            Some(dx) => dx,
-            None => {
-                sink = vec![0.0f32; s.x_offset + s.rows * s.d_in];
-                &mut sink
-            }
-        };
-        lora::lora_backward(dx, da, db, dt, dy, x, t, a, b, s)
+        lora::lora_backward(s.dx_or_sink(dx, &mut Vec::new()), da, db, dt, dy, x, t, a, b, s)
     }
 }
