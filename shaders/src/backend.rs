@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusting_brain_core::backend::{CrossEntropySum, RopeSpec};
-use rusting_brain_core::error::check_rows;
 use rusting_brain_core::{CoreError, Result, RopeScaling};
 
 use crate::{Batch, DenseOp, Gpu, GpuBuffer, GpuCounters, KeyedCache, ShaderError, SUM_OF_SQUARES_CHUNK};
@@ -175,12 +174,6 @@ pub(crate) fn sum_losses(losses: &[f32], counted: impl Fn(usize) -> bool) -> Res
         total.count += 1;
     }
     Ok(total)
-}
-
-pub(crate) fn rows_check(
-    op: &'static str, rows: usize, cols: usize, bufs: &[(&'static str, usize)],
-) -> Result<usize> {
-    check_rows(op, rows, cols, bufs)
 }
 
 impl WgpuBackend {

@@ -1,7 +1,7 @@
 //! The activations of a dense network, forward and backward, row-wise over (rows, cols).
 
 use crate::backend::Memory;
-use crate::error::{check_len, check_rows};
+use crate::error::check_rows;
 use crate::ops::softmax::{softmax_backward, softmax_row};
 use crate::ops::swiglu::sigmoid;
 use crate::reference::in_f64;
@@ -54,15 +54,30 @@ impl Activation {
     }
 }
 
-fn check(op: &'static str, inp: usize, out: usize, rows: usize, cols: usize) -> Result<usize> {
-    check_rows(op, rows, cols, &[("inp", inp), ("out", out)])
+/// The forward's shape check, which every backend calls: `inp` and `out` hold
+/// `rows x cols` (`cols` at least 1). Returns `rows * cols`.
+pub fn check_activation_forward(out: usize, inp: usize, rows: usize, cols: usize) -> Result<usize> {
+    check_rows("activation_forward", rows, cols, &[("inp", inp), ("out", out)])
+}
+
+/// The backward's shape check, which every backend calls: `inp`, `out`, `dinp` and `dout`
+/// each hold `rows x cols`. Returns `rows * cols`.
+pub fn check_activation_backward(
+    dinp: usize, dout: usize, inp: usize, out: usize, rows: usize, cols: usize,
+) -> Result<usize> {
+    check_rows(
+        "activation_backward",
+        rows,
+        cols,
+        &[("inp", inp), ("out", out), ("dinp", dinp), ("dout", dout)],
+    )
 }
 
 /// out = f(inp), inp and out: (rows, cols).
 pub fn activation_forward<T: Real>(
     act: Activation, out: &mut [T], inp: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
-    check("activation_forward", inp.len(), out.len(), rows, cols)?;
+    check_activation_forward(out.len(), inp.len(), rows, cols)?;
     match act {
         Activation::Identity => out.copy_from_slice(inp),
         Activation::Relu => {
@@ -100,10 +115,7 @@ pub fn activation_forward<T: Real>(
 pub fn activation_backward<T: Real>(
     act: Activation, dinp: &mut [T], dout: &[T], inp: &[T], out: &[T], rows: usize, cols: usize,
 ) -> Result<()> {
-    const OP: &str = "activation_backward";
-    let n = check(OP, inp.len(), out.len(), rows, cols)?;
-    check_len(OP, "dinp", dinp.len(), n)?;
-    check_len(OP, "dout", dout.len(), n)?;
+    let n = check_activation_backward(dinp.len(), dout.len(), inp.len(), out.len(), rows, cols)?;
     match act {
         Activation::Identity => dinp.copy_from_slice(dout),
         Activation::Relu => {

@@ -1,11 +1,11 @@
 //! The elementwise family on this backend.
 
-use crate::backend::rows_check;
 use crate::backend::WgpuBackend;
 use crate::DenseOp;
 use crate::GpuBuffer;
 use rusting_brain_core::backend::ElementwiseOps;
 use rusting_brain_core::error::check_len;
+use rusting_brain_core::ops::elementwise::check_bias;
 use rusting_brain_core::Result;
 
 impl ElementwiseOps for WgpuBackend {
@@ -19,13 +19,11 @@ impl ElementwiseOps for WgpuBackend {
         self.dense(DenseOp::Scale(alpha), [None; 3], x, 1, n)
     }
     fn add_bias(&self, out: &mut GpuBuffer, bias: &GpuBuffer, rows: usize, cols: usize) -> Result<()> {
-        rows_check("add_bias", rows, cols, &[("out", out.len())])?;
-        check_len("add_bias", "bias", bias.len(), cols)?;
+        check_bias("add_bias", ["out", "bias"], out.len(), bias.len(), rows, cols)?;
         self.dense(DenseOp::AddBias, [Some(bias), None, None], out, rows, cols)
     }
     fn bias_backward(&self, dbias: &mut GpuBuffer, dout: &GpuBuffer, rows: usize, cols: usize) -> Result<()> {
-        rows_check("bias_backward", rows, cols, &[("dout", dout.len())])?;
-        check_len("bias_backward", "dbias", dbias.len(), cols)?;
+        check_bias("bias_backward", ["dout", "dbias"], dout.len(), dbias.len(), rows, cols)?;
         self.dense(DenseOp::BiasBackward, [Some(dout), None, None], dbias, rows, cols)
     }
 }

@@ -4,8 +4,8 @@
 
 use rayon::prelude::*;
 use rusting_brain_core::backend::ActivationOps;
-use rusting_brain_core::error::check_rows;
 use rusting_brain_core::ops::activation as act_ref;
+use rusting_brain_core::ops::activation::{check_activation_backward, check_activation_forward};
 use rusting_brain_core::{Activation, Result};
 
 use super::rows_per_task;
@@ -15,7 +15,7 @@ impl ActivationOps for CpuBackend {
     fn activation_forward(
         &self, act: Activation, out: &mut Vec<f32>, inp: &Vec<f32>, rows: usize, cols: usize,
     ) -> Result<()> {
-        check_rows("activation_forward", rows, cols, &[("inp", inp.len()), ("out", out.len())])?;
+        check_activation_forward(out.len(), inp.len(), rows, cols)?;
         let per = rows_per_task(cols) * cols;
         out.par_chunks_mut(per)
             .zip(inp.par_chunks(per))
@@ -25,8 +25,7 @@ impl ActivationOps for CpuBackend {
         &self, act: Activation, dinp: &mut Vec<f32>, dout: &Vec<f32>, inp: &Vec<f32>, out: &Vec<f32>,
         rows: usize, cols: usize,
     ) -> Result<()> {
-        let bufs = [("dinp", dinp.len()), ("dout", dout.len()), ("inp", inp.len()), ("out", out.len())];
-        check_rows("activation_backward", rows, cols, &bufs)?;
+        check_activation_backward(dinp.len(), dout.len(), inp.len(), out.len(), rows, cols)?;
         let per = rows_per_task(cols) * cols;
         dinp.par_chunks_mut(per)
             .zip(dout.par_chunks(per))

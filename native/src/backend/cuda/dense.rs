@@ -49,7 +49,7 @@ pub(super) fn bias_backward(
 pub(super) fn activation_forward(
     be: &CudaBackend, act: Activation, out: &mut CudaBuffer, inp: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
-    let n = check_rows("activation_forward", rows, cols, &[("inp", inp.len), ("out", out.len)])?;
+    let n = ops::activation::check_activation_forward(out.len, inp.len, rows, cols)?;
     if n == 0 {
         return Ok(());
     }
@@ -66,10 +66,7 @@ pub(super) fn activation_backward(
     be: &CudaBackend, act: Activation, dinp: &mut CudaBuffer, dout: &CudaBuffer, inp: &CudaBuffer,
     out: &CudaBuffer, rows: usize, cols: usize,
 ) -> Result<()> {
-    const OP: &str = "activation_backward";
-    let n = check_rows(OP, rows, cols, &[("inp", inp.len), ("out", out.len)])?;
-    check_len(OP, "dinp", dinp.len, n)?;
-    check_len(OP, "dout", dout.len, n)?;
+    let n = ops::activation::check_activation_backward(dinp.len, dout.len, inp.len, out.len, rows, cols)?;
     if n == 0 {
         return Ok(());
     }

@@ -30,7 +30,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use rusting_brain_core::backend::*;
-use rusting_brain_core::error::{check_len, check_range, check_rows};
+use rusting_brain_core::error::{check_len, check_range};
 use rusting_brain_core::ops;
 use rusting_brain_core::{Activation, CoreError, Loss, Result};
 use rusting_brain_kernels::{probe, Compiler, Library, SOURCES};
