@@ -125,3 +125,69 @@ fn cache_errors_are_reported() {
     let e = other.forward_cached(&[1], &mut c).unwrap_err().to_string();
     assert!(e.contains("another shape"), "{e}");
 }
+
+/// Three sequences (prompts of 3, 7 and 12 tokens) stepped together by
+/// `forward_cached_rows`, one leaving after two steps, against each stepped alone by
+/// `forward_cached` on caches of its own: int8 gives every row the same bits whatever
+/// shares its step; f32 agrees to the products' summation order (one GEMM over the rows
+/// against one row's).
+#[test]
+fn a_step_over_several_sequences_gives_each_its_own_logits() {
+    for q8 in [false, true] {
+        let mut m = model(40, 8);
+        if q8 {
+            m.quantize().unwrap();
+        }
+        let mut rng = Rng::new(9);
+        let seqs: Vec<Vec<u32>> =
+            [3, 7, 12].iter().map(|&n| (0..n).map(|_| rng.below(48) as u32).collect()).collect();
+        let (mut together, mut alone): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
+        for s in &seqs {
+            let (mut a, mut b) = (m.new_kv_caches(), m.new_kv_caches());
+            m.forward_cached(s, &mut a).unwrap();
+            m.forward_cached(s, &mut b).unwrap();
+            together.push(a);
+            alone.push(b);
+        }
+        for step in 0..4 {
+            // The last sequence leaves after two steps: the batch goes from three rows to two.
+            let live = if step < 2 { 3 } else { 2 };
+            let ids: Vec<u32> = (0..live).map(|i| ((step * 7 + i * 5) % 48) as u32).collect();
+            let mut rows: Vec<&mut _> = together.iter_mut().take(live).collect();
+            let logits = m.forward_cached_rows(&ids, &mut rows).unwrap();
+            assert_eq!(logits.len(), live * 48);
+            for (i, row) in logits.chunks(48).enumerate() {
+                let want = m.forward_cached(&ids[i..i + 1], &mut alone[i]).unwrap();
+                let what = format!("q8 {q8}, step {step}, sequence {i}");
+                if q8 {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(row), bits(&want), "{what}: not the bits of the sequence alone");
+                } else {
+                    same(&what, row, &want);
+                }
+            }
+        }
+        let lens: Vec<usize> = together.iter().map(|c| c.len()).collect();
+        assert_eq!(lens, vec![7, 11, 14]);
+    }
+}
+
+#[test]
+fn a_step_over_several_sequences_refuses_bad_input_and_changes_nothing() {
+    let mut m = model(8, 10);
+    let (mut a, mut b) = (m.new_kv_caches(), m.new_kv_caches());
+    m.forward_cached(&[1, 2], &mut a).unwrap();
+    m.forward_cached(&[1, 2, 3, 4, 5, 6, 7, 8], &mut b).unwrap();
+    let e = m.forward_cached_rows(&[1], &mut [&mut a, &mut b]).unwrap_err().to_string();
+    assert!(e.contains("1 ids for 2 KV caches"), "{e}");
+    let e = m.forward_cached_rows(&[1, 99], &mut [&mut a, &mut b]).unwrap_err().to_string();
+    assert!(e.contains("token id 99"), "{e}");
+    // b is full: nothing is appended to a either.
+    let e = m.forward_cached_rows(&[1, 2], &mut [&mut a, &mut b]).unwrap_err().to_string();
+    assert!(e.contains("8 cached + 1 new positions is over max_seq_len 8"), "{e}");
+    assert!(m.forward_cached_rows(&[], &mut []).is_err());
+    assert_eq!((a.len(), b.len()), (2, 8));
+    let mut other = model(16, 11);
+    let e = other.forward_cached_rows(&[1], &mut [&mut a]).unwrap_err().to_string();
+    assert!(e.contains("another shape"), "{e}");
+}

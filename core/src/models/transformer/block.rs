@@ -12,6 +12,57 @@ pub(super) enum Keys<'a, B: Backend> {
     Masked(&'a [bool]),
     /// A KV cache, after this pass's keys and values are appended at position `pos`.
     Cache { k: &'a mut B::Buffer, v: &'a mut B::Buffer, pos: usize },
+    /// One new position for each of several sequences: row `i` of this pass belongs to the
+    /// sequence whose cache is `rows[i]` (keys, values, the row's position). The products
+    /// run over every row at once; RoPE and attention run a row at a time in `one`.
+    Rows { rows: Vec<(&'a mut B::Buffer, &'a mut B::Buffer, usize)>, one: &'a mut RowScratch<B> },
+}
+
+/// One row's query, key, attention output and log-sum-exp, for [`Keys::Rows`].
+pub(super) struct RowScratch<B: Backend> {
+    pub(super) q: B::Buffer,
+    pub(super) k: B::Buffer,
+    pub(super) att: B::Buffer,
+    pub(super) lse: B::Buffer,
+}
+
+impl<B: Backend> RowScratch<B> {
+    pub(super) fn new(b: &B, c: &TransformerConfig) -> Result<Self> {
+        let (q, kv) = (c.q_dim(), c.kv_dim());
+        Ok(RowScratch { q: b.zeros(q)?, k: b.zeros(kv)?, att: b.zeros(q)?, lse: b.zeros(c.q_heads)? })
+    }
+}
+
+/// Attention for [`Keys::Rows`]: row `i`'s query and key rotated at its own position, its
+/// key and value appended to its cache, its query attending over that cache alone.
+/// `q`, `k`, `v` hold every row's projections, `att` receives every row's output.
+#[allow(clippy::too_many_arguments)]
+fn attend_rows<B: Backend>(
+    b: &B, c: &TransformerConfig, rows: Vec<(&mut B::Buffer, &mut B::Buffer, usize)>,
+    one: &mut RowScratch<B>, q: &B::Buffer, k: &B::Buffer, v: &B::Buffer, att: &mut B::Buffer,
+) -> Result<()> {
+    let (qd, kv) = (c.q_dim(), c.kv_dim());
+    for (i, (cache_k, cache_v, pos)) in rows.into_iter().enumerate() {
+        let (rope_q, rope_k) = c.rope_specs(1, 1, pos);
+        b.copy_range(&mut one.q, 0, q, i * qd, qd)?;
+        b.copy_range(&mut one.k, 0, k, i * kv, kv)?;
+        b.rope_forward(&mut one.q, &rope_q)?;
+        b.rope_forward(&mut one.k, &rope_k)?;
+        b.copy_range(cache_k, pos * kv, &one.k, 0, kv)?;
+        b.copy_range(cache_v, pos * kv, v, i * kv, kv)?;
+        let spec = AttentionSpec {
+            batch: 1,
+            q_len: 1,
+            kv_len: pos + 1,
+            kv_capacity: c.max_seq_len,
+            q_heads: c.q_heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+        };
+        b.attention_forward(&mut one.att, &mut one.lse, &one.q, cache_k, cache_v, &spec)?;
+        b.copy_range(att, i * qd, &one.att, 0, qd)?;
+    }
+    Ok(())
 }
 
 /// A block's activations: kept for the backward pass by the batch forward pass, scratch
@@ -91,7 +142,7 @@ pub(super) fn block_forward<B: Backend>(
         }
         Ok(())
     };
-    let inference = matches!(keys, Keys::Cache { .. } | Keys::Masked(_));
+    let inference = !matches!(keys, Keys::Fresh);
     // An int8 block decoding from its cache with nothing in between (no adapters, biases
     // or per-head norms): the projections through Wo's product in one call, which a
     // backend may run as one job.
@@ -131,8 +182,10 @@ pub(super) fn block_forward<B: Backend>(
                 }
                 _ => project(qb, kb)?,
             }
-            b.rope_forward(qb, rope_q)?;
-            b.rope_forward(kb, rope_k)?;
+            if !matches!(keys, Keys::Rows { .. }) {
+                b.rope_forward(qb, rope_q)?;
+                b.rope_forward(kb, rope_k)?;
+            }
             match keys {
                 Keys::Fresh => b.attention_forward(att, lse, qb, kb, vb, spec)?,
                 Keys::Masked(mask) => {
@@ -146,6 +199,7 @@ pub(super) fn block_forward<B: Backend>(
                     b.copy_range(v, pos * kv, vb, 0, n * kv)?;
                     b.attention_forward(att, lse, qb, k, v, spec)?;
                 }
+                Keys::Rows { rows, one } => attend_rows(b, c, rows, one, qb, kb, vb, att)?,
             }
             // x += att Wo^T
             w.wo.apply(b, x, att, mm(n, d, q).beta(1.0))?;

@@ -26,6 +26,14 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
+/// The caches a cached forward pass appends to.
+enum Caches<'m, 'c, B: Backend> {
+    /// One sequence's, all of the pass's rows.
+    One(&'m mut KvCache<B>),
+    /// One new row for each.
+    Many(&'m mut [&'c mut KvCache<B>]),
+}
+
 /// Scratch of a cached forward pass over `rows` new positions.
 pub(super) struct DecodeArena<B: Backend> {
     pub(super) rows: usize,
@@ -48,6 +56,9 @@ pub(super) struct DecodeArena<B: Backend> {
     pub(super) lora_t: Vec<Block<Option<B::Buffer>>>,
     pub(super) last: B::Buffer,
     pub(super) logits: B::Buffer,
+    /// For [`TransformerModel::forward_cached_rows`]: one row's attention scratch and every
+    /// row's logits `(rows, vocab_size)`, made at its first call.
+    pub(super) step: Option<(RowScratch<B>, B::Buffer)>,
 }
 
 impl<B: Backend> TransformerModel<B> {
@@ -101,6 +112,31 @@ impl<B: Backend> TransformerModel<B> {
         }
         Ok(&self.decode.as_ref().expect("the pass made it").logits)
     }
+    /// One decode step for several sequences at once: `ids[i]` follows what `caches[i]`
+    /// holds and is appended to it. Returns the logits `(ids.len(), vocab_size)`, row `i`
+    /// for sequence `i`. The weight products run once over all the rows (what a server
+    /// batching its requests wants); RoPE and attention run a sequence at a time over its
+    /// own cache. Each row's sums do not depend on the other rows, so a sequence gets the
+    /// logits [`TransformerModel::forward_cached`] gives it alone, bit for bit, whatever
+    /// shares its step. Refused input changes nothing: every id and cache is checked first.
+    pub fn forward_cached_rows(&mut self, ids: &[u32], caches: &mut [&mut KvCache<B>]) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(batch_err("forward_cached_rows needs at least one sequence".into()));
+        }
+        if ids.len() != caches.len() {
+            return Err(batch_err(format!(
+                "{} ids for {} KV caches: one id a cache",
+                ids.len(),
+                caches.len()
+            )));
+        }
+        for (i, cache) in caches.iter().enumerate() {
+            self.check_cached(&ids[i..i + 1], cache)?;
+        }
+        self.cached_pass(ids, Caches::Many(caches))?;
+        let a = self.decode.as_ref().expect("the pass made it");
+        self.backend.download(&a.step.as_ref().expect("the pass made it").1)
+    }
     /// The logits the last cached forward pass left in the backend's buffer, if any.
     pub fn cached_logits(&self) -> Option<&B::Buffer> {
         self.decode.as_ref().map(|a| &a.logits)
@@ -138,11 +174,9 @@ impl<B: Backend> TransformerModel<B> {
         }
         Ok(())
     }
-    /// One piece of a cached forward pass, checked by the caller; the logits of its last
-    /// position are left in the decode arena.
-    pub(super) fn forward_cached_piece(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<()> {
+    /// The decode arena for passes of `r` new rows, made anew when the row count changes.
+    fn decode_arena(&mut self, r: usize) -> Result<()> {
         let c = &self.config;
-        let r = ids.len();
         let (d, q, kv) = (c.d_model, c.q_dim(), c.kv_dim());
         let b = &self.backend;
         if self.decode.as_ref().is_none_or(|a| a.rows != r) {
@@ -171,12 +205,35 @@ impl<B: Backend> TransformerModel<B> {
                 lora_t: lora_t_for(b, c, self.lora.as_ref().map(|l| &l.config), r)?,
                 last: b.zeros(d)?,
                 logits: b.zeros(c.vocab_size)?,
+                step: None,
             });
         }
+        Ok(())
+    }
+    /// One piece of a cached forward pass, checked by the caller; the logits of its last
+    /// position are left in the decode arena.
+    pub(super) fn forward_cached_piece(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<()> {
+        self.cached_pass(ids, Caches::One(cache))
+    }
+    /// A cached forward pass over `ids`: one sequence's new positions, or one new position
+    /// for each of several sequences (row `i` for `caches[i]`). The logits are left in the
+    /// decode arena: the last position's, or every row's.
+    fn cached_pass(&mut self, ids: &[u32], mut caches: Caches<'_, '_, B>) -> Result<()> {
+        let r = ids.len();
+        self.decode_arena(r)?;
+        let c = &self.config;
+        let d = c.d_model;
+        let b = &self.backend;
         let a = self.decode.as_mut().expect("made above");
+        if matches!(caches, Caches::Many(_)) && a.step.is_none() {
+            a.step = Some((RowScratch::new(b, c)?, b.zeros(r * c.vocab_size)?));
+        }
         let prec = self.precision;
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
-        let pos = cache.len;
+        let pos = match &caches {
+            Caches::One(cache) => cache.len,
+            Caches::Many(_) => 0,
+        };
         let (rope_q, rope_k) = c.rope_specs(1, r, pos);
         let spec = AttentionSpec {
             batch: 1,
@@ -223,7 +280,13 @@ impl<B: Backend> TransformerModel<B> {
                 moe: a.moe.as_mut(),
                 saved: None,
             };
-            let keys = Keys::Cache { k: &mut cache.k[l], v: &mut cache.v[l], pos };
+            let keys = match &mut caches {
+                Caches::One(cache) => Keys::Cache { k: &mut cache.k[l], v: &mut cache.v[l], pos },
+                Caches::Many(many) => Keys::Rows {
+                    rows: many.iter_mut().map(|m| (&mut m.k[l], &mut m.v[l], m.len)).collect(),
+                    one: &mut a.step.as_mut().expect("made above").0,
+                },
+            };
             let p = &self.params.layers[l];
             block_forward(b, c, l, p, &w, &mut a.x, acts, keys, (&rope_q, &rope_k, &spec), r, prec, lora)?;
             // Routed on the device, the counts stay there: no usage is reported.
@@ -232,14 +295,26 @@ impl<B: Backend> TransformerModel<B> {
             }
         }
         b.rmsnorm_forward(&mut a.h, &mut a.rstd, &a.x, &self.params.final_norm, r, d, c.norm_eps)?;
-        b.copy_range(&mut a.last, 0, &a.h, (r - 1) * d, d)?;
-        // Only the last position's logits: one (1, d) x (d, vocab) product.
         let head = match quantized.map(|q| q.head()) {
             Some(Some((packed, scales))) => Mat::Q8(packed, scales),
             _ => Mat::F32(self.params.head()),
         };
-        head.apply(b, &mut a.logits, &a.last, mm(1, c.vocab_size, d))?;
-        cache.len += r;
+        match caches {
+            Caches::One(cache) => {
+                b.copy_range(&mut a.last, 0, &a.h, (r - 1) * d, d)?;
+                // Only the last position's logits: one (1, d) x (d, vocab) product.
+                head.apply(b, &mut a.logits, &a.last, mm(1, c.vocab_size, d))?;
+                cache.len += r;
+            }
+            Caches::Many(many) => {
+                // Every row's logits: one (r, d) x (d, vocab) product.
+                let logits = &mut a.step.as_mut().expect("made above").1;
+                head.apply(b, logits, &a.h, mm(r, c.vocab_size, d))?;
+                for m in many.iter_mut() {
+                    m.len += 1;
+                }
+            }
+        }
         Ok(())
     }
 }

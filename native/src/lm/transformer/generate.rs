@@ -49,6 +49,62 @@ impl TransformerLm {
             )),
         }
     }
+    /// One decode step for several sequences at once: `ids[i]` follows what `caches[i]`
+    /// holds. Returns the logits `(ids.len(), vocab_size)`, row `i` for sequence `i`. The
+    /// weight products run once over all the rows (one GEMM a weight for the whole step, as
+    /// a server batching its requests wants); RoPE and attention run a sequence at a time
+    /// over its own cache. Each row's sums do not depend on the others: an int8 model gives
+    /// a sequence the logits `forward_cached` gives it alone, bit for bit, whatever shares
+    /// its step. Refused input (an id out of range, a full cache, caches of another device
+    /// or model) changes no cache.
+    pub fn forward_cached_rows(&mut self, ids: &[u32], caches: &mut [&mut KvCaches]) -> Result<Vec<f32>> {
+        for c in caches.iter_mut() {
+            self.caches(c)?;
+        }
+        let other = || {
+            NetworkError::InvalidInput(
+                "these KV caches belong to another device; make them with new_kv_caches() after the model moved"
+                    .into(),
+            )
+        };
+        match &mut self.engine {
+            LmEngine::Cpu(m) => {
+                let mut inner = caches
+                    .iter_mut()
+                    .map(|c| match c.inner.as_mut() {
+                        Some(CacheEngine::Cpu(k)) => Ok(k),
+                        #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
+                        _ => Err(other()),
+                        #[cfg(not(any(feature = "gpu", feature = "cuda-backend")))]
+                        None => Err(other()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(m.forward_cached_rows(ids, &mut inner)?)
+            }
+            #[cfg(feature = "gpu")]
+            LmEngine::Wgpu(m) => {
+                let mut inner = caches
+                    .iter_mut()
+                    .map(|c| match c.inner.as_mut() {
+                        Some(CacheEngine::Wgpu(k, _)) => Ok(k),
+                        _ => Err(other()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(m.device.forward_cached_rows(ids, &mut inner)?)
+            }
+            #[cfg(feature = "cuda-backend")]
+            LmEngine::Cuda(m) => {
+                let mut inner = caches
+                    .iter_mut()
+                    .map(|c| match c.inner.as_mut() {
+                        Some(CacheEngine::Cuda(k)) => Ok(k),
+                        _ => Err(other()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(m.device.forward_cached_rows(ids, &mut inner)?)
+            }
+        }
+    }
     /// Runs `ids` and leaves the logits where they are: on wgpu, only the argmax is read
     /// back when the sampler is greedy.
     pub(super) fn advance(&mut self, ids: &[u32], caches: &mut KvCaches) -> Result<Pending> {
