@@ -1,0 +1,236 @@
+//! The decoding thread: continuous batching over one model.
+//!
+//! Requests wait in a bounded queue. Between steps the thread takes new ones (up to
+//! `max_batch` active), prefills each alone into its own KV cache, then decodes every
+//! active request in one `forward_cached_rows` step: the weight products once over all the
+//! rows, attention per request over its own cache. A request leaves at the step after it
+//! finishes or its client goes away, and its cache goes with it. Each row's sums do not
+//! depend on the other rows, so a seeded request gives the same tokens under any load.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use rusting_brain::{KvCaches, Sampler, TransformerLm};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Why a reply ended, as OpenAI names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-sequence id or a stop string.
+    Stop,
+    /// `max_tokens`, or the model's context is full.
+    Length,
+}
+
+impl Finish {
+    /// `"stop"` or `"length"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What the decoding thread tells a request's handler.
+#[derive(Debug)]
+pub enum Event {
+    /// New text of the reply (possibly empty while a character's bytes are incomplete).
+    Text(String),
+    /// The reply ended: why, and how many tokens it drew.
+    Done { finish: Finish, completion_tokens: usize },
+    /// The model refused the request or failed; nothing more comes.
+    Failed(String),
+}
+
+/// One request for the decoding thread.
+pub struct Job {
+    /// The prompt's token ids (already checked against the vocabulary and the context).
+    pub prompt: Vec<u32>,
+    /// The most tokens to draw.
+    pub max_tokens: usize,
+    /// How each token is drawn.
+    pub sampler: Sampler,
+    /// Strings that end the reply where they appear (the reply is cut before them).
+    pub stops: Vec<String>,
+    /// Where the reply goes; a closed channel means the client left.
+    pub events: UnboundedSender<Event>,
+}
+
+/// The handlers' side of the decoding thread.
+#[derive(Clone)]
+pub struct Engine {
+    jobs: mpsc::SyncSender<Job>,
+    queued: Arc<AtomicUsize>,
+    max_queue: usize,
+}
+
+/// The queue is full: the caller answers 503.
+#[derive(Debug)]
+pub struct Busy;
+
+impl Engine {
+    /// Starts the decoding thread over `model`. `end_ids` end a reply; `tokenizer` turns
+    /// drawn ids into text.
+    pub fn start(
+        model: TransformerLm, tokenizer: tokenizers::Tokenizer, end_ids: Vec<u32>, max_batch: usize,
+        max_queue: usize,
+    ) -> Engine {
+        let (jobs, inbox) = mpsc::sync_channel(max_queue.max(1));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let waiting = queued.clone();
+        std::thread::Builder::new()
+            .name("decoder".into())
+            .spawn(move || {
+                Decoder { model, tokenizer, end_ids, max_batch: max_batch.max(1), active: Vec::new() }
+                    .run(inbox, waiting)
+            })
+            .expect("starting the decoding thread");
+        Engine { jobs, queued, max_queue: max_queue.max(1) }
+    }
+
+    /// Queues `job`, or refuses it when `max_queue` requests already wait.
+    pub fn submit(&self, job: Job) -> Result<(), Busy> {
+        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(Busy);
+        }
+        self.jobs.try_send(job).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            Busy
+        })
+    }
+}
+
+/// A request being decoded.
+struct Slot {
+    job: Job,
+    caches: KvCaches,
+    /// The prompt and every drawn id (the sampler's repetition context).
+    context: Vec<u32>,
+    drawn: Vec<u32>,
+    /// The text sent so far.
+    sent: usize,
+    /// The logits the next token is drawn from.
+    logits: Vec<f32>,
+}
+
+struct Decoder {
+    model: TransformerLm,
+    tokenizer: tokenizers::Tokenizer,
+    end_ids: Vec<u32>,
+    max_batch: usize,
+    active: Vec<Slot>,
+}
+
+impl Decoder {
+    fn run(mut self, inbox: mpsc::Receiver<Job>, queued: Arc<AtomicUsize>) {
+        loop {
+            // Idle: wait for work. Busy: take what has arrived, without waiting.
+            if self.active.is_empty() {
+                match inbox.recv() {
+                    Ok(job) => {
+                        queued.fetch_sub(1, Ordering::SeqCst);
+                        self.admit(job);
+                    }
+                    Err(_) => return,
+                }
+            }
+            while self.active.len() < self.max_batch {
+                match inbox.try_recv() {
+                    Ok(job) => {
+                        queued.fetch_sub(1, Ordering::SeqCst);
+                        self.admit(job);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.step();
+        }
+    }
+
+    /// Prefills a new request alone (its prompt's positions in its own cache).
+    fn admit(&mut self, job: Job) {
+        let mut caches = self.model.new_kv_caches();
+        match self.model.forward_cached(&job.prompt, &mut caches) {
+            Ok(logits) => {
+                let context = job.prompt.clone();
+                self.active.push(Slot { job, caches, context, drawn: Vec::new(), sent: 0, logits });
+            }
+            Err(e) => {
+                let _ = job.events.send(Event::Failed(e.to_string()));
+            }
+        }
+    }
+
+    /// Draws a token for every active request, retires the finished and the abandoned,
+    /// then runs the rest's new tokens through the model in one step.
+    fn step(&mut self) {
+        let context_len = self.model.config().max_seq_len;
+        let mut keep = Vec::with_capacity(self.active.len());
+        for mut s in std::mem::take(&mut self.active) {
+            if s.job.events.is_closed() {
+                continue;
+            }
+            let id = match s.job.sampler.sample(&s.logits, &s.context) {
+                Ok(id) => id,
+                Err(e) => {
+                    let _ = s.job.events.send(Event::Failed(e.to_string()));
+                    continue;
+                }
+            };
+            let mut finish = None;
+            if self.end_ids.contains(&id) {
+                finish = Some(Finish::Stop);
+            } else {
+                s.drawn.push(id);
+                s.context.push(id);
+                let text = self.tokenizer.decode(&s.drawn, false).unwrap_or_default();
+                // A stop string ends the reply before it; a character still missing bytes
+                // (the replacement character at the end) waits for the next token.
+                let (end, stopped) = match s.job.stops.iter().filter_map(|p| text.find(p.as_str())).min() {
+                    Some(at) => (at, true),
+                    None if text.ends_with('\u{FFFD}') => (s.sent, false),
+                    None => (text.len(), false),
+                };
+                if end > s.sent && text.is_char_boundary(s.sent) && text.is_char_boundary(end) {
+                    let _ = s.job.events.send(Event::Text(text[s.sent..end].to_string()));
+                    s.sent = end;
+                }
+                if stopped {
+                    finish = Some(Finish::Stop);
+                } else if s.drawn.len() >= s.job.max_tokens || s.context.len() >= context_len {
+                    finish = Some(Finish::Length);
+                }
+            }
+            match finish {
+                Some(finish) => {
+                    let _ = s.job.events.send(Event::Done { finish, completion_tokens: s.drawn.len() });
+                }
+                None => keep.push(s),
+            }
+        }
+        self.active = keep;
+        if self.active.is_empty() {
+            return;
+        }
+        let ids: Vec<u32> = self.active.iter().map(|s| *s.context.last().expect("a drawn id")).collect();
+        let mut caches: Vec<&mut KvCaches> = self.active.iter_mut().map(|s| &mut s.caches).collect();
+        match self.model.forward_cached_rows(&ids, &mut caches) {
+            Ok(logits) => {
+                let vocab = self.model.config().vocab_size;
+                for (s, row) in self.active.iter_mut().zip(logits.chunks(vocab)) {
+                    s.logits = row.to_vec();
+                }
+            }
+            Err(e) => {
+                // The step failed as a whole (every row was checked before): each request
+                // hears why, and the thread goes on with the next ones.
+                for s in std::mem::take(&mut self.active) {
+                    let _ = s.job.events.send(Event::Failed(e.to_string()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! The server as a client meets it: the binary started on a free port over the chat
+//! fixture folder (`tests/fixtures/hf_chat/chatml`, a small Qwen2 that transformers wrote
+//! with its tokenizer and ChatML template), spoken to over plain HTTP/1.1.
+//!
+//! Greedy replies equal `TransformerLm::generate` on the same rendered prompt, streamed or
+//! not; concurrent clients get their one-at-a-time replies; malformed requests get OpenAI's
+//! 4xx errors and the server keeps serving; a client that leaves mid-stream frees its
+//! slot; SIGTERM lets the requests in flight finish.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rusting_brain::{ChatMessage, ChatTemplate, GenerationConfig, Sampler, TransformerLm};
+use serde_json::{json, Value};
+
+fn folder() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/hf_chat/chatml"))
+}
+
+/// The server process; killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rusting-brain-server"))
+        .arg("--model")
+        .arg(folder())
+        .args(["--port", "0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting the server");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("listening on http://127.0.0.1:")
+        .unwrap_or_else(|| panic!("the server said `{line}`"))
+        .parse()
+        .unwrap();
+    Server { child, port }
+}
+
+/// One request; the status and the body.
+fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    // Chunked bodies (the event streams): the chunks joined.
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let (mut out, mut rest) = (String::new(), body);
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            rest = &tail[n + 2..];
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn post(port: u16, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) =
+        request(port, "POST", path, &[("content-type", "application/json")], body.to_string().as_bytes());
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("`{text}` is not JSON: {e}")))
+}
+
+/// A streamed reply: the text joined from the chunks, the finish reason, the usage chunk.
+fn stream(port: u16, path: &str, body: &Value) -> (String, String, Option<Value>) {
+    let (status, text) = request(port, "POST", path, &[], body.to_string().as_bytes());
+    assert_eq!(status, 200, "{text}");
+    let (mut out, mut finish, mut usage, mut done) = (String::new(), String::new(), None, false);
+    for line in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        assert!(!done, "data after [DONE]");
+        if line == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: Value = serde_json::from_str(line).unwrap();
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+        }
+        let Some(c) = v["choices"].get(0) else { continue };
+        out.push_str(c["delta"]["content"].as_str().or(c["text"].as_str()).unwrap_or(""));
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    assert!(done, "no [DONE] in {text}");
+    (out, finish, usage)
+}
+
+/// The reply `TransformerLm::generate` gives the rendered chat, stopping at the end id.
+fn expected_chat(messages: &[ChatMessage], max: usize) -> (String, usize, usize) {
+    let d = folder();
+    let mut model = TransformerLm::from_pretrained(&d).unwrap();
+    let tok = tokenizers::Tokenizer::from_file(d.join("tokenizer.json")).unwrap();
+    let gen = GenerationConfig::from_pretrained(&d).unwrap();
+    let text = ChatTemplate::from_pretrained(&d).unwrap().render(messages, true).unwrap();
+    let prompt = tok.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+    let mut reply = Vec::new();
+    model
+        .generate_with(&prompt, max, &mut Sampler::greedy(), |id| {
+            if gen.is_end(id) {
+                return false;
+            }
+            reply.push(id);
+            true
+        })
+        .unwrap();
+    (tok.decode(&reply, false).unwrap(), prompt.len(), reply.len())
+}
+
+#[test]
+fn greedy_chat_equals_generate_streamed_or_not() {
+    let server = start(&[]);
+    let (status, models) = {
+        let (s, t) = request(server.port, "GET", "/v1/models", &[], b"");
+        (s, serde_json::from_str::<Value>(&t).unwrap())
+    };
+    assert_eq!(status, 200);
+    assert_eq!(models["data"][0]["id"], "chatml");
+    assert_eq!(request(server.port, "GET", "/health", &[], b"").0, 200);
+    for question in ["hi", "what is 2 + 2?", "name a colour"] {
+        let (want, prompt_tokens, completion_tokens) = expected_chat(&[ChatMessage::user(question)], 6);
+        let body = json!({"model": "chatml", "messages": [{"role": "user", "content": question}],
+                          "max_tokens": 6, "temperature": 0});
+        let (status, r) = post(server.port, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["object"], "chat.completion");
+        assert_eq!(r["choices"][0]["message"]["content"], want.as_str(), "{question}");
+        assert_eq!(r["usage"]["prompt_tokens"], prompt_tokens);
+        assert_eq!(r["usage"]["completion_tokens"], completion_tokens);
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        let (text, finish, usage) = stream(server.port, "/v1/chat/completions", &streamed);
+        assert_eq!(text, want, "{question}: streamed");
+        assert_eq!(finish, r["choices"][0]["finish_reason"].as_str().unwrap());
+        assert_eq!(usage.unwrap(), r["usage"]);
+    }
+}
+
+#[test]
+fn concurrent_clients_get_their_one_at_a_time_replies() {
+    let server = start(&["--max-batch", "6"]);
+    let bodies: Vec<Value> = (0..16)
+        .map(|i| {
+            let mut b = json!({"model": "chatml", "prompt": format!("item {i}:"), "max_tokens": 10 + i % 5});
+            if i % 2 == 1 {
+                // Sampled with a seed: the same draw whatever shares the steps.
+                b["temperature"] = json!(0.9);
+                b["seed"] = json!(i);
+            }
+            b
+        })
+        .collect();
+    let alone: Vec<Value> = bodies.iter().map(|b| post(server.port, "/v1/completions", b).1).collect();
+    let port = server.port;
+    let together: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            bodies.iter().map(|b| s.spawn(move || post(port, "/v1/completions", b).1)).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a["choices"][0]["text"], t["choices"][0]["text"], "request {i}");
+        assert_eq!(a["usage"], t["usage"], "request {i}");
+    }
+}
+
+#[test]
+fn malformed_requests_get_openai_errors_and_the_server_keeps_serving() {
+    let server = start(&["--max-body", "4096"]);
+    let p = server.port;
+    let chat = "/v1/chat/completions";
+    let m = |extra: Value| {
+        let mut b = json!({"model": "chatml", "messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b.to_string()
+    };
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("not JSON", "{".into(), 400, "not valid JSON"),
+        ("an array", "[]".into(), 400, "JSON object"),
+        ("no model", json!({"messages": []}).to_string(), 400, "`model` is required"),
+        ("model a number", json!({"model": 3, "messages": []}).to_string(), 400, "`model` must be a string"),
+        ("unknown model", json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}).to_string(), 404, "does not exist"),
+        ("no messages", json!({"model": "chatml"}).to_string(), 400, "`messages` is required"),
+        ("messages a string", json!({"model": "chatml", "messages": "hi"}).to_string(), 400, "must be an array"),
+        ("no message", json!({"model": "chatml", "messages": []}).to_string(), 400, "at least one message"),
+        ("bad role", json!({"model": "chatml", "messages": [{"role": "robot", "content": "x"}]}).to_string(), 400, "unknown role"),
+        ("content a number", json!({"model": "chatml", "messages": [{"role": "user", "content": 5}]}).to_string(), 400, "content"),
+        ("image part", json!({"model": "chatml", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string(), 400, "image_url"),
+        ("max_tokens 0", m(json!({"max_tokens": 0})), 400, "at least 1"),
+        ("max_tokens huge", m(json!({"max_tokens": 1_000_000_000u64})), 400, "over this model's context"),
+        ("max_tokens negative", m(json!({"max_tokens": -4})), 400, "whole number"),
+        ("max_tokens a string", m(json!({"max_tokens": "5"})), 400, "integer"),
+        ("n 2", m(json!({"n": 2})), 400, "`n` must be 1"),
+        ("temperature 3", m(json!({"temperature": 3})), 400, "between 0 and 2"),
+        ("temperature a string", m(json!({"temperature": "hot"})), 400, "must be a number"),
+        ("top_p 2", m(json!({"top_p": 2})), 400, "between 0 and 1"),
+        ("stop a number", m(json!({"stop": 5})), 400, "`stop`"),
+        ("five stops", m(json!({"stop": ["a", "b", "c", "d", "e"]})), 400, "at most 4"),
+        ("stream a string", m(json!({"stream": "yes"})), 400, "true or false"),
+        ("stream_options without stream", m(json!({"stream_options": {"include_usage": true}})), 400, "only allowed"),
+        ("frequency_penalty", m(json!({"frequency_penalty": 1})), 400, "repetition_penalty"),
+        ("seed a string", m(json!({"seed": "x"})), 400, "integer"),
+        ("too long a prompt", m(json!({"messages": [{"role": "user", "content": "word ".repeat(200)}]})), 400, "context"),
+        ("too large a body", json!({"model": "chatml", "messages": [{"role": "user", "content": "x".repeat(8000)}]}).to_string(), 413, ""),
+    ];
+    assert!(cases.len() >= 20);
+    for (what, body, status, says) in &cases {
+        let (got, text) = request(p, "POST", chat, &[], body.as_bytes());
+        assert_eq!(got, *status, "{what}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{what}: `{text}` is not JSON"));
+        let message =
+            v["error"]["message"].as_str().unwrap_or_else(|| panic!("{what}: no error message in {v}"));
+        assert!(message.contains(says), "{what}: `{message}` does not say `{says}`");
+    }
+    let (status, text) = request(p, "GET", "/v1/nothing", &[], b"");
+    assert_eq!(status, 404, "{text}");
+    let (status, r) = post(
+        p,
+        chat,
+        &json!({"model": "chatml", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["usage"]["completion_tokens"], 3);
+}
+
+#[test]
+fn the_api_key_is_required_when_set() {
+    let server = start(&["--api-key", "sesame"]);
+    let body = json!({"model": "chatml", "prompt": "a", "max_tokens": 2}).to_string();
+    let (status, text) = request(server.port, "POST", "/v1/completions", &[], body.as_bytes());
+    assert_eq!(status, 401, "{text}");
+    assert!(text.contains("missing API key"), "{text}");
+    let wrong = [("authorization", "Bearer nope")];
+    assert_eq!(request(server.port, "POST", "/v1/completions", &wrong, body.as_bytes()).0, 401);
+    assert_eq!(request(server.port, "GET", "/v1/models", &wrong, b"").0, 401);
+    let right = [("authorization", "Bearer sesame")];
+    assert_eq!(request(server.port, "POST", "/v1/completions", &right, body.as_bytes()).0, 200);
+}
+
+#[test]
+fn a_client_that_leaves_mid_stream_frees_its_slot() {
+    // One slot, one place in the queue: the next request runs only once the first is gone.
+    let server = start(&["--max-batch", "1", "--max-queue", "1", "--context", "4096"]);
+    let body = json!({"model": "chatml", "prompt": "a", "max_tokens": 4000, "stream": true}).to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    // Decoding (a token's event is here), so out of the queue, when the client leaves.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("\"text\":\"") || seen.len() < 600 {
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+    drop(s);
+    let started = std::time::Instant::now();
+    let (status, r) =
+        post(server.port, "/v1/completions", &json!({"model": "chatml", "prompt": "b", "max_tokens": 3}));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["usage"]["completion_tokens"], 3);
+    // Had the slot stayed busy, this request would have waited for 4,000 tokens.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the slot was freed only after {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn sigterm_lets_the_requests_in_flight_finish() {
+    let mut server = start(&["--context", "4096"]);
+    let port = server.port;
+    let body = json!({"model": "chatml", "prompt": "a", "max_tokens": 2000, "stream": true,
+                      "stream_options": {"include_usage": true}})
+    .to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // The reply has begun (its first event is here) when the signal comes.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("data: ") {
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its first event");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    s.read_to_end(&mut seen).unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("data: [DONE]"), "the stream was cut: {}", &text[text.len().saturating_sub(300)..]);
+    assert!(text.contains("\"completion_tokens\":2000"), "not the whole reply");
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "the server exited with {exit}");
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "still taking connections");
+}
