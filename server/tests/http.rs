@@ -338,3 +338,57 @@ fn sigterm_lets_the_requests_in_flight_finish() {
     assert!(exit.success(), "the server exited with {exit}");
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "still taking connections");
 }
+
+/// OpenAI's Python client (`openai` from PyPI, on `RB_OPENAI_PYTHONPATH`; CI installs it and
+/// sets `RB_REQUIRE_OPENAI=1`, elsewhere a missing package skips with the reason) reads the
+/// server's replies, streamed and whole, and raises its own exceptions for the refusals.
+#[test]
+fn the_openai_python_client_reads_the_server() {
+    let path = std::env::var("RB_OPENAI_PYTHONPATH").unwrap_or_default();
+    let python = |args: &[&str]| Command::new("python3").args(args).env("PYTHONPATH", &path).output();
+    if !python(&["-c", "import openai"]).is_ok_and(|o| o.status.success()) {
+        assert!(
+            std::env::var("RB_REQUIRE_OPENAI").as_deref() != Ok("1"),
+            "RB_REQUIRE_OPENAI=1 but python3 cannot import openai (RB_OPENAI_PYTHONPATH={path})"
+        );
+        eprintln!("SKIPPED: python3 cannot import openai (pip install openai; set RB_OPENAI_PYTHONPATH)");
+        return;
+    }
+    let server = start(&[]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let run = python(&[script, &server.port.to_string()]).unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let got: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let (want, prompt_tokens, completion_tokens) = expected_chat(&[ChatMessage::user("hi")], 6);
+    assert_eq!(got["models"], json!(["chatml"]));
+    assert_eq!(got["chat"], want.as_str());
+    assert_eq!(got["streamed"], want.as_str());
+    assert_eq!(got["chat_finish"], got["streamed_finish"]);
+    assert_eq!(got["chat_usage"]["prompt_tokens"], prompt_tokens);
+    assert_eq!(got["chat_usage"]["completion_tokens"], completion_tokens);
+    assert_eq!(got["streamed_usage"], got["chat_usage"]);
+    let (_, direct) = post(
+        server.port,
+        "/v1/completions",
+        &json!({"model": "chatml", "prompt": "item 3:", "max_tokens": 5}),
+    );
+    assert_eq!(got["completion"], direct["choices"][0]["text"]);
+    let statuses: Vec<(String, u64)> = got["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["raised"].as_str().unwrap_or("nothing").to_string(), e["status"].as_u64().unwrap_or(0)))
+        .collect();
+    let want_errors = [("BadRequestError", 400), ("NotFoundError", 404), ("BadRequestError", 400)];
+    assert_eq!(statuses, want_errors.map(|(c, s)| (c.to_string(), s)).to_vec(), "{}", got["errors"]);
+    // And curl, as the README shows it.
+    let body = r#"{"model": "chatml", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}"#;
+    let url = format!("http://127.0.0.1:{}/v1/chat/completions", server.port);
+    match Command::new("curl").args(["-s", "-d", body, &url]).output() {
+        Ok(o) => {
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v["choices"][0]["message"]["content"], want.as_str());
+        }
+        Err(e) => eprintln!("SKIPPED the curl request: {e}"),
+    }
+}
