@@ -172,6 +172,29 @@ fn greedy_chat_equals_generate_streamed_or_not() {
     }
 }
 
+/// transformers' own greedy reply on the folder it wrote (`tests/fixtures/hf_chat/expected.json`,
+/// `gen_hf_chat.py`): the same ids, whole and streamed.
+#[test]
+fn greedy_chat_is_transformers_reply() {
+    let server = start(&[]);
+    let e: Value =
+        serde_json::from_slice(&std::fs::read(folder().join("../expected.json")).unwrap()).unwrap();
+    let ids: Vec<u32> =
+        e["greedy"]["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let tok = tokenizers::Tokenizer::from_file(folder().join("tokenizer.json")).unwrap();
+    let want = tok.decode(&ids, false).unwrap();
+    let body = json!({"model": "chatml", "temperature": 0, "max_tokens": ids.len(),
+                      "messages": [{"role": "system", "content": "  be brief  "}, {"role": "user", "content": "a chat"}]});
+    let (status, r) = post(server.port, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"][0]["message"]["content"], want.as_str());
+    assert_eq!(r["usage"]["prompt_tokens"], e["greedy"]["prompt"].as_array().unwrap().len());
+    assert_eq!(r["usage"]["completion_tokens"], ids.len());
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    assert_eq!(stream(server.port, "/v1/chat/completions", &streamed).0, want);
+}
+
 #[test]
 fn concurrent_clients_get_their_one_at_a_time_replies() {
     let server = start(&["--max-batch", "6"]);
