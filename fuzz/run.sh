@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:?runs N or seconds N}"; amount="${2:?how many}"; shift 2
-all=(rbw opt rbl peft hf gguf tokenizer_config network_json npy idx csv token_file)
+all=(rbw opt rbl peft hf gguf tokenizer_config network_json npy idx csv token_file openai_request)
 features=()
 if [ "${RB_FUZZ_ONNX:-0}" = 1 ]; then all+=(onnx); features=(--features onnx); fi
 targets=("${@:-${all[@]}}")

@@ -127,6 +127,18 @@ fn write_seeds(out: &Path) -> rusting_brain::Result<()> {
     TokenFile::write(tmp.join("c.tok"), &(0..40).collect::<Vec<u32>>())?;
     seed("token_file", "c.tok", &read(tmp.join("c.tok")));
 
+    // The server's request bodies (chat and text completions).
+    seed(
+        "openai_request",
+        "chat.json",
+        br#"{"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "seed": 3, "stop": ["\n", "END"], "stream": true, "stream_options": {"include_usage": true}}"#,
+    );
+    seed(
+        "openai_request",
+        "completion.json",
+        br#"{"model": "m", "prompt": "Once", "max_completion_tokens": 4, "n": 1}"#,
+    );
+
     // ONNX: the committed exports and one of our own.
     for f in fs::read_dir(fixtures().join("onnx")).expect("the onnx fixtures").flatten() {
         let f = f.path();

@@ -5,7 +5,9 @@
 //! tokens do not depend on what else shares its steps.
 
 pub mod api;
+#[cfg(feature = "http")]
 pub mod engine;
+#[cfg(feature = "http")]
 pub mod http;
 
 /// Why the server could not start.
