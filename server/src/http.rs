@@ -295,11 +295,8 @@ fn events(
     stream::unfold((rx, head, Phase::Start), move |(mut rx, head, phase)| async move {
         match phase {
             Phase::Start => {
-                let first = if head.kind == Kind::Chat {
-                    head.chunk(Some(""), true, None)
-                } else {
-                    head.chunk(Some(""), false, None)
-                };
+                // The role goes in chat's first chunk only.
+                let first = head.chunk(Some(""), head.kind == Kind::Chat, None);
                 Some((Ok(data(first)), (rx, head, Phase::Body)))
             }
             Phase::Body => loop {
