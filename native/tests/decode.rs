@@ -2,9 +2,9 @@
 //! and the cache's errors.
 
 use rusting_brain::core::Rng;
-use rusting_brain::{Optimizer, Sampler, TokenBatch, TransformerLm};
+use rusting_brain::{LoraConfig, Optimizer, Sampler, TokenBatch, TransformerLm};
 
-use rusting_brain_test_support::nan_max;
+use rusting_brain_test_support::{nan_max, TempDir};
 
 fn model(max_seq: usize, seed: u64) -> TransformerLm {
     let mut m = TransformerLm::builder()
@@ -190,4 +190,110 @@ fn a_step_over_several_sequences_refuses_bad_input_and_changes_nothing() {
     let mut other = model(16, 11);
     let e = other.forward_cached_rows(&[1], &mut [&mut a]).unwrap_err().to_string();
     assert!(e.contains("another shape"), "{e}");
+}
+
+/// Two adapters of their own ranks and targets, trained a few steps, loaded by name
+/// beside an f32 and an int8 base; four sequences picking one, the other or the base
+/// stepped together by `forward_cached_rows_with` against each stepped alone. int8 gives
+/// every row the bits of its sequence alone whatever the others pick; f32 agrees to the
+/// base products' summation order (one GEMM over the rows against one row's; an adapter's
+/// products run on its row alone either way). A picked adapter is the model with that
+/// adapter attached, bit for bit, and moves the logits well away from the base's.
+#[test]
+fn sequences_picking_different_adapters_share_a_step() {
+    let dir = TempDir::new("named_lora");
+    let adapters = [
+        ("wide", LoraConfig::new(4).alpha(8.0)),
+        ("narrow", LoraConfig::new(2).alpha(4.0).targets(&["q_proj", "v_proj", "down_proj"])),
+    ];
+    let mut rng = Rng::new(13);
+    for (name, config) in &adapters {
+        let mut t = model(40, 12);
+        t.add_lora(config.clone()).unwrap();
+        for _ in 0..5 {
+            let seqs: Vec<Vec<u32>> =
+                (0..2).map(|_| (0..17).map(|_| rng.below(48) as u32).collect()).collect();
+            t.train_step(&seqs).unwrap();
+        }
+        t.save_lora(dir.join(format!("{name}.rbl"))).unwrap();
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for q8 in [false, true] {
+        let build = || {
+            let mut m = model(40, 12);
+            if q8 {
+                m.quantize().unwrap();
+            }
+            m
+        };
+        let mut m = build();
+        for (name, _) in &adapters {
+            m.load_named_lora(name, dir.join(format!("{name}.rbl"))).unwrap();
+        }
+        assert_eq!(m.named_loras(), ["wide", "narrow"]);
+        let prompt = [5u32, 9, 2, 7];
+        let base_logits = m.forward_cached_with(&prompt, &mut m.new_kv_caches(), None).unwrap();
+        for (name, _) in &adapters {
+            let picked = m.forward_cached_with(&prompt, &mut m.new_kv_caches(), Some(name)).unwrap();
+            let mut attached = build();
+            attached.load_lora(dir.join(format!("{name}.rbl"))).unwrap();
+            let want = attached.forward_cached(&prompt, &mut attached.new_kv_caches()).unwrap();
+            assert_eq!(bits(&picked), bits(&want), "q8 {q8}: `{name}` picked is not `{name}` attached");
+            let moved = picked.iter().zip(&base_logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, nan_max);
+            assert!(moved > 1e-2, "q8 {q8}: `{name}` moves the logits by {moved} only");
+        }
+        let picks = [Some("wide"), None, Some("narrow"), Some("wide")];
+        let seqs: Vec<Vec<u32>> =
+            [3, 5, 8, 2].iter().map(|&n| (0..n).map(|_| rng.below(48) as u32).collect()).collect();
+        let (mut together, mut alone): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
+        for (s, pick) in seqs.iter().zip(picks) {
+            let (mut a, mut b) = (m.new_kv_caches(), m.new_kv_caches());
+            m.forward_cached_with(s, &mut a, pick).unwrap();
+            m.forward_cached_with(s, &mut b, pick).unwrap();
+            together.push(a);
+            alone.push(b);
+        }
+        for step in 0..3 {
+            let ids: Vec<u32> = (0..4).map(|i| ((step * 11 + i * 7) % 48) as u32).collect();
+            let mut rows: Vec<&mut _> = together.iter_mut().collect();
+            let logits = m.forward_cached_rows_with(&ids, &mut rows, &picks).unwrap();
+            for (i, row) in logits.chunks(48).enumerate() {
+                let want = m
+                    .forward_cached_rows_with(&ids[i..i + 1], &mut [&mut alone[i]], &picks[i..i + 1])
+                    .unwrap();
+                let what = format!("q8 {q8}, step {step}, sequence {i} ({:?})", picks[i]);
+                if q8 {
+                    assert_eq!(bits(row), bits(&want), "{what}: not the bits of the sequence alone");
+                } else {
+                    same(&what, row, &want);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn named_adapters_refuse_bad_names_and_files_and_change_nothing() {
+    let dir = TempDir::new("named_lora_bad");
+    let mut t = model(16, 14);
+    t.add_lora(LoraConfig::new(2)).unwrap();
+    let path = dir.join("a.rbl");
+    t.save_lora(&path).unwrap();
+    let mut m = model(16, 14);
+    m.load_named_lora("a", &path).unwrap();
+    let e = m.load_named_lora("a", &path).unwrap_err().to_string();
+    assert!(e.contains("already loaded"), "{e}");
+    let e = m.load_named_lora("", &path).unwrap_err().to_string();
+    assert!(e.contains("empty"), "{e}");
+    let e = m.load_named_lora("b", dir.join("missing.rbl")).unwrap_err().to_string();
+    assert!(e.contains("missing.rbl"), "{e}");
+    let mut c = m.new_kv_caches();
+    let e = m.forward_cached_with(&[1], &mut c, Some("zz")).unwrap_err().to_string();
+    assert!(e.contains("no adapters are loaded under `zz`; loaded: [a]"), "{e}");
+    let e = m.forward_cached_rows_with(&[1, 2], &mut [&mut c], &[None]).unwrap_err().to_string();
+    assert!(e.contains("2 ids for 1 KV caches"), "{e}");
+    assert_eq!((c.len(), m.named_loras()), (0, vec!["a".to_string()]));
+    // Attached and named adapters do not mix.
+    let e = t.load_named_lora("b", &path).unwrap_err().to_string();
+    assert!(e.contains("adapters attached"), "{e}");
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use rusting_brain_core::models::transformer::{
-    adapted_shapes, adapter_buffers_mut, peft_names, LoraConfig, TransformerModel, LORA_TARGETS,
+    adapted_shapes, adapter_buffers_mut, peft_names, LoraConfig, LoraPair, TransformerModel, LORA_TARGETS,
 };
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
@@ -167,6 +167,56 @@ fn parse_config(v: &Value, path: &Path) -> Result<LoraConfig> {
 /// when none are attached, else requires the same rank, alpha, scaling and targets. Every
 /// tensor is read and checked first, so a refused file changes nothing.
 pub(crate) fn load(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Result<()> {
+    let (config, values) = read(model, path, model.lora.as_ref().map(|l| &l.config))?;
+    // Everything checked: attach if needed, then write.
+    if model.lora.is_none() {
+        model.add_lora(config, 0)?;
+    }
+    let b = model.backend;
+    let state = model.lora.as_mut().expect("attached above");
+    for (name, pair) in state.weights.as_mut().into_named() {
+        if let Some(p) = pair {
+            let (na, nb) = peft_names(&name);
+            b.write(&mut p.a, &values[&na])?;
+            b.write(&mut p.b, &values[&nb])?;
+        }
+    }
+    // Fresh gradients and optimizer moments for the loaded values.
+    for tree in [&mut state.grads, &mut state.m, &mut state.v] {
+        for t in adapter_buffers_mut(tree) {
+            b.fill(t, 0.0)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads `.rbl` or a PEFT directory beside `model` under `name` (its own settings), for
+/// the cached passes to pick per sequence. A refused file or name changes nothing.
+pub(crate) fn load_named(model: &mut TransformerModel<CpuBackend>, name: &str, path: &Path) -> Result<()> {
+    if model.lora.is_some() {
+        return Err(bad(path, "the model has adapters attached; named adapters load on a base with none"));
+    }
+    if name.is_empty() || model.named_lora.iter().any(|n| n.name == name) {
+        return Err(bad(path, format!("adapter name `{name}` is empty or already loaded")));
+    }
+    let (config, values) = read(model, path, None)?;
+    let b = model.backend;
+    let weights = adapted_shapes(&config, &model.config.layout()).as_ref().try_map(|tensor, s| match s {
+        Some(_) => {
+            let (na, nb) = peft_names(tensor);
+            Ok::<_, NetworkError>(Some(LoraPair { a: b.upload(&values[&na])?, b: b.upload(&values[&nb])? }))
+        }
+        None => Ok(None),
+    })?;
+    model.add_named_lora(name, config, weights)?;
+    Ok(())
+}
+
+/// The settings and checked values (by PEFT name) of `.rbl` or a PEFT directory for
+/// `model`; `want`, when given, are the settings the file must have.
+fn read(
+    model: &TransformerModel<CpuBackend>, path: &Path, want: Option<&LoraConfig>,
+) -> Result<(LoraConfig, HashMap<String, Vec<f32>>)> {
     let (bytes, config, file) = if path.is_dir() {
         let cpath = path.join(PEFT_CONFIG);
         let text = std::fs::read_to_string(&cpath).map_err(|e| NetworkError::io(&cpath, e))?;
@@ -189,8 +239,7 @@ pub(crate) fn load(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Res
         let config = parse_config(&v, path)?;
         (bytes, config, path.to_path_buf())
     };
-    if let Some(st) = &model.lora {
-        let have = &st.config;
+    if let Some(have) = want {
         let mismatch = |what: &str, file: String, model: String| {
             bad(&file_of(path), format!("the file's adapters have {what} {file}, the model's {model}"))
         };
@@ -229,7 +278,7 @@ pub(crate) fn load(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Res
             format!("{extra} adapts nothing in this model with targets {}", config.targets.join(",")),
         ));
     }
-    let mut values: HashMap<&str, Vec<f32>> = HashMap::new();
+    let mut values: HashMap<String, Vec<f32>> = HashMap::new();
     for (name, shape) in &expected {
         let view = st.tensor(name).map_err(|_| bad(&file, format!("{name} is missing")))?;
         if view.shape() != shape.as_slice() {
@@ -246,28 +295,9 @@ pub(crate) fn load(model: &mut TransformerModel<CpuBackend>, path: &Path) -> Res
         if let Some(i) = out.iter().position(|v| !v.is_finite()) {
             return Err(bad(&file, format!("{name}: value {i} is {}", out[i])));
         }
-        values.insert(name.as_str(), out);
+        values.insert(name.clone(), out);
     }
-    // Everything checked: attach if needed, then write.
-    if model.lora.is_none() {
-        model.add_lora(config, 0)?;
-    }
-    let b = model.backend;
-    let state = model.lora.as_mut().expect("attached above");
-    for (name, pair) in state.weights.as_mut().into_named() {
-        if let Some(p) = pair {
-            let (na, nb) = peft_names(&name);
-            b.write(&mut p.a, &values[na.as_str()])?;
-            b.write(&mut p.b, &values[nb.as_str()])?;
-        }
-    }
-    // Fresh gradients and optimizer moments for the loaded values.
-    for tree in [&mut state.grads, &mut state.m, &mut state.v] {
-        for t in adapter_buffers_mut(tree) {
-            b.fill(t, 0.0)?;
-        }
-    }
-    Ok(())
+    Ok((config, values))
 }
 
 /// The file a PEFT directory's settings come from, or the `.rbl` itself.

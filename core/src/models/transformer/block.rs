@@ -106,10 +106,11 @@ pub(super) fn block_forward<B: Backend>(
     }
     // h = rmsnorm(x); q, k, v = h W^T (+ bias)   h: (n, d), Wq: (q, d)
     b.rmsnorm_forward(h, rstd1, x, &p.attn_norm, n, d, c.norm_eps)?;
-    let (lw, mut lt, ctx) = match lora {
-        Some(l) => (Some(l.w), Some(l.t), Some(l.ctx)),
-        None => (None, None, None),
+    let (groups, mut lt, stride) = match lora {
+        Some(l) => (l.groups, Some(l.t), l.stride),
+        None => (Vec::new(), None, 0),
     };
+    let adapted = lt.is_some();
     let mut project = |qp: &mut B::Buffer, kp: &mut B::Buffer| -> Result<()> {
         match (&w.wq, &w.wk, &w.wv) {
             // All three int8 (an int8 model): one call, which a backend may run as one job.
@@ -130,10 +131,10 @@ pub(super) fn block_forward<B: Backend>(
                 w.wv.apply(b, vb, h, mm(n, kv, d))?;
             }
         }
-        if let (Some(lw), Some(lt), Some(ctx)) = (lw, lt.as_deref_mut(), ctx) {
-            adapt(b, &lw.wq, &mut lt.wq, qp, h, ctx.spec(n, d, q))?;
-            adapt(b, &lw.wk, &mut lt.wk, kp, h, ctx.spec(n, d, kv))?;
-            adapt(b, &lw.wv, &mut lt.wv, vb, h, ctx.spec(n, d, kv))?;
+        if let Some(lt) = lt.as_deref_mut() {
+            adapt(b, &groups, |w| &w.wq, &mut lt.wq, stride, qp, h, d, q)?;
+            adapt(b, &groups, |w| &w.wk, &mut lt.wk, stride, kp, h, d, kv)?;
+            adapt(b, &groups, |w| &w.wv, &mut lt.wv, stride, vb, h, d, kv)?;
         }
         for (out, bias, cols) in [(qp, &p.q_bias, q), (kp, &p.k_bias, kv), (&mut *vb, &p.v_bias, kv)] {
             if let Some(bias) = bias {
@@ -147,7 +148,7 @@ pub(super) fn block_forward<B: Backend>(
     // or per-head norms): the projections through Wo's product in one call, which a
     // backend may run as one job.
     let plain =
-        lw.is_none() && [&p.q_bias, &p.k_bias, &p.v_bias, &p.q_norm, &p.k_norm].iter().all(|o| o.is_none());
+        !adapted && [&p.q_bias, &p.k_bias, &p.v_bias, &p.q_norm, &p.k_norm].iter().all(|o| o.is_none());
     match (keys, &w.wq, &w.wk, &w.wv, &w.wo) {
         (Keys::Cache { k, v, pos }, Mat::Q8(pq, sq), Mat::Q8(pk, sk), Mat::Q8(pv, sv), Mat::Q8(po, so))
             if plain =>
@@ -203,8 +204,8 @@ pub(super) fn block_forward<B: Backend>(
             }
             // x += att Wo^T
             w.wo.apply(b, x, att, mm(n, d, q).beta(1.0))?;
-            if let (Some(lw), Some(lt), Some(ctx)) = (lw, lt.as_deref_mut(), ctx) {
-                adapt(b, &lw.wo, &mut lt.wo, x, att, ctx.spec(n, q, d))?;
+            if let Some(lt) = lt.as_deref_mut() {
+                adapt(b, &groups, |w| &w.wo, &mut lt.wo, stride, x, att, q, d)?;
             }
         }
     }
@@ -215,13 +216,23 @@ pub(super) fn block_forward<B: Backend>(
     // The feed-forward's adapters and activations, split between the dense part (or shared
     // expert) and the routed experts.
     let (mut mlp_lora, mut moe_lora) = (None, None);
-    if let (Some(lw), Some(lt), Some(ctx)) = (lw, lt, ctx) {
+    if let Some(lt) = lt {
         let Block { mlp: tm, moe: te, .. } = lt.as_mut();
-        if let (Some(w), Some(t)) = (lw.mlp.as_ref(), tm) {
-            mlp_lora = Some((w, t, ctx));
+        if let Some(t) = tm {
+            mlp_lora = Some((groups.iter().filter_map(|g| g.part(|w| w.mlp.as_ref())).collect(), t, stride));
         }
-        if let (Some(w), Some(t)) = (lw.moe.as_ref(), te) {
-            moe_lora = Some((w, t, ctx));
+        // Routed experts take one set of adapters over every row: a sequence's own picks
+        // are refused on them before the pass (`TransformerModel::check_picks`).
+        match (groups.as_slice(), te) {
+            ([g], Some(t)) if g.first == 0 && g.rows == n => {
+                if let Some(w) = g.w.moe.as_ref() {
+                    moe_lora = Some((w, t, g.ctx));
+                }
+            }
+            (_, Some(_)) if groups.iter().any(|g| g.w.moe.is_some()) => {
+                return Err(invalid("adapters picked per sequence cannot adapt routed experts".into()));
+            }
+            _ => {}
         }
     }
     if let (Some(wm), Some(f), Some(scratch)) = (&w.mlp, c.mlp_width(l), ffn) {

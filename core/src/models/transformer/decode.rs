@@ -52,8 +52,10 @@ pub(super) struct DecodeArena<B: Backend> {
     pub(super) ffn: Triples<B>,
     /// Shared by every sparse block (they route one after another).
     pub(super) moe: Option<MoeActs<B>>,
-    /// Each block's `x A^T` with adapters attached (scratch here, not kept).
+    /// Each block's `x A^T` with adapters attached or picked (scratch here, not kept),
+    /// `lora_stride` values a row.
     pub(super) lora_t: Vec<Block<Option<B::Buffer>>>,
+    pub(super) lora_stride: usize,
     pub(super) last: B::Buffer,
     pub(super) logits: B::Buffer,
     /// For [`TransformerModel::forward_cached_rows`]: one row's attention scratch and every
@@ -99,7 +101,23 @@ impl<B: Backend> TransformerModel<B> {
     /// int8 model's experts are routed there too, see [`MoeOps::routes_on_device`](crate::backend::MoeOps::routes_on_device)).
     /// Refused input changes nothing: every id and the cache's room are checked first.
     pub fn forward_cached_on_device(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<&B::Buffer> {
+        self.cached_on_device(ids, cache, None)
+    }
+    /// [`TransformerModel::forward_cached`] with the named adapters `pick` (an index from
+    /// [`TransformerModel::add_named_lora`]) on this sequence, or as the model stands with
+    /// `None`.
+    pub fn forward_cached_picked(
+        &mut self, ids: &[u32], cache: &mut KvCache<B>, pick: Option<usize>,
+    ) -> Result<Vec<f32>> {
+        self.cached_on_device(ids, cache, pick)?;
+        let a = self.decode.as_ref().expect("the pass made it");
+        self.backend.download(&a.logits)
+    }
+    fn cached_on_device(
+        &mut self, ids: &[u32], cache: &mut KvCache<B>, pick: Option<usize>,
+    ) -> Result<&B::Buffer> {
         self.check_cached(ids, cache)?;
+        self.check_picks(&[pick])?;
         // A long prompt in pieces, so a piece's attention scores over the whole cache
         // (rows x q_heads x max_seq_len) stay within 2^25 values (128 MiB, the storage
         // binding every WebGPU adapter offers) and within the backend's binding. The
@@ -108,7 +126,7 @@ impl<B: Backend> TransformerModel<B> {
         let room = (1usize << 25).min(self.backend.max_binding_len());
         let most = (room / (c.q_heads * c.max_seq_len).max(1)).clamp(1, 256);
         for piece in ids.chunks(most) {
-            self.forward_cached_piece(piece, cache)?;
+            self.cached_pass(piece, Caches::One(cache), &[pick])?;
         }
         Ok(&self.decode.as_ref().expect("the pass made it").logits)
     }
@@ -120,6 +138,19 @@ impl<B: Backend> TransformerModel<B> {
     /// logits [`TransformerModel::forward_cached`] gives it alone, bit for bit, whatever
     /// shares its step. Refused input changes nothing: every id and cache is checked first.
     pub fn forward_cached_rows(&mut self, ids: &[u32], caches: &mut [&mut KvCache<B>]) -> Result<Vec<f32>> {
+        self.forward_cached_rows_picked(ids, caches, &alloc::vec![None; ids.len()])
+    }
+    /// [`TransformerModel::forward_cached_rows`] with each sequence's own adapters:
+    /// `picks[i]` names the adapters of sequence `i` (an index from
+    /// [`TransformerModel::add_named_lora`]), `None` the model as it stands. The base
+    /// products still run once over every row; each sequence's adapter products run on its
+    /// row alone, so a row's logits are what [`TransformerModel::forward_cached_picked`]
+    /// gives that sequence alone whatever the others pick (bit for bit on an int8 base).
+    /// Adapters that adapt routed experts are picked for a whole pass only, and named
+    /// adapters only on a model with none attached.
+    pub fn forward_cached_rows_picked(
+        &mut self, ids: &[u32], caches: &mut [&mut KvCache<B>], picks: &[Option<usize>],
+    ) -> Result<Vec<f32>> {
         if ids.is_empty() {
             return Err(batch_err("forward_cached_rows needs at least one sequence".into()));
         }
@@ -130,16 +161,54 @@ impl<B: Backend> TransformerModel<B> {
                 caches.len()
             )));
         }
+        if picks.len() != ids.len() {
+            return Err(batch_err(format!("{} adapter picks for {} sequences", picks.len(), ids.len())));
+        }
         for (i, cache) in caches.iter().enumerate() {
             self.check_cached(&ids[i..i + 1], cache)?;
         }
-        self.cached_pass(ids, Caches::Many(caches))?;
+        self.check_picks(picks)?;
+        self.cached_pass(ids, Caches::Many(caches), picks)?;
         let a = self.decode.as_ref().expect("the pass made it");
         self.backend.download(&a.step.as_ref().expect("the pass made it").1)
     }
     /// The logits the last cached forward pass left in the backend's buffer, if any.
     pub fn cached_logits(&self) -> Option<&B::Buffer> {
         self.decode.as_ref().map(|a| &a.logits)
+    }
+    /// Adapter picks the cached passes refuse: an index not held, a pick on a model with
+    /// adapters attached, per-sequence picks that adapt routed experts.
+    fn check_picks(&self, picks: &[Option<usize>]) -> Result<()> {
+        let held = self.named_lora.len();
+        for k in picks.iter().flatten() {
+            if *k >= held {
+                return Err(invalid(format!("adapter index {k} is not held ({held} are)")));
+            }
+            if self.lora.is_some() {
+                return Err(invalid(
+                    "named adapters are picked on a base with none attached; merge_lora() or start from the base".into(),
+                ));
+            }
+        }
+        let experts = |k: &usize| {
+            self.named_lora[*k]
+                .config
+                .targets
+                .iter()
+                .any(|t| ["gate_proj", "up_proj", "down_proj"].contains(&t.as_str()))
+        };
+        let sparse = (0..self.config.n_layers).any(|l| self.config.sparse(l).is_some());
+        let first = picks.first().copied().flatten();
+        if sparse
+            && picks.len() > 1
+            && picks.iter().flatten().any(experts)
+            && picks.iter().any(|p| *p != first)
+        {
+            return Err(invalid(
+                "adapters on routed experts serve a whole step: decode the sequences that pick different ones in separate steps".into(),
+            ));
+        }
+        Ok(())
     }
     /// What [`TransformerModel::forward_cached`] refuses.
     pub(super) fn check_cached(&self, ids: &[u32], cache: &KvCache<B>) -> Result<()> {
@@ -181,6 +250,7 @@ impl<B: Backend> TransformerModel<B> {
         let b = &self.backend;
         if self.decode.as_ref().is_none_or(|a| a.rows != r) {
             self.decode = None;
+            let cover = self.lora_cover();
             let mut lens: Vec<usize> =
                 (0..c.n_layers).filter_map(|l| c.mlp_width(l)).map(|f| r * f).collect();
             lens.dedup();
@@ -202,7 +272,8 @@ impl<B: Backend> TransformerModel<B> {
                     Some(m) => Some(MoeActs::new(b, r, d, m)?),
                     None => None,
                 },
-                lora_t: lora_t_for(b, c, self.lora.as_ref().map(|l| &l.config), r)?,
+                lora_t: lora_t_for(b, c, cover.as_ref(), r)?,
+                lora_stride: cover.as_ref().map_or(0, |l| l.rank),
                 last: b.zeros(d)?,
                 logits: b.zeros(c.vocab_size)?,
                 step: None,
@@ -210,15 +281,22 @@ impl<B: Backend> TransformerModel<B> {
         }
         Ok(())
     }
-    /// One piece of a cached forward pass, checked by the caller; the logits of its last
-    /// position are left in the decode arena.
-    pub(super) fn forward_cached_piece(&mut self, ids: &[u32], cache: &mut KvCache<B>) -> Result<()> {
-        self.cached_pass(ids, Caches::One(cache))
+    /// The adapters' `x A^T` scratch covers every adapter the model holds: the largest
+    /// rank, every projection any of them targets.
+    fn lora_cover(&self) -> Option<LoraConfig> {
+        let all: Vec<&LoraConfig> =
+            self.lora.iter().map(|l| &l.config).chain(self.named_lora.iter().map(|n| &n.config)).collect();
+        let rank = all.iter().map(|c| c.rank).max()?;
+        let targets: Vec<&str> = all.iter().flat_map(|c| c.targets.iter().map(String::as_str)).collect();
+        Some(LoraConfig::new(rank).targets(&targets))
     }
     /// A cached forward pass over `ids`: one sequence's new positions, or one new position
-    /// for each of several sequences (row `i` for `caches[i]`). The logits are left in the
-    /// decode arena: the last position's, or every row's.
-    fn cached_pass(&mut self, ids: &[u32], mut caches: Caches<'_, '_, B>) -> Result<()> {
+    /// for each of several sequences (row `i` for `caches[i]`), `picks` naming each
+    /// sequence's adapters (checked by the caller). The logits are left in the decode
+    /// arena: the last position's, or every row's.
+    fn cached_pass(
+        &mut self, ids: &[u32], mut caches: Caches<'_, '_, B>, picks: &[Option<usize>],
+    ) -> Result<()> {
         let r = ids.len();
         self.decode_arena(r)?;
         let c = &self.config;
@@ -255,9 +333,25 @@ impl<B: Backend> TransformerModel<B> {
         }
         self.expert_usage.clear();
         let lora_ctx = LoraCtx::of(self.lora.as_ref(), prec);
+        let named = &self.named_lora;
+        // A sequence's rows: all of the pass's for one sequence, one each for several.
+        let per = if picks.len() == 1 { r } else { 1 };
         for l in 0..c.n_layers {
             let w = block_view(&self.params, quantized, l)?;
-            let lora = block_lora(self.lora.as_ref(), lora_ctx, l, &mut a.lora_t);
+            let lora = if picks.iter().all(Option::is_none) {
+                block_lora(self.lora.as_ref(), lora_ctx, l, &mut a.lora_t, r)
+            } else {
+                let groups = picks
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, k)| {
+                        let n = &named[(*k)?];
+                        let ctx = LoraCtx { rank: n.config.rank, scale: n.config.scale(), prec };
+                        Some(Rows { w: &n.weights.layers[l], ctx, first: i * per, rows: per })
+                    })
+                    .collect();
+                Some(BlockLora { groups, t: &mut a.lora_t[l], stride: a.lora_stride })
+            };
             let ffn = match c.mlp_width(l) {
                 Some(f) => {
                     let [gate, up, s] = a.ffn.get(r * f)?;

@@ -88,8 +88,48 @@ impl LoraCtx {
     }
 }
 
-/// `y += scale (x A^T) B^T` where the projection has an adapter (`t` keeps `x A^T`).
-pub(super) fn adapt<B: Backend>(
+/// Rows `first..first + rows` of a pass and the adapters they take (`w`: a block's, or a
+/// part of one) with their settings: one group of every row for a model's attached
+/// adapters, a group per sequence when each picks its own.
+pub(super) struct Rows<'a, W> {
+    pub(super) w: &'a W,
+    pub(super) ctx: LoraCtx,
+    pub(super) first: usize,
+    pub(super) rows: usize,
+}
+
+impl<W> Clone for Rows<'_, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<W> Copy for Rows<'_, W> {}
+
+impl<'a, W> Rows<'a, W> {
+    /// The same rows with a part of the adapters (`w.mlp`), if the part is there.
+    pub(super) fn part<P>(&self, f: impl Fn(&'a W) -> Option<&'a P>) -> Option<Rows<'a, P>> {
+        f(self.w).map(|w| Rows { w, ctx: self.ctx, first: self.first, rows: self.rows })
+    }
+}
+
+/// `y += scale (x A^T) B^T` on each group's rows where its adapters adapt the projection
+/// `pick` names; `t` keeps `x A^T`, `stride` values a row. Each group is its own product,
+/// so a row's sums do not depend on the other groups.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn adapt<B: Backend, W>(
+    b: &B, groups: &[Rows<'_, W>], pick: impl Fn(&W) -> &Option<LoraPair<B::Buffer>>,
+    t: &mut Option<B::Buffer>, stride: usize, y: &mut B::Buffer, x: &B::Buffer, d_in: usize, d_out: usize,
+) -> Result<()> {
+    for g in groups {
+        let s = g.ctx.spec(g.rows, d_in, d_out).offsets(g.first * d_in, g.first * d_out, g.first * stride);
+        adapt_with(b, pick(g.w), t, y, x, s)?;
+    }
+    Ok(())
+}
+
+/// `y += scale (x A^T) B^T` over the spec's rows where the projection has an adapter (`t`
+/// keeps `x A^T`).
+pub(super) fn adapt_with<B: Backend>(
     b: &B, pair: &Option<LoraPair<B::Buffer>>, t: &mut Option<B::Buffer>, y: &mut B::Buffer, x: &B::Buffer,
     s: LoraSpec,
 ) -> Result<()> {
@@ -111,20 +151,29 @@ pub(super) fn adapt_backward<B: Backend>(
     }
 }
 
-/// One block's adapters in a pass: the adapters, their kept `x A^T`, and the shared settings.
+/// A block's adapters, `Some` where a projection is adapted.
+pub(super) type BlockAdapters<B> = Block<Option<LoraPair<<B as Memory>::Buffer>>>;
+
+/// One block's adapters in a pass: which rows take which adapters, and their kept `x A^T`
+/// (`stride` values a row: the largest rank).
 pub(super) struct BlockLora<'a, B: Backend> {
-    pub(super) w: &'a Block<Option<LoraPair<B::Buffer>>>,
+    pub(super) groups: Vec<Rows<'a, BlockAdapters<B>>>,
     pub(super) t: &'a mut Block<Option<B::Buffer>>,
-    pub(super) ctx: LoraCtx,
+    pub(super) stride: usize,
 }
 
-/// Block `l`'s adapters in a pass, keeping their `x A^T` in `t[l]`; `None` without adapters
-/// (then `t` is empty).
+/// Block `l`'s attached adapters over every one of `n` rows in a pass, keeping their
+/// `x A^T` in `t[l]`; `None` without adapters (then `t` is empty).
 pub(super) fn block_lora<'a, B: Backend>(
     lora: Option<&'a LoraState<B>>, ctx: Option<LoraCtx>, l: usize, t: &'a mut [Block<Option<B::Buffer>>],
+    n: usize,
 ) -> Option<BlockLora<'a, B>> {
     match (lora, ctx) {
-        (Some(st), Some(ctx)) => Some(BlockLora { w: &st.weights.layers[l], t: &mut t[l], ctx }),
+        (Some(st), Some(ctx)) => Some(BlockLora {
+            groups: alloc::vec![Rows { w: &st.weights.layers[l], ctx, first: 0, rows: n }],
+            t: &mut t[l],
+            stride: ctx.rank,
+        }),
         _ => None,
     }
 }

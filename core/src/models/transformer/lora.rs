@@ -122,6 +122,17 @@ pub struct LoraPair<T> {
 /// Adapters, or their gradients or optimizer moments: `Some` where a projection is adapted.
 pub type Adapters<B> = Tree<Option<LoraPair<<B as Memory>::Buffer>>>;
 
+/// Adapters held beside a model under a name, for serving several from one base (see
+/// [`super::TransformerModel::add_named_lora`]).
+pub struct NamedLora<B: Backend> {
+    /// What requests call them by.
+    pub name: String,
+    /// Rank, alpha and targets.
+    pub config: LoraConfig,
+    /// The adapters.
+    pub weights: Adapters<B>,
+}
+
 /// A model's adapters with their gradients and AdamW moments.
 pub struct LoraState<B: Backend> {
     /// Rank, alpha and targets.

@@ -2,11 +2,12 @@
 
 use super::*;
 
-/// A feed-forward's adapters in a forward pass: adapters, their `x A^T` buffers, settings.
+/// A feed-forward's adapters in a forward pass: which rows take which, their `x A^T`
+/// buffers, and the values a row of those holds.
 pub(super) type MlpLoraFwd<'a, B> = (
-    &'a Swiglu<Option<LoraPair<<B as Memory>::Buffer>>>,
+    Vec<Rows<'a, Swiglu<Option<LoraPair<<B as Memory>::Buffer>>>>>,
     Swiglu<&'a mut Option<<B as Memory>::Buffer>>,
-    LoraCtx,
+    usize,
 );
 
 /// A SwiGLU feed-forward over `n` rows, added to the stream:
@@ -33,16 +34,16 @@ pub(super) fn mlp_forward<B: Backend>(
         _ => {
             w.gate.apply(b, gate, x, mm(n, f, d))?;
             w.up.apply(b, up, x, mm(n, f, d))?;
-            if let Some((lw, lt, ctx)) = &mut lora {
-                adapt(b, &lw.gate, lt.gate, gate, x, ctx.spec(n, d, f))?;
-                adapt(b, &lw.up, lt.up, up, x, ctx.spec(n, d, f))?;
+            if let Some((g, lt, stride)) = &mut lora {
+                adapt(b, g, |w| &w.gate, lt.gate, *stride, gate, x, d, f)?;
+                adapt(b, g, |w| &w.up, lt.up, *stride, up, x, d, f)?;
             }
             b.swiglu_forward(s, gate, up)?;
         }
     }
     w.down.apply(b, out, s, mm(n, d, f).beta(1.0))?;
-    if let Some((lw, lt, ctx)) = lora {
-        adapt(b, &lw.down, lt.down, out, s, ctx.spec(n, f, d))?;
+    if let Some((g, lt, stride)) = lora {
+        adapt(b, &g, |w| &w.down, lt.down, stride, out, s, f, d)?;
     }
     Ok(())
 }

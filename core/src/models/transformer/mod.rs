@@ -46,7 +46,7 @@ pub use config::*;
 pub use decode::*;
 pub use lora::{
     adapted_shapes, adapter_buffers, adapter_buffers_mut, peft_names, Adapters, LoraConfig, LoraPair,
-    LoraState, LORA_TARGETS,
+    LoraState, NamedLora, LORA_TARGETS,
 };
 pub use model::*;
 pub use params::{Block, Experts, Swiglu, TensorKind, TensorSpec, Tree};

@@ -53,6 +53,9 @@ pub struct TransformerModel<B: Backend> {
     /// Low-rank adapters ([`TransformerModel::add_lora`]); while attached, every parameter
     /// is frozen and `grads`, `m`, `v` are empty.
     pub lora: Option<LoraState<B>>,
+    /// Adapters held beside the model under names ([`TransformerModel::add_named_lora`]),
+    /// which the cached passes pick per sequence; the model itself stays unadapted.
+    pub named_lora: Vec<NamedLora<B>>,
 }
 
 impl<B: Backend> TransformerModel<B> {
@@ -196,6 +199,13 @@ impl<B: Backend> TransformerModel<B> {
         if let Some(st) = &self.lora {
             to.lora = Some(st.copy_to(&self.backend, &to.backend)?);
         }
+        for n in &self.named_lora {
+            let weights = n.weights.as_ref().try_map(|_, p| match p {
+                Some(p) => Ok(Some(LoraPair { a: copy(&to.backend, &p.a)?, b: copy(&to.backend, &p.b)? })),
+                None => Ok(None),
+            })?;
+            to.named_lora.push(NamedLora { name: n.name.clone(), config: n.config.clone(), weights });
+        }
         to.step = self.step;
         to.precision = self.precision;
         Ok(to)
@@ -251,6 +261,7 @@ impl<B: Backend> TransformerModel<B> {
             quantized,
             expert_usage: Vec::new(),
             lora: None,
+            named_lora: Vec::new(),
         }
     }
     pub(super) fn ensure_arena(&mut self, batch: usize, seq: usize) -> Result<()> {
@@ -295,7 +306,7 @@ impl<B: Backend> TransformerModel<B> {
         let lora_ctx = LoraCtx::of(self.lora.as_ref(), prec);
         for l in 0..c.n_layers {
             let w = block_view(&self.params, quantized, l)?;
-            let lora = block_lora(self.lora.as_ref(), lora_ctx, l, &mut arena.lora_t);
+            let lora = block_lora(self.lora.as_ref(), lora_ctx, l, &mut arena.lora_t, n);
             let a = &mut arena.layers[l];
             let acts = a.acts(true);
             let specs = (&rope_q, &rope_k, &att_spec);
@@ -548,6 +559,42 @@ impl<B: Backend> TransformerModel<B> {
         self.arena = None;
         self.decode = None;
         Ok(())
+    }
+    /// Holds `weights` (adapters of `config`'s rank and targets, shaped as
+    /// [`adapted_shapes`] says) beside the model under `name`, and returns their index: the
+    /// cached passes then pick them per sequence
+    /// ([`TransformerModel::forward_cached_picked`],
+    /// [`TransformerModel::forward_cached_rows_picked`]), so one base serves several
+    /// adapters in one step. The model's weights and any attached adapters are untouched.
+    /// An empty or taken name, bad settings or a misshapen tensor is refused.
+    pub fn add_named_lora(&mut self, name: &str, config: LoraConfig, weights: Adapters<B>) -> Result<usize> {
+        if name.is_empty() || self.named_lora.iter().any(|n| n.name == name) {
+            return Err(invalid(format!("adapter name `{name}` is empty or already held")));
+        }
+        config.validate()?;
+        let shapes = adapted_shapes(&config, &self.config.layout());
+        let r = config.rank;
+        let b = &self.backend;
+        let pairs = shapes
+            .as_ref()
+            .zip(weights.as_ref())
+            .ok_or_else(|| invalid(format!("adapter `{name}` is laid out differently from the model")))?;
+        for (tensor, (shape, pair)) in pairs.into_named() {
+            let fits = match (shape, pair) {
+                (Some((d_out, d_in)), Some(p)) => b.len(&p.a) == r * d_in && b.len(&p.b) == d_out * r,
+                (None, None) => true,
+                _ => false,
+            };
+            if !fits {
+                return Err(invalid(format!(
+                    "adapter `{name}`: {tensor} does not match rank {r} and targets {}",
+                    config.targets.join(",")
+                )));
+            }
+        }
+        self.named_lora.push(NamedLora { name: name.into(), config, weights });
+        self.decode = None;
+        Ok(self.named_lora.len() - 1)
     }
     /// Values the optimizer updates: the adapters' while attached, else every parameter.
     pub fn trainable_parameters(&self) -> usize {

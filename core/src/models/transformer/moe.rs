@@ -50,8 +50,8 @@ pub(super) fn moe_forward<B: Backend>(
             ex.up.apply(b, &mut a.up, &a.xe, mm(c, fe, d).window(o * d, 0, o * fe))?;
             if let Some((lw, lt, ctx)) = &mut lora {
                 let spec = ctx.spec(c, d, fe).offsets(o * d, o * fe, o * ctx.rank);
-                adapt(b, &lw.experts[e].gate, lt.experts[e].gate, &mut a.gate, &a.xe, spec)?;
-                adapt(b, &lw.experts[e].up, lt.experts[e].up, &mut a.up, &a.xe, spec)?;
+                adapt_with(b, &lw.experts[e].gate, lt.experts[e].gate, &mut a.gate, &a.xe, spec)?;
+                adapt_with(b, &lw.experts[e].up, lt.experts[e].up, &mut a.up, &a.xe, spec)?;
             }
         }
     }
@@ -62,7 +62,7 @@ pub(super) fn moe_forward<B: Backend>(
             ex.down.apply(b, &mut a.y, &a.s, mm(c, d, fe).window(o * fe, 0, o * d))?;
             if let Some((lw, lt, ctx)) = &mut lora {
                 let spec = ctx.spec(c, fe, d).offsets(o * fe, o * d, o * ctx.rank);
-                adapt(b, &lw.experts[e].down, lt.experts[e].down, &mut a.y, &a.s, spec)?;
+                adapt_with(b, &lw.experts[e].down, lt.experts[e].down, &mut a.y, &a.s, spec)?;
             }
         }
     }

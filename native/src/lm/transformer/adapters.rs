@@ -99,4 +99,57 @@ impl TransformerLm {
         }
         Ok(self.model().named_adapters(true)?)
     }
+    /// Loads adapters (ours from [`TransformerLm::save_lora`], or a PEFT directory) beside
+    /// the model under `name`, leaving the model unadapted: `forward_cached_with` and
+    /// `forward_cached_rows_with` then pick them per sequence, so one base serves several
+    /// adapters, and requests for different ones share a decode step. Each set has its own
+    /// rank, alpha and targets; the file is checked as [`TransformerLm::load_lora`] checks
+    /// it, and a refused file or taken name changes nothing. A host operation, on a model
+    /// with no adapters attached (adapters on routed experts are picked per step, not per
+    /// sequence).
+    ///
+    /// ```
+    /// use rusting_brain::{LoraConfig, TransformerLm};
+    ///
+    /// let base = || {
+    ///     TransformerLm::builder()
+    ///         .vocab_size(64).d_model(32).n_layers(2).heads(4, 2, 8).d_ff(64).max_seq_len(16)
+    ///         .build()
+    /// };
+    /// let (mut model, mut tuned) = (base()?, base()?);
+    /// tuned.add_lora(LoraConfig::new(4))?;
+    /// let path = std::env::temp_dir().join("rb-doc-named.rbl");
+    /// tuned.save_lora(&path)?;
+    /// model.load_named_lora("tuned", &path)?;
+    /// let (mut a, mut b) = (model.new_kv_caches(), model.new_kv_caches());
+    /// model.forward_cached_with(&[1, 2], &mut a, Some("tuned"))?;
+    /// model.forward_cached_with(&[3], &mut b, None)?;
+    /// let logits = model.forward_cached_rows_with(&[4, 5], &mut [&mut a, &mut b], &[Some("tuned"), None])?;
+    /// assert_eq!(logits.len(), 2 * 64);
+    /// # std::fs::remove_file(path).ok();
+    /// # Ok::<(), rusting_brain::NetworkError>(())
+    /// ```
+    pub fn load_named_lora(&mut self, name: &str, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.refuse_on_device(
+            "load_named_lora",
+            "load adapters on the host: call to_cpu() first, or load before moving",
+        )?;
+        crate::lm::lora::load_named(self.model_mut(), name, path.as_ref())
+    }
+    /// The names [`TransformerLm::load_named_lora`] loaded, in loading order.
+    pub fn named_loras(&self) -> Vec<String> {
+        self.model().named_lora.iter().map(|n| n.name.clone()).collect()
+    }
+    /// The index of the adapters named `name`, or an error listing the names held.
+    pub(crate) fn pick_lora(&self, name: Option<&str>) -> Result<Option<usize>> {
+        let Some(name) = name else { return Ok(None) };
+        let held = &self.model().named_lora;
+        match held.iter().position(|n| n.name == name) {
+            Some(k) => Ok(Some(k)),
+            None => Err(NetworkError::InvalidInput(format!(
+                "no adapters are loaded under `{name}`; loaded: [{}]",
+                held.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", ")
+            ))),
+        }
+    }
 }

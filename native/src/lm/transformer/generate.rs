@@ -35,13 +35,21 @@ impl TransformerLm {
     /// Runs `ids` after what `caches` holds and returns the logits of the last new position
     /// (`vocab_size` values): prefill with the whole prompt, then one call per token.
     pub fn forward_cached(&mut self, ids: &[u32], caches: &mut KvCaches) -> Result<Vec<f32>> {
+        self.forward_cached_with(ids, caches, None)
+    }
+    /// [`TransformerLm::forward_cached`] with the adapters loaded under `adapter` by
+    /// [`TransformerLm::load_named_lora`] on this sequence (`None`: the model as it stands).
+    pub fn forward_cached_with(
+        &mut self, ids: &[u32], caches: &mut KvCaches, adapter: Option<&str>,
+    ) -> Result<Vec<f32>> {
+        let pick = self.pick_lora(adapter)?;
         let inner = self.caches(caches)?;
         match (&mut self.engine, inner) {
-            (LmEngine::Cpu(m), CacheEngine::Cpu(c)) => Ok(m.forward_cached(ids, c)?),
+            (LmEngine::Cpu(m), CacheEngine::Cpu(c)) => Ok(m.forward_cached_picked(ids, c, pick)?),
             #[cfg(feature = "cuda-backend")]
-            (LmEngine::Cuda(m), CacheEngine::Cuda(c)) => Ok(m.device.forward_cached(ids, c)?),
+            (LmEngine::Cuda(m), CacheEngine::Cuda(c)) => Ok(m.device.forward_cached_picked(ids, c, pick)?),
             #[cfg(feature = "gpu")]
-            (LmEngine::Wgpu(m), CacheEngine::Wgpu(c, _)) => Ok(m.device.forward_cached(ids, c)?),
+            (LmEngine::Wgpu(m), CacheEngine::Wgpu(c, _)) => Ok(m.device.forward_cached_picked(ids, c, pick)?),
             #[cfg(any(feature = "gpu", feature = "cuda-backend"))]
             _ => Err(NetworkError::InvalidInput(
                 "these KV caches belong to another device; make them with new_kv_caches() after the model moved"
@@ -58,6 +66,18 @@ impl TransformerLm {
     /// its step. Refused input (an id out of range, a full cache, caches of another device
     /// or model) changes no cache.
     pub fn forward_cached_rows(&mut self, ids: &[u32], caches: &mut [&mut KvCaches]) -> Result<Vec<f32>> {
+        self.forward_cached_rows_with(ids, caches, &vec![None; ids.len()])
+    }
+    /// [`TransformerLm::forward_cached_rows`] with each sequence's own adapters:
+    /// `adapters[i]` names what [`TransformerLm::load_named_lora`] loaded for sequence `i`,
+    /// `None` the base. The base products run once over every row and each sequence's
+    /// adapter products on its own row, so requests for different adapters and for the
+    /// base share one step, and each row's logits are what `forward_cached_with` gives that
+    /// sequence alone (bit for bit on an int8 base).
+    pub fn forward_cached_rows_with(
+        &mut self, ids: &[u32], caches: &mut [&mut KvCaches], adapters: &[Option<&str>],
+    ) -> Result<Vec<f32>> {
+        let picks = adapters.iter().map(|a| self.pick_lora(*a)).collect::<Result<Vec<_>>>()?;
         for c in caches.iter_mut() {
             self.caches(c)?;
         }
@@ -79,7 +99,7 @@ impl TransformerLm {
                         None => Err(other()),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Ok(m.forward_cached_rows(ids, &mut inner)?)
+                Ok(m.forward_cached_rows_picked(ids, &mut inner, &picks)?)
             }
             #[cfg(feature = "gpu")]
             LmEngine::Wgpu(m) => {
@@ -90,7 +110,7 @@ impl TransformerLm {
                         _ => Err(other()),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Ok(m.device.forward_cached_rows(ids, &mut inner)?)
+                Ok(m.device.forward_cached_rows_picked(ids, &mut inner, &picks)?)
             }
             #[cfg(feature = "cuda-backend")]
             LmEngine::Cuda(m) => {
@@ -101,7 +121,7 @@ impl TransformerLm {
                         _ => Err(other()),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Ok(m.device.forward_cached_rows(ids, &mut inner)?)
+                Ok(m.device.forward_cached_rows_picked(ids, &mut inner, &picks)?)
             }
         }
     }
