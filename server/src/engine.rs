@@ -2,12 +2,13 @@
 //!
 //! Requests wait in a bounded queue. Between steps the thread takes new ones (up to
 //! `max_batch` active), prefills each alone into its own KV cache, then decodes every
-//! active request in one `forward_cached_rows` step: the weight products once over all the
-//! rows, attention per request over its own cache. A request leaves at the step after it
+//! active request in one `forward_cached_rows_with` step: the weight products once over all
+//! the rows, each request's adapters (if it named some) on its own row, attention per
+//! request over its own cache. A request leaves at the step after it
 //! finishes or its client goes away, and its cache goes with it. Each row's sums do not
 //! depend on the other rows, so a seeded request gives the same tokens under any load.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -48,6 +49,8 @@ pub enum Event {
 pub struct Job {
     /// The prompt's token ids (already checked against the vocabulary and the context).
     pub prompt: Vec<u32>,
+    /// The adapters loaded beside the model under this name, or the base.
+    pub adapter: Option<String>,
     /// The most tokens to draw.
     pub max_tokens: usize,
     /// How each token is drawn.
@@ -58,12 +61,26 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
 }
 
+/// What the decoding thread has done, for `/health`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Requests being decoded.
+    pub active: AtomicUsize,
+    /// Batched decode steps run.
+    pub steps: AtomicU64,
+    /// Rows those steps decoded (one a request a step).
+    pub rows: AtomicU64,
+    /// Steps whose requests named different adapters (or an adapter and the base).
+    pub mixed_steps: AtomicU64,
+}
+
 /// The handlers' side of the decoding thread.
 #[derive(Clone)]
 pub struct Engine {
     jobs: mpsc::SyncSender<Job>,
     queued: Arc<AtomicUsize>,
     max_queue: usize,
+    stats: Arc<Stats>,
 }
 
 /// The queue is full: the caller answers 503.
@@ -80,14 +97,33 @@ impl Engine {
         let (jobs, inbox) = mpsc::sync_channel(max_queue.max(1));
         let queued = Arc::new(AtomicUsize::new(0));
         let waiting = queued.clone();
+        let stats = Arc::new(Stats::default());
+        let counts = stats.clone();
         std::thread::Builder::new()
             .name("decoder".into())
             .spawn(move || {
-                Decoder { model, tokenizer, end_ids, max_batch: max_batch.max(1), active: Vec::new() }
-                    .run(inbox, waiting)
+                Decoder {
+                    model,
+                    tokenizer,
+                    end_ids,
+                    max_batch: max_batch.max(1),
+                    active: Vec::new(),
+                    stats: counts,
+                }
+                .run(inbox, waiting)
             })
             .expect("starting the decoding thread");
-        Engine { jobs, queued, max_queue: max_queue.max(1) }
+        Engine { jobs, queued, max_queue: max_queue.max(1), stats }
+    }
+
+    /// Requests waiting to be taken.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// What the decoding thread has done.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     /// Queues `job`, or refuses it when `max_queue` requests already wait.
@@ -122,6 +158,7 @@ struct Decoder {
     end_ids: Vec<u32>,
     max_batch: usize,
     active: Vec<Slot>,
+    stats: Arc<Stats>,
 }
 
 impl Decoder {
@@ -153,7 +190,7 @@ impl Decoder {
     /// Prefills a new request alone (its prompt's positions in its own cache).
     fn admit(&mut self, job: Job) {
         let mut caches = self.model.new_kv_caches();
-        match self.model.forward_cached(&job.prompt, &mut caches) {
+        match self.model.forward_cached_with(&job.prompt, &mut caches, job.adapter.as_deref()) {
             Ok(logits) => {
                 let context = job.prompt.clone();
                 self.active.push(Slot { job, caches, context, drawn: Vec::new(), sent: 0, logits });
@@ -212,13 +249,26 @@ impl Decoder {
             }
         }
         self.active = keep;
+        self.stats.active.store(self.active.len(), Ordering::Relaxed);
         if self.active.is_empty() {
             return;
         }
         let ids: Vec<u32> = self.active.iter().map(|s| *s.context.last().expect("a drawn id")).collect();
-        let mut caches: Vec<&mut KvCaches> = self.active.iter_mut().map(|s| &mut s.caches).collect();
-        match self.model.forward_cached_rows(&ids, &mut caches) {
+        // Each request's own adapters (or the base) on its row of the one step.
+        let mut caches: Vec<&mut KvCaches> = Vec::with_capacity(self.active.len());
+        let mut adapters: Vec<Option<&str>> = Vec::with_capacity(self.active.len());
+        for s in self.active.iter_mut() {
+            caches.push(&mut s.caches);
+            adapters.push(s.job.adapter.as_deref());
+        }
+        let mixed = adapters.iter().any(|a| *a != adapters[0]);
+        match self.model.forward_cached_rows_with(&ids, &mut caches, &adapters) {
             Ok(logits) => {
+                self.stats.steps.fetch_add(1, Ordering::Relaxed);
+                self.stats.rows.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                if mixed {
+                    self.stats.mixed_steps.fetch_add(1, Ordering::Relaxed);
+                }
                 let vocab = self.model.config().vocab_size;
                 for (s, row) in self.active.iter_mut().zip(logits.chunks(vocab)) {
                     s.logits = row.to_vec();

@@ -31,6 +31,9 @@ pub struct Served {
     pub template: Option<ChatTemplate>,
     /// The name clients use for the model (`/v1/models`).
     pub model_id: String,
+    /// The names of the adapters loaded beside it (`--lora NAME=DIR`): `"model": NAME`
+    /// picks one.
+    pub adapters: Vec<String>,
     /// Positions the model takes (prompt and reply).
     pub context: usize,
     /// Requests must carry `Authorization: Bearer KEY` when set.
@@ -86,8 +89,19 @@ fn authorized(headers: &HeaderMap, s: &Served) -> Result<(), ApiError> {
     }
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// Up, and what the decoding thread is doing: requests decoding and waiting, steps run,
+/// rows decoded, steps shared by requests for different adapters.
+async fn health(State(s): State<Arc<Served>>) -> Json<Value> {
+    let st = s.engine.stats();
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    Json(json!({
+        "status": "ok",
+        "active": st.active.load(Ordering::Relaxed),
+        "queued": s.engine.queued(),
+        "decode_steps": n(&st.steps),
+        "decoded_rows": n(&st.rows),
+        "mixed_adapter_steps": n(&st.mixed_steps),
+    }))
 }
 
 async fn not_found() -> ApiError {
@@ -100,10 +114,10 @@ async fn not_found() -> ApiError {
 
 async fn models(State(s): State<Arc<Served>>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     authorized(&headers, &s)?;
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{"id": s.model_id, "object": "model", "created": s.created, "owned_by": "rusting_brain"}],
-    })))
+    let entry = |id: &str, parent: Option<&str>| json!({"id": id, "object": "model", "created": s.created, "owned_by": "rusting_brain", "parent": parent});
+    let mut data = vec![entry(&s.model_id, None)];
+    data.extend(s.adapters.iter().map(|a| entry(a, Some(&s.model_id))));
+    Ok(Json(json!({"object": "list", "data": data})))
 }
 
 async fn chat(
@@ -178,18 +192,32 @@ async fn serve(
     let body =
         body.map_err(|r| ApiError::new(r.status().as_u16(), "invalid_request_error", r.body_text()))?;
     let req = api::parse(&body, kind)?;
-    if req.model != s.model_id {
-        return Err(ApiError::new(
-            404,
-            "invalid_request_error",
-            format!("the model `{}` does not exist; this server has `{}`", req.model, s.model_id),
-        )
-        .code("model_not_found"));
-    }
+    // The base by its name, or an adapter loaded beside it by its own.
+    let adapter = match s.adapters.iter().find(|a| **a == req.model) {
+        Some(a) => Some(a.clone()),
+        None if req.model == s.model_id => None,
+        None => {
+            let names: Vec<String> =
+                std::iter::once(&s.model_id).chain(&s.adapters).map(|n| format!("`{n}`")).collect();
+            return Err(ApiError::new(
+                404,
+                "invalid_request_error",
+                format!("the model `{}` does not exist; this server has {}", req.model, names.join(", ")),
+            )
+            .code("model_not_found"));
+        }
+    };
     let (prompt, max_tokens) = prompt_ids(&s, &req, kind)?;
     let prompt_tokens = prompt.len();
     let (tx, rx) = unbounded_channel();
-    let job = Job { prompt, max_tokens, sampler: req.sampler.clone(), stops: req.stops.clone(), events: tx };
+    let job = Job {
+        prompt,
+        adapter,
+        max_tokens,
+        sampler: req.sampler.clone(),
+        stops: req.stops.clone(),
+        events: tx,
+    };
     s.engine.submit(job).map_err(|_| {
         ApiError::new(503, "server_error", "the server's queue is full; try again shortly").code("overloaded")
     })?;
@@ -200,7 +228,7 @@ async fn serve(
             Kind::Completion => format!("cmpl-{n}"),
         },
         created: now(),
-        model: s.model_id.clone(),
+        model: req.model.clone(),
         kind,
         prompt_tokens,
     };

@@ -1,10 +1,13 @@
-//! `rusting-brain-server --model DIR [--q8] [--name NAME] [--host 127.0.0.1] [--port 8080]
-//! [--api-key KEY] [--max-batch N] [--max-queue N] [--context N] [--max-body BYTES]`
+//! `rusting-brain-server --model DIR|FILE.rbw [--tokenizer FILE] [--q8] [--name NAME]
+//! [--lora NAME=DIR|FILE.rbl]... [--host 127.0.0.1] [--port 8080] [--api-key KEY]
+//! [--max-batch N] [--max-queue N] [--context N] [--max-body BYTES]`
 //!
 //! Serves the Hugging Face folder `DIR` (weights, `config.json`, `tokenizer.json`, the chat
-//! template in `tokenizer_config.json` or `chat_template.jinja`, `generation_config.json`)
-//! over OpenAI's API. Prints `listening on http://HOST:PORT` once it answers; on SIGTERM or
-//! Ctrl-C it stops taking connections and exits after the requests in flight finish.
+//! template in `tokenizer_config.json` or `chat_template.jinja`, `generation_config.json`),
+//! or a `.rbw` checkpoint with those files beside it, over OpenAI's API; each `--lora` is
+//! an adapter (PEFT's folder or `.rbl`) that requests pick with `"model": NAME`. Prints
+//! `listening on http://HOST:PORT` once it answers; on SIGTERM or Ctrl-C it stops taking
+//! connections and exits after the requests in flight finish.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,6 +21,8 @@ use rusting_brain_server::ServerError;
 
 struct Args {
     model: PathBuf,
+    tokenizer: Option<PathBuf>,
+    lora: Vec<(String, PathBuf)>,
     q8: bool,
     name: Option<String>,
     host: String,
@@ -29,13 +34,15 @@ struct Args {
     max_body: usize,
 }
 
-const USAGE: &str =
-    "usage: rusting-brain-server --model DIR [--q8] [--name NAME] [--host 127.0.0.1] [--port 8080] \
-[--api-key KEY] [--max-batch 16] [--max-queue 64] [--context N] [--max-body 1048576]";
+const USAGE: &str = "usage: rusting-brain-server --model DIR|FILE.rbw [--tokenizer FILE] [--q8] [--name NAME] \
+[--lora NAME=DIR|FILE.rbl]... [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--max-batch 16] [--max-queue 64] \
+[--context N] [--max-body 1048576]";
 
 fn parse_args() -> Result<Args, ServerError> {
     let mut a = Args {
         model: PathBuf::new(),
+        tokenizer: None,
+        lora: Vec::new(),
         q8: false,
         name: None,
         host: "127.0.0.1".into(),
@@ -57,7 +64,17 @@ fn parse_args() -> Result<Args, ServerError> {
             })
         };
         match flag.as_str() {
-            "--model" => model = Some(PathBuf::from(value("a folder")?)),
+            "--model" => model = Some(PathBuf::from(value("a folder or a .rbw file")?)),
+            "--tokenizer" => a.tokenizer = Some(PathBuf::from(value("a tokenizer.json")?)),
+            "--lora" => {
+                let v = value("NAME=PATH")?;
+                match v.split_once('=') {
+                    Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+                        a.lora.push((name.to_string(), PathBuf::from(path)))
+                    }
+                    _ => return Err(ServerError::Usage(format!("--lora takes NAME=PATH, got `{v}`"))),
+                }
+            }
             "--q8" => a.q8 = true,
             "--name" => a.name = Some(value("a name")?),
             "--host" => a.host = value("an address")?,
@@ -91,18 +108,60 @@ fn run() -> Result<(), ServerError> {
     let a = parse_args()?;
     let model_err = |e: &dyn std::fmt::Display| ServerError::Model(format!("{}: {e}", a.model.display()));
     let precision = if a.q8 { Precision::Q8 } else { Precision::F32 };
-    let mut model = TransformerLm::from_pretrained_at(&a.model, precision).map_err(|e| model_err(&e))?;
+    // A folder is read as Hugging Face wrote it; a file is our checkpoint, its tokenizer,
+    // template and generation settings beside it.
+    let (mut model, dir) = if a.model.is_dir() {
+        (TransformerLm::from_pretrained_at(&a.model, precision).map_err(|e| model_err(&e))?, a.model.clone())
+    } else {
+        let mut m = TransformerLm::load_bin(&a.model).map_err(|e| model_err(&e))?;
+        if a.q8 && !m.is_quantized() {
+            m.quantize().map_err(|e| model_err(&e))?;
+        }
+        let dir = a.model.parent().map_or_else(|| PathBuf::from("."), PathBuf::from);
+        (m, if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir })
+    };
     if let Some(n) = a.context {
         model.set_max_seq_len(n).map_err(|e| model_err(&e))?;
     }
-    let tokenizer =
-        tokenizers::Tokenizer::from_file(a.model.join("tokenizer.json")).map_err(|e| model_err(&e))?;
+    let tokenizer_path = a.tokenizer.clone().unwrap_or_else(|| dir.join("tokenizer.json"));
+    let tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path)
+        .map_err(|e| ServerError::Model(format!("{}: {e}", tokenizer_path.display())))?;
+    let vocab = model.config().vocab_size;
+    if tokenizer.get_vocab_size(true) > vocab {
+        return Err(ServerError::Model(format!(
+            "{}: the tokenizer has {} tokens, over the model's vocabulary of {vocab}",
+            tokenizer_path.display(),
+            tokenizer.get_vocab_size(true)
+        )));
+    }
     // A base model has no template: it is served on /v1/completions only.
-    let template = ChatTemplate::from_pretrained(&a.model).ok();
-    let generation = GenerationConfig::from_pretrained(&a.model).map_err(|e| model_err(&e))?;
+    let template = ChatTemplate::from_pretrained(&dir).ok();
+    let generation = if a.model.is_dir()
+        || dir.join("generation_config.json").is_file()
+        || dir.join("config.json").is_file()
+    {
+        GenerationConfig::from_pretrained(&dir).map_err(|e| model_err(&e))?
+    } else {
+        eprintln!(
+            "rusting-brain-server: no generation_config.json or config.json beside {}: replies end at max_tokens, the context or a stop string",
+            a.model.display()
+        );
+        GenerationConfig::default()
+    };
     let name = a.name.clone().unwrap_or_else(|| {
-        a.model.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+        let stem = if a.model.is_dir() { a.model.file_name() } else { a.model.file_stem() };
+        stem.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
     });
+    for (adapter, path) in &a.lora {
+        if *adapter == name {
+            return Err(ServerError::Usage(format!(
+                "--lora {adapter}: the base model is called that; name the adapter otherwise"
+            )));
+        }
+        model
+            .load_named_lora(adapter, path)
+            .map_err(|e| ServerError::Model(format!("--lora {adapter}={}: {e}", path.display())))?;
+    }
     let context = model.config().max_seq_len;
     let engine =
         Engine::start(model, tokenizer.clone(), generation.eos_token_ids.clone(), a.max_batch, a.max_queue);
@@ -111,6 +170,7 @@ fn run() -> Result<(), ServerError> {
         tokenizer,
         template,
         model_id: name,
+        adapters: a.lora.iter().map(|(n, _)| n.clone()).collect(),
         context,
         api_key: a.api_key.clone(),
         created: std::time::SystemTime::now()

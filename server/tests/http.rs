@@ -13,7 +13,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use rusting_brain::{ChatMessage, ChatTemplate, GenerationConfig, Sampler, TransformerLm};
+use rusting_brain::{
+    ChatMessage, ChatTemplate, GenerationConfig, LoraConfig, Optimizer, Precision, Sampler, TransformerLm,
+};
+use rusting_brain_test_support::TempDir;
 use serde_json::{json, Value};
 
 fn folder() -> PathBuf {
@@ -34,9 +37,14 @@ impl Drop for Server {
 }
 
 fn start(extra: &[&str]) -> Server {
+    start_at(&folder(), extra)
+}
+
+/// The server over `model` (a folder or a `.rbw`).
+fn start_at(model: &std::path::Path, extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rusting-brain-server"))
         .arg("--model")
-        .arg(folder())
+        .arg(model)
         .args(["--port", "0"])
         .args(extra)
         .stdout(Stdio::piped())
@@ -193,6 +201,120 @@ fn greedy_chat_is_transformers_reply() {
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
     assert_eq!(stream(server.port, "/v1/chat/completions", &streamed).0, want);
+}
+
+/// The greedy continuation `model` generates for `text` (the folder's tokenizer), up to
+/// `max` tokens or the end id.
+fn expected_completion(model: &mut TransformerLm, text: &str, max: usize) -> String {
+    let d = folder();
+    let tok = tokenizers::Tokenizer::from_file(d.join("tokenizer.json")).unwrap();
+    let gen = GenerationConfig::from_pretrained(&d).unwrap();
+    let prompt = tok.encode(text, false).unwrap().get_ids().to_vec();
+    let mut reply = Vec::new();
+    model
+        .generate_with(&prompt, max, &mut Sampler::greedy(), |id| {
+            if gen.is_end(id) {
+                return false;
+            }
+            reply.push(id);
+            true
+        })
+        .unwrap();
+    tok.decode(&reply, false).unwrap()
+}
+
+/// Two adapters trained on the fixture's model and saved as PEFT's folder and as `.rbl`,
+/// served beside the int8 base (`--lora`): requests for each adapter and for the base,
+/// sent together so they share steps, each get their one-at-a-time reply, which is what
+/// the model with that adapter attached generates (and not the base's); `/v1/models`
+/// lists the adapters and `/health` counts the steps they shared.
+#[test]
+fn adapter_and_base_requests_share_steps_and_keep_their_replies() {
+    let dir = TempDir::new("server_lora");
+    let mut rng = rusting_brain::core::Rng::new(3);
+    for (i, rank) in [4usize, 2].into_iter().enumerate() {
+        let mut m = TransformerLm::from_pretrained(folder()).unwrap();
+        m.optimizer = Optimizer::adam(2e-2);
+        let vocab = m.config().vocab_size as u64;
+        m.add_lora(LoraConfig::new(rank).alpha(16.0)).unwrap();
+        for _ in 0..8 {
+            let seqs: Vec<Vec<u32>> =
+                (0..2).map(|_| (0..24).map(|_| rng.below(vocab) as u32).collect()).collect();
+            m.train_step(&seqs).unwrap();
+        }
+        if i == 0 {
+            m.save_lora_peft(dir.join("tuned")).unwrap();
+        } else {
+            m.save_lora(dir.join("other.rbl")).unwrap();
+        }
+    }
+    let tuned = format!("tuned={}", dir.join("tuned").display());
+    let other = format!("other={}", dir.join("other.rbl").display());
+    let server = start(&["--q8", "--lora", &tuned, "--lora", &other]);
+    let (_, models) = request(server.port, "GET", "/v1/models", &[], b"");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    let ids: Vec<&str> =
+        models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["chatml", "tuned", "other"]);
+    let names = ["tuned", "chatml", "other"];
+    let bodies: Vec<Value> = (0..12)
+        .map(|i| json!({"model": names[i % 3], "prompt": format!("line {}:", i / 3), "max_tokens": 24, "temperature": 0}))
+        .collect();
+    let alone: Vec<Value> = bodies.iter().map(|b| post(server.port, "/v1/completions", b).1).collect();
+    let port = server.port;
+    let together: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            bodies.iter().map(|b| s.spawn(move || post(port, "/v1/completions", b).1)).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a["model"], names[i % 3]);
+        assert_eq!(a["choices"][0]["text"], t["choices"][0]["text"], "request {i} ({})", names[i % 3]);
+        assert_eq!(a["usage"], t["usage"], "request {i}");
+    }
+    // What the model with each adapter attached generates, one prompt each.
+    let mut base_text = String::new();
+    for (name, path) in
+        [("chatml", None), ("tuned", Some(dir.join("tuned"))), ("other", Some(dir.join("other.rbl")))]
+    {
+        let mut m = TransformerLm::from_pretrained_at(folder(), Precision::Q8).unwrap();
+        if let Some(p) = path {
+            m.load_lora(p).unwrap();
+        }
+        let want = expected_completion(&mut m, "line 0:", 24);
+        let i = names.iter().position(|n| *n == name).unwrap();
+        assert_eq!(alone[i]["choices"][0]["text"], want.as_str(), "{name}");
+        if name == "chatml" {
+            base_text = want;
+        } else {
+            assert_ne!(want, base_text, "`{name}` replies as the base does");
+        }
+    }
+    let (_, health) = request(server.port, "GET", "/health", &[], b"");
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert!(health["mixed_adapter_steps"].as_u64().unwrap() > 0, "no step was shared: {health}");
+    let (status, r) = post(server.port, "/v1/completions", &json!({"model": "nope", "prompt": "x"}));
+    assert_eq!(status, 404);
+    assert!(r["error"]["message"].as_str().unwrap().contains("`chatml`, `tuned`, `other`"), "{r}");
+}
+
+/// A `.rbw` checkpoint with the folder's tokenizer, template and generation settings beside
+/// it serves what the folder serves, under the file's name.
+#[test]
+fn a_checkpoint_file_serves_what_its_folder_serves() {
+    let dir = TempDir::new("server_rbw");
+    let m = TransformerLm::from_pretrained(folder()).unwrap();
+    m.save_bin(dir.join("small.rbw"), Precision::F32).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"] {
+        std::fs::copy(folder().join(f), dir.join(f)).unwrap();
+    }
+    let body = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "what is 2 + 2?"}], "max_tokens": 6, "temperature": 0});
+    let want = post(start(&[]).port, "/v1/chat/completions", &body("chatml")).1;
+    let server = start_at(&dir.join("small.rbw"), &[]);
+    let (status, got) = post(server.port, "/v1/chat/completions", &body("small"));
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["choices"][0]["message"], want["choices"][0]["message"]);
+    assert_eq!(got["usage"], want["usage"]);
 }
 
 #[test]
