@@ -127,7 +127,7 @@ fn write_seeds(out: &Path) -> rusting_brain::Result<()> {
     TokenFile::write(tmp.join("c.tok"), &(0..40).collect::<Vec<u32>>())?;
     seed("token_file", "c.tok", &read(tmp.join("c.tok")));
 
-    // The server's request bodies (chat and text completions).
+    // The server's request bodies (chat, text completions, pictures).
     seed(
         "openai_request",
         "chat.json",
@@ -137,6 +137,11 @@ fn write_seeds(out: &Path) -> rusting_brain::Result<()> {
         "openai_request",
         "completion.json",
         br#"{"model": "m", "prompt": "Once", "max_completion_tokens": 4, "n": 1}"#,
+    );
+    seed(
+        "openai_request",
+        "image.json",
+        br#"{"model": "sd", "prompt": "a lighthouse in fog", "size": "512x512", "n": 1, "response_format": "b64_json", "seed": 7}"#,
     );
 
     // ONNX: the committed exports and one of our own.

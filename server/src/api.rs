@@ -307,3 +307,162 @@ pub fn parse(body: &[u8], kind: Kind) -> Result<Request, ApiError> {
     sampler.validate().map_err(|e| ApiError::new(400, "invalid_request_error", e.to_string()))?;
     Ok(Request { model, messages, prompt, max_tokens, sampler, stops, stream, include_usage })
 }
+
+/// The most pixels a picture may have (2048 x 2048): a larger request is refused before
+/// any memory is taken for it.
+pub const MAX_IMAGE_PIXELS: usize = 2048 * 2048;
+
+/// An image request (`/v1/images/generations`), read and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageRequest {
+    /// The model the client named, if it named one.
+    pub model: Option<String>,
+    /// What to paint.
+    pub prompt: String,
+    /// `(width, height)` from `size` (`"512x512"`); `None` for the pipeline's own.
+    pub size: Option<(usize, usize)>,
+    /// The starting noise's seed (an extension of OpenAI's API); `None` draws one.
+    pub seed: Option<u64>,
+}
+
+/// Reads an image request body: `prompt`, `size`, `n` (1), `response_format`
+/// (`b64_json`), `output_format` (`png`), `seed`.
+pub fn parse_image(body: &[u8]) -> Result<ImageRequest, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(400, "invalid_request_error", format!("the body is not valid JSON: {e}"))
+    })?;
+    let Value::Object(o) = v else {
+        return Err(ApiError::new(400, "invalid_request_error", "the body must be a JSON object"));
+    };
+    let model = match o.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(ApiError::invalid("model", "`model` must be a string")),
+    };
+    let prompt = match o.get("prompt") {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        Some(Value::String(_)) => return Err(ApiError::invalid("prompt", "the prompt is empty")),
+        None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(_) => return Err(ApiError::invalid("prompt", "`prompt` must be a string")),
+    };
+    if let Some(n) = count(&o, "n")? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` is {n}; this server paints one picture a request"),
+            ));
+        }
+    }
+    let size = match o.get("size") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "auto" => None,
+        Some(Value::String(s)) => {
+            let parsed = s
+                .split_once('x')
+                .and_then(|(w, h)| Some((w.parse::<usize>().ok()?, h.parse::<usize>().ok()?)));
+            match parsed {
+                Some((w, h)) if w > 0 && h > 0 && w.saturating_mul(h) <= MAX_IMAGE_PIXELS => Some((w, h)),
+                Some((w, h)) if w > 0 && h > 0 => {
+                    return Err(ApiError::invalid(
+                        "size",
+                        format!("{w}x{h} is over this server's {MAX_IMAGE_PIXELS} pixels"),
+                    ))
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        "size",
+                        format!("`size` `{s}` is not WIDTHxHEIGHT (`512x512`) or `auto`"),
+                    ))
+                }
+            }
+        }
+        Some(_) => return Err(ApiError::invalid("size", "`size` must be a string such as `512x512`")),
+    };
+    match o.get("response_format") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(f)) if f == "b64_json" => {}
+        Some(Value::String(f)) => {
+            return Err(ApiError::invalid(
+                "response_format",
+                format!("`response_format` `{f}`: this server returns the picture itself, `b64_json`"),
+            ))
+        }
+        Some(_) => return Err(ApiError::invalid("response_format", "`response_format` must be a string")),
+    }
+    match o.get("output_format") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(f)) if f == "png" => {}
+        Some(_) => return Err(ApiError::invalid("output_format", "`output_format` must be `png`")),
+    }
+    let seed = count(&o, "seed")?;
+    Ok(ImageRequest { model, prompt, size, seed })
+}
+
+/// `bytes` in standard base64 with padding (RFC 4648), as `b64_json` carries a picture.
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 4648's test vectors.
+    #[test]
+    fn base64_is_rfc_4648() {
+        for (plain, coded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), coded, "{plain}");
+        }
+        assert_eq!(base64(&[0xff, 0xfe, 0x00]), "//4A");
+    }
+
+    #[test]
+    fn image_requests_are_read_and_checked() {
+        let r = parse_image(br#"{"prompt": "a red square", "size": "64x32", "seed": 7, "n": 1}"#).unwrap();
+        assert_eq!(
+            r,
+            ImageRequest { model: None, prompt: "a red square".into(), size: Some((64, 32)), seed: Some(7) }
+        );
+        for (body, param) in [
+            (&br#"{"size": "64x64"}"#[..], "prompt"),
+            (br#"{"prompt": "  "}"#, "prompt"),
+            (br#"{"prompt": "x", "n": 2}"#, "n"),
+            (br#"{"prompt": "x", "size": "64"}"#, "size"),
+            (br#"{"prompt": "x", "size": "0x64"}"#, "size"),
+            (br#"{"prompt": "x", "size": "99999x99999"}"#, "size"),
+            (br#"{"prompt": "x", "response_format": "url"}"#, "response_format"),
+            (br#"{"prompt": "x", "output_format": "jpeg"}"#, "output_format"),
+            (br#"{"prompt": "x", "seed": -1}"#, "seed"),
+            (br#"{"prompt": 3}"#, "prompt"),
+        ] {
+            let e = parse_image(body).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some(param)),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+}

@@ -20,6 +20,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::api::{self, ApiError, Kind, Request};
 use crate::engine::{Engine, Event, Finish, Job};
+use crate::images::{ImageJob, Painter, Refused};
 
 /// What every handler reads.
 pub struct Served {
@@ -36,6 +37,8 @@ pub struct Served {
     pub adapters: Vec<String>,
     /// Positions the model takes (prompt and reply).
     pub context: usize,
+    /// The picture thread and the name of its pipeline, with `--image`.
+    pub painter: Option<(Painter, String)>,
     /// Requests must carry `Authorization: Bearer KEY` when set.
     pub api_key: Option<String>,
     /// When the server started (Unix seconds), the model's `created`.
@@ -51,6 +54,7 @@ pub fn router(served: Arc<Served>, max_body: usize) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/images/generations", post(images))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(served)
@@ -108,7 +112,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         404,
         "invalid_request_error",
-        "no such route; this server has /v1/models, /v1/chat/completions, /v1/completions and /health",
+        "no such route; this server has /v1/models, /v1/chat/completions, /v1/completions, /v1/images/generations and /health",
     )
 }
 
@@ -130,6 +134,44 @@ async fn completions(
     State(s): State<Arc<Served>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     serve(s, headers, body, Kind::Completion).await
+}
+
+/// A picture: the prompt through the `--image` pipeline, the PNG in `b64_json`.
+async fn images(
+    State(s): State<Arc<Served>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    authorized(&headers, &s)?;
+    let body =
+        body.map_err(|r| ApiError::new(r.status().as_u16(), "invalid_request_error", r.body_text()))?;
+    let Some((painter, name)) = &s.painter else {
+        return Err(ApiError::new(
+            404,
+            "invalid_request_error",
+            "this server paints no pictures; start it with --image DIR",
+        )
+        .code("model_not_found"));
+    };
+    let req = api::parse_image(&body)?;
+    if let Some(m) = req.model.as_ref().filter(|m| *m != name) {
+        return Err(ApiError::new(
+            404,
+            "invalid_request_error",
+            format!("the model `{m}` does not exist; this server paints with `{name}`"),
+        )
+        .code("model_not_found"));
+    }
+    let (width, height) = req.size.unwrap_or(painter.default_size);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = ImageJob { prompt: req.prompt, width, height, seed: req.seed, reply: tx };
+    painter.submit(job).map_err(|_| {
+        ApiError::new(503, "server_error", "the picture queue is full; try again shortly").code("overloaded")
+    })?;
+    match rx.await {
+        Ok(Ok(png)) => Ok(Json(json!({"created": now(), "data": [{"b64_json": api::base64(&png)}]}))),
+        Ok(Err(Refused::Size(e))) => Err(ApiError::invalid("size", e)),
+        Ok(Err(Refused::Failed(e))) => Err(ApiError::new(500, "server_error", e)),
+        Err(_) => Err(ApiError::new(500, "server_error", "the picture thread stopped")),
+    }
 }
 
 /// The prompt's ids for `req`: the messages through the chat template, or the prompt as

@@ -1,7 +1,7 @@
 //! An OpenAI-compatible HTTP server for a rusting_brain language model: `GET /v1/models`,
 //! `POST /v1/chat/completions` (the messages through the model's chat template) and
-//! `POST /v1/completions`, each streamed as server-sent events when asked, with OpenAI's
-//! JSON errors. Every active request decodes in one batched step (`engine`); a request's
+//! `POST /v1/completions`, each streamed as server-sent events when asked, and
+//! `POST /v1/images/generations` over a text-to-image pipeline, with OpenAI's JSON errors. Every active request decodes in one batched step (`engine`); a request's
 //! tokens do not depend on what else shares its steps.
 
 pub mod api;
@@ -9,6 +9,8 @@ pub mod api;
 pub mod engine;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http")]
+pub mod images;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]

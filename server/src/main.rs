@@ -1,11 +1,12 @@
 //! `rusting-brain-server --model DIR|FILE.rbw [--tokenizer FILE] [--q8] [--name NAME]
-//! [--lora NAME=DIR|FILE.rbl]... [--host 127.0.0.1] [--port 8080] [--api-key KEY]
+//! [--lora NAME=DIR|FILE.rbl]... [--image DIR [--image-q8]] [--host 127.0.0.1] [--port 8080] [--api-key KEY]
 //! [--max-batch N] [--max-queue N] [--context N] [--max-body BYTES]`
 //!
 //! Serves the Hugging Face folder `DIR` (weights, `config.json`, `tokenizer.json`, the chat
 //! template in `tokenizer_config.json` or `chat_template.jinja`, `generation_config.json`),
 //! or a `.rbw` checkpoint with those files beside it, over OpenAI's API; each `--lora` is
-//! an adapter (PEFT's folder or `.rbl`) that requests pick with `"model": NAME`. Prints
+//! an adapter (PEFT's folder or `.rbl`) that requests pick with `"model": NAME`; `--image`
+//! a diffusers folder (FLUX, SD3, SD 1.x/2.x/XL) for `/v1/images/generations`. Prints
 //! `listening on http://HOST:PORT` once it answers; on SIGTERM or Ctrl-C it stops taking
 //! connections and exits after the requests in flight finish.
 
@@ -14,13 +15,16 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use rusting_brain::{ChatTemplate, GenerationConfig, Precision, TransformerLm};
+use rusting_brain::{ChatTemplate, GenerationConfig, ImagePipeline, Precision, TransformerLm};
 use rusting_brain_server::engine::Engine;
 use rusting_brain_server::http::{router, Served};
+use rusting_brain_server::images::Painter;
 use rusting_brain_server::ServerError;
 
 struct Args {
     model: PathBuf,
+    image: Option<PathBuf>,
+    image_q8: bool,
     tokenizer: Option<PathBuf>,
     lora: Vec<(String, PathBuf)>,
     q8: bool,
@@ -35,12 +39,14 @@ struct Args {
 }
 
 const USAGE: &str = "usage: rusting-brain-server --model DIR|FILE.rbw [--tokenizer FILE] [--q8] [--name NAME] \
-[--lora NAME=DIR|FILE.rbl]... [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--max-batch 16] [--max-queue 64] \
+[--lora NAME=DIR|FILE.rbl]... [--image DIR [--image-q8]] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--max-batch 16] [--max-queue 64] \
 [--context N] [--max-body 1048576]";
 
 fn parse_args() -> Result<Args, ServerError> {
     let mut a = Args {
         model: PathBuf::new(),
+        image: None,
+        image_q8: false,
         tokenizer: None,
         lora: Vec::new(),
         q8: false,
@@ -65,6 +71,8 @@ fn parse_args() -> Result<Args, ServerError> {
         };
         match flag.as_str() {
             "--model" => model = Some(PathBuf::from(value("a folder or a .rbw file")?)),
+            "--image" => a.image = Some(PathBuf::from(value("a diffusers folder")?)),
+            "--image-q8" => a.image_q8 = true,
             "--tokenizer" => a.tokenizer = Some(PathBuf::from(value("a tokenizer.json")?)),
             "--lora" => {
                 let v = value("NAME=PATH")?;
@@ -162,6 +170,17 @@ fn run() -> Result<(), ServerError> {
             .load_named_lora(adapter, path)
             .map_err(|e| ServerError::Model(format!("--lora {adapter}={}: {e}", path.display())))?;
     }
+    let painter = match &a.image {
+        Some(dir) => {
+            let precision = if a.image_q8 { Precision::Q8 } else { Precision::F32 };
+            let pipeline = ImagePipeline::load_at(dir, precision)
+                .map_err(|e| ServerError::Model(format!("--image {}: {e}", dir.display())))?;
+            let name = dir.file_name().map_or_else(|| "image".into(), |n| n.to_string_lossy().into_owned());
+            Some((Painter::start(pipeline, a.max_queue.min(8)), name))
+        }
+        None if a.image_q8 => return Err(ServerError::Usage("--image-q8 goes with --image DIR".into())),
+        None => None,
+    };
     let context = model.config().max_seq_len;
     let engine =
         Engine::start(model, tokenizer.clone(), generation.eos_token_ids.clone(), a.max_batch, a.max_queue);
@@ -172,6 +191,7 @@ fn run() -> Result<(), ServerError> {
         model_id: name,
         adapters: a.lora.iter().map(|(n, _)| n.clone()).collect(),
         context,
+        painter,
         api_key: a.api_key.clone(),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -13,8 +13,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use rusting_brain::vae::encode_png;
 use rusting_brain::{
-    ChatMessage, ChatTemplate, GenerationConfig, LoraConfig, Optimizer, Precision, Sampler, TransformerLm,
+    ChatMessage, ChatTemplate, GenerationConfig, ImagePipeline, LoraConfig, Optimizer, Precision, Sampler,
+    TransformerLm,
 };
 use rusting_brain_test_support::TempDir;
 use serde_json::{json, Value};
@@ -315,6 +317,66 @@ fn a_checkpoint_file_serves_what_its_folder_serves() {
     assert_eq!(status, 200, "{got}");
     assert_eq!(got["choices"][0]["message"], want["choices"][0]["message"]);
     assert_eq!(got["usage"], want["usage"]);
+}
+
+/// Standard base64 back to bytes (the test's own decoder, not the server's encoder).
+fn unbase64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("`{}` is not base64", c as char),
+    };
+    let mut out = Vec::new();
+    for quad in text.as_bytes().chunks(4) {
+        let pad = quad.iter().filter(|&&c| c == b'=').count();
+        let n =
+            quad.iter().filter(|&&c| c != b'=').fold(0u32, |n, &c| n << 6 | u32::from(value(c))) << (6 * pad);
+        out.extend_from_slice(&n.to_be_bytes()[1..4 - pad]);
+    }
+    out
+}
+
+/// `--image` over the tiny SD fixture: a picture request returns, byte for byte, the PNG
+/// of the picture `ImagePipeline::generate` paints for its prompt, size and seed; another
+/// seed paints another; bad picture requests get their 4xx; a server without `--image`
+/// says so.
+#[test]
+fn an_image_request_returns_the_pipelines_picture_for_the_seed() {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/pipelines/sd_tiny"));
+    let server = start(&["--image", dir.to_str().unwrap()]);
+    let paint = |seed: u64| {
+        let body = json!({"model": "sd_tiny", "prompt": "a lighthouse in fog", "size": "16x16", "seed": seed,
+                          "n": 1, "response_format": "b64_json"});
+        let (status, r) = post(server.port, "/v1/images/generations", &body);
+        assert_eq!(status, 200, "{r}");
+        unbase64(r["data"][0]["b64_json"].as_str().unwrap())
+    };
+    let mut pipeline = ImagePipeline::load(&dir).unwrap();
+    let want = |p: &mut ImagePipeline, seed| {
+        encode_png(&p.generate("a lighthouse in fog", 16, 16, Some(seed), |_, _| true).unwrap()).unwrap()
+    };
+    let got = paint(3);
+    assert_eq!(&got[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(got, want(&mut pipeline, 3), "not the pipeline's picture for seed 3");
+    assert_ne!(paint(4), got, "another seed painted the same picture");
+    for (body, status, param) in [
+        (json!({"prompt": "x", "size": "15x16"}), 400, "size"),
+        (json!({"prompt": "x", "n": 2}), 400, "n"),
+        (json!({"prompt": "x", "response_format": "url"}), 400, "response_format"),
+        (json!({"prompt": ""}), 400, "prompt"),
+        (json!({"prompt": "x", "size": "5000x5000"}), 400, "size"),
+    ] {
+        let (s, r) = post(server.port, "/v1/images/generations", &body);
+        assert_eq!((s, r["error"]["param"].as_str()), (status, Some(param)), "{body}: {r}");
+    }
+    let (s, r) = post(server.port, "/v1/images/generations", &json!({"model": "flux", "prompt": "x"}));
+    assert_eq!((s, r["error"]["code"].as_str()), (404, Some("model_not_found")), "{r}");
+    let (s, r) = post(start(&[]).port, "/v1/images/generations", &json!({"prompt": "x"}));
+    assert_eq!(s, 404, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("--image"), "{r}");
 }
 
 #[test]

@@ -222,13 +222,22 @@ pub struct Image {
 #[cfg(feature = "images")]
 pub fn save_png(image: &Image, path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
+    let bytes =
+        encode_png(image).map_err(|e| NetworkError::InvalidInput(format!("{}: {e}", path.display())))?;
+    crate::io::files::write_atomic(path, &bytes)
+}
+
+/// The bytes of the PNG [`save_png`] writes: 8-bit RGB, values clamped to [-1, 1] and
+/// mapped to 0..=255 by rounding (what a server sends as `b64_json`).
+#[cfg(feature = "images")]
+pub fn encode_png(image: &Image) -> Result<Vec<u8>> {
     let n = image
         .width
         .checked_mul(image.height)
         .ok_or_else(|| NetworkError::InvalidInput("image size overflows".into()))?;
     if image.channels != 3 || image.data.len() != 3 * n || n == 0 {
         return Err(NetworkError::InvalidInput(format!(
-            "save_png takes 3 channels of {} x {} values; the image has {} channels and {} values",
+            "a PNG takes 3 channels of {} x {} values; the image has {} channels and {} values",
             image.width,
             image.height,
             image.channels,
@@ -255,8 +264,8 @@ pub fn save_png(image: &Image, path: impl AsRef<Path>) -> Result<()> {
     let mut bytes = Vec::new();
     image::codecs::png::PngEncoder::new(&mut bytes)
         .write_image(&rgb, w, h, image::ExtendedColorType::Rgb8)
-        .map_err(|e| NetworkError::InvalidInput(format!("encoding {}: {e}", path.display())))?;
-    crate::io::files::write_atomic(path, &bytes)
+        .map_err(|e| NetworkError::InvalidInput(format!("encoding a PNG: {e}")))?;
+    Ok(bytes)
 }
 
 /// Reads a PNG, JPEG or BMP as a 3-channel [`Image`] in [-1, 1] (alpha dropped, grey
