@@ -78,12 +78,13 @@ if [ -z "$cmake_bin" ]; then
     cmake_bin="$dir/cmake-py/bin/cmake"
     export PYTHONPATH="$dir/cmake-py${PYTHONPATH:+:$PYTHONPATH}"
 fi
-# llama-bench for bench_decode; llama-quantize and llama-perplexity for quant_quality.
-tools=(llama-bench llama-quantize llama-perplexity)
+# llama-bench for bench_decode; llama-quantize and llama-perplexity for quant_quality;
+# llama-server for bench/serve_bench.py.
+tools=(llama-bench llama-quantize llama-perplexity llama-server)
 if ! (for t in "${tools[@]}"; do [ -x "$dir/build/bin/$t" ] || exit 1; done); then
     echo "== building ${tools[*]}"
     "$cmake_bin" -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
     "$cmake_bin" --build "$dir/build" --target "${tools[@]}" -j"$(nproc)"
 fi

@@ -64,6 +64,10 @@ fn matmul_matches_reference_on_awkward_shapes_and_every_transpose() {
         (33, 127, 7),
         (1000, 3, 33),
         (64, 64, 64),
+        // A few rows against a (n, k) weight (a batched decode step), n off the quads and
+        // large enough to split across the thread team.
+        (2, 5, 3),
+        (32, 1027, 129),
     ];
     for &(m, n, k) in &shapes {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -127,6 +131,42 @@ fn bf16_products_match_reference_on_the_tiles_edges() {
                     &c1,
                     &c2,
                 );
+            }
+        }
+    }
+}
+
+/// A few rows times a `(n, k)` weight (a decode step over several sequences): each row of
+/// the product is, bit for bit, that row's product alone, at every row count up to the
+/// few-rows path's 32 and with `n` off the quads and split across the thread team.
+#[test]
+fn few_row_products_give_each_row_its_bits_alone() {
+    let mut rng = Rng::new(104);
+    for (n, k) in [(1027, 129), (13, 40)] {
+        let w = randn(&mut rng, n * k);
+        let x = randn(&mut rng, 32 * k);
+        let init = randn(&mut rng, 32 * n);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for beta in [0.0, 1.0] {
+            let alone: Vec<Vec<u32>> = (0..32)
+                .map(|r| {
+                    let mut c = init[r * n..(r + 1) * n].to_vec();
+                    let spec = MatmulSpec::new(1, n, k).trans_b(true).beta(beta);
+                    CpuBackend.matmul(&mut c, &x[r * k..(r + 1) * k].to_vec(), &w, &spec).unwrap();
+                    bits(&c)
+                })
+                .collect();
+            for m in [2, 3, 5, 16, 32] {
+                let mut c = init[..m * n].to_vec();
+                let spec = MatmulSpec::new(m, n, k).trans_b(true).beta(beta);
+                CpuBackend.matmul(&mut c, &x[..m * k].to_vec(), &w, &spec).unwrap();
+                for r in 0..m {
+                    assert_eq!(
+                        bits(&c[r * n..(r + 1) * n]),
+                        alone[r],
+                        "n {n}, k {k}, beta {beta}: row {r} of {m}"
+                    );
+                }
             }
         }
     }

@@ -128,9 +128,9 @@ fn cache_errors_are_reported() {
 
 /// Three sequences (prompts of 3, 7 and 12 tokens) stepped together by
 /// `forward_cached_rows`, one leaving after two steps, against each stepped alone by
-/// `forward_cached` on caches of its own: int8 gives every row the same bits whatever
-/// shares its step; f32 agrees to the products' summation order (one GEMM over the rows
-/// against one row's).
+/// `forward_cached` on caches of its own: every row gets the bits of its sequence alone
+/// whatever shares its step, int8 and f32 (a few rows' products sum each row as one row's
+/// do).
 #[test]
 fn a_step_over_several_sequences_gives_each_its_own_logits() {
     for q8 in [false, true] {
@@ -159,12 +159,8 @@ fn a_step_over_several_sequences_gives_each_its_own_logits() {
             for (i, row) in logits.chunks(48).enumerate() {
                 let want = m.forward_cached(&ids[i..i + 1], &mut alone[i]).unwrap();
                 let what = format!("q8 {q8}, step {step}, sequence {i}");
-                if q8 {
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(row), bits(&want), "{what}: not the bits of the sequence alone");
-                } else {
-                    same(&what, row, &want);
-                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(row), bits(&want), "{what}: not the bits of the sequence alone");
             }
         }
         let lens: Vec<usize> = together.iter().map(|c| c.len()).collect();
@@ -194,10 +190,9 @@ fn a_step_over_several_sequences_refuses_bad_input_and_changes_nothing() {
 
 /// Two adapters of their own ranks and targets, trained a few steps, loaded by name
 /// beside an f32 and an int8 base; four sequences picking one, the other or the base
-/// stepped together by `forward_cached_rows_with` against each stepped alone. int8 gives
-/// every row the bits of its sequence alone whatever the others pick; f32 agrees to the
-/// base products' summation order (one GEMM over the rows against one row's; an adapter's
-/// products run on its row alone either way). A picked adapter is the model with that
+/// stepped together by `forward_cached_rows_with` against each stepped alone: every row
+/// gets the bits of its sequence alone whatever the others pick, int8 and f32 (an
+/// adapter's products run on its row alone). A picked adapter is the model with that
 /// adapter attached, bit for bit, and moves the logits well away from the base's.
 #[test]
 fn sequences_picking_different_adapters_share_a_step() {
@@ -262,11 +257,7 @@ fn sequences_picking_different_adapters_share_a_step() {
                     .forward_cached_rows_with(&ids[i..i + 1], &mut [&mut alone[i]], &picks[i..i + 1])
                     .unwrap();
                 let what = format!("q8 {q8}, step {step}, sequence {i} ({:?})", picks[i]);
-                if q8 {
-                    assert_eq!(bits(row), bits(&want), "{what}: not the bits of the sequence alone");
-                } else {
-                    same(&what, row, &want);
-                }
+                assert_eq!(bits(row), bits(&want), "{what}: not the bits of the sequence alone");
             }
         }
     }

@@ -21,6 +21,9 @@ const PARALLEL_MACS: f64 = 64.0 * 64.0 * 64.0;
 pub(crate) const PARALLEL_GEMV: usize = 1 << 18;
 /// Matrix elements above which a GEMV with rows to spare is split across the team.
 const TEAM_GEMV: usize = 1 << 14;
+/// Rows of `x` up to which `x W^T` runs as [`dot_rows_many`] (a decode step of that many
+/// sequences), so each row gets the bits it gets alone.
+pub(crate) const FEW_ROWS: usize = 32;
 
 pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<()> {
     let (a, b, c, spec) = spec.operands("matmul", a, b, c)?;
@@ -66,6 +69,8 @@ pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<
             epilogue_only(c, spec.beta);
         } else if spec.m == 1 || spec.n == 1 {
             gemv(c, a, b, spec);
+        } else if spec.trans_b && !spec.trans_a && spec.m <= FEW_ROWS {
+            dot_rows_many(c, b, a, spec);
         } else {
             gemm_crate(c, a, b, spec);
         }
@@ -178,6 +183,50 @@ fn dot_rows(out: &mut [f32], mat: &[f32], vec: &[f32], cols: usize, alpha: f32, 
         team::run_blocks(out.chunks_mut(per), |p, o| work(p * per, o));
     } else {
         work(0, out);
+    }
+}
+
+/// `c (m, n) = alpha * x (m, k) W^T + beta * c` with `W` stored `(n, k)`, for a few rows of
+/// `x`: each row meets each quad of `W`'s rows as [`dot_rows`] meets its one vector (the
+/// same `dot4`, or `dot` for the last rows, in the same order), so row `i` of `c` holds the
+/// bits [`dot_rows`] gives `x`'s row `i` alone whatever `m` is: a server decoding several
+/// requests in one step gives each the logits it gets alone, in f32 as in int8. `W` is
+/// read once for every row (a quad stays in L1 while the rows pass over it).
+fn dot_rows_many(c: &mut [f32], w: &[f32], x: &[f32], spec: &MatmulSpec) {
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    // (n, m): W's row j against every row of x, so a team part owns contiguous memory.
+    let mut t = vec![0.0f32; n * m];
+    let work = |first: usize, o: &mut [f32]| {
+        let rows = o.len() / m;
+        let row = |i: usize| &w[(first + i) * k..(first + i + 1) * k];
+        let quads = rows / 4;
+        for q in 0..quads {
+            let i = 4 * q;
+            for r in 0..m {
+                let d = simd::dot4(&x[r * k..(r + 1) * k], row(i), row(i + 1), row(i + 2), row(i + 3));
+                for u in 0..4 {
+                    o[(i + u) * m + r] = d[u];
+                }
+            }
+        }
+        for i in 4 * quads..rows {
+            for r in 0..m {
+                o[i * m + r] = simd::dot(row(i), &x[r * k..(r + 1) * k]);
+            }
+        }
+    };
+    let parts = team::parts();
+    if parts > 1 && n * k >= TEAM_GEMV && n >= 8 * parts {
+        // As dot_rows splits: blocks of W's rows, a multiple of four each.
+        let per = n.div_ceil(parts).div_ceil(4) * 4;
+        team::run_blocks(t.chunks_mut(per * m), |p, o| work(p * per, o));
+    } else {
+        work(0, &mut t);
+    }
+    for r in 0..m {
+        for j in 0..n {
+            store(&mut c[r * n + j], t[j * m + r], spec.alpha, spec.beta);
+        }
     }
 }
 
