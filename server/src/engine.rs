@@ -1,7 +1,8 @@
 //! The decoding thread: continuous batching over one model.
 //!
 //! Requests wait in a bounded queue. Between steps the thread takes new ones (up to
-//! `max_batch` active), prefills each alone into its own KV cache, then decodes every
+//! `max_batch` active), prefills them (an int8 model all in one pass) into KV caches of
+//! their own and sends each its first token, then decodes every
 //! active request in one `forward_cached_rows_with` step: the weight products once over all
 //! the rows, each request's adapters (if it named some) on its own row, attention per
 //! request over its own cache. A request leaves at the step after it
@@ -148,8 +149,6 @@ struct Slot {
     drawn: Vec<u32>,
     /// The text sent so far.
     sent: usize,
-    /// The logits the next token is drawn from.
-    logits: Vec<f32>,
 }
 
 struct Decoder {
@@ -161,95 +160,153 @@ struct Decoder {
     stats: Arc<Stats>,
 }
 
+/// The most prompt positions one joint prefill takes: the pass's activations stay a few
+/// megabytes a layer.
+const PREFILL_ROWS: usize = 2048;
+
 impl Decoder {
     fn run(mut self, inbox: mpsc::Receiver<Job>, queued: Arc<AtomicUsize>) {
         loop {
             // Idle: wait for work. Busy: take what has arrived, without waiting.
+            let mut joining = Vec::new();
             if self.active.is_empty() {
                 match inbox.recv() {
                     Ok(job) => {
                         queued.fetch_sub(1, Ordering::SeqCst);
-                        self.admit(job);
+                        joining.push(job);
                     }
                     Err(_) => return,
                 }
             }
-            while self.active.len() < self.max_batch {
+            while self.active.len() + joining.len() < self.max_batch {
                 match inbox.try_recv() {
                     Ok(job) => {
                         queued.fetch_sub(1, Ordering::SeqCst);
-                        self.admit(job);
+                        joining.push(job);
                     }
                     Err(_) => break,
                 }
             }
-            self.step();
-        }
-    }
-
-    /// Prefills a new request alone (its prompt's positions in its own cache).
-    fn admit(&mut self, job: Job) {
-        let mut caches = self.model.new_kv_caches();
-        match self.model.forward_cached_with(&job.prompt, &mut caches, job.adapter.as_deref()) {
-            Ok(logits) => {
-                let context = job.prompt.clone();
-                self.active.push(Slot { job, caches, context, drawn: Vec::new(), sent: 0, logits });
-            }
-            Err(e) => {
-                let _ = job.events.send(Event::Failed(e.to_string()));
+            self.admit(joining);
+            self.stats.active.store(self.active.len(), Ordering::Relaxed);
+            if !self.active.is_empty() {
+                self.step();
             }
         }
     }
 
-    /// Draws a token for every active request, retires the finished and the abandoned,
-    /// then runs the rest's new tokens through the model in one step.
-    fn step(&mut self) {
-        let context_len = self.model.config().max_seq_len;
-        let mut keep = Vec::with_capacity(self.active.len());
-        for mut s in std::mem::take(&mut self.active) {
-            if s.job.events.is_closed() {
+    /// Prefills the joining requests, each into its own KV cache, and draws each one's
+    /// first token at once (its time to first token is its prefill). An int8 model
+    /// prefills them together, the products once over every prompt's rows (each request
+    /// gets the bits it gets alone); an f32 model, whose long products sum in blocks of
+    /// the batch's size, prefills each alone so its replies stay the same under any load.
+    fn admit(&mut self, jobs: Vec<Job>) {
+        let limit = self.model.piece_limit();
+        let together = self.model.is_quantized() && jobs.len() > 1;
+        let (mut group, mut rows) = (Vec::new(), 0);
+        for job in jobs {
+            if !together || job.prompt.len() > limit {
+                self.prefill(vec![job]);
                 continue;
             }
-            let id = match s.job.sampler.sample(&s.logits, &s.context) {
-                Ok(id) => id,
-                Err(e) => {
-                    let _ = s.job.events.send(Event::Failed(e.to_string()));
-                    continue;
-                }
-            };
-            let mut finish = None;
-            if self.end_ids.contains(&id) {
-                finish = Some(Finish::Stop);
-            } else {
-                s.drawn.push(id);
-                s.context.push(id);
-                let text = self.tokenizer.decode(&s.drawn, false).unwrap_or_default();
-                // A stop string ends the reply before it; a character still missing bytes
-                // (the replacement character at the end) waits for the next token.
-                let (end, stopped) = match s.job.stops.iter().filter_map(|p| text.find(p.as_str())).min() {
-                    Some(at) => (at, true),
-                    None if text.ends_with('\u{FFFD}') => (s.sent, false),
-                    None => (text.len(), false),
-                };
-                if end > s.sent && text.is_char_boundary(s.sent) && text.is_char_boundary(end) {
-                    let _ = s.job.events.send(Event::Text(text[s.sent..end].to_string()));
-                    s.sent = end;
-                }
-                if stopped {
-                    finish = Some(Finish::Stop);
-                } else if s.drawn.len() >= s.job.max_tokens || s.context.len() >= context_len {
-                    finish = Some(Finish::Length);
-                }
+            if rows + job.prompt.len() > PREFILL_ROWS && !group.is_empty() {
+                self.prefill(std::mem::take(&mut group));
+                rows = 0;
             }
-            match finish {
-                Some(finish) => {
-                    let _ = s.job.events.send(Event::Done { finish, completion_tokens: s.drawn.len() });
+            rows += job.prompt.len();
+            group.push(job);
+        }
+        if !group.is_empty() {
+            self.prefill(group);
+        }
+    }
+
+    /// One prefill pass over `jobs` (each alone if the joint pass is refused, so a request's
+    /// refusal reaches it alone), then each one's first token.
+    fn prefill(&mut self, jobs: Vec<Job>) {
+        let mut caches: Vec<KvCaches> = jobs.iter().map(|_| self.model.new_kv_caches()).collect();
+        let pieces: Vec<&[u32]> = jobs.iter().map(|j| j.prompt.as_slice()).collect();
+        let adapters: Vec<Option<&str>> = jobs.iter().map(|j| j.adapter.as_deref()).collect();
+        let result = if jobs.len() == 1 {
+            self.model.forward_cached_with(pieces[0], &mut caches[0], adapters[0])
+        } else {
+            let mut refs: Vec<&mut KvCaches> = caches.iter_mut().collect();
+            self.model.forward_cached_many(&pieces, &mut refs, &adapters)
+        };
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) if jobs.len() == 1 => {
+                let _ = jobs[0].events.send(Event::Failed(e.to_string()));
+                return;
+            }
+            Err(_) => {
+                for job in jobs {
+                    self.prefill(vec![job]);
                 }
-                None => keep.push(s),
+                return;
+            }
+        };
+        let vocab = self.model.config().vocab_size;
+        for ((job, caches), row) in jobs.into_iter().zip(caches).zip(logits.chunks(vocab)) {
+            let context = job.prompt.clone();
+            let mut slot = Slot { job, caches, context, drawn: Vec::new(), sent: 0 };
+            if self.draw(&mut slot, row) {
+                self.active.push(slot);
             }
         }
-        self.active = keep;
-        self.stats.active.store(self.active.len(), Ordering::Relaxed);
+    }
+
+    /// Draws `s`'s next token from `logits` and sends its text; false when the reply ended
+    /// (its last event sent) or its client left.
+    fn draw(&self, s: &mut Slot, logits: &[f32]) -> bool {
+        if s.job.events.is_closed() {
+            return false;
+        }
+        let id = match s.job.sampler.sample(logits, &s.context) {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = s.job.events.send(Event::Failed(e.to_string()));
+                return false;
+            }
+        };
+        let context_len = self.model.config().max_seq_len;
+        let mut finish = None;
+        if self.end_ids.contains(&id) {
+            finish = Some(Finish::Stop);
+        } else {
+            s.drawn.push(id);
+            s.context.push(id);
+            let text = self.tokenizer.decode(&s.drawn, false).unwrap_or_default();
+            // A stop string ends the reply before it; a character still missing bytes (the
+            // replacement character at the end) waits for the next token.
+            let (end, stopped) = match s.job.stops.iter().filter_map(|p| text.find(p.as_str())).min() {
+                Some(at) => (at, true),
+                None if text.ends_with('\u{FFFD}') => (s.sent, false),
+                None => (text.len(), false),
+            };
+            if end > s.sent && text.is_char_boundary(s.sent) && text.is_char_boundary(end) {
+                let _ = s.job.events.send(Event::Text(text[s.sent..end].to_string()));
+                s.sent = end;
+            }
+            if stopped {
+                finish = Some(Finish::Stop);
+            } else if s.drawn.len() >= s.job.max_tokens || s.context.len() >= context_len {
+                finish = Some(Finish::Length);
+            }
+        }
+        match finish {
+            Some(finish) => {
+                let _ = s.job.events.send(Event::Done { finish, completion_tokens: s.drawn.len() });
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Runs every active request's last token through the model in one step, then draws
+    /// each one's next; the finished and the abandoned leave.
+    fn step(&mut self) {
+        self.active.retain(|s| !s.job.events.is_closed());
         if self.active.is_empty() {
             return;
         }
@@ -270,9 +327,13 @@ impl Decoder {
                     self.stats.mixed_steps.fetch_add(1, Ordering::Relaxed);
                 }
                 let vocab = self.model.config().vocab_size;
-                for (s, row) in self.active.iter_mut().zip(logits.chunks(vocab)) {
-                    s.logits = row.to_vec();
+                let mut keep = Vec::with_capacity(self.active.len());
+                for (mut s, row) in std::mem::take(&mut self.active).into_iter().zip(logits.chunks(vocab)) {
+                    if self.draw(&mut s, row) {
+                        keep.push(s);
+                    }
                 }
+                self.active = keep;
             }
             Err(e) => {
                 // The step failed as a whole (every row was checked before): each request
@@ -282,5 +343,6 @@ impl Decoder {
                 }
             }
         }
+        self.stats.active.store(self.active.len(), Ordering::Relaxed);
     }
 }

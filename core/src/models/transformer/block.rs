@@ -12,14 +12,17 @@ pub(super) enum Keys<'a, B: Backend> {
     Masked(&'a [bool]),
     /// A KV cache, after this pass's keys and values are appended at position `pos`.
     Cache { k: &'a mut B::Buffer, v: &'a mut B::Buffer, pos: usize },
-    /// One new position for each of several sequences: row `i` of this pass belongs to the
-    /// sequence whose cache is `rows[i]` (keys, values, the row's position). The products
-    /// run over every row at once; RoPE and attention run a row at a time in `one`.
-    Rows { rows: Vec<(&'a mut B::Buffer, &'a mut B::Buffer, usize)>, one: &'a mut RowScratch<B> },
+    /// New positions of several sequences, one after another: `rows[i]` is sequence `i`'s
+    /// cache (keys, values), where its new positions start, and how many it has. The
+    /// products run over every row at once; RoPE and attention run a sequence at a time in
+    /// `one`.
+    Rows { rows: Vec<(&'a mut B::Buffer, &'a mut B::Buffer, usize, usize)>, one: &'a mut RowScratch<B> },
 }
 
-/// One row's query, key, attention output and log-sum-exp, for [`Keys::Rows`].
+/// One sequence's queries, keys, attention output and log-sum-exp, for [`Keys::Rows`],
+/// for `len` positions (made again when a sequence has another count).
 pub(super) struct RowScratch<B: Backend> {
+    pub(super) len: usize,
     pub(super) q: B::Buffer,
     pub(super) k: B::Buffer,
     pub(super) att: B::Buffer,
@@ -27,40 +30,52 @@ pub(super) struct RowScratch<B: Backend> {
 }
 
 impl<B: Backend> RowScratch<B> {
-    pub(super) fn new(b: &B, c: &TransformerConfig) -> Result<Self> {
+    pub(super) fn new(b: &B, c: &TransformerConfig, len: usize) -> Result<Self> {
         let (q, kv) = (c.q_dim(), c.kv_dim());
-        Ok(RowScratch { q: b.zeros(q)?, k: b.zeros(kv)?, att: b.zeros(q)?, lse: b.zeros(c.q_heads)? })
+        Ok(RowScratch {
+            len,
+            q: b.zeros(len * q)?,
+            k: b.zeros(len * kv)?,
+            att: b.zeros(len * q)?,
+            lse: b.zeros(len * c.q_heads)?,
+        })
     }
 }
 
-/// Attention for [`Keys::Rows`]: row `i`'s query and key rotated at its own position, its
-/// key and value appended to its cache, its query attending over that cache alone.
-/// `q`, `k`, `v` hold every row's projections, `att` receives every row's output.
+/// Attention for [`Keys::Rows`]: each sequence's queries and keys rotated at its own
+/// positions, its keys and values appended to its cache, its queries attending over that
+/// cache alone (causally), as the sequence's own cached pass would. `q`, `k`, `v` hold
+/// every row's projections, `att` receives every row's output.
 #[allow(clippy::too_many_arguments)]
 fn attend_rows<B: Backend>(
-    b: &B, c: &TransformerConfig, rows: Vec<(&mut B::Buffer, &mut B::Buffer, usize)>,
+    b: &B, c: &TransformerConfig, rows: Vec<(&mut B::Buffer, &mut B::Buffer, usize, usize)>,
     one: &mut RowScratch<B>, q: &B::Buffer, k: &B::Buffer, v: &B::Buffer, att: &mut B::Buffer,
 ) -> Result<()> {
     let (qd, kv) = (c.q_dim(), c.kv_dim());
-    for (i, (cache_k, cache_v, pos)) in rows.into_iter().enumerate() {
-        let (rope_q, rope_k) = c.rope_specs(1, 1, pos);
-        b.copy_range(&mut one.q, 0, q, i * qd, qd)?;
-        b.copy_range(&mut one.k, 0, k, i * kv, kv)?;
+    let mut at = 0;
+    for (cache_k, cache_v, pos, len) in rows {
+        if one.len != len {
+            *one = RowScratch::new(b, c, len)?;
+        }
+        let (rope_q, rope_k) = c.rope_specs(1, len, pos);
+        b.copy_range(&mut one.q, 0, q, at * qd, len * qd)?;
+        b.copy_range(&mut one.k, 0, k, at * kv, len * kv)?;
         b.rope_forward(&mut one.q, &rope_q)?;
         b.rope_forward(&mut one.k, &rope_k)?;
-        b.copy_range(cache_k, pos * kv, &one.k, 0, kv)?;
-        b.copy_range(cache_v, pos * kv, v, i * kv, kv)?;
+        b.copy_range(cache_k, pos * kv, &one.k, 0, len * kv)?;
+        b.copy_range(cache_v, pos * kv, v, at * kv, len * kv)?;
         let spec = AttentionSpec {
             batch: 1,
-            q_len: 1,
-            kv_len: pos + 1,
+            q_len: len,
+            kv_len: pos + len,
             kv_capacity: c.max_seq_len,
             q_heads: c.q_heads,
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
         };
         b.attention_forward(&mut one.att, &mut one.lse, &one.q, cache_k, cache_v, &spec)?;
-        b.copy_range(att, i * qd, &one.att, 0, qd)?;
+        b.copy_range(att, at * qd, &one.att, 0, len * qd)?;
+        at += len;
     }
     Ok(())
 }

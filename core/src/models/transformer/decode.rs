@@ -30,8 +30,8 @@ impl<B: Backend> KvCache<B> {
 enum Caches<'m, 'c, B: Backend> {
     /// One sequence's, all of the pass's rows.
     One(&'m mut KvCache<B>),
-    /// One new row for each.
-    Many(&'m mut [&'c mut KvCache<B>]),
+    /// Several sequences' new rows one after another, `lens[i]` of them for `caches[i]`.
+    Many(&'m mut [&'c mut KvCache<B>], &'m [usize]),
 }
 
 /// Scratch of a cached forward pass over `rows` new positions.
@@ -58,9 +58,10 @@ pub(super) struct DecodeArena<B: Backend> {
     pub(super) lora_stride: usize,
     pub(super) last: B::Buffer,
     pub(super) logits: B::Buffer,
-    /// For [`TransformerModel::forward_cached_rows`]: one row's attention scratch and every
-    /// row's logits `(rows, vocab_size)`, made at its first call.
-    pub(super) step: Option<(RowScratch<B>, B::Buffer)>,
+    /// For passes over several sequences: one sequence's attention scratch, each
+    /// sequence's last row `(sequences, d_model)` and logits `(sequences, vocab_size)`,
+    /// made at the first such pass (the last two again when the count of sequences changes).
+    pub(super) step: Option<(RowScratch<B>, B::Buffer, B::Buffer)>,
 }
 
 impl<B: Backend> TransformerModel<B> {
@@ -118,14 +119,8 @@ impl<B: Backend> TransformerModel<B> {
     ) -> Result<&B::Buffer> {
         self.check_cached(ids, cache)?;
         self.check_picks(&[pick])?;
-        // A long prompt in pieces, so a piece's attention scores over the whole cache
-        // (rows x q_heads x max_seq_len) stay within 2^25 values (128 MiB, the storage
-        // binding every WebGPU adapter offers) and within the backend's binding. The
-        // pieces give the same values.
-        let c = &self.config;
-        let room = (1usize << 25).min(self.backend.max_binding_len());
-        let most = (room / (c.q_heads * c.max_seq_len).max(1)).clamp(1, 256);
-        for piece in ids.chunks(most) {
+        // A long prompt in pieces (see piece_limit); the pieces give the same values.
+        for piece in ids.chunks(self.piece_limit()) {
             self.cached_pass(piece, Caches::One(cache), &[pick])?;
         }
         Ok(&self.decode.as_ref().expect("the pass made it").logits)
@@ -151,9 +146,6 @@ impl<B: Backend> TransformerModel<B> {
     pub fn forward_cached_rows_picked(
         &mut self, ids: &[u32], caches: &mut [&mut KvCache<B>], picks: &[Option<usize>],
     ) -> Result<Vec<f32>> {
-        if ids.is_empty() {
-            return Err(batch_err("forward_cached_rows needs at least one sequence".into()));
-        }
         if ids.len() != caches.len() {
             return Err(batch_err(format!(
                 "{} ids for {} KV caches: one id a cache",
@@ -161,16 +153,63 @@ impl<B: Backend> TransformerModel<B> {
                 caches.len()
             )));
         }
-        if picks.len() != ids.len() {
-            return Err(batch_err(format!("{} adapter picks for {} sequences", picks.len(), ids.len())));
+        let pieces: Vec<&[u32]> = ids.chunks(1).collect();
+        self.forward_cached_many(&pieces, caches, picks)
+    }
+    /// Several sequences' new positions in one pass: `pieces[i]` (any number of ids)
+    /// follows what `caches[i]` holds and is appended to it, with the named adapters
+    /// `picks[i]` (`None`: the model as it stands). Returns the logits of each piece's last
+    /// position, `(pieces.len(), vocab_size)`. A server's joining prompts prefill together
+    /// this way, and its decode step is the case of one id a piece. The products run once
+    /// over every row; RoPE and attention run a sequence at a time over its own cache, as
+    /// its own [`TransformerModel::forward_cached_picked`] would. On an int8 model each
+    /// row's sums do not depend on the other rows, so a sequence gets the logits it gets
+    /// alone, bit for bit; in f32 the same holds for a pass of at most 32 rows (longer
+    /// products sum in blocks of the batch's size). A piece longer than
+    /// [`TransformerModel::piece_limit`] is refused (prefill it alone, which splits it).
+    /// Refused input changes nothing: every piece and cache is checked first.
+    pub fn forward_cached_many(
+        &mut self, pieces: &[&[u32]], caches: &mut [&mut KvCache<B>], picks: &[Option<usize>],
+    ) -> Result<Vec<f32>> {
+        if pieces.is_empty() {
+            return Err(batch_err("a cached pass over several sequences needs at least one".into()));
         }
-        for (i, cache) in caches.iter().enumerate() {
-            self.check_cached(&ids[i..i + 1], cache)?;
+        if pieces.len() != caches.len() {
+            return Err(batch_err(format!(
+                "{} pieces for {} KV caches: one piece a cache",
+                pieces.len(),
+                caches.len()
+            )));
+        }
+        if picks.len() != pieces.len() {
+            return Err(batch_err(format!("{} adapter picks for {} sequences", picks.len(), pieces.len())));
+        }
+        let most = self.piece_limit();
+        for (i, (piece, cache)) in pieces.iter().zip(caches.iter()).enumerate() {
+            self.check_cached(piece, cache)?;
+            if piece.len() > most {
+                return Err(batch_err(format!(
+                    "piece {i} has {} positions, over the {most} a pass takes for one sequence: prefill it alone",
+                    piece.len()
+                )));
+            }
         }
         self.check_picks(picks)?;
-        self.cached_pass(ids, Caches::Many(caches), picks)?;
+        let ids: Vec<u32> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+        let lens: Vec<usize> = pieces.iter().map(|p| p.len()).collect();
+        self.cached_pass(&ids, Caches::Many(caches, &lens), picks)?;
         let a = self.decode.as_ref().expect("the pass made it");
-        self.backend.download(&a.step.as_ref().expect("the pass made it").1)
+        self.backend.download(&a.step.as_ref().expect("the pass made it").2)
+    }
+    /// The most new positions of one sequence a cached pass takes: its attention scores
+    /// over the whole cache (positions x q_heads x max_seq_len) stay within 2^25 values
+    /// (128 MiB, the storage binding every WebGPU adapter offers) and within the backend's
+    /// binding; [`TransformerModel::forward_cached`] splits a longer prompt into pieces of
+    /// this size.
+    pub fn piece_limit(&self) -> usize {
+        let c = &self.config;
+        let room = (1usize << 25).min(self.backend.max_binding_len());
+        (room / (c.q_heads * c.max_seq_len).max(1)).clamp(1, 256)
     }
     /// The logits the last cached forward pass left in the backend's buffer, if any.
     pub fn cached_logits(&self) -> Option<&B::Buffer> {
@@ -303,14 +342,24 @@ impl<B: Backend> TransformerModel<B> {
         let d = c.d_model;
         let b = &self.backend;
         let a = self.decode.as_mut().expect("made above");
-        if matches!(caches, Caches::Many(_)) && a.step.is_none() {
-            a.step = Some((RowScratch::new(b, c)?, b.zeros(r * c.vocab_size)?));
+        if let Caches::Many(_, lens) = &caches {
+            let s = lens.len();
+            match &mut a.step {
+                Some((_, _, logits)) if b.len(logits) == s * c.vocab_size => {}
+                Some((_, last, logits)) => {
+                    *last = b.zeros(s * d)?;
+                    *logits = b.zeros(s * c.vocab_size)?;
+                }
+                None => {
+                    a.step = Some((RowScratch::new(b, c, 1)?, b.zeros(s * d)?, b.zeros(s * c.vocab_size)?))
+                }
+            }
         }
         let prec = self.precision;
         let mm = |m, nn, k| MatmulSpec::new(m, nn, k).precision(prec);
         let pos = match &caches {
             Caches::One(cache) => cache.len,
-            Caches::Many(_) => 0,
+            Caches::Many(..) => 0,
         };
         let (rope_q, rope_k) = c.rope_specs(1, r, pos);
         let spec = AttentionSpec {
@@ -334,8 +383,17 @@ impl<B: Backend> TransformerModel<B> {
         self.expert_usage.clear();
         let lora_ctx = LoraCtx::of(self.lora.as_ref(), prec);
         let named = &self.named_lora;
-        // A sequence's rows: all of the pass's for one sequence, one each for several.
-        let per = if picks.len() == 1 { r } else { 1 };
+        // Each sequence's rows of the pass (first, count).
+        let spans: Vec<(usize, usize)> = match &caches {
+            Caches::One(_) => alloc::vec![(0, r)],
+            Caches::Many(_, lens) => lens
+                .iter()
+                .scan(0, |at, &n| {
+                    *at += n;
+                    Some((*at - n, n))
+                })
+                .collect(),
+        };
         for l in 0..c.n_layers {
             let w = block_view(&self.params, quantized, l)?;
             let lora = if picks.iter().all(Option::is_none) {
@@ -347,7 +405,8 @@ impl<B: Backend> TransformerModel<B> {
                     .filter_map(|(i, k)| {
                         let n = &named[(*k)?];
                         let ctx = LoraCtx { rank: n.config.rank, scale: n.config.scale(), prec };
-                        Some(Rows { w: &n.weights.layers[l], ctx, first: i * per, rows: per })
+                        let (first, rows) = spans[i];
+                        Some(Rows { w: &n.weights.layers[l], ctx, first, rows })
                     })
                     .collect();
                 Some(BlockLora { groups, t: &mut a.lora_t[l], stride: a.lora_stride })
@@ -376,8 +435,12 @@ impl<B: Backend> TransformerModel<B> {
             };
             let keys = match &mut caches {
                 Caches::One(cache) => Keys::Cache { k: &mut cache.k[l], v: &mut cache.v[l], pos },
-                Caches::Many(many) => Keys::Rows {
-                    rows: many.iter_mut().map(|m| (&mut m.k[l], &mut m.v[l], m.len)).collect(),
+                Caches::Many(many, lens) => Keys::Rows {
+                    rows: many
+                        .iter_mut()
+                        .zip(lens.iter())
+                        .map(|(m, &n)| (&mut m.k[l], &mut m.v[l], m.len, n))
+                        .collect(),
                     one: &mut a.step.as_mut().expect("made above").0,
                 },
             };
@@ -400,12 +463,22 @@ impl<B: Backend> TransformerModel<B> {
                 head.apply(b, &mut a.logits, &a.last, mm(1, c.vocab_size, d))?;
                 cache.len += r;
             }
-            Caches::Many(many) => {
-                // Every row's logits: one (r, d) x (d, vocab) product.
-                let logits = &mut a.step.as_mut().expect("made above").1;
-                head.apply(b, logits, &a.h, mm(r, c.vocab_size, d))?;
-                for m in many.iter_mut() {
-                    m.len += 1;
+            Caches::Many(many, lens) => {
+                // Each sequence's last row's logits: one (sequences, d) x (d, vocab) product
+                // (over the stream itself when every sequence has one row).
+                let s = lens.len();
+                let (_, last, logits) = a.step.as_mut().expect("made above");
+                let rows = if s == r {
+                    &a.h
+                } else {
+                    for (i, &(first, n)) in spans.iter().enumerate() {
+                        b.copy_range(last, i * d, &a.h, (first + n - 1) * d, d)?;
+                    }
+                    &*last
+                };
+                head.apply(b, logits, rows, mm(s, c.vocab_size, d))?;
+                for (m, &n) in many.iter_mut().zip(lens.iter()) {
+                    m.len += n;
                 }
             }
         }

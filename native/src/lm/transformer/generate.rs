@@ -61,9 +61,9 @@ impl TransformerLm {
     /// holds. Returns the logits `(ids.len(), vocab_size)`, row `i` for sequence `i`. The
     /// weight products run once over all the rows (one GEMM a weight for the whole step, as
     /// a server batching its requests wants); RoPE and attention run a sequence at a time
-    /// over its own cache. Each row's sums do not depend on the others: an int8 model gives
-    /// a sequence the logits `forward_cached` gives it alone, bit for bit, whatever shares
-    /// its step. Refused input (an id out of range, a full cache, caches of another device
+    /// over its own cache. Each row's sums do not depend on the others: a sequence gets the
+    /// logits `forward_cached` gives it alone, bit for bit, whatever shares its step (in
+    /// f32 up to 32 sequences a step, on the CPU). Refused input (an id out of range, a full cache, caches of another device
     /// or model) changes no cache.
     pub fn forward_cached_rows(&mut self, ids: &[u32], caches: &mut [&mut KvCaches]) -> Result<Vec<f32>> {
         self.forward_cached_rows_with(ids, caches, &vec![None; ids.len()])
@@ -76,6 +76,26 @@ impl TransformerLm {
     /// sequence alone (bit for bit on an int8 base).
     pub fn forward_cached_rows_with(
         &mut self, ids: &[u32], caches: &mut [&mut KvCaches], adapters: &[Option<&str>],
+    ) -> Result<Vec<f32>> {
+        if ids.len() != caches.len() {
+            return Err(NetworkError::InvalidInput(format!(
+                "{} ids for {} KV caches: one id a cache",
+                ids.len(),
+                caches.len()
+            )));
+        }
+        let pieces: Vec<&[u32]> = ids.chunks(1).collect();
+        self.forward_cached_many(&pieces, caches, adapters)
+    }
+    /// Several sequences' new positions in one pass: `pieces[i]` (any number of ids, at
+    /// most [`TransformerLm::piece_limit`]) follows what `caches[i]` holds, with the
+    /// adapters `adapters[i]` names (`None`: the base). Returns the logits of each piece's
+    /// last position, `(pieces.len(), vocab_size)`: a server's joining prompts prefill in
+    /// one pass this way, the weight products once over all their rows. An int8 model
+    /// gives each sequence the logits it gets alone, bit for bit (f32 for passes of at
+    /// most 32 rows). Refused input changes no cache.
+    pub fn forward_cached_many(
+        &mut self, pieces: &[&[u32]], caches: &mut [&mut KvCaches], adapters: &[Option<&str>],
     ) -> Result<Vec<f32>> {
         let picks = adapters.iter().map(|a| self.pick_lora(*a)).collect::<Result<Vec<_>>>()?;
         for c in caches.iter_mut() {
@@ -99,7 +119,7 @@ impl TransformerLm {
                         None => Err(other()),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Ok(m.forward_cached_rows_picked(ids, &mut inner, &picks)?)
+                Ok(m.forward_cached_many(pieces, &mut inner, &picks)?)
             }
             #[cfg(feature = "gpu")]
             LmEngine::Wgpu(m) => {
@@ -110,7 +130,7 @@ impl TransformerLm {
                         _ => Err(other()),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Ok(m.device.forward_cached_rows_picked(ids, &mut inner, &picks)?)
+                Ok(m.device.forward_cached_many(pieces, &mut inner, &picks)?)
             }
             #[cfg(feature = "cuda-backend")]
             LmEngine::Cuda(m) => {
@@ -121,8 +141,19 @@ impl TransformerLm {
                         _ => Err(other()),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Ok(m.device.forward_cached_rows_picked(ids, &mut inner, &picks)?)
+                Ok(m.device.forward_cached_many(pieces, &mut inner, &picks)?)
             }
+        }
+    }
+    /// The most new positions of one sequence [`TransformerLm::forward_cached_many`] takes
+    /// (`forward_cached` splits a longer prompt into pieces of this size).
+    pub fn piece_limit(&self) -> usize {
+        match &self.engine {
+            LmEngine::Cpu(m) => m.piece_limit(),
+            #[cfg(feature = "gpu")]
+            LmEngine::Wgpu(m) => m.device.piece_limit(),
+            #[cfg(feature = "cuda-backend")]
+            LmEngine::Cuda(m) => m.device.piece_limit(),
         }
     }
     /// Runs `ids` and leaves the logits where they are: on wgpu, only the argmax is read
