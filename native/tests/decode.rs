@@ -290,7 +290,7 @@ fn named_adapters_refuse_bad_names_and_files_and_change_nothing() {
 }
 
 /// Prompts of several lengths (and a sequence mid-decode with one new id) run in one
-/// `forward_cached_many` pass against each run alone by `forward_cached`: the same bits
+/// `forward_cached_many` pass against each run alone through it: the same bits
 /// for each sequence's last logits and then for every later decode step, int8 at 93 rows a
 /// pass and f32 at 23 (its few-rows products; longer f32 products sum in blocks of the
 /// batch's size). A named adapter on one sequence stays its own.
@@ -318,11 +318,11 @@ fn several_prompts_prefill_in_one_pass_as_each_does_alone() {
         let pieces: Vec<Vec<u32>> =
             lens.iter().map(|&n| (0..n).map(|_| rng.below(48) as u32).collect()).collect();
         let (mut together, mut alone): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
-        for i in 0..4 {
+        for (i, pick) in picks.iter().enumerate() {
             let (mut a, mut b) = (m.new_kv_caches(), m.new_kv_caches());
             if i >= 2 {
-                m.forward_cached_with(&head, &mut a, picks[i]).unwrap();
-                m.forward_cached_with(&head, &mut b, picks[i]).unwrap();
+                m.forward_cached_with(&head, &mut a, *pick).unwrap();
+                m.forward_cached_with(&head, &mut b, *pick).unwrap();
             }
             together.push(a);
             alone.push(b);
@@ -332,7 +332,7 @@ fn several_prompts_prefill_in_one_pass_as_each_does_alone() {
         let logits = m.forward_cached_many(&refs, &mut rows, &picks).unwrap();
         assert_eq!(logits.len(), 4 * 48);
         for i in 0..4 {
-            let want = m.forward_cached_with(&pieces[i], &mut alone[i], picks[i]).unwrap();
+            let want = m.forward_cached_many(&[&pieces[i]], &mut [&mut alone[i]], &picks[i..i + 1]).unwrap();
             assert_eq!(bits(&logits[i * 48..(i + 1) * 48]), bits(&want), "q8 {q8}: sequence {i}'s prefill");
             assert_eq!(together[i].len(), alone[i].len());
         }
@@ -359,4 +359,38 @@ fn several_prompts_prefill_in_one_pass_as_each_does_alone() {
     let e = m.forward_cached_many(&[&[1], &long], &mut [&mut a, &mut b], &[None, None]).unwrap_err();
     assert!(e.to_string().contains("prefill it alone"), "{e}");
     assert_eq!((a.len(), b.len()), (0, 0));
+}
+
+/// A prompt that starts as an earlier one did continues from a copy of that cache's first
+/// positions (`copy_kv_prefix`): on an int8 model, through `forward_cached_many`, the
+/// logits a fresh prefill of the whole prompt gives, bit for bit, and the decode steps
+/// after; a copy longer than the cache holds is
+/// refused and changes nothing.
+#[test]
+fn a_copied_prefix_continues_as_a_fresh_prefill() {
+    let mut m = model(64, 17);
+    m.quantize().unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let first: Vec<u32> = (0..30).map(|i| (i * 7 + 3) % 48).collect();
+    // Twenty new positions after the copied twenty: long enough that a backend may tile
+    // a many-query attention call, which the cached passes over several sequences do not.
+    let mut second = first[..20].to_vec();
+    second.extend((0..20).map(|i| (i * 5 + 1) % 48));
+    let mut earlier = m.new_kv_caches();
+    m.forward_cached_many(&[&first], &mut [&mut earlier], &[None]).unwrap();
+    let (mut reused, mut fresh) = (m.new_kv_caches(), m.new_kv_caches());
+    m.copy_kv_prefix(&earlier, &mut reused, 20).unwrap();
+    assert_eq!(reused.len(), 20);
+    let a = m.forward_cached_many(&[&second[20..]], &mut [&mut reused], &[None]).unwrap();
+    let b = m.forward_cached_many(&[&second], &mut [&mut fresh], &[None]).unwrap();
+    assert_eq!(bits(&a), bits(&b), "the copied prefix's continuation");
+    for id in [3u32, 40, 7] {
+        let a = m.forward_cached(&[id], &mut reused).unwrap();
+        let b = m.forward_cached(&[id], &mut fresh).unwrap();
+        assert_eq!(bits(&a), bits(&b), "decoding {id} after the copied prefix");
+    }
+    let mut other = m.new_kv_caches();
+    let e = m.copy_kv_prefix(&earlier, &mut other, 31).unwrap_err().to_string();
+    assert!(e.contains("holds 30 positions"), "{e}");
+    assert_eq!(other.len(), 0);
 }

@@ -1,8 +1,9 @@
 //! The decoding thread: continuous batching over one model.
 //!
 //! Requests wait in a bounded queue. Between steps the thread takes new ones (up to
-//! `max_batch` active), prefills them (an int8 model all in one pass) into KV caches of
-//! their own and sends each its first token, then decodes every
+//! `max_batch` active), prefills them (an int8 model all in one pass, a prompt that starts
+//! as a recent one did from a copy of its cache) into KV caches of their own and sends each
+//! its first token, then decodes every
 //! active request in one `forward_cached_rows_with` step: the weight products once over all
 //! the rows, each request's adapters (if it named some) on its own row, attention per
 //! request over its own cache. A request leaves at the step after it
@@ -73,6 +74,8 @@ pub struct Stats {
     pub rows: AtomicU64,
     /// Steps whose requests named different adapters (or an adapter and the base).
     pub mixed_steps: AtomicU64,
+    /// Prompt positions whose keys and values came from an earlier request's cache.
+    pub reused_positions: AtomicU64,
 }
 
 /// The handlers' side of the decoding thread.
@@ -110,6 +113,7 @@ impl Engine {
                     max_batch: max_batch.max(1),
                     active: Vec::new(),
                     stats: counts,
+                    pool: Vec::new(),
                 }
                 .run(inbox, waiting)
             })
@@ -158,7 +162,15 @@ struct Decoder {
     max_batch: usize,
     active: Vec<Slot>,
     stats: Arc<Stats>,
+    /// The caches of the last requests to finish (int8 models): the ids each holds and the
+    /// adapters it was computed with, newest last.
+    pool: Vec<(Vec<u32>, Option<String>, KvCaches)>,
 }
+
+/// Finished requests' caches kept for the prompts that start as theirs did.
+const POOL: usize = 4;
+/// Shared prompt positions below which an earlier cache is not worth copying.
+const MIN_REUSE: usize = 8;
 
 /// The most prompt positions one joint prefill takes: the pass's activations stay a few
 /// megabytes a layer.
@@ -197,37 +209,82 @@ impl Decoder {
 
     /// Prefills the joining requests, each into its own KV cache, and draws each one's
     /// first token at once (its time to first token is its prefill). An int8 model
-    /// prefills them together, the products once over every prompt's rows (each request
-    /// gets the bits it gets alone); an f32 model, whose long products sum in blocks of
-    /// the batch's size, prefills each alone so its replies stay the same under any load.
+    /// prefills them together through `forward_cached_many`, a prompt that starts as a
+    /// recent one did continuing from a copy of that request's cache: each position's sums
+    /// are the same however prompts are grouped or split, so a request gets the bits it
+    /// gets alone. An f32 model, whose long products sum in blocks of the batch's size,
+    /// prefills each alone so its replies stay the same under any load.
     fn admit(&mut self, jobs: Vec<Job>) {
         let limit = self.model.piece_limit();
-        let together = self.model.is_quantized() && jobs.len() > 1;
-        let (mut group, mut rows) = (Vec::new(), 0);
-        for job in jobs {
-            if !together || job.prompt.len() > limit {
-                self.prefill(vec![job]);
-                continue;
+        if !self.model.is_quantized() {
+            for job in jobs {
+                let caches = self.model.new_kv_caches();
+                self.prefill(vec![(job, caches)]);
             }
-            if rows + job.prompt.len() > PREFILL_ROWS && !group.is_empty() {
+            return;
+        }
+        let (mut group, mut rows) = (Vec::new(), 0);
+        'jobs: for job in jobs {
+            let mut caches = self.model.new_kv_caches();
+            let best = self
+                .pool
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, adapter, _))| *adapter == job.adapter)
+                .map(|(i, (ids, _, _))| (i, ids.iter().zip(&job.prompt).take_while(|(a, b)| a == b).count()))
+                .max_by_key(|&(_, n)| n);
+            if let Some((i, n)) = best {
+                let n = n.min(job.prompt.len() - 1);
+                if n >= MIN_REUSE && self.model.copy_kv_prefix(&self.pool[i].2, &mut caches, n).is_ok() {
+                    self.stats.reused_positions.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+            // A prompt over the piece limit: its leading pieces first, a pass each.
+            while job.prompt.len() - caches.len() > limit {
+                let at = caches.len();
+                let piece = &job.prompt[at..at + limit];
+                if let Err(e) =
+                    self.model.forward_cached_many(&[piece], &mut [&mut caches], &[job.adapter.as_deref()])
+                {
+                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    continue 'jobs;
+                }
+            }
+            let new = job.prompt.len() - caches.len();
+            if rows + new > PREFILL_ROWS && !group.is_empty() {
                 self.prefill(std::mem::take(&mut group));
                 rows = 0;
             }
-            rows += job.prompt.len();
-            group.push(job);
+            rows += new;
+            group.push((job, caches));
         }
         if !group.is_empty() {
             self.prefill(group);
         }
     }
 
+    /// Keeps a finished request's cache for the prompts that start as its did.
+    fn retire(&mut self, s: Slot) {
+        if !self.model.is_quantized() || s.caches.len() < MIN_REUSE {
+            return;
+        }
+        let held = s.caches.len();
+        let mut ids = s.context;
+        ids.truncate(held);
+        self.pool.push((ids, s.job.adapter, s.caches));
+        if self.pool.len() > POOL {
+            self.pool.remove(0);
+        }
+    }
+
     /// One prefill pass over `jobs` (each alone if the joint pass is refused, so a request's
-    /// refusal reaches it alone), then each one's first token.
-    fn prefill(&mut self, jobs: Vec<Job>) {
-        let mut caches: Vec<KvCaches> = jobs.iter().map(|_| self.model.new_kv_caches()).collect();
-        let pieces: Vec<&[u32]> = jobs.iter().map(|j| j.prompt.as_slice()).collect();
+    /// refusal reaches it alone), each after what its cache already holds, then each one's
+    /// first token.
+    fn prefill(&mut self, jobs: Vec<(Job, KvCaches)>) {
+        let (jobs, mut caches): (Vec<Job>, Vec<KvCaches>) = jobs.into_iter().unzip();
+        let pieces: Vec<&[u32]> = jobs.iter().zip(&caches).map(|(j, c)| &j.prompt[c.len()..]).collect();
         let adapters: Vec<Option<&str>> = jobs.iter().map(|j| j.adapter.as_deref()).collect();
-        let result = if jobs.len() == 1 {
+        let result = if !self.model.is_quantized() {
             self.model.forward_cached_with(pieces[0], &mut caches[0], adapters[0])
         } else {
             let mut refs: Vec<&mut KvCaches> = caches.iter_mut().collect();
@@ -240,8 +297,8 @@ impl Decoder {
                 return;
             }
             Err(_) => {
-                for job in jobs {
-                    self.prefill(vec![job]);
+                for pair in jobs.into_iter().zip(caches) {
+                    self.prefill(vec![pair]);
                 }
                 return;
             }
@@ -252,6 +309,8 @@ impl Decoder {
             let mut slot = Slot { job, caches, context, drawn: Vec::new(), sent: 0 };
             if self.draw(&mut slot, row) {
                 self.active.push(slot);
+            } else {
+                self.retire(slot);
             }
         }
     }
@@ -331,6 +390,8 @@ impl Decoder {
                 for (mut s, row) in std::mem::take(&mut self.active).into_iter().zip(logits.chunks(vocab)) {
                     if self.draw(&mut s, row) {
                         keep.push(s);
+                    } else {
+                        self.retire(s);
                     }
                 }
                 self.active = keep;

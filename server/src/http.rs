@@ -94,7 +94,8 @@ fn authorized(headers: &HeaderMap, s: &Served) -> Result<(), ApiError> {
 }
 
 /// Up, and what the decoding thread is doing: requests decoding and waiting, steps run,
-/// rows decoded, steps shared by requests for different adapters.
+/// rows decoded, steps shared by requests for different adapters, prompt positions taken
+/// from earlier requests' caches.
 async fn health(State(s): State<Arc<Served>>) -> Json<Value> {
     let st = s.engine.stats();
     let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -105,6 +106,7 @@ async fn health(State(s): State<Arc<Served>>) -> Json<Value> {
         "decode_steps": n(&st.steps),
         "decoded_rows": n(&st.rows),
         "mixed_adapter_steps": n(&st.mixed_steps),
+        "reused_prompt_positions": n(&st.reused_positions),
     }))
 }
 

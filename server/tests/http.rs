@@ -481,6 +481,34 @@ fn a_load_run_gets_replies_or_503s_and_leaves_the_server_idle() {
     );
 }
 
+/// An int8 server keeps the caches of its last requests: a chat that starts as an earlier
+/// one did (the same system prompt) continues from that cache's keys and values, which
+/// `/health` counts, and still gets the reply a fresh server gives it.
+#[test]
+fn a_shared_system_prompt_is_reused_and_changes_no_reply() {
+    let chat = |q: &str| {
+        json!({"model": "chatml", "max_tokens": 6, "temperature": 0, "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": q}]})
+    };
+    let server = start(&["--q8"]);
+    let ask = |port: u16, q: &str| {
+        let (status, r) = post(port, "/v1/chat/completions", &chat(q));
+        assert_eq!(status, 200, "{r}");
+        r
+    };
+    let first = ask(server.port, "hi");
+    let second = ask(server.port, "a chat");
+    let (_, health) = request(server.port, "GET", "/health", &[], b"");
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert!(health["reused_prompt_positions"].as_u64().unwrap() >= 8, "{health}");
+    for (q, got) in [("hi", &first), ("a chat", &second)] {
+        let fresh = ask(start(&["--q8"]).port, q);
+        assert_eq!(got["choices"][0]["message"], fresh["choices"][0]["message"], "{q}");
+        assert_eq!(got["usage"], fresh["usage"], "{q}");
+    }
+}
+
 #[test]
 fn malformed_requests_get_openai_errors_and_the_server_keeps_serving() {
     let server = start(&["--max-body", "4096"]);

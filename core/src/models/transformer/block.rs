@@ -19,12 +19,14 @@ pub(super) enum Keys<'a, B: Backend> {
     Rows { rows: Vec<(&'a mut B::Buffer, &'a mut B::Buffer, usize, usize)>, one: &'a mut RowScratch<B> },
 }
 
-/// One sequence's queries, keys, attention output and log-sum-exp, for [`Keys::Rows`],
-/// for `len` positions (made again when a sequence has another count).
+/// One sequence's rotated queries and keys for `len` positions (made again when a sequence
+/// has another count), and one query's attention, for [`Keys::Rows`].
 pub(super) struct RowScratch<B: Backend> {
     pub(super) len: usize,
     pub(super) q: B::Buffer,
     pub(super) k: B::Buffer,
+    /// One query, its attention output and log-sum-exp.
+    pub(super) q1: B::Buffer,
     pub(super) att: B::Buffer,
     pub(super) lse: B::Buffer,
 }
@@ -36,16 +38,20 @@ impl<B: Backend> RowScratch<B> {
             len,
             q: b.zeros(len * q)?,
             k: b.zeros(len * kv)?,
-            att: b.zeros(len * q)?,
-            lse: b.zeros(len * c.q_heads)?,
+            q1: b.zeros(q)?,
+            att: b.zeros(q)?,
+            lse: b.zeros(c.q_heads)?,
         })
     }
 }
 
 /// Attention for [`Keys::Rows`]: each sequence's queries and keys rotated at its own
-/// positions, its keys and values appended to its cache, its queries attending over that
-/// cache alone (causally), as the sequence's own cached pass would. `q`, `k`, `v` hold
-/// every row's projections, `att` receives every row's output.
+/// positions, its keys and values appended to its cache, then each query attending over
+/// that cache alone up to its own position, one query at a time. One query a call keeps a
+/// position's sums the same however its sequence's positions are split between passes
+/// (a backend may tile a many-query call), so a prompt continued from a copied prefix, or
+/// prefilled beside others, gets the bits of its own pass. `q`, `k`, `v` hold every row's
+/// projections, `att` receives every row's output.
 #[allow(clippy::too_many_arguments)]
 fn attend_rows<B: Backend>(
     b: &B, c: &TransformerConfig, rows: Vec<(&mut B::Buffer, &mut B::Buffer, usize, usize)>,
@@ -64,17 +70,20 @@ fn attend_rows<B: Backend>(
         b.rope_forward(&mut one.k, &rope_k)?;
         b.copy_range(cache_k, pos * kv, &one.k, 0, len * kv)?;
         b.copy_range(cache_v, pos * kv, v, at * kv, len * kv)?;
-        let spec = AttentionSpec {
-            batch: 1,
-            q_len: len,
-            kv_len: pos + len,
-            kv_capacity: c.max_seq_len,
-            q_heads: c.q_heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-        };
-        b.attention_forward(&mut one.att, &mut one.lse, &one.q, cache_k, cache_v, &spec)?;
-        b.copy_range(att, at * qd, &one.att, 0, len * qd)?;
+        for i in 0..len {
+            let spec = AttentionSpec {
+                batch: 1,
+                q_len: 1,
+                kv_len: pos + i + 1,
+                kv_capacity: c.max_seq_len,
+                q_heads: c.q_heads,
+                kv_heads: c.kv_heads,
+                head_dim: c.head_dim,
+            };
+            b.copy_range(&mut one.q1, 0, &one.q, i * qd, qd)?;
+            b.attention_forward(&mut one.att, &mut one.lse, &one.q1, cache_k, cache_v, &spec)?;
+            b.copy_range(att, (at + i) * qd, &one.att, 0, qd)?;
+        }
         at += len;
     }
     Ok(())

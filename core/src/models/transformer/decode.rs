@@ -161,11 +161,14 @@ impl<B: Backend> TransformerModel<B> {
     /// `picks[i]` (`None`: the model as it stands). Returns the logits of each piece's last
     /// position, `(pieces.len(), vocab_size)`. A server's joining prompts prefill together
     /// this way, and its decode step is the case of one id a piece. The products run once
-    /// over every row; RoPE and attention run a sequence at a time over its own cache, as
-    /// its own [`TransformerModel::forward_cached_picked`] would. On an int8 model each
-    /// row's sums do not depend on the other rows, so a sequence gets the logits it gets
-    /// alone, bit for bit; in f32 the same holds for a pass of at most 32 rows (longer
-    /// products sum in blocks of the batch's size). A piece longer than
+    /// over every row; RoPE runs a sequence at a time, and attention a position at a time
+    /// over its sequence's cache. On an int8 model each row's sums depend neither on the
+    /// other rows nor on how a sequence's positions are split between passes, so a
+    /// sequence gets the logits its own pass gives it, bit for bit, and a prompt continued
+    /// from a copied prefix ([`TransformerModel::copy_kv_prefix`]) those of its whole
+    /// prefill; in f32 the same holds for passes of at most 32 rows (longer products sum in
+    /// blocks of the batch's size). [`TransformerModel::forward_cached_picked`] agrees to
+    /// rounding (its attention may be tiled over a prompt's positions). A piece longer than
     /// [`TransformerModel::piece_limit`] is refused (prefill it alone, which splits it).
     /// Refused input changes nothing: every piece and cache is checked first.
     pub fn forward_cached_many(
@@ -210,6 +213,33 @@ impl<B: Backend> TransformerModel<B> {
         let c = &self.config;
         let room = (1usize << 25).min(self.backend.max_binding_len());
         (room / (c.q_heads * c.max_seq_len).max(1)).clamp(1, 256)
+    }
+    /// Makes `to` hold the first `n` positions `from` holds (and nothing after): a prompt
+    /// that starts as an earlier one did (a chat's system prompt) reuses those positions'
+    /// keys and values instead of computing them again. On an int8 model the values are the
+    /// bits a prefill of the whole prompt computes, and a continuation through
+    /// [`TransformerModel::forward_cached_many`] gives that prefill's logits; in f32 they
+    /// agree to rounding. Refused (nothing
+    /// changes) when `from` holds fewer than `n` or either cache is of another shape.
+    pub fn copy_kv_prefix(&self, from: &KvCache<B>, to: &mut KvCache<B>, n: usize) -> Result<()> {
+        if n > from.len {
+            return Err(invalid(format!("the cache holds {} positions; {n} cannot be copied", from.len)));
+        }
+        let c = &self.config;
+        let want = c.max_seq_len * c.kv_dim();
+        let b = &self.backend;
+        if [from, &*to]
+            .iter()
+            .any(|k| k.k.len() != c.n_layers || k.k.iter().chain(&k.v).any(|x| b.len(x) != want))
+        {
+            return Err(invalid("this KV cache was made for a model of another shape".into()));
+        }
+        for l in 0..c.n_layers {
+            b.copy_range(&mut to.k[l], 0, &from.k[l], 0, n * c.kv_dim())?;
+            b.copy_range(&mut to.v[l], 0, &from.v[l], 0, n * c.kv_dim())?;
+        }
+        to.len = n;
+        Ok(())
     }
     /// The logits the last cached forward pass left in the backend's buffer, if any.
     pub fn cached_logits(&self) -> Option<&B::Buffer> {

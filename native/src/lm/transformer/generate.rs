@@ -145,6 +145,39 @@ impl TransformerLm {
             }
         }
     }
+    /// Makes `to` hold the first `n` positions `from` holds: a prompt that starts as an
+    /// earlier one did (a chat's system prompt) continues from those keys and values
+    /// instead of computing them again. On an int8 model they are the bits a prefill of the
+    /// whole prompt computes; in f32 they agree to rounding. Refused (nothing changes) when
+    /// `from` holds fewer than `n` positions or the caches belong to another model or
+    /// device.
+    pub fn copy_kv_prefix(&mut self, from: &KvCaches, to: &mut KvCaches, n: usize) -> Result<()> {
+        if n > from.len() {
+            return Err(NetworkError::InvalidInput(format!(
+                "the cache holds {} positions; {n} cannot be copied",
+                from.len()
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let inner = self.caches(to)?;
+        match (&self.engine, from.inner.as_ref(), inner) {
+            (LmEngine::Cpu(m), Some(CacheEngine::Cpu(f)), CacheEngine::Cpu(t)) => Ok(m.copy_kv_prefix(f, t, n)?),
+            #[cfg(feature = "cuda-backend")]
+            (LmEngine::Cuda(m), Some(CacheEngine::Cuda(f)), CacheEngine::Cuda(t)) => {
+                Ok(m.device.copy_kv_prefix(f, t, n)?)
+            }
+            #[cfg(feature = "gpu")]
+            (LmEngine::Wgpu(m), Some(CacheEngine::Wgpu(f, _)), CacheEngine::Wgpu(t, _)) => {
+                Ok(m.device.copy_kv_prefix(f, t, n)?)
+            }
+            _ => Err(NetworkError::InvalidInput(
+                "these KV caches belong to another device; make them with new_kv_caches() after the model moved"
+                    .into(),
+            )),
+        }
+    }
     /// The most new positions of one sequence [`TransformerLm::forward_cached_many`] takes
     /// (`forward_cached` splits a longer prompt into pieces of this size).
     pub fn piece_limit(&self) -> usize {
