@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # llama.cpp beside `bench_decode` and `quant_quality`: fetches llama.cpp's source as the
 # llama-cpp-python sdist on PyPI carries it (vendor/llama.cpp), builds `llama-bench`,
-# `llama-quantize` and `llama-perplexity` for this CPU's instruction sets, and writes Q8_0
-# GGUFs of random Llamas at both bench_decode shapes (through llama.cpp's converter where
-# torch is installed, else through the gguf package's writer). Nothing of
+# `llama-quantize`, `llama-perplexity` and `llama-server` (`bench/serve_bench.py`) for this
+# CPU's instruction sets, and writes Q8_0 GGUFs of random Llamas at both bench_decode
+# shapes (through llama.cpp's converter where torch is installed, else through the gguf
+# package's writer). Nothing of
 # llama.cpp enters the repository; everything goes under $RB_LLAMA_DIR.
 #
 #   bash bench/setup_llama_cpp.sh            # then, as it prints:

@@ -91,9 +91,12 @@ impl TransformerLm {
     /// most [`TransformerLm::piece_limit`]) follows what `caches[i]` holds, with the
     /// adapters `adapters[i]` names (`None`: the base). Returns the logits of each piece's
     /// last position, `(pieces.len(), vocab_size)`: a server's joining prompts prefill in
-    /// one pass this way, the weight products once over all their rows. An int8 model
-    /// gives each sequence the logits it gets alone, bit for bit (f32 for passes of at
-    /// most 32 rows). Refused input changes no cache.
+    /// one pass this way, the weight products once over all their rows, attention a
+    /// position at a time. On an int8 model a position's sums depend neither on the other
+    /// sequences nor on how its own are split between passes: each sequence gets the bits
+    /// its own pass gives it, and a prompt continued from [`TransformerLm::copy_kv_prefix`]
+    /// those of its whole prefill (f32 for passes of at most 32 rows). `forward_cached`
+    /// agrees to rounding. Refused input changes no cache.
     pub fn forward_cached_many(
         &mut self, pieces: &[&[u32]], caches: &mut [&mut KvCaches], adapters: &[Option<&str>],
     ) -> Result<Vec<f32>> {
@@ -147,8 +150,9 @@ impl TransformerLm {
     }
     /// Makes `to` hold the first `n` positions `from` holds: a prompt that starts as an
     /// earlier one did (a chat's system prompt) continues from those keys and values
-    /// instead of computing them again. On an int8 model they are the bits a prefill of the
-    /// whole prompt computes; in f32 they agree to rounding. Refused (nothing changes) when
+    /// instead of computing them again. On an int8 model a continuation through
+    /// [`TransformerLm::forward_cached_many`] gives the bits of the whole prompt's pass; in
+    /// f32 it agrees to rounding. Refused (nothing changes) when
     /// `from` holds fewer than `n` positions or the caches belong to another model or
     /// device.
     pub fn copy_kv_prefix(&mut self, from: &KvCaches, to: &mut KvCaches, n: usize) -> Result<()> {
