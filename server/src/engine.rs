@@ -362,6 +362,32 @@ impl Decoder {
         }
     }
 
+    /// One batched step over the active requests `rows` (their last ids in `ids`, their
+    /// adapters in `names`), each row's logits written to its place in `logits`.
+    fn rows_step(
+        &mut self, ids: &[u32], rows: &[usize], names: &[Option<String>], logits: &mut [f32],
+    ) -> Result<(), String> {
+        let vocab = self.model.config().vocab_size;
+        let step_ids: Vec<u32> = rows.iter().map(|&i| ids[i]).collect();
+        let adapters: Vec<Option<&str>> = rows.iter().map(|&i| names[i].as_deref()).collect();
+        let mut caches: Vec<&mut KvCaches> = Vec::with_capacity(rows.len());
+        let mut want = rows.iter().peekable();
+        for (i, s) in self.active.iter_mut().enumerate() {
+            if want.peek() == Some(&&i) {
+                want.next();
+                caches.push(&mut s.caches);
+            }
+        }
+        let out = self
+            .model
+            .forward_cached_rows_with(&step_ids, &mut caches, &adapters)
+            .map_err(|e| e.to_string())?;
+        for (k, &i) in rows.iter().enumerate() {
+            logits[i * vocab..(i + 1) * vocab].copy_from_slice(&out[k * vocab..(k + 1) * vocab]);
+        }
+        Ok(())
+    }
+
     /// Runs every active request's last token through the model in one step, then draws
     /// each one's next; the finished and the abandoned leave.
     fn step(&mut self) {
@@ -369,41 +395,55 @@ impl Decoder {
         if self.active.is_empty() {
             return;
         }
+        let n = self.active.len();
+        let vocab = self.model.config().vocab_size;
         let ids: Vec<u32> = self.active.iter().map(|s| *s.context.last().expect("a drawn id")).collect();
         // Each request's own adapters (or the base) on its row of the one step.
-        let mut caches: Vec<&mut KvCaches> = Vec::with_capacity(self.active.len());
-        let mut adapters: Vec<Option<&str>> = Vec::with_capacity(self.active.len());
-        for s in self.active.iter_mut() {
-            caches.push(&mut s.caches);
-            adapters.push(s.job.adapter.as_deref());
-        }
-        let mixed = adapters.iter().any(|a| *a != adapters[0]);
-        match self.model.forward_cached_rows_with(&ids, &mut caches, &adapters) {
-            Ok(logits) => {
+        let names: Vec<Option<String>> = self.active.iter().map(|s| s.job.adapter.clone()).collect();
+        let mixed = names.iter().any(|a| *a != names[0]);
+        let all: Vec<usize> = (0..n).collect();
+        let (mut logits, mut failed) = (vec![0.0f32; n * vocab], vec![None; n]);
+        match self.rows_step(&ids, &all, &names, &mut logits) {
+            Ok(()) => {
                 self.stats.steps.fetch_add(1, Ordering::Relaxed);
-                self.stats.rows.fetch_add(ids.len() as u64, Ordering::Relaxed);
                 if mixed {
                     self.stats.mixed_steps.fetch_add(1, Ordering::Relaxed);
                 }
-                let vocab = self.model.config().vocab_size;
-                let mut keep = Vec::with_capacity(self.active.len());
-                for (mut s, row) in std::mem::take(&mut self.active).into_iter().zip(logits.chunks(vocab)) {
-                    if self.draw(&mut s, row) {
-                        keep.push(s);
-                    } else {
-                        self.retire(s);
+            }
+            // Adapters on a mixture-of-experts' routed experts serve a whole step: the rows
+            // run again, a step per adapter (every row was checked first: nothing changed).
+            Err(_) if mixed => {
+                let mut kinds = names.clone();
+                kinds.sort();
+                kinds.dedup();
+                for kind in kinds {
+                    let rows: Vec<usize> = (0..n).filter(|&i| names[i] == kind).collect();
+                    match self.rows_step(&ids, &rows, &names, &mut logits) {
+                        Ok(()) => {
+                            self.stats.steps.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => rows.iter().for_each(|&i| failed[i] = Some(e.clone())),
                     }
                 }
-                self.active = keep;
             }
-            Err(e) => {
-                // The step failed as a whole (every row was checked before): each request
-                // hears why, and the thread goes on with the next ones.
-                for s in std::mem::take(&mut self.active) {
-                    let _ = s.job.events.send(Event::Failed(e.to_string()));
-                }
+            // The step failed as a whole: each request hears why, and the thread goes on
+            // with the next ones.
+            Err(e) => failed.iter_mut().for_each(|f| *f = Some(e.clone())),
+        }
+        self.stats.rows.fetch_add(failed.iter().filter(|f| f.is_none()).count() as u64, Ordering::Relaxed);
+        let mut keep = Vec::with_capacity(n);
+        for ((mut s, row), failure) in
+            std::mem::take(&mut self.active).into_iter().zip(logits.chunks(vocab)).zip(failed)
+        {
+            if let Some(e) = failure {
+                let _ = s.job.events.send(Event::Failed(e));
+            } else if self.draw(&mut s, row) {
+                keep.push(s);
+            } else {
+                self.retire(s);
             }
         }
+        self.active = keep;
         self.stats.active.store(self.active.len(), Ordering::Relaxed);
     }
 }

@@ -308,6 +308,45 @@ fn adapter_and_base_requests_share_steps_and_keep_their_replies() {
     assert!(r["error"]["message"].as_str().unwrap().contains("`chatml`, `tuned`, `other`"), "{r}");
 }
 
+/// Adapters on a mixture-of-experts' routed experts (the Mixtral fixture, the chat
+/// fixture's tokenizer) serve a whole step: requests for the adapter and for the base sent
+/// together decode in a step each, and each gets its one-at-a-time reply.
+#[test]
+fn expert_adapters_and_base_requests_each_get_their_replies() {
+    let dir = TempDir::new("server_moe_lora");
+    let moe = folder().join("../../hf/mixtral");
+    let mut m = TransformerLm::from_pretrained(&moe).unwrap();
+    m.optimizer = Optimizer::adam(2e-2);
+    m.add_lora(LoraConfig::new(2).alpha(8.0)).unwrap();
+    let mut rng = rusting_brain::core::Rng::new(5);
+    for _ in 0..6 {
+        let seqs: Vec<Vec<u32>> = (0..2).map(|_| (0..20).map(|_| rng.below(64) as u32).collect()).collect();
+        m.train_step(&seqs).unwrap();
+    }
+    m.save_lora(dir.join("experts.rbl")).unwrap();
+    let tokenizer = folder().join("tokenizer.json");
+    let lora = format!("experts={}", dir.join("experts.rbl").display());
+    let server = start_at(&moe, &["--q8", "--tokenizer", tokenizer.to_str().unwrap(), "--lora", &lora]);
+    let bodies: Vec<Value> = (0..8)
+        .map(|i| {
+            let model = if i % 2 == 0 { "mixtral" } else { "experts" };
+            json!({"model": model, "prompt": format!("row {}:", i / 2), "max_tokens": 16})
+        })
+        .collect();
+    let alone: Vec<Value> = bodies.iter().map(|b| post(server.port, "/v1/completions", b).1).collect();
+    let port = server.port;
+    let together: Vec<(u16, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            bodies.iter().map(|b| s.spawn(move || post(port, "/v1/completions", b))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, (status, t))) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(*status, 200, "request {i}: {t}");
+        assert_eq!(a["choices"][0]["text"], t["choices"][0]["text"], "request {i}");
+    }
+    assert_ne!(alone[0]["choices"][0]["text"], alone[1]["choices"][0]["text"], "the adapter changes nothing");
+}
+
 /// A `.rbw` checkpoint with the folder's tokenizer, template and generation settings beside
 /// it serves what the folder serves, under the file's name.
 #[test]

@@ -245,18 +245,24 @@ pub(super) fn block_forward<B: Backend>(
         if let Some(t) = tm {
             mlp_lora = Some((groups.iter().filter_map(|g| g.part(|w| w.mlp.as_ref())).collect(), t, stride));
         }
-        // Routed experts take one set of adapters over every row: a sequence's own picks
-        // are refused on them before the pass (`TransformerModel::check_picks`).
-        match (groups.as_slice(), te) {
-            ([g], Some(t)) if g.first == 0 && g.rows == n => {
-                if let Some(w) = g.w.moe.as_ref() {
-                    moe_lora = Some((w, t, g.ctx));
+        // Routed experts take one set of adapters over every row (the groups, one a
+        // sequence, all of the same adapters): different picks are refused on them before
+        // the pass (`TransformerModel::check_picks`).
+        if let (Some(t), Some(g0)) = (te, groups.first()) {
+            if groups.iter().any(|g| g.w.moe.is_some()) {
+                let whole = groups.iter().all(|g| core::ptr::eq(g.w, g0.w))
+                    && g0.first == 0
+                    && groups.windows(2).all(|p| p[1].first == p[0].first + p[0].rows)
+                    && groups.last().is_some_and(|g| g.first + g.rows == n);
+                match (whole, g0.w.moe.as_ref()) {
+                    (true, Some(w)) => moe_lora = Some((w, t, g0.ctx)),
+                    _ => {
+                        return Err(invalid(
+                            "adapters picked per sequence cannot adapt routed experts".into(),
+                        ));
+                    }
                 }
             }
-            (_, Some(_)) if groups.iter().any(|g| g.w.moe.is_some()) => {
-                return Err(invalid("adapters picked per sequence cannot adapt routed experts".into()));
-            }
-            _ => {}
         }
     }
     if let (Some(wm), Some(f), Some(scratch)) = (&w.mlp, c.mlp_width(l), ffn) {
