@@ -593,6 +593,10 @@ fn q8_products_and_lookups_match_reference() {
             (1, 576, 1536),
             (6, 64, 96),
             (5, 33, 32),
+            // A server's decode step over two and three requests: the panels, weight rows
+            // left over past the sixteens.
+            (2, 50, 576),
+            (3, 1000, 130),
         ] {
             let w = randn(&mut rng, n * k);
             let (packed, scales) = quantize(&w, n, k).unwrap();

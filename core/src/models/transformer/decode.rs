@@ -219,8 +219,8 @@ impl<B: Backend> TransformerModel<B> {
     /// keys and values instead of computing them again. On an int8 model the values are the
     /// bits a prefill of the whole prompt computes, and a continuation through
     /// [`TransformerModel::forward_cached_many`] gives that prefill's logits; in f32 they
-    /// agree to rounding. Refused (nothing
-    /// changes) when `from` holds fewer than `n` or either cache is of another shape.
+    /// agree to rounding. Refused (nothing changes) when `from` holds fewer than `n` or
+    /// either cache is of another shape.
     pub fn copy_kv_prefix(&self, from: &KvCache<B>, to: &mut KvCache<B>, n: usize) -> Result<()> {
         if n > from.len {
             return Err(invalid(format!("the cache holds {} positions; {n} cannot be copied", from.len)));

@@ -371,8 +371,11 @@ fn q8_gemm_blocked(
 
 /// Activation rows a band from which the blocked GEMM lays its weights across the lanes
 /// ([`simd::Panel16`]) instead of running 4 x 4 tiles: a 16-token prompt's bands of 8 ran
-/// at 1.2x the tiles with the transposing fill (SmolLM2-135M, AVX-512 VNNI).
-pub(super) const PANEL_MIN_ROWS: usize = 4;
+/// at 1.2x the tiles with the transposing fill (SmolLM2-135M, AVX-512 VNNI). Two and three
+/// rows (a server's decode step over two or three requests) took 4 x 4 tiles' leftover
+/// path, four weight rows at a time below the sixteen the VNNI kernel takes: 34 and 53 ms
+/// a step on SmolLM2 against 14 and 16 with the panels (7 for one row).
+pub(super) const PANEL_MIN_ROWS: usize = 2;
 
 /// One int8 product of [`q8_matmul_many`] at one activation row: its output `(n)`,
 /// weight `(n, k)` (packed values and row scales) and beta.
