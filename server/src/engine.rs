@@ -199,10 +199,15 @@ impl Decoder {
                     Err(_) => break,
                 }
             }
-            self.admit(joining);
-            self.stats.active.store(self.active.len(), Ordering::Relaxed);
-            if !self.active.is_empty() {
-                self.step();
+            if self.model.is_quantized() && !joining.is_empty() && !self.active.is_empty() {
+                // int8: the joining prompts ride in the decode step's pass.
+                self.step_joined(joining);
+            } else {
+                self.admit(joining);
+                self.stats.active.store(self.active.len(), Ordering::Relaxed);
+                if !self.active.is_empty() {
+                    self.step();
+                }
             }
         }
     }
@@ -215,7 +220,6 @@ impl Decoder {
     /// gets alone. An f32 model, whose long products sum in blocks of the batch's size,
     /// prefills each alone so its replies stay the same under any load.
     fn admit(&mut self, jobs: Vec<Job>) {
-        let limit = self.model.piece_limit();
         if !self.model.is_quantized() {
             for job in jobs {
                 let caches = self.model.new_kv_caches();
@@ -224,32 +228,8 @@ impl Decoder {
             return;
         }
         let (mut group, mut rows) = (Vec::new(), 0);
-        'jobs: for job in jobs {
-            let mut caches = self.model.new_kv_caches();
-            let best = self
-                .pool
-                .iter()
-                .enumerate()
-                .filter(|(_, (_, adapter, _))| *adapter == job.adapter)
-                .map(|(i, (ids, _, _))| (i, ids.iter().zip(&job.prompt).take_while(|(a, b)| a == b).count()))
-                .max_by_key(|&(_, n)| n);
-            if let Some((i, n)) = best {
-                let n = n.min(job.prompt.len() - 1);
-                if n >= MIN_REUSE && self.model.copy_kv_prefix(&self.pool[i].2, &mut caches, n).is_ok() {
-                    self.stats.reused_positions.fetch_add(n as u64, Ordering::Relaxed);
-                }
-            }
-            // A prompt over the piece limit: its leading pieces first, a pass each.
-            while job.prompt.len() - caches.len() > limit {
-                let at = caches.len();
-                let piece = &job.prompt[at..at + limit];
-                if let Err(e) =
-                    self.model.forward_cached_many(&[piece], &mut [&mut caches], &[job.adapter.as_deref()])
-                {
-                    let _ = job.events.send(Event::Failed(e.to_string()));
-                    continue 'jobs;
-                }
-            }
+        for job in jobs {
+            let Some((job, caches)) = self.ready(job) else { continue };
             let new = job.prompt.len() - caches.len();
             if rows + new > PREFILL_ROWS && !group.is_empty() {
                 self.prefill(std::mem::take(&mut group));
@@ -261,6 +241,116 @@ impl Decoder {
         if !group.is_empty() {
             self.prefill(group);
         }
+    }
+
+    /// An int8 model's joining request with its cache: a copy of a recent request's cache
+    /// where the prompt starts as that one did, then the prompt's leading pieces where it is
+    /// over the piece limit (a pass each), so what is left fits one pass. `None` when the
+    /// model refused it (the request has heard why).
+    fn ready(&mut self, job: Job) -> Option<(Job, KvCaches)> {
+        let limit = self.model.piece_limit();
+        let mut caches = self.model.new_kv_caches();
+        let best = self
+            .pool
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, adapter, _))| *adapter == job.adapter)
+            .map(|(i, (ids, _, _))| (i, ids.iter().zip(&job.prompt).take_while(|(a, b)| a == b).count()))
+            .max_by_key(|&(_, n)| n);
+        if let Some((i, n)) = best {
+            let n = n.min(job.prompt.len() - 1);
+            if n >= MIN_REUSE && self.model.copy_kv_prefix(&self.pool[i].2, &mut caches, n).is_ok() {
+                self.stats.reused_positions.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+        while job.prompt.len() - caches.len() > limit {
+            let at = caches.len();
+            let piece = &job.prompt[at..at + limit];
+            if let Err(e) =
+                self.model.forward_cached_many(&[piece], &mut [&mut caches], &[job.adapter.as_deref()])
+            {
+                let _ = job.events.send(Event::Failed(e.to_string()));
+                return None;
+            }
+        }
+        Some((job, caches))
+    }
+
+    /// An int8 decode step with the joining requests' prompts in the same pass: the active
+    /// requests' last ids and every joining prompt (after what its cache holds) through one
+    /// `forward_cached_many`, so the weights are read once for both; then each active
+    /// request's next token and each joining one's first. Each position's sums are what
+    /// its own pass gives, so nothing changes a request's tokens. Where the joint pass is
+    /// refused (nothing changed), or the prompts are too many rows for one pass, the
+    /// joining requests prefill first and the step runs alone.
+    fn step_joined(&mut self, jobs: Vec<Job>) {
+        self.active.retain(|s| !s.job.events.is_closed());
+        let joining: Vec<(Job, KvCaches)> = jobs.into_iter().filter_map(|j| self.ready(j)).collect();
+        let rows: usize = joining.iter().map(|(j, c)| j.prompt.len() - c.len()).sum();
+        if joining.is_empty() || self.active.is_empty() || rows > PREFILL_ROWS {
+            if !joining.is_empty() {
+                self.prefill(joining);
+            }
+            self.stats.active.store(self.active.len(), Ordering::Relaxed);
+            if !self.active.is_empty() {
+                self.step();
+            }
+            return;
+        }
+        let (jobs, mut caches): (Vec<Job>, Vec<KvCaches>) = joining.into_iter().unzip();
+        let n = self.active.len();
+        let last: Vec<u32> = self.active.iter().map(|s| *s.context.last().expect("a drawn id")).collect();
+        let result = {
+            let mut pieces: Vec<&[u32]> = last.chunks(1).collect();
+            pieces.extend(jobs.iter().zip(&caches).map(|(j, c)| &j.prompt[c.len()..]));
+            let mut adapters: Vec<Option<&str>> = Vec::with_capacity(pieces.len());
+            let mut refs: Vec<&mut KvCaches> = Vec::with_capacity(pieces.len());
+            for s in self.active.iter_mut() {
+                adapters.push(s.job.adapter.as_deref());
+                refs.push(&mut s.caches);
+            }
+            adapters.extend(jobs.iter().map(|j| j.adapter.as_deref()));
+            refs.extend(caches.iter_mut());
+            let mixed = adapters.iter().any(|a| *a != adapters[0]);
+            self.model.forward_cached_many(&pieces, &mut refs, &adapters).map(|l| (l, mixed))
+        };
+        let (logits, mixed) = match result {
+            Ok(r) => r,
+            Err(_) => {
+                self.prefill(jobs.into_iter().zip(caches).collect());
+                self.stats.active.store(self.active.len(), Ordering::Relaxed);
+                if !self.active.is_empty() {
+                    self.step();
+                }
+                return;
+            }
+        };
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        self.stats.rows.fetch_add(n as u64, Ordering::Relaxed);
+        if mixed {
+            self.stats.mixed_steps.fetch_add(1, Ordering::Relaxed);
+        }
+        let vocab = self.model.config().vocab_size;
+        let mut rows = logits.chunks(vocab);
+        let mut keep = Vec::with_capacity(n + jobs.len());
+        for (mut s, row) in std::mem::take(&mut self.active).into_iter().zip(rows.by_ref()) {
+            if self.draw(&mut s, row) {
+                keep.push(s);
+            } else {
+                self.retire(s);
+            }
+        }
+        for ((job, caches), row) in jobs.into_iter().zip(caches).zip(rows) {
+            let context = job.prompt.clone();
+            let mut slot = Slot { job, caches, context, drawn: Vec::new(), sent: 0 };
+            if self.draw(&mut slot, row) {
+                keep.push(slot);
+            } else {
+                self.retire(slot);
+            }
+        }
+        self.active = keep;
+        self.stats.active.store(self.active.len(), Ordering::Relaxed);
     }
 
     /// Keeps a finished request's cache for the prompts that start as its did.
