@@ -378,24 +378,19 @@ pub fn parse_image(body: &[u8]) -> Result<ImageRequest, ApiError> {
         }
         Some(_) => return Err(ApiError::invalid("size", "`size` must be a string such as `512x512`")),
     };
-    match o.get("response_format") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(f)) if f == "b64_json" => {}
-        Some(Value::String(f)) => {
-            return Err(ApiError::invalid(
-                "response_format",
-                format!("`response_format` `{f}`: this server returns the picture itself, `b64_json`"),
-            ))
-        }
-        Some(_) => return Err(ApiError::invalid("response_format", "`response_format` must be a string")),
-    }
-    match o.get("output_format") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(f)) if f == "png" => {}
-        Some(_) => return Err(ApiError::invalid("output_format", "`output_format` must be `png`")),
-    }
+    only(&o, "response_format", "b64_json", "this server returns the picture itself")?;
+    only(&o, "output_format", "png", "this server writes PNG")?;
     let seed = count(&o, "seed")?;
     Ok(ImageRequest { model, prompt, size, seed })
+}
+
+/// `key` absent, null or `value`, the one choice this server has (`why` says so).
+fn only(o: &Map<String, Value>, key: &str, value: &str, why: &str) -> Result<(), ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(v)) if v == value => Ok(()),
+        Some(v) => Err(ApiError::invalid(key, format!("`{key}` is {v}; {why}: `{value}`"))),
+    }
 }
 
 /// `bytes` in standard base64 with padding (RFC 4648), as `b64_json` carries a picture.

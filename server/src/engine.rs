@@ -11,8 +11,10 @@
 //! depend on the other rows, so a seeded request gives the same tokens under any load.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
+
+pub use crate::queue::Busy;
+use crate::queue::{self, Inbox, Queue};
 
 use rusting_brain::{KvCaches, Sampler, TransformerLm};
 use tokio::sync::mpsc::UnboundedSender;
@@ -81,15 +83,9 @@ pub struct Stats {
 /// The handlers' side of the decoding thread.
 #[derive(Clone)]
 pub struct Engine {
-    jobs: mpsc::SyncSender<Job>,
-    queued: Arc<AtomicUsize>,
-    max_queue: usize,
+    jobs: Queue<Job>,
     stats: Arc<Stats>,
 }
-
-/// The queue is full: the caller answers 503.
-#[derive(Debug)]
-pub struct Busy;
 
 impl Engine {
     /// Starts the decoding thread over `model`. `end_ids` end a reply; `tokenizer` turns
@@ -98,9 +94,7 @@ impl Engine {
         model: TransformerLm, tokenizer: tokenizers::Tokenizer, end_ids: Vec<u32>, max_batch: usize,
         max_queue: usize,
     ) -> Engine {
-        let (jobs, inbox) = mpsc::sync_channel(max_queue.max(1));
-        let queued = Arc::new(AtomicUsize::new(0));
-        let waiting = queued.clone();
+        let (jobs, inbox) = queue::bounded(max_queue);
         let stats = Arc::new(Stats::default());
         let counts = stats.clone();
         std::thread::Builder::new()
@@ -115,15 +109,15 @@ impl Engine {
                     stats: counts,
                     pool: Vec::new(),
                 }
-                .run(inbox, waiting)
+                .run(inbox)
             })
             .expect("starting the decoding thread");
-        Engine { jobs, queued, max_queue: max_queue.max(1), stats }
+        Engine { jobs, stats }
     }
 
     /// Requests waiting to be taken.
     pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::SeqCst)
+        self.jobs.waiting()
     }
 
     /// What the decoding thread has done.
@@ -133,14 +127,7 @@ impl Engine {
 
     /// Queues `job`, or refuses it when `max_queue` requests already wait.
     pub fn submit(&self, job: Job) -> Result<(), Busy> {
-        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(Busy);
-        }
-        self.jobs.try_send(job).map_err(|_| {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            Busy
-        })
+        self.jobs.submit(job)
     }
 }
 
@@ -177,26 +164,20 @@ const MIN_REUSE: usize = 8;
 const PREFILL_ROWS: usize = 2048;
 
 impl Decoder {
-    fn run(mut self, inbox: mpsc::Receiver<Job>, queued: Arc<AtomicUsize>) {
+    fn run(mut self, inbox: Inbox<Job>) {
         loop {
             // Idle: wait for work. Busy: take what has arrived, without waiting.
             let mut joining = Vec::new();
             if self.active.is_empty() {
                 match inbox.recv() {
-                    Ok(job) => {
-                        queued.fetch_sub(1, Ordering::SeqCst);
-                        joining.push(job);
-                    }
-                    Err(_) => return,
+                    Some(job) => joining.push(job),
+                    None => return,
                 }
             }
             while self.active.len() + joining.len() < self.max_batch {
                 match inbox.try_recv() {
-                    Ok(job) => {
-                        queued.fetch_sub(1, Ordering::SeqCst);
-                        joining.push(job);
-                    }
-                    Err(_) => break,
+                    Some(job) => joining.push(job),
+                    None => break,
                 }
             }
             if self.model.is_quantized() && !joining.is_empty() && !self.active.is_empty() {
@@ -453,11 +434,10 @@ impl Decoder {
     }
 
     /// One batched step over the active requests `rows` (their last ids in `ids`, their
-    /// adapters in `names`), each row's logits written to its place in `logits`.
+    /// adapters in `names`): the logits `(rows.len(), vocab_size)`, in `rows`' order.
     fn rows_step(
-        &mut self, ids: &[u32], rows: &[usize], names: &[Option<String>], logits: &mut [f32],
-    ) -> Result<(), String> {
-        let vocab = self.model.config().vocab_size;
+        &mut self, ids: &[u32], rows: &[usize], names: &[Option<String>],
+    ) -> Result<Vec<f32>, String> {
         let step_ids: Vec<u32> = rows.iter().map(|&i| ids[i]).collect();
         let adapters: Vec<Option<&str>> = rows.iter().map(|&i| names[i].as_deref()).collect();
         let mut caches: Vec<&mut KvCaches> = Vec::with_capacity(rows.len());
@@ -468,14 +448,7 @@ impl Decoder {
                 caches.push(&mut s.caches);
             }
         }
-        let out = self
-            .model
-            .forward_cached_rows_with(&step_ids, &mut caches, &adapters)
-            .map_err(|e| e.to_string())?;
-        for (k, &i) in rows.iter().enumerate() {
-            logits[i * vocab..(i + 1) * vocab].copy_from_slice(&out[k * vocab..(k + 1) * vocab]);
-        }
-        Ok(())
+        self.model.forward_cached_rows_with(&step_ids, &mut caches, &adapters).map_err(|e| e.to_string())
     }
 
     /// Runs every active request's last token through the model in one step, then draws
@@ -492,34 +465,43 @@ impl Decoder {
         let names: Vec<Option<String>> = self.active.iter().map(|s| s.job.adapter.clone()).collect();
         let mixed = names.iter().any(|a| *a != names[0]);
         let all: Vec<usize> = (0..n).collect();
-        let (mut logits, mut failed) = (vec![0.0f32; n * vocab], vec![None; n]);
-        match self.rows_step(&ids, &all, &names, &mut logits) {
-            Ok(()) => {
+        let mut failed = vec![None; n];
+        let logits = match self.rows_step(&ids, &all, &names) {
+            Ok(logits) => {
                 self.stats.steps.fetch_add(1, Ordering::Relaxed);
                 if mixed {
                     self.stats.mixed_steps.fetch_add(1, Ordering::Relaxed);
                 }
+                logits
             }
             // Adapters on a mixture-of-experts' routed experts serve a whole step: the rows
             // run again, a step per adapter (every row was checked first: nothing changed).
             Err(_) if mixed => {
+                let mut logits = vec![0.0f32; n * vocab];
                 let mut kinds = names.clone();
                 kinds.sort();
                 kinds.dedup();
                 for kind in kinds {
                     let rows: Vec<usize> = (0..n).filter(|&i| names[i] == kind).collect();
-                    match self.rows_step(&ids, &rows, &names, &mut logits) {
-                        Ok(()) => {
+                    match self.rows_step(&ids, &rows, &names) {
+                        Ok(out) => {
                             self.stats.steps.fetch_add(1, Ordering::Relaxed);
+                            for (row, &i) in out.chunks(vocab).zip(&rows) {
+                                logits[i * vocab..(i + 1) * vocab].copy_from_slice(row);
+                            }
                         }
                         Err(e) => rows.iter().for_each(|&i| failed[i] = Some(e.clone())),
                     }
                 }
+                logits
             }
             // The step failed as a whole: each request hears why, and the thread goes on
             // with the next ones.
-            Err(e) => failed.iter_mut().for_each(|f| *f = Some(e.clone())),
-        }
+            Err(e) => {
+                failed.iter_mut().for_each(|f| *f = Some(e.clone()));
+                vec![0.0f32; n * vocab]
+            }
+        };
         self.stats.rows.fetch_add(failed.iter().filter(|f| f.is_none()).count() as u64, Ordering::Relaxed);
         let mut keep = Vec::with_capacity(n);
         for ((mut s, row), failure) in

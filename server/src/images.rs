@@ -2,15 +2,11 @@
 //! time (a picture already fills the cores). A request whose client has gone is skipped,
 //! or stopped at its next denoising step.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
-
 use rusting_brain::image_pipeline::{Family, ImagePipeline};
 use rusting_brain::vae::encode_png;
 use tokio::sync::oneshot;
 
-use crate::engine::Busy;
+use crate::queue::{self, Busy, Queue};
 
 /// One picture for the thread.
 pub struct ImageJob {
@@ -38,9 +34,7 @@ pub enum Refused {
 /// The handlers' side of the picture thread.
 #[derive(Clone)]
 pub struct Painter {
-    jobs: mpsc::SyncSender<ImageJob>,
-    queued: Arc<AtomicUsize>,
-    max_queue: usize,
+    jobs: Queue<ImageJob>,
     /// The size a request without one gets: the family's native resolution.
     pub default_size: (usize, usize),
 }
@@ -52,14 +46,11 @@ impl Painter {
             Family::Sd => 512,
             _ => 1024,
         };
-        let (jobs, inbox) = mpsc::sync_channel::<ImageJob>(max_queue.max(1));
-        let queued = Arc::new(AtomicUsize::new(0));
-        let waiting = queued.clone();
+        let (jobs, inbox) = queue::bounded::<ImageJob>(max_queue);
         std::thread::Builder::new()
             .name("painter".into())
             .spawn(move || {
-                while let Ok(job) = inbox.recv() {
-                    waiting.fetch_sub(1, Ordering::SeqCst);
+                while let Some(job) = inbox.recv() {
                     if job.reply.is_closed() {
                         continue;
                     }
@@ -76,18 +67,11 @@ impl Painter {
                 }
             })
             .expect("starting the picture thread");
-        Painter { jobs, queued, max_queue: max_queue.max(1), default_size: (side, side) }
+        Painter { jobs, default_size: (side, side) }
     }
 
     /// Queues `job`, or refuses it when `max_queue` pictures already wait.
     pub fn submit(&self, job: ImageJob) -> Result<(), Busy> {
-        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(Busy);
-        }
-        self.jobs.try_send(job).map_err(|_| {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            Busy
-        })
+        self.jobs.submit(job)
     }
 }

@@ -11,6 +11,8 @@ pub mod engine;
 pub mod http;
 #[cfg(feature = "http")]
 pub mod images;
+#[cfg(feature = "http")]
+pub mod queue;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]

@@ -139,14 +139,21 @@ fn stream(port: u16, path: &str, body: &Value) -> (String, String, Option<Value>
     (out, finish, usage)
 }
 
-/// The reply `TransformerLm::generate` gives the rendered chat, stopping at the end id.
+/// The reply `TransformerLm::generate` gives the rendered chat, stopping at the end id:
+/// its text and the prompt's and reply's token counts.
 fn expected_chat(messages: &[ChatMessage], max: usize) -> (String, usize, usize) {
+    let mut model = TransformerLm::from_pretrained(folder()).unwrap();
+    let text = ChatTemplate::from_pretrained(folder()).unwrap().render(messages, true).unwrap();
+    greedy(&mut model, &text, max)
+}
+
+/// The greedy continuation `model` generates for `text` (the folder's tokenizer), up to
+/// `max` tokens or the end id: its text and the prompt's and reply's token counts.
+fn greedy(model: &mut TransformerLm, text: &str, max: usize) -> (String, usize, usize) {
     let d = folder();
-    let mut model = TransformerLm::from_pretrained(&d).unwrap();
     let tok = tokenizers::Tokenizer::from_file(d.join("tokenizer.json")).unwrap();
     let gen = GenerationConfig::from_pretrained(&d).unwrap();
-    let text = ChatTemplate::from_pretrained(&d).unwrap().render(messages, true).unwrap();
-    let prompt = tok.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+    let prompt = tok.encode(text, false).unwrap().get_ids().to_vec();
     let mut reply = Vec::new();
     model
         .generate_with(&prompt, max, &mut Sampler::greedy(), |id| {
@@ -213,26 +220,6 @@ fn greedy_chat_is_transformers_reply() {
     assert_eq!(stream(server.port, "/v1/chat/completions", &streamed).0, want);
 }
 
-/// The greedy continuation `model` generates for `text` (the folder's tokenizer), up to
-/// `max` tokens or the end id.
-fn expected_completion(model: &mut TransformerLm, text: &str, max: usize) -> String {
-    let d = folder();
-    let tok = tokenizers::Tokenizer::from_file(d.join("tokenizer.json")).unwrap();
-    let gen = GenerationConfig::from_pretrained(&d).unwrap();
-    let prompt = tok.encode(text, false).unwrap().get_ids().to_vec();
-    let mut reply = Vec::new();
-    model
-        .generate_with(&prompt, max, &mut Sampler::greedy(), |id| {
-            if gen.is_end(id) {
-                return false;
-            }
-            reply.push(id);
-            true
-        })
-        .unwrap();
-    tok.decode(&reply, false).unwrap()
-}
-
 /// Two adapters trained on the fixture's model and saved as PEFT's folder and as `.rbl`,
 /// served beside the int8 base (`--lora`): requests for each adapter and for the base,
 /// sent together so they share steps, each get their one-at-a-time reply, which is what
@@ -291,7 +278,7 @@ fn adapter_and_base_requests_share_steps_and_keep_their_replies() {
         if let Some(p) = path {
             m.load_lora(p).unwrap();
         }
-        let want = expected_completion(&mut m, "line 0:", 24);
+        let want = greedy(&mut m, "line 0:", 24).0;
         let i = names.iter().position(|n| *n == name).unwrap();
         assert_eq!(alone[i]["choices"][0]["text"], want.as_str(), "{name}");
         if name == "chatml" {

@@ -217,15 +217,7 @@ impl<B: Backend> LoraState<B> {
 
     /// The same adapters, gradients and moments on another backend.
     pub fn copy_to<C: Backend>(&self, from: &B, to: &C) -> Result<LoraState<C>> {
-        let tree = |t: &Adapters<B>| -> Result<Adapters<C>> {
-            t.as_ref().try_map(|_, p| match p {
-                Some(p) => Ok(Some(LoraPair {
-                    a: to.upload(&from.download(&p.a)?)?,
-                    b: to.upload(&from.download(&p.b)?)?,
-                })),
-                None => Ok(None),
-            })
-        };
+        let tree = |t: &Adapters<B>| copy_adapters(from, to, t);
         Ok(LoraState {
             config: self.config.clone(),
             weights: tree(&self.weights)?,
@@ -234,6 +226,16 @@ impl<B: Backend> LoraState<B> {
             v: tree(&self.v)?,
         })
     }
+}
+
+/// The same adapters on another backend.
+pub fn copy_adapters<B: Backend, C: Backend>(from: &B, to: &C, t: &Adapters<B>) -> Result<Adapters<C>> {
+    t.as_ref().try_map(|_, p| match p {
+        Some(p) => {
+            Ok(Some(LoraPair { a: to.upload(&from.download(&p.a)?)?, b: to.upload(&from.download(&p.b)?)? }))
+        }
+        None => Ok(None),
+    })
 }
 
 /// Flat list of the `Some` leaves' buffers, `A` then `B`, in [`Tree::into_leaves`] order.

@@ -200,10 +200,7 @@ impl<B: Backend> TransformerModel<B> {
             to.lora = Some(st.copy_to(&self.backend, &to.backend)?);
         }
         for n in &self.named_lora {
-            let weights = n.weights.as_ref().try_map(|_, p| match p {
-                Some(p) => Ok(Some(LoraPair { a: copy(&to.backend, &p.a)?, b: copy(&to.backend, &p.b)? })),
-                None => Ok(None),
-            })?;
+            let weights = lora::copy_adapters(&self.backend, &to.backend, &n.weights)?;
             to.named_lora.push(NamedLora { name: n.name.clone(), config: n.config.clone(), weights });
         }
         to.step = self.step;
