@@ -377,7 +377,9 @@ impl<'a> Checkpoint<'a> {
     /// The 4-bit matrix `name` (U8 `(rows, 32 * cols.div_ceil(64))` packed bytes) with its
     /// row scales `name.q4_scale` (F32 `(rows, 2)`) and block codes `name.q4_codes` (U8
     /// `(rows, blocks, 2)`), as held in memory; a code past 63 or a negative or
-    /// non-finite scale is an error.
+    /// non-finite scale is an error. A matrix whose blocks are not codes of its rows'
+    /// scales (a GGUF file's 4-bit blocks taken as they were) has each block's scale and
+    /// offset instead, `name.q4_blocks` (F32 `(rows, blocks, 2)`, finite).
     fn read_q4(&self, name: &str, t: &TensorSpec) -> Result<(Vec<f32>, Vec<f32>)> {
         use crate::ops::q4;
         let (rows, cols) = t.rows_cols();
@@ -392,10 +394,22 @@ impl<'a> Checkpoint<'a> {
             Ok(tensor.data())
         };
         let bytes = u8_tensor(name, &[rows, 4 * q4::q4_packed_cols(cols)])?;
-        let codes_name = format!("{name}.q4_codes");
-        let codes = u8_tensor(&codes_name, &[rows, q8::blocks_of(cols, q4::Q4_BLOCK), 2])?;
+        let nb = q8::blocks_of(cols, q4::Q4_BLOCK);
         let scale_name = format!("{name}.q4_scale");
         let row = self.read_f32(&scale_name, &TensorSpec { shape: vec![rows, 2], kind: TensorKind::Norm })?;
+        let blocks_name = format!("{name}.q4_blocks");
+        if self.tensors.tensor(&blocks_name).is_ok() {
+            let spec = TensorSpec { shape: vec![rows, nb, 2], kind: TensorKind::Norm };
+            let blocks = self.read_f32(&blocks_name, &spec)?;
+            let mut scales = Vec::with_capacity(rows * q4::q4_row_scales(cols));
+            for (base, pairs) in row.chunks_exact(2).zip(blocks.chunks_exact(2 * nb)) {
+                scales.extend_from_slice(base);
+                scales.extend_from_slice(pairs);
+            }
+            return Ok((q4_bytes_to_packed(bytes), scales));
+        }
+        let codes_name = format!("{name}.q4_codes");
+        let codes = u8_tensor(&codes_name, &[rows, nb, 2])?;
         let scales = q4::q4_scales_from_codes(&row, codes, rows, cols).map_err(|e| match e {
             CoreError::InvalidArgument { message, .. } => bad(&codes_name, message),
             e => e,

@@ -66,6 +66,12 @@ pub fn read(bytes: &[u8], format: QuantFormat, context: usize) -> Result<GgufMod
         Some(format),
         read,
         |name: &str, shape: &[usize], format: QuantFormat| -> Result<(Vec<f32>, Vec<f32>), WebError> {
+            // The file's blocks as they are where our layout holds them (a Q4_0, Q4_1 or
+            // Q4_K file at "q4", a Q8_0 one at "q8"), else decoded and rounded.
+            let format = match model::read_quant(&file, &config, name, shape, format).map_err(file_err)? {
+                model::QuantRead::Exact(packed, scales) => return Ok((packed, scales)),
+                model::QuantRead::Round(format) => format,
+            };
             let w = read(name, shape)?;
             let cols: usize = shape[1..].iter().product();
             let rows = w.len() / cols.max(1);

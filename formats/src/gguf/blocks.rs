@@ -275,3 +275,127 @@ fn q6_k(x: &[u8], y: &mut [f32]) {
         }
     }
 }
+
+/// Our quantized layouts (core's `ops::q8` blocked int8 and `ops::q4`) straight from a
+/// file's blocks, where a layout holds the block's values exactly: no decode to f32 and no
+/// second rounding, so a 4-bit file loads at 4 bits as it was written (rounding its decoded
+/// values again took 9-17 s on SmolLM2-135M and added the second rounding's error) and an
+/// 8-bit one as the int8 it already is.
+impl GgmlType {
+    /// `rows` rows of `cols` values stored as this type (`bytes`, whole rows) in our 4-bit
+    /// layout, each value what [`GgmlType::decode`] gives bit for bit: Q4_0's `d (q - 8)`
+    /// as `d q - 8 d`, Q4_1's `d q + m` as `d q - (-m)`, Q4_K's `(d sc) q - (dmin m)` with
+    /// `d sc` and `dmin m` as the block's scale and offset (a 6-bit code times an f16 is
+    /// exact in an f32, and so is an f16 times a 4-bit value). The row scales are only
+    /// what a file of ours would code the blocks against; these blocks are not such codes
+    /// (the checkpoint writer sees that and keeps them as they are). `None` for the other
+    /// types, or where a scale is not finite (the f32 decode then names the tensor).
+    pub fn to_q4(self, bytes: &[u8], rows: usize, cols: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+        use rusting_brain_core::ops::q4::{q4_packed_cols, q4_row_scales, Q4_BLOCK};
+        let (n, b) = self.block();
+        if !matches!(self, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K)
+            || cols == 0
+            || !cols.is_multiple_of(n)
+            || bytes.len() != rows * (cols / n) * b
+        {
+            return None;
+        }
+        let (pc, rs, nb) = (q4_packed_cols(cols), q4_row_scales(cols), cols / Q4_BLOCK);
+        let mut packed = vec![0f32; rows * pc];
+        let mut scales = vec![0f32; rows * rs];
+        let mut row_bytes = vec![0u8; 4 * pc];
+        for (r, stored) in bytes.chunks_exact(cols / n * b).enumerate() {
+            row_bytes.fill(0);
+            let sc = &mut scales[r * rs..(r + 1) * rs];
+            // Value c of the row goes to byte c / 64 * 32 + c % 32, low nibble for the
+            // first 32 of each 64 (core's `q4_at`).
+            let put = |row_bytes: &mut [u8], c: usize, q: u8| {
+                let byte = c / 64 * 32 + c % 32;
+                row_bytes[byte] |= if c % 64 < 32 { q } else { q << 4 };
+            };
+            for (i, x) in stored.chunks_exact(b).enumerate() {
+                match self {
+                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                        let d = half(x, 0);
+                        let m = if self == GgmlType::Q4_1 { 0.0 - half(x, 2) } else { 8.0 * d };
+                        let at = if self == GgmlType::Q4_1 { 4 } else { 2 };
+                        (sc[2 + 2 * i], sc[3 + 2 * i]) = (d, m);
+                        for (j, &q) in x[at..at + 16].iter().enumerate() {
+                            put(&mut row_bytes, 32 * i + j, q & 15);
+                            put(&mut row_bytes, 32 * i + j + 16, q >> 4);
+                        }
+                    }
+                    _ => {
+                        let (d, dmin) = (half(x, 0), half(x, 2));
+                        for s in 0..8 {
+                            let (code, min) = scale_min(s, &x[4..16]);
+                            let blk = 8 * i + s;
+                            (sc[2 + 2 * blk], sc[3 + 2 * blk]) = (d * code as f32, dmin * min as f32);
+                        }
+                        // Q4_K's bytes are already ours: 32 a 64 values, low nibbles first.
+                        row_bytes[128 * i..128 * i + 128].copy_from_slice(&x[16..144]);
+                    }
+                }
+            }
+            let blocks = &sc[2..2 + 2 * nb];
+            if blocks.iter().any(|v| !v.is_finite()) {
+                return None;
+            }
+            let max = |o: usize| blocks.iter().skip(o).step_by(2).fold(0f32, |a, v| a.max(v.abs()));
+            (sc[0], sc[1]) = (max(0) / 63.0, max(1) / 63.0);
+            for (slot, four) in packed[r * pc..(r + 1) * pc].iter_mut().zip(row_bytes.chunks_exact(4)) {
+                *slot = f32::from_ne_bytes([four[0], four[1], four[2], four[3]]);
+            }
+        }
+        Some((packed, scales))
+    }
+
+    /// `rows` rows of `cols` values stored as this type in our blocked int8 layout (one
+    /// scale a block of 32, the values packed four to an f32 slot), exactly: Q8_0's `q d`,
+    /// Q4_0's `(q - 8) d` and Q5_0's `(q - 16) d` are each a signed byte times the block's
+    /// f16 scale (a negative scale, which Q4_0's rounding makes, flips the bytes' signs;
+    /// products keep their bits under a sign change). `None` for the other types, a scale
+    /// that is not finite, or a byte of -128 (outside the symmetric range of our int8).
+    pub fn to_int8(self, bytes: &[u8], rows: usize, cols: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+        use rusting_brain_core::ops::q8::{blocks_of, packed_cols, Q8_BLOCK};
+        let (n, b) = self.block();
+        if !matches!(self, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0)
+            || cols == 0
+            || !cols.is_multiple_of(n)
+            || bytes.len() != rows * (cols / n) * b
+        {
+            return None;
+        }
+        let (pc, nb) = (packed_cols(cols), blocks_of(cols, Q8_BLOCK));
+        let mut packed = vec![0f32; rows * pc];
+        let mut scales = vec![0f32; rows * nb];
+        let mut values = vec![0i8; 4 * pc];
+        let mut block = [0f32; 32];
+        for (r, stored) in bytes.chunks_exact(cols / n * b).enumerate() {
+            for (i, x) in stored.chunks_exact(b).enumerate() {
+                let d = half(x, 0);
+                if !d.is_finite() {
+                    return None;
+                }
+                // The block's signed bytes: decode with a unit scale.
+                let mut unit = x.to_vec();
+                unit[..2].copy_from_slice(&f16::ONE.to_le_bytes());
+                self.decode(&unit, &mut block);
+                for (v, &q) in values[32 * i..32 * i + 32].iter_mut().zip(&block) {
+                    let q = if d < 0.0 { -q } else { q };
+                    // -128 (or 128 flipped) is outside the symmetric range our kernels
+                    // take; such a block goes through the f32 decode and a rounding.
+                    if !(-127.0..=127.0).contains(&q) {
+                        return None;
+                    }
+                    *v = q as i8;
+                }
+                scales[r * nb + i] = d.abs();
+            }
+            for (slot, four) in packed[r * pc..(r + 1) * pc].iter_mut().zip(values.chunks_exact(4)) {
+                *slot = f32::from_ne_bytes([four[0] as u8, four[1] as u8, four[2] as u8, four[3] as u8]);
+            }
+        }
+        Some((packed, scales))
+    }
+}

@@ -10,6 +10,9 @@ use std::collections::HashSet;
 use rusting_brain_core::models::transformer::TransformerConfig;
 use serde_json::{json, Map, Value};
 
+use rusting_brain_core::models::transformer::QuantFormat;
+
+use super::blocks::GgmlType;
 use super::{Gguf, Meta};
 use crate::hf::{self, Family};
 use crate::{FormatError, Result};
@@ -65,6 +68,65 @@ pub fn describe<D: AsRef<[u8]>>(file: &Gguf<D>) -> Result<(Family, TransformerCo
 pub fn read_tensor<D: AsRef<[u8]>>(
     file: &Gguf<D>, config: &TransformerConfig, name: &str, shape: &[usize],
 ) -> Result<Vec<f32>> {
+    let (g, _, expert) = place(file, config, name, shape)?;
+    let experts = config.moe.as_ref().map_or(0, |m| m.n_experts);
+    let w = match expert {
+        Some(j) => file.read_f32_part(&g, j, experts)?,
+        None => file.read_f32(&g)?,
+    };
+    Ok(transformers_rows(file, config, name, shape, w, shape[1..].iter().product()))
+}
+
+/// How our matrix `name` comes out of a file for a model loaded at a quantized format.
+pub enum QuantRead {
+    /// The file's blocks in our layout, exactly (packed values, scales).
+    Exact(Vec<f32>, Vec<f32>),
+    /// Stored in a type no layout of ours holds exactly: decode it ([`read_tensor`]) and
+    /// round it to this format.
+    Round(QuantFormat),
+}
+
+/// Our matrix `name` of shape `shape` at `format` (the one core's `format_of` picks for
+/// it): the file's blocks as they are where our layout holds them exactly (Q4_0, Q4_1 and
+/// Q4_K at 4 bits; Q8_0, Q4_0 and Q5_0 in int8: [`GgmlType::to_q4`],
+/// [`GgmlType::to_int8`]), else what to round the decoded values to. At 4 bits a matrix
+/// the file keeps at five or six bits (Q5_0, Q5_1, Q5_K, Q6_K: llama.cpp's Q4_K_M gives
+/// them to the matrices that matter most, and Q5_0 where rows are not whole 256-value
+/// super-blocks) is held in int8 instead: rounding it to 4 bits would undo what the file
+/// paid for. 8-bit and float matrices are rounded to 4 bits, which is what asking for 4
+/// bits means.
+pub fn read_quant<D: AsRef<[u8]>>(
+    file: &Gguf<D>, config: &TransformerConfig, name: &str, shape: &[usize], format: QuantFormat,
+) -> Result<QuantRead> {
+    use GgmlType::*;
+    let (_, kind, _) = place(file, config, name, shape)?;
+    let held = match (format, kind) {
+        (QuantFormat::Q4, Q5_0 | Q5_1 | Q5K | Q6K) => QuantFormat::Q8,
+        (f, _) => f,
+    };
+    let (rows, cols) = (shape[0], shape[1..].iter().product::<usize>());
+    let bytes = stored_bytes(file, config, name)?;
+    let exact = match held {
+        QuantFormat::Q4 => kind.to_q4(bytes, rows, cols),
+        QuantFormat::Q8 => kind.to_int8(bytes, rows, cols),
+    };
+    Ok(match exact {
+        Some((packed, scales)) => {
+            let (pc, rs) = (packed.len() / rows.max(1), scales.len() / rows.max(1));
+            QuantRead::Exact(
+                transformers_rows(file, config, name, shape, packed, pc),
+                transformers_rows(file, config, name, shape, scales, rs),
+            )
+        }
+        None => QuantRead::Round(held),
+    })
+}
+
+/// Where our tensor `name` lives: llama.cpp's name, its stored type and the expert slab,
+/// the stored shape checked against `shape` (with the experts in front for a slab).
+fn place<D: AsRef<[u8]>>(
+    file: &Gguf<D>, config: &TransformerConfig, name: &str, shape: &[usize],
+) -> Result<(String, GgmlType, Option<usize>)> {
     let experts = config.moe.as_ref().map_or(0, |m| m.n_experts);
     let (g, expert) = gguf_place(name);
     let t = file
@@ -80,18 +142,22 @@ pub fn read_tensor<D: AsRef<[u8]>>(
             format!("shape {:?}, where the metadata makes it {want:?}", t.shape()),
         ));
     }
-    let w = match expert {
-        Some(j) => file.read_f32_part(&g, j, experts)?,
-        None => file.read_f32(&g)?,
-    };
-    // llama.cpp's converter interleaves each head's rotary halves of the query and key rows
-    // for Llama-family models (its RoPE turns adjacent pairs); the model here, as
-    // transformers, turns the halves.
+    Ok((g, t.kind, expert))
+}
+
+/// Rows of `width` values (f32 values, or a quantized layout's slots or scales) of our
+/// tensor `name` in transformers' order: llama.cpp's converter interleaves each head's
+/// rotary halves of the query and key rows for Llama-family models (its RoPE turns
+/// adjacent pairs); the model here, as transformers, turns the halves.
+fn transformers_rows<D: AsRef<[u8]>>(
+    file: &Gguf<D>, config: &TransformerConfig, name: &str, shape: &[usize], rows: Vec<f32>, width: usize,
+) -> Vec<f32> {
     let permuted = file.get("general.architecture").and_then(Meta::as_str) == Some("llama");
-    Ok(match rotary_heads(name, config.q_heads, config.kv_heads).filter(|_| permuted) {
-        Some(heads) => rotary_rows(&w, heads, shape[1], false),
-        None => w,
-    })
+    debug_assert_eq!(rows.len(), shape[0] * width);
+    match rotary_heads(name, config.q_heads, config.kv_heads).filter(|_| permuted) {
+        Some(heads) => rotary_rows(&rows, heads, width, false),
+        None => rows,
+    }
 }
 
 /// The stored bytes that hold our tensor `name`: the whole tensor, or one expert's slab.

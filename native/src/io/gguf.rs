@@ -127,6 +127,81 @@ mod tests {
         }
     }
 
+    /// The 4-bit and int8 layouts taken straight from a file's blocks hold the values the
+    /// `gguf` package decodes, bit for bit (Q4_0, Q4_1, Q4_K at 4 bits; Q8_0, Q4_0, Q5_0
+    /// in int8; a zero's sign aside), and the types no layout of ours holds exactly, or a byte
+    /// of -128, are refused; a Q4_0 block
+    /// with a negative scale (which llama.cpp's rounding makes) flips its bytes' signs.
+    #[test]
+    fn blocks_taken_as_they_are_hold_the_decoded_values_exactly() {
+        use rusting_brain_core::ops::{q4, q8};
+        let file = Gguf::open(&fixture()).unwrap();
+        let (mut to_q4, mut to_int8) = (Vec::new(), Vec::new());
+        let decoded = |t: &&TensorInfo| !t.name.ends_with(".expected") && !t.name.starts_with("encode.");
+        for t in file.tensors.iter().filter(decoded) {
+            let want = file.read_f32(&format!("{}.expected", t.name)).unwrap();
+            let bytes = file.raw(&t.name).unwrap();
+            let (rows, cols) = (2, 512);
+            let same = |got: Vec<f32>, r: usize, how: &str| {
+                let want = &want[r * cols..(r + 1) * cols];
+                // Bit for bit, but for the sign of a zero (Q4_0's `d (8 - 8)` is -0 under a
+                // negative scale, `8 d - 8 d` +0: the same in every product).
+                let bad = got
+                    .iter()
+                    .zip(want)
+                    .position(|(a, b)| a.to_bits() != b.to_bits() && (*a != 0.0 || *b != 0.0));
+                assert!(
+                    bad.is_none(),
+                    "{} {how} row {r} value {bad:?}: {:?} against {:?}",
+                    t.kind.name(),
+                    bad.map(|i| got[i]),
+                    bad.map(|i| want[i])
+                );
+            };
+            if let Some((p, s)) = t.kind.to_q4(bytes, rows, cols) {
+                assert!(q4::is_q4(rows, cols, p.len(), s.len()));
+                (0..rows).for_each(|r| same(q4::q4_dequantize_row(&p, &s, r, cols), r, "at 4 bits"));
+                to_q4.push(t.kind);
+            }
+            if let Some((p, s)) = t.kind.to_int8(bytes, rows, cols) {
+                assert_eq!(q8::q8_block("test", rows, cols, s.len()).unwrap(), 32);
+                (0..rows).for_each(|r| same(q8::dequantize_row(&p, &s, r, cols), r, "in int8"));
+                to_int8.push(t.kind);
+            }
+        }
+        use GgmlType::*;
+        to_q4.sort_by_key(|k| k.id());
+        to_int8.sort_by_key(|k| k.id());
+        assert_eq!(to_q4, [Q4_0, Q4_1, Q4K]);
+        // The fixture's Q8_0 bytes are random and hold -128, which our symmetric int8 does
+        // not take (that tensor is decoded and rounded); a block of -127..=127 is taken.
+        assert_eq!(to_int8, [Q4_0, Q5_0]);
+        let mut q8_block = half::f16::from_f32(0.375).to_le_bytes().to_vec();
+        q8_block.extend((0..32).map(|i| (i * 8 - 127) as i8 as u8));
+        let mut want = [0f32; 32];
+        Q8_0.decode(&q8_block, &mut want);
+        let (p, s) = Q8_0.to_int8(&q8_block, 1, 32).unwrap();
+        assert_eq!(q8::dequantize_row(&p, &s, 0, 32), want);
+        q8_block[5] = 0x80;
+        assert!(Q8_0.to_int8(&q8_block, 1, 32).is_none());
+        // A Q4_0 block with scale -0.5: bytes 0x08 (values 0 and 0 after the offset) and
+        // 0xF1 (value 1 - 8 = -7 low, 15 - 8 = 7 high).
+        let mut block = half::f16::from_f32(-0.5).to_le_bytes().to_vec();
+        block.extend([0xF1u8].iter().chain(&[0x08u8; 15]));
+        let mut want = [0f32; 32];
+        Q4_0.decode(&block, &mut want);
+        let (p, s) = Q4_0.to_int8(&block, 1, 32).unwrap();
+        assert_eq!(s, [0.5]);
+        let got = q8::dequantize_row(&p, &s, 0, 32);
+        assert_eq!(got, want);
+        assert_eq!((got[0], got[16]), (3.5, -3.5));
+        let (p, s) = Q4_0.to_q4(&block, 1, 32).unwrap();
+        let got = q4::q4_dequantize_row(&p, &s, 0, 32);
+        assert_eq!(got, want);
+        // Rows that are not whole blocks, or bytes that are not the rows', are not taken.
+        assert!(Q4_0.to_q4(&block, 1, 16).is_none() && Q4_0.to_q4(&block[..17], 1, 32).is_none());
+    }
+
     /// A GGUF 3 file: metadata `(key, type, value bytes)`, tensor infos `(name, dims,
     /// type, offset)` and the data after the header, aligned to 32.
     fn file(kv: &[(&str, u32, Vec<u8>)], tensors: &[(&str, &[u64], u32, u64)], data: &[u8]) -> Vec<u8> {

@@ -91,8 +91,9 @@ fn host_tensors(
 /// A Q8 or Q4 checkpoint: an f32 model's matrices rounded now, a quantized model's
 /// written as they are (its precision must be the one asked for: rounding int8 to 4 bits,
 /// or back, would round twice). A 4-bit matrix is its packed bytes (U8), its row scales
-/// (`.q4_scale`) and its blocks' 6-bit codes (`.q4_codes`); an int8 one its values (I8)
-/// and block scales (`.scale`).
+/// (`.q4_scale`) and its blocks' 6-bit codes (`.q4_codes`), or where the blocks are not
+/// such codes (taken from a GGUF file) each block's scale and offset (`.q4_blocks`); an
+/// int8 one its values (I8) and block scales (`.scale`).
 fn save_quantized(model: &TransformerModel<CpuBackend>, path: &Path, format: QuantFormat) -> Result<()> {
     let c = &model.config;
     let b = &model.backend;
@@ -133,7 +134,16 @@ fn save_quantized(model: &TransformerModel<CpuBackend>, path: &Path, format: Qua
             let (row, codes) = q4::q4_codes(&scales, rows, cols)?;
             let nb = codes.len() / (2 * rows.max(1));
             out.push((format!("{name}.q4_scale"), Dtype::F32, vec![rows, 2], le_bytes(&row)));
-            out.push((format!("{name}.q4_codes"), Dtype::U8, vec![rows, nb, 2], codes));
+            // Blocks taken from a GGUF file as they were are not codes of the row scales:
+            // those keep each block's scale and offset (checked by coding them back).
+            let coded = q4::q4_scales_from_codes(&row, &codes, rows, cols)?;
+            if coded.iter().zip(&scales).all(|(a, b)| a.to_bits() == b.to_bits()) {
+                out.push((format!("{name}.q4_codes"), Dtype::U8, vec![rows, nb, 2], codes));
+            } else {
+                let rs = q4::q4_row_scales(cols);
+                let blocks: Vec<f32> = scales.chunks_exact(rs).flat_map(|r| r[2..].iter().copied()).collect();
+                out.push((format!("{name}.q4_blocks"), Dtype::F32, vec![rows, nb, 2], le_bytes(&blocks)));
+            }
             let width = 4 * q4::q4_packed_cols(cols);
             out.push((name, Dtype::U8, vec![rows, width], q4_packed_bytes(&packed)));
             continue;

@@ -1,7 +1,8 @@
 //! A language model from a GGUF file: the formats crate reads llama.cpp's metadata as the
 //! `config.json` the Hugging Face loader reads (so one parser checks both) and finds each
-//! of the model's tensors under llama.cpp's name; here they are decoded one at a time,
-//! rounded to the precision asked for in parallel slabs, and their pages handed back.
+//! of the model's tensors under llama.cpp's name; here each is taken as its blocks are
+//! where our quantized layout holds them exactly, else decoded and rounded to the
+//! precision asked for in parallel slabs, and its pages handed back.
 
 use std::path::Path;
 
@@ -27,6 +28,18 @@ pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerMode
         Ok(w)
     };
     let read_quant = |name: &str, shape: &[usize], format: QuantFormat| -> Result<(Vec<f32>, Vec<f32>)> {
+        // The file's blocks as they are where our layout holds them exactly (a 4-bit file
+        // at Q4, an 8-bit one at Q8), else decoded and rounded.
+        let format =
+            match model::read_quant(&*file, &config, name, shape, format).map_err(|e| file.lift(e))? {
+                model::QuantRead::Exact(packed, scales) => {
+                    if let Ok(bytes) = model::stored_bytes(&*file, &config, name) {
+                        file.release(bytes);
+                    }
+                    return Ok((packed, scales));
+                }
+                model::QuantRead::Round(format) => format,
+            };
         let w = read(name, shape)?;
         let cols: usize = shape[1..].iter().product();
         // Rows round on their own: slabs of about 64K values in parallel, joined in order
