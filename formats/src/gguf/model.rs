@@ -89,20 +89,24 @@ pub enum QuantRead {
 /// Our matrix `name` of shape `shape` at `format` (the one core's `format_of` picks for
 /// it): the file's blocks as they are where our layout holds them exactly (Q4_0, Q4_1 and
 /// Q4_K at 4 bits; Q8_0, Q4_0 and Q5_0 in int8: [`GgmlType::to_q4`],
-/// [`GgmlType::to_int8`]), else what to round the decoded values to. At 4 bits a matrix
-/// the file keeps at five or six bits (Q5_0, Q5_1, Q5_K, Q6_K: llama.cpp's Q4_K_M gives
-/// them to the matrices that matter most, and Q5_0 where rows are not whole 256-value
-/// super-blocks) is held in int8 instead: rounding it to 4 bits would undo what the file
-/// paid for. 8-bit and float matrices are rounded to 4 bits, which is what asking for 4
-/// bits means.
+/// [`GgmlType::to_int8`]), else what to round the decoded values to. At 4 bits, in a file
+/// that holds 4-bit matrices (a Q4_0, Q4_1 or Q4_K_M file), the matrices it keeps wider
+/// (Q5_0, Q6_K, Q8_0: llama.cpp's Q4_K_M gives them to the matrices that matter most, and
+/// Q5_0 where rows are not whole 256-value super-blocks) are held in int8: rounding them to
+/// 4 bits would undo what the file paid for (SmolLM2's Q4_K_M file: KL to llama.cpp's
+/// reading 0.0060 with its Q8_0 `attn_v` rounded to 4 bits). A file with no 4-bit matrix
+/// (Q8_0, F16, F32) is rounded to 4 bits, which is what asking for 4 bits of it means.
 pub fn read_quant<D: AsRef<[u8]>>(
     file: &Gguf<D>, config: &TransformerConfig, name: &str, shape: &[usize], format: QuantFormat,
 ) -> Result<QuantRead> {
     use GgmlType::*;
     let (_, kind, _) = place(file, config, name, shape)?;
-    let held = match (format, kind) {
-        (QuantFormat::Q4, Q5_0 | Q5_1 | Q5K | Q6K) => QuantFormat::Q8,
-        (f, _) => f,
+    let four_bit = |k: GgmlType| matches!(k, Q4_0 | Q4_1 | Q4K);
+    let held = match format {
+        QuantFormat::Q4 if !four_bit(kind) && file.tensors.iter().any(|t| four_bit(t.kind)) => {
+            QuantFormat::Q8
+        }
+        f => f,
     };
     let (rows, cols) = (shape[0], shape[1..].iter().product::<usize>());
     let bytes = stored_bytes(file, config, name)?;

@@ -69,9 +69,9 @@ impl TransformerLm {
     /// layout holds exactly is taken as it is, with no decode and no second rounding:
     /// Q4_0, Q4_1 and Q4_K at `Precision::Q4`; Q8_0, Q4_0 and Q5_0 at `Precision::Q8`
     /// (and at Q4 for the embedding, the head and routed experts, which stay int8). At Q4
-    /// a matrix the file keeps at five or six bits (Q5_x, Q6_K) is held in int8 rather
-    /// than rounded down to 4. Every other matrix is decoded and rounded before the next,
-    /// so the f32 model is never held.
+    /// the matrices a 4-bit file keeps wider (a Q4_K_M file's Q5_0, Q6_K and Q8_0) are
+    /// held in int8 rather than rounded down to 4. Every other matrix is decoded and
+    /// rounded before the next, so the f32 model is never held.
     pub fn from_gguf_at(
         path: impl AsRef<std::path::Path>, precision: crate::Precision,
     ) -> Result<TransformerLm> {
