@@ -68,6 +68,13 @@ impl Meta {
             _ => self.as_u64().map(|v| v as f64),
         }
     }
+    /// The value as a boolean, if it is one.
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Meta::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
     /// The value as a string, if it is one.
     pub fn as_str(&self) -> Option<&str> {
         match self {

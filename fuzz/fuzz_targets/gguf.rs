@@ -1,5 +1,6 @@
-//! llama.cpp's GGUF files (`TransformerLm::from_gguf_at`, F32 and Q8; the tokenizer and
-//! chat template they carry). A model that loads must run.
+//! llama.cpp's GGUF files (`TransformerLm::from_gguf_at`, F32, Q8 and Q4, where a file's
+//! blocks are taken as they are; the tokenizer and chat template they carry). A model that
+//! loads must run.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use rusting_brain::{ChatTemplate, Precision, TransformerLm};
@@ -8,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let path = rusting_brain_fuzz::put("model.gguf", data);
     let _ = rusting_brain::gguf::tokenizer_json(&path);
     let _ = ChatTemplate::from_gguf(&path);
-    let precision = if data.len() % 2 == 0 { Precision::F32 } else { Precision::Q8 };
+    let precision = [Precision::F32, Precision::Q8, Precision::Q4][data.len() % 3];
     if let Ok(mut lm) = TransformerLm::from_gguf_at(&path, precision) {
         rusting_brain_fuzz::run(&mut lm);
     }

@@ -86,6 +86,8 @@ fn write_seeds(out: &Path) -> rusting_brain::Result<()> {
     seed("gguf", "tiny_llama", &read(fixtures().join("gguf_tiny_llama.gguf")));
     // And a mixture of experts as llama.cpp's converter and quantizer write it.
     seed("gguf", "qwen3_moe_q4_0", &read(fixtures().join("gguf_llama_cpp/qwen3_moe.q4_0.gguf")));
+    // A SentencePiece vocabulary (scores, byte tokens) over Q8_0 weights.
+    seed("gguf", "tiny_llama_spm", &read(fixtures().join("gguf_spm/tiny_llama_spm.gguf")));
     lm.save_pretrained(tmp.join("hf"))?;
     seed("hf", "tiny", &join(&read(tmp.join("hf/config.json")), &read(tmp.join("hf/model.safetensors"))));
     for dir in fs::read_dir(fixtures().join("hf")).expect("the hf fixtures").flatten() {

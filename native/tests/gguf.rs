@@ -53,6 +53,68 @@ fn the_tokenizer_template_and_end_ids_come_from_the_file() {
     assert!(!gen.do_sample, "GGUF files carry no sampling settings: greedy");
 }
 
+/// A SentencePiece vocabulary (`tokenizer.ggml.model` `llama`, as Llama 2, Mistral 7B and
+/// TinyLlama files carry it; `tests/fixtures/gen_gguf_spm.py`: sentencepiece's BPE of 640
+/// pieces with byte fallback, written as llama.cpp's converter writes one) rebuilt from the
+/// file gives llama.cpp's ids (`llama-tokenize`) on every string: spaces, tabs and
+/// newlines, digits, unicode (characters the vocabulary lacks as bytes), code, a
+/// user-defined token glued to text, BOS and `[INST]` text; with special tokens parsed and
+/// not, with BOS added and not. On the strings without special tokens the ids are also
+/// sentencepiece's own, and decoding gives sentencepiece's text back. The file loads as a
+/// model, its Llama 2 style template renders with the file's `<s>` and `</s>`, and
+/// `save_gguf` writes the vocabulary out again.
+#[test]
+fn a_sentencepiece_vocabulary_gives_llama_cpp_s_ids() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf_spm");
+    let file = dir.join("tiny_llama_spm.gguf");
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+    let mut tok: Tokenizer = rusting_brain::gguf::tokenizer_json(&file).unwrap().parse().unwrap();
+    let list = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    };
+    let mut failures = Vec::new();
+    for case in expected["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let check = |failures: &mut Vec<String>, what: &str, got: Vec<u32>, want: &serde_json::Value| {
+            if got != list(want) {
+                failures.push(format!("{text:?} {what}: ours {got:?}, expected {:?}", list(want)));
+            }
+        };
+        tok.set_encode_special_tokens(false);
+        let ids = |t: &Tokenizer, bos: bool| t.encode(text, bos).unwrap().get_ids().to_vec();
+        check(&mut failures, "llama.cpp", ids(&tok, false), &case["llama_cpp"]);
+        check(&mut failures, "llama.cpp with BOS", ids(&tok, true), &case["llama_cpp_bos"]);
+        if !case["sentencepiece"].is_null() {
+            check(&mut failures, "sentencepiece", ids(&tok, false), &case["sentencepiece"]);
+            let back = tok.decode(&ids(&tok, false), true).unwrap();
+            if back != case["sentencepiece_decoded"].as_str().unwrap() {
+                failures.push(format!("{text:?} decodes to {back:?}"));
+            }
+        }
+        tok.set_encode_special_tokens(true);
+        check(
+            &mut failures,
+            "llama.cpp, special tokens as text",
+            ids(&tok, false),
+            &case["llama_cpp_no_special"],
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let mut model = TransformerLm::from_gguf(&file).unwrap();
+    assert_eq!(model.config().vocab_size, tok.get_vocab_size(true));
+    assert_eq!(model.generate(&[1, 300], 4, &mut Sampler::greedy()).unwrap().len(), 4);
+    let template = ChatTemplate::from_gguf(&file).unwrap();
+    let text = template.render(&[ChatMessage::user("hi"), ChatMessage::assistant("yo")], false).unwrap();
+    assert_eq!(text, "<s>[INST] hi [/INST]yo</s>");
+    // Written back out, the file carries the same vocabulary.
+    let out = rusting_brain_test_support::TempDir::new("gguf_spm_written");
+    let written = out.path().join("model.gguf");
+    model.save_gguf(&written, Precision::F32).unwrap();
+    let json = |p: &std::path::Path| rusting_brain::gguf::tokenizer_json(p).unwrap();
+    assert_eq!(json(&written), json(&file));
+}
+
 #[test]
 fn a_file_that_is_not_gguf_is_an_error_naming_it() {
     let bad = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/flow_match.json");

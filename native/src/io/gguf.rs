@@ -339,6 +339,43 @@ mod tests {
         assert!(e.contains("blk.0.attn_q.bias: this tensor is not part of the model"), "{e}");
     }
 
+    /// A SentencePiece vocabulary whose scores are missing, short, not numbers or not
+    /// finite is refused naming the key; a whole one rebuilds.
+    #[test]
+    fn a_sentencepiece_vocabulary_without_sound_scores_is_refused_by_key() {
+        let array = |elem: u32, items: Vec<Vec<u8>>| -> Vec<u8> {
+            let head = [&elem.to_le_bytes()[..], &(items.len() as u64).to_le_bytes()].concat();
+            [head, items.concat()].concat()
+        };
+        let tokens = array(8, ["<unk>", "<s>", "</s>", "\u{2581}a", "\u{2581}", "a"].map(text).to_vec());
+        let types = array(5, [2i32, 3, 3, 1, 1, 1].map(|t| t.to_le_bytes().to_vec()).to_vec());
+        let scores = |v: &[f32]| array(6, v.iter().map(|x| x.to_le_bytes().to_vec()).collect());
+        let tokenizer = |name: &str, scores: Option<Vec<u8>>| -> std::result::Result<String, String> {
+            let mut kv = vec![
+                ("tokenizer.ggml.model", 8u32, text("llama")),
+                ("tokenizer.ggml.tokens", 9, tokens.clone()),
+                ("tokenizer.ggml.token_type", 9, types.clone()),
+            ];
+            kv.extend(scores.map(|s| ("tokenizer.ggml.scores", 9, s)));
+            let path = std::env::temp_dir().join(format!("rb_gguf_{}_spm_{name}.gguf", std::process::id()));
+            std::fs::write(&path, tiny_llama(&kv, &[])).unwrap();
+            let r = tokenizer_json(&path).map_err(|e| e.to_string());
+            let _ = std::fs::remove_file(&path);
+            r
+        };
+        let json = tokenizer("whole", Some(scores(&[0.0, 0.0, 0.0, -1.0, -2.0, -3.0]))).unwrap();
+        let tok: tokenizers::Tokenizer = json.parse().unwrap();
+        assert_eq!(tok.encode("a a", false).unwrap().get_ids(), [3, 3]);
+        let e = tokenizer("missing", None).unwrap_err();
+        assert!(e.contains("tokenizer.ggml.scores: missing"), "{e}");
+        let e = tokenizer("short", Some(scores(&[0.0, 1.0]))).unwrap_err();
+        assert!(e.contains("tokenizer.ggml.scores: 2 scores for 6 tokens"), "{e}");
+        let e = tokenizer("nan", Some(scores(&[0.0, 0.0, 0.0, f32::NAN, -2.0, -3.0]))).unwrap_err();
+        assert!(e.contains("tokenizer.ggml.scores: holds a value that is not a finite number"), "{e}");
+        let e = tokenizer("text", Some(array(8, vec![text("x"); 6]))).unwrap_err();
+        assert!(e.contains("tokenizer.ggml.scores: holds a value that is not a finite number"), "{e}");
+    }
+
     fn open_bytes(name: &str, bytes: &[u8]) -> Result<Gguf> {
         let path = std::env::temp_dir().join(format!("rb_gguf_{}_{name}.gguf", std::process::id()));
         std::fs::write(&path, bytes).unwrap();
