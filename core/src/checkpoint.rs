@@ -379,7 +379,7 @@ impl<'a> Checkpoint<'a> {
     /// `(rows, blocks, 2)`), as held in memory; a code past 63 or a negative or
     /// non-finite scale is an error. A matrix whose blocks are not codes of its rows'
     /// scales (a GGUF file's 4-bit blocks taken as they were) has each block's scale and
-    /// offset instead, `name.q4_blocks` (F32 `(rows, blocks, 2)`, finite).
+    /// offset instead, `name.q4_blocks` (F16 or F32 `(rows, blocks, 2)`, finite).
     fn read_q4(&self, name: &str, t: &TensorSpec) -> Result<(Vec<f32>, Vec<f32>)> {
         use crate::ops::q4;
         let (rows, cols) = t.rows_cols();
@@ -398,9 +398,21 @@ impl<'a> Checkpoint<'a> {
         let scale_name = format!("{name}.q4_scale");
         let row = self.read_f32(&scale_name, &TensorSpec { shape: vec![rows, 2], kind: TensorKind::Norm })?;
         let blocks_name = format!("{name}.q4_blocks");
-        if self.tensors.tensor(&blocks_name).is_ok() {
+        if let Ok(t) = self.tensors.tensor(&blocks_name) {
             let spec = TensorSpec { shape: vec![rows, nb, 2], kind: TensorKind::Norm };
-            let blocks = self.read_f32(&blocks_name, &spec)?;
+            let blocks = if t.dtype() == Dtype::F16 && t.shape() == spec.shape.as_slice() {
+                let v: Vec<f32> = t
+                    .data()
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect();
+                if v.iter().any(|x| !x.is_finite()) {
+                    return Err(bad(&blocks_name, "holds NaN or infinite values"));
+                }
+                v
+            } else {
+                self.read_f32(&blocks_name, &spec)?
+            };
             let mut scales = Vec::with_capacity(rows * q4::q4_row_scales(cols));
             for (base, pairs) in row.chunks_exact(2).zip(blocks.chunks_exact(2 * nb)) {
                 scales.extend_from_slice(base);

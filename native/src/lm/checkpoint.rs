@@ -92,7 +92,8 @@ fn host_tensors(
 /// written as they are (its precision must be the one asked for: rounding int8 to 4 bits,
 /// or back, would round twice). A 4-bit matrix is its packed bytes (U8), its row scales
 /// (`.q4_scale`) and its blocks' 6-bit codes (`.q4_codes`), or where the blocks are not
-/// such codes (taken from a GGUF file) each block's scale and offset (`.q4_blocks`); an
+/// such codes (taken from a GGUF file) each block's scale and offset (`.q4_blocks`, F16
+/// where every one is an f16, else F32); an
 /// int8 one its values (I8) and block scales (`.scale`).
 fn save_quantized(model: &TransformerModel<CpuBackend>, path: &Path, format: QuantFormat) -> Result<()> {
     let c = &model.config;
@@ -142,7 +143,16 @@ fn save_quantized(model: &TransformerModel<CpuBackend>, path: &Path, format: Qua
             } else {
                 let rs = q4::q4_row_scales(cols);
                 let blocks: Vec<f32> = scales.chunks_exact(rs).flat_map(|r| r[2..].iter().copied()).collect();
-                out.push((format!("{name}.q4_blocks"), Dtype::F32, vec![rows, nb, 2], le_bytes(&blocks)));
+                // F16 where every value is one (a Q4_0 or Q4_1 file's scales are): half the
+                // bytes, the same values.
+                let half: Vec<half::f16> = blocks.iter().map(|&v| half::f16::from_f32(v)).collect();
+                let (dtype, bytes) =
+                    if half.iter().zip(&blocks).all(|(h, v)| h.to_f32().to_bits() == v.to_bits()) {
+                        (Dtype::F16, half.iter().flat_map(|h| h.to_le_bytes()).collect())
+                    } else {
+                        (Dtype::F32, le_bytes(&blocks))
+                    };
+                out.push((format!("{name}.q4_blocks"), dtype, vec![rows, nb, 2], bytes));
             }
             let width = 4 * q4::q4_packed_cols(cols);
             out.push((name, Dtype::U8, vec![rows, width], q4_packed_bytes(&packed)));
