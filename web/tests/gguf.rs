@@ -92,6 +92,41 @@ fn the_page_s_tokenizer_gives_llama_cpp_s_ids() {
     }
 }
 
+/// A SentencePiece vocabulary (Llama 2's and Mistral 7B's kind; `tests/fixtures/
+/// gen_gguf_spm.py`) read by the page: llama.cpp's ids on every string, `</s>` as the end
+/// of a reply, and the model at int8 and at 4 bits giving the native reading's logits.
+#[test]
+fn the_page_reads_a_sentencepiece_vocabulary_as_llama_cpp_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/gguf_spm");
+    let bytes = std::fs::read(dir.join("tiny_llama_spm.gguf")).unwrap();
+    let exp: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+    for format in [QuantFormat::Q8, QuantFormat::Q4] {
+        let page = gguf::read(&bytes, format, 64).unwrap();
+        for case in exp["cases"].as_array().unwrap() {
+            let s = case["text"].as_str().unwrap();
+            let ours = page.tokenizer.encode(s, false).unwrap().get_ids().to_vec();
+            assert_eq!(ours, ids(&case["llama_cpp"]), "{s:?}");
+        }
+        assert_eq!(page.end, page.tokenizer.token_to_id("</s>"), "the file's end of sequence");
+        // The native reading, saved and read on the page's backend: the same logits.
+        let precision = if format == QuantFormat::Q8 { Precision::Q8 } else { Precision::Q4 };
+        let native = TransformerLm::from_gguf_at(dir.join("tiny_llama_spm.gguf"), precision).unwrap();
+        let tmp = rusting_brain_test_support::TempDir::new("web_gguf_spm");
+        let rbw = tmp.path().join("model.rbw");
+        native.save_bin(&rbw, precision).unwrap();
+        let mut saved = read_model(&std::fs::read(&rbw).unwrap(), PortableBackend).unwrap();
+        let mut page = page;
+        let batch = TokenBatch::new([ids(&exp["cases"][0]["llama_cpp_bos"])]).unwrap();
+        let (got, want) = (page.model.forward_logits(&batch).unwrap(), saved.forward_logits(&batch).unwrap());
+        assert_eq!(got.len(), want.len());
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{format:?}: the logits differ"
+        );
+    }
+}
+
 /// A conversation of two turns on the CPU path: the first feeds the whole rendering; the
 /// second only what follows the ids the model read and drew (the reply as the template
 /// renders it), and its greedy reply is the one a fresh conversation fed the whole
