@@ -305,7 +305,9 @@ fn the_gguf_file_reads_to_the_same_bits_as_its_folder_and_answers_paris() {
 /// dequantized twin (the same weights in f32; bound 1e-5, the order of sums), and a mean
 /// KL of 0.0066 nats from llama.cpp's on the file itself (bound 0.01). llama.cpp's reply
 /// starts "L'Étoile", ours "The capital of France is Paris.": the first token is a
-/// near-tie ("The" 0.08 above "L" in our logits) that its activation rounding tips. Fed
+/// near-tie ("The" 0.08 above "L" in our logits) that its float32 rounding inside the Q4_1
+/// dot products tips (`bench/emulate_llama_q8.py`: with its 8-bit activations summed
+/// exactly "The" stays first; summed in ggml's float32 order, "L"). Fed
 /// llama.cpp's reply, its first token is 0.082 below our best (bound 0.25) and every
 /// later one is our top token.
 #[test]
