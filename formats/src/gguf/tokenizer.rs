@@ -264,9 +264,14 @@ fn sentencepiece<D: AsRef<[u8]>>(
         })
         .collect();
     let flag = |key: &str, default: bool| file.get(key).and_then(Meta::as_bool).unwrap_or(default);
-    let mut normalizers = Vec::new();
+    let (mut normalizers, mut decoders) = (Vec::new(), Vec::new());
+    decoders.push(json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}));
+    decoders.push(json!({"type": "ByteFallback"}));
+    decoders.push(json!({"type": "Fuse"}));
+    // The space put before the text is taken off again when decoding.
     if flag("tokenizer.ggml.add_space_prefix", true) {
         normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
     }
     normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
     let special = |key: &str| -> Result<Option<&str>> {
@@ -313,12 +318,7 @@ fn sentencepiece<D: AsRef<[u8]>>(
         "normalizer": {"type": "Sequence", "normalizers": normalizers},
         "pre_tokenizer": null,
         "post_processor": {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials},
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-            {"type": "ByteFallback"},
-            {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
-        ]},
+        "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {
             "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
