@@ -14,7 +14,7 @@
 //!     ... language_model -- generate "prompt" --from-pretrained DIR [--q8] [--context N] [sampling flags]
 //!     ... language_model -- chat --from-pretrained DIR [--q8] [--context N] [--system TEXT]
 //!     ... language_model -- generate "prompt" | chat --from-gguf FILE [the same flags]
-//!     ... language_model -- export-gguf --from-pretrained DIR | --from-gguf FILE --out FILE [--q8 | --q4]
+//!     ... language_model -- export-gguf --from-pretrained DIR | --from-gguf FILE --out FILE [--q8 | --q4 | --q4k]
 //!     ... language_model -- export-web --from-gguf FILE --out DIR [--context N]
 //!     ... language_model -- train --from-pretrained DIR [--steps N] [--lr R] [--corpus FILE] \
 //!         [--save-pretrained OUT] [--lora RANK]
@@ -54,6 +54,7 @@ use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use rusting_brain::gguf::GgufType;
 use rusting_brain::{
     ChatMessage, ChatTemplate, GenerationConfig, LoraConfig, Optimizer, Precision, Sampler, Schedule,
     TokenFile, TransformerLm,
@@ -833,21 +834,24 @@ fn main() -> Result<(), Error> {
         },
         Some("export-gguf") => {
             // A published model written as GGUF for llama.cpp and ollama (f32 weights, so
-            // load without --q8; the file's precision from --q8 / --q4).
+            // load without --q8; the file's type from --q8 (Q8_0), --q4 (Q4_0) or --q4k (Q4_K,
+            // Q5_0 for rows that are not whole super-blocks)).
             let src =
                 published.as_ref().ok_or("export-gguf needs --from-pretrained DIR or --from-gguf FILE")?;
             let out = PathBuf::from(flag("--out").ok_or("export-gguf needs --out FILE.gguf")?);
-            let precision = if g.q8 {
-                Precision::Q8
+            let file = if g.q8 {
+                GgufType::Q8_0
+            } else if args.iter().any(|a| a == "--q4k") {
+                GgufType::Q4K
             } else if args.iter().any(|a| a == "--q4") {
-                Precision::Q4
+                GgufType::Q4_0
             } else {
-                Precision::F32
+                GgufType::F32
             };
             // The whole context unless --context cuts it: the file says what the model holds.
             let (model, _, _) = load_pretrained(src, false, g.context.or(Some(usize::MAX)))?;
-            model.save_gguf(&out, precision)?;
-            println!("wrote {} ({:?}, {} bytes)", out.display(), precision, std::fs::metadata(&out)?.len());
+            model.save_gguf_as(&out, file)?;
+            println!("wrote {} ({file:?}, {} bytes)", out.display(), std::fs::metadata(&out)?.len());
             Ok(())
         }
         Some(other) => Err(format!(

@@ -74,6 +74,7 @@ pub use backend::cpu;
 /// [`TransformerLm::from_gguf`] reads.
 pub mod gguf {
     pub use crate::io::gguf::tokenizer_json;
+    pub use crate::io::gguf::GgufType;
 }
 #[cfg(feature = "cuda-backend")]
 pub use backend::cuda;

@@ -20,6 +20,7 @@ pub(crate) use lm::load;
 use rusting_brain_formats::gguf::TensorInfo;
 pub(crate) use rusting_brain_formats::gguf::{GgmlType, Meta};
 pub(crate) use write::save;
+pub use write::GgufType;
 
 /// The tokenizer a GGUF file carries (`tokenizer.ggml.*`: byte-level BPE with the
 /// pre-tokenizer the file names) as the text of a Hugging Face `tokenizer.json`, which

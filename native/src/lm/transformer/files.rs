@@ -87,6 +87,12 @@ impl TransformerLm {
     /// LoRA adapters first. Written through a temporary file: a failure leaves `path` as
     /// it was.
     pub fn save_gguf(&self, path: impl AsRef<std::path::Path>, precision: crate::Precision) -> Result<()> {
+        self.save_gguf_as(path, crate::gguf::GgufType::of(precision))
+    }
+    /// [`TransformerLm::save_gguf`] with the file's tensor type named: `GgufType::Q4K`
+    /// writes Q4_K blocks (Q5_0 where a row is not whole 256-value super-blocks), the
+    /// embedding and head Q8_0, as `llama-quantize` rounds them.
+    pub fn save_gguf_as(&self, path: impl AsRef<std::path::Path>, file: crate::gguf::GgufType) -> Result<()> {
         if self.lora_config().is_some() {
             return Err(NetworkError::InvalidInput(
                 "save_gguf: the model has LoRA adapters; merge_lora() first (llama.cpp reads whole weights)"
@@ -94,7 +100,7 @@ impl TransformerLm {
             ));
         }
         self.host_current("save_gguf")?;
-        crate::io::gguf::save(self.model(), self.origin.as_ref(), path.as_ref(), precision)
+        crate::io::gguf::save(self.model(), self.origin.as_ref(), path.as_ref(), file)
     }
     /// Writes a Hugging Face directory that `transformers`' `AutoModelForCausalLM` loads:
     /// F32 `model.safetensors` (sharded past 5 GB), `config.json` and
