@@ -85,7 +85,10 @@ fn nearest(v: f32) -> f32 {
 /// One block's scale and offset (`x ~ scale * q - offset`, q in 0..=15) by llama.cpp's
 /// `make_qkx2_quants` (weighted squared error, importance `sqrt(mean x^2) + |x|`, the
 /// min/max scale and twenty trial scales around it); the offset is never negative (the
-/// block's minimum is taken at or below zero).
+/// block's minimum is taken at or below zero). One difference from llama.cpp's: every trial
+/// levels the values from the block's own minimum, where llama.cpp's levels them from the
+/// best offset found so far (the GGUF writer's Q4_K encoder, which must give llama.cpp's
+/// bytes, does that; this format's measured quality is this search's).
 fn block_scale(x: &[f32]) -> (f32, f32) {
     let n = x.len() as f32;
     let av = libm::sqrtf(x.iter().map(|v| v * v).sum::<f32>() / n);
