@@ -73,8 +73,7 @@ pub use backend::cpu;
 /// llama.cpp's GGUF files: what they carry beside the weights, which
 /// [`TransformerLm::from_gguf`] reads.
 pub mod gguf {
-    pub use crate::io::gguf::tokenizer_json;
-    pub use crate::io::gguf::GgufType;
+    pub use crate::io::gguf::{held_precision, tokenizer_json, GgufType};
 }
 #[cfg(feature = "cuda-backend")]
 pub use backend::cuda;

@@ -1,10 +1,12 @@
-//! `rusting-brain-server --model DIR|FILE.rbw [--tokenizer FILE] [--q8] [--name NAME]
+//! `rusting-brain-server --model DIR|FILE.rbw|FILE.gguf [--tokenizer FILE] [--q8 | --q4] [--name NAME]
 //! [--lora NAME=DIR|FILE.rbl]... [--image DIR [--image-q8]] [--host 127.0.0.1] [--port 8080] [--api-key KEY]
 //! [--max-batch N] [--max-queue N] [--context N] [--max-body BYTES]`
 //!
 //! Serves the Hugging Face folder `DIR` (weights, `config.json`, `tokenizer.json`, the chat
 //! template in `tokenizer_config.json` or `chat_template.jinja`, `generation_config.json`),
-//! or a `.rbw` checkpoint with those files beside it, over OpenAI's API; each `--lora` is
+//! a `.rbw` checkpoint with those files beside it, or a llama.cpp GGUF file with the
+//! tokenizer, template and end ids it carries (at the precision that keeps its blocks as
+//! they are unless `--q8` or `--q4` says otherwise), over OpenAI's API; each `--lora` is
 //! an adapter (PEFT's folder or `.rbl`) that requests pick with `"model": NAME`; `--image`
 //! a diffusers folder (FLUX, SD3, SD 1.x/2.x/XL) for `/v1/images/generations`. Prints
 //! `listening on http://HOST:PORT` once it answers; on SIGTERM or Ctrl-C it stops taking
@@ -28,6 +30,7 @@ struct Args {
     tokenizer: Option<PathBuf>,
     lora: Vec<(String, PathBuf)>,
     q8: bool,
+    q4: bool,
     name: Option<String>,
     host: String,
     port: u16,
@@ -38,7 +41,7 @@ struct Args {
     max_body: usize,
 }
 
-const USAGE: &str = "usage: rusting-brain-server --model DIR|FILE.rbw [--tokenizer FILE] [--q8] [--name NAME] \
+const USAGE: &str = "usage: rusting-brain-server --model DIR|FILE.rbw|FILE.gguf [--tokenizer FILE] [--q8 | --q4] [--name NAME] \
 [--lora NAME=DIR|FILE.rbl]... [--image DIR [--image-q8]] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--max-batch 16] [--max-queue 64] \
 [--context N] [--max-body 1048576]";
 
@@ -50,6 +53,7 @@ fn parse_args() -> Result<Args, ServerError> {
         tokenizer: None,
         lora: Vec::new(),
         q8: false,
+        q4: false,
         name: None,
         host: "127.0.0.1".into(),
         port: 8080,
@@ -70,7 +74,7 @@ fn parse_args() -> Result<Args, ServerError> {
             })
         };
         match flag.as_str() {
-            "--model" => model = Some(PathBuf::from(value("a folder or a .rbw file")?)),
+            "--model" => model = Some(PathBuf::from(value("a folder, a .rbw or a .gguf file")?)),
             "--image" => a.image = Some(PathBuf::from(value("a diffusers folder")?)),
             "--image-q8" => a.image_q8 = true,
             "--tokenizer" => a.tokenizer = Some(PathBuf::from(value("a tokenizer.json")?)),
@@ -84,6 +88,7 @@ fn parse_args() -> Result<Args, ServerError> {
                 }
             }
             "--q8" => a.q8 = true,
+            "--q4" => a.q4 = true,
             "--name" => a.name = Some(value("a name")?),
             "--host" => a.host = value("an address")?,
             "--port" => {
@@ -102,6 +107,9 @@ fn parse_args() -> Result<Args, ServerError> {
         }
     }
     a.model = model.ok_or_else(|| ServerError::Usage(format!("--model DIR is required\n{USAGE}")))?;
+    if a.q8 && a.q4 {
+        return Err(ServerError::Usage("--q8 and --q4: pick one precision".into()));
+    }
     Ok(a)
 }
 
@@ -115,15 +123,28 @@ fn main() {
 fn run() -> Result<(), ServerError> {
     let a = parse_args()?;
     let model_err = |e: &dyn std::fmt::Display| ServerError::Model(format!("{}: {e}", a.model.display()));
-    let precision = if a.q8 { Precision::Q8 } else { Precision::F32 };
-    // A folder is read as Hugging Face wrote it; a file is our checkpoint, its tokenizer,
-    // template and generation settings beside it.
+    let asked = match (a.q8, a.q4) {
+        (true, _) => Some(Precision::Q8),
+        (_, true) => Some(Precision::Q4),
+        _ => None,
+    };
+    let gguf = a.model.is_file() && a.model.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    // A folder is read as Hugging Face wrote it; a GGUF file as llama.cpp wrote it, with
+    // what it carries; a checkpoint of ours with its tokenizer, template and generation
+    // settings beside it.
     let (mut model, dir) = if a.model.is_dir() {
+        let precision = asked.unwrap_or(Precision::F32);
         (TransformerLm::from_pretrained_at(&a.model, precision).map_err(|e| model_err(&e))?, a.model.clone())
+    } else if gguf {
+        let precision = match asked {
+            Some(p) => p,
+            None => rusting_brain::gguf::held_precision(&a.model).map_err(|e| model_err(&e))?,
+        };
+        (TransformerLm::from_gguf_at(&a.model, precision).map_err(|e| model_err(&e))?, PathBuf::new())
     } else {
         let mut m = TransformerLm::load_bin(&a.model).map_err(|e| model_err(&e))?;
-        if a.q8 && !m.is_quantized() {
-            m.quantize().map_err(|e| model_err(&e))?;
+        if let Some(p) = asked.filter(|_| !m.is_quantized()) {
+            m.quantize_to(p).map_err(|e| model_err(&e))?;
         }
         let dir = a.model.parent().map_or_else(|| PathBuf::from("."), PathBuf::from);
         (m, if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir })
@@ -131,20 +152,31 @@ fn run() -> Result<(), ServerError> {
     if let Some(n) = a.context {
         model.set_max_seq_len(n).map_err(|e| model_err(&e))?;
     }
-    let tokenizer_path = a.tokenizer.clone().unwrap_or_else(|| dir.join("tokenizer.json"));
-    let tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path)
-        .map_err(|e| ServerError::Model(format!("{}: {e}", tokenizer_path.display())))?;
+    let tokenizer = match &a.tokenizer {
+        None if gguf => {
+            let json = rusting_brain::gguf::tokenizer_json(&a.model).map_err(|e| model_err(&e))?;
+            json.parse::<tokenizers::Tokenizer>().map_err(|e| model_err(&e))?
+        }
+        given => {
+            let path = given.clone().unwrap_or_else(|| dir.join("tokenizer.json"));
+            tokenizers::Tokenizer::from_file(&path)
+                .map_err(|e| ServerError::Model(format!("{}: {e}", path.display())))?
+        }
+    };
     let vocab = model.config().vocab_size;
     if tokenizer.get_vocab_size(true) > vocab {
         return Err(ServerError::Model(format!(
             "{}: the tokenizer has {} tokens, over the model's vocabulary of {vocab}",
-            tokenizer_path.display(),
+            a.tokenizer.as_ref().unwrap_or(&a.model).display(),
             tokenizer.get_vocab_size(true)
         )));
     }
     // A base model has no template: it is served on /v1/completions only.
-    let template = ChatTemplate::from_pretrained(&dir).ok();
-    let generation = if a.model.is_dir()
+    let template =
+        if gguf { ChatTemplate::from_gguf(&a.model).ok() } else { ChatTemplate::from_pretrained(&dir).ok() };
+    let generation = if gguf {
+        GenerationConfig::from_gguf(&a.model).map_err(|e| model_err(&e))?
+    } else if a.model.is_dir()
         || dir.join("generation_config.json").is_file()
         || dir.join("config.json").is_file()
     {

@@ -152,7 +152,13 @@ fn expected_chat(messages: &[ChatMessage], max: usize) -> (String, usize, usize)
 fn greedy(model: &mut TransformerLm, text: &str, max: usize) -> (String, usize, usize) {
     let d = folder();
     let tok = tokenizers::Tokenizer::from_file(d.join("tokenizer.json")).unwrap();
-    let gen = GenerationConfig::from_pretrained(&d).unwrap();
+    greedy_with(model, &tok, &GenerationConfig::from_pretrained(&d).unwrap(), text, max)
+}
+
+/// [`greedy`] with a tokenizer and end ids from anywhere.
+fn greedy_with(
+    model: &mut TransformerLm, tok: &tokenizers::Tokenizer, gen: &GenerationConfig, text: &str, max: usize,
+) -> (String, usize, usize) {
     let prompt = tok.encode(text, false).unwrap().get_ids().to_vec();
     let mut reply = Vec::new();
     model
@@ -351,6 +357,42 @@ fn a_checkpoint_file_serves_what_its_folder_serves() {
     assert_eq!(status, 200, "{got}");
     assert_eq!(got["choices"][0]["message"], want["choices"][0]["message"]);
     assert_eq!(got["usage"], want["usage"]);
+}
+
+/// A GGUF file served on its own (`--model FILE.gguf`, one llama.cpp's converter and
+/// quantizer wrote: `tests/fixtures/gguf_llama_cpp`): the tokenizer, chat template and end
+/// ids it carries. Each reply is the one `TransformerLm::from_gguf_at` generates with them
+/// at the precision served: an F32 file at f32, a Q8_0 file at int8 (the precision that
+/// keeps its blocks), and at 4 bits with `--q4`.
+#[test]
+fn a_gguf_file_serves_what_it_carries() {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/gguf_llama_cpp"));
+    let messages = [ChatMessage::user("what is the capital of france?")];
+    let body = json!({"model": "qwen2", "messages": [{"role": "user", "content": "what is the capital of france?"}],
+                      "max_tokens": 8, "temperature": 0});
+    let cases = [
+        ("qwen2.f32.gguf", &[][..], Precision::F32),
+        ("qwen2.q8_0.gguf", &[][..], Precision::Q8),
+        ("qwen2.q8_0.gguf", &["--q4"][..], Precision::Q4),
+    ];
+    for (file, extra, precision) in cases {
+        let path = dir.join(file);
+        if extra.is_empty() {
+            assert_eq!(rusting_brain::gguf::held_precision(&path).unwrap(), precision, "{file}");
+        }
+        let server = start_at(&path, &[&["--name", "qwen2"][..], extra].concat());
+        let (status, got) = post(server.port, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{file}: {got}");
+        let mut model = TransformerLm::from_gguf_at(&path, precision).unwrap();
+        let tok: tokenizers::Tokenizer = rusting_brain::gguf::tokenizer_json(&path).unwrap().parse().unwrap();
+        let text = ChatTemplate::from_gguf(&path).unwrap().render(&messages, true).unwrap();
+        let gen = GenerationConfig::from_gguf(&path).unwrap();
+        let (reply, prompt, n) = greedy_with(&mut model, &tok, &gen, &text, 8);
+        assert_eq!(got["choices"][0]["message"]["content"], reply, "{file} at {precision:?}");
+        assert_eq!(got["usage"]["prompt_tokens"], prompt, "{file}");
+        assert_eq!(got["usage"]["completion_tokens"], n, "{file}");
+        assert!(n > 0, "{file}: an empty reply tests nothing");
+    }
 }
 
 /// Standard base64 back to bytes (the test's own decoder, not the server's encoder).

@@ -23,13 +23,30 @@ pub(crate) use write::save;
 pub use write::GgufType;
 
 /// The tokenizer a GGUF file carries (`tokenizer.ggml.*`: byte-level BPE with the
-/// pre-tokenizer the file names) as the text of a Hugging Face `tokenizer.json`, which
-/// `tokenizers::Tokenizer::from_str` loads: this crate ships no tokenizer of its own. A
-/// tokenizer this rebuild does not cover (SentencePiece, an unknown pre-tokenizer) is an
-/// error naming the key.
+/// pre-tokenizer the file names, or SentencePiece's BPE) as the text of a Hugging Face
+/// `tokenizer.json`, which `tokenizers::Tokenizer::from_str` loads: this crate ships no
+/// tokenizer of its own. A tokenizer this rebuild does not cover (WordPiece, Unigram, an
+/// unknown pre-tokenizer) is an error naming the key.
 pub fn tokenizer_json(path: impl AsRef<Path>) -> Result<String> {
     let file = Gguf::open(path.as_ref())?;
     file.tokenizer_json().map_err(|e| file.lift(e))
+}
+
+/// The precision that holds a GGUF file's matrices as they are stored, for
+/// [`crate::TransformerLm::from_gguf_at`]: `Q4` when it has 4-bit blocks (Q4_0, Q4_1,
+/// Q4_K: they are kept exactly, its wider blocks in int8), `Q8` when its matrices are
+/// other blocks (Q8_0, Q5_x, Q6_K), `F32` when they are floats (F32, F16, BF16).
+pub fn held_precision(path: impl AsRef<Path>) -> Result<crate::Precision> {
+    use GgmlType::*;
+    let file = Gguf::open(path.as_ref())?;
+    let kinds: Vec<GgmlType> = file.tensors.iter().filter(|t| t.dims.len() >= 2).map(|t| t.kind).collect();
+    Ok(if kinds.iter().any(|k| matches!(k, Q4_0 | Q4_1 | Q4K)) {
+        crate::Precision::Q4
+    } else if kinds.iter().any(|k| !matches!(k, F32 | F16 | BF16)) {
+        crate::Precision::Q8
+    } else {
+        crate::Precision::F32
+    })
 }
 
 /// A chat template's source, if the file has one, and the texts of its special tokens
