@@ -6,7 +6,8 @@ tokens/s (completion tokens of every request over the round's wall time) and tim
 first token (request sent to the first chunk with text) at p50 and p95, with our ratio.
 
 The model is SmolLM2-135M-Instruct: ours reads the f32 folder `bench/smollm2_folder.py`
-writes and rounds it to int8 at load (`--q8`); llama.cpp reads the Q8_0 GGUF its
+writes and rounds it to int8 at load (`--q8`), or with `--same-file` the very Q8_0 GGUF
+llama.cpp reads (its blocks taken as they are); llama.cpp reads the Q8_0 GGUF its
 `llama-quantize` makes from the F32 GGUF of the same weights. Both get every core the
 machine has and room for 16 requests at once (`--max-batch 16`; `-np 16` with 16 slots'
 context).
@@ -177,21 +178,26 @@ def run_server(cmd, port, model, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ours", required=True, help="the rusting-brain-server binary")
-    ap.add_argument("--folder", required=True, help="SmolLM2's f32 Hugging Face folder")
+    ap.add_argument("--folder", help="SmolLM2's f32 Hugging Face folder (ours rounds it to int8 at load)")
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--gguf", required=True, help="the Q8_0 GGUF of the same weights")
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends in turn")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--context", type=int, default=512, help="positions per request")
+    ap.add_argument("--same-file", action="store_true",
+                    help="ours serves the Q8_0 GGUF too (its blocks as they are), not the folder")
     args = ap.parse_args()
+    if not args.same_file and not args.folder:
+        ap.error("--folder DIR, or --same-file to serve the GGUF")
     args.clients = [int(c) for c in args.clients.split(",")]
     most = max(args.clients)
     threads = os.cpu_count() or 1
     model, isa = cpu()
 
     port = free_port()
-    ours = run_server([args.ours, "--model", args.folder, "--q8", "--name", "smollm2", "--port", str(port),
+    source = [args.gguf] if args.same_file else [args.folder, "--q8"]
+    ours = run_server([args.ours, "--model", *source, "--name", "smollm2", "--port", str(port),
                        "--max-batch", str(most), "--max-queue", "256", "--context", str(args.context)],
                       port, "smollm2", args)
     port = free_port()
