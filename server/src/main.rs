@@ -123,6 +123,8 @@ fn main() {
 fn run() -> Result<(), ServerError> {
     let a = parse_args()?;
     let model_err = |e: &dyn std::fmt::Display| ServerError::Model(format!("{}: {e}", a.model.display()));
+    // The GGUF reader's errors name the file already.
+    let gguf_err = |e: rusting_brain::NetworkError| ServerError::Model(e.to_string());
     let asked = match (a.q8, a.q4) {
         (true, _) => Some(Precision::Q8),
         (_, true) => Some(Precision::Q4),
@@ -138,9 +140,9 @@ fn run() -> Result<(), ServerError> {
     } else if gguf {
         let precision = match asked {
             Some(p) => p,
-            None => rusting_brain::gguf::held_precision(&a.model).map_err(|e| model_err(&e))?,
+            None => rusting_brain::gguf::held_precision(&a.model).map_err(gguf_err)?,
         };
-        (TransformerLm::from_gguf_at(&a.model, precision).map_err(|e| model_err(&e))?, PathBuf::new())
+        (TransformerLm::from_gguf_at(&a.model, precision).map_err(gguf_err)?, PathBuf::new())
     } else {
         let mut m = TransformerLm::load_bin(&a.model).map_err(|e| model_err(&e))?;
         if let Some(p) = asked.filter(|_| !m.is_quantized()) {
@@ -154,7 +156,7 @@ fn run() -> Result<(), ServerError> {
     }
     let tokenizer = match &a.tokenizer {
         None if gguf => {
-            let json = rusting_brain::gguf::tokenizer_json(&a.model).map_err(|e| model_err(&e))?;
+            let json = rusting_brain::gguf::tokenizer_json(&a.model).map_err(gguf_err)?;
             json.parse::<tokenizers::Tokenizer>().map_err(|e| model_err(&e))?
         }
         given => {
@@ -175,7 +177,7 @@ fn run() -> Result<(), ServerError> {
     let template =
         if gguf { ChatTemplate::from_gguf(&a.model).ok() } else { ChatTemplate::from_pretrained(&dir).ok() };
     let generation = if gguf {
-        GenerationConfig::from_gguf(&a.model).map_err(|e| model_err(&e))?
+        GenerationConfig::from_gguf(&a.model).map_err(gguf_err)?
     } else if a.model.is_dir()
         || dir.join("generation_config.json").is_file()
         || dir.join("config.json").is_file()

@@ -395,6 +395,23 @@ fn a_gguf_file_serves_what_it_carries() {
     }
 }
 
+/// A GGUF file the reader refuses stops the server with the reader's words, the file
+/// named once.
+#[test]
+fn a_gguf_file_that_is_no_model_is_refused_by_name() {
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/gguf_blocks.gguf"));
+    let out = Command::new(env!("CARGO_BIN_EXE_rusting-brain-server"))
+        .arg("--model")
+        .arg(&path)
+        .args(["--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("general.architecture: fixture is not an architecture"), "{err}");
+    assert_eq!(err.matches("gguf_blocks.gguf").count(), 1, "{err}");
+}
+
 /// Standard base64 back to bytes (the test's own decoder, not the server's encoder).
 fn unbase64(text: &str) -> Vec<u8> {
     let value = |c: u8| match c {

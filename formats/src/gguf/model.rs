@@ -7,10 +7,8 @@
 
 use std::collections::HashSet;
 
-use rusting_brain_core::models::transformer::TransformerConfig;
+use rusting_brain_core::models::transformer::{QuantFormat, TransformerConfig};
 use serde_json::{json, Map, Value};
-
-use rusting_brain_core::models::transformer::QuantFormat;
 
 use super::blocks::GgmlType;
 use super::{Gguf, Meta};
