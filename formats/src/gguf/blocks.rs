@@ -282,6 +282,12 @@ fn q6_k(x: &[u8], y: &mut [f32]) {
 /// values again took 9-17 s on SmolLM2-135M and added the second rounding's error) and an
 /// 8-bit one as the int8 it already is.
 impl GgmlType {
+    /// Whether `bytes` are `rows` whole rows of `cols` values in this type.
+    fn whole_rows(self, bytes: &[u8], rows: usize, cols: usize) -> bool {
+        let (n, b) = self.block();
+        cols > 0 && cols.is_multiple_of(n) && rows.checked_mul(cols / n * b) == Some(bytes.len())
+    }
+
     /// `rows` rows of `cols` values stored as this type (`bytes`, whole rows) in our 4-bit
     /// layout, each value what [`GgmlType::decode`] gives bit for bit: Q4_0's `d (q - 8)`
     /// as `d q - 8 d`, Q4_1's `d q + m` as `d q - (-m)`, Q4_K's `(d sc) q - (dmin m)` with
@@ -294,9 +300,7 @@ impl GgmlType {
         use rusting_brain_core::ops::q4::{q4_packed_cols, q4_row_scales, Q4_BLOCK};
         let (n, b) = self.block();
         if !matches!(self, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K)
-            || cols == 0
-            || !cols.is_multiple_of(n)
-            || bytes.len() != rows * (cols / n) * b
+            || !self.whole_rows(bytes, rows, cols)
         {
             return None;
         }
@@ -360,9 +364,7 @@ impl GgmlType {
         use rusting_brain_core::ops::q8::{blocks_of, packed_cols, Q8_BLOCK};
         let (n, b) = self.block();
         if !matches!(self, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0)
-            || cols == 0
-            || !cols.is_multiple_of(n)
-            || bytes.len() != rows * (cols / n) * b
+            || !self.whole_rows(bytes, rows, cols)
         {
             return None;
         }

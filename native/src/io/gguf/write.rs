@@ -183,6 +183,19 @@ fn encode(kind: GgmlType, w: &[f32]) -> Vec<u8> {
     }
 }
 
+/// The value of largest magnitude with its sign (the first of equal magnitudes), which
+/// llama.cpp's symmetric 4- and 5-bit blocks scale from.
+fn signed_absmax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
 /// llama.cpp's `nearest_int`: to nearest, ties to even (its `+ 1.5 * 2^23` trick).
 fn nearest_int(v: f32) -> i32 {
     v.round_ties_even() as i32
@@ -191,14 +204,7 @@ fn nearest_int(v: f32) -> i32 {
 /// llama.cpp's `quantize_row_q5_0_ref` on one block: `d = max / -16` for the value of
 /// largest magnitude, each value `min(31, trunc(x / d + 16.5))`, its fifth bit in `qh`.
 fn q5_0_block(x: &[f32]) -> Vec<u8> {
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &v in x {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    let d = max / -16.0;
+    let d = signed_absmax(x) / -16.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let q = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
     let (mut qh, mut qs) = (0u32, [0u8; 16]);
@@ -355,14 +361,7 @@ fn q8_0_block(x: &[f32]) -> Vec<u8> {
 /// llama.cpp's `quantize_row_q4_0_ref` on one block: `d = max / -8` for the value of
 /// largest magnitude, each value `min(15, trunc(x / d + 8.5))`.
 fn q4_0_block(x: &[f32]) -> Vec<u8> {
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &v in x {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    let d = max / -8.0;
+    let d = signed_absmax(x) / -8.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
     let mut b = f16::from_f32(d).to_le_bytes().to_vec();
