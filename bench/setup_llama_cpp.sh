@@ -79,9 +79,9 @@ if [ -z "$cmake_bin" ]; then
     cmake_bin="$dir/cmake-py/bin/cmake"
     export PYTHONPATH="$dir/cmake-py${PYTHONPATH:+:$PYTHONPATH}"
 fi
-# llama-bench for bench_decode; llama-quantize and llama-perplexity for quant_quality;
+# llama-bench and llama-batched-bench for bench_decode; llama-quantize and llama-perplexity for quant_quality;
 # llama-server for bench/serve_bench.py; llama-tokenize for tests/fixtures/gen_gguf_spm.py.
-tools=(llama-bench llama-quantize llama-perplexity llama-server llama-tokenize)
+tools=(llama-bench llama-batched-bench llama-quantize llama-perplexity llama-server llama-tokenize)
 if ! (for t in "${tools[@]}"; do [ -x "$dir/build/bin/$t" ] || exit 1; done); then
     echo "== building ${tools[*]}"
     "$cmake_bin" -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \

@@ -12,6 +12,10 @@
 //! checkpoint loaded and decoded by a fresh process, its peak resident memory beside the
 //! bytes the model counts (int8 weights and scales, f32 norms, the KV cache).
 //!
+//! With `--from-pretrained DIR [--gguf FILE] [--precision q8|q4]`, a published model's
+//! folder beside llama.cpp on the GGUF of the same weights, and decode steps over 1..16
+//! sequences at once beside `llama-batched-bench` (`--batched`: that table alone).
+//!
 //! Beside it in the same run:
 //! - PyTorch eager, f32 and with dynamic int8 `Linear`s: `bench/torch_lm.py` (or
 //!   `$RB_TORCH_LM`) through `$RB_PYTHON`; its decode prompt is 16 tokens whatever
@@ -149,6 +153,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some(p) if p == "q4" => rusting_brain::Precision::Q4,
             Some(p) => return Err(format!("--precision {p}: q8 or q4").into()),
         };
+        if words.iter().any(|w| w == "--batched") {
+            // The steps over several sequences alone.
+            let mut model = TransformerLm::from_pretrained_at(dir, precision)?;
+            println!("{} at commit {}, {dir} at {precision:?}", common::cpu_model(), common::commit());
+            batched_steps(&mut model, gguf.map(String::as_str), rayon::current_num_threads())?;
+            if std::env::var("RB_BREAKDOWN").is_ok() {
+                breakdown(model.config(), &[1; 16], 32, precision.format())?;
+            }
+            return Ok(());
+        }
         return real_model(dir, gguf.map(String::as_str), precision, prompt_len, new_tokens);
     }
     // `readme`: the README's 38.9M configuration, where the bytes outweigh the ~90 calls
@@ -456,6 +470,28 @@ fn breakdown(
         let wall = t.elapsed().as_secs_f64();
         println!("\n{name} prefill of {} tokens, by primitive ({:.1} ms):", long.len(), wall * 1e3);
         print!("{}", pm.backend.breakdown(1, wall, true));
+        // And a step over 16 sequences (a server's step under 16 clients), each after a
+        // prompt of its own.
+        let b = BATCHES[BATCHES.len() - 1];
+        let mut caches = Vec::new();
+        let mut ids = Vec::new();
+        for _ in 0..b {
+            let mut c = pm.new_kv_caches()?;
+            let p: Vec<u32> = (0..BATCH_PROMPT).map(|_| rng.below(config.vocab_size as u64) as u32).collect();
+            pm.forward_cached(&p, &mut c)?;
+            caches.push(c);
+            ids.push(rng.below(config.vocab_size as u64) as u32);
+        }
+        let steps = BATCH_NEW.min(config.max_seq_len - BATCH_PROMPT);
+        pm.forward_cached_rows(&ids, &mut caches.iter_mut().collect::<Vec<_>>())?;
+        pm.backend.reset();
+        let t = Instant::now();
+        for _ in 1..steps {
+            pm.forward_cached_rows(&ids, &mut caches.iter_mut().collect::<Vec<_>>())?;
+        }
+        let wall = t.elapsed().as_secs_f64() / (steps - 1) as f64;
+        println!("\nper {name} step over {b} sequences, by primitive ({:.1} ms a step):", wall * 1e3);
+        print!("{}", pm.backend.breakdown(steps - 1, wall, true));
     }
     Ok(())
 }
@@ -509,6 +545,115 @@ fn gpu_row(
         per.bind_groups as f64 / steps,
     );
     Ok(())
+}
+
+/// Sequences decoded together, as a server's steps run them: this many at once.
+const BATCHES: &[usize] = &[1, 2, 4, 8, 16];
+
+/// Prompt and new tokens of each sequence in [`batched_steps`] (llama-batched-bench's
+/// `-npp` and `-ntg`).
+const BATCH_PROMPT: usize = 32;
+const BATCH_NEW: usize = 32;
+
+/// Decode steps over several sequences at once (`forward_cached_rows`, what the server's
+/// continuous batching runs a step): each of `b` sequences gets a different 32-token
+/// prompt, then 32 greedy steps of all `b` together are timed (the best of 5 rounds);
+/// beside llama.cpp's `llama-batched-bench` on the GGUF at the same threads (its `S_TG`,
+/// `-npp 32 -ntg 32`, one run).
+fn batched_steps(
+    model: &mut TransformerLm, gguf: Option<&str>, threads: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let vocab = model.config().vocab_size;
+    // `RB_BATCHES=16` (a comma list) for some of the rows.
+    let batches: Vec<usize> = match std::env::var("RB_BATCHES") {
+        Ok(v) => v.split(',').filter_map(|b| b.trim().parse().ok()).filter(|&b| b > 0).collect(),
+        Err(_) => BATCHES.to_vec(),
+    };
+    let mut ours = Vec::new();
+    for &b in &batches {
+        let mut best = f64::INFINITY;
+        for round in 0..5 {
+            let mut rng = Rng::new(17 + round);
+            let mut caches: Vec<_> = (0..b).map(|_| model.new_kv_caches()).collect();
+            let mut ids = Vec::with_capacity(b);
+            for c in caches.iter_mut() {
+                let prompt: Vec<u32> = (0..BATCH_PROMPT).map(|_| rng.below(vocab as u64) as u32).collect();
+                let logits = model.forward_cached(&prompt, c)?;
+                ids.push(argmax(&logits));
+            }
+            let t = Instant::now();
+            for _ in 0..BATCH_NEW {
+                let mut rows: Vec<&mut _> = caches.iter_mut().collect();
+                let logits = model.forward_cached_rows(&ids, &mut rows)?;
+                ids = logits.chunks(vocab).map(argmax).collect();
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        ours.push((b, best / BATCH_NEW as f64));
+    }
+    let llama = match gguf {
+        Some(g) => llama_batched_bench(g, threads),
+        None => Err("no --gguf given".to_string()),
+    };
+    println!(
+        "\ndecode steps over several sequences ({BATCH_PROMPT}-token prompts, {BATCH_NEW} steps; ours the best of 5):"
+    );
+    println!(
+        "{:>9} {:>10} {:>10} {:>12} {:>12} {:>11}",
+        "sequences", "ours ms", "ours tok/s", "llama.cpp ms", "llama tok/s", "ours/llama"
+    );
+    for (b, step) in ours {
+        let tps = b as f64 / step;
+        match llama.as_ref().ok().and_then(|rows| rows.iter().find(|r| r.0 == b)) {
+            Some(&(_, l)) => println!(
+                "{b:>9} {:>10.1} {tps:>10.1} {:>12.1} {l:>12.1} {:>10.2}x",
+                step * 1e3,
+                b as f64 / l * 1e3,
+                tps / l
+            ),
+            None => println!("{b:>9} {:>10.1} {tps:>10.1} {:>12} {:>12} {:>11}", step * 1e3, "-", "-", "-"),
+        }
+    }
+    if let Err(why) = llama {
+        println!("llama-batched-bench: not run ({why})");
+    }
+    Ok(())
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32)
+}
+
+/// `llama-batched-bench` on `gguf` at `threads`: `(sequences, decode tokens/s)` for each of
+/// [`BATCHES`], or why it did not run.
+fn llama_batched_bench(gguf: &str, threads: usize) -> Result<Vec<(usize, f64)>, String> {
+    let dir = std::env::var("RB_LLAMA_DIR").unwrap_or_else(|_| "/var/tmp/rb-llama".into());
+    let bin = format!("{dir}/build/bin/llama-batched-bench");
+    for f in [&bin, gguf] {
+        if !std::path::Path::new(f).exists() {
+            return Err(format!("{f} is missing; run bench/setup_llama_cpp.sh"));
+        }
+    }
+    let npl = BATCHES.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(",");
+    let ctx = (BATCHES[BATCHES.len() - 1] * (BATCH_PROMPT + BATCH_NEW)).to_string();
+    let out = Command::new(&bin)
+        .args(["-m", gguf, "-t", &threads.to_string(), "-c", &ctx, "-b", "2048", "-ub", "512"])
+        .args(["-npp", &BATCH_PROMPT.to_string(), "-ntg", &BATCH_NEW.to_string(), "-npl", &npl])
+        .args(["--output-format", "jsonl"])
+        .output()
+        .map_err(|e| format!("{bin}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{bin} failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let rows: Vec<(usize, f64)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|r| Some((r["pl"].as_u64()? as usize, r["speed_tg"].as_f64()?)))
+        .collect();
+    if rows.is_empty() {
+        return Err("llama-batched-bench printed no results".into());
+    }
+    Ok(rows)
 }
 
 /// A published model's folder at int8 (`from_pretrained_at(DIR, Q8)`) beside llama.cpp's
@@ -565,6 +710,7 @@ fn real_model(
         println!("llama.cpp: not run ({why})");
     }
     println!("(tg: ours the median of 5 runs, llama.cpp's the mean of its 5)");
+    batched_steps(&mut model, gguf, threads)?;
     // Where a step's time goes, on a model of this shape (random weights: the same calls).
     breakdown(model.config(), &prompt, new, precision.format())
 }

@@ -198,8 +198,13 @@ fn int8(cpu: &CpuBackend) {
         (1, 1536, 576, " gate/up"),
         (1, 576, 1536, " down"),
         (1, 576, 576, " q/o"),
+        // A server's decode step over 2..16 requests.
+        (2, 1536, 576, " gate/up"),
+        (4, 1536, 576, " gate/up"),
+        (8, 1536, 576, " gate/up"),
         (16, 1536, 576, " gate/up"),
         (16, 576, 1536, " down"),
+        (16, 49152, 576, " head"),
         (128, 1536, 576, " gate/up"),
         (512, 1536, 576, " gate/up"),
         (512, 576, 1536, " down"),
