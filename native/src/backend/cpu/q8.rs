@@ -288,26 +288,91 @@ pub(super) fn run_parts(
         return team::run_blocks(out.chunks_mut(per * n), |p, o| part(o, n, p * per, 0..n));
     }
     let per = n.div_ceil(parts).div_ceil(16) * 16;
-    let mut shares: Vec<(std::ops::Range<usize>, Vec<f32>)> = (0..parts)
-        .map(|p| (p * per).min(n)..((p + 1) * per).min(n))
-        .filter(|cols| !cols.is_empty())
-        .map(|cols| {
-            let w = cols.len();
-            let mut buf = vec![0.0f32; m * w];
-            if beta != 0.0 {
-                for (i, b) in buf.chunks_exact_mut(w).enumerate() {
-                    b.copy_from_slice(&out[i * n + cols.start..i * n + cols.end]);
+    // Each part's buffer comes from a pool kept between calls: a step over sixteen
+    // requests runs some two hundred of these products, and fresh zeroed buffers were a
+    // few percent of it. A part writes every element of its buffer, so only `beta`'s
+    // inputs are copied in.
+    SHARES.with_borrow_mut(|pool| {
+        let mut shares: Vec<(std::ops::Range<usize>, Vec<f32>)> = (0..parts)
+            .map(|p| (p * per).min(n)..((p + 1) * per).min(n))
+            .filter(|cols| !cols.is_empty())
+            .map(|cols| {
+                let w = cols.len();
+                let mut buf = pool.pop().unwrap_or_default();
+                buf.resize(m * w, 0.0);
+                if beta != 0.0 {
+                    for (i, b) in buf.chunks_exact_mut(w).enumerate() {
+                        b.copy_from_slice(&out[i * n + cols.start..i * n + cols.end]);
+                    }
                 }
+                (cols, buf)
+            })
+            .collect();
+        team::run_blocks(shares.iter_mut(), |_, (cols, buf)| part(buf, cols.len(), 0, cols.clone()));
+        for (cols, buf) in shares {
+            for (i, b) in buf.chunks_exact(cols.len()).enumerate() {
+                out[i * n + cols.start..i * n + cols.end].copy_from_slice(b);
             }
-            (cols, buf)
-        })
-        .collect();
-    team::run_blocks(shares.iter_mut(), |_, (cols, buf)| part(buf, cols.len(), 0, cols.clone()));
-    for (cols, buf) in &shares {
-        for (i, b) in buf.chunks_exact(cols.len()).enumerate() {
-            out[i * n + cols.start..i * n + cols.end].copy_from_slice(b);
+            pool.push(buf);
         }
+    });
+}
+
+thread_local! {
+    /// [`run_parts`]' buffers of the parts' outputs, kept for the calling thread's next
+    /// product.
+    static SHARES: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A short product's activation rows, rounded once by the calling thread for every
+    /// part ([`rounded_rows`]).
+    static ROUNDED: std::cell::RefCell<Vec<simd::QuantRow>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A part's band of rows rounded where the rows are not shared, and its panel
+    /// ([`simd::Panel16`]), kept between calls.
+    static PART: std::cell::RefCell<(Vec<simd::QuantRow>, simd::Panel16)> =
+        std::cell::RefCell::new((Vec::new(), simd::Panel16::default()));
+}
+
+/// `x`'s rows (`k` values each) rounded in blocks of 32 ([`simd::QuantRow::fill_wide`])
+/// into `rows`, reusing its buffers.
+fn round_rows(x: &[f32], k: usize, rows: &mut Vec<simd::QuantRow>) {
+    let m = x.len() / k;
+    if rows.len() < m {
+        rows.resize_with(m, Default::default);
     }
+    for (q, xi) in rows.iter_mut().zip(x.chunks_exact(k)) {
+        q.fill_wide(xi, Q8_BLOCK);
+    }
+}
+
+/// Runs `f` with a blocked or 4-bit GEMM's activation rows `x` (`k` values each) rounded
+/// in blocks of 32 by the calling thread, when there are fewer than
+/// [`SPLIT_WEIGHTS_BELOW`] of them: [`run_parts`] then splits the weight rows, and every
+/// part needs every row (each part rounded them all before). Longer prompts split the
+/// rows into bands, each part rounding its own ([`part_rows`]): `f` gets `None`.
+pub(super) fn rounded_rows<T>(x: &[f32], k: usize, f: impl FnOnce(Option<&[simd::QuantRow]>) -> T) -> T {
+    let m = x.len() / k.max(1);
+    if m >= SPLIT_WEIGHTS_BELOW || k == 0 {
+        return f(None);
+    }
+    ROUNDED.with_borrow_mut(|rows| {
+        round_rows(x, k, rows);
+        f(Some(&rows[..m]))
+    })
+}
+
+/// A part's rows `first..first + rows` of `x`, rounded: from `shared` where the caller
+/// rounded them ([`rounded_rows`]), else rounded into the part's own buffers; with the
+/// part's panel.
+pub(super) fn part_rows<T>(
+    x: &[f32], k: usize, shared: Option<&[simd::QuantRow]>, (first, rows): (usize, usize),
+    f: impl FnOnce(&[simd::QuantRow], &mut simd::Panel16) -> T,
+) -> T {
+    PART.with_borrow_mut(|(own, panel)| match shared {
+        Some(all) => f(&all[first..first + rows], panel),
+        None => {
+            round_rows(&x[first * k..(first + rows) * k], k, own);
+            f(&own[..rows], panel)
+        }
+    })
 }
 
 /// [`q8_matmul`]'s GEMM on blocked weights (`m > 1`): each part of the team takes a band of
@@ -320,53 +385,53 @@ fn q8_gemm_blocked(
 ) {
     let (stride, nb) = (packed_cols(k) * 4, blocks_of(k, Q8_BLOCK));
     let row = |j: usize| &w[j * stride..j * stride + k];
-    // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
-    let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
-        let (c0, c1) = (cols.start, cols.end);
-        let rows = o.len() / os;
-        let quantized: Vec<simd::QuantRow> = x[first * k..(first + rows) * k]
-            .chunks_exact(k)
-            .map(|xi| simd::QuantRow::of(xi, Q8_BLOCK))
-            .collect();
-        let acts: Vec<simd::Int8Row<'_>> = quantized.iter().map(|q| q.row()).collect();
-        // Sixteen weight rows at a time laid out across the vector lanes (VNNI): each
-        // activation row meets them with broadcast pairs and no fold. The layout costs a
-        // widening and a transpose per block of sixteen rows; fewer rows than
-        // PANEL_MIN_ROWS, and CPUs without VNNI, take 4 x 4 tiles.
-        let mut done = c0;
-        if rows >= PANEL_MIN_ROWS && simd::has_vnni() {
-            let padded = simd::padded_wide(&quantized, nb * Q8_BLOCK);
-            let padded: Vec<&[i16]> = padded.iter().map(|p| p.as_slice()).collect();
-            let mut panel = simd::Panel16::default();
-            done = c0 + (c1 - c0) / 16 * 16;
-            for j in (c0..done).step_by(16) {
-                panel.fill(&w[j * stride..], stride, k, &scales[j * nb..(j + 16) * nb]);
-                simd::panel16_rows(&mut o[j - c0..], os, &acts, &padded, &panel, beta);
-            }
-        }
-        let quads = rows / 4;
-        let four = done + (c1 - done) / 4 * 4;
-        for j in (done..four).step_by(4) {
-            let w4 = [row(j), row(j + 1), row(j + 2), row(j + 3)];
-            let ws = &scales[j * nb..(j + 4) * nb];
-            for iq in 0..quads {
-                let i = 4 * iq;
-                let a4 = [&acts[i], &acts[i + 1], &acts[i + 2], &acts[i + 3]];
-                simd::tile4x4_blocked(&mut o[i * os + j - c0..], os, a4, w4, ws, beta);
-            }
-            for (i, a) in acts.iter().enumerate().skip(4 * quads) {
-                let at = i * os + j - c0;
-                simd::q8_rows(&mut o[at..at + 4], a, &w[j * stride..], stride, ws, beta);
-            }
-        }
-        for j in four..c1 {
-            for (i, a) in acts.iter().enumerate() {
-                let at = i * os + j - c0;
-                simd::q8_rows(&mut o[at..at + 1], a, row(j), stride, &scales[j * nb..], beta);
-            }
-        }
-    };
-    run_parts(out, (m, n, k), beta, part);
+    rounded_rows(x, k, |shared| {
+        // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
+        let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
+            let (c0, c1) = (cols.start, cols.end);
+            let rows = o.len() / os;
+            part_rows(x, k, shared, (first, rows), |quantized, panel| {
+                // Sixteen weight rows at a time laid out across the vector lanes (VNNI):
+                // each activation row meets them with broadcast quads and no fold. The
+                // layout costs a transpose per two blocks of sixteen rows; fewer rows
+                // than PANEL_MIN_ROWS, and CPUs without VNNI, take 4 x 4 tiles.
+                let mut done = c0;
+                if rows >= PANEL_MIN_ROWS && simd::has_vnni() {
+                    done = c0 + (c1 - c0) / 16 * 16;
+                    for j in (c0..done).step_by(16) {
+                        panel.fill(&w[j * stride..], stride, k, &scales[j * nb..(j + 16) * nb]);
+                        simd::panel16_rows(&mut o[j - c0..], os, quantized, panel, beta);
+                    }
+                }
+                if done == c1 {
+                    return;
+                }
+                let acts: Vec<simd::Int8Row<'_>> = quantized.iter().map(|q| q.row()).collect();
+                let quads = rows / 4;
+                let four = done + (c1 - done) / 4 * 4;
+                for j in (done..four).step_by(4) {
+                    let w4 = [row(j), row(j + 1), row(j + 2), row(j + 3)];
+                    let ws = &scales[j * nb..(j + 4) * nb];
+                    for iq in 0..quads {
+                        let i = 4 * iq;
+                        let a4 = [&acts[i], &acts[i + 1], &acts[i + 2], &acts[i + 3]];
+                        simd::tile4x4_blocked(&mut o[i * os + j - c0..], os, a4, w4, ws, beta);
+                    }
+                    for (i, a) in acts.iter().enumerate().skip(4 * quads) {
+                        let at = i * os + j - c0;
+                        simd::q8_rows(&mut o[at..at + 4], a, &w[j * stride..], stride, ws, beta);
+                    }
+                }
+                for j in four..c1 {
+                    for (i, a) in acts.iter().enumerate() {
+                        let at = i * os + j - c0;
+                        simd::q8_rows(&mut o[at..at + 1], a, row(j), stride, &scales[j * nb..], beta);
+                    }
+                }
+            })
+        };
+        run_parts(out, (m, n, k), beta, part);
+    });
 }
 
 /// Activation rows a band from which the blocked GEMM lays its weights across the lanes

@@ -208,18 +208,6 @@ unsafe fn fill_wide_avx512(r: &mut QuantRow, x: &[f32]) {
     r.wide.truncate(n);
 }
 
-/// Each row's 13-bit values with zeros to `len` (whole blocks): what [`panel16_rows`]
-/// reads, pair by pair.
-pub fn padded_wide(rows: &[QuantRow], len: usize) -> Vec<Vec<i16>> {
-    rows.iter()
-        .map(|q| {
-            let mut p = q.wide.clone();
-            p.resize(len, 0);
-            p
-        })
-        .collect()
-}
-
 /// [`q8_rows`] on blocked weights: `out[r] = sum over blocks b of (d_rb as f32 * sx_b) *
 /// scales[r * nb + b]` in block order, plus `beta * out[r]` when `beta` is not zero, for
 /// `nb = a.scales.len()` blocks of `a.block` (= [`Q8_BLOCK`]) values of `a.wide`.
@@ -554,24 +542,36 @@ pub(super) unsafe fn store4x4(out: &mut [f32], stride: usize, y: std::arch::x86_
     }
 }
 
-/// Sixteen weight rows of a blocked int8 matrix laid out for prompt processing
-/// ([`panel16_rows`]): for block `b` and pair `p` (the block's values `2 p`, `2 p + 1`),
-/// the sixteen rows' two values widened to i16 and packed in one i32, row `r` in lane `r`
-/// of a 64-byte vector; and for block `b` the sixteen rows' scales. With the rows across
-/// the lanes a `vpdpwssd` of a pair broadcast from one activation row leaves each row's
-/// block sum in its own lane: no fold. Filled once per sixteen rows and band of
-/// activation rows (a widening and a 16 x 16 transpose a block), it costs a fraction of a
-/// product per value against one per value per row of the band.
+/// Sixteen weight rows of a blocked int8 matrix laid out across the vector lanes, for
+/// products of several activation rows (a prompt, or a server's step over several
+/// requests): for block `b` and quad `j` (the block's values `4 j..4 j + 4`), the sixteen
+/// rows' four bytes, row `r` in lane `r` of a 64-byte vector, each byte as the unsigned
+/// `w + 128`; and for block `b` the sixteen rows' scales. With the rows across the lanes
+/// one `vpdpbusd` of a quad broadcast from one activation row leaves each row's partial
+/// block sum in its own lane: no fold. The 13-bit activations go in as their two bytes
+/// (`x = 64 hi + lo`, [`QuantRow`]), each a signed operand against the unsigned weights,
+/// so a block's sum is `lo . (w + 128) + 64 (hi . (w + 128)) - 128 sum(x)`, exact in i32.
 ///
-/// A 4-bit panel ([`Panel16::fill_q4`]) holds the values `q` (0..=15) as pairs the same
-/// way, the blocks' scales `d`, and their offsets `m` (empty for int8), which the product
-/// takes off as `(sum(x) * x_scale) * m` after each block, as core's `ops::q4` does.
+/// The bytes are the int8 rows themselves (512 bytes a block of sixteen rows, in L1 for
+/// SmolLM2's widest rows), laid out by a 16 x 16 transpose of 32-bit quads every two
+/// blocks with no widening: an earlier layout of 16-bit pairs (`vpdpwssd`) took twice
+/// the bytes and a widening and twice the shuffles a block, and on a server's 16-row
+/// decode step laying it out cost as much as the products (`perf`, docs/baseline.md).
+///
+/// A 4-bit panel ([`Panel16::fill_q4`]) holds the values `q` (0..=15) as they are (no
+/// `+ 128`), the blocks' scales `d`, and their offsets `m` (empty for int8), which the
+/// product takes off as `(sum(x) * x_scale) * m` after each block, as core's `ops::q4`
+/// does.
 #[derive(Default)]
 pub struct Panel16 {
-    pairs: Vec<i32>,
+    /// `(b * 8 + j) * 16 + r`: row `r`'s bytes `32 b + 4 j..32 b + 4 j + 4`, little end
+    /// first; whole pairs of blocks.
+    quads: Vec<u32>,
     scales: Vec<f32>,
     offsets: Vec<f32>,
     blocks: usize,
+    /// What each stored byte holds above the weight: 128 for int8, 0 for 4 bits.
+    bias: i32,
     /// Rows unpacked from 4 bits, for `fill_q4` (kept to reuse the allocation).
     unpacked: Vec<i8>,
     /// The sixteen 4-bit rows' block scales, row after row, for `fill_q4` (kept likewise).
@@ -582,7 +582,7 @@ impl Panel16 {
     /// Rows `0..16` of a 4-bit weight (`k` values each in Q4_K's nibble order, `stride`
     /// bytes apart in `w`) with their scales (`q4_row_scales(k)` a row, row after row):
     /// the values unpacked to bytes, then laid out as [`Panel16::fill`] lays out int8
-    /// rows, with each block's scale and offset.
+    /// rows (without the `+ 128`), with each block's scale and offset.
     pub fn fill_q4(&mut self, w: &[u8], stride: usize, k: usize, scales: &[f32]) {
         let (nb, rs) = (blocks_of(k, Q8_BLOCK), rusting_brain_core::ops::q4::q4_row_scales(k));
         let width = 32 * k.div_ceil(64);
@@ -614,7 +614,7 @@ impl Panel16 {
                 d[r * nb + b] = scales[r * rs + 2 + 2 * b];
             }
         }
-        self.fill(&unpacked, row_len, k, &d);
+        self.lay_out(&unpacked, row_len, k, &d, 0);
         self.offsets.resize(nb * 16, 0.0);
         for b in 0..nb {
             for r in 0..16 {
@@ -626,68 +626,97 @@ impl Panel16 {
     }
 
     /// Rows `0..16` of `w` (`k` bytes each, `stride` apart) and their scales (`16 * nb`,
-    /// row after row), `nb = k.div_ceil(32)`; values past `k` are 0. With AVX-512 each
-    /// block's sixteen rows are widened to i16 and transposed as sixteen vectors of sixteen
-    /// pairs (four rounds of interleaves and lane shuffles); elsewhere value by value.
+    /// row after row), `nb = k.div_ceil(32)`; values past `k` are 0.
     pub fn fill(&mut self, w: &[i8], stride: usize, k: usize, scales: &[f32]) {
+        self.lay_out(w, stride, k, scales, 128);
+        self.offsets.clear();
+    }
+
+    /// [`Panel16::fill`] with each byte `w + bias` (128 or 0). With AVX-512 every two
+    /// blocks of the sixteen rows are one 64-byte load a row and a 16 x 16 transpose of
+    /// 32-bit quads; elsewhere byte by byte.
+    fn lay_out(&mut self, w: &[i8], stride: usize, k: usize, scales: &[f32], bias: i32) {
         let nb = blocks_of(k, Q8_BLOCK);
         assert!(w.len() >= 15 * stride + k && scales.len() >= 16 * nb, "Panel16: sixteen rows");
         self.blocks = nb;
-        self.offsets.clear();
-        self.pairs.resize(nb * 256, 0);
-        self.scales.resize(nb * 16, 0.0);
-        for b in 0..nb {
-            for r in 0..16 {
-                self.scales[b * 16 + r] = scales[r * nb + b];
-            }
-        }
+        self.bias = bias;
+        self.quads.resize(nb.div_ceil(2) * 256, 0);
+        self.scales.resize(nb.div_ceil(16) * 256, 0.0);
         #[cfg(target_arch = "x86_64")]
         if matches!(isa(), Isa::Avx512) && is_x86_feature_detected!("avx512bw") {
             // SAFETY: avx512f and avx512bw checked; the assert above puts every row's k
-            // bytes inside `w`, and `pairs` holds nb * 256 values.
-            return unsafe { self.fill_avx512(w, stride, k) };
+            // bytes inside `w` and its nb scales inside `scales`; `quads` holds whole
+            // pairs of blocks and `self.scales` whole sixteens.
+            return unsafe { self.lay_out_avx512(w, stride, k, scales) };
         }
-        let at = |r: usize, c: usize| if c < k { w[r * stride + c] as i16 as u16 as u32 } else { 0 };
+        for (r, row) in scales.chunks_exact(nb).take(16).enumerate() {
+            for (b, &s) in row.iter().enumerate() {
+                self.scales[b * 16 + r] = s;
+            }
+        }
+        let flip = bias as u8;
+        let at =
+            |r: usize, c: usize| if c < k { (w[r * stride + c] as u8 ^ flip) as u32 } else { flip as u32 };
         for b in 0..nb {
-            for p in 0..16 {
-                let c = b * Q8_BLOCK + 2 * p;
+            for j in 0..8 {
+                let c = b * Q8_BLOCK + 4 * j;
                 for r in 0..16 {
-                    self.pairs[(b * 16 + p) * 16 + r] = (at(r, c) | (at(r, c + 1) << 16)) as i32;
+                    self.quads[(b * 8 + j) * 16 + r] =
+                        at(r, c) | (at(r, c + 1) << 8) | (at(r, c + 2) << 16) | (at(r, c + 3) << 24);
                 }
             }
         }
     }
 
-    /// [`Panel16::fill`]'s pairs with AVX-512.
+    /// [`Panel16::lay_out`]'s quads with AVX-512.
     ///
     /// # Safety
-    /// avx512f and avx512bw; rows `0..16` of `k` bytes at `stride` lie inside `w`;
-    /// `self.pairs` holds `blocks * 256` values.
+    /// avx512f and avx512bw; rows `0..16` of `k` bytes at `stride` lie inside `w` and
+    /// their `blocks` scales each inside `scales`; `self.quads` holds
+    /// `blocks.div_ceil(2) * 256` values and `self.scales` `blocks.div_ceil(16) * 256`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn fill_avx512(&mut self, w: &[i8], stride: usize, k: usize) {
+    unsafe fn lay_out_avx512(&mut self, w: &[i8], stride: usize, k: usize, scales: &[f32]) {
         use std::arch::x86_64::*;
-        // The next sixteen rows (a prompt's GEMM fills panel after panel down the matrix),
-        // eight lines a block in memory order, as the decode kernels prefetch: the fill
-        // otherwise waits on sixteen rows' misses a block. A prefetch past the matrix is
-        // harmless.
-        let next = w.as_ptr().wrapping_add(16 * stride);
-        for b in 0..self.blocks {
-            for j in 0..8 {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((8 * b + j) * 64));
+        // The scales, sixteen blocks at a time: sixteen rows' loads and a transpose (row
+        // by row in scalar loops they cost a quarter of the bytes' layout).
+        let nb = self.blocks;
+        for b0 in (0..nb).step_by(16) {
+            let mask = ((1u32 << (nb - b0).min(16)) - 1) as __mmask16;
+            let rows: [__m512i; 16] = std::array::from_fn(|r| {
+                // SAFETY: row r's masked scales from b0 lie inside its nb (the contract).
+                unsafe { _mm512_maskz_loadu_epi32(mask, scales.as_ptr().add(r * nb + b0) as *const i32) }
+            });
+            for (c, v) in transpose16x16_epi32(rows).iter().enumerate() {
+                // SAFETY: self.scales holds whole sixteens of blocks (the contract).
+                unsafe {
+                    _mm512_storeu_si512(self.scales.as_mut_ptr().add((b0 + c) * 16) as *mut __m512i, *v)
+                };
             }
-            let c0 = b * Q8_BLOCK;
-            let mask = (1u64 << (k - c0).min(Q8_BLOCK)) - 1;
+        }
+        // The next sixteen rows (a prompt's GEMM fills panel after panel down the matrix),
+        // sixteen lines a pair of blocks in memory order, as the decode kernels prefetch:
+        // the fill otherwise waits on sixteen rows' misses a pair. A prefetch past the
+        // matrix is harmless.
+        let next = w.as_ptr().wrapping_add(16 * stride);
+        let flip = _mm512_set1_epi8(self.bias as u8 as i8);
+        for pair in 0..self.blocks.div_ceil(2) {
+            for j in 0..16 {
+                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add((16 * pair + j) * 64));
+            }
+            let c0 = pair * 64;
+            let mask: __mmask64 = if k - c0 >= 64 { !0 } else { (1u64 << (k - c0)) - 1 };
             let rows: [__m512i; 16] = std::array::from_fn(|r| {
                 // SAFETY: the masked bytes of row r from c0 lie inside it (the contract).
                 let w8 = unsafe { _mm512_maskz_loadu_epi8(mask, w.as_ptr().add(r * stride + c0)) };
-                _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w8))
+                _mm512_xor_si512(w8, flip)
             });
+            // Quad q of the pair (block 2 pair + q / 8, its quad q % 8) across the rows.
             let cols = transpose16x16_epi32(rows);
-            for (p, v) in cols.iter().enumerate() {
-                // SAFETY: (b * 16 + p) * 16 + 16 <= blocks * 256 (the contract).
+            for (q, v) in cols.iter().enumerate() {
+                // SAFETY: (16 pair + q) * 16 + 16 <= quads.len() (the contract).
                 unsafe {
-                    _mm512_storeu_si512(self.pairs.as_mut_ptr().add((b * 16 + p) * 16) as *mut __m512i, *v)
+                    _mm512_storeu_si512(self.quads.as_mut_ptr().add((16 * pair + q) * 16) as *mut __m512i, *v)
                 };
             }
         }
@@ -696,30 +725,32 @@ impl Panel16 {
 
 /// Sixteen outputs of each activation row `xs[u]` against a [`Panel16`]:
 /// `out[u * ldo + r] = blocked_dot(xs[u], row r)` (plus `beta * out[..]` when `beta` is
-/// not 0), the same operations in the same order, so the same bits. `padded[u]` is
-/// `xs[u].wide` with zeros to a whole number of blocks. Returns false (writing nothing)
-/// where the CPU has no VNNI; the caller takes the tile path then.
-pub fn panel16_rows(
-    out: &mut [f32], ldo: usize, xs: &[Int8Row], padded: &[&[i16]], panel: &Panel16, beta: f32,
-) -> bool {
+/// not 0), the same operations in the same order, so the same bits. Each row must be
+/// rounded over several blocks ([`QuantRow::fill_wide`]: its bytes `lo` and `hi` and its
+/// blocks' sums). Returns false (writing nothing) where the CPU has no VNNI; the caller
+/// takes the tile path then.
+pub fn panel16_rows(out: &mut [f32], ldo: usize, xs: &[QuantRow], panel: &Panel16, beta: f32) -> bool {
     let nb = panel.blocks;
-    assert!(xs.len() == padded.len() && xs.iter().all(|x| x.scales.len() == nb), "panel16_rows: blocks");
-    assert!(panel.offsets.is_empty() || xs.iter().all(|x| x.wide_sums.len() == nb), "panel16_rows: sums");
-    assert!(padded.iter().all(|p| p.len() >= nb * Q8_BLOCK), "panel16_rows: padded rows");
+    assert!(xs.iter().all(|x| x.scales.len() == nb && x.wide_sums.len() == nb), "panel16_rows: blocks");
+    assert!(
+        xs.iter().all(|x| x.lo.len() >= nb * Q8_BLOCK && x.hi.len() >= nb * Q8_BLOCK),
+        "panel16_rows: bytes"
+    );
     assert!(xs.is_empty() || out.len() >= (xs.len() - 1) * ldo + 16, "panel16_rows: out");
     #[cfg(target_arch = "x86_64")]
     if has_vnni() {
         let mut u = 0;
-        // Eight rows a pass: eight independent chains of vpdpwssd hide its latency.
+        // Eight rows a pass: sixteen independent chains of vpdpbusd hide its latency.
         while u < xs.len() {
-            let (o, x, p) = (&mut out[u * ldo..], &xs[u..], &padded[u..]);
+            let (o, x) = (&mut out[u * ldo..], &xs[u..]);
             // SAFETY: has_vnni() checked the features; the asserts above put every row's
-            // nb * 32 values, its nb scales and its 16 outputs in bounds.
+            // nb * 32 bytes, its nb scales and sums and its 16 outputs in bounds.
             u += unsafe {
                 match xs.len() - u {
-                    8.. => panel16_vnni::<8>(o, ldo, x, p, panel, beta),
-                    4.. => panel16_vnni::<4>(o, ldo, x, p, panel, beta),
-                    _ => panel16_vnni::<1>(o, ldo, x, p, panel, beta),
+                    8.. => panel16_vnni::<8>(o, ldo, x, panel, beta),
+                    4.. => panel16_vnni::<4>(o, ldo, x, panel, beta),
+                    2.. => panel16_vnni::<2>(o, ldo, x, panel, beta),
+                    _ => panel16_vnni::<1>(o, ldo, x, panel, beta),
                 }
             };
         }
@@ -773,35 +804,46 @@ unsafe fn unpack_nibbles_avx2(src: &[u8], dst: &mut [i8]) {
 /// Returns `U`, the rows done.
 ///
 /// # Safety
-/// avx512f, avx512bw and avx512vnni; `xs` and `padded` hold at least `U` rows of
-/// `panel.blocks` blocks (padded to whole blocks); `out` holds `(U - 1) * ldo + 16`.
+/// avx512f, avx512bw and avx512vnni; `xs` holds at least `U` rows of `panel.blocks` blocks
+/// (their bytes to whole blocks); `out` holds `(U - 1) * ldo + 16`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn panel16_vnni<const U: usize>(
-    out: &mut [f32], ldo: usize, xs: &[Int8Row], padded: &[&[i16]], panel: &Panel16, beta: f32,
+    out: &mut [f32], ldo: usize, xs: &[QuantRow], panel: &Panel16, beta: f32,
 ) -> usize {
     use std::arch::x86_64::*;
     let mut total = [_mm512_setzero_ps(); U];
     for b in 0..panel.blocks {
-        let mut acc = [_mm512_setzero_si512(); U];
-        // SAFETY: the panel holds nb * 256 pairs and nb * 16 scales.
-        let wp = unsafe { panel.pairs.as_ptr().add(b * 256) };
-        for p in 0..16 {
+        // lo . (w + bias) and hi . (w + bias) for each row's block.
+        let (mut lo, mut hi) = ([_mm512_setzero_si512(); U], [_mm512_setzero_si512(); U]);
+        // SAFETY: the panel holds whole pairs of blocks (256 quads a block).
+        let wp = unsafe { panel.quads.as_ptr().add(b * 128) };
+        for j in 0..8 {
             // SAFETY: as above; unaligned loads need no alignment.
-            let wv = unsafe { _mm512_loadu_si512(wp.add(p * 16) as *const __m512i) };
-            for (u, a) in acc.iter_mut().enumerate() {
-                // SAFETY: the pair at b * 32 + 2 p is inside the padded row (the contract).
-                let pair = unsafe { padded[u].as_ptr().add(b * Q8_BLOCK + 2 * p) };
-                // SAFETY: avx512f and avx512vnni (the contract); the asm reads the four
-                // bytes at `pair`, inside the row, and writes only `a`.
-                unsafe { dpwssd_bcst(a, wv, pair as *const i32) };
+            let wv = unsafe { _mm512_loadu_si512(wp.add(j * 16) as *const __m512i) };
+            for u in 0..U {
+                let at = b * Q8_BLOCK + 4 * j;
+                // SAFETY: the four bytes at `at` of each row's lo and hi lie inside them
+                // (the contract). LLVM folds each broadcast into its `vpdpbusd` as an
+                // embedded `{1to16}` operand (checked in the disassembly).
+                let (l, h) = unsafe {
+                    (
+                        (xs[u].lo.as_ptr().add(at) as *const i32).read_unaligned(),
+                        (xs[u].hi.as_ptr().add(at) as *const i32).read_unaligned(),
+                    )
+                };
+                lo[u] = _mm512_dpbusd_epi32(lo[u], wv, _mm512_set1_epi32(l));
+                hi[u] = _mm512_dpbusd_epi32(hi[u], wv, _mm512_set1_epi32(h));
             }
         }
         // SAFETY: as above.
         let ws = unsafe { _mm512_loadu_ps(panel.scales.as_ptr().add(b * 16)) };
         for (u, t) in total.iter_mut().enumerate() {
-            let v =
-                _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[u]), _mm512_set1_ps(xs[u].scales[b])), ws);
+            let x = &xs[u];
+            // lo + 64 hi = x, so the block's sum is w . x + bias * sum(x): the bias comes off.
+            let d = _mm512_add_epi32(lo[u], _mm512_slli_epi32::<6>(hi[u]));
+            let d = _mm512_sub_epi32(d, _mm512_set1_epi32(panel.bias * x.wide_sums[b]));
+            let v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(x.scales[b])), ws);
             *t = _mm512_add_ps(*t, v);
         }
         if !panel.offsets.is_empty() {
@@ -827,28 +869,6 @@ unsafe fn panel16_vnni<const U: usize>(
         }
     }
     U
-}
-
-/// `acc += pairs of wv . the pair at p, broadcast`: one `vpdpwssd` with an embedded
-/// broadcast. Written as asm because LLVM's generic tuning splits the intrinsic into
-/// `vpmaddwd` + `vpaddd`, twice the instructions of the prompt's hottest loop.
-///
-/// # Safety
-/// avx512f and avx512vnni; `p` points at four readable bytes.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vnni")]
-#[inline]
-unsafe fn dpwssd_bcst(acc: &mut std::arch::x86_64::__m512i, wv: std::arch::x86_64::__m512i, p: *const i32) {
-    // SAFETY: the contract.
-    unsafe {
-        std::arch::asm!(
-            "vpdpwssd {acc}, {w}, dword ptr [{p}]{{1to16}}",
-            acc = inout(zmm_reg) *acc,
-            w = in(zmm_reg) wv,
-            p = in(reg) p,
-            options(pure, readonly, nostack, preserves_flags),
-        )
-    };
 }
 
 /// Sixteen vectors of sixteen 32-bit values transposed: lane `r` of output `c` is lane `c`
@@ -900,33 +920,44 @@ fn transpose16x16_epi32(r: [std::arch::x86_64::__m512i; 16]) -> [std::arch::x86_
 mod tests {
     use super::*;
 
-    /// The panel's pairs, value by value: rows across lanes, zeros past `k` (a short last
-    /// block, rows longer than `k`), whichever path `fill` takes on this CPU.
+    /// The panel's quads, byte by byte: rows across lanes, each byte `w + 128` (int8) or
+    /// as it is (4 bits), `w = 0` past `k` (a short last block, rows longer than `k`, an
+    /// odd block count), whichever path the layout takes on this CPU.
     #[test]
-    fn a_panel_holds_each_rows_pairs_in_its_lane() {
-        for k in [1usize, 31, 32, 33, 96, 100] {
+    fn a_panel_holds_each_rows_quads_in_its_lane() {
+        for k in [1usize, 31, 32, 33, 64, 96, 100, 130] {
             let stride = k.div_ceil(4) * 4 + 8;
             let w: Vec<i8> =
-                (0..16 * stride).map(|i| ((i * 37 + 11) % 255) as i32 - 127).map(|v| v as i8).collect();
+                (0..16 * stride).map(|i| ((i * 37 + 11) % 256) as i32 - 128).map(|v| v as i8).collect();
             let nb = blocks_of(k, Q8_BLOCK);
             let scales: Vec<f32> = (0..16 * nb).map(|i| i as f32).collect();
-            let mut panel = Panel16::default();
-            panel.fill(&w, stride, k, &scales);
-            for b in 0..nb {
-                for p in 0..16 {
-                    for r in 0..16 {
-                        let at = |c: usize| if c < k { w[r * stride + c] as i16 as u16 as u32 } else { 0 };
-                        let c = b * Q8_BLOCK + 2 * p;
-                        let want = (at(c) | (at(c + 1) << 16)) as i32;
-                        assert_eq!(
-                            panel.pairs[(b * 16 + p) * 16 + r],
-                            want,
-                            "k {k}, block {b}, pair {p}, row {r}"
-                        );
-                    }
+            for bias in [128, 0] {
+                let mut panel = Panel16::default();
+                if bias == 128 {
+                    panel.fill(&w, stride, k, &scales);
+                } else {
+                    panel.lay_out(&w, stride, k, &scales, 0);
                 }
-                for r in 0..16 {
-                    assert_eq!(panel.scales[b * 16 + r], scales[r * nb + b]);
+                assert_eq!(panel.bias, bias);
+                for b in 0..nb {
+                    for j in 0..8 {
+                        for r in 0..16 {
+                            let at = |c: usize| {
+                                let v = if c < k { w[r * stride + c] as i32 } else { 0 };
+                                ((v + bias) as u8) as u32
+                            };
+                            let c = b * Q8_BLOCK + 4 * j;
+                            let want = at(c) | (at(c + 1) << 8) | (at(c + 2) << 16) | (at(c + 3) << 24);
+                            assert_eq!(
+                                panel.quads[(b * 8 + j) * 16 + r],
+                                want,
+                                "k {k}, bias {bias}, block {b}, quad {j}, row {r}"
+                            );
+                        }
+                    }
+                    for r in 0..16 {
+                        assert_eq!(panel.scales[b * 16 + r], scales[r * nb + b]);
+                    }
                 }
             }
         }
