@@ -724,6 +724,10 @@ fn fused_q8_calls_match_their_definitions() {
             (1, 33, &[7, 1, 40]),
             (1, 130, &[1000, 17, 48]),
             (3, 70, &[33, 16, 5]),
+            // A server's step over several requests: the rows rounded once (over the team,
+            // in unequal halves for nine) for every product, SmolLM2's q, k and v.
+            (16, 576, &[576, 192, 192]),
+            (9, 1000, &[130, 48]),
             (1, 300, &[700]),
             (1, 64, &[16, 300, 48, 7, 100]),
             // Four products, the most one job takes, split over the team with three too small

@@ -23,17 +23,17 @@ pub(super) fn as_u8(x: &[f32]) -> &[u8] {
 
 /// `out (m x n) = x (m x k) W^T + beta * out`, W the (n x k) 4-bit weight, for a prompt
 /// (`m > 1`; `q8_matmul` runs one row through the decode kernel itself).
-#[allow(clippy::too_many_arguments)]
 pub fn q4_gemm(
-    out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], m: usize, n: usize, k: usize, beta: f32,
+    out: &mut [f32], x: &[f32], packed: &[f32], scales: &[f32], (m, n, k): (usize, usize, usize), beta: f32,
+    shared: Option<&[simd::QuantRow]>,
 ) -> Result<()> {
     check_q4_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let (stride, rs) = (4 * q4_packed_cols(k), q4_row_scales(k));
     let w = as_u8(packed);
     // A prompt: each band of activation rows rounded once (a short one's rows once for
-    // every part), then sixteen weight rows at a time (a few KiB, in L1) against every
+    // every part, `shared`: `q8::rounded_rows`), then sixteen weight rows at a time (a few KiB, in L1) against every
     // row of the band.
-    super::q8::rounded_rows(x, k, |shared| {
+    {
         // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
         let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
             let (c0, c1) = (cols.start, cols.end);
@@ -67,6 +67,6 @@ pub fn q4_gemm(
             })
         };
         super::q8::run_parts(out, (m, n, k / 2), beta, part);
-    });
+    }
     Ok(())
 }

@@ -186,8 +186,28 @@ pub fn q8_matmul(
         }
         return Ok(());
     }
+    if takes_wide_rows(n, k, packed.len(), scales.len()) {
+        return rounded_rows(x, k, |shared| gemm(out, x, (packed, scales), (m, n, k), beta, shared));
+    }
+    gemm(out, x, (packed, scales), (m, n, k), beta, None)
+}
+
+/// Whether a weight's products take their activation rows rounded to 13 bits in blocks of
+/// 32 (4-bit and blocked int8 weights): rows rounded once ([`rounded_rows`]) then serve
+/// every such weight.
+fn takes_wide_rows(n: usize, k: usize, packed: usize, scales: usize) -> bool {
+    is_q4(n, k, packed, scales)
+        || check_q8("q8_matmul", packed, scales, n, k).is_ok_and(|b| blocks_of(k, b) > 1)
+}
+
+/// [`q8_matmul`] for `m > 1`, with `x`'s rows as [`rounded_rows`] hands them to the
+/// 4-bit and blocked GEMMs (`None`: each part rounds its own).
+fn gemm(
+    out: &mut [f32], x: &[f32], (packed, scales): (&[f32], &[f32]), (m, n, k): (usize, usize, usize),
+    beta: f32, shared: Option<&[simd::QuantRow]>,
+) -> Result<()> {
     if is_q4(n, k, packed.len(), scales.len()) {
-        return super::q4::q4_gemm(out, x, packed, scales, m, n, k, beta);
+        return super::q4::q4_gemm(out, x, packed, scales, (m, n, k), beta, shared);
     }
     let block = check_q8_matmul(out.len(), x.len(), packed.len(), scales.len(), m, n, k)?;
     let (pc, nb) = (packed_cols(k), blocks_of(k, block));
@@ -198,7 +218,7 @@ pub fn q8_matmul(
         *o = if beta == 0.0 { v } else { v + beta * *o };
     };
     if nb > 1 {
-        q8_gemm_blocked(out, x, w, scales, (m, n, k), beta);
+        q8_gemm_blocked(out, x, w, scales, (m, n, k), beta, shared);
     } else {
         // Prompt processing and batches: an int8 GEMM. Each part of the team takes a band
         // of activation rows, rounds them to int8 once, then runs 4 x 4 tiles (four
@@ -292,7 +312,7 @@ pub(super) fn run_parts(
     // requests runs some two hundred of these products, and fresh zeroed buffers were a
     // few percent of it. A part writes every element of its buffer, so only `beta`'s
     // inputs are copied in.
-    SHARES.with_borrow_mut(|pool| {
+    with_kept(&SHARES, |pool| {
         let mut shares: Vec<(std::ops::Range<usize>, Vec<f32>)> = (0..parts)
             .map(|p| (p * per).min(n)..((p + 1) * per).min(n))
             .filter(|cols| !cols.is_empty())
@@ -331,13 +351,20 @@ thread_local! {
         std::cell::RefCell::new((Vec::new(), simd::Panel16::default()));
 }
 
+/// `f` with this thread's kept buffers in `key`, or fresh ones where they are lent
+/// already (a product run inside another's part).
+fn with_kept<T: Default + 'static, R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<T>>, f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut kept) => f(&mut kept),
+        Err(_) => f(&mut T::default()),
+    })
+}
+
 /// `x`'s rows (`k` values each) rounded in blocks of 32 ([`simd::QuantRow::fill_wide`])
 /// into `rows`, reusing its buffers.
-fn round_rows(x: &[f32], k: usize, rows: &mut Vec<simd::QuantRow>) {
-    let m = x.len() / k;
-    if rows.len() < m {
-        rows.resize_with(m, Default::default);
-    }
+fn round_rows(x: &[f32], k: usize, rows: &mut [simd::QuantRow]) {
     for (q, xi) in rows.iter_mut().zip(x.chunks_exact(k)) {
         q.fill_wide(xi, Q8_BLOCK);
     }
@@ -353,11 +380,27 @@ pub(super) fn rounded_rows<T>(x: &[f32], k: usize, f: impl FnOnce(Option<&[simd:
     if m >= SPLIT_WEIGHTS_BELOW || k == 0 {
         return f(None);
     }
-    ROUNDED.with_borrow_mut(|rows| {
-        round_rows(x, k, rows);
+    with_kept(&ROUNDED, |rows| {
+        if rows.len() < m {
+            rows.resize_with(m, Default::default);
+        }
+        let parts = team::parts();
+        if parts > 1 && m >= 2 * parts && m * k >= ROUND_SPLIT_MIN {
+            // Half the rows a core: the other core waited through all of it (a tenth of
+            // a 16-request step on SmolLM2 went to rounding on one core).
+            let per = m.div_ceil(parts);
+            team::run_blocks(rows[..m].chunks_mut(per).zip(x.chunks(per * k)), |_, (qs, xs)| {
+                round_rows(xs, k, qs)
+            });
+        } else {
+            round_rows(x, k, &mut rows[..m]);
+        }
         f(Some(&rows[..m]))
     })
 }
+
+/// Activation values from which [`rounded_rows`] splits its rows over the team.
+const ROUND_SPLIT_MIN: usize = 4096;
 
 /// A part's rows `first..first + rows` of `x`, rounded: from `shared` where the caller
 /// rounded them ([`rounded_rows`]), else rounded into the part's own buffers; with the
@@ -366,10 +409,13 @@ pub(super) fn part_rows<T>(
     x: &[f32], k: usize, shared: Option<&[simd::QuantRow]>, (first, rows): (usize, usize),
     f: impl FnOnce(&[simd::QuantRow], &mut simd::Panel16) -> T,
 ) -> T {
-    PART.with_borrow_mut(|(own, panel)| match shared {
+    with_kept(&PART, |(own, panel)| match shared {
         Some(all) => f(&all[first..first + rows], panel),
         None => {
-            round_rows(&x[first * k..(first + rows) * k], k, own);
+            if own.len() < rows {
+                own.resize_with(rows, Default::default);
+            }
+            round_rows(&x[first * k..(first + rows) * k], k, &mut own[..rows]);
             f(&own[..rows], panel)
         }
     })
@@ -382,10 +428,11 @@ pub(super) fn part_rows<T>(
 /// rows stay in L1 while the rows stream past them.
 fn q8_gemm_blocked(
     out: &mut [f32], x: &[f32], w: &[i8], scales: &[f32], (m, n, k): (usize, usize, usize), beta: f32,
+    shared: Option<&[simd::QuantRow]>,
 ) {
     let (stride, nb) = (packed_cols(k) * 4, blocks_of(k, Q8_BLOCK));
     let row = |j: usize| &w[j * stride..j * stride + k];
-    rounded_rows(x, k, |shared| {
+    {
         // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
         let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
             let (c0, c1) = (cols.start, cols.end);
@@ -431,7 +478,7 @@ fn q8_gemm_blocked(
             })
         };
         run_parts(out, (m, n, k), beta, part);
-    });
+    }
 }
 
 /// Activation rows a band from which the blocked GEMM lays its weights across the lanes
@@ -778,6 +825,25 @@ impl Q8Ops for CpuBackend {
         q8_matmul(out, x, packed, scales, spec.m, spec.n, spec.k, spec.beta)
     }
     fn q8_matmul_many(&self, x: &Vec<f32>, products: &mut [Q8Product<'_, Vec<f32>>]) -> Result<()> {
+        // Several rows of `x` (a step over several requests, a prompt): the rows rounded
+        // once for every product that takes them so.
+        if let Some(&Q8Product { spec: MatmulSpec { m, k, .. }, .. }) = products.first() {
+            let rows_of_x = |p: &Q8Product<'_, Vec<f32>>| {
+                p.spec.m == m && p.spec.k == k && p.spec.window.is_none() && x.len() == m * k
+            };
+            let wide =
+                |p: &Q8Product<'_, Vec<f32>>| takes_wide_rows(p.spec.n, k, p.packed.len(), p.scales.len());
+            if m > 1 && products.iter().all(|p| rows_of_x(p) && wide(p)) {
+                return rounded_rows(x, k, |shared| {
+                    for p in products.iter_mut() {
+                        let (x, out) = rusting_brain_core::ops::q8::q8_operands(&p.spec, x, p.out)?;
+                        let (n, beta) = (p.spec.n, p.spec.beta);
+                        gemm(out, x, (p.packed, p.scales), (m, n, k), beta, shared)?;
+                    }
+                    Ok(())
+                });
+            }
+        }
         // One activation row over all of `x` (a decode step's projections): one job.
         // Anything else runs product by product.
         if products.len() > MANY_MAX || !products.iter().all(|p| p.spec.one_row_of(x.len())) {
@@ -797,6 +863,20 @@ impl Q8Ops for CpuBackend {
         gate_w: (&Vec<f32>, &Vec<f32>), up_w: (&Vec<f32>, &Vec<f32>), spec: &MatmulSpec,
     ) -> Result<()> {
         if !fused_swiglu_row(("q8_swiglu", "out"), spec, x, out, gate, up)? {
+            let (m, n, k) = (spec.m, spec.n, spec.k);
+            let wide = |w: (&Vec<f32>, &Vec<f32>)| takes_wide_rows(n, k, w.0.len(), w.1.len());
+            if m > 1 && spec.window.is_none() && x.len() == m * k && wide(gate_w) && wide(up_w) {
+                // Several rows: rounded once for both products, then the definition's
+                // steps.
+                rounded_rows(x, k, |shared| {
+                    for (o, w) in [(&mut *gate, gate_w), (&mut *up, up_w)] {
+                        let (x, o) = rusting_brain_core::ops::q8::q8_operands(spec, x, o)?;
+                        gemm(o, x, (w.0, w.1), (m, n, k), spec.beta, shared)?;
+                    }
+                    Ok::<(), rusting_brain_core::CoreError>(())
+                })?;
+                return rusting_brain_core::backend::SwigluOps::swiglu_forward(self, out, gate, up);
+            }
             return rusting_brain_core::backend::q8_swiglu_unfused(
                 self, out, gate, up, x, gate_w, up_w, spec,
             );
