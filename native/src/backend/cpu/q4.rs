@@ -47,7 +47,7 @@ pub fn q4_gemm(
                 if rows >= super::q8::PANEL_MIN_ROWS && simd::has_vnni() {
                     done = c0 + (c1 - c0) / 16 * 16;
                     for j in (c0..done).step_by(16) {
-                        panel.fill_q4(&w[j * stride..], stride, k, &scales[j * rs..(j + 16) * rs]);
+                        panel.fill_q4(&w[j * stride..], stride, k, &scales[j * rs..(j + 16) * rs], rows);
                         simd::panel16_rows(&mut o[j - c0..], os, rounded, panel, beta);
                     }
                 }

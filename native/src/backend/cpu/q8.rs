@@ -446,7 +446,7 @@ fn q8_gemm_blocked(
                 if rows >= PANEL_MIN_ROWS && simd::has_vnni() {
                     done = c0 + (c1 - c0) / 16 * 16;
                     for j in (c0..done).step_by(16) {
-                        panel.fill(&w[j * stride..], stride, k, &scales[j * nb..(j + 16) * nb]);
+                        panel.fill(&w[j * stride..], stride, k, &scales[j * nb..(j + 16) * nb], rows);
                         simd::panel16_rows(&mut o[j - c0..], os, quantized, panel, beta);
                     }
                 }

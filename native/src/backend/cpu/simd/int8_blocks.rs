@@ -572,6 +572,13 @@ pub struct Panel16 {
     blocks: usize,
     /// What each stored byte holds above the weight: 128 for int8, 0 for 4 bits.
     bias: i32,
+    /// The address and length in 64-byte lines of the next sixteen rows in the matrix (an
+    /// address, never read through: it is prefetched).
+    ahead: (usize, usize),
+    /// Whether the products prefetch `ahead` (a few activation rows: spread over their
+    /// first pass, 7% faster on a 16-row step) or the layout does (a prompt's band: in
+    /// bursts as it lays the panel out, 7% faster on 512-row prompts).
+    spread: bool,
     /// Rows unpacked from 4 bits, for `fill_q4` (kept to reuse the allocation).
     unpacked: Vec<i8>,
     /// The sixteen 4-bit rows' block scales, row after row, for `fill_q4` (kept likewise).
@@ -583,7 +590,7 @@ impl Panel16 {
     /// bytes apart in `w`) with their scales (`q4_row_scales(k)` a row, row after row):
     /// the values unpacked to bytes, then laid out as [`Panel16::fill`] lays out int8
     /// rows (without the `+ 128`), with each block's scale and offset.
-    pub fn fill_q4(&mut self, w: &[u8], stride: usize, k: usize, scales: &[f32]) {
+    pub fn fill_q4(&mut self, w: &[u8], stride: usize, k: usize, scales: &[f32], rows: usize) {
         let (nb, rs) = (blocks_of(k, Q8_BLOCK), rusting_brain_core::ops::q4::q4_row_scales(k));
         let width = 32 * k.div_ceil(64);
         assert!(w.len() >= 15 * stride + width && scales.len() >= 16 * rs, "Panel16: sixteen 4-bit rows");
@@ -593,20 +600,7 @@ impl Panel16 {
         let mut d = std::mem::take(&mut self.row_scales);
         d.clear();
         d.resize(16 * nb, 0.0);
-        // The next sixteen rows' bytes, row by row as they are read here (see `fill`).
-        #[cfg(target_arch = "x86_64")]
-        let next = w.as_ptr().wrapping_add(16 * stride);
         for r in 0..16 {
-            #[cfg(target_arch = "x86_64")]
-            for l in 0..width.div_ceil(64) {
-                // SAFETY: a prefetch reads nothing and cannot fault, past the matrix too;
-                // sse is part of x86-64.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        next.wrapping_add(r * stride + 64 * l) as *const i8,
-                    )
-                };
-            }
             let (src, dst) =
                 (&w[r * stride..r * stride + width], &mut unpacked[r * row_len..(r + 1) * row_len]);
             unpack_nibbles(src, dst);
@@ -614,6 +608,8 @@ impl Panel16 {
                 d[r * nb + b] = scales[r * rs + 2 + 2 * b];
             }
         }
+        self.ahead = (w.as_ptr().wrapping_add(16 * stride) as usize, (16 * stride).div_ceil(64));
+        self.spread = rows <= 16;
         self.lay_out(&unpacked, row_len, k, &d, 0);
         self.offsets.resize(nb * 16, 0.0);
         for b in 0..nb {
@@ -626,8 +622,12 @@ impl Panel16 {
     }
 
     /// Rows `0..16` of `w` (`k` bytes each, `stride` apart) and their scales (`16 * nb`,
-    /// row after row), `nb = k.div_ceil(32)`; values past `k` are 0.
-    pub fn fill(&mut self, w: &[i8], stride: usize, k: usize, scales: &[f32]) {
+    /// row after row), `nb = k.div_ceil(32)`; values past `k` are 0. `rows`: the
+    /// activation rows that will meet the panel (it picks when the next sixteen weight
+    /// rows are prefetched).
+    pub fn fill(&mut self, w: &[i8], stride: usize, k: usize, scales: &[f32], rows: usize) {
+        self.ahead = (w.as_ptr().wrapping_add(16 * stride) as usize, (16 * stride).div_ceil(64));
+        self.spread = rows <= 16;
         self.lay_out(w, stride, k, scales, 128);
         self.offsets.clear();
     }
@@ -694,15 +694,15 @@ impl Panel16 {
                 };
             }
         }
-        // The next sixteen rows (a prompt's GEMM fills panel after panel down the matrix),
-        // sixteen lines a pair of blocks in memory order, as the decode kernels prefetch:
-        // the fill otherwise waits on sixteen rows' misses a pair. A prefetch past the
-        // matrix is harmless.
-        let next = w.as_ptr().wrapping_add(16 * stride);
         let flip = _mm512_set1_epi8(self.bias as u8 as i8);
-        for pair in 0..self.blocks.div_ceil(2) {
-            for j in 0..16 {
-                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add((16 * pair + j) * 64));
+        let pairs = self.blocks.div_ceil(2);
+        // A prompt's band: the next sixteen rows a burst a pair of blocks, in memory order
+        // (`spread`).
+        let (next, lines) = if self.spread { (0, 0) } else { self.ahead };
+        let per = lines.div_ceil(pairs);
+        for pair in 0..pairs {
+            for line in pair * per..((pair + 1) * per).min(lines) {
+                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * line) as *const i8);
             }
             let c0 = pair * 64;
             let mask: __mmask64 = if k - c0 >= 64 { !0 } else { (1u64 << (k - c0)) - 1 };
@@ -745,12 +745,15 @@ pub fn panel16_rows(out: &mut [f32], ldo: usize, xs: &[QuantRow], panel: &Panel1
             let (o, x) = (&mut out[u * ldo..], &xs[u..]);
             // SAFETY: has_vnni() checked the features; the asserts above put every row's
             // nb * 32 bytes, its nb scales and sums and its 16 outputs in bounds.
+            // A step's few rows: the next rows' lines spread over the first pass's
+            // products (a prompt's band took them in bursts as the panel was laid out).
+            let ahead = u == 0 && panel.spread;
             u += unsafe {
                 match xs.len() - u {
-                    8.. => panel16_vnni::<8>(o, ldo, x, panel, beta),
-                    4.. => panel16_vnni::<4>(o, ldo, x, panel, beta),
-                    2.. => panel16_vnni::<2>(o, ldo, x, panel, beta),
-                    _ => panel16_vnni::<1>(o, ldo, x, panel, beta),
+                    8.. => panel16_vnni::<8>(o, ldo, x, panel, beta, ahead),
+                    4.. => panel16_vnni::<4>(o, ldo, x, panel, beta, ahead),
+                    2.. => panel16_vnni::<2>(o, ldo, x, panel, beta, ahead),
+                    _ => panel16_vnni::<1>(o, ldo, x, panel, beta, ahead),
                 }
             };
         }
@@ -809,10 +812,19 @@ unsafe fn unpack_nibbles_avx2(src: &[u8], dst: &mut [i8]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn panel16_vnni<const U: usize>(
-    out: &mut [f32], ldo: usize, xs: &[QuantRow], panel: &Panel16, beta: f32,
+    out: &mut [f32], ldo: usize, xs: &[QuantRow], panel: &Panel16, beta: f32, ahead: bool,
 ) -> usize {
     use std::arch::x86_64::*;
     let mut total = [_mm512_setzero_ps(); U];
+    // With `ahead`, the next sixteen rows of the matrix a line a step into L2, spread over
+    // the products so the misses overlap them (a burst of sixteen a block in the layout
+    // left it waiting on memory as long as the products took). A prefetch cannot fault.
+    let (next, lines) = if ahead { panel.ahead } else { (0, 0) };
+    let prefetch = |line: usize| {
+        if line < lines {
+            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * line) as *const i8);
+        }
+    };
     for b in 0..panel.blocks {
         // lo . (w + bias) and hi . (w + bias) for each row's block.
         let (mut lo, mut hi) = ([_mm512_setzero_si512(); U], [_mm512_setzero_si512(); U]);
@@ -821,6 +833,7 @@ unsafe fn panel16_vnni<const U: usize>(
         for j in 0..8 {
             // SAFETY: as above; unaligned loads need no alignment.
             let wv = unsafe { _mm512_loadu_si512(wp.add(j * 16) as *const __m512i) };
+            prefetch(8 * b + j);
             for u in 0..U {
                 let at = b * Q8_BLOCK + 4 * j;
                 // SAFETY: the four bytes at `at` of each row's lo and hi lie inside them
@@ -856,6 +869,7 @@ unsafe fn panel16_vnni<const U: usize>(
             }
         }
     }
+    (8 * panel.blocks..lines).for_each(prefetch);
     for (u, t) in total.iter().enumerate() {
         // SAFETY: u * ldo + 16 <= out.len() (the contract).
         unsafe {
@@ -934,7 +948,7 @@ mod tests {
             for bias in [128, 0] {
                 let mut panel = Panel16::default();
                 if bias == 128 {
-                    panel.fill(&w, stride, k, &scales);
+                    panel.fill(&w, stride, k, &scales, 1);
                 } else {
                     panel.lay_out(&w, stride, k, &scales, 0);
                 }
