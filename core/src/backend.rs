@@ -21,6 +21,7 @@ use alloc::vec::Vec;
 pub use crate::ops::activation::ActivationOps;
 pub use crate::ops::attention::AttentionOps;
 pub use crate::ops::attention::AttentionSpec;
+pub use crate::ops::attention::{attention_rows_each, AttentionRows};
 pub use crate::ops::conv::Conv2dSpec;
 pub use crate::ops::conv::ConvOps;
 pub use crate::ops::cross_entropy::CrossEntropyOps;

@@ -400,6 +400,78 @@ fn attention_matches_reference_with_gqa_and_caches() {
     }
 }
 
+/// Several sequences' query rows over their own caches in one call (a decode step over
+/// several requests): the CPU's one job bit for bit its own definition (a row at a time
+/// through `attention_forward`), and near the reference's; rows seeing 1 position and the
+/// whole capacity, a sequence with several rows and one with none, grouped heads, more
+/// rows than the team has parts and one. Bad rows are errors that write nothing.
+#[test]
+fn attention_rows_match_their_definition() {
+    let (cpu, rf) = backends();
+    let mut rng = Rng::new(107);
+    for &(q_heads, kv_heads, head_dim, capacity) in
+        &[(9, 3, 64, 40), (4, 4, 7, 5), (2, 1, 33, 17), (1, 1, 1, 1)]
+    {
+        let spec = AttentionSpec {
+            batch: 1,
+            q_len: 1,
+            kv_len: 1,
+            kv_capacity: capacity,
+            q_heads,
+            kv_heads,
+            head_dim,
+        };
+        let (qd, kvd) = (q_heads * head_dim, kv_heads * head_dim);
+        let caches: Vec<(Vec<f32>, Vec<f32>)> =
+            (0..4).map(|_| (randn(&mut rng, capacity * kvd), randn(&mut rng, capacity * kvd))).collect();
+        let refs: Vec<(&Vec<f32>, &Vec<f32>)> = caches.iter().map(|(k, v)| (k, v)).collect();
+        let full =
+            [(0, 1), (2, capacity), (0, capacity.min(3)), (3, capacity.div_ceil(2)), (2, 1), (0, capacity)];
+        for n in [1, 2, 3, 6] {
+            let rows = &full[..n];
+            let q = randn(&mut rng, n * qd);
+            let mut outs = Vec::new();
+            for (be, fused) in [(cpu, true), (cpu, false), (rf, false)] {
+                let mut out = nan(n * qd);
+                let (mut q1, mut att, mut lse) = (nan(qd), nan(qd), nan(q_heads));
+                let a = AttentionRows {
+                    out: &mut out,
+                    q: &q,
+                    caches: &refs,
+                    rows,
+                    spec,
+                    scratch: [&mut q1, &mut att, &mut lse],
+                };
+                if fused { be.attention_rows(a) } else { attention_rows_each(be, a) }.unwrap();
+                outs.push(out);
+            }
+            let what = format!("attention_rows {q_heads}/{kv_heads}x{head_dim}, {n} rows");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&outs[0]), bits(&outs[1]), "{what}: not the definition's bits");
+            close(&what, &outs[0], &outs[2]);
+        }
+        for (bad, why) in [((4, 1), "sequence"), ((0, 0), "kv_len"), ((1, capacity + 1), "kv_capacity")] {
+            for be in [cpu, rf] {
+                let mut out = nan(2 * qd);
+                let (mut q1, mut att, mut lse) = (nan(qd), nan(qd), nan(q_heads));
+                let q = randn(&mut rng, 2 * qd);
+                let rows = [(0, 1), bad];
+                let a = AttentionRows {
+                    out: &mut out,
+                    q: &q,
+                    caches: &refs,
+                    rows: &rows,
+                    spec,
+                    scratch: [&mut q1, &mut att, &mut lse],
+                };
+                let e = be.attention_rows(a).unwrap_err().to_string();
+                assert!(e.contains(why), "{e}");
+                assert!(out.iter().all(|v| v.is_nan()), "a refused call wrote its output: {e}");
+            }
+        }
+    }
+}
+
 #[test]
 fn embedding_matches_reference() {
     let (cpu, rf) = backends();

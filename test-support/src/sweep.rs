@@ -230,6 +230,36 @@ pub fn attention<B: Backend>(be: &B, tol: f64) {
         kv_heads,
         head_dim,
     };
+    // Several sequences' query rows over their own caches (a decode step over several
+    // requests): two caches of spare capacity, one sequence with two rows.
+    {
+        let rs = spec(1, 1, 1, 6, 4, 2, 16);
+        let (qd, kvd) = (4 * 16, 2 * 16);
+        let rows = [(0, 2), (1, 5), (0, 4)];
+        let inputs = vec![
+            rng.normal_vec(3 * qd, 1.0),
+            rng.normal_vec(6 * kvd, 1.0),
+            rng.normal_vec(6 * kvd, 1.0),
+            rng.normal_vec(6 * kvd, 1.0),
+            rng.normal_vec(6 * kvd, 1.0),
+        ];
+        let (got, want) =
+            both!(be, inputs, vec![poisoned(3 * qd), poisoned(qd), poisoned(qd), poisoned(4)], |b, i, o| {
+                let (out, rest) = o.split_at_mut(1);
+                let (q1, rest) = rest.split_at_mut(1);
+                let (att, lse) = rest.split_at_mut(1);
+                let caches = [(&i[1], &i[2]), (&i[3], &i[4])];
+                b.attention_rows(AttentionRows {
+                    out: &mut out[0],
+                    q: &i[0],
+                    caches: &caches,
+                    rows: &rows,
+                    spec: rs,
+                    scratch: [&mut q1[0], &mut att[0], &mut lse[0]],
+                })
+            });
+        close(&format!("{} attention_rows", be.name()), &got.0[0], &want.0[0], tol);
+    }
     // Training shapes, grouped heads, a head size not a multiple of 32, decoding rows over
     // a cache with spare capacity.
     for s in [

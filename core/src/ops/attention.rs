@@ -220,6 +220,13 @@ pub trait AttentionOps: Memory {
         &self, out: &mut Self::Buffer, lse: &mut Self::Buffer, q: &Self::Buffer, k: &Self::Buffer,
         v: &Self::Buffer, spec: &AttentionSpec,
     ) -> Result<()>;
+    /// One query row each of several sequences over their own caches ([`AttentionRows`]):
+    /// a decode step over several requests. Defined as [`attention_rows_each`] (a row at a
+    /// time through `attention_forward`); a backend may run the rows as one job with the
+    /// same numbers.
+    fn attention_rows(&self, a: AttentionRows<'_, Self::Buffer>) -> Result<()> {
+        attention_rows_each(self, a)
+    }
     /// Attention's backward: `dq`, `dk`, `dv` (overwritten) from the forward's output and `lse`.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
@@ -227,6 +234,86 @@ pub trait AttentionOps: Memory {
         q: &Self::Buffer, k: &Self::Buffer, v: &Self::Buffer, out: &Self::Buffer, lse: &Self::Buffer,
         spec: &AttentionSpec,
     ) -> Result<()>;
+}
+
+/// The operands of [`AttentionOps::attention_rows`]: query rows of several sequences, row
+/// `i` attending over the caches of sequence `rows[i].0` up to `rows[i].1` positions, as
+/// `attention_forward` of that one query over those caches would.
+pub struct AttentionRows<'a, T> {
+    /// The outputs `(rows, q_heads * head_dim)`.
+    pub out: &'a mut T,
+    /// The queries, rotated: at least `(rows, q_heads * head_dim)`.
+    pub q: &'a T,
+    /// Each sequence's key and value caches (`spec.kv_capacity` positions of
+    /// `kv_heads * head_dim`).
+    pub caches: &'a [(&'a T, &'a T)],
+    /// Each query row's sequence (an index into `caches`) and how many of its cache's
+    /// positions it sees.
+    pub rows: &'a [(usize, usize)],
+    /// Heads, head size and the caches' capacity (`batch` and `q_len` 1; each row's
+    /// `kv_len` is its own).
+    pub spec: AttentionSpec,
+    /// One query `(q_heads * head_dim)`, its output (the same) and log-sum-exps
+    /// (`q_heads`): the definition's scratch.
+    pub scratch: [&'a mut T; 3],
+}
+
+impl<'a> AttentionRows<'a, Vec<f32>> {
+    /// Row `i`'s spec and caches, checked as `attention_forward` checks one query (a
+    /// sequence past `caches`, a row seeing no position or past the capacity, short
+    /// buffers are errors).
+    pub fn row(&self, i: usize) -> Result<(AttentionSpec, &'a Vec<f32>, &'a Vec<f32>)> {
+        const OP: &str = "attention_rows";
+        let (s, kv_len) = self.rows[i];
+        let &(k, v) = self.caches.get(s).ok_or_else(|| CoreError::InvalidArgument {
+            op: OP,
+            message: alloc::format!("row {i} names sequence {s} of {}", self.caches.len()),
+        })?;
+        let spec = AttentionSpec { batch: 1, q_len: 1, kv_len, ..self.spec };
+        let (nq, nkv, _) = spec.check(OP)?;
+        check_len(OP, "k", k.len(), nkv)?;
+        check_len(OP, "v", v.len(), nkv)?;
+        let rows = product(OP, &[self.rows.len(), nq])?;
+        if self.q.len() < rows || self.out.len() < rows {
+            return Err(CoreError::InvalidArgument {
+                op: OP,
+                message: alloc::format!(
+                    "q ({}) and out ({}) need {} rows of {nq}",
+                    self.q.len(),
+                    self.out.len(),
+                    self.rows.len()
+                ),
+            });
+        }
+        Ok((spec, k, v))
+    }
+}
+
+/// [`AttentionOps::attention_rows`] a row at a time: the query into `scratch`,
+/// `attention_forward` over its sequence's caches, the output copied to its row. The
+/// definition, and every backend's way unless it runs the rows as one job.
+pub fn attention_rows_each<B: AttentionOps + ?Sized>(b: &B, a: AttentionRows<'_, B::Buffer>) -> Result<()> {
+    const OP: &str = "attention_rows";
+    let qd = a.spec.q_heads * a.spec.head_dim;
+    // Every row's sequence and span first: a bad one leaves `out` as it was.
+    for (i, &(s, kv_len)) in a.rows.iter().enumerate() {
+        if s >= a.caches.len() {
+            return Err(CoreError::InvalidArgument {
+                op: OP,
+                message: alloc::format!("row {i} names sequence {s} of {}", a.caches.len()),
+            });
+        }
+        AttentionSpec { batch: 1, q_len: 1, kv_len, ..a.spec }.check(OP)?;
+    }
+    let [q1, att, lse] = a.scratch;
+    for (i, &(s, kv_len)) in a.rows.iter().enumerate() {
+        let (k, v) = a.caches[s];
+        let spec = AttentionSpec { batch: 1, q_len: 1, kv_len, ..a.spec };
+        b.copy_range(q1, 0, a.q, i * qd, qd)?;
+        b.attention_forward(att, lse, q1, k, v, &spec)?;
+        b.copy_range(a.out, i * qd, att, 0, qd)?;
+    }
+    Ok(())
 }
 
 impl AttentionOps for ReferenceBackend {

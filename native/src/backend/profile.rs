@@ -164,6 +164,7 @@ impl<B: Backend> SwigluOps for Profiled<B> {
 impl<B: Backend> AttentionOps for Profiled<B> {
     timed! {
         fn attention_forward(out: &mut B::Buffer, lse: &mut B::Buffer, q: &B::Buffer, k: &B::Buffer, v: &B::Buffer, spec: &AttentionSpec) -> Result<()>;
+        fn attention_rows(a: AttentionRows<'_, B::Buffer>) -> Result<()>;
         fn attention_backward(dq: &mut B::Buffer, dk: &mut B::Buffer, dv: &mut B::Buffer, dout: &B::Buffer, q: &B::Buffer, k: &B::Buffer, v: &B::Buffer, out: &B::Buffer, lse: &B::Buffer, spec: &AttentionSpec) -> Result<()>;
     }
 }

@@ -25,6 +25,9 @@ pub(super) struct RowScratch<B: Backend> {
     pub(super) len: usize,
     pub(super) q: B::Buffer,
     pub(super) k: B::Buffer,
+    /// Every sequence's rotated queries of a pass, in order (`q_rows` rows of room; grows).
+    pub(super) q_all: B::Buffer,
+    pub(super) q_rows: usize,
     /// One query, its attention output and log-sum-exp.
     pub(super) q1: B::Buffer,
     pub(super) att: B::Buffer,
@@ -38,6 +41,8 @@ impl<B: Backend> RowScratch<B> {
             len,
             q: b.zeros(len * q)?,
             k: b.zeros(len * kv)?,
+            q_all: b.zeros(q)?,
+            q_rows: 1,
             q1: b.zeros(q)?,
             att: b.zeros(q)?,
             lse: b.zeros(c.q_heads)?,
@@ -46,47 +51,65 @@ impl<B: Backend> RowScratch<B> {
 }
 
 /// Attention for [`Keys::Rows`]: each sequence's queries and keys rotated at its own
-/// positions, its keys and values appended to its cache, then each query attending over
-/// that cache alone up to its own position, one query at a time. One query a call keeps a
-/// position's sums the same however its sequence's positions are split between passes
-/// (a backend may tile a many-query call), so a prompt continued from a copied prefix, or
-/// prefilled beside others, gets the bits of its own pass. `q`, `k`, `v` hold every row's
-/// projections, `att` receives every row's output.
+/// positions, its keys and values appended to its cache, then every query attending over
+/// its sequence's cache alone up to its own position ([`AttentionOps::attention_rows`],
+/// one query a row). One query a row keeps a position's sums the same however its
+/// sequence's positions are split between passes (a backend may tile a many-query call),
+/// so a prompt continued from a copied prefix, or prefilled beside others, gets the bits
+/// of its own pass. `q`, `k`, `v` hold every row's projections, `att` receives every
+/// row's output.
 #[allow(clippy::too_many_arguments)]
 fn attend_rows<B: Backend>(
-    b: &B, c: &TransformerConfig, rows: Vec<(&mut B::Buffer, &mut B::Buffer, usize, usize)>,
+    b: &B, c: &TransformerConfig, mut rows: Vec<(&mut B::Buffer, &mut B::Buffer, usize, usize)>,
     one: &mut RowScratch<B>, q: &B::Buffer, k: &B::Buffer, v: &B::Buffer, att: &mut B::Buffer,
 ) -> Result<()> {
     let (qd, kv) = (c.q_dim(), c.kv_dim());
+    let total: usize = rows.iter().map(|r| r.3).sum();
+    if one.q_rows < total {
+        one.q_all = b.zeros(total * qd)?;
+        one.q_rows = total;
+    }
     let mut at = 0;
-    for (cache_k, cache_v, pos, len) in rows {
+    for (cache_k, cache_v, pos, len) in rows.iter_mut() {
+        let (pos, len) = (*pos, *len);
         if one.len != len {
+            let (q_all, q_rows) = (core::mem::replace(&mut one.q_all, b.zeros(0)?), one.q_rows);
             *one = RowScratch::new(b, c, len)?;
+            (one.q_all, one.q_rows) = (q_all, q_rows);
         }
         let (rope_q, rope_k) = c.rope_specs(1, len, pos);
         b.copy_range(&mut one.q, 0, q, at * qd, len * qd)?;
         b.copy_range(&mut one.k, 0, k, at * kv, len * kv)?;
         b.rope_forward(&mut one.q, &rope_q)?;
         b.rope_forward(&mut one.k, &rope_k)?;
+        b.copy_range(&mut one.q_all, at * qd, &one.q, 0, len * qd)?;
         b.copy_range(cache_k, pos * kv, &one.k, 0, len * kv)?;
         b.copy_range(cache_v, pos * kv, v, at * kv, len * kv)?;
-        for i in 0..len {
-            let spec = AttentionSpec {
-                batch: 1,
-                q_len: 1,
-                kv_len: pos + i + 1,
-                kv_capacity: c.max_seq_len,
-                q_heads: c.q_heads,
-                kv_heads: c.kv_heads,
-                head_dim: c.head_dim,
-            };
-            b.copy_range(&mut one.q1, 0, &one.q, i * qd, qd)?;
-            b.attention_forward(&mut one.att, &mut one.lse, &one.q1, cache_k, cache_v, &spec)?;
-            b.copy_range(att, (at + i) * qd, &one.att, 0, qd)?;
-        }
         at += len;
     }
-    Ok(())
+    let caches: Vec<(&B::Buffer, &B::Buffer)> = rows.iter().map(|(k, v, _, _)| (&**k, &**v)).collect();
+    let seen: Vec<(usize, usize)> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(s, &(_, _, pos, len))| (0..len).map(move |i| (s, pos + i + 1)))
+        .collect();
+    let spec = AttentionSpec {
+        batch: 1,
+        q_len: 1,
+        kv_len: 1,
+        kv_capacity: c.max_seq_len,
+        q_heads: c.q_heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+    };
+    b.attention_rows(crate::backend::AttentionRows {
+        out: att,
+        q: &one.q_all,
+        caches: &caches,
+        rows: &seen,
+        spec,
+        scratch: [&mut one.q1, &mut one.att, &mut one.lse],
+    })
 }
 
 /// A block's activations: kept for the backward pass by the batch forward pass, scratch

@@ -17,7 +17,7 @@ use rusting_brain_core::Result;
 use super::shared_buf::SharedBuf;
 use super::{simd, team};
 use crate::backend::cpu::CpuBackend;
-use rusting_brain_core::backend::AttentionOps;
+use rusting_brain_core::backend::{AttentionOps, AttentionRows};
 
 /// Scores times head size below which a decode step's attention stays on one thread. Eight
 /// heads over 20 keys already gain from the split (one call: 1.45 -> 1.18 us at head size
@@ -608,12 +608,49 @@ pub(crate) fn attention_backward_blocked(
     });
 }
 
+/// [`AttentionOps::attention_rows`] as one job: the query rows split over the team, each
+/// row's heads computed as `attention_forward` computes one query's (`row_heads`: a
+/// head's numbers do not depend on which heads share the call), so the definition's bits.
+/// A step over sixteen requests ran its attention as sixteen calls a layer, each handing
+/// the heads to the team; one hand-off a layer leaves the team waiting less.
+pub fn attention_rows(a: AttentionRows<'_, Vec<f32>>) -> Result<()> {
+    let n = a.rows.len();
+    let rows = (0..n).map(|i| a.row(i)).collect::<Result<Vec<_>>>()?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (qd, hq) = (a.spec.q_heads * a.spec.head_dim, a.spec.q_heads);
+    let q = &a.q[..n * qd];
+    let run = |first: usize, o: &mut [f32]| {
+        let mut lse = vec![0.0f32; hq];
+        with_scores(|scores| {
+            for (j, oj) in o.chunks_exact_mut(qd).enumerate() {
+                let i = first + j;
+                let (spec, k, v) = &rows[i];
+                row_heads(spec, &q[i * qd..(i + 1) * qd], k, v, 0, 0, oj, &mut lse, scores);
+            }
+        })
+    };
+    let out = &mut a.out[..n * qd];
+    let parts = team::parts();
+    if parts > 1 && n >= 2 {
+        let per = n.div_ceil(parts);
+        team::run_blocks(out.chunks_mut(per * qd).enumerate(), |_, (p, o)| run(*p * per, o));
+    } else {
+        run(0, out);
+    }
+    Ok(())
+}
+
 impl AttentionOps for CpuBackend {
     fn attention_forward(
         &self, out: &mut Vec<f32>, lse: &mut Vec<f32>, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>,
         spec: &AttentionSpec,
     ) -> Result<()> {
         attention_forward(out, lse, q, k, v, spec)
+    }
+    fn attention_rows(&self, a: AttentionRows<'_, Vec<f32>>) -> Result<()> {
+        attention_rows(a)
     }
     fn attention_backward(
         &self, dq: &mut Vec<f32>, dk: &mut Vec<f32>, dv: &mut Vec<f32>, dout: &Vec<f32>, q: &Vec<f32>,
