@@ -73,9 +73,10 @@ fn attend_rows<B: Backend>(
     for (cache_k, cache_v, pos, len) in rows.iter_mut() {
         let (pos, len) = (*pos, *len);
         if one.len != len {
-            let (q_all, q_rows) = (core::mem::replace(&mut one.q_all, b.zeros(0)?), one.q_rows);
-            *one = RowScratch::new(b, c, len)?;
-            (one.q_all, one.q_rows) = (q_all, q_rows);
+            // This sequence's positions: its queries and keys to rotate.
+            one.q = b.zeros(len * qd)?;
+            one.k = b.zeros(len * kv)?;
+            one.len = len;
         }
         let (rope_q, rope_k) = c.rope_specs(1, len, pos);
         b.copy_range(&mut one.q, 0, q, at * qd, len * qd)?;
