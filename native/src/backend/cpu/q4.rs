@@ -31,42 +31,40 @@ pub fn q4_gemm(
     let (stride, rs) = (4 * q4_packed_cols(k), q4_row_scales(k));
     let w = as_u8(packed);
     // A prompt: each band of activation rows rounded once (a short one's rows once for
-    // every part, `shared`: `q8::rounded_rows`), then sixteen weight rows at a time (a few KiB, in L1) against every
-    // row of the band.
-    {
-        // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
-        let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
-            let (c0, c1) = (cols.start, cols.end);
-            let rows = o.len() / os;
-            super::q8::part_rows(x, k, shared, (first, rows), |rounded, panel| {
-                // Sixteen weight rows unpacked and laid across the vector lanes once a band
-                // (VNNI): each activation row meets them with broadcast quads, as the int8
-                // GEMM's panels do. The rest (and CPUs without VNNI) run the decode kernel
-                // row by row.
-                let mut done = c0;
-                if rows >= super::q8::PANEL_MIN_ROWS && simd::has_vnni() {
-                    done = c0 + (c1 - c0) / 16 * 16;
-                    for j in (c0..done).step_by(16) {
-                        panel.fill_q4(&w[j * stride..], stride, k, &scales[j * rs..(j + 16) * rs], rows);
-                        simd::panel16_rows(&mut o[j - c0..], os, rounded, panel, beta);
-                    }
+    // every part, `shared`: `q8::rounded_rows`), then sixteen weight rows at a time (a few
+    // KiB, in L1) against every row of the band.
+    // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
+    let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
+        let (c0, c1) = (cols.start, cols.end);
+        let rows = o.len() / os;
+        super::q8::part_rows(x, k, shared, (first, rows), |rounded, panel| {
+            // Sixteen weight rows unpacked and laid across the vector lanes once a band
+            // (VNNI): each activation row meets them with broadcast quads, as the int8
+            // GEMM's panels do. The rest (and CPUs without VNNI) run the decode kernel
+            // row by row.
+            let mut done = c0;
+            if rows >= super::q8::PANEL_MIN_ROWS && simd::has_vnni() {
+                done = c0 + (c1 - c0) / 16 * 16;
+                for j in (c0..done).step_by(16) {
+                    panel.fill_q4(&w[j * stride..], stride, k, &scales[j * rs..(j + 16) * rs], rows);
+                    simd::panel16_rows(&mut o[j - c0..], os, rounded, panel, beta);
                 }
-                for j in (done..c1).step_by(16) {
-                    let end = (j + 16).min(c1);
-                    for (i, a) in rounded.iter().enumerate() {
-                        simd::q4_rows(
-                            &mut o[i * os + j - c0..i * os + end - c0],
-                            &a.row(),
-                            &w[j * stride..],
-                            stride,
-                            &scales[j * rs..],
-                            beta,
-                        );
-                    }
+            }
+            for j in (done..c1).step_by(16) {
+                let end = (j + 16).min(c1);
+                for (i, a) in rounded.iter().enumerate() {
+                    simd::q4_rows(
+                        &mut o[i * os + j - c0..i * os + end - c0],
+                        &a.row(),
+                        &w[j * stride..],
+                        stride,
+                        &scales[j * rs..],
+                        beta,
+                    );
                 }
-            })
-        };
-        super::q8::run_parts(out, (m, n, k / 2), beta, part);
-    }
+            }
+        })
+    };
+    super::q8::run_parts(out, (m, n, k / 2), beta, part);
     Ok(())
 }

@@ -432,53 +432,51 @@ fn q8_gemm_blocked(
 ) {
     let (stride, nb) = (packed_cols(k) * 4, blocks_of(k, Q8_BLOCK));
     let row = |j: usize| &w[j * stride..j * stride + k];
-    {
-        // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
-        let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
-            let (c0, c1) = (cols.start, cols.end);
-            let rows = o.len() / os;
-            part_rows(x, k, shared, (first, rows), |quantized, panel| {
-                // Sixteen weight rows at a time laid out across the vector lanes (VNNI):
-                // each activation row meets them with broadcast quads and no fold. The
-                // layout costs a transpose per two blocks of sixteen rows; fewer rows
-                // than PANEL_MIN_ROWS, and CPUs without VNNI, take 4 x 4 tiles.
-                let mut done = c0;
-                if rows >= PANEL_MIN_ROWS && simd::has_vnni() {
-                    done = c0 + (c1 - c0) / 16 * 16;
-                    for j in (c0..done).step_by(16) {
-                        panel.fill(&w[j * stride..], stride, k, &scales[j * nb..(j + 16) * nb], rows);
-                        simd::panel16_rows(&mut o[j - c0..], os, quantized, panel, beta);
-                    }
+    // Outputs (i, j) at o[i * os + j - c0] for weight rows j in cols (see run_parts).
+    let part = |o: &mut [f32], os: usize, first: usize, cols: std::ops::Range<usize>| {
+        let (c0, c1) = (cols.start, cols.end);
+        let rows = o.len() / os;
+        part_rows(x, k, shared, (first, rows), |quantized, panel| {
+            // Sixteen weight rows at a time laid out across the vector lanes (VNNI):
+            // each activation row meets them with broadcast quads and no fold. The
+            // layout costs a transpose per two blocks of sixteen rows; fewer rows
+            // than PANEL_MIN_ROWS, and CPUs without VNNI, take 4 x 4 tiles.
+            let mut done = c0;
+            if rows >= PANEL_MIN_ROWS && simd::has_vnni() {
+                done = c0 + (c1 - c0) / 16 * 16;
+                for j in (c0..done).step_by(16) {
+                    panel.fill(&w[j * stride..], stride, k, &scales[j * nb..(j + 16) * nb], rows);
+                    simd::panel16_rows(&mut o[j - c0..], os, quantized, panel, beta);
                 }
-                if done == c1 {
-                    return;
+            }
+            if done == c1 {
+                return;
+            }
+            let acts: Vec<simd::Int8Row<'_>> = quantized.iter().map(|q| q.row()).collect();
+            let quads = rows / 4;
+            let four = done + (c1 - done) / 4 * 4;
+            for j in (done..four).step_by(4) {
+                let w4 = [row(j), row(j + 1), row(j + 2), row(j + 3)];
+                let ws = &scales[j * nb..(j + 4) * nb];
+                for iq in 0..quads {
+                    let i = 4 * iq;
+                    let a4 = [&acts[i], &acts[i + 1], &acts[i + 2], &acts[i + 3]];
+                    simd::tile4x4_blocked(&mut o[i * os + j - c0..], os, a4, w4, ws, beta);
                 }
-                let acts: Vec<simd::Int8Row<'_>> = quantized.iter().map(|q| q.row()).collect();
-                let quads = rows / 4;
-                let four = done + (c1 - done) / 4 * 4;
-                for j in (done..four).step_by(4) {
-                    let w4 = [row(j), row(j + 1), row(j + 2), row(j + 3)];
-                    let ws = &scales[j * nb..(j + 4) * nb];
-                    for iq in 0..quads {
-                        let i = 4 * iq;
-                        let a4 = [&acts[i], &acts[i + 1], &acts[i + 2], &acts[i + 3]];
-                        simd::tile4x4_blocked(&mut o[i * os + j - c0..], os, a4, w4, ws, beta);
-                    }
-                    for (i, a) in acts.iter().enumerate().skip(4 * quads) {
-                        let at = i * os + j - c0;
-                        simd::q8_rows(&mut o[at..at + 4], a, &w[j * stride..], stride, ws, beta);
-                    }
+                for (i, a) in acts.iter().enumerate().skip(4 * quads) {
+                    let at = i * os + j - c0;
+                    simd::q8_rows(&mut o[at..at + 4], a, &w[j * stride..], stride, ws, beta);
                 }
-                for j in four..c1 {
-                    for (i, a) in acts.iter().enumerate() {
-                        let at = i * os + j - c0;
-                        simd::q8_rows(&mut o[at..at + 1], a, row(j), stride, &scales[j * nb..], beta);
-                    }
+            }
+            for j in four..c1 {
+                for (i, a) in acts.iter().enumerate() {
+                    let at = i * os + j - c0;
+                    simd::q8_rows(&mut o[at..at + 1], a, row(j), stride, &scales[j * nb..], beta);
                 }
-            })
-        };
-        run_parts(out, (m, n, k), beta, part);
-    }
+            }
+        })
+    };
+    run_parts(out, (m, n, k), beta, part);
 }
 
 /// Activation rows a band from which the blocked GEMM lays its weights across the lanes
