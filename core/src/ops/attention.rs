@@ -258,11 +258,10 @@ pub struct AttentionRows<'a, T> {
     pub scratch: [&'a mut T; 3],
 }
 
-impl<'a> AttentionRows<'a, Vec<f32>> {
-    /// Row `i`'s spec and caches, checked as `attention_forward` checks one query (a
-    /// sequence past `caches`, a row seeing no position or past the capacity, short
-    /// buffers are errors).
-    pub fn row(&self, i: usize) -> Result<(AttentionSpec, &'a Vec<f32>, &'a Vec<f32>)> {
+impl<'a, T> AttentionRows<'a, T> {
+    /// Row `i`'s spec and its sequence's caches: a sequence past `caches`, or a row seeing
+    /// no position or more than the capacity, is an error.
+    pub fn row_spec(&self, i: usize) -> Result<(AttentionSpec, &'a T, &'a T)> {
         const OP: &str = "attention_rows";
         let (s, kv_len) = self.rows[i];
         let &(k, v) = self.caches.get(s).ok_or_else(|| CoreError::InvalidArgument {
@@ -270,6 +269,17 @@ impl<'a> AttentionRows<'a, Vec<f32>> {
             message: alloc::format!("row {i} names sequence {s} of {}", self.caches.len()),
         })?;
         let spec = AttentionSpec { batch: 1, q_len: 1, kv_len, ..self.spec };
+        spec.check(OP)?;
+        Ok((spec, k, v))
+    }
+}
+
+impl<'a> AttentionRows<'a, Vec<f32>> {
+    /// [`AttentionRows::row_spec`] with the buffers' lengths checked as `attention_forward`
+    /// checks one query's.
+    pub fn row(&self, i: usize) -> Result<(AttentionSpec, &'a Vec<f32>, &'a Vec<f32>)> {
+        const OP: &str = "attention_rows";
+        let (spec, k, v) = self.row_spec(i)?;
         let (nq, nkv, _) = spec.check(OP)?;
         check_len(OP, "k", k.len(), nkv)?;
         check_len(OP, "v", v.len(), nkv)?;
@@ -293,22 +303,11 @@ impl<'a> AttentionRows<'a, Vec<f32>> {
 /// `attention_forward` over its sequence's caches, the output copied to its row. The
 /// definition, and every backend's way unless it runs the rows as one job.
 pub fn attention_rows_each<B: AttentionOps + ?Sized>(b: &B, a: AttentionRows<'_, B::Buffer>) -> Result<()> {
-    const OP: &str = "attention_rows";
     let qd = a.spec.q_heads * a.spec.head_dim;
     // Every row's sequence and span first: a bad one leaves `out` as it was.
-    for (i, &(s, kv_len)) in a.rows.iter().enumerate() {
-        if s >= a.caches.len() {
-            return Err(CoreError::InvalidArgument {
-                op: OP,
-                message: alloc::format!("row {i} names sequence {s} of {}", a.caches.len()),
-            });
-        }
-        AttentionSpec { batch: 1, q_len: 1, kv_len, ..a.spec }.check(OP)?;
-    }
+    let rows = (0..a.rows.len()).map(|i| a.row_spec(i)).collect::<Result<Vec<_>>>()?;
     let [q1, att, lse] = a.scratch;
-    for (i, &(s, kv_len)) in a.rows.iter().enumerate() {
-        let (k, v) = a.caches[s];
-        let spec = AttentionSpec { batch: 1, q_len: 1, kv_len, ..a.spec };
+    for (i, (spec, k, v)) in rows.into_iter().enumerate() {
         b.copy_range(q1, 0, a.q, i * qd, qd)?;
         b.attention_forward(att, lse, q1, k, v, &spec)?;
         b.copy_range(a.out, i * qd, att, 0, qd)?;
