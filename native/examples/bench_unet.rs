@@ -1,12 +1,13 @@
 //! One sampling step of Stable Diffusion's UNet (classifier-free guidance: batch 2) on the
 //! CPU next to diffusers (`bench/torch_unet.py`) in one run, as ratios: the tiny SD test
 //! pipeline's UNet at 16 x 16 pixels, and a small SD 1.5-shaped UNet (widths 64-256, 8
-//! heads, CLIP-L's 768-wide prompt) at 256 x 256 and 512 x 512. Random weights; both sides
-//! build the model from the same config.json values. Memory: the most our step allocates
-//! beyond its inputs (a counting allocator), beside the rise of PyTorch's peak resident
-//! memory over its first call.
+//! heads, CLIP-L's 768-wide prompt) at 256 x 256 and 512 x 512; with `--published`,
+//! instead, SD 1.5's own UNet (`tests/fixtures/real_configs/sd1.5`, 860 M parameters) at
+//! 512 x 512. Random weights; both sides build the model from the same config.json values.
+//! Memory: the most our step allocates beyond its inputs (a counting allocator), beside the
+//! rise of PyTorch's peak resident memory over its first call.
 //!
-//!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_unet [-- REPS]
+//!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_unet [-- REPS] [--published]
 
 #[path = "common/bench.rs"]
 mod bench;
@@ -31,7 +32,9 @@ struct Case {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let reps: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2);
+    let published = std::env::args().any(|a| a == "--published");
+    let bf16 = std::env::args().any(|a| a == "--bf16");
     let be = CpuBackend::new();
     let threads = be.threads();
     println!(
@@ -42,7 +45,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let small = json!({"sample_size": 64, "block_out_channels": [64, 128, 256, 256], "attention_head_dim": 8,
         "cross_attention_dim": 768, "norm_num_groups": 32});
-    let cases = [
+    let sd15: Value = serde_json::from_slice(&std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/real_configs/sd1.5/unet/config.json"
+    ))?)?;
+    // diffusers' constructor takes the configuration's fields, not its file bookkeeping.
+    let sd15 = Value::Object(
+        sd15.as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !k.starts_with('_'))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    );
+    let small_cases = [
         Case {
             name: "SD tiny (the test pipeline's), 16x16",
             config: json!({"block_out_channels": [8, 16], "layers_per_block": 1, "sample_size": 8,
@@ -55,6 +71,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Case { name: "SD small (widths 64-256), 256x256", config: small.clone(), latent: 32, tokens: 77 },
         Case { name: "SD small (widths 64-256), 512x512", config: small, latent: 64, tokens: 77 },
     ];
+    let published_cases = [Case { name: "SD 1.5, 512x512", config: sd15, latent: 64, tokens: 77 }];
+    let cases: &[Case] = if published { &published_cases } else { &small_cases };
+    // The step broken down by primitive: the small model at 256 x 256, or the published one.
+    let profiled_case = if published { 0 } else { 1 };
     let mut rng = Rng::new(0);
     let mut ours = Vec::new();
     let mut breakdown = String::new();
@@ -72,7 +92,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
             .collect();
-        let unet = UnetModel::new(be, config.clone(), weights.clone())?;
+        let keep = (ci == profiled_case).then(|| weights.clone());
+        let mut unet = UnetModel::new(be, config.clone(), weights)?;
+        unet.set_mixed_precision(bf16);
         let n = case.latent;
         let sample = rng.normal_vec(2 * config.in_channels * n * n, 1.0);
         let context = rng.normal_vec(2 * case.tokens * config.cross_attention_dim, 1.0);
@@ -92,8 +114,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             unet.forward(&input).expect("unet forward");
         });
         ours.push((config.layout().parameter_count(), t, extra));
-        if ci == 1 {
-            let profiled = UnetModel::new(Profiled::new(be), config.clone(), weights)?;
+        drop(unet);
+        if let Some(weights) = keep {
+            let mut profiled = UnetModel::new(Profiled::new(be), config.clone(), weights)?;
+            profiled.set_mixed_precision(bf16);
             let t = Instant::now();
             profiled.forward(&input)?;
             breakdown = profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false);
@@ -136,6 +160,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             extra as f64 / 1e6
         );
     }
-    println!("SD small at 256x256, one step by primitive:\n{breakdown}");
+    println!("{}, one step by primitive:\n{breakdown}", cases[profiled_case].name);
     Ok(())
 }

@@ -73,6 +73,7 @@ fn conv_spec(c: &Value) -> Conv2dSpec {
         pad_end: (int(c, "pad_end"), int(c, "pad_end")),
         dilation: pair(c, "dilation"),
         groups: int(c, "groups"),
+        precision: OperandPrecision::F32,
     }
 }
 
@@ -97,6 +98,7 @@ fn sdpa_spec(c: &Value) -> SdpaSpec {
         head_dim: int(c, "head_dim"),
         scale: num(c, "scale") as f32,
         causal: flag(c, "causal"),
+        precision: OperandPrecision::F32,
     }
 }
 

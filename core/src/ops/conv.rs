@@ -14,6 +14,7 @@
 
 use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::ops::matmul::{operand, OperandPrecision};
 use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
@@ -42,6 +43,9 @@ pub struct Conv2dSpec {
     pub dilation: (usize, usize),
     /// Channel groups (both channel counts divide by it).
     pub groups: usize,
+    /// What input and weight values are rounded to before multiplying (mixed precision:
+    /// bf16 operands, f32 sums, as [`crate::ops::matmul`]'s products).
+    pub precision: OperandPrecision,
 }
 
 impl Conv2dSpec {
@@ -61,7 +65,13 @@ impl Conv2dSpec {
             pad_end: (0, 0),
             dilation: (1, 1),
             groups: 1,
+            precision: OperandPrecision::F32,
         }
+    }
+    /// Operands rounded to `p` before multiplying.
+    pub fn precision(mut self, p: OperandPrecision) -> Self {
+        self.precision = p;
+        self
     }
     /// The same stride down and across.
     pub fn stride(mut self, s: usize) -> Self {
@@ -220,6 +230,7 @@ pub fn conv2d<T: Real>(
                                 let xv =
                                     inp[((b * spec.in_channels + ci) * h + iy as usize) * w + ix as usize];
                                 let wv = weight[((o * cin_g + c) * kh + i) * kw + j];
+                                let (xv, wv) = (operand(xv, spec.precision), operand(wv, spec.precision));
                                 acc += xv * wv;
                             }
                         }

@@ -190,7 +190,8 @@ pub fn round_bf16(x: f32) -> f32 {
     half::bf16::from_f32(x).to_f32()
 }
 
-fn operand<T: Real>(x: T, p: OperandPrecision) -> T {
+/// `x` rounded to the operand precision `p`.
+pub(crate) fn operand<T: Real>(x: T, p: OperandPrecision) -> T {
     match p {
         OperandPrecision::F32 => x,
         OperandPrecision::Bf16 => T::from_f32(round_bf16(x.to_f32())),

@@ -18,6 +18,7 @@
 
 use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
+use crate::ops::matmul::{operand, OperandPrecision};
 use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
@@ -40,6 +41,10 @@ pub struct SdpaSpec {
     pub scale: f32,
     /// Each query sees only the keys up to its own position.
     pub causal: bool,
+    /// What the products' operands are rounded to (mixed precision): at bf16, `q` and `k`
+    /// for the scores, the unnormalized probabilities `exp(s - max)` and `v` for the
+    /// weighted sum, which is then divided by the probabilities' (unrounded) sum.
+    pub precision: OperandPrecision,
 }
 
 impl SdpaSpec {
@@ -55,7 +60,13 @@ impl SdpaSpec {
             head_dim,
             scale: 1.0 / libm::sqrtf(head_dim.max(1) as f32),
             causal: false,
+            precision: OperandPrecision::F32,
         }
+    }
+    /// The products' operands rounded to `p`.
+    pub fn precision(mut self, p: OperandPrecision) -> Self {
+        self.precision = p;
+        self
     }
     /// Keys and values of another length (cross-attention).
     pub fn kv_len(mut self, kv_len: usize) -> Self {
@@ -177,7 +188,7 @@ pub fn sdpa<T: Real>(
                     let ki = spec.kv_index(b, j, kvh);
                     let mut s = T::ZERO;
                     for (a, c) in qrow.iter().zip(&k[ki..ki + d]) {
-                        s += *a * *c;
+                        s += operand(*a, spec.precision) * operand(*c, spec.precision);
                     }
                     s *= scale;
                     if let Some(bias) = bias {
@@ -202,8 +213,9 @@ pub fn sdpa<T: Real>(
                         continue;
                     }
                     let vi = spec.kv_index(b, j, kvh);
+                    let pj = operand(pj, spec.precision);
                     for (oc, &vc) in o.iter_mut().zip(&v[vi..vi + d]) {
-                        *oc += pj / sum * vc;
+                        *oc += pj * operand(vc, spec.precision) / sum;
                     }
                 }
             }

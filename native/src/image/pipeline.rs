@@ -340,6 +340,18 @@ impl ImagePipeline {
     pub fn drop_encoders(&mut self) {
         self.encoders = None;
     }
+    /// Mixed precision for the denoiser and the autoencoder (see
+    /// [`Unet::set_mixed_precision`]); the prompt encoders, run once a prompt, stay as
+    /// loaded.
+    pub fn set_mixed_precision(&mut self, on: bool) {
+        if let Some(dit) = &mut self.dit {
+            dit.set_mixed_precision(on);
+        }
+        if let Some(unet) = &mut self.unet {
+            unet.set_mixed_precision(on);
+        }
+        self.vae.set_mixed_precision(on);
+    }
     /// Drops the denoiser (after [`ImagePipeline::sample_latent`]).
     pub fn drop_denoiser(&mut self) {
         self.dit = None;

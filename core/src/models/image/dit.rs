@@ -536,7 +536,8 @@ impl<B: Backend> DitModel<B> {
             be.rope_pairs(&mut k, cos, sin, &spec)?;
         }
         let mut out = be.zeros(batch * total * d)?;
-        be.sdpa(&mut out, &q, &k, &v, None, None, &SdpaSpec::new(batch, total, heads, hd))?;
+        let spec = SdpaSpec::new(batch, total, heads, hd).precision(self.mixed.precision());
+        be.sdpa(&mut out, &q, &k, &v, None, None, &spec)?;
         if lens.len() == 1 {
             return Ok(vec![out]);
         }

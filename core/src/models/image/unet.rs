@@ -200,7 +200,8 @@ impl<B: Backend> Attention<B> {
         let k = self.to_k.forward(be, kv, batch * nk)?;
         let v = self.to_v.forward(be, kv, batch * nk)?;
         let mut att = be.zeros(batch * nq * c)?;
-        let spec = SdpaSpec::new(batch, nq, self.heads, c / self.heads).kv_len(nk);
+        let spec =
+            SdpaSpec::new(batch, nq, self.heads, c / self.heads).kv_len(nk).precision(self.to_q.precision());
         be.sdpa(&mut att, &q, &k, &v, None, None, &spec)?;
         self.to_out.forward(be, &att, batch * nq)
     }

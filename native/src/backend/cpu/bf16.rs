@@ -73,7 +73,7 @@ pub fn available() -> bool {
 /// `half` crate's conversion: nearest, ties to even, a NaN kept as a quiet NaN), in integer
 /// operations the packing loops inline.
 #[inline(always)]
-fn bits(x: f32) -> u32 {
+pub(crate) fn bits(x: f32) -> u32 {
     let b = x.to_bits();
     if x.is_nan() {
         return (b >> 16) | 0x40;
@@ -201,7 +201,7 @@ fn with_buffers<R>(a_len: usize, b_len: usize, f: impl FnOnce(&mut [u32], &mut [
 /// subnormal becomes zero, as `vdpbf16ps` would read it anyway.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn words_of_run(x: *const f32) -> std::arch::x86_64::__m512i {
+pub(crate) unsafe fn words_of_run(x: *const f32) -> std::arch::x86_64::__m512i {
     use std::arch::x86_64::*;
     std::mem::transmute(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x.add(16)), _mm512_loadu_ps(x)))
 }

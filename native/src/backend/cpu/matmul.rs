@@ -78,7 +78,7 @@ pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) -> Result<
     Ok(())
 }
 
-fn round_all(x: &[f32]) -> Vec<f32> {
+pub(crate) fn round_all(x: &[f32]) -> Vec<f32> {
     x.par_iter().with_min_len(4096).map(|&v| round_bf16(v)).collect()
 }
 
