@@ -452,8 +452,13 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             (conv(1, 4, 4, 9, 9, (3, 3), (1, 1), (2, 2), 2, 4), true),
             // The VAE's downsampler: F.pad(x, (0, 1, 0, 1)), then 3x3 with stride 2.
             (conv(2, 3, 4, 8, 6, (3, 3), (2, 2), (0, 0), 1, 1).pad_end(1), true),
-            // 288 column rows of 96: the CPU builds them in three bands of output rows.
+            // 288 column rows of 96: the CPU builds them in three bands of output rows (at
+            // f32 a 3x3 of padding 1 over this many pixels is Winograd's, so dilated here).
+            (conv(1, 32, 8, 96, 96, (3, 3), (1, 1), (2, 2), 2, 1), true),
             (conv(1, 32, 8, 96, 96, (3, 3), (1, 1), (1, 1), 1, 1), true),
+            // 3x3, stride 1, padding 1 over 264 tiles of 2 x 2 (odd sizes: tiles over the
+            // edge): the CPU's Winograd F(2x2, 3x3) at f32.
+            (conv(2, 5, 7, 23, 21, (3, 3), (1, 1), (1, 1), 1, 1), true),
         ] {
             let spec = spec.precision(precision);
             let (ni, nw, no, _) = spec.check().unwrap();
