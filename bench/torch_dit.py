@@ -1,11 +1,14 @@
 """PyTorch's side of native/examples/bench_dit.rs: one denoiser call (one sampling step)
 of diffusers' FLUX.1, FLUX.2 and SD3 transformers built from the same configurations,
-random weights, on the CPU in float32, best time of --reps. Prints one JSON line.
+random weights, on the CPU in float32 and, where the CPU has native bf16 (oneDNN's check),
+under bf16 autocast; best time of --reps each, and the process's peak resident memory.
+Prints one JSON line.
 
     python bench/torch_dit.py --threads 2 --reps 3 --cases '[{"class": ..., "config": {...},
         "batch": 1, "grid": [16, 16], "text": 128}, ...]'
 """
 import json
+import resource
 
 import torch
 
@@ -17,7 +20,9 @@ a = start(p)
 
 import diffusers  # noqa: E402
 
-out = {"version": torch.__version__, "diffusers": diffusers.__version__, "threads": a.threads, "step": []}
+out = {"version": torch.__version__, "diffusers": diffusers.__version__, "threads": a.threads, "step": [],
+       "step_bf16": [], "peak_mib": []}
+bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
 with torch.inference_mode():
     for case in json.loads(a.cases):
         cls = getattr(diffusers, case["class"])
@@ -45,4 +50,10 @@ with torch.inference_mode():
             kw["guidance"] = torch.full((b,), 3.5) if cfg.get("guidance_embeds") else None
             f = lambda: model(**kw)
         out["step"].append(best(f, a.reps))
+        if bf16:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out["step_bf16"].append(best(f, a.reps))
+        else:
+            out["step_bf16"].append(None)
+        out["peak_mib"].append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 print(json.dumps(out))

@@ -3,9 +3,15 @@
 //! transformer, and small FLUX.2, FLUX.1 and SD3 models of 8 blocks at width 256 on a
 //! 256 x 256 picture (256 image tokens) with 128 prompt tokens. Random weights (the time
 //! does not depend on the values); both sides build the model from the same config.json
-//! values. The small FLUX.2 step is then broken down by primitive.
+//! values. The small FLUX.2 step is then broken down by primitive. With `--published`,
+//! instead, the published widths (`tests/fixtures/real_configs/`) with fewer blocks (all of
+//! them in f32 would not fit this machine's 24 GiB twice): FLUX.2-klein-4B's transformer
+//! (width 3072, 24 heads of 128, Qwen3's 7680-wide prompt of 512 tokens) at 512 x 512 and
+//! 1024 x 1024, SD3.5-medium's (width 1536, 24 heads of 64, 333 prompt tokens) at 1024 x
+//! 1024. Each side at f32 and in mixed precision: ours with `set_mixed_precision(true)`,
+//! diffusers under bf16 autocast where the CPU has native bf16.
 //!
-//!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_dit [-- REPS]
+//!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_dit [-- REPS] [--published]
 //!
 //! PyTorch runs through `$RB_PYTHON` (default `python3`) with the same thread count;
 //! without torch and diffusers there, only our side is printed.
@@ -27,7 +33,7 @@ use serde_json::{json, Value};
 
 /// One benchmark case: a diffusers class and config, the token grid and prompt length.
 struct Case {
-    name: &'static str,
+    name: String,
     class: &'static str,
     config: Value,
     grid: (usize, usize),
@@ -117,7 +123,8 @@ fn step<B: Backend<Buffer = Vec<f32>>>(dit: &DitModel<B>, x: &Inputs, case: &Cas
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let reps: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let reps: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2);
+    let published = std::env::args().any(|a| a == "--published");
     let be = CpuBackend::new();
     let threads = be.threads();
     println!(
@@ -126,9 +133,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cpu_model(),
         be.isa()
     );
-    let cases = [
+    let small_cases = [
         Case {
-            name: "FLUX.2 tiny (klein test pipeline)",
+            name: "FLUX.2 tiny (klein test pipeline)".into(),
             class: "Flux2Transformer2DModel",
             config: json!({"patch_size": 1, "in_channels": 4, "num_layers": 1, "num_single_layers": 1,
                 "attention_head_dim": 16, "num_attention_heads": 2, "joint_attention_dim": 32,
@@ -137,7 +144,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             text: 64,
         },
         Case {
-            name: "FLUX.2 small (4+4 blocks, 256 wide)",
+            name: "FLUX.2 small (4+4 blocks, 256 wide)".into(),
             class: "Flux2Transformer2DModel",
             config: json!({"patch_size": 1, "in_channels": 128, "num_layers": 4, "num_single_layers": 4,
                 "attention_head_dim": 128, "num_attention_heads": 2, "joint_attention_dim": 768,
@@ -146,7 +153,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             text: 128,
         },
         Case {
-            name: "FLUX.1 small (4+4 blocks, 256 wide)",
+            name: "FLUX.1 small (4+4 blocks, 256 wide)".into(),
             class: "FluxTransformer2DModel",
             config: json!({"patch_size": 1, "in_channels": 64, "num_layers": 4, "num_single_layers": 4,
                 "attention_head_dim": 128, "num_attention_heads": 2, "joint_attention_dim": 256,
@@ -155,7 +162,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             text: 128,
         },
         Case {
-            name: "SD3 small (8 blocks, 256 wide)",
+            name: "SD3 small (8 blocks, 256 wide)".into(),
             class: "SD3Transformer2DModel",
             config: json!({"sample_size": 32, "patch_size": 2, "in_channels": 16, "num_layers": 8,
                 "attention_head_dim": 64, "num_attention_heads": 4, "joint_attention_dim": 256,
@@ -165,23 +172,96 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             text: 128,
         },
     ];
+    let real = |family: &str| -> Result<Value, Box<dyn std::error::Error>> {
+        let path = format!(
+            "{}/../tests/fixtures/real_configs/{family}/transformer/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let v: Value = serde_json::from_slice(&std::fs::read(path)?)?;
+        // diffusers' constructor takes the configuration's fields, not the file's bookkeeping.
+        Ok(Value::Object(
+            v.as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| !k.starts_with('_'))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ))
+    };
+    let klein = |double: usize, single: usize| -> Result<Value, Box<dyn std::error::Error>> {
+        let mut c = real("flux2-klein-4b")?;
+        (c["num_layers"], c["num_single_layers"]) = (json!(double), json!(single));
+        Ok(c)
+    };
+    let mut sd35 = real("sd3.5-medium")?;
+    (sd35["num_layers"], sd35["dual_attention_layers"]) = (json!(2), json!([0, 1]));
+    let cases: Vec<Case> = if published {
+        vec![
+            Case {
+                name: "FLUX.2-klein 4B, 1+4 of 5+20 blocks, 512x512".into(),
+                class: "Flux2Transformer2DModel",
+                config: klein(1, 4)?,
+                grid: (32, 32),
+                text: 512,
+            },
+            Case {
+                name: "FLUX.2-klein 4B, 1+1 of 5+20 blocks, 1024x1024".into(),
+                class: "Flux2Transformer2DModel",
+                config: klein(1, 1)?,
+                grid: (64, 64),
+                text: 512,
+            },
+            Case {
+                name: "SD3.5-medium, 2 of 24 blocks, 1024x1024".into(),
+                class: "SD3Transformer2DModel",
+                config: sd35,
+                grid: (64, 64),
+                text: 333,
+            },
+        ]
+    } else {
+        small_cases.into_iter().collect()
+    };
+    // The step broken down by primitive: the small FLUX.2, or klein at 512 x 512.
+    let profiled_case = if published { 0 } else { 1 };
 
     let mut rng = Rng::new(0);
     let mut ours = Vec::new();
     let mut breakdown = String::new();
     for (i, case) in cases.iter().enumerate() {
         let config = parse(case.class, &case.config)?;
-        let dit = model(be, &config, &mut rng)?;
         let x = inputs(&config, case, &mut rng);
-        let t = best(reps, || {
+        // The heap's peak from the weights on: the model and its steps' activations.
+        let (peak, dit) = bench::peak_extra(|| -> Result<_, Box<dyn std::error::Error>> {
+            let mut dit = model(be, &config, &mut rng)?;
             step(&dit, &x, case);
+            dit.set_mixed_precision(true);
+            step(&dit, &x, case);
+            Ok(dit)
         });
-        ours.push((config.layout().parameter_count(), t));
-        if i == 1 {
-            let profiled = model(Profiled::new(be), &config, &mut Rng::new(1))?;
-            let t = Instant::now();
-            step(&profiled, &x, case);
-            breakdown = profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false);
+        let mut dit = dit?;
+        let mut time = |mixed: bool| {
+            dit.set_mixed_precision(mixed);
+            best(reps, || {
+                step(&dit, &x, case);
+            })
+        };
+        let (t32, t16) = (time(false), time(true));
+        ours.push((config.layout().parameter_count(), t32, t16, peak));
+        drop(dit);
+        if i == profiled_case {
+            let mut profiled = model(Profiled::new(be), &config, &mut Rng::new(1))?;
+            for mixed in [false, true] {
+                profiled.set_mixed_precision(mixed);
+                profiled.backend().reset();
+                let t = Instant::now();
+                step(&profiled, &x, case);
+                let label = if mixed { "mixed precision (bf16 operands)" } else { "f32" };
+                breakdown += &format!(
+                    "{label}:\n{}",
+                    profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false)
+                );
+            }
         }
     }
 
@@ -191,20 +271,54 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .map(|c| json!({"class": c.class, "config": c.config, "batch": 1, "grid": [c.grid.0, c.grid.1], "text": c.text}))
         .collect();
-    let torch = bench::torch_cases(&python, script, threads, reps, &Value::from(spec));
-    bench::print_torch_line(torch.as_ref(), &python, script);
+    // One process a case: a process's peak resident memory only ever rises.
+    let runs: Vec<Option<Value>> =
+        spec.iter().map(|case| bench::torch_cases(&python, script, threads, reps, &json!([case]))).collect();
+    bench::print_torch_line(runs.first().cloned().flatten().as_ref(), &python, script);
+    // Speed-ups are diffusers' time over ours (above 1: ours is faster). Our memory is the
+    // heap's peak from the weights on (model and steps); PyTorch's its process's peak
+    // resident set, the Python runtime and libraries included (about 0.4 GB).
     println!(
-        "{:<40} {:>11} {:>10} {:>10} {:>10}",
-        "one step", "parameters", "ours ms", "torch ms", "ours/torch"
+        "{:<46} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "one step (batch 1)",
+        "parameters",
+        "ours f32",
+        "ours bf16",
+        "torch f32",
+        "torch bf16",
+        "f32",
+        "bf16/f32",
+        "bf16",
+        "ours MB",
+        "torch MB"
     );
-    for (i, (case, &(params, t))) in cases.iter().zip(&ours).enumerate() {
-        let theirs = torch.as_ref().and_then(|v| v["step"][i].as_f64());
-        let (tm, ratio) = match theirs {
-            Some(x) => (format!("{:.1}", x * 1e3), format!("{:.2}", t / x)),
-            None => ("-".into(), "-".into()),
-        };
-        println!("{:<40} {:>11} {:>10.1} {tm:>10} {ratio:>10}", case.name, params, t * 1e3);
+    println!(
+        "{:<46} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "", "", "ms", "ms", "ms", "autocast", "speed-up", "speed-up", "speed-up", "peak", "peak"
+    );
+    let ms = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.1}", t * 1e3));
+    let ratio = |a: Option<f64>, b: f64| a.map_or("-".into(), |a| format!("{:.2}x", a / b));
+    for (i, (case, &(params, t32, t16, peak))) in cases.iter().zip(&ours).enumerate() {
+        let run = runs[i].as_ref();
+        let (theirs, theirs16) =
+            (run.and_then(|v| v["step"][0].as_f64()), run.and_then(|v| v["step_bf16"][0].as_f64()));
+        let rss = run
+            .and_then(|v| v["peak_mib"][0].as_f64())
+            .map_or("-".into(), |r| format!("{:.0}", r * 1.048576));
+        println!(
+            "{:<46} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8.0} {rss:>8}",
+            case.name,
+            params,
+            ms(Some(t32)),
+            ms(Some(t16)),
+            ms(theirs),
+            ms(theirs16),
+            ratio(theirs, t32),
+            ratio(theirs, t16),
+            ratio(theirs16, t16),
+            peak as f64 / 1e6
+        );
     }
-    println!("FLUX.2 small step by primitive:\n{breakdown}");
+    println!("{}, one step by primitive, {breakdown}", cases[profiled_case].name);
     Ok(())
 }

@@ -4,8 +4,10 @@
 //! heads, CLIP-L's 768-wide prompt) at 256 x 256 and 512 x 512; with `--published`,
 //! instead, SD 1.5's own UNet (`tests/fixtures/real_configs/sd1.5`, 860 M parameters) at
 //! 512 x 512. Random weights; both sides build the model from the same config.json values.
-//! Memory: the most our step allocates beyond its inputs (a counting allocator), beside the
-//! rise of PyTorch's peak resident memory over its first call.
+//! Each side at f32 and in mixed precision: ours with `set_mixed_precision(true)` (bf16
+//! operands, f32 sums), diffusers under `torch.autocast("cpu", dtype=torch.bfloat16)`
+//! where the CPU has native bf16. Memory: ours the heap's peak from the weights on (a
+//! counting allocator), PyTorch's its process's peak resident set.
 //!
 //!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_unet [-- REPS] [--published]
 
@@ -34,7 +36,6 @@ struct Case {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reps: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2);
     let published = std::env::args().any(|a| a == "--published");
-    let bf16 = std::env::args().any(|a| a == "--bf16");
     let be = CpuBackend::new();
     let threads = be.threads();
     println!(
@@ -86,15 +87,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let config = unet_config(&path);
         let _ = std::fs::remove_dir_all(&dir);
         let config = config?;
-        let weights: BTreeMap<String, Vec<f32>> = config
-            .layout()
-            .tensors
-            .iter()
-            .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
-            .collect();
-        let keep = (ci == profiled_case).then(|| weights.clone());
-        let mut unet = UnetModel::new(be, config.clone(), weights)?;
-        unet.set_mixed_precision(bf16);
         let n = case.latent;
         let sample = rng.normal_vec(2 * config.in_channels * n * n, 1.0);
         let context = rng.normal_vec(2 * case.tokens * config.cross_attention_dim, 1.0);
@@ -108,19 +100,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             text_embeds: None,
             time_ids: None,
         };
-        let (extra, first) = bench::peak_extra(|| unet.forward(&input));
-        first?;
-        let t = best(reps, || {
-            unet.forward(&input).expect("unet forward");
+        let weights = |rng: &mut Rng| -> BTreeMap<String, Vec<f32>> {
+            config
+                .layout()
+                .tensors
+                .iter()
+                .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
+                .collect()
+        };
+        // The heap's peak from the weights on: the model and its step's activations.
+        let (peak, unet) = bench::peak_extra(|| -> Result<_, Box<dyn std::error::Error>> {
+            let mut unet = UnetModel::new(be, config.clone(), weights(&mut rng))?;
+            unet.forward(&input)?;
+            unet.set_mixed_precision(true);
+            unet.forward(&input)?;
+            Ok(unet)
         });
-        ours.push((config.layout().parameter_count(), t, extra));
+        let mut unet = unet?;
+        let mut step = |mixed: bool| {
+            unet.set_mixed_precision(mixed);
+            best(reps, || {
+                unet.forward(&input).expect("unet forward");
+            })
+        };
+        let (t32, t16) = (step(false), step(true));
+        ours.push((config.layout().parameter_count(), t32, t16, peak));
         drop(unet);
-        if let Some(weights) = keep {
-            let mut profiled = UnetModel::new(Profiled::new(be), config.clone(), weights)?;
-            profiled.set_mixed_precision(bf16);
-            let t = Instant::now();
-            profiled.forward(&input)?;
-            breakdown = profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false);
+        if ci == profiled_case {
+            // Fresh weights (the values do not change the time) rather than a copy kept
+            // through the timing, which would count in the peak.
+            let mut profiled = UnetModel::new(Profiled::new(be), config.clone(), weights(&mut rng))?;
+            for mixed in [false, true] {
+                profiled.set_mixed_precision(mixed);
+                profiled.backend().reset();
+                let t = Instant::now();
+                profiled.forward(&input)?;
+                let label = if mixed { "mixed precision (bf16 operands)" } else { "f32" };
+                breakdown += &format!(
+                    "{label}:\n{}",
+                    profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false)
+                );
+            }
         }
     }
 
@@ -133,33 +153,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         spec.iter().map(|case| bench::torch_cases(&python, script, threads, reps, &json!([case]))).collect();
     let torch = runs.first().cloned().flatten();
     bench::print_torch_line(torch.as_ref(), &python, script);
+    // Speed-ups are diffusers' time over ours (above 1: ours is faster). Our memory is the
+    // heap's peak from the weights on (model and step); PyTorch's its process's peak
+    // resident set, the Python runtime and libraries included (about 0.4 GB).
     println!(
-        "{:<38} {:>11} {:>10} {:>10} {:>10} {:>12} {:>13}",
+        "{:<30} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
         "one step, batch 2",
         "parameters",
-        "ours ms",
-        "torch ms",
-        "ours/torch",
-        "ours MB peak",
-        "torch MB rise"
+        "ours f32",
+        "ours bf16",
+        "torch f32",
+        "torch bf16",
+        "f32",
+        "bf16/f32",
+        "bf16",
+        "ours MB",
+        "torch MB"
     );
-    for (i, (case, &(params, t, extra))) in cases.iter().zip(&ours).enumerate() {
+    println!(
+        "{:<30} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "", "", "ms", "ms", "ms", "autocast", "speed-up", "speed-up", "speed-up", "peak", "peak"
+    );
+    let ms = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.1}", t * 1e3));
+    let ratio = |a: Option<f64>, b: f64| a.map_or("-".into(), |a| format!("{:.2}x", a / b));
+    for (i, (case, &(params, t32, t16, peak))) in cases.iter().zip(&ours).enumerate() {
         let run = runs[i].as_ref();
-        let theirs = run.and_then(|v| v["step"][0].as_f64());
-        let rise = run.and_then(|v| v["peak_rise_mib"][0].as_f64());
-        let (tm, ratio) = match theirs {
-            Some(x) => (format!("{:.1}", x * 1e3), format!("{:.2}", t / x)),
-            None => ("-".into(), "-".into()),
-        };
-        let rise = rise.map_or("-".into(), |r| format!("{:.0}", r * 1.048576));
+        let (theirs, theirs16) =
+            (run.and_then(|v| v["step"][0].as_f64()), run.and_then(|v| v["step_bf16"][0].as_f64()));
+        let rss = run
+            .and_then(|v| v["peak_mib"][0].as_f64())
+            .map_or("-".into(), |r| format!("{:.0}", r * 1.048576));
         println!(
-            "{:<38} {:>11} {:>10.1} {tm:>10} {ratio:>10} {:>12.0} {rise:>13}",
+            "{:<30} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8.0} {rss:>8}",
             case.name,
             params,
-            t * 1e3,
-            extra as f64 / 1e6
+            ms(Some(t32)),
+            ms(Some(t16)),
+            ms(theirs),
+            ms(theirs16),
+            ratio(theirs, t32),
+            ratio(theirs, t16),
+            ratio(theirs16, t16),
+            peak as f64 / 1e6
         );
     }
-    println!("{}, one step by primitive:\n{breakdown}", cases[profiled_case].name);
+    println!("{}, one step by primitive, {breakdown}", cases[profiled_case].name);
     Ok(())
 }
