@@ -156,6 +156,9 @@ fn main() {
         (2048, 256, 704, false, false, " input grad dY W"),
         (704, 256, 2048, true, false, " weight grad dY^T X"),
         (2048, 4096, 256, false, true, " LM head"),
+        (8192, 2560, 320, false, true, " SD 1.5 GEGLU in"),
+        (1536, 27648, 3072, false, true, " FLUX.2 single in"),
+        (1536, 3072, 12288, false, true, " FLUX.2 single out"),
     ];
     for &(m, n, k, ta, tb, label) in bf16_shapes {
         let a = rng.normal_vec(m * k, 1.0);

@@ -473,7 +473,25 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
                 i.get(2),
                 &spec
             ));
-            close(&format!("{} conv2d {spec:?}", be.name()), &got.0[0], &want.0[0], tol);
+            let what = format!("{} conv2d {spec:?}", be.name());
+            // A backend may run a large 3x3 convolution of padding 1 as Winograd's F(2x2,
+            // 3x3), which in mixed precision rounds the transformed tiles to bf16 rather
+            // than the operands (the CPU does from 1024 tiles): near the definition, not its
+            // bits. Measured there 4.8e-3 of the outputs' scale at worst (the CPU's
+            // `winograd_in_mixed_precision_stays_near`); the definition's own distance from
+            // f32 is 2e-3.
+            let winograd = spec.kernel == (3, 3)
+                && spec.stride == (1, 1)
+                && spec.padding == (1, 1)
+                && spec.dilation == (1, 1)
+                && spec.groups == 1
+                && spec.batch * spec.height.div_ceil(2) * spec.width.div_ceil(2) >= 1024;
+            if precision == OperandPrecision::Bf16 && winograd {
+                let e = crate::rel_to_scale(&what, &got.0[0], &want.0[0]);
+                assert!(e <= 8e-3, "{what}: {e:e} of the outputs' scale (bound 8e-3)");
+            } else {
+                close(&what, &got.0[0], &want.0[0], tol);
+            }
         }
     }
     // With the ResNets' fused activation too.

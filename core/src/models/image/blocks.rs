@@ -256,9 +256,10 @@ macro_rules! image_model {
                 Ok($model { backend, config, layers, weight_bytes, mixed })
             }
 
-            /// Mixed precision: the f32 matrices of its linear layers and its convolutions
-            /// multiply bf16-rounded operands, summing in f32 (on CPUs with AVX512_BF16 at
-            /// twice the f32 rate; int8 matrices stay int8). Off when loaded.
+            /// Mixed precision: its convolutions, the f32 matrices of its linear layers and
+            /// (UNet, DiT, autoencoder) its attention multiply bf16-rounded operands, summing
+            /// in f32 (on CPUs with AVX512_BF16 at about twice the f32 rate; int8 matrices
+            /// stay int8). Off when loaded.
             pub fn set_mixed_precision(&mut self, on: bool) {
                 self.mixed.set(on);
             }

@@ -43,8 +43,23 @@ use super::simd;
 const MR: usize = 8;
 /// Columns of a micro-tile and of a packed B panel (two vectors of 16 lanes).
 const NR: usize = 32;
-/// Rows of C a parallel task takes (every B panel is reused across them from cache).
-const ROWS_PER_TASK: usize = 4 * MR;
+/// Rows of C a parallel task takes: every B panel's slice is reused across them from L1,
+/// and a task reads the whole of packed B once. Four tiles while packed B stays in the
+/// last-level cache; past `BIG_B_BYTES`, up to 32 tiles, so B comes from memory fewer
+/// times (FLUX.2-klein's 3072 x 27648 weights pack to 170 MB: at four tiles a task, a
+/// 1536-token product read them 48 times), while a few tasks a thread keep the threads
+/// evenly busy. On 2 Zen 4 cores (`bench_gemm`, alternating builds) 1536 x 27648 x 3072
+/// went from 297-331 to 383-394 GFLOP/s and 1536 x 3072 x 12288 from 318-329 to 343-390;
+/// on B in cache 32-row tasks stayed the faster (1024 cubed 365 against 299 at 256 rows).
+fn rows_per_task(m: usize, b_bytes: usize, big_b: usize) -> usize {
+    if b_bytes <= big_b {
+        return 4 * MR;
+    }
+    m.div_ceil(2 * rayon::current_num_threads().max(1)).next_multiple_of(MR).clamp(4 * MR, 32 * MR)
+}
+
+/// Packed B past which [`rows_per_task`] grows the tasks (the L3 of a Zen 4 CCD is 32 MiB).
+const BIG_B_BYTES: usize = 16 << 20;
 /// Steps (pairs of k) a tile runs before moving on: a panel's slice (KC x NR words, 16 KiB)
 /// and four tiles' slices (4 x KC x MR words) fit in L1 together.
 const KC: usize = 128;
@@ -88,6 +103,11 @@ pub(crate) fn bits(x: f32) -> u32 {
 /// operands already cut to this problem (as `spec.check` proved). Only where
 /// [`available`] said so.
 pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
+    gemm_tasks(c, a, b, spec, BIG_B_BYTES);
+}
+
+/// [`gemm`] with tasks that grow past `big_b` bytes of packed B (see [`rows_per_task`]).
+fn gemm_tasks(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec, big_b: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         assert!(available(), "the BF16 GEMM runs only where available() said so");
@@ -124,11 +144,12 @@ pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
                 bpack.chunks_mut(kp * NR).enumerate().for_each(pack_b);
             }
 
-            // A task: ROWS_PER_TASK rows of C. For each panel, KC steps at a time (a panel's
+            // A task: `task_rows` rows of C (rows_per_task). For each panel, KC steps at a time (a panel's
             // slice and the task's tiles' slices stay in L1 together), each tile in turn; the
             // first slice applies beta, the later ones add to what the first wrote.
+            let rows_per_task = rows_per_task(m, bpack.len() * 4, big_b);
             let task = |(t, c): (usize, &mut [f32])| {
-                let first = t * ROWS_PER_TASK;
+                let first = t * rows_per_task;
                 let task_rows = c.len() / n;
                 for (q, panel) in bpack.chunks(kp * NR).enumerate() {
                     let cols = NR.min(n - q * NR);
@@ -159,15 +180,15 @@ pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
                 }
             };
             if parallel {
-                c.par_chunks_mut(ROWS_PER_TASK * n).enumerate().for_each(task);
+                c.par_chunks_mut(rows_per_task * n).enumerate().for_each(task);
             } else {
-                c.chunks_mut(ROWS_PER_TASK * n).enumerate().for_each(task);
+                c.chunks_mut(rows_per_task * n).enumerate().for_each(task);
             }
         });
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (c, a, b, spec);
+        let _ = (c, a, b, spec, big_b);
         unreachable!("available() is false off x86_64");
     }
 }
@@ -437,7 +458,15 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(31);
-        for &(m, n, k) in &[(1, 7, 3), (9, 33, 17), (33, 40, 31), (41, 65, 2), (64, 64, 300)] {
+        // The last with every B counted large: tasks of many rows, the last one short.
+        for &(m, n, k, big_b) in &[
+            (1, 7, 3, BIG_B_BYTES),
+            (9, 33, 17, BIG_B_BYTES),
+            (33, 40, 31, BIG_B_BYTES),
+            (41, 65, 2, BIG_B_BYTES),
+            (64, 64, 300, BIG_B_BYTES),
+            (300, 40, 33, 0),
+        ] {
             for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
                 // A quiet NaN in both halves of every word, more words than any of these
                 // products packs.
@@ -450,7 +479,7 @@ mod tests {
                 let (a, b) = (rng.normal_vec(m * k, 1.0), rng.normal_vec(k * n, 1.0));
                 let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).precision(OperandPrecision::Bf16);
                 let mut got = vec![f32::NAN; m * n];
-                gemm(&mut got, &a, &b, &spec);
+                gemm_tasks(&mut got, &a, &b, &spec, big_b);
                 let mut want = vec![0.0; m * n];
                 ReferenceBackend.matmul(&mut want, &a, &b, &spec).unwrap();
                 let name = format!("{m}x{n}x{k} trans {ta} {tb}");
