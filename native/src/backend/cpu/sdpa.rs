@@ -2,10 +2,13 @@
 //! `rusting_brain_core::ops::sdpa::sdpa`.
 //!
 //! One task per (batch, head, block of `Q_BLOCK` queries): the block's scores against
-//! every key (`Q_BLOCK x kv_len`, one GEMM), masked, biased and soft-maxed in place, then
-//! times V (a second GEMM). The scratch is that one tile per thread, never the whole
-//! `(q_len, kv_len)` matrix of a head: at 4,608 tokens (FLUX at 1024 x 1024) a head's
-//! matrix is 85 MB, a tile 4.7 MB.
+//! every key (`Q_BLOCK x kv_len`), masked, biased and soft-maxed in place (unnormalized),
+//! then times V, each output row times its 1 / sum. On AVX-512 both products are this
+//! file's tiles over K^T and V packed once a call (`Packed`; bf16 pairs for `vdpbf16ps`
+//! in mixed precision); elsewhere GEMMs through `gemm_views`. The scratch is that one tile
+//! per thread, never the whole `(q_len, kv_len)` matrix of a head: at 4,608 tokens (FLUX
+//! at 1024 x 1024) a head's matrix is 85 MB, a tile 4.7 MB; the packed K and V are one
+//! more copy of k and v.
 
 use rayon::prelude::*;
 use rusting_brain_core::ops::sdpa::SdpaSpec;
