@@ -275,50 +275,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs: Vec<Option<Value>> =
         spec.iter().map(|case| bench::torch_cases(&python, script, threads, reps, &json!([case]))).collect();
     bench::print_torch_line(runs.first().cloned().flatten().as_ref(), &python, script);
-    // Speed-ups are diffusers' time over ours (above 1: ours is faster). Our memory is the
-    // heap's peak from the weights on (model and steps); PyTorch's its process's peak
-    // resident set, the Python runtime and libraries included (about 0.4 GB).
-    println!(
-        "{:<46} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        "one step (batch 1)",
-        "parameters",
-        "ours f32",
-        "ours bf16",
-        "torch f32",
-        "torch bf16",
-        "f32",
-        "bf16/f32",
-        "bf16",
-        "ours MB",
-        "torch MB"
-    );
-    println!(
-        "{:<46} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        "", "", "ms", "ms", "ms", "autocast", "speed-up", "speed-up", "speed-up", "peak", "peak"
-    );
-    let ms = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.1}", t * 1e3));
-    let ratio = |a: Option<f64>, b: f64| a.map_or("-".into(), |a| format!("{:.2}x", a / b));
-    for (i, (case, &(params, t32, t16, peak))) in cases.iter().zip(&ours).enumerate() {
-        let run = runs[i].as_ref();
-        let (theirs, theirs16) =
-            (run.and_then(|v| v["step"][0].as_f64()), run.and_then(|v| v["step_bf16"][0].as_f64()));
-        let rss = run
-            .and_then(|v| v["peak_mib"][0].as_f64())
-            .map_or("-".into(), |r| format!("{:.0}", r * 1.048576));
-        println!(
-            "{:<46} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8.0} {rss:>8}",
-            case.name,
+    let rows: Vec<bench::PrecisionRow> = cases
+        .iter()
+        .zip(&ours)
+        .zip(&runs)
+        .map(|((case, &(params, f32_s, bf16_s, peak_bytes)), run)| bench::PrecisionRow {
+            name: &case.name,
             params,
-            ms(Some(t32)),
-            ms(Some(t16)),
-            ms(theirs),
-            ms(theirs16),
-            ratio(theirs, t32),
-            ratio(theirs, t16),
-            ratio(theirs16, t16),
-            peak as f64 / 1e6
-        );
-    }
+            f32_s,
+            bf16_s,
+            peak_bytes,
+            torch: run.as_ref(),
+        })
+        .collect();
+    bench::print_precision_table("one step (batch 1)", &rows);
     println!("{}, one step by primitive, {breakdown}", cases[profiled_case].name);
     Ok(())
 }

@@ -137,3 +137,65 @@ pub fn torch_cases(
     ];
     python_json(python, script, &args)
 }
+
+/// One benchmark case's row for [`print_precision_table`]: our f32 and mixed-precision
+/// seconds and heap peak in bytes, and PyTorch's run of the case (one process a case).
+pub struct PrecisionRow<'a> {
+    pub name: &'a str,
+    pub params: usize,
+    pub f32_s: f64,
+    pub bf16_s: f64,
+    pub peak_bytes: usize,
+    pub torch: Option<&'a serde_json::Value>,
+}
+
+/// The f32 / mixed-precision table both image benchmarks print: speed-ups are diffusers'
+/// time over ours (above 1: ours is faster); our memory is the heap's peak from the weights
+/// on (model and steps), PyTorch's its process's peak resident set, the Python runtime and
+/// libraries included (about 0.4 GB).
+pub fn print_precision_table(first: &str, rows: &[PrecisionRow]) {
+    let w = rows.iter().map(|r| r.name.len()).chain([first.len()]).max().unwrap_or(0);
+    let line = |c: [&str; 11]| {
+        println!(
+            "{:<w$} {:>11} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10]
+        )
+    };
+    line([
+        first,
+        "parameters",
+        "ours f32",
+        "ours bf16",
+        "torch f32",
+        "torch bf16",
+        "f32",
+        "bf16/f32",
+        "bf16",
+        "ours MB",
+        "torch MB",
+    ]);
+    line(["", "", "ms", "ms", "ms", "autocast", "speed-up", "speed-up", "speed-up", "peak", "peak"]);
+    let ms = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.1}", t * 1e3));
+    let ratio = |a: Option<f64>, b: f64| a.map_or("-".into(), |a| format!("{:.2}x", a / b));
+    for r in rows {
+        let (theirs, theirs16) =
+            (r.torch.and_then(|v| v["step"][0].as_f64()), r.torch.and_then(|v| v["step_bf16"][0].as_f64()));
+        let rss = r
+            .torch
+            .and_then(|v| v["peak_mib"][0].as_f64())
+            .map_or("-".into(), |m| format!("{:.0}", m * 1.048576));
+        line([
+            r.name,
+            &r.params.to_string(),
+            &ms(Some(r.f32_s)),
+            &ms(Some(r.bf16_s)),
+            &ms(theirs),
+            &ms(theirs16),
+            &ratio(theirs, r.f32_s),
+            &ratio(theirs, r.bf16_s),
+            &ratio(theirs16, r.bf16_s),
+            &format!("{:.0}", r.peak_bytes as f64 / 1e6),
+            &rss,
+        ]);
+    }
+}
