@@ -48,7 +48,7 @@ pub fn conv2d(
     }
     if bf16 && !bf16::available() {
         // Products of bf16 values are exact in f32: rounding the operands first and running
-        // the f32 path is the same arithmetic.
+        // the f32 path is the same arithmetic (up to f32 rounding where Winograd runs it).
         let spec = Conv2dSpec { precision: OperandPrecision::F32, ..*spec };
         return conv2d(out, &round_all(inp), &round_all(weight), bias, &spec);
     }
