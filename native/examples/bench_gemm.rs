@@ -82,6 +82,9 @@ fn main() {
     if std::env::args().any(|a| a == "int8") {
         return int8(&cpu);
     }
+    if std::env::args().any(|a| a == "w8a8") {
+        return w8a8(&cpu);
+    }
     println!(
         "{:<26} {:>12} {:>14} {:>14} {:>12} {:>10}",
         "shape (m x n x k)", "backend", "gemm crate", "gemm 1 thread", "reference", "ratio"
@@ -238,6 +241,62 @@ fn int8(cpu: &CpuBackend) {
             t[2] / t[1],
             b8 / t[1] / 1e9,
             b4 / t[2] / 1e9
+        );
+    }
+}
+
+/// An image model's products at `Precision::Q8` (int8 weights with one scale a row, each
+/// activation row rounded to int8: the VNNI GEMM) beside f32, BF16 and int8 in blocks of
+/// 32, at SD 1.5's and FLUX.2-klein's shapes, in the same turns. `bench_gemm w8a8`.
+fn w8a8(cpu: &CpuBackend) {
+    use rusting_brain::core::ops::q8;
+    println!(
+        "image products: int8 one scale a row (W8A8{}) beside f32, bf16 and int8 in blocks of 32:",
+        if rusting_brain::cpu::int8_gemm::available() { ", VNNI GEMM" } else { ": no VNNI here" }
+    );
+    println!(
+        "{:<34} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11}",
+        "shape (m x n x k), GFLOP/s or GOP/s", "f32", "bf16", "int8 blocks", "W8A8", "W8A8/f32", "W8A8/bf16"
+    );
+    let mut rng = Rng::new(9);
+    let shapes: &[(usize, usize, usize, &str)] = &[
+        (8192, 320, 320, " SD 1.5 attn 64x64"),
+        (8192, 2560, 320, " SD 1.5 GEGLU in"),
+        (8192, 320, 1280, " SD 1.5 GEGLU out"),
+        (512, 2560, 1280, " SD 1.5 GEGLU in 16x16"),
+        (1536, 9216, 3072, " FLUX.2 qkv"),
+        (1536, 27648, 3072, " FLUX.2 single in"),
+        (1536, 3072, 12288, " FLUX.2 single out"),
+    ];
+    for &(m, n, k, label) in shapes {
+        let w = rng.normal_vec(n * k, 0.05);
+        let x = rng.normal_vec(m * k, 1.0);
+        let (pb, sb) = q8::quantize_blocks(&w, n, k).unwrap();
+        let (pr, sr) = q8::quantize_rows(&w, n, k).unwrap();
+        let spec = MatmulSpec::new(m, n, k).trans_b(true);
+        let spec16 = spec.precision(OperandPrecision::Bf16);
+        let mut c = [vec![0.0f32; m * n], vec![0.0f32; m * n], vec![0.0f32; m * n], vec![0.0f32; m * n]];
+        let [c0, c1, c2, c3] = &mut c;
+        let flops = 2.0 * (m * n * k) as f64;
+        let reps = ((4e9 / flops) as usize).clamp(3, 100);
+        let t = best_in_turns(
+            reps,
+            &mut [
+                &mut || cpu.matmul(c0, &x, &w, &spec).unwrap(),
+                &mut || cpu.matmul(c1, &x, &w, &spec16).unwrap(),
+                &mut || cpu.q8_matmul(c2, &x, &pb, &sb, &spec).unwrap(),
+                &mut || cpu.q8_matmul(c3, &x, &pr, &sr, &spec).unwrap(),
+            ],
+        );
+        println!(
+            "{:<34} {:>9.1} {:>9.1} {:>11.1} {:>9.1} {:>8.2}x {:>10.2}x",
+            format!("{m}x{n}x{k}{label}"),
+            flops / t[0] / 1e9,
+            flops / t[1] / 1e9,
+            flops / t[2] / 1e9,
+            flops / t[3] / 1e9,
+            t[0] / t[3],
+            t[1] / t[3]
         );
     }
 }

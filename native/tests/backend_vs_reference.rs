@@ -669,6 +669,12 @@ fn q8_products_and_lookups_match_reference() {
             // left over past the sixteens.
             (2, 50, 576),
             (3, 1000, 130),
+            // One scale a row from 32 rows: the VNNI GEMM (8 x 32 tiles over packed
+            // panels): k off a multiple of four, n off the panels, m off the tiles, big
+            // enough to split over the team.
+            (32, 1, 5),
+            (45, 33, 130),
+            (77, 70, 321),
         ] {
             let w = randn(&mut rng, n * k);
             let (packed, scales) = quantize(&w, n, k).unwrap();

@@ -16,6 +16,7 @@ mod conv;
 mod cross_entropy;
 mod elementwise;
 mod embedding;
+pub mod int8_gemm;
 mod l2norm;
 mod loss;
 mod matmul;

@@ -219,6 +219,10 @@ fn gemm(
     };
     if nb > 1 {
         q8_gemm_blocked(out, x, w, scales, (m, n, k), beta, shared);
+    } else if super::int8_gemm::takes(m, k) {
+        // Image sizes and long prompts: the packed VNNI GEMM (8 x 32 tiles over the whole
+        // of k), the same integers at about twice the 4 x 4 tiles' rate.
+        super::int8_gemm::gemm(out, x, w, scales, (m, n, k), beta);
     } else {
         // Prompt processing and batches: an int8 GEMM. Each part of the team takes a band
         // of activation rows, rounds them to int8 once, then runs 4 x 4 tiles (four
