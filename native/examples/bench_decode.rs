@@ -438,6 +438,7 @@ fn breakdown(
     let name = match format {
         None => "f32",
         Some(QuantFormat::Q8) => "Q8",
+        Some(QuantFormat::Q8Rows) => "Q8 (one scale a row)",
         Some(QuantFormat::Q4) => "Q4",
     };
     if let Some(f) = format {

@@ -126,7 +126,9 @@ fn original_spellings_give_the_same_outputs() {
 #[test]
 fn q8_stays_close_to_f32() {
     // Int8 rows (one scale a row) round each weight by at most half a step of
-    // max|row| / 127; through these few layers the whole output moves by about 1% (l2).
+    // max|row| / 127, and each activation row the same way (W8A8); through these few
+    // layers the whole output moves by 1-2% (l2): measured flux 0.0180, flux2 0.0204,
+    // sd3 0.0123, the bound 1.5 times the worst.
     for name in ["flux", "flux2", "sd3"] {
         let io = Fixture::open(folder(name).join("io.safetensors")).unwrap();
         let dit = Dit::load_at(folder(name).join("transformer"), Precision::Q8).unwrap();

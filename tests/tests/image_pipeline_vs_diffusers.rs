@@ -300,15 +300,16 @@ fn mixed_precision_pipeline_stays_within_its_bound() {
 
 /// The largest pixel difference a mixed-precision test pipeline's picture may show against
 /// diffusers' f32 one. Measured (max abs, relative L2): flux 0.0030 and 1.2e-3, klein 0.0060
-/// and 2.4e-3, sd3 0.0108 and 4.4e-3, beside int8's 0.0020, 0.0102 and 0.061. The bound is
+/// and 2.4e-3, sd3 0.0108 and 4.4e-3, beside int8's 0.0018, 0.0069 and 0.044. The bound is
 /// 1.6 times the worst.
 const MIXED_PICTURE_BOUND: f64 = 0.0175;
 
 #[test]
 fn q8_pipeline_stays_close_and_holds_less() {
-    // Int8 denoiser and encoders: each block of 32 values of a matrix row rounded to 127
-    // steps of its largest value, the activations to 13 bits in the same blocks. Measured
-    // here: the picture moves by a few hundredths at most.
+    // Int8 denoiser and encoders: the denoiser's matrix rows rounded to 127 steps of their
+    // largest value and each activation row to int8 the same way (W8A8, the VNNI GEMM);
+    // the encoders' in blocks of 32, their activations at 13 bits in the same blocks.
+    // Measured here: the picture moves by a few hundredths at most.
     for name in ["flux_tiny", "klein_tiny", "sd3_tiny"] {
         let f = expected(name);
         let f32_bytes = ImagePipeline::load(folder(name)).unwrap().model_bytes();
@@ -320,10 +321,11 @@ fn q8_pipeline_stays_close_and_holds_less() {
         assert!(ratio < 0.5, "{name}: int8 holds {ratio} of the f32 bytes");
         as_recorded(&mut p, &f);
         let image = generate_recorded(&mut p, &f, meta(&f, "size"));
-        // Measured (max abs, relative L2): flux 0.0020 and 7.9e-4, klein 0.0102 and 3.5e-3,
-        // sd3 0.061 and 2.0e-2; with one scale a row (int8 files before blocks) 0.0018 and
-        // 7.6e-4, 0.0069 and 2.8e-3, 0.051 and 1.8e-2. The bound is 1.6 times the worst.
-        assert_picture_within(&format!("{name} int8"), &image, &f.get("image").unwrap(), 0.1);
+        // Measured (max abs, relative L2): flux 0.0018 and 7.8e-4, klein 0.0069 and 2.8e-3,
+        // sd3 0.044 and 1.8e-2 (with the denoiser in blocks of 32 and 13-bit activations
+        // 0.0020 and 7.9e-4, 0.0102 and 3.5e-3, 0.061 and 2.0e-2: on these random weights
+        // a row's range is its blocks'). The bound is 1.6 times the worst.
+        assert_picture_within(&format!("{name} int8"), &image, &f.get("image").unwrap(), 0.07);
         let ours: Vec<f32> = image.data.iter().map(|v| (v / 2.0 + 0.5).clamp(0.0, 1.0)).collect();
         println!("{name} int8 relative L2 {:.3e}", relative_l2(&ours, &f.get("image").unwrap()));
     }

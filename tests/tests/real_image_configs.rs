@@ -66,10 +66,11 @@ fn published_pipelines_are_sized_from_their_configs() {
             gb(q8_total),
             gb(q4_total)
         );
-        // The transformers and encoders are almost all matrices, so int8 is close to
-        // 0.28 of f32 (a byte a weight and a 4-byte scale per 32: 1.125 bytes against 4);
+        // The transformers and encoders are almost all matrices, so int8 is close to a
+        // quarter of f32 (the denoiser's: a byte a weight and a scale a row; the
+        // encoders': a byte a weight and a 4-byte scale per 32, 1.125 bytes against 4);
         // what stays f32 is the autoencoder, T5's embedding table (0.53 GB) and SD3's
-        // 384 x 384 position table (0.91 GB), which puts SD3.5-medium at 0.33. A
+        // 384 x 384 position table (0.91 GB), which puts SD3.5-medium at 0.32. A
         // UNet's weights are mostly convolutions, which stay f32 (only its Linear
         // matrices go int8), so the SD pipelines keep about three quarters.
         let ratio = q8_total as f64 / f32_total as f64;
@@ -77,16 +78,16 @@ fn published_pipelines_are_sized_from_their_configs() {
         let unet = sizes.iter().any(|s| s.class == "UNet2DConditionModel");
         let bound = if unet { 0.8 } else { 0.34 };
         assert!(ratio < bound, "{name}: int8 holds {ratio} of f32");
-        // 4 bits: half a byte a weight and two f32s a block of 32 (0.75 bytes against
-        // int8's 1.125, 0.67 of it), what stays f32 as above. Printed, and bounded where
-        // the matrices dominate (the DiT pipelines).
+        // 4 bits: half a byte a weight and two f32s a block of 32 (0.75 bytes against the
+        // denoiser's int8 1.0 and the encoders' 1.125), what stays f32 as above. Printed,
+        // and bounded where the matrices dominate (the DiT pipelines: 0.735 to 0.756).
         let q4_ratio = q4_total as f64 / q8_total as f64;
         println!(
             "{name}: 4-bit holds {:.3} of the f32 bytes, {q4_ratio:.3} of int8's",
             q4_total as f64 / f32_total as f64
         );
         if !unet {
-            assert!(q4_ratio < 0.75, "{name}: 4-bit holds {q4_ratio} of int8's bytes");
+            assert!(q4_ratio < 0.78, "{name}: 4-bit holds {q4_ratio} of int8's bytes");
         }
     }
 }

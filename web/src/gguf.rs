@@ -77,6 +77,7 @@ pub fn read(bytes: &[u8], format: QuantFormat, context: usize) -> Result<GgufMod
             let rows = w.len() / cols.max(1);
             Ok(match format {
                 QuantFormat::Q8 => rusting_brain_core::ops::q8::quantize_blocks(&w, rows, cols)?,
+                QuantFormat::Q8Rows => rusting_brain_core::ops::q8::quantize_rows(&w, rows, cols)?,
                 QuantFormat::Q4 => rusting_brain_core::ops::q4::quantize_q4(&w, rows, cols)?,
             })
         },

@@ -111,6 +111,8 @@ pub fn read_quant<D: AsRef<[u8]>>(
     let exact = match held {
         QuantFormat::Q4 => kind.to_q4(bytes, rows, cols),
         QuantFormat::Q8 => kind.to_int8(bytes, rows, cols),
+        // No GGUF type holds one scale a row: decoded and rounded.
+        QuantFormat::Q8Rows => None,
     };
     Ok(match exact {
         Some((packed, scales)) => {

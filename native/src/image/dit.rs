@@ -419,7 +419,7 @@ impl Dit {
             } else {
                 vec![rows]
             };
-            let format = crate::io::precision::image_format(precision)
+            let format = crate::io::precision::denoiser_format(precision)
                 .filter(|_| shape.len() == 2 && name.ends_with(".weight"));
             if let Some(format) = format {
                 let (mut packed, mut scales) = (Vec::new(), Vec::new());

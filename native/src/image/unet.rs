@@ -177,7 +177,7 @@ impl Unet {
             |n| n.to_string(),
             |_| false,
             |n, s| {
-                crate::io::precision::image_format(precision)
+                crate::io::precision::denoiser_format(precision)
                     .filter(|_| s.len() == 2 && n.ends_with(".weight"))
             },
         )?;

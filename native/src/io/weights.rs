@@ -298,6 +298,7 @@ impl<'a> Tensors<'a> {
                 // tensor rather than scanned for twice.
                 let rounded = match format {
                     QuantFormat::Q8 => crate::backend::cpu::q8::quantize_blocks(&w, r1 - r0, cols),
+                    QuantFormat::Q8Rows => crate::backend::cpu::q8::quantize_rows(&w, r1 - r0, cols),
                     QuantFormat::Q4 => rusting_brain_core::ops::q4::quantize_q4(&w, r1 - r0, cols),
                 };
                 rounded.map_err(|e| match e {

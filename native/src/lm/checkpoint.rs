@@ -100,7 +100,9 @@ fn save_quantized(model: &TransformerModel<CpuBackend>, path: &Path, format: Qua
     let b = &model.backend;
     let (held, name) = match format {
         QuantFormat::Q4 => (model.has_q4(), "Q4"),
-        QuantFormat::Q8 => (!model.has_q4(), "Q8"),
+        // A file says Q8 for int8 in blocks and in rows alike: the scales' count tells them
+        // apart when it is read.
+        QuantFormat::Q8 | QuantFormat::Q8Rows => (!model.has_q4(), "Q8"),
     };
     if model.quantized.is_some() && !held {
         return Err(NetworkError::InvalidInput(format!(
@@ -130,6 +132,7 @@ fn save_quantized(model: &TransformerModel<CpuBackend>, path: &Path, format: Qua
             (Some(Some((p, s))), _) => (b.download(p)?, b.download(s)?),
             (_, QuantFormat::Q4) => q4::quantize_q4(&b.download(leaves[i])?, rows, cols)?,
             (_, QuantFormat::Q8) => q8::quantize_blocks(&b.download(leaves[i])?, rows, cols)?,
+            (_, QuantFormat::Q8Rows) => q8::quantize_rows(&b.download(leaves[i])?, rows, cols)?,
         };
         if q4::is_q4(rows, cols, packed.len(), scales.len()) {
             let (row, codes) = q4::q4_codes(&scales, rows, cols)?;

@@ -55,6 +55,9 @@ impl Layout {
             .iter()
             .map(|(name, shape)| match (&shape[..], format) {
                 (&[rows, cols], QuantFormat::Q8) if pick(name, shape) => crate::ops::q8::q8_bytes(rows, cols),
+                (&[rows, cols], QuantFormat::Q8Rows) if pick(name, shape) => {
+                    4 * rows * (crate::ops::q8::packed_cols(cols) + 1)
+                }
                 (&[rows, cols], QuantFormat::Q4) if pick(name, shape) => crate::ops::q4::q4_bytes(rows, cols),
                 _ => 4 * shape.iter().product::<usize>(),
             })

@@ -470,6 +470,7 @@ impl<B: Backend> TransformerModel<B> {
                 let (packed, scales) = match format_of(format, name) {
                     QuantFormat::Q4 => crate::ops::q4::quantize_q4(&host, rows, cols)?,
                     QuantFormat::Q8 => crate::ops::q8::quantize_blocks(&host, rows, cols)?,
+                    QuantFormat::Q8Rows => crate::ops::q8::quantize_rows(&host, rows, cols)?,
                 };
                 Ok(Some((b.upload(&packed)?, b.upload(&scales)?)))
             }

@@ -42,6 +42,11 @@ pub fn quantize_blocks(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>,
     quantize(w, rows, cols, Q8_BLOCK)
 }
 
+/// [`quantize_blocks`] with one scale a row: core's `q8::quantize_rows` to the bit.
+pub fn quantize_rows(w: &[f32], rows: usize, cols: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    quantize(w, rows, cols, cols.max(1))
+}
+
 fn quantize(w: &[f32], rows: usize, cols: usize, block: usize) -> Result<(Vec<f32>, Vec<f32>)> {
     const OP: &str = "quantize";
     check_len(OP, "w", w.len(), product(OP, &[rows, cols])?)?;

@@ -30,7 +30,7 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
     let mut out = Vec::new();
     // Linear weights are quantized; embedding tables and T5's bias table stay f32, as loaded.
     let linear = |n: &str, shape: &[usize]| shape.len() == 2 && n.ends_with(".weight");
-    use rusting_brain_core::ops::q8::QuantFormat::{Q4, Q8};
+    use rusting_brain_core::ops::q8::QuantFormat::{Q8Rows, Q4, Q8};
     for (name, c) in folder.components() {
         let config = c.dir.join("config.json");
         let (parameters, f32_bytes, q8_bytes, q4_bytes) = match c.class.as_str() {
@@ -44,12 +44,12 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
                     .map(|(_, s)| s.iter().product::<usize>())
                     .sum();
                 let all = l.parameter_count();
-                (all - table, 4 * all, l.quant_bytes(Q8, linear), l.quant_bytes(Q4, linear))
+                (all - table, 4 * all, l.quant_bytes(Q8Rows, linear), l.quant_bytes(Q4, linear))
             }
             "UNet2DConditionModel" => {
                 let l = crate::image::unet::unet_config(&config)?.layout();
                 let all = l.parameter_count();
-                (all, 4 * all, l.quant_bytes(Q8, linear), l.quant_bytes(Q4, linear))
+                (all, 4 * all, l.quant_bytes(Q8Rows, linear), l.quant_bytes(Q4, linear))
             }
             "CLIPTextModel" | "CLIPTextModelWithProjection" => {
                 let l = crate::image::encoders::clip_config(&config)?.layout();

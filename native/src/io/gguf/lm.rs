@@ -51,6 +51,7 @@ pub(crate) fn load(path: &Path, precision: Precision) -> Result<(TransformerMode
                 let n = rows.len() / cols;
                 Ok(match format {
                     QuantFormat::Q8 => crate::backend::cpu::q8::quantize_blocks(rows, n, cols)?,
+                    QuantFormat::Q8Rows => crate::backend::cpu::q8::quantize_rows(rows, n, cols)?,
                     QuantFormat::Q4 => rusting_brain_core::ops::q4::quantize_q4(rows, n, cols)?,
                 })
             })
