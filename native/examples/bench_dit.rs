@@ -56,13 +56,16 @@ fn parse(class: &str, config: &Value) -> Result<DitConfig, Box<dyn std::error::E
 fn model<B: Backend<Buffer = Vec<f32>>>(
     be: B, config: &DitConfig, rng: &mut Rng,
 ) -> Result<DitModel<B>, Box<dyn std::error::Error>> {
-    let weights: BTreeMap<String, Vec<f32>> = config
+    Ok(DitModel::new(be, config.clone(), weights(config, rng))?)
+}
+
+fn weights(config: &DitConfig, rng: &mut Rng) -> BTreeMap<String, Vec<f32>> {
+    config
         .layout()
         .tensors
         .iter()
         .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
-        .collect();
-    Ok(DitModel::new(be, config.clone(), weights)?)
+        .collect()
 }
 
 /// The inputs of one step at batch 1.
@@ -247,8 +250,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
         };
         let (t32, t16) = (time(false), time(true));
-        ours.push((config.layout().parameter_count(), t32, t16, peak));
         drop(dit);
+        // The fastest path: `Precision::Q8`'s matrices (int8, one scale a row) in mixed
+        // precision.
+        let (w, q8) = bench::int8_rows(weights(&config, &mut rng), &config.layout(), false);
+        let mut dit = DitModel::with_q8(be, config.clone(), w, q8)?;
+        dit.set_mixed_precision(true);
+        step(&dit, &x, case);
+        let tq = best(reps, || {
+            step(&dit, &x, case);
+        });
+        drop(dit);
+        ours.push((config.layout().parameter_count(), t32, t16, tq, peak));
         if i == profiled_case {
             let mut profiled = model(Profiled::new(be), &config, &mut Rng::new(1))?;
             for mixed in [false, true] {
@@ -279,11 +292,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .zip(&ours)
         .zip(&runs)
-        .map(|((case, &(params, f32_s, bf16_s, peak_bytes)), run)| bench::PrecisionRow {
+        .map(|((case, &(params, f32_s, bf16_s, q8_s, peak_bytes)), run)| bench::PrecisionRow {
             name: &case.name,
             params,
             f32_s,
             bf16_s,
+            q8_s: Some(q8_s),
             peak_bytes,
             torch: run.as_ref(),
         })

@@ -1335,6 +1335,7 @@ fn profiled_forwards_the_image_primitives() {
     let timed: Vec<&str> = p.report().iter().map(|r| r.0).collect();
     for op in [
         "conv2d",
+        "conv2d_q8",
         "group_norm",
         "layer_norm",
         "unary",

@@ -494,6 +494,36 @@ pub fn image<B: Backend>(be: &B, tol: f64) {
             }
         }
     }
+    // Int8 convolutions (a UNet at `Precision::Q8`): weights rounded to int8 rows and
+    // reordered channels last, each pixel's patch rounded to int8. The CPU's VNNI GEMM
+    // takes 32 pixels and more (the first, third and fourth), fewer go through its
+    // per-row product.
+    for (spec, bias) in [
+        (conv(2, 3, 5, 7, 9, (3, 3), (1, 1), (1, 1), 1, 1), true),
+        (conv(1, 6, 33, 13, 7, (3, 2), (2, 3), (1, 0), 1, 1), false),
+        (conv(1, 5, 7, 8, 6, (1, 1), (1, 1), (0, 0), 1, 1), true),
+        (conv(1, 4, 4, 9, 9, (3, 3), (1, 1), (2, 2), 2, 1), true),
+        (conv(2, 3, 4, 8, 6, (3, 3), (2, 2), (0, 0), 1, 1).pad_end(1), true),
+        (conv(1, 7, 3, 4, 5, (3, 3), (1, 1), (1, 1), 1, 1), true),
+    ] {
+        let (ni, nw, no, _) = spec.check().unwrap();
+        let k = nw / spec.out_channels;
+        let (packed, scales) = q8::quantize_rows(&rng.normal_vec(nw, 0.2), spec.out_channels, k).unwrap();
+        let packed = rusting_brain_core::ops::conv::q8_weight_channels_last(&packed, &spec).unwrap();
+        let mut inputs = vec![rng.normal_vec(ni, 1.0), packed, scales];
+        if bias {
+            inputs.push(rng.normal_vec(spec.out_channels, 1.0));
+        }
+        let (got, want) = both!(be, inputs, vec![poisoned(no)], |b, i, o| b.conv2d_q8(
+            &mut o[0],
+            &i[0],
+            &i[1],
+            &i[2],
+            i.get(3),
+            &spec
+        ));
+        close(&format!("{} conv2d_q8 {spec:?}", be.name()), &got.0[0], &want.0[0], tol);
+    }
     // With the ResNets' fused activation too.
     for (batch, channels, spatial, groups, affine, act) in [
         (1, 1, 1, 1, true, None),

@@ -58,16 +58,28 @@ fn sdxl_style_matches_diffusers() {
 
 #[test]
 fn q8_stays_close_to_f32() {
-    // Int8 rows of the attention and feed-forward matrices, each activation row rounded to
-    // int8 too (W8A8; the convolutions stay f32). Measured sd15 0.0043, sdxl 0.0084: the
-    // bound is 2.4 times the worst.
-    for name in ["sd15", "sdxl"] {
+    // Int8 rows of every matrix and convolution weight (one scale an output channel), each
+    // activation row (a convolution's: each pixel's patch) rounded to int8 too (W8A8).
+    // Measured 0.0293 (sd15), 0.0287 (sd21), 0.0322 (sdxl); with the convolutions left
+    // f32, 0.0043 and 0.0084: these test UNets' convolutions have 32 to 64 channels, so a
+    // patch's rounding is a coarse share of it. 4-bit matrices with the same int8
+    // convolutions: 0.0339, 0.0713, 0.0647. The bounds are 1.6 times the worst.
+    for name in ["sd15", "sd21", "sdxl"] {
         let dir = fixture_path("unet").join(name);
         let io = Fixture::open(dir.join("io.safetensors")).unwrap();
+        let f32_bytes = Unet::load(dir.join("unet")).unwrap().weight_bytes();
         let unet = Unet::load_at(dir.join("unet"), Precision::Q8).unwrap();
         let err = relative_l2(&run(&unet, &io), &io.get("out").unwrap());
-        println!("{name}: int8 relative l2 error {err:.4}");
-        assert!(err < 0.02, "{name}: int8 error {err}");
+        let ratio = unet.weight_bytes() as f64 / f32_bytes as f64;
+        println!("{name}: int8 relative l2 error {err:.4}, {ratio:.3} of the f32 bytes");
+        assert!(err < 0.052, "{name}: int8 error {err}");
+        // The convolutions are held as int8: measured 0.29-0.30 of the f32 bytes, where
+        // the matrices alone, a small share of a UNet's weights, would leave most of them.
+        assert!(ratio < 0.4, "{name}: int8 holds {ratio} of the f32 bytes");
+        let q4 = Unet::load_at(dir.join("unet"), Precision::Q4).unwrap();
+        let err4 = relative_l2(&run(&q4, &io), &io.get("out").unwrap());
+        println!("{name}: 4-bit relative l2 error {err4:.4}");
+        assert!(err4 < 0.115, "{name}: 4-bit error {err4}");
     }
 }
 
@@ -91,7 +103,7 @@ fn mixed_precision_stays_close_to_f32() {
 /// The relative L2 error a mixed-precision UNet call may show against diffusers' f64 one.
 /// Measured 0.0078 (sd15), 0.0080 (sd21), 0.0076 (sdxl): a bf16 operand carries 2^-9 of
 /// relative rounding, and every product rounds both sides, through about 40 of them (int8,
-/// which leaves the convolutions in f32, measures 0.0043 and 0.0084). The bound is 1.6
+/// which rounds the convolutions' patches to int8 too, measures 0.029-0.032). The bound is 1.6
 /// times the worst.
 const MIXED_BOUND: f64 = 0.013;
 

@@ -15,6 +15,7 @@
 use crate::backend::Memory;
 use crate::error::{check_len, nonzero, product};
 use crate::ops::matmul::{operand, OperandPrecision};
+use crate::ops::q8::{packed_cols, q8_at, quantize_activations};
 use crate::reference::ReferenceBackend;
 use crate::{CoreError, Real, Result};
 
@@ -185,6 +186,31 @@ impl Conv2dSpec {
         Ok(size)
     }
 
+    /// The shape contract of `conv2d_q8`: one group, the weight `out_channels` int8 rows of
+    /// `K = in_channels * kh * kw` (`packed_cols(K)` slots each) and a scale a row. Returns
+    /// the output size and K.
+    pub fn check_q8_lens(
+        &self, out: usize, inp: usize, packed: usize, scales: usize, bias: Option<usize>,
+    ) -> Result<((usize, usize), usize)> {
+        const OP: &str = "conv2d_q8";
+        let (ni, _, no, size) = self.check()?;
+        if self.groups != 1 {
+            return Err(invalid(alloc::format!(
+                "an int8 convolution takes one group, not {}: load this model's weights in f32",
+                self.groups
+            )));
+        }
+        let k = product(OP, &[self.in_channels, self.kernel.0, self.kernel.1])?;
+        check_len(OP, "inp", inp, ni)?;
+        check_len(OP, "packed weight", packed, product(OP, &[self.out_channels, packed_cols(k)])?)?;
+        check_len(OP, "weight scales", scales, self.out_channels)?;
+        check_len(OP, "out", out, no)?;
+        if let Some(b) = bias {
+            check_len(OP, "bias", b, self.out_channels)?;
+        }
+        Ok((size, k))
+    }
+
     /// Multiply-adds times two.
     pub fn flops(&self) -> f64 {
         let (oh, ow) = self.out_size().unwrap_or((0, 0));
@@ -243,6 +269,90 @@ pub fn conv2d<T: Real>(
     Ok(())
 }
 
+/// Column `t` of a pixel's patch in an int8 convolution's channels-last order, for kernel
+/// tap `(i, j)` and input channel `c`.
+pub fn q8_patch_col(spec: &Conv2dSpec, i: usize, j: usize, c: usize) -> usize {
+    (i * spec.kernel.1 + j) * spec.in_channels + c
+}
+
+/// Reorders a `(cout, cin, kh, kw)` weight's int8 rows (as `q8::quantize_rows` packs the
+/// PyTorch layout: `cout` rows of `cin * kh * kw`) into [`conv2d_q8`]'s channels-last
+/// order `(cout, kh, kw, cin)`. A row's scale is its largest value's, whatever the order,
+/// so rounding then reordering is reordering then rounding.
+pub fn q8_weight_channels_last(packed: &[f32], spec: &Conv2dSpec) -> Result<alloc::vec::Vec<f32>> {
+    let k = product("conv2d_q8", &[spec.in_channels, spec.kernel.0, spec.kernel.1])?;
+    let pc = packed_cols(k);
+    check_len("conv2d_q8", "packed weight", packed.len(), product("conv2d_q8", &[spec.out_channels, pc])?)?;
+    let (kh, kw) = spec.kernel;
+    let mut out = alloc::vec![0f32; packed.len()];
+    let mut bytes = alloc::vec![0u8; 4 * pc];
+    for (row, dst) in packed.chunks_exact(pc).zip(out.chunks_exact_mut(pc)) {
+        bytes.iter_mut().for_each(|b| *b = 0);
+        for c in 0..spec.in_channels {
+            for i in 0..kh {
+                for j in 0..kw {
+                    bytes[q8_patch_col(spec, i, j, c)] = q8_at(row, (c * kh + i) * kw + j) as u8;
+                }
+            }
+        }
+        for (slot, four) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+            *slot = f32::from_ne_bytes([four[0], four[1], four[2], four[3]]);
+        }
+    }
+    Ok(out)
+}
+
+/// `out = conv(inp, weight) + bias` with int8 weights (one group): the weight's rows are
+/// int8 with a scale each, in channels-last order (`packed` holds `out_channels` rows of
+/// `K = kh * kw * in_channels` values, column [`q8_patch_col`]`(i, j, c)`: see
+/// [`q8_weight_channels_last`]), and each output pixel's patch (its K inputs in that
+/// order, zeros where the kernel reaches the padding) is rounded to int8 with its own
+/// scale ([`quantize_activations`]): a convolution is the product of the patches and the
+/// weight rows, so this is [`crate::ops::q8::q8_matmul`]'s one-scale-a-row arithmetic
+/// (W8A8), exact i32 sums and `d as f32 * patch_scale * weight_scale`, the bias added
+/// after.
+pub fn conv2d_q8(
+    out: &mut [f32], inp: &[f32], packed: &[f32], scales: &[f32], bias: Option<&[f32]>, spec: &Conv2dSpec,
+) -> Result<()> {
+    let ((oh, ow), k) =
+        spec.check_q8_lens(out.len(), inp.len(), packed.len(), scales.len(), bias.map(|b| b.len()))?;
+    let pc = packed_cols(k);
+    let mut patch = alloc::vec![0f32; k];
+    for b in 0..spec.batch {
+        for y in 0..oh {
+            for x in 0..ow {
+                q8_patch(&mut patch, inp, spec, b, y, x);
+                let (q, sx) = quantize_activations(&patch);
+                for o in 0..spec.out_channels {
+                    let row = &packed[o * pc..(o + 1) * pc];
+                    let d: i32 = q.iter().enumerate().map(|(t, &v)| v as i32 * q8_at(row, t) as i32).sum();
+                    let v = d as f32 * sx * scales[o];
+                    out[((b * spec.out_channels + o) * oh + y) * ow + x] = bias.map_or(v, |bias| v + bias[o]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The patch of output pixel `(y, x)` of image `b` in [`conv2d_q8`]'s channels-last order:
+/// for each kernel tap, the input's channels at the tap's place, or zeros where it falls
+/// in the padding.
+pub fn q8_patch(patch: &mut [f32], inp: &[f32], spec: &Conv2dSpec, b: usize, y: usize, x: usize) {
+    let (h, w, cin) = (spec.height, spec.width, spec.in_channels);
+    for i in 0..spec.kernel.0 {
+        let iy = (y * spec.stride.0 + i * spec.dilation.0) as isize - spec.padding.0 as isize;
+        for j in 0..spec.kernel.1 {
+            let ix = (x * spec.stride.1 + j * spec.dilation.1) as isize - spec.padding.1 as isize;
+            let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
+            for c in 0..cin {
+                patch[q8_patch_col(spec, i, j, c)] =
+                    if inside { inp[((b * cin + c) * h + iy as usize) * w + ix as usize] } else { 0.0 };
+            }
+        }
+    }
+}
+
 /// Two-dimensional convolution (image models): see [`crate::ops::conv`].
 pub trait ConvOps: Memory {
     // The defaults compute on the host through the reference ops (a download and an
@@ -260,6 +370,24 @@ pub trait ConvOps: Memory {
             &mut o,
             &self.download(inp)?,
             &self.download(weight)?,
+            bias.as_deref(),
+            spec,
+        )?;
+        self.write(out, &o)
+    }
+
+    /// See [`crate::ops::conv::conv2d_q8`].
+    fn conv2d_q8(
+        &self, out: &mut Self::Buffer, inp: &Self::Buffer, packed: &Self::Buffer, scales: &Self::Buffer,
+        bias: Option<&Self::Buffer>, spec: &Conv2dSpec,
+    ) -> Result<()> {
+        let bias = bias.map(|b| self.download(b)).transpose()?;
+        let mut o = alloc::vec![0.0; self.len(out)];
+        crate::ops::conv::conv2d_q8(
+            &mut o,
+            &self.download(inp)?,
+            &self.download(packed)?,
+            &self.download(scales)?,
             bias.as_deref(),
             spec,
         )?;

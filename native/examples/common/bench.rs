@@ -145,6 +145,8 @@ pub struct PrecisionRow<'a> {
     pub params: usize,
     pub f32_s: f64,
     pub bf16_s: f64,
+    /// At `Precision::Q8` (int8 matrices, W8A8) in mixed precision: the fastest path.
+    pub q8_s: Option<f64>,
     pub peak_bytes: usize,
     pub torch: Option<&'a serde_json::Value>,
 }
@@ -198,4 +200,53 @@ pub fn print_precision_table(first: &str, rows: &[PrecisionRow]) {
             &rss,
         ]);
     }
+    if rows.iter().all(|r| r.q8_s.is_none()) {
+        return;
+    }
+    // The fastest path: the denoiser's matrices int8 (one scale a row, activation rows
+    // rounded to int8: the VNNI GEMM) and the rest in mixed precision.
+    println!("\nQ8 + mixed precision (int8 matrices W8A8 and a UNet's convolutions; bf16 attention):");
+    println!("{:<w$} {:>9} {:>12} {:>12} {:>12}", first, "ours Q8", "over ours", "over torch", "over torch");
+    println!("{:<w$} {:>9} {:>12} {:>12} {:>12}", "", "ms", "bf16", "f32", "bf16");
+    for r in rows {
+        let Some(q8) = r.q8_s else { continue };
+        let (theirs, theirs16) =
+            (r.torch.and_then(|v| v["step"][0].as_f64()), r.torch.and_then(|v| v["step_bf16"][0].as_f64()));
+        println!(
+            "{:<w$} {:>9} {:>12} {:>12} {:>12}",
+            r.name,
+            ms(Some(q8)),
+            ratio(Some(r.bf16_s), q8),
+            ratio(theirs, q8),
+            ratio(theirs16, q8)
+        );
+    }
+}
+
+/// `weights` with every matrix (`.weight` of two dimensions, as the loaders pick them at
+/// `Precision::Q8`), and with `convs` every convolution's weight (a UNet's at Q8), moved
+/// into the second map as int8 with one scale a row.
+#[allow(clippy::type_complexity)]
+pub fn int8_rows(
+    weights: std::collections::BTreeMap<String, Vec<f32>>,
+    layout: &rusting_brain_core::models::image::blocks::Layout, convs: bool,
+) -> (std::collections::BTreeMap<String, Vec<f32>>, std::collections::BTreeMap<String, (Vec<f32>, Vec<f32>)>)
+{
+    use rayon::prelude::*;
+    let shapes: std::collections::HashMap<&str, &[usize]> =
+        layout.tensors.iter().map(|(n, s)| (n.as_str(), s.as_slice())).collect();
+    let (matrices, rest): (Vec<_>, Vec<_>) = weights.into_iter().partition(|(n, _)| {
+        n.ends_with(".weight")
+            && shapes.get(n.as_str()).is_some_and(|s| s.len() == 2 || (convs && s.len() == 4))
+    });
+    let q8 = matrices
+        .into_par_iter()
+        .map(|(n, w)| {
+            let s = shapes[n.as_str()];
+            let q = rusting_brain_core::ops::q8::quantize_rows(&w, s[0], s[1..].iter().product())
+                .expect("finite weights");
+            (n, q)
+        })
+        .collect();
+    (rest.into_iter().collect(), q8)
 }

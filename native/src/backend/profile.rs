@@ -199,6 +199,7 @@ impl<B: Backend> LoraOps for Profiled<B> {}
 impl<B: Backend> ConvOps for Profiled<B> {
     timed! {
         fn conv2d(out: &mut B::Buffer, inp: &B::Buffer, weight: &B::Buffer, bias: Option<&B::Buffer>, spec: &Conv2dSpec) -> Result<()>;
+        fn conv2d_q8(out: &mut B::Buffer, inp: &B::Buffer, packed: &B::Buffer, scales: &B::Buffer, bias: Option<&B::Buffer>, spec: &Conv2dSpec) -> Result<()>;
     }
 }
 impl<B: Backend> NormOps for Profiled<B> {

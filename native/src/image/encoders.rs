@@ -45,7 +45,8 @@ pub(crate) fn read_weights(
     }
     let (mut weights, mut q8) = (BTreeMap::new(), BTreeMap::new());
     for (name, shape) in &layout.tensors {
-        if let Some(format) = quantized(name, shape).filter(|_| shape.len() == 2) {
+        // Matrices, and at Q8 a UNet's convolutions (int8 rows, one an output channel).
+        if let Some(format) = quantized(name, shape).filter(|_| shape.len() == 2 || shape.len() == 4) {
             q8.insert(name.clone(), tensors.read_quant(&file_name(name), shape, format)?);
         } else {
             weights.insert(name.clone(), tensors.read(&file_name(name), shape)?);

@@ -58,6 +58,10 @@ impl Layout {
                 (&[rows, cols], QuantFormat::Q8Rows) if pick(name, shape) => {
                     4 * rows * (crate::ops::q8::packed_cols(cols) + 1)
                 }
+                // A convolution's weight as int8 rows, one an output channel.
+                (&[rows, cin, kh, kw], QuantFormat::Q8Rows) if pick(name, shape) => {
+                    4 * rows * (crate::ops::q8::packed_cols(cin * kh * kw) + 1)
+                }
                 (&[rows, cols], QuantFormat::Q4) if pick(name, shape) => crate::ops::q4::q4_bytes(rows, cols),
                 _ => 4 * shape.iter().product::<usize>(),
             })
@@ -85,6 +89,12 @@ pub trait Source<B: Backend> {
     fn f32(&mut self, name: String, shape: &[usize]) -> Result<B::Buffer>;
     /// The matrix `name`, `(rows, cols)`, held as f32 or int8.
     fn matrix(&mut self, name: String, rows: usize, cols: usize) -> Result<Tensor<B>>;
+    /// The convolution weight `name` (`spec`'s `(cout, cin, kh, kw)`), held as f32 or as
+    /// int8 rows in [`crate::ops::conv::conv2d_q8`]'s channels-last order.
+    fn conv_weight(&mut self, name: String, spec: &Conv2dSpec) -> Result<Tensor<B>> {
+        let shape = [spec.out_channels, spec.in_channels, spec.kernel.0, spec.kernel.1];
+        Ok(Tensor::F32(self.f32(name, &shape)?))
+    }
     /// The model's mixed-precision switch, shared by the layers that multiply.
     fn mixed(&self) -> Mixed {
         Mixed::default()
@@ -210,6 +220,29 @@ impl<B: Backend> Source<B> for Loader<'_, B> {
         }
         self.bytes += 4 * (got.0 + got.1);
         Ok(Tensor::Q8 { packed, scales })
+    }
+    fn conv_weight(&mut self, name: String, spec: &Conv2dSpec) -> Result<Tensor<B>> {
+        let shape = [spec.out_channels, spec.in_channels, spec.kernel.0, spec.kernel.1];
+        let Some((packed, scales)) = self.q8.remove(&name) else {
+            return Ok(Tensor::F32(self.f32(name, &shape)?));
+        };
+        let (rows, cols) = (shape[0], shape[1] * shape[2] * shape[3]);
+        let got = (self.backend.len(&packed), self.backend.len(&scales));
+        let want = (rows * crate::ops::q8::packed_cols(cols), rows);
+        if got != want || spec.groups != 1 {
+            return Err(checkpoint(
+                &name,
+                format!(
+                    "quantized buffers of {} and {} values; an int8 convolution of {shape:?} (one group) \
+                     needs {} and {} (int8, one scale an output channel)",
+                    got.0, got.1, want.0, want.1
+                ),
+            ));
+        }
+        // Rows rounded in the checkpoint's order, reordered channels last for the product.
+        let reordered = crate::ops::conv::q8_weight_channels_last(&self.backend.download(&packed)?, spec)?;
+        self.bytes += 4 * (got.0 + got.1);
+        Ok(Tensor::Q8 { packed: self.backend.upload(&reordered)?, scales })
     }
 }
 
@@ -432,7 +465,8 @@ impl<B: Backend> Linear<B> {
 
 /// A 2-D convolution with bias, `k x k`, `cin` to `cout` channels.
 pub struct Conv2d<B: Backend> {
-    weight: B::Buffer,
+    /// f32, or int8 rows in channels-last order (`conv2d_q8`).
+    weight: Tensor<B>,
     bias: B::Buffer,
     cout: usize,
     k: usize,
@@ -445,7 +479,7 @@ pub struct Conv2d<B: Backend> {
 impl<B: Backend> Conv2d<B> {
     /// `{p}.weight (cout, cin, k, k)` and `{p}.bias`; stride 1, padding `k / 2`.
     pub fn load(s: &mut impl Source<B>, p: &str, cin: usize, cout: usize, k: usize) -> Result<Self> {
-        let weight = s.f32(format!("{p}.weight"), &[cout, cin, k, k])?;
+        let weight = s.conv_weight(format!("{p}.weight"), &Conv2dSpec::new(1, cin, cout, k, k, k))?;
         let bias = s.f32(format!("{p}.bias"), &[cout])?;
         Ok(Conv2d { weight, bias, cout, k, stride: 1, padding: k / 2, pad_end: 0, mixed: s.mixed() })
     }
@@ -465,7 +499,12 @@ impl<B: Backend> Conv2d<B> {
             .precision(self.mixed.precision());
         let (_, _, n, (h, w)) = spec.check()?;
         let mut out = be.zeros(n)?;
-        be.conv2d(&mut out, &x.data, &self.weight, Some(&self.bias), &spec)?;
+        match &self.weight {
+            Tensor::F32(w) => be.conv2d(&mut out, &x.data, w, Some(&self.bias), &spec)?,
+            Tensor::Q8 { packed, scales } => {
+                be.conv2d_q8(&mut out, &x.data, packed, scales, Some(&self.bias), &spec)?
+            }
+        }
         Ok(x.with(out, self.cout, h, w))
     }
 }

@@ -74,20 +74,41 @@ fn rows_per_task(m: usize, b_bytes: usize, big_b: usize) -> usize {
 pub fn gemm(
     out: &mut [f32], x: &[f32], w: &[i8], scales: &[f32], (m, n, k): (usize, usize, usize), beta: f32,
 ) {
-    gemm_tasks(out, x, w, scales, (m, n, k), beta, BIG_B_BYTES)
+    assert!(x.len() >= m * k);
+    let pack = |i: usize, words: &mut [u32]| pack_a_row(words, &x[i * k..(i + 1) * k]);
+    gemm_tasks(out, &pack, w, scales, (m, n, k), beta, BIG_B_BYTES)
 }
 
-/// [`gemm`] with tasks that grow past `big_b` bytes of packed B.
+/// [`gemm`] with row `i` of x (its `k` values) written by `row(i, buf)` into a buffer of
+/// the calling thread's: a convolution's activation rows, each pixel's patch gathered
+/// from a channels-last input as it is packed, so the patches never exist whole.
+pub fn gemm_rows(
+    out: &mut [f32], row: &(dyn Fn(usize, &mut [f32]) + Sync), w: &[i8], scales: &[f32],
+    (m, n, k): (usize, usize, usize), beta: f32,
+) {
+    let pack = |i: usize, words: &mut [u32]| {
+        PATCH.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            buf.resize(k, 0.0);
+            row(i, &mut buf);
+            pack_a_row(words, &buf)
+        })
+    };
+    gemm_tasks(out, &pack, w, scales, (m, n, k), beta, BIG_B_BYTES)
+}
+
+/// [`gemm`] with A's rows packed by `pack_a(i, words)` (which returns the row's scale), and
+/// tasks that grow past `big_b` bytes of packed B.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tasks(
-    out: &mut [f32], x: &[f32], w: &[i8], scales: &[f32], (m, n, k): (usize, usize, usize), beta: f32,
-    big_b: usize,
+    out: &mut [f32], pack_a: &(dyn Fn(usize, &mut [u32]) -> f32 + Sync), w: &[i8], scales: &[f32],
+    (m, n, k): (usize, usize, usize), beta: f32, big_b: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         assert!(available() && (1..=MAX_K).contains(&k), "the int8 GEMM runs only where takes() said so");
         let stride = w.len() / n.max(1);
-        assert!(stride >= 4 * k.div_ceil(4) && x.len() >= m * k && out.len() >= m * n && scales.len() >= n);
+        assert!(stride >= 4 * k.div_ceil(4) && out.len() >= m * n && scales.len() >= n);
         let kq = k.div_ceil(4);
         let parallel = m * n * k >= PARALLEL_MACS && rayon::current_num_threads() > 1;
         let tiles = m.div_ceil(MR);
@@ -101,7 +122,7 @@ fn gemm_tasks(
                 // A: each row rounded to int8 with its own scale, then stored as q + 128.
                 let pack_a = |(row, (words, s)): (usize, (&mut [u32], &mut f32))| {
                     if row < m {
-                        *s = pack_a_row(words, &x[row * k..(row + 1) * k]);
+                        *s = pack_a(row, words);
                     }
                 };
                 // B: panels of NR weight rows, each kq steps of NR words, and 128 times each
@@ -163,7 +184,7 @@ fn gemm_tasks(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (out, x, w, scales, m, n, k, beta, big_b);
+        let _ = (out, pack_a, w, scales, m, n, k, beta, big_b);
         unreachable!("available() is false off x86_64");
     }
 }
@@ -213,6 +234,8 @@ fn pack_b_panel(
 thread_local! {
     /// A row's int8 values on their way into A's words.
     static ROUNDED: RefCell<Vec<i8>> = const { RefCell::new(Vec::new()) };
+    /// A row [`gemm_rows`] has written, on its way to being rounded.
+    static PATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The packed operands, A's scales and B's column sums, kept by the calling thread
     /// between products (see `bf16::with_buffers`).
     static BUFFERS: RefCell<Buffers> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
@@ -337,7 +360,8 @@ mod tests {
                 let mut got = init.clone();
                 // SAFETY: as q8's `as_i8`: bytes of the packed f32 words.
                 let w = unsafe { std::slice::from_raw_parts(packed.as_ptr() as *const i8, packed.len() * 4) };
-                gemm_tasks(&mut got, &x, w, &scales, (m, n, k), beta, big_b);
+                let pack = |i: usize, words: &mut [u32]| pack_a_row(words, &x[i * k..(i + 1) * k]);
+                gemm_tasks(&mut got, &pack, w, &scales, (m, n, k), beta, big_b);
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
                         g.to_bits(),

@@ -27,7 +27,7 @@ use rusting_brain_core::backend::Q8Product;
 pub(crate) const TEAM_MIN_BYTES: usize = 1 << 15;
 
 /// The int8 values packed in `x` (four per slot, memory order).
-fn as_i8(x: &[f32]) -> &[i8] {
+pub(super) fn as_i8(x: &[f32]) -> &[i8] {
     // SAFETY: `i8` has alignment 1 and every bit pattern is a valid `i8`; the new slice
     // covers exactly the `4 * x.len()` bytes of `x` and borrows it for the same lifetime.
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const i8, x.len() * 4) }

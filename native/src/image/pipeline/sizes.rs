@@ -49,7 +49,12 @@ pub fn component_sizes(dir: impl AsRef<Path>) -> Result<Vec<ComponentSize>> {
             "UNet2DConditionModel" => {
                 let l = crate::image::unet::unet_config(&config)?.layout();
                 let all = l.parameter_count();
-                (all, 4 * all, l.quant_bytes(Q8Rows, linear), l.quant_bytes(Q4, linear))
+                // The convolutions' weights are int8 rows at Q8 and at Q4 alike: at Q4 the
+                // matrices' 4-bit bytes, the convolutions' int8 ones, the rest f32.
+                let conv = |n: &str, s: &[usize]| s.len() == 4 && n.ends_with(".weight");
+                let both = |n: &str, s: &[usize]| linear(n, s) || conv(n, s);
+                let q4 = l.quant_bytes(Q4, linear) + l.quant_bytes(Q8Rows, conv) - 4 * all;
+                (all, 4 * all, l.quant_bytes(Q8Rows, both), q4)
             }
             "CLIPTextModel" | "CLIPTextModelWithProjection" => {
                 let l = crate::image::encoders::clip_config(&config)?.layout();
