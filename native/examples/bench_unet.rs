@@ -151,6 +151,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false)
                 );
             }
+            drop(profiled);
+            let (w, q8) = bench::int8_rows(weights(&mut rng), &config.layout(), true);
+            let mut profiled = UnetModel::with_q8(Profiled::new(be), config.clone(), w, q8)?;
+            profiled.set_mixed_precision(true);
+            profiled.forward(&input)?;
+            profiled.backend().reset();
+            let t = Instant::now();
+            profiled.forward(&input)?;
+            breakdown += &format!(
+                "Q8 + mixed precision (int8 matrices and convolutions, bf16 attention):\n{}",
+                profiled.backend().breakdown(1, t.elapsed().as_secs_f64(), false)
+            );
         }
     }
 
@@ -178,6 +190,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     bench::print_precision_table("one step, batch 2", &rows);
+    openvino(&python, threads, reps, &cases, &spec, &ours);
     println!("{}, one step by primitive, {breakdown}", cases[profiled_case].name);
     Ok(())
+}
+
+/// OpenVINO's runs of the same UNets (`bench/openvino_unet.py`: diffusers' model converted
+/// and compiled for the CPU at f32 and with the bf16 hint), one process a case, beside our
+/// f32, bf16 and Q8 steps: speed-ups are OpenVINO's time over ours.
+fn openvino(
+    python: &str, threads: usize, reps: usize, cases: &[Case], spec: &[Value],
+    ours: &[(usize, f64, f64, f64, usize)],
+) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/openvino_unet.py");
+    let runs: Vec<Option<Value>> =
+        spec.iter().map(|case| bench::torch_cases(python, script, threads, reps, &json!([case]))).collect();
+    let Some(first) = runs.iter().flatten().next() else {
+        println!("\nOpenVINO: not run ({python} {script} failed; `pip install openvino` in RB_PYTHON's environment)");
+        return;
+    };
+    println!(
+        "\nOpenVINO {} ({} threads), diffusers' UNet converted and compiled for the CPU:",
+        first["version"].as_str().unwrap_or("?"),
+        first["threads"]
+    );
+    println!(
+        "{:<34} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "one step, batch 2", "ov f32", "ov bf16", "ours f32", "ours bf16", "ours Q8", "ov memory"
+    );
+    println!(
+        "{:<34} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "", "ms", "ms", "speed-up", "speed-up", "over bf16", "rise MB"
+    );
+    for ((case, &(_, f32_s, bf16_s, q8_s, _)), run) in cases.iter().zip(ours).zip(&runs) {
+        let get = |k: &str| run.as_ref().and_then(|v| v[k][0].as_f64());
+        let (ov32, ov16) = (get("step"), get("step_bf16"));
+        let ms = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.1}", t * 1e3));
+        let ratio = |a: Option<f64>, b: f64| a.map_or("-".into(), |a| format!("{:.2}x", a / b));
+        let rise = get("rise_mib").map_or("-".into(), |m| format!("{:.0}", m * 1.048576));
+        println!(
+            "{:<34} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
+            case.name,
+            ms(ov32),
+            ms(ov16),
+            ratio(ov32, f32_s),
+            ratio(ov16, bf16_s),
+            ratio(ov16, q8_s),
+            rise
+        );
+    }
 }

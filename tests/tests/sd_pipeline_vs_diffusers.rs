@@ -11,7 +11,7 @@
 
 use rusting_brain::image_pipeline::Family;
 use rusting_brain::vae::Image;
-use rusting_brain::{ImagePipeline, Solver};
+use rusting_brain::{ImagePipeline, Precision, Solver};
 use rusting_brain_tests::*;
 
 fn expected(name: &str) -> Fixture {
@@ -103,6 +103,42 @@ fn sdxl_gives_diffusers_picture() {
         p.config.solver = solver;
         let image = p.generate(&prompt, size, size, Some(seed), |_, _| true).unwrap();
         assert_same_picture(&format!("sdxl {key}"), &image, &f.get(key).unwrap());
+    }
+}
+
+#[test]
+fn quantized_and_mixed_pictures_stay_within_their_bounds() {
+    // The UNet's matrices and convolutions int8 with int8 activation rows (Q8, W8A8), the
+    // matrices 4-bit with the same int8 convolutions (Q4), the CLIP towers int8 in blocks;
+    // or bf16 operands with f32 sums (mixed precision): each picture against diffusers'
+    // f32 one, the folder's solver. Measured (max abs, relative L2): int8 sd 0.027 and
+    // 1.2e-2, sdxl 0.049 and 1.7e-2; 4-bit 0.065 and 2.3e-2, 0.066 and 3.2e-2; mixed
+    // precision 0.0070 and 3.4e-3, 0.0083 and 4.1e-3. The bounds are 1.6 times the worst
+    // of each.
+    for (name, folder, key) in [("sd", "sd_tiny", "ddim"), ("sdxl", "sdxl_tiny", "euler")] {
+        let f = expected(name);
+        let (prompt, seed, size): (String, u64, usize) =
+            (meta(&f, "prompt"), meta(&f, "seed"), meta(&f, "size"));
+        let want = f.get(key).unwrap();
+        for (label, precision, mixed, bound) in [
+            ("int8", Precision::Q8, false, 0.078),
+            ("4-bit", Precision::Q4, false, 0.106),
+            ("mixed precision", Precision::F32, true, 0.0133),
+        ] {
+            let mut p = ImagePipeline::load_at(fixture_path("pipelines").join(folder), precision).unwrap();
+            p.config.steps = meta(&f, "steps");
+            p.config.guidance_scale = meta(&f, "guidance");
+            p.set_mixed_precision(mixed);
+            let image = p.generate(&prompt, size, size, Some(seed), |_, _| true).unwrap();
+            let what = format!("{name} {label}");
+            assert_picture_within(&what, &image, &want, bound);
+            let ours: Vec<f32> = image.data.iter().map(|v| (v / 2.0 + 0.5).clamp(0.0, 1.0)).collect();
+            let rel = relative_l2(&ours, &want);
+            println!("{what} relative L2 {rel:.3e}");
+            // The f32 pictures match to about 1e-6: an error this small would mean the
+            // precision never reached the products.
+            assert!(rel > 1e-4, "{what}: relative L2 {rel:e}, as small as f32's");
+        }
     }
 }
 
