@@ -21,6 +21,17 @@ def start(p):
     return a
 
 
+def unet_case(diffusers, case):
+    """A bench_unet case's diffusers UNet (random weights from its configuration) and one
+    guided step's inputs (batch 2): the model, the latents, the timesteps, the prompt."""
+    model = diffusers.UNet2DConditionModel(**case["config"]).eval()
+    n = case["latent"]
+    x = torch.randn(2, model.config.in_channels, n, n)
+    ctx = torch.randn(2, case["tokens"], model.config.cross_attention_dim)
+    t = torch.tensor([500.0, 500.0])
+    return model, x, t, ctx
+
+
 def best(f, reps, warm_up=True):
     """The shortest of `reps` timed calls of `f`, after one untimed call unless the caller
     made it already."""

@@ -16,7 +16,7 @@ import resource
 
 import torch
 
-from bench_args import best, parser, start
+from bench_args import best, parser, start, unet_case
 
 p = parser()
 p.add_argument("--cases", type=str, default="[]")
@@ -48,11 +48,7 @@ bf16 = "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 out = {"version": ov.__version__, "threads": a.threads, "step": [], "step_bf16": [], "rise_mib": []}
 with torch.inference_mode():
     for case in json.loads(a.cases):
-        model = diffusers.UNet2DConditionModel(**case["config"]).eval()
-        n = case["latent"]
-        x = torch.randn(2, model.config.in_channels, n, n)
-        ctx = torch.randn(2, case["tokens"], model.config.cross_attention_dim)
-        t = torch.tensor([500.0, 500.0])
+        model, x, t, ctx = unet_case(diffusers, case)
         ov_model = ov.convert_model(Step(model), example_input=(x, t, ctx))
         del model
         gc.collect()

@@ -12,7 +12,7 @@ import resource
 
 import torch
 
-from bench_args import best, parser, start
+from bench_args import best, parser, start, unet_case
 
 p = parser()
 p.add_argument("--cases", type=str, default="[]")
@@ -30,11 +30,7 @@ out = {"version": torch.__version__, "diffusers": diffusers.__version__, "thread
 bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
 with torch.inference_mode():
     for case in json.loads(a.cases):
-        model = diffusers.UNet2DConditionModel(**case["config"]).eval()
-        n = case["latent"]
-        x = torch.randn(2, model.config.in_channels, n, n)
-        ctx = torch.randn(2, case["tokens"], model.config.cross_attention_dim)
-        t = torch.tensor([500.0, 500.0])
+        model, x, t, ctx = unet_case(diffusers, case)
         before = peak_mib()
         model(x, t, ctx)
         out["peak_rise_mib"].append(peak_mib() - before)

@@ -6,7 +6,10 @@
 //! 512 x 512. Random weights; both sides build the model from the same config.json values.
 //! Each side at f32 and in mixed precision: ours with `set_mixed_precision(true)` (bf16
 //! operands, f32 sums), diffusers under `torch.autocast("cpu", dtype=torch.bfloat16)`
-//! where the CPU has native bf16. Memory: ours the heap's peak from the weights on (a
+//! where the CPU has native bf16; ours also at `Precision::Q8` (int8 matrices and
+//! convolutions, W8A8) with mixed precision, the fastest path; and OpenVINO
+//! (`bench/openvino_unet.py`: diffusers' model converted and compiled for the CPU, f32 and
+//! bf16) where `openvino` is installed. Memory: ours the heap's peak from the weights on (a
 //! counting allocator), PyTorch's its process's peak resident set.
 //!
 //!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_unet [-- REPS] [--published]
@@ -190,7 +193,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     bench::print_precision_table("one step, batch 2", &rows);
-    openvino(&python, threads, reps, &cases, &spec, &ours);
+    openvino(&python, threads, reps, cases, &spec, &ours);
     println!("{}, one step by primitive, {breakdown}", cases[profiled_case].name);
     Ok(())
 }

@@ -55,7 +55,7 @@ pub fn available() -> bool {
     simd::has_vnni()
 }
 
-/// Whether [`gemm`] takes a product of `m` rows of `k` (a per-row int8 weight).
+/// Whether [`gemm()`] takes a product of `m` rows of `k` (a per-row int8 weight).
 pub fn takes(m: usize, k: usize) -> bool {
     available() && m >= MIN_ROWS && (1..=MAX_K).contains(&k)
 }
@@ -79,7 +79,7 @@ pub fn gemm(
     gemm_tasks(out, &pack, w, scales, (m, n, k), beta, BIG_B_BYTES)
 }
 
-/// [`gemm`] with row `i` of x (its `k` values) written by `row(i, buf)` into a buffer of
+/// [`gemm()`] with row `i` of x (its `k` values) written by `row(i, buf)` into a buffer of
 /// the calling thread's: a convolution's activation rows, each pixel's patch gathered
 /// from a channels-last input as it is packed, so the patches never exist whole.
 pub fn gemm_rows(
@@ -97,7 +97,7 @@ pub fn gemm_rows(
     gemm_tasks(out, &pack, w, scales, (m, n, k), beta, BIG_B_BYTES)
 }
 
-/// [`gemm`] with A's rows packed by `pack_a(i, words)` (which returns the row's scale), and
+/// [`gemm()`] with A's rows packed by `pack_a(i, words)` (which returns the row's scale), and
 /// tasks that grow past `big_b` bytes of packed B.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tasks(
