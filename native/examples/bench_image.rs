@@ -6,6 +6,11 @@
 //!
 //!     RB_PYTHON=~/venv-fixtures/bin/python cargo run --release -p rusting_brain --example bench_image [-- REPS]
 //!
+//! With `--published`, instead, the decode at the sizes pictures are made at: latents of
+//! 64 x 64 and 128 x 128 to 512 x 512 and 1024 x 1024 pixels, ours at f32 and in mixed
+//! precision beside diffusers' f32 and bf16 autocast (`bench/torch_vae.py`, one process a
+//! size), with the memory each side's decode takes.
+//!
 //! PyTorch runs through `$RB_PYTHON` (default `python3`) with the same thread count;
 //! without torch and diffusers there, only our side is printed.
 
@@ -37,6 +42,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         be.isa()
     );
 
+    if std::env::args().any(|a| a == "--published") {
+        return published(be, reps, &mut rng);
+    }
+
     // The 3x3 convolutions of a 256 x 256 decode (SD's VAE: 512 channels at 32 and 64,
     // 256 at 128, 128 at 256).
     let convs: [[usize; 6]; 4] = [
@@ -55,23 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ours_conv.push((spec.flops(), t));
     }
 
-    // SD's autoencoder, random weights (the time does not depend on the values).
-    let config = VaeConfig {
-        in_channels: 3,
-        out_channels: 3,
-        latent_channels: 4,
-        block_out_channels: vec![128, 256, 512, 512],
-        decoder_block_out_channels: vec![128, 256, 512, 512],
-        layers_per_block: 2,
-        norm_num_groups: 32,
-        act: Unary::Silu,
-        scaling_factor: 0.18215,
-        shift_factor: 0.0,
-        use_quant_conv: true,
-        use_post_quant_conv: true,
-        mid_block_add_attention: true,
-        latent_bn: None,
-    };
+    let config = sd_vae();
     let layout = config.layout();
     let weights: BTreeMap<String, Vec<f32>> =
         layout.tensors.iter().map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02))).collect();
@@ -166,5 +159,107 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         score_matrix as f64 / 1e6,
         (score_matrix * heads) as f64 / 1e6
     );
+    Ok(())
+}
+
+/// SD's autoencoder configuration (the weights are random: the time does not depend on
+/// the values).
+fn sd_vae() -> VaeConfig {
+    VaeConfig {
+        in_channels: 3,
+        out_channels: 3,
+        latent_channels: 4,
+        block_out_channels: vec![128, 256, 512, 512],
+        decoder_block_out_channels: vec![128, 256, 512, 512],
+        layers_per_block: 2,
+        norm_num_groups: 32,
+        act: Unary::Silu,
+        scaling_factor: 0.18215,
+        shift_factor: 0.0,
+        use_quant_conv: true,
+        use_post_quant_conv: true,
+        mid_block_add_attention: true,
+        latent_bn: None,
+    }
+}
+
+/// `--published`: the decode from latents of 64 and 128 to 512 x 512 and 1024 x 1024, ours
+/// at f32 and in mixed precision beside diffusers' f32 and bf16 autocast, one PyTorch
+/// process a size (a process's peak only rises).
+fn published(be: CpuBackend, reps: usize, rng: &mut Rng) -> Result<(), Box<dyn std::error::Error>> {
+    let config = sd_vae();
+    let layout = config.layout();
+    let params = layout.parameter_count();
+    let latents = [64usize, 128];
+    let names: Vec<String> =
+        latents.iter().map(|l| format!("VAE decode {l}x{l} -> {}x{}", l * 8, l * 8)).collect();
+    let mut ours = Vec::new();
+    for &latent in &latents {
+        let weights: BTreeMap<String, Vec<f32>> = layout
+            .tensors
+            .iter()
+            .map(|(n, s)| (n.clone(), rng.normal_vec(s.iter().product(), 0.02)))
+            .collect();
+        let z = rng.normal_vec(4 * latent * latent, 1.0);
+        // The heap's peak from the weights on: the model and its decodes.
+        let (peak, vae) = bench::peak_extra(|| -> Result<_, Box<dyn std::error::Error>> {
+            let mut vae = AutoencoderKl::new(be, config.clone(), weights)?;
+            vae.decode(&z, 1, latent, latent)?;
+            vae.set_mixed_precision(true);
+            vae.decode(&z, 1, latent, latent)?;
+            Ok(vae)
+        });
+        let mut vae = vae?;
+        let mut time = |mixed: bool| {
+            vae.set_mixed_precision(mixed);
+            best(reps, || {
+                vae.decode(&z, 1, latent, latent).expect("decode");
+            })
+        };
+        let (t32, t16) = (time(false), time(true));
+        ours.push((t32, t16, peak));
+    }
+    let python = bench::python();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_vae.py");
+    let runs: Vec<Option<serde_json::Value>> = latents
+        .iter()
+        .map(|l| {
+            let args = [
+                "--threads",
+                &be.threads().to_string(),
+                "--reps",
+                &reps.to_string(),
+                "--latent",
+                &l.to_string(),
+            ]
+            .map(String::from);
+            bench::python_json(&python, script, &args)
+        })
+        .collect();
+    bench::print_torch_line(runs.iter().flatten().next(), &python, script);
+    // The table's PyTorch columns read `step`, `step_bf16` and `peak_mib` as lists.
+    let torch: Vec<Option<serde_json::Value>> = runs
+        .iter()
+        .map(|r| {
+            r.as_ref().map(|v| {
+                serde_json::json!({"step": [v["decode"]], "step_bf16": [v["decode_bf16"]], "peak_mib": [v["peak_mib"]]})
+            })
+        })
+        .collect();
+    let rows: Vec<bench::PrecisionRow> = names
+        .iter()
+        .zip(&ours)
+        .zip(&torch)
+        .map(|((name, &(f32_s, bf16_s, peak_bytes)), t)| bench::PrecisionRow {
+            name,
+            params,
+            f32_s,
+            bf16_s,
+            q8_s: None,
+            peak_bytes,
+            torch: t.as_ref(),
+        })
+        .collect();
+    bench::print_precision_table("SD's autoencoder, batch 1", &rows);
     Ok(())
 }

@@ -41,7 +41,9 @@ const NR: usize = 32;
 /// The longest rows whose sums stay exact in i32: 255 x 127 x 66,311 < 2^31.
 pub const MAX_K: usize = 65_536;
 /// Below this many rows the product stays on the 4 x 4 tiles of the per-row path: packing
-/// the weights costs a pass over them, which a few rows do not repay.
+/// the weights costs a pass over them, which a few rows do not repay. Four tiles of rows
+/// (one task's worth), not a measured crossing: image models' products have hundreds of
+/// rows and more, and LMs' weights are in blocks, which this GEMM does not take.
 pub const MIN_ROWS: usize = 32;
 /// Packed B past which the tasks grow (as the BF16 GEMM's do; the L3 of a Zen 4 CCD is 32
 /// MiB): B then comes from memory fewer times.
