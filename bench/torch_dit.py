@@ -8,11 +8,10 @@ Prints one JSON line.
         "batch": 1, "grid": [16, 16], "text": 128}, ...]'
 """
 import json
-import resource
 
 import torch
 
-from bench_args import best, parser, start
+from bench_args import best, parser, peak_mib, start
 
 p = parser()
 p.add_argument("--cases", type=str, default="[]")
@@ -55,5 +54,5 @@ with torch.inference_mode():
                 out["step_bf16"].append(best(f, a.reps))
         else:
             out["step_bf16"].append(None)
-        out["peak_mib"].append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        out["peak_mib"].append(peak_mib())
 print(json.dumps(out))

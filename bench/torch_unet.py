@@ -8,21 +8,16 @@ peak resident memory. Prints one JSON line.
         "tokens": 77}, ...]'
 """
 import json
-import resource
 
 import torch
 
-from bench_args import best, parser, start, unet_case
+from bench_args import best, parser, peak_mib, start, unet_case
 
 p = parser()
 p.add_argument("--cases", type=str, default="[]")
 a = start(p)
 
 import diffusers  # noqa: E402
-
-
-def peak_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 out = {"version": torch.__version__, "diffusers": diffusers.__version__, "threads": a.threads, "step": [],

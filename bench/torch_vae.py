@@ -6,11 +6,10 @@ and the process's peak resident memory. Prints one JSON line.
     python bench/torch_vae.py --threads 2 --reps 1 --latent 64
 """
 import json
-import resource
 
 import torch
 
-from bench_args import best, parser, start
+from bench_args import best, parser, peak_mib, start
 
 p = parser()
 p.add_argument("--latent", type=int, default=64)
@@ -30,5 +29,5 @@ with torch.inference_mode():
     if bf16:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out["decode_bf16"] = best(lambda: vae.decode(z).sample, a.reps)
-    out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_mib"] = peak_mib()
 print(json.dumps(out))

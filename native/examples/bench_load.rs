@@ -4,8 +4,8 @@
 //!     python3 bench/hf_load_model.py /tmp/rb-qwen2-0.5b        # 494M parameters, BF16, 3 shards
 //!     cargo run --release -p rusting_brain --example bench_load -- /tmp/rb-qwen2-0.5b
 //!
-//! Each row loads in a child process of its own, so its peak resident memory (VmHWM, or
-//! ru_maxrss for Python) is that load's alone. Before every row the shards are dropped
+//! Each row loads in a child process of its own, so its peak resident memory (VmHWM) is
+//! that load's alone. Before every row the shards are dropped
 //! from the page cache (`posix_fadvise(DONTNEED)`), so "cold" rows read the disk; the
 //! "warm" rows read the same files again with the pages cached. GB/s is the checkpoint's
 //! bytes over the wall time. The model's bytes are what it holds once loaded: 4 per
@@ -124,13 +124,16 @@ fn parse_row(out: &std::process::Output, what: &str) -> Result<Row, Error> {
 }
 
 const TRANSFORMERS: &str = r#"
-import json, resource, sys, time
+import json, sys, time
 import torch, transformers
 t = time.time()
 m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 s = time.time() - t
 n = sum(p.numel() for p in m.parameters())
-print(json.dumps(dict(seconds=s, peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, model_bytes=4 * n, version=transformers.__version__)))
+# VmHWM, not ru_maxrss: that carries the high-water mark of the process that started this
+# one across fork and exec on Linux.
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(json.dumps(dict(seconds=s, peak_rss=hwm * 1024, model_bytes=4 * n, version=transformers.__version__)))
 "#;
 
 fn main() -> Result<(), Error> {
