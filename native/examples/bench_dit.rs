@@ -261,7 +261,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             step(&dit, &x, case);
         });
         drop(dit);
-        ours.push((config.layout().parameter_count(), t32, t16, tq, peak));
+        ours.push(bench::Ours {
+            params: config.layout().parameter_count(),
+            f32_s: t32,
+            bf16_s: t16,
+            q8_s: Some(tq),
+            peak_bytes: peak,
+        });
         if i == profiled_case {
             let mut profiled = model(Profiled::new(be), &config, &mut Rng::new(1))?;
             for mixed in [false, true] {
@@ -288,20 +294,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs: Vec<Option<Value>> =
         spec.iter().map(|case| bench::torch_cases(&python, script, threads, reps, &json!([case]))).collect();
     bench::print_torch_line(runs.first().cloned().flatten().as_ref(), &python, script);
-    let rows: Vec<bench::PrecisionRow> = cases
-        .iter()
-        .zip(&ours)
-        .zip(&runs)
-        .map(|((case, &(params, f32_s, bf16_s, q8_s, peak_bytes)), run)| bench::PrecisionRow {
-            name: &case.name,
-            params,
-            f32_s,
-            bf16_s,
-            q8_s: Some(q8_s),
-            peak_bytes,
-            torch: run.as_ref(),
-        })
-        .collect();
+    let rows = bench::precision_rows(cases.iter().map(|c| c.name.as_str()), &ours, &runs);
     bench::print_precision_table("one step (batch 1)", &rows);
     println!("{}, one step by primitive, {breakdown}", cases[profiled_case].name);
     Ok(())

@@ -217,7 +217,7 @@ fn published(be: CpuBackend, reps: usize, rng: &mut Rng) -> Result<(), Box<dyn s
             })
         };
         let (t32, t16) = (time(false), time(true));
-        ours.push((t32, t16, peak));
+        ours.push(bench::Ours { params, f32_s: t32, bf16_s: t16, q8_s: None, peak_bytes: peak });
     }
     let python = bench::python();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/torch_vae.py");
@@ -246,20 +246,7 @@ fn published(be: CpuBackend, reps: usize, rng: &mut Rng) -> Result<(), Box<dyn s
             })
         })
         .collect();
-    let rows: Vec<bench::PrecisionRow> = names
-        .iter()
-        .zip(&ours)
-        .zip(&torch)
-        .map(|((name, &(f32_s, bf16_s, peak_bytes)), t)| bench::PrecisionRow {
-            name,
-            params,
-            f32_s,
-            bf16_s,
-            q8_s: None,
-            peak_bytes,
-            torch: t.as_ref(),
-        })
-        .collect();
+    let rows = bench::precision_rows(names.iter().map(String::as_str), &ours, &torch);
     bench::print_precision_table("SD's autoencoder, batch 1", &rows);
     Ok(())
 }

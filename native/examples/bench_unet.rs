@@ -138,7 +138,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             unet.forward(&input).expect("unet forward");
         });
         drop(unet);
-        ours.push((config.layout().parameter_count(), t32, t16, tq, peak));
+        ours.push(bench::Ours {
+            params: config.layout().parameter_count(),
+            f32_s: t32,
+            bf16_s: t16,
+            q8_s: Some(tq),
+            peak_bytes: peak,
+        });
         if ci == profiled_case {
             // Fresh weights (the values do not change the time) rather than a copy kept
             // through the timing, which would count in the peak.
@@ -178,20 +184,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         spec.iter().map(|case| bench::torch_cases(&python, script, threads, reps, &json!([case]))).collect();
     let torch = runs.first().cloned().flatten();
     bench::print_torch_line(torch.as_ref(), &python, script);
-    let rows: Vec<bench::PrecisionRow> = cases
-        .iter()
-        .zip(&ours)
-        .zip(&runs)
-        .map(|((case, &(params, f32_s, bf16_s, q8_s, peak_bytes)), run)| bench::PrecisionRow {
-            name: case.name,
-            params,
-            f32_s,
-            bf16_s,
-            q8_s: Some(q8_s),
-            peak_bytes,
-            torch: run.as_ref(),
-        })
-        .collect();
+    let rows = bench::precision_rows(cases.iter().map(|c| c.name), &ours, &runs);
     bench::print_precision_table("one step, batch 2", &rows);
     openvino(&python, threads, reps, cases, &spec, &ours);
     println!("{}, one step by primitive, {breakdown}", cases[profiled_case].name);
@@ -201,10 +194,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// OpenVINO's runs of the same UNets (`bench/openvino_unet.py`: diffusers' model converted
 /// and compiled for the CPU at f32 and with the bf16 hint), one process a case, beside our
 /// f32, bf16 and Q8 steps: speed-ups are OpenVINO's time over ours.
-fn openvino(
-    python: &str, threads: usize, reps: usize, cases: &[Case], spec: &[Value],
-    ours: &[(usize, f64, f64, f64, usize)],
-) {
+fn openvino(python: &str, threads: usize, reps: usize, cases: &[Case], spec: &[Value], ours: &[bench::Ours]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/openvino_unet.py");
     let runs: Vec<Option<Value>> =
         spec.iter().map(|case| bench::torch_cases(python, script, threads, reps, &json!([case]))).collect();
@@ -225,7 +215,7 @@ fn openvino(
         "{:<34} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
         "", "ms", "ms", "speed-up", "speed-up", "over bf16", "rise MB"
     );
-    for ((case, &(_, f32_s, bf16_s, q8_s, _)), run) in cases.iter().zip(ours).zip(&runs) {
+    for ((case, o), run) in cases.iter().zip(ours).zip(&runs) {
         let get = |k: &str| run.as_ref().and_then(|v| v[k][0].as_f64());
         let (ov32, ov16) = (get("step"), get("step_bf16"));
         let ms = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.1}", t * 1e3));
@@ -236,9 +226,9 @@ fn openvino(
             case.name,
             ms(ov32),
             ms(ov16),
-            ratio(ov32, f32_s),
-            ratio(ov16, bf16_s),
-            ratio(ov16, q8_s),
+            ratio(ov32, o.f32_s),
+            ratio(ov16, o.bf16_s),
+            o.q8_s.map_or("-".into(), |q| ratio(ov16, q)),
             rise
         );
     }

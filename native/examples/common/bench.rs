@@ -138,17 +138,35 @@ pub fn torch_cases(
     python_json(python, script, &args)
 }
 
-/// One benchmark case's row for [`print_precision_table`]: our f32 and mixed-precision
-/// seconds and heap peak in bytes, and PyTorch's run of the case (one process a case).
-pub struct PrecisionRow<'a> {
-    pub name: &'a str,
+/// Our side of one benchmark case: its parameters, f32, mixed-precision and (where timed)
+/// `Precision::Q8` + mixed-precision seconds, and the heap's peak in bytes.
+pub struct Ours {
     pub params: usize,
     pub f32_s: f64,
     pub bf16_s: f64,
     /// At `Precision::Q8` (int8 matrices, W8A8) in mixed precision: the fastest path.
     pub q8_s: Option<f64>,
     pub peak_bytes: usize,
+}
+
+/// One benchmark case's row for [`print_precision_table`]: its name, our side, and
+/// PyTorch's run of the case (one process a case).
+pub struct PrecisionRow<'a> {
+    pub name: &'a str,
+    pub ours: &'a Ours,
     pub torch: Option<&'a serde_json::Value>,
+}
+
+/// The table's rows: each case's name, our side and PyTorch's run, in order.
+pub fn precision_rows<'a>(
+    names: impl IntoIterator<Item = &'a str>, ours: &'a [Ours], torch: &'a [Option<serde_json::Value>],
+) -> Vec<PrecisionRow<'a>> {
+    names
+        .into_iter()
+        .zip(ours)
+        .zip(torch)
+        .map(|((name, ours), t)| PrecisionRow { name, ours, torch: t.as_ref() })
+        .collect()
 }
 
 /// The f32 / mixed-precision table both image benchmarks print: speed-ups are diffusers'
@@ -188,19 +206,19 @@ pub fn print_precision_table(first: &str, rows: &[PrecisionRow]) {
             .map_or("-".into(), |m| format!("{:.0}", m * 1.048576));
         line([
             r.name,
-            &r.params.to_string(),
-            &ms(Some(r.f32_s)),
-            &ms(Some(r.bf16_s)),
+            &r.ours.params.to_string(),
+            &ms(Some(r.ours.f32_s)),
+            &ms(Some(r.ours.bf16_s)),
             &ms(theirs),
             &ms(theirs16),
-            &ratio(theirs, r.f32_s),
-            &ratio(theirs, r.bf16_s),
-            &ratio(theirs16, r.bf16_s),
-            &format!("{:.0}", r.peak_bytes as f64 / 1e6),
+            &ratio(theirs, r.ours.f32_s),
+            &ratio(theirs, r.ours.bf16_s),
+            &ratio(theirs16, r.ours.bf16_s),
+            &format!("{:.0}", r.ours.peak_bytes as f64 / 1e6),
             &rss,
         ]);
     }
-    if rows.iter().all(|r| r.q8_s.is_none()) {
+    if rows.iter().all(|r| r.ours.q8_s.is_none()) {
         return;
     }
     // The fastest path: the denoiser's matrices int8 (one scale a row, activation rows
@@ -209,14 +227,14 @@ pub fn print_precision_table(first: &str, rows: &[PrecisionRow]) {
     println!("{:<w$} {:>9} {:>12} {:>12} {:>12}", first, "ours Q8", "over ours", "over torch", "over torch");
     println!("{:<w$} {:>9} {:>12} {:>12} {:>12}", "", "ms", "bf16", "f32", "bf16");
     for r in rows {
-        let Some(q8) = r.q8_s else { continue };
+        let Some(q8) = r.ours.q8_s else { continue };
         let (theirs, theirs16) =
             (r.torch.and_then(|v| v["step"][0].as_f64()), r.torch.and_then(|v| v["step_bf16"][0].as_f64()));
         println!(
             "{:<w$} {:>9} {:>12} {:>12} {:>12}",
             r.name,
             ms(Some(q8)),
-            ratio(Some(r.bf16_s), q8),
+            ratio(Some(r.ours.bf16_s), q8),
             ratio(theirs, q8),
             ratio(theirs16, q8)
         );
