@@ -23,6 +23,16 @@
 //! products and not cleared: rows past m and columns past n reach only outputs that are
 //! not stored, and every other word is written.
 //!
+//! AMX: where the CPU has AMX-INT8 and Linux grants the tile data (`simd::has_amx_int8`),
+//! the same packed operands go through tiles instead: `tdpbusd` is `vpdpbusd`'s
+//! instruction on a 16 x 64-byte tile pair (1,024 multiply-adds where VNNI does 64). A is
+//! packed in groups of 16 rows, step by step (k padded with zero words to a multiple of
+//! 16; a tile is 16 rows of a step's 16 words, 1 KiB in order: strided rows of A left the
+//! tile loads waiting on memory); B tiles are 16 steps of 16 of a panel's words, which is
+//! the panel's own layout at a stride of 128 bytes. A block of 32 rows x 32 columns holds four i32
+//! tiles over the whole of k, then goes through the same finishing code as VNNI's
+//! registers. The sums are the same integers, so the outputs are the same bits.
+//!
 //! Reference twin: `rusting_brain_core::ops::q8::q8_matmul` (one scale a row);
 //! `tests/backend_vs_reference.rs` and the tests below.
 
@@ -36,6 +46,10 @@ use super::simd;
 
 /// Rows of a micro-tile.
 const MR: usize = 8;
+/// Rows of an AMX block: two tiles of 16 rows.
+const AMX_MR: usize = 32;
+/// Words of a row an AMX step takes: a tile row is 64 bytes.
+const AMX_KW: usize = 16;
 /// Columns of a micro-tile and of a packed B panel (two vectors of 16 lanes).
 const NR: usize = 32;
 /// The longest rows whose sums stay exact in i32: 255 x 127 x 66,311 < 2^31.
@@ -62,12 +76,13 @@ pub fn takes(m: usize, k: usize) -> bool {
     available() && m >= MIN_ROWS && (1..=MAX_K).contains(&k)
 }
 
-/// Rows of C a parallel task takes (see `bf16::rows_per_task`).
-fn rows_per_task(m: usize, b_bytes: usize, big_b: usize) -> usize {
+/// Rows of C a parallel task takes (see `bf16::rows_per_task`), a multiple of the blocks'
+/// `mr` rows.
+fn rows_per_task(m: usize, b_bytes: usize, big_b: usize, mr: usize) -> usize {
     if b_bytes <= big_b {
-        return 4 * MR;
+        return 4 * mr;
     }
-    m.div_ceil(2 * rayon::current_num_threads().max(1)).next_multiple_of(MR).clamp(4 * MR, 32 * MR)
+    m.div_ceil(2 * rayon::current_num_threads().max(1)).next_multiple_of(mr).clamp(4 * mr, 32 * mr)
 }
 
 /// `out (m x n) = x (m x k) W^T + beta * out` for `w` the weight's bytes (n rows of
@@ -78,7 +93,7 @@ pub fn gemm(
 ) {
     assert!(x.len() >= m * k);
     let pack = |i: usize, words: &mut [u32]| pack_a_row(words, &x[i * k..(i + 1) * k]);
-    gemm_tasks(out, &pack, w, scales, (m, n, k), beta, BIG_B_BYTES)
+    gemm_tasks(out, &pack, w, scales, (m, n, k), beta, (BIG_B_BYTES, simd::has_amx_int8()))
 }
 
 /// [`gemm()`] with row `i` of x (its `k` values) written by `row(i, buf)` into a buffer of
@@ -96,36 +111,59 @@ pub fn gemm_rows(
             pack_a_row(words, &buf)
         })
     };
-    gemm_tasks(out, &pack, w, scales, (m, n, k), beta, BIG_B_BYTES)
+    gemm_tasks(out, &pack, w, scales, (m, n, k), beta, (BIG_B_BYTES, simd::has_amx_int8()))
 }
 
-/// [`gemm()`] with A's rows packed by `pack_a(i, words)` (which returns the row's scale), and
-/// tasks that grow past `big_b` bytes of packed B.
+/// [`gemm()`] with A's rows packed by `pack_a(i, words)` (which returns the row's scale),
+/// tasks that grow past `big_b` bytes of packed B, and AMX tiles when `amx` (which the
+/// caller has from `simd::has_amx_int8`).
 #[allow(clippy::too_many_arguments)]
 fn gemm_tasks(
     out: &mut [f32], pack_a: &(dyn Fn(usize, &mut [u32]) -> f32 + Sync), w: &[i8], scales: &[f32],
-    (m, n, k): (usize, usize, usize), beta: f32, big_b: usize,
+    (m, n, k): (usize, usize, usize), beta: f32, (big_b, amx): (usize, bool),
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         assert!(available() && (1..=MAX_K).contains(&k), "the int8 GEMM runs only where takes() said so");
+        assert!(!amx || simd::has_amx_int8(), "AMX tiles are used only where has_amx_int8() said so");
         let stride = w.len() / n.max(1);
         assert!(stride >= 4 * k.div_ceil(4) && out.len() >= m * n && scales.len() >= n);
         let kq = k.div_ceil(4);
+        // Words a packed row takes: AMX steps through whole tile rows of 16 words.
+        let (mr, lda) = if amx { (AMX_MR, kq.next_multiple_of(AMX_KW)) } else { (MR, kq) };
         let parallel = m * n * k >= PARALLEL_MACS && rayon::current_num_threads() > 1;
-        let tiles = m.div_ceil(MR);
+        let tiles = m.div_ceil(mr);
         let panels = n.div_ceil(NR);
         with_buffers(
-            tiles * MR * kq,
-            panels * kq * NR,
-            tiles * MR,
+            tiles * mr * lda,
+            panels * lda * NR,
+            tiles * mr,
             panels * NR,
             |apack, bpack, sx, col128| {
-                // A: each row rounded to int8 with its own scale, then stored as q + 128.
-                let pack_a = |(row, (words, s)): (usize, (&mut [u32], &mut f32))| {
-                    if row < m {
-                        *s = pack_a(row, words);
+                // A: each row rounded to int8 with its own scale, then stored as q + 128;
+                // the words past kq zero (they meet whatever B's padding holds). For AMX,
+                // groups of 16 rows stored step by step (16 rows of a step's 16 words, then
+                // the next step's), so a tile is 1 KiB read in order; for VNNI, rows.
+                let (group, width) = if amx { (16, AMX_KW) } else { (1, lda) };
+                let pack_a = |(g, (block, s)): (usize, (&mut [u32], &mut [f32]))| {
+                    if group == 1 {
+                        if g < m {
+                            s[0] = pack_a(g, &mut block[..kq]);
+                            block[kq..].fill(0);
+                        }
+                        return;
                     }
+                    A_ROW.with(|cell| {
+                        let mut words = cell.borrow_mut();
+                        words.resize(lda, 0);
+                        for (r, s) in s.iter_mut().enumerate().take(m.saturating_sub(g * group)) {
+                            *s = pack_a(g * group + r, &mut words[..kq]);
+                            words[kq..].fill(0);
+                            for (step, chunk) in words.chunks_exact(width).enumerate() {
+                                block[(step * group + r) * width..][..width].copy_from_slice(chunk);
+                            }
+                        }
+                    })
                 };
                 // B: panels of NR weight rows, each kq steps of NR words, and 128 times each
                 // row's sum (what the + 128 of A's bytes added to every output of the column).
@@ -133,46 +171,51 @@ fn gemm_tasks(
                     pack_b_panel(panel, sums, q, w, stride, (n, k));
                 };
                 if parallel {
-                    let a_rows = apack.par_chunks_mut(kq).zip(sx.par_iter_mut());
-                    a_rows.enumerate().with_min_len(16).for_each(pack_a);
-                    bpack.par_chunks_mut(kq * NR).zip(col128.par_chunks_mut(NR)).enumerate().for_each(pack_b);
+                    let a_rows = apack.par_chunks_mut(group * lda).zip(sx.par_chunks_mut(group));
+                    a_rows.enumerate().with_min_len(16 / group).for_each(pack_a);
+                    bpack.par_chunks_mut(lda * NR).zip(col128.par_chunks_mut(NR)).enumerate().for_each(pack_b);
                 } else {
-                    apack.chunks_mut(kq).zip(sx.iter_mut()).enumerate().for_each(pack_a);
-                    bpack.chunks_mut(kq * NR).zip(col128.chunks_mut(NR)).enumerate().for_each(pack_b);
+                    apack.chunks_mut(group * lda).zip(sx.chunks_mut(group)).enumerate().for_each(pack_a);
+                    bpack.chunks_mut(lda * NR).zip(col128.chunks_mut(NR)).enumerate().for_each(pack_b);
                 }
                 let (apack, bpack, sx, col128) = (&*apack, &*bpack, &*sx, &*col128);
 
-                // A task: `rows_per_task` rows of C; for each panel, each tile of the task's
+                // A task: `rows_per_task` rows of C; for each panel, each block of the task's
                 // rows in turn (the panel stays in L2 across them).
-                let rows_per_task = rows_per_task(m, bpack.len() * 4, big_b);
+                let rows_per_task = rows_per_task(m, bpack.len() * 4, big_b, mr);
                 let task = |(t, c): (usize, &mut [f32])| {
                     let first = t * rows_per_task;
                     let task_rows = c.len() / n;
-                    for (q, panel) in bpack.chunks(kq * NR).enumerate() {
+                    // The tile configuration is the thread's: set for the task, released
+                    // after it (so a switched-out thread has no tile state to save).
+                    // SAFETY: `amx` was checked against has_amx_int8() above.
+                    let _tiles = amx.then(|| unsafe { amx::Tiles::configure() });
+                    for (q, panel) in bpack.chunks(lda * NR).enumerate() {
                         let cols = NR.min(n - q * NR);
-                        for r0 in (0..task_rows).step_by(MR) {
+                        for r0 in (0..task_rows).step_by(mr) {
                             let row = first + r0;
-                            let rows = MR.min(task_rows - r0);
-                            // SAFETY: available() proved AVX-512F, BW and VNNI; the tile's MR rows
-                            // of kq words are in `apack` from row * kq (it holds whole tiles),
-                            // the panel holds kq steps of NR words, and `out` reaches row
-                            // rows - 1, column cols - 1 at stride n.
-                            unsafe {
-                                tile(
-                                    &mut c[r0 * n + q * NR..],
-                                    n,
-                                    (rows, cols),
-                                    &apack[row * kq..(row + MR) * kq],
-                                    kq,
-                                    panel,
-                                    (
-                                        &sx[row..row + MR],
-                                        &col128[q * NR..(q + 1) * NR],
-                                        &scales[q * NR..q * NR + cols],
-                                    ),
-                                    beta,
-                                )
-                            };
+                            let rows = mr.min(task_rows - r0);
+                            let a = &apack[row * lda..(row + mr) * lda];
+                            let scaled = (
+                                &sx[row..row + mr],
+                                &col128[q * NR..(q + 1) * NR],
+                                &scales[q * NR..q * NR + cols],
+                            );
+                            let c = &mut c[r0 * n + q * NR..];
+                            if amx {
+                                // SAFETY: the tiles are configured for this thread; the block's
+                                // mr rows of lda words are in `apack` from row * lda (it holds
+                                // whole blocks), lda is a multiple of AMX_KW, the panel holds lda
+                                // steps of NR words, and `out` reaches row rows - 1, column
+                                // cols - 1 at stride n.
+                                unsafe { amx::block(c, n, (rows, cols), a, lda, panel, scaled, beta) };
+                            } else {
+                                // SAFETY: available() proved AVX-512F, BW and VNNI; the tile's MR
+                                // rows of kq words are in `apack` from row * kq (it holds whole
+                                // tiles), the panel holds kq steps of NR words, and `out` reaches
+                                // row rows - 1, column cols - 1 at stride n.
+                                unsafe { tile(c, n, (rows, cols), a, lda, panel, scaled, beta) };
+                            }
                         }
                     }
                 };
@@ -186,7 +229,7 @@ fn gemm_tasks(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (out, pack_a, w, scales, m, n, k, beta, big_b);
+        let _ = (out, pack_a, w, scales, m, n, k, beta, big_b, amx);
         unreachable!("available() is false off x86_64");
     }
 }
@@ -236,6 +279,8 @@ fn pack_b_panel(
 thread_local! {
     /// A row's int8 values on their way into A's words.
     static ROUNDED: RefCell<Vec<i8>> = const { RefCell::new(Vec::new()) };
+    /// A row's packed words on their way into AMX's groups of 16 rows.
+    static A_ROW: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     /// A row [`gemm_rows`] has written, on its way to being rounded.
     static PATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The packed operands, A's scales and B's column sums, kept by the calling thread
@@ -295,6 +340,26 @@ unsafe fn tile(
             acc[1] = _mm512_dpbusd_epi32(acc[1], w, b1);
         }
     }
+    // SAFETY: as this function's contract.
+    unsafe { finish(out, ldc, (rows, cols), |r, h| acc[r][h], (sx, col128, sw), beta) }
+}
+
+/// Rows `0..rows`, columns `0..cols` of `out` (stride `ldc`) from the i32 sums `acc(r, h)`
+/// (row r, columns 16h..16h + 16 of the block): `(sum - col128) as f32 * sx * sw`, in the
+/// reference's order, plus `beta` times what `out` held.
+///
+/// # Safety
+/// The CPU has AVX-512F; `col128` holds NR values, `sx` rows, `sw` cols, and `out`
+/// `(rows - 1) * ldc + cols`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn finish(
+    out: &mut [f32], ldc: usize, (rows, cols): (usize, usize),
+    acc: impl Fn(usize, usize) -> std::arch::x86_64::__m512i, (sx, col128, sw): (&[f32], &[i32], &[f32]),
+    beta: f32,
+) {
+    use std::arch::x86_64::*;
     let beta_v = _mm512_set1_ps(beta);
     for h in 0..2 {
         let lanes = cols.saturating_sub(16 * h).min(16);
@@ -305,11 +370,11 @@ unsafe fn tile(
         // SAFETY: col128 holds NR values; sw's masked lanes are columns < cols.
         let bias = _mm512_loadu_si512(col128.as_ptr().add(16 * h).cast());
         let swv = _mm512_maskz_loadu_ps(mask, sw.as_ptr().add(16 * h));
-        for (r, acc) in acc.iter().enumerate().take(rows) {
+        for (r, &sx) in sx.iter().enumerate().take(rows) {
             // d as f32 * sx * sw, in the reference's order (the conversion rounds to
             // nearest, as `as f32` does).
-            let d = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h], bias));
-            let mut v = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(sx[r])), swv);
+            let d = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc(r, h), bias));
+            let mut v = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(sx)), swv);
             // SAFETY: the masked lanes are columns 16h .. 16h + lanes < cols of row r.
             let dst = out.as_mut_ptr().add(r * ldc + 16 * h);
             if beta != 0.0 {
@@ -320,14 +385,125 @@ unsafe fn tile(
     }
 }
 
+/// The AMX blocks (x86-64 Linux: the tile data is granted through `arch_prctl`).
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    use super::{finish, AMX_KW, AMX_MR, NR};
+    use std::arch::asm;
+
+    /// The thread's tile configuration while it lives: eight tiles of 16 rows of 64 bytes
+    /// (four i32 sums, two of A, two of B); `tilerelease` when dropped.
+    pub struct Tiles(());
+
+    impl Tiles {
+        /// # Safety
+        /// `simd::has_amx_int8()` is true.
+        pub unsafe fn configure() -> Tiles {
+            // Palette 1; bytes 16.. the tiles' row widths (u16), bytes 48.. their rows.
+            let mut cfg = [0u8; 64];
+            cfg[0] = 1;
+            for t in 0..8 {
+                cfg[16 + 2 * t] = 64;
+                cfg[48 + t] = 16;
+            }
+            // SAFETY: AMX-TILE is there and granted (the caller's contract); the
+            // configuration is a valid palette-1 one.
+            unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.as_ptr(), options(nostack, readonly)) };
+            Tiles(())
+        }
+    }
+
+    impl Drop for Tiles {
+        fn drop(&mut self) {
+            // SAFETY: tiles were configured (only `configure` makes a `Tiles`).
+            unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        }
+    }
+
+    /// One block of AMX_MR rows x NR columns: as `tile`, the i32 sums from tiles.
+    ///
+    /// # Safety
+    /// The calling thread's tiles are configured ([`Tiles`]); the CPU has AVX-512F, BW and
+    /// VNNI; `lda` is a multiple of AMX_KW; `a` holds AMX_MR * lda words (two groups of 16
+    /// rows, each step by step), `panel` lda * NR,
+    /// `col128` NR, `sx` AMX_MR; `out` `(rows - 1) * ldc + cols`; `sw` cols.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn block(
+        out: &mut [f32], ldc: usize, (rows, cols): (usize, usize), a: &[u32], lda: usize, panel: &[u32],
+        scaled: (&[f32], &[i32], &[f32]), beta: f32,
+    ) {
+        use std::arch::x86_64::_mm512_loadu_si512;
+        debug_assert!(lda.is_multiple_of(AMX_KW) && a.len() >= AMX_MR * lda && panel.len() >= lda * NR);
+        debug_assert!((1..=AMX_MR).contains(&rows) && out.len() >= (rows - 1) * ldc + cols);
+        // The block's sums: AMX_MR rows of NR i32, four 16 x 16 tiles.
+        let mut sums = [0i32; AMX_MR * NR];
+        let steps = lda / AMX_KW;
+        // A step: tiles 4 and 5 take rows 0..16 and 16..32 of A (a group's 16 rows of 16
+        // words, 1 KiB in order), tiles 6 and 7 the panel's 16 steps of columns 0..16 and
+        // 16..32 (rows 4 * NR bytes apart); `tdpbusd dst, A (unsigned), B (signed)`.
+        // SAFETY: steps * AMX_KW = lda words of each A row and lda steps of the panel are
+        // read, inside the slices (the contract); the sums are stored inside `sums`.
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                "2:",
+                "tileloadd tmm4, [{a0} + {sa}*1]",
+                "tileloadd tmm5, [{a1} + {sa}*1]",
+                "tileloadd tmm6, [{b} + {sb}*1]",
+                "tileloadd tmm7, [{b} + {sb}*1 + 64]",
+                "tdpbusd tmm0, tmm4, tmm6",
+                "tdpbusd tmm1, tmm4, tmm7",
+                "tdpbusd tmm2, tmm5, tmm6",
+                "tdpbusd tmm3, tmm5, tmm7",
+                "add {a0}, 1024",
+                "add {a1}, 1024",
+                "add {b}, {bstep}",
+                "dec {steps}",
+                "jnz 2b",
+                "tilestored [{c0} + {sb}*1], tmm0",
+                "tilestored [{c0} + {sb}*1 + 64], tmm1",
+                "tilestored [{c1} + {sb}*1], tmm2",
+                "tilestored [{c1} + {sb}*1 + 64], tmm3",
+                a0 = inout(reg) a.as_ptr() => _,
+                a1 = inout(reg) a.as_ptr().add(16 * lda) => _,
+                b = inout(reg) panel.as_ptr() => _,
+                steps = inout(reg) steps => _,
+                sa = in(reg) AMX_KW * 4,
+                sb = in(reg) NR * 4,
+                bstep = in(reg) AMX_KW * NR * 4,
+                c0 = in(reg) sums.as_mut_ptr(),
+                c1 = in(reg) sums.as_mut_ptr().add(16 * NR),
+                options(nostack),
+            );
+        }
+        let sums = &sums;
+        // SAFETY: row r < AMX_MR, 16h + 16 <= NR: inside `sums`; the rest is the contract.
+        unsafe {
+            finish(
+                out,
+                ldc,
+                (rows, cols),
+                |r, h| _mm512_loadu_si512(sums.as_ptr().add(r * NR + 16 * h).cast()),
+                scaled,
+                beta,
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rusting_brain_core::ops::q8;
     use rusting_brain_core::Rng;
 
-    /// Every output is the reference's to the bit: awkward m, n and k (k not a multiple of
-    /// four, n off the panels, m off the tiles and tasks), beta 0 and not, large values
+    /// Every output is the reference's to the bit, on VNNI and on AMX tiles where the CPU
+    /// has them: awkward m, n and k (k not a multiple of four nor of AMX's 64, n off the
+    /// panels, m off the tiles, blocks and tasks), beta 0 and not, large values
     /// (sums near the i32 range's edge at the longest k tested), packing buffers left full
     /// of other products' words, and tasks grown by a small `big_b`.
     #[test]
@@ -344,8 +520,14 @@ mod tests {
             (65, 70, 130, BIG_B_BYTES),
             (100, 64, 257, 0),
             (41, 96, 5000, BIG_B_BYTES),
+            (130, 45, 64, 0),
+            (64, 32, 1024, BIG_B_BYTES),
         ] {
-            for beta in [0.0f32, 0.5] {
+            // VNNI's tiles, and AMX's where the CPU has them (the same bits either way).
+            for (beta, amx) in [(0.0f32, false), (0.5, false), (0.0, true), (0.5, true)] {
+                if amx && !simd::has_amx_int8() {
+                    continue;
+                }
                 BUFFERS.with(|b| {
                     let mut b = b.borrow_mut();
                     b.0 = vec![0xdead_beef; 1 << 16];
@@ -363,12 +545,12 @@ mod tests {
                 // SAFETY: as q8's `as_i8`: bytes of the packed f32 words.
                 let w = unsafe { std::slice::from_raw_parts(packed.as_ptr() as *const i8, packed.len() * 4) };
                 let pack = |i: usize, words: &mut [u32]| pack_a_row(words, &x[i * k..(i + 1) * k]);
-                gemm_tasks(&mut got, &pack, w, &scales, (m, n, k), beta, big_b);
+                gemm_tasks(&mut got, &pack, w, &scales, (m, n, k), beta, (big_b, amx));
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
                         g.to_bits(),
                         e.to_bits(),
-                        "{m}x{n}x{k} beta {beta}: output {i}: {g} against {e}"
+                        "{m}x{n}x{k} beta {beta} amx {amx}: output {i}: {g} against {e}"
                     );
                 }
             }

@@ -65,11 +65,13 @@ impl CpuBackend {
         rayon::current_num_threads()
     }
     /// The SIMD instruction set the kernels run with on this CPU (`RB_CPU_ISA` and
-    /// `RB_CPU_VNNI=0` lower it), with `+vnni` when the int8 products use VNNI.
+    /// `RB_CPU_VNNI=0` lower it), with `+vnni` when the int8 products use VNNI and `+amx`
+    /// when the int8 GEMM uses AMX tiles (`RB_CPU_AMX=0` turns them off).
     pub fn isa(&self) -> &'static str {
-        match (simd::isa().name(), simd::has_vnni()) {
-            ("avx512f", true) => "avx512f+vnni",
-            (name, _) => name,
+        match (simd::isa().name(), simd::has_vnni(), simd::has_amx_int8()) {
+            ("avx512f", true, true) => "avx512f+vnni+amx",
+            ("avx512f", true, false) => "avx512f+vnni",
+            (name, _, _) => name,
         }
     }
 }

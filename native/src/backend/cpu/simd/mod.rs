@@ -201,6 +201,67 @@ pub fn has_vnni() -> bool {
     })
 }
 
+/// Whether the int8 GEMM (`int8_gemm`) runs on AMX tiles here: VNNI is in use (the GEMM
+/// packs and finishes with AVX-512), the CPU lists AMX-TILE and AMX-INT8, the OS has the
+/// tile state in XCR0, Linux granted this process the tile data (`arch_prctl`
+/// `ARCH_REQ_XCOMP_PERM`: without it the first tile instruction is a SIGILL, which a
+/// listed flag does not rule out), and `RB_CPU_AMX=0` did not turn it off. Tiles give the
+/// same i32 sums as VNNI, so turning them off changes speed, never a result.
+pub fn has_amx_int8() -> bool {
+    static AMX: OnceLock<bool> = OnceLock::new();
+    *AMX.get_or_init(|| {
+        let off = std::env::var("RB_CPU_AMX").is_ok_and(|v| v.trim() == "0");
+        !off && has_vnni() && amx_granted()
+    })
+}
+
+/// CPUID, XCR0 and Linux's grant of the tile data, in that order (each call after the
+/// first grant is a no-op for the kernel).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn amx_granted() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    let (leaf1, leaf7) = (__cpuid(1), __cpuid_count(7, 0));
+    let amx_tile = leaf7.edx >> 24 & 1 == 1;
+    let amx_int8 = leaf7.edx >> 25 & 1 == 1;
+    let osxsave = leaf1.ecx >> 27 & 1 == 1;
+    if !(amx_tile && amx_int8 && osxsave) {
+        return false;
+    }
+    /// XCR0 (XGETBV is there: CPUID said OSXSAVE).
+    #[target_feature(enable = "xsave")]
+    unsafe fn xcr0() -> u64 {
+        std::arch::x86_64::_xgetbv(0)
+    }
+    // Bits 17 and 18: XTILECFG and XTILEDATA, the OS saves and restores the tiles.
+    // SAFETY: OSXSAVE was checked above.
+    if unsafe { xcr0() } & (3 << 17) != 3 << 17 {
+        return false;
+    }
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: arch_prctl with these arguments only asks for a permission; the syscall
+    // clobbers rcx and r11 and nothing else.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn amx_granted() -> bool {
+    false
+}
+
 #[inline(always)]
 fn hsum(acc: &[f32; LANES]) -> f32 {
     // Pairwise halving (8, 4, 2, 1 lanes apart), so the result does not depend on which
