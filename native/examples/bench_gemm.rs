@@ -299,4 +299,41 @@ fn w8a8(cpu: &CpuBackend) {
             t[1] / t[3]
         );
     }
+    // SD 1.5's 3x3 convolutions at 512 x 512 with guidance (batch 2): f32 (im2col or
+    // Winograd), bf16 and int8 rows (`conv2d_q8`: the implicit GEMM over a channels-last
+    // copy), GOP/s of the direct convolution's 2 * out * k multiply-adds.
+    use rusting_brain::core::backend::{Conv2dSpec, ConvOps};
+    for &(c, hw) in &[(320usize, 64usize), (640, 32), (1280, 16)] {
+        let spec = Conv2dSpec::new(2, c, c, hw, hw, 3).padding(1);
+        let (ni, nw, no, _) = spec.check().unwrap();
+        let k = c * 9;
+        let w = rng.normal_vec(nw, 0.05);
+        let x = rng.normal_vec(ni, 1.0);
+        let (pr, sr) = q8::quantize_rows(&w, c, k).unwrap();
+        let pr = rusting_brain::core::ops::conv::q8_weight_channels_last(&pr, &spec).unwrap();
+        let spec16 = spec.precision(OperandPrecision::Bf16);
+        let mut o = [vec![0.0f32; no], vec![0.0f32; no], vec![0.0f32; no]];
+        let [o0, o1, o2] = &mut o;
+        let flops = 2.0 * (no * k) as f64;
+        let reps = ((4e9 / flops) as usize).clamp(3, 100);
+        let (w, x) = (w.to_vec(), x.to_vec());
+        let t = best_in_turns(
+            reps,
+            &mut [
+                &mut || cpu.conv2d(o0, &x, &w, None, &spec).unwrap(),
+                &mut || cpu.conv2d(o1, &x, &w, None, &spec16).unwrap(),
+                &mut || cpu.conv2d_q8(o2, &x, &pr, &sr, None, &spec).unwrap(),
+            ],
+        );
+        println!(
+            "{:<34} {:>9.1} {:>9.1} {:>11} {:>9.1} {:>8.2}x {:>10.2}x",
+            format!("conv 3x3 {c}ch {hw}x{hw} b2"),
+            flops / t[0] / 1e9,
+            flops / t[1] / 1e9,
+            "-",
+            flops / t[2] / 1e9,
+            t[0] / t[2],
+            t[1] / t[2]
+        );
+    }
 }

@@ -47,6 +47,9 @@ use super::simd;
 /// Rows of a micro-tile.
 const MR: usize = 8;
 /// Rows of an AMX block: two tiles of 16 rows.
+#[cfg(target_arch = "x86_64")]
+const AMX_MR: usize = super::amx::ROWS;
+#[cfg(not(target_arch = "x86_64"))]
 const AMX_MR: usize = 32;
 /// Words of a row an AMX step takes: a tile row is 64 bytes.
 const AMX_KW: usize = 16;
@@ -77,12 +80,15 @@ pub fn takes(m: usize, k: usize) -> bool {
 }
 
 /// Rows of C a parallel task takes (see `bf16::rows_per_task`), a multiple of the blocks'
-/// `mr` rows.
+/// `mr` rows: four of VNNI's tiles, or one of AMX's blocks (32 rows either way), so a
+/// task's packed A (32 rows of k bytes) stays in L2 across the panels; past `big_b` bytes
+/// of packed B, more rows, so B comes from memory fewer times.
 fn rows_per_task(m: usize, b_bytes: usize, big_b: usize, mr: usize) -> usize {
+    let least = (4 * MR).max(mr);
     if b_bytes <= big_b {
-        return 4 * mr;
+        return least;
     }
-    m.div_ceil(2 * rayon::current_num_threads().max(1)).next_multiple_of(mr).clamp(4 * mr, 32 * mr)
+    m.div_ceil(2 * rayon::current_num_threads().max(1)).next_multiple_of(mr).clamp(least, 32 * MR)
 }
 
 /// `out (m x n) = x (m x k) W^T + beta * out` for `w` the weight's bytes (n rows of
@@ -144,7 +150,7 @@ fn gemm_tasks(
                 // the words past kq zero (they meet whatever B's padding holds). For AMX,
                 // groups of 16 rows stored step by step (16 rows of a step's 16 words, then
                 // the next step's), so a tile is 1 KiB read in order; for VNNI, rows.
-                let (group, width) = if amx { (16, AMX_KW) } else { (1, lda) };
+                let group = if amx { AMX_KW } else { 1 };
                 let pack_a = |(g, (block, s)): (usize, (&mut [u32], &mut [f32]))| {
                     if group == 1 {
                         if g < m {
@@ -159,9 +165,7 @@ fn gemm_tasks(
                         for (r, s) in s.iter_mut().enumerate().take(m.saturating_sub(g * group)) {
                             *s = pack_a(g * group + r, &mut words[..kq]);
                             words[kq..].fill(0);
-                            for (step, chunk) in words.chunks_exact(width).enumerate() {
-                                block[(step * group + r) * width..][..width].copy_from_slice(chunk);
-                            }
+                            super::amx::scatter_row(block, r, &words);
                         }
                     })
                 };
@@ -189,7 +193,7 @@ fn gemm_tasks(
                     // The tile configuration is the thread's: set for the task, released
                     // after it (so a switched-out thread has no tile state to save).
                     // SAFETY: `amx` was checked against has_amx_int8() above.
-                    let _tiles = amx.then(|| unsafe { amx::Tiles::configure() });
+                    let _tiles = amx.then(|| unsafe { super::amx::Tiles::configure() });
                     for (q, panel) in bpack.chunks(lda * NR).enumerate() {
                         let cols = NR.min(n - q * NR);
                         for r0 in (0..task_rows).step_by(mr) {
@@ -208,7 +212,7 @@ fn gemm_tasks(
                                 // whole blocks), lda is a multiple of AMX_KW, the panel holds lda
                                 // steps of NR words, and `out` reaches row rows - 1, column
                                 // cols - 1 at stride n.
-                                unsafe { amx::block(c, n, (rows, cols), a, lda, panel, scaled, beta) };
+                                unsafe { amx_block(c, n, (rows, cols), a, lda, panel, scaled, beta) };
                             } else {
                                 // SAFETY: available() proved AVX-512F, BW and VNNI; the tile's MR
                                 // rows of kq words are in `apack` from row * kq (it holds whole
@@ -297,16 +301,27 @@ fn with_buffers<R>(
     a_len: usize, b_len: usize, sx_len: usize, sums_len: usize,
     f: impl FnOnce(&mut [u32], &mut [u32], &mut [f32], &mut [i32]) -> R,
 ) -> R {
+    // The packed operands on 64-byte lines, as AMX's tile loads want them.
+    #[cfg(target_arch = "x86_64")]
+    use super::amx::aligned;
+    #[cfg(not(target_arch = "x86_64"))]
+    fn aligned(v: &mut Vec<u32>, len: usize) -> &mut [u32] {
+        v.resize(len, 0);
+        &mut v[..len]
+    }
     BUFFERS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut kept) => {
             let (a, b, sx, sums) = &mut *kept;
-            a.resize(a_len, 0);
-            b.resize(b_len, 0);
             sx.resize(sx_len, 0.0);
             sums.resize(sums_len, 0);
-            f(a, b, sx, sums)
+            f(aligned(a, a_len), aligned(b, b_len), sx, sums)
         }
-        Err(_) => f(&mut vec![0; a_len], &mut vec![0; b_len], &mut vec![0.0; sx_len], &mut vec![0; sums_len]),
+        Err(_) => f(
+            aligned(&mut Vec::new(), a_len),
+            aligned(&mut Vec::new(), b_len),
+            &mut vec![0.0; sx_len],
+            &mut vec![0; sums_len],
+        ),
     })
 }
 
@@ -385,113 +400,42 @@ unsafe fn finish(
     }
 }
 
-/// The AMX blocks (x86-64 Linux: the tile data is granted through `arch_prctl`).
+/// One block of AMX_MR rows x NR columns on AMX tiles: as [`tile`], the i32 sums from
+/// `super::amx::block`.
+///
+/// # Safety
+/// The calling thread's tiles are configured (`amx::Tiles`) and AMX-INT8 granted; the CPU
+/// has AVX-512F, BW and VNNI; `lda` is a multiple of AMX_KW; `a` holds AMX_MR * lda words
+/// (two groups of 16 rows, each step by step), `panel` lda * NR, `col128` NR, `sx`
+/// AMX_MR; `out` `(rows - 1) * ldc + cols`; `sw` cols.
 #[cfg(target_arch = "x86_64")]
-mod amx {
-    use super::{finish, AMX_KW, AMX_MR, NR};
-    use std::arch::asm;
-
-    /// The thread's tile configuration while it lives: eight tiles of 16 rows of 64 bytes
-    /// (four i32 sums, two of A, two of B); `tilerelease` when dropped.
-    pub struct Tiles(());
-
-    impl Tiles {
-        /// # Safety
-        /// `simd::has_amx_int8()` is true.
-        pub unsafe fn configure() -> Tiles {
-            // Palette 1; bytes 16.. the tiles' row widths (u16), bytes 48.. their rows.
-            let mut cfg = [0u8; 64];
-            cfg[0] = 1;
-            for t in 0..8 {
-                cfg[16 + 2 * t] = 64;
-                cfg[48 + t] = 16;
-            }
-            // SAFETY: AMX-TILE is there and granted (the caller's contract); the
-            // configuration is a valid palette-1 one.
-            unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.as_ptr(), options(nostack, readonly)) };
-            Tiles(())
-        }
-    }
-
-    impl Drop for Tiles {
-        fn drop(&mut self) {
-            // SAFETY: tiles were configured (only `configure` makes a `Tiles`).
-            unsafe { asm!("tilerelease", options(nostack, nomem)) };
-        }
-    }
-
-    /// One block of AMX_MR rows x NR columns: as `tile`, the i32 sums from tiles.
-    ///
-    /// # Safety
-    /// The calling thread's tiles are configured ([`Tiles`]); the CPU has AVX-512F, BW and
-    /// VNNI; `lda` is a multiple of AMX_KW; `a` holds AMX_MR * lda words (two groups of 16
-    /// rows, each step by step), `panel` lda * NR,
-    /// `col128` NR, `sx` AMX_MR; `out` `(rows - 1) * ldc + cols`; `sw` cols.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn block(
-        out: &mut [f32], ldc: usize, (rows, cols): (usize, usize), a: &[u32], lda: usize, panel: &[u32],
-        scaled: (&[f32], &[i32], &[f32]), beta: f32,
-    ) {
-        use std::arch::x86_64::_mm512_loadu_si512;
-        debug_assert!(lda.is_multiple_of(AMX_KW) && a.len() >= AMX_MR * lda && panel.len() >= lda * NR);
-        debug_assert!((1..=AMX_MR).contains(&rows) && out.len() >= (rows - 1) * ldc + cols);
-        // The block's sums: AMX_MR rows of NR i32, four 16 x 16 tiles.
-        let mut sums = [0i32; AMX_MR * NR];
-        let steps = lda / AMX_KW;
-        // A step: tiles 4 and 5 take rows 0..16 and 16..32 of A (a group's 16 rows of 16
-        // words, 1 KiB in order), tiles 6 and 7 the panel's 16 steps of columns 0..16 and
-        // 16..32 (rows 4 * NR bytes apart); `tdpbusd dst, A (unsigned), B (signed)`.
-        // SAFETY: steps * AMX_KW = lda words of each A row and lda steps of the panel are
-        // read, inside the slices (the contract); the sums are stored inside `sums`.
-        unsafe {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                "2:",
-                "tileloadd tmm4, [{a0} + {sa}*1]",
-                "tileloadd tmm5, [{a1} + {sa}*1]",
-                "tileloadd tmm6, [{b} + {sb}*1]",
-                "tileloadd tmm7, [{b} + {sb}*1 + 64]",
-                "tdpbusd tmm0, tmm4, tmm6",
-                "tdpbusd tmm1, tmm4, tmm7",
-                "tdpbusd tmm2, tmm5, tmm6",
-                "tdpbusd tmm3, tmm5, tmm7",
-                "add {a0}, 1024",
-                "add {a1}, 1024",
-                "add {b}, {bstep}",
-                "dec {steps}",
-                "jnz 2b",
-                "tilestored [{c0} + {sb}*1], tmm0",
-                "tilestored [{c0} + {sb}*1 + 64], tmm1",
-                "tilestored [{c1} + {sb}*1], tmm2",
-                "tilestored [{c1} + {sb}*1 + 64], tmm3",
-                a0 = inout(reg) a.as_ptr() => _,
-                a1 = inout(reg) a.as_ptr().add(16 * lda) => _,
-                b = inout(reg) panel.as_ptr() => _,
-                steps = inout(reg) steps => _,
-                sa = in(reg) AMX_KW * 4,
-                sb = in(reg) NR * 4,
-                bstep = in(reg) AMX_KW * NR * 4,
-                c0 = in(reg) sums.as_mut_ptr(),
-                c1 = in(reg) sums.as_mut_ptr().add(16 * NR),
-                options(nostack),
-            );
-        }
-        let sums = &sums;
-        // SAFETY: row r < AMX_MR, 16h + 16 <= NR: inside `sums`; the rest is the contract.
-        unsafe {
-            finish(
-                out,
-                ldc,
-                (rows, cols),
-                |r, h| _mm512_loadu_si512(sums.as_ptr().add(r * NR + 16 * h).cast()),
-                scaled,
-                beta,
-            )
-        }
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn amx_block(
+    out: &mut [f32], ldc: usize, (rows, cols): (usize, usize), a: &[u32], lda: usize, panel: &[u32],
+    scaled: (&[f32], &[i32], &[f32]), beta: f32,
+) {
+    use super::amx;
+    use std::arch::x86_64::_mm512_loadu_si512;
+    debug_assert!(lda.is_multiple_of(AMX_KW) && a.len() >= AMX_MR * lda && panel.len() >= lda * NR);
+    debug_assert!((1..=AMX_MR).contains(&rows) && out.len() >= (rows - 1) * ldc + cols);
+    let mut sums = amx::Sums([0; AMX_MR * NR]);
+    // The panel's steps are rows of NR words; a step of 16 of them is 16 * NR words on.
+    let b = amx::BTiles { at: panel.as_ptr(), stride: NR * 4, step: AMX_KW * NR * 4 };
+    // SAFETY: the tiles and AMX-INT8 are the caller's contract; both groups of A hold
+    // lda / 16 steps, and the panel lda steps of NR words.
+    unsafe { amx::block(&mut sums, a, b, lda / AMX_KW, 2, amx::Kind::U8I8) };
+    let sums = &sums.0;
+    // SAFETY: row r < AMX_MR, 16h + 16 <= NR: inside `sums`; the rest is the contract.
+    unsafe {
+        finish(
+            out,
+            ldc,
+            (rows, cols),
+            |r, h| _mm512_loadu_si512(sums.as_ptr().add(r * NR + 16 * h).cast()),
+            scaled,
+            beta,
+        )
     }
 }
 

@@ -10,6 +10,7 @@
 //! added in a fixed order, so a run gives the same bits on 2 cores and on 64.
 
 mod activation;
+mod amx;
 mod attention;
 pub mod bf16;
 mod conv;

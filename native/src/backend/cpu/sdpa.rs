@@ -166,7 +166,13 @@ const PANEL: usize = 64;
 struct Packed {
     kt: Vec<u32>,
     v: Vec<u32>,
+    /// Where the packed words start in `kt` and `v` (on a 64-byte line for AMX).
+    kt_at: usize,
+    v_at: usize,
     bf16: bool,
+    /// Both products on AMX-BF16 tiles (see [`Packed::scores_amx`]): the steps along each
+    /// sum padded with zeros to a multiple of 16, a tile's rows.
+    amx: bool,
     d: usize,
     dp: usize,
     tk: usize,
@@ -183,6 +189,16 @@ impl Packed {
         }
     }
 
+    /// [`Packed::steps`] as stored: padded to a multiple of 16 for AMX.
+    fn stored_steps(&self) -> (usize, usize) {
+        let (kt_rows, v_rows) = self.steps();
+        if self.amx {
+            (kt_rows.next_multiple_of(16), v_rows.next_multiple_of(16))
+        } else {
+            (kt_rows, v_rows)
+        }
+    }
+
     // Off x86-64 nothing packs (the tiles are AVX-512's), but the type stays for the callers.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn new(k: &[f32], v: &[f32], spec: &SdpaSpec, bf16: bool) -> Packed {
@@ -190,11 +206,26 @@ impl Packed {
         let dp = d.next_multiple_of(16);
         let panels = tk.div_ceil(PANEL);
         let heads = spec.batch * spec.kv_heads;
-        let mut packed = Packed { kt: Vec::new(), v: Vec::new(), bf16, d, dp, tk, panels };
-        let (kt_rows, v_rows) = packed.steps();
-        let (kt_head, v_head) = (panels * kt_rows * PANEL, v_rows * dp);
-        let mut kt = vec![0u32; heads * kt_head];
-        let mut vp = vec![0u32; heads * v_head];
+        let amx = bf16 && simd::has_amx_bf16() && super::bf16::available();
+        let mut packed = Packed { kt: Vec::new(), v: Vec::new(), kt_at: 0, v_at: 0, bf16, amx, d, dp, tk, panels };
+        let (_, v_rows) = packed.steps();
+        // Zeros past the steps (the vectors below start zeroed): AMX's padding.
+        let (kt_rows, v_stored) = packed.stored_steps();
+        let (kt_head, v_head) = (panels * kt_rows * PANEL, v_stored * dp);
+        // On 64-byte lines where AMX reads them (see `amx::aligned`).
+        let (mut kt_buf, mut v_buf) = (Vec::new(), Vec::new());
+        let (kt, vp) = if amx {
+            #[cfg(target_arch = "x86_64")]
+            let both = (super::amx::aligned(&mut kt_buf, heads * kt_head), super::amx::aligned(&mut v_buf, heads * v_head));
+            #[cfg(not(target_arch = "x86_64"))]
+            let both: (&mut [u32], &mut [u32]) = unreachable!("AMX is x86-64's");
+            both
+        } else {
+            kt_buf.resize(heads * kt_head, 0);
+            v_buf.resize(heads * v_head, 0);
+            (&mut kt_buf[..], &mut v_buf[..])
+        };
+        let (kt_addr, v_addr) = (kt.as_ptr() as usize, vp.as_ptr() as usize);
         let word =
             |lo: f32, hi: Option<&f32>| super::bf16::bits(lo) | hi.map_or(0, |&h| super::bf16::bits(h) << 16);
         kt.par_chunks_mut(kt_head).zip(vp.par_chunks_mut(v_head)).enumerate().for_each(|(bh, (kt, vp))| {
@@ -229,17 +260,23 @@ impl Packed {
                 }
             }
         });
-        (packed.kt, packed.v) = (kt, vp);
+        packed.kt_at = (kt_addr - kt_buf.as_ptr() as usize) / 4;
+        packed.v_at = (v_addr - v_buf.as_ptr() as usize) / 4;
+        (packed.kt, packed.v) = (kt_buf, v_buf);
         packed
     }
 
     /// `s (rows, tk) = q (rows, d; rows q_rs apart) K^T` for packed head `bh`.
     fn scores(&self, s: &mut [f32], q: &[f32], q_rs: usize, rows: usize, bh: usize) {
         let (d, tk) = (self.d, self.tk);
-        let (kt_rows, _) = self.steps();
+        let (kt_rows, _) = self.stored_steps();
         assert!(s.len() >= rows * tk && (rows - 1) * q_rs + d <= q.len(), "sdpa: score tile out of bounds");
         let head = self.panels * kt_rows * PANEL;
-        let kt = &self.kt[bh * head..(bh + 1) * head];
+        let kt = &self.kt[self.kt_at + bh * head..self.kt_at + (bh + 1) * head];
+        #[cfg(target_arch = "x86_64")]
+        if self.amx {
+            return self.scores_amx(s, q, q_rs, rows, kt);
+        }
         #[cfg(target_arch = "x86_64")]
         with_words(if self.bf16 { rows * kt_rows } else { 0 }, |qw| {
             if self.bf16 {
@@ -287,9 +324,13 @@ impl Packed {
     /// row, the softmax's 1 / sum).
     fn values(&self, o: &mut [f32], p: &[f32], inv: &[f32], bh: usize) {
         let (d, dp, tk, rows) = (self.d, self.dp, self.tk, inv.len());
-        let (_, v_rows) = self.steps();
+        let (_, v_rows) = self.stored_steps();
         assert!(o.len() >= rows * d && p.len() >= rows * tk, "sdpa: value tile out of bounds");
-        let v = &self.v[bh * v_rows * dp..(bh + 1) * v_rows * dp];
+        let v = &self.v[self.v_at + bh * v_rows * dp..self.v_at + (bh + 1) * v_rows * dp];
+        #[cfg(target_arch = "x86_64")]
+        if self.amx {
+            return self.values_amx(o, p, inv, v);
+        }
         #[cfg(target_arch = "x86_64")]
         with_words(if self.bf16 { rows * v_rows } else { 0 }, |pw| {
             if self.bf16 {
@@ -359,6 +400,105 @@ impl Packed {
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("packed attention is AVX-512's ({v:?}, {o:?}, {p:?})");
     }
+
+    /// [`Packed::scores`] on AMX-BF16 tiles: the block's queries as bf16 pairs in groups of
+    /// 16 rows (`amx::scatter_row`; dimensions past d zero, as K^T's rows past d are), 32
+    /// queries by 32 keys a block over the d / 32 steps, each block's sums copied into
+    /// `s`.
+    #[cfg(target_arch = "x86_64")]
+    fn scores_amx(&self, s: &mut [f32], q: &[f32], q_rs: usize, rows: usize, kt: &[u32]) {
+        use super::amx;
+        let (d, tk) = (self.d, self.tk);
+        let (kt_rows, _) = self.stored_steps();
+        let blocks = rows.div_ceil(amx::ROWS);
+        with_words(blocks * amx::ROWS * kt_rows, |qw| {
+            let mut words = vec![0u32; kt_rows];
+            for r in 0..rows {
+                for (w, pair) in words.iter_mut().zip(q[r * q_rs..r * q_rs + d].chunks(2)) {
+                    *w = super::bf16::bits(pair[0]) | pair.get(1).map_or(0, |&h| super::bf16::bits(h) << 16);
+                }
+                let group = &mut qw[r / amx::GROUP * amx::GROUP * kt_rows..][..amx::GROUP * kt_rows];
+                amx::scatter_row(group, r % amx::GROUP, &words);
+            }
+            // Rows past `rows` in the last block hold what the buffer held: their sums are
+            // not copied out.
+            let mut sums = amx::Sums([0; amx::ROWS * 32]);
+            // SAFETY: Packed sets `amx` only where has_amx_bf16() granted the tiles.
+            let _tiles = unsafe { amx::Tiles::configure() };
+            for r0 in (0..rows).step_by(amx::ROWS) {
+                let a = &qw[r0 * kt_rows..(r0 + amx::ROWS) * kt_rows];
+                for j0 in (0..tk).step_by(32) {
+                    let cols = 32.min(tk - j0);
+                    // Keys j0.. of their panel: rows of PANEL words, 16 rows a step.
+                    let (panel, lane) = (j0 / PANEL, j0 % PANEL);
+                    let at = kt[(panel * kt_rows) * PANEL + lane..].as_ptr();
+                    let b = amx::BTiles { at, stride: PANEL * 4, step: 16 * PANEL * 4 };
+                    // SAFETY: the tiles are configured and AMX-BF16 is there; both groups
+                    // of A hold kt_rows / 16 steps; the panel's kt_rows rows of PANEL words
+                    // from `lane` (+ 32 <= PANEL) are inside this head's K^T.
+                    unsafe { amx::block(&mut sums, a, b, kt_rows / 16, cols.div_ceil(16), amx::Kind::Bf16) };
+                    for r in 0..amx::ROWS.min(rows - r0) {
+                        let dst = &mut s[(r0 + r) * tk + j0..(r0 + r) * tk + j0 + cols];
+                        for (x, &bits) in dst.iter_mut().zip(&sums.0[r * 32..]) {
+                            *x = f32::from_bits(bits);
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// [`Packed::values`] on AMX-BF16 tiles: the probabilities as bf16 pairs of keys in
+    /// groups of 16 rows (pairs past the keys zero, as V's rows there are), 32 rows by 32
+    /// columns of V a block over tk / 32 steps, each row times its `inv`.
+    #[cfg(target_arch = "x86_64")]
+    fn values_amx(&self, o: &mut [f32], p: &[f32], inv: &[f32], v: &[u32]) {
+        use super::amx;
+        let (d, dp, tk, rows) = (self.d, self.dp, self.tk, inv.len());
+        let (_, v_rows) = self.stored_steps();
+        let blocks = rows.div_ceil(amx::ROWS);
+        with_words(blocks * amx::ROWS * v_rows, |pw| {
+            let mut words = vec![0u32; v_rows];
+            for r in 0..rows {
+                let row = &p[r * tk..(r + 1) * tk];
+                let full = tk / 32;
+                for i in 0..full {
+                    // SAFETY: AMX-BF16 came with AVX512_BF16 (Packed checked both); the 32
+                    // floats from 32 i are in the row, the 16 words in `words`.
+                    unsafe {
+                        let w = super::bf16::words_of_run(row.as_ptr().add(32 * i));
+                        std::arch::x86_64::_mm512_storeu_si512(words.as_mut_ptr().add(16 * i).cast(), w);
+                    }
+                }
+                for (w, pair) in words[16 * full..].iter_mut().zip(row[32 * full..].chunks(2)) {
+                    *w = super::bf16::bits(pair[0]) | pair.get(1).map_or(0, |&h| super::bf16::bits(h) << 16);
+                }
+                let group = &mut pw[r / amx::GROUP * amx::GROUP * v_rows..][..amx::GROUP * v_rows];
+                amx::scatter_row(group, r % amx::GROUP, &words);
+            }
+            let mut sums = amx::Sums([0; amx::ROWS * 32]);
+            // SAFETY: Packed sets `amx` only where has_amx_bf16() granted the tiles.
+            let _tiles = unsafe { amx::Tiles::configure() };
+            for r0 in (0..rows).step_by(amx::ROWS) {
+                let a = &pw[r0 * v_rows..(r0 + amx::ROWS) * v_rows];
+                for c0 in (0..d).step_by(32) {
+                    let cols = 32.min(d - c0);
+                    let b = amx::BTiles { at: v[c0..].as_ptr(), stride: dp * 4, step: 16 * dp * 4 };
+                    // SAFETY: the tiles are configured and AMX-BF16 is there; both groups
+                    // of A hold v_rows / 16 steps; V holds v_rows rows of dp words, and a
+                    // second column tile is read only when cols > 16, where c0 + 32 <= dp.
+                    unsafe { amx::block(&mut sums, a, b, v_rows / 16, cols.div_ceil(16), amx::Kind::Bf16) };
+                    for r in 0..amx::ROWS.min(rows - r0) {
+                        let f = inv[r0 + r];
+                        let dst = &mut o[(r0 + r) * d + c0..(r0 + r) * d + c0 + cols];
+                        for (x, &bits) in dst.iter_mut().zip(&sums.0[r * 32..]) {
+                            *x = f * f32::from_bits(bits);
+                        }
+                    }
+                }
+            }
+        });
+    }
 }
 
 thread_local! {
@@ -371,14 +511,10 @@ thread_local! {
 /// write every word they read).
 #[cfg(target_arch = "x86_64")]
 fn with_words<R>(len: usize, f: impl FnOnce(&mut [u32]) -> R) -> R {
+    // On a 64-byte line: AMX's tile loads read these words (see `amx::aligned`).
     WORDS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut w) => {
-            if w.len() < len {
-                w.resize(len, 0);
-            }
-            f(&mut w[..len])
-        }
-        Err(_) => f(&mut vec![0; len]),
+        Ok(mut w) => f(super::amx::aligned(&mut w, len)),
+        Err(_) => f(super::amx::aligned(&mut Vec::new(), len)),
     })
 }
 

@@ -208,24 +208,39 @@ pub fn has_vnni() -> bool {
 /// listed flag does not rule out), and `RB_CPU_AMX=0` did not turn it off. Tiles give the
 /// same i32 sums as VNNI, so turning them off changes speed, never a result.
 pub fn has_amx_int8() -> bool {
-    static AMX: OnceLock<bool> = OnceLock::new();
+    has_vnni() && amx_granted().0
+}
+
+/// Whether mixed-precision attention runs on AMX-BF16 tiles here: AVX-512 is the path in
+/// use, the CPU lists AMX-TILE and AMX-BF16, and the tile data is granted (as
+/// [`has_amx_int8`]); `RB_CPU_AMX=0` turns it off.
+pub fn has_amx_bf16() -> bool {
+    isa() == Isa::Avx512 && amx_granted().1
+}
+
+/// AMX-INT8 and AMX-BF16, each where the CPU lists it with AMX-TILE and the tile data is
+/// granted, checked once: CPUID, XCR0 and Linux's grant, in that order.
+fn amx_granted() -> (bool, bool) {
+    static AMX: OnceLock<(bool, bool)> = OnceLock::new();
     *AMX.get_or_init(|| {
         let off = std::env::var("RB_CPU_AMX").is_ok_and(|v| v.trim() == "0");
-        !off && has_vnni() && amx_granted()
+        if off {
+            return (false, false);
+        }
+        amx_probe()
     })
 }
 
-/// CPUID, XCR0 and Linux's grant of the tile data, in that order (each call after the
-/// first grant is a no-op for the kernel).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn amx_granted() -> bool {
+fn amx_probe() -> (bool, bool) {
     use std::arch::x86_64::{__cpuid, __cpuid_count};
     let (leaf1, leaf7) = (__cpuid(1), __cpuid_count(7, 0));
+    let amx_bf16 = leaf7.edx >> 22 & 1 == 1;
     let amx_tile = leaf7.edx >> 24 & 1 == 1;
     let amx_int8 = leaf7.edx >> 25 & 1 == 1;
     let osxsave = leaf1.ecx >> 27 & 1 == 1;
-    if !(amx_tile && amx_int8 && osxsave) {
-        return false;
+    if !(amx_tile && osxsave && (amx_int8 || amx_bf16)) {
+        return (false, false);
     }
     /// XCR0 (XGETBV is there: CPUID said OSXSAVE).
     #[target_feature(enable = "xsave")]
@@ -235,7 +250,7 @@ fn amx_granted() -> bool {
     // Bits 17 and 18: XTILECFG and XTILEDATA, the OS saves and restores the tiles.
     // SAFETY: OSXSAVE was checked above.
     if unsafe { xcr0() } & (3 << 17) != 3 << 17 {
-        return false;
+        return (false, false);
     }
     const SYS_ARCH_PRCTL: i64 = 158;
     const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
@@ -254,12 +269,15 @@ fn amx_granted() -> bool {
             options(nostack),
         );
     }
-    ret == 0
+    if ret != 0 {
+        return (false, false);
+    }
+    (amx_int8, amx_bf16)
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn amx_granted() -> bool {
-    false
+fn amx_probe() -> (bool, bool) {
+    (false, false)
 }
 
 #[inline(always)]
