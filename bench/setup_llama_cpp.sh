@@ -45,13 +45,15 @@ if [ "$(has amx_tile)" = ON ]; then
 #include <sys/syscall.h>
 #include <unistd.h>
 /* Asks Linux for the tile state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) and runs one tile
-   instruction; a VM that does not pass AMX through fails one or the other. */
+   instruction; a VM that does not pass AMX through fails one or the other. The
+   configuration is volatile: the compiler does not see ldtilecfg read it, and dropped the
+   stores of tile 0's size (a tile of no rows faults, so the probe said no on AMX that works). */
 int main(void) {
     if (syscall(SYS_arch_prctl, 0x1023, 18)) return 1;
-    unsigned char cfg[64];
-    memset(cfg, 0, sizeof cfg);
+    static volatile unsigned char cfg[64] __attribute__((aligned(64)));
+    memset((void *)cfg, 0, sizeof cfg);
     cfg[0] = 1; cfg[16] = 64; cfg[48] = 16;
-    _tile_loadconfig(cfg);
+    _tile_loadconfig((const void *)cfg);
     _tile_zero(0);
     _tile_release();
     return 0;

@@ -11,6 +11,10 @@
 //! precision beside diffusers' f32 and bf16 autocast (`bench/torch_vae.py`, one process a
 //! size), with the memory each side's decode takes.
 //!
+//! With `--attention`, ours alone: attention at SD 1.5's 64 x 64 (batch 2, 4,096 tokens, 8
+//! heads of 40) and FLUX's 1024 x 1024 (4,608 tokens, 24 heads of 128), f32 and mixed
+//! precision, GFLOP/s of the two products (4 T^2 d a head).
+//!
 //! PyTorch runs through `$RB_PYTHON` (default `python3`) with the same thread count;
 //! without torch and diffusers there, only our side is printed.
 
@@ -44,6 +48,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     if std::env::args().any(|a| a == "--published") {
         return published(be, reps, &mut rng);
+    }
+    if std::env::args().any(|a| a == "--attention") {
+        return attention(be, reps, &mut rng);
     }
 
     // The 3x3 convolutions of a 256 x 256 decode (SD's VAE: 512 channels at 32 and 64,
@@ -248,5 +255,29 @@ fn published(be: CpuBackend, reps: usize, rng: &mut Rng) -> Result<(), Box<dyn s
         .collect();
     let rows = bench::precision_rows(names.iter().map(String::as_str), &ours, &torch);
     bench::print_precision_table("SD's autoencoder, batch 1", &rows);
+    Ok(())
+}
+
+/// `--attention`: the attention shapes of SD 1.5 at 512 x 512 and FLUX at 1024 x 1024, f32
+/// and bf16, best of `reps` calls after one.
+fn attention(be: CpuBackend, reps: usize, rng: &mut Rng) -> Result<(), Box<dyn std::error::Error>> {
+    use rusting_brain_core::backend::OperandPrecision;
+    println!("{:<36} {:>9} {:>9} {:>9} {:>9}", "attention", "f32 ms", "GFLOP/s", "bf16 ms", "GFLOP/s");
+    for (name, batch, tokens, heads, d) in
+        [("SD 1.5 64x64: 2 x 4096 x 8 x 40", 2, 4096, 8, 40), ("FLUX 1024^2: 4608 x 24 x 128", 1, 4608, 24, 128)]
+    {
+        let n = batch * tokens * heads * d;
+        let (q, k, v) = (rng.normal_vec(n, 1.0), rng.normal_vec(n, 1.0), rng.normal_vec(n, 1.0));
+        let mut o = vec![0.0; n];
+        let flops = 4.0 * (batch * heads) as f64 * (tokens * tokens * d) as f64;
+        let mut row = Vec::new();
+        for precision in [OperandPrecision::F32, OperandPrecision::Bf16] {
+            let spec = SdpaSpec::new(batch, tokens, heads, d).precision(precision);
+            be.sdpa(&mut o, &q, &k, &v, None, None, &spec)?;
+            let t = best(reps, || be.sdpa(&mut o, &q, &k, &v, None, None, &spec).unwrap());
+            row.push((t * 1e3, flops / t / 1e9));
+        }
+        println!("{name:<36} {:>9.1} {:>9.1} {:>9.1} {:>9.1}", row[0].0, row[0].1, row[1].0, row[1].1);
+    }
     Ok(())
 }

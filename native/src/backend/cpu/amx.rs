@@ -106,26 +106,41 @@ pub enum Kind {
     Bf16,
 }
 
-/// One block: `sums` (32 rows of 32, as i32 or f32 bits) = A (two groups of 16 rows from
-/// `a`, each `steps` steps of 1 KiB) times B's `cols_tiles` (1 or 2) column tiles over
-/// `steps` steps. With one column tile, columns 16..32 of `sums` are left as they are.
+/// Where a block's sums go: 32 rows of 16 or 32 values (i32 or f32 bits) from `at`, rows
+/// `stride` bytes apart: a [`Sums`] (`Out::sums`), or the caller's output itself.
+#[derive(Clone, Copy)]
+pub struct Out {
+    pub at: *mut u32,
+    pub stride: usize,
+}
+
+impl Out {
+    /// The block's own buffer, 128 bytes a row.
+    pub fn sums(sums: &mut Sums) -> Out {
+        Out { at: sums.0.as_mut_ptr(), stride: 32 * 4 }
+    }
+}
+
+/// One block: `out` (32 rows of 16 or 32 sums) = A (two groups of 16 rows from `a`, each
+/// `steps` steps of 1 KiB) times B's `cols_tiles` (1 or 2) column tiles over `steps`
+/// steps.
 ///
 /// # Safety
 /// The calling thread's tiles are configured ([`Tiles`]) and the CPU has the instruction
 /// `kind` needs (AMX-INT8 or AMX-BF16); `a` holds 2 * steps KiB from its start (two groups
 /// of `steps` steps); B's tiles are readable as `b` describes for `steps` steps;
-/// `steps >= 1`.
-pub unsafe fn block(sums: &mut Sums, a: &[u32], b: BTiles, steps: usize, cols_tiles: usize, kind: Kind) {
+/// `out` is writable for 32 rows of 16 * cols_tiles values; `steps >= 1`.
+pub unsafe fn block(out: Out, a: &[u32], b: BTiles, steps: usize, cols_tiles: usize, kind: Kind) {
     debug_assert!(steps >= 1 && a.len() >= 2 * steps * GROUP * STEP_WORDS && (1..=2).contains(&cols_tiles));
     let a0 = a.as_ptr();
     // SAFETY: the second group starts steps KiB after the first, inside `a`.
     let a1 = unsafe { a0.add(steps * GROUP * STEP_WORDS) };
-    let c0 = sums.0.as_mut_ptr();
-    // SAFETY: row 16 of 32, inside `sums`.
-    let c1 = unsafe { c0.add(16 * 32) };
+    let c0 = out.at;
+    // SAFETY: row 16 of the 32 the contract names.
+    let c1 = unsafe { c0.cast::<u8>().add(16 * out.stride).cast::<u32>() };
     // A step: tiles 4 and 5 take the step's KiB of each group of A (rows 64 bytes apart),
-    // tiles 6 and 7 B's column tiles; `tdp.. dst, A, B`. The sums are stored 128 bytes a
-    // row (32 columns of 4 bytes).
+    // tiles 6 and 7 B's column tiles; `tdp.. dst, A, B`. The sums are stored `out.stride`
+    // bytes a row.
     macro_rules! run {
         ($op:literal, two) => {
             asm!(
@@ -160,7 +175,7 @@ pub unsafe fn block(sums: &mut Sums, a: &[u32], b: BTiles, steps: usize, cols_ti
                 bstep = in(reg) b.step,
                 c0 = in(reg) c0,
                 c1 = in(reg) c1,
-                sc = in(reg) 128usize,
+                sc = in(reg) out.stride,
                 options(nostack),
             )
         };
@@ -190,13 +205,13 @@ pub unsafe fn block(sums: &mut Sums, a: &[u32], b: BTiles, steps: usize, cols_ti
                 bstep = in(reg) b.step,
                 c0 = in(reg) c0,
                 c1 = in(reg) c1,
-                sc = in(reg) 128usize,
+                sc = in(reg) out.stride,
                 options(nostack),
             )
         };
     }
-    // SAFETY: `steps` steps of both groups of A and of B are read, inside what the
-    // contract names; the sums are stored inside `sums` (32 rows of 128 bytes).
+    // SAFETY: `steps` steps of both groups of A and of B are read, and the sums stored,
+    // inside what the contract names.
     unsafe {
         match (kind, cols_tiles) {
             (Kind::U8I8, 2) => run!("tdpbusd", two),

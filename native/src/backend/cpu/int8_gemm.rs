@@ -424,7 +424,7 @@ unsafe fn amx_block(
     let b = amx::BTiles { at: panel.as_ptr(), stride: NR * 4, step: AMX_KW * NR * 4 };
     // SAFETY: the tiles and AMX-INT8 are the caller's contract; both groups of A hold
     // lda / 16 steps, and the panel lda steps of NR words.
-    unsafe { amx::block(&mut sums, a, b, lda / AMX_KW, 2, amx::Kind::U8I8) };
+    unsafe { amx::block(amx::Out::sums(&mut sums), a, b, lda / AMX_KW, 2, amx::Kind::U8I8) };
     let sums = &sums.0;
     // SAFETY: row r < AMX_MR, 16h + 16 <= NR: inside `sums`; the rest is the contract.
     unsafe {

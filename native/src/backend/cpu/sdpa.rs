@@ -25,6 +25,10 @@ use rusting_brain_core::ops::matmul::{round_bf16, OperandPrecision};
 /// of 128: 64 rows ran at 123 GFLOP/s on 2 Xeon cores, 128 at 149, 256 at 159; see
 /// bench_image), few enough that the tile stays in the last-level cache.
 pub(crate) const Q_BLOCK: usize = 256;
+/// Queries per task on AMX tiles: the products cost little there, the passes over the
+/// block's scores (copy-out, softmax, bf16 pairs) the most, and 64 rows x 4,096 keys (1
+/// MiB) stay in L2 where 256 rows (4 MiB) went out to L3.
+const Q_BLOCK_AMX: usize = 64;
 
 /// The scratch one task holds, in floats (for the memory report of the benchmarks).
 pub fn tile_floats(spec: &SdpaSpec) -> usize {
@@ -43,18 +47,20 @@ pub fn sdpa(
     if out.is_empty() {
         return Ok(());
     }
-    let blocks = spec.q_len.div_ceil(Q_BLOCK);
+    let bf16 = spec.precision == OperandPrecision::Bf16;
+    let amx = cfg!(target_arch = "x86_64") && bf16 && simd::has_amx_bf16() && super::bf16::available();
+    let q_block = if amx { Q_BLOCK_AMX } else { Q_BLOCK };
+    let blocks = spec.q_len.div_ceil(q_block);
     let tasks: Vec<(usize, usize, usize)> = (0..spec.batch)
         .flat_map(|b| (0..hq).flat_map(move |h| (0..blocks).map(move |blk| (b, h, blk))))
         .collect();
-    let bf16 = spec.precision == OperandPrecision::Bf16;
     // On AVX-512 the two products run on this file's tiles over K^T and V packed once per
     // key/value head (see `Packed`), as bf16 pairs for `vdpbf16ps` in mixed precision where
     // the CPU has AVX512_BF16; elsewhere on `gemm_views`, which packs per task (in mixed
     // precision over rounded copies of q, k and v, and rounded probabilities).
     #[cfg(target_arch = "x86_64")]
     let packed = (simd::isa() == simd::Isa::Avx512 && tk > 0 && (!bf16 || super::bf16::available()))
-        .then(|| Packed::new(k, v, spec, bf16));
+        .then(|| Packed::new(k, v, spec, bf16, amx));
     #[cfg(not(target_arch = "x86_64"))]
     let packed: Option<Packed> = None;
     let rounded;
@@ -69,8 +75,8 @@ pub fn sdpa(
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&(b, h, blk)| {
-            let t0 = blk * Q_BLOCK;
-            let rows = Q_BLOCK.min(spec.q_len - t0);
+            let t0 = blk * q_block;
+            let rows = q_block.min(spec.q_len - t0);
             let kvh = h / spec.group();
             let mut o = vec![0.0f32; rows * d];
             if tk == 0 {
@@ -141,7 +147,7 @@ pub fn sdpa(
         .collect();
     for (&(b, h, blk), o) in tasks.iter().zip(&results) {
         for (r, src) in o.chunks(d).enumerate() {
-            let i = spec.q_index(b, blk * Q_BLOCK + r, h);
+            let i = spec.q_index(b, blk * q_block + r, h);
             out[i..i + d].copy_from_slice(src);
         }
     }
@@ -201,12 +207,11 @@ impl Packed {
 
     // Off x86-64 nothing packs (the tiles are AVX-512's), but the type stays for the callers.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn new(k: &[f32], v: &[f32], spec: &SdpaSpec, bf16: bool) -> Packed {
+    fn new(k: &[f32], v: &[f32], spec: &SdpaSpec, bf16: bool, amx: bool) -> Packed {
         let (d, tk) = (spec.head_dim, spec.kv_len);
         let dp = d.next_multiple_of(16);
         let panels = tk.div_ceil(PANEL);
         let heads = spec.batch * spec.kv_heads;
-        let amx = bf16 && simd::has_amx_bf16() && super::bf16::available();
         let mut packed = Packed { kt: Vec::new(), v: Vec::new(), kt_at: 0, v_at: 0, bf16, amx, d, dp, tk, panels };
         let (_, v_rows) = packed.steps();
         // Zeros past the steps (the vectors below start zeroed): AMX's padding.
@@ -433,10 +438,21 @@ impl Packed {
                     let (panel, lane) = (j0 / PANEL, j0 % PANEL);
                     let at = kt[(panel * kt_rows) * PANEL + lane..].as_ptr();
                     let b = amx::BTiles { at, stride: PANEL * 4, step: 16 * PANEL * 4 };
+                    // A whole block is stored straight into the scores; one at an edge
+                    // through `sums`.
+                    if cols == 32 && rows - r0 >= amx::ROWS {
+                        let at = s[r0 * tk + j0..].as_mut_ptr().cast::<u32>();
+                        // SAFETY: as below; rows r0..r0 + 32, columns j0..j0 + 32 of `s`
+                        // (tk apart) are inside it.
+                        let out = amx::Out { at, stride: tk * 4 };
+                        unsafe { amx::block(out, a, b, kt_rows / 16, 2, amx::Kind::Bf16) };
+                        continue;
+                    }
                     // SAFETY: the tiles are configured and AMX-BF16 is there; both groups
                     // of A hold kt_rows / 16 steps; the panel's kt_rows rows of PANEL words
                     // from `lane` (+ 32 <= PANEL) are inside this head's K^T.
-                    unsafe { amx::block(&mut sums, a, b, kt_rows / 16, cols.div_ceil(16), amx::Kind::Bf16) };
+                    let out = amx::Out::sums(&mut sums);
+                    unsafe { amx::block(out, a, b, kt_rows / 16, cols.div_ceil(16), amx::Kind::Bf16) };
                     for r in 0..amx::ROWS.min(rows - r0) {
                         let dst = &mut s[(r0 + r) * tk + j0..(r0 + r) * tk + j0 + cols];
                         for (x, &bits) in dst.iter_mut().zip(&sums.0[r * 32..]) {
@@ -487,7 +503,8 @@ impl Packed {
                     // SAFETY: the tiles are configured and AMX-BF16 is there; both groups
                     // of A hold v_rows / 16 steps; V holds v_rows rows of dp words, and a
                     // second column tile is read only when cols > 16, where c0 + 32 <= dp.
-                    unsafe { amx::block(&mut sums, a, b, v_rows / 16, cols.div_ceil(16), amx::Kind::Bf16) };
+                    let out = amx::Out::sums(&mut sums);
+                    unsafe { amx::block(out, a, b, v_rows / 16, cols.div_ceil(16), amx::Kind::Bf16) };
                     for r in 0..amx::ROWS.min(rows - r0) {
                         let f = inv[r0 + r];
                         let dst = &mut o[(r0 + r) * d + c0..(r0 + r) * d + c0 + cols];
