@@ -3,8 +3,8 @@ through diffusers' and transformers' own `save_pretrained`: the UNet, VAE, text 
 and scheduler of tests/fixtures/real_configs/sd1.5 (each model built from its config, so
 the folder has the published shapes and tensor names, not its weights) and the small
 CLIP vocabulary of tests/fixtures/clip_tokenizer (ids below the text encoder's 49,408).
-`bench/sd_cpp.py` and `bench_image --pipeline` read the same folder, as do diffusers'
-StableDiffusionPipeline and stable-diffusion.cpp (which takes a diffusers folder).
+`bench/sd_pipeline.py` runs ours, diffusers' StableDiffusionPipeline and
+stable-diffusion.cpp (which takes a diffusers folder) on it.
 
     python bench/sd15_folder.py --out /var/tmp/rb-sd15
 """
@@ -15,6 +15,7 @@ import shutil
 
 import torch
 from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
+from safetensors.torch import load_file, save_file
 from transformers import CLIPTextConfig, CLIPTextModel
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +40,13 @@ AutoencoderKL.from_config(AutoencoderKL.load_config(os.path.join(configs, "vae")
     .save_pretrained(os.path.join(a.out, "vae"))
 CLIPTextModel(CLIPTextConfig.from_pretrained(os.path.join(configs, "text_encoder"))) \
     .save_pretrained(os.path.join(a.out, "text_encoder"))
+# The text encoder's tensors named as the published folder names them ("text_model."
+# first, as transformers 4 wrote them): transformers 5 writes them without it, which
+# stable-diffusion.cpp does not recognize, and every reader takes the published names.
+te = os.path.join(a.out, "text_encoder", "model.safetensors")
+tensors = load_file(te)
+save_file({k if k.startswith("text_model.") else "text_model." + k: v.contiguous() for k, v in tensors.items()}, te,
+          metadata={"format": "pt"})
 PNDMScheduler.from_config(PNDMScheduler.load_config(os.path.join(configs, "scheduler"))) \
     .save_pretrained(os.path.join(a.out, "scheduler"))
 os.makedirs(os.path.join(a.out, "tokenizer"), exist_ok=True)

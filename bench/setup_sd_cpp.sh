@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# stable-diffusion.cpp beside `bench_image --pipeline`: fetches its source as the
+# stable-diffusion.cpp beside ours in `bench/sd_pipeline.py`: fetches its source as the
 # stable-diffusion-cpp-python sdist on PyPI carries it (vendor/stable-diffusion.cpp, with
 # its own ggml), builds `sd-cli` for this CPU's instruction sets (as bench/setup_llama_cpp.sh
 # builds llama.cpp, AMX only where a tile instruction runs here), and writes the random
@@ -7,7 +7,8 @@
 # repository; everything goes under $RB_SDCPP_DIR.
 #
 #   bash bench/setup_sd_cpp.sh            # then, as it prints:
-#   RB_SDCPP_DIR=... RB_PYTHON=... cargo run --release -p rusting_brain --example bench_image -- --pipeline
+#   cargo build --release -p rusting_brain --features images --example text_to_image
+#   RB_SDCPP_DIR=... python bench/sd_pipeline.py --threads 2 --steps 20
 #
 # Needs: a C++ compiler, cmake (from PyPI if the machine has none), Python ($RB_PYTHON)
 # with torch, diffusers and transformers for the folder.
@@ -87,4 +88,4 @@ fi
 
 echo "== a Stable Diffusion 1.5 folder of random weights at the published sizes"
 "$python" "$here/sd15_folder.py" --out "$dir/sd15"
-echo "ready: RB_SDCPP_DIR=$dir RB_PYTHON=$python cargo run --release -p rusting_brain --example bench_image -- --pipeline"
+echo "ready: cargo build --release -p rusting_brain --features images --example text_to_image && RB_SDCPP_DIR=$dir $python bench/sd_pipeline.py --threads 2 --steps 20"

@@ -263,9 +263,10 @@ fn published(be: CpuBackend, reps: usize, rng: &mut Rng) -> Result<(), Box<dyn s
 fn attention(be: CpuBackend, reps: usize, rng: &mut Rng) -> Result<(), Box<dyn std::error::Error>> {
     use rusting_brain_core::backend::OperandPrecision;
     println!("{:<36} {:>9} {:>9} {:>9} {:>9}", "attention", "f32 ms", "GFLOP/s", "bf16 ms", "GFLOP/s");
-    for (name, batch, tokens, heads, d) in
-        [("SD 1.5 64x64: 2 x 4096 x 8 x 40", 2, 4096, 8, 40), ("FLUX 1024^2: 4608 x 24 x 128", 1, 4608, 24, 128)]
-    {
+    for (name, batch, tokens, heads, d) in [
+        ("SD 1.5 64x64: 2 x 4096 x 8 x 40", 2, 4096, 8, 40),
+        ("FLUX 1024^2: 4608 x 24 x 128", 1, 4608, 24, 128),
+    ] {
         let n = batch * tokens * heads * d;
         let (q, k, v) = (rng.normal_vec(n, 1.0), rng.normal_vec(n, 1.0), rng.normal_vec(n, 1.0));
         let mut o = vec![0.0; n];

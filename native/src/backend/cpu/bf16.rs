@@ -103,7 +103,121 @@ pub(crate) fn bits(x: f32) -> u32 {
 /// operands already cut to this problem (as `spec.check` proved). Only where
 /// [`available`] said so.
 pub fn gemm(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec) {
-    gemm_tasks(c, a, b, spec, BIG_B_BYTES);
+    if simd::has_amx_bf16() {
+        gemm_amx(c, a, b, spec, BIG_B_BYTES);
+    } else {
+        gemm_tasks(c, a, b, spec, BIG_B_BYTES);
+    }
+}
+
+/// [`gemm`] on AMX-BF16 tiles (see `super::amx`): op(A) packed in groups of 16 rows step
+/// by step (k/2 words a row padded with zeros to a multiple of 16), op(B) in the same
+/// panels as [`gemm_tasks`]'s with zero steps after k/2 (a NaN left there by an earlier
+/// product would meet A's zeros and reach every sum), blocks of 32 rows x 32 columns over
+/// the whole of k. The same rounded operands and exact products as the AVX512_BF16 tiles;
+/// only the order of the f32 additions differs, and each output is still summed by one
+/// thread in a fixed order, so the bits do not depend on the thread count.
+#[cfg(target_arch = "x86_64")]
+fn gemm_amx(c: &mut [f32], a: &[f32], b: &[f32], spec: &MatmulSpec, big_b: usize) {
+    use super::amx;
+    assert!(available() && simd::has_amx_bf16(), "the AMX GEMM runs only where has_amx_bf16() said so");
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    let kp = k.div_ceil(2);
+    let lda = kp.next_multiple_of(amx::STEP_WORDS);
+    let parallel = m * n * k >= PARALLEL_MACS && rayon::current_num_threads() > 1;
+    let blocks = m.div_ceil(amx::ROWS);
+    let panels = n.div_ceil(NR);
+    with_buffers(blocks * amx::ROWS * lda, panels * lda * NR, |apack, bpack| {
+        // A: a group of 16 rows at a time, each row's words (the pair (a[i][2p],
+        // a[i][2p + 1]) for step p) gathered, zero past kp, then put in the group's steps.
+        let pack_a = |(g, group): (usize, &mut [u32])| {
+            let mut words = vec![0u32; lda];
+            for r in 0..amx::GROUP.min(m.saturating_sub(g * amx::GROUP)) {
+                let i = g * amx::GROUP + r;
+                let mut p = 0;
+                if !spec.trans_a {
+                    // A stored as op(A): 32 floats a conversion, as `pack_a_rows`.
+                    let row = &a[i * k..(i + 1) * k];
+                    while p + 16 <= k / 2 {
+                        // SAFETY: available() proved AVX-512F and AVX512_BF16; floats 2p..2p + 32
+                        // are in the row, words p..p + 16 in `words`.
+                        unsafe {
+                            let run = words_of_run(row.as_ptr().add(2 * p));
+                            std::arch::x86_64::_mm512_storeu_si512(words.as_mut_ptr().add(p).cast(), run);
+                        }
+                        p += 16;
+                    }
+                }
+                for (p, w) in words[..kp].iter_mut().enumerate().skip(p) {
+                    let at = |kk: usize| if spec.trans_a { a[kk * m + i] } else { a[i * k + kk] };
+                    let hi = if 2 * p + 1 < k { bits(at(2 * p + 1)) } else { 0 };
+                    *w = bits(at(2 * p)) | hi << 16;
+                }
+                amx::scatter_row(group, r, &words);
+            }
+        };
+        // B: the panels of `gemm_tasks`, steps kp..lda zero.
+        // SAFETY: available() proved AVX-512F and AVX512_BF16; each call gets its own panel.
+        let pack_b = |(q, panel): (usize, &mut [u32])| unsafe {
+            pack_b_panel(panel, q, b, spec);
+            panel[kp * NR..].fill(0);
+        };
+        if parallel {
+            apack.par_chunks_mut(amx::GROUP * lda).enumerate().for_each(pack_a);
+            bpack.par_chunks_mut(lda * NR).enumerate().for_each(pack_b);
+        } else {
+            apack.chunks_mut(amx::GROUP * lda).enumerate().for_each(pack_a);
+            bpack.chunks_mut(lda * NR).enumerate().for_each(pack_b);
+        }
+        let (apack, bpack) = (&*apack, &*bpack);
+        let rows_per_task = rows_per_task(m, bpack.len() * 4, big_b).next_multiple_of(amx::ROWS);
+        let task = |(t, c): (usize, &mut [f32])| {
+            let first = t * rows_per_task;
+            let task_rows = c.len() / n;
+            let mut sums = amx::Sums([0; amx::ROWS * 32]);
+            // SAFETY: has_amx_bf16() granted the tiles (asserted above).
+            let _tiles = unsafe { amx::Tiles::configure() };
+            for (q, panel) in bpack.chunks(lda * NR).enumerate() {
+                let cols = NR.min(n - q * NR);
+                for r0 in (0..task_rows).step_by(amx::ROWS) {
+                    let row = first + r0;
+                    let a = &apack[row * lda..(row + amx::ROWS) * lda];
+                    let bt =
+                        amx::BTiles { at: panel.as_ptr(), stride: NR * 4, step: amx::STEP_WORDS * NR * 4 };
+                    // SAFETY: the tiles are configured and AMX-BF16 is there; both groups of
+                    // the block hold lda / 16 steps (apack holds whole blocks), the panel lda
+                    // steps of NR words.
+                    unsafe {
+                        amx::block(
+                            amx::Out::sums(&mut sums),
+                            a,
+                            bt,
+                            lda / amx::STEP_WORDS,
+                            2,
+                            amx::Kind::Bf16,
+                        )
+                    };
+                    for r in 0..amx::ROWS.min(task_rows - r0) {
+                        let dst = &mut c[(r0 + r) * n + q * NR..(r0 + r) * n + q * NR + cols];
+                        for (x, &v) in dst.iter_mut().zip(&sums.0[r * 32..]) {
+                            let v = spec.alpha * f32::from_bits(v);
+                            *x = if spec.beta != 0.0 { v + spec.beta * *x } else { v };
+                        }
+                    }
+                }
+            }
+        };
+        if parallel {
+            c.par_chunks_mut(rows_per_task * n).enumerate().for_each(task);
+        } else {
+            c.chunks_mut(rows_per_task * n).enumerate().for_each(task);
+        }
+    });
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn gemm_amx(_: &mut [f32], _: &[f32], _: &[f32], _: &MatmulSpec, _: usize) {
+    unreachable!("AMX is x86-64's");
 }
 
 /// [`gemm`] with tasks that grow past `big_b` bytes of packed B (see [`rows_per_task`]).
@@ -206,14 +320,20 @@ thread_local! {
 /// a training step's products, and the packers write every word that reaches a stored
 /// output.
 fn with_buffers<R>(a_len: usize, b_len: usize, f: impl FnOnce(&mut [u32], &mut [u32]) -> R) -> R {
+    // On 64-byte lines, as AMX's tile loads want them.
+    #[cfg(target_arch = "x86_64")]
+    use super::amx::aligned;
+    #[cfg(not(target_arch = "x86_64"))]
+    fn aligned(v: &mut Vec<u32>, len: usize) -> &mut [u32] {
+        v.resize(len, 0);
+        &mut v[..len]
+    }
     BUFFERS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut kept) => {
             let [a, b] = &mut *kept;
-            a.resize(a_len, 0);
-            b.resize(b_len, 0);
-            f(a, b)
+            f(aligned(a, a_len), aligned(b, b_len))
         }
-        Err(_) => f(&mut vec![0; a_len], &mut vec![0; b_len]),
+        Err(_) => f(aligned(&mut Vec::new(), a_len), aligned(&mut Vec::new(), b_len)),
     })
 }
 
@@ -478,15 +598,31 @@ mod tests {
                 });
                 let (a, b) = (rng.normal_vec(m * k, 1.0), rng.normal_vec(k * n, 1.0));
                 let spec = MatmulSpec::new(m, n, k).trans_a(ta).trans_b(tb).precision(OperandPrecision::Bf16);
-                let mut got = vec![f32::NAN; m * n];
-                gemm_tasks(&mut got, &a, &b, &spec, big_b);
                 let mut want = vec![0.0; m * n];
                 ReferenceBackend.matmul(&mut want, &a, &b, &spec).unwrap();
-                let name = format!("{m}x{n}x{k} trans {ta} {tb}");
-                // The same rounded operands and exact products; the sums' f32 rounding
-                // alone differs (the reference sums in f64).
-                let err = rusting_brain_test_support::rel_to_scale(&name, &got, &want);
-                assert!(err < 1e-5, "{name}: {err:e} of the scale");
+                // The AVX512_BF16 tiles, and the AMX ones where the CPU has them.
+                for amx in [false, true] {
+                    if amx && !simd::has_amx_bf16() {
+                        continue;
+                    }
+                    BUFFERS.with(|b| {
+                        for v in b.borrow_mut().iter_mut() {
+                            v.clear();
+                            v.resize(1 << 16, 0x7fc0_7fc0);
+                        }
+                    });
+                    let mut got = vec![f32::NAN; m * n];
+                    if amx {
+                        gemm_amx(&mut got, &a, &b, &spec, big_b);
+                    } else {
+                        gemm_tasks(&mut got, &a, &b, &spec, big_b);
+                    }
+                    let name = format!("{m}x{n}x{k} trans {ta} {tb} amx {amx}");
+                    // The same rounded operands and exact products; the sums' f32 rounding
+                    // alone differs (the reference sums in f64).
+                    let err = rusting_brain_test_support::rel_to_scale(&name, &got, &want);
+                    assert!(err < 1e-5, "{name}: {err:e} of the scale");
+                }
             }
         }
     }

@@ -177,7 +177,11 @@ fn gemm_tasks(
                 if parallel {
                     let a_rows = apack.par_chunks_mut(group * lda).zip(sx.par_chunks_mut(group));
                     a_rows.enumerate().with_min_len(16 / group).for_each(pack_a);
-                    bpack.par_chunks_mut(lda * NR).zip(col128.par_chunks_mut(NR)).enumerate().for_each(pack_b);
+                    bpack
+                        .par_chunks_mut(lda * NR)
+                        .zip(col128.par_chunks_mut(NR))
+                        .enumerate()
+                        .for_each(pack_b);
                 } else {
                     apack.chunks_mut(group * lda).zip(sx.chunks_mut(group)).enumerate().for_each(pack_a);
                     bpack.chunks_mut(lda * NR).zip(col128.chunks_mut(NR)).enumerate().for_each(pack_b);

@@ -212,7 +212,8 @@ impl Packed {
         let dp = d.next_multiple_of(16);
         let panels = tk.div_ceil(PANEL);
         let heads = spec.batch * spec.kv_heads;
-        let mut packed = Packed { kt: Vec::new(), v: Vec::new(), kt_at: 0, v_at: 0, bf16, amx, d, dp, tk, panels };
+        let mut packed =
+            Packed { kt: Vec::new(), v: Vec::new(), kt_at: 0, v_at: 0, bf16, amx, d, dp, tk, panels };
         let (_, v_rows) = packed.steps();
         // Zeros past the steps (the vectors below start zeroed): AMX's padding.
         let (kt_rows, v_stored) = packed.stored_steps();
@@ -221,7 +222,10 @@ impl Packed {
         let (mut kt_buf, mut v_buf) = (Vec::new(), Vec::new());
         let (kt, vp) = if amx {
             #[cfg(target_arch = "x86_64")]
-            let both = (super::amx::aligned(&mut kt_buf, heads * kt_head), super::amx::aligned(&mut v_buf, heads * v_head));
+            let both = (
+                super::amx::aligned(&mut kt_buf, heads * kt_head),
+                super::amx::aligned(&mut v_buf, heads * v_head),
+            );
             #[cfg(not(target_arch = "x86_64"))]
             let both: (&mut [u32], &mut [u32]) = unreachable!("AMX is x86-64's");
             both
