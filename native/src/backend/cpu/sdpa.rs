@@ -442,20 +442,21 @@ impl Packed {
                     let (panel, lane) = (j0 / PANEL, j0 % PANEL);
                     let at = kt[(panel * kt_rows) * PANEL + lane..].as_ptr();
                     let b = amx::BTiles { at, stride: PANEL * 4, step: 16 * PANEL * 4 };
-                    // A whole block is stored straight into the scores; one at an edge
+                    // Both calls below: the tiles are configured and AMX-BF16 is there;
+                    // both groups of A hold kt_rows / 16 steps; the panel's kt_rows rows of
+                    // PANEL words from `lane` (+ 32 <= PANEL) are inside this head's K^T.
+                    // A whole block is stored straight into the scores, one at an edge
                     // through `sums`.
                     if cols == 32 && rows - r0 >= amx::ROWS {
                         let at = s[r0 * tk + j0..].as_mut_ptr().cast::<u32>();
-                        // SAFETY: as below; rows r0..r0 + 32, columns j0..j0 + 32 of `s`
-                        // (tk apart) are inside it.
                         let out = amx::Out { at, stride: tk * 4 };
+                        // SAFETY: as above; rows r0..r0 + 32, columns j0..j0 + 32 of `s`
+                        // (rows tk floats apart) are inside it.
                         unsafe { amx::block(out, a, b, kt_rows / 16, 2, amx::Kind::Bf16) };
                         continue;
                     }
-                    // SAFETY: the tiles are configured and AMX-BF16 is there; both groups
-                    // of A hold kt_rows / 16 steps; the panel's kt_rows rows of PANEL words
-                    // from `lane` (+ 32 <= PANEL) are inside this head's K^T.
                     let out = amx::Out::sums(&mut sums);
+                    // SAFETY: as above; `sums` holds the block.
                     unsafe { amx::block(out, a, b, kt_rows / 16, cols.div_ceil(16), amx::Kind::Bf16) };
                     for r in 0..amx::ROWS.min(rows - r0) {
                         let dst = &mut s[(r0 + r) * tk + j0..(r0 + r) * tk + j0 + cols];
@@ -504,10 +505,11 @@ impl Packed {
                 for c0 in (0..d).step_by(32) {
                     let cols = 32.min(d - c0);
                     let b = amx::BTiles { at: v[c0..].as_ptr(), stride: dp * 4, step: 16 * dp * 4 };
+                    let out = amx::Out::sums(&mut sums);
                     // SAFETY: the tiles are configured and AMX-BF16 is there; both groups
                     // of A hold v_rows / 16 steps; V holds v_rows rows of dp words, and a
-                    // second column tile is read only when cols > 16, where c0 + 32 <= dp.
-                    let out = amx::Out::sums(&mut sums);
+                    // second column tile is read only when cols > 16, where c0 + 32 <= dp;
+                    // `sums` holds the block.
                     unsafe { amx::block(out, a, b, v_rows / 16, cols.div_ceil(16), amx::Kind::Bf16) };
                     for r in 0..amx::ROWS.min(rows - r0) {
                         let f = inv[r0 + r];
