@@ -23,8 +23,10 @@
 //! `sdpa` in mixed precision (`tdpbf16ps` adds exact products of the same bf16 operands in
 //! f32; only the order of the f32 additions differs from `vdpbf16ps`).
 
-#![cfg(target_arch = "x86_64")]
+// Off x86-64 only `aligned` is used (the buffers' helper); the tiles are x86-64's.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
+#[cfg(target_arch = "x86_64")]
 use std::arch::asm;
 
 /// Rows of a block: two tiles of 16.
@@ -36,8 +38,10 @@ pub const GROUP: usize = 16;
 
 /// The thread's tile configuration while it lives: eight tiles of 16 rows of 64 bytes;
 /// `tilerelease` when dropped.
+#[cfg(target_arch = "x86_64")]
 pub struct Tiles(());
 
+#[cfg(target_arch = "x86_64")]
 impl Tiles {
     /// # Safety
     /// `simd::has_amx_int8()` or `simd::has_amx_bf16()` is true (the tile data granted).
@@ -56,6 +60,7 @@ impl Tiles {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Drop for Tiles {
     fn drop(&mut self) {
         // SAFETY: tiles were configured (only `configure` makes a `Tiles`).
@@ -130,6 +135,7 @@ impl Out {
 /// `kind` needs (AMX-INT8 or AMX-BF16); `a` holds 2 * steps KiB from its start (two groups
 /// of `steps` steps); B's tiles are readable as `b` describes for `steps` steps;
 /// `out` is writable for 32 rows of 16 * cols_tiles values; `steps >= 1`.
+#[cfg(target_arch = "x86_64")]
 pub unsafe fn block(out: Out, a: &[u32], b: BTiles, steps: usize, cols_tiles: usize, kind: Kind) {
     debug_assert!(steps >= 1 && a.len() >= 2 * steps * GROUP * STEP_WORDS && (1..=2).contains(&cols_tiles));
     let a0 = a.as_ptr();

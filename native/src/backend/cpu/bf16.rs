@@ -321,13 +321,7 @@ thread_local! {
 /// output.
 fn with_buffers<R>(a_len: usize, b_len: usize, f: impl FnOnce(&mut [u32], &mut [u32]) -> R) -> R {
     // On 64-byte lines, as AMX's tile loads want them.
-    #[cfg(target_arch = "x86_64")]
     use super::amx::aligned;
-    #[cfg(not(target_arch = "x86_64"))]
-    fn aligned(v: &mut Vec<u32>, len: usize) -> &mut [u32] {
-        v.resize(len, 0);
-        &mut v[..len]
-    }
     BUFFERS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut kept) => {
             let [a, b] = &mut *kept;

@@ -306,13 +306,7 @@ fn with_buffers<R>(
     f: impl FnOnce(&mut [u32], &mut [u32], &mut [f32], &mut [i32]) -> R,
 ) -> R {
     // The packed operands on 64-byte lines, as AMX's tile loads want them.
-    #[cfg(target_arch = "x86_64")]
     use super::amx::aligned;
-    #[cfg(not(target_arch = "x86_64"))]
-    fn aligned(v: &mut Vec<u32>, len: usize) -> &mut [u32] {
-        v.resize(len, 0);
-        &mut v[..len]
-    }
     BUFFERS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut kept) => {
             let (a, b, sx, sums) = &mut *kept;

@@ -221,14 +221,10 @@ impl Packed {
         // On 64-byte lines where AMX reads them (see `amx::aligned`).
         let (mut kt_buf, mut v_buf) = (Vec::new(), Vec::new());
         let (kt, vp) = if amx {
-            #[cfg(target_arch = "x86_64")]
-            let both = (
+            (
                 super::amx::aligned(&mut kt_buf, heads * kt_head),
                 super::amx::aligned(&mut v_buf, heads * v_head),
-            );
-            #[cfg(not(target_arch = "x86_64"))]
-            let both: (&mut [u32], &mut [u32]) = unreachable!("AMX is x86-64's");
-            both
+            )
         } else {
             kt_buf.resize(heads * kt_head, 0);
             v_buf.resize(heads * v_head, 0);
