@@ -341,20 +341,7 @@ impl Packed {
             if self.bf16 {
                 // The probabilities as bf16 pairs of keys, v_rows words a row.
                 for (r, w) in pw.chunks_mut(v_rows).enumerate() {
-                    let row = &p[r * tk..(r + 1) * tk];
-                    let full = tk / 32;
-                    for i in 0..full {
-                        // SAFETY: bf16 packing exists only where AVX512_BF16 is there; the
-                        // 32 floats from 32 i are in the row, the 16 words in `w`.
-                        unsafe {
-                            let words = super::bf16::words_of_run(row.as_ptr().add(32 * i));
-                            std::arch::x86_64::_mm512_storeu_si512(w.as_mut_ptr().add(16 * i).cast(), words);
-                        }
-                    }
-                    for (w, pair) in w[16 * full..].iter_mut().zip(row[32 * full..].chunks(2)) {
-                        *w = super::bf16::bits(pair[0])
-                            | pair.get(1).map_or(0, |&h| super::bf16::bits(h) << 16);
-                    }
+                    probability_words(&p[r * tk..(r + 1) * tk], w);
                 }
             }
             // Column tiles of up to four vectors; rows in groups that keep the accumulators
@@ -477,19 +464,7 @@ impl Packed {
         with_words(blocks * amx::ROWS * v_rows, |pw| {
             let mut words = vec![0u32; v_rows];
             for r in 0..rows {
-                let row = &p[r * tk..(r + 1) * tk];
-                let full = tk / 32;
-                for i in 0..full {
-                    // SAFETY: AMX-BF16 came with AVX512_BF16 (Packed checked both); the 32
-                    // floats from 32 i are in the row, the 16 words in `words`.
-                    unsafe {
-                        let w = super::bf16::words_of_run(row.as_ptr().add(32 * i));
-                        std::arch::x86_64::_mm512_storeu_si512(words.as_mut_ptr().add(16 * i).cast(), w);
-                    }
-                }
-                for (w, pair) in words[16 * full..].iter_mut().zip(row[32 * full..].chunks(2)) {
-                    *w = super::bf16::bits(pair[0]) | pair.get(1).map_or(0, |&h| super::bf16::bits(h) << 16);
-                }
+                probability_words(&p[r * tk..(r + 1) * tk], &mut words);
                 let group = &mut pw[r / amx::GROUP * amx::GROUP * v_rows..][..amx::GROUP * v_rows];
                 amx::scatter_row(group, r % amx::GROUP, &words);
             }
@@ -517,6 +492,25 @@ impl Packed {
                 }
             }
         });
+    }
+}
+
+/// A row of probabilities as bf16 pairs of keys (`words[j]` = `(row[2j], row[2j + 1])`, a
+/// missing half zero), 32 floats a conversion; only where AVX512_BF16 is (mixed-precision
+/// packing exists only there).
+#[cfg(target_arch = "x86_64")]
+fn probability_words(row: &[f32], words: &mut [u32]) {
+    let full = row.len() / 32;
+    for i in 0..full {
+        // SAFETY: the callers pack bf16 only where AVX512_BF16 is there; the 32 floats from
+        // 32 i are in the row, the 16 words in `words` (it holds row.len() / 2 rounded up).
+        unsafe {
+            let w = super::bf16::words_of_run(row.as_ptr().add(32 * i));
+            std::arch::x86_64::_mm512_storeu_si512(words.as_mut_ptr().add(16 * i).cast(), w);
+        }
+    }
+    for (w, pair) in words[16 * full..].iter_mut().zip(row[32 * full..].chunks(2)) {
+        *w = super::bf16::bits(pair[0]) | pair.get(1).map_or(0, |&h| super::bf16::bits(h) << 16);
     }
 }
 
